@@ -1,1 +1,11 @@
+//! ptxd: an out-of-process kernel-loader daemon.
+//!
+//! Sessions send JIT-synthesized CUDA kernels (PTX, cubin) and launch
+//! requests over gRPC; their tensors stay in their own GPU memory and reach
+//! ptxd as CUDA IPC handles (or POSIX shared memory on the host backend).
+//! ptxd owns the device contexts, in supervised executor child processes, and
+//! a bounded slot table of loaded kernels; it compiles each distinct kernel
+//! once and checks every launch before it reaches the device.
 
+pub mod executor;
+pub mod ptx;

@@ -1,0 +1,185 @@
+//! The executor child process: the loop that reads requests from the front,
+//! hands them to a [`Backend`], and writes replies back.
+//!
+//! The child's stdin and stdout are the two ends of one socket to the front
+//! (see `supervisor`), so nothing else may ever write to stdout here; logs go
+//! to stderr. When the front goes away, stdin reaches end of stream and the
+//! child releases everything and exits.
+//!
+//! Invariants:
+//! - Every request gets exactly one reply (a [`Replier`] is consumed by
+//!   replying, and a dropped one replies INTERNAL).
+//! - After a sticky device fault the process exits ([`Channel::fatal`]); it
+//!   never serves another request in a poisoned context.
+
+use std::io::{BufReader, Write};
+use std::sync::{Arc, Mutex};
+
+use ptxd_proto::executor::{
+    executor_message::Body, reply, request::Op, Empty, ExecutorMessage, Failure, FailureKind,
+    Fault, Hello, Reply, Request,
+};
+
+use super::protocol::{read_frame, write_frame, ProtocolError};
+
+/// Exit status of an executor that stopped because of a sticky device fault.
+pub const EXIT_FAULT: i32 = 3;
+
+/// A device backend inside an executor process.
+pub trait Backend {
+    /// What the executor tells the front first: its backend and devices.
+    fn hello(&self) -> Hello;
+
+    /// Handles one request; replies through `reply`, now or later (from
+    /// another thread, e.g. after a stream synchronization).
+    fn handle(&mut self, op: Op, reply: Replier);
+
+    /// Releases every mapping, module and stream, before the process exits.
+    fn shutdown(&mut self);
+}
+
+/// The write half of the channel to the front, shared by every replier.
+#[derive(Clone)]
+pub struct Channel {
+    out: Arc<Mutex<Box<dyn Write + Send>>>,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Channel")
+    }
+}
+
+impl Channel {
+    fn new(out: Box<dyn Write + Send>) -> Self {
+        Channel {
+            out: Arc::new(Mutex::new(out)),
+        }
+    }
+
+    fn send(&self, body: Body) -> Result<(), ProtocolError> {
+        let message = ExecutorMessage { body: Some(body) };
+        // A poisoned lock only means another replier panicked mid-write; the
+        // stream is then unusable and the front will see the process exit.
+        let mut out = self.out.lock().map_err(|_| ProtocolError::Closed)?;
+        write_frame(&mut *out, &message)
+    }
+
+    /// Reports a sticky device fault to the front and exits the process: a
+    /// poisoned CUDA context cannot be recovered inside this process.
+    pub fn fatal(&self, error_name: &str, message: &str) -> ! {
+        tracing::error!(error_name, message, "sticky device fault; executor exits");
+        let _ = self.send(Body::Fault(Fault {
+            error_name: error_name.to_string(),
+            message: message.to_string(),
+        }));
+        std::process::exit(EXIT_FAULT)
+    }
+}
+
+/// The one reply owed to one request.
+#[derive(Debug)]
+pub struct Replier {
+    id: u64,
+    channel: Channel,
+    sent: bool,
+}
+
+impl Replier {
+    /// Sends `result` as the reply.
+    pub fn send(mut self, result: reply::Result) {
+        self.sent = true;
+        if let Err(e) = self.channel.send(Body::Reply(Reply {
+            id: self.id,
+            result: Some(result),
+        })) {
+            tracing::warn!(error = %e, "cannot reply to the front");
+        }
+    }
+
+    /// Replies success with no payload.
+    pub fn ok(self) {
+        self.send(reply::Result::Ok(Empty {}))
+    }
+
+    /// Replies with a typed failure.
+    pub fn fail(self, kind: FailureKind, message: impl Into<String>, metadata: &[(&str, String)]) {
+        let failure = Failure {
+            kind: kind as i32,
+            message: message.into(),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        };
+        self.send(reply::Result::Failure(failure))
+    }
+
+    /// The channel, e.g. to report a fatal fault after replying.
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+}
+
+impl Drop for Replier {
+    fn drop(&mut self) {
+        if !self.sent {
+            let failure = Failure {
+                kind: FailureKind::Internal as i32,
+                message: "the executor dropped the request without replying".into(),
+                metadata: Default::default(),
+            };
+            let _ = self.channel.send(Body::Reply(Reply {
+                id: self.id,
+                result: Some(reply::Result::Failure(failure)),
+            }));
+        }
+    }
+}
+
+/// Serves the front on stdin/stdout until it says Shutdown or goes away.
+/// Returns the process exit code.
+pub fn serve_stdio(backend: &mut dyn Backend) -> i32 {
+    let input = BufReader::new(std::io::stdin().lock());
+    serve(backend, input, Box::new(std::io::stdout()))
+}
+
+/// Serves requests read from `input`, replying on `output`.
+pub fn serve(
+    backend: &mut dyn Backend,
+    mut input: impl std::io::Read,
+    output: Box<dyn Write + Send>,
+) -> i32 {
+    let channel = Channel::new(output);
+    if let Err(e) = channel.send(Body::Hello(backend.hello())) {
+        tracing::error!(error = %e, "cannot greet the front");
+        return 1;
+    }
+    loop {
+        let request: Request = match read_frame(&mut input) {
+            Ok(r) => r,
+            Err(ProtocolError::Closed) => break,
+            Err(e) => {
+                tracing::error!(error = %e, "executor channel broken");
+                break;
+            }
+        };
+        let replier = Replier {
+            id: request.id,
+            channel: channel.clone(),
+            sent: false,
+        };
+        match request.op {
+            Some(Op::Shutdown(_)) => {
+                backend.shutdown();
+                replier.ok();
+                return 0;
+            }
+            Some(Op::Ping(_)) => replier.ok(),
+            Some(op) => backend.handle(op, replier),
+            None => replier.fail(FailureKind::Internal, "request without an operation", &[]),
+        }
+    }
+    backend.shutdown();
+    0
+}

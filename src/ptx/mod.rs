@@ -1,0 +1,200 @@
+//! The PTX front end: a parser, the scalar-ABI verifier that reads the kernel
+//! instead of trusting its name, and the host (CPU) engine that runs verified
+//! kernels.
+//!
+//! API contract used by the rest of ptxd (the front calls [`verify`] on every
+//! PTX load; the host executor calls [`HostKernel::compile`] and
+//! [`HostKernel::launch`]). Nothing here touches CUDA.
+//!
+//! PLACEHOLDER: the bodies below are stand-ins until the PTX front end lands
+//! (issue 3). They refuse everything with a typed error.
+
+use std::collections::BTreeMap;
+
+/// The ABI a client declares for a kernel (optional on PTX, required for
+/// cubin/fatbin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeclaredAbi {
+    pub inputs: u32,
+    pub scalar_params: u32,
+}
+
+/// The verified scalar-ABI signature of a kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signature {
+    /// Number of input pointers.
+    pub inputs: u32,
+    /// Element size in bytes of each operand: the inputs in order, then the
+    /// output (`inputs + 1` entries).
+    pub element_sizes: Vec<u32>,
+    /// Number of trailing f32 params.
+    pub scalar_params: u32,
+    /// `.reqntid` x-extent, if present.
+    pub reqntid: Option<u32>,
+    /// `.maxntid` x-extent, if present.
+    pub maxntid: Option<u32>,
+}
+
+/// Why a kernel was refused at load time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PtxError {
+    /// The text is not PTX ptxd can parse.
+    #[error("PTX parse error at {line}:{column}: {message}")]
+    Parse {
+        line: u32,
+        column: u32,
+        message: String,
+    },
+    /// The module has no `.entry` with that name.
+    #[error("no entry named {symbol:?} (entries: {entries:?})")]
+    SymbolNotFound {
+        symbol: String,
+        entries: Vec<String>,
+    },
+    /// The kernel is not the scalar ABI.
+    #[error("not the scalar ABI ({sub_reason}): {explanation}")]
+    NonScalarAbi {
+        /// A stable snake_case sub-reason, e.g. `vectorized_access`.
+        sub_reason: &'static str,
+        /// The offending param's name, when one is to blame.
+        param: Option<String>,
+        /// The offending line (1-based), when one is to blame.
+        line: Option<u32>,
+        /// One line for a human.
+        explanation: String,
+    },
+    /// The kernel is scalar but not what the request declared.
+    #[error("declared {what} {expected} but the kernel has {found}")]
+    AbiMismatch {
+        what: &'static str,
+        expected: u32,
+        found: u32,
+    },
+    /// The host engine cannot run an instruction of this kernel.
+    #[error("the host executor cannot run `{opcode}` (line {line})")]
+    UnsupportedOnHost { opcode: String, line: u32 },
+}
+
+impl PtxError {
+    /// Key/value details for the refusal's `ErrorInfo.metadata`.
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        match self {
+            PtxError::Parse { line, column, .. } => {
+                m.insert("line".into(), line.to_string());
+                m.insert("column".into(), column.to_string());
+            }
+            PtxError::SymbolNotFound { symbol, entries } => {
+                m.insert("symbol".into(), symbol.clone());
+                m.insert("entries".into(), entries.join(","));
+            }
+            PtxError::NonScalarAbi {
+                sub_reason,
+                param,
+                line,
+                explanation,
+            } => {
+                m.insert("sub_reason".into(), (*sub_reason).into());
+                if let Some(p) = param {
+                    m.insert("param".into(), p.clone());
+                }
+                if let Some(l) = line {
+                    m.insert("line".into(), l.to_string());
+                }
+                m.insert("explanation".into(), explanation.clone());
+            }
+            PtxError::AbiMismatch {
+                what,
+                expected,
+                found,
+            } => {
+                m.insert("what".into(), (*what).into());
+                m.insert("expected".into(), expected.to_string());
+                m.insert("found".into(), found.to_string());
+            }
+            PtxError::UnsupportedOnHost { opcode, line } => {
+                m.insert("opcode".into(), opcode.clone());
+                m.insert("line".into(), line.to_string());
+            }
+        }
+        m
+    }
+}
+
+/// Parses `text` and verifies that entry `symbol` follows the scalar ABI;
+/// checks the declared ABI when one is given.
+pub fn verify(
+    text: &str,
+    symbol: &str,
+    declared: Option<DeclaredAbi>,
+) -> Result<Signature, PtxError> {
+    let _ = (text, declared);
+    Err(PtxError::SymbolNotFound {
+        symbol: symbol.to_string(),
+        entries: Vec::new(),
+    })
+}
+
+/// One operand's memory as the host engine sees it: the address of the
+/// operand's first element (buffer base + launch offset) and the bytes
+/// available from there to the end of the mapping.
+#[derive(Debug, Clone, Copy)]
+pub struct HostSpan {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// A launch of a host kernel.
+#[derive(Debug)]
+pub struct HostLaunch<'a> {
+    pub inputs: &'a [HostSpan],
+    pub output: HostSpan,
+    pub n: u64,
+    pub params: &'a [f32],
+    /// Threads of the CPU to spread the grid over.
+    pub threads: usize,
+    /// Bounds-check every access against the spans (KERNEL_FAULT instead of
+    /// memory corruption).
+    pub checked: bool,
+}
+
+/// A fault while running a host kernel (checked mode).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("host kernel fault at line {line}: {message}")]
+pub struct HostFault {
+    pub line: u32,
+    pub message: String,
+}
+
+/// A verified kernel decoded for the host engine.
+#[derive(Debug)]
+pub struct HostKernel {
+    signature: Signature,
+}
+
+impl HostKernel {
+    /// Parses, verifies and decodes `symbol` from `text`. Every instruction
+    /// the engine cannot run is found here, never during a launch.
+    pub fn compile(text: &str, symbol: &str) -> Result<HostKernel, PtxError> {
+        let signature = verify(text, symbol, None)?;
+        Ok(HostKernel { signature })
+    }
+
+    /// The kernel's verified signature.
+    pub fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    /// Runs the kernel over `n` elements with the CUDA launch geometry.
+    ///
+    /// # Safety
+    /// Each span must be valid for reads (inputs) or writes (output) of
+    /// `len` bytes for the duration of the call.
+    pub unsafe fn launch(&self, launch: &HostLaunch<'_>) -> Result<(), HostFault> {
+        let _ = launch;
+        Err(HostFault {
+            line: 0,
+            message: "host engine not built yet".into(),
+        })
+    }
+}
