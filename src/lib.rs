@@ -9,3 +9,5 @@
 
 pub mod executor;
 pub mod ptx;
+pub mod handles;
+pub mod slots;
