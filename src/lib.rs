@@ -11,3 +11,7 @@ pub mod executor;
 pub mod ptx;
 pub mod handles;
 pub mod slots;
+pub mod buffers;
+pub mod config;
+pub mod error;
+pub mod sessions;
