@@ -15,3 +15,4 @@ pub mod buffers;
 pub mod config;
 pub mod error;
 pub mod sessions;
+pub mod front;
