@@ -61,7 +61,11 @@ pub struct EventEntry {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {
     #[error("{kind} {handle} is stale: {why}")]
-    Stale { kind: &'static str, handle: String, why: &'static str },
+    Stale {
+        kind: &'static str,
+        handle: String,
+        why: &'static str,
+    },
     #[error("{kind} {handle} belongs to another session")]
     NotOwner { kind: &'static str, handle: String },
 }
@@ -82,14 +86,22 @@ impl Registry {
     }
 
     /// The buffer `id` if `session` owns it and its mapping is open.
-    pub fn buffer(&self, id: BufferId, session: &SessionId, handle: &str) -> Result<&BufferEntry, RegistryError> {
+    pub fn buffer(
+        &self,
+        id: BufferId,
+        session: &SessionId,
+        handle: &str,
+    ) -> Result<&BufferEntry, RegistryError> {
         let entry = self.buffers.get(&id).ok_or_else(|| RegistryError::Stale {
             kind: "buffer",
             handle: handle.to_string(),
             why: "it was released or never registered",
         })?;
         if &entry.session != session {
-            return Err(RegistryError::NotOwner { kind: "buffer", handle: handle.to_string() });
+            return Err(RegistryError::NotOwner {
+                kind: "buffer",
+                handle: handle.to_string(),
+            });
         }
         if entry.open_in.is_none() {
             return Err(RegistryError::Stale {
@@ -102,14 +114,22 @@ impl Registry {
     }
 
     /// The event `id` if `session` owns it and it is open.
-    pub fn event(&self, id: EventId, session: &SessionId, handle: &str) -> Result<&EventEntry, RegistryError> {
+    pub fn event(
+        &self,
+        id: EventId,
+        session: &SessionId,
+        handle: &str,
+    ) -> Result<&EventEntry, RegistryError> {
         let entry = self.events.get(&id).ok_or_else(|| RegistryError::Stale {
             kind: "event",
             handle: handle.to_string(),
             why: "it was released or never registered",
         })?;
         if &entry.session != session {
-            return Err(RegistryError::NotOwner { kind: "event", handle: handle.to_string() });
+            return Err(RegistryError::NotOwner {
+                kind: "event",
+                handle: handle.to_string(),
+            });
         }
         if entry.open_in.is_none() {
             return Err(RegistryError::Stale {
@@ -152,9 +172,18 @@ mod tests {
         registry.buffers.insert(BufferId(1), entry(1, &a, true));
         registry.buffers.insert(BufferId(2), entry(2, &a, false));
         assert!(registry.buffer(BufferId(1), &a, "h").is_ok());
-        assert!(matches!(registry.buffer(BufferId(1), &b, "h"), Err(RegistryError::NotOwner { .. })));
-        assert!(matches!(registry.buffer(BufferId(2), &a, "h"), Err(RegistryError::Stale { .. })));
-        assert!(matches!(registry.buffer(BufferId(3), &a, "h"), Err(RegistryError::Stale { .. })));
+        assert!(matches!(
+            registry.buffer(BufferId(1), &b, "h"),
+            Err(RegistryError::NotOwner { .. })
+        ));
+        assert!(matches!(
+            registry.buffer(BufferId(2), &a, "h"),
+            Err(RegistryError::Stale { .. })
+        ));
+        assert!(matches!(
+            registry.buffer(BufferId(3), &a, "h"),
+            Err(RegistryError::Stale { .. })
+        ));
         assert_ne!(registry.next_id(), registry.next_id());
     }
 }

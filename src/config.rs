@@ -132,7 +132,8 @@ pub fn default_socket_path() -> PathBuf {
 }
 
 fn parse_mode(text: &str) -> Result<u32, String> {
-    let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8).map_err(|e| format!("not an octal mode: {e}"))?;
+    let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .map_err(|e| format!("not an octal mode: {e}"))?;
     if mode > 0o777 {
         return Err("a socket mode is at most 777".into());
     }
@@ -146,7 +147,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         Some(i) => text.split_at(i),
         None => (text, "s"),
     };
-    let value: f64 = number.parse().map_err(|_| format!("not a duration: {text:?}"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {text:?}"))?;
     let seconds = match unit {
         "ms" => value / 1000.0,
         "s" => value,

@@ -38,17 +38,32 @@ pub enum Error {
     #[error(transparent)]
     MalformedHandle(#[from] MalformedHandle),
     #[error("invalid {field}: {message}")]
-    InvalidArgument { field: &'static str, message: String },
+    InvalidArgument {
+        field: &'static str,
+        message: String,
+    },
     #[error("limit {limit} ({value}) reached")]
     LimitExceeded { limit: &'static str, value: u64 },
     #[error("no device {device}")]
     UnknownDevice { device: String },
     #[error("operand {operand} is on {operand_device}, the kernel on {kernel_device}")]
-    DeviceMismatch { operand: String, kernel_device: String, operand_device: String },
+    DeviceMismatch {
+        operand: String,
+        kernel_device: String,
+        operand_device: String,
+    },
     #[error("operand {operand} needs {needed_bytes} bytes but its buffer holds {buffer_bytes}")]
-    BufferTooSmall { operand: String, needed_bytes: u128, buffer_bytes: u64 },
+    BufferTooSmall {
+        operand: String,
+        needed_bytes: u128,
+        buffer_bytes: u64,
+    },
     #[error("the kernel takes {expected} {what}, the launch gives {found}")]
-    LaunchArity { what: &'static str, expected: u32, found: u32 },
+    LaunchArity {
+        what: &'static str,
+        expected: u32,
+        found: u32,
+    },
     #[error("{message}")]
     UnsupportedArtifact { message: String },
     #[error("ptxd is draining; reconnect to its successor")]
@@ -81,7 +96,9 @@ impl Error {
                     PtxError::SymbolNotFound { .. } => (Code::NotFound, Reason::SymbolNotFound),
                     PtxError::NonScalarAbi { .. } => (Code::InvalidArgument, Reason::NonScalarAbi),
                     PtxError::AbiMismatch { .. } => (Code::InvalidArgument, Reason::AbiMismatch),
-                    PtxError::UnsupportedOnHost { .. } => (Code::FailedPrecondition, Reason::UnsupportedOnHost),
+                    PtxError::UnsupportedOnHost { .. } => {
+                        (Code::FailedPrecondition, Reason::UnsupportedOnHost)
+                    }
                 };
                 (code, reason, e.metadata())
             }
@@ -89,20 +106,33 @@ impl Error {
                 SlotError::Stale { handle, why } => (
                     Code::FailedPrecondition,
                     Reason::StaleKernel,
-                    meta([("kernel", handle.clone()), ("why", why.as_str().to_string())]),
+                    meta([
+                        ("kernel", handle.clone()),
+                        ("why", why.as_str().to_string()),
+                    ]),
                 ),
-                SlotError::BankFull { capacity } => {
-                    (Code::ResourceExhausted, Reason::SlotBankFull, meta([("capacity", capacity.to_string())]))
-                }
-                SlotError::NotHeld { handle } => {
-                    (Code::PermissionDenied, Reason::NotOwner, meta([("kernel", handle.clone())]))
-                }
+                SlotError::BankFull { capacity } => (
+                    Code::ResourceExhausted,
+                    Reason::SlotBankFull,
+                    meta([("capacity", capacity.to_string())]),
+                ),
+                SlotError::NotHeld { handle } => (
+                    Code::PermissionDenied,
+                    Reason::NotOwner,
+                    meta([("kernel", handle.clone())]),
+                ),
             },
             Error::Session(e) => match e {
-                SessionError::Unknown { session } => {
-                    (Code::NotFound, Reason::UnknownSession, meta([("session", session.clone())]))
-                }
-                SessionError::WrongPeer { session, owner_uid, peer_uid } => (
+                SessionError::Unknown { session } => (
+                    Code::NotFound,
+                    Reason::UnknownSession,
+                    meta([("session", session.clone())]),
+                ),
+                SessionError::WrongPeer {
+                    session,
+                    owner_uid,
+                    peer_uid,
+                } => (
                     Code::PermissionDenied,
                     Reason::NotOwner,
                     meta([
@@ -114,13 +144,27 @@ impl Error {
             },
             Error::Registry(e) => match e {
                 RegistryError::Stale { kind, handle, why } => {
-                    let reason = if *kind == "buffer" { Reason::StaleBuffer } else { Reason::InvalidArgument };
-                    let code = if *kind == "buffer" { Code::FailedPrecondition } else { Code::InvalidArgument };
-                    (code, reason, meta([(kind, handle.clone()), ("why", why.to_string())]))
+                    let reason = if *kind == "buffer" {
+                        Reason::StaleBuffer
+                    } else {
+                        Reason::InvalidArgument
+                    };
+                    let code = if *kind == "buffer" {
+                        Code::FailedPrecondition
+                    } else {
+                        Code::InvalidArgument
+                    };
+                    (
+                        code,
+                        reason,
+                        meta([(kind, handle.clone()), ("why", why.to_string())]),
+                    )
                 }
-                RegistryError::NotOwner { kind, handle } => {
-                    (Code::PermissionDenied, Reason::NotOwner, meta([(kind, handle.clone())]))
-                }
+                RegistryError::NotOwner { kind, handle } => (
+                    Code::PermissionDenied,
+                    Reason::NotOwner,
+                    meta([(kind, handle.clone())]),
+                ),
             },
             Error::Executor(e) => match e {
                 ExecutorError::Unavailable { device, cause } => (
@@ -132,25 +176,37 @@ impl Error {
                     let (code, reason) = failure_code(*kind);
                     (code, reason, metadata.clone())
                 }
-                ExecutorError::UnexpectedReply(what) => {
-                    (Code::Internal, Reason::Internal, meta([("request", what.to_string())]))
-                }
+                ExecutorError::UnexpectedReply(what) => (
+                    Code::Internal,
+                    Reason::Internal,
+                    meta([("request", what.to_string())]),
+                ),
             },
-            Error::MalformedHandle(e) => {
-                (Code::InvalidArgument, Reason::InvalidArgument, meta([("field", e.kind.to_string()), ("value", e.text.clone())]))
-            }
-            Error::InvalidArgument { field, .. } => {
-                (Code::InvalidArgument, Reason::InvalidArgument, meta([("field", field.to_string())]))
-            }
+            Error::MalformedHandle(e) => (
+                Code::InvalidArgument,
+                Reason::InvalidArgument,
+                meta([("field", e.kind.to_string()), ("value", e.text.clone())]),
+            ),
+            Error::InvalidArgument { field, .. } => (
+                Code::InvalidArgument,
+                Reason::InvalidArgument,
+                meta([("field", field.to_string())]),
+            ),
             Error::LimitExceeded { limit, value } => (
                 Code::ResourceExhausted,
                 Reason::LimitExceeded,
                 meta([("limit", limit.to_string()), ("value", value.to_string())]),
             ),
-            Error::UnknownDevice { device } => {
-                (Code::NotFound, Reason::UnknownDevice, meta([("device", device.clone())]))
-            }
-            Error::DeviceMismatch { operand, kernel_device, operand_device } => (
+            Error::UnknownDevice { device } => (
+                Code::NotFound,
+                Reason::UnknownDevice,
+                meta([("device", device.clone())]),
+            ),
+            Error::DeviceMismatch {
+                operand,
+                kernel_device,
+                operand_device,
+            } => (
                 Code::FailedPrecondition,
                 Reason::DeviceMismatch,
                 meta([
@@ -159,7 +215,11 @@ impl Error {
                     ("operand_device", operand_device.clone()),
                 ]),
             ),
-            Error::BufferTooSmall { operand, needed_bytes, buffer_bytes } => (
+            Error::BufferTooSmall {
+                operand,
+                needed_bytes,
+                buffer_bytes,
+            } => (
                 Code::OutOfRange,
                 Reason::BufferTooSmall,
                 meta([
@@ -168,16 +228,33 @@ impl Error {
                     ("buffer_bytes", buffer_bytes.to_string()),
                 ]),
             ),
-            Error::LaunchArity { what, expected, found } => (
+            Error::LaunchArity {
+                what,
+                expected,
+                found,
+            } => (
                 Code::InvalidArgument,
                 Reason::AbiMismatch,
-                meta([("what", what.to_string()), ("expected", expected.to_string()), ("found", found.to_string())]),
+                meta([
+                    ("what", what.to_string()),
+                    ("expected", expected.to_string()),
+                    ("found", found.to_string()),
+                ]),
             ),
-            Error::UnsupportedArtifact { .. } => (Code::InvalidArgument, Reason::UnsupportedArtifact, BTreeMap::new()),
+            Error::UnsupportedArtifact { .. } => (
+                Code::InvalidArgument,
+                Reason::UnsupportedArtifact,
+                BTreeMap::new(),
+            ),
             Error::Draining => (Code::Unavailable, Reason::Draining, BTreeMap::new()),
             Error::Internal { .. } => (Code::Internal, Reason::Internal, BTreeMap::new()),
         };
-        Refusal { code, reason, message, metadata }
+        Refusal {
+            code,
+            reason,
+            message,
+            metadata,
+        }
     }
 
     /// This error as a gRPC status with its `google.rpc.ErrorInfo`.
@@ -231,7 +308,11 @@ mod tests {
 
     #[test]
     fn a_status_carries_error_info_with_the_reason_and_metadata() {
-        let error = Error::BufferTooSmall { operand: "input 1".into(), needed_bytes: 4096, buffer_bytes: 1024 };
+        let error = Error::BufferTooSmall {
+            operand: "input 1".into(),
+            needed_bytes: 4096,
+            buffer_bytes: 1024,
+        };
         let status = error.to_status();
         assert_eq!(status.code(), Code::OutOfRange);
         let info = status.get_details_error_info().unwrap();
@@ -244,11 +325,22 @@ mod tests {
     #[test]
     fn client_mistakes_never_map_to_internal() {
         let client_errors = [
-            Error::InvalidArgument { field: "n", message: "x".into() },
+            Error::InvalidArgument {
+                field: "n",
+                message: "x".into(),
+            },
             Error::Draining,
             Error::UnknownDevice { device: "7".into() },
-            Error::LaunchArity { what: "inputs", expected: 2, found: 1 },
-            Error::Ptx(PtxError::Parse { line: 1, column: 1, message: "x".into() }),
+            Error::LaunchArity {
+                what: "inputs",
+                expected: 2,
+                found: 1,
+            },
+            Error::Ptx(PtxError::Parse {
+                line: 1,
+                column: 1,
+                message: "x".into(),
+            }),
             Error::Executor(ExecutorError::Failed {
                 kind: FailureKind::InvalidHandle,
                 message: "x".into(),
@@ -260,6 +352,13 @@ mod tests {
             assert_ne!(refusal.code, Code::Internal, "{error:?}");
             assert_ne!(refusal.reason, Reason::Internal, "{error:?}");
         }
-        assert_eq!(Error::Internal { message: "x".into() }.refusal().code, Code::Internal);
+        assert_eq!(
+            Error::Internal {
+                message: "x".into()
+            }
+            .refusal()
+            .code,
+            Code::Internal
+        );
     }
 }

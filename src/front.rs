@@ -32,11 +32,14 @@ use tokio::sync::{mpsc, watch};
 use crate::buffers::{BufferEntry, BufferSource, EventEntry, Registry};
 use crate::config::{BackendChoice, ServeConfig};
 use crate::error::Error;
-use crate::executor::supervisor::{probe_cuda, DeathNotice, DownCause, ExecutorCommand, ExecutorLink, LinkError};
+use crate::executor::supervisor::{
+    probe_cuda, DeathNotice, DownCause, ExecutorCommand, ExecutorLink, LinkError,
+};
 use crate::executor::ExecutorError;
 use crate::handles::{
     BootId, BufferHandle, DeviceGeneration, EventHandle, GenerationCounter, KernelHandle, SessionId,
 };
+use crate::observe::Observer;
 use crate::ptx::{self, DeclaredAbi, Signature};
 use crate::sessions::{Peer, Session, SessionError};
 use crate::slots::{ContentKey, LoadedKernel, SlotTable};
@@ -137,19 +140,28 @@ struct State {
 
 impl State {
     fn is_live(devices: &[DeviceState]) -> impl Fn(DeviceGeneration) -> bool + '_ {
-        move |generation| devices.iter().any(|d| d.generation == generation && d.live_link().is_some())
+        move |generation| {
+            devices
+                .iter()
+                .any(|d| d.generation == generation && d.live_link().is_some())
+        }
     }
 
     fn session(&self, id: &SessionId, peer: Option<Peer>) -> Result<&Session, Error> {
-        let session =
-            self.sessions.get(id).ok_or_else(|| SessionError::Unknown { session: id.to_string() })?;
+        let session = self.sessions.get(id).ok_or_else(|| SessionError::Unknown {
+            session: id.to_string(),
+        })?;
         session.authorize(peer)?;
         Ok(session)
     }
 
     fn session_mut(&mut self, id: &SessionId, peer: Option<Peer>) -> Result<&mut Session, Error> {
-        let session =
-            self.sessions.get_mut(id).ok_or_else(|| SessionError::Unknown { session: id.to_string() })?;
+        let session = self
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| SessionError::Unknown {
+                session: id.to_string(),
+            })?;
         session.authorize(peer)?;
         Ok(session)
     }
@@ -163,7 +175,9 @@ impl State {
                 .devices
                 .iter()
                 .position(|d| d.desc.ordinal == *ordinal)
-                .ok_or_else(|| Error::UnknownDevice { device: ordinal.to_string() }),
+                .ok_or_else(|| Error::UnknownDevice {
+                    device: ordinal.to_string(),
+                }),
         }
     }
 
@@ -171,16 +185,27 @@ impl State {
         self.devices
             .iter()
             .position(|d| d.desc.uuid == uuid)
-            .ok_or_else(|| Error::UnknownDevice { device: uuid.chars().take(96).collect() })
+            .ok_or_else(|| Error::UnknownDevice {
+                device: uuid.chars().take(96).collect(),
+            })
     }
 
     fn link(&self, index: usize) -> Result<(Arc<ExecutorLink>, DeviceGeneration), Error> {
-        let device = self.devices.get(index).ok_or_else(|| Error::UnknownDevice { device: index.to_string() })?;
+        let device = self
+            .devices
+            .get(index)
+            .ok_or_else(|| Error::UnknownDevice {
+                device: index.to_string(),
+            })?;
         match device.live_link() {
             Some(link) => Ok((link.clone(), device.generation)),
             None => Err(ExecutorError::Unavailable {
                 device: device.desc.uuid.clone(),
-                cause: if device.restarting { "restarting".into() } else { "down".into() },
+                cause: if device.restarting {
+                    "restarting".into()
+                } else {
+                    "down".into()
+                },
             }
             .into()),
         }
@@ -214,6 +239,7 @@ pub struct Front {
     available: watch::Sender<bool>,
     /// Bumped whenever sessions, buffers, slots or devices change (drives metrics gauges).
     pub changes: watch::Sender<u64>,
+    observer: Observer,
 }
 
 fn down_to_error(device: &str, error: LinkError) -> Error {
@@ -222,12 +248,16 @@ fn down_to_error(device: &str, error: LinkError) -> Error {
         DownCause::Fault { error_name, .. } => format!("device fault {error_name}"),
         other => other.to_string(),
     };
-    ExecutorError::Unavailable { device: device.to_string(), cause }.into()
+    ExecutorError::Unavailable {
+        device: device.to_string(),
+        cause,
+    }
+    .into()
 }
 
 impl Front {
     /// Chooses the backend, starts an executor per device and the supervisor.
-    pub async fn start(config: &ServeConfig) -> Result<Arc<Front>, StartError> {
+    pub async fn start(config: &ServeConfig, observer: Observer) -> Result<Arc<Front>, StartError> {
         let boot = BootId::random();
         let generations = GenerationCounter::new(boot);
         let (backend, devices) = Self::choose_devices(config).await?;
@@ -238,10 +268,20 @@ impl Front {
             let index = states.len();
             let link = ExecutorLink::spawn(index, generation, &command, deaths_tx.clone())
                 .await
-                .map_err(|e| StartError::Executor { device: desc.uuid.clone(), error: e.to_string() })?;
+                .map_err(|e| StartError::Executor {
+                    device: desc.uuid.clone(),
+                    error: e.to_string(),
+                })?;
             let desc = link.hello.devices.first().cloned().unwrap_or(desc);
             tracing::info!(device = %desc.uuid, name = %desc.name, %generation, pid = link.pid(), "executor up");
-            states.push(DeviceState { desc, command, generation, link: Some(link), restarts: 0, restarting: false });
+            states.push(DeviceState {
+                desc,
+                command,
+                generation,
+                link: Some(link),
+                restarts: 0,
+                restarting: false,
+            });
         }
         let limits = Limits::from_config(config);
         let front = Arc::new(Front {
@@ -262,16 +302,21 @@ impl Front {
             next_stream: AtomicU64::new(1),
             available: watch::Sender::new(true),
             changes: watch::Sender::new(0),
+            observer,
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
         Ok(front)
     }
 
-    async fn choose_devices(config: &ServeConfig) -> Result<(&'static str, Vec<(DeviceDesc, ExecutorCommand)>), StartError> {
+    async fn choose_devices(
+        config: &ServeConfig,
+    ) -> Result<(&'static str, Vec<(DeviceDesc, ExecutorCommand)>), StartError> {
         let host = || {
-            let threads = config
-                .host_threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            let threads = config.host_threads.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            });
             (0..config.host_devices)
                 .map(|index| {
                     let desc = DeviceDesc {
@@ -280,7 +325,14 @@ impl Front {
                         name: "host CPU".into(),
                         ..Default::default()
                     };
-                    (desc, ExecutorCommand::Host { index, threads, checked: config.host_checked })
+                    (
+                        desc,
+                        ExecutorCommand::Host {
+                            index,
+                            threads,
+                            checked: config.host_checked,
+                        },
+                    )
                 })
                 .collect::<Vec<_>>()
         };
@@ -292,7 +344,10 @@ impl Front {
             BackendChoice::Cuda | BackendChoice::Auto => match probe_cuda().await {
                 Ok(hello) => {
                     let selected = select_devices(&hello.devices, &config.devices)?;
-                    tracing::info!(devices = selected.len(), "backend: cuda (libcuda present, devices answer)");
+                    tracing::info!(
+                        devices = selected.len(),
+                        "backend: cuda (libcuda present, devices answer)"
+                    );
                     Ok(("cuda", selected))
                 }
                 Err(e) if config.backend == BackendChoice::Auto => {
@@ -321,7 +376,8 @@ impl Front {
 
     fn publish_availability(&self, state: &State) {
         let all_up = !state.draining && state.devices.iter().all(|d| d.live_link().is_some());
-        self.available.send_if_modified(|v| std::mem::replace(v, all_up) != all_up);
+        self.available
+            .send_if_modified(|v| std::mem::replace(v, all_up) != all_up);
     }
 
     /// Gauges for metrics: (sessions, buffers, buffer bytes, slots used, generations per device).
@@ -332,7 +388,11 @@ impl Front {
             buffers: state.registry.buffers.len() as u64,
             buffer_bytes: state.registry.total_bytes(),
             slots_used: state.slots.used() as u64,
-            devices: state.devices.iter().map(|d| (d.desc.uuid.clone(), d.generation.0, d.restarts)).collect(),
+            devices: state
+                .devices
+                .iter()
+                .map(|d| (d.desc.uuid.clone(), d.generation.0, d.restarts))
+                .collect(),
         }
     }
 
@@ -343,7 +403,9 @@ impl Front {
             let start = {
                 let mut state = self.lock();
                 let draining = state.draining;
-                let Some(device) = state.devices.get_mut(index) else { continue };
+                let Some(device) = state.devices.get_mut(index) else {
+                    continue;
+                };
                 if device.generation != generation {
                     continue;
                 }
@@ -356,6 +418,11 @@ impl Front {
                 start
             };
             self.changed();
+            if let (DownCause::Fault { .. }, Some(device)) =
+                (&cause, self.lock().devices.get(index))
+            {
+                self.observer.kernel_fault(&device.desc.uuid);
+            }
             if start {
                 tracing::warn!(device = index, %generation, %cause, "executor died; restarting");
                 tokio::spawn(self.clone().restart(index, generation, cause));
@@ -376,12 +443,21 @@ impl Front {
                 if state.draining {
                     return;
                 }
-                let Some(device) = state.devices.get(index) else { return };
+                let Some(device) = state.devices.get(index) else {
+                    return;
+                };
                 (device.command.clone(), device.desc.uuid.clone())
             };
             let generation = self.generations.next();
-            let link = match ExecutorLink::spawn(index, generation, &command, self.deaths.clone()).await {
-                Ok(link) if link.hello.devices.first().map(|d| d.uuid.as_str()) == Some(uuid.as_str()) => link,
+            let link = match ExecutorLink::spawn(index, generation, &command, self.deaths.clone())
+                .await
+            {
+                Ok(link)
+                    if link.hello.devices.first().map(|d| d.uuid.as_str())
+                        == Some(uuid.as_str()) =>
+                {
+                    link
+                }
                 Ok(link) => {
                     tracing::error!(device = %uuid, "restarted executor drives another device; retrying");
                     link.shutdown(Duration::from_secs(1)).await;
@@ -400,25 +476,46 @@ impl Front {
             // during the re-open is attributed to it, not dropped as stale.
             let (buffers, events) = {
                 let mut state = self.lock();
-                let Some(device) = state.devices.get_mut(index) else { return };
+                let Some(device) = state.devices.get_mut(index) else {
+                    return;
+                };
                 device.generation = generation;
-                let buffers: Vec<BufferEntry> =
-                    state.registry.buffers.values().filter(|b| b.device_index == index).cloned().collect();
-                let events: Vec<EventEntry> =
-                    state.registry.events.values().filter(|e| e.device_index == index).cloned().collect();
+                let buffers: Vec<BufferEntry> = state
+                    .registry
+                    .buffers
+                    .values()
+                    .filter(|b| b.device_index == index)
+                    .cloned()
+                    .collect();
+                let events: Vec<EventEntry> = state
+                    .registry
+                    .events
+                    .values()
+                    .filter(|e| e.device_index == index)
+                    .cloned()
+                    .collect();
                 (buffers, events)
             };
             let mut reopened_buffers = Vec::new();
             for buffer in &buffers {
-                let ok = matches!(link.call(open_buffer_op(buffer)).await, Ok(reply::Result::OpenBuffer(_)));
+                let ok = matches!(
+                    link.call(open_buffer_op(buffer)).await,
+                    Ok(reply::Result::OpenBuffer(_))
+                );
                 if !ok {
-                    tracing::warn!(buffer = buffer.id.0, "buffer could not be re-opened after restart; it is stale");
+                    tracing::warn!(
+                        buffer = buffer.id.0,
+                        "buffer could not be re-opened after restart; it is stale"
+                    );
                 }
                 reopened_buffers.push((buffer.id, ok));
             }
             let mut reopened_events = Vec::new();
             for event in &events {
-                let op = Op::OpenEvent(exec::OpenEvent { event_id: event.id.0, handle: event.handle.clone() });
+                let op = Op::OpenEvent(exec::OpenEvent {
+                    event_id: event.id.0,
+                    handle: event.handle.clone(),
+                });
                 let ok = matches!(link.call(op).await, Ok(reply::Result::Ok(_)));
                 reopened_events.push((event.id, ok));
             }
@@ -433,28 +530,38 @@ impl Front {
                     match state.registry.buffers.get_mut(&id) {
                         Some(entry) => entry.open_in = ok.then_some(generation),
                         // Released while we re-opened it: close it again.
-                        None if ok => late_closes.push((link.clone(), Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 }))),
+                        None if ok => late_closes.push((
+                            link.clone(),
+                            Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 }),
+                        )),
                         None => {}
                     }
                 }
                 for (id, ok) in reopened_events {
                     match state.registry.events.get_mut(&id) {
                         Some(entry) => entry.open_in = ok.then_some(generation),
-                        None if ok => late_closes.push((link.clone(), Op::CloseEvent(exec::CloseEvent { event_id: id.0 }))),
+                        None if ok => late_closes.push((
+                            link.clone(),
+                            Op::CloseEvent(exec::CloseEvent { event_id: id.0 }),
+                        )),
                         None => {}
                     }
                 }
-                let Some(device) = state.devices.get_mut(index) else { return };
+                let Some(device) = state.devices.get_mut(index) else {
+                    return;
+                };
                 device.link = Some(link.clone());
                 device.restarts += 1;
                 device.restarting = false;
                 let event = api::SessionEvent {
-                    event: Some(session_event::Event::ExecutorRestarted(api::ExecutorRestarted {
-                        device_uuid: uuid.clone(),
-                        old_generation: old.0,
-                        new_generation: generation.0,
-                        cause: cause_text.clone(),
-                    })),
+                    event: Some(session_event::Event::ExecutorRestarted(
+                        api::ExecutorRestarted {
+                            device_uuid: uuid.clone(),
+                            old_generation: old.0,
+                            new_generation: generation.0,
+                            cause: cause_text.clone(),
+                        },
+                    )),
                 };
                 for session in state.sessions.values() {
                     let _ = session.events.try_send(Ok(event.clone()));
@@ -462,6 +569,7 @@ impl Front {
                 self.publish_availability(&state);
             }
             run_cleanup(late_closes).await;
+            self.observer.executor_restart(&uuid);
             self.changed();
             tracing::info!(device = %uuid, old = %old, new = %generation, pid = link.pid(), "executor restarted");
             return;
@@ -526,14 +634,23 @@ impl Front {
         &self,
         label: String,
         peer: Option<Peer>,
-    ) -> Result<(SessionId, mpsc::Receiver<Result<api::SessionEvent, tonic::Status>>), Error> {
+    ) -> Result<
+        (
+            SessionId,
+            mpsc::Receiver<Result<api::SessionEvent, tonic::Status>>,
+        ),
+        Error,
+    > {
         let (tx, rx) = mpsc::channel(SESSION_EVENT_CAPACITY);
         let id = SessionId::random();
         {
             let mut state = self.lock();
             Self::refuse_if_draining(&state)?;
             if state.sessions.len() as u64 >= u64::from(self.limits.max_sessions) {
-                return Err(Error::LimitExceeded { limit: "max_sessions", value: self.limits.max_sessions.into() });
+                return Err(Error::LimitExceeded {
+                    limit: "max_sessions",
+                    value: self.limits.max_sessions.into(),
+                });
             }
             let opened = api::SessionEvent {
                 event: Some(session_event::Event::Opened(api::SessionOpened {
@@ -565,13 +682,19 @@ impl Front {
     }
 
     /// CloseSession: releases everything the session holds.
-    pub async fn close_session(&self, id: &SessionId, peer: Option<Peer>) -> Result<ReleasedCounts, Error> {
+    pub async fn close_session(
+        &self,
+        id: &SessionId,
+        peer: Option<Peer>,
+    ) -> Result<ReleasedCounts, Error> {
         {
             let state = self.lock();
             match state.session(id, peer) {
                 Ok(_) => {}
                 // Closing an already-closed session is a no-op.
-                Err(Error::Session(SessionError::Unknown { .. })) => return Ok(ReleasedCounts::default()),
+                Err(Error::Session(SessionError::Unknown { .. })) => {
+                    return Ok(ReleasedCounts::default())
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -590,7 +713,12 @@ impl Front {
             // before its buffers are unmapped.
             for device in &state.devices {
                 if let Some(link) = device.live_link() {
-                    cleanup.push((link.clone(), Op::CloseStream(exec::CloseStream { stream: session.stream })));
+                    cleanup.push((
+                        link.clone(),
+                        Op::CloseStream(exec::CloseStream {
+                            stream: session.stream,
+                        }),
+                    ));
                 }
             }
             let mut counts = ReleasedCounts::default();
@@ -598,11 +726,17 @@ impl Front {
                 counts.kernels += 1;
                 if let Ok(released) = state.slots.release(handle, id) {
                     if let Some(kernel) = released.freed {
-                        if let Some(link) = state.devices.get(kernel.device_index).and_then(|d| d.live_link()) {
+                        if let Some(link) = state
+                            .devices
+                            .get(kernel.device_index)
+                            .and_then(|d| d.live_link())
+                        {
                             if link.generation == kernel.generation {
                                 cleanup.push((
                                     link.clone(),
-                                    Op::UnloadModule(exec::UnloadModule { module_id: kernel.module_id }),
+                                    Op::UnloadModule(exec::UnloadModule {
+                                        module_id: kernel.module_id,
+                                    }),
                                 ));
                             }
                         }
@@ -612,16 +746,30 @@ impl Front {
             for buffer_id in &session.buffers {
                 if let Some(entry) = state.registry.buffers.remove(buffer_id) {
                     counts.buffers += 1;
-                    if let Some(op_link) = close_target(&state.devices, entry.device_index, entry.open_in) {
-                        cleanup.push((op_link, Op::CloseBuffer(exec::CloseBuffer { buffer_id: buffer_id.0 })));
+                    if let Some(op_link) =
+                        close_target(&state.devices, entry.device_index, entry.open_in)
+                    {
+                        cleanup.push((
+                            op_link,
+                            Op::CloseBuffer(exec::CloseBuffer {
+                                buffer_id: buffer_id.0,
+                            }),
+                        ));
                     }
                 }
             }
             for event_id in &session.events_held {
                 if let Some(entry) = state.registry.events.remove(event_id) {
                     counts.events += 1;
-                    if let Some(op_link) = close_target(&state.devices, entry.device_index, entry.open_in) {
-                        cleanup.push((op_link, Op::CloseEvent(exec::CloseEvent { event_id: event_id.0 })));
+                    if let Some(op_link) =
+                        close_target(&state.devices, entry.device_index, entry.open_in)
+                    {
+                        cleanup.push((
+                            op_link,
+                            Op::CloseEvent(exec::CloseEvent {
+                                event_id: event_id.0,
+                            }),
+                        ));
                     }
                 }
             }
@@ -642,14 +790,29 @@ impl Front {
         let started = Instant::now();
         let session_id = parse_session(&request.session)?;
         if request.artifact.is_empty() {
-            return Err(Error::InvalidArgument { field: "artifact", message: "the artifact is empty".into() });
+            return Err(Error::InvalidArgument {
+                field: "artifact",
+                message: "the artifact is empty".into(),
+            });
         }
         if request.artifact.len() as u64 > self.limits.max_artifact_bytes {
-            return Err(Error::LimitExceeded { limit: "max_artifact_bytes", value: self.limits.max_artifact_bytes });
+            return Err(Error::LimitExceeded {
+                limit: "max_artifact_bytes",
+                value: self.limits.max_artifact_bytes,
+            });
         }
         validate_symbol(&request.symbol)?;
-        let kind = api::ArtifactKind::try_from(request.kind).unwrap_or(api::ArtifactKind::Unspecified);
-        let declared = request.declared.map(|d| (DeclaredAbi { inputs: d.inputs, scalar_params: d.scalar_params }, d.element_size));
+        let kind =
+            api::ArtifactKind::try_from(request.kind).unwrap_or(api::ArtifactKind::Unspecified);
+        let declared = request.declared.map(|d| {
+            (
+                DeclaredAbi {
+                    inputs: d.inputs,
+                    scalar_params: d.scalar_params,
+                },
+                d.element_size,
+            )
+        });
 
         let device_index = {
             let state = self.lock();
@@ -667,26 +830,36 @@ impl Front {
         let (signature, exec_kind) = match kind {
             api::ArtifactKind::Ptx => {
                 let text = String::from_utf8(request.artifact.clone()).map_err(|e| {
-                    Error::Ptx(ptx::PtxError::Parse { line: 0, column: 0, message: format!("PTX is not UTF-8: {e}") })
+                    Error::Ptx(ptx::PtxError::Parse {
+                        line: 0,
+                        column: 0,
+                        message: format!("PTX is not UTF-8: {e}"),
+                    })
                 })?;
                 let symbol = request.symbol.clone();
                 let declared_abi = declared.map(|(abi, _)| abi);
-                let signature = tokio::task::spawn_blocking(move || ptx::verify(&text, &symbol, declared_abi))
-                    .await
-                    .map_err(|e| Error::Internal { message: format!("verifier task failed: {e}") })??;
+                let signature =
+                    tokio::task::spawn_blocking(move || ptx::verify(&text, &symbol, declared_abi))
+                        .await
+                        .map_err(|e| Error::Internal {
+                            message: format!("verifier task failed: {e}"),
+                        })??;
                 (signature, ExecArtifactKind::Ptx)
             }
             api::ArtifactKind::Cubin | api::ArtifactKind::Fatbin => {
                 if self.backend == "host" {
                     return Err(Error::UnsupportedArtifact {
-                        message: "the host backend runs PTX only; cubin and fatbin need the CUDA backend".into(),
+                        message:
+                            "the host backend runs PTX only; cubin and fatbin need the CUDA backend"
+                                .into(),
                     });
                 }
                 let Some((abi, element_size)) = declared else {
                     return Err(Error::UnsupportedArtifact {
-                        message: "a cubin or fatbin cannot be verified from its text: declare its ABI \
+                        message:
+                            "a cubin or fatbin cannot be verified from its text: declare its ABI \
                                   (inputs, scalar_params, element_size)"
-                            .into(),
+                                .into(),
                     });
                 };
                 if !matches!(element_size, 1 | 2 | 4 | 8) {
@@ -702,16 +875,25 @@ impl Front {
                     reqntid: None,
                     maxntid: None,
                 };
-                let exec_kind =
-                    if kind == api::ArtifactKind::Cubin { ExecArtifactKind::Cubin } else { ExecArtifactKind::Fatbin };
+                let exec_kind = if kind == api::ArtifactKind::Cubin {
+                    ExecArtifactKind::Cubin
+                } else {
+                    ExecArtifactKind::Fatbin
+                };
                 (signature, exec_kind)
             }
             api::ArtifactKind::Unspecified => {
-                return Err(Error::InvalidArgument { field: "kind", message: "set kind to PTX, CUBIN or FATBIN".into() })
+                return Err(Error::InvalidArgument {
+                    field: "kind",
+                    message: "set kind to PTX, CUBIN or FATBIN".into(),
+                })
             }
         };
         if signature.inputs > 64 || signature.scalar_params > 64 {
-            return Err(Error::LimitExceeded { limit: "kernel_operands", value: 64 });
+            return Err(Error::LimitExceeded {
+                limit: "kernel_operands",
+                value: 64,
+            });
         }
 
         let hash: [u8; 32] = *blake3::hash(&request.artifact).as_bytes();
@@ -722,7 +904,17 @@ impl Front {
         };
         let result = {
             let _serialized = content_lock.lock().await;
-            self.load_locked(&session_id, peer, device_index, hash, &request, signature, exec_kind, started).await
+            self.load_locked(
+                &session_id,
+                peer,
+                device_index,
+                hash,
+                &request,
+                signature,
+                exec_kind,
+                started,
+            )
+            .await
         };
         {
             let mut locks = self.load_locks.lock().unwrap_or_else(|p| p.into_inner());
@@ -754,9 +946,20 @@ impl Front {
             Self::refuse_if_draining(&state)?;
             state.session(session_id, peer)?;
             let (link, generation) = state.link(device_index)?;
-            let key = ContentKey { generation, artifact_hash: hash, symbol: request.symbol.clone() };
-            let State { slots, devices, sessions, .. } = &mut *state;
-            if let Some((handle, kernel)) = slots.hold_cached(&key, session_id, State::is_live(devices)) {
+            let key = ContentKey {
+                generation,
+                artifact_hash: hash,
+                symbol: request.symbol.clone(),
+            };
+            let State {
+                slots,
+                devices,
+                sessions,
+                ..
+            } = &mut *state;
+            if let Some((handle, kernel)) =
+                slots.hold_cached(&key, session_id, State::is_live(devices))
+            {
                 if let Some(session) = sessions.get_mut(session_id) {
                     session.kernels.insert(handle);
                 }
@@ -764,7 +967,10 @@ impl Front {
             }
             let reclaimed = slots.ensure_free(State::is_live(devices))?;
             if !reclaimed.is_empty() {
-                tracing::info!(slots = reclaimed.len(), "reclaimed slots of dead generations");
+                tracing::info!(
+                    slots = reclaimed.len(),
+                    "reclaimed slots of dead generations"
+                );
             }
             (link, generation)
         };
@@ -781,13 +987,26 @@ impl Front {
             reqntid: signature.reqntid.unwrap_or(0),
             maxntid: signature.maxntid.unwrap_or(0),
         });
-        let device_uuid = link.hello.devices.first().map(|d| d.uuid.clone()).unwrap_or_default();
-        let block_size = match link.call(op).await.map_err(|e| down_to_error(&device_uuid, e))? {
+        let device_uuid = link
+            .hello
+            .devices
+            .first()
+            .map(|d| d.uuid.clone())
+            .unwrap_or_default();
+        let block_size = match link
+            .call(op)
+            .await
+            .map_err(|e| down_to_error(&device_uuid, e))?
+        {
             reply::Result::LoadModule(ok) => ok.block_size,
             reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
             _ => return Err(ExecutorError::UnexpectedReply("LoadModule").into()),
         };
-        let block_size = if block_size > 0 { block_size } else { signature.reqntid.unwrap_or(DEFAULT_BLOCK) };
+        let block_size = if block_size > 0 {
+            block_size
+        } else {
+            signature.reqntid.unwrap_or(DEFAULT_BLOCK)
+        };
 
         let kernel = LoadedKernel {
             module_id,
@@ -802,10 +1021,19 @@ impl Front {
         };
         let inserted = {
             let mut state = self.lock();
-            let State { slots, devices, sessions, .. } = &mut *state;
-            let still_current = devices.get(device_index).is_some_and(|d| d.generation == generation);
+            let State {
+                slots,
+                devices,
+                sessions,
+                ..
+            } = &mut *state;
+            let still_current = devices
+                .get(device_index)
+                .is_some_and(|d| d.generation == generation);
             match sessions.get_mut(session_id) {
-                None => Err(Error::from(SessionError::Unknown { session: session_id.to_string() })),
+                None => Err(Error::from(SessionError::Unknown {
+                    session: session_id.to_string(),
+                })),
                 Some(_) if !still_current => Err(ExecutorError::Unavailable {
                     device: device_uuid.clone(),
                     cause: "the executor restarted during the load".into(),
@@ -823,7 +1051,11 @@ impl Front {
         match inserted {
             Ok((handle, kernel)) => Ok(load_response(&handle, &kernel, false, started)),
             Err(e) => {
-                run_cleanup(vec![(link, Op::UnloadModule(exec::UnloadModule { module_id }))]).await;
+                run_cleanup(vec![(
+                    link,
+                    Op::UnloadModule(exec::UnloadModule { module_id }),
+                )])
+                .await;
                 Err(e)
             }
         }
@@ -847,16 +1079,27 @@ impl Front {
                 let error = state.slots.release(&handle, &session_id).err();
                 return Err(match error {
                     Some(e) => e.into(),
-                    None => Error::Internal { message: "kernel held by the slot table but not the session".into() },
+                    None => Error::Internal {
+                        message: "kernel held by the slot table but not the session".into(),
+                    },
                 });
             }
             let mut cleanup: Cleanup = Vec::new();
             match state.slots.release(&handle, &session_id) {
                 Ok(released) => {
                     if let Some(kernel) = released.freed {
-                        if let Some(link) = state.devices.get(kernel.device_index).and_then(|d| d.live_link()) {
+                        if let Some(link) = state
+                            .devices
+                            .get(kernel.device_index)
+                            .and_then(|d| d.live_link())
+                        {
                             if link.generation == kernel.generation {
-                                cleanup.push((link.clone(), Op::UnloadModule(exec::UnloadModule { module_id: kernel.module_id })));
+                                cleanup.push((
+                                    link.clone(),
+                                    Op::UnloadModule(exec::UnloadModule {
+                                        module_id: kernel.module_id,
+                                    }),
+                                ));
                             }
                         }
                     }
@@ -875,7 +1118,11 @@ impl Front {
     }
 
     /// ListKernels.
-    pub fn list_kernels(&self, session_id: &str, peer: Option<Peer>) -> Result<api::ListKernelsResponse, Error> {
+    pub fn list_kernels(
+        &self,
+        session_id: &str,
+        peer: Option<Peer>,
+    ) -> Result<api::ListKernelsResponse, Error> {
         let session_id = parse_session(session_id)?;
         let state = self.lock();
         state.session(&session_id, peer)?;
@@ -890,7 +1137,10 @@ impl Front {
                 label: held.kernel.label.clone(),
                 device_uuid: held.kernel.device_uuid.clone(),
                 generation: held.kernel.generation.0,
-                signature: Some(signature_proto(&held.kernel.signature, held.kernel.block_size)),
+                signature: Some(signature_proto(
+                    &held.kernel.signature,
+                    held.kernel.block_size,
+                )),
                 live: is_live(held.kernel.generation),
                 artifact_hash: hex(&held.kernel.artifact_hash),
                 references: held.holders,
@@ -908,7 +1158,10 @@ impl Front {
         use api::register_buffer_request::Source;
         let session_id = parse_session(&request.session)?;
         if request.size == 0 {
-            return Err(Error::InvalidArgument { field: "size", message: "a buffer has at least one byte".into() });
+            return Err(Error::InvalidArgument {
+                field: "size",
+                message: "a buffer has at least one byte".into(),
+            });
         }
         let (source, claimed_uuid) = match request.source {
             Some(Source::CudaIpc(ipc)) => {
@@ -924,7 +1177,10 @@ impl Front {
                         message: "name the device that owns the allocation".into(),
                     });
                 }
-                (BufferSource::CudaIpc { handle: ipc.handle }, Some(ipc.device_uuid))
+                (
+                    BufferSource::CudaIpc { handle: ipc.handle },
+                    Some(ipc.device_uuid),
+                )
             }
             Some(Source::HostShm(shm)) => {
                 validate_shm_name(&shm.name)?;
@@ -932,7 +1188,10 @@ impl Front {
                 (BufferSource::HostShm { name: shm.name }, uuid)
             }
             None => {
-                return Err(Error::InvalidArgument { field: "source", message: "set cuda_ipc or host_shm".into() })
+                return Err(Error::InvalidArgument {
+                    field: "source",
+                    message: "set cuda_ipc or host_shm".into(),
+                })
             }
         };
         let (id, index, link, generation, device_uuid) = {
@@ -946,7 +1205,13 @@ impl Front {
             };
             let (link, generation) = state.link(index)?;
             let device_uuid = state.devices[index].desc.uuid.clone();
-            (state.registry.next_id(), index, link, generation, device_uuid)
+            (
+                state.registry.next_id(),
+                index,
+                link,
+                generation,
+                device_uuid,
+            )
         };
         let entry = BufferEntry {
             id: crate::handles::BufferId(id),
@@ -958,10 +1223,18 @@ impl Front {
             device_uuid: device_uuid.clone(),
             open_in: Some(generation),
         };
-        match link.call(open_buffer_op(&entry)).await.map_err(|e| down_to_error(&device_uuid, e))? {
+        match link
+            .call(open_buffer_op(&entry))
+            .await
+            .map_err(|e| down_to_error(&device_uuid, e))?
+        {
             reply::Result::OpenBuffer(ok) if ok.device_uuid == device_uuid => {}
             reply::Result::OpenBuffer(ok) => {
-                run_cleanup(vec![(link, Op::CloseBuffer(exec::CloseBuffer { buffer_id: id }))]).await;
+                run_cleanup(vec![(
+                    link,
+                    Op::CloseBuffer(exec::CloseBuffer { buffer_id: id }),
+                )])
+                .await;
                 return Err(Error::DeviceMismatch {
                     operand: "buffer".into(),
                     kernel_device: device_uuid,
@@ -973,10 +1246,17 @@ impl Front {
         }
         let recorded = {
             let mut state = self.lock();
-            let still_current = state.devices.get(index).is_some_and(|d| d.generation == generation);
-            let State { sessions, registry, .. } = &mut *state;
+            let still_current = state
+                .devices
+                .get(index)
+                .is_some_and(|d| d.generation == generation);
+            let State {
+                sessions, registry, ..
+            } = &mut *state;
             match sessions.get_mut(&session_id) {
-                None => Err(Error::from(SessionError::Unknown { session: session_id.to_string() })),
+                None => Err(Error::from(SessionError::Unknown {
+                    session: session_id.to_string(),
+                })),
                 Some(_) if !still_current => Err(ExecutorError::Unavailable {
                     device: device_uuid.clone(),
                     cause: "the executor restarted during the registration".into(),
@@ -994,12 +1274,23 @@ impl Front {
             }
         };
         if let Err(e) = recorded {
-            run_cleanup(vec![(link, Op::CloseBuffer(exec::CloseBuffer { buffer_id: id }))]).await;
+            run_cleanup(vec![(
+                link,
+                Op::CloseBuffer(exec::CloseBuffer { buffer_id: id }),
+            )])
+            .await;
             return Err(e);
         }
         self.changed();
-        let handle = BufferHandle { id: crate::handles::BufferId(id), boot: self.boot };
-        Ok(api::RegisterBufferResponse { buffer: handle.to_string(), device_uuid, generation: generation.0 })
+        let handle = BufferHandle {
+            id: crate::handles::BufferId(id),
+            boot: self.boot,
+        };
+        Ok(api::RegisterBufferResponse {
+            buffer: handle.to_string(),
+            device_uuid,
+            generation: generation.0,
+        })
     }
 
     fn check_buffer_limits(&self, session: &Session, size: u64) -> Result<(), Error> {
@@ -1019,7 +1310,12 @@ impl Front {
     }
 
     /// ReleaseBuffer.
-    pub async fn release_buffer(&self, session_id: &str, buffer: &str, peer: Option<Peer>) -> Result<(), Error> {
+    pub async fn release_buffer(
+        &self,
+        session_id: &str,
+        buffer: &str,
+        peer: Option<Peer>,
+    ) -> Result<(), Error> {
         let session_id = parse_session(session_id)?;
         let handle = BufferHandle::parse(buffer)?;
         let cleanup = {
@@ -1031,7 +1327,11 @@ impl Front {
             match state.registry.buffers.get(&handle.id) {
                 None => return Err(stale_buffer(buffer, "it was released or never registered")),
                 Some(entry) if entry.session != session_id => {
-                    return Err(crate::buffers::RegistryError::NotOwner { kind: "buffer", handle: buffer.to_string() }.into())
+                    return Err(crate::buffers::RegistryError::NotOwner {
+                        kind: "buffer",
+                        handle: buffer.to_string(),
+                    }
+                    .into())
                 }
                 Some(_) => {}
             }
@@ -1042,8 +1342,14 @@ impl Front {
                     session.buffers.remove(&handle.id);
                     session.buffer_bytes = session.buffer_bytes.saturating_sub(entry.size);
                 }
-                if let Some(link) = close_target(&state.devices, entry.device_index, entry.open_in) {
-                    cleanup.push((link, Op::CloseBuffer(exec::CloseBuffer { buffer_id: handle.id.0 })));
+                if let Some(link) = close_target(&state.devices, entry.device_index, entry.open_in)
+                {
+                    cleanup.push((
+                        link,
+                        Op::CloseBuffer(exec::CloseBuffer {
+                            buffer_id: handle.id.0,
+                        }),
+                    ));
                 }
             }
             cleanup
@@ -1054,7 +1360,11 @@ impl Front {
     }
 
     /// ListBuffers.
-    pub fn list_buffers(&self, session_id: &str, peer: Option<Peer>) -> Result<api::ListBuffersResponse, Error> {
+    pub fn list_buffers(
+        &self,
+        session_id: &str,
+        peer: Option<Peer>,
+    ) -> Result<api::ListBuffersResponse, Error> {
         let session_id = parse_session(session_id)?;
         let state = self.lock();
         let session = state.session(&session_id, peer)?;
@@ -1063,7 +1373,11 @@ impl Front {
             .iter()
             .filter_map(|id| state.registry.buffers.get(id))
             .map(|entry| api::BufferInfo {
-                buffer: BufferHandle { id: entry.id, boot: self.boot }.to_string(),
+                buffer: BufferHandle {
+                    id: entry.id,
+                    boot: self.boot,
+                }
+                .to_string(),
                 label: entry.label.clone(),
                 kind: entry.source.kind().to_string(),
                 device_uuid: entry.device_uuid.clone(),
@@ -1085,7 +1399,10 @@ impl Front {
         if request.handle.len() != 64 {
             return Err(Error::InvalidArgument {
                 field: "handle",
-                message: format!("a CUipcEventHandle is 64 bytes, not {}", request.handle.len()),
+                message: format!(
+                    "a CUipcEventHandle is 64 bytes, not {}",
+                    request.handle.len()
+                ),
             });
         }
         let (id, index, link, generation, device_uuid) = {
@@ -1098,13 +1415,24 @@ impl Front {
                     value: self.limits.max_events_per_session.into(),
                 });
             }
-            let index = if request.device_uuid.is_empty() { 0 } else { state.device_by_uuid(&request.device_uuid)? };
+            let index = if request.device_uuid.is_empty() {
+                0
+            } else {
+                state.device_by_uuid(&request.device_uuid)?
+            };
             let (link, generation) = state.link(index)?;
             let uuid = state.devices[index].desc.uuid.clone();
             (state.registry.next_id(), index, link, generation, uuid)
         };
-        let op = Op::OpenEvent(exec::OpenEvent { event_id: id, handle: request.handle.clone() });
-        match link.call(op).await.map_err(|e| down_to_error(&device_uuid, e))? {
+        let op = Op::OpenEvent(exec::OpenEvent {
+            event_id: id,
+            handle: request.handle.clone(),
+        });
+        match link
+            .call(op)
+            .await
+            .map_err(|e| down_to_error(&device_uuid, e))?
+        {
             reply::Result::Ok(_) => {}
             reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
             _ => return Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
@@ -1112,8 +1440,13 @@ impl Front {
         let event_id = crate::handles::EventId(id);
         let recorded = {
             let mut state = self.lock();
-            let still_current = state.devices.get(index).is_some_and(|d| d.generation == generation);
-            let State { sessions, registry, .. } = &mut *state;
+            let still_current = state
+                .devices
+                .get(index)
+                .is_some_and(|d| d.generation == generation);
+            let State {
+                sessions, registry, ..
+            } = &mut *state;
             match sessions.get_mut(&session_id) {
                 Some(session) if still_current => {
                     session.events_held.insert(event_id);
@@ -1136,18 +1469,35 @@ impl Front {
                     cause: "the executor restarted during the registration".into(),
                 }
                 .into()),
-                None => Err(Error::from(SessionError::Unknown { session: session_id.to_string() })),
+                None => Err(Error::from(SessionError::Unknown {
+                    session: session_id.to_string(),
+                })),
             }
         };
         if let Err(e) = recorded {
-            run_cleanup(vec![(link, Op::CloseEvent(exec::CloseEvent { event_id: id }))]).await;
+            run_cleanup(vec![(
+                link,
+                Op::CloseEvent(exec::CloseEvent { event_id: id }),
+            )])
+            .await;
             return Err(e);
         }
-        Ok(api::RegisterEventResponse { event: EventHandle { id: event_id, boot: self.boot }.to_string() })
+        Ok(api::RegisterEventResponse {
+            event: EventHandle {
+                id: event_id,
+                boot: self.boot,
+            }
+            .to_string(),
+        })
     }
 
     /// ReleaseEvent.
-    pub async fn release_event(&self, session_id: &str, event: &str, peer: Option<Peer>) -> Result<(), Error> {
+    pub async fn release_event(
+        &self,
+        session_id: &str,
+        event: &str,
+        peer: Option<Peer>,
+    ) -> Result<(), Error> {
         let session_id = parse_session(session_id)?;
         let handle = EventHandle::parse(event)?;
         let cleanup = {
@@ -1156,18 +1506,35 @@ impl Front {
             if handle.boot != self.boot {
                 return Err(invalid_event(event));
             }
-            state.registry.event(handle.id, &session_id, event).or_else(|e| match e {
-                // A dead (not re-opened) event may still be released.
-                crate::buffers::RegistryError::Stale { .. } if state.registry.events.get(&handle.id).is_some_and(|x| x.session == session_id) => Ok(&state.registry.events[&handle.id]),
-                other => Err(other),
-            })?;
+            state
+                .registry
+                .event(handle.id, &session_id, event)
+                .or_else(|e| match e {
+                    // A dead (not re-opened) event may still be released.
+                    crate::buffers::RegistryError::Stale { .. }
+                        if state
+                            .registry
+                            .events
+                            .get(&handle.id)
+                            .is_some_and(|x| x.session == session_id) =>
+                    {
+                        Ok(&state.registry.events[&handle.id])
+                    }
+                    other => Err(other),
+                })?;
             let mut cleanup: Cleanup = Vec::new();
             if let Some(entry) = state.registry.events.remove(&handle.id) {
                 if let Some(session) = state.sessions.get_mut(&session_id) {
                     session.events_held.remove(&handle.id);
                 }
-                if let Some(link) = close_target(&state.devices, entry.device_index, entry.open_in) {
-                    cleanup.push((link, Op::CloseEvent(exec::CloseEvent { event_id: handle.id.0 })));
+                if let Some(link) = close_target(&state.devices, entry.device_index, entry.open_in)
+                {
+                    cleanup.push((
+                        link,
+                        Op::CloseEvent(exec::CloseEvent {
+                            event_id: handle.id.0,
+                        }),
+                    ));
                 }
             }
             cleanup
@@ -1177,15 +1544,27 @@ impl Front {
     }
 
     /// Launch: checks every operand, then hands the launch to the executor.
-    pub async fn launch(&self, request: &api::LaunchRequest, peer: Option<Peer>) -> Result<api::LaunchResponse, Error> {
+    pub async fn launch(
+        &self,
+        request: &api::LaunchRequest,
+        peer: Option<Peer>,
+    ) -> Result<api::LaunchResponse, Error> {
         let started = Instant::now();
         let (link, op, device_uuid) = self.check_launch(request, peer)?;
-        match link.call(op).await.map_err(|e| down_to_error(&device_uuid, e))? {
+        match link
+            .call(op)
+            .await
+            .map_err(|e| down_to_error(&device_uuid, e))?
+        {
             reply::Result::Ok(_) => {}
             reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
             _ => return Err(ExecutorError::UnexpectedReply("Launch").into()),
         }
-        Ok(api::LaunchResponse { tag: request.tag, micros: started.elapsed().as_micros() as u64, error: None })
+        Ok(api::LaunchResponse {
+            tag: request.tag,
+            micros: started.elapsed().as_micros() as u64,
+            error: None,
+        })
     }
 
     fn check_launch(
@@ -1198,10 +1577,16 @@ impl Front {
         let state = self.lock();
         Self::refuse_if_draining(&state)?;
         let session = state.session(&session_id, peer)?;
-        let kernel = state.slots.resolve(&handle, &session_id, State::is_live(&state.devices))?;
+        let kernel = state
+            .slots
+            .resolve(&handle, &session_id, State::is_live(&state.devices))?;
         let signature = &kernel.signature;
         if request.inputs.len() != signature.inputs as usize {
-            return Err(Error::LaunchArity { what: "inputs", expected: signature.inputs, found: request.inputs.len() as u32 });
+            return Err(Error::LaunchArity {
+                what: "inputs",
+                expected: signature.inputs,
+                found: request.inputs.len() as u32,
+            });
         }
         if request.params.len() != signature.scalar_params as usize {
             return Err(Error::LaunchArity {
@@ -1213,28 +1598,53 @@ impl Front {
         let output = request
             .output
             .as_ref()
-            .ok_or_else(|| Error::InvalidArgument { field: "output", message: "a launch needs an output".into() })?;
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "output",
+                message: "a launch needs an output".into(),
+            })?;
         if request.n > i64::MAX as u64 {
-            return Err(Error::InvalidArgument { field: "n", message: "n must fit a long long".into() });
+            return Err(Error::InvalidArgument {
+                field: "n",
+                message: "n must fit a long long".into(),
+            });
         }
-        let device = state.devices.get(kernel.device_index).ok_or_else(|| Error::Internal {
-            message: "kernel names a device the front does not have".into(),
-        })?;
+        let device = state
+            .devices
+            .get(kernel.device_index)
+            .ok_or_else(|| Error::Internal {
+                message: "kernel names a device the front does not have".into(),
+            })?;
         let kernel_at = device.at_generation(kernel.generation);
-        let operands = request.inputs.iter().enumerate().map(|(i, o)| (format!("input {i}"), o)).chain([("output".to_string(), output)]);
+        let operands = request
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (format!("input {i}"), o))
+            .chain([("output".to_string(), output)]);
         let mut checked = Vec::with_capacity(request.inputs.len() + 1);
-        for ((name, operand), element_size) in operands.zip(signature.element_sizes.iter().copied()) {
+        for ((name, operand), element_size) in operands.zip(signature.element_sizes.iter().copied())
+        {
             let handle = BufferHandle::parse(&operand.buffer)?;
             if handle.boot != self.boot {
-                return Err(stale_buffer(&operand.buffer, "minted by another daemon boot"));
+                return Err(stale_buffer(
+                    &operand.buffer,
+                    "minted by another daemon boot",
+                ));
             }
-            let entry = state.registry.buffer(handle.id, &session_id, &operand.buffer)?;
-            if entry.device_index != kernel.device_index || entry.open_in != Some(kernel.generation) {
+            let entry = state
+                .registry
+                .buffer(handle.id, &session_id, &operand.buffer)?;
+            if entry.device_index != kernel.device_index || entry.open_in != Some(kernel.generation)
+            {
                 let operand_device = match (state.devices.get(entry.device_index), entry.open_in) {
                     (Some(d), Some(g)) => d.at_generation(g),
                     _ => entry.device_uuid.clone(),
                 };
-                return Err(Error::DeviceMismatch { operand: name, kernel_device: kernel_at, operand_device });
+                return Err(Error::DeviceMismatch {
+                    operand: name,
+                    kernel_device: kernel_at,
+                    operand_device,
+                });
             }
             if element_size > 1 && operand.offset % u64::from(element_size) != 0 {
                 return Err(Error::InvalidArgument {
@@ -1245,21 +1655,52 @@ impl Front {
                     ),
                 });
             }
-            let needed = u128::from(operand.offset) + u128::from(request.n) * u128::from(element_size);
+            let needed =
+                u128::from(operand.offset) + u128::from(request.n) * u128::from(element_size);
             if needed > u128::from(entry.size) {
-                return Err(Error::BufferTooSmall { operand: name, needed_bytes: needed, buffer_bytes: entry.size });
+                return Err(Error::BufferTooSmall {
+                    operand: name,
+                    needed_bytes: needed,
+                    buffer_bytes: entry.size,
+                });
             }
-            checked.push(exec::LaunchOperand { buffer_id: handle.id.0, offset: operand.offset });
+            checked.push(exec::LaunchOperand {
+                buffer_id: handle.id.0,
+                offset: operand.offset,
+            });
         }
-        let output = checked.pop().ok_or_else(|| Error::Internal { message: "signature without an output".into() })?;
-        if checked.len() != signature.inputs as usize {
-            return Err(Error::Internal { message: "signature element sizes do not cover every operand".into() });
-        }
-        let wait_event = self.check_event(&state, &request.wait_event, &session_id, &kernel, "wait_event")?;
-        let signal_event = self.check_event(&state, &request.signal_event, &session_id, &kernel, "signal_event")?;
-        let link = device.live_link().filter(|l| l.generation == kernel.generation).cloned().ok_or_else(|| {
-            Error::from(ExecutorError::Unavailable { device: device.desc.uuid.clone(), cause: "down".into() })
+        let output = checked.pop().ok_or_else(|| Error::Internal {
+            message: "signature without an output".into(),
         })?;
+        if checked.len() != signature.inputs as usize {
+            return Err(Error::Internal {
+                message: "signature element sizes do not cover every operand".into(),
+            });
+        }
+        let wait_event = self.check_event(
+            &state,
+            &request.wait_event,
+            &session_id,
+            &kernel,
+            "wait_event",
+        )?;
+        let signal_event = self.check_event(
+            &state,
+            &request.signal_event,
+            &session_id,
+            &kernel,
+            "signal_event",
+        )?;
+        let link = device
+            .live_link()
+            .filter(|l| l.generation == kernel.generation)
+            .cloned()
+            .ok_or_else(|| {
+                Error::from(ExecutorError::Unavailable {
+                    device: device.desc.uuid.clone(),
+                    cause: "down".into(),
+                })
+            })?;
         let op = Op::Launch(exec::Launch {
             module_id: kernel.module_id,
             inputs: checked,
@@ -1308,7 +1749,9 @@ impl Front {
         let mut state = self.lock();
         state.draining = true;
         let event = api::SessionEvent {
-            event: Some(session_event::Event::Draining(api::Draining { reason: reason.to_string() })),
+            event: Some(session_event::Event::Draining(api::Draining {
+                reason: reason.to_string(),
+            })),
         };
         for session in state.sessions.values() {
             let _ = session.events.try_send(Ok(event.clone()));
@@ -1336,7 +1779,11 @@ impl Front {
         let links: Vec<Arc<ExecutorLink>> = {
             let mut state = self.lock();
             state.draining = true;
-            state.devices.iter_mut().filter_map(|d| d.link.take()).collect()
+            state
+                .devices
+                .iter_mut()
+                .filter_map(|d| d.link.take())
+                .collect()
         };
         futures_util::future::join_all(links.iter().map(|l| l.shutdown(grace))).await;
         self.changed();
@@ -1354,7 +1801,10 @@ pub struct Gauges {
     pub devices: Vec<(String, u64, u64)>,
 }
 
-fn select_devices(devices: &[DeviceDesc], spec: &str) -> Result<Vec<(DeviceDesc, ExecutorCommand)>, StartError> {
+fn select_devices(
+    devices: &[DeviceDesc],
+    spec: &str,
+) -> Result<Vec<(DeviceDesc, ExecutorCommand)>, StartError> {
     let chosen: Vec<&DeviceDesc> = if spec.trim() == "all" {
         devices.iter().collect()
     } else {
@@ -1371,7 +1821,17 @@ fn select_devices(devices: &[DeviceDesc], spec: &str) -> Result<Vec<(DeviceDesc,
     if chosen.is_empty() {
         return Err(StartError::NoMatchingDevice(spec.to_string()));
     }
-    Ok(chosen.into_iter().map(|d| (d.clone(), ExecutorCommand::Cuda { uuid: d.uuid.clone() })).collect())
+    Ok(chosen
+        .into_iter()
+        .map(|d| {
+            (
+                d.clone(),
+                ExecutorCommand::Cuda {
+                    uuid: d.uuid.clone(),
+                },
+            )
+        })
+        .collect())
 }
 
 fn open_buffer_op(entry: &BufferEntry) -> Op {
@@ -1388,7 +1848,11 @@ fn open_buffer_op(entry: &BufferEntry) -> Op {
 }
 
 /// The live executor that holds a mapping opened in `open_in`, if any.
-fn close_target(devices: &[DeviceState], index: usize, open_in: Option<DeviceGeneration>) -> Option<Arc<ExecutorLink>> {
+fn close_target(
+    devices: &[DeviceState],
+    index: usize,
+    open_in: Option<DeviceGeneration>,
+) -> Option<Arc<ExecutorLink>> {
     let device = devices.get(index)?;
     let link = device.live_link()?;
     (Some(link.generation) == open_in).then(|| link.clone())
@@ -1397,7 +1861,9 @@ fn close_target(devices: &[DeviceState], index: usize, open_in: Option<DeviceGen
 async fn run_cleanup(cleanup: Cleanup) {
     for (link, op) in cleanup {
         match tokio::time::timeout(CLEANUP_TIMEOUT, link.call(op)).await {
-            Ok(Ok(reply::Result::Failure(f))) => tracing::warn!(message = %f.message, "executor clean-up failed"),
+            Ok(Ok(reply::Result::Failure(f))) => {
+                tracing::warn!(message = %f.message, "executor clean-up failed")
+            }
             Ok(Err(e)) => tracing::debug!(error = %e, "executor gone during clean-up"),
             Err(_) => tracing::warn!("executor clean-up timed out"),
             Ok(Ok(_)) => {}
@@ -1407,7 +1873,10 @@ async fn run_cleanup(cleanup: Cleanup) {
 
 fn parse_session(text: &str) -> Result<SessionId, Error> {
     if text.is_empty() {
-        return Err(Error::InvalidArgument { field: "session", message: "open a session first (OpenSession)".into() });
+        return Err(Error::InvalidArgument {
+            field: "session",
+            message: "open a session first (OpenSession)".into(),
+        });
     }
     Ok(SessionId::parse(text)?)
 }
@@ -1415,7 +1884,9 @@ fn parse_session(text: &str) -> Result<SessionId, Error> {
 fn validate_symbol(symbol: &str) -> Result<(), Error> {
     let ok = !symbol.is_empty()
         && symbol.len() <= 1024
-        && symbol.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b == b'.');
+        && symbol
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b == b'.');
     if ok {
         Ok(())
     } else {
@@ -1437,13 +1908,20 @@ fn validate_shm_name(name: &str) -> Result<(), Error> {
     } else {
         Err(Error::InvalidArgument {
             field: "host_shm.name",
-            message: "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL".into(),
+            message:
+                "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
+                    .into(),
         })
     }
 }
 
 fn stale_buffer(handle: &str, why: &'static str) -> Error {
-    crate::buffers::RegistryError::Stale { kind: "buffer", handle: handle.chars().take(96).collect(), why }.into()
+    crate::buffers::RegistryError::Stale {
+        kind: "buffer",
+        handle: handle.chars().take(96).collect(),
+        why,
+    }
+    .into()
 }
 
 fn invalid_event(handle: &str) -> Error {
@@ -1466,7 +1944,12 @@ fn signature_proto(signature: &Signature, block_size: u32) -> api::KernelSignatu
     }
 }
 
-fn load_response(handle: &KernelHandle, kernel: &LoadedKernel, cache_hit: bool, started: Instant) -> api::LoadKernelResponse {
+fn load_response(
+    handle: &KernelHandle,
+    kernel: &LoadedKernel,
+    cache_hit: bool,
+    started: Instant,
+) -> api::LoadKernelResponse {
     api::LoadKernelResponse {
         kernel: handle.to_string(),
         signature: Some(signature_proto(&kernel.signature, kernel.block_size)),
@@ -1503,11 +1986,21 @@ mod tests {
     #[test]
     fn device_selection_by_uuid_and_ordinal() {
         let devices: Vec<DeviceDesc> = (0..3)
-            .map(|i| DeviceDesc { ordinal: i, uuid: format!("GPU-{i}"), ..Default::default() })
+            .map(|i| DeviceDesc {
+                ordinal: i,
+                uuid: format!("GPU-{i}"),
+                ..Default::default()
+            })
             .collect();
         assert_eq!(select_devices(&devices, "all").unwrap().len(), 3);
         let picked = select_devices(&devices, "GPU-2, 0").unwrap();
-        assert_eq!(picked.iter().map(|(d, _)| d.ordinal).collect::<Vec<_>>(), vec![2, 0]);
-        assert!(matches!(select_devices(&devices, "GPU-9"), Err(StartError::NoMatchingDevice(_))));
+        assert_eq!(
+            picked.iter().map(|(d, _)| d.ordinal).collect::<Vec<_>>(),
+            vec![2, 0]
+        );
+        assert!(matches!(
+            select_devices(&devices, "GPU-9"),
+            Err(StartError::NoMatchingDevice(_))
+        ));
     }
 }

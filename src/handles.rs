@@ -48,7 +48,10 @@ pub struct GenerationCounter {
 
 impl GenerationCounter {
     pub fn new(boot: BootId) -> Self {
-        GenerationCounter { prefix: boot.0 & 0xffff_ffff_0000_0000, next: AtomicU64::new(1) }
+        GenerationCounter {
+            prefix: boot.0 & 0xffff_ffff_0000_0000,
+            next: AtomicU64::new(1),
+        }
     }
 
     pub fn next(&self) -> DeviceGeneration {
@@ -76,8 +79,14 @@ fn malformed(kind: &'static str, text: &str) -> MalformedHandle {
     MalformedHandle { kind, text }
 }
 
-fn fields<const N: usize>(text: &str, prefix: &str, kind: &'static str) -> Result<[u64; N], MalformedHandle> {
-    let rest = text.strip_prefix(prefix).ok_or_else(|| malformed(kind, text))?;
+fn fields<const N: usize>(
+    text: &str,
+    prefix: &str,
+    kind: &'static str,
+) -> Result<[u64; N], MalformedHandle> {
+    let rest = text
+        .strip_prefix(prefix)
+        .ok_or_else(|| malformed(kind, text))?;
     let mut out = [0u64; N];
     let mut parts = rest.split('-');
     for slot in out.iter_mut() {
@@ -103,13 +112,22 @@ impl KernelHandle {
     pub fn parse(text: &str) -> Result<KernelHandle, MalformedHandle> {
         let [slot, epoch, generation, boot] = fields::<4>(text, "krn-", "kernel")?;
         let slot = SlotIndex::try_from(slot).map_err(|_| malformed("kernel", text))?;
-        Ok(KernelHandle { slot, epoch, generation: DeviceGeneration(generation), boot: BootId(boot) })
+        Ok(KernelHandle {
+            slot,
+            epoch,
+            generation: DeviceGeneration(generation),
+            boot: BootId(boot),
+        })
     }
 }
 
 impl fmt::Display for KernelHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "krn-{:x}-{:x}-{:x}-{:x}", self.slot, self.epoch, self.generation.0, self.boot.0)
+        write!(
+            f,
+            "krn-{:x}-{:x}-{:x}-{:x}",
+            self.slot, self.epoch, self.generation.0, self.boot.0
+        )
     }
 }
 
@@ -131,7 +149,10 @@ pub struct BufferHandle {
 impl BufferHandle {
     pub fn parse(text: &str) -> Result<BufferHandle, MalformedHandle> {
         let [id, boot] = fields::<2>(text, "buf-", "buffer")?;
-        Ok(BufferHandle { id: BufferId(id), boot: BootId(boot) })
+        Ok(BufferHandle {
+            id: BufferId(id),
+            boot: BootId(boot),
+        })
     }
 }
 
@@ -151,7 +172,10 @@ pub struct EventHandle {
 impl EventHandle {
     pub fn parse(text: &str) -> Result<EventHandle, MalformedHandle> {
         let [id, boot] = fields::<2>(text, "evt-", "event")?;
-        Ok(EventHandle { id: EventId(id), boot: BootId(boot) })
+        Ok(EventHandle {
+            id: EventId(id),
+            boot: BootId(boot),
+        })
     }
 }
 
@@ -175,7 +199,9 @@ impl SessionId {
     pub fn parse(text: &str) -> Result<SessionId, MalformedHandle> {
         let ok = text.len() == 36
             && text.starts_with("ses-")
-            && text[4..].bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+            && text[4..]
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
         if ok {
             Ok(SessionId(text.to_string()))
         } else {
@@ -209,9 +235,15 @@ mod tests {
                 boot: BootId(rand::random()),
             };
             assert_eq!(KernelHandle::parse(&k.to_string()).unwrap(), k);
-            let b = BufferHandle { id: BufferId(rand::random()), boot: BootId(rand::random()) };
+            let b = BufferHandle {
+                id: BufferId(rand::random()),
+                boot: BootId(rand::random()),
+            };
             assert_eq!(BufferHandle::parse(&b.to_string()).unwrap(), b);
-            let e = EventHandle { id: EventId(rand::random()), boot: BootId(rand::random()) };
+            let e = EventHandle {
+                id: EventId(rand::random()),
+                boot: BootId(rand::random()),
+            };
             assert_eq!(EventHandle::parse(&e.to_string()).unwrap(), e);
             let s = SessionId::random();
             assert_eq!(SessionId::parse(s.as_str()).unwrap(), s);
@@ -220,7 +252,16 @@ mod tests {
 
     #[test]
     fn malformed_handles_are_refused() {
-        for bad in ["", "krn-", "krn-1-2-3", "krn-1-2-3-4-5", "krn-1-2-3-zz", "buf-1-2-3", "krn-100000000-0-0-0", "evt--1"] {
+        for bad in [
+            "",
+            "krn-",
+            "krn-1-2-3",
+            "krn-1-2-3-4-5",
+            "krn-1-2-3-zz",
+            "buf-1-2-3",
+            "krn-100000000-0-0-0",
+            "evt--1",
+        ] {
             assert!(KernelHandle::parse(bad).is_err(), "{bad}");
             assert!(BufferHandle::parse(bad).is_err(), "{bad}");
             assert!(EventHandle::parse(bad).is_err(), "{bad}");

@@ -32,7 +32,11 @@ pub enum SessionError {
     #[error("no open session {session}")]
     Unknown { session: String },
     #[error("session {session} belongs to uid {owner_uid}, not {peer_uid}")]
-    WrongPeer { session: String, owner_uid: u32, peer_uid: u32 },
+    WrongPeer {
+        session: String,
+        owner_uid: u32,
+        peer_uid: u32,
+    },
 }
 
 /// One open session.
@@ -56,11 +60,13 @@ impl Session {
     /// Checks that `peer` may act in this session.
     pub fn authorize(&self, peer: Option<Peer>) -> Result<(), SessionError> {
         match (self.peer, peer) {
-            (Some(owner), Some(caller)) if owner.uid != caller.uid => Err(SessionError::WrongPeer {
-                session: self.id.to_string(),
-                owner_uid: owner.uid,
-                peer_uid: caller.uid,
-            }),
+            (Some(owner), Some(caller)) if owner.uid != caller.uid => {
+                Err(SessionError::WrongPeer {
+                    session: self.id.to_string(),
+                    owner_uid: owner.uid,
+                    peer_uid: caller.uid,
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -76,7 +82,10 @@ mod tests {
         let session = Session {
             id: SessionId::random(),
             label: String::new(),
-            peer: Some(Peer { uid: 1000, pid: Some(5) }),
+            peer: Some(Peer {
+                uid: 1000,
+                pid: Some(5),
+            }),
             opened: Instant::now(),
             events,
             stream: 1,
@@ -85,10 +94,22 @@ mod tests {
             events_held: BTreeSet::new(),
             buffer_bytes: 0,
         };
-        assert!(session.authorize(Some(Peer { uid: 1000, pid: Some(9) })).is_ok());
+        assert!(session
+            .authorize(Some(Peer {
+                uid: 1000,
+                pid: Some(9)
+            }))
+            .is_ok());
         assert!(matches!(
-            session.authorize(Some(Peer { uid: 1001, pid: Some(9) })),
-            Err(SessionError::WrongPeer { owner_uid: 1000, peer_uid: 1001, .. })
+            session.authorize(Some(Peer {
+                uid: 1001,
+                pid: Some(9)
+            })),
+            Err(SessionError::WrongPeer {
+                owner_uid: 1000,
+                peer_uid: 1001,
+                ..
+            })
         ));
         // TCP callers carry no credentials (TCP binds loopback by default).
         assert!(session.authorize(None).is_ok());

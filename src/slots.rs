@@ -139,7 +139,12 @@ impl SlotTable {
     fn handle_of(&self, index: SlotIndex) -> Option<KernelHandle> {
         let slot = self.slots.get(index as usize)?;
         let occupant = slot.occupant.as_ref()?;
-        Some(KernelHandle { slot: index, epoch: slot.epoch, generation: occupant.kernel.generation, boot: self.boot })
+        Some(KernelHandle {
+            slot: index,
+            epoch: slot.epoch,
+            generation: occupant.kernel.generation,
+            boot: self.boot,
+        })
     }
 
     /// The cache: a live slot already holding this content, now held by
@@ -161,10 +166,16 @@ impl SlotTable {
     }
 
     /// Frees every slot whose generation is dead; returns what was freed.
-    pub fn reclaim_dead(&mut self, is_live: impl Fn(DeviceGeneration) -> bool) -> Vec<Arc<LoadedKernel>> {
+    pub fn reclaim_dead(
+        &mut self,
+        is_live: impl Fn(DeviceGeneration) -> bool,
+    ) -> Vec<Arc<LoadedKernel>> {
         let mut freed = Vec::new();
         for slot in &mut self.slots {
-            let dead = slot.occupant.as_ref().is_some_and(|o| !is_live(o.kernel.generation));
+            let dead = slot
+                .occupant
+                .as_ref()
+                .is_some_and(|o| !is_live(o.kernel.generation));
             if dead {
                 if let Some(occupant) = slot.occupant.take() {
                     self.by_content.remove(&occupant.key);
@@ -176,7 +187,10 @@ impl SlotTable {
     }
 
     fn free_index(&self) -> Option<SlotIndex> {
-        self.slots.iter().position(|s| s.occupant.is_none()).map(|i| i as SlotIndex)
+        self.slots
+            .iter()
+            .position(|s| s.occupant.is_none())
+            .map(|i| i as SlotIndex)
     }
 
     /// Ensures a slot is free, reclaiming dead generations first.
@@ -191,7 +205,9 @@ impl SlotTable {
         if self.free_index().is_some() {
             Ok(reclaimed)
         } else {
-            Err(SlotError::BankFull { capacity: self.capacity() })
+            Err(SlotError::BankFull {
+                capacity: self.capacity(),
+            })
         }
     }
 
@@ -203,7 +219,9 @@ impl SlotTable {
         is_live: impl Fn(DeviceGeneration) -> bool,
     ) -> Result<(KernelHandle, Arc<LoadedKernel>), SlotError> {
         self.ensure_free(&is_live)?;
-        let index = self.free_index().ok_or(SlotError::BankFull { capacity: self.capacity() })?;
+        let index = self.free_index().ok_or(SlotError::BankFull {
+            capacity: self.capacity(),
+        })?;
         let key = ContentKey {
             generation: kernel.generation,
             artifact_hash: kernel.artifact_hash,
@@ -218,7 +236,12 @@ impl SlotTable {
             holders: BTreeSet::from([session.clone()]),
         });
         self.by_content.insert(key, index);
-        let handle = KernelHandle { slot: index, epoch: slot.epoch, generation: kernel.generation, boot: self.boot };
+        let handle = KernelHandle {
+            slot: index,
+            epoch: slot.epoch,
+            generation: kernel.generation,
+            boot: self.boot,
+        };
         Ok((handle, kernel))
     }
 
@@ -226,9 +249,14 @@ impl SlotTable {
         if handle.boot != self.boot {
             return Err(StaleWhy::OtherBoot);
         }
-        let slot = self.slots.get(handle.slot as usize).ok_or(StaleWhy::NoSuchSlot)?;
+        let slot = self
+            .slots
+            .get(handle.slot as usize)
+            .ok_or(StaleWhy::NoSuchSlot)?;
         match &slot.occupant {
-            Some(o) if slot.epoch == handle.epoch && o.kernel.generation == handle.generation => Ok(o),
+            Some(o) if slot.epoch == handle.epoch && o.kernel.generation == handle.generation => {
+                Ok(o)
+            }
             _ => Err(StaleWhy::SlotFreedOrReused),
         }
     }
@@ -240,10 +268,15 @@ impl SlotTable {
         session: &SessionId,
         is_live: impl Fn(DeviceGeneration) -> bool,
     ) -> Result<Arc<LoadedKernel>, SlotError> {
-        let stale = |why| SlotError::Stale { handle: handle.to_string(), why };
+        let stale = |why| SlotError::Stale {
+            handle: handle.to_string(),
+            why,
+        };
         let occupant = self.occupant(handle).map_err(stale)?;
         if !occupant.holders.contains(session) {
-            return Err(SlotError::NotHeld { handle: handle.to_string() });
+            return Err(SlotError::NotHeld {
+                handle: handle.to_string(),
+            });
         }
         if !is_live(occupant.kernel.generation) {
             return Err(stale(StaleWhy::GenerationDead));
@@ -252,15 +285,24 @@ impl SlotTable {
     }
 
     /// Drops `session`'s hold; frees the slot when nobody holds it any more.
-    pub fn release(&mut self, handle: &KernelHandle, session: &SessionId) -> Result<Released, SlotError> {
-        let stale = |why| SlotError::Stale { handle: handle.to_string(), why };
+    pub fn release(
+        &mut self,
+        handle: &KernelHandle,
+        session: &SessionId,
+    ) -> Result<Released, SlotError> {
+        let stale = |why| SlotError::Stale {
+            handle: handle.to_string(),
+            why,
+        };
         self.occupant(handle).map_err(stale)?;
         let slot = &mut self.slots[handle.slot as usize];
         let Some(occupant) = slot.occupant.as_mut() else {
             return Err(stale(StaleWhy::SlotFreedOrReused));
         };
         if !occupant.holders.remove(session) {
-            return Err(SlotError::NotHeld { handle: handle.to_string() });
+            return Err(SlotError::NotHeld {
+                handle: handle.to_string(),
+            });
         }
         if !occupant.holders.is_empty() {
             return Ok(Released { freed: None });
@@ -304,13 +346,23 @@ mod tests {
             artifact_hash: [content; 32],
             symbol: "k".into(),
             label: String::new(),
-            signature: Signature { inputs: 1, element_sizes: vec![4, 4], scalar_params: 0, reqntid: None, maxntid: None },
+            signature: Signature {
+                inputs: 1,
+                element_sizes: vec![4, 4],
+                scalar_params: 0,
+                reqntid: None,
+                maxntid: None,
+            },
             block_size: 256,
         }
     }
 
     fn key(generation: u64, content: u8) -> ContentKey {
-        ContentKey { generation: DeviceGeneration(generation), artifact_hash: [content; 32], symbol: "k".into() }
+        ContentKey {
+            generation: DeviceGeneration(generation),
+            artifact_hash: [content; 32],
+            symbol: "k".into(),
+        }
     }
 
     const BOOT: BootId = BootId(7);
@@ -328,7 +380,10 @@ mod tests {
         assert_eq!(k2.module_id, 1);
         assert_eq!(table.used(), 1);
         assert!(table.release(&h1, &a).unwrap().freed.is_none());
-        assert!(table.resolve(&h1, &a, live).is_err(), "a released holder cannot launch");
+        assert!(
+            table.resolve(&h1, &a, live).is_err(),
+            "a released holder cannot launch"
+        );
         assert!(table.resolve(&h1, &b, live).is_ok());
         assert_eq!(table.release(&h1, &b).unwrap().freed.unwrap().module_id, 1);
         assert_eq!(table.used(), 0);
@@ -345,7 +400,10 @@ mod tests {
         assert_eq!(old.slot, new.slot);
         assert_ne!(old.epoch, new.epoch);
         match table.resolve(&old, &s, live) {
-            Err(SlotError::Stale { why: StaleWhy::SlotFreedOrReused, .. }) => {}
+            Err(SlotError::Stale {
+                why: StaleWhy::SlotFreedOrReused,
+                ..
+            }) => {}
             other => panic!("old handle resolved: {other:?}"),
         }
         assert_eq!(table.resolve(&new, &s, live).unwrap().module_id, 2);
@@ -359,14 +417,20 @@ mod tests {
         let (alive, _) = table.insert(kernel(2, 11, 2), &s, live).unwrap();
         let is_live = |g: DeviceGeneration| g.0 != 10;
         match table.resolve(&dead, &s, is_live) {
-            Err(SlotError::Stale { why: StaleWhy::GenerationDead, .. }) => {}
+            Err(SlotError::Stale {
+                why: StaleWhy::GenerationDead,
+                ..
+            }) => {}
             other => panic!("{other:?}"),
         }
         // Full: the next load reclaims exactly the dead slot.
         let (fresh, _) = table.insert(kernel(3, 11, 3), &s, is_live).unwrap();
         assert_eq!(fresh.slot, dead.slot);
         assert!(table.resolve(&alive, &s, is_live).is_ok());
-        assert!(matches!(table.resolve(&dead, &s, is_live), Err(SlotError::Stale { .. })));
+        assert!(matches!(
+            table.resolve(&dead, &s, is_live),
+            Err(SlotError::Stale { .. })
+        ));
         // Now every slot is live: bank full, and nothing live was reclaimed.
         assert_eq!(
             table.insert(kernel(4, 11, 4), &s, is_live).unwrap_err(),
@@ -381,12 +445,33 @@ mod tests {
         let (a, b) = (SessionId::random(), SessionId::random());
         let mut table = SlotTable::new(2, BOOT);
         let (h, _) = table.insert(kernel(1, 1, 1), &a, live).unwrap();
-        let foreign = KernelHandle { boot: BootId(8), ..h };
-        assert!(matches!(table.resolve(&foreign, &a, live), Err(SlotError::Stale { why: StaleWhy::OtherBoot, .. })));
-        assert!(matches!(table.resolve(&h, &b, live), Err(SlotError::NotHeld { .. })));
-        assert!(matches!(table.release(&h, &b), Err(SlotError::NotHeld { .. })));
+        let foreign = KernelHandle {
+            boot: BootId(8),
+            ..h
+        };
+        assert!(matches!(
+            table.resolve(&foreign, &a, live),
+            Err(SlotError::Stale {
+                why: StaleWhy::OtherBoot,
+                ..
+            })
+        ));
+        assert!(matches!(
+            table.resolve(&h, &b, live),
+            Err(SlotError::NotHeld { .. })
+        ));
+        assert!(matches!(
+            table.release(&h, &b),
+            Err(SlotError::NotHeld { .. })
+        ));
         let out_of_range = KernelHandle { slot: 99, ..h };
-        assert!(matches!(table.resolve(&out_of_range, &a, live), Err(SlotError::Stale { why: StaleWhy::NoSuchSlot, .. })));
+        assert!(matches!(
+            table.resolve(&out_of_range, &a, live),
+            Err(SlotError::Stale {
+                why: StaleWhy::NoSuchSlot,
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -27,7 +27,11 @@ pub enum ExecutorError {
     Unavailable { device: String, cause: String },
     /// The executor answered with a typed failure.
     #[error("{message}")]
-    Failed { kind: FailureKind, message: String, metadata: BTreeMap<String, String> },
+    Failed {
+        kind: FailureKind,
+        message: String,
+        metadata: BTreeMap<String, String>,
+    },
     /// The executor answered with a reply of the wrong shape.
     #[error("the executor answered {0} with an unexpected reply")]
     UnexpectedReply(&'static str),

@@ -44,7 +44,10 @@ pub enum DownCause {
 impl std::fmt::Display for DownCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DownCause::Fault { error_name, message } => write!(f, "device fault {error_name}: {message}"),
+            DownCause::Fault {
+                error_name,
+                message,
+            } => write!(f, "device fault {error_name}: {message}"),
             DownCause::Exited { detail } => write!(f, "executor exited: {detail}"),
             DownCause::Stopped => f.write_str("executor stopped"),
         }
@@ -76,15 +79,25 @@ pub enum SpawnError {
 /// The command line of an executor child.
 #[derive(Debug, Clone)]
 pub enum ExecutorCommand {
-    Host { index: u32, threads: usize, checked: bool },
-    Cuda { uuid: String },
+    Host {
+        index: u32,
+        threads: usize,
+        checked: bool,
+    },
+    Cuda {
+        uuid: String,
+    },
     CudaProbe,
 }
 
 impl ExecutorCommand {
     fn args(&self) -> Vec<String> {
         match self {
-            ExecutorCommand::Host { index, threads, checked } => vec![
+            ExecutorCommand::Host {
+                index,
+                threads,
+                checked,
+            } => vec![
                 "executor".into(),
                 "--backend".into(),
                 "host".into(),
@@ -95,9 +108,20 @@ impl ExecutorCommand {
                 format!("--checked={checked}"),
             ],
             ExecutorCommand::Cuda { uuid } => {
-                vec!["executor".into(), "--backend".into(), "cuda".into(), "--device".into(), uuid.clone()]
+                vec![
+                    "executor".into(),
+                    "--backend".into(),
+                    "cuda".into(),
+                    "--device".into(),
+                    uuid.clone(),
+                ]
             }
-            ExecutorCommand::CudaProbe => vec!["executor".into(), "--backend".into(), "cuda".into(), "--probe".into()],
+            ExecutorCommand::CudaProbe => vec![
+                "executor".into(),
+                "--backend".into(),
+                "cuda".into(),
+                "--probe".into(),
+            ],
         }
     }
 }
@@ -135,7 +159,9 @@ impl std::fmt::Debug for ExecutorLink {
 /// A death notice: device index, the generation that died, and why.
 pub type DeathNotice = (usize, DeviceGeneration, DownCause);
 
-fn spawn_child(command: &ExecutorCommand) -> Result<(tokio::process::Child, tokio::net::UnixStream), SpawnError> {
+fn spawn_child(
+    command: &ExecutorCommand,
+) -> Result<(tokio::process::Child, tokio::net::UnixStream), SpawnError> {
     let (front_end, child_end) = std::os::unix::net::UnixStream::pair()?;
     let child_out = child_end.try_clone()?;
     let exe = std::env::current_exe()?;
@@ -216,18 +242,27 @@ impl ExecutorLink {
         let mut fault: Option<Fault> = None;
         let cause = loop {
             match read_frame_async::<ExecutorMessage>(&mut read).await {
-                Ok(ExecutorMessage { body: Some(Body::Reply(reply)) }) => {
+                Ok(ExecutorMessage {
+                    body: Some(Body::Reply(reply)),
+                }) => {
                     let sender = link.lock_pending().waiting.remove(&reply.id);
                     if let (Some(sender), Some(result)) = (sender, reply.result) {
                         let _ = sender.send(Ok(result));
                     }
                 }
-                Ok(ExecutorMessage { body: Some(Body::Fault(f)) }) => fault = Some(f),
+                Ok(ExecutorMessage {
+                    body: Some(Body::Fault(f)),
+                }) => fault = Some(f),
                 Ok(_) => tracing::warn!(device = link.index, "unexpected message from executor"),
                 Err(e) => {
                     break match fault.take() {
-                        Some(f) => DownCause::Fault { error_name: f.error_name, message: f.message },
-                        None => DownCause::Exited { detail: e.to_string() },
+                        Some(f) => DownCause::Fault {
+                            error_name: f.error_name,
+                            message: f.message,
+                        },
+                        None => DownCause::Exited {
+                            detail: e.to_string(),
+                        },
                     }
                 }
             }
@@ -242,13 +277,15 @@ impl ExecutorLink {
         }
         let child = link.child.lock().ok().and_then(|mut c| c.take());
         let status = match child {
-            Some(mut child) => match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
-                Ok(Ok(status)) => status.to_string(),
-                _ => {
-                    let _ = child.start_kill();
-                    "killed after its channel closed".to_string()
+            Some(mut child) => {
+                match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+                    Ok(Ok(status)) => status.to_string(),
+                    _ => {
+                        let _ = child.start_kill();
+                        "killed after its channel closed".to_string()
+                    }
                 }
-            },
+            }
             None => "already reaped".to_string(),
         };
         tracing::info!(device = link.index, generation = %link.generation, %cause, status, "executor gone");
@@ -286,11 +323,15 @@ impl ExecutorLink {
             // The reader will see the channel close and fail every waiter;
             // make sure this one is not left behind if it already did.
             self.lock_pending().waiting.remove(&id);
-            return Err(LinkError::Down(DownCause::Exited { detail: e.to_string() }));
+            return Err(LinkError::Down(DownCause::Exited {
+                detail: e.to_string(),
+            }));
         }
         match rx.await {
             Ok(result) => result,
-            Err(_) => Err(LinkError::Down(DownCause::Exited { detail: "reply channel dropped".into() })),
+            Err(_) => Err(LinkError::Down(DownCause::Exited {
+                detail: "reply channel dropped".into(),
+            })),
         }
     }
 
