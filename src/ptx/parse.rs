@@ -919,7 +919,7 @@ mod tests {
         let src = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n .reg .b32 %r<4000000000>;\n ret;\n}\n";
         match parse(src) {
             Err(PtxError::Parse { line, column, .. }) => {
-                assert_eq!((line, column), (6, 13));
+                assert_eq!((line, column), (6, 15));
             }
             other => panic!("{other:?}"),
         }
@@ -932,7 +932,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match parse(".entry k() { add.f32 %f1, %f2 # ; }") {
-            Err(PtxError::Parse { line, column, .. }) => assert_eq!((line, column), (1, 32)),
+            Err(PtxError::Parse { line, column, .. }) => assert_eq!((line, column), (1, 31)),
             other => panic!("{other:?}"),
         }
     }

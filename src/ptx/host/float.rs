@@ -154,6 +154,7 @@ pub fn round(x: f64, eps: Ordering, f: Format, mode: Rnd) -> u64 {
     if top > emax {
         return overflow();
     }
+    let mut q = q;
     let shift = q - e;
     let (mut int, frac_cmp_half, inexact) = if shift <= 0 {
         // |x| is a multiple of the quantum; only ε decides.
@@ -179,7 +180,13 @@ pub fn round(x: f64, eps: Ordering, f: Format, mode: Rnd) -> u64 {
             Ordering::Greater => (Ordering::Less, true),
             Ordering::Less => {
                 // Just below an integer multiple: step down, fraction ≈ 1.
-                int = int.saturating_sub(1);
+                // Below a binade's first value the quantum halves.
+                if int == 1 << f.man && q > emin - f.man as i32 {
+                    int = (1 << (f.man + 1)) - 1;
+                    q -= 1;
+                } else {
+                    int = int.saturating_sub(1);
+                }
                 (Ordering::Greater, true)
             }
         }
@@ -191,7 +198,6 @@ pub fn round(x: f64, eps: Ordering, f: Format, mode: Rnd) -> u64 {
     if up {
         int += 1;
     }
-    let mut q = q;
     if int >> (f.man + 1) != 0 {
         int >>= 1;
         q += 1;

@@ -162,3 +162,6 @@ pub unsafe fn run(
         result
     })
 }
+
+#[cfg(test)]
+mod tests;
