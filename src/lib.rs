@@ -7,5 +7,6 @@
 //! a bounded slot table of loaded kernels; it compiles each distinct kernel
 //! once and checks every launch before it reaches the device.
 
+pub mod cli;
 pub mod executor;
 pub mod ptx;
