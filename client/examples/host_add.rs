@@ -10,7 +10,6 @@
 //! Connects to `$PTXD_TCP` (e.g. `http://127.0.0.1:50051`) if set, else to
 //! `$PTXD_SOCKET`, else to the default socket path.
 
-use std::error::Error as _;
 use std::process::ExitCode;
 
 use ptxd_client::{Client, HostShm, Launch, LoadOptions};
