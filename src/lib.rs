@@ -8,6 +8,7 @@
 //! once and checks every launch before it reaches the device.
 
 pub mod buffers;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod executor;

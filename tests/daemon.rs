@@ -818,7 +818,10 @@ async fn many_concurrent_sessions_share_one_compile_and_get_their_own_results() 
         if info.sessions == 0 && info.slots_used == 0 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(5), "sessions still open: {info:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "sessions still open: {info:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
