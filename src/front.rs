@@ -212,6 +212,9 @@ impl State {
     }
 }
 
+/// Loads of the same (device, content hash, symbol) serialize on one lock.
+type LoadKey = (usize, [u8; 32], String);
+
 /// Work to send to executors after the state lock is released.
 type Cleanup = Vec<(Arc<ExecutorLink>, Op)>;
 
@@ -232,7 +235,7 @@ pub struct Front {
     generations: GenerationCounter,
     state: Mutex<State>,
     deaths: mpsc::UnboundedSender<DeathNotice>,
-    load_locks: Mutex<HashMap<(usize, [u8; 32], String), Arc<tokio::sync::Mutex<()>>>>,
+    load_locks: Mutex<HashMap<LoadKey, Arc<tokio::sync::Mutex<()>>>>,
     next_module: AtomicU64,
     next_stream: AtomicU64,
     /// True while every device's executor is up (drives health).

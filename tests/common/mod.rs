@@ -1,5 +1,5 @@
 //! Starts the real `ptxd` binary on a temporary socket for integration tests.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -100,7 +100,7 @@ pub fn random_f32(n: usize) -> Vec<f32> {
 /// Is `pid` a live process (not a zombie)?
 pub fn process_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.split_whitespace().nth(2).is_some_and(|s| s == "Z"),
+        Ok(stat) => stat.split_whitespace().nth(2).is_some_and(|s| s != "Z"),
         Err(_) => false,
     }
 }

@@ -259,10 +259,8 @@ pub fn float_op(op: FOp, ty: FTy, rnd: Rnd, ftz: bool, sat: bool, a: u64, b: u64
     };
     let mut eps = eps;
     if sat {
-        if r.is_nan() {
-            r = 0.0;
-            eps = eq;
-        } else if r <= 0.0 {
+        // .sat clamps to [0, 1] and maps NaN to 0.
+        if r.is_nan() || r <= 0.0 {
             r = 0.0;
             eps = eq;
         } else if r >= 1.0 {
@@ -833,8 +831,8 @@ pub fn run_batch(
             None => false,
             Some((p, neg)) => {
                 let r = row(&f.r.regs, p);
-                for l in 0..LANES {
-                    f.gmask[l] = (full || f.mask[l]) && ((r[l] & 1 != 0) != neg);
+                for ((g, &m), &v) in f.gmask.iter_mut().zip(f.mask.iter()).zip(r.iter()) {
+                    *g = (full || m) && ((v & 1 != 0) != neg);
                 }
                 true
             }
