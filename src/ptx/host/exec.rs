@@ -259,10 +259,7 @@ pub fn float_op(op: FOp, ty: FTy, rnd: Rnd, ftz: bool, sat: bool, a: u64, b: u64
     };
     let mut eps = eps;
     if sat {
-        if r.is_nan() {
-            r = 0.0;
-            eps = eq;
-        } else if r <= 0.0 {
+        if r.is_nan() || r <= 0.0 {
             r = 0.0;
             eps = eq;
         } else if r >= 1.0 {
@@ -760,6 +757,7 @@ unsafe fn store(addr: usize, width: u8, v: u64) {
     }
 }
 
+#[allow(clippy::needless_range_loop)] // One lane index walks several rows.
 /// Runs one batch whose lanes `0..active` are live; the caller filled the
 /// thread-id rows.
 pub fn run_batch(
