@@ -959,6 +959,30 @@ fn decide(
     let count = match guard {
         Some((_, c)) => c,
         None => {
+            // A guard computed from a 32-bit index is reported as such.
+            if let Some((
+                pc,
+                Event::Bad {
+                    sub_reason,
+                    param,
+                    explanation,
+                },
+            )) = events.iter().find(|(_, e)| {
+                matches!(
+                    e,
+                    Event::Bad {
+                        sub_reason: "index_not_64bit",
+                        ..
+                    }
+                )
+            }) {
+                return Err(refuse(
+                    sub_reason,
+                    param.and_then(name),
+                    line_of(*pc),
+                    explanation.clone(),
+                ));
+            }
             let at = events
                 .iter()
                 .find(|(_, e)| matches!(e, Event::Access { .. }))

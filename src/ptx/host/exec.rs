@@ -758,6 +758,7 @@ unsafe fn store(addr: usize, width: u8, v: u64) {
     }
 }
 
+#[allow(clippy::needless_range_loop)] // One lane index walks several rows.
 /// Runs one batch whose lanes `0..active` are live; the caller filled the
 /// thread-id rows.
 pub fn run_batch(

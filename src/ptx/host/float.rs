@@ -221,8 +221,28 @@ pub fn round_f64(x: f64, eps: Ordering, mode: Rnd) -> f64 {
     if eps == Ordering::Equal || !x.is_finite() {
         return x;
     }
-    let down = |v: f64| v.next_down();
-    let up = |v: f64| v.next_up();
+    // `f64::next_up/next_down` need Rust 1.86; step the bits (x is finite
+    // and the step never crosses zero here: ε is far below x's ulp).
+    let away_from_zero = |v: f64| f64::from_bits(v.to_bits() + 1);
+    let toward_zero = |v: f64| f64::from_bits(v.to_bits() - 1);
+    let up = |v: f64| {
+        if v == 0.0 {
+            f64::from_bits(1)
+        } else if v > 0.0 {
+            away_from_zero(v)
+        } else {
+            toward_zero(v)
+        }
+    };
+    let down = |v: f64| {
+        if v == 0.0 {
+            -f64::from_bits(1)
+        } else if v > 0.0 {
+            toward_zero(v)
+        } else {
+            away_from_zero(v)
+        }
+    };
     match mode {
         Rnd::Rn => x,
         Rnd::Rp if eps == Ordering::Greater => up(x),

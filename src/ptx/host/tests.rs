@@ -1,15 +1,16 @@
-// The references below mirror PTX semantics case by case (NaN-aware
-// negated comparisons, explicit divide-by-zero results), indexed by lane.
+//! Instruction-family tests: hand-written nvcc-style scalar kernels run by
+//! the engine on random (and special) inputs with poisoned outputs, every
+//! element compared with an independent Rust reference.
+// The references mirror PTX semantics case by case (NaN-aware negated
+// comparisons, explicit divide-by-zero results), indexed by lane.
 #![allow(
+    clippy::unwrap_used,
+    clippy::panic,
     clippy::needless_range_loop,
     clippy::neg_cmp_op_on_partial_ord,
     clippy::manual_checked_ops,
     unused_parens
 )]
-//! Instruction-family tests: hand-written nvcc-style scalar kernels run by
-//! the engine on random (and special) inputs with poisoned outputs, every
-//! element compared with an independent Rust reference.
-#![allow(clippy::unwrap_used, clippy::panic)]
 
 use rand::{Rng, SeedableRng};
 
@@ -115,6 +116,20 @@ fn run(src: &str, a: &[u64], b: &[u64], win: usize, wout: usize, threads: usize)
             u64::from_le_bytes(x)
         })
         .collect()
+}
+
+fn next_up(x: f32) -> f32 {
+    if x == 0.0 {
+        f32::from_bits(1)
+    } else if x > 0.0 {
+        f32::from_bits(x.to_bits() + 1)
+    } else {
+        f32::from_bits(x.to_bits() - 1)
+    }
+}
+
+fn next_down(x: f32) -> f32 {
+    -next_up(-x)
 }
 
 fn rng() -> rand::rngs::StdRng {
@@ -260,23 +275,23 @@ fn f32_directed_rounding() {
         match mode {
             "rz" => {
                 if rne > 0.0 && exact_cmp(rne) == Greater {
-                    rne.next_down()
+                    next_down(rne)
                 } else if rne < 0.0 && exact_cmp(rne) == Less {
-                    rne.next_up()
+                    next_up(rne)
                 } else {
                     rne
                 }
             }
             "rm" => {
                 if exact_cmp(rne) == Greater {
-                    rne.next_down()
+                    next_down(rne)
                 } else {
                     rne
                 }
             }
             _ => {
                 if exact_cmp(rne) == Less {
-                    rne.next_up()
+                    next_up(rne)
                 } else {
                     rne
                 }
@@ -637,9 +652,9 @@ fn float_int_conversions() {
         let want = if (rn as f64).abs() > (v as f64).abs() || (rn as i128).abs() > (v as i128).abs()
         {
             if v > 0 {
-                rn.next_down()
+                next_down(rn)
             } else {
-                rn.next_up()
+                next_up(rn)
             }
         } else {
             rn
@@ -684,11 +699,9 @@ fn integer_arithmetic() {
             }
         }),
         ("div.u32", |x, y| {
-            if y as u32 == 0 {
-                0xFFFF_FFFF
-            } else {
-                ((x as u32) / (y as u32)) as u64
-            }
+            (x as u32)
+                .checked_div(y as u32)
+                .map_or(0xFFFF_FFFF, u64::from)
         }),
         ("rem.s32", |x, y| {
             if y as u32 == 0 {

@@ -1,0 +1,15 @@
+//! Any bytes: parsing, verifying and compiling for the host must return
+//! (Ok or a typed error) without panicking, hanging or allocating without
+//! bound. Seed with `cp ../tests/corpus/*.ptx corpus/ptx_parse_verify/`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    // The first line may name the entry; otherwise try the usual corpus names.
+    for symbol in ["add_f32_scalar", "add_kernel", "k"] {
+        let _ = ptxd::ptx::verify(&text, symbol, None);
+        let _ = ptxd::ptx::HostKernel::compile(&text, symbol);
+    }
+});
