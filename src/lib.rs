@@ -7,5 +7,7 @@
 //! a bounded slot table of loaded kernels; it compiles each distinct kernel
 //! once and checks every launch before it reaches the device.
 
+pub mod activation;
 pub mod executor;
+pub mod metrics;
 pub mod ptx;
