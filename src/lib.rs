@@ -8,6 +8,16 @@
 //! once and checks every launch before it reaches the device.
 
 pub mod activation;
+pub mod buffers;
+pub mod config;
+pub mod error;
 pub mod executor;
+pub mod front;
+pub mod handles;
 pub mod metrics;
+pub mod observe;
 pub mod ptx;
+pub mod server;
+pub mod service;
+pub mod sessions;
+pub mod slots;

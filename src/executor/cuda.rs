@@ -17,3 +17,28 @@ pub fn run_executor(uuid: &str) -> i32 {
     tracing::error!(uuid, "the CUDA executor is not built yet");
     2
 }
+
+/// `ptxd executor --backend cuda --probe`: writes one Hello frame listing
+/// every device on stdout (empty when CUDA is unavailable) and exits.
+pub fn probe_stdio() -> i32 {
+    let devices = match probe() {
+        Ok(devices) => devices,
+        Err(reason) => {
+            tracing::info!(%reason, "CUDA probe found no usable driver");
+            Vec::new()
+        }
+    };
+    let hello = ptxd_proto::executor::ExecutorMessage {
+        body: Some(ptxd_proto::executor::executor_message::Body::Hello(
+            ptxd_proto::executor::Hello {
+                backend: "cuda".into(),
+                devices,
+                pid: std::process::id(),
+            },
+        )),
+    };
+    match super::protocol::write_frame(&mut std::io::stdout().lock(), &hello) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}

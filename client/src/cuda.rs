@@ -1,0 +1,1 @@
+//! CUDA helpers (allocate IPC-exportable memory, export handles and events); see issue 4.
