@@ -24,7 +24,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -178,9 +178,11 @@ type DeviceFamily = (
     fn(&DeviceSeries) -> u64,
 );
 
+/// Sets gauges from live state just before a render.
+type Refresh = Box<dyn Fn(&Metrics) + Send + Sync>;
+
 /// Everything ptxd reports to Prometheus. Shared as `Arc<Metrics>` between
 /// the service (which records) and the responder (which renders).
-#[derive(Debug)]
 pub struct Metrics {
     loads_hit: Histogram,
     loads_miss: Histogram,
@@ -193,6 +195,16 @@ pub struct Metrics {
     slots_used: AtomicU64,
     slot_capacity: u32,
     devices: Mutex<BTreeMap<String, DeviceSeries>>,
+    refresh: OnceLock<Refresh>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("slot_capacity", &self.slot_capacity)
+            .field("refresh", &self.refresh.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -219,7 +231,18 @@ impl Metrics {
             slots_used: AtomicU64::new(0),
             slot_capacity,
             devices: Mutex::new(BTreeMap::new()),
+            refresh: OnceLock::new(),
         })
+    }
+
+    /// Installs the hook [`Metrics::render`] calls first, to set the gauges
+    /// (sessions, buffers, slots, generations) from the daemon's live state
+    /// rather than tracking every change. Returns false, keeping the first
+    /// hook, when one is already installed. The hook should hold only a
+    /// `Weak` to state that owns these metrics, or the two keep each other
+    /// alive.
+    pub fn set_refresh(&self, refresh: impl Fn(&Metrics) + Send + Sync + 'static) -> bool {
+        self.refresh.set(Box::new(refresh)).is_ok()
     }
 
     /// A kernel load that succeeded, from request to handle.
@@ -294,6 +317,9 @@ impl Metrics {
     /// The text exposition (format 0.0.4) of every series, with `# HELP`
     /// and `# TYPE` lines.
     pub fn render(&self) -> String {
+        if let Some(refresh) = self.refresh.get() {
+            refresh(self);
+        }
         let mut out = Exposition(String::with_capacity(8 * 1024));
 
         out.family(
@@ -848,6 +874,27 @@ mod tests {
             assert_eq!(
                 parsed.value("ptxd_device_generation", &labels),
                 expect(&generations)
+            );
+        }
+    }
+
+    #[test]
+    fn the_refresh_hook_sets_gauges_at_every_render() {
+        let metrics = Metrics::new(8);
+        let renders = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&renders);
+        assert!(metrics.set_refresh(move |metrics| {
+            let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
+            metrics.set_sessions(n);
+            metrics.set_generation("GPU-77", 100 + n);
+        }));
+        assert!(!metrics.set_refresh(|_| {}), "a second hook is refused");
+        for n in 1..=3u64 {
+            let parsed = parse(&metrics);
+            assert_eq!(parsed.value("ptxd_sessions", &[]), Some(n as f64));
+            assert_eq!(
+                parsed.value("ptxd_device_generation", &[("device", "GPU-77")]),
+                Some((100 + n) as f64)
             );
         }
     }
