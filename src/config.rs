@@ -118,16 +118,9 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// The socket path to bind.
     pub fn socket_path(&self) -> PathBuf {
-        self.socket.clone().unwrap_or_else(default_socket_path)
-    }
-}
-
-/// `$XDG_RUNTIME_DIR/ptxd.sock`, else `/run/ptxd/ptxd.sock` when root.
-pub fn default_socket_path() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("ptxd.sock"),
-        _ if nix::unistd::geteuid().is_root() => PathBuf::from("/run/ptxd/ptxd.sock"),
-        _ => std::env::temp_dir().join(format!("ptxd-{}.sock", nix::unistd::geteuid())),
+        self.socket
+            .clone()
+            .unwrap_or_else(ptxd_client::default_socket_path)
     }
 }
 

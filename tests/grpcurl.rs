@@ -13,7 +13,11 @@ fn grpcurl_path() -> String {
     if let Ok(path) = std::env::var("GRPCURL") {
         return path;
     }
-    let found = Command::new("sh").arg("-c").arg("command -v grpcurl").output().expect("sh");
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg("command -v grpcurl")
+        .output()
+        .expect("sh");
     let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
     assert!(
         !path.is_empty(),
@@ -43,7 +47,11 @@ fn grpcurl_data(daemon: &Daemon, data: &str, method: &str) -> Output {
 }
 
 fn text(output: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
 
 #[test]
@@ -53,14 +61,25 @@ fn reflection_lists_and_describes_the_api_and_error_details() {
     assert!(list.status.success(), "{}", text(&list));
     let services = text(&list);
     for service in ["ptxd.v1.Ptxd", "grpc.health.v1.Health"] {
-        assert!(services.lines().any(|l| l.trim() == service), "{service} missing from:\n{services}");
+        assert!(
+            services.lines().any(|l| l.trim() == service),
+            "{service} missing from:\n{services}"
+        );
     }
     let describe = grpcurl(&daemon, &["describe", "ptxd.v1.Ptxd.Launch"]);
     assert!(describe.status.success(), "{}", text(&describe));
-    assert!(text(&describe).contains("LaunchRequest"), "{}", text(&describe));
+    assert!(
+        text(&describe).contains("LaunchRequest"),
+        "{}",
+        text(&describe)
+    );
     let error_info = grpcurl(&daemon, &["describe", "google.rpc.ErrorInfo"]);
     assert!(error_info.status.success(), "{}", text(&error_info));
-    assert!(text(&error_info).contains("reason"), "{}", text(&error_info));
+    assert!(
+        text(&error_info).contains("reason"),
+        "{}",
+        text(&error_info)
+    );
 }
 
 #[test]
@@ -70,9 +89,16 @@ fn get_info_and_health_answer() {
     assert!(info.status.success(), "{}", text(&info));
     let json = text(&info);
     assert!(json.contains("\"backend\": \"host\""), "{json}");
-    assert!(json.contains("\"uuid\": \"HOST-0\"") && json.contains("\"uuid\": \"HOST-1\""), "{json}");
+    assert!(
+        json.contains("\"uuid\": \"HOST-0\"") && json.contains("\"uuid\": \"HOST-1\""),
+        "{json}"
+    );
     assert!(json.contains("\"slots\": 7"), "{json}");
-    let health = grpcurl_data(&daemon, r#"{"service":"ptxd.v1.Ptxd"}"#, "grpc.health.v1.Health/Check");
+    let health = grpcurl_data(
+        &daemon,
+        r#"{"service":"ptxd.v1.Ptxd"}"#,
+        "grpc.health.v1.Health/Check",
+    );
     assert!(health.status.success(), "{}", text(&health));
     assert!(text(&health).contains("SERVING"), "{}", text(&health));
 }
@@ -80,15 +106,26 @@ fn get_info_and_health_answer() {
 #[test]
 fn refusals_print_decoded_error_info() {
     let daemon = Daemon::start(&[]);
-    let unknown = grpcurl_data(&daemon, r#"{"session":"ses-0123456789abcdef0123456789abcdef"}"#, "ptxd.v1.Ptxd/ListKernels");
+    let unknown = grpcurl_data(
+        &daemon,
+        r#"{"session":"ses-0123456789abcdef0123456789abcdef"}"#,
+        "ptxd.v1.Ptxd/ListKernels",
+    );
     assert!(!unknown.status.success());
     let out = text(&unknown);
     assert!(out.contains("Code: NotFound"), "{out}");
-    assert!(out.contains("\"@type\":\"type.googleapis.com/google.rpc.ErrorInfo\""), "{out}");
+    assert!(
+        out.contains("\"@type\":\"type.googleapis.com/google.rpc.ErrorInfo\""),
+        "{out}"
+    );
     assert!(out.contains("\"reason\":\"UNKNOWN_SESSION\""), "{out}");
     assert!(out.contains("\"domain\":\"ptxd\""), "{out}");
 
-    let malformed = grpcurl_data(&daemon, r#"{"session":"not-a-session","kernel":"x"}"#, "ptxd.v1.Ptxd/Launch");
+    let malformed = grpcurl_data(
+        &daemon,
+        r#"{"session":"not-a-session","kernel":"x"}"#,
+        "ptxd.v1.Ptxd/Launch",
+    );
     let out = text(&malformed);
     assert!(out.contains("Code: InvalidArgument"), "{out}");
     assert!(out.contains("\"reason\":\"INVALID_ARGUMENT\""), "{out}");
@@ -101,7 +138,14 @@ fn refusals_print_decoded_error_info() {
 fn a_grpcurl_lease_holds_a_session_until_it_is_killed() {
     let daemon = Daemon::start(&[]);
     let mut lease = Command::new(grpcurl_path())
-        .args(["-plaintext", "-authority", "localhost", "-unix", "-d", r#"{"label":"by hand"}"#])
+        .args([
+            "-plaintext",
+            "-authority",
+            "localhost",
+            "-unix",
+            "-d",
+            r#"{"label":"by hand"}"#,
+        ])
         .arg(&daemon.socket)
         .arg("ptxd.v1.Ptxd/OpenSession")
         .stdout(Stdio::piped())
@@ -116,15 +160,22 @@ fn a_grpcurl_lease_holds_a_session_until_it_is_killed() {
             break;
         }
     }
-    assert!(session.starts_with("ses-"), "no session id from the lease stream");
+    assert!(
+        session.starts_with("ses-"),
+        "no session id from the lease stream"
+    );
     let data = format!(r#"{{"session":"{session}"}}"#);
     let listed = grpcurl_data(&daemon, &data, "ptxd.v1.Ptxd/ListBuffers");
     assert!(listed.status.success(), "{}", text(&listed));
 
     lease.kill().unwrap();
     lease.wait().unwrap();
-    common::wait_until("the session to end", std::time::Duration::from_secs(5), || {
-        let out = grpcurl_data(&daemon, &data, "ptxd.v1.Ptxd/ListBuffers");
-        text(&out).contains("UNKNOWN_SESSION")
-    });
+    common::wait_until(
+        "the session to end",
+        std::time::Duration::from_secs(5),
+        || {
+            let out = grpcurl_data(&daemon, &data, "ptxd.v1.Ptxd/ListBuffers");
+            text(&out).contains("UNKNOWN_SESSION")
+        },
+    );
 }

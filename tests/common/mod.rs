@@ -30,7 +30,10 @@ impl Daemon {
             .arg("--socket")
             .arg(&socket)
             .args(extra)
-            .env("RUST_LOG", std::env::var("PTXD_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("PTXD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
@@ -63,7 +66,10 @@ impl Daemon {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -103,7 +109,11 @@ pub fn process_alive(pid: i32) -> bool {
 /// process `pid`.
 pub fn shm_mappings(pid: u32, needle: &str) -> usize {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map(|maps| maps.lines().filter(|l| l.contains("/dev/shm/") && l.contains(needle)).count())
+        .map(|maps| {
+            maps.lines()
+                .filter(|l| l.contains("/dev/shm/") && l.contains(needle))
+                .count()
+        })
         .unwrap_or(0)
 }
 
