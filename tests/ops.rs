@@ -250,7 +250,9 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
         out_buf.operand(),
         n as u64,
     );
-    let (async_launches, sync_launches) = (rng.random_range(2..9u64), rng.random_range(2..9u64));
+    // Different counts, so a mode mix-up cannot go unnoticed.
+    let async_launches = rng.random_range(2..9u64);
+    let sync_launches = async_launches + rng.random_range(1..5u64);
     for i in 0..async_launches {
         let kernel = &kernels[i as usize % 2];
         session
