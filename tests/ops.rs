@@ -405,20 +405,39 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
 
 #[test]
 fn a_remote_metrics_address_is_refused_without_the_flag() {
-    let output = run(Command::new(PTXD).args([
-        "serve",
-        "--backend",
-        "host",
-        "--socket",
-        "/nonexistent-dir-for-ops-test/ptxd.sock",
-        "--metrics",
-        "0.0.0.0:9464",
-    ]));
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(PTXD)
+        .args(["serve", "--backend", "host", "--socket"])
+        .arg(dir.path().join("ptxd.sock"))
+        .args(["--metrics", "0.0.0.0:9464"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A daemon that does not refuse would serve forever: bound the wait.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "ptxd served with --metrics 0.0.0.0:9464 and no --metrics-allow-remote:\n{}",
+                text(&output)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
     assert!(!output.status.success(), "{}", text(&output));
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("--metrics-allow-remote"),
         "{}",
         text(&output)
+    );
+    assert!(
+        !dir.path().join("ptxd.sock").exists(),
+        "refused before binding the socket"
     );
 }
 
@@ -629,7 +648,7 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() 
         .unwrap();
     let info = tokio::time::timeout(Duration::from_secs(30), client.info())
         .await
-        .expect("GetInfo within 30 s")
+        .expect("GetInfo within 30 s: does ptxd take the socket from LISTEN_FDS?")
         .unwrap();
     assert_eq!(info.backend, "host");
     let session = client.open_session("activated").await.unwrap();
