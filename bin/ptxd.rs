@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use ptxd::cli::{ClientCommand, ClientOpts, LaunchArgs, LoadArgs};
 use ptxd::config::{LogFormat, ServeConfig};
 
 #[derive(Debug, Parser)]
@@ -24,6 +25,38 @@ enum Command {
     /// Internal: run one executor child (spawned by `ptxd serve`).
     #[command(hide = true)]
     Executor(ExecutorArgs),
+    /// Print the daemon's version, backend, devices, slot usage and limits.
+    Info {
+        #[command(flatten)]
+        opts: ClientOpts,
+    },
+    /// List the kernels of a fresh session (always empty: sessions are
+    /// private and end when the command exits; checks that sessions work).
+    Kernels {
+        #[command(flatten)]
+        opts: ClientOpts,
+    },
+    /// List the buffers of a fresh session (always empty, as `kernels`).
+    Buffers {
+        #[command(flatten)]
+        opts: ClientOpts,
+    },
+    /// Load a kernel (.ptx, .cubin or .fatbin) and print its handle,
+    /// signature, cache hit and load time. The handle ends with the command.
+    Load {
+        #[command(flatten)]
+        opts: ClientOpts,
+        #[command(flatten)]
+        args: LoadArgs,
+    },
+    /// Run an f32 kernel once on the host backend over random shared-memory
+    /// inputs and print the first elements of every operand.
+    Launch {
+        #[command(flatten)]
+        opts: ClientOpts,
+        #[command(flatten)]
+        args: LaunchArgs,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -88,30 +121,47 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => Some(runtime),
+        Err(e) => {
+            eprintln!("ptxd: cannot start the async runtime: {e}");
+            None
+        }
+    }
+}
+
+fn serve(config: ServeConfig) -> ExitCode {
+    init_logging(config.log_format);
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(ptxd::server::serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "ptxd failed");
+            eprintln!("ptxd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Executor(args) => run_executor(args),
-        Command::Serve(config) => {
-            init_logging(config.log_format);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("ptxd: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(ptxd::server::serve(config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!(error = %e, "ptxd failed");
-                    eprintln!("ptxd: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+    let (opts, command) = match cli.command {
+        Command::Executor(args) => return run_executor(args),
+        Command::Serve(config) => return serve(config),
+        Command::Info { opts } => (opts, ClientCommand::Info),
+        Command::Kernels { opts } => (opts, ClientCommand::Kernels),
+        Command::Buffers { opts } => (opts, ClientCommand::Buffers),
+        Command::Load { opts, args } => (opts, ClientCommand::Load(args)),
+        Command::Launch { opts, args } => (opts, ClientCommand::Launch(args)),
+    };
+    match runtime() {
+        Some(runtime) => runtime.block_on(ptxd::cli::run(opts, command)),
+        None => ExitCode::FAILURE,
     }
 }

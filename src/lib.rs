@@ -9,6 +9,7 @@
 
 pub mod activation;
 pub mod buffers;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod executor;

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{corpus, random_f32, wait_until, Daemon};
+use common::{corpus, random_f32, Daemon};
 use ptxd_client::{
     Buffer, Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session,
     SessionEvent, SessionOptions,
@@ -812,15 +812,18 @@ async fn many_concurrent_sessions_share_one_compile_and_get_their_own_results() 
     assert_eq!(client.info().await.unwrap().slots_used, 1);
     assert_eq!(client.info().await.unwrap().sessions, 24);
     drop(results);
-    wait_until("every session to end", Duration::from_secs(5), || {
-        let rt = tokio::runtime::Handle::current();
-        let client = client.clone();
-        let info = std::thread::spawn(move || rt.block_on(client.info()))
-            .join()
-            .unwrap()
-            .unwrap();
-        info.sessions == 0 && info.slots_used == 0
-    });
+    let started = std::time::Instant::now();
+    loop {
+        let info = client.info().await.unwrap();
+        if info.sessions == 0 && info.slots_used == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "sessions still open: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

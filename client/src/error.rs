@@ -26,8 +26,9 @@ pub enum Error {
     /// ptxd refused the request with one of its documented reasons.
     #[error("{0}")]
     Refused(Refusal),
-    /// The connection to ptxd could not be made or broke.
-    #[error("transport: {0}")]
+    /// The connection to ptxd could not be made or broke (the cause is the
+    /// error's `source`).
+    #[error("the connection to ptxd failed")]
     Transport(#[from] tonic::transport::Error),
     /// A gRPC status without a ptxd refusal in its details (e.g. the
     /// connection dropped mid-call, or a reason newer than this SDK).

@@ -100,6 +100,7 @@ pub async fn read_frame_async<M: Message + Default>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use ptxd_proto::executor::{request::Op, Ping, Request};
