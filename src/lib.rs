@@ -7,6 +7,7 @@
 //! a bounded slot table of loaded kernels; it compiles each distinct kernel
 //! once and checks every launch before it reaches the device.
 
+pub mod activation;
 pub mod buffers;
 pub mod cli;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod executor;
 pub mod front;
 pub mod handles;
+pub mod metrics;
 pub mod observe;
 pub mod ptx;
 pub mod server;

@@ -1,0 +1,1052 @@
+//! Prometheus metrics: the counters, gauges and histograms ptxd keeps, their
+//! text exposition (format 0.0.4) and a minimal HTTP/1.1 responder that serves
+//! it at `GET /metrics`.
+//!
+//! Invariants:
+//! - Recording never blocks on I/O and never panics: plain series are
+//!   atomics; labelled series sit in a `Mutex<BTreeMap>` whose lock is held
+//!   only to bump or copy a number (a poisoned lock is still used: the maps
+//!   hold plain numbers, no invariant a panic could have broken).
+//! - Every series ptxd can ever emit for a closed label set (cache, mode,
+//!   refusal reason) is rendered from the start, at 0, so a rate over a
+//!   counter that first moves between two scrapes is never lost.
+//! - A histogram's `_count` and its `+Inf` bucket are computed from the same
+//!   snapshot of its buckets, so they agree even while launches record
+//!   concurrently with a scrape.
+//! - The responder binds loopback unless told otherwise
+//!   ([`check_listen_addr`]); it reads at most [`MAX_REQUEST_HEAD_BYTES`] of a
+//!   request within [`REQUEST_TIMEOUT`], answers once and closes, and holds
+//!   at most [`MAX_CONNECTIONS`] connections at a time.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+/// The content type of the Prometheus text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The most bytes of a request (line and headers) the responder reads.
+pub const MAX_REQUEST_HEAD_BYTES: usize = 8 * 1024;
+
+/// How long a client has to send its request, and to take the answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most connections served at once; later ones are closed unanswered.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Load latency buckets, in seconds: a cache hit takes microseconds, a
+/// driver JIT of a PTX module ~150 ms (measured on an H200), a large
+/// module seconds.
+const LOAD_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
+
+/// Launch latency buckets, in seconds: an async launch is ~4 µs, a
+/// synchronous one ~9 µs plus the kernel's own run time.
+const LAUNCH_BUCKETS: &[f64] = &[
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Why a metrics address was refused or could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The address is not loopback and remote serving was not allowed.
+    #[error(
+        "metrics address {addr} is not a loopback address; \
+         pass --metrics-allow-remote to serve metrics beyond this host"
+    )]
+    RemoteNotAllowed {
+        /// The refused address.
+        addr: SocketAddr,
+    },
+    /// The address could not be bound.
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Refuses a non-loopback metrics address unless `allow_remote`: the metrics
+/// name devices and reveal load patterns, which are nobody else's business
+/// by default. An unspecified address (`0.0.0.0`, `::`) counts as remote.
+pub fn check_listen_addr(addr: SocketAddr, allow_remote: bool) -> Result<(), MetricsError> {
+    // `::ffff:127.0.0.1` is loopback too, though `Ipv6Addr::is_loopback`
+    // says otherwise; canonicalize first.
+    if allow_remote || addr.ip().to_canonical().is_loopback() {
+        Ok(())
+    } else {
+        Err(MetricsError::RemoteNotAllowed { addr })
+    }
+}
+
+/// Checks `addr` with [`check_listen_addr`] and binds it.
+pub async fn bind(addr: SocketAddr, allow_remote: bool) -> Result<TcpListener, MetricsError> {
+    check_listen_addr(addr, allow_remote)?;
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind { addr, source })
+}
+
+/// A latency histogram with fixed bucket bounds.
+#[derive(Debug)]
+struct Histogram {
+    /// Upper bounds in seconds, ascending.
+    bounds: &'static [f64],
+    /// Per-bucket (not cumulative) counts; one more than `bounds`, the last
+    /// one for observations above every bound.
+    buckets: Box<[AtomicU64]>,
+    sum_nanos: AtomicU64,
+}
+
+/// A consistent copy of a histogram, cumulative as the exposition wants it.
+struct HistogramSnapshot {
+    bounds: &'static [f64],
+    /// Cumulative counts, one per bound.
+    cumulative: Vec<u64>,
+    count: u64,
+    sum_seconds: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        let index = self
+            .bounds
+            .iter()
+            .position(|&bound| seconds <= bound)
+            .unwrap_or(self.bounds.len());
+        if let Some(bucket) = self.buckets.get(index) {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        let mut running = 0u64;
+        let mut cumulative = Vec::with_capacity(self.bounds.len());
+        for bucket in self.buckets.iter() {
+            running = running.saturating_add(bucket.load(Ordering::Relaxed));
+            cumulative.push(running);
+        }
+        // The last entry is the +Inf bucket: it is the count.
+        let count = cumulative.pop().unwrap_or(0);
+        HistogramSnapshot {
+            bounds: self.bounds,
+            cumulative,
+            count,
+            sum_seconds: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+/// The per-device series, keyed by device UUID.
+#[derive(Debug, Default, Clone, Copy)]
+struct DeviceSeries {
+    restarts: u64,
+    generation: u64,
+    kernel_faults: u64,
+}
+
+/// A per-device family: name, type, help, and which number it shows.
+type DeviceFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&DeviceSeries) -> u64,
+);
+
+/// Sets gauges from live state just before a render.
+type Refresh = Box<dyn Fn(&Metrics) + Send + Sync>;
+
+/// Everything ptxd reports to Prometheus. Shared as `Arc<Metrics>` between
+/// the service (which records) and the responder (which renders).
+pub struct Metrics {
+    loads_hit: Histogram,
+    loads_miss: Histogram,
+    launches_sync: Histogram,
+    launches_async: Histogram,
+    refusals: Mutex<BTreeMap<&'static str, u64>>,
+    sessions: AtomicU64,
+    buffers: AtomicU64,
+    buffer_bytes: AtomicU64,
+    slots_used: AtomicU64,
+    slot_capacity: u32,
+    devices: Mutex<BTreeMap<String, DeviceSeries>>,
+    refresh: OnceLock<Refresh>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("slot_capacity", &self.slot_capacity)
+            .field("refresh", &self.refresh.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Metrics {
+    /// New metrics for a slot table of `slot_capacity` slots, every series
+    /// at zero.
+    pub fn new(slot_capacity: u32) -> Arc<Metrics> {
+        let refusals = (1..)
+            .map_while(|value| ptxd_proto::v1::Reason::try_from(value).ok())
+            .map(|reason| (reason.wire_name(), 0))
+            .collect();
+        Arc::new(Metrics {
+            loads_hit: Histogram::new(LOAD_BUCKETS),
+            loads_miss: Histogram::new(LOAD_BUCKETS),
+            launches_sync: Histogram::new(LAUNCH_BUCKETS),
+            launches_async: Histogram::new(LAUNCH_BUCKETS),
+            refusals: Mutex::new(refusals),
+            sessions: AtomicU64::new(0),
+            buffers: AtomicU64::new(0),
+            buffer_bytes: AtomicU64::new(0),
+            slots_used: AtomicU64::new(0),
+            slot_capacity,
+            devices: Mutex::new(BTreeMap::new()),
+            refresh: OnceLock::new(),
+        })
+    }
+
+    /// Installs the hook [`Metrics::render`] calls first, to set the gauges
+    /// (sessions, buffers, slots, generations) from the daemon's live state
+    /// rather than tracking every change. Returns false, keeping the first
+    /// hook, when one is already installed. The hook should hold only a
+    /// `Weak` to state that owns these metrics, or the two keep each other
+    /// alive.
+    pub fn set_refresh(&self, refresh: impl Fn(&Metrics) + Send + Sync + 'static) -> bool {
+        self.refresh.set(Box::new(refresh)).is_ok()
+    }
+
+    /// A kernel load that succeeded, from request to handle.
+    pub fn record_load(&self, cache_hit: bool, elapsed: Duration) {
+        let histogram = if cache_hit {
+            &self.loads_hit
+        } else {
+            &self.loads_miss
+        };
+        histogram.observe(elapsed);
+    }
+
+    /// A launch that succeeded: to completion when `sync`, else to enqueue.
+    pub fn record_launch(&self, sync: bool, elapsed: Duration) {
+        let histogram = if sync {
+            &self.launches_sync
+        } else {
+            &self.launches_async
+        };
+        histogram.observe(elapsed);
+    }
+
+    /// A refusal, by its wire name (`Reason::wire_name`, e.g.
+    /// `"STALE_KERNEL"`).
+    pub fn record_refusal(&self, reason: &'static str) {
+        *lock(&self.refusals).entry(reason).or_insert(0) += 1;
+    }
+
+    /// The number of open sessions.
+    pub fn set_sessions(&self, n: u64) {
+        self.sessions.store(n, Ordering::Relaxed);
+    }
+
+    /// The registered buffers over all sessions, and their total size.
+    pub fn set_buffers(&self, count: u64, bytes: u64) {
+        self.buffers.store(count, Ordering::Relaxed);
+        self.buffer_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The slots in use, including those of dead generations not yet
+    /// reclaimed.
+    pub fn set_slots_used(&self, used: u64) {
+        self.slots_used.store(used, Ordering::Relaxed);
+    }
+
+    /// A device's executor was restarted (after a fault or an exit).
+    pub fn record_executor_restart(&self, device_uuid: &str) {
+        self.with_device(device_uuid, |series| series.restarts += 1);
+    }
+
+    /// A device's executor now runs `generation`.
+    pub fn set_generation(&self, device_uuid: &str, generation: u64) {
+        self.with_device(device_uuid, |series| series.generation = generation);
+    }
+
+    /// A kernel faulted on a device.
+    pub fn record_kernel_fault(&self, device_uuid: &str) {
+        self.with_device(device_uuid, |series| series.kernel_faults += 1);
+    }
+
+    fn with_device(&self, device_uuid: &str, update: impl FnOnce(&mut DeviceSeries)) {
+        let mut devices = lock(&self.devices);
+        if let Some(series) = devices.get_mut(device_uuid) {
+            update(series);
+        } else {
+            let mut series = DeviceSeries::default();
+            update(&mut series);
+            devices.insert(device_uuid.to_owned(), series);
+        }
+    }
+
+    /// The text exposition (format 0.0.4) of every series, with `# HELP`
+    /// and `# TYPE` lines.
+    pub fn render(&self) -> String {
+        if let Some(refresh) = self.refresh.get() {
+            refresh(self);
+        }
+        let mut out = Exposition(String::with_capacity(8 * 1024));
+
+        out.family(
+            "ptxd_loads_total",
+            "counter",
+            "Kernel loads that succeeded, by kernel cache hit or miss.",
+        );
+        let hit = self.loads_hit.snapshot();
+        let miss = self.loads_miss.snapshot();
+        out.sample("ptxd_loads_total", &[("cache", "hit")], hit.count);
+        out.sample("ptxd_loads_total", &[("cache", "miss")], miss.count);
+        out.family(
+            "ptxd_load_duration_seconds",
+            "histogram",
+            "Time a successful kernel load took inside ptxd.",
+        );
+        out.histogram("ptxd_load_duration_seconds", ("cache", "hit"), &hit);
+        out.histogram("ptxd_load_duration_seconds", ("cache", "miss"), &miss);
+
+        out.family(
+            "ptxd_launches_total",
+            "counter",
+            "Launches that succeeded, by mode (sync: answered after completion).",
+        );
+        let sync = self.launches_sync.snapshot();
+        let asynchronous = self.launches_async.snapshot();
+        out.sample("ptxd_launches_total", &[("mode", "sync")], sync.count);
+        out.sample(
+            "ptxd_launches_total",
+            &[("mode", "async")],
+            asynchronous.count,
+        );
+        out.family(
+            "ptxd_launch_duration_seconds",
+            "histogram",
+            "Time a successful launch took inside ptxd: to completion when sync, to enqueue when async.",
+        );
+        out.histogram("ptxd_launch_duration_seconds", ("mode", "sync"), &sync);
+        out.histogram(
+            "ptxd_launch_duration_seconds",
+            ("mode", "async"),
+            &asynchronous,
+        );
+
+        out.family(
+            "ptxd_refusals_total",
+            "counter",
+            "Requests refused, by reason (the google.rpc.ErrorInfo reason).",
+        );
+        let refusals = lock(&self.refusals).clone();
+        for (reason, count) in refusals {
+            out.sample("ptxd_refusals_total", &[("reason", reason)], count);
+        }
+
+        let gauges: [(&str, &str, u64); 5] = [
+            (
+                "ptxd_sessions",
+                "Open sessions.",
+                self.sessions.load(Ordering::Relaxed),
+            ),
+            (
+                "ptxd_buffers",
+                "Registered buffers over all sessions.",
+                self.buffers.load(Ordering::Relaxed),
+            ),
+            (
+                "ptxd_buffer_bytes",
+                "Total size of the registered buffers, in bytes.",
+                self.buffer_bytes.load(Ordering::Relaxed),
+            ),
+            (
+                "ptxd_slots_used",
+                "Kernel slots in use, including slots of dead generations not yet reclaimed.",
+                self.slots_used.load(Ordering::Relaxed),
+            ),
+            (
+                "ptxd_slots_capacity",
+                "Kernel slots in the slot table.",
+                u64::from(self.slot_capacity),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            out.family(name, "gauge", help);
+            out.sample(name, &[], value);
+        }
+
+        let devices = lock(&self.devices).clone();
+        let per_device: [DeviceFamily; 3] = [
+            (
+                "ptxd_executor_restarts_total",
+                "counter",
+                "Executor restarts, by device UUID.",
+                |series| series.restarts,
+            ),
+            (
+                "ptxd_device_generation",
+                "gauge",
+                "The device generation the device's executor runs now.",
+                |series| series.generation,
+            ),
+            (
+                "ptxd_kernel_faults_total",
+                "counter",
+                "Kernels that faulted on the device, by device UUID.",
+                |series| series.kernel_faults,
+            ),
+        ];
+        for (name, kind, help, value) in per_device {
+            out.family(name, kind, help);
+            for (device, series) in &devices {
+                out.sample(name, &[("device", device)], value(series));
+            }
+        }
+
+        out.0
+    }
+}
+
+/// A text exposition being written.
+struct Exposition(String);
+
+impl Exposition {
+    fn write(&mut self, args: fmt::Arguments<'_>) {
+        // Formatting into a String only fails if a Display impl does, and
+        // only integers, floats and strs are written here.
+        let _ = self.0.write_fmt(args);
+    }
+
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        self.write(format_args!("# HELP {name} {}\n", escape_help(help)));
+        self.write(format_args!("# TYPE {name} {kind}\n"));
+    }
+
+    fn labels(&mut self, labels: &[(&str, &str)]) {
+        if labels.is_empty() {
+            return;
+        }
+        self.0.push('{');
+        for (index, (name, value)) in labels.iter().enumerate() {
+            if index > 0 {
+                self.0.push(',');
+            }
+            self.write(format_args!("{name}=\"{}\"", escape_label_value(value)));
+        }
+        self.0.push('}');
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+        self.0.push_str(name);
+        self.labels(labels);
+        self.write(format_args!(" {value}\n"));
+    }
+
+    fn histogram(&mut self, name: &str, label: (&str, &str), snapshot: &HistogramSnapshot) {
+        let bucket = format!("{name}_bucket");
+        for (bound, count) in snapshot.bounds.iter().zip(&snapshot.cumulative) {
+            let le = bound.to_string();
+            self.sample(&bucket, &[label, ("le", &le)], *count);
+        }
+        self.sample(&bucket, &[label, ("le", "+Inf")], snapshot.count);
+        self.0.push_str(name);
+        self.0.push_str("_sum");
+        self.labels(&[label]);
+        self.write(format_args!(" {}\n", snapshot.sum_seconds));
+        self.sample(&format!("{name}_count"), &[label], snapshot.count);
+    }
+}
+
+fn escape_help(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+fn escape_label_value(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Serves `GET /metrics` (and `HEAD`) on `listener` until `shutdown`
+/// completes; every other path is 404. Connections still being answered
+/// when `shutdown` completes are dropped.
+///
+/// Accept errors (e.g. out of file descriptors) are logged and retried after
+/// a pause: losing the metrics endpoint for good over a transient error
+/// would be worse than a missed scrape.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => accepted,
+        };
+        while connections.try_join_next().is_some() {}
+        match accepted {
+            Ok((stream, peer)) => {
+                if connections.len() >= MAX_CONNECTIONS {
+                    tracing::warn!(%peer, "metrics: too many connections, closing");
+                    continue;
+                }
+                let metrics = Arc::clone(&metrics);
+                connections.spawn(async move {
+                    if let Err(error) = answer(stream, &metrics).await {
+                        tracing::debug!(%peer, %error, "metrics: connection failed");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "metrics: accept failed");
+                tokio::select! {
+                    () = &mut shutdown => return Ok(()),
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        }
+    }
+}
+
+/// What the client sent before the blank line that ends an HTTP head.
+enum RequestHead {
+    Complete(Vec<u8>),
+    TooLarge,
+    /// The client closed or timed out before finishing its request.
+    Abandoned,
+}
+
+async fn read_head(stream: &mut TcpStream) -> io::Result<RequestHead> {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let read = stream.read(&mut chunk).await?;
+        let Some(received) = chunk.get(..read) else {
+            return Ok(RequestHead::Abandoned);
+        };
+        if received.is_empty() {
+            return Ok(RequestHead::Abandoned);
+        }
+        let search_from = head.len().saturating_sub(3);
+        head.extend_from_slice(received);
+        if let Some(end) = find(&head[search_from..], b"\r\n\r\n") {
+            head.truncate(search_from + end);
+            return Ok(RequestHead::Complete(head));
+        }
+        if head.len() > MAX_REQUEST_HEAD_BYTES {
+            return Ok(RequestHead::TooLarge);
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+async fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
+    let head = match tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await {
+        Ok(head) => head?,
+        Err(_elapsed) => RequestHead::Abandoned,
+    };
+    let response = match head {
+        RequestHead::Complete(head) => respond(&head, metrics),
+        RequestHead::TooLarge => plain(431, "Request Header Fields Too Large", &[], false),
+        RequestHead::Abandoned => return Ok(()),
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, async {
+        stream.write_all(&response).await?;
+        stream.shutdown().await
+    })
+    .await
+    {
+        Ok(written) => written,
+        Err(_elapsed) => Ok(()),
+    }
+}
+
+/// The full response to a request head.
+fn respond(head: &[u8], metrics: &Metrics) -> Vec<u8> {
+    let request_line = head.split(|&byte| byte == b'\n').next().unwrap_or_default();
+    let request_line = String::from_utf8_lossy(request_line);
+    let mut parts = request_line.trim_end_matches('\r').split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return plain(400, "Bad Request", &[], false);
+    };
+    if !version.starts_with("HTTP/1.") {
+        return plain(400, "Bad Request", &[], false);
+    }
+    let head_only = match method {
+        "GET" => false,
+        "HEAD" => true,
+        _ => return plain(405, "Method Not Allowed", &[("Allow", "GET, HEAD")], false),
+    };
+    let path = target.split('?').next().unwrap_or_default();
+    if path != "/metrics" {
+        return plain(404, "Not Found", &[], head_only);
+    }
+    let body = metrics.render();
+    response(200, "OK", CONTENT_TYPE, &[], body.as_bytes(), head_only)
+}
+
+fn plain(status: u16, reason: &str, headers: &[(&str, &str)], head_only: bool) -> Vec<u8> {
+    let body = format!("{status} {reason}\n");
+    response(
+        status,
+        reason,
+        "text/plain; charset=utf-8",
+        headers,
+        body.as_bytes(),
+        head_only,
+    )
+}
+
+fn response(
+    status: u16,
+    reason: &str,
+    content_type: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    head_only: bool,
+) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        out.push_str(name);
+        out.push_str(": ");
+        out.push_str(value);
+        out.push_str("\r\n");
+    }
+    out.push_str("\r\n");
+    let mut bytes = out.into_bytes();
+    if !head_only {
+        bytes.extend_from_slice(body);
+    }
+    bytes
+}
+
+/// The strict exposition reader the integration tests use too.
+#[cfg(test)]
+#[path = "../tests/ops/exposition.rs"]
+mod exposition;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    use super::exposition::Exposition as Parsed;
+
+    fn parse(metrics: &Metrics) -> Parsed {
+        let text = metrics.render();
+        Parsed::parse(&text).unwrap_or_else(|error| panic!("{error}\n---\n{text}"))
+    }
+
+    #[test]
+    fn fresh_metrics_render_every_family_at_zero() {
+        let metrics = Metrics::new(128);
+        let parsed = parse(&metrics);
+        for (family, kind) in [
+            ("ptxd_loads_total", "counter"),
+            ("ptxd_load_duration_seconds", "histogram"),
+            ("ptxd_launches_total", "counter"),
+            ("ptxd_launch_duration_seconds", "histogram"),
+            ("ptxd_refusals_total", "counter"),
+            ("ptxd_sessions", "gauge"),
+            ("ptxd_buffers", "gauge"),
+            ("ptxd_buffer_bytes", "gauge"),
+            ("ptxd_slots_used", "gauge"),
+            ("ptxd_slots_capacity", "gauge"),
+            ("ptxd_executor_restarts_total", "counter"),
+            ("ptxd_device_generation", "gauge"),
+            ("ptxd_kernel_faults_total", "counter"),
+        ] {
+            assert_eq!(parsed.kind(family), Some(kind), "{family}");
+        }
+        assert_eq!(parsed.value("ptxd_slots_capacity", &[]), Some(128.0));
+        assert_eq!(
+            parsed.value("ptxd_loads_total", &[("cache", "miss")]),
+            Some(0.0)
+        );
+        assert_eq!(
+            parsed.value("ptxd_launches_total", &[("mode", "async")]),
+            Some(0.0)
+        );
+        // Every reason of the closed list is there from the start.
+        for value in 1.. {
+            let Ok(reason) = ptxd_proto::v1::Reason::try_from(value) else {
+                break;
+            };
+            assert_eq!(
+                parsed.value("ptxd_refusals_total", &[("reason", reason.wire_name())]),
+                Some(0.0),
+                "{reason:?}"
+            );
+        }
+        assert_eq!(
+            parsed.value("ptxd_refusals_total", &[("reason", "UNSPECIFIED")]),
+            None
+        );
+    }
+
+    /// Random events, recorded and counted on the side: every series must
+    /// show exactly the reference's count, sum and bucket.
+    #[test]
+    fn series_move_exactly_as_recorded() {
+        let mut rng = rand::rng();
+        let metrics = Metrics::new(rng.random_range(1..4096));
+        let reasons = [
+            "STALE_KERNEL",
+            "SLOT_BANK_FULL",
+            "NON_SCALAR_ABI",
+            "DRAINING",
+        ];
+        let devices = ["GPU-0a1b", "GPU-ffee", "HOST-0"];
+        let mut loads = [0u64; 2];
+        let mut launches = [0u64; 2];
+        let mut launch_nanos = [0u128; 2];
+        let mut launch_le_50us = [0u64; 2];
+        let mut refusals = BTreeMap::<&str, u64>::new();
+        let mut restarts = BTreeMap::<&str, u64>::new();
+        let mut faults = BTreeMap::<&str, u64>::new();
+        let mut generations = BTreeMap::<&str, u64>::new();
+        let mut gauges = (0u64, 0u64, 0u64, 0u64);
+        for _ in 0..rng.random_range(200..2000) {
+            match rng.random_range(0..9) {
+                0 => {
+                    let hit = rng.random_bool(0.5);
+                    metrics.record_load(hit, Duration::from_micros(rng.random_range(1..500_000)));
+                    loads[usize::from(hit)] += 1;
+                }
+                1 => {
+                    let sync = rng.random_bool(0.5);
+                    let elapsed = Duration::from_nanos(rng.random_range(100..2_000_000_000));
+                    metrics.record_launch(sync, elapsed);
+                    launches[usize::from(sync)] += 1;
+                    launch_nanos[usize::from(sync)] += elapsed.as_nanos();
+                    if elapsed <= Duration::from_micros(50) {
+                        launch_le_50us[usize::from(sync)] += 1;
+                    }
+                }
+                2 => {
+                    let reason = reasons[rng.random_range(0..reasons.len())];
+                    metrics.record_refusal(reason);
+                    *refusals.entry(reason).or_default() += 1;
+                }
+                3 => {
+                    gauges.0 = rng.random();
+                    metrics.set_sessions(gauges.0);
+                }
+                4 => {
+                    gauges.1 = rng.random_range(0..1 << 40);
+                    gauges.2 = rng.random_range(0..1 << 52);
+                    metrics.set_buffers(gauges.1, gauges.2);
+                }
+                5 => {
+                    gauges.3 = rng.random_range(0..4096);
+                    metrics.set_slots_used(gauges.3);
+                }
+                6 => {
+                    let device = devices[rng.random_range(0..devices.len())];
+                    metrics.record_executor_restart(device);
+                    *restarts.entry(device).or_default() += 1;
+                }
+                7 => {
+                    let device = devices[rng.random_range(0..devices.len())];
+                    let generation = rng.random_range(0..1 << 50);
+                    metrics.set_generation(device, generation);
+                    generations.insert(device, generation);
+                }
+                _ => {
+                    let device = devices[rng.random_range(0..devices.len())];
+                    metrics.record_kernel_fault(device);
+                    *faults.entry(device).or_default() += 1;
+                }
+            }
+        }
+        let parsed = parse(&metrics);
+        let exact = |value: u64| Some(value as f64);
+        for (index, cache) in ["miss", "hit"].into_iter().enumerate() {
+            assert_eq!(
+                parsed.value("ptxd_loads_total", &[("cache", cache)]),
+                exact(loads[index])
+            );
+            assert_eq!(
+                parsed.value("ptxd_load_duration_seconds_count", &[("cache", cache)]),
+                exact(loads[index])
+            );
+        }
+        for (index, mode) in ["async", "sync"].into_iter().enumerate() {
+            assert_eq!(
+                parsed.value("ptxd_launches_total", &[("mode", mode)]),
+                exact(launches[index])
+            );
+            assert_eq!(
+                parsed.value(
+                    "ptxd_launch_duration_seconds_bucket",
+                    &[("mode", mode), ("le", "+Inf")]
+                ),
+                exact(launches[index])
+            );
+            assert_eq!(
+                parsed.value(
+                    "ptxd_launch_duration_seconds_bucket",
+                    &[("mode", mode), ("le", "0.00005")]
+                ),
+                exact(launch_le_50us[index])
+            );
+            let sum = parsed
+                .value("ptxd_launch_duration_seconds_sum", &[("mode", mode)])
+                .unwrap();
+            let expected = launch_nanos[index] as f64 / 1e9;
+            assert!(
+                (sum - expected).abs() <= expected * 1e-9 + 1e-9,
+                "{sum} vs {expected}"
+            );
+        }
+        for reason in reasons {
+            assert_eq!(
+                parsed.value("ptxd_refusals_total", &[("reason", reason)]),
+                exact(refusals.get(reason).copied().unwrap_or(0))
+            );
+        }
+        assert_eq!(parsed.value("ptxd_sessions", &[]), exact(gauges.0));
+        assert_eq!(parsed.value("ptxd_buffers", &[]), exact(gauges.1));
+        assert_eq!(parsed.value("ptxd_buffer_bytes", &[]), exact(gauges.2));
+        assert_eq!(parsed.value("ptxd_slots_used", &[]), exact(gauges.3));
+        for device in devices {
+            let known = restarts.contains_key(device)
+                || faults.contains_key(device)
+                || generations.contains_key(device);
+            let expect = |map: &BTreeMap<&str, u64>| {
+                known.then(|| map.get(device).copied().unwrap_or(0) as f64)
+            };
+            let labels = [("device", device)];
+            assert_eq!(
+                parsed.value("ptxd_executor_restarts_total", &labels),
+                expect(&restarts)
+            );
+            assert_eq!(
+                parsed.value("ptxd_kernel_faults_total", &labels),
+                expect(&faults)
+            );
+            assert_eq!(
+                parsed.value("ptxd_device_generation", &labels),
+                expect(&generations)
+            );
+        }
+    }
+
+    #[test]
+    fn the_refresh_hook_sets_gauges_at_every_render() {
+        let metrics = Metrics::new(8);
+        let renders = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&renders);
+        assert!(metrics.set_refresh(move |metrics| {
+            let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
+            metrics.set_sessions(n);
+            metrics.set_generation("GPU-77", 100 + n);
+        }));
+        assert!(!metrics.set_refresh(|_| {}), "a second hook is refused");
+        for n in 1..=3u64 {
+            let parsed = parse(&metrics);
+            assert_eq!(parsed.value("ptxd_sessions", &[]), Some(n as f64));
+            assert_eq!(
+                parsed.value("ptxd_device_generation", &[("device", "GPU-77")]),
+                Some((100 + n) as f64)
+            );
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let metrics = Metrics::new(1);
+        let odd = "GPU-\"quoted\"\\back\nline";
+        metrics.record_kernel_fault(odd);
+        let parsed = parse(&metrics);
+        assert_eq!(
+            parsed.value("ptxd_kernel_faults_total", &[("device", odd)]),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn only_loopback_is_allowed_without_the_flag() {
+        let port = 9464;
+        let loopback: [IpAddr; 3] = [
+            Ipv4Addr::LOCALHOST.into(),
+            Ipv4Addr::new(127, 3, 2, 1).into(),
+            Ipv6Addr::LOCALHOST.into(),
+        ];
+        for ip in loopback {
+            assert!(
+                check_listen_addr(SocketAddr::new(ip, port), false).is_ok(),
+                "{ip}"
+            );
+        }
+        let mapped: IpAddr = Ipv4Addr::LOCALHOST.to_ipv6_mapped().into();
+        assert!(check_listen_addr(SocketAddr::new(mapped, port), false).is_ok());
+        let remote: [IpAddr; 4] = [
+            Ipv4Addr::UNSPECIFIED.into(),
+            Ipv4Addr::new(10, 0, 0, 7).into(),
+            Ipv6Addr::UNSPECIFIED.into(),
+            "fd00::1".parse().unwrap(),
+        ];
+        for ip in remote {
+            let addr = SocketAddr::new(ip, port);
+            assert!(
+                matches!(
+                    check_listen_addr(addr, false),
+                    Err(MetricsError::RemoteNotAllowed { addr: refused }) if refused == addr
+                ),
+                "{ip}"
+            );
+            assert!(check_listen_addr(addr, true).is_ok(), "{ip}");
+        }
+    }
+
+    async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.unwrap();
+        String::from_utf8(response).unwrap()
+    }
+
+    fn split_response(response: &str) -> (&str, Vec<(String, String)>, &str) {
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.split("\r\n");
+        let status = lines.next().unwrap();
+        let headers = lines
+            .map(|line| {
+                let (name, value) = line.split_once(": ").unwrap();
+                (name.to_ascii_lowercase(), value.to_owned())
+            })
+            .collect();
+        (status, headers, body)
+    }
+
+    fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    #[tokio::test]
+    async fn responder_serves_metrics_and_nothing_else() {
+        let metrics = Metrics::new(64);
+        let listener = bind("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, Arc::clone(&metrics), async {
+            let _ = stopped.await;
+        }));
+
+        let faults = rand::rng().random_range(1..50u64);
+        for _ in 0..faults {
+            metrics.record_kernel_fault("GPU-1234");
+        }
+        let response = exchange(
+            addr,
+            b"GET /metrics?x=1 HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n",
+        )
+        .await;
+        let (status, headers, body) = split_response(&response);
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let content_type = header(&headers, "content-type").unwrap();
+        assert!(
+            content_type.starts_with("text/plain; version=0.0.4"),
+            "{content_type}"
+        );
+        assert_eq!(
+            header(&headers, "content-length"),
+            Some(body.len().to_string().as_str())
+        );
+        let parsed = Parsed::parse(body).unwrap();
+        assert_eq!(
+            parsed.value("ptxd_kernel_faults_total", &[("device", "GPU-1234")]),
+            Some(faults as f64)
+        );
+
+        let response = exchange(addr, b"HEAD /metrics HTTP/1.0\r\n\r\n").await;
+        let (status, headers, body) = split_response(&response);
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        assert!(body.is_empty());
+        assert_ne!(header(&headers, "content-length"), Some("0"));
+
+        let response = exchange(addr, b"GET /other HTTP/1.1\r\n\r\n").await;
+        assert!(response.starts_with("HTTP/1.1 404 "), "{response}");
+        let response = exchange(addr, b"GET / HTTP/1.1\r\n\r\n").await;
+        assert!(response.starts_with("HTTP/1.1 404 "), "{response}");
+        let response = exchange(addr, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(response.starts_with("HTTP/1.1 405 "), "{response}");
+        let response = exchange(addr, b"garbage\r\n\r\n").await;
+        assert!(response.starts_with("HTTP/1.1 400 "), "{response}");
+        let mut huge = b"GET /metrics HTTP/1.1\r\n".to_vec();
+        while huge.len() <= MAX_REQUEST_HEAD_BYTES {
+            huge.extend_from_slice(b"X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        }
+        let response = exchange(addr, &huge).await;
+        assert!(response.starts_with("HTTP/1.1 431 "), "{response}");
+
+        // A request split over many writes still gets its answer.
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        for piece in [&b"GET /met"[..], b"rics HTTP/1.1\r", b"\n\r", b"\n"] {
+            stream.write_all(piece).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve stops on shutdown")
+            .unwrap()
+            .unwrap();
+        assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+    }
+}

@@ -1,0 +1,981 @@
+//! Operations, checked by the real tools: a scrape of the working daemon by
+//! `promtool`, the systemd units by `systemd-analyze` and under
+//! `systemd-socket-activate`, the Kubernetes manifests by
+//! `kubernetes-validate`, the Dockerfile by `hadolint`, and every command line
+//! the deploy files hold by the `ptxd` binary itself.
+//!
+//! Every external tool is required: a missing one fails the test with the
+//! command that installs it (`bash deploy/ci-tools.sh`), it never skips.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+#[path = "ops/exposition.rs"]
+mod exposition;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{corpus, random_f32, Daemon};
+use exposition::Exposition;
+use ptxd::metrics::Metrics;
+use ptxd_client::{Client, HostShm, Launch, LoadOptions};
+use rand::Rng;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const PTXD: &str = env!("CARGO_BIN_EXE_ptxd");
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(ROOT).join("deploy").join(path)
+}
+
+/// The path of a required tool, or a failure that says how to install it.
+fn tool(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join(name);
+        if candidate
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        {
+            return candidate;
+        }
+    }
+    panic!(
+        "{name} is not installed, and this test needs it: run `bash deploy/ci-tools.sh` \
+         (installs promtool, systemd-analyze, systemd-socket-activate, kubernetes-validate, hadolint)"
+    );
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn run(command: &mut Command) -> Output {
+    command
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"))
+}
+
+// ----- metrics ----------------------------------------------------------------
+
+/// `promtool check metrics` on `exposition`: exit 0 and not a word of lint.
+fn promtool_check(exposition: &str) {
+    let mut child = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success() && output.stdout.is_empty() && output.stderr.is_empty(),
+        "promtool check metrics: {}\n--- exposition ---\n{exposition}",
+        text(&output)
+    );
+}
+
+#[test]
+fn promtool_rejects_what_it_should() {
+    // The check below is only worth something if promtool does complain.
+    let mut child = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"# HELP ptxd_loads x\n# TYPE ptxd_loads counter\nptxd_loads 1\n")
+        .unwrap();
+    assert!(!child.wait_with_output().unwrap().status.success());
+}
+
+#[test]
+fn every_series_passes_promtool_with_values_in_it() {
+    let mut rng = rand::rng();
+    let metrics = Metrics::new(rng.random_range(1..100_000));
+    for _ in 0..rng.random_range(10..100) {
+        metrics.record_load(
+            rng.random_bool(0.5),
+            Duration::from_micros(rng.random_range(1..3_000_000)),
+        );
+        metrics.record_launch(
+            rng.random_bool(0.5),
+            Duration::from_nanos(rng.random_range(1..2_000_000_000)),
+        );
+    }
+    for reason in ["STALE_KERNEL", "KERNEL_FAULT", "DRAINING"] {
+        metrics.record_refusal(reason);
+    }
+    metrics.set_sessions(3);
+    metrics.set_buffers(12, 3 << 30);
+    metrics.set_slots_used(7);
+    for device in ["GPU-8f0c2d1e-0000-1111-2222-333344445555", "HOST-0"] {
+        metrics.set_generation(device, rng.random());
+        metrics.record_executor_restart(device);
+        metrics.record_kernel_fault(device);
+    }
+    let rendered = metrics.render();
+    promtool_check(&rendered);
+    Exposition::parse(&rendered).unwrap();
+}
+
+/// A free loopback port (there is a short race until the daemon binds it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One scrape of `/metrics`: checks the status and content type, runs
+/// promtool on the body and returns it parsed.
+async fn scrape(port: u16) -> Exposition {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: ptxd-ops-test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\ncontent-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    promtool_check(body);
+    Exposition::parse(body).unwrap_or_else(|e| panic!("{e}\n{body}"))
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "metrics port {port} never opened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The value of a series, 0 when it is absent.
+fn value(scrape: &Exposition, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape.value(name, labels).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let daemon = Daemon::start(&["--metrics", &metrics_addr, "--slots", "64"]);
+    wait_for_port(port);
+
+    let before = scrape(port).await;
+    assert_eq!(before.value("ptxd_slots_capacity", &[]), Some(64.0));
+    assert_eq!(before.value("ptxd_sessions", &[]), Some(0.0));
+
+    let client = Client::connect_unix(&daemon.socket).await.unwrap();
+    let info = client.info().await.unwrap();
+    let session = client.open_session("ops-metrics").await.unwrap();
+
+    let mut rng = rand::rng();
+    let n: usize = rng.random_range(1000..5000);
+    let (mut a, mut b, out) = (
+        HostShm::create(n as u64 * 4).unwrap(),
+        HostShm::create(n as u64 * 4).unwrap(),
+        HostShm::create(n as u64 * 4).unwrap(),
+    );
+    let (a_values, b_values) = (random_f32(n), random_f32(n));
+    a.write_f32(0, &a_values).unwrap();
+    b.write_f32(0, &b_values).unwrap();
+    let a_buf = session.register_shm(&a, None).await.unwrap();
+    let b_buf = session.register_shm(&b, None).await.unwrap();
+    let out_buf = session.register_shm(&out, None).await.unwrap();
+    let registered_bytes = a.size() + b.size() + out.size();
+
+    // Loads: the same PTX twice (compiled once: a miss, then a hit).
+    let ptx = corpus("add_f32_scalar.ptx");
+    let mut loads = BTreeMap::from([("hit", 0u64), ("miss", 0u64)]);
+    let mut kernels = Vec::new();
+    for _ in 0..2 {
+        let kernel = session
+            .load_ptx(0u32, ptx.clone(), "add_f32_scalar", LoadOptions::default())
+            .await
+            .unwrap();
+        *loads
+            .get_mut(if kernel.state().cache_hit {
+                "hit"
+            } else {
+                "miss"
+            })
+            .unwrap() += 1;
+        kernels.push(kernel);
+    }
+    assert_eq!(
+        loads,
+        BTreeMap::from([("hit", 1), ("miss", 1)]),
+        "compile once per content"
+    );
+
+    // Launches: some async, then some sync (which also orders after them).
+    let launch = Launch::new(
+        [a_buf.operand(), b_buf.operand()],
+        out_buf.operand(),
+        n as u64,
+    );
+    // Different counts, so a mode mix-up cannot go unnoticed.
+    let async_launches = rng.random_range(2..9u64);
+    let sync_launches = async_launches + rng.random_range(1..5u64);
+    for i in 0..async_launches {
+        let kernel = &kernels[i as usize % 2];
+        session
+            .launch(kernel, &launch.clone().sync(false))
+            .await
+            .unwrap();
+    }
+    for i in 0..sync_launches {
+        let kernel = &kernels[i as usize % 2];
+        session
+            .launch(kernel, &launch.clone().sync(true))
+            .await
+            .unwrap();
+    }
+    let sums = out.read_f32(0, n).unwrap();
+    for (i, sum) in sums.iter().enumerate() {
+        assert_eq!(
+            sum.to_bits(),
+            (a_values[i] + b_values[i]).to_bits(),
+            "element {i}"
+        );
+    }
+
+    // Refusals: each reason exactly as often as the daemon said it.
+    let mut refusals = BTreeMap::<&'static str, u64>::new();
+    let too_long = Launch::new(
+        [a_buf.operand(), b_buf.operand()],
+        out_buf.operand(),
+        n as u64 + 1,
+    );
+    let overruns = rng.random_range(1..4);
+    for _ in 0..overruns {
+        let error = session.launch(&kernels[0], &too_long).await.unwrap_err();
+        *refusals
+            .entry(error.refusal().expect("a refusal").wire_name())
+            .or_default() += 1;
+    }
+    let triton = session
+        .load_ptx(
+            0u32,
+            corpus("triton_add.ptx"),
+            "add_kernel",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    *refusals
+        .entry(triton.refusal().expect("a refusal").wire_name())
+        .or_default() += 1;
+    assert_eq!(
+        refusals.get("BUFFER_TOO_SMALL"),
+        Some(&overruns),
+        "{refusals:?}"
+    );
+    assert_eq!(refusals.values().sum::<u64>(), overruns + 1);
+
+    let info_now = client.info().await.unwrap();
+    let after = scrape(port).await;
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        value(&after, name, labels) - value(&before, name, labels)
+    };
+    for (cache, count) in &loads {
+        assert_eq!(
+            delta("ptxd_loads_total", &[("cache", cache)]),
+            *count as f64,
+            "loads {cache}"
+        );
+        assert_eq!(
+            delta("ptxd_load_duration_seconds_count", &[("cache", cache)]),
+            *count as f64
+        );
+    }
+    for (mode, count) in [("async", async_launches), ("sync", sync_launches)] {
+        assert_eq!(
+            delta("ptxd_launches_total", &[("mode", mode)]),
+            count as f64,
+            "launches {mode}"
+        );
+        assert_eq!(
+            delta(
+                "ptxd_launch_duration_seconds_bucket",
+                &[("mode", mode), ("le", "+Inf")]
+            ),
+            count as f64
+        );
+        assert!(delta("ptxd_launch_duration_seconds_sum", &[("mode", mode)]) > 0.0);
+    }
+    // Every reason: the refused ones by their count, all others unmoved.
+    for sample in after
+        .samples
+        .iter()
+        .filter(|s| s.name == "ptxd_refusals_total")
+    {
+        let reason = sample.labels[0].1.as_str();
+        let expected = refusals.get(reason).copied().unwrap_or(0);
+        assert_eq!(
+            delta("ptxd_refusals_total", &[("reason", reason)]),
+            expected as f64,
+            "refusals {reason}"
+        );
+    }
+    for reason in refusals.keys() {
+        assert!(
+            after
+                .value("ptxd_refusals_total", &[("reason", reason)])
+                .is_some(),
+            "{reason}"
+        );
+    }
+    assert_eq!(after.value("ptxd_sessions", &[]), Some(1.0));
+    assert_eq!(after.value("ptxd_buffers", &[]), Some(3.0));
+    assert_eq!(
+        after.value("ptxd_buffer_bytes", &[]),
+        Some(registered_bytes as f64)
+    );
+    assert_eq!(
+        after.value("ptxd_slots_used", &[]),
+        Some(f64::from(info_now.slots_used))
+    );
+    assert_eq!(info_now.slots_used, 1, "both loads share one slot");
+    assert_eq!(
+        after.value("ptxd_slots_capacity", &[]),
+        Some(f64::from(info.limits.slots))
+    );
+    for device in &info_now.devices {
+        let labels = [("device", device.uuid.as_str())];
+        assert_eq!(
+            after.value("ptxd_device_generation", &labels),
+            Some(device.generation as f64)
+        );
+        assert_eq!(
+            after.value("ptxd_executor_restarts_total", &labels),
+            Some(device.restarts as f64)
+        );
+        assert_eq!(after.value("ptxd_kernel_faults_total", &labels), Some(0.0));
+    }
+
+    // Closing the session empties the gauges; counters stay.
+    session.close().await.unwrap();
+    let closed = scrape(port).await;
+    assert_eq!(closed.value("ptxd_sessions", &[]), Some(0.0));
+    assert_eq!(closed.value("ptxd_buffers", &[]), Some(0.0));
+    assert_eq!(closed.value("ptxd_buffer_bytes", &[]), Some(0.0));
+    assert_eq!(
+        closed.value("ptxd_launches_total", &[("mode", "sync")]),
+        after.value("ptxd_launches_total", &[("mode", "sync")])
+    );
+    drop(daemon);
+}
+
+#[test]
+fn a_remote_metrics_address_is_refused_without_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(PTXD)
+        .args(["serve", "--backend", "host", "--socket"])
+        .arg(dir.path().join("ptxd.sock"))
+        .args(["--metrics", "0.0.0.0:9464"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A daemon that does not refuse would serve forever: bound the wait.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "ptxd served with --metrics 0.0.0.0:9464 and no --metrics-allow-remote:\n{}",
+                text(&output)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success(), "{}", text(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--metrics-allow-remote"),
+        "{}",
+        text(&output)
+    );
+    assert!(
+        !dir.path().join("ptxd.sock").exists(),
+        "refused before binding the socket"
+    );
+}
+
+// ----- systemd ----------------------------------------------------------------
+
+/// The units copied into a temporary directory with ExecStart pointing at the
+/// built binary (systemd-analyze checks that the binary exists).
+fn units_in_tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for unit in ["ptxd.socket", "ptxd.service"] {
+        let text = std::fs::read_to_string(deploy(&format!("systemd/{unit}"))).unwrap();
+        let text = text.replace(
+            "ExecStart=/usr/local/bin/ptxd ",
+            &format!("ExecStart={PTXD} "),
+        );
+        std::fs::write(dir.path().join(unit), text).unwrap();
+    }
+    dir
+}
+
+fn systemd_analyze_verify(dir: &Path, units: &[&str]) -> Output {
+    run(Command::new(tool("systemd-analyze"))
+        .arg("verify")
+        .args(units.iter().map(|u| dir.join(u)))
+        .env("SYSTEMD_LOG_COLOR", "0"))
+}
+
+#[test]
+fn the_systemd_units_pass_systemd_analyze_without_a_warning() {
+    let dir = units_in_tempdir();
+    let service = std::fs::read_to_string(dir.path().join("ptxd.service")).unwrap();
+    assert!(
+        service.contains(&format!("ExecStart={PTXD} serve ")),
+        "ExecStart not rewritten"
+    );
+    let output = systemd_analyze_verify(dir.path(), &["ptxd.socket", "ptxd.service"]);
+    assert!(
+        output.status.success() && output.stdout.is_empty() && output.stderr.is_empty(),
+        "{}",
+        text(&output)
+    );
+
+    // The same check catches a mistake (so the silence above means something).
+    let broken = service.replace("DevicePolicy=closed", "DevicePolicy=clsed");
+    std::fs::write(dir.path().join("ptxd.service"), broken).unwrap();
+    let output = systemd_analyze_verify(dir.path(), &["ptxd.socket", "ptxd.service"]);
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("clsed"),
+        "{}",
+        text(&output)
+    );
+}
+
+#[test]
+fn the_service_sandbox_stays_tight_and_keeps_namespaces_shared() {
+    let dir = units_in_tempdir();
+    // Overall exposure at most 3.5 of 10 ("OK"): hardening may not erode.
+    let output = run(Command::new(tool("systemd-analyze"))
+        .args(["security", "--offline=yes", "--threshold=35", "--no-pager"])
+        .arg(dir.path().join("ptxd.service")));
+    assert!(output.status.success(), "{}", text(&output));
+
+    let service = std::fs::read_to_string(deploy("systemd/ptxd.service")).unwrap();
+    let socket = std::fs::read_to_string(deploy("systemd/ptxd.socket")).unwrap();
+    let settings = |unit: &str| -> Vec<(String, String)> {
+        unit.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+            .collect()
+    };
+    let service = settings(&service);
+    let socket = settings(&socket);
+    let has = |unit: &[(String, String)], key: &str, value: &str| {
+        unit.iter().any(|(k, v)| k == key && v == value)
+    };
+    for (key, value) in [
+        ("ListenStream", "/run/ptxd/ptxd.sock"),
+        ("SocketMode", "0660"),
+        ("SocketUser", "ptxd"),
+        ("SocketGroup", "ptxd"),
+        ("Accept", "no"),
+    ] {
+        assert!(has(&socket, key, value), "ptxd.socket lacks {key}={value}");
+    }
+    for (key, value) in [
+        ("User", "ptxd"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("PrivateDevices", "no"),
+        ("DevicePolicy", "closed"),
+        ("DeviceAllow", "char-nvidia-frontend rw"),
+        ("DeviceAllow", "char-nvidia-uvm rw"),
+        ("DeviceAllow", "/dev/nvidiactl rw"),
+        ("DeviceAllow", "/dev/nvidia-uvm rw"),
+    ] {
+        assert!(
+            has(&service, key, value),
+            "ptxd.service lacks {key}={value}"
+        );
+    }
+    // CUDA IPC needs the clients' PID namespace and /dev/shm.
+    for key in [
+        "PrivatePIDs",
+        "PrivateIPC",
+        "ProtectProc",
+        "ProcSubset",
+        "PrivateNetwork",
+    ] {
+        assert!(
+            !service.iter().any(|(k, _)| k == key),
+            "ptxd.service must not set {key}="
+        );
+    }
+}
+
+/// The pids of `pid`'s children.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut children = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            children.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    children
+}
+
+/// The `socket:[inode]` targets of a process's open fds.
+fn socket_fds(pid: u32) -> BTreeMap<i32, String> {
+    let mut sockets = BTreeMap::new();
+    if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for fd in fds.flatten() {
+            if let (Ok(target), Ok(number)) = (
+                std::fs::read_link(fd.path()),
+                fd.file_name().to_string_lossy().parse::<i32>(),
+            ) {
+                let target = target.to_string_lossy().into_owned();
+                if target.starts_with("socket:") {
+                    sockets.insert(number, target);
+                }
+            }
+        }
+    }
+    sockets
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let activated = dir.path().join("activated.sock");
+    let ignored = dir.path().join("ignored.sock");
+    // As systemd does: the activator binds, ptxd gets fd 3 and LISTEN_FDS=1.
+    let mut activator = Command::new(tool("systemd-socket-activate"))
+        .arg("--listen")
+        .arg(&activated)
+        // systemd-socket-activate passes only the variables it is told to.
+        .arg("--setenv=RUST_LOG=warn")
+        .arg("--")
+        .arg(PTXD)
+        .args(["serve", "--backend", "host", "--socket"])
+        .arg(&ignored)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            if let Ok(None) = self.0.try_wait() {
+                let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = self.0.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !activated.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "systemd-socket-activate never bound {activated:?}"
+        );
+        if let Ok(Some(status)) = activator.try_wait() {
+            panic!("systemd-socket-activate exited: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = activator.id();
+    let mut activator = Kill(activator);
+
+    // The first connection may wait for ptxd to start: it queues in the
+    // backlog of the socket systemd-socket-activate holds.
+    let client = tokio::time::timeout(Duration::from_secs(30), Client::connect_unix(&activated))
+        .await
+        .expect("connect within 30 s")
+        .unwrap();
+    let info = tokio::time::timeout(Duration::from_secs(30), client.info())
+        .await
+        .expect("GetInfo within 30 s: does ptxd take the socket from LISTEN_FDS?")
+        .unwrap();
+    assert_eq!(info.backend, "host");
+    let session = client.open_session("activated").await.unwrap();
+    assert!(!session.id().is_empty());
+
+    assert!(
+        !ignored.exists(),
+        "ptxd bound --socket although it was socket-activated"
+    );
+    // systemd-socket-activate execs ptxd in its own process: fd 3 is the
+    // listener, and no executor child inherited it (close-on-exec) or the
+    // LISTEN_* variables.
+    let sockets = socket_fds(pid);
+    let listener = sockets
+        .get(&3)
+        .cloned()
+        .expect("fd 3 is the activated socket");
+    let executors = children_of(pid);
+    assert!(!executors.is_empty(), "no executor children found");
+    for child in executors {
+        assert!(
+            !socket_fds(child).values().any(|s| *s == listener),
+            "executor {child} inherited the listening socket"
+        );
+        let environ = std::fs::read(format!("/proc/{child}/environ")).unwrap_or_default();
+        for variable in environ.split(|&b| b == 0) {
+            assert!(
+                !variable.starts_with(b"LISTEN_PID=") && !variable.starts_with(b"LISTEN_FDS="),
+                "executor {child} inherited {}",
+                String::from_utf8_lossy(variable)
+            );
+        }
+    }
+
+    session.close().await.unwrap();
+    drop(client);
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = activator.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "ptxd did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "ptxd exited with {status}");
+}
+
+#[test]
+fn the_health_probe_command_answers_for_a_live_daemon_only() {
+    let daemon = Daemon::start(&[]);
+    let socket = daemon.socket.to_str().unwrap().to_owned();
+    for service in ["", "ptxd.v1.Ptxd"] {
+        let output =
+            run(Command::new(PTXD).args(["health", "--socket", &socket, "--service", service]));
+        assert!(
+            output.status.success(),
+            "service {service:?}: {}",
+            text(&output)
+        );
+    }
+    let output = run(Command::new(PTXD).args([
+        "health",
+        "--socket",
+        &socket,
+        "--service",
+        "no.such.Service",
+    ]));
+    assert!(!output.status.success(), "{}", text(&output));
+    let missing = daemon.dir.path().join("missing.sock");
+    let output = run(Command::new(PTXD)
+        .arg("health")
+        .arg("--socket")
+        .arg(&missing));
+    assert!(!output.status.success(), "{}", text(&output));
+}
+
+// ----- the deploy files' command lines ------------------------------------------
+
+/// Runs `ptxd ARGS --help`: clap parses (and validates) every argument before
+/// the trailing --help, so success means the command line is one this binary
+/// accepts.
+fn assert_ptxd_accepts(origin: &str, args: &[String]) {
+    assert!(!args.is_empty(), "{origin}: no arguments found");
+    let output = run(Command::new(PTXD).args(args).arg("--help"));
+    assert!(
+        output.status.success(),
+        "{origin}: ptxd {args:?} is refused:\n{}",
+        text(&output)
+    );
+}
+
+#[test]
+fn the_parse_check_refuses_a_bad_command_line() {
+    let bad = ["serve", "--backend", "gpu"].map(String::from);
+    let output = run(Command::new(PTXD).args(&bad).arg("--help"));
+    assert!(!output.status.success(), "{}", text(&output));
+}
+
+#[test]
+fn every_command_line_in_deploy_is_one_ptxd_accepts() {
+    // systemd: ExecStart=/usr/local/bin/ptxd ARGS
+    let service = std::fs::read_to_string(deploy("systemd/ptxd.service")).unwrap();
+    let exec = service
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart=/usr/local/bin/ptxd "))
+        .expect("ExecStart=/usr/local/bin/ptxd ...");
+    assert_ptxd_accepts(
+        "ptxd.service",
+        &exec
+            .split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>(),
+    );
+
+    // Dockerfile: CMD ["serve", ...] after ENTRYPOINT ["/usr/local/bin/ptxd"].
+    let dockerfile = std::fs::read_to_string(deploy("container/Dockerfile")).unwrap();
+    let json_array = |prefix: &str| -> Vec<String> {
+        let line = dockerfile
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix}"));
+        line.trim()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .split(',')
+            .map(|s| s.trim().trim_matches('"').to_owned())
+            .collect()
+    };
+    assert_eq!(json_array("ENTRYPOINT "), ["/usr/local/bin/ptxd"]);
+    assert_ptxd_accepts("Dockerfile CMD", &json_array("CMD "));
+
+    // Kubernetes: the container args and every probe's exec command.
+    for (origin, args) in kubernetes_command_lines() {
+        assert_ptxd_accepts(&origin, &args);
+    }
+}
+
+/// (where, args after the binary) for the ptxd container's args and probes,
+/// read with PyYAML (which kubernetes-validate brings).
+fn kubernetes_command_lines() -> Vec<(String, Vec<String>)> {
+    let script = r#"
+import sys, yaml
+ds = yaml.safe_load(open(sys.argv[1]))
+c = ds["spec"]["template"]["spec"]["containers"][0]
+print("args\t" + "\t".join(c["args"]))
+for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    command = c[probe]["exec"]["command"]
+    assert command[0] == "/usr/local/bin/ptxd", command
+    print(probe + "\t" + "\t".join(command[1:]))
+"#;
+    let output = run(Command::new(python_with_yaml())
+        .arg("-c")
+        .arg(script)
+        .arg(deploy("kubernetes/daemonset.yaml")));
+    assert!(output.status.success(), "{}", text(&output));
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut fields = line.split('\t').map(String::from);
+            let origin = format!("daemonset.yaml {}", fields.next().unwrap());
+            (origin, fields.collect())
+        })
+        .collect()
+}
+
+/// The Python that runs kubernetes-validate (it has PyYAML).
+fn python_with_yaml() -> String {
+    tool("kubernetes-validate");
+    let output = run(Command::new("python3").args(["-c", "import yaml"]));
+    assert!(
+        output.status.success(),
+        "python3 cannot import yaml; `bash deploy/ci-tools.sh` installs kubernetes-validate, which brings it"
+    );
+    "python3".into()
+}
+
+// ----- Kubernetes ---------------------------------------------------------------
+
+fn kubernetes_manifests() -> Vec<PathBuf> {
+    let mut manifests: Vec<PathBuf> = std::fs::read_dir(deploy("kubernetes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    manifests.sort();
+    assert!(manifests.len() >= 3, "{manifests:?}");
+    manifests
+}
+
+#[test]
+fn the_kubernetes_manifests_pass_kubernetes_validate_strictly() {
+    for manifest in kubernetes_manifests() {
+        let output = run(Command::new(tool("kubernetes-validate"))
+            .arg("--strict")
+            .arg(&manifest));
+        assert!(
+            output.status.success(),
+            "{}: {}",
+            manifest.display(),
+            text(&output)
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("passed"),
+            "{}",
+            text(&output)
+        );
+    }
+    // A misspelt field fails the same check (hostPid for hostPID).
+    let dir = tempfile::tempdir().unwrap();
+    let broken = std::fs::read_to_string(deploy("kubernetes/daemonset.yaml"))
+        .unwrap()
+        .replace("hostPID: true", "hostPid: true");
+    let path = dir.path().join("daemonset.yaml");
+    std::fs::write(&path, broken).unwrap();
+    let output = run(Command::new(tool("kubernetes-validate"))
+        .arg("--strict")
+        .arg(&path));
+    assert!(
+        !output.status.success(),
+        "a misspelt field passed: {}",
+        text(&output)
+    );
+}
+
+#[test]
+fn the_daemonset_and_its_client_share_pid_ipc_and_the_socket_directory() {
+    let script = r#"
+import sys, yaml
+ds = yaml.safe_load(open(sys.argv[1]))
+pod = yaml.safe_load(open(sys.argv[2]))
+spec = ds["spec"]["template"]["spec"]
+meta = ds["spec"]["template"]["metadata"]
+c = spec["containers"][0]
+def check(ok, what):
+    if not ok:
+        print("FAIL " + what)
+check(ds["kind"] == "DaemonSet", "a DaemonSet")
+for s, name in ((spec, "daemonset"), (pod["spec"], "client pod")):
+    check(s.get("hostPID") is True, name + " hostPID")
+    check(s.get("hostIPC") is True, name + " hostIPC")
+    check(any(v.get("hostPath", {}).get("path") == "/run/ptxd" for v in s["volumes"]), name + " hostPath /run/ptxd")
+    check("nvidia.com/gpu" in [t.get("key") for t in s.get("tolerations", [])], name + " GPU toleration")
+    check(bool(s.get("nodeSelector")), name + " nodeSelector")
+check(any(m["mountPath"] == "/run/ptxd" for m in c["volumeMounts"]), "daemonset mounts /run/ptxd")
+pc = pod["spec"]["containers"][0]
+check(any(m["mountPath"] == "/run/ptxd" for m in pc["volumeMounts"]), "client mounts /run/ptxd")
+check(65532 in pod["spec"]["securityContext"].get("supplementalGroups", []), "client in ptxd's group")
+check("nvidia.com/gpu" not in c.get("resources", {}).get("requests", {}) and "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}), "ptxd claims no GPU")
+check({"cpu", "memory"} <= set(c["resources"]["requests"]), "resource requests")
+for probe in ("livenessProbe", "readinessProbe"):
+    check(probe in c, probe)
+ann = meta.get("annotations", {})
+check(ann.get("prometheus.io/scrape") == "true", "scrape annotation")
+port = ann.get("prometheus.io/port")
+check(port is not None and any(str(p["containerPort"]) == port for p in c["ports"]), "annotated port is a container port")
+args = c["args"]
+check(("0.0.0.0:" + str(port)) in args and "--metrics-allow-remote" in args, "metrics on the annotated port, allowed remote")
+check(spec["securityContext"].get("runAsUser") == 65532, "ptxd runs as 65532")
+print("checked")
+"#;
+    let output = run(Command::new(python_with_yaml())
+        .arg("-c")
+        .arg(script)
+        .arg(deploy("kubernetes/daemonset.yaml"))
+        .arg(deploy("kubernetes/example-inference-pod.yaml")));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.trim() == "checked",
+        "{}",
+        text(&output)
+    );
+}
+
+// ----- container ----------------------------------------------------------------
+
+#[test]
+fn the_dockerfile_passes_hadolint_and_builds_what_the_docs_run() {
+    let output = run(Command::new(tool("hadolint")).arg(deploy("container/Dockerfile")));
+    assert!(output.status.success(), "{}", text(&output));
+
+    let dockerfile = std::fs::read_to_string(deploy("container/Dockerfile")).unwrap();
+    assert!(dockerfile.contains(" AS build"), "multi-stage");
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.starts_with("FROM nvidia/cuda:") && l.contains("-base-")),
+        "CUDA base runtime"
+    );
+    // Everything the build stage copies exists (the context is the repo root).
+    for line in dockerfile
+        .lines()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from"))
+    {
+        let mut parts: Vec<&str> = line.split_whitespace().skip(1).collect();
+        parts.pop(); // destination
+        for source in parts {
+            assert!(
+                Path::new(ROOT).join(source).exists(),
+                "Dockerfile copies missing {source}"
+            );
+        }
+    }
+    // The documented run line carries the namespace flags CUDA IPC needs.
+    let readme = std::fs::read_to_string(deploy("README-operations.md")).unwrap();
+    let run_line = readme
+        .lines()
+        .skip_while(|l| !l.contains("docker run"))
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("```"))
+        .collect::<String>();
+    for flag in [
+        "--gpus all",
+        "--pid=host",
+        "--ipc=host",
+        "-v /run/ptxd:/run/ptxd",
+    ] {
+        assert!(
+            run_line.contains(flag),
+            "the documented docker run lacks {flag}: {run_line}"
+        );
+    }
+}
+
+#[test]
+fn ci_tools_script_is_valid_bash() {
+    let output = run(Command::new("bash").arg("-n").arg(deploy("ci-tools.sh")));
+    assert!(output.status.success(), "{}", text(&output));
+}
