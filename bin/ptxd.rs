@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ptxd::cli::{ClientCommand, ClientOpts, LaunchArgs, LoadArgs};
+use ptxd::cli::{ClientCommand, ClientOpts, HealthArgs, LaunchArgs, LoadArgs};
 use ptxd::config::{LogFormat, ServeConfig};
 
 #[derive(Debug, Parser)]
@@ -48,6 +48,13 @@ enum Command {
         opts: ClientOpts,
         #[command(flatten)]
         args: LoadArgs,
+    },
+    /// Check grpc.health.v1 and exit 0 when SERVING (for probes).
+    Health {
+        #[command(flatten)]
+        opts: ClientOpts,
+        #[command(flatten)]
+        args: HealthArgs,
     },
     /// Run an f32 kernel once on the host backend over random shared-memory
     /// inputs and print the first elements of every operand.
@@ -136,10 +143,19 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 
 fn serve(config: ServeConfig) -> ExitCode {
     init_logging(config.log_format);
+    // Before any other thread exists: this removes LISTEN_* from the
+    // environment so executor children never see them.
+    let activated = match ptxd::activation::take_activated_unix_listener() {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("ptxd: socket activation: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(ptxd::server::serve(config)) {
+    match runtime.block_on(ptxd::server::serve(config, activated)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "ptxd failed");
@@ -159,6 +175,7 @@ fn main() -> ExitCode {
         Command::Buffers { opts } => (opts, ClientCommand::Buffers),
         Command::Load { opts, args } => (opts, ClientCommand::Load(args)),
         Command::Launch { opts, args } => (opts, ClientCommand::Launch(args)),
+        Command::Health { opts, args } => (opts, ClientCommand::Health(args)),
     };
     match runtime() {
         Some(runtime) => runtime.block_on(ptxd::cli::run(opts, command)),

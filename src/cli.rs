@@ -49,6 +49,8 @@ pub enum ClientCommand {
     /// synchronously and print the first elements of every operand. f32
     /// kernels (4-byte elements) only.
     Launch(LaunchArgs),
+    /// Check grpc.health.v1 (exit 0 when SERVING): a liveness/readiness probe.
+    Health(HealthArgs),
 }
 
 /// Arguments of `ptxd load`.
@@ -119,6 +121,8 @@ enum CliError {
     },
     #[error("{0}")]
     Usage(String),
+    #[error("{0}")]
+    NotServing(String),
 }
 
 impl CliError {
@@ -129,6 +133,7 @@ impl CliError {
             CliError::Shm(_) => "SHM",
             CliError::Io { .. } => "IO",
             CliError::Usage(_) => "USAGE",
+            CliError::NotServing(_) => "NOT_SERVING",
         }
     }
 
@@ -173,6 +178,48 @@ async fn execute(opts: &ClientOpts, cmd: ClientCommand) -> Result<(), CliError> 
         ClientCommand::Buffers => buffers(&client).await,
         ClientCommand::Load(args) => load(&client, args).await,
         ClientCommand::Launch(args) => launch(&client, args).await,
+        ClientCommand::Health(args) => health(&client, args).await,
+    }
+}
+
+/// Arguments of `ptxd health`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HealthArgs {
+    /// The service to check: empty for the daemon as a whole, or
+    /// `ptxd.v1.Ptxd` (NOT_SERVING while any device's executor is down).
+    #[arg(long, default_value = "")]
+    pub service: String,
+}
+
+/// `grpc.health.v1.Health/Check`: exit 0 when SERVING, non-zero otherwise
+/// (a probe for systemd, Kubernetes exec probes and scripts).
+async fn health(client: &Client, args: HealthArgs) -> Result<(), CliError> {
+    use tonic_health::pb::{
+        health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+    };
+    let response = HealthClient::new(client.channel())
+        .check(HealthCheckRequest {
+            service: args.service.clone(),
+        })
+        .await
+        .map_err(|status| {
+            CliError::NotServing(format!("{:?}: {}", status.code(), status.message()))
+        })?;
+    let status =
+        ServingStatus::try_from(response.into_inner().status).unwrap_or(ServingStatus::Unknown);
+    let name = if args.service.is_empty() {
+        "ptxd"
+    } else {
+        args.service.as_str()
+    };
+    if status == ServingStatus::Serving {
+        println!("{name}: SERVING");
+        Ok(())
+    } else {
+        Err(CliError::NotServing(format!(
+            "{name}: {}",
+            status.as_str_name()
+        )))
     }
 }
 

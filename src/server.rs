@@ -45,6 +45,8 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("signal handling: {0}")]
     Signal(std::io::Error),
+    #[error("metrics: {0}")]
+    Metrics(#[from] crate::metrics::MetricsError),
 }
 
 /// Binds the Unix socket, replacing a stale socket file.
@@ -114,15 +116,25 @@ async fn termination() -> Result<&'static str, ServeError> {
     })
 }
 
-/// Runs the daemon until SIGTERM/SIGINT.
-pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
+/// Runs the daemon until SIGTERM/SIGINT. `activated` is the listening
+/// socket systemd handed over (socket activation); without one, ptxd binds
+/// `--socket` itself.
+pub async fn serve(
+    config: ServeConfig,
+    activated: Option<std::os::unix::net::UnixListener>,
+) -> Result<(), ServeError> {
     let socket_path = config.socket_path();
     // Fail before starting executors if another daemon owns the socket.
-    if std::fs::symlink_metadata(&socket_path).is_ok()
+    if activated.is_none()
+        && std::fs::symlink_metadata(&socket_path).is_ok()
         && std::os::unix::net::UnixStream::connect(&socket_path).is_ok()
     {
         return Err(ServeError::AlreadyRunning(socket_path));
     }
+    let metrics_listener = match config.metrics {
+        Some(addr) => Some(crate::metrics::bind(addr, config.metrics_allow_remote).await?),
+        None => None,
+    };
     let tcp = match config.tcp {
         Some(addr) if !addr.ip().is_loopback() && !config.tcp_allow_remote => {
             return Err(ServeError::RemoteTcp(addr))
@@ -138,8 +150,25 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         None => None,
     };
 
-    let observer = Observer::default();
+    let metrics = metrics_listener
+        .as_ref()
+        .map(|_| crate::metrics::Metrics::new(config.slots));
+    let observer = Observer::new(metrics.clone());
     let front = Front::start(&config, observer.clone()).await?;
+    if let Some(metrics) = &metrics {
+        let weak = Arc::downgrade(&front);
+        metrics.set_refresh(move |m| {
+            if let Some(front) = weak.upgrade() {
+                let gauges = front.gauges();
+                m.set_sessions(gauges.sessions);
+                m.set_buffers(gauges.buffers, gauges.buffer_bytes);
+                m.set_slots_used(gauges.slots_used);
+                for (uuid, generation, _) in &gauges.devices {
+                    m.set_generation(uuid, *generation);
+                }
+            }
+        });
+    }
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -167,9 +196,35 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     });
 
     let router = router(&front, observer, &config, health_service)?;
-    let listener = bind_unix(&socket_path, config.socket_mode)?;
+    // An activated socket belongs to systemd: ptxd neither binds nor
+    // removes it.
+    let owns_socket = activated.is_none();
+    let listener = match activated {
+        Some(listener) => {
+            listener
+                .set_nonblocking(true)
+                .map_err(|error| ServeError::Bind {
+                    path: "LISTEN_FDS".into(),
+                    error,
+                })?;
+            UnixListener::from_std(listener).map_err(|error| ServeError::Bind {
+                path: "LISTEN_FDS".into(),
+                error,
+            })?
+        }
+        None => bind_unix(&socket_path, config.socket_mode)?,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
+    if let (Some(listener), Some(metrics)) = (metrics_listener, metrics) {
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving metrics");
+        let stop = wait_for_stop(stop_rx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(listener, metrics, stop).await {
+                tracing::error!(error = %e, "metrics endpoint stopped");
+            }
+        });
+    }
     servers.spawn(router.clone().serve_with_incoming_shutdown(
         UnixListenerStream::new(listener),
         wait_for_stop(stop_rx.clone()),
@@ -213,8 +268,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         servers.abort_all();
     }
     front.shutdown(Duration::from_secs(5)).await;
-    if let Err(e) = std::fs::remove_file(&socket_path) {
-        tracing::warn!(error = %e, "cannot remove the socket file");
+    if owns_socket {
+        if let Err(e) = std::fs::remove_file(&socket_path) {
+            tracing::warn!(error = %e, "cannot remove the socket file");
+        }
     }
     tracing::info!("ptxd stopped");
     Ok(())

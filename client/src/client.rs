@@ -98,6 +98,7 @@ impl std::fmt::Display for Target {
 /// A connection to ptxd.
 #[derive(Debug, Clone)]
 pub struct Client {
+    channel: Channel,
     grpc: PtxdClient<Channel>,
 }
 
@@ -142,7 +143,8 @@ impl Client {
     /// A client over an existing tonic channel.
     pub fn from_channel(channel: Channel) -> Self {
         Client {
-            grpc: PtxdClient::new(channel),
+            grpc: PtxdClient::new(channel.clone()),
+            channel,
         }
     }
 
@@ -151,6 +153,12 @@ impl Client {
     /// validation).
     pub fn raw(&self) -> PtxdClient<Channel> {
         self.grpc.clone()
+    }
+
+    /// The underlying channel, for the other services ptxd serves on the
+    /// same connection (grpc.health.v1, reflection).
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
     }
 
     /// The daemon's version, backend, devices, slot usage and limits.
