@@ -3,8 +3,8 @@
 //! check every element.
 //!
 //! ```text
-//! ptxd --backend host &            # a daemon on the host (CPU) backend
-//! cargo run -p ptxd-client --example host_add -- shared/corpus/add_f32_scalar.ptx [N]
+//! ptxd serve --backend host &      # a daemon on the host (CPU) backend
+//! cargo run -p ptxd-client --example host_add -- tests/corpus/add_f32_scalar.ptx [N]
 //! ```
 //!
 //! Connects to `$PTXD_TCP` (e.g. `http://127.0.0.1:50051`) if set, else to

@@ -112,9 +112,13 @@ impl Client {
         }
     }
 
-    /// Connects to the daemon at [`default_socket_path`].
+    /// Connects to the daemon at `$PTXD_SOCKET` when set (as the daemon and
+    /// the `ptxd` CLI read it), else at [`default_socket_path`].
     pub async fn connect_default() -> Result<Self, Error> {
-        Self::connect_unix(default_socket_path()).await
+        match std::env::var_os("PTXD_SOCKET").filter(|p| !p.is_empty()) {
+            Some(path) => Self::connect_unix(PathBuf::from(path)).await,
+            None => Self::connect_unix(default_socket_path()).await,
+        }
     }
 
     /// Connects over a Unix socket.

@@ -29,6 +29,10 @@ impl Daemon {
             .arg("host")
             .arg("--socket")
             .arg(&socket)
+            // A test's client connections may still be open when it stops
+            // the daemon (its runtime is blocked in the drop): keep the
+            // drain short.
+            .args(["--drain-timeout", "1s"])
             .args(extra)
             .env(
                 "RUST_LOG",
