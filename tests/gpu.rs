@@ -355,13 +355,12 @@ fn a_launch_waits_for_the_clients_event() {
     expect_ok(s.exec.call(launch_with(1)));
     assert!(download_u32(&out, n).iter().all(|&x| x == 3.5f32.to_bits()), "the launch did not wait for the event");
 
-    // Signal: the executor records our event after its launch; the client
-    // waits on it on its own stream.
-    expect_ok(s.exec.call(open_event_op(2, event.ipc_handle().unwrap())));
+    // Signal: the executor records the (shared) event after its async
+    // launch; the client synchronizes on it.
     let mut signalled = launch_with(0);
     if let Op::Launch(l) = &mut signalled {
         l.inputs = vec![operand(ib, 0), operand(ib, 0)];
-        l.signal_event = 2;
+        l.signal_event = 1;
         l.sync = false;
     }
     expect_ok(s.exec.call(signalled));
