@@ -1,65 +1,117 @@
-//! TEMPORARY wiring of the executor subcommands (branch `cuda`), so the GPU
-//! tests can spawn `ptxd executor --backend cuda --device UUID` and
-//! `ptxd executor --backend cuda --probe` before the real CLI lands on main.
-//! The lead's clap-based binary replaces this file.
+//! The `ptxd` binary: the daemon (`ptxd serve`), its executor children
+//! (`ptxd executor`, internal) and client commands for manual use.
 
-use ptxd::executor::child::serve_stdio;
-use ptxd::executor::protocol::write_frame;
-use ptxd_proto::executor::{executor_message::Body, ExecutorMessage, Hello};
+use std::process::ExitCode;
 
-fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
+use clap::{Parser, Subcommand};
+use ptxd::config::{LogFormat, ServeConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ptxd",
+    version,
+    about = "Out-of-process CUDA kernel-loader daemon"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
-fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let code = match (args.first().map(String::as_str), flag(&args, "--backend")) {
-        (Some("executor"), Some("cuda")) if args.iter().any(|a| a == "--probe") => {
-            match ptxd::executor::cuda::probe() {
-                Ok(devices) => {
-                    let hello = ExecutorMessage {
-                        body: Some(Body::Hello(Hello {
-                            backend: "cuda".into(),
-                            devices,
-                            pid: std::process::id(),
-                        })),
-                    };
-                    match write_frame(&mut std::io::stdout().lock(), &hello) {
-                        Ok(()) => 0,
-                        Err(e) => {
-                            eprintln!("ptxd: {e}");
-                            1
-                        }
-                    }
-                }
-                Err(e) => {
-                    eprintln!("ptxd: no CUDA: {e}");
-                    2
-                }
-            }
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Serve(ServeConfig),
+    /// Internal: run one executor child (spawned by `ptxd serve`).
+    #[command(hide = true)]
+    Executor(ExecutorArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ExecutorBackend {
+    Host,
+    Cuda,
+}
+
+#[derive(Debug, clap::Args)]
+struct ExecutorArgs {
+    #[arg(long, value_enum)]
+    backend: ExecutorBackend,
+    /// Host device index.
+    #[arg(long, default_value_t = 0)]
+    index: u32,
+    /// Host threads per launch.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Host checked mode.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    checked: bool,
+    /// CUDA device UUID.
+    #[arg(long)]
+    device: Option<String>,
+    /// Report every CUDA device in a Hello frame and exit.
+    #[arg(long)]
+    probe: bool,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn run_executor(args: ExecutorArgs) -> ExitCode {
+    // The executor's stdout is its channel to the front: logs go to stderr.
+    let format = match std::env::var("PTXD_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    };
+    init_logging(format);
+    let code = match (args.backend, args.probe, args.device) {
+        (ExecutorBackend::Host, _, _) => {
+            let mut backend =
+                ptxd::executor::host::HostBackend::new(args.index, args.threads, args.checked);
+            ptxd::executor::child::serve_stdio(&mut backend)
         }
-        (Some("executor"), Some("cuda")) => match flag(&args, "--device") {
-            Some(uuid) => ptxd::executor::cuda::run_executor(uuid),
-            None => {
-                eprintln!("ptxd executor --backend cuda needs --device UUID or --probe");
-                2
-            }
-        },
-        (Some("executor"), Some("host")) => {
-            let mut backend = ptxd::executor::host::HostBackend::new(0, 1, true);
-            serve_stdio(&mut backend)
-        }
-        _ => {
-            eprintln!("usage: ptxd executor --backend cuda|host [--device UUID | --probe]");
+        (ExecutorBackend::Cuda, true, _) => ptxd::executor::cuda::probe_stdio(),
+        (ExecutorBackend::Cuda, false, Some(uuid)) => ptxd::executor::cuda::run_executor(&uuid),
+        (ExecutorBackend::Cuda, false, None) => {
+            eprintln!("ptxd executor --backend cuda needs --device UUID or --probe");
             2
         }
     };
-    std::process::exit(code)
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Executor(args) => run_executor(args),
+        Command::Serve(config) => {
+            init_logging(config.log_format);
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("ptxd: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(ptxd::server::serve(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "ptxd failed");
+                    eprintln!("ptxd: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
 }

@@ -7,5 +7,15 @@
 //! a bounded slot table of loaded kernels; it compiles each distinct kernel
 //! once and checks every launch before it reaches the device.
 
+pub mod buffers;
+pub mod config;
+pub mod error;
 pub mod executor;
+pub mod front;
+pub mod handles;
+pub mod observe;
 pub mod ptx;
+pub mod server;
+pub mod service;
+pub mod sessions;
+pub mod slots;

@@ -1,2 +1,52 @@
+//! ptxd-client: the async Rust SDK for ptxd.
+//!
+//! It hides the gRPC API: connect ([`Client`]), open a [`Session`] (its
+//! lease is held for you and ends when the `Session` is dropped or closed),
+//! load kernels ([`Session::load_ptx`], [`Session::load_cubin`]), register
+//! buffers ([`Session::register_cuda_ipc`], [`Session::register_host_shm`],
+//! [`HostShm`] for the host backend) and launch ([`Session::launch`],
+//! [`Session::launch_stream`]). Every refusal arrives as
+//! [`Error::Refused`] with a typed [`Refusal`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use ptxd_client::{Client, HostShm, Launch, LoadOptions};
+//!
+//! let client = Client::connect_default().await?;
+//! let session = client.open_session("demo").await?;
+//! let ptx = std::fs::read_to_string("add_f32_scalar.ptx")?;
+//! let kernel = session.load_ptx(0, ptx, "add_f32_scalar", LoadOptions::default()).await?;
+//! let (a, b, out) = (HostShm::create(4096)?, HostShm::create(4096)?, HostShm::create(4096)?);
+//! let [a_buf, b_buf, out_buf] = [
+//!     session.register_shm(&a, None).await?,
+//!     session.register_shm(&b, None).await?,
+//!     session.register_shm(&out, None).await?,
+//! ];
+//! session.launch(&kernel, &Launch::new([a_buf.operand(), b_buf.operand()], out_buf.operand(), 1024)).await?;
+//! let sums = out.read_f32(0, 1024)?;
+//! # let _ = sums;
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod error;
+mod session;
+mod shm;
+mod types;
+
 #[cfg(feature = "cuda")]
 pub mod cuda;
+
+pub use client::{default_socket_path, socket_path_for, Client, Target};
+pub use error::{Error, Refusal, RefusalDetails};
+pub use session::{
+    BufferSource, Kernel, KernelState, LaunchReceiver, LaunchSender, LaunchStream, Session,
+    SessionOptions, StreamReply,
+};
+pub use shm::{validate_shm_name, HostShm, ShmError};
+pub use types::{
+    Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
+    DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits, LoadOptions,
+    Operand, SessionEvent,
+};

@@ -14,3 +14,35 @@ pub mod cuda;
 pub mod host;
 pub mod protocol;
 pub mod supervisor;
+
+use std::collections::BTreeMap;
+
+use ptxd_proto::executor::{Failure, FailureKind};
+
+/// A failed request to an executor, as the front sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecutorError {
+    /// The device's executor is down or restarting.
+    #[error("the executor of device {device} is unavailable: {cause}")]
+    Unavailable { device: String, cause: String },
+    /// The executor answered with a typed failure.
+    #[error("{message}")]
+    Failed {
+        kind: FailureKind,
+        message: String,
+        metadata: BTreeMap<String, String>,
+    },
+    /// The executor answered with a reply of the wrong shape.
+    #[error("the executor answered {0} with an unexpected reply")]
+    UnexpectedReply(&'static str),
+}
+
+impl From<Failure> for ExecutorError {
+    fn from(failure: Failure) -> Self {
+        ExecutorError::Failed {
+            kind: FailureKind::try_from(failure.kind).unwrap_or(FailureKind::Internal),
+            message: failure.message,
+            metadata: failure.metadata.into_iter().collect(),
+        }
+    }
+}

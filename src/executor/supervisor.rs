@@ -1,1 +1,359 @@
-//! Supervisor (in progress).
+//! The front's side of the executors: spawning a child process per device,
+//! the request/reply link to it, and noticing its death.
+//!
+//! Invariants:
+//! - Every call on a link gets an answer: its reply, or [`LinkError::Down`]
+//!   once the executor's channel closes. A call made after the link closed
+//!   fails at once; none waits on a dead process.
+//! - A link reports its death exactly once, on the channel it was spawned
+//!   with, after every pending call has been failed.
+//! - The child's only channel is one socket on its stdin/stdout; when the
+//!   front dies, the child reads end-of-stream and exits.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ptxd_proto::executor::{
+    executor_message::Body, reply, request::Op, ExecutorMessage, Fault, Hello, Request, Shutdown,
+};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::{mpsc, oneshot};
+
+use super::protocol::{read_frame_async, write_frame_async, ProtocolError};
+use crate::handles::DeviceGeneration;
+
+/// How long an executor may take to say Hello (CUDA context creation is
+/// ~0.5 s on an H200; a hung driver must not hang the daemon).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why an executor is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DownCause {
+    /// It reported a sticky device fault and exited.
+    Fault { error_name: String, message: String },
+    /// It exited or its channel broke without a fault report.
+    Exited { detail: String },
+    /// The front asked it to stop.
+    Stopped,
+}
+
+impl std::fmt::Display for DownCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownCause::Fault {
+                error_name,
+                message,
+            } => write!(f, "device fault {error_name}: {message}"),
+            DownCause::Exited { detail } => write!(f, "executor exited: {detail}"),
+            DownCause::Stopped => f.write_str("executor stopped"),
+        }
+    }
+}
+
+/// A failed call on a link.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    #[error("executor down: {0}")]
+    Down(DownCause),
+}
+
+/// Why an executor could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("cannot spawn the executor process: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the executor did not greet: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("the executor did not greet within {0:?}")]
+    Timeout(Duration),
+    #[error("the executor greeted with something other than Hello")]
+    NoHello,
+    #[error("the executor drives no device")]
+    NoDevice,
+}
+
+/// The command line of an executor child.
+#[derive(Debug, Clone)]
+pub enum ExecutorCommand {
+    Host {
+        index: u32,
+        threads: usize,
+        checked: bool,
+    },
+    Cuda {
+        uuid: String,
+    },
+    CudaProbe,
+}
+
+impl ExecutorCommand {
+    fn args(&self) -> Vec<String> {
+        match self {
+            ExecutorCommand::Host {
+                index,
+                threads,
+                checked,
+            } => vec![
+                "executor".into(),
+                "--backend".into(),
+                "host".into(),
+                "--index".into(),
+                index.to_string(),
+                "--threads".into(),
+                threads.to_string(),
+                format!("--checked={checked}"),
+            ],
+            ExecutorCommand::Cuda { uuid } => {
+                vec![
+                    "executor".into(),
+                    "--backend".into(),
+                    "cuda".into(),
+                    "--device".into(),
+                    uuid.clone(),
+                ]
+            }
+            ExecutorCommand::CudaProbe => vec![
+                "executor".into(),
+                "--backend".into(),
+                "cuda".into(),
+                "--probe".into(),
+            ],
+        }
+    }
+}
+
+type ReplySender = oneshot::Sender<Result<reply::Result, LinkError>>;
+
+#[derive(Default)]
+struct Pending {
+    waiting: HashMap<u64, ReplySender>,
+    closed: Option<DownCause>,
+}
+
+/// A live executor process and the channel to it.
+pub struct ExecutorLink {
+    /// The device index this executor serves.
+    pub index: usize,
+    pub generation: DeviceGeneration,
+    pub hello: Hello,
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    pending: Mutex<Pending>,
+    next_id: AtomicU64,
+    child: Mutex<Option<tokio::process::Child>>,
+}
+
+impl std::fmt::Debug for ExecutorLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutorLink")
+            .field("index", &self.index)
+            .field("generation", &self.generation)
+            .field("pid", &self.hello.pid)
+            .finish()
+    }
+}
+
+/// A death notice: device index, the generation that died, and why.
+pub type DeathNotice = (usize, DeviceGeneration, DownCause);
+
+fn spawn_child(
+    command: &ExecutorCommand,
+) -> Result<(tokio::process::Child, tokio::net::UnixStream), SpawnError> {
+    let (front_end, child_end) = std::os::unix::net::UnixStream::pair()?;
+    let child_out = child_end.try_clone()?;
+    let exe = std::env::current_exe()?;
+    let child = tokio::process::Command::new(exe)
+        .args(command.args())
+        .stdin(Stdio::from(OwnedFd::from(child_end)))
+        .stdout(Stdio::from(OwnedFd::from(child_out)))
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    front_end.set_nonblocking(true)?;
+    Ok((child, tokio::net::UnixStream::from_std(front_end)?))
+}
+
+async fn read_hello(stream: &mut tokio::net::unix::OwnedReadHalf) -> Result<Hello, SpawnError> {
+    let message: ExecutorMessage = tokio::time::timeout(HELLO_TIMEOUT, read_frame_async(stream))
+        .await
+        .map_err(|_| SpawnError::Timeout(HELLO_TIMEOUT))??;
+    match message.body {
+        Some(Body::Hello(hello)) => Ok(hello),
+        _ => Err(SpawnError::NoHello),
+    }
+}
+
+/// Runs the CUDA probe in a child process (so that a driver fault or a
+/// missing library can never take the front down) and returns its Hello.
+pub async fn probe_cuda() -> Result<Hello, SpawnError> {
+    let (mut child, stream) = spawn_child(&ExecutorCommand::CudaProbe)?;
+    let (mut read, _write) = stream.into_split();
+    let hello = read_hello(&mut read).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+    let _ = child.start_kill();
+    let hello = hello?;
+    if hello.devices.is_empty() {
+        return Err(SpawnError::NoDevice);
+    }
+    Ok(hello)
+}
+
+impl ExecutorLink {
+    /// Starts an executor for device `index` as `generation`. Its death is
+    /// reported once on `deaths`.
+    pub async fn spawn(
+        index: usize,
+        generation: DeviceGeneration,
+        command: &ExecutorCommand,
+        deaths: mpsc::UnboundedSender<DeathNotice>,
+    ) -> Result<Arc<ExecutorLink>, SpawnError> {
+        let (child, stream) = spawn_child(command)?;
+        let (mut read, write) = stream.into_split();
+        let hello = read_hello(&mut read).await?;
+        if hello.devices.is_empty() {
+            return Err(SpawnError::NoDevice);
+        }
+        let link = Arc::new(ExecutorLink {
+            index,
+            generation,
+            hello,
+            writer: tokio::sync::Mutex::new(write),
+            pending: Mutex::new(Pending::default()),
+            next_id: AtomicU64::new(1),
+            child: Mutex::new(Some(child)),
+        });
+        tokio::spawn(Self::read_replies(link.clone(), read, deaths));
+        Ok(link)
+    }
+
+    /// The executor's process id.
+    pub fn pid(&self) -> u32 {
+        self.hello.pid
+    }
+
+    async fn read_replies(
+        link: Arc<ExecutorLink>,
+        mut read: tokio::net::unix::OwnedReadHalf,
+        deaths: mpsc::UnboundedSender<DeathNotice>,
+    ) {
+        let mut fault: Option<Fault> = None;
+        let cause = loop {
+            match read_frame_async::<ExecutorMessage>(&mut read).await {
+                Ok(ExecutorMessage {
+                    body: Some(Body::Reply(reply)),
+                }) => {
+                    let sender = link.lock_pending().waiting.remove(&reply.id);
+                    if let (Some(sender), Some(result)) = (sender, reply.result) {
+                        let _ = sender.send(Ok(result));
+                    }
+                }
+                Ok(ExecutorMessage {
+                    body: Some(Body::Fault(f)),
+                }) => fault = Some(f),
+                Ok(_) => tracing::warn!(device = link.index, "unexpected message from executor"),
+                Err(e) => {
+                    break match fault.take() {
+                        Some(f) => DownCause::Fault {
+                            error_name: f.error_name,
+                            message: f.message,
+                        },
+                        None => DownCause::Exited {
+                            detail: e.to_string(),
+                        },
+                    }
+                }
+            }
+        };
+        let waiting = {
+            let mut pending = link.lock_pending();
+            pending.closed.get_or_insert(cause.clone());
+            std::mem::take(&mut pending.waiting)
+        };
+        for (_, sender) in waiting {
+            let _ = sender.send(Err(LinkError::Down(cause.clone())));
+        }
+        let child = link.child.lock().ok().and_then(|mut c| c.take());
+        let status = match child {
+            Some(mut child) => {
+                match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+                    Ok(Ok(status)) => status.to_string(),
+                    _ => {
+                        let _ = child.start_kill();
+                        "killed after its channel closed".to_string()
+                    }
+                }
+            }
+            None => "already reaped".to_string(),
+        };
+        tracing::info!(device = link.index, generation = %link.generation, %cause, status, "executor gone");
+        let _ = deaths.send((link.index, link.generation, cause));
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        // The lock guards plain maps; a panic while holding it cannot leave
+        // them inconsistent, so a poisoned lock is still usable.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True once the channel closed.
+    pub fn is_down(&self) -> bool {
+        self.lock_pending().closed.is_some()
+    }
+
+    /// Sends one request and waits for its reply.
+    pub async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = self.lock_pending();
+            if let Some(cause) = &pending.closed {
+                return Err(LinkError::Down(cause.clone()));
+            }
+            pending.waiting.insert(id, tx);
+        }
+        let request = Request { id, op: Some(op) };
+        let written = {
+            let mut writer = self.writer.lock().await;
+            write_frame_async(&mut *writer, &request).await
+        };
+        if let Err(e) = written {
+            // The reader will see the channel close and fail every waiter;
+            // make sure this one is not left behind if it already did.
+            self.lock_pending().waiting.remove(&id);
+            return Err(LinkError::Down(DownCause::Exited {
+                detail: e.to_string(),
+            }));
+        }
+        match rx.await {
+            Ok(result) => result,
+            Err(_) => Err(LinkError::Down(DownCause::Exited {
+                detail: "reply channel dropped".into(),
+            })),
+        }
+    }
+
+    /// Asks the executor to release everything and exit; kills it if it
+    /// does not within `grace`.
+    pub async fn shutdown(&self, grace: Duration) {
+        let _ = tokio::time::timeout(grace, self.call(Op::Shutdown(Shutdown {}))).await;
+        let child = self.child.lock().ok().and_then(|mut c| c.take());
+        if let Some(mut child) = child {
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+        }
+    }
+
+    /// Kills the executor process (tests and fault injection).
+    pub fn kill(&self) {
+        if let Ok(mut guard) = self.child.lock() {
+            if let Some(child) = guard.as_mut() {
+                let _ = child.start_kill();
+            }
+        }
+    }
+}

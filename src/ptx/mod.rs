@@ -6,10 +6,16 @@
 //! PTX load; the host executor calls [`HostKernel::compile`] and
 //! [`HostKernel::launch`]). Nothing here touches CUDA.
 //!
-//! PLACEHOLDER: the bodies below are stand-ins until the PTX front end lands
-//! (issue 3). They refuse everything with a typed error.
+//! Pipeline: [`parse`] (text → module) → [`ir`] (one entry, names resolved)
+//! → [`verify`] (the scalar-ABI proof) → [`host`] (decode and run on the
+//! CPU). The kernel's name is never trusted: only its body decides.
 
 use std::collections::BTreeMap;
+
+pub mod host;
+pub mod ir;
+pub mod parse;
+pub mod verify;
 
 /// The ABI a client declares for a kernel (optional on PTX, required for
 /// cubin/fatbin).
@@ -128,11 +134,18 @@ pub fn verify(
     symbol: &str,
     declared: Option<DeclaredAbi>,
 ) -> Result<Signature, PtxError> {
-    let _ = (text, declared);
-    Err(PtxError::SymbolNotFound {
-        symbol: symbol.to_string(),
-        entries: Vec::new(),
-    })
+    verify_kernel(text, symbol, declared).map(|(_, v)| v.signature)
+}
+
+fn verify_kernel(
+    text: &str,
+    symbol: &str,
+    declared: Option<DeclaredAbi>,
+) -> Result<(ir::Kernel, verify::Verified), PtxError> {
+    let module = parse::parse(text)?;
+    let kernel = ir::lower(&module, symbol)?;
+    let verified = verify::verify(&kernel, declared)?;
+    Ok((kernel, verified))
 }
 
 /// One operand's memory as the host engine sees it: the address of the
@@ -170,14 +183,19 @@ pub struct HostFault {
 #[derive(Debug)]
 pub struct HostKernel {
     signature: Signature,
+    program: host::decode::Program,
 }
 
 impl HostKernel {
     /// Parses, verifies and decodes `symbol` from `text`. Every instruction
     /// the engine cannot run is found here, never during a launch.
     pub fn compile(text: &str, symbol: &str) -> Result<HostKernel, PtxError> {
-        let signature = verify(text, symbol, None)?;
-        Ok(HostKernel { signature })
+        let (kernel, verified) = verify_kernel(text, symbol, None)?;
+        let program = host::decode::decode(&kernel, &verified)?;
+        Ok(HostKernel {
+            signature: verified.signature,
+            program,
+        })
     }
 
     /// The kernel's verified signature.
@@ -191,10 +209,12 @@ impl HostKernel {
     /// Each span must be valid for reads (inputs) or writes (output) of
     /// `len` bytes for the duration of the call.
     pub unsafe fn launch(&self, launch: &HostLaunch<'_>) -> Result<(), HostFault> {
-        let _ = launch;
-        Err(HostFault {
-            line: 0,
-            message: "host engine not built yet".into(),
-        })
+        // SAFETY: the caller upholds the span validity `host::run` needs.
+        unsafe { host::run(&self.program, &self.signature, launch) }
+    }
+
+    /// The block size launches use (see [`host::block_size`]).
+    pub fn block_size(&self) -> u32 {
+        host::block_size(&self.signature)
     }
 }

@@ -104,6 +104,29 @@ pub fn probe() -> Result<Vec<DeviceDesc>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `ptxd executor --backend cuda --probe`: writes one Hello frame listing
+/// every device on stdout (empty when CUDA is unavailable) and exits.
+pub fn probe_stdio() -> i32 {
+    let devices = match probe() {
+        Ok(devices) => devices,
+        Err(reason) => {
+            tracing::info!(%reason, "CUDA probe found no usable driver");
+            Vec::new()
+        }
+    };
+    let hello = ptxd_proto::executor::ExecutorMessage {
+        body: Some(ptxd_proto::executor::executor_message::Body::Hello(Hello {
+            backend: "cuda".into(),
+            devices,
+            pid: std::process::id(),
+        })),
+    };
+    match super::protocol::write_frame(&mut std::io::stdout().lock(), &hello) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
 /// Runs a CUDA executor process for the device with `uuid`. Returns the
 /// process exit code.
 pub fn run_executor(uuid: &str) -> i32 {

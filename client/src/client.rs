@@ -1,0 +1,245 @@
+//! Connecting to ptxd: the [`Client`], which calls that need no session go
+//! through and which opens [`Session`]s.
+//!
+//! A `Client` is one HTTP/2 connection (tonic `Channel`); clones share it.
+//! Over a Unix socket the connector dials the path again whenever the channel
+//! reconnects, so a restarted daemon at the same path is picked up.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use ptxd_proto::v1 as pb;
+use ptxd_proto::v1::ptxd_client::PtxdClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::error::Error;
+use crate::session::{Session, SessionOptions};
+use crate::types::DaemonInfo;
+
+/// The socket file name inside a runtime directory.
+const SOCKET_FILE: &str = "ptxd.sock";
+/// The system-wide socket of a daemon run as root without a runtime dir.
+const SYSTEM_SOCKET: &str = "/run/ptxd/ptxd.sock";
+
+/// The socket path ptxd listens on (and the SDK connects to) by default:
+/// `$XDG_RUNTIME_DIR/ptxd.sock` when that is set to an absolute path, else
+/// `/run/ptxd/ptxd.sock` for root, else `<temp dir>/ptxd-<euid>/ptxd.sock`.
+pub fn default_socket_path() -> PathBuf {
+    socket_path_for(
+        std::env::var_os("XDG_RUNTIME_DIR").as_deref(),
+        nix::unistd::geteuid().as_raw(),
+    )
+}
+
+/// [`default_socket_path`] for a given `$XDG_RUNTIME_DIR` and effective uid.
+pub fn socket_path_for(xdg_runtime_dir: Option<&OsStr>, euid: u32) -> PathBuf {
+    // The XDG spec says a relative (or empty) value must be ignored.
+    match xdg_runtime_dir.map(Path::new) {
+        Some(dir) if dir.is_absolute() => dir.join(SOCKET_FILE),
+        _ if euid == 0 => PathBuf::from(SYSTEM_SOCKET),
+        _ => std::env::temp_dir()
+            .join(format!("ptxd-{euid}"))
+            .join(SOCKET_FILE),
+    }
+}
+
+/// Where a daemon listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A Unix socket path.
+    Unix(PathBuf),
+    /// A TCP endpoint URL, e.g. `http://127.0.0.1:50051`.
+    Tcp(String),
+}
+
+impl std::str::FromStr for Target {
+    type Err = Error;
+
+    /// `unix:PATH`, a path starting with `/` or `.`, `http://HOST:PORT`, or a
+    /// bare `HOST:PORT` (taken as `http://`).
+    fn from_str(text: &str) -> Result<Self, Error> {
+        let text = text.trim();
+        if let Some(path) = text.strip_prefix("unix:") {
+            // `unix:///path` (gRPC's URI form) and `unix:/path` both mean /path.
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(Error::InvalidInput("empty unix socket path".into()));
+            }
+            return Ok(Target::Unix(PathBuf::from(path)));
+        }
+        if text.starts_with('/') || text.starts_with('.') {
+            return Ok(Target::Unix(PathBuf::from(text)));
+        }
+        if text.is_empty() {
+            return Err(Error::InvalidInput("empty connect target".into()));
+        }
+        let url = if text.starts_with("http://") || text.starts_with("https://") {
+            text.to_owned()
+        } else {
+            format!("http://{text}")
+        };
+        url.parse::<Uri>()
+            .ok()
+            .filter(|uri| uri.host().is_some())
+            .ok_or_else(|| Error::InvalidInput(format!("not a TCP address: {text:?}")))?;
+        Ok(Target::Tcp(url))
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Unix(path) => write!(f, "unix:{}", path.display()),
+            Target::Tcp(url) => f.write_str(url),
+        }
+    }
+}
+
+/// A connection to ptxd.
+#[derive(Debug, Clone)]
+pub struct Client {
+    grpc: PtxdClient<Channel>,
+}
+
+impl Client {
+    /// Connects to a target: `unix:PATH`, a path, `http://HOST:PORT` or
+    /// `HOST:PORT` (see [`Target`]).
+    pub async fn connect(target: &str) -> Result<Self, Error> {
+        match target.parse::<Target>()? {
+            Target::Unix(path) => Self::connect_unix(path).await,
+            Target::Tcp(url) => Self::connect_tcp(&url).await,
+        }
+    }
+
+    /// Connects to the daemon at [`default_socket_path`].
+    pub async fn connect_default() -> Result<Self, Error> {
+        Self::connect_unix(default_socket_path()).await
+    }
+
+    /// Connects over a Unix socket.
+    pub async fn connect_unix(path: impl Into<PathBuf>) -> Result<Self, Error> {
+        let path = path.into();
+        // The authority is a placeholder: it must be a plain host name, since
+        // tonic's HTTP/2 layer rejects a socket path there.
+        let channel = Endpoint::from_static("http://localhost")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// Connects over TCP to a URL such as `http://127.0.0.1:50051`.
+    pub async fn connect_tcp(url: &str) -> Result<Self, Error> {
+        let endpoint = Endpoint::from_shared(url.to_owned())?;
+        Ok(Self::from_channel(endpoint.connect().await?))
+    }
+
+    /// A client over an existing tonic channel.
+    pub fn from_channel(channel: Channel) -> Self {
+        Client {
+            grpc: PtxdClient::new(channel),
+        }
+    }
+
+    /// The generated gRPC client on the same connection: an escape hatch for
+    /// requests the SDK would not build (e.g. tests of the daemon's
+    /// validation).
+    pub fn raw(&self) -> PtxdClient<Channel> {
+        self.grpc.clone()
+    }
+
+    /// The daemon's version, backend, devices, slot usage and limits.
+    pub async fn info(&self) -> Result<DaemonInfo, Error> {
+        let response = self.raw().get_info(pb::GetInfoRequest {}).await?;
+        Ok(response.into_inner().into())
+    }
+
+    /// Opens a session labelled `label`, without automatic kernel reload.
+    pub async fn open_session(&self, label: &str) -> Result<Session, Error> {
+        self.open_session_with(SessionOptions::new(label)).await
+    }
+
+    /// Opens a session with options.
+    pub async fn open_session_with(&self, options: SessionOptions) -> Result<Session, Error> {
+        Session::open(self.raw(), options).await
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_path_follows_xdg_then_root_then_temp() {
+        assert_eq!(
+            socket_path_for(Some(OsStr::new("/run/user/1000")), 1000),
+            PathBuf::from("/run/user/1000/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(Some(OsStr::new("/run/user/0")), 0),
+            PathBuf::from("/run/user/0/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(None, 0),
+            PathBuf::from("/run/ptxd/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(Some(OsStr::new("relative/dir")), 0),
+            PathBuf::from("/run/ptxd/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(Some(OsStr::new("")), 1000),
+            std::env::temp_dir().join("ptxd-1000/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(None, 1000),
+            std::env::temp_dir().join("ptxd-1000/ptxd.sock")
+        );
+    }
+
+    #[test]
+    fn targets_parse() {
+        let cases = [
+            ("unix:/run/ptxd.sock", Target::Unix("/run/ptxd.sock".into())),
+            (
+                "unix:///run/ptxd.sock",
+                Target::Unix("/run/ptxd.sock".into()),
+            ),
+            ("/tmp/x.sock", Target::Unix("/tmp/x.sock".into())),
+            ("./x.sock", Target::Unix("./x.sock".into())),
+            (
+                "http://127.0.0.1:50051",
+                Target::Tcp("http://127.0.0.1:50051".into()),
+            ),
+            (
+                "127.0.0.1:50051",
+                Target::Tcp("http://127.0.0.1:50051".into()),
+            ),
+            ("localhost:7", Target::Tcp("http://localhost:7".into())),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(text.parse::<Target>().unwrap(), expected, "{text}");
+        }
+        for bad in ["", "unix:", "http://", "a b:1"] {
+            assert!(
+                matches!(bad.parse::<Target>(), Err(Error::InvalidInput(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn connecting_to_a_missing_socket_is_a_transport_error() {
+        let dir = std::env::temp_dir().join(format!("ptxd-client-missing-{}", std::process::id()));
+        let error = Client::connect_unix(dir.join("nothing.sock"))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::Transport(_)), "{error:?}");
+    }
+}

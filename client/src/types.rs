@@ -1,0 +1,566 @@
+//! The SDK's plain data types: what callers pass in (device selectors,
+//! artifacts, operands, launches) and what ptxd reports back (daemon info,
+//! kernel and buffer listings), each converted from or to the wire once,
+//! here.
+
+use std::str::FromStr;
+
+use ptxd_proto::v1 as pb;
+
+use crate::error::Error;
+
+/// Which device to load a kernel for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DeviceSelector {
+    /// The device's UUID (`"GPU-…"`, or `"HOST-<n>"` on the host backend).
+    /// Preferred across processes: ordinals depend on `CUDA_VISIBLE_DEVICES`.
+    Uuid(String),
+    /// ptxd's ordinal of the device.
+    Ordinal(u32),
+}
+
+impl DeviceSelector {
+    pub(crate) fn to_proto(&self) -> pb::DeviceSelector {
+        use pb::device_selector::Selector;
+        pb::DeviceSelector {
+            selector: Some(match self {
+                DeviceSelector::Uuid(uuid) => Selector::Uuid(uuid.clone()),
+                DeviceSelector::Ordinal(ordinal) => Selector::Ordinal(*ordinal),
+            }),
+        }
+    }
+}
+
+impl From<u32> for DeviceSelector {
+    fn from(ordinal: u32) -> Self {
+        DeviceSelector::Ordinal(ordinal)
+    }
+}
+
+impl From<&str> for DeviceSelector {
+    fn from(uuid: &str) -> Self {
+        DeviceSelector::Uuid(uuid.to_owned())
+    }
+}
+
+impl From<String> for DeviceSelector {
+    fn from(uuid: String) -> Self {
+        DeviceSelector::Uuid(uuid)
+    }
+}
+
+impl FromStr for DeviceSelector {
+    type Err = Error;
+
+    /// All digits: an ordinal; anything else non-empty: a UUID.
+    fn from_str(text: &str) -> Result<Self, Error> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(Error::InvalidInput("empty device selector".into()));
+        }
+        if text.bytes().all(|b| b.is_ascii_digit()) {
+            return text
+                .parse()
+                .map(DeviceSelector::Ordinal)
+                .map_err(|_| Error::InvalidInput(format!("device ordinal {text} is too large")));
+        }
+        Ok(DeviceSelector::Uuid(text.to_owned()))
+    }
+}
+
+impl std::fmt::Display for DeviceSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSelector::Uuid(uuid) => f.write_str(uuid),
+            DeviceSelector::Ordinal(ordinal) => write!(f, "{ordinal}"),
+        }
+    }
+}
+
+/// A kernel artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Artifact {
+    /// PTX text.
+    Ptx(String),
+    /// A cubin (ELF) for the device's architecture; needs a declared ABI.
+    Cubin(Vec<u8>),
+    /// A fatbin; needs a declared ABI.
+    Fatbin(Vec<u8>),
+}
+
+impl Artifact {
+    pub(crate) fn kind(&self) -> pb::ArtifactKind {
+        match self {
+            Artifact::Ptx(_) => pb::ArtifactKind::Ptx,
+            Artifact::Cubin(_) => pb::ArtifactKind::Cubin,
+            Artifact::Fatbin(_) => pb::ArtifactKind::Fatbin,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Artifact::Ptx(text) => text.as_bytes(),
+            Artifact::Cubin(bytes) | Artifact::Fatbin(bytes) => bytes,
+        }
+    }
+}
+
+/// The ABI a caller expects a kernel to have; ptxd checks it against what it
+/// verified (PTX) or takes it as the kernel's signature (cubin, fatbin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeclaredAbi {
+    /// Number of input pointers.
+    pub inputs: u32,
+    /// Number of trailing f32 scalar params.
+    pub scalar_params: u32,
+    /// Element size in bytes of every operand (cubin/fatbin only; 0 = unknown).
+    pub element_size: u32,
+}
+
+impl DeclaredAbi {
+    pub(crate) fn to_proto(self) -> pb::DeclaredAbi {
+        pb::DeclaredAbi {
+            inputs: self.inputs,
+            scalar_params: self.scalar_params,
+            element_size: self.element_size,
+        }
+    }
+}
+
+/// Options of a kernel load.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// A label for ptxd's listings and logs.
+    pub label: String,
+    /// The ABI the caller expects; `None` accepts what ptxd verifies (PTX).
+    pub declared: Option<DeclaredAbi>,
+}
+
+/// The scalar-ABI signature ptxd verified for a kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KernelSignature {
+    /// Number of input pointers.
+    pub inputs: u32,
+    /// Element size in bytes of each operand: the inputs, then the output.
+    pub element_sizes: Vec<u32>,
+    /// Number of trailing f32 scalar params.
+    pub scalar_params: u32,
+    /// The block size ptxd launches with.
+    pub block_size: u32,
+    /// `.reqntid`, 0 when absent.
+    pub reqntid: u32,
+    /// `.maxntid`, 0 when absent.
+    pub maxntid: u32,
+}
+
+impl From<pb::KernelSignature> for KernelSignature {
+    fn from(s: pb::KernelSignature) -> Self {
+        KernelSignature {
+            inputs: s.inputs,
+            element_sizes: s.element_sizes,
+            scalar_params: s.scalar_params,
+            block_size: s.block_size,
+            reqntid: s.reqntid,
+            maxntid: s.maxntid,
+        }
+    }
+}
+
+/// A buffer registered with a session. The registration lasts until
+/// [`Session::release_buffer`](crate::Session::release_buffer) or the end of
+/// the session; dropping this value releases nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Buffer {
+    /// ptxd's opaque buffer handle.
+    pub handle: String,
+    /// The registered size in bytes; launches are bounds-checked against it.
+    pub size: u64,
+    /// The device the buffer is registered on.
+    pub device_uuid: String,
+    /// The device generation its mapping is open in.
+    pub generation: u64,
+}
+
+impl Buffer {
+    /// An operand of this buffer starting at byte `offset`.
+    pub fn at(&self, offset: u64) -> Operand {
+        Operand {
+            buffer: self.handle.clone(),
+            offset,
+        }
+    }
+
+    /// An operand of this buffer from its start.
+    pub fn operand(&self) -> Operand {
+        self.at(0)
+    }
+}
+
+/// A launch operand: a registered buffer and a byte offset into it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operand {
+    /// The buffer handle.
+    pub buffer: String,
+    /// Byte offset of the operand's first element.
+    pub offset: u64,
+}
+
+impl Operand {
+    pub(crate) fn to_proto(&self) -> pb::Operand {
+        pb::Operand {
+            buffer: self.buffer.clone(),
+            offset: self.offset,
+        }
+    }
+}
+
+impl From<&Buffer> for Operand {
+    fn from(buffer: &Buffer) -> Self {
+        buffer.operand()
+    }
+}
+
+/// A CUDA IPC event registered with a session, for ordering launches against
+/// the session's own streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// ptxd's opaque event handle.
+    pub handle: String,
+}
+
+/// One launch: operands, element count, params and options.
+///
+/// Launches are **synchronous by default** (the reply comes after the kernel
+/// completed, and reports its own failure), so results can be read as soon
+/// as the call returns; `.sync(false)` replies once the launch is enqueued.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    /// One operand per kernel input, in order.
+    pub inputs: Vec<Operand>,
+    /// The output operand.
+    pub output: Operand,
+    /// Element count.
+    pub n: u64,
+    /// The kernel's f32 params (narrowed from f64 by ptxd).
+    pub params: Vec<f64>,
+    /// Reply after completion (true) or once enqueued (false).
+    pub sync: bool,
+    /// An event to wait on before the kernel runs.
+    pub wait_event: Option<String>,
+    /// An event to record after the kernel.
+    pub signal_event: Option<String>,
+}
+
+impl Launch {
+    /// A synchronous launch over `n` elements without params.
+    pub fn new(inputs: impl IntoIterator<Item = Operand>, output: Operand, n: u64) -> Self {
+        Launch {
+            inputs: inputs.into_iter().collect(),
+            output,
+            n,
+            params: Vec::new(),
+            sync: true,
+            wait_event: None,
+            signal_event: None,
+        }
+    }
+
+    /// Sets the kernel's scalar params.
+    pub fn params(mut self, params: impl IntoIterator<Item = f64>) -> Self {
+        self.params = params.into_iter().collect();
+        self
+    }
+
+    /// Reply after completion (`true`, the default) or once enqueued.
+    pub fn sync(mut self, sync: bool) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    /// Waits on `event` before the kernel runs.
+    pub fn wait_event(mut self, event: &Event) -> Self {
+        self.wait_event = Some(event.handle.clone());
+        self
+    }
+
+    /// Records `event` after the kernel.
+    pub fn signal_event(mut self, event: &Event) -> Self {
+        self.signal_event = Some(event.handle.clone());
+        self
+    }
+
+    pub(crate) fn to_proto(&self, session: &str, kernel: String, tag: u64) -> pb::LaunchRequest {
+        pb::LaunchRequest {
+            session: session.to_owned(),
+            kernel,
+            inputs: self.inputs.iter().map(Operand::to_proto).collect(),
+            output: Some(self.output.to_proto()),
+            n: self.n,
+            params: self.params.clone(),
+            wait_event: self.wait_event.clone().unwrap_or_default(),
+            signal_event: self.signal_event.clone().unwrap_or_default(),
+            sync: self.sync,
+            tag,
+        }
+    }
+}
+
+/// What a successful launch reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launched {
+    /// The launch's tag (on a launch stream, the one `send` returned).
+    pub tag: u64,
+    /// Time inside ptxd in microseconds (to completion when sync).
+    pub micros: u64,
+    /// True when the kernel was reloaded after a STALE_KERNEL refusal and the
+    /// launch retried (only with automatic reload on).
+    pub reloaded: bool,
+}
+
+/// What closing a session released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CloseReport {
+    pub buffers_released: u32,
+    pub kernels_released: u32,
+    pub events_released: u32,
+}
+
+/// A device ptxd can launch on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: u32,
+    pub uuid: String,
+    pub name: String,
+    pub compute_major: u32,
+    pub compute_minor: u32,
+    /// The current device generation (bumped on every executor start).
+    pub generation: u64,
+    pub total_memory: u64,
+    /// True while the device's executor is up.
+    pub available: bool,
+    pub restarts: u64,
+}
+
+impl From<pb::Device> for DeviceInfo {
+    fn from(d: pb::Device) -> Self {
+        DeviceInfo {
+            ordinal: d.ordinal,
+            uuid: d.uuid,
+            name: d.name,
+            compute_major: d.compute_major,
+            compute_minor: d.compute_minor,
+            generation: d.generation,
+            total_memory: d.total_memory,
+            available: d.available,
+            restarts: d.restarts,
+        }
+    }
+}
+
+/// ptxd's configured limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Limits {
+    pub slots: u32,
+    pub max_artifact_bytes: u64,
+    pub max_request_bytes: u64,
+    pub max_sessions: u32,
+    pub max_buffers_per_session: u32,
+    pub max_kernels_per_session: u32,
+    pub max_buffer_bytes_per_session: u64,
+    pub max_events_per_session: u32,
+}
+
+impl From<pb::Limits> for Limits {
+    fn from(l: pb::Limits) -> Self {
+        Limits {
+            slots: l.slots,
+            max_artifact_bytes: l.max_artifact_bytes,
+            max_request_bytes: l.max_request_bytes,
+            max_sessions: l.max_sessions,
+            max_buffers_per_session: l.max_buffers_per_session,
+            max_kernels_per_session: l.max_kernels_per_session,
+            max_buffer_bytes_per_session: l.max_buffer_bytes_per_session,
+            max_events_per_session: l.max_events_per_session,
+        }
+    }
+}
+
+/// What `GetInfo` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonInfo {
+    pub version: String,
+    /// `"cuda"` or `"host"`.
+    pub backend: String,
+    pub devices: Vec<DeviceInfo>,
+    pub slots_used: u32,
+    pub limits: Limits,
+    pub sessions: u32,
+    pub boot_id: String,
+}
+
+impl From<pb::GetInfoResponse> for DaemonInfo {
+    fn from(r: pb::GetInfoResponse) -> Self {
+        DaemonInfo {
+            version: r.version,
+            backend: r.backend,
+            devices: r.devices.into_iter().map(DeviceInfo::from).collect(),
+            slots_used: r.slots_used,
+            limits: r.limits.map(Limits::from).unwrap_or_default(),
+            sessions: r.sessions,
+            boot_id: r.boot_id,
+        }
+    }
+}
+
+/// A kernel a session holds, as `ListKernels` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelListing {
+    pub handle: String,
+    pub symbol: String,
+    pub label: String,
+    pub device_uuid: String,
+    pub generation: u64,
+    pub signature: KernelSignature,
+    /// False once the kernel's generation is dead.
+    pub live: bool,
+    pub artifact_hash: String,
+    /// Sessions sharing the slot.
+    pub references: u32,
+}
+
+impl From<pb::KernelInfo> for KernelListing {
+    fn from(k: pb::KernelInfo) -> Self {
+        KernelListing {
+            handle: k.kernel,
+            symbol: k.symbol,
+            label: k.label,
+            device_uuid: k.device_uuid,
+            generation: k.generation,
+            signature: k.signature.map(KernelSignature::from).unwrap_or_default(),
+            live: k.live,
+            artifact_hash: k.artifact_hash,
+            references: k.references,
+        }
+    }
+}
+
+/// A buffer a session registered, as `ListBuffers` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferListing {
+    pub handle: String,
+    pub label: String,
+    /// `"cuda_ipc"` or `"host_shm"`.
+    pub kind: String,
+    pub device_uuid: String,
+    pub size: u64,
+    pub generation: u64,
+    /// False if it could not be re-opened after an executor restart.
+    pub live: bool,
+}
+
+impl From<pb::BufferInfo> for BufferListing {
+    fn from(b: pb::BufferInfo) -> Self {
+        BufferListing {
+            handle: b.buffer,
+            label: b.label,
+            kind: b.kind,
+            device_uuid: b.device_uuid,
+            size: b.size,
+            generation: b.generation,
+            live: b.live,
+        }
+    }
+}
+
+/// An event on a session's lease stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionEvent {
+    /// A device's executor restarted: kernels loaded on it are stale.
+    ExecutorRestarted {
+        device_uuid: String,
+        old_generation: u64,
+        new_generation: u64,
+        cause: String,
+    },
+    /// The daemon is draining; reconnect elsewhere.
+    Draining { reason: String },
+    /// The lease stream ended: the session is over.
+    Ended { why: String },
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_selectors_parse_digits_as_ordinals_and_the_rest_as_uuids() {
+        assert_eq!(
+            "0".parse::<DeviceSelector>().unwrap(),
+            DeviceSelector::Ordinal(0)
+        );
+        assert_eq!(
+            " 17 ".parse::<DeviceSelector>().unwrap(),
+            DeviceSelector::Ordinal(17)
+        );
+        assert_eq!(
+            "HOST-0".parse::<DeviceSelector>().unwrap(),
+            DeviceSelector::Uuid("HOST-0".into())
+        );
+        assert_eq!(
+            "GPU-8f0c1a".parse::<DeviceSelector>().unwrap(),
+            DeviceSelector::Uuid("GPU-8f0c1a".into())
+        );
+        assert!(matches!(
+            "".parse::<DeviceSelector>(),
+            Err(Error::InvalidInput(_))
+        ));
+        assert!(matches!(
+            "99999999999".parse::<DeviceSelector>(),
+            Err(Error::InvalidInput(_))
+        ));
+    }
+
+    #[test]
+    fn launch_builds_the_request_it_describes() {
+        let a = Buffer {
+            handle: "buf-a".into(),
+            size: 64,
+            device_uuid: "HOST-0".into(),
+            generation: 3,
+        };
+        let out = Buffer {
+            handle: "buf-out".into(),
+            ..a.clone()
+        };
+        let event = Event {
+            handle: "ev-1".into(),
+        };
+        let launch = Launch::new([a.at(8), a.operand()], out.at(4), 3)
+            .params([1.5, -2.0])
+            .sync(false)
+            .signal_event(&event);
+        let request = launch.to_proto("sess", "kern".into(), 42);
+        assert_eq!(request.session, "sess");
+        assert_eq!(request.kernel, "kern");
+        assert_eq!(request.tag, 42);
+        assert_eq!(request.n, 3);
+        assert!(!request.sync);
+        assert_eq!(request.params, vec![1.5, -2.0]);
+        assert_eq!(request.signal_event, "ev-1");
+        assert_eq!(request.wait_event, "");
+        let inputs: Vec<(&str, u64)> = request
+            .inputs
+            .iter()
+            .map(|o| (o.buffer.as_str(), o.offset))
+            .collect();
+        assert_eq!(inputs, vec![("buf-a", 8), ("buf-a", 0)]);
+        let output = request.output.unwrap();
+        assert_eq!((output.buffer.as_str(), output.offset), ("buf-out", 4));
+        assert!(
+            Launch::new([], out.operand(), 0).sync,
+            "launches default to sync"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! The daemon's configuration: every `ptxd serve` flag, its `PTXD_*`
+//! environment variable and its default.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Which executor backend drives the devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// CUDA when libcuda is present and a device answers, else host.
+    Auto,
+    /// The CUDA executor (one child process per GPU).
+    Cuda,
+    /// The host (CPU) executor over POSIX shared memory.
+    Host,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `ptxd serve` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeConfig {
+    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/ptxd.sock, or
+    /// /run/ptxd/ptxd.sock as root]. Ignored under systemd socket activation.
+    #[arg(long, env = "PTXD_SOCKET")]
+    pub socket: Option<PathBuf>,
+
+    /// Mode of the socket file, octal.
+    #[arg(long, env = "PTXD_SOCKET_MODE", default_value = "660", value_parser = parse_mode)]
+    pub socket_mode: u32,
+
+    /// Also listen on TCP at ADDR (loopback only unless --tcp-allow-remote).
+    #[arg(long, env = "PTXD_TCP")]
+    pub tcp: Option<SocketAddr>,
+
+    /// Allow --tcp to bind a non-loopback address (no authentication!).
+    #[arg(long, env = "PTXD_TCP_ALLOW_REMOTE", default_value_t = false)]
+    pub tcp_allow_remote: bool,
+
+    /// Executor backend.
+    #[arg(long, env = "PTXD_BACKEND", value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+
+    /// CUDA devices to serve: `all`, or a comma-separated list of UUIDs or
+    /// ordinals.
+    #[arg(long, env = "PTXD_DEVICES", default_value = "all")]
+    pub devices: String,
+
+    /// Number of host devices the host backend exposes (each its own executor
+    /// process; more than one is useful for testing device checks).
+    #[arg(long, env = "PTXD_HOST_DEVICES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub host_devices: u32,
+
+    /// CPU threads each host executor uses for one launch [default: all cores].
+    #[arg(long, env = "PTXD_HOST_THREADS")]
+    pub host_threads: Option<usize>,
+
+    /// Bounds-check every memory access of host kernels (KERNEL_FAULT instead
+    /// of memory corruption). Verified kernels cannot go out of range anyway.
+    #[arg(long, env = "PTXD_HOST_CHECKED", default_value_t = true, action = clap::ArgAction::Set)]
+    pub host_checked: bool,
+
+    /// Slots in the kernel bank.
+    #[arg(long, env = "PTXD_SLOTS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub slots: u32,
+
+    /// Largest artifact (PTX/cubin) accepted, in bytes.
+    #[arg(long, env = "PTXD_MAX_ARTIFACT_BYTES", default_value_t = 16 << 20)]
+    pub max_artifact_bytes: u64,
+
+    /// Largest gRPC request accepted, in bytes.
+    #[arg(long, env = "PTXD_MAX_REQUEST_BYTES", default_value_t = 32 << 20)]
+    pub max_request_bytes: u64,
+
+    /// Open sessions at most.
+    #[arg(long, env = "PTXD_MAX_SESSIONS", default_value_t = 256)]
+    pub max_sessions: u32,
+
+    /// Registered buffers per session at most.
+    #[arg(long, env = "PTXD_MAX_BUFFERS_PER_SESSION", default_value_t = 4096)]
+    pub max_buffers_per_session: u32,
+
+    /// Kernels held per session at most.
+    #[arg(long, env = "PTXD_MAX_KERNELS_PER_SESSION", default_value_t = 512)]
+    pub max_kernels_per_session: u32,
+
+    /// Registered buffer bytes per session at most.
+    #[arg(long, env = "PTXD_MAX_BUFFER_BYTES_PER_SESSION", default_value_t = 1 << 40)]
+    pub max_buffer_bytes_per_session: u64,
+
+    /// Registered events per session at most.
+    #[arg(long, env = "PTXD_MAX_EVENTS_PER_SESSION", default_value_t = 1024)]
+    pub max_events_per_session: u32,
+
+    /// How long to wait for in-flight work on SIGTERM/SIGINT before failing it.
+    #[arg(long, env = "PTXD_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Serve Prometheus metrics on ADDR (loopback unless --metrics-allow-remote).
+    #[arg(long, env = "PTXD_METRICS")]
+    pub metrics: Option<SocketAddr>,
+
+    /// Allow --metrics to bind a non-loopback address.
+    #[arg(long, env = "PTXD_METRICS_ALLOW_REMOTE", default_value_t = false)]
+    pub metrics_allow_remote: bool,
+
+    /// Log format.
+    #[arg(long, env = "PTXD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl ServeConfig {
+    /// The socket path to bind.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(ptxd_client::default_socket_path)
+    }
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .map_err(|e| format!("not an octal mode: {e}"))?;
+    if mode > 0o777 {
+        return Err("a socket mode is at most 777".into());
+    }
+    Ok(mode)
+}
+
+/// Parses `250ms`, `5s`, `2m` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {text:?}"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("unknown duration unit {unit:?} (use ms, s or m)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("bad duration {text:?}: {e}"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_modes_parse() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_mode("660").unwrap(), 0o660);
+        assert!(parse_mode("999").is_err());
+    }
+}

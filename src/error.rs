@@ -1,0 +1,364 @@
+//! ptxd's one error type and the one place it becomes a gRPC status.
+//!
+//! Each module has its own error enum; [`Error`] rolls them up with the
+//! request-level refusals, and [`Error::refusal`] maps every case, with no
+//! catch-all arm, to a gRPC code, a [`Reason`] from the closed list and the
+//! `google.rpc.ErrorInfo` metadata naming the offending operand, param, slot
+//! or limit. Client mistakes never map to INTERNAL; faults inside ptxd never
+//! map to a client-error code.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ptxd_proto::executor::FailureKind;
+use ptxd_proto::v1::{LaunchError, Reason};
+use ptxd_proto::ERROR_DOMAIN;
+use tonic::Code;
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::buffers::RegistryError;
+use crate::executor::ExecutorError;
+use crate::handles::MalformedHandle;
+use crate::ptx::PtxError;
+use crate::sessions::SessionError;
+use crate::slots::SlotError;
+
+/// Every way a request can fail.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Ptx(#[from] PtxError),
+    #[error(transparent)]
+    Slot(#[from] SlotError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+    #[error(transparent)]
+    MalformedHandle(#[from] MalformedHandle),
+    #[error("invalid {field}: {message}")]
+    InvalidArgument {
+        field: &'static str,
+        message: String,
+    },
+    #[error("limit {limit} ({value}) reached")]
+    LimitExceeded { limit: &'static str, value: u64 },
+    #[error("no device {device}")]
+    UnknownDevice { device: String },
+    #[error("operand {operand} is on {operand_device}, the kernel on {kernel_device}")]
+    DeviceMismatch {
+        operand: String,
+        kernel_device: String,
+        operand_device: String,
+    },
+    #[error("operand {operand} needs {needed_bytes} bytes but its buffer holds {buffer_bytes}")]
+    BufferTooSmall {
+        operand: String,
+        needed_bytes: u128,
+        buffer_bytes: u64,
+    },
+    #[error("the kernel takes {expected} {what}, the launch gives {found}")]
+    LaunchArity {
+        what: &'static str,
+        expected: u32,
+        found: u32,
+    },
+    #[error("{message}")]
+    UnsupportedArtifact { message: String },
+    #[error("ptxd is draining; reconnect to its successor")]
+    Draining,
+    #[error("internal error: {message}")]
+    Internal { message: String },
+}
+
+/// A refusal as it goes on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: Code,
+    pub reason: Reason,
+    pub message: String,
+    pub metadata: BTreeMap<String, String>,
+}
+
+fn meta<const N: usize>(pairs: [(&str, String); N]) -> BTreeMap<String, String> {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+impl Error {
+    /// The reason and code of this error: the one mapping to the wire.
+    pub fn refusal(&self) -> Refusal {
+        let message = self.to_string();
+        let (code, reason, metadata) = match self {
+            Error::Ptx(e) => {
+                let (code, reason) = match e {
+                    PtxError::Parse { .. } => (Code::InvalidArgument, Reason::InvalidArtifact),
+                    PtxError::SymbolNotFound { .. } => (Code::NotFound, Reason::SymbolNotFound),
+                    PtxError::NonScalarAbi { .. } => (Code::InvalidArgument, Reason::NonScalarAbi),
+                    PtxError::AbiMismatch { .. } => (Code::InvalidArgument, Reason::AbiMismatch),
+                    PtxError::UnsupportedOnHost { .. } => {
+                        (Code::FailedPrecondition, Reason::UnsupportedOnHost)
+                    }
+                };
+                (code, reason, e.metadata())
+            }
+            Error::Slot(e) => match e {
+                SlotError::Stale { handle, why } => (
+                    Code::FailedPrecondition,
+                    Reason::StaleKernel,
+                    meta([
+                        ("kernel", handle.clone()),
+                        ("why", why.as_str().to_string()),
+                    ]),
+                ),
+                SlotError::BankFull { capacity } => (
+                    Code::ResourceExhausted,
+                    Reason::SlotBankFull,
+                    meta([("capacity", capacity.to_string())]),
+                ),
+                SlotError::NotHeld { handle } => (
+                    Code::PermissionDenied,
+                    Reason::NotOwner,
+                    meta([("kernel", handle.clone())]),
+                ),
+            },
+            Error::Session(e) => match e {
+                SessionError::Unknown { session } => (
+                    Code::NotFound,
+                    Reason::UnknownSession,
+                    meta([("session", session.clone())]),
+                ),
+                SessionError::WrongPeer {
+                    session,
+                    owner_uid,
+                    peer_uid,
+                } => (
+                    Code::PermissionDenied,
+                    Reason::NotOwner,
+                    meta([
+                        ("session", session.clone()),
+                        ("owner_uid", owner_uid.to_string()),
+                        ("peer_uid", peer_uid.to_string()),
+                    ]),
+                ),
+            },
+            Error::Registry(e) => match e {
+                RegistryError::Stale { kind, handle, why } => {
+                    let reason = if *kind == "buffer" {
+                        Reason::StaleBuffer
+                    } else {
+                        Reason::InvalidArgument
+                    };
+                    let code = if *kind == "buffer" {
+                        Code::FailedPrecondition
+                    } else {
+                        Code::InvalidArgument
+                    };
+                    (
+                        code,
+                        reason,
+                        meta([(kind, handle.clone()), ("why", why.to_string())]),
+                    )
+                }
+                RegistryError::NotOwner { kind, handle } => (
+                    Code::PermissionDenied,
+                    Reason::NotOwner,
+                    meta([(kind, handle.clone())]),
+                ),
+            },
+            Error::Executor(e) => match e {
+                ExecutorError::Unavailable { device, cause } => (
+                    Code::Unavailable,
+                    Reason::ExecutorUnavailable,
+                    meta([("device", device.clone()), ("cause", cause.clone())]),
+                ),
+                ExecutorError::Failed { kind, metadata, .. } => {
+                    let (code, reason) = failure_code(*kind);
+                    (code, reason, metadata.clone())
+                }
+                ExecutorError::UnexpectedReply(what) => (
+                    Code::Internal,
+                    Reason::Internal,
+                    meta([("request", what.to_string())]),
+                ),
+            },
+            Error::MalformedHandle(e) => (
+                Code::InvalidArgument,
+                Reason::InvalidArgument,
+                meta([("field", e.kind.to_string()), ("value", e.text.clone())]),
+            ),
+            Error::InvalidArgument { field, .. } => (
+                Code::InvalidArgument,
+                Reason::InvalidArgument,
+                meta([("field", field.to_string())]),
+            ),
+            Error::LimitExceeded { limit, value } => (
+                Code::ResourceExhausted,
+                Reason::LimitExceeded,
+                meta([("limit", limit.to_string()), ("value", value.to_string())]),
+            ),
+            Error::UnknownDevice { device } => (
+                Code::NotFound,
+                Reason::UnknownDevice,
+                meta([("device", device.clone())]),
+            ),
+            Error::DeviceMismatch {
+                operand,
+                kernel_device,
+                operand_device,
+            } => (
+                Code::FailedPrecondition,
+                Reason::DeviceMismatch,
+                meta([
+                    ("operand", operand.clone()),
+                    ("kernel_device", kernel_device.clone()),
+                    ("operand_device", operand_device.clone()),
+                ]),
+            ),
+            Error::BufferTooSmall {
+                operand,
+                needed_bytes,
+                buffer_bytes,
+            } => (
+                Code::OutOfRange,
+                Reason::BufferTooSmall,
+                meta([
+                    ("operand", operand.clone()),
+                    ("needed_bytes", needed_bytes.to_string()),
+                    ("buffer_bytes", buffer_bytes.to_string()),
+                ]),
+            ),
+            Error::LaunchArity {
+                what,
+                expected,
+                found,
+            } => (
+                Code::InvalidArgument,
+                Reason::AbiMismatch,
+                meta([
+                    ("what", what.to_string()),
+                    ("expected", expected.to_string()),
+                    ("found", found.to_string()),
+                ]),
+            ),
+            Error::UnsupportedArtifact { .. } => (
+                Code::InvalidArgument,
+                Reason::UnsupportedArtifact,
+                BTreeMap::new(),
+            ),
+            Error::Draining => (Code::Unavailable, Reason::Draining, BTreeMap::new()),
+            Error::Internal { .. } => (Code::Internal, Reason::Internal, BTreeMap::new()),
+        };
+        Refusal {
+            code,
+            reason,
+            message,
+            metadata,
+        }
+    }
+
+    /// This error as a gRPC status with its `google.rpc.ErrorInfo`.
+    pub fn to_status(&self) -> tonic::Status {
+        let refusal = self.refusal();
+        let metadata: HashMap<String, String> = refusal.metadata.into_iter().collect();
+        tonic::Status::with_error_details(
+            refusal.code,
+            refusal.message,
+            ErrorDetails::with_error_info(refusal.reason.wire_name(), ERROR_DOMAIN, metadata),
+        )
+    }
+
+    /// This error as a `LaunchStream` per-request error.
+    pub fn to_launch_error(&self) -> LaunchError {
+        let refusal = self.refusal();
+        LaunchError {
+            code: refusal.code as i32,
+            reason: refusal.reason.wire_name().to_string(),
+            message: refusal.message,
+            metadata: refusal.metadata.into_iter().collect(),
+        }
+    }
+}
+
+/// The code and reason of an executor's typed failure.
+fn failure_code(kind: FailureKind) -> (Code, Reason) {
+    match kind {
+        FailureKind::InvalidArtifact => (Code::InvalidArgument, Reason::InvalidArtifact),
+        FailureKind::UnsupportedArtifact => (Code::InvalidArgument, Reason::UnsupportedArtifact),
+        FailureKind::SymbolNotFound => (Code::NotFound, Reason::SymbolNotFound),
+        FailureKind::AbiMismatch => (Code::InvalidArgument, Reason::AbiMismatch),
+        FailureKind::InvalidHandle => (Code::InvalidArgument, Reason::InvalidHandle),
+        FailureKind::DeviceMismatch => (Code::FailedPrecondition, Reason::DeviceMismatch),
+        FailureKind::KernelFault => (Code::Aborted, Reason::KernelFault),
+        FailureKind::UnsupportedOnHost => (Code::FailedPrecondition, Reason::UnsupportedOnHost),
+        FailureKind::NonScalarAbi => (Code::InvalidArgument, Reason::NonScalarAbi),
+        // The front checked every object and bound before sending: if the
+        // executor disagrees, the object went stale in between (released or
+        // restarted), which the client must treat as stale.
+        FailureKind::UnknownObject => (Code::FailedPrecondition, Reason::StaleKernel),
+        FailureKind::OutOfBounds => (Code::OutOfRange, Reason::BufferTooSmall),
+        FailureKind::Internal | FailureKind::Unspecified => (Code::Internal, Reason::Internal),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_carries_error_info_with_the_reason_and_metadata() {
+        let error = Error::BufferTooSmall {
+            operand: "input 1".into(),
+            needed_bytes: 4096,
+            buffer_bytes: 1024,
+        };
+        let status = error.to_status();
+        assert_eq!(status.code(), Code::OutOfRange);
+        let info = status.get_details_error_info().unwrap();
+        assert_eq!(info.reason, "BUFFER_TOO_SMALL");
+        assert_eq!(info.domain, "ptxd");
+        assert_eq!(info.metadata.get("operand").unwrap(), "input 1");
+        assert_eq!(info.metadata.get("needed_bytes").unwrap(), "4096");
+    }
+
+    #[test]
+    fn client_mistakes_never_map_to_internal() {
+        let client_errors = [
+            Error::InvalidArgument {
+                field: "n",
+                message: "x".into(),
+            },
+            Error::Draining,
+            Error::UnknownDevice { device: "7".into() },
+            Error::LaunchArity {
+                what: "inputs",
+                expected: 2,
+                found: 1,
+            },
+            Error::Ptx(PtxError::Parse {
+                line: 1,
+                column: 1,
+                message: "x".into(),
+            }),
+            Error::Executor(ExecutorError::Failed {
+                kind: FailureKind::InvalidHandle,
+                message: "x".into(),
+                metadata: BTreeMap::new(),
+            }),
+        ];
+        for error in client_errors {
+            let refusal = error.refusal();
+            assert_ne!(refusal.code, Code::Internal, "{error:?}");
+            assert_ne!(refusal.reason, Reason::Internal, "{error:?}");
+        }
+        assert_eq!(
+            Error::Internal {
+                message: "x".into()
+            }
+            .refusal()
+            .code,
+            Code::Internal
+        );
+    }
+}

@@ -1,0 +1,2006 @@
+//! The front: the one owner of ptxd's state (sessions, the slot table, the
+//! buffer registry, the devices and their executors) and the verbs that act
+//! on it. The gRPC layer only decodes requests, calls a verb and maps the
+//! result; nothing here knows tonic beyond the generated message types.
+//!
+//! Invariants:
+//! - The state lock is never held across an `.await`: a verb checks under
+//!   the lock, sends to the executor unlocked, and re-checks under the lock
+//!   before it records the result (a session can close, or an executor die,
+//!   in between).
+//! - A launch reaches an executor only after every operand was checked for
+//!   ownership, device, generation, alignment and bounds against the kernel's
+//!   verified signature.
+//! - A device's generation changes only in `restart`, before the new
+//!   executor's link is published, so nothing is ever recorded against a
+//!   generation whose executor the front does not know.
+//! - Each distinct (content, symbol, device generation) compiles once: loads
+//!   of the same content serialize on a per-content lock and the second finds
+//!   the first's slot.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ptxd_proto::executor::{
+    self as exec, open_buffer, reply, request::Op, ArtifactKind as ExecArtifactKind, DeviceDesc,
+};
+use ptxd_proto::v1::{self as api, session_event};
+use tokio::sync::{mpsc, watch};
+
+use crate::buffers::{BufferEntry, BufferSource, EventEntry, Registry};
+use crate::config::{BackendChoice, ServeConfig};
+use crate::error::Error;
+use crate::executor::supervisor::{
+    probe_cuda, DeathNotice, DownCause, ExecutorCommand, ExecutorLink, LinkError,
+};
+use crate::executor::ExecutorError;
+use crate::handles::{
+    BootId, BufferHandle, DeviceGeneration, EventHandle, GenerationCounter, KernelHandle, SessionId,
+};
+use crate::observe::Observer;
+use crate::ptx::{self, DeclaredAbi, Signature};
+use crate::sessions::{Peer, Session, SessionError};
+use crate::slots::{ContentKey, LoadedKernel, SlotTable};
+
+/// The block size used when a kernel names none and the executor reports
+/// none (the host engine's default).
+pub const DEFAULT_BLOCK: u32 = 256;
+
+/// How long to wait for an executor to answer a clean-up request.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Capacity of a session's lease-event channel. Events are rare (restarts,
+/// drain); a client that does not read them loses the oldest, never blocks
+/// the daemon.
+const SESSION_EVENT_CAPACITY: usize = 16;
+
+/// The configured limits.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub slots: u32,
+    pub max_artifact_bytes: u64,
+    pub max_request_bytes: u64,
+    pub max_sessions: u32,
+    pub max_buffers_per_session: u32,
+    pub max_kernels_per_session: u32,
+    pub max_buffer_bytes_per_session: u64,
+    pub max_events_per_session: u32,
+}
+
+impl Limits {
+    pub fn from_config(config: &ServeConfig) -> Limits {
+        Limits {
+            slots: config.slots,
+            max_artifact_bytes: config.max_artifact_bytes,
+            max_request_bytes: config.max_request_bytes,
+            max_sessions: config.max_sessions,
+            max_buffers_per_session: config.max_buffers_per_session,
+            max_kernels_per_session: config.max_kernels_per_session,
+            max_buffer_bytes_per_session: config.max_buffer_bytes_per_session,
+            max_events_per_session: config.max_events_per_session,
+        }
+    }
+
+    fn to_proto(&self) -> api::Limits {
+        api::Limits {
+            slots: self.slots,
+            max_artifact_bytes: self.max_artifact_bytes,
+            max_request_bytes: self.max_request_bytes,
+            max_sessions: self.max_sessions,
+            max_buffers_per_session: self.max_buffers_per_session,
+            max_kernels_per_session: self.max_kernels_per_session,
+            max_buffer_bytes_per_session: self.max_buffer_bytes_per_session,
+            max_events_per_session: self.max_events_per_session,
+        }
+    }
+}
+
+/// Why the front could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the CUDA backend was requested but is unavailable: {0}")]
+    CudaUnavailable(String),
+    #[error("no CUDA device matches {0:?}")]
+    NoMatchingDevice(String),
+    #[error("executor for device {device} did not start: {error}")]
+    Executor { device: String, error: String },
+}
+
+/// A device and the executor that currently drives it.
+#[derive(Debug)]
+struct DeviceState {
+    desc: DeviceDesc,
+    command: ExecutorCommand,
+    generation: DeviceGeneration,
+    link: Option<Arc<ExecutorLink>>,
+    restarts: u64,
+    restarting: bool,
+}
+
+impl DeviceState {
+    fn live_link(&self) -> Option<&Arc<ExecutorLink>> {
+        self.link.as_ref().filter(|l| !l.is_down())
+    }
+
+    fn at_generation(&self, generation: DeviceGeneration) -> String {
+        format!("{}@{}", self.desc.uuid, generation)
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    sessions: HashMap<SessionId, Session>,
+    slots: SlotTable,
+    registry: Registry,
+    devices: Vec<DeviceState>,
+    draining: bool,
+}
+
+impl State {
+    fn is_live(devices: &[DeviceState]) -> impl Fn(DeviceGeneration) -> bool + '_ {
+        move |generation| {
+            devices
+                .iter()
+                .any(|d| d.generation == generation && d.live_link().is_some())
+        }
+    }
+
+    fn session(&self, id: &SessionId, peer: Option<Peer>) -> Result<&Session, Error> {
+        let session = self.sessions.get(id).ok_or_else(|| SessionError::Unknown {
+            session: id.to_string(),
+        })?;
+        session.authorize(peer)?;
+        Ok(session)
+    }
+
+    fn session_mut(&mut self, id: &SessionId, peer: Option<Peer>) -> Result<&mut Session, Error> {
+        let session = self
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| SessionError::Unknown {
+                session: id.to_string(),
+            })?;
+        session.authorize(peer)?;
+        Ok(session)
+    }
+
+    fn device_index(&self, selector: Option<&api::DeviceSelector>) -> Result<usize, Error> {
+        use api::device_selector::Selector;
+        match selector.and_then(|s| s.selector.as_ref()) {
+            None => Ok(0),
+            Some(Selector::Uuid(uuid)) => self.device_by_uuid(uuid),
+            Some(Selector::Ordinal(ordinal)) => self
+                .devices
+                .iter()
+                .position(|d| d.desc.ordinal == *ordinal)
+                .ok_or_else(|| Error::UnknownDevice {
+                    device: ordinal.to_string(),
+                }),
+        }
+    }
+
+    fn device_by_uuid(&self, uuid: &str) -> Result<usize, Error> {
+        self.devices
+            .iter()
+            .position(|d| d.desc.uuid == uuid)
+            .ok_or_else(|| Error::UnknownDevice {
+                device: uuid.chars().take(96).collect(),
+            })
+    }
+
+    fn link(&self, index: usize) -> Result<(Arc<ExecutorLink>, DeviceGeneration), Error> {
+        let device = self
+            .devices
+            .get(index)
+            .ok_or_else(|| Error::UnknownDevice {
+                device: index.to_string(),
+            })?;
+        match device.live_link() {
+            Some(link) => Ok((link.clone(), device.generation)),
+            None => Err(ExecutorError::Unavailable {
+                device: device.desc.uuid.clone(),
+                cause: if device.restarting {
+                    "restarting".into()
+                } else {
+                    "down".into()
+                },
+            }
+            .into()),
+        }
+    }
+}
+
+/// Work to send to executors after the state lock is released.
+type Cleanup = Vec<(Arc<ExecutorLink>, Op)>;
+
+/// What a session held when it was released.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReleasedCounts {
+    pub buffers: u32,
+    pub kernels: u32,
+    pub events: u32,
+}
+
+/// The front.
+#[derive(Debug)]
+pub struct Front {
+    pub boot: BootId,
+    pub backend: &'static str,
+    pub limits: Limits,
+    generations: GenerationCounter,
+    state: Mutex<State>,
+    deaths: mpsc::UnboundedSender<DeathNotice>,
+    load_locks: Mutex<HashMap<(usize, [u8; 32], String), Arc<tokio::sync::Mutex<()>>>>,
+    next_module: AtomicU64,
+    next_stream: AtomicU64,
+    /// True while every device's executor is up (drives health).
+    available: watch::Sender<bool>,
+    /// Bumped whenever sessions, buffers, slots or devices change (drives metrics gauges).
+    pub changes: watch::Sender<u64>,
+    observer: Observer,
+}
+
+fn down_to_error(device: &str, error: LinkError) -> Error {
+    let LinkError::Down(cause) = error;
+    let cause = match cause {
+        DownCause::Fault { error_name, .. } => format!("device fault {error_name}"),
+        other => other.to_string(),
+    };
+    ExecutorError::Unavailable {
+        device: device.to_string(),
+        cause,
+    }
+    .into()
+}
+
+impl Front {
+    /// Chooses the backend, starts an executor per device and the supervisor.
+    pub async fn start(config: &ServeConfig, observer: Observer) -> Result<Arc<Front>, StartError> {
+        let boot = BootId::random();
+        let generations = GenerationCounter::new(boot);
+        let (backend, devices) = Self::choose_devices(config).await?;
+        let (deaths_tx, deaths_rx) = mpsc::unbounded_channel();
+        let mut states = Vec::new();
+        for (desc, command) in devices {
+            let generation = generations.next();
+            let index = states.len();
+            let link = ExecutorLink::spawn(index, generation, &command, deaths_tx.clone())
+                .await
+                .map_err(|e| StartError::Executor {
+                    device: desc.uuid.clone(),
+                    error: e.to_string(),
+                })?;
+            let desc = link.hello.devices.first().cloned().unwrap_or(desc);
+            tracing::info!(device = %desc.uuid, name = %desc.name, %generation, pid = link.pid(), "executor up");
+            states.push(DeviceState {
+                desc,
+                command,
+                generation,
+                link: Some(link),
+                restarts: 0,
+                restarting: false,
+            });
+        }
+        let limits = Limits::from_config(config);
+        let front = Arc::new(Front {
+            boot,
+            backend,
+            generations,
+            state: Mutex::new(State {
+                sessions: HashMap::new(),
+                slots: SlotTable::new(limits.slots, boot),
+                registry: Registry::default(),
+                devices: states,
+                draining: false,
+            }),
+            limits,
+            deaths: deaths_tx,
+            load_locks: Mutex::new(HashMap::new()),
+            next_module: AtomicU64::new(1),
+            next_stream: AtomicU64::new(1),
+            available: watch::Sender::new(true),
+            changes: watch::Sender::new(0),
+            observer,
+        });
+        tokio::spawn(front.clone().supervise(deaths_rx));
+        Ok(front)
+    }
+
+    async fn choose_devices(
+        config: &ServeConfig,
+    ) -> Result<(&'static str, Vec<(DeviceDesc, ExecutorCommand)>), StartError> {
+        let host = || {
+            let threads = config.host_threads.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            });
+            (0..config.host_devices)
+                .map(|index| {
+                    let desc = DeviceDesc {
+                        ordinal: index,
+                        uuid: crate::executor::host::host_device_uuid(index),
+                        name: "host CPU".into(),
+                        ..Default::default()
+                    };
+                    (
+                        desc,
+                        ExecutorCommand::Host {
+                            index,
+                            threads,
+                            checked: config.host_checked,
+                        },
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        match config.backend {
+            BackendChoice::Host => {
+                tracing::info!("backend: host (requested)");
+                Ok(("host", host()))
+            }
+            BackendChoice::Cuda | BackendChoice::Auto => match probe_cuda().await {
+                Ok(hello) => {
+                    let selected = select_devices(&hello.devices, &config.devices)?;
+                    tracing::info!(
+                        devices = selected.len(),
+                        "backend: cuda (libcuda present, devices answer)"
+                    );
+                    Ok(("cuda", selected))
+                }
+                Err(e) if config.backend == BackendChoice::Auto => {
+                    tracing::info!(reason = %e, "backend: host (CUDA unavailable)");
+                    Ok(("host", host()))
+                }
+                Err(e) => Err(StartError::CudaUnavailable(e.to_string())),
+            },
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent before anything
+        // that could panic, so a poisoned lock still guards valid state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver that is true while every device's executor is up.
+    pub fn availability(&self) -> watch::Receiver<bool> {
+        self.available.subscribe()
+    }
+
+    fn publish_availability(&self, state: &State) {
+        let all_up = !state.draining && state.devices.iter().all(|d| d.live_link().is_some());
+        self.available
+            .send_if_modified(|v| std::mem::replace(v, all_up) != all_up);
+    }
+
+    /// Gauges for metrics: (sessions, buffers, buffer bytes, slots used, generations per device).
+    pub fn gauges(&self) -> Gauges {
+        let state = self.lock();
+        Gauges {
+            sessions: state.sessions.len() as u64,
+            buffers: state.registry.buffers.len() as u64,
+            buffer_bytes: state.registry.total_bytes(),
+            slots_used: state.slots.used() as u64,
+            devices: state
+                .devices
+                .iter()
+                .map(|d| (d.desc.uuid.clone(), d.generation.0, d.restarts))
+                .collect(),
+        }
+    }
+
+    // ----- supervision -----------------------------------------------------
+
+    async fn supervise(self: Arc<Self>, mut deaths: mpsc::UnboundedReceiver<DeathNotice>) {
+        while let Some((index, generation, cause)) = deaths.recv().await {
+            let start = {
+                let mut state = self.lock();
+                let draining = state.draining;
+                let Some(device) = state.devices.get_mut(index) else {
+                    continue;
+                };
+                if device.generation != generation {
+                    continue;
+                }
+                device.link = None;
+                let start = !device.restarting && !draining && cause != DownCause::Stopped;
+                if start {
+                    device.restarting = true;
+                }
+                self.publish_availability(&state);
+                start
+            };
+            self.changed();
+            if let (DownCause::Fault { .. }, Some(device)) =
+                (&cause, self.lock().devices.get(index))
+            {
+                self.observer.kernel_fault(&device.desc.uuid);
+            }
+            if start {
+                tracing::warn!(device = index, %generation, %cause, "executor died; restarting");
+                tokio::spawn(self.clone().restart(index, generation, cause));
+            }
+        }
+    }
+
+    async fn restart(self: Arc<Self>, index: usize, old: DeviceGeneration, cause: DownCause) {
+        let mut backoff = Duration::from_millis(50);
+        let cause_text = match &cause {
+            DownCause::Fault { error_name, .. } => format!("KERNEL_FAULT {error_name}"),
+            DownCause::Exited { .. } => "exited".to_string(),
+            DownCause::Stopped => "stopped".to_string(),
+        };
+        loop {
+            let (command, uuid) = {
+                let state = self.lock();
+                if state.draining {
+                    return;
+                }
+                let Some(device) = state.devices.get(index) else {
+                    return;
+                };
+                (device.command.clone(), device.desc.uuid.clone())
+            };
+            let generation = self.generations.next();
+            let link = match ExecutorLink::spawn(index, generation, &command, self.deaths.clone())
+                .await
+            {
+                Ok(link)
+                    if link.hello.devices.first().map(|d| d.uuid.as_str())
+                        == Some(uuid.as_str()) =>
+                {
+                    link
+                }
+                Ok(link) => {
+                    tracing::error!(device = %uuid, "restarted executor drives another device; retrying");
+                    link.shutdown(Duration::from_secs(1)).await;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(device = %uuid, error = %e, "executor restart failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            };
+            // Publish the generation first so a death of the new executor
+            // during the re-open is attributed to it, not dropped as stale.
+            let (buffers, events) = {
+                let mut state = self.lock();
+                let Some(device) = state.devices.get_mut(index) else {
+                    return;
+                };
+                device.generation = generation;
+                let buffers: Vec<BufferEntry> = state
+                    .registry
+                    .buffers
+                    .values()
+                    .filter(|b| b.device_index == index)
+                    .cloned()
+                    .collect();
+                let events: Vec<EventEntry> = state
+                    .registry
+                    .events
+                    .values()
+                    .filter(|e| e.device_index == index)
+                    .cloned()
+                    .collect();
+                (buffers, events)
+            };
+            let mut reopened_buffers = Vec::new();
+            for buffer in &buffers {
+                let ok = matches!(
+                    link.call(open_buffer_op(buffer)).await,
+                    Ok(reply::Result::OpenBuffer(_))
+                );
+                if !ok {
+                    tracing::warn!(
+                        buffer = buffer.id.0,
+                        "buffer could not be re-opened after restart; it is stale"
+                    );
+                }
+                reopened_buffers.push((buffer.id, ok));
+            }
+            let mut reopened_events = Vec::new();
+            for event in &events {
+                let op = Op::OpenEvent(exec::OpenEvent {
+                    event_id: event.id.0,
+                    handle: event.handle.clone(),
+                });
+                let ok = matches!(link.call(op).await, Ok(reply::Result::Ok(_)));
+                reopened_events.push((event.id, ok));
+            }
+            if link.is_down() {
+                tracing::error!(device = %uuid, "restarted executor died while re-opening; retrying");
+                continue;
+            }
+            let mut late_closes: Cleanup = Vec::new();
+            {
+                let mut state = self.lock();
+                for (id, ok) in reopened_buffers {
+                    match state.registry.buffers.get_mut(&id) {
+                        Some(entry) => entry.open_in = ok.then_some(generation),
+                        // Released while we re-opened it: close it again.
+                        None if ok => late_closes.push((
+                            link.clone(),
+                            Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 }),
+                        )),
+                        None => {}
+                    }
+                }
+                for (id, ok) in reopened_events {
+                    match state.registry.events.get_mut(&id) {
+                        Some(entry) => entry.open_in = ok.then_some(generation),
+                        None if ok => late_closes.push((
+                            link.clone(),
+                            Op::CloseEvent(exec::CloseEvent { event_id: id.0 }),
+                        )),
+                        None => {}
+                    }
+                }
+                let Some(device) = state.devices.get_mut(index) else {
+                    return;
+                };
+                device.link = Some(link.clone());
+                device.restarts += 1;
+                device.restarting = false;
+                let event = api::SessionEvent {
+                    event: Some(session_event::Event::ExecutorRestarted(
+                        api::ExecutorRestarted {
+                            device_uuid: uuid.clone(),
+                            old_generation: old.0,
+                            new_generation: generation.0,
+                            cause: cause_text.clone(),
+                        },
+                    )),
+                };
+                for session in state.sessions.values() {
+                    let _ = session.events.try_send(Ok(event.clone()));
+                }
+                self.publish_availability(&state);
+            }
+            run_cleanup(late_closes).await;
+            self.observer.executor_restart(&uuid);
+            self.changed();
+            tracing::info!(device = %uuid, old = %old, new = %generation, pid = link.pid(), "executor restarted");
+            return;
+        }
+    }
+
+    /// Kills the executor of device `index` (fault injection for tests and
+    /// operators; the supervisor restarts it).
+    pub fn kill_executor(&self, index: usize) -> bool {
+        let state = self.lock();
+        match state.devices.get(index).and_then(|d| d.link.as_ref()) {
+            Some(link) => {
+                link.kill();
+                true
+            }
+            None => false,
+        }
+    }
+
+    // ----- verbs -----------------------------------------------------------
+
+    fn refuse_if_draining(state: &State) -> Result<(), Error> {
+        if state.draining {
+            Err(Error::Draining)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// GetInfo.
+    pub fn info(&self) -> api::GetInfoResponse {
+        let state = self.lock();
+        api::GetInfoResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            backend: self.backend.to_string(),
+            devices: state
+                .devices
+                .iter()
+                .map(|d| api::Device {
+                    ordinal: d.desc.ordinal,
+                    uuid: d.desc.uuid.clone(),
+                    name: d.desc.name.clone(),
+                    compute_major: d.desc.compute_major,
+                    compute_minor: d.desc.compute_minor,
+                    generation: d.generation.0,
+                    total_memory: d.desc.total_memory,
+                    available: d.live_link().is_some(),
+                    restarts: d.restarts,
+                    executor_pid: d.live_link().map(|l| l.pid()).unwrap_or(0),
+                })
+                .collect(),
+            slots_used: state.slots.used(),
+            limits: Some(self.limits.to_proto()),
+            sessions: state.sessions.len() as u32,
+            boot_id: self.boot.to_string(),
+        }
+    }
+
+    /// Opens a session. The returned receiver is the lease stream's source;
+    /// the caller must call [`Front::release_session`] when the stream ends.
+    pub fn open_session(
+        &self,
+        label: String,
+        peer: Option<Peer>,
+    ) -> Result<
+        (
+            SessionId,
+            mpsc::Receiver<Result<api::SessionEvent, tonic::Status>>,
+        ),
+        Error,
+    > {
+        let (tx, rx) = mpsc::channel(SESSION_EVENT_CAPACITY);
+        let id = SessionId::random();
+        {
+            let mut state = self.lock();
+            Self::refuse_if_draining(&state)?;
+            if state.sessions.len() as u64 >= u64::from(self.limits.max_sessions) {
+                return Err(Error::LimitExceeded {
+                    limit: "max_sessions",
+                    value: self.limits.max_sessions.into(),
+                });
+            }
+            let opened = api::SessionEvent {
+                event: Some(session_event::Event::Opened(api::SessionOpened {
+                    session: id.to_string(),
+                    boot_id: self.boot.to_string(),
+                })),
+            };
+            // The channel is fresh and has room: this cannot fail.
+            let _ = tx.try_send(Ok(opened));
+            state.sessions.insert(
+                id.clone(),
+                Session {
+                    id: id.clone(),
+                    label: label.chars().take(256).collect(),
+                    peer,
+                    opened: Instant::now(),
+                    events: tx,
+                    stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
+                    kernels: Default::default(),
+                    buffers: Default::default(),
+                    events_held: Default::default(),
+                    buffer_bytes: 0,
+                },
+            );
+        }
+        tracing::debug!(session = %id, ?peer, "session opened");
+        self.changed();
+        Ok((id, rx))
+    }
+
+    /// CloseSession: releases everything the session holds.
+    pub async fn close_session(
+        &self,
+        id: &SessionId,
+        peer: Option<Peer>,
+    ) -> Result<ReleasedCounts, Error> {
+        {
+            let state = self.lock();
+            match state.session(id, peer) {
+                Ok(_) => {}
+                // Closing an already-closed session is a no-op.
+                Err(Error::Session(SessionError::Unknown { .. })) => {
+                    return Ok(ReleasedCounts::default())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.release_session(id).await)
+    }
+
+    /// Releases a session and everything it holds (close, lease end, drain).
+    pub async fn release_session(&self, id: &SessionId) -> ReleasedCounts {
+        let (counts, cleanup) = {
+            let mut state = self.lock();
+            let Some(session) = state.sessions.remove(id) else {
+                return ReleasedCounts::default();
+            };
+            let mut cleanup: Cleanup = Vec::new();
+            // Streams first: the executor finishes the session's queued work
+            // before its buffers are unmapped.
+            for device in &state.devices {
+                if let Some(link) = device.live_link() {
+                    cleanup.push((
+                        link.clone(),
+                        Op::CloseStream(exec::CloseStream {
+                            stream: session.stream,
+                        }),
+                    ));
+                }
+            }
+            let mut counts = ReleasedCounts::default();
+            for handle in &session.kernels {
+                counts.kernels += 1;
+                if let Ok(released) = state.slots.release(handle, id) {
+                    if let Some(kernel) = released.freed {
+                        if let Some(link) = state
+                            .devices
+                            .get(kernel.device_index)
+                            .and_then(|d| d.live_link())
+                        {
+                            if link.generation == kernel.generation {
+                                cleanup.push((
+                                    link.clone(),
+                                    Op::UnloadModule(exec::UnloadModule {
+                                        module_id: kernel.module_id,
+                                    }),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            for buffer_id in &session.buffers {
+                if let Some(entry) = state.registry.buffers.remove(buffer_id) {
+                    counts.buffers += 1;
+                    if let Some(op_link) =
+                        close_target(&state.devices, entry.device_index, entry.open_in)
+                    {
+                        cleanup.push((
+                            op_link,
+                            Op::CloseBuffer(exec::CloseBuffer {
+                                buffer_id: buffer_id.0,
+                            }),
+                        ));
+                    }
+                }
+            }
+            for event_id in &session.events_held {
+                if let Some(entry) = state.registry.events.remove(event_id) {
+                    counts.events += 1;
+                    if let Some(op_link) =
+                        close_target(&state.devices, entry.device_index, entry.open_in)
+                    {
+                        cleanup.push((
+                            op_link,
+                            Op::CloseEvent(exec::CloseEvent {
+                                event_id: event_id.0,
+                            }),
+                        ));
+                    }
+                }
+            }
+            (counts, cleanup)
+        };
+        run_cleanup(cleanup).await;
+        tracing::debug!(session = %id, ?counts, "session released");
+        self.changed();
+        counts
+    }
+
+    /// LoadKernel.
+    pub async fn load_kernel(
+        &self,
+        request: api::LoadKernelRequest,
+        peer: Option<Peer>,
+    ) -> Result<api::LoadKernelResponse, Error> {
+        let started = Instant::now();
+        let session_id = parse_session(&request.session)?;
+        if request.artifact.is_empty() {
+            return Err(Error::InvalidArgument {
+                field: "artifact",
+                message: "the artifact is empty".into(),
+            });
+        }
+        if request.artifact.len() as u64 > self.limits.max_artifact_bytes {
+            return Err(Error::LimitExceeded {
+                limit: "max_artifact_bytes",
+                value: self.limits.max_artifact_bytes,
+            });
+        }
+        validate_symbol(&request.symbol)?;
+        let kind =
+            api::ArtifactKind::try_from(request.kind).unwrap_or(api::ArtifactKind::Unspecified);
+        let declared = request.declared.map(|d| {
+            (
+                DeclaredAbi {
+                    inputs: d.inputs,
+                    scalar_params: d.scalar_params,
+                },
+                d.element_size,
+            )
+        });
+
+        let device_index = {
+            let state = self.lock();
+            Self::refuse_if_draining(&state)?;
+            let session = state.session(&session_id, peer)?;
+            if session.kernels.len() as u64 >= u64::from(self.limits.max_kernels_per_session) {
+                return Err(Error::LimitExceeded {
+                    limit: "max_kernels_per_session",
+                    value: self.limits.max_kernels_per_session.into(),
+                });
+            }
+            state.device_index(request.device.as_ref())?
+        };
+
+        let (signature, exec_kind) = match kind {
+            api::ArtifactKind::Ptx => {
+                let text = String::from_utf8(request.artifact.clone()).map_err(|e| {
+                    Error::Ptx(ptx::PtxError::Parse {
+                        line: 0,
+                        column: 0,
+                        message: format!("PTX is not UTF-8: {e}"),
+                    })
+                })?;
+                let symbol = request.symbol.clone();
+                let declared_abi = declared.map(|(abi, _)| abi);
+                let signature =
+                    tokio::task::spawn_blocking(move || ptx::verify(&text, &symbol, declared_abi))
+                        .await
+                        .map_err(|e| Error::Internal {
+                            message: format!("verifier task failed: {e}"),
+                        })??;
+                (signature, ExecArtifactKind::Ptx)
+            }
+            api::ArtifactKind::Cubin | api::ArtifactKind::Fatbin => {
+                if self.backend == "host" {
+                    return Err(Error::UnsupportedArtifact {
+                        message:
+                            "the host backend runs PTX only; cubin and fatbin need the CUDA backend"
+                                .into(),
+                    });
+                }
+                let Some((abi, element_size)) = declared else {
+                    return Err(Error::UnsupportedArtifact {
+                        message:
+                            "a cubin or fatbin cannot be verified from its text: declare its ABI \
+                                  (inputs, scalar_params, element_size)"
+                                .into(),
+                    });
+                };
+                if !matches!(element_size, 1 | 2 | 4 | 8) {
+                    return Err(Error::InvalidArgument {
+                        field: "declared.element_size",
+                        message: format!("{element_size} is not 1, 2, 4 or 8"),
+                    });
+                }
+                let signature = Signature {
+                    inputs: abi.inputs,
+                    element_sizes: vec![element_size; abi.inputs as usize + 1],
+                    scalar_params: abi.scalar_params,
+                    reqntid: None,
+                    maxntid: None,
+                };
+                let exec_kind = if kind == api::ArtifactKind::Cubin {
+                    ExecArtifactKind::Cubin
+                } else {
+                    ExecArtifactKind::Fatbin
+                };
+                (signature, exec_kind)
+            }
+            api::ArtifactKind::Unspecified => {
+                return Err(Error::InvalidArgument {
+                    field: "kind",
+                    message: "set kind to PTX, CUBIN or FATBIN".into(),
+                })
+            }
+        };
+        if signature.inputs > 64 || signature.scalar_params > 64 {
+            return Err(Error::LimitExceeded {
+                limit: "kernel_operands",
+                value: 64,
+            });
+        }
+
+        let hash: [u8; 32] = *blake3::hash(&request.artifact).as_bytes();
+        let lock_key = (device_index, hash, request.symbol.clone());
+        let content_lock = {
+            let mut locks = self.load_locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(lock_key.clone()).or_default().clone()
+        };
+        let result = {
+            let _serialized = content_lock.lock().await;
+            self.load_locked(
+                &session_id,
+                peer,
+                device_index,
+                hash,
+                &request,
+                signature,
+                exec_kind,
+                started,
+            )
+            .await
+        };
+        {
+            let mut locks = self.load_locks.lock().unwrap_or_else(|p| p.into_inner());
+            // Only the map and this call hold it: nobody else is waiting.
+            if Arc::strong_count(&content_lock) == 2 {
+                locks.remove(&lock_key);
+            }
+        }
+        if result.is_ok() {
+            self.changed();
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn load_locked(
+        &self,
+        session_id: &SessionId,
+        peer: Option<Peer>,
+        device_index: usize,
+        hash: [u8; 32],
+        request: &api::LoadKernelRequest,
+        signature: Signature,
+        exec_kind: ExecArtifactKind,
+        started: Instant,
+    ) -> Result<api::LoadKernelResponse, Error> {
+        let (link, generation) = {
+            let mut state = self.lock();
+            Self::refuse_if_draining(&state)?;
+            state.session(session_id, peer)?;
+            let (link, generation) = state.link(device_index)?;
+            let key = ContentKey {
+                generation,
+                artifact_hash: hash,
+                symbol: request.symbol.clone(),
+            };
+            let State {
+                slots,
+                devices,
+                sessions,
+                ..
+            } = &mut *state;
+            if let Some((handle, kernel)) =
+                slots.hold_cached(&key, session_id, State::is_live(devices))
+            {
+                if let Some(session) = sessions.get_mut(session_id) {
+                    session.kernels.insert(handle);
+                }
+                return Ok(load_response(&handle, &kernel, true, started));
+            }
+            let reclaimed = slots.ensure_free(State::is_live(devices))?;
+            if !reclaimed.is_empty() {
+                tracing::info!(
+                    slots = reclaimed.len(),
+                    "reclaimed slots of dead generations"
+                );
+            }
+            (link, generation)
+        };
+
+        let module_id = self.next_module.fetch_add(1, Ordering::Relaxed);
+        let op = Op::LoadModule(exec::LoadModule {
+            module_id,
+            kind: exec_kind as i32,
+            artifact: request.artifact.clone(),
+            symbol: request.symbol.clone(),
+            inputs: signature.inputs,
+            scalar_params: signature.scalar_params,
+            element_sizes: signature.element_sizes.clone(),
+            reqntid: signature.reqntid.unwrap_or(0),
+            maxntid: signature.maxntid.unwrap_or(0),
+        });
+        let device_uuid = link
+            .hello
+            .devices
+            .first()
+            .map(|d| d.uuid.clone())
+            .unwrap_or_default();
+        let block_size = match link
+            .call(op)
+            .await
+            .map_err(|e| down_to_error(&device_uuid, e))?
+        {
+            reply::Result::LoadModule(ok) => ok.block_size,
+            reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
+            _ => return Err(ExecutorError::UnexpectedReply("LoadModule").into()),
+        };
+        let block_size = if block_size > 0 {
+            block_size
+        } else {
+            signature.reqntid.unwrap_or(DEFAULT_BLOCK)
+        };
+
+        let kernel = LoadedKernel {
+            module_id,
+            device_index,
+            device_uuid: device_uuid.clone(),
+            generation,
+            artifact_hash: hash,
+            symbol: request.symbol.clone(),
+            label: request.label.chars().take(256).collect(),
+            signature,
+            block_size,
+        };
+        let inserted = {
+            let mut state = self.lock();
+            let State {
+                slots,
+                devices,
+                sessions,
+                ..
+            } = &mut *state;
+            let still_current = devices
+                .get(device_index)
+                .is_some_and(|d| d.generation == generation);
+            match sessions.get_mut(session_id) {
+                None => Err(Error::from(SessionError::Unknown {
+                    session: session_id.to_string(),
+                })),
+                Some(_) if !still_current => Err(ExecutorError::Unavailable {
+                    device: device_uuid.clone(),
+                    cause: "the executor restarted during the load".into(),
+                }
+                .into()),
+                Some(session) => match slots.insert(kernel, session_id, State::is_live(devices)) {
+                    Ok((handle, kernel)) => {
+                        session.kernels.insert(handle);
+                        Ok((handle, kernel))
+                    }
+                    Err(e) => Err(e.into()),
+                },
+            }
+        };
+        match inserted {
+            Ok((handle, kernel)) => Ok(load_response(&handle, &kernel, false, started)),
+            Err(e) => {
+                run_cleanup(vec![(
+                    link,
+                    Op::UnloadModule(exec::UnloadModule { module_id }),
+                )])
+                .await;
+                Err(e)
+            }
+        }
+    }
+
+    /// UnloadKernel.
+    pub async fn unload_kernel(
+        &self,
+        session_id: &str,
+        kernel: &str,
+        peer: Option<Peer>,
+    ) -> Result<api::UnloadKernelResponse, Error> {
+        let session_id = parse_session(session_id)?;
+        let handle = KernelHandle::parse(kernel)?;
+        let cleanup = {
+            let mut state = self.lock();
+            let session = state.session_mut(&session_id, peer)?;
+            if !session.kernels.remove(&handle) {
+                // Not held: stale if it is not a handle the slot table knows
+                // for this session, which `release` reports precisely.
+                let error = state.slots.release(&handle, &session_id).err();
+                return Err(match error {
+                    Some(e) => e.into(),
+                    None => Error::Internal {
+                        message: "kernel held by the slot table but not the session".into(),
+                    },
+                });
+            }
+            let mut cleanup: Cleanup = Vec::new();
+            match state.slots.release(&handle, &session_id) {
+                Ok(released) => {
+                    if let Some(kernel) = released.freed {
+                        if let Some(link) = state
+                            .devices
+                            .get(kernel.device_index)
+                            .and_then(|d| d.live_link())
+                        {
+                            if link.generation == kernel.generation {
+                                cleanup.push((
+                                    link.clone(),
+                                    Op::UnloadModule(exec::UnloadModule {
+                                        module_id: kernel.module_id,
+                                    }),
+                                ));
+                            }
+                        }
+                    }
+                }
+                // Its slot was reclaimed after its generation died: the
+                // session's hold is simply gone.
+                Err(crate::slots::SlotError::Stale { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            cleanup
+        };
+        let slot_freed = !cleanup.is_empty();
+        run_cleanup(cleanup).await;
+        self.changed();
+        Ok(api::UnloadKernelResponse { slot_freed })
+    }
+
+    /// ListKernels.
+    pub fn list_kernels(
+        &self,
+        session_id: &str,
+        peer: Option<Peer>,
+    ) -> Result<api::ListKernelsResponse, Error> {
+        let session_id = parse_session(session_id)?;
+        let state = self.lock();
+        state.session(&session_id, peer)?;
+        let is_live = State::is_live(&state.devices);
+        let kernels = state
+            .slots
+            .held_by(&session_id)
+            .into_iter()
+            .map(|held| api::KernelInfo {
+                kernel: held.handle.to_string(),
+                symbol: held.kernel.symbol.clone(),
+                label: held.kernel.label.clone(),
+                device_uuid: held.kernel.device_uuid.clone(),
+                generation: held.kernel.generation.0,
+                signature: Some(signature_proto(
+                    &held.kernel.signature,
+                    held.kernel.block_size,
+                )),
+                live: is_live(held.kernel.generation),
+                artifact_hash: hex(&held.kernel.artifact_hash),
+                references: held.holders,
+            })
+            .collect();
+        Ok(api::ListKernelsResponse { kernels })
+    }
+
+    /// RegisterBuffer.
+    pub async fn register_buffer(
+        &self,
+        request: api::RegisterBufferRequest,
+        peer: Option<Peer>,
+    ) -> Result<api::RegisterBufferResponse, Error> {
+        use api::register_buffer_request::Source;
+        let session_id = parse_session(&request.session)?;
+        if request.size == 0 {
+            return Err(Error::InvalidArgument {
+                field: "size",
+                message: "a buffer has at least one byte".into(),
+            });
+        }
+        let (source, claimed_uuid) = match request.source {
+            Some(Source::CudaIpc(ipc)) => {
+                if ipc.handle.len() != 64 {
+                    return Err(Error::InvalidArgument {
+                        field: "cuda_ipc.handle",
+                        message: format!("a CUipcMemHandle is 64 bytes, not {}", ipc.handle.len()),
+                    });
+                }
+                if ipc.device_uuid.is_empty() {
+                    return Err(Error::InvalidArgument {
+                        field: "cuda_ipc.device_uuid",
+                        message: "name the device that owns the allocation".into(),
+                    });
+                }
+                (
+                    BufferSource::CudaIpc { handle: ipc.handle },
+                    Some(ipc.device_uuid),
+                )
+            }
+            Some(Source::HostShm(shm)) => {
+                validate_shm_name(&shm.name)?;
+                let uuid = (!shm.device_uuid.is_empty()).then_some(shm.device_uuid);
+                (BufferSource::HostShm { name: shm.name }, uuid)
+            }
+            None => {
+                return Err(Error::InvalidArgument {
+                    field: "source",
+                    message: "set cuda_ipc or host_shm".into(),
+                })
+            }
+        };
+        let (id, index, link, generation, device_uuid) = {
+            let mut state = self.lock();
+            Self::refuse_if_draining(&state)?;
+            let session = state.session(&session_id, peer)?;
+            self.check_buffer_limits(session, request.size)?;
+            let index = match &claimed_uuid {
+                Some(uuid) => state.device_by_uuid(uuid)?,
+                None => 0,
+            };
+            let (link, generation) = state.link(index)?;
+            let device_uuid = state.devices[index].desc.uuid.clone();
+            (
+                state.registry.next_id(),
+                index,
+                link,
+                generation,
+                device_uuid,
+            )
+        };
+        let entry = BufferEntry {
+            id: crate::handles::BufferId(id),
+            session: session_id.clone(),
+            label: request.label.chars().take(256).collect(),
+            source,
+            size: request.size,
+            device_index: index,
+            device_uuid: device_uuid.clone(),
+            open_in: Some(generation),
+        };
+        match link
+            .call(open_buffer_op(&entry))
+            .await
+            .map_err(|e| down_to_error(&device_uuid, e))?
+        {
+            reply::Result::OpenBuffer(ok) if ok.device_uuid == device_uuid => {}
+            reply::Result::OpenBuffer(ok) => {
+                run_cleanup(vec![(
+                    link,
+                    Op::CloseBuffer(exec::CloseBuffer { buffer_id: id }),
+                )])
+                .await;
+                return Err(Error::DeviceMismatch {
+                    operand: "buffer".into(),
+                    kernel_device: device_uuid,
+                    operand_device: ok.device_uuid,
+                });
+            }
+            reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
+            _ => return Err(ExecutorError::UnexpectedReply("OpenBuffer").into()),
+        }
+        let recorded = {
+            let mut state = self.lock();
+            let still_current = state
+                .devices
+                .get(index)
+                .is_some_and(|d| d.generation == generation);
+            let State {
+                sessions, registry, ..
+            } = &mut *state;
+            match sessions.get_mut(&session_id) {
+                None => Err(Error::from(SessionError::Unknown {
+                    session: session_id.to_string(),
+                })),
+                Some(_) if !still_current => Err(ExecutorError::Unavailable {
+                    device: device_uuid.clone(),
+                    cause: "the executor restarted during the registration".into(),
+                }
+                .into()),
+                Some(session) => match self.check_buffer_limits(session, request.size) {
+                    Err(e) => Err(e),
+                    Ok(()) => {
+                        session.buffers.insert(entry.id);
+                        session.buffer_bytes += entry.size;
+                        registry.buffers.insert(entry.id, entry);
+                        Ok(())
+                    }
+                },
+            }
+        };
+        if let Err(e) = recorded {
+            run_cleanup(vec![(
+                link,
+                Op::CloseBuffer(exec::CloseBuffer { buffer_id: id }),
+            )])
+            .await;
+            return Err(e);
+        }
+        self.changed();
+        let handle = BufferHandle {
+            id: crate::handles::BufferId(id),
+            boot: self.boot,
+        };
+        Ok(api::RegisterBufferResponse {
+            buffer: handle.to_string(),
+            device_uuid,
+            generation: generation.0,
+        })
+    }
+
+    fn check_buffer_limits(&self, session: &Session, size: u64) -> Result<(), Error> {
+        if session.buffers.len() as u64 >= u64::from(self.limits.max_buffers_per_session) {
+            return Err(Error::LimitExceeded {
+                limit: "max_buffers_per_session",
+                value: self.limits.max_buffers_per_session.into(),
+            });
+        }
+        if session.buffer_bytes.saturating_add(size) > self.limits.max_buffer_bytes_per_session {
+            return Err(Error::LimitExceeded {
+                limit: "max_buffer_bytes_per_session",
+                value: self.limits.max_buffer_bytes_per_session,
+            });
+        }
+        Ok(())
+    }
+
+    /// ReleaseBuffer.
+    pub async fn release_buffer(
+        &self,
+        session_id: &str,
+        buffer: &str,
+        peer: Option<Peer>,
+    ) -> Result<(), Error> {
+        let session_id = parse_session(session_id)?;
+        let handle = BufferHandle::parse(buffer)?;
+        let cleanup = {
+            let mut state = self.lock();
+            state.session(&session_id, peer)?;
+            if handle.boot != self.boot {
+                return Err(stale_buffer(buffer, "minted by another daemon boot"));
+            }
+            match state.registry.buffers.get(&handle.id) {
+                None => return Err(stale_buffer(buffer, "it was released or never registered")),
+                Some(entry) if entry.session != session_id => {
+                    return Err(crate::buffers::RegistryError::NotOwner {
+                        kind: "buffer",
+                        handle: buffer.to_string(),
+                    }
+                    .into())
+                }
+                Some(_) => {}
+            }
+            let entry = state.registry.buffers.remove(&handle.id);
+            let mut cleanup: Cleanup = Vec::new();
+            if let Some(entry) = entry {
+                if let Some(session) = state.sessions.get_mut(&session_id) {
+                    session.buffers.remove(&handle.id);
+                    session.buffer_bytes = session.buffer_bytes.saturating_sub(entry.size);
+                }
+                if let Some(link) = close_target(&state.devices, entry.device_index, entry.open_in)
+                {
+                    cleanup.push((
+                        link,
+                        Op::CloseBuffer(exec::CloseBuffer {
+                            buffer_id: handle.id.0,
+                        }),
+                    ));
+                }
+            }
+            cleanup
+        };
+        run_cleanup(cleanup).await;
+        self.changed();
+        Ok(())
+    }
+
+    /// ListBuffers.
+    pub fn list_buffers(
+        &self,
+        session_id: &str,
+        peer: Option<Peer>,
+    ) -> Result<api::ListBuffersResponse, Error> {
+        let session_id = parse_session(session_id)?;
+        let state = self.lock();
+        let session = state.session(&session_id, peer)?;
+        let buffers = session
+            .buffers
+            .iter()
+            .filter_map(|id| state.registry.buffers.get(id))
+            .map(|entry| api::BufferInfo {
+                buffer: BufferHandle {
+                    id: entry.id,
+                    boot: self.boot,
+                }
+                .to_string(),
+                label: entry.label.clone(),
+                kind: entry.source.kind().to_string(),
+                device_uuid: entry.device_uuid.clone(),
+                size: entry.size,
+                generation: entry.open_in.map(|g| g.0).unwrap_or(0),
+                live: entry.open_in.is_some(),
+            })
+            .collect();
+        Ok(api::ListBuffersResponse { buffers })
+    }
+
+    /// RegisterEvent.
+    pub async fn register_event(
+        &self,
+        request: api::RegisterEventRequest,
+        peer: Option<Peer>,
+    ) -> Result<api::RegisterEventResponse, Error> {
+        let session_id = parse_session(&request.session)?;
+        if request.handle.len() != 64 {
+            return Err(Error::InvalidArgument {
+                field: "handle",
+                message: format!(
+                    "a CUipcEventHandle is 64 bytes, not {}",
+                    request.handle.len()
+                ),
+            });
+        }
+        let (id, index, link, generation, device_uuid) = {
+            let mut state = self.lock();
+            Self::refuse_if_draining(&state)?;
+            let session = state.session(&session_id, peer)?;
+            if session.events_held.len() as u64 >= u64::from(self.limits.max_events_per_session) {
+                return Err(Error::LimitExceeded {
+                    limit: "max_events_per_session",
+                    value: self.limits.max_events_per_session.into(),
+                });
+            }
+            let index = if request.device_uuid.is_empty() {
+                0
+            } else {
+                state.device_by_uuid(&request.device_uuid)?
+            };
+            let (link, generation) = state.link(index)?;
+            let uuid = state.devices[index].desc.uuid.clone();
+            (state.registry.next_id(), index, link, generation, uuid)
+        };
+        let op = Op::OpenEvent(exec::OpenEvent {
+            event_id: id,
+            handle: request.handle.clone(),
+        });
+        match link
+            .call(op)
+            .await
+            .map_err(|e| down_to_error(&device_uuid, e))?
+        {
+            reply::Result::Ok(_) => {}
+            reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
+            _ => return Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
+        }
+        let event_id = crate::handles::EventId(id);
+        let recorded = {
+            let mut state = self.lock();
+            let still_current = state
+                .devices
+                .get(index)
+                .is_some_and(|d| d.generation == generation);
+            let State {
+                sessions, registry, ..
+            } = &mut *state;
+            match sessions.get_mut(&session_id) {
+                Some(session) if still_current => {
+                    session.events_held.insert(event_id);
+                    registry.events.insert(
+                        event_id,
+                        EventEntry {
+                            id: event_id,
+                            session: session_id.clone(),
+                            label: request.label.chars().take(256).collect(),
+                            handle: request.handle,
+                            device_index: index,
+                            device_uuid: device_uuid.clone(),
+                            open_in: Some(generation),
+                        },
+                    );
+                    Ok(())
+                }
+                Some(_) => Err(ExecutorError::Unavailable {
+                    device: device_uuid.clone(),
+                    cause: "the executor restarted during the registration".into(),
+                }
+                .into()),
+                None => Err(Error::from(SessionError::Unknown {
+                    session: session_id.to_string(),
+                })),
+            }
+        };
+        if let Err(e) = recorded {
+            run_cleanup(vec![(
+                link,
+                Op::CloseEvent(exec::CloseEvent { event_id: id }),
+            )])
+            .await;
+            return Err(e);
+        }
+        Ok(api::RegisterEventResponse {
+            event: EventHandle {
+                id: event_id,
+                boot: self.boot,
+            }
+            .to_string(),
+        })
+    }
+
+    /// ReleaseEvent.
+    pub async fn release_event(
+        &self,
+        session_id: &str,
+        event: &str,
+        peer: Option<Peer>,
+    ) -> Result<(), Error> {
+        let session_id = parse_session(session_id)?;
+        let handle = EventHandle::parse(event)?;
+        let cleanup = {
+            let mut state = self.lock();
+            state.session(&session_id, peer)?;
+            if handle.boot != self.boot {
+                return Err(invalid_event(event));
+            }
+            state
+                .registry
+                .event(handle.id, &session_id, event)
+                .or_else(|e| match e {
+                    // A dead (not re-opened) event may still be released.
+                    crate::buffers::RegistryError::Stale { .. }
+                        if state
+                            .registry
+                            .events
+                            .get(&handle.id)
+                            .is_some_and(|x| x.session == session_id) =>
+                    {
+                        Ok(&state.registry.events[&handle.id])
+                    }
+                    other => Err(other),
+                })?;
+            let mut cleanup: Cleanup = Vec::new();
+            if let Some(entry) = state.registry.events.remove(&handle.id) {
+                if let Some(session) = state.sessions.get_mut(&session_id) {
+                    session.events_held.remove(&handle.id);
+                }
+                if let Some(link) = close_target(&state.devices, entry.device_index, entry.open_in)
+                {
+                    cleanup.push((
+                        link,
+                        Op::CloseEvent(exec::CloseEvent {
+                            event_id: handle.id.0,
+                        }),
+                    ));
+                }
+            }
+            cleanup
+        };
+        run_cleanup(cleanup).await;
+        Ok(())
+    }
+
+    /// Launch: checks every operand, then hands the launch to the executor.
+    pub async fn launch(
+        &self,
+        request: &api::LaunchRequest,
+        peer: Option<Peer>,
+    ) -> Result<api::LaunchResponse, Error> {
+        let started = Instant::now();
+        let (link, op, device_uuid) = self.check_launch(request, peer)?;
+        match link
+            .call(op)
+            .await
+            .map_err(|e| down_to_error(&device_uuid, e))?
+        {
+            reply::Result::Ok(_) => {}
+            reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
+            _ => return Err(ExecutorError::UnexpectedReply("Launch").into()),
+        }
+        Ok(api::LaunchResponse {
+            tag: request.tag,
+            micros: started.elapsed().as_micros() as u64,
+            error: None,
+        })
+    }
+
+    fn check_launch(
+        &self,
+        request: &api::LaunchRequest,
+        peer: Option<Peer>,
+    ) -> Result<(Arc<ExecutorLink>, Op, String), Error> {
+        let session_id = parse_session(&request.session)?;
+        let handle = KernelHandle::parse(&request.kernel)?;
+        let state = self.lock();
+        Self::refuse_if_draining(&state)?;
+        let session = state.session(&session_id, peer)?;
+        let kernel = state
+            .slots
+            .resolve(&handle, &session_id, State::is_live(&state.devices))?;
+        let signature = &kernel.signature;
+        if request.inputs.len() != signature.inputs as usize {
+            return Err(Error::LaunchArity {
+                what: "inputs",
+                expected: signature.inputs,
+                found: request.inputs.len() as u32,
+            });
+        }
+        if request.params.len() != signature.scalar_params as usize {
+            return Err(Error::LaunchArity {
+                what: "scalar params",
+                expected: signature.scalar_params,
+                found: request.params.len() as u32,
+            });
+        }
+        let output = request
+            .output
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "output",
+                message: "a launch needs an output".into(),
+            })?;
+        if request.n > i64::MAX as u64 {
+            return Err(Error::InvalidArgument {
+                field: "n",
+                message: "n must fit a long long".into(),
+            });
+        }
+        let device = state
+            .devices
+            .get(kernel.device_index)
+            .ok_or_else(|| Error::Internal {
+                message: "kernel names a device the front does not have".into(),
+            })?;
+        let kernel_at = device.at_generation(kernel.generation);
+        let operands = request
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (format!("input {i}"), o))
+            .chain([("output".to_string(), output)]);
+        let mut checked = Vec::with_capacity(request.inputs.len() + 1);
+        for ((name, operand), element_size) in operands.zip(signature.element_sizes.iter().copied())
+        {
+            let handle = BufferHandle::parse(&operand.buffer)?;
+            if handle.boot != self.boot {
+                return Err(stale_buffer(
+                    &operand.buffer,
+                    "minted by another daemon boot",
+                ));
+            }
+            let entry = state
+                .registry
+                .buffer(handle.id, &session_id, &operand.buffer)?;
+            if entry.device_index != kernel.device_index || entry.open_in != Some(kernel.generation)
+            {
+                let operand_device = match (state.devices.get(entry.device_index), entry.open_in) {
+                    (Some(d), Some(g)) => d.at_generation(g),
+                    _ => entry.device_uuid.clone(),
+                };
+                return Err(Error::DeviceMismatch {
+                    operand: name,
+                    kernel_device: kernel_at,
+                    operand_device,
+                });
+            }
+            if element_size > 1 && operand.offset % u64::from(element_size) != 0 {
+                return Err(Error::InvalidArgument {
+                    field: "offset",
+                    message: format!(
+                        "{name}: offset {} is not a multiple of the element size {element_size}",
+                        operand.offset
+                    ),
+                });
+            }
+            let needed =
+                u128::from(operand.offset) + u128::from(request.n) * u128::from(element_size);
+            if needed > u128::from(entry.size) {
+                return Err(Error::BufferTooSmall {
+                    operand: name,
+                    needed_bytes: needed,
+                    buffer_bytes: entry.size,
+                });
+            }
+            checked.push(exec::LaunchOperand {
+                buffer_id: handle.id.0,
+                offset: operand.offset,
+            });
+        }
+        let output = checked.pop().ok_or_else(|| Error::Internal {
+            message: "signature without an output".into(),
+        })?;
+        if checked.len() != signature.inputs as usize {
+            return Err(Error::Internal {
+                message: "signature element sizes do not cover every operand".into(),
+            });
+        }
+        let wait_event = self.check_event(
+            &state,
+            &request.wait_event,
+            &session_id,
+            &kernel,
+            "wait_event",
+        )?;
+        let signal_event = self.check_event(
+            &state,
+            &request.signal_event,
+            &session_id,
+            &kernel,
+            "signal_event",
+        )?;
+        let link = device
+            .live_link()
+            .filter(|l| l.generation == kernel.generation)
+            .cloned()
+            .ok_or_else(|| {
+                Error::from(ExecutorError::Unavailable {
+                    device: device.desc.uuid.clone(),
+                    cause: "down".into(),
+                })
+            })?;
+        let op = Op::Launch(exec::Launch {
+            module_id: kernel.module_id,
+            inputs: checked,
+            output: Some(output),
+            n: request.n,
+            // The scalar ABI's params are f32; doubles narrow with rounding
+            // (out-of-range magnitudes become infinities, as in C).
+            params: request.params.iter().map(|&p| p as f32).collect(),
+            stream: session.stream,
+            wait_event,
+            signal_event,
+            sync: request.sync,
+        });
+        Ok((link, op, device.desc.uuid.clone()))
+    }
+
+    fn check_event(
+        &self,
+        state: &State,
+        text: &str,
+        session: &SessionId,
+        kernel: &LoadedKernel,
+        field: &'static str,
+    ) -> Result<u64, Error> {
+        if text.is_empty() {
+            return Ok(0);
+        }
+        let handle = EventHandle::parse(text)?;
+        if handle.boot != self.boot {
+            return Err(invalid_event(text));
+        }
+        let entry = state.registry.event(handle.id, session, text)?;
+        if entry.device_index != kernel.device_index || entry.open_in != Some(kernel.generation) {
+            return Err(Error::DeviceMismatch {
+                operand: field.to_string(),
+                kernel_device: kernel.device_uuid.clone(),
+                operand_device: entry.device_uuid.clone(),
+            });
+        }
+        Ok(handle.id.0)
+    }
+
+    /// Begins the drain: refuses new work, tells every session and ends
+    /// their lease streams.
+    pub fn begin_drain(&self, reason: &str) {
+        let mut state = self.lock();
+        state.draining = true;
+        let event = api::SessionEvent {
+            event: Some(session_event::Event::Draining(api::Draining {
+                reason: reason.to_string(),
+            })),
+        };
+        for session in state.sessions.values() {
+            let _ = session.events.try_send(Ok(event.clone()));
+        }
+        self.publish_availability(&state);
+    }
+
+    /// Ends every session's lease stream (after the drain notice).
+    pub fn end_leases(&self) {
+        let mut state = self.lock();
+        for session in state.sessions.values_mut() {
+            // Replace the sender: the lease stream ends once the queued
+            // events are read.
+            let (closed, _) = mpsc::channel(1);
+            session.events = closed;
+        }
+    }
+
+    /// Releases every session and stops every executor.
+    pub async fn shutdown(&self, grace: Duration) {
+        let ids: Vec<SessionId> = self.lock().sessions.keys().cloned().collect();
+        for id in ids {
+            self.release_session(&id).await;
+        }
+        let links: Vec<Arc<ExecutorLink>> = {
+            let mut state = self.lock();
+            state.draining = true;
+            state
+                .devices
+                .iter_mut()
+                .filter_map(|d| d.link.take())
+                .collect()
+        };
+        futures_util::future::join_all(links.iter().map(|l| l.shutdown(grace))).await;
+        self.changed();
+    }
+}
+
+/// Gauges for metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Gauges {
+    pub sessions: u64,
+    pub buffers: u64,
+    pub buffer_bytes: u64,
+    pub slots_used: u64,
+    /// (uuid, generation, restarts)
+    pub devices: Vec<(String, u64, u64)>,
+}
+
+fn select_devices(
+    devices: &[DeviceDesc],
+    spec: &str,
+) -> Result<Vec<(DeviceDesc, ExecutorCommand)>, StartError> {
+    let chosen: Vec<&DeviceDesc> = if spec.trim() == "all" {
+        devices.iter().collect()
+    } else {
+        let mut chosen = Vec::new();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let device = devices
+                .iter()
+                .find(|d| d.uuid == item || d.ordinal.to_string() == item)
+                .ok_or_else(|| StartError::NoMatchingDevice(item.to_string()))?;
+            chosen.push(device);
+        }
+        chosen
+    };
+    if chosen.is_empty() {
+        return Err(StartError::NoMatchingDevice(spec.to_string()));
+    }
+    Ok(chosen
+        .into_iter()
+        .map(|d| {
+            (
+                d.clone(),
+                ExecutorCommand::Cuda {
+                    uuid: d.uuid.clone(),
+                },
+            )
+        })
+        .collect())
+}
+
+fn open_buffer_op(entry: &BufferEntry) -> Op {
+    let source = match &entry.source {
+        BufferSource::CudaIpc { handle } => open_buffer::Source::CudaIpc(handle.clone()),
+        BufferSource::HostShm { name } => open_buffer::Source::ShmName(name.clone()),
+    };
+    Op::OpenBuffer(exec::OpenBuffer {
+        buffer_id: entry.id.0,
+        source: Some(source),
+        size: entry.size,
+        claimed_device_uuid: entry.device_uuid.clone(),
+    })
+}
+
+/// The live executor that holds a mapping opened in `open_in`, if any.
+fn close_target(
+    devices: &[DeviceState],
+    index: usize,
+    open_in: Option<DeviceGeneration>,
+) -> Option<Arc<ExecutorLink>> {
+    let device = devices.get(index)?;
+    let link = device.live_link()?;
+    (Some(link.generation) == open_in).then(|| link.clone())
+}
+
+async fn run_cleanup(cleanup: Cleanup) {
+    for (link, op) in cleanup {
+        match tokio::time::timeout(CLEANUP_TIMEOUT, link.call(op)).await {
+            Ok(Ok(reply::Result::Failure(f))) => {
+                tracing::warn!(message = %f.message, "executor clean-up failed")
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "executor gone during clean-up"),
+            Err(_) => tracing::warn!("executor clean-up timed out"),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+fn parse_session(text: &str) -> Result<SessionId, Error> {
+    if text.is_empty() {
+        return Err(Error::InvalidArgument {
+            field: "session",
+            message: "open a session first (OpenSession)".into(),
+        });
+    }
+    Ok(SessionId::parse(text)?)
+}
+
+fn validate_symbol(symbol: &str) -> Result<(), Error> {
+    let ok = !symbol.is_empty()
+        && symbol.len() <= 1024
+        && symbol
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            field: "symbol",
+            message: "a symbol is 1 to 1024 characters of [A-Za-z0-9_$.]".into(),
+        })
+    }
+}
+
+fn validate_shm_name(name: &str) -> Result<(), Error> {
+    let ok = name.len() >= 2
+        && name.len() <= 255
+        && name.starts_with('/')
+        && !name[1..].contains('/')
+        && !name.contains('\0');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            field: "host_shm.name",
+            message:
+                "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
+                    .into(),
+        })
+    }
+}
+
+fn stale_buffer(handle: &str, why: &'static str) -> Error {
+    crate::buffers::RegistryError::Stale {
+        kind: "buffer",
+        handle: handle.chars().take(96).collect(),
+        why,
+    }
+    .into()
+}
+
+fn invalid_event(handle: &str) -> Error {
+    crate::buffers::RegistryError::Stale {
+        kind: "event",
+        handle: handle.chars().take(96).collect(),
+        why: "minted by another daemon boot",
+    }
+    .into()
+}
+
+fn signature_proto(signature: &Signature, block_size: u32) -> api::KernelSignature {
+    api::KernelSignature {
+        inputs: signature.inputs,
+        element_sizes: signature.element_sizes.clone(),
+        scalar_params: signature.scalar_params,
+        block_size,
+        reqntid: signature.reqntid.unwrap_or(0),
+        maxntid: signature.maxntid.unwrap_or(0),
+    }
+}
+
+fn load_response(
+    handle: &KernelHandle,
+    kernel: &LoadedKernel,
+    cache_hit: bool,
+    started: Instant,
+) -> api::LoadKernelResponse {
+    api::LoadKernelResponse {
+        kernel: handle.to_string(),
+        signature: Some(signature_proto(&kernel.signature, kernel.block_size)),
+        cache_hit,
+        load_micros: started.elapsed().as_micros() as u64,
+        device_uuid: kernel.device_uuid.clone(),
+        generation: kernel.generation.0,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shm_names_and_symbols_are_validated() {
+        assert!(validate_shm_name("/ptxd-x").is_ok());
+        for bad in ["", "/", "x", "/a/b", "/a\0b"] {
+            assert!(validate_shm_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_shm_name(&format!("/{}", "a".repeat(300))).is_err());
+        assert!(validate_symbol("add_f32_scalar").is_ok());
+        assert!(validate_symbol("$L__x.1").is_ok());
+        for bad in ["", "a b", "a\0", "ü"] {
+            assert!(validate_symbol(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn device_selection_by_uuid_and_ordinal() {
+        let devices: Vec<DeviceDesc> = (0..3)
+            .map(|i| DeviceDesc {
+                ordinal: i,
+                uuid: format!("GPU-{i}"),
+                ..Default::default()
+            })
+            .collect();
+        assert_eq!(select_devices(&devices, "all").unwrap().len(), 3);
+        let picked = select_devices(&devices, "GPU-2, 0").unwrap();
+        assert_eq!(
+            picked.iter().map(|(d, _)| d.ordinal).collect::<Vec<_>>(),
+            vec![2, 0]
+        );
+        assert!(matches!(
+            select_devices(&devices, "GPU-9"),
+            Err(StartError::NoMatchingDevice(_))
+        ));
+    }
+}

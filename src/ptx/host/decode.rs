@@ -1,0 +1,778 @@
+//! Decoding a verified kernel into the engine's compact form: every operand
+//! becomes a register-file row (immediates and special registers get rows of
+//! their own, filled before the kernel runs), every opcode an [`Op`] with its
+//! types and modes resolved. No strings survive into a launch.
+//!
+//! Invariant: decoding succeeds only if every instruction is one the engine
+//! runs with the documented semantics; otherwise it fails with
+//! `UnsupportedOnHost` naming the instruction, so a launch never meets an
+//! instruction it cannot run.
+
+use std::collections::HashMap;
+
+use super::float::Rnd;
+use crate::ptx::ir::{Base, Inst, Kernel, Opnd, Sreg, Ty};
+use crate::ptx::parse::Imm;
+use crate::ptx::verify::{Role, Verified};
+use crate::ptx::PtxError;
+
+/// A register-file row.
+pub type Row = u32;
+
+/// A float format the engine computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FTy {
+    F16,
+    Bf16,
+    F32,
+    F64,
+}
+
+/// Float operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Min,
+    Max,
+    Copysign,
+    Fma,
+    Neg,
+    Abs,
+    Sqrt,
+    Rcp,
+    Rsqrt,
+    Ex2,
+    Lg2,
+    Sin,
+    Cos,
+    Tanh,
+}
+
+/// Integer operations (`bits` and signedness travel beside them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IOp {
+    Add,
+    AddSat,
+    Sub,
+    SubSat,
+    MulLo,
+    MulHi,
+    MulWide,
+    MadLo,
+    MadHi,
+    MadWide,
+    Div,
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+    Neg,
+    Abs,
+    Not,
+    Cnot,
+    Popc,
+    Clz,
+    Brev,
+}
+
+/// A comparison of `setp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Lo,
+    Ls,
+    Hi,
+    Hs,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+}
+
+/// The rounding of `cvt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CvtRnd {
+    None,
+    Float(Rnd),
+    /// `.rni .rzi .rmi .rpi`: to an integral value.
+    Int(Rnd),
+}
+
+/// A decoded operation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Op {
+    /// `d = a & mask`.
+    Mov {
+        d: Row,
+        a: Row,
+        mask: u64,
+    },
+    Int {
+        op: IOp,
+        bits: u32,
+        signed: bool,
+        d: Row,
+        a: Row,
+        b: Row,
+        c: Row,
+    },
+    Float {
+        op: FOp,
+        ty: FTy,
+        rnd: Rnd,
+        ftz: bool,
+        sat: bool,
+        d: Row,
+        a: Row,
+        b: Row,
+        c: Row,
+    },
+    Cvt {
+        to: Ty,
+        from: Ty,
+        rnd: CvtRnd,
+        ftz: bool,
+        sat: bool,
+        relu: bool,
+        d: Row,
+        a: Row,
+    },
+    /// `d = cmp(a, b)` (0 or 1); the `.and/.or/.xor` forms are decoded as
+    /// a following [`Op::Int`] on predicates.
+    Setp {
+        cmp: Cmp,
+        ty: Ty,
+        ftz: bool,
+        d: Row,
+        a: Row,
+        b: Row,
+    },
+    /// `d = p ? a : b`.
+    Selp {
+        d: Row,
+        a: Row,
+        b: Row,
+        p: Row,
+    },
+    /// `d = mem[a + off]`, `width` bytes, sign-extended when `signed`,
+    /// masked to the destination's width.
+    Ld {
+        d: Row,
+        a: Row,
+        off: i64,
+        width: u8,
+        signed: bool,
+        mask: u64,
+    },
+    St {
+        a: Row,
+        off: i64,
+        v: Row,
+        width: u8,
+    },
+    Bra {
+        target: u32,
+    },
+    Ret,
+}
+
+/// A decoded instruction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DInst {
+    pub op: Op,
+    /// `@p` / `@!p`: (row, negated).
+    pub guard: Option<(Row, bool)>,
+    pub line: u32,
+}
+
+/// Where a uniform row's value comes from at launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Uniform {
+    Const(u64),
+    InputPtr(u32),
+    OutputPtr,
+    Count,
+    Scalar(u32),
+    Ntid,
+    Nctaid,
+}
+
+/// The decoded program.
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub code: Vec<DInst>,
+    pub rows: u32,
+    /// Rows filled once per launch.
+    pub uniforms: Vec<(Row, Uniform)>,
+    pub tid_row: Row,
+    pub ctaid_row: Row,
+}
+
+fn width_mask(bits: u32) -> u64 {
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
+}
+
+struct Decoder<'a> {
+    k: &'a Kernel,
+    roles: &'a [Role],
+    rows: u32,
+    uniforms: Vec<(Row, Uniform)>,
+    uniform_rows: HashMap<Uniform, Row>,
+    tid_row: Row,
+    ctaid_row: Row,
+}
+
+fn unsupported(inst: &Inst) -> PtxError {
+    PtxError::UnsupportedOnHost {
+        opcode: inst.opcode.clone(),
+        line: inst.line,
+    }
+}
+
+impl Decoder<'_> {
+    fn fresh(&mut self) -> Row {
+        let r = self.rows;
+        self.rows += 1;
+        r
+    }
+
+    fn uniform(&mut self, u: Uniform) -> Row {
+        if let Some(r) = self.uniform_rows.get(&u) {
+            return *r;
+        }
+        let r = self.fresh();
+        self.uniforms.push((r, u));
+        self.uniform_rows.insert(u, r);
+        r
+    }
+
+    fn imm_bits(v: Imm, ty: Ty) -> u64 {
+        use super::float::{round, round_int, BF16, F16, F32};
+        use std::cmp::Ordering::Equal;
+        let as_f64 = match v {
+            Imm::Int(i) => i as f64,
+            Imm::F32(b) => f64::from(f32::from_bits(b)),
+            Imm::F64(b) => f64::from_bits(b),
+        };
+        match (ty, v) {
+            (Ty::F64, _) => as_f64.to_bits(),
+            (Ty::F32, Imm::Int(i)) => round_int(i128::from(i), F32, Rnd::Rn),
+            (Ty::F32, _) => round(as_f64, Equal, F32, Rnd::Rn),
+            (Ty::F16, Imm::Int(i)) => round_int(i128::from(i), F16, Rnd::Rn),
+            (Ty::F16, _) => round(as_f64, Equal, F16, Rnd::Rn),
+            (Ty::Bf16, Imm::Int(i)) => round_int(i128::from(i), BF16, Rnd::Rn),
+            (Ty::Bf16, _) => round(as_f64, Equal, BF16, Rnd::Rn),
+            (_, Imm::Int(i)) => (i as u64) & width_mask(ty.bits().max(1)),
+            (_, Imm::F32(b)) => u64::from(b),
+            (_, Imm::F64(b)) => b & width_mask(ty.bits().max(1)),
+        }
+    }
+
+    /// A source operand as a row; `ty` types an immediate.
+    fn src(&mut self, inst: &Inst, o: Option<&Opnd>, ty: Ty) -> Result<Row, PtxError> {
+        Ok(match o {
+            Some(Opnd::Reg(r)) => *r,
+            Some(Opnd::Imm(v)) => self.uniform(Uniform::Const(Self::imm_bits(*v, ty))),
+            Some(Opnd::Sreg(s)) => match s {
+                Sreg::Tid(0) => self.tid_row,
+                Sreg::Ctaid(0) => self.ctaid_row,
+                Sreg::Ntid(0) => self.uniform(Uniform::Ntid),
+                Sreg::Nctaid(0) => self.uniform(Uniform::Nctaid),
+                Sreg::Tid(_) | Sreg::Ctaid(_) => self.uniform(Uniform::Const(0)),
+                Sreg::Ntid(_) | Sreg::Nctaid(_) => self.uniform(Uniform::Const(1)),
+                Sreg::Other => return Err(unsupported(inst)),
+            },
+            _ => return Err(unsupported(inst)),
+        })
+    }
+
+    /// A predicate source, possibly negated (`!%p`) → a row holding 0/1.
+    fn pred_src(
+        &mut self,
+        inst: &Inst,
+        o: Option<&Opnd>,
+        out: &mut Vec<DInst>,
+    ) -> Result<Row, PtxError> {
+        match o {
+            Some(Opnd::Not(r)) => {
+                let t = self.fresh();
+                let one = self.uniform(Uniform::Const(1));
+                out.push(DInst {
+                    op: Op::Int {
+                        op: IOp::Xor,
+                        bits: 1,
+                        signed: false,
+                        d: t,
+                        a: *r,
+                        b: one,
+                        c: one,
+                    },
+                    guard: None,
+                    line: inst.line,
+                });
+                Ok(t)
+            }
+            other => self.src(inst, other, Ty::Pred),
+        }
+    }
+
+    fn dst(&self, inst: &Inst, o: Option<&Opnd>) -> Result<(Row, u64), PtxError> {
+        match o {
+            Some(Opnd::Reg(r)) => {
+                let ty = self
+                    .k
+                    .reg_types
+                    .get(*r as usize)
+                    .copied()
+                    .unwrap_or(Ty::Other);
+                if ty == Ty::Other {
+                    return Err(unsupported(inst));
+                }
+                Ok((*r, width_mask(if ty == Ty::Pred { 1 } else { ty.bits() })))
+            }
+            _ => Err(unsupported(inst)),
+        }
+    }
+
+    fn decode(&mut self, inst: &Inst, out: &mut Vec<DInst>) -> Result<(), PtxError> {
+        let guard = inst.guard.map(|(neg, r)| (r, neg));
+        let tys = inst.types();
+        let ty = tys.first().copied().unwrap_or(Ty::Other);
+        let ops = &inst.ops;
+        let line = inst.line;
+        let emit = |op: Op, out: &mut Vec<DInst>| out.push(DInst { op, guard, line });
+        let b = inst.base.as_str();
+        let rnd = [
+            ("rn", Rnd::Rn),
+            ("rz", Rnd::Rz),
+            ("rm", Rnd::Rm),
+            ("rp", Rnd::Rp),
+        ]
+        .iter()
+        .find(|(m, _)| inst.has(m))
+        .map(|(_, r)| *r);
+        let ftz = inst.has("ftz");
+        let sat = inst.has("sat");
+        match b {
+            "ld" | "ldu" if inst.has("param") => {
+                let Some(Opnd::Addr {
+                    base: Base::Param(p),
+                    offset: 0,
+                }) = ops.get(1)
+                else {
+                    return Err(unsupported(inst));
+                };
+                let u = match self.roles.get(*p as usize) {
+                    Some(Role::Input(k)) => Uniform::InputPtr(*k),
+                    Some(Role::Output) => Uniform::OutputPtr,
+                    Some(Role::Count) => Uniform::Count,
+                    Some(Role::Scalar(k)) => Uniform::Scalar(*k),
+                    None => return Err(unsupported(inst)),
+                };
+                let a = self.uniform(u);
+                let (d, mask) = self.dst(inst, ops.first())?;
+                emit(Op::Mov { d, a, mask }, out);
+            }
+            "ld" | "ldu" | "st" => {
+                let lty = tys.last().copied().unwrap_or(Ty::Other);
+                let width = u8::try_from(lty.bytes()).unwrap_or(0);
+                if !matches!(width, 1 | 2 | 4 | 8) || lty == Ty::Pred {
+                    return Err(unsupported(inst));
+                }
+                let (ai, vi) = if b == "st" { (0, 1) } else { (1, 0) };
+                let Some(Opnd::Addr {
+                    base: Base::Reg(a),
+                    offset,
+                }) = ops.get(ai)
+                else {
+                    return Err(unsupported(inst));
+                };
+                if b == "st" {
+                    let v = self.src(inst, ops.get(vi), lty)?;
+                    emit(
+                        Op::St {
+                            a: *a,
+                            off: *offset,
+                            v,
+                            width,
+                        },
+                        out,
+                    );
+                } else {
+                    let (d, mask) = self.dst(inst, ops.first())?;
+                    emit(
+                        Op::Ld {
+                            d,
+                            a: *a,
+                            off: *offset,
+                            width,
+                            signed: lty.is_signed(),
+                            mask,
+                        },
+                        out,
+                    );
+                }
+            }
+            "mov" | "cvta" => {
+                let sty = if b == "cvta" { Ty::U64 } else { ty };
+                let a = self.src(inst, ops.get(1), sty)?;
+                let (d, mask) = self.dst(inst, ops.first())?;
+                emit(Op::Mov { d, a, mask }, out);
+            }
+            "cvt" => {
+                let (to, from) = match tys.as_slice() {
+                    [to, from]
+                        if *to != Ty::Other
+                            && *from != Ty::Other
+                            && *to != Ty::Pred
+                            && *from != Ty::Pred =>
+                    {
+                        (*to, *from)
+                    }
+                    _ => return Err(unsupported(inst)),
+                };
+                let irnd = [
+                    ("rni", Rnd::Rn),
+                    ("rzi", Rnd::Rz),
+                    ("rmi", Rnd::Rm),
+                    ("rpi", Rnd::Rp),
+                ]
+                .iter()
+                .find(|(m, _)| inst.has(m))
+                .map(|(_, r)| *r);
+                let rnd = match (irnd, rnd) {
+                    (Some(r), _) => CvtRnd::Int(r),
+                    (None, Some(r)) => CvtRnd::Float(r),
+                    (None, None) => CvtRnd::None,
+                };
+                let a = self.src(inst, ops.get(1), from)?;
+                let (d, _) = self.dst(inst, ops.first())?;
+                emit(
+                    Op::Cvt {
+                        to,
+                        from,
+                        rnd,
+                        ftz,
+                        sat,
+                        relu: inst.has("relu"),
+                        d,
+                        a,
+                    },
+                    out,
+                );
+            }
+            "setp" => {
+                let cty = *tys.last().unwrap_or(&Ty::Other);
+                if cty == Ty::Other || cty == Ty::Pred {
+                    return Err(unsupported(inst));
+                }
+                let cmp = match inst.mods.first().map(String::as_str) {
+                    Some("eq") => Cmp::Eq,
+                    Some("ne") => Cmp::Ne,
+                    Some("lt") => Cmp::Lt,
+                    Some("le") => Cmp::Le,
+                    Some("gt") => Cmp::Gt,
+                    Some("ge") => Cmp::Ge,
+                    Some("lo") => Cmp::Lo,
+                    Some("ls") => Cmp::Ls,
+                    Some("hi") => Cmp::Hi,
+                    Some("hs") => Cmp::Hs,
+                    Some("equ") => Cmp::Equ,
+                    Some("neu") => Cmp::Neu,
+                    Some("ltu") => Cmp::Ltu,
+                    Some("leu") => Cmp::Leu,
+                    Some("gtu") => Cmp::Gtu,
+                    Some("geu") => Cmp::Geu,
+                    Some("num") => Cmp::Num,
+                    Some("nan") => Cmp::Nan,
+                    _ => return Err(unsupported(inst)),
+                };
+                let bool_op = [("and", IOp::And), ("or", IOp::Or), ("xor", IOp::Xor)]
+                    .iter()
+                    .find(|(m, _)| inst.has(m))
+                    .map(|(_, o)| *o);
+                let a = self.src(inst, ops.get(1), cty)?;
+                let bb = self.src(inst, ops.get(2), cty)?;
+                let (p, q) = match ops.first() {
+                    Some(Opnd::Reg(p)) => (*p, None),
+                    Some(Opnd::Pair(p, q)) => (*p, Some(*q)),
+                    _ => return Err(unsupported(inst)),
+                };
+                let raw = self.fresh();
+                emit(
+                    Op::Setp {
+                        cmp,
+                        ty: cty,
+                        ftz,
+                        d: raw,
+                        a,
+                        b: bb,
+                    },
+                    out,
+                );
+                let one = self.uniform(Uniform::Const(1));
+                let zero = self.uniform(Uniform::Const(0));
+                let c = match bool_op {
+                    Some(_) => self.pred_src(inst, ops.get(3), out)?,
+                    None => zero,
+                };
+                let combine = bool_op.unwrap_or(IOp::Or);
+                let pred = |op, d, a, b| Op::Int {
+                    op,
+                    bits: 1,
+                    signed: false,
+                    d,
+                    a,
+                    b,
+                    c: b,
+                };
+                if let Some(q) = q {
+                    let nraw = self.fresh();
+                    emit(pred(IOp::Xor, nraw, raw, one), out);
+                    emit(pred(combine, p, raw, c), out);
+                    emit(pred(combine, q, nraw, c), out);
+                } else {
+                    emit(pred(combine, p, raw, c), out);
+                }
+            }
+            "selp" => {
+                let a = self.src(inst, ops.get(1), ty)?;
+                let bb = self.src(inst, ops.get(2), ty)?;
+                let p = self.pred_src(inst, ops.get(3), out)?;
+                let (d, _) = self.dst(inst, ops.first())?;
+                out.push(DInst {
+                    op: Op::Selp { d, a, b: bb, p },
+                    guard,
+                    line,
+                });
+            }
+            "bra" => match ops.first() {
+                Some(Opnd::Label(t)) => emit(Op::Bra { target: *t }, out),
+                _ => return Err(unsupported(inst)),
+            },
+            "ret" | "exit" => emit(Op::Ret, out),
+            _ if ty.is_float() => {
+                let fty = match ty {
+                    Ty::F16 => FTy::F16,
+                    Ty::Bf16 => FTy::Bf16,
+                    Ty::F32 => FTy::F32,
+                    _ => FTy::F64,
+                };
+                let fop = match b {
+                    "add" => FOp::Add,
+                    "sub" => FOp::Sub,
+                    "mul" => FOp::Mul,
+                    "div" => FOp::Div,
+                    "min" => FOp::Min,
+                    "max" => FOp::Max,
+                    "copysign" => FOp::Copysign,
+                    "fma" | "mad" => FOp::Fma,
+                    "neg" => FOp::Neg,
+                    "abs" => FOp::Abs,
+                    "sqrt" => FOp::Sqrt,
+                    "rcp" => FOp::Rcp,
+                    "rsqrt" => FOp::Rsqrt,
+                    "ex2" => FOp::Ex2,
+                    "lg2" => FOp::Lg2,
+                    "sin" => FOp::Sin,
+                    "cos" => FOp::Cos,
+                    "tanh" => FOp::Tanh,
+                    _ => return Err(unsupported(inst)),
+                };
+                let transcendental = matches!(
+                    fop,
+                    FOp::Ex2 | FOp::Lg2 | FOp::Sin | FOp::Cos | FOp::Tanh | FOp::Rsqrt
+                );
+                // Directed f64 fma needs a triple-length sum; not built.
+                let directed = rnd.is_some_and(|r| r != Rnd::Rn);
+                if (fop == FOp::Fma && fty == FTy::F64 && directed)
+                    || (transcendental
+                        && fty != FTy::F32
+                        && !(fop == FOp::Rsqrt && fty == FTy::F64))
+                    || (matches!(fty, FTy::F16 | FTy::Bf16)
+                        && !matches!(
+                            fop,
+                            FOp::Add
+                                | FOp::Sub
+                                | FOp::Mul
+                                | FOp::Fma
+                                | FOp::Neg
+                                | FOp::Abs
+                                | FOp::Min
+                                | FOp::Max
+                        ))
+                {
+                    return Err(unsupported(inst));
+                }
+                let a = self.src(inst, ops.get(1), ty)?;
+                let bb = if ops.len() > 2 {
+                    self.src(inst, ops.get(2), ty)?
+                } else {
+                    a
+                };
+                let c = if ops.len() > 3 {
+                    self.src(inst, ops.get(3), ty)?
+                } else {
+                    a
+                };
+                let (d, _) = self.dst(inst, ops.first())?;
+                emit(
+                    Op::Float {
+                        op: fop,
+                        ty: fty,
+                        rnd: rnd.unwrap_or(Rnd::Rn),
+                        ftz,
+                        sat,
+                        d,
+                        a,
+                        b: bb,
+                        c,
+                    },
+                    out,
+                );
+            }
+            _ if ty.is_int() || ty == Ty::Pred => {
+                let wide = inst.has("wide");
+                let hi = inst.has("hi");
+                let iop = match b {
+                    "add" if sat => IOp::AddSat,
+                    "add" => IOp::Add,
+                    "sub" if sat => IOp::SubSat,
+                    "sub" => IOp::Sub,
+                    "mul" if wide => IOp::MulWide,
+                    "mul" if hi => IOp::MulHi,
+                    "mul" => IOp::MulLo,
+                    "mad" if wide => IOp::MadWide,
+                    "mad" if hi => IOp::MadHi,
+                    "mad" => IOp::MadLo,
+                    "div" => IOp::Div,
+                    "rem" => IOp::Rem,
+                    "min" => IOp::Min,
+                    "max" => IOp::Max,
+                    "and" => IOp::And,
+                    "or" => IOp::Or,
+                    "xor" => IOp::Xor,
+                    "shl" => IOp::Shl,
+                    "shr" => IOp::Shr,
+                    "neg" => IOp::Neg,
+                    "abs" => IOp::Abs,
+                    "not" if ty == Ty::Pred => IOp::Xor,
+                    "not" => IOp::Not,
+                    "cnot" => IOp::Cnot,
+                    "popc" => IOp::Popc,
+                    "clz" => IOp::Clz,
+                    "brev" => IOp::Brev,
+                    _ => return Err(unsupported(inst)),
+                };
+                if (sat && !(ty == Ty::S32 && matches!(iop, IOp::AddSat | IOp::SubSat)))
+                    || (wide && ty.bits() > 32)
+                {
+                    return Err(unsupported(inst));
+                }
+                let bits = if ty == Ty::Pred { 1 } else { ty.bits() };
+                let shift_ty = if matches!(iop, IOp::Shl | IOp::Shr) {
+                    Ty::U32
+                } else {
+                    ty
+                };
+                let wide_ty = match ty {
+                    Ty::S16 => Ty::S32,
+                    Ty::U16 => Ty::U32,
+                    Ty::S32 => Ty::S64,
+                    _ => Ty::U64,
+                };
+                let a = self.src(inst, ops.get(1), ty)?;
+                let (bb, c) = if iop == IOp::Xor && b == "not" {
+                    let one = self.uniform(Uniform::Const(1));
+                    (one, one)
+                } else {
+                    let bb = if ops.len() > 2 {
+                        self.src(inst, ops.get(2), shift_ty)?
+                    } else {
+                        a
+                    };
+                    let cty = if iop == IOp::MadWide { wide_ty } else { ty };
+                    let c = if ops.len() > 3 {
+                        self.src(inst, ops.get(3), cty)?
+                    } else {
+                        a
+                    };
+                    (bb, c)
+                };
+                let (d, _) = self.dst(inst, ops.first())?;
+                emit(
+                    Op::Int {
+                        op: iop,
+                        bits,
+                        signed: ty.is_signed(),
+                        d,
+                        a,
+                        b: bb,
+                        c,
+                    },
+                    out,
+                );
+            }
+            _ => return Err(unsupported(inst)),
+        }
+        Ok(())
+    }
+}
+
+/// Decodes `k`, verified as `v`, for the engine.
+pub fn decode(k: &Kernel, v: &Verified) -> Result<Program, PtxError> {
+    let nregs = u32::try_from(k.reg_types.len()).map_err(|_| PtxError::UnsupportedOnHost {
+        opcode: "(register file)".into(),
+        line: k.line,
+    })?;
+    let mut d = Decoder {
+        k,
+        roles: &v.roles,
+        rows: nregs + 2,
+        uniforms: Vec::new(),
+        uniform_rows: HashMap::new(),
+        tid_row: nregs,
+        ctaid_row: nregs + 1,
+    };
+    // Branch targets are instruction indices; decoding may expand one
+    // instruction into several, so remap them afterwards.
+    let mut code = Vec::with_capacity(k.insts.len());
+    let mut start_of = Vec::with_capacity(k.insts.len() + 1);
+    for inst in &k.insts {
+        start_of.push(u32::try_from(code.len()).unwrap_or(u32::MAX));
+        d.decode(inst, &mut code)?;
+    }
+    start_of.push(u32::try_from(code.len()).unwrap_or(u32::MAX));
+    for di in &mut code {
+        if let Op::Bra { target } = &mut di.op {
+            *target = start_of.get(*target as usize).copied().unwrap_or(u32::MAX);
+        }
+    }
+    Ok(Program {
+        code,
+        rows: d.rows,
+        uniforms: d.uniforms,
+        tid_row: d.tid_row,
+        ctaid_row: d.ctaid_row,
+    })
+}

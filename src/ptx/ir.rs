@@ -1,0 +1,471 @@
+//! One entry of a parsed module with its names resolved: registers to dense
+//! ids (only registers an instruction names get one), labels to instruction
+//! indices, params to their positions. The verifier and the host decoder
+//! both read this form.
+//!
+//! Invariants:
+//! - Every `Opnd::Reg(id)` satisfies `id < Kernel::reg_types.len()`.
+//! - Every `Opnd::Label(pc)` satisfies `pc <= Kernel::insts.len()` (a label
+//!   at the very end points one past the last instruction).
+//! - `{ }` scopes are honoured: a register declared in a scope shadows an
+//!   outer one of the same name and is gone after the scope's `}`.
+
+use std::collections::HashMap;
+
+use super::parse::{self, AddrBase, Imm, Operand, Stmt};
+use super::PtxError;
+
+/// A PTX fundamental type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ty {
+    B8,
+    B16,
+    B32,
+    B64,
+    U8,
+    U16,
+    U32,
+    U64,
+    S8,
+    S16,
+    S32,
+    S64,
+    F16,
+    Bf16,
+    F32,
+    F64,
+    Pred,
+    /// Packed and exotic types (`f16x2`, `b128`, `e4m3`, ..).
+    Other,
+}
+
+impl Ty {
+    pub fn from_name(s: &str) -> Option<Ty> {
+        Some(match s {
+            "b8" => Ty::B8,
+            "b16" => Ty::B16,
+            "b32" => Ty::B32,
+            "b64" => Ty::B64,
+            "u8" => Ty::U8,
+            "u16" => Ty::U16,
+            "u32" => Ty::U32,
+            "u64" => Ty::U64,
+            "s8" => Ty::S8,
+            "s16" => Ty::S16,
+            "s32" => Ty::S32,
+            "s64" => Ty::S64,
+            "f16" => Ty::F16,
+            "bf16" => Ty::Bf16,
+            "f32" => Ty::F32,
+            "f64" => Ty::F64,
+            "pred" => Ty::Pred,
+            "f16x2" | "bf16x2" | "b128" | "e4m3" | "e5m2" | "e4m3x2" | "e5m2x2" | "tf32" => {
+                Ty::Other
+            }
+            _ => return None,
+        })
+    }
+
+    /// Size in bytes (a predicate counts as 1; exotic types as 0).
+    pub fn bytes(self) -> u32 {
+        match self {
+            Ty::B8 | Ty::U8 | Ty::S8 | Ty::Pred => 1,
+            Ty::B16 | Ty::U16 | Ty::S16 | Ty::F16 | Ty::Bf16 => 2,
+            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 => 4,
+            Ty::B64 | Ty::U64 | Ty::S64 | Ty::F64 => 8,
+            Ty::Other => 0,
+        }
+    }
+
+    pub fn bits(self) -> u32 {
+        self.bytes() * 8
+    }
+
+    pub fn is_signed(self) -> bool {
+        matches!(self, Ty::S8 | Ty::S16 | Ty::S32 | Ty::S64)
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Ty::F16 | Ty::Bf16 | Ty::F32 | Ty::F64)
+    }
+
+    pub fn is_int(self) -> bool {
+        !self.is_float() && !matches!(self, Ty::Pred | Ty::Other)
+    }
+}
+
+/// A special register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sreg {
+    /// `%tid.{x,y,z}` (dimension 0..3).
+    Tid(u8),
+    Ntid(u8),
+    Ctaid(u8),
+    Nctaid(u8),
+    /// `%laneid`, `%clock`, `%smid`, ...
+    Other,
+}
+
+impl Sreg {
+    fn from_name(s: &str) -> Option<Sreg> {
+        let (base, dim) = match s.rsplit_once('.') {
+            Some((b, "x")) => (b, 0),
+            Some((b, "y")) => (b, 1),
+            Some((b, "z")) => (b, 2),
+            _ => (s, 3),
+        };
+        Some(match (base, dim) {
+            ("%tid", d) if d < 3 => Sreg::Tid(d),
+            ("%ntid", d) if d < 3 => Sreg::Ntid(d),
+            ("%ctaid", d) if d < 3 => Sreg::Ctaid(d),
+            ("%nctaid", d) if d < 3 => Sreg::Nctaid(d),
+            (
+                "%laneid" | "%warpid" | "%nwarpid" | "%smid" | "%nsmid" | "%gridid" | "%clock"
+                | "%clock64" | "%globaltimer" | "%lanemask_eq" | "%lanemask_lt" | "%lanemask_le"
+                | "%lanemask_gt" | "%lanemask_ge" | "%dynamic_smem_size" | "%total_smem_size",
+                3,
+            ) => Sreg::Other,
+            _ => return None,
+        })
+    }
+}
+
+/// The base of an address operand.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Base {
+    Reg(u32),
+    /// A kernel param by position.
+    Param(u16),
+    /// A variable (module or body level) by name.
+    Var(String),
+    Imm(i64),
+}
+
+/// A resolved operand.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Opnd {
+    Reg(u32),
+    Not(u32),
+    Pair(u32, u32),
+    Sreg(Sreg),
+    Imm(Imm),
+    Addr {
+        base: Base,
+        offset: i64,
+    },
+    List(Vec<Opnd>),
+    Label(u32),
+    /// A name that is no register, label or param (a variable or function).
+    Sym(String),
+    /// `_`
+    Sink,
+}
+
+/// A resolved instruction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inst {
+    /// The full dotted opcode as written.
+    pub opcode: String,
+    /// The mnemonic (`ld`).
+    pub base: String,
+    /// The modifiers without dots (`global`, `f32`).
+    pub mods: Vec<String>,
+    /// `@%p` (false) or `@!%p` (true).
+    pub guard: Option<(bool, u32)>,
+    pub ops: Vec<Opnd>,
+    pub line: u32,
+}
+
+impl Inst {
+    pub fn has(&self, m: &str) -> bool {
+        self.mods.iter().any(|x| x == m)
+    }
+
+    /// The types among the modifiers, in order.
+    pub fn types(&self) -> Vec<Ty> {
+        self.mods.iter().filter_map(|m| Ty::from_name(m)).collect()
+    }
+}
+
+/// A kernel param.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Param {
+    pub name: String,
+    pub ty: String,
+    pub array: Option<u64>,
+    pub line: u32,
+}
+
+/// A variable declared in the module or the body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Var {
+    pub space: String,
+    pub name: String,
+    pub line: u32,
+}
+
+/// One resolved entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    pub line: u32,
+    pub params: Vec<Param>,
+    pub reqntid: Option<[u32; 3]>,
+    pub maxntid: Option<[u32; 3]>,
+    pub insts: Vec<Inst>,
+    pub reg_types: Vec<Ty>,
+    pub reg_names: Vec<String>,
+    /// Variables of the module and of the body.
+    pub vars: Vec<Var>,
+}
+
+/// A declaration in a scope: a range `%r<N>` or a single name.
+#[derive(Clone, Copy)]
+struct Decl {
+    ty: Ty,
+    /// `Some(N)` for a range.
+    count: Option<u32>,
+    /// Unique per declaration, to key dense ids.
+    key: u32,
+}
+
+#[derive(Default)]
+struct Scope {
+    singles: HashMap<String, Decl>,
+    ranges: HashMap<String, Decl>,
+}
+
+struct Resolver {
+    scopes: Vec<Scope>,
+    next_key: u32,
+    dense: HashMap<(u32, u32), u32>,
+    reg_types: Vec<Ty>,
+    reg_names: Vec<String>,
+}
+
+impl Resolver {
+    fn reg(&mut self, name: &str, line: u32, col: u32) -> Result<u32, PtxError> {
+        let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (prefix, index) = name.split_at(name.len() - digits);
+        let index: Option<u32> = index.parse().ok();
+        let mut found = None;
+        for scope in self.scopes.iter().rev() {
+            if let Some(d) = scope.singles.get(name) {
+                found = Some((*d, 0));
+                break;
+            }
+            if let (Some(d), Some(i)) = (scope.ranges.get(prefix), index) {
+                if d.count.is_some_and(|n| i < n) {
+                    found = Some((*d, i));
+                    break;
+                }
+            }
+        }
+        let (decl, index) = found.ok_or_else(|| PtxError::Parse {
+            line,
+            column: col,
+            message: format!("undeclared register {:?}", parse::clip(name)),
+        })?;
+        if let Some(id) = self.dense.get(&(decl.key, index)) {
+            return Ok(*id);
+        }
+        let id = u32::try_from(self.reg_types.len()).map_err(|_| PtxError::Parse {
+            line,
+            column: col,
+            message: "too many registers".into(),
+        })?;
+        self.dense.insert((decl.key, index), id);
+        self.reg_types.push(decl.ty);
+        self.reg_names.push(name.to_string());
+        Ok(id)
+    }
+}
+
+/// Resolves entry `symbol` of `module`.
+pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
+    let Some(f) = module
+        .functions
+        .iter()
+        .find(|f| f.is_entry && f.name == symbol && f.body.is_some())
+    else {
+        return Err(PtxError::SymbolNotFound {
+            symbol: symbol.to_string(),
+            entries: module
+                .functions
+                .iter()
+                .filter(|f| f.is_entry && f.body.is_some())
+                .map(|f| f.name.clone())
+                .collect(),
+        });
+    };
+    let body = f.body.as_deref().unwrap_or(&[]);
+    let params: Vec<Param> = f
+        .params
+        .iter()
+        .map(|p| Param {
+            name: p.name.clone(),
+            ty: p.ty.clone(),
+            array: p.array,
+            line: p.line,
+        })
+        .collect();
+    let param_index: HashMap<&str, u16> = f
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.name.as_str(), u16::try_from(i).unwrap_or(u16::MAX)))
+        .collect();
+    let mut vars: Vec<Var> = module
+        .variables
+        .iter()
+        .map(|v| Var {
+            space: v.space.clone(),
+            name: v.name.clone(),
+            line: v.line,
+        })
+        .collect();
+
+    // Labels first: a branch may jump forward.
+    let mut labels: HashMap<&str, u32> = HashMap::new();
+    let mut count = 0u32;
+    for s in body {
+        match s {
+            Stmt::Label { name, .. } => {
+                labels.insert(name.as_str(), count);
+            }
+            Stmt::Instr(_) => count = count.saturating_add(1),
+            _ => {}
+        }
+    }
+
+    let mut r = Resolver {
+        scopes: vec![Scope::default()],
+        next_key: 0,
+        dense: HashMap::new(),
+        reg_types: Vec::new(),
+        reg_names: Vec::new(),
+    };
+    let mut insts = Vec::new();
+    for s in body {
+        match s {
+            Stmt::Open => r.scopes.push(Scope::default()),
+            Stmt::Close => {
+                r.scopes.pop();
+            }
+            Stmt::Reg {
+                ty,
+                name,
+                count,
+                line,
+                col,
+            } => {
+                let ty = Ty::from_name(ty).ok_or_else(|| PtxError::Parse {
+                    line: *line,
+                    column: *col,
+                    message: format!("unknown register type .{ty}"),
+                })?;
+                let decl = Decl {
+                    ty,
+                    count: *count,
+                    key: r.next_key,
+                };
+                r.next_key = r.next_key.saturating_add(1);
+                if let Some(scope) = r.scopes.last_mut() {
+                    if count.is_some() {
+                        scope.ranges.insert(name.clone(), decl);
+                    } else {
+                        scope.singles.insert(name.clone(), decl);
+                    }
+                }
+            }
+            Stmt::Var { space, name, line } => vars.push(Var {
+                space: space.clone(),
+                name: name.clone(),
+                line: *line,
+            }),
+            Stmt::Label { .. } => {}
+            Stmt::Instr(i) => {
+                let guard = match &i.guard {
+                    Some((neg, name)) => Some((*neg, r.reg(name, i.line, i.col)?)),
+                    None => None,
+                };
+                let mut ops = Vec::with_capacity(i.operands.len());
+                for o in &i.operands {
+                    ops.push(operand(o, i, &mut r, &labels, &param_index)?);
+                }
+                let mut parts = i.opcode.split('.');
+                let base = parts.next().unwrap_or_default().to_string();
+                insts.push(Inst {
+                    opcode: i.opcode.clone(),
+                    base,
+                    mods: parts.map(str::to_string).collect(),
+                    guard,
+                    ops,
+                    line: i.line,
+                });
+            }
+        }
+    }
+    Ok(Kernel {
+        name: f.name.clone(),
+        line: f.line,
+        params,
+        reqntid: f.reqntid,
+        maxntid: f.maxntid,
+        insts,
+        reg_types: r.reg_types,
+        reg_names: r.reg_names,
+        vars,
+    })
+}
+
+fn operand(
+    o: &Operand,
+    i: &parse::Instr,
+    r: &mut Resolver,
+    labels: &HashMap<&str, u32>,
+    params: &HashMap<&str, u16>,
+) -> Result<Opnd, PtxError> {
+    let name = |n: &str, r: &mut Resolver| -> Result<Opnd, PtxError> {
+        if n == "_" {
+            return Ok(Opnd::Sink);
+        }
+        if n.starts_with('%') {
+            if let Some(s) = Sreg::from_name(n) {
+                return Ok(Opnd::Sreg(s));
+            }
+            return Ok(Opnd::Reg(r.reg(n, i.line, i.col)?));
+        }
+        if let Some(pc) = labels.get(n) {
+            return Ok(Opnd::Label(*pc));
+        }
+        Ok(Opnd::Sym(n.to_string()))
+    };
+    Ok(match o {
+        Operand::Name(n) => name(n, r)?,
+        Operand::Not(n) => Opnd::Not(r.reg(n, i.line, i.col)?),
+        Operand::Pair(a, b) => Opnd::Pair(r.reg(a, i.line, i.col)?, r.reg(b, i.line, i.col)?),
+        Operand::Imm(v) => Opnd::Imm(*v),
+        Operand::Addr { base, offset } => {
+            let base = match base {
+                AddrBase::Imm(v) => Base::Imm(*v),
+                AddrBase::Name(n) if n.starts_with('%') => Base::Reg(r.reg(n, i.line, i.col)?),
+                AddrBase::Name(n) => match params.get(n.as_str()) {
+                    Some(k) => Base::Param(*k),
+                    None => Base::Var(n.clone()),
+                },
+            };
+            Opnd::Addr {
+                base,
+                offset: *offset,
+            }
+        }
+        Operand::List(items) => {
+            let mut v = Vec::with_capacity(items.len());
+            for it in items {
+                v.push(operand(it, i, r, labels, params)?);
+            }
+            Opnd::List(v)
+        }
+    })
+}

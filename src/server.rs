@@ -1,0 +1,252 @@
+//! The running daemon: listeners, the gRPC router (service, health,
+//! reflection), signals and the drain.
+//!
+//! Invariants:
+//! - ptxd never takes over a socket a live daemon answers on; a stale socket
+//!   file (nobody answers) is replaced, and a path that is not a socket is
+//!   never deleted.
+//! - TCP binds loopback only unless the operator allows remote explicitly.
+//! - On SIGTERM/SIGINT: refuse new work (DRAINING), tell every session, let
+//!   in-flight calls finish for up to the drain timeout, then release every
+//!   session, stop the executors and remove the socket file.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ptxd_proto::v1::ptxd_server::PtxdServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+
+use crate::config::ServeConfig;
+use crate::front::{Front, StartError};
+use crate::observe::Observer;
+use crate::service::PtxdService;
+
+/// Why the daemon could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("a live ptxd already answers on {0}")]
+    AlreadyRunning(PathBuf),
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    #[error("cannot listen on {path}: {error}")]
+    Bind { path: String, error: std::io::Error },
+    #[error("--tcp {0} is not a loopback address; pass --tcp-allow-remote to bind it (no authentication!)")]
+    RemoteTcp(SocketAddr),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("signal handling: {0}")]
+    Signal(std::io::Error),
+}
+
+/// Binds the Unix socket, replacing a stale socket file.
+pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+    let bind_error = |error| ServeError::Bind {
+        path: path.display().to_string(),
+        error,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(ServeError::AlreadyRunning(path.to_path_buf()));
+            }
+            tracing::info!(path = %path.display(), "replacing a stale socket file");
+            std::fs::remove_file(path).map_err(bind_error)?;
+        }
+        Ok(_) => return Err(ServeError::NotASocket(path.to_path_buf())),
+        Err(_) => {}
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(bind_error)?;
+    }
+    let listener = UnixListener::bind(path).map_err(bind_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(bind_error)?;
+    Ok(listener)
+}
+
+fn router(
+    front: &Arc<Front>,
+    observer: Observer,
+    config: &ServeConfig,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> Result<tonic::transport::server::Router, ServeError> {
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(ptxd_proto::REFLECTION_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let limit = usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX);
+    let service = PtxdServer::new(PtxdService::new(front.clone(), observer))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    Ok(Server::builder()
+        // Dead TCP peers are found by keepalive; on a Unix socket a dead
+        // client's connection closes at once.
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(health)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
+        .add_service(service))
+}
+
+async fn wait_for_stop(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn termination() -> Result<&'static str, ServeError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
+    let socket_path = config.socket_path();
+    // Fail before starting executors if another daemon owns the socket.
+    if std::fs::symlink_metadata(&socket_path).is_ok()
+        && std::os::unix::net::UnixStream::connect(&socket_path).is_ok()
+    {
+        return Err(ServeError::AlreadyRunning(socket_path));
+    }
+    let tcp = match config.tcp {
+        Some(addr) if !addr.ip().is_loopback() && !config.tcp_allow_remote => {
+            return Err(ServeError::RemoteTcp(addr))
+        }
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|error| ServeError::Bind {
+                    path: addr.to_string(),
+                    error,
+                })?,
+        ),
+        None => None,
+    };
+
+    let observer = Observer::default();
+    let front = Front::start(&config, observer.clone()).await?;
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    health_reporter
+        .set_service_status(ptxd_proto::SERVICE_NAME, ServingStatus::Serving)
+        .await;
+    let mut availability = front.availability();
+    let reporter = health_reporter.clone();
+    tokio::spawn(async move {
+        loop {
+            let status = if *availability.borrow_and_update() {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter
+                .set_service_status(ptxd_proto::SERVICE_NAME, status)
+                .await;
+            if availability.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+
+    let router = router(&front, observer, &config, health_service)?;
+    let listener = bind_unix(&socket_path, config.socket_mode)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    servers.spawn(router.clone().serve_with_incoming_shutdown(
+        UnixListenerStream::new(listener),
+        wait_for_stop(stop_rx.clone()),
+    ));
+    if let Some(tcp) = tcp {
+        let addr = tcp.local_addr().ok();
+        tracing::info!(?addr, "listening on TCP");
+        servers.spawn(
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(tcp), wait_for_stop(stop_rx)),
+        );
+    }
+    tracing::info!(socket = %socket_path.display(), backend = front.backend, boot = %front.boot, "ptxd serving");
+
+    let signal = tokio::select! {
+        signal = termination() => signal?,
+        Some(ended) = servers.join_next() => {
+            tracing::error!(?ended, "a listener stopped unexpectedly");
+            "listener failure"
+        }
+    };
+    tracing::info!(signal, timeout = ?config.drain_timeout, "draining");
+    front.begin_drain(signal);
+    health_reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    health_reporter
+        .set_service_status(ptxd_proto::SERVICE_NAME, ServingStatus::NotServing)
+        .await;
+    // Give lease streams a moment to carry the drain notice, then end them
+    // so that graceful shutdown is not held open by idle leases.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    front.end_leases();
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(config.drain_timeout, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("in-flight calls outlived the drain timeout; failing them");
+        servers.abort_all();
+    }
+    front.shutdown(Duration::from_secs(5)).await;
+    if let Err(e) = std::fs::remove_file(&socket_path) {
+        tracing::warn!(error = %e, "cannot remove the socket file");
+    }
+    tracing::info!("ptxd stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        {
+            let _stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        }
+        // The listener is closed: the file is stale.
+        let live = bind_unix(&path, 0o660).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+        assert!(matches!(
+            bind_unix(&path, 0o660),
+            Err(ServeError::AlreadyRunning(_))
+        ));
+        drop(live);
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(
+            bind_unix(&file, 0o660),
+            Err(ServeError::NotASocket(_))
+        ));
+        assert!(file.exists());
+    }
+}

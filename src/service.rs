@@ -1,0 +1,327 @@
+//! The gRPC surface: decode, call the front, map the result. Nothing here
+//! decides anything; every rule lives in the front and its modules, and
+//! every error becomes a status in `error.rs` alone.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures_util::{Stream, StreamExt};
+use ptxd_proto::v1::{self as api, ptxd_server::Ptxd};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::Error;
+use crate::front::Front;
+use crate::handles::SessionId;
+use crate::observe::Observer;
+use crate::sessions::Peer;
+
+/// How many launches of one `LaunchStream` may be in flight at once.
+/// Responses still come back in request order.
+pub const LAUNCH_STREAM_WINDOW: usize = 64;
+
+/// The `ptxd.v1.Ptxd` service.
+#[derive(Debug, Clone)]
+pub struct PtxdService {
+    front: Arc<Front>,
+    observer: Observer,
+}
+
+impl PtxdService {
+    pub fn new(front: Arc<Front>, observer: Observer) -> Self {
+        PtxdService { front, observer }
+    }
+
+    fn refuse(&self, rpc: &'static str, error: Error) -> Status {
+        let refusal = error.refusal();
+        self.observer.refusal(refusal.reason.wire_name());
+        if refusal.code == tonic::Code::Internal {
+            tracing::error!(rpc, reason = refusal.reason.wire_name(), message = %refusal.message, "internal error");
+        } else {
+            tracing::info!(rpc, reason = refusal.reason.wire_name(), message = %refusal.message, "refused");
+        }
+        error.to_status()
+    }
+
+    fn answer<T>(
+        &self,
+        rpc: &'static str,
+        result: Result<T, Error>,
+    ) -> Result<Response<T>, Status> {
+        match result {
+            Ok(value) => {
+                tracing::debug!(rpc, "ok");
+                Ok(Response::new(value))
+            }
+            Err(error) => Err(self.refuse(rpc, error)),
+        }
+    }
+}
+
+/// The caller's credentials, on Unix sockets.
+fn peer<T>(request: &Request<T>) -> Option<Peer> {
+    let info = request.extensions().get::<UdsConnectInfo>()?;
+    let cred = info.peer_cred?;
+    Some(Peer {
+        uid: cred.uid(),
+        pid: cred.pid(),
+    })
+}
+
+/// The lease stream of a session: ends the session when dropped, which
+/// happens when the client cancels it, disconnects or dies.
+struct LeaseStream {
+    events: ReceiverStream<Result<api::SessionEvent, Status>>,
+    lease: Option<(Arc<Front>, SessionId)>,
+}
+
+impl Stream for LeaseStream {
+    type Item = Result<api::SessionEvent, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.events).poll_next(cx)
+    }
+}
+
+impl Drop for LeaseStream {
+    fn drop(&mut self) {
+        if let Some((front, session)) = self.lease.take() {
+            // Drop runs inside the server's runtime (the stream lives in a
+            // tonic task); if the runtime is already gone, so is every
+            // executor, and nothing is left to release.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let counts = front.release_session(&session).await;
+                    tracing::debug!(%session, ?counts, "lease ended");
+                });
+            }
+        }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Ptxd for PtxdService {
+    async fn get_info(
+        &self,
+        _request: Request<api::GetInfoRequest>,
+    ) -> Result<Response<api::GetInfoResponse>, Status> {
+        self.answer("GetInfo", Ok(self.front.info()))
+    }
+
+    type OpenSessionStream = BoxStream<api::SessionEvent>;
+
+    async fn open_session(
+        &self,
+        request: Request<api::OpenSessionRequest>,
+    ) -> Result<Response<Self::OpenSessionStream>, Status> {
+        let peer = peer(&request);
+        let label = request.into_inner().label;
+        match self.front.open_session(label, peer) {
+            Ok((id, events)) => {
+                tracing::debug!(rpc = "OpenSession", session = %id, ?peer, "ok");
+                let stream = LeaseStream {
+                    events: ReceiverStream::new(events),
+                    lease: Some((self.front.clone(), id)),
+                };
+                Ok(Response::new(Box::pin(stream)))
+            }
+            Err(e) => Err(self.refuse("OpenSession", e)),
+        }
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<api::CloseSessionRequest>,
+    ) -> Result<Response<api::CloseSessionResponse>, Status> {
+        let peer = peer(&request);
+        let session = request.into_inner().session;
+        let result = match SessionId::parse(&session) {
+            Ok(id) => {
+                self.front
+                    .close_session(&id, peer)
+                    .await
+                    .map(|c| api::CloseSessionResponse {
+                        buffers_released: c.buffers,
+                        kernels_released: c.kernels,
+                        events_released: c.events,
+                    })
+            }
+            Err(e) => Err(e.into()),
+        };
+        self.answer("CloseSession", result)
+    }
+
+    async fn load_kernel(
+        &self,
+        request: Request<api::LoadKernelRequest>,
+    ) -> Result<Response<api::LoadKernelResponse>, Status> {
+        let peer = peer(&request);
+        let started = Instant::now();
+        let result = self.front.load_kernel(request.into_inner(), peer).await;
+        if let Ok(loaded) = &result {
+            self.observer.load(loaded.cache_hit, started.elapsed());
+        }
+        self.answer("LoadKernel", result)
+    }
+
+    async fn unload_kernel(
+        &self,
+        request: Request<api::UnloadKernelRequest>,
+    ) -> Result<Response<api::UnloadKernelResponse>, Status> {
+        let peer = peer(&request);
+        let request = request.into_inner();
+        self.answer(
+            "UnloadKernel",
+            self.front
+                .unload_kernel(&request.session, &request.kernel, peer)
+                .await,
+        )
+    }
+
+    async fn list_kernels(
+        &self,
+        request: Request<api::ListKernelsRequest>,
+    ) -> Result<Response<api::ListKernelsResponse>, Status> {
+        let peer = peer(&request);
+        self.answer(
+            "ListKernels",
+            self.front.list_kernels(&request.into_inner().session, peer),
+        )
+    }
+
+    async fn register_buffer(
+        &self,
+        request: Request<api::RegisterBufferRequest>,
+    ) -> Result<Response<api::RegisterBufferResponse>, Status> {
+        let peer = peer(&request);
+        self.answer(
+            "RegisterBuffer",
+            self.front.register_buffer(request.into_inner(), peer).await,
+        )
+    }
+
+    async fn release_buffer(
+        &self,
+        request: Request<api::ReleaseBufferRequest>,
+    ) -> Result<Response<api::ReleaseBufferResponse>, Status> {
+        let peer = peer(&request);
+        let request = request.into_inner();
+        let result = self
+            .front
+            .release_buffer(&request.session, &request.buffer, peer)
+            .await;
+        self.answer(
+            "ReleaseBuffer",
+            result.map(|()| api::ReleaseBufferResponse {}),
+        )
+    }
+
+    async fn list_buffers(
+        &self,
+        request: Request<api::ListBuffersRequest>,
+    ) -> Result<Response<api::ListBuffersResponse>, Status> {
+        let peer = peer(&request);
+        self.answer(
+            "ListBuffers",
+            self.front.list_buffers(&request.into_inner().session, peer),
+        )
+    }
+
+    async fn register_event(
+        &self,
+        request: Request<api::RegisterEventRequest>,
+    ) -> Result<Response<api::RegisterEventResponse>, Status> {
+        let peer = peer(&request);
+        self.answer(
+            "RegisterEvent",
+            self.front.register_event(request.into_inner(), peer).await,
+        )
+    }
+
+    async fn release_event(
+        &self,
+        request: Request<api::ReleaseEventRequest>,
+    ) -> Result<Response<api::ReleaseEventResponse>, Status> {
+        let peer = peer(&request);
+        let request = request.into_inner();
+        let result = self
+            .front
+            .release_event(&request.session, &request.event, peer)
+            .await;
+        self.answer(
+            "ReleaseEvent",
+            result.map(|()| api::ReleaseEventResponse {}),
+        )
+    }
+
+    async fn launch(
+        &self,
+        request: Request<api::LaunchRequest>,
+    ) -> Result<Response<api::LaunchResponse>, Status> {
+        let peer = peer(&request);
+        let request = request.into_inner();
+        let started = Instant::now();
+        let result = self.front.launch(&request, peer).await;
+        self.observe_launch(&request, &result, started);
+        self.answer("Launch", result)
+    }
+
+    type LaunchStreamStream = BoxStream<api::LaunchResponse>;
+
+    async fn launch_stream(
+        &self,
+        request: Request<Streaming<api::LaunchRequest>>,
+    ) -> Result<Response<Self::LaunchStreamStream>, Status> {
+        let peer = peer(&request);
+        let service = self.clone();
+        let responses = request
+            .into_inner()
+            .map(move |item| {
+                let service = service.clone();
+                async move {
+                    let request = item?;
+                    let started = Instant::now();
+                    let result = service.front.launch(&request, peer).await;
+                    service.observe_launch(&request, &result, started);
+                    Ok(match result {
+                        Ok(response) => response,
+                        Err(error) => {
+                            let refusal = error.refusal();
+                            service.observer.refusal(refusal.reason.wire_name());
+                            tracing::info!(
+                                rpc = "LaunchStream",
+                                reason = refusal.reason.wire_name(),
+                                message = %refusal.message,
+                                "refused"
+                            );
+                            api::LaunchResponse {
+                                tag: request.tag,
+                                micros: 0,
+                                error: Some(error.to_launch_error()),
+                            }
+                        }
+                    })
+                }
+            })
+            .buffered(LAUNCH_STREAM_WINDOW);
+        Ok(Response::new(Box::pin(responses)))
+    }
+}
+
+impl PtxdService {
+    fn observe_launch(
+        &self,
+        request: &api::LaunchRequest,
+        result: &Result<api::LaunchResponse, Error>,
+        started: Instant,
+    ) {
+        if result.is_ok() {
+            self.observer.launch(request.sync, started.elapsed());
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! The slot table: a bounded bank of loaded kernels, shared by every session
+//! and indexed by content so each distinct kernel compiles once per device
+//! generation.
+//!
+//! Invariants (the seed's, carried into the daemon):
+//! 1. A [`KernelHandle`] resolves only while its slot's epoch and occupant
+//!    generation match and that generation is live; otherwise it is stale and
+//!    never resolves to whatever occupies the slot now.
+//! 2. A slot's epoch is bumped every time it gets a new occupant.
+//! 3. Liveness is asked per [`DeviceGeneration`] (never per device ordinal),
+//!    so a live successor's generation never makes a dead slot look live.
+//! 4. When the bank is full, slots of dead generations are reclaimed before a
+//!    load is refused as bank-full.
+//! 5. A slot of a live generation is freed only when no session holds it.
+//! 6. A handle minted by another daemon boot never resolves.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::handles::{BootId, DeviceGeneration, KernelHandle, SessionId, SlotEpoch, SlotIndex};
+use crate::ptx::Signature;
+
+/// What identifies a compiled kernel for sharing: the device generation it
+/// was compiled in, the artifact's content hash, and the entry symbol.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ContentKey {
+    pub generation: DeviceGeneration,
+    pub artifact_hash: [u8; 32],
+    pub symbol: String,
+}
+
+/// A kernel compiled in an executor.
+#[derive(Debug, Clone)]
+pub struct LoadedKernel {
+    /// The executor's id for the module (never reused within a boot).
+    pub module_id: u64,
+    pub device_index: usize,
+    pub device_uuid: String,
+    pub generation: DeviceGeneration,
+    pub artifact_hash: [u8; 32],
+    pub symbol: String,
+    pub label: String,
+    pub signature: Signature,
+    pub block_size: u32,
+}
+
+/// Why the slot table refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlotError {
+    #[error("kernel handle {handle} is stale: {why}")]
+    Stale { handle: String, why: StaleWhy },
+    #[error("every one of the {capacity} slots holds a live kernel")]
+    BankFull { capacity: u32 },
+    #[error("kernel {handle} is not held by this session")]
+    NotHeld { handle: String },
+}
+
+/// Why a kernel handle is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleWhy {
+    OtherBoot,
+    NoSuchSlot,
+    SlotFreedOrReused,
+    GenerationDead,
+}
+
+impl StaleWhy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleWhy::OtherBoot => "minted by another daemon boot",
+            StaleWhy::NoSuchSlot => "no such slot",
+            StaleWhy::SlotFreedOrReused => "its slot was freed or reused",
+            StaleWhy::GenerationDead => "its device generation is dead (the executor restarted)",
+        }
+    }
+}
+
+impl std::fmt::Display for StaleWhy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug)]
+struct Occupant {
+    kernel: Arc<LoadedKernel>,
+    key: ContentKey,
+    holders: BTreeSet<SessionId>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    epoch: SlotEpoch,
+    occupant: Option<Occupant>,
+}
+
+/// What releasing a session's hold did.
+#[derive(Debug)]
+pub struct Released {
+    /// The kernel, when this release freed its slot (the caller unloads it
+    /// from its executor).
+    pub freed: Option<Arc<LoadedKernel>>,
+}
+
+/// A kernel as listed for a session.
+#[derive(Debug, Clone)]
+pub struct HeldKernel {
+    pub handle: KernelHandle,
+    pub kernel: Arc<LoadedKernel>,
+    pub holders: u32,
+}
+
+/// The bounded bank of loaded kernels.
+#[derive(Debug)]
+pub struct SlotTable {
+    boot: BootId,
+    slots: Vec<Slot>,
+    by_content: HashMap<ContentKey, SlotIndex>,
+}
+
+impl SlotTable {
+    pub fn new(capacity: u32, boot: BootId) -> Self {
+        SlotTable {
+            boot,
+            slots: (0..capacity).map(|_| Slot::default()).collect(),
+            by_content: HashMap::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Occupied slots, dead generations not yet reclaimed included.
+    pub fn used(&self) -> u32 {
+        self.slots.iter().filter(|s| s.occupant.is_some()).count() as u32
+    }
+
+    fn handle_of(&self, index: SlotIndex) -> Option<KernelHandle> {
+        let slot = self.slots.get(index as usize)?;
+        let occupant = slot.occupant.as_ref()?;
+        Some(KernelHandle {
+            slot: index,
+            epoch: slot.epoch,
+            generation: occupant.kernel.generation,
+            boot: self.boot,
+        })
+    }
+
+    /// The cache: a live slot already holding this content, now held by
+    /// `session` too.
+    pub fn hold_cached(
+        &mut self,
+        key: &ContentKey,
+        session: &SessionId,
+        is_live: impl Fn(DeviceGeneration) -> bool,
+    ) -> Option<(KernelHandle, Arc<LoadedKernel>)> {
+        if !is_live(key.generation) {
+            return None;
+        }
+        let index = *self.by_content.get(key)?;
+        let handle = self.handle_of(index)?;
+        let occupant = self.slots.get_mut(index as usize)?.occupant.as_mut()?;
+        occupant.holders.insert(session.clone());
+        Some((handle, occupant.kernel.clone()))
+    }
+
+    /// Frees every slot whose generation is dead; returns what was freed.
+    pub fn reclaim_dead(
+        &mut self,
+        is_live: impl Fn(DeviceGeneration) -> bool,
+    ) -> Vec<Arc<LoadedKernel>> {
+        let mut freed = Vec::new();
+        for slot in &mut self.slots {
+            let dead = slot
+                .occupant
+                .as_ref()
+                .is_some_and(|o| !is_live(o.kernel.generation));
+            if dead {
+                if let Some(occupant) = slot.occupant.take() {
+                    self.by_content.remove(&occupant.key);
+                    freed.push(occupant.kernel);
+                }
+            }
+        }
+        freed
+    }
+
+    fn free_index(&self) -> Option<SlotIndex> {
+        self.slots
+            .iter()
+            .position(|s| s.occupant.is_none())
+            .map(|i| i as SlotIndex)
+    }
+
+    /// Ensures a slot is free, reclaiming dead generations first.
+    pub fn ensure_free(
+        &mut self,
+        is_live: impl Fn(DeviceGeneration) -> bool,
+    ) -> Result<Vec<Arc<LoadedKernel>>, SlotError> {
+        if self.free_index().is_some() {
+            return Ok(Vec::new());
+        }
+        let reclaimed = self.reclaim_dead(is_live);
+        if self.free_index().is_some() {
+            Ok(reclaimed)
+        } else {
+            Err(SlotError::BankFull {
+                capacity: self.capacity(),
+            })
+        }
+    }
+
+    /// Puts a freshly compiled kernel into a free slot, held by `session`.
+    pub fn insert(
+        &mut self,
+        kernel: LoadedKernel,
+        session: &SessionId,
+        is_live: impl Fn(DeviceGeneration) -> bool,
+    ) -> Result<(KernelHandle, Arc<LoadedKernel>), SlotError> {
+        self.ensure_free(&is_live)?;
+        let index = self.free_index().ok_or(SlotError::BankFull {
+            capacity: self.capacity(),
+        })?;
+        let key = ContentKey {
+            generation: kernel.generation,
+            artifact_hash: kernel.artifact_hash,
+            symbol: kernel.symbol.clone(),
+        };
+        let kernel = Arc::new(kernel);
+        let slot = &mut self.slots[index as usize];
+        slot.epoch += 1;
+        slot.occupant = Some(Occupant {
+            kernel: kernel.clone(),
+            key: key.clone(),
+            holders: BTreeSet::from([session.clone()]),
+        });
+        self.by_content.insert(key, index);
+        let handle = KernelHandle {
+            slot: index,
+            epoch: slot.epoch,
+            generation: kernel.generation,
+            boot: self.boot,
+        };
+        Ok((handle, kernel))
+    }
+
+    fn occupant(&self, handle: &KernelHandle) -> Result<&Occupant, StaleWhy> {
+        if handle.boot != self.boot {
+            return Err(StaleWhy::OtherBoot);
+        }
+        let slot = self
+            .slots
+            .get(handle.slot as usize)
+            .ok_or(StaleWhy::NoSuchSlot)?;
+        match &slot.occupant {
+            Some(o) if slot.epoch == handle.epoch && o.kernel.generation == handle.generation => {
+                Ok(o)
+            }
+            _ => Err(StaleWhy::SlotFreedOrReused),
+        }
+    }
+
+    /// Resolves a handle for a launch by `session`.
+    pub fn resolve(
+        &self,
+        handle: &KernelHandle,
+        session: &SessionId,
+        is_live: impl Fn(DeviceGeneration) -> bool,
+    ) -> Result<Arc<LoadedKernel>, SlotError> {
+        let stale = |why| SlotError::Stale {
+            handle: handle.to_string(),
+            why,
+        };
+        let occupant = self.occupant(handle).map_err(stale)?;
+        if !occupant.holders.contains(session) {
+            return Err(SlotError::NotHeld {
+                handle: handle.to_string(),
+            });
+        }
+        if !is_live(occupant.kernel.generation) {
+            return Err(stale(StaleWhy::GenerationDead));
+        }
+        Ok(occupant.kernel.clone())
+    }
+
+    /// Drops `session`'s hold; frees the slot when nobody holds it any more.
+    pub fn release(
+        &mut self,
+        handle: &KernelHandle,
+        session: &SessionId,
+    ) -> Result<Released, SlotError> {
+        let stale = |why| SlotError::Stale {
+            handle: handle.to_string(),
+            why,
+        };
+        self.occupant(handle).map_err(stale)?;
+        let slot = &mut self.slots[handle.slot as usize];
+        let Some(occupant) = slot.occupant.as_mut() else {
+            return Err(stale(StaleWhy::SlotFreedOrReused));
+        };
+        if !occupant.holders.remove(session) {
+            return Err(SlotError::NotHeld {
+                handle: handle.to_string(),
+            });
+        }
+        if !occupant.holders.is_empty() {
+            return Ok(Released { freed: None });
+        }
+        let freed = slot.occupant.take().map(|o| {
+            self.by_content.remove(&o.key);
+            o.kernel
+        });
+        Ok(Released { freed })
+    }
+
+    /// The kernels `session` holds.
+    pub fn held_by(&self, session: &SessionId) -> Vec<HeldKernel> {
+        (0..self.slots.len() as SlotIndex)
+            .filter_map(|index| {
+                let occupant = self.slots[index as usize].occupant.as_ref()?;
+                if !occupant.holders.contains(session) {
+                    return None;
+                }
+                Some(HeldKernel {
+                    handle: self.handle_of(index)?,
+                    kernel: occupant.kernel.clone(),
+                    holders: occupant.holders.len() as u32,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn kernel(module_id: u64, generation: u64, content: u8) -> LoadedKernel {
+        LoadedKernel {
+            module_id,
+            device_index: 0,
+            device_uuid: "HOST-0".into(),
+            generation: DeviceGeneration(generation),
+            artifact_hash: [content; 32],
+            symbol: "k".into(),
+            label: String::new(),
+            signature: Signature {
+                inputs: 1,
+                element_sizes: vec![4, 4],
+                scalar_params: 0,
+                reqntid: None,
+                maxntid: None,
+            },
+            block_size: 256,
+        }
+    }
+
+    fn key(generation: u64, content: u8) -> ContentKey {
+        ContentKey {
+            generation: DeviceGeneration(generation),
+            artifact_hash: [content; 32],
+            symbol: "k".into(),
+        }
+    }
+
+    const BOOT: BootId = BootId(7);
+    fn live(_: DeviceGeneration) -> bool {
+        true
+    }
+
+    #[test]
+    fn the_same_content_is_shared_and_freed_by_the_last_holder() {
+        let (a, b) = (SessionId::random(), SessionId::random());
+        let mut table = SlotTable::new(4, BOOT);
+        let (h1, _) = table.insert(kernel(1, 1, 9), &a, live).unwrap();
+        let (h2, k2) = table.hold_cached(&key(1, 9), &b, live).unwrap();
+        assert_eq!(h1, h2);
+        assert_eq!(k2.module_id, 1);
+        assert_eq!(table.used(), 1);
+        assert!(table.release(&h1, &a).unwrap().freed.is_none());
+        assert!(
+            table.resolve(&h1, &a, live).is_err(),
+            "a released holder cannot launch"
+        );
+        assert!(table.resolve(&h1, &b, live).is_ok());
+        assert_eq!(table.release(&h1, &b).unwrap().freed.unwrap().module_id, 1);
+        assert_eq!(table.used(), 0);
+        assert!(table.hold_cached(&key(1, 9), &b, live).is_none());
+    }
+
+    #[test]
+    fn a_reused_slot_never_resolves_an_old_handle() {
+        let s = SessionId::random();
+        let mut table = SlotTable::new(1, BOOT);
+        let (old, _) = table.insert(kernel(1, 1, 1), &s, live).unwrap();
+        table.release(&old, &s).unwrap();
+        let (new, _) = table.insert(kernel(2, 1, 2), &s, live).unwrap();
+        assert_eq!(old.slot, new.slot);
+        assert_ne!(old.epoch, new.epoch);
+        match table.resolve(&old, &s, live) {
+            Err(SlotError::Stale {
+                why: StaleWhy::SlotFreedOrReused,
+                ..
+            }) => {}
+            other => panic!("old handle resolved: {other:?}"),
+        }
+        assert_eq!(table.resolve(&new, &s, live).unwrap().module_id, 2);
+    }
+
+    #[test]
+    fn dead_generations_are_stale_and_reclaimed_before_bank_full() {
+        let s = SessionId::random();
+        let mut table = SlotTable::new(2, BOOT);
+        let (dead, _) = table.insert(kernel(1, 10, 1), &s, live).unwrap();
+        let (alive, _) = table.insert(kernel(2, 11, 2), &s, live).unwrap();
+        let is_live = |g: DeviceGeneration| g.0 != 10;
+        match table.resolve(&dead, &s, is_live) {
+            Err(SlotError::Stale {
+                why: StaleWhy::GenerationDead,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        // Full: the next load reclaims exactly the dead slot.
+        let (fresh, _) = table.insert(kernel(3, 11, 3), &s, is_live).unwrap();
+        assert_eq!(fresh.slot, dead.slot);
+        assert!(table.resolve(&alive, &s, is_live).is_ok());
+        assert!(matches!(
+            table.resolve(&dead, &s, is_live),
+            Err(SlotError::Stale { .. })
+        ));
+        // Now every slot is live: bank full, and nothing live was reclaimed.
+        assert_eq!(
+            table.insert(kernel(4, 11, 4), &s, is_live).unwrap_err(),
+            SlotError::BankFull { capacity: 2 }
+        );
+        assert!(table.resolve(&alive, &s, is_live).is_ok());
+        assert!(table.resolve(&fresh, &s, is_live).is_ok());
+    }
+
+    #[test]
+    fn handles_of_another_boot_or_session_do_not_resolve() {
+        let (a, b) = (SessionId::random(), SessionId::random());
+        let mut table = SlotTable::new(2, BOOT);
+        let (h, _) = table.insert(kernel(1, 1, 1), &a, live).unwrap();
+        let foreign = KernelHandle {
+            boot: BootId(8),
+            ..h
+        };
+        assert!(matches!(
+            table.resolve(&foreign, &a, live),
+            Err(SlotError::Stale {
+                why: StaleWhy::OtherBoot,
+                ..
+            })
+        ));
+        assert!(matches!(
+            table.resolve(&h, &b, live),
+            Err(SlotError::NotHeld { .. })
+        ));
+        assert!(matches!(
+            table.release(&h, &b),
+            Err(SlotError::NotHeld { .. })
+        ));
+        let out_of_range = KernelHandle { slot: 99, ..h };
+        assert!(matches!(
+            table.resolve(&out_of_range, &a, live),
+            Err(SlotError::Stale {
+                why: StaleWhy::NoSuchSlot,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_dead_generation_is_never_a_cache_hit() {
+        let (a, b) = (SessionId::random(), SessionId::random());
+        let mut table = SlotTable::new(2, BOOT);
+        table.insert(kernel(1, 5, 1), &a, live).unwrap();
+        assert!(table.hold_cached(&key(5, 1), &b, |g| g.0 != 5).is_none());
+    }
+}
