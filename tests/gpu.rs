@@ -22,6 +22,9 @@
 #[path = "gpu/executor_client.rs"]
 mod executor_client;
 
+#[path = "gpu/daemon.rs"]
+mod daemon;
+
 use executor_client::*;
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_proto::executor::{
@@ -478,20 +481,8 @@ fn artifacts_load_with_their_abi_checked() {
 }
 
 /// Stores to address 0: scalar ABI with one input, faults when launched.
-const FAULT_PTX: &str = r#"
-.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry store_to_null(.param .u64 in0, .param .u64 out, .param .u64 n)
-{
-    .reg .u64 %rd<2>;
-    .reg .f32 %f<2>;
-    mov.u64 %rd1, 0;
-    mov.f32 %f1, 0f3F800000;
-    st.global.f32 [%rd1], %f1;
-    ret;
-}
-"#;
+/// (run.sh also builds it into `store_to_null.cubin` for the daemon test.)
+const FAULT_PTX: &str = include_str!("gpu/store_to_null.ptx");
 
 fn faulting_session() -> (Session, u64, u64) {
     let mut s = Session::new();

@@ -15,6 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 PATH="$PATH:/usr/local/cuda/bin"
 ptxas -arch=sm_90 corpus/add_f32_scalar.ptx -o corpus/add_f32_scalar.cubin \
   && nvcc -fatbin -arch=sm_90 corpus/add_f32_scalar.ptx -o corpus/add_f32_scalar.fatbin \
+  && ptxas -arch=sm_90 corpus/store_to_null.ptx -o corpus/store_to_null.cubin \
   || echo "run.sh: building the cubin/fatbin failed; the artifact test will fail"
 
 ./gpu-tests --test-threads=4 2>&1 | tee "$LOGS/gpu-tests.log"
