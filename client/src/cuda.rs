@@ -41,7 +41,11 @@ pub enum CudaError {
     #[error("no CUDA device has UUID {0}")]
     NoSuchDevice(String),
     #[error("{len} bytes at offset {offset} overrun the {size}-byte allocation")]
-    OutOfBounds { offset: usize, len: usize, size: usize },
+    OutOfBounds {
+        offset: usize,
+        len: usize,
+        size: usize,
+    },
     #[error("kernel name {0:?} contains a NUL byte")]
     BadName(String),
 }
@@ -129,7 +133,9 @@ pub fn devices() -> Result<Vec<DeviceSummary>, CudaError> {
     init()?;
     let mut count = 0i32;
     // SAFETY: valid out-pointer.
-    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+    check("cuDeviceGetCount", unsafe {
+        sys::cuDeviceGetCount(&mut count)
+    })?;
     (0..count.max(0) as u32)
         .map(|o| device_summary(o).map(|(_, s)| s))
         .collect()
@@ -250,7 +256,9 @@ impl CudaDevice {
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
             | sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32;
         // SAFETY: valid out-pointer; the context is current.
-        check("cuEventCreate", unsafe { sys::cuEventCreate(&mut raw, flags) })?;
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, flags)
+        })?;
         Ok(IpcEvent {
             raw,
             device: self.clone(),
@@ -621,6 +629,9 @@ mod tests {
             return; // A machine with a driver is covered by the GPU suite.
         }
         assert!(matches!(devices(), Err(CudaError::LibraryMissing)));
-        assert!(matches!(CudaDevice::open(0), Err(CudaError::LibraryMissing)));
+        assert!(matches!(
+            CudaDevice::open(0),
+            Err(CudaError::LibraryMissing)
+        ));
     }
 }

@@ -27,6 +27,7 @@ strip "$PACK/ptxd" "$PACK/gpu-tests" "$PACK/cuda-launch-bench"
 # The corpus lives beside the repository (../shared/corpus) and does not
 # travel to the GPU machine on its own.
 cp "${PTXD_CORPUS:-../shared/corpus}"/*.ptx tests/gpu/store_to_null.ptx "$PACK/corpus/"
+chmod u+w "$PACK"/corpus/*
 cp tests/gpu/run.sh "$PACK/run.sh"
 du -sh "$PACK"
 size=$(du -sb "$PACK" | cut -f1)

@@ -131,12 +131,16 @@ fn device_attribute(
 pub fn devices() -> Result<Vec<DeviceInfo>, DriverError> {
     let mut count = 0i32;
     // SAFETY: `count` is a valid out-pointer.
-    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+    check("cuDeviceGetCount", unsafe {
+        sys::cuDeviceGetCount(&mut count)
+    })?;
     let mut out = Vec::new();
     for ordinal in 0..count.max(0) {
         let mut device: sys::CUdevice = 0;
         // SAFETY: `device` is a valid out-pointer; ordinal < count.
-        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut device, ordinal) })?;
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut device, ordinal)
+        })?;
         let mut name = [0 as std::ffi::c_char; 256];
         // SAFETY: the buffer holds `len` bytes; the driver NUL-terminates.
         check("cuDeviceGetName", unsafe {
@@ -204,7 +208,9 @@ impl PrimaryContext {
     /// Makes the context current on the calling thread.
     pub fn set_current(&self) -> Result<(), DriverError> {
         // SAFETY: the context is retained for as long as `self` lives.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.context) })
+        check("cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(self.context)
+        })
     }
 
     /// Waits for all work in the context.
@@ -239,7 +245,9 @@ const JIT_LOG_BYTES: usize = 16 * 1024;
 fn log_text(buffer: &[u8], written: usize) -> String {
     let bytes = &buffer[..written.min(buffer.len())];
     let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).trim_end().to_string()
+    String::from_utf8_lossy(&bytes[..end])
+        .trim_end()
+        .to_string()
 }
 
 /// A loaded module; unloaded on drop.
@@ -345,8 +353,7 @@ impl Function {
             let (mut offset, mut size) = (0usize, 0usize);
             // SAFETY: `offset` and `size` are valid out-pointers; the
             // function is loaded.
-            let code =
-                unsafe { sys::cuFuncGetParamInfo(self.raw, index, &mut offset, &mut size) };
+            let code = unsafe { sys::cuFuncGetParamInfo(self.raw, index, &mut offset, &mut size) };
             match check("cuFuncGetParamInfo", code) {
                 Ok(()) => sizes.push(size),
                 // The driver's answer for an index past the last parameter.
@@ -423,10 +430,7 @@ impl Stream {
         let mut raw: sys::CUstream = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer.
         check("cuStreamCreate", unsafe {
-            sys::cuStreamCreate(
-                &mut raw,
-                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            )
+            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         })?;
         Ok(Stream { raw })
     }

@@ -48,12 +48,14 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use ptxd_proto::executor::{
-    open_buffer::Source, reply, request::Op, ArtifactKind, DeviceDesc, FailureKind, Hello,
-    Launch, LoadModule, LoadModuleOk, OpenBuffer, OpenBufferOk,
+    open_buffer::Source, reply, request::Op, ArtifactKind, DeviceDesc, FailureKind, Hello, Launch,
+    LoadModule, LoadModuleOk, OpenBuffer, OpenBufferOk,
 };
 
 use super::child::{serve_stdio, Backend, Replier};
-use driver::{DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream};
+use driver::{
+    DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream,
+};
 
 /// Threads per block when the kernel does not require a count.
 pub const DEFAULT_BLOCK: u32 = 256;
@@ -181,17 +183,23 @@ fn check_cubin(image: &[u8]) -> Result<(), String> {
         return Err("not a 64-bit ELF cubin".into());
     }
     let len = image.len() as u64;
-    let table_fits = |offset: Option<u64>, entry: Option<u64>, count: Option<u64>| {
-        match (offset, entry, count) {
-            (Some(o), Some(e), Some(c)) => o.checked_add(e * c).is_some_and(|end| end <= len),
-            _ => false,
-        }
+    let table_fits = |offset: Option<u64>, entry: Option<u64>, count: Option<u64>| match (
+        offset, entry, count,
+    ) {
+        (Some(o), Some(e), Some(c)) => o.checked_add(e * c).is_some_and(|end| end <= len),
+        _ => false,
     };
     // ELF64 header: e_phoff at 0x20, e_shoff at 0x28, e_phentsize 0x36,
     // e_phnum 0x38, e_shentsize 0x3a, e_shnum 0x3c.
-    if !table_fits(read_u64(image, 0x20), read_u16(image, 0x36), read_u16(image, 0x38))
-        || !table_fits(read_u64(image, 0x28), read_u16(image, 0x3a), read_u16(image, 0x3c))
-    {
+    if !table_fits(
+        read_u64(image, 0x20),
+        read_u16(image, 0x36),
+        read_u16(image, 0x38),
+    ) || !table_fits(
+        read_u64(image, 0x28),
+        read_u16(image, 0x3a),
+        read_u16(image, 0x3c),
+    ) {
         return Err("the cubin's header tables reach past its end".into());
     }
     Ok(())
@@ -209,7 +217,9 @@ fn check_fatbin(image: &[u8]) -> Result<(), String> {
     // Header: magic u32, version u16, header size u16, payload size u64.
     match (read_u16(image, 6), read_u64(image, 8)) {
         (Some(header), Some(payload))
-            if header.checked_add(payload).is_some_and(|end| end <= image.len() as u64) =>
+            if header
+                .checked_add(payload)
+                .is_some_and(|end| end <= image.len() as u64) =>
         {
             Ok(())
         }
