@@ -100,6 +100,7 @@ fn bytes_of<T: Copy>(values: &[T]) -> Vec<u8> {
 
 /// Runs one corpus kernel on both daemons with the same inputs; returns
 /// (GPU output, host output) as raw bytes.
+#[allow(clippy::too_many_arguments)]
 async fn run_both(
     gpu: &Session,
     host: &Session,

@@ -279,10 +279,10 @@ impl Module {
         // slots and writes back the number of bytes it logged.
         let mut values: [*mut c_void; 5] = [
             error_log.as_mut_ptr().cast(),
-            JIT_LOG_BYTES as *mut c_void,
+            std::ptr::without_provenance_mut(JIT_LOG_BYTES),
             info_log.as_mut_ptr().cast(),
-            JIT_LOG_BYTES as *mut c_void,
-            1usize as *mut c_void,
+            std::ptr::without_provenance_mut(JIT_LOG_BYTES),
+            std::ptr::without_provenance_mut(1),
         ];
         let mut raw: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: `image` is NUL-terminated PTX or a cubin/fatbin whose
@@ -298,8 +298,8 @@ impl Module {
                 values.as_mut_ptr(),
             )
         };
-        let error_written = values[1] as usize;
-        let info_written = values[3] as usize;
+        let error_written = values[1].addr();
+        let info_written = values[3].addr();
         let info = log_text(&info_log, info_written);
         match check("cuModuleLoadDataEx", code) {
             Ok(()) => Ok((Module { raw }, info)),

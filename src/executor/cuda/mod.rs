@@ -152,7 +152,7 @@ fn choose_block(reqntid: u32, maxntid: u32, kernel_max: u32) -> Result<u32, Stri
         return Ok(reqntid);
     }
     let declared = if maxntid > 0 { maxntid } else { 1024 };
-    Ok(declared.min(kernel_max).min(DEFAULT_BLOCK).max(1))
+    Ok(declared.min(kernel_max).clamp(1, DEFAULT_BLOCK))
 }
 
 /// The parameter sizes the scalar ABI prescribes: input pointers, the
