@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the GPU test suite and the CUDA benchmark on a machine WITHOUT a GPU
+# and packs everything a GPU machine needs into .gpu/ (git-ignored):
+#
+#   bash tests/gpu/build.sh          # here: build, strip, pack
+#   bash .gpu/run.sh                 # on the GPU machine: tests, then the benchmark
+#
+# Through the device tool: run(command="bash .gpu/run.sh", carry=[".gpu"]).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PACK=.gpu
+FEATURES=gpu-tests
+
+cargo build --release --features "$FEATURES" --bin ptxd
+test_exe=$(cargo test --release --features "$FEATURES" --test gpu --no-run --message-format=json \
+  | jq -r 'select(.reason == "compiler-artifact" and .target.name == "gpu" and .executable != null) | .executable')
+bench_exe=$(cargo bench --features "$FEATURES" --bench cuda_launch --no-run --message-format=json \
+  | jq -r 'select(.reason == "compiler-artifact" and .target.name == "cuda_launch" and .executable != null) | .executable')
+[ -x "$test_exe" ] && [ -x "$bench_exe" ] || { echo "build.sh: test or bench executable not found" >&2; exit 1; }
+
+rm -rf "$PACK"
+mkdir -p "$PACK/corpus"
+cp target/release/ptxd "$PACK/ptxd"
+cp "$test_exe" "$PACK/gpu-tests"
+cp "$bench_exe" "$PACK/cuda-launch-bench"
+strip "$PACK/ptxd" "$PACK/gpu-tests" "$PACK/cuda-launch-bench"
+# The corpus lives beside the repository (../shared/corpus) and does not
+# travel to the GPU machine on its own.
+cp "${PTXD_CORPUS:-../shared/corpus}"/*.ptx tests/gpu/store_to_null.ptx "$PACK/corpus/"
+chmod u+w "$PACK"/corpus/*
+cp tests/gpu/run.sh "$PACK/run.sh"
+du -sh "$PACK"
+size=$(du -sb "$PACK" | cut -f1)
+if [ "$size" -gt $((48 * 1024 * 1024)) ]; then
+  echo "build.sh: the pack is $size bytes; the device tool carries at most 64 MiB" >&2
+  exit 1
+fi
