@@ -753,7 +753,7 @@ impl CudaBackend {
                 ));
             }
             // A misaligned operand would fault the kernel (a sticky error).
-            if size > 0 && offset % size != 0 {
+            if size > 0 && !offset.is_multiple_of(size) {
                 return Err((
                     FailureKind::OutOfBounds,
                     format!("offset {offset} is not a multiple of the {size}-byte element"),
