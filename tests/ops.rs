@@ -955,7 +955,7 @@ fn the_dockerfile_passes_hadolint_and_builds_what_the_docs_run() {
         }
     }
     // The documented run line carries the namespace flags CUDA IPC needs.
-    let readme = std::fs::read_to_string(deploy("README-operations.md")).unwrap();
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
     let run_line = readme
         .lines()
         .skip_while(|l| !l.contains("docker run"))
