@@ -43,6 +43,9 @@ pub struct BufferEntry {
     /// The generation the mapping is open in; `None` once it could not be
     /// re-opened after a restart.
     pub open_in: Option<DeviceGeneration>,
+    /// The registering peer's uid (Unix sockets), which must own a host
+    /// shared-memory object.
+    pub owner_uid: Option<u32>,
 }
 
 /// A registered IPC event.
@@ -162,6 +165,7 @@ mod tests {
             device_index: 0,
             device_uuid: "HOST-0".into(),
             open_in: open.then_some(DeviceGeneration(1)),
+            owner_uid: None,
         }
     }
 

@@ -98,6 +98,12 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_EVENTS_PER_SESSION", default_value_t = 1024)]
     pub max_events_per_session: u32,
 
+    /// How long an executor may take to answer one request (a sync launch
+    /// included) before it is killed and restarted with a new generation: a
+    /// kernel that never ends must not hang its device.
+    #[arg(long, env = "PTXD_EXECUTOR_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub executor_timeout: Duration,
+
     /// How long to wait for in-flight work on SIGTERM/SIGINT before failing it.
     #[arg(long, env = "PTXD_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub drain_timeout: Duration,

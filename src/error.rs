@@ -173,7 +173,14 @@ impl Error {
                     meta([("device", device.clone()), ("cause", cause.clone())]),
                 ),
                 ExecutorError::Failed { kind, metadata, .. } => {
-                    let (code, reason) = failure_code(*kind);
+                    let (code, reason) = match (kind, metadata.get("object").map(String::as_str)) {
+                        // A buffer released (or lost in a restart) between
+                        // the front's check and the launch.
+                        (FailureKind::UnknownObject, Some("buffer")) => {
+                            (Code::FailedPrecondition, Reason::StaleBuffer)
+                        }
+                        _ => failure_code(*kind),
+                    };
                     (code, reason, metadata.clone())
                 }
                 ExecutorError::UnexpectedReply(what) => (

@@ -48,12 +48,16 @@ use crate::slots::{ContentKey, LoadedKernel, SlotTable};
 /// none (the host engine's default).
 pub const DEFAULT_BLOCK: u32 = 256;
 
+/// The most inputs, and the most scalar params, a kernel may have.
+const MAX_KERNEL_OPERANDS: u32 = 64;
+
 /// How long to wait for an executor to answer a clean-up request.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Capacity of a session's lease-event channel. Events are rare (restarts,
-/// drain); a client that does not read them loses the oldest, never blocks
-/// the daemon.
+/// drain); once a client leaves this many unread, newer events are dropped
+/// (never blocking the daemon). The state they report stays readable with
+/// GetInfo and ListKernels.
 const SESSION_EVENT_CAPACITY: usize = 16;
 
 /// The configured limits.
@@ -213,7 +217,10 @@ impl State {
 }
 
 /// Loads of the same (device, content hash, symbol) serialize on one lock.
-type LoadKey = (usize, [u8; 32], String);
+type LoadKey = (usize, [u8; 32], i32, String, Signature);
+
+/// Held by a launch from its check until its reply (see `Session::inflight`).
+type InflightLaunch = tokio::sync::OwnedRwLockReadGuard<()>;
 
 /// Work to send to executors after the state lock is released.
 type Cleanup = Vec<(Arc<ExecutorLink>, Op)>;
@@ -243,6 +250,7 @@ pub struct Front {
     /// Bumped whenever sessions, buffers, slots or devices change (drives metrics gauges).
     pub changes: watch::Sender<u64>,
     observer: Observer,
+    executor_timeout: Duration,
 }
 
 fn down_to_error(device: &str, error: LinkError) -> Error {
@@ -269,12 +277,18 @@ impl Front {
         for (desc, command) in devices {
             let generation = generations.next();
             let index = states.len();
-            let link = ExecutorLink::spawn(index, generation, &command, deaths_tx.clone())
-                .await
-                .map_err(|e| StartError::Executor {
-                    device: desc.uuid.clone(),
-                    error: e.to_string(),
-                })?;
+            let link = ExecutorLink::spawn(
+                index,
+                generation,
+                &command,
+                config.executor_timeout,
+                deaths_tx.clone(),
+            )
+            .await
+            .map_err(|e| StartError::Executor {
+                device: desc.uuid.clone(),
+                error: e.to_string(),
+            })?;
             let desc = link.hello.devices.first().cloned().unwrap_or(desc);
             tracing::info!(device = %desc.uuid, name = %desc.name, %generation, pid = link.pid(), "executor up");
             states.push(DeviceState {
@@ -306,6 +320,7 @@ impl Front {
             available: watch::Sender::new(true),
             changes: watch::Sender::new(0),
             observer,
+            executor_timeout: config.executor_timeout,
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
         Ok(front)
@@ -438,6 +453,7 @@ impl Front {
         let cause_text = match &cause {
             DownCause::Fault { error_name, .. } => format!("KERNEL_FAULT {error_name}"),
             DownCause::Exited { .. } => "exited".to_string(),
+            DownCause::Unresponsive { .. } => "unresponsive".to_string(),
             DownCause::Stopped => "stopped".to_string(),
         };
         loop {
@@ -452,8 +468,14 @@ impl Front {
                 (device.command.clone(), device.desc.uuid.clone())
             };
             let generation = self.generations.next();
-            let link = match ExecutorLink::spawn(index, generation, &command, self.deaths.clone())
-                .await
+            let link = match ExecutorLink::spawn(
+                index,
+                generation,
+                &command,
+                self.executor_timeout,
+                self.deaths.clone(),
+            )
+            .await
             {
                 Ok(link)
                     if link.hello.devices.first().map(|d| d.uuid.as_str())
@@ -524,9 +546,12 @@ impl Front {
             }
             if link.is_down() {
                 tracing::error!(device = %uuid, "restarted executor died while re-opening; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
                 continue;
             }
             let mut late_closes: Cleanup = Vec::new();
+            let mut died_before_publishing = false;
             {
                 let mut state = self.lock();
                 for (id, ok) in reopened_buffers {
@@ -550,26 +575,41 @@ impl Front {
                         None => {}
                     }
                 }
-                let Some(device) = state.devices.get_mut(index) else {
+                if state.draining {
                     return;
-                };
-                device.link = Some(link.clone());
-                device.restarts += 1;
-                device.restarting = false;
-                let event = api::SessionEvent {
-                    event: Some(session_event::Event::ExecutorRestarted(
-                        api::ExecutorRestarted {
-                            device_uuid: uuid.clone(),
-                            old_generation: old.0,
-                            new_generation: generation.0,
-                            cause: cause_text.clone(),
-                        },
-                    )),
-                };
-                for session in state.sessions.values() {
-                    let _ = session.events.try_send(Ok(event.clone()));
                 }
-                self.publish_availability(&state);
+                // A death between the re-open and here was handled by
+                // `supervise` while `restarting` was set: retry ourselves.
+                if link.is_down() {
+                    died_before_publishing = true;
+                } else {
+                    let Some(device) = state.devices.get_mut(index) else {
+                        return;
+                    };
+                    device.link = Some(link.clone());
+                    device.restarts += 1;
+                    device.restarting = false;
+                    let event = api::SessionEvent {
+                        event: Some(session_event::Event::ExecutorRestarted(
+                            api::ExecutorRestarted {
+                                device_uuid: uuid.clone(),
+                                old_generation: old.0,
+                                new_generation: generation.0,
+                                cause: cause_text.clone(),
+                            },
+                        )),
+                    };
+                    for session in state.sessions.values() {
+                        let _ = session.events.try_send(Ok(event.clone()));
+                    }
+                    self.publish_availability(&state);
+                }
+            }
+            if died_before_publishing {
+                tracing::error!(device = %uuid, "restarted executor died before it was published; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+                continue;
             }
             run_cleanup(late_closes).await;
             self.observer.executor_restart(&uuid);
@@ -676,6 +716,7 @@ impl Front {
                     buffers: Default::default(),
                     events_held: Default::default(),
                     buffer_bytes: 0,
+                    inflight: Default::default(),
                 },
             );
         }
@@ -706,11 +747,14 @@ impl Front {
 
     /// Releases a session and everything it holds (close, lease end, drain).
     pub async fn release_session(&self, id: &SessionId) -> ReleasedCounts {
+        let Some(session) = self.lock().sessions.remove(id) else {
+            return ReleasedCounts::default();
+        };
+        // No launch can start now (the session is gone); wait for those that
+        // passed their checks to be answered, so CloseStream comes last.
+        let _drained = session.inflight.write().await;
         let (counts, cleanup) = {
             let mut state = self.lock();
-            let Some(session) = state.sessions.remove(id) else {
-                return ReleasedCounts::default();
-            };
             let mut cleanup: Cleanup = Vec::new();
             // Streams first: the executor finishes the session's queued work
             // before its buffers are unmapped.
@@ -820,13 +864,7 @@ impl Front {
         let device_index = {
             let state = self.lock();
             Self::refuse_if_draining(&state)?;
-            let session = state.session(&session_id, peer)?;
-            if session.kernels.len() as u64 >= u64::from(self.limits.max_kernels_per_session) {
-                return Err(Error::LimitExceeded {
-                    limit: "max_kernels_per_session",
-                    value: self.limits.max_kernels_per_session.into(),
-                });
-            }
+            self.check_kernel_limit(state.session(&session_id, peer)?)?;
             state.device_index(request.device.as_ref())?
         };
 
@@ -850,13 +888,6 @@ impl Front {
                 (signature, ExecArtifactKind::Ptx)
             }
             api::ArtifactKind::Cubin | api::ArtifactKind::Fatbin => {
-                if self.backend == "host" {
-                    return Err(Error::UnsupportedArtifact {
-                        message:
-                            "the host backend runs PTX only; cubin and fatbin need the CUDA backend"
-                                .into(),
-                    });
-                }
                 let Some((abi, element_size)) = declared else {
                     return Err(Error::UnsupportedArtifact {
                         message:
@@ -865,10 +896,23 @@ impl Front {
                                 .into(),
                     });
                 };
+                if abi.inputs > MAX_KERNEL_OPERANDS || abi.scalar_params > MAX_KERNEL_OPERANDS {
+                    return Err(Error::LimitExceeded {
+                        limit: "kernel_operands",
+                        value: MAX_KERNEL_OPERANDS.into(),
+                    });
+                }
                 if !matches!(element_size, 1 | 2 | 4 | 8) {
                     return Err(Error::InvalidArgument {
                         field: "declared.element_size",
                         message: format!("{element_size} is not 1, 2, 4 or 8"),
+                    });
+                }
+                if self.backend == "host" {
+                    return Err(Error::UnsupportedArtifact {
+                        message:
+                            "the host backend runs PTX only; cubin and fatbin need the CUDA backend"
+                                .into(),
                     });
                 }
                 let signature = Signature {
@@ -892,15 +936,21 @@ impl Front {
                 })
             }
         };
-        if signature.inputs > 64 || signature.scalar_params > 64 {
+        if signature.inputs > MAX_KERNEL_OPERANDS || signature.scalar_params > MAX_KERNEL_OPERANDS {
             return Err(Error::LimitExceeded {
                 limit: "kernel_operands",
-                value: 64,
+                value: MAX_KERNEL_OPERANDS.into(),
             });
         }
 
         let hash: [u8; 32] = *blake3::hash(&request.artifact).as_bytes();
-        let lock_key = (device_index, hash, request.symbol.clone());
+        let lock_key = (
+            device_index,
+            hash,
+            exec_kind as i32,
+            request.symbol.clone(),
+            signature.clone(),
+        );
         let content_lock = {
             let mut locks = self.load_locks.lock().unwrap_or_else(|p| p.into_inner());
             locks.entry(lock_key.clone()).or_default().clone()
@@ -952,7 +1002,9 @@ impl Front {
             let key = ContentKey {
                 generation,
                 artifact_hash: hash,
+                kind: exec_kind as i32,
                 symbol: request.symbol.clone(),
+                signature: signature.clone(),
             };
             let State {
                 slots,
@@ -960,12 +1012,17 @@ impl Front {
                 sessions,
                 ..
             } = &mut *state;
+            let Some(session) = sessions.get_mut(session_id) else {
+                return Err(SessionError::Unknown {
+                    session: session_id.to_string(),
+                }
+                .into());
+            };
+            self.check_kernel_limit(session)?;
             if let Some((handle, kernel)) =
                 slots.hold_cached(&key, session_id, State::is_live(devices))
             {
-                if let Some(session) = sessions.get_mut(session_id) {
-                    session.kernels.insert(handle);
-                }
+                session.kernels.insert(handle);
                 return Ok(load_response(&handle, &kernel, true, started));
             }
             let reclaimed = slots.ensure_free(State::is_live(devices))?;
@@ -1017,6 +1074,7 @@ impl Front {
             device_uuid: device_uuid.clone(),
             generation,
             artifact_hash: hash,
+            kind: exec_kind as i32,
             symbol: request.symbol.clone(),
             label: request.label.chars().take(256).collect(),
             signature,
@@ -1042,12 +1100,15 @@ impl Front {
                     cause: "the executor restarted during the load".into(),
                 }
                 .into()),
-                Some(session) => match slots.insert(kernel, session_id, State::is_live(devices)) {
-                    Ok((handle, kernel)) => {
-                        session.kernels.insert(handle);
-                        Ok((handle, kernel))
-                    }
-                    Err(e) => Err(e.into()),
+                Some(session) => match self.check_kernel_limit(session) {
+                    Err(e) => Err(e),
+                    Ok(()) => match slots.insert(kernel, session_id, State::is_live(devices)) {
+                        Ok((handle, kernel)) => {
+                            session.kernels.insert(handle);
+                            Ok((handle, kernel))
+                        }
+                        Err(e) => Err(e.into()),
+                    },
                 },
             }
         };
@@ -1225,6 +1286,7 @@ impl Front {
             device_index: index,
             device_uuid: device_uuid.clone(),
             open_in: Some(generation),
+            owner_uid: peer.map(|p| p.uid),
         };
         match link
             .call(open_buffer_op(&entry))
@@ -1294,6 +1356,26 @@ impl Front {
             device_uuid,
             generation: generation.0,
         })
+    }
+
+    fn check_kernel_limit(&self, session: &Session) -> Result<(), Error> {
+        if session.kernels.len() as u64 >= u64::from(self.limits.max_kernels_per_session) {
+            return Err(Error::LimitExceeded {
+                limit: "max_kernels_per_session",
+                value: self.limits.max_kernels_per_session.into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_event_limit(&self, session: &Session) -> Result<(), Error> {
+        if session.events_held.len() as u64 >= u64::from(self.limits.max_events_per_session) {
+            return Err(Error::LimitExceeded {
+                limit: "max_events_per_session",
+                value: self.limits.max_events_per_session.into(),
+            });
+        }
+        Ok(())
     }
 
     fn check_buffer_limits(&self, session: &Session, size: u64) -> Result<(), Error> {
@@ -1411,13 +1493,7 @@ impl Front {
         let (id, index, link, generation, device_uuid) = {
             let mut state = self.lock();
             Self::refuse_if_draining(&state)?;
-            let session = state.session(&session_id, peer)?;
-            if session.events_held.len() as u64 >= u64::from(self.limits.max_events_per_session) {
-                return Err(Error::LimitExceeded {
-                    limit: "max_events_per_session",
-                    value: self.limits.max_events_per_session.into(),
-                });
-            }
+            self.check_event_limit(state.session(&session_id, peer)?)?;
             let index = if request.device_uuid.is_empty() {
                 0
             } else {
@@ -1452,6 +1528,7 @@ impl Front {
             } = &mut *state;
             match sessions.get_mut(&session_id) {
                 Some(session) if still_current => {
+                    self.check_event_limit(session)?;
                     session.events_held.insert(event_id);
                     registry.events.insert(
                         event_id,
@@ -1553,7 +1630,7 @@ impl Front {
         peer: Option<Peer>,
     ) -> Result<api::LaunchResponse, Error> {
         let started = Instant::now();
-        let (link, op, device_uuid) = self.check_launch(request, peer)?;
+        let (link, op, device_uuid, _inflight) = self.check_launch(request, peer)?;
         match link
             .call(op)
             .await
@@ -1574,7 +1651,7 @@ impl Front {
         &self,
         request: &api::LaunchRequest,
         peer: Option<Peer>,
-    ) -> Result<(Arc<ExecutorLink>, Op, String), Error> {
+    ) -> Result<(Arc<ExecutorLink>, Op, String, InflightLaunch), Error> {
         let session_id = parse_session(&request.session)?;
         let handle = KernelHandle::parse(&request.kernel)?;
         let state = self.lock();
@@ -1717,7 +1794,15 @@ impl Front {
             signal_event,
             sync: request.sync,
         });
-        Ok((link, op, device.desc.uuid.clone()))
+        let inflight =
+            session
+                .inflight
+                .clone()
+                .try_read_owned()
+                .map_err(|_| SessionError::Unknown {
+                    session: session_id.to_string(),
+                })?;
+        Ok((link, op, device.desc.uuid.clone(), inflight))
     }
 
     fn check_event(
@@ -1775,13 +1860,19 @@ impl Front {
 
     /// Releases every session and stops every executor.
     pub async fn shutdown(&self, grace: Duration) {
-        let ids: Vec<SessionId> = self.lock().sessions.keys().cloned().collect();
-        for id in ids {
-            self.release_session(&id).await;
-        }
+        // The executors release every module, mapping, event and stream when
+        // they stop, so the sessions are dropped here without a clean-up
+        // request per object (a hung executor would make that take minutes).
         let links: Vec<Arc<ExecutorLink>> = {
             let mut state = self.lock();
             state.draining = true;
+            let sessions = std::mem::take(&mut state.sessions);
+            for id in sessions.keys() {
+                for held in state.slots.held_by(id) {
+                    let _ = state.slots.release(&held.handle, id);
+                }
+            }
+            state.registry = Registry::default();
             state
                 .devices
                 .iter_mut()
@@ -1847,6 +1938,7 @@ fn open_buffer_op(entry: &BufferEntry) -> Op {
         source: Some(source),
         size: entry.size,
         claimed_device_uuid: entry.device_uuid.clone(),
+        owner_uid: entry.owner_uid,
     })
 }
 

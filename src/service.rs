@@ -61,6 +61,20 @@ impl PtxdService {
     }
 }
 
+/// Runs a state-changing verb to completion even if the client hangs up:
+/// tonic drops a handler's future when its call is cancelled, and a verb
+/// dropped between its executor call and its bookkeeping would leak what the
+/// executor opened.
+async fn detached<T: Send + 'static>(
+    verb: impl std::future::Future<Output = Result<T, Error>> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::spawn(verb).await.unwrap_or_else(|e| {
+        Err(Error::Internal {
+            message: format!("request task failed: {e}"),
+        })
+    })
+}
+
 /// The caller's credentials, on Unix sockets.
 fn peer<T>(request: &Request<T>) -> Option<Peer> {
     let info = request.extensions().get::<UdsConnectInfo>()?;
@@ -142,8 +156,8 @@ impl Ptxd for PtxdService {
         let session = request.into_inner().session;
         let result = match SessionId::parse(&session) {
             Ok(id) => {
-                self.front
-                    .close_session(&id, peer)
+                let front = self.front.clone();
+                detached(async move { front.close_session(&id, peer).await })
                     .await
                     .map(|c| api::CloseSessionResponse {
                         buffers_released: c.buffers,
@@ -162,7 +176,9 @@ impl Ptxd for PtxdService {
     ) -> Result<Response<api::LoadKernelResponse>, Status> {
         let peer = peer(&request);
         let started = Instant::now();
-        let result = self.front.load_kernel(request.into_inner(), peer).await;
+        let front = self.front.clone();
+        let request = request.into_inner();
+        let result = detached(async move { front.load_kernel(request, peer).await }).await;
         if let Ok(loaded) = &result {
             self.observer.load(loaded.cache_hit, started.elapsed());
         }
@@ -175,12 +191,14 @@ impl Ptxd for PtxdService {
     ) -> Result<Response<api::UnloadKernelResponse>, Status> {
         let peer = peer(&request);
         let request = request.into_inner();
-        self.answer(
-            "UnloadKernel",
-            self.front
+        let front = self.front.clone();
+        let result = detached(async move {
+            front
                 .unload_kernel(&request.session, &request.kernel, peer)
-                .await,
-        )
+                .await
+        })
+        .await;
+        self.answer("UnloadKernel", result)
     }
 
     async fn list_kernels(
@@ -199,10 +217,10 @@ impl Ptxd for PtxdService {
         request: Request<api::RegisterBufferRequest>,
     ) -> Result<Response<api::RegisterBufferResponse>, Status> {
         let peer = peer(&request);
-        self.answer(
-            "RegisterBuffer",
-            self.front.register_buffer(request.into_inner(), peer).await,
-        )
+        let front = self.front.clone();
+        let request = request.into_inner();
+        let result = detached(async move { front.register_buffer(request, peer).await }).await;
+        self.answer("RegisterBuffer", result)
     }
 
     async fn release_buffer(
@@ -211,10 +229,13 @@ impl Ptxd for PtxdService {
     ) -> Result<Response<api::ReleaseBufferResponse>, Status> {
         let peer = peer(&request);
         let request = request.into_inner();
-        let result = self
-            .front
-            .release_buffer(&request.session, &request.buffer, peer)
-            .await;
+        let front = self.front.clone();
+        let result = detached(async move {
+            front
+                .release_buffer(&request.session, &request.buffer, peer)
+                .await
+        })
+        .await;
         self.answer(
             "ReleaseBuffer",
             result.map(|()| api::ReleaseBufferResponse {}),
@@ -237,10 +258,10 @@ impl Ptxd for PtxdService {
         request: Request<api::RegisterEventRequest>,
     ) -> Result<Response<api::RegisterEventResponse>, Status> {
         let peer = peer(&request);
-        self.answer(
-            "RegisterEvent",
-            self.front.register_event(request.into_inner(), peer).await,
-        )
+        let front = self.front.clone();
+        let request = request.into_inner();
+        let result = detached(async move { front.register_event(request, peer).await }).await;
+        self.answer("RegisterEvent", result)
     }
 
     async fn release_event(
@@ -249,10 +270,13 @@ impl Ptxd for PtxdService {
     ) -> Result<Response<api::ReleaseEventResponse>, Status> {
         let peer = peer(&request);
         let request = request.into_inner();
-        let result = self
-            .front
-            .release_event(&request.session, &request.event, peer)
-            .await;
+        let front = self.front.clone();
+        let result = detached(async move {
+            front
+                .release_event(&request.session, &request.event, peer)
+                .await
+        })
+        .await;
         self.answer(
             "ReleaseEvent",
             result.map(|()| api::ReleaseEventResponse {}),

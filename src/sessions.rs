@@ -54,6 +54,10 @@ pub struct Session {
     pub buffers: BTreeSet<BufferId>,
     pub events_held: BTreeSet<EventId>,
     pub buffer_bytes: u64,
+    /// Held shared by every launch between its check and its reply; the
+    /// release takes it exclusively, so the session's executor stream is
+    /// closed only after its last launch was sent.
+    pub inflight: std::sync::Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Session {
@@ -67,6 +71,13 @@ impl Session {
                     peer_uid: caller.uid,
                 })
             }
+            // A session opened on the Unix socket is bound to its uid: a TCP
+            // caller, which has none, cannot use it.
+            (Some(owner), None) => Err(SessionError::WrongPeer {
+                session: self.id.to_string(),
+                owner_uid: owner.uid,
+                peer_uid: u32::MAX,
+            }),
             _ => Ok(()),
         }
     }
@@ -93,6 +104,7 @@ mod tests {
             buffers: BTreeSet::new(),
             events_held: BTreeSet::new(),
             buffer_bytes: 0,
+            inflight: Default::default(),
         };
         assert!(session
             .authorize(Some(Peer {
@@ -111,7 +123,7 @@ mod tests {
                 ..
             })
         ));
-        // TCP callers carry no credentials (TCP binds loopback by default).
-        assert!(session.authorize(None).is_ok());
+        // A TCP caller carries no credentials and cannot use a Unix session.
+        assert!(session.authorize(None).is_err());
     }
 }

@@ -21,12 +21,30 @@ use crate::handles::{BootId, DeviceGeneration, KernelHandle, SessionId, SlotEpoc
 use crate::ptx::Signature;
 
 /// What identifies a compiled kernel for sharing: the device generation it
-/// was compiled in, the artifact's content hash, and the entry symbol.
+/// was compiled in, the artifact's content hash and kind, the entry symbol,
+/// and the signature launches are checked against. The kind and signature
+/// are part of the key so that one session can never hand another a cached
+/// kernel with a different (e.g. declared rather than verified) signature.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ContentKey {
     pub generation: DeviceGeneration,
     pub artifact_hash: [u8; 32],
+    pub kind: i32,
     pub symbol: String,
+    pub signature: Signature,
+}
+
+impl ContentKey {
+    /// The key a loaded kernel is cached under.
+    pub fn of(kernel: &LoadedKernel) -> ContentKey {
+        ContentKey {
+            generation: kernel.generation,
+            artifact_hash: kernel.artifact_hash,
+            kind: kernel.kind,
+            symbol: kernel.symbol.clone(),
+            signature: kernel.signature.clone(),
+        }
+    }
 }
 
 /// A kernel compiled in an executor.
@@ -38,6 +56,8 @@ pub struct LoadedKernel {
     pub device_uuid: String,
     pub generation: DeviceGeneration,
     pub artifact_hash: [u8; 32],
+    /// The artifact kind (`ptxd.executor.v1.ArtifactKind`).
+    pub kind: i32,
     pub symbol: String,
     pub label: String,
     pub signature: Signature,
@@ -222,11 +242,7 @@ impl SlotTable {
         let index = self.free_index().ok_or(SlotError::BankFull {
             capacity: self.capacity(),
         })?;
-        let key = ContentKey {
-            generation: kernel.generation,
-            artifact_hash: kernel.artifact_hash,
-            symbol: kernel.symbol.clone(),
-        };
+        let key = ContentKey::of(&kernel);
         let kernel = Arc::new(kernel);
         let slot = &mut self.slots[index as usize];
         slot.epoch += 1;
@@ -344,6 +360,7 @@ mod tests {
             device_uuid: "HOST-0".into(),
             generation: DeviceGeneration(generation),
             artifact_hash: [content; 32],
+            kind: 1,
             symbol: "k".into(),
             label: String::new(),
             signature: Signature {
@@ -358,11 +375,7 @@ mod tests {
     }
 
     fn key(generation: u64, content: u8) -> ContentKey {
-        ContentKey {
-            generation: DeviceGeneration(generation),
-            artifact_hash: [content; 32],
-            symbol: "k".into(),
-        }
+        ContentKey::of(&kernel(0, generation, content))
     }
 
     const BOOT: BootId = BootId(7);
@@ -472,6 +485,20 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn another_kind_or_signature_of_the_same_bytes_is_not_a_cache_hit() {
+        let (a, b) = (SessionId::random(), SessionId::random());
+        let mut table = SlotTable::new(4, BOOT);
+        table.insert(kernel(1, 1, 9), &a, live).unwrap();
+        let mut as_cubin = key(1, 9);
+        as_cubin.kind = 2;
+        assert!(table.hold_cached(&as_cubin, &b, live).is_none());
+        let mut narrower = key(1, 9);
+        narrower.signature.element_sizes = vec![1, 1];
+        assert!(table.hold_cached(&narrower, &b, live).is_none());
+        assert!(table.hold_cached(&key(1, 9), &b, live).is_some());
     }
 
     #[test]

@@ -341,6 +341,25 @@ async fn load_refusals_carry_their_exact_reasons() {
         .unwrap_err();
     assert_eq!(reason(&cubin), "UNSUPPORTED_ARTIFACT");
 
+    // The declared ABI is validated before anything is allocated for it.
+    let absurd = session
+        .load_cubin(
+            0,
+            vec![0x7f, b'E', b'L', b'F'],
+            "k",
+            DeclaredAbi {
+                inputs: 4_000_000_000,
+                scalar_params: 0,
+                element_size: 4,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (reason(&absurd), meta(&absurd, "limit")),
+        ("LIMIT_EXCEEDED", "kernel_operands")
+    );
+
     let unknown = session
         .load_ptx(7, corpus("add_f32_scalar.ptx"), "add_f32_scalar", opts())
         .await
@@ -908,4 +927,36 @@ fn a_second_daemon_refuses_a_live_socket() {
     );
     // The first daemon still serves.
     assert!(std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok());
+}
+
+#[tokio::test]
+async fn a_unix_session_cannot_be_used_over_tcp() {
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let daemon = Daemon::start(&["--tcp", &addr]);
+    let unix = connect(&daemon).await;
+    let session = unix.open_session("unix").await.unwrap();
+    let tcp = Client::connect(&format!("http://{addr}")).await.unwrap();
+    assert_eq!(
+        tcp.info().await.unwrap().sessions,
+        1,
+        "TCP reaches the same daemon"
+    );
+    let err = tcp
+        .raw()
+        .list_buffers(ptxd_proto::v1::ListBuffersRequest {
+            session: session.id().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    // The refusal names the owner: decoded through the SDK's error type.
+    let refused = ptxd_client::Error::from(err);
+    assert_eq!(reason(&refused), "NOT_OWNER");
+    // A TCP session works over TCP.
+    let over_tcp = tcp.open_session("tcp").await.unwrap();
+    assert!(over_tcp.list_buffers().await.unwrap().is_empty());
 }

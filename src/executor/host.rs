@@ -34,10 +34,26 @@ pub fn host_device_uuid(index: u32) -> String {
     format!("HOST-{index}")
 }
 
-/// One shared-memory mapping.
+/// One shared-memory mapping, and the object's descriptor: the object's
+/// size is re-checked before every launch, since a client that shrinks it
+/// after registration would otherwise make the executor fault (SIGBUS).
 struct Mapping {
     base: NonNull<u8>,
     len: usize,
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Mapping {
+    fn still_covered(&self) -> Result<(), String> {
+        let size = fstat(self.fd.as_fd()).map(|st| st.st_size).unwrap_or(0);
+        if u64::try_from(size).unwrap_or(0) < self.len as u64 {
+            return Err(format!(
+                "the shared-memory object shrank to {size} bytes after it was registered with {}",
+                self.len
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Mapping {
@@ -50,7 +66,11 @@ impl Drop for Mapping {
     }
 }
 
-fn map_shm(name: &str, size: u64) -> Result<Mapping, (FailureKind, String, String)> {
+fn map_shm(
+    name: &str,
+    size: u64,
+    owner_uid: Option<u32>,
+) -> Result<Mapping, (FailureKind, String, String)> {
     let invalid = |what: &str, err: nix::Error| {
         (
             FailureKind::InvalidHandle,
@@ -68,6 +88,20 @@ fn map_shm(name: &str, size: u64) -> Result<Mapping, (FailureKind, String, Strin
     let fd = shm_open(cname.as_c_str(), OFlag::O_RDWR, Mode::empty())
         .map_err(|e| invalid("shm_open", e))?;
     let stat = fstat(fd.as_fd()).map_err(|e| invalid("fstat", e))?;
+    // The daemon may be able to open objects its clients cannot: a session
+    // maps only objects its own uid owns (root may map any).
+    if let Some(uid) = owner_uid {
+        if uid != 0 && stat.st_uid != uid {
+            return Err((
+                FailureKind::InvalidHandle,
+                format!(
+                    "shared memory {name:?} belongs to uid {}, not to the session's uid {uid}",
+                    stat.st_uid
+                ),
+                "EACCES".into(),
+            ));
+        }
+    }
     let actual = u64::try_from(stat.st_size).unwrap_or(0);
     if actual < size {
         return Err((
@@ -89,14 +123,14 @@ fn map_shm(name: &str, size: u64) -> Result<Mapping, (FailureKind, String, Strin
             )
         })?;
     // SAFETY: a fresh shared mapping of an fd we own; no existing Rust object
-    // aliases it. The fd may close afterwards: the mapping keeps the object.
+    // aliases it.
     let base = unsafe {
         mmap(
             None,
             len,
             ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
             MapFlags::MAP_SHARED,
-            fd,
+            &fd,
             0,
         )
     }
@@ -104,6 +138,7 @@ fn map_shm(name: &str, size: u64) -> Result<Mapping, (FailureKind, String, Strin
     Ok(Mapping {
         base: base.cast(),
         len: len.get(),
+        fd,
     })
 }
 
@@ -135,18 +170,26 @@ impl HostBackend {
         }
     }
 
-    fn span(&self, buffer_id: u64, offset: u64) -> Result<HostSpan, String> {
-        let mapping = self
-            .buffers
-            .get(&buffer_id)
-            .ok_or_else(|| format!("buffer {buffer_id} is not open"))?;
+    fn span(&self, buffer_id: u64, offset: u64) -> Result<HostSpan, (FailureKind, String)> {
+        let mapping = self.buffers.get(&buffer_id).ok_or_else(|| {
+            (
+                FailureKind::UnknownObject,
+                format!("buffer {buffer_id} is not open"),
+            )
+        })?;
+        mapping
+            .still_covered()
+            .map_err(|e| (FailureKind::OutOfBounds, e))?;
         let offset = usize::try_from(offset)
             .ok()
             .filter(|o| *o <= mapping.len)
             .ok_or_else(|| {
-                format!(
-                    "offset {offset} is past the end of buffer {buffer_id} ({} bytes)",
-                    mapping.len
+                (
+                    FailureKind::OutOfBounds,
+                    format!(
+                        "offset {offset} is past the end of buffer {buffer_id} ({} bytes)",
+                        mapping.len
+                    ),
                 )
             })?;
         // SAFETY: offset <= len, so the result stays inside (or one past) the mapping.
@@ -206,10 +249,10 @@ impl HostBackend {
             return reply.fail(
                 FailureKind::UnknownObject,
                 format!("module {} is not loaded", launch.module_id),
-                &[],
+                &[("object", "module".into())],
             );
         };
-        let spans: Result<Vec<HostSpan>, String> = launch
+        let spans: Result<Vec<HostSpan>, (FailureKind, String)> = launch
             .inputs
             .iter()
             .map(|o| self.span(o.buffer_id, o.offset))
@@ -217,11 +260,24 @@ impl HostBackend {
         let output = launch
             .output
             .as_ref()
-            .ok_or_else(|| "launch without an output".to_string())
+            .ok_or_else(|| {
+                (
+                    FailureKind::Internal,
+                    "launch without an output".to_string(),
+                )
+            })
             .and_then(|o| self.span(o.buffer_id, o.offset));
         let (inputs, output) = match (spans, output) {
             (Ok(i), Ok(o)) => (i, o),
-            (Err(e), _) | (_, Err(e)) => return reply.fail(FailureKind::OutOfBounds, e, &[]),
+            (Err((FailureKind::UnknownObject, e)), _)
+            | (_, Err((FailureKind::UnknownObject, e))) => {
+                return reply.fail(
+                    FailureKind::UnknownObject,
+                    e,
+                    &[("object", "buffer".into())],
+                )
+            }
+            (Err((kind, e)), _) | (_, Err((kind, e))) => return reply.fail(kind, e, &[]),
         };
         let host_launch = HostLaunch {
             inputs: &inputs,
@@ -288,7 +344,7 @@ impl Backend for HostBackend {
                 reply.ok()
             }
             Op::OpenBuffer(open) => match open.source {
-                Some(Source::ShmName(name)) => match map_shm(&name, open.size) {
+                Some(Source::ShmName(name)) => match map_shm(&name, open.size, open.owner_uid) {
                     Ok(mapping) => {
                         self.buffers.insert(open.buffer_id, mapping);
                         reply.send(reply::Result::OpenBuffer(OpenBufferOk {

@@ -30,7 +30,8 @@ pub enum ProtocolError {
     Decode(#[from] prost::DecodeError),
 }
 
-fn encode_frame<M: Message>(message: &M) -> Result<Vec<u8>, ProtocolError> {
+/// One complete frame (length prefix and message), to be written whole.
+pub fn encode_frame<M: Message>(message: &M) -> Result<Vec<u8>, ProtocolError> {
     let len = message.encoded_len();
     if len > MAX_FRAME_BYTES {
         return Err(ProtocolError::FrameTooLarge(len));

@@ -9,6 +9,12 @@
 //!   with, after every pending call has been failed.
 //! - The child's only channel is one socket on its stdin/stdout; when the
 //!   front dies, the child reads end-of-stream and exits.
+//! - Frames are written whole by one writer task: a caller that is cancelled
+//!   mid-call (a client hanging up) can never leave half a frame on the
+//!   channel, and its pending entry is removed when it goes.
+//! - An executor that does not answer a call within the executor timeout (a
+//!   kernel that never ends, a hung driver) is killed; the supervisor then
+//!   starts a new generation.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -23,7 +29,7 @@ use ptxd_proto::executor::{
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot};
 
-use super::protocol::{read_frame_async, write_frame_async, ProtocolError};
+use super::protocol::{encode_frame, read_frame_async, ProtocolError};
 use crate::handles::DeviceGeneration;
 
 /// How long an executor may take to say Hello (CUDA context creation is
@@ -37,6 +43,8 @@ pub enum DownCause {
     Fault { error_name: String, message: String },
     /// It exited or its channel broke without a fault report.
     Exited { detail: String },
+    /// It did not answer within the executor timeout and was killed.
+    Unresponsive { after: Duration },
     /// The front asked it to stop.
     Stopped,
 }
@@ -49,6 +57,9 @@ impl std::fmt::Display for DownCause {
                 message,
             } => write!(f, "device fault {error_name}: {message}"),
             DownCause::Exited { detail } => write!(f, "executor exited: {detail}"),
+            DownCause::Unresponsive { after } => {
+                write!(f, "executor did not answer within {after:?} and was killed")
+            }
             DownCause::Stopped => f.write_str("executor stopped"),
         }
     }
@@ -140,7 +151,9 @@ pub struct ExecutorLink {
     pub index: usize,
     pub generation: DeviceGeneration,
     pub hello: Hello,
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// Complete frames for the writer task.
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    timeout: Duration,
     pending: Mutex<Pending>,
     next_id: AtomicU64,
     child: Mutex<Option<tokio::process::Child>>,
@@ -153,6 +166,18 @@ impl std::fmt::Debug for ExecutorLink {
             .field("generation", &self.generation)
             .field("pid", &self.hello.pid)
             .finish()
+    }
+}
+
+/// Removes a call's pending entry when the call ends, however it ends.
+struct PendingEntry<'a> {
+    link: &'a ExecutorLink,
+    id: u64,
+}
+
+impl Drop for PendingEntry<'_> {
+    fn drop(&mut self) {
+        self.link.lock_pending().waiting.remove(&self.id);
     }
 }
 
@@ -208,6 +233,7 @@ impl ExecutorLink {
         index: usize,
         generation: DeviceGeneration,
         command: &ExecutorCommand,
+        timeout: Duration,
         deaths: mpsc::UnboundedSender<DeathNotice>,
     ) -> Result<Arc<ExecutorLink>, SpawnError> {
         let (child, stream) = spawn_child(command)?;
@@ -216,17 +242,33 @@ impl ExecutorLink {
         if hello.devices.is_empty() {
             return Err(SpawnError::NoDevice);
         }
+        let (frames, frames_rx) = mpsc::unbounded_channel();
+        tokio::spawn(Self::write_frames(write, frames_rx));
         let link = Arc::new(ExecutorLink {
             index,
             generation,
             hello,
-            writer: tokio::sync::Mutex::new(write),
+            writer: frames,
+            timeout,
             pending: Mutex::new(Pending::default()),
             next_id: AtomicU64::new(1),
             child: Mutex::new(Some(child)),
         });
         tokio::spawn(Self::read_replies(link.clone(), read, deaths));
         Ok(link)
+    }
+
+    /// Writes whole frames in order until the link is dropped or the channel
+    /// breaks (the reader then sees the close and fails every waiter).
+    async fn write_frames(mut write: OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Vec<u8>>) {
+        use tokio::io::AsyncWriteExt;
+        while let Some(frame) = frames.recv().await {
+            if let Err(e) = write.write_all(&frame).await {
+                tracing::debug!(error = %e, "executor channel write failed");
+                break;
+            }
+        }
+        let _ = write.shutdown().await;
     }
 
     /// The executor's process id.
@@ -303,10 +345,16 @@ impl ExecutorLink {
         self.lock_pending().closed.is_some()
     }
 
-    /// Sends one request and waits for its reply.
+    /// Sends one request and waits for its reply. An executor that does not
+    /// answer within the link's timeout is killed.
     pub async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
+        let frame = encode_frame(&Request { id, op: Some(op) }).map_err(|e| {
+            LinkError::Down(DownCause::Exited {
+                detail: format!("cannot encode a request: {e}"),
+            })
+        })?;
         {
             let mut pending = self.lock_pending();
             if let Some(cause) = &pending.closed {
@@ -314,24 +362,27 @@ impl ExecutorLink {
             }
             pending.waiting.insert(id, tx);
         }
-        let request = Request { id, op: Some(op) };
-        let written = {
-            let mut writer = self.writer.lock().await;
-            write_frame_async(&mut *writer, &request).await
-        };
-        if let Err(e) = written {
-            // The reader will see the channel close and fail every waiter;
-            // make sure this one is not left behind if it already did.
-            self.lock_pending().waiting.remove(&id);
+        // Removes the pending entry however this call ends (a reply removes
+        // it first; cancellation and timeouts leave it to this guard).
+        let _entry = PendingEntry { link: self, id };
+        if self.writer.send(frame).is_err() {
             return Err(LinkError::Down(DownCause::Exited {
-                detail: e.to_string(),
+                detail: "executor channel closed".into(),
             }));
         }
-        match rx.await {
-            Ok(result) => result,
-            Err(_) => Err(LinkError::Down(DownCause::Exited {
+        match tokio::time::timeout(self.timeout, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(LinkError::Down(DownCause::Exited {
                 detail: "reply channel dropped".into(),
             })),
+            Err(_) => {
+                tracing::error!(device = self.index, generation = %self.generation, timeout = ?self.timeout,
+                    "executor did not answer; killing it");
+                self.kill();
+                Err(LinkError::Down(DownCause::Unresponsive {
+                    after: self.timeout,
+                }))
+            }
         }
     }
 

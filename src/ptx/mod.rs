@@ -26,7 +26,7 @@ pub struct DeclaredAbi {
 }
 
 /// The verified scalar-ABI signature of a kernel.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Signature {
     /// Number of input pointers.
     pub inputs: u32,
