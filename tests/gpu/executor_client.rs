@@ -194,6 +194,7 @@ pub fn open_ipc_op(buffer_id: u64, handle: [u8; 64], size: u64, device: &str) ->
         source: Some(Source::CudaIpc(handle.to_vec())),
         size,
         claimed_device_uuid: device.into(),
+        owner_uid: None,
     })
 }
 
