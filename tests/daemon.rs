@@ -960,3 +960,49 @@ async fn a_unix_session_cannot_be_used_over_tcp() {
     let over_tcp = tcp.open_session("tcp").await.unwrap();
     assert!(over_tcp.list_buffers().await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn an_executor_that_does_not_answer_is_killed_and_replaced() {
+    let daemon = Daemon::start(&["--executor-timeout", "1s"]);
+    let client = connect(&daemon).await;
+    let session = client.open_session("spin").await.unwrap();
+    let spin = load(&session, "spin_f32.ptx", "spin_f32").await;
+    let (_x, x) = f32_buffer(&session, Some(&[0.0; 256]), 256).await;
+    let (y_shm, y) = f32_buffer(&session, None, 256).await;
+    let before = client.info().await.unwrap().devices[0].clone();
+    let started = std::time::Instant::now();
+    let err = session
+        .launch(
+            &spin,
+            &Launch::new([x.operand()], y.operand(), 256).sync(true),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the launch was not cut off"
+    );
+    assert_eq!(reason(&err), "EXECUTOR_UNAVAILABLE");
+    assert!(meta(&err, "cause").contains("did not answer"), "{err}");
+    // A new generation serves the same buffers.
+    let mut after = client.info().await.unwrap().devices[0].clone();
+    for _ in 0..500 {
+        if after.available && after.generation != before.generation {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        after = client.info().await.unwrap().devices[0].clone();
+    }
+    assert_ne!(after.generation, before.generation);
+    let affine = load(&session, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
+    session
+        .launch(
+            &affine,
+            &Launch::new([x.operand()], y.operand(), 256)
+                .params([1.0, 3.0])
+                .sync(true),
+        )
+        .await
+        .unwrap();
+    assert!(y_shm.read_f32(0, 256).unwrap().iter().all(|v| *v == 3.0));
+}
