@@ -545,7 +545,9 @@ async fn two_gpus_refuse_mismatched_devices_and_run_on_the_second() {
         eprintln!("skipped: set PTXD_GPU_TESTS_MULTI=1 on a 2-GPU machine");
         return;
     }
-    let visible = ptxd_client::cuda::devices().unwrap();
+    let visible = ptxd_client::cuda::devices().unwrap_or_else(|e| {
+        panic!("PTXD_GPU_TESTS_MULTI=1 but the CUDA devices cannot be listed: {e}")
+    });
     assert!(
         visible.len() >= 2,
         "PTXD_GPU_TESTS_MULTI=1 but only {} GPU(s) visible: this test needs two",
