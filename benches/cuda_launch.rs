@@ -496,8 +496,9 @@ async fn daemon_rows(
     let text = String::from_utf8(ptx.to_vec()).unwrap();
 
     // LoadKernel: each cold load gets a PTX the daemon has never seen (a
-    // unique trailing comment changes the content hash); the driver's JIT
-    // cache on disk may still know the code, since comments do not reach it.
+    // unique trailing comment changes the content hash). Whether the
+    // driver's on-disk JIT cache still serves it is the driver's business, so
+    // this row bounds ptxd's cold path from below, not a true cold JIT.
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
