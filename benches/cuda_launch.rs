@@ -5,11 +5,12 @@
 //! Run on a GPU machine (`bash .gpu/run.sh` runs it after the tests; or
 //! `cargo bench --features gpu-tests --bench cuda_launch`).
 //!
-//! The ptxd rows drive the executor process over the internal protocol, as
-//! the daemon's front would, without gRPC in between; rows through the
-//! daemon front (unary Launch, LaunchStream, RegisterBuffer, the front's
-//! kernel cache) need `ptxd serve` and are printed as not measured until it
-//! exists.
+//! The "executor" rows drive a `ptxd executor` process over the internal
+//! protocol, as the daemon's front would, without gRPC in between; the
+//! "daemon" rows go through `ptxd serve --backend cuda` with the SDK (gRPC on
+//! a Unix socket), on memory this process allocates and shares by CUDA IPC.
+//! The ratio column divides a row's p50 by the p50 of the baseline row its
+//! note names, measured earlier in the same run.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -28,6 +29,8 @@ struct Row {
     p50: Duration,
     p99: Duration,
     samples: usize,
+    /// This row's p50 over its baseline's p50 (measured in the same run).
+    ratio: Option<f64>,
     note: String,
 }
 
@@ -39,7 +42,18 @@ fn row(name: &str, mut samples: Vec<Duration>, note: String) -> Row {
         p50: pick(0.5),
         p99: pick(0.99),
         samples: samples.len(),
+        ratio: None,
         note,
+    }
+}
+
+impl Row {
+    /// Adds the ratio of this row's p50 to `baseline` (a p50 of this run).
+    fn against(self, baseline: Duration) -> Row {
+        Row {
+            ratio: Some(self.p50.as_secs_f64() / baseline.as_secs_f64()),
+            ..self
+        }
     }
 }
 
@@ -49,15 +63,19 @@ struct Table(Vec<Row>);
 
 impl Table {
     fn push(&mut self, r: Row) {
+        let ratio = r
+            .ratio
+            .map_or_else(|| "–".to_string(), |x| format!("{x:.2}×"));
         if r.samples == 0 {
-            println!("| {} | – | – | 0 | {} |", r.name, r.note);
+            println!("| {} | – | – | 0 | – | {} |", r.name, r.note);
         } else {
             println!(
-                "| {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} |",
                 r.name,
                 us(r.p50),
                 us(r.p99),
                 r.samples,
+                ratio,
                 r.note
             );
         }
@@ -98,8 +116,8 @@ fn main() {
     let dev = CudaDevice::open(0).expect("the benchmark needs a CUDA device");
     let ptx = corpus("add_f32_scalar.ptx");
     println!("device: {} ({})", dev.name(), dev.uuid());
-    println!("| what | p50 | p99 | samples | note |");
-    println!("| --- | --- | --- | --- | --- |");
+    println!("| what | p50 | p99 | samples | p50 / baseline p50 | note |");
+    println!("| --- | --- | --- | --- | --- | --- |");
     let mut rows = Table(Vec::new());
 
     // --- in-process ---------------------------------------------------
@@ -144,11 +162,13 @@ fn main() {
         }
         stream.synchronize().unwrap();
     }
-    rows.push(row(
+    let in_async = row(
         "in-process cuLaunchKernel async (n=4096)",
         enqueue,
         String::new(),
-    ));
+    );
+    let base_async = in_async.p50;
+    rows.push(in_async);
     let mut synced = Vec::new();
     for _ in 0..5000 {
         let t = Instant::now();
@@ -156,11 +176,13 @@ fn main() {
         stream.synchronize().unwrap();
         synced.push(t.elapsed());
     }
-    rows.push(row(
+    let in_sync = row(
         "in-process launch + cuStreamSynchronize (n=4096)",
         synced,
         String::new(),
-    ));
+    );
+    let base_sync = in_sync.p50;
+    rows.push(in_sync);
     let mut big = Vec::new();
     for _ in 0..50 {
         let t = Instant::now();
@@ -170,6 +192,7 @@ fn main() {
     }
     let bytes = 3.0 * (BIG_N * 4) as f64;
     let big_row = row("in-process add 3×64 MiB, launch + sync", big, String::new());
+    let base_big = big_row.p50;
     let note = format!(
         "{:.2} TB/s at p50",
         bytes / big_row.p50.as_secs_f64() / 1e12
@@ -236,11 +259,13 @@ fn main() {
         );
         register.push(t.elapsed());
     }
-    rows.push(row(
+    let open_row = row(
         "executor OpenBuffer (cuIpcOpenMemHandle), 1 MiB",
         register,
         String::new(),
-    ));
+    );
+    let base_open = open_row.p50;
+    rows.push(open_row);
     let mut close = Vec::new();
     for k in 0..scratch.len() {
         let t = Instant::now();
@@ -319,6 +344,7 @@ fn main() {
         p50: total / pipelined,
         p99: total / pipelined,
         samples: pipelined as usize,
+        ratio: None,
         note: format!(
             "{:.0} launches/s (mean of 20,000, window 256; not p50)",
             f64::from(pipelined) / total.as_secs_f64()
@@ -352,21 +378,329 @@ fn main() {
     assert!(check.iter().all(|&x| x == 2.0), "executor add is wrong");
     exec.shutdown();
 
-    for name in [
-        "daemon unary Launch async / sync",
-        "daemon LaunchStream throughput",
-        "daemon LoadKernel cold vs cache hit",
-        "daemon RegisterBuffer",
-        "daemon add 3×64 MiB",
-    ] {
-        rows.push(Row {
-            name: name.into(),
-            p50: Duration::ZERO,
-            p99: Duration::ZERO,
-            samples: 0,
-            note: "not measured: needs the daemon front (`ptxd serve`)".into(),
-        });
-    }
+    let baselines = Baselines {
+        first_load: cold,
+        launch_async: base_async,
+        launch_sync: base_sync,
+        big: base_big,
+        open_buffer: base_open,
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(daemon_rows(
+            &mut rows,
+            &dev,
+            &ptx,
+            &scratch,
+            [&a, &b, &out],
+            &baselines,
+        ));
+    out.download(0, &mut check).unwrap();
+    assert!(check.iter().all(|&x| x == 2.0), "daemon add is wrong");
 
     println!("({} rows)", rows.0.len());
+}
+
+/// p50s of this run that the daemon rows are compared with.
+struct Baselines {
+    first_load: Duration,
+    launch_async: Duration,
+    launch_sync: Duration,
+    big: Duration,
+    open_buffer: Duration,
+}
+
+/// `ptxd serve --backend cuda` on a temporary socket, for the daemon rows;
+/// SIGTERM on drop (the drain timeout is short), SIGKILL if it lingers.
+struct Daemon {
+    child: std::process::Child,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start(device_uuid: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ptxd.sock");
+        let child = std::process::Command::new(ptxd_bin())
+            .args(["serve", "--backend", "cuda", "--drain-timeout", "1s"])
+            .args(["--devices", device_uuid, "--socket"])
+            .arg(&socket)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("spawning ptxd serve");
+        Daemon {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The rows through `ptxd serve`: the SDK over gRPC on a Unix socket, the
+/// tensors in this process's memory (CUDA IPC), the kernel run by the
+/// daemon's executor process.
+async fn daemon_rows(
+    rows: &mut Table,
+    dev: &CudaDevice,
+    ptx: &[u8],
+    scratch: &[DeviceAllocation],
+    [a, b, out]: [&DeviceAllocation; 3],
+    base: &Baselines,
+) {
+    use ptxd_client::{Client, Launch, LoadOptions};
+
+    let spawn = Instant::now();
+    let daemon = Daemon::start(dev.uuid());
+    let target = format!("unix:{}", daemon.socket.display());
+    let client = loop {
+        if let Ok(client) = Client::connect(&target).await {
+            if let Ok(info) = client.info().await {
+                if info.devices.first().is_some_and(|d| d.available) {
+                    break client;
+                }
+            }
+        }
+        assert!(
+            spawn.elapsed() < Duration::from_secs(30),
+            "ptxd serve did not come up with its device available"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    rows.push(row(
+        "daemon start to device available (GetInfo)",
+        vec![spawn.elapsed()],
+        "one sample; polled every 5 ms".into(),
+    ));
+    let session = client.open_session("bench").await.unwrap();
+    let text = String::from_utf8(ptx.to_vec()).unwrap();
+
+    // LoadKernel: each cold load gets a PTX the daemon has never seen (a
+    // unique trailing comment changes the content hash). Whether the
+    // driver's on-disk JIT cache still serves it is the driver's business, so
+    // this row bounds ptxd's cold path from below, not a true cold JIT.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let variants: Vec<String> = (0..10)
+        .map(|k| format!("{text}\n// ptxd bench {}-{stamp}-{k}\n", std::process::id()))
+        .collect();
+    let mut cold = Vec::new();
+    let mut cold_hits = 0;
+    for variant in &variants {
+        let t = Instant::now();
+        let kernel = session
+            .load_ptx(
+                dev.uuid(),
+                variant.clone(),
+                "add_f32_scalar",
+                LoadOptions::default(),
+            )
+            .await
+            .unwrap();
+        cold.push(t.elapsed());
+        cold_hits += usize::from(kernel.state().cache_hit);
+    }
+    rows.push(
+        row(
+            "daemon LoadKernel, new PTX (cold in ptxd)",
+            cold,
+            format!(
+                "{cold_hits}/10 reported cache_hit; baseline: in-process first cuModuleLoadData"
+            ),
+        )
+        .against(base.first_load),
+    );
+    let mut hits = Vec::new();
+    let mut hit_count = 0;
+    for label in ["bench-2", "bench-3"] {
+        let other = client.open_session(label).await.unwrap();
+        for variant in &variants {
+            let t = Instant::now();
+            let kernel = other
+                .load_ptx(
+                    dev.uuid(),
+                    variant.clone(),
+                    "add_f32_scalar",
+                    LoadOptions::default(),
+                )
+                .await
+                .unwrap();
+            hits.push(t.elapsed());
+            hit_count += usize::from(kernel.state().cache_hit);
+        }
+        other.close().await.unwrap();
+    }
+    rows.push(
+        row(
+            "daemon LoadKernel, same PTX from another session",
+            hits,
+            format!(
+                "{hit_count}/20 reported cache_hit; baseline: in-process first cuModuleLoadData"
+            ),
+        )
+        .against(base.first_load),
+    );
+
+    // RegisterBuffer / ReleaseBuffer pairs on 1 MiB allocations.
+    let mut register = Vec::new();
+    let mut release = Vec::new();
+    for mem in scratch {
+        let handle = mem.ipc_handle().unwrap();
+        let t = Instant::now();
+        let buffer = session
+            .register_cuda_ipc(handle, dev.uuid(), mem.size() as u64)
+            .await
+            .unwrap();
+        register.push(t.elapsed());
+        let t = Instant::now();
+        session.release_buffer(&buffer).await.unwrap();
+        release.push(t.elapsed());
+    }
+    rows.push(
+        row(
+            "daemon RegisterBuffer (cuda_ipc), 1 MiB",
+            register,
+            "baseline: executor OpenBuffer".into(),
+        )
+        .against(base.open_buffer),
+    );
+    rows.push(row("daemon ReleaseBuffer, 1 MiB", release, String::new()));
+
+    let kernel = session
+        .load_ptx(dev.uuid(), text, "add_f32_scalar", LoadOptions::default())
+        .await
+        .unwrap();
+    let mut buffers = Vec::new();
+    for mem in [a, b, out] {
+        buffers.push(
+            session
+                .register_cuda_ipc(mem.ipc_handle().unwrap(), dev.uuid(), mem.size() as u64)
+                .await
+                .unwrap(),
+        );
+    }
+    let launch = |n: usize, sync: bool| {
+        Launch::new(
+            [buffers[0].operand(), buffers[1].operand()],
+            buffers[2].operand(),
+            n as u64,
+        )
+        .sync(sync)
+    };
+    let small_async = launch(SMALL_N, false);
+    let mut async_rt = Vec::new();
+    for _ in 0..5000 {
+        let t = Instant::now();
+        session.launch(&kernel, &small_async).await.unwrap();
+        async_rt.push(t.elapsed());
+    }
+    rows.push(
+        row(
+            "daemon unary Launch async (n=4096)",
+            async_rt,
+            "baseline: in-process cuLaunchKernel async".into(),
+        )
+        .against(base.launch_async),
+    );
+    let small_sync = launch(SMALL_N, true);
+    let mut sync_rt = Vec::new();
+    for _ in 0..5000 {
+        let t = Instant::now();
+        session.launch(&kernel, &small_sync).await.unwrap();
+        sync_rt.push(t.elapsed());
+    }
+    rows.push(
+        row(
+            "daemon unary Launch sync (n=4096)",
+            sync_rt,
+            "baseline: in-process launch + cuStreamSynchronize".into(),
+        )
+        .against(base.launch_sync),
+    );
+
+    // LaunchStream with a bounded window, as the executor row: an unbounded
+    // burst would fill every queue between here and the executor.
+    let total_launches = 20_000u32;
+    let window = 256;
+    let mut stream = session.launch_stream().await.unwrap();
+    let mut in_flight = 0usize;
+    let mut answered = 0u32;
+    let t = Instant::now();
+    for _ in 0..total_launches {
+        if in_flight == window {
+            let reply = stream.next().await.unwrap().expect("a reply per launch");
+            reply.outcome.unwrap();
+            in_flight -= 1;
+            answered += 1;
+        }
+        stream.send(&kernel, &small_async).await.unwrap();
+        in_flight += 1;
+    }
+    while in_flight > 0 {
+        let reply = stream.next().await.unwrap().expect("a reply per launch");
+        reply.outcome.unwrap();
+        in_flight -= 1;
+        answered += 1;
+    }
+    let total = t.elapsed();
+    assert_eq!(answered, total_launches);
+    drop(stream);
+    let per_launch = total / total_launches;
+    rows.push(Row {
+        name: "daemon LaunchStream async Launch (n=4096)".into(),
+        p50: per_launch,
+        p99: per_launch,
+        samples: total_launches as usize,
+        ratio: Some(per_launch.as_secs_f64() / base.launch_async.as_secs_f64()),
+        note: format!(
+            "{:.0} launches/s (mean of 20,000, window 256; not p50); baseline: in-process cuLaunchKernel async",
+            f64::from(total_launches) / total.as_secs_f64()
+        ),
+    });
+
+    // Poisoned, so the caller's check sees what the daemon's launches wrote.
+    out.upload(0, &vec![f32::NAN; 1024]).unwrap();
+    let big = launch(BIG_N, true);
+    let mut samples = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        session.launch(&kernel, &big).await.unwrap();
+        samples.push(t.elapsed());
+    }
+    let big_row = row(
+        "daemon add 3×64 MiB, sync unary Launch",
+        samples,
+        String::new(),
+    )
+    .against(base.big);
+    let bytes = 3.0 * (BIG_N * 4) as f64;
+    let note = format!(
+        "{:.2} TB/s at p50; baseline: in-process add 3×64 MiB",
+        bytes / big_row.p50.as_secs_f64() / 1e12
+    );
+    rows.push(Row { note, ..big_row });
+    session.close().await.unwrap();
+    drop(daemon);
 }

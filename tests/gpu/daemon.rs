@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_client::{
-    Client, DeclaredAbi, Error, HostShm, Launch, LoadOptions, Session, SessionEvent,
+    Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session, SessionEvent,
 };
 use rand::Rng;
 
@@ -22,10 +22,16 @@ struct Daemon {
 
 impl Daemon {
     fn start(backend: &str) -> Daemon {
+        Self::start_with(backend, &[])
+    }
+
+    fn start_with(backend: &str, extra: &[&str]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("ptxd.sock");
         let child = Command::new(ptxd_bin())
-            .args(["serve", "--backend", backend, "--socket"])
+            .args(["serve", "--backend", backend])
+            .args(extra)
+            .arg("--socket")
             .arg(&socket)
             .env(
                 "RUST_LOG",
@@ -49,10 +55,12 @@ impl Daemon {
         }
     }
 
+    fn target(&self) -> String {
+        format!("unix:{}", self.socket.display())
+    }
+
     async fn session(&self, label: &str) -> (Client, Session) {
-        let client = Client::connect(&format!("unix:{}", self.socket.display()))
-            .await
-            .unwrap();
+        let client = Client::connect(&self.target()).await.unwrap();
         let session = client.open_session(label).await.unwrap();
         (client, session)
     }
@@ -344,6 +352,286 @@ async fn daemon_refusals_and_recovery_after_a_kernel_fault() {
             out[i].to_bits(),
             (a[i] + a[i]).to_bits(),
             "element {i} after recovery"
+        );
+    }
+}
+
+/// The executor pid and generation of each device, as GetInfo reports them.
+async fn executors(client: &Client) -> Vec<(String, u32, u64)> {
+    let info = client
+        .raw()
+        .get_info(ptxd_proto::v1::GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    info.devices
+        .into_iter()
+        .map(|d| (d.uuid, d.executor_pid, d.generation))
+        .collect()
+}
+
+/// Size of each of the doomed client's three allocations (and of the ones
+/// registered again after it died).
+const DOOMED_BYTES: usize = 16 << 20;
+const CLIENT_ENV: &str = "PTXD_GPU_TEST_CLIENT_TARGET";
+
+/// Runs only as the child process of
+/// `a_sigkilled_gpu_client_leaves_nothing_behind` (re-executed with
+/// `PTXD_GPU_TEST_CLIENT_TARGET` set); a no-op otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_client_process_main() {
+    let Ok(target) = std::env::var(CLIENT_ENV) else {
+        return;
+    };
+    let dev = device();
+    let client = Client::connect(&target).await.unwrap();
+    let session = client.open_session("doomed-gpu").await.unwrap();
+    let _kernel = session
+        .load_ptx(
+            dev.uuid(),
+            text("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let mut keep = Vec::new();
+    for _ in 0..3 {
+        keep.push(gpu_buffer(&session, &dev, &vec![0x5au8; DOOMED_BYTES]).await);
+    }
+    println!("READY");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+}
+
+/// Runs add on three fresh registrations of `bytes` each and checks every
+/// element against the CPU (random inputs, poisoned output).
+async fn add_checks_out(session: &Session, dev: &CudaDevice, kernel: &Kernel, bytes: usize) {
+    let n = bytes / 4;
+    let mut rng = rng();
+    let a: Vec<f32> = (0..n).map(|_| rng.random_range(-1e3f32..1e3)).collect();
+    let b: Vec<f32> = (0..n).map(|_| rng.random_range(-1e3f32..1e3)).collect();
+    let (_a, a_buf) = gpu_buffer(session, dev, &bytes_of(&a)).await;
+    let (_b, b_buf) = gpu_buffer(session, dev, &bytes_of(&b)).await;
+    let (out, out_buf) = gpu_buffer(session, dev, &vec![0xa5u8; n * 4]).await;
+    session
+        .launch(
+            kernel,
+            &Launch::new(
+                [a_buf.operand(), b_buf.operand()],
+                out_buf.operand(),
+                n as u64,
+            ),
+        )
+        .await
+        .unwrap();
+    let mut got = vec![0f32; n];
+    out.download(0, &mut got).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            got[i].to_bits(),
+            (a[i] + b[i]).to_bits(),
+            "element {i} on {}",
+            dev.uuid()
+        );
+    }
+}
+
+/// A client process that registered three CUDA IPC buffers and loaded a
+/// kernel is SIGKILLed. Asserted, within 3 s of its death:
+/// - GetInfo: `sessions == 0` and `slots_used == 0` (the lease ended, the
+///   front released the session's buffers and its kernel slot);
+/// - every executor keeps its pid and generation (releasing the dead
+///   client's IPC mappings did not crash or restart it).
+///
+/// Afterwards a new session registers three allocations of the same size,
+/// loads the kernel again and gets a correct add: the executor is healthy.
+/// What is NOT asserted: the executor's own count of open IPC mappings, which
+/// no API reports (and /proc/<pid>/maps does not show IPC device memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_gpu_client_leaves_nothing_behind() {
+    use std::io::{BufRead, BufReader};
+    let dev = device();
+    let daemon = Daemon::start_with("cuda", &["--devices", dev.uuid()]);
+    let (client, observer) = daemon.session("observer").await;
+    let before = executors(&client).await;
+    let baseline = client.info().await.unwrap();
+    assert_eq!((baseline.sessions, baseline.slots_used), (1, 0));
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "daemon::gpu_client_process_main",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CLIENT_ENV, daemon.target())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let ready = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .any(|l| l.map(|l| l.contains("READY")).unwrap_or(false))
+    })
+    .await
+    .unwrap();
+    assert!(ready, "the client process did not get ready");
+    let info = client.info().await.unwrap();
+    assert_eq!(
+        (info.sessions, info.slots_used),
+        (2, 1),
+        "the client's session and its kernel slot"
+    );
+
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let info = client.info().await.unwrap();
+        if info.sessions == 1 && info.slots_used == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "resources still held 3 s after the SIGKILL: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        executors(&client).await,
+        before,
+        "an executor died or restarted while the dead client's mappings were closed"
+    );
+    observer.close().await.unwrap();
+    let started = std::time::Instant::now();
+    while client.info().await.unwrap().sessions != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "observer session still open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let info = client.info().await.unwrap();
+    assert_eq!((info.sessions, info.slots_used), (0, 0), "{info:?}");
+
+    let fresh = client.open_session("after").await.unwrap();
+    let kernel = fresh
+        .load_ptx(
+            dev.uuid(),
+            text("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    add_checks_out(&fresh, &dev, &kernel, DOOMED_BYTES).await;
+    assert_eq!(executors(&client).await, before, "the executor stayed up");
+}
+
+/// Device checks across two GPUs (runs only with `PTXD_GPU_TESTS_MULTI=1`,
+/// which `run.sh` sets when `nvidia-smi -L` lists two or more GPUs; with the
+/// variable set and fewer than two GPUs visible it fails). Asserted:
+/// - a launch of a kernel loaded on GPU 0 with the output registered (with
+///   its true UUID) on GPU 1 is refused DEVICE_MISMATCH naming `output`;
+/// - memory on GPU 1 registered as GPU 0's is refused DEVICE_MISMATCH at
+///   RegisterBuffer (GPU 0's executor reads the pointer's real device);
+/// - add with the kernel and all three buffers on GPU 1 matches the CPU
+///   element by element.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gpus_refuse_mismatched_devices_and_run_on_the_second() {
+    if std::env::var("PTXD_GPU_TESTS_MULTI").as_deref() != Ok("1") {
+        eprintln!("skipped: set PTXD_GPU_TESTS_MULTI=1 on a 2-GPU machine");
+        return;
+    }
+    let visible = ptxd_client::cuda::devices().unwrap_or_else(|e| {
+        panic!("PTXD_GPU_TESTS_MULTI=1 but the CUDA devices cannot be listed: {e}")
+    });
+    assert!(
+        visible.len() >= 2,
+        "PTXD_GPU_TESTS_MULTI=1 but only {} GPU(s) visible: this test needs two",
+        visible.len()
+    );
+    let gpu0 = CudaDevice::open(0).unwrap();
+    let gpu1 = CudaDevice::open(1).unwrap();
+    let devices = format!("{},{}", gpu0.uuid(), gpu1.uuid());
+    let daemon = Daemon::start_with("cuda", &["--devices", &devices]);
+    let (client, session) = daemon.session("two-gpus").await;
+    let info = client.info().await.unwrap();
+    let served: Vec<&str> = info.devices.iter().map(|d| d.uuid.as_str()).collect();
+    assert!(
+        served.contains(&gpu0.uuid()) && served.contains(&gpu1.uuid()),
+        "the daemon serves {served:?}"
+    );
+
+    let n = 65_537usize;
+    let mut rng = rng();
+    let a: Vec<f32> = (0..n).map(|_| rng.random_range(-1e3f32..1e3)).collect();
+    let b: Vec<f32> = (0..n).map(|_| rng.random_range(-1e3f32..1e3)).collect();
+    let poison = vec![0xa5u8; n * 4];
+    let load = |uuid: String| {
+        session.load_ptx(
+            uuid,
+            text("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+    };
+
+    // Kernel and inputs on GPU 0, output on GPU 1.
+    let on0 = load(gpu0.uuid().to_string()).await.unwrap();
+    assert_eq!(on0.state().device_uuid, gpu0.uuid());
+    let (_a0, a0) = gpu_buffer(&session, &gpu0, &bytes_of(&a)).await;
+    let (_b0, b0) = gpu_buffer(&session, &gpu0, &bytes_of(&b)).await;
+    let (out1_mem, out1) = gpu_buffer(&session, &gpu1, &poison).await;
+    assert_eq!(out1.device_uuid, gpu1.uuid());
+    let err = session
+        .launch(
+            &on0,
+            &Launch::new([a0.operand(), b0.operand()], out1.operand(), n as u64),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "DEVICE_MISMATCH", "{err}");
+    let refusal = err.refusal().unwrap();
+    assert_eq!(
+        refusal.metadata().get("operand").map(String::as_str),
+        Some("output"),
+        "{err}"
+    );
+
+    // Memory on GPU 1 claimed to be on GPU 0.
+    let liar = gpu1.alloc(n * 4).unwrap();
+    let err = session
+        .register_cuda_ipc(liar.ipc_handle().unwrap(), gpu0.uuid(), liar.size() as u64)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(&err),
+        "DEVICE_MISMATCH",
+        "GPU 1 memory registered as GPU 0's: {err}"
+    );
+
+    // Everything on GPU 1.
+    let on1 = load(gpu1.uuid().to_string()).await.unwrap();
+    assert_eq!(on1.state().device_uuid, gpu1.uuid());
+    let (_a1, a1) = gpu_buffer(&session, &gpu1, &bytes_of(&a)).await;
+    let (_b1, b1) = gpu_buffer(&session, &gpu1, &bytes_of(&b)).await;
+    session
+        .launch(
+            &on1,
+            &Launch::new([a1.operand(), b1.operand()], out1.operand(), n as u64),
+        )
+        .await
+        .unwrap();
+    let mut got = vec![0f32; n];
+    out1_mem.download(0, &mut got).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            got[i].to_bits(),
+            (a[i] + b[i]).to_bits(),
+            "element {i} on GPU 1"
         );
     }
 }
