@@ -1586,22 +1586,26 @@ impl Front {
             if handle.boot != self.boot {
                 return Err(invalid_event(event));
             }
-            state
-                .registry
-                .event(handle.id, &session_id, event)
-                .or_else(|e| match e {
-                    // A dead (not re-opened) event may still be released.
-                    crate::buffers::RegistryError::Stale { .. }
-                        if state
-                            .registry
-                            .events
-                            .get(&handle.id)
-                            .is_some_and(|x| x.session == session_id) =>
-                    {
-                        Ok(&state.registry.events[&handle.id])
+            // A dead (not re-opened) event may still be released: check
+            // ownership only, not liveness.
+            match state.registry.events.get(&handle.id) {
+                None => {
+                    return Err(crate::buffers::RegistryError::Stale {
+                        kind: "event",
+                        handle: event.chars().take(96).collect(),
+                        why: "it was released or never registered",
                     }
-                    other => Err(other),
-                })?;
+                    .into())
+                }
+                Some(entry) if entry.session != session_id => {
+                    return Err(crate::buffers::RegistryError::NotOwner {
+                        kind: "event",
+                        handle: event.chars().take(96).collect(),
+                    }
+                    .into())
+                }
+                Some(_) => {}
+            }
             let mut cleanup: Cleanup = Vec::new();
             if let Some(entry) = state.registry.events.remove(&handle.id) {
                 if let Some(session) = state.sessions.get_mut(&session_id) {
