@@ -2,7 +2,7 @@
 //! the host backend: corpus kernels end to end, every refusal reachable
 //! without a GPU, sharing and caching, executor death and respawn, bank-full
 //! reclamation, client SIGKILL clean-up, drain, and many sessions at once.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
@@ -56,6 +56,19 @@ async fn executor_pid(client: &Client, device: usize) -> u32 {
         .unwrap()
         .into_inner();
     info.devices[device].executor_pid
+}
+
+/// Waits (up to 5 s) until device 0 is available in a generation other than
+/// `old`, and returns it.
+async fn new_generation(client: &Client, old: u64) -> ptxd_client::DeviceInfo {
+    for _ in 0..500 {
+        let device = client.info().await.unwrap().devices[0].clone();
+        if device.available && device.generation != old {
+            return device;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("device 0 did not come back in a new generation within 5 s");
 }
 
 #[tokio::test]
@@ -629,13 +642,7 @@ async fn the_sdk_reloads_a_stale_kernel_when_asked_to() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    for _ in 0..500 {
-        let device = client.info().await.unwrap().devices[0].clone();
-        if device.available && device.generation != generation {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    new_generation(&client, generation).await;
     let launched = session
         .launch(
             &add,
@@ -680,13 +687,7 @@ async fn a_full_bank_reclaims_dead_generations_before_refusing() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    for _ in 0..500 {
-        let device = client.info().await.unwrap().devices[0].clone();
-        if device.available && device.generation != generation {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    new_generation(&client, generation).await;
     // The only slot holds a dead generation's kernel: it is reclaimed.
     let affine = load(&session, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
     assert_eq!(client.info().await.unwrap().slots_used, 1);
@@ -991,14 +992,7 @@ async fn an_executor_that_does_not_answer_is_killed_and_replaced() {
     assert_eq!(reason(&err), "EXECUTOR_UNAVAILABLE");
     assert!(meta(&err, "cause").contains("did not answer"), "{err}");
     // A new generation serves the same buffers.
-    let mut after = client.info().await.unwrap().devices[0].clone();
-    for _ in 0..500 {
-        if after.available && after.generation != before.generation {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        after = client.info().await.unwrap().devices[0].clone();
-    }
+    let after = new_generation(&client, before.generation).await;
     assert_ne!(after.generation, before.generation);
     let affine = load(&session, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
     session
