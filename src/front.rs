@@ -831,7 +831,7 @@ impl Front {
     /// LoadKernel.
     pub async fn load_kernel(
         &self,
-        request: api::LoadKernelRequest,
+        mut request: api::LoadKernelRequest,
         peer: Option<Peer>,
     ) -> Result<api::LoadKernelResponse, Error> {
         let started = Instant::now();
@@ -879,13 +879,17 @@ impl Front {
                 })?;
                 let symbol = request.symbol.clone();
                 let declared_abi = declared.map(|(abi, _)| abi);
-                let signature =
-                    tokio::task::spawn_blocking(move || ptx::verify(&text, &symbol, declared_abi))
-                        .await
-                        .map_err(|e| Error::Internal {
-                            message: format!("verifier task failed: {e}"),
-                        })??;
-                (signature, ExecArtifactKind::Ptx)
+                let canonical = tokio::task::spawn_blocking(move || {
+                    ptx::canonicalize(&text, &symbol, declared_abi)
+                })
+                .await
+                .map_err(|e| Error::Internal {
+                    message: format!("verifier task failed: {e}"),
+                })??;
+                // From here on the artifact is the canonical text: it is what
+                // the executor compiles and what the cache key hashes.
+                request.artifact = canonical.text.into_bytes();
+                (canonical.signature, ExecArtifactKind::Ptx)
             }
             api::ArtifactKind::Cubin | api::ArtifactKind::Fatbin => {
                 let Some((abi, element_size)) = declared else {

@@ -102,9 +102,29 @@ pub enum Sreg {
     Ntid(u8),
     Ctaid(u8),
     Nctaid(u8),
-    /// `%laneid`, `%clock`, `%smid`, ...
-    Other,
+    /// `%laneid`, `%clock`, `%smid`, ... by name (kept for printing).
+    Other(&'static str),
 }
+
+/// The special registers without dimensions that ptxd knows by name.
+const OTHER_SREGS: &[&str] = &[
+    "%laneid",
+    "%warpid",
+    "%nwarpid",
+    "%smid",
+    "%nsmid",
+    "%gridid",
+    "%clock",
+    "%clock64",
+    "%globaltimer",
+    "%lanemask_eq",
+    "%lanemask_lt",
+    "%lanemask_le",
+    "%lanemask_gt",
+    "%lanemask_ge",
+    "%dynamic_smem_size",
+    "%total_smem_size",
+];
 
 impl Sreg {
     fn from_name(s: &str) -> Option<Sreg> {
@@ -119,14 +139,21 @@ impl Sreg {
             ("%ntid", d) if d < 3 => Sreg::Ntid(d),
             ("%ctaid", d) if d < 3 => Sreg::Ctaid(d),
             ("%nctaid", d) if d < 3 => Sreg::Nctaid(d),
-            (
-                "%laneid" | "%warpid" | "%nwarpid" | "%smid" | "%nsmid" | "%gridid" | "%clock"
-                | "%clock64" | "%globaltimer" | "%lanemask_eq" | "%lanemask_lt" | "%lanemask_le"
-                | "%lanemask_gt" | "%lanemask_ge" | "%dynamic_smem_size" | "%total_smem_size",
-                3,
-            ) => Sreg::Other,
+            (other, 3) => Sreg::Other(OTHER_SREGS.iter().copied().find(|n| *n == other)?),
             _ => return None,
         })
+    }
+
+    /// The name as PTX spells it.
+    pub fn name(self) -> String {
+        let dim = |d: u8| ["x", "y", "z"].get(usize::from(d)).copied().unwrap_or("x");
+        match self {
+            Sreg::Tid(d) => format!("%tid.{}", dim(d)),
+            Sreg::Ntid(d) => format!("%ntid.{}", dim(d)),
+            Sreg::Ctaid(d) => format!("%ctaid.{}", dim(d)),
+            Sreg::Nctaid(d) => format!("%nctaid.{}", dim(d)),
+            Sreg::Other(n) => n.to_string(),
+        }
     }
 }
 
@@ -207,22 +234,33 @@ pub struct Var {
 /// One resolved entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Kernel {
+    /// The module's `.version`, as written.
+    pub version: Option<String>,
+    /// The module's `.target` list.
+    pub target: Vec<String>,
+    /// The module's `.address_size`.
+    pub address_size: Option<u32>,
     pub name: String,
     pub line: u32,
     pub params: Vec<Param>,
     pub reqntid: Option<[u32; 3]>,
     pub maxntid: Option<[u32; 3]>,
+    pub minnctapersm: Option<u32>,
+    pub maxnreg: Option<u32>,
     pub insts: Vec<Inst>,
     pub reg_types: Vec<Ty>,
+    /// Each register's declared type as written (`f32`, `f16x2`, `pred`).
+    pub reg_type_names: Vec<String>,
     pub reg_names: Vec<String>,
     /// Variables of the module and of the body.
     pub vars: Vec<Var>,
 }
 
 /// A declaration in a scope: a range `%r<N>` or a single name.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Decl {
     ty: Ty,
+    ty_name: String,
     /// `Some(N)` for a range.
     count: Option<u32>,
     /// Unique per declaration, to key dense ids.
@@ -240,27 +278,35 @@ struct Resolver {
     next_key: u32,
     dense: HashMap<(u32, u32), u32>,
     reg_types: Vec<Ty>,
+    reg_type_names: Vec<String>,
     reg_names: Vec<String>,
 }
 
 impl Resolver {
-    fn reg(&mut self, name: &str, line: u32, col: u32) -> Result<u32, PtxError> {
+    /// Whether `name` names a register declared in a scope open here.
+    fn declared(&self, name: &str) -> bool {
+        self.lookup(name).is_some()
+    }
+
+    fn lookup(&self, name: &str) -> Option<(Decl, u32)> {
         let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
         let (prefix, index) = name.split_at(name.len() - digits);
         let index: Option<u32> = index.parse().ok();
-        let mut found = None;
         for scope in self.scopes.iter().rev() {
             if let Some(d) = scope.singles.get(name) {
-                found = Some((*d, 0));
-                break;
+                return Some((d.clone(), 0));
             }
             if let (Some(d), Some(i)) = (scope.ranges.get(prefix), index) {
                 if d.count.is_some_and(|n| i < n) {
-                    found = Some((*d, i));
-                    break;
+                    return Some((d.clone(), i));
                 }
             }
         }
+        None
+    }
+
+    fn reg(&mut self, name: &str, line: u32, col: u32) -> Result<u32, PtxError> {
+        let found = self.lookup(name);
         let (decl, index) = found.ok_or_else(|| PtxError::Parse {
             line,
             column: col,
@@ -276,6 +322,7 @@ impl Resolver {
         })?;
         self.dense.insert((decl.key, index), id);
         self.reg_types.push(decl.ty);
+        self.reg_type_names.push(decl.ty_name);
         self.reg_names.push(name.to_string());
         Ok(id)
     }
@@ -325,13 +372,25 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
         })
         .collect();
 
-    // Labels first: a branch may jump forward.
+    // Labels first: a branch may jump forward. ptxas resolves a label by
+    // scope, so one name defined twice (even in sibling scopes) could mean
+    // two places; ptxd refuses it instead of guessing which.
     let mut labels: HashMap<&str, u32> = HashMap::new();
     let mut count = 0u32;
     for s in body {
         match s {
-            Stmt::Label { name, .. } => {
-                labels.insert(name.as_str(), count);
+            Stmt::Label { name, line } => {
+                if labels.insert(name.as_str(), count).is_some() {
+                    return Err(PtxError::NonScalarAbi {
+                        sub_reason: "duplicate_label",
+                        param: None,
+                        line: Some(*line),
+                        explanation: format!(
+                            "the label `{}` is defined more than once",
+                            parse::clip(name)
+                        ),
+                    });
+                }
             }
             Stmt::Instr(_) => count = count.saturating_add(1),
             _ => {}
@@ -343,6 +402,7 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
         next_key: 0,
         dense: HashMap::new(),
         reg_types: Vec::new(),
+        reg_type_names: Vec::new(),
         reg_names: Vec::new(),
     };
     let mut insts = Vec::new();
@@ -353,19 +413,30 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
                 r.scopes.pop();
             }
             Stmt::Reg {
-                ty,
+                ty: ty_name,
                 name,
                 count,
                 line,
                 col,
             } => {
-                let ty = Ty::from_name(ty).ok_or_else(|| PtxError::Parse {
+                let ty = Ty::from_name(ty_name).ok_or_else(|| PtxError::Parse {
                     line: *line,
                     column: *col,
-                    message: format!("unknown register type .{ty}"),
+                    message: format!("unknown register type .{ty_name}"),
                 })?;
+                if labels.contains_key(name.as_str()) || param_index.contains_key(name.as_str()) {
+                    return Err(PtxError::Parse {
+                        line: *line,
+                        column: *col,
+                        message: format!(
+                            "the register {:?} has the name of a label or param",
+                            parse::clip(name)
+                        ),
+                    });
+                }
                 let decl = Decl {
                     ty,
+                    ty_name: ty_name.clone(),
                     count: *count,
                     key: r.next_key,
                 };
@@ -406,14 +477,32 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
             }
         }
     }
+    // A label after the last instruction: make the implicit exit explicit,
+    // so every label names an instruction (and the printed text has one).
+    if labels.values().any(|pc| *pc as usize == insts.len()) {
+        insts.push(Inst {
+            opcode: "ret".into(),
+            base: "ret".into(),
+            mods: Vec::new(),
+            guard: None,
+            ops: Vec::new(),
+            line: f.line,
+        });
+    }
     Ok(Kernel {
+        version: module.version.clone(),
+        target: module.target.clone(),
+        address_size: module.address_size,
         name: f.name.clone(),
         line: f.line,
         params,
         reqntid: f.reqntid,
         maxntid: f.maxntid,
+        minnctapersm: f.minnctapersm,
+        maxnreg: f.maxnreg,
         insts,
         reg_types: r.reg_types,
+        reg_type_names: r.reg_type_names,
         reg_names: r.reg_names,
         vars,
     })
@@ -436,6 +525,11 @@ fn operand(
             }
             return Ok(Opnd::Reg(r.reg(n, i.line, i.col)?));
         }
+        // Registers need no `%` (cuda_fp16.h's inline asm declares scoped
+        // `.reg .b16 c;`); a declared register wins, as in ptxas.
+        if r.declared(n) {
+            return Ok(Opnd::Reg(r.reg(n, i.line, i.col)?));
+        }
         if let Some(pc) = labels.get(n) {
             return Ok(Opnd::Label(*pc));
         }
@@ -449,7 +543,9 @@ fn operand(
         Operand::Addr { base, offset } => {
             let base = match base {
                 AddrBase::Imm(v) => Base::Imm(*v),
-                AddrBase::Name(n) if n.starts_with('%') => Base::Reg(r.reg(n, i.line, i.col)?),
+                AddrBase::Name(n) if n.starts_with('%') || r.declared(n) => {
+                    Base::Reg(r.reg(n, i.line, i.col)?)
+                }
                 AddrBase::Name(n) => match params.get(n.as_str()) {
                     Some(k) => Base::Param(*k),
                     None => Base::Var(n.clone()),

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 pub mod host;
 pub mod ir;
 pub mod parse;
+pub mod print;
 pub mod verify;
 
 /// The ABI a client declares for a kernel (optional on PTX, required for
@@ -135,6 +136,56 @@ pub fn verify(
     declared: Option<DeclaredAbi>,
 ) -> Result<Signature, PtxError> {
     verify_kernel(text, symbol, declared).map(|(_, v)| v.signature)
+}
+
+/// A verified kernel in the form that runs: canonical PTX printed from the
+/// verified IR (see [`print`]), and its signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Canonical {
+    pub text: String,
+    pub signature: Signature,
+}
+
+/// Parses and verifies `symbol` in `text`, then prints it as canonical PTX
+/// and checks that the printed text parses back to the very program that
+/// was verified (and verifies again, to the same signature). What the
+/// executors run is `Canonical::text`, never `text`.
+pub fn canonicalize(
+    text: &str,
+    symbol: &str,
+    declared: Option<DeclaredAbi>,
+) -> Result<Canonical, PtxError> {
+    let (kernel, verified) = verify_kernel(text, symbol, declared)?;
+    let refuse = |why: &str| PtxError::NonScalarAbi {
+        sub_reason: "canonical_form",
+        param: None,
+        line: Some(kernel.line),
+        explanation: why.to_string(),
+    };
+    if kernel.version.is_none() || !kernel.target.iter().any(|t| t.starts_with("sm_")) {
+        return Err(refuse("the module needs `.version` and a `.target sm_XX`"));
+    }
+    if kernel.address_size.is_some_and(|a| a != 64) {
+        return Err(refuse("the scalar ABI needs `.address_size 64`"));
+    }
+    let printed = print::print(&kernel);
+    let (again, reverified) = verify_kernel(&printed, symbol, declared)
+        .map_err(|e| refuse(&format!("the canonical text does not verify: {e}")))?;
+    if !print::same_program(&kernel, &again) || reverified.signature != verified.signature {
+        return Err(refuse(
+            "the canonical text does not parse back to the verified program",
+        ));
+    }
+    Ok(Canonical {
+        text: printed,
+        signature: verified.signature,
+    })
+}
+
+/// Parses and lowers `symbol` (no verification): for tools and tests that
+/// print or inspect the IR.
+pub fn lower(text: &str, symbol: &str) -> Result<ir::Kernel, PtxError> {
+    ir::lower(&parse::parse(text)?, symbol)
 }
 
 fn verify_kernel(

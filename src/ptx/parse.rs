@@ -143,8 +143,20 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Tok<'_>>, PtxError> {
             tok.int = value;
         } else if is_word_start(c) {
             i += 1;
-            while i < bytes.len() && is_word_char(bytes[i]) {
-                i += 1;
+            loop {
+                match bytes.get(i) {
+                    Some(&b) if is_word_char(b) => i += 1,
+                    // `::` inside an opcode or a state space
+                    // (`ld.global.L1::no_allocate`, `shared::cta`) belongs to
+                    // the word; a label definition is one `:`.
+                    Some(b':')
+                        if bytes.get(i + 1) == Some(&b':')
+                            && bytes.get(i + 2).copied().is_some_and(is_word_char) =>
+                    {
+                        i += 2;
+                    }
+                    _ => break,
+                }
             }
         } else if b",;:[](){}<>+-@!=|".contains(&c) {
             i += 1;
@@ -429,10 +441,58 @@ impl<'a> Parser<'a> {
         u32::try_from(v).map_err(|_| err(t.line, t.col, "integer out of range"))
     }
 
-    /// Skips every remaining token on the line of the token at `pos - 1`.
-    fn skip_line(&mut self, line: u32) {
-        while matches!(self.peek(), Some(t) if t.line == line) {
-            self.pos += 1;
+    /// `.file` and `.loc` by their grammar (ptxas is not line-based: what
+    /// follows on the same line is the next statement, and it runs):
+    /// `.file N "name" [, timestamp, size]` and
+    /// `.loc file line column {, function_name label [+ off] | , inlined_at file line column}`.
+    fn debug_directive(&mut self, t: Tok<'a>) -> Result<(), PtxError> {
+        if t.text == ".file" {
+            self.int()?;
+            let name = self.next()?;
+            if name.kind != TokKind::Str {
+                return Err(Self::unexpected(name, "a file name string"));
+            }
+            if self.eat_punct(b',') {
+                self.int()?;
+                self.expect_punct(b',')?;
+                self.int()?;
+            }
+            return Ok(());
+        }
+        for _ in 0..3 {
+            self.int()?;
+        }
+        while self.eat_punct(b',') {
+            let w = self.word("`function_name` or `inlined_at`")?;
+            match w.text {
+                "function_name" => {
+                    self.word("a label")?;
+                    if self.eat_punct(b'+') {
+                        self.int()?;
+                    }
+                }
+                "inlined_at" => {
+                    for _ in 0..3 {
+                        self.int()?;
+                    }
+                }
+                _ => return Err(Self::unexpected(w, "`function_name` or `inlined_at`")),
+            }
+        }
+        Ok(())
+    }
+
+    /// `.pragma "a" [, "b"..];`: strings only, so nothing can hide inside.
+    fn pragma(&mut self) -> Result<(), PtxError> {
+        loop {
+            let t = self.next()?;
+            if t.kind != TokKind::Str {
+                return Err(Self::unexpected(t, "a pragma string"));
+            }
+            if self.eat_punct(b';') {
+                return Ok(());
+            }
+            self.expect_punct(b',')?;
         }
     }
 
@@ -449,20 +509,6 @@ impl<'a> Parser<'a> {
             }
         }
         Ok(())
-    }
-
-    fn skip_to_semicolon(&mut self) -> Result<(), PtxError> {
-        loop {
-            let t = self.next()?;
-            match t.kind {
-                TokKind::Punct(b';') => return Ok(()),
-                TokKind::Punct(b'{') => {
-                    self.pos -= 1;
-                    self.skip_braces()?;
-                }
-                _ => {}
-            }
-        }
     }
 
     fn module(&mut self) -> Result<Module, PtxError> {
@@ -495,7 +541,7 @@ impl<'a> Parser<'a> {
                 }
                 ".file" | ".loc" => {
                     self.pos += 1;
-                    self.skip_line(t.line);
+                    self.debug_directive(t)?;
                 }
                 ".section" => {
                     self.pos += 1;
@@ -504,7 +550,7 @@ impl<'a> Parser<'a> {
                 }
                 ".pragma" => {
                     self.pos += 1;
-                    self.skip_to_semicolon()?;
+                    self.pragma()?;
                 }
                 ".visible" | ".extern" | ".weak" | ".common" => self.pos += 1,
                 ".entry" | ".func" => {
@@ -604,7 +650,7 @@ impl<'a> Parser<'a> {
                 (TokKind::Word, ".explicitcluster" | ".noreturn") => self.pos += 1,
                 (TokKind::Word, ".pragma") => {
                     self.pos += 1;
-                    self.skip_to_semicolon()?;
+                    self.pragma()?;
                 }
                 _ => return Err(Self::unexpected(t, "a performance directive or `{`")),
             }
@@ -717,11 +763,11 @@ impl<'a> Parser<'a> {
         match t.text {
             ".loc" | ".file" => {
                 self.pos += 1;
-                self.skip_line(t.line);
+                self.debug_directive(t)?;
             }
             ".pragma" => {
                 self.pos += 1;
-                self.skip_to_semicolon()?;
+                self.pragma()?;
             }
             ".reg" => {
                 self.pos += 1;

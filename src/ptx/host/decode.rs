@@ -300,7 +300,7 @@ impl Decoder<'_> {
                 Sreg::Nctaid(0) => self.uniform(Uniform::Nctaid),
                 Sreg::Tid(_) | Sreg::Ctaid(_) => self.uniform(Uniform::Const(0)),
                 Sreg::Ntid(_) | Sreg::Nctaid(_) => self.uniform(Uniform::Const(1)),
-                Sreg::Other => return Err(unsupported(inst)),
+                Sreg::Other(_) => return Err(unsupported(inst)),
             },
             _ => return Err(unsupported(inst)),
         })

@@ -1,0 +1,189 @@
+//! The canonical printer: one verified entry, printed back as PTX from the
+//! IR the verifier read. This text, never the client's, is what the CUDA
+//! executor JIT-compiles, what the host engine runs and what the content
+//! hash covers, so a disagreement between ptxd's parser and ptxas about the
+//! client's text cannot reach the GPU.
+//!
+//! Invariants:
+//! - The output names every register `%r<id>` with its own `.reg`
+//!   declaration, every param `<entry>_param_<k>` and every branch target
+//!   `$L<pc>`: no scopes, no shadowing, no name that can mean two things.
+//! - Nothing but the entry is printed: no other function, no variable, no
+//!   debug section, no `.loc`/`.file`, no pragma.
+//! - `parse(print(k))` lowers to `k` up to source positions and names
+//!   ([`same_program`]); [`super::canonicalize`] checks this on every load.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+use super::ir::{Base, Inst, Kernel, Opnd};
+use super::parse::Imm;
+
+fn reg(id: u32) -> String {
+    format!("%r{id}")
+}
+
+fn param_name(k: &Kernel, index: u16) -> String {
+    format!("{}_param_{index}", k.name)
+}
+
+fn operand(k: &Kernel, o: &Opnd, out: &mut String) {
+    match o {
+        Opnd::Reg(r) => out.push_str(&reg(*r)),
+        Opnd::Not(r) => {
+            out.push('!');
+            out.push_str(&reg(*r));
+        }
+        Opnd::Pair(a, b) => {
+            let _ = write!(out, "{}|{}", reg(*a), reg(*b));
+        }
+        Opnd::Sreg(s) => out.push_str(&s.name()),
+        Opnd::Imm(Imm::Int(v)) => {
+            let _ = write!(out, "{v}");
+        }
+        Opnd::Imm(Imm::F32(bits)) => {
+            let _ = write!(out, "0f{bits:08X}");
+        }
+        Opnd::Imm(Imm::F64(bits)) => {
+            let _ = write!(out, "0d{bits:016X}");
+        }
+        Opnd::Addr { base, offset } => {
+            out.push('[');
+            match base {
+                Base::Reg(r) => out.push_str(&reg(*r)),
+                Base::Param(p) => out.push_str(&param_name(k, *p)),
+                Base::Var(name) => out.push_str(name),
+                // The lexer reads an absolute address as an unsigned number.
+                Base::Imm(v) => {
+                    let _ = write!(out, "{}", *v as u64);
+                }
+            }
+            match offset {
+                0 => {}
+                o if *o < 0 => {
+                    let _ = write!(out, "-{}", o.unsigned_abs());
+                }
+                o => {
+                    let _ = write!(out, "+{o}");
+                }
+            }
+            out.push(']');
+        }
+        Opnd::List(items) => {
+            out.push('{');
+            for (j, it) in items.iter().enumerate() {
+                if j > 0 {
+                    out.push_str(", ");
+                }
+                operand(k, it, out);
+            }
+            out.push('}');
+        }
+        Opnd::Label(pc) => {
+            let _ = write!(out, "$ptxd_L{pc}");
+        }
+        Opnd::Sym(name) => out.push_str(name),
+        Opnd::Sink => out.push('_'),
+    }
+}
+
+fn instruction(k: &Kernel, inst: &Inst, out: &mut String) {
+    out.push('\t');
+    if let Some((neg, p)) = inst.guard {
+        let _ = write!(out, "@{}{} ", if neg { "!" } else { "" }, reg(p));
+    }
+    out.push_str(&inst.opcode);
+    for (j, o) in inst.ops.iter().enumerate() {
+        out.push_str(if j == 0 { " " } else { ", " });
+        operand(k, o, out);
+    }
+    out.push_str(";\n");
+}
+
+fn labels_of(o: &Opnd, into: &mut BTreeSet<u32>) {
+    match o {
+        Opnd::Label(pc) => {
+            into.insert(*pc);
+        }
+        Opnd::List(items) => items.iter().for_each(|it| labels_of(it, into)),
+        _ => {}
+    }
+}
+
+/// Prints `k` as a complete PTX module holding only that entry.
+pub fn print(k: &Kernel) -> String {
+    let mut out = String::with_capacity(64 * k.insts.len() + 512);
+    out.push_str("//\n// Canonical PTX printed by ptxd from its verified IR.\n//\n\n");
+    let _ = writeln!(out, ".version {}", k.version.as_deref().unwrap_or("7.0"));
+    // Only the architecture: options such as `debug` need the debug
+    // sections this text does not carry.
+    let arch = k
+        .target
+        .iter()
+        .find(|t| t.starts_with("sm_"))
+        .map_or("sm_52", String::as_str);
+    let _ = writeln!(out, ".target {arch}");
+    out.push_str(".address_size 64\n\n");
+    let _ = write!(out, ".visible .entry {}(", k.name);
+    for (j, p) in k.params.iter().enumerate() {
+        out.push_str(if j == 0 { "\n\t" } else { ",\n\t" });
+        let index = u16::try_from(j).unwrap_or(u16::MAX);
+        let _ = write!(out, ".param .{} {}", p.ty, param_name(k, index));
+        if let Some(n) = p.array {
+            let _ = write!(out, "[{n}]");
+        }
+    }
+    out.push_str("\n)\n");
+    if let Some([x, y, z]) = k.reqntid {
+        let _ = writeln!(out, ".reqntid {x}, {y}, {z}");
+    }
+    if let Some([x, y, z]) = k.maxntid {
+        let _ = writeln!(out, ".maxntid {x}, {y}, {z}");
+    }
+    if let Some(n) = k.minnctapersm {
+        let _ = writeln!(out, ".minnctapersm {n}");
+    }
+    if let Some(n) = k.maxnreg {
+        let _ = writeln!(out, ".maxnreg {n}");
+    }
+    out.push_str("{\n");
+    for (id, ty) in k.reg_type_names.iter().enumerate() {
+        let _ = writeln!(out, "\t.reg .{ty} %r{id};");
+    }
+    let mut targets = BTreeSet::new();
+    for inst in &k.insts {
+        inst.ops.iter().for_each(|o| labels_of(o, &mut targets));
+    }
+    for (pc, inst) in k.insts.iter().enumerate() {
+        let pc = u32::try_from(pc).unwrap_or(u32::MAX);
+        if targets.contains(&pc) {
+            let _ = writeln!(out, "$ptxd_L{pc}:");
+        }
+        instruction(k, inst, &mut out);
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// Whether `a` and `b` are the same program: equal in everything but source
+/// lines, register names and param names (which printing renames).
+pub fn same_program(a: &Kernel, b: &Kernel) -> bool {
+    let strip = |k: &Kernel| {
+        let mut k = k.clone();
+        k.line = 0;
+        k.reg_names.clear();
+        k.vars.clear();
+        k.target.retain(|t| t.starts_with("sm_"));
+        k.target.truncate(1);
+        k.address_size = Some(64);
+        for (j, p) in k.params.iter_mut().enumerate() {
+            p.line = 0;
+            p.name = j.to_string();
+        }
+        for inst in &mut k.insts {
+            inst.line = 0;
+        }
+        k
+    };
+    strip(a) == strip(b)
+}

@@ -1,0 +1,97 @@
+//! Canonical PTX: what runs is what was verified. Every kernel of the
+//! corpora prints to a text that parses back to the same program, and the
+//! accepted ones canonicalize to a text that verifies to the same signature
+//! and runs on the host engine with the same results as the original.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+
+use ptxd::ptx::{self, print};
+
+/// Every `.ptx` under `tests/corpus/` (recursively), with its entries.
+fn corpus_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "ptx") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus"),
+        &mut out,
+    );
+    out.sort();
+    out
+}
+
+fn entries(text: &str) -> Vec<String> {
+    ptx::parse::parse(text)
+        .unwrap()
+        .functions
+        .into_iter()
+        .filter(|f| f.is_entry && f.body.is_some())
+        .map(|f| f.name)
+        .collect()
+}
+
+#[test]
+fn every_corpus_kernel_round_trips_through_the_printer() {
+    let mut count = 0;
+    for path in corpus_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for symbol in entries(&text) {
+            let ir = match ptx::lower(&text, &symbol) {
+                Ok(ir) => ir,
+                // Refused while lowering (duplicate labels, ..): nothing to print.
+                Err(ptx::PtxError::NonScalarAbi { .. }) => continue,
+                Err(e) => panic!("{}:{symbol}: {e}", path.display()),
+            };
+            let printed = print::print(&ir);
+            let again = ptx::lower(&printed, &symbol)
+                .unwrap_or_else(|e| panic!("{}:{symbol}: {e}\n{printed}", path.display()));
+            assert!(
+                print::same_program(&ir, &again),
+                "{}:{symbol} does not round-trip:\n{printed}",
+                path.display()
+            );
+            // Printing is a fixed point.
+            assert_eq!(print::print(&again), printed);
+            count += 1;
+        }
+    }
+    assert!(count >= 7, "only {count} kernels found");
+}
+
+#[test]
+fn accepted_kernels_canonicalize_to_the_same_signature() {
+    for path in corpus_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for symbol in entries(&text) {
+            let Ok(sig) = ptx::verify(&text, &symbol, None) else {
+                continue;
+            };
+            let canonical = ptx::canonicalize(&text, &symbol, None)
+                .unwrap_or_else(|e| panic!("{}:{symbol}: {e}", path.display()));
+            assert_eq!(canonical.signature, sig);
+            assert_eq!(
+                ptx::verify(&canonical.text, &symbol, None).unwrap(),
+                sig,
+                "{}",
+                path.display()
+            );
+            // No debug info, no other entry, no client text survives.
+            assert!(!canonical.text.contains(".loc"));
+            assert!(!canonical.text.contains(".file"));
+            assert!(!canonical.text.contains(".section"));
+            assert_eq!(entries(&canonical.text), vec![symbol.clone()]);
+        }
+    }
+}
