@@ -379,18 +379,16 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
     let mut count = 0u32;
     for s in body {
         match s {
-            Stmt::Label { name, line } => {
-                if labels.insert(name.as_str(), count).is_some() {
-                    return Err(PtxError::NonScalarAbi {
-                        sub_reason: "duplicate_label",
-                        param: None,
-                        line: Some(*line),
-                        explanation: format!(
-                            "the label `{}` is defined more than once",
-                            parse::clip(name)
-                        ),
-                    });
-                }
+            Stmt::Label { name, line } if labels.insert(name.as_str(), count).is_some() => {
+                return Err(PtxError::NonScalarAbi {
+                    sub_reason: "duplicate_label",
+                    param: None,
+                    line: Some(*line),
+                    explanation: format!(
+                        "the label `{}` is defined more than once",
+                        parse::clip(name)
+                    ),
+                });
             }
             Stmt::Instr(_) => count = count.saturating_add(1),
             _ => {}
