@@ -1434,7 +1434,8 @@ fn decide(
     let count = match guard {
         Some((_, c)) => c,
         None => {
-            // A guard computed from a 32-bit index is reported as such.
+            // A guard that is no guard (computed from a 32-bit index, as a
+            // float, under a predicate, ..) is reported as what it is.
             if let Some((
                 pc,
                 Event::Bad {
@@ -1446,7 +1447,10 @@ fn decide(
                 matches!(
                     e,
                     Event::Bad {
-                        sub_reason: "index_not_64bit",
+                        sub_reason: "index_not_64bit"
+                            | "predicated_definition"
+                            | "non_integer_arithmetic"
+                            | "duplicate_destination",
                         ..
                     }
                 )
@@ -1512,7 +1516,7 @@ fn decide(
                     param.and_then(name),
                     line,
                     explanation.clone(),
-                ))
+                ));
             }
             Event::Misuse { param, explanation } => {
                 let sub = if *param == count {
