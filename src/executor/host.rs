@@ -220,9 +220,12 @@ impl HostBackend {
         };
         match HostKernel::compile(text, &load.symbol) {
             Ok(kernel) => {
+                // The block the engine runs with (`.reqntid`, else `.maxntid`
+                // capped at the default), so LoadKernel reports the truth.
+                let block_size = kernel.block_size();
                 self.kernels.insert(load.module_id, Arc::new(kernel));
                 reply.send(reply::Result::LoadModule(LoadModuleOk {
-                    block_size: 0,
+                    block_size,
                     info_log: String::new(),
                 }))
             }

@@ -172,6 +172,24 @@ fn fmt_of(t: FTy) -> Format {
 
 const F64_NAN: u64 = 0x7FFF_FFFF_FFFF_FFFF;
 
+/// The NaN an f64 operation gives: the IEEE arithmetic operations keep the
+/// first NaN operand's payload, quieted (as the H200 and x86 do:
+/// `sub.f64 0x7ff8000000000001, 1.0` is `0x7ff8000000000001`); a NaN made
+/// from non-NaN operands (`inf - inf`) is the GPU's canonical NaN.
+fn f64_nan(op: FOp, a: u64, b: u64, c: u64) -> u64 {
+    const QUIET: u64 = 1 << 51;
+    let is_nan = |v: u64| f64::from_bits(v).is_nan();
+    let operands: &[u64] = match op {
+        FOp::Add | FOp::Sub | FOp::Mul | FOp::Div => &[a, b],
+        FOp::Fma => &[a, b, c],
+        _ => &[],
+    };
+    operands
+        .iter()
+        .find(|v| is_nan(**v))
+        .map_or(F64_NAN, |v| v | QUIET)
+}
+
 /// Flushes an f32 subnormal (as f64) to a signed zero.
 #[inline]
 fn flush32(x: f64) -> f64 {
@@ -271,7 +289,7 @@ pub fn float_op(op: FOp, ty: FTy, rnd: Rnd, ftz: bool, sat: bool, a: u64, b: u64
     match ty {
         FTy::F64 => {
             if r.is_nan() {
-                F64_NAN
+                f64_nan(op, a, b, c)
             } else {
                 round_f64(r, eps, rnd).to_bits()
             }
