@@ -214,13 +214,18 @@ fn aligned(bytes: usize, r: &mut impl Rng, poison: bool) -> Vec<u64> {
 
 /// Canonicalizes `text`; if accepted, runs it in checked mode over operands
 /// of exactly `n × element size` bytes. `Ok(true)`: accepted and ran
-/// clean; `Ok(false)`: refused; `Err`: an accepted kernel faulted.
+/// clean; `Ok(false)`: refused (or not runnable on the CPU engine); `Err`:
+/// an accepted kernel faulted.
 pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String> {
     let Ok(canonical) = ptx::canonicalize(text, symbol, None) else {
         return Ok(false);
     };
-    let kernel = HostKernel::compile(&canonical.text, symbol)
-        .map_err(|e| format!("accepted but the host engine refuses it: {e}"))?;
+    let kernel = match HostKernel::compile(&canonical.text, symbol) {
+        Ok(k) => k,
+        // An instruction the CPU engine does not implement: nothing to run.
+        Err(ptx::PtxError::UnsupportedOnHost { .. }) => return Ok(false),
+        Err(e) => return Err(format!("accepted but the host engine refuses it: {e}")),
+    };
     let sig = kernel.signature().clone();
     let n: u64 = r.random_range(0..3000);
     let sizes = &sig.element_sizes;
