@@ -171,7 +171,7 @@ pub fn mutate(text: &str, r: &mut impl Rng) -> String {
                 // Change an immediate.
                 let line = lines[at].clone();
                 let toks: Vec<&str> = line
-                    .split(|c: char| c == ' ' || c == ',' || c == ';')
+                    .split([' ', ',', ';'])
                     .filter(|t| !t.is_empty() && t.parse::<i64>().is_ok())
                     .collect();
                 if let (Some(t), Some(v)) =
