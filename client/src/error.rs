@@ -182,6 +182,8 @@ refusals! {
     Draining,
     /// A fault inside ptxd itself.
     Internal,
+    /// The launch ran past the daemon's per-launch budget.
+    KernelTimeout,
 }
 
 impl Refusal {
@@ -255,7 +257,7 @@ mod tests {
         let reasons: Vec<Reason> = (1..)
             .map_while(|value| Reason::try_from(value).ok())
             .collect();
-        assert_eq!(reasons.len(), 21, "the proto's reason list changed");
+        assert_eq!(reasons.len(), 22, "the proto's reason list changed");
         reasons
     }
 

@@ -131,7 +131,8 @@ pub fn probe_stdio() -> i32 {
 
 /// Runs a CUDA executor process for the device with `uuid`. Returns the
 /// process exit code.
-pub fn run_executor(uuid: &str) -> i32 {
+pub fn run_executor(uuid: &str, max_kernel_time: Option<std::time::Duration>) -> i32 {
+    let _ = max_kernel_time;
     match CudaBackend::open(uuid) {
         Ok(mut backend) => serve_stdio(&mut backend),
         Err(e) => {
