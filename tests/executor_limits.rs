@@ -90,7 +90,9 @@ async fn bystander_affine(session: &Session, affine: &Kernel, n: usize) -> Durat
 
 #[tokio::test]
 async fn a_spinning_kernel_is_stopped_at_its_budget_while_other_sessions_run() {
-    let daemon = Daemon::start(&["--max-kernel-time", "3s"]);
+    // The executor timeout is shorter than the budget: a launch that is slow
+    // while its executor answers pings kills nothing.
+    let daemon = Daemon::start(&["--max-kernel-time", "3s", "--executor-timeout", "1s"]);
     let client = connect(&daemon).await;
     let before = device_state(&client).await;
 
