@@ -278,18 +278,13 @@ impl Front {
         for (desc, command) in devices {
             let generation = generations.next();
             let index = states.len();
-            let link = ExecutorLink::spawn(
-                index,
-                generation,
-                &command,
-                &executor,
-                deaths_tx.clone(),
-            )
-            .await
-            .map_err(|e| StartError::Executor {
-                device: desc.uuid.clone(),
-                error: e.to_string(),
-            })?;
+            let link =
+                ExecutorLink::spawn(index, generation, &command, &executor, deaths_tx.clone())
+                    .await
+                    .map_err(|e| StartError::Executor {
+                        device: desc.uuid.clone(),
+                        error: e.to_string(),
+                    })?;
             let desc = link.hello.devices.first().cloned().unwrap_or(desc);
             tracing::info!(device = %desc.uuid, name = %desc.name, %generation, pid = link.pid(), "executor up");
             states.push(DeviceState {

@@ -131,10 +131,7 @@ async fn a_spinning_kernel_is_stopped_at_its_budget_while_other_sessions_run() {
     let (result, took) = spinning.await.unwrap();
     let err = result.unwrap_err();
     assert_eq!(err.reason_name(), "KERNEL_TIMEOUT", "{err}");
-    assert_eq!(
-        err.refusal().unwrap().code(),
-        tonic::Code::DeadlineExceeded
-    );
+    assert_eq!(err.refusal().unwrap().code(), tonic::Code::DeadlineExceeded);
     assert_eq!(meta(&err, "max_kernel_time_ms"), "3000");
     assert!(
         took >= Duration::from_secs(3) && took < Duration::from_secs(8),
@@ -164,7 +161,10 @@ async fn a_session_whose_launches_keep_timing_out_is_refused() {
     let (_y, y) = f32_buffer(&culprit, None, 64).await;
     for _ in 0..2 {
         let err = culprit
-            .launch(&spin, &Launch::new([x.operand()], y.operand(), 64).sync(true))
+            .launch(
+                &spin,
+                &Launch::new([x.operand()], y.operand(), 64).sync(true),
+            )
             .await
             .unwrap_err();
         assert_eq!(err.reason_name(), "KERNEL_TIMEOUT", "{err}");
@@ -286,7 +286,10 @@ async fn a_client_shrinking_its_buffer_under_its_launch_gets_a_typed_refusal() {
     }
     let output = output.await.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "the shrinking client failed: {stdout}");
+    assert!(
+        output.status.success(),
+        "the shrinking client failed: {stdout}"
+    );
     let summary = stdout
         .lines()
         .find_map(|l| l.split_once("SHRINK ").map(|(_, s)| s))
@@ -335,7 +338,10 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
         let session = session.clone();
         tokio::spawn(async move {
             session
-                .launch(&spin, &Launch::new([x.operand()], y.operand(), 64).sync(true))
+                .launch(
+                    &spin,
+                    &Launch::new([x.operand()], y.operand(), 64).sync(true),
+                )
                 .await
         })
     };
@@ -356,5 +362,8 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
         !text.contains("executor died") && !text.contains("executor restarted"),
         "an executor was restarted during the drain:\n{text}"
     );
-    assert!(!common::process_alive(executor as i32), "the executor stopped");
+    assert!(
+        !common::process_alive(executor as i32),
+        "the executor stopped"
+    );
 }

@@ -86,6 +86,26 @@ impl Channel {
     }
 }
 
+impl Channel {
+    /// As [`Channel::fatal`], but exits without running exit handlers:
+    /// for when a kernel still runs on the device and a driver's exit-time
+    /// clean-up might wait for it. The kernel driver reclaims the device's
+    /// resources when the process is gone.
+    pub fn fatal_now(&self, error_name: &str, message: &str) -> ! {
+        tracing::error!(
+            error_name,
+            message,
+            "unrecoverable device state; executor exits"
+        );
+        let _ = self.send(Body::Fault(Fault {
+            error_name: error_name.to_string(),
+            message: message.to_string(),
+        }));
+        // SAFETY: _exit has no preconditions; nothing after this runs.
+        unsafe { nix::libc::_exit(EXIT_FAULT) }
+    }
+}
+
 /// The one reply owed to one request.
 #[derive(Debug)]
 pub struct Replier {

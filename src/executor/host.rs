@@ -105,7 +105,9 @@ impl Mapping {
             }
         });
         if !matches!(restored, Some(Ok(_))) {
-            tracing::warn!("cannot map a shrunk shared-memory object again; its buffer is refused from now on");
+            tracing::warn!(
+                "cannot map a shrunk shared-memory object again; its buffer is refused from now on"
+            );
             self.poisoned.store(true, Ordering::Release);
         }
     }

@@ -156,16 +156,15 @@ fn read_slot(slot: &Slot) -> Option<(usize, usize, *mut LaunchControl)> {
         return None;
     }
     let before = slot.seq.load(Ordering::Acquire);
-    if before % 2 == 1 {
+    if !before.is_multiple_of(2) {
         return None;
     }
     let start = slot.start.load(Ordering::Relaxed);
     let len = slot.len.load(Ordering::Relaxed);
     let control = slot.control.load(Ordering::Relaxed);
     fence(Ordering::Acquire);
-    (slot.seq.load(Ordering::Relaxed) == before && !control.is_null()).then_some((
-        start, len, control,
-    ))
+    (slot.seq.load(Ordering::Relaxed) == before && !control.is_null())
+        .then_some((start, len, control))
 }
 
 extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {

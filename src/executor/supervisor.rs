@@ -137,7 +137,10 @@ impl ExecutorCommand {
         let mut args = self.base_args();
         if let (Some(budget), false) = (max_kernel_time, matches!(self, ExecutorCommand::CudaProbe))
         {
-            args.push(format!("--max-kernel-time-ms={}", budget.as_millis().max(1)));
+            args.push(format!(
+                "--max-kernel-time-ms={}",
+                budget.as_millis().max(1)
+            ));
         }
         args
     }
@@ -399,8 +402,13 @@ impl ExecutorLink {
     fn send(
         &self,
         op: Op,
-    ) -> Result<(PendingEntry<'_>, oneshot::Receiver<Result<reply::Result, LinkError>>), LinkError>
-    {
+    ) -> Result<
+        (
+            PendingEntry<'_>,
+            oneshot::Receiver<Result<reply::Result, LinkError>>,
+        ),
+        LinkError,
+    > {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let frame = encode_frame(&Request { id, op: Some(op) }).map_err(|e| {
@@ -432,10 +440,7 @@ impl ExecutorLink {
         let Ok((_entry, rx)) = self.send(Op::Ping(Ping {})) else {
             return false;
         };
-        matches!(
-            tokio::time::timeout(self.timeout, rx).await,
-            Ok(Ok(Ok(_)))
-        )
+        matches!(tokio::time::timeout(self.timeout, rx).await, Ok(Ok(Ok(_))))
     }
 
     /// Sends one request and waits for its reply. An executor that answers

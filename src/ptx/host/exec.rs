@@ -871,7 +871,7 @@ pub fn run_batch(
     }
     loop {
         steps += 1;
-        if steps % POLL_STEPS == 0 {
+        if steps.is_multiple_of(POLL_STEPS) {
             if let Some(control) = bounds.control.filter(|c| c.must_stop()) {
                 return Err(control.fault(code.get(pc as usize).map_or(0, |i| i.line)));
             }
