@@ -584,3 +584,46 @@ impl Backend for HostBackend {
         self.buffers.clear();
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_that_never_ends_stops_at_the_deadline() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/corpus/spin_f32.ptx"
+        ))
+        .unwrap();
+        let kernel = HostKernel::compile(&text, "spin_f32").unwrap();
+        let mut x = vec![0f32; 300];
+        let mut y = vec![f32::NAN; 300];
+        let span = |v: &mut Vec<f32>| HostSpan {
+            ptr: v.as_mut_ptr().cast(),
+            len: v.len() * 4,
+        };
+        let inputs = [span(&mut x)];
+        let control = LaunchControl::new(Some(Instant::now() + Duration::from_millis(200)));
+        let launch = HostLaunch {
+            inputs: &inputs,
+            output: span(&mut y),
+            n: 300,
+            params: &[],
+            threads: 2,
+            checked: true,
+            control: Some(&control),
+        };
+        let started = Instant::now();
+        // SAFETY: the spans cover the two vectors, alive for the call.
+        let result = unsafe { kernel.launch(&launch) };
+        assert!(result.is_err());
+        assert_eq!(control.stopped(), Some(StopReason::Deadline));
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+    }
+}

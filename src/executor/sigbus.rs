@@ -213,3 +213,60 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
     // SAFETY: resetting a disposition to the default is async-signal-safe.
     let _ = unsafe { signal(Signal::SIGBUS, SigHandler::SigDfl) };
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use nix::sys::mman::{mmap, munmap, shm_open, shm_unlink};
+    use nix::sys::stat::Mode;
+    use nix::unistd::ftruncate;
+
+    #[test]
+    fn a_shrink_under_a_watched_range_aborts_its_launch_instead_of_the_process() {
+        install().unwrap();
+        let name = format!("/ptxd-sigbus-unit-{}", std::process::id());
+        let fd = shm_open(
+            name.as_str(),
+            nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .unwrap();
+        shm_unlink(name.as_str()).unwrap();
+        let len = 8 * PAGE.load(Ordering::Relaxed);
+        ftruncate(&fd, len as i64).unwrap();
+        let length = NonZeroUsize::new(len).unwrap();
+        // SAFETY: a fresh shared mapping of our own object.
+        let base = unsafe {
+            mmap(
+                None,
+                length,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                &fd,
+                0,
+            )
+        }
+        .unwrap()
+        .cast::<u8>();
+        let ptr = base.as_ptr();
+        // SAFETY: inside the mapping, which the object still covers.
+        unsafe { ptr.add(len - 1).write_volatile(7) };
+
+        let control = LaunchControl::new(None);
+        let watch = watch(&[(ptr as usize, len)], &control).unwrap();
+        ftruncate(&fd, 0).unwrap();
+        // SAFETY: the object is gone, so this access raises SIGBUS; the
+        // handler maps a zero page over it and the read sees 0.
+        let seen = unsafe { ptr.add(len - 1).read_volatile() };
+        assert_eq!(seen, 0);
+        assert_eq!(watch.faulted(), vec![true]);
+        assert_eq!(
+            control.stopped(),
+            Some(crate::ptx::host::exec::StopReason::Aborted)
+        );
+        drop(watch);
+        // SAFETY: base/len are what mmap returned.
+        unsafe { munmap(base.cast(), len) }.unwrap();
+    }
+}
