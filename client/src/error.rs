@@ -315,6 +315,7 @@ mod tests {
             ("BUFFER_TOO_SMALL", Refusal::BufferTooSmall(details())),
             ("UNSUPPORTED_ON_HOST", Refusal::UnsupportedOnHost(details())),
             ("INTERNAL", Refusal::Internal(details())),
+            ("KERNEL_TIMEOUT", Refusal::KernelTimeout(details())),
         ];
         for (name, expected) in cases {
             assert_eq!(Refusal::from_wire(name, details()), Some(expected));
