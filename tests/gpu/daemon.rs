@@ -638,6 +638,13 @@ async fn two_gpus_refuse_mismatched_devices_and_run_on_the_second() {
     }
 }
 
+/// A kernel whose every thread loops 2e9 times (seconds on any GPU); this
+/// repository's own, built into the test executable so it travels with it.
+const SPIN_F32: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/corpus/spin_f32.ptx"
+));
+
 /// Waits (up to 30 s) until device 0 serves in a generation other than `old`.
 async fn new_generation(client: &Client, old: u64) -> u64 {
     for _ in 0..3000 {
@@ -694,7 +701,7 @@ async fn a_spinning_kernel_gets_kernel_timeout_and_a_new_generation_serves() {
         let before = client.info().await.unwrap().devices[0].generation;
         let culprit = client.open_session("spinner").await.unwrap();
         let spin = culprit
-            .load_ptx(0, text("spin_f32.ptx"), "spin_f32", LoadOptions::default())
+            .load_ptx(0, SPIN_F32, "spin_f32", LoadOptions::default())
             .await
             .unwrap();
         let (_x_mem, x) = gpu_buffer(&culprit, &dev, &bytes_of(&[0f32; 64])).await;
@@ -731,7 +738,7 @@ async fn a_spinning_kernel_gets_kernel_timeout_and_a_new_generation_serves() {
         }
         // The culprit is over its limit of one timeout.
         let spin = culprit
-            .load_ptx(0, text("spin_f32.ptx"), "spin_f32", LoadOptions::default())
+            .load_ptx(0, SPIN_F32, "spin_f32", LoadOptions::default())
             .await
             .unwrap();
         let err = culprit.launch(&spin, &spin_launch).await.unwrap_err();
