@@ -144,6 +144,9 @@ struct ExecutorArgs {
     /// Report every CUDA device in a Hello frame and exit.
     #[arg(long)]
     probe: bool,
+    /// Per-launch time budget in milliseconds (0: none).
+    #[arg(long, default_value_t = 0)]
+    max_kernel_time_ms: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -165,14 +168,28 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
         _ => LogFormat::Text,
     };
     init_logging(format);
+    ptxd::executor::child::ignore_termination_signals();
+    let budget = (args.max_kernel_time_ms > 0)
+        .then(|| std::time::Duration::from_millis(args.max_kernel_time_ms));
     let code = match (args.backend, args.probe, args.device) {
         (ExecutorBackend::Host, _, _) => {
-            let mut backend =
-                ptxd::executor::host::HostBackend::new(args.index, args.threads, args.checked);
-            ptxd::executor::child::serve_stdio(&mut backend)
+            match ptxd::executor::host::HostBackend::new(
+                args.index,
+                args.threads,
+                args.checked,
+                budget,
+            ) {
+                Ok(mut backend) => ptxd::executor::child::serve_stdio(&mut backend),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot install the SIGBUS handler");
+                    2
+                }
+            }
         }
         (ExecutorBackend::Cuda, true, _) => ptxd::executor::cuda::probe_stdio(),
-        (ExecutorBackend::Cuda, false, Some(uuid)) => ptxd::executor::cuda::run_executor(&uuid),
+        (ExecutorBackend::Cuda, false, Some(uuid)) => {
+            ptxd::executor::cuda::run_executor(&uuid, budget)
+        }
         (ExecutorBackend::Cuda, false, None) => {
             eprintln!("ptxd executor --backend cuda needs --device UUID or --probe");
             2

@@ -106,6 +106,7 @@ fn run(src: &str, a: &[u64], b: &[u64], win: usize, wout: usize, threads: usize)
         params: &[],
         threads,
         checked: true,
+        control: None,
     };
     // SAFETY: the spans are live Vecs of exactly `len` bytes.
     unsafe { k.launch(&launch) }.unwrap();
