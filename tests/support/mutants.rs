@@ -256,6 +256,7 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
         params: &params,
         threads: 1,
         checked: true,
+        control: None,
     };
     // SAFETY: every span points into a live Vec of at least `len` bytes.
     unsafe { kernel.launch(&launch) }
