@@ -13,10 +13,12 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
+use ptxd::ptx::{PtxError, Signature};
 use rand::Rng;
 use serde_json::Value;
 
@@ -720,4 +722,175 @@ pub fn show(bits: u64, ty: Ty) -> String {
         Val::F(x) => format!("{x:e} ({bits:#x})"),
         Val::I(i) => format!("{i}"),
     }
+}
+
+/// One failure: the kernel, the variant (`sm_90.fastmath`), what was
+/// expected, what happened, and the PTX line to blame.
+pub struct Row {
+    pub kernel: String,
+    pub variant: String,
+    pub expected: String,
+    pub got: String,
+    pub line: Option<u32>,
+    pub text: String,
+}
+
+pub fn print_table(title: &str, mut rows: Vec<Row>) -> String {
+    rows.sort_by(|a, b| (&a.got, &a.kernel, &a.variant).cmp(&(&b.got, &b.kernel, &b.variant)));
+    let mut s = format!("{title}: {} failures\n", rows.len());
+    let _ = writeln!(
+        s,
+        "{:<34} {:<18} {:<24} {:<32} {:>5}  ptx line",
+        "kernel", "variant", "expected", "got", "line"
+    );
+    for r in &rows {
+        let _ = writeln!(
+            s,
+            "{:<34} {:<18} {:<24} {:<32} {:>5}  {}",
+            r.kernel,
+            r.variant,
+            r.expected,
+            r.got,
+            r.line.map(|l| l.to_string()).unwrap_or_default(),
+            r.text
+        );
+    }
+    s
+}
+
+/// The PTX files, read once.
+#[derive(Default)]
+pub struct Files(HashMap<PathBuf, Option<String>>);
+
+impl Files {
+    pub fn get(&mut self, path: PathBuf) -> Option<&str> {
+        self.0
+            .entry(path.clone())
+            .or_insert_with(|| std::fs::read_to_string(&path).ok())
+            .as_deref()
+    }
+}
+
+pub fn line_text(text: &str, line: Option<u32>) -> String {
+    line.and_then(|l| text.lines().nth(l.checked_sub(1)? as usize))
+        .map(|t| t.trim().chars().take(90).collect())
+        .unwrap_or_default()
+}
+
+/// What `canonicalize` must return for an accepted kernel.
+pub fn expected_signature(k: &Kernel) -> Signature {
+    Signature {
+        inputs: k.inputs.len() as u32,
+        element_sizes: k.element_sizes(),
+        scalar_params: k.params,
+        reqntid: None,
+        // `__launch_bounds__(256)` is `.maxntid 256, 1, 1`.
+        maxntid: k.launch_bounds(),
+    }
+}
+
+pub fn describe(e: &PtxError) -> (String, Option<u32>) {
+    match e {
+        PtxError::NonScalarAbi {
+            sub_reason, line, ..
+        } => (sub_reason.to_string(), *line),
+        PtxError::Parse { line, message, .. } => (format!("parse: {message}"), Some(*line)),
+        PtxError::UnsupportedOnHost { opcode, line } => {
+            (format!("unsupported on host: {opcode}"), Some(*line))
+        }
+        other => (format!("{other}"), None),
+    }
+}
+
+/// Poison for an output element: a quiet NaN with a payload for floats (no
+/// reference of the corpus is NaN), 0xA5.. for integers.
+pub fn poison(ty: Ty) -> u64 {
+    match ty {
+        Ty::F16 => 0x7e5a,
+        Ty::Bf16 => 0x7fda,
+        Ty::F32 => 0x7fc0_dead,
+        Ty::F64 => 0x7ff8_dead_dead_dead,
+        _ => 0xa5a5_a5a5_a5a5_a5a5,
+    }
+}
+
+/// The random operands of one launch: `n` elements per input, and the
+/// reference result of each element.
+pub struct Case {
+    pub n: usize,
+    pub inputs: Vec<Vec<u8>>,
+    pub input_vals: Vec<Vec<Val>>,
+    pub want: Vec<Val>,
+}
+
+pub fn make_case(k: &Kernel, n: usize, r: &mut impl Rng) -> Result<Case, String> {
+    let mut input_vals = vec![Vec::with_capacity(n); k.inputs.len()];
+    let mut want = Vec::with_capacity(n);
+    for _ in 0..n {
+        let xs = k.draw_inputs(r);
+        want.push(k.eval(&xs)?);
+        for (col, x) in input_vals.iter_mut().zip(xs) {
+            col.push(x);
+        }
+    }
+    let inputs = input_vals
+        .iter()
+        .zip(&k.inputs)
+        .map(|(v, t)| to_bytes(v, *t))
+        .collect();
+    Ok(Case {
+        n,
+        inputs,
+        input_vals,
+        want,
+    })
+}
+
+/// Elements past `n` in the output buffer, which must stay poisoned.
+pub const TAIL: usize = 37;
+
+/// Compares the output buffer with the case; a description of the first
+/// few mismatches, or None.
+pub fn compare(k: &Kernel, variant: &str, case: &Case, out: &[u8]) -> Option<String> {
+    let ty = k.output;
+    let tol: Tol = k.tol(variant);
+    let mut bad = 0usize;
+    let mut first = String::new();
+    for i in 0..case.n {
+        let got = element_bits(out, ty, i);
+        if !matches(tol, got, case.want[i], ty) {
+            bad += 1;
+            if bad <= 2 {
+                let ins: Vec<String> = case
+                    .input_vals
+                    .iter()
+                    .zip(&k.inputs)
+                    .map(|(col, t)| show(encode(col[i], *t), *t))
+                    .collect();
+                let _ = write!(
+                    first,
+                    " [{i}] in=({}) got {} want {};",
+                    ins.join(", "),
+                    show(got, ty),
+                    show(encode(case.want[i], ty), ty)
+                );
+            }
+        }
+    }
+    let tail_ok =
+        (case.n..case.n + TAIL).all(|i| element_bits(out, ty, i) == poison(ty) & ty.mask());
+    match (bad, tail_ok) {
+        (0, true) => None,
+        (0, false) => Some("wrote past n".into()),
+        _ => Some(format!(
+            "{bad}/{} outside {tol:?}{}:{first}",
+            case.n,
+            if tail_ok { "" } else { ", wrote past n" }
+        )),
+    }
+}
+
+pub fn poisoned(ty: Ty, len: usize) -> Vec<u8> {
+    let p = poison(ty).to_le_bytes();
+    (0..len).flat_map(|_| p[..ty.size()].to_vec()).collect()
 }
