@@ -382,3 +382,58 @@ fn nvcc_reference_follows_the_c_rules() {
     assert_eq!(lb("scale_f32_lb256"), Some(256));
     assert_eq!(lb("add_f32"), None);
 }
+
+/// The comparison fails on an output left poisoned, on one element off by
+/// one ulp, and on a write past n.
+#[test]
+fn nvcc_host_comparison_catches_wrong_outputs() {
+    let (kernels, _) = nvcc_ref::manifest();
+    let k = kernels.iter().find(|k| k.name == "add_f32").unwrap();
+    let text = std::fs::read_to_string(k.ptx_path("sm_90", "plain")).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(7);
+    let n = 1001;
+    let case = make_case(k, n, &mut r).unwrap();
+    let untouched = poisoned(k.output, n + TAIL);
+    assert!(compare(k, "plain", &case, &untouched).is_some());
+    // The reference's own output passes, and fails once perturbed.
+    let mut good = nvcc_ref::to_bytes(&case.want, k.output);
+    good.extend_from_slice(&untouched[n * 4..]);
+    assert_eq!(compare(k, "plain", &case, &good), None);
+    let mut off = good.clone();
+    off[500 * 4] ^= 1;
+    assert!(compare(k, "plain", &case, &off)
+        .unwrap()
+        .starts_with("1/1001"));
+    let mut past = good.clone();
+    past[n * 4 + 2] ^= 1;
+    assert_eq!(
+        compare(k, "plain", &case, &past).as_deref(),
+        Some("wrote past n")
+    );
+    // And the kernel itself, when accepted, produces `good` on the host.
+    if let Ok(hk) = HostKernel::compile(&text, &k.name) {
+        let mut inputs = case.inputs.clone();
+        let mut out = untouched.clone();
+        let spans: Vec<HostSpan> = inputs
+            .iter_mut()
+            .map(|b| HostSpan {
+                ptr: b.as_mut_ptr(),
+                len: b.len(),
+            })
+            .collect();
+        let launch = HostLaunch {
+            inputs: &spans,
+            output: HostSpan {
+                ptr: out.as_mut_ptr(),
+                len: out.len(),
+            },
+            n: n as u64,
+            params: &[],
+            threads: 2,
+            checked: true,
+        };
+        // SAFETY: every span is a live Vec of exactly `len` bytes.
+        unsafe { hk.launch(&launch) }.unwrap();
+        assert_eq!(out, good);
+    }
+}
