@@ -771,7 +771,13 @@ impl<'a> Parser<'a> {
             }
             ".reg" => {
                 self.pos += 1;
-                self.reg_decl(out)?;
+                self.reg_decl(None, out)?;
+            }
+            // `.reg.b32 f;` (cuda_fp16.h writes it without a space): the
+            // lexer keeps dotted words whole.
+            s if s.starts_with(".reg.") && TYPES.contains(&&s[4..]) => {
+                self.pos += 1;
+                self.reg_decl(Some(s[5..].to_string()), out)?;
             }
             ".shared" | ".local" | ".const" | ".global" | ".param" => {
                 self.pos += 1;
@@ -788,8 +794,7 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    fn reg_decl(&mut self, out: &mut Vec<Stmt>) -> Result<(), PtxError> {
-        let mut ty = None;
+    fn reg_decl(&mut self, mut ty: Option<String>, out: &mut Vec<Stmt>) -> Result<(), PtxError> {
         loop {
             let t = self.word("a register type or name")?;
             if t.text.starts_with('.') {

@@ -11,6 +11,26 @@
 //! guard `i < n`; joins keep a fact only when every incoming path has it, so
 //! "guarded" at an access means the guard dominates it on every path.
 //!
+//! PTX semantics the model follows, each a way the proof was broken before:
+//! - A predicated instruction may not run: its destination keeps the old
+//!   value or takes the new one. A predicated definition of anything but
+//!   data (an index, an address, a pointer, a guard) is refused
+//!   (`predicated_definition`); a guard never comes from a predicated setp.
+//! - Joins are sound for pointers: a value that may carry a pointer's bits
+//!   stays marked (`Tainted`), so no join can launder a pointer into data.
+//! - Index, address and guard arithmetic counts only at integer types of
+//!   the exact widths (`non_integer_arithmetic` for a pointer in a float
+//!   instruction).
+//! - A pointer's bits may not leave as data: stored, unpacked
+//!   (`mov.b64 {lo, hi}`), narrowed (`cvt`, a narrower register or param
+//!   load) — `pointer_escape`.
+//! - A pair or list destination naming one register twice is refused
+//!   (`duplicate_destination`); so are duplicate labels (in `ir`) and code
+//!   the control flow cannot reach that holds anything but `ret`/`exit`
+//!   (`unreachable_code`).
+//! - The checked program is the one that runs: the executors get the text
+//!   [`super::print`] prints from this IR, never the client's.
+//!
 //! What acceptance guarantees (and the host engine and launch checks rely
 //! on): every global access is a load through an input or a store through the
 //! output at exactly `param + i × element size`, of `element size` bytes, on
@@ -71,12 +91,27 @@ enum Sk {
     Ctaid,
 }
 
+/// A set of params, one bit per param index (pointer and count params
+/// come first, so at most `MAX_INPUTS + 2` bits are ever set).
+type Mask = u128;
+
+fn bit(p: u16) -> Mask {
+    1u128.checked_shl(u32::from(p)).unwrap_or(0)
+}
+
+/// The lowest param of a mask, for messages.
+fn first(m: Mask) -> Option<u16> {
+    (m != 0).then(|| u16::try_from(m.trailing_zeros()).unwrap_or(u16::MAX))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum V {
+    /// Data: nothing ptxd relies on, and no pointer bits.
     Top,
     Const(i64),
-    /// The raw value of 64-bit integer param `k` (a pointer or the count).
-    Param(u16),
+    /// The raw value of one of these 64-bit integer params (a pointer or
+    /// the count; more than one bit after a `selp` or a join).
+    Param(Mask),
     /// `%tid.x` etc. in 32 bits.
     S32(Sk),
     /// The same, zero-extended to 64 bits.
@@ -91,12 +126,15 @@ enum V {
     Narrow,
     /// `i × s` in 64 bits.
     Scaled(u32),
-    /// `param k + i × s`.
-    Addr(u16, u32),
-    /// `param k` plus something that is not `i × s`.
-    Derived(u16),
-    /// `param k + (32-bit index) × s`.
-    NarrowAddr(u16),
+    /// `param + i × s` for one of the params of the mask.
+    Addr(Mask, u32),
+    /// A param plus something that is not `i × s`.
+    Derived(Mask),
+    /// A param plus a 32-bit (wrapping) index times something.
+    NarrowAddr(Mask),
+    /// May carry the bits of one of these params (after a join of a pointer
+    /// with something else). Never an address, never data.
+    Tainted(Mask),
     /// A predicate that is true when `i >= n` (`in_range == false`) or when
     /// `i < n` (`in_range == true`), `n` being param `count`.
     Guard {
@@ -106,10 +144,44 @@ enum V {
 }
 
 impl V {
-    fn pointer(self) -> Option<u16> {
+    /// The params whose bits this value may carry.
+    fn params(self) -> Mask {
         match self {
-            V::Param(p) | V::Addr(p, _) | V::Derived(p) | V::NarrowAddr(p) => Some(p),
-            _ => None,
+            V::Param(m) | V::Addr(m, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
+            _ => 0,
+        }
+    }
+
+    fn pointer(self) -> Option<u16> {
+        first(self.params())
+    }
+
+    /// Plain data: losing track of it can never matter.
+    fn is_data(self) -> bool {
+        matches!(self, V::Top | V::Const(_))
+    }
+
+    /// The width in bits of the value class (0 for data).
+    fn width(self) -> u32 {
+        match self {
+            // A wrapped index is never trusted, at any width.
+            V::Top | V::Const(_) | V::Guard { .. } | V::Narrow => 0,
+            V::S32(_) | V::Block32 => 32,
+            _ => 64,
+        }
+    }
+
+    /// What a register holds after paths with `self` and `other` meet.
+    fn join(self, other: V) -> V {
+        if self == other {
+            return self;
+        }
+        let m = self.params() | other.params();
+        match (self, other) {
+            (V::Param(a), V::Param(b)) => V::Param(a | b),
+            (V::Addr(a, s), V::Addr(b, t)) if s == t => V::Addr(a | b, s),
+            _ if m != 0 => V::Tainted(m),
+            _ => V::Top,
         }
     }
 }
@@ -125,8 +197,9 @@ impl State {
     fn join(&mut self, other: &State) -> bool {
         let mut changed = false;
         for (a, b) in self.regs.iter_mut().zip(&other.regs) {
-            if *a != *b && *a != V::Top {
-                *a = V::Top;
+            let j = a.join(*b);
+            if j != *a {
+                *a = j;
                 changed = true;
             }
         }
@@ -147,7 +220,7 @@ enum AccessKind {
 #[derive(Debug, Clone)]
 enum Event {
     Access {
-        param: u16,
+        params: Mask,
         kind: AccessKind,
         width: u32,
         scale: u32,
@@ -351,10 +424,27 @@ fn structure(k: &Kernel) -> Result<(), PtxError> {
             format!("{what} `{}`", v.name),
         ));
     }
+    // A call first: the parameter passing around it (`st.param`) would
+    // otherwise be what is reported.
+    if let Some(inst) = k.insts.iter().find(|i| i.base == "call") {
+        return Err(refuse("call", None, Some(inst.line), "a function call"));
+    }
     for inst in &k.insts {
         let line = Some(inst.line);
         let b = inst.base.as_str();
         let space = |s: &str| inst.has(s);
+        let written = destinations(inst);
+        if (1..written.len()).any(|j| written[..j].contains(&written[j])) {
+            return Err(refuse(
+                "duplicate_destination",
+                None,
+                line,
+                format!(
+                    "`{}` names one register twice as a destination; which write wins is not defined",
+                    inst.opcode
+                ),
+            ));
+        }
         if space("shared") || space("shared::cta") || space("shared::cluster") {
             return Err(refuse(
                 "shared_memory",
@@ -491,6 +581,25 @@ fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {
         .collect())
 }
 
+/// The registers an instruction writes (none for stores and control).
+fn destinations(inst: &Inst) -> Vec<u32> {
+    if matches!(inst.base.as_str(), "st" | "bra" | "ret" | "exit") {
+        return Vec::new();
+    }
+    match inst.ops.first() {
+        Some(Opnd::Reg(r)) => vec![*r],
+        Some(Opnd::Pair(a, b)) => vec![*a, *b],
+        Some(Opnd::List(items)) => items
+            .iter()
+            .filter_map(|o| match o {
+                Opnd::Reg(r) => Some(*r),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
     let blocks = blocks(k)?;
     let nregs = k.reg_types.len();
@@ -548,6 +657,28 @@ fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
             }
         }
     }
+    // Code the control flow never reaches is not checked below, so it may
+    // hold nothing that could matter if ptxd's idea of the control flow
+    // were ever wrong.
+    for (b, (s, e)) in blocks.iter().enumerate() {
+        if entry[b].is_some() {
+            continue;
+        }
+        if let Some(inst) = k.insts[*s..*e]
+            .iter()
+            .find(|i| !matches!(i.base.as_str(), "ret" | "exit"))
+        {
+            return Err(refuse(
+                "unreachable_code",
+                None,
+                Some(inst.line),
+                format!(
+                    "`{}` can never run; only `ret` may be unreachable",
+                    inst.opcode
+                ),
+            ));
+        }
+    }
     // A final pass with the settled states records each event once.
     let mut events = BTreeMap::new();
     for (b, (s, e)) in blocks.iter().enumerate() {
@@ -556,6 +687,15 @@ fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
         }
     }
     Ok(events)
+}
+
+/// The guard fact a predicate gives when it holds (`when_true`) or not:
+/// `Some(count)` when that outcome implies `i < count`.
+fn guard_fact(st: &State, p: u32, negated: bool, when_true: bool) -> Option<u16> {
+    match st.regs.get(p as usize) {
+        Some(V::Guard { count, in_range }) if (*in_range != negated) == when_true => Some(*count),
+        _ => None,
+    }
 }
 
 /// Interprets block `[s, e)`; returns the successor states by target pc.
@@ -579,24 +719,69 @@ fn run_block(
                 };
                 let mut taken = st.clone();
                 let mut fall = st.clone();
-                if let Some(V::Guard { count, in_range }) = st.regs.get(p as usize).copied() {
-                    if in_range != neg {
-                        taken.guarded = Some(count);
-                    } else {
-                        fall.guarded = Some(count);
-                    }
+                if let Some(c) = guard_fact(st, p, neg, true) {
+                    taken.guarded = Some(c);
+                }
+                if let Some(c) = guard_fact(st, p, neg, false) {
+                    fall.guarded = Some(c);
                 }
                 return vec![(t, taken), (pc + 1, fall)];
             }
-            "ret" | "exit" => {
-                if inst.guard.is_none() {
-                    return Vec::new();
+            "ret" | "exit" => match inst.guard {
+                None => return Vec::new(),
+                // `@%p ret` with `%p = i >= n`: whoever goes on has `i < n`.
+                Some((neg, p)) => {
+                    if let Some(c) = guard_fact(st, p, neg, false) {
+                        st.guarded = Some(c);
+                    }
                 }
-            }
+            },
+            _ if inst.guard.is_some() => predicated(k, pc, inst, st, events),
             _ => step(k, pc, inst, st, events),
         }
     }
     vec![(e, st.clone())]
+}
+
+/// A predicated non-branch instruction: each destination keeps its old
+/// value or takes the new one. Only data may be defined that way.
+fn predicated(
+    k: &Kernel,
+    pc: usize,
+    inst: &Inst,
+    st: &mut State,
+    events: &mut BTreeMap<usize, Event>,
+) {
+    let dests = destinations(inst);
+    let before: Vec<V> = dests
+        .iter()
+        .map(|r| st.regs.get(*r as usize).copied().unwrap_or(V::Top))
+        .collect();
+    step(k, pc, inst, st, events);
+    for (r, old) in dests.iter().zip(before) {
+        let Some(slot) = st.regs.get_mut(*r as usize) else {
+            continue;
+        };
+        let new = *slot;
+        if new == old {
+            continue;
+        }
+        if !old.is_data() || !new.is_data() {
+            events.insert(
+                pc,
+                Event::Bad {
+                    sub_reason: "predicated_definition",
+                    param: first(old.params() | new.params()),
+                    explanation: format!(
+                        "`{}` is predicated: it may not run, and it defines an index, address, \
+                         pointer or guard",
+                        inst.opcode
+                    ),
+                },
+            );
+        }
+        *slot = old.join(new);
+    }
 }
 
 fn val(st: &State, o: &Opnd) -> V {
@@ -610,9 +795,50 @@ fn val(st: &State, o: &Opnd) -> V {
     }
 }
 
-fn set(st: &mut State, o: Option<&Opnd>, v: V) {
+fn escape(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
+    if let Some(p) = v.pointer() {
+        events.insert(
+            pc,
+            Event::Bad {
+                sub_reason: "pointer_escape",
+                param: Some(p),
+                explanation: what,
+            },
+        );
+    }
+}
+
+/// Writes `v` to destination `o`, as the hardware would: a value wider than
+/// its register is cut, so it is data there (and a pointer cut is an escape).
+fn set(
+    k: &Kernel,
+    pc: usize,
+    st: &mut State,
+    o: Option<&Opnd>,
+    v: V,
+    events: &mut BTreeMap<usize, Event>,
+) {
     match o {
         Some(Opnd::Reg(r)) => {
+            let reg_bits = k.reg_types.get(*r as usize).map_or(0, |t| t.bits());
+            let fits = match v {
+                V::Guard { .. } => k.reg_types.get(*r as usize) == Some(&Ty::Pred),
+                _ => v.width() == 0 || v.width() == reg_bits,
+            };
+            let v = if fits {
+                v
+            } else {
+                escape(
+                    events,
+                    pc,
+                    v,
+                    format!(
+                        "`{}` puts a pointer into a {reg_bits}-bit register",
+                        k.insts.get(pc).map_or("", |i| i.opcode.as_str())
+                    ),
+                );
+                V::Top
+            };
             if let Some(slot) = st.regs.get_mut(*r as usize) {
                 *slot = v;
             }
@@ -625,81 +851,181 @@ fn set(st: &mut State, o: Option<&Opnd>, v: V) {
                 },
                 _ => V::Top,
             };
-            set(st, Some(&Opnd::Reg(*a)), v);
-            set(st, Some(&Opnd::Reg(*b)), negated);
+            set(k, pc, st, Some(&Opnd::Reg(*a)), v, events);
+            set(k, pc, st, Some(&Opnd::Reg(*b)), negated, events);
         }
         Some(Opnd::List(items)) => {
+            escape(
+                events,
+                pc,
+                v,
+                "a pointer is unpacked into parts".to_string(),
+            );
             for it in items {
-                set(st, Some(it), V::Top);
+                set(k, pc, st, Some(it), V::Top, events);
             }
         }
         _ => {}
     }
 }
 
-fn is64(inst: &Inst) -> bool {
-    inst.types().first().is_some_and(|t| t.bits() == 64)
+/// The instruction's first type, when it is an integer type of `bits`.
+fn int_ty(inst: &Inst, bits: u32) -> bool {
+    inst.types()
+        .first()
+        .is_some_and(|t| t.is_int() && t.bits() == bits)
 }
 
-fn is32(inst: &Inst) -> bool {
-    inst.types().first().is_some_and(|t| t.bits() == 32)
+fn is_int(inst: &Inst) -> bool {
+    inst.types().first().is_some_and(|t| t.is_int())
 }
 
-/// The abstract result of a two-operand integer instruction.
-fn binary(inst: &Inst, a: V, b: V) -> Option<V> {
+/// `mul.wide`/`mad.wide` with 32-bit integer sources.
+fn wide32(inst: &Inst) -> bool {
+    inst.has("wide") && int_ty(inst, 32)
+}
+
+/// `ctaid.x × ntid.x`, either order.
+fn is_block(a: V, b: V, s: fn(Sk) -> V) -> bool {
+    (a == s(Sk::Ctaid) && b == s(Sk::Ntid)) || (a == s(Sk::Ntid) && b == s(Sk::Ctaid))
+}
+
+fn scale_by(x: V, c: V) -> Option<V> {
+    match (x, c) {
+        (V::Index, V::Const(c)) if (1..=64).contains(&c) => Some(V::Scaled(c as u32)),
+        (V::Scaled(s), V::Const(c)) if (1..=64).contains(&c) => {
+            Some(V::Scaled(s.saturating_mul(c as u32)))
+        }
+        _ => None,
+    }
+}
+
+/// `base + off` in 64 bits, for a pointer-class `base`.
+fn offset_by(base: V, off: V) -> Option<V> {
+    use V::*;
+    match (base, off) {
+        (Param(m), Scaled(s)) => Some(Addr(m, s)),
+        (Param(m), Index) => Some(Addr(m, 1)),
+        (Param(m) | Addr(m, _) | Derived(m), Narrow) | (NarrowAddr(m), _) if off.params() == 0 => {
+            Some(NarrowAddr(m))
+        }
+        (Param(m) | Addr(m, _) | Derived(m), y) if y.params() == 0 => Some(Derived(m)),
+        _ => None,
+    }
+}
+
+/// The abstract result of an integer instruction over `a`, `b` (and `c`
+/// for `mad`), or `None` when it is not one ptxd models (then a pointer
+/// operand is a misuse and the result is data).
+fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
     use V::*;
     let op = inst.base.as_str();
-    let wide = inst.has("wide");
-    let pair = |x: V, y: V, f: &dyn Fn(V, V) -> Option<V>| f(x, y).or_else(|| f(y, x));
-    match op {
-        "mul" if wide => pair(a, b, &|x, y| match (x, y) {
-            (S32(Sk::Ctaid), S32(Sk::Ntid)) => Some(Block64),
-            (Narrow | S32(_) | Block32, _) => Some(Narrow),
-            _ => None,
-        }),
-        "mul" if is32(inst) => pair(a, b, &|x, y| match (x, y) {
-            (S32(Sk::Ctaid), S32(Sk::Ntid)) => Some(Block32),
-            (Narrow, _) => Some(Narrow),
-            _ => None,
-        }),
-        "mul" if is64(inst) && inst.has("lo") => pair(a, b, &|x, y| match (x, y) {
-            (S64(Sk::Ctaid), S64(Sk::Ntid)) => Some(Block64),
-            (Index, Const(c)) if (1..=64).contains(&c) => Some(Scaled(c as u32)),
-            (Scaled(s), Const(c)) if (1..=64).contains(&c) => {
-                Some(Scaled(s.saturating_mul(c as u32)))
+    let either = |f: &dyn Fn(V, V) -> Option<V>| f(a, b).or_else(|| f(b, a));
+    match (op, c) {
+        ("mul", None) if wide32(inst) => {
+            if is_block(a, b, S32) {
+                Some(Block64)
+            } else if matches!(a, Narrow | S32(_) | Block32)
+                || matches!(b, Narrow | S32(_) | Block32)
+            {
+                Some(Narrow)
+            } else {
+                None
             }
-            (Narrow, _) => Some(Narrow),
-            _ => None,
-        }),
-        "shl" if is64(inst) => match (a, b) {
+        }
+        ("mul", None) if int_ty(inst, 32) && !inst.has("wide") => {
+            if is_block(a, b, S32) {
+                Some(Block32)
+            } else if a == Narrow || b == Narrow {
+                Some(Narrow)
+            } else {
+                None
+            }
+        }
+        ("mul", None) if int_ty(inst, 64) && inst.has("lo") => {
+            if is_block(a, b, S64) {
+                Some(Block64)
+            } else if a == Narrow || b == Narrow {
+                Some(Narrow)
+            } else {
+                either(&scale_by)
+            }
+        }
+        ("shl", None) if int_ty(inst, 64) => match (a, b) {
             (Index, Const(c)) if (0..7).contains(&c) => Some(Scaled(1 << c)),
             (Scaled(s), Const(c)) if (0..7).contains(&c) => Some(Scaled(s.saturating_mul(1 << c))),
             (Narrow, _) => Some(Narrow),
             _ => None,
         },
-        "shl" if is32(inst) => match a {
+        ("shl", None) if int_ty(inst, 32) => match a {
             Narrow | S32(_) | Block32 => Some(Narrow),
             _ => None,
         },
-        "add" if is32(inst) => pair(a, b, &|x, y| match (x, y) {
-            (Block32, S32(Sk::Tid)) | (Narrow, _) => Some(Narrow),
-            _ => None,
-        }),
-        "add" if is64(inst) => pair(a, b, &|x, y| match (x, y) {
-            (Block64, S64(Sk::Tid)) => Some(Index),
-            (Param(p), Scaled(s)) => Some(Addr(p, s)),
-            (Param(p), Index) => Some(Addr(p, 1)),
-            (Param(p) | Addr(p, _) | Derived(p), Narrow) | (NarrowAddr(p), _) => {
-                Some(NarrowAddr(p))
+        ("add", None) if int_ty(inst, 32) => {
+            if matches!((a, b), (Block32, S32(Sk::Tid)) | (S32(Sk::Tid), Block32))
+                || a == Narrow
+                || b == Narrow
+            {
+                Some(Narrow)
+            } else {
+                None
             }
-            (Param(p) | Addr(p, _) | Derived(p), y) if y.pointer().is_none() => Some(Derived(p)),
-            _ => None,
-        }),
-        "sub" if is64(inst) => match (a, b) {
-            (Param(p) | Addr(p, _) | Derived(p), y) if y.pointer().is_none() => Some(Derived(p)),
+        }
+        ("add", None) if int_ty(inst, 64) => {
+            if matches!((a, b), (Block64, S64(Sk::Tid)) | (S64(Sk::Tid), Block64)) {
+                Some(Index)
+            } else if a.params() != 0 {
+                offset_by(a, b)
+            } else if b.params() != 0 {
+                offset_by(b, a)
+            } else {
+                None
+            }
+        }
+        ("sub", None) if int_ty(inst, 64) => match (a, b) {
+            (Param(m) | Addr(m, _) | Derived(m), y) if y.params() == 0 => Some(Derived(m)),
             _ => None,
         },
+        ("mad", Some(c)) if wide32(inst) => {
+            if is_block(a, b, S32) && c == S64(Sk::Tid) {
+                Some(Index)
+            } else if matches!(a, Narrow | S32(_) | Block32)
+                || matches!(b, Narrow | S32(_) | Block32)
+            {
+                Some(if c.params() != 0 {
+                    NarrowAddr(c.params())
+                } else {
+                    Narrow
+                })
+            } else {
+                None
+            }
+        }
+        ("mad", Some(c)) if int_ty(inst, 32) && inst.has("lo") => {
+            let index32 = is_block(a, b, S32) && c == S32(Sk::Tid);
+            (index32 || a == Narrow || b == Narrow).then_some(Narrow)
+        }
+        ("mad", Some(c)) if int_ty(inst, 64) && inst.has("lo") => {
+            if is_block(a, b, S64) && c == S64(Sk::Tid) {
+                Some(Index)
+            } else if c.params() != 0 {
+                either(&scale_by).and_then(|sc| offset_by(c, sc))
+            } else if a == Narrow || b == Narrow {
+                Some(Narrow)
+            } else {
+                None
+            }
+        }
         _ => None,
+    }
+}
+
+fn misuse(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
+    if let Some(p) = v.pointer() {
+        events.entry(pc).or_insert(Event::Misuse {
+            param: p,
+            explanation: what,
+        });
     }
 }
 
@@ -708,12 +1034,6 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
     let op = inst.base.as_str();
     let ops = &inst.ops;
     let src = |i: usize| ops.get(i).map_or(V::Top, |o| val(st, o));
-    let misuse = |events: &mut BTreeMap<usize, Event>, p: u16, what: &str| {
-        events.entry(pc).or_insert(Event::Misuse {
-            param: p,
-            explanation: format!("`{}` {what}", inst.opcode),
-        });
-    };
     match op {
         "ld" | "ldu" if inst.has("param") => {
             let v = match ops.get(1) {
@@ -725,11 +1045,28 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
                     let lty = inst.types().first().copied();
                     match (pty, lty) {
                         (Some("u64" | "s64" | "b64"), Some(Ty::U64 | Ty::S64 | Ty::B64)) => {
-                            V::Param(*p)
+                            V::Param(bit(*p))
                         }
                         (Some("f32"), Some(Ty::F32 | Ty::B32 | Ty::U32 | Ty::S32)) => V::Top,
+                        (Some("u64" | "s64" | "b64"), _) => {
+                            escape(
+                                events,
+                                pc,
+                                V::Param(bit(*p)),
+                                format!(
+                                    "`{}` loads the pointer param at another width",
+                                    inst.opcode
+                                ),
+                            );
+                            V::Top
+                        }
                         _ => {
-                            misuse(events, *p, "loads the param at another width");
+                            misuse(
+                                events,
+                                pc,
+                                V::Param(bit(*p)),
+                                format!("`{}` loads the param at another width", inst.opcode),
+                            );
                             V::Top
                         }
                     }
@@ -738,7 +1075,12 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
                     base: Base::Param(p),
                     ..
                 }) => {
-                    misuse(events, *p, "loads part of the param");
+                    escape(
+                        events,
+                        pc,
+                        V::Param(bit(*p)),
+                        format!("`{}` loads part of the param", inst.opcode),
+                    );
                     V::Top
                 }
                 _ => {
@@ -750,17 +1092,12 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
                     V::Top
                 }
             };
-            set(st, ops.first(), v);
+            set(k, pc, st, ops.first(), v, events);
         }
         "ld" | "ldu" | "st" => {
             let (addr_i, data_i) = if op == "st" { (0, 1) } else { (1, 0) };
             let width = inst.types().last().map_or(0, |t| t.bytes());
-            let pred_guard = inst
-                .guard
-                .and_then(|(neg, p)| match st.regs.get(p as usize) {
-                    Some(V::Guard { count, in_range }) if *in_range != neg => Some(*count),
-                    _ => None,
-                });
+            let pred_guard = inst.guard.and_then(|(neg, p)| guard_fact(st, p, neg, true));
             let guarded = st.guarded.or(pred_guard);
             let kind = if op == "st" {
                 AccessKind::Store
@@ -772,21 +1109,21 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
                     base: Base::Reg(r),
                     offset,
                 }) => match (st.regs.get(*r as usize).copied(), *offset) {
-                    (Some(V::Addr(p, scale)), 0) => Event::Access {
-                        param: p,
+                    (Some(V::Addr(m, scale)), 0) => Event::Access {
+                        params: m,
                         kind,
                         width,
                         scale,
                         guarded,
                     },
-                    (Some(V::NarrowAddr(p)), _) => Event::Bad {
+                    (Some(V::NarrowAddr(m)), _) => Event::Bad {
                         sub_reason: "index_not_64bit",
-                        param: Some(p),
+                        param: first(m),
                         explanation: "the element index is computed in 32 bits and wraps".into(),
                     },
-                    (Some(V::Param(p) | V::Addr(p, _) | V::Derived(p)), _) => Event::Bad {
+                    (Some(v), _) if v.params() != 0 => Event::Bad {
                         sub_reason: "non_elementwise_address",
-                        param: Some(p),
+                        param: v.pointer(),
                         explanation: format!(
                             "`{}` does not access element i of its operand (broadcast, offset, gather or strided)",
                             inst.opcode
@@ -809,30 +1146,59 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
             };
             events.entry(pc).or_insert(ev);
             if op == "st" {
-                if let Some(p) = src(data_i).pointer() {
-                    events.insert(
-                        pc,
-                        Event::Misuse {
-                            param: p,
-                            explanation: "a pointer param is stored to memory".into(),
-                        },
-                    );
-                }
+                let data = match ops.get(data_i) {
+                    Some(Opnd::List(items)) => items
+                        .iter()
+                        .map(|o| val(st, o))
+                        .fold(V::Top, |acc, v| if v.params() != 0 { v } else { acc }),
+                    _ => src(data_i),
+                };
+                escape(
+                    events,
+                    pc,
+                    data,
+                    "a pointer param is stored to memory".into(),
+                );
             } else {
-                set(st, ops.first(), V::Top);
+                set(k, pc, st, ops.first(), V::Top, events);
             }
         }
         "mov" => {
             let v = src(1);
-            set(st, ops.first(), v);
+            let r = if v.width() != 0 && !int_ty(inst, v.width()) {
+                escape(
+                    events,
+                    pc,
+                    v,
+                    format!("`{}` moves a pointer at another type", inst.opcode),
+                );
+                V::Top
+            } else {
+                v
+            };
+            // Packing parts into a value: the parts are data (a 32-bit part
+            // never holds a pointer class), the result too.
+            let r = if matches!(ops.get(1), Some(Opnd::List(_))) {
+                V::Top
+            } else {
+                r
+            };
+            set(k, pc, st, ops.first(), r, events);
         }
         "cvta" => {
             let v = src(1);
-            set(
-                st,
-                ops.first(),
-                if v.pointer().is_some() { v } else { V::Top },
-            );
+            let r = if v.params() != 0 && int_ty(inst, 64) {
+                v
+            } else {
+                misuse(
+                    events,
+                    pc,
+                    v,
+                    format!("`{}` converts a pointer", inst.opcode),
+                );
+                V::Top
+            };
+            set(k, pc, st, ops.first(), r, events);
         }
         "cvt" => {
             let tys = inst.types();
@@ -840,16 +1206,19 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
             let widen = matches!(tys.as_slice(), [Ty::U64 | Ty::S64, Ty::U32 | Ty::S32]);
             let r = match v {
                 V::S32(sk) if widen => V::S64(sk),
-                V::Narrow | V::Block32 => V::Narrow,
+                V::Narrow | V::Block32 if widen => V::Narrow,
                 V::Const(c) if widen => V::Const(c),
                 other => {
-                    if let Some(p) = other.pointer() {
-                        misuse(events, p, "converts a pointer or count");
-                    }
+                    escape(
+                        events,
+                        pc,
+                        other,
+                        format!("`{}` converts a pointer or the count", inst.opcode),
+                    );
                     V::Top
                 }
             };
-            set(st, ops.first(), r);
+            set(k, pc, st, ops.first(), r, events);
         }
         "setp"
             if !inst
@@ -859,38 +1228,96 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
         {
             let (a, b) = (src(1), src(2));
             let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
-            let r = match (a, b, cmp) {
-                (V::Index, V::Param(p), "ge") | (V::Param(p), V::Index, "le") if is64(inst) => {
-                    V::Guard {
-                        count: p,
-                        in_range: false,
+            let single = |m: Mask| (m.count_ones() == 1).then(|| first(m)).flatten();
+            let r = match (a, b) {
+                _ if !is_int(inst) => {
+                    if a.params() | b.params() != 0 {
+                        events.entry(pc).or_insert(Event::Bad {
+                            sub_reason: "non_integer_arithmetic",
+                            param: first(a.params() | b.params()),
+                            explanation: format!("`{}` compares a pointer as a float", inst.opcode),
+                        });
+                    }
+                    V::Top
+                }
+                (V::Index, V::Param(m)) if int_ty(inst, 64) && single(m).is_some() => {
+                    let count = single(m).unwrap_or(u16::MAX);
+                    match cmp {
+                        "ge" | "hs" => V::Guard {
+                            count,
+                            in_range: false,
+                        },
+                        "lt" | "lo" => V::Guard {
+                            count,
+                            in_range: true,
+                        },
+                        _ => {
+                            misuse(
+                                events,
+                                pc,
+                                b,
+                                format!(
+                                    "`{}` compares the count other than as `i < n`",
+                                    inst.opcode
+                                ),
+                            );
+                            V::Top
+                        }
                     }
                 }
-                (V::Index, V::Param(p), "lt") | (V::Param(p), V::Index, "gt") if is64(inst) => {
-                    V::Guard {
-                        count: p,
-                        in_range: true,
+                (V::Param(m), V::Index) if int_ty(inst, 64) && single(m).is_some() => {
+                    let count = single(m).unwrap_or(u16::MAX);
+                    match cmp {
+                        "le" | "ls" => V::Guard {
+                            count,
+                            in_range: false,
+                        },
+                        "gt" | "hi" => V::Guard {
+                            count,
+                            in_range: true,
+                        },
+                        _ => {
+                            misuse(
+                                events,
+                                pc,
+                                a,
+                                format!(
+                                    "`{}` compares the count other than as `i < n`",
+                                    inst.opcode
+                                ),
+                            );
+                            V::Top
+                        }
                     }
                 }
-                (V::Narrow, V::Param(p), _) | (V::Param(p), V::Narrow, _) => {
+                (V::Narrow, V::Param(m)) | (V::Param(m), V::Narrow) => {
                     events.entry(pc).or_insert(Event::Bad {
                         sub_reason: "index_not_64bit",
-                        param: Some(p),
+                        param: first(m),
                         explanation: "the bounds guard compares a 32-bit index".into(),
                     });
                     V::Top
                 }
-                (x, y, _) => {
-                    for p in [x.pointer(), y.pointer()].into_iter().flatten() {
-                        misuse(events, p, "compares a param other than as `i < n`");
-                    }
+                (x, y) => {
+                    misuse(
+                        events,
+                        pc,
+                        x,
+                        "compares a param other than as `i < n`".into(),
+                    );
+                    misuse(
+                        events,
+                        pc,
+                        y,
+                        "compares a param other than as `i < n`".into(),
+                    );
                     V::Top
                 }
             };
             if let V::Guard { count, .. } = r {
                 events.entry(pc).or_insert(Event::Guard { count });
             }
-            set(st, ops.first(), r);
+            set(k, pc, st, ops.first(), r, events);
         }
         "not" if inst.has("pred") => {
             let r = match src(1) {
@@ -900,42 +1327,90 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
                 },
                 _ => V::Top,
             };
-            set(st, ops.first(), r);
+            set(k, pc, st, ops.first(), r, events);
+        }
+        "selp" if ops.len() == 4 => {
+            let (a, b) = (src(1), src(2));
+            let r = if a == b {
+                a
+            } else {
+                match (a, b) {
+                    // `c ? in0 : in1`, then `[p + i × s]`: either operand's
+                    // element i.
+                    (V::Param(x), V::Param(y)) => V::Param(x | y),
+                    (V::Addr(x, s), V::Addr(y, t)) if s == t => V::Addr(x | y, s),
+                    _ => {
+                        misuse(
+                            events,
+                            pc,
+                            a,
+                            format!("`{}` selects a pointer", inst.opcode),
+                        );
+                        misuse(
+                            events,
+                            pc,
+                            b,
+                            format!("`{}` selects a pointer", inst.opcode),
+                        );
+                        V::Top
+                    }
+                }
+            };
+            let r = if r.width() != 0 && !int_ty(inst, r.width()) {
+                V::Top
+            } else {
+                r
+            };
+            if r == V::Top {
+                misuse(
+                    events,
+                    pc,
+                    a,
+                    format!("`{}` selects a pointer", inst.opcode),
+                );
+                misuse(
+                    events,
+                    pc,
+                    b,
+                    format!("`{}` selects a pointer", inst.opcode),
+                );
+            }
+            set(k, pc, st, ops.first(), r, events);
         }
         _ => {
             let (a, b) = (src(1), src(2));
-            let r = if ops.len() == 3 {
-                binary(inst, a, b)
-            } else if op == "mad" && inst.has("wide") && ops.len() == 4 {
-                match (a, b, src(3)) {
-                    (V::S32(Sk::Ctaid), V::S32(Sk::Ntid), V::S64(Sk::Tid))
-                    | (V::S32(Sk::Ntid), V::S32(Sk::Ctaid), V::S64(Sk::Tid)) => Some(V::Index),
-                    (V::Narrow, _, c) | (_, V::Narrow, c) => {
-                        Some(c.pointer().map_or(V::Narrow, V::NarrowAddr))
-                    }
-                    _ => None,
-                }
-            } else if op == "mad" && is32(inst) && ops.len() == 4 {
-                match (a, b, src(3)) {
-                    (V::S32(Sk::Ctaid), V::S32(Sk::Ntid), V::S32(Sk::Tid))
-                    | (V::S32(Sk::Ntid), V::S32(Sk::Ctaid), V::S32(Sk::Tid)) => Some(V::Narrow),
-                    _ => None,
-                }
-            } else {
-                None
+            let r = match ops.len() {
+                3 => arith(inst, a, b, None),
+                4 => arith(inst, a, b, Some(src(3))),
+                _ => None,
             };
             let r = match r {
                 Some(v) => v,
                 None => {
+                    let float = inst.types().first().is_some_and(|t| !t.is_int());
                     for o in ops.iter().skip(1) {
-                        if let Some(p) = val(st, o).pointer() {
-                            misuse(events, p, "computes with a pointer or count param");
+                        let v = val(st, o);
+                        if float && v.params() != 0 {
+                            events.entry(pc).or_insert(Event::Bad {
+                                sub_reason: "non_integer_arithmetic",
+                                param: v.pointer(),
+                                explanation: format!(
+                                    "`{}` computes with a pointer at a non-integer type",
+                                    inst.opcode
+                                ),
+                            });
                         }
+                        misuse(
+                            events,
+                            pc,
+                            v,
+                            format!("`{}` computes with a pointer or count param", inst.opcode),
+                        );
                     }
                     V::Top
                 }
             };
-            set(st, ops.first(), r);
+            set(k, pc, st, ops.first(), r, events);
         }
     }
 }
@@ -959,7 +1434,8 @@ fn decide(
     let count = match guard {
         Some((_, c)) => c,
         None => {
-            // A guard computed from a 32-bit index is reported as such.
+            // A guard that is no guard (computed from a 32-bit index, as a
+            // float, under a predicate, ..) is reported as what it is.
             if let Some((
                 pc,
                 Event::Bad {
@@ -971,7 +1447,10 @@ fn decide(
                 matches!(
                     e,
                     Event::Bad {
-                        sub_reason: "index_not_64bit",
+                        sub_reason: "index_not_64bit"
+                            | "predicated_definition"
+                            | "non_integer_arithmetic"
+                            | "duplicate_destination",
                         ..
                     }
                 )
@@ -1026,12 +1505,18 @@ fn decide(
                 param,
                 explanation,
             } => {
+                // The count's bits are no secret: using them is a misuse of
+                // the count, not a pointer escape.
+                let sub_reason = match (*sub_reason, *param) {
+                    ("pointer_escape", Some(p)) if p == count => "param_misuse",
+                    (s, _) => s,
+                };
                 return Err(refuse(
                     sub_reason,
                     param.and_then(name),
                     line,
                     explanation.clone(),
-                ))
+                ));
             }
             Event::Misuse { param, explanation } => {
                 let sub = if *param == count {
@@ -1042,65 +1527,71 @@ fn decide(
                 return Err(refuse(sub, name(*param), line, explanation.clone()));
             }
             Event::Access {
-                param,
+                params,
                 kind,
                 width,
                 scale,
                 guarded,
             } => {
-                if *guarded != Some(count) {
-                    return Err(refuse(
-                        "unguarded_access",
-                        name(*param),
-                        line,
-                        "a global access not dominated by the `i < n` guard",
-                    ));
-                }
-                if *param >= expected_count {
-                    return Err(refuse(
-                        "pointer_misuse",
-                        name(*param),
-                        line,
-                        "the count is used as a pointer",
-                    ));
-                }
-                match (kind, *param == output) {
-                    (AccessKind::Store, false) => {
+                for p in 0..128u16 {
+                    if params & bit(p) == 0 {
+                        continue;
+                    }
+                    let param = &p;
+                    if *guarded != Some(count) {
+                        return Err(refuse(
+                            "unguarded_access",
+                            name(*param),
+                            line,
+                            "a global access not dominated by the `i < n` guard",
+                        ));
+                    }
+                    if *param >= expected_count {
                         return Err(refuse(
                             "pointer_misuse",
                             name(*param),
                             line,
-                            "a store through an input pointer",
-                        ))
+                            "the count is used as a pointer",
+                        ));
                     }
-                    (AccessKind::Load, true) => {
+                    match (kind, *param == output) {
+                        (AccessKind::Store, false) => {
+                            return Err(refuse(
+                                "pointer_misuse",
+                                name(*param),
+                                line,
+                                "a store through an input pointer",
+                            ))
+                        }
+                        (AccessKind::Load, true) => {
+                            return Err(refuse(
+                                "pointer_misuse",
+                                name(*param),
+                                line,
+                                "a load through the output pointer",
+                            ))
+                        }
+                        _ => {}
+                    }
+                    if width != scale || !matches!(width, 1 | 2 | 4 | 8) {
                         return Err(refuse(
-                            "pointer_misuse",
+                            "non_elementwise_address",
                             name(*param),
                             line,
-                            "a load through the output pointer",
-                        ))
+                            format!("a {width}-byte access at a stride of {scale} bytes"),
+                        ));
                     }
-                    _ => {}
+                    let slot = &mut sizes[*param as usize];
+                    if slot.is_some_and(|s| s != *width) {
+                        return Err(refuse(
+                            "non_elementwise_address",
+                            name(*param),
+                            line,
+                            "accesses of different element sizes through one pointer",
+                        ));
+                    }
+                    *slot = Some(*width);
                 }
-                if width != scale || !matches!(width, 1 | 2 | 4 | 8) {
-                    return Err(refuse(
-                        "non_elementwise_address",
-                        name(*param),
-                        line,
-                        format!("a {width}-byte access at a stride of {scale} bytes"),
-                    ));
-                }
-                let slot = &mut sizes[*param as usize];
-                if slot.is_some_and(|s| s != *width) {
-                    return Err(refuse(
-                        "non_elementwise_address",
-                        name(*param),
-                        line,
-                        "accesses of different element sizes through one pointer",
-                    ));
-                }
-                *slot = Some(*width);
             }
         }
     }
