@@ -263,6 +263,43 @@ fn nvcc_reference_follows_the_c_rules() {
     );
     assert_eq!(convert(Val::F(1.0 + 2f64.powi(-8)), Ty::Bf16), Val::F(1.0));
     assert_eq!(convert(Val::F(1e6), Ty::F16), Val::F(f64::INFINITY));
+    assert_eq!(convert(Val::F(65520.0), Ty::F16), Val::F(f64::INFINITY));
+    assert_eq!(convert(Val::F(65519.0), Ty::F16), Val::F(65504.0));
+    assert_eq!(
+        convert(Val::F(2f64.powi(-25)), Ty::F16),
+        Val::F(0.0),
+        "tie to even"
+    );
+    assert_eq!(
+        convert(Val::F(3.0 * 2f64.powi(-25)), Ty::F16),
+        Val::F(2f64.powi(-23))
+    );
+    // Every f32 rounds to the half types as `half`'s (correct) f32
+    // conversions do; its f64 conversion to bf16 is off.
+    assert_eq!(
+        nvcc_ref::encode(
+            convert(Val::F(f64::from(f32::from_bits(0xc034_8006))), Ty::Bf16),
+            Ty::Bf16
+        ),
+        0xc035
+    );
+    for i in 0..200_000u32 {
+        let f = f32::from_bits(i.wrapping_mul(21_477));
+        if f.is_nan() {
+            continue;
+        }
+        let x = Val::F(f64::from(f));
+        assert_eq!(
+            nvcc_ref::encode(convert(x, Ty::F16), Ty::F16),
+            u64::from(half::f16::from_f32(f).to_bits()),
+            "{f:e} to f16"
+        );
+        assert_eq!(
+            nvcc_ref::encode(convert(x, Ty::Bf16), Ty::Bf16),
+            u64::from(half::bf16::from_f32(f).to_bits()),
+            "{f:e} to bf16"
+        );
+    }
     assert_eq!(nvcc_ref::encode(Val::F(1.0), Ty::F16), 0x3c00);
     assert_eq!(nvcc_ref::encode(Val::F(1.0), Ty::Bf16), 0x3f80);
     // Integer ops wrap in the compute type.

@@ -148,9 +148,30 @@ pub fn round_float(x: f64, ty: Ty) -> f64 {
     match ty {
         Ty::F64 => x,
         Ty::F32 => f64::from(x as f32),
-        Ty::F16 => f16::from_f64(x).to_f64(),
-        Ty::Bf16 => bf16::from_f64(x).to_f64(),
+        // Not `half`'s `from_f64`: its bf16 one rounds some values the
+        // wrong way (0xc0348006 as f32 gives 0xc034, not 0xc035).
+        Ty::F16 => round_binary(x, 11, -14, 65504.0),
+        Ty::Bf16 => round_binary(x, 8, -126, f64::from(bf16::MAX.to_f32())),
         _ => panic!("round_float to {ty:?}"),
+    }
+}
+
+/// Rounds `x` to nearest even in a binary format with a `p`-bit significand,
+/// smallest normal exponent `emin` (subnormals below) and largest finite
+/// `max`; exact in f64 for the half types.
+fn round_binary(x: f64, p: i32, emin: i32, max: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    let e = (((x.to_bits() >> 52) & 0x7ff) as i32 - 1023).max(emin);
+    // The spacing of the format's values at x: a power of two, so the
+    // scaling is exact and only `round_ties_even` rounds.
+    let quantum = 2f64.powi(e - (p - 1));
+    let r = (x / quantum).round_ties_even() * quantum;
+    if r.abs() > max {
+        f64::INFINITY.copysign(x)
+    } else {
+        r
     }
 }
 
@@ -227,8 +248,8 @@ fn int_to_float(i: i128, to: Ty) -> f64 {
 /// The little-endian bits of `v` (already of type `ty`).
 pub fn encode(v: Val, ty: Ty) -> u64 {
     match (v, ty) {
-        (Val::F(x), Ty::F16) => u64::from(f16::from_f64(x).to_bits()),
-        (Val::F(x), Ty::Bf16) => u64::from(bf16::from_f64(x).to_bits()),
+        (Val::F(x), Ty::F16) => u64::from(f16::from_f32(x as f32).to_bits()),
+        (Val::F(x), Ty::Bf16) => u64::from(bf16::from_f32(x as f32).to_bits()),
         (Val::F(x), Ty::F32) => u64::from((x as f32).to_bits()),
         (Val::F(x), Ty::F64) => x.to_bits(),
         (Val::I(i), t) if !t.is_float() => (i as u64) & t.mask(),
@@ -395,10 +416,10 @@ impl Kernel {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let dir = if self.expect.is_empty() {
-            "ptx"
-        } else {
+        let dir = if self.file.starts_with("refused/") {
             "refused-ptx"
+        } else {
+            "ptx"
         };
         let suffix = match variant {
             "plain" => String::new(),
