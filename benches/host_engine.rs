@@ -48,6 +48,7 @@ fn engine(name: &str, ins: &mut [Vec<u8>], out: &mut [u8], params: &[f32], threa
             params,
             threads,
             checked: false,
+            control: None,
         };
         // SAFETY: spans are live Vecs of `len` bytes for the whole run.
         unsafe { k.launch(&l) }.unwrap();

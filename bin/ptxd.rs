@@ -64,6 +64,59 @@ enum Command {
         #[command(flatten)]
         args: LaunchArgs,
     },
+    /// Verify a PTX file offline, as LoadKernel would (no daemon needed):
+    /// print the signature, or the refusal with its sub_reason and line;
+    /// with --print, the canonical PTX ptxd would compile. Exit 0 when
+    /// accepted, 1 when refused.
+    Verify {
+        /// The PTX file.
+        file: std::path::PathBuf,
+        /// The entry to verify.
+        #[arg(long)]
+        symbol: String,
+        /// Print the canonical text instead of the signature.
+        #[arg(long)]
+        print: bool,
+    },
+}
+
+fn verify_file(file: &std::path::Path, symbol: &str, print: bool) -> ExitCode {
+    let text = match std::fs::read(file) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(e) => {
+            eprintln!("ptxd verify: {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    match ptxd::ptx::canonicalize(&text, symbol, None) {
+        Ok(canonical) if print => {
+            print!("{}", canonical.text);
+            ExitCode::SUCCESS
+        }
+        Ok(canonical) => {
+            let s = canonical.signature;
+            println!(
+                "accepted: {symbol}: {} inputs, element sizes {:?}, {} float params{}{}",
+                s.inputs,
+                s.element_sizes,
+                s.scalar_params,
+                s.reqntid
+                    .map(|r| format!(", .reqntid {r}"))
+                    .unwrap_or_default(),
+                s.maxntid
+                    .map(|m| format!(", .maxntid {m}"))
+                    .unwrap_or_default(),
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("refused: {e}");
+            for (k, v) in e.metadata() {
+                println!("  {k}: {v}");
+            }
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -91,6 +144,9 @@ struct ExecutorArgs {
     /// Report every CUDA device in a Hello frame and exit.
     #[arg(long)]
     probe: bool,
+    /// Per-launch time budget in milliseconds (0: none).
+    #[arg(long, default_value_t = 0)]
+    max_kernel_time_ms: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -112,14 +168,28 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
         _ => LogFormat::Text,
     };
     init_logging(format);
+    ptxd::executor::child::ignore_termination_signals();
+    let budget = (args.max_kernel_time_ms > 0)
+        .then(|| std::time::Duration::from_millis(args.max_kernel_time_ms));
     let code = match (args.backend, args.probe, args.device) {
         (ExecutorBackend::Host, _, _) => {
-            let mut backend =
-                ptxd::executor::host::HostBackend::new(args.index, args.threads, args.checked);
-            ptxd::executor::child::serve_stdio(&mut backend)
+            match ptxd::executor::host::HostBackend::new(
+                args.index,
+                args.threads,
+                args.checked,
+                budget,
+            ) {
+                Ok(mut backend) => ptxd::executor::child::serve_stdio(&mut backend),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot install the SIGBUS handler");
+                    2
+                }
+            }
         }
         (ExecutorBackend::Cuda, true, _) => ptxd::executor::cuda::probe_stdio(),
-        (ExecutorBackend::Cuda, false, Some(uuid)) => ptxd::executor::cuda::run_executor(&uuid),
+        (ExecutorBackend::Cuda, false, Some(uuid)) => {
+            ptxd::executor::cuda::run_executor(&uuid, budget)
+        }
         (ExecutorBackend::Cuda, false, None) => {
             eprintln!("ptxd executor --backend cuda needs --device UUID or --probe");
             2
@@ -176,6 +246,11 @@ fn main() -> ExitCode {
         Command::Load { opts, args } => (opts, ClientCommand::Load(args)),
         Command::Launch { opts, args } => (opts, ClientCommand::Launch(args)),
         Command::Health { opts, args } => (opts, ClientCommand::Health(args)),
+        Command::Verify {
+            file,
+            symbol,
+            print,
+        } => return verify_file(&file, &symbol, print),
     };
     match runtime() {
         Some(runtime) => runtime.block_on(ptxd::cli::run(opts, command)),

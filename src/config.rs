@@ -98,11 +98,27 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_EVENTS_PER_SESSION", default_value_t = 1024)]
     pub max_events_per_session: u32,
 
-    /// How long an executor may take to answer one request (a sync launch
-    /// included) before it is killed and restarted with a new generation: a
-    /// kernel that never ends must not hang its device.
+    /// How long an executor may leave one request unanswered before it is
+    /// pinged; if the ping is not answered within this time either, the
+    /// executor is killed and restarted with a new generation (a hung
+    /// driver must not hang its device). Launches are bounded by
+    /// --max-kernel-time instead.
     #[arg(long, env = "PTXD_EXECUTOR_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub executor_timeout: Duration,
+
+    /// Per-launch time budget (0: none). A host launch that runs longer is
+    /// stopped and refused KERNEL_TIMEOUT, and its executor goes on; a CUDA
+    /// kernel cannot be stopped, so its launch is refused KERNEL_TIMEOUT and
+    /// the device's executor restarts (every session's kernels on that
+    /// device go stale).
+    #[arg(long, env = "PTXD_MAX_KERNEL_TIME", default_value = "10s", value_parser = parse_duration)]
+    pub max_kernel_time: Duration,
+
+    /// Launches of one session that may run past --max-kernel-time; the
+    /// session's further launches are refused LIMIT_EXCEEDED
+    /// (limit=max_kernel_timeouts_per_session).
+    #[arg(long, env = "PTXD_MAX_KERNEL_TIMEOUTS_PER_SESSION", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_kernel_timeouts_per_session: u32,
 
     /// How long to wait for in-flight work on SIGTERM/SIGINT before failing it.
     #[arg(long, env = "PTXD_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]

@@ -304,6 +304,7 @@ fn failure_code(kind: FailureKind) -> (Code, Reason) {
         // restarted), which the client must treat as stale.
         FailureKind::UnknownObject => (Code::FailedPrecondition, Reason::StaleKernel),
         FailureKind::OutOfBounds => (Code::OutOfRange, Reason::BufferTooSmall),
+        FailureKind::KernelTimeout => (Code::DeadlineExceeded, Reason::KernelTimeout),
         FailureKind::Internal | FailureKind::Unspecified => (Code::Internal, Reason::Internal),
     }
 }

@@ -33,7 +33,7 @@ use crate::buffers::{BufferEntry, BufferSource, EventEntry, Registry};
 use crate::config::{BackendChoice, ServeConfig};
 use crate::error::Error;
 use crate::executor::supervisor::{
-    probe_cuda, DeathNotice, DownCause, ExecutorCommand, ExecutorLink, LinkError,
+    probe_cuda, DeathNotice, DownCause, ExecutorCommand, ExecutorLink, LinkConfig, LinkError,
 };
 use crate::executor::ExecutorError;
 use crate::handles::{
@@ -250,7 +250,7 @@ pub struct Front {
     /// Bumped whenever sessions, buffers, slots or devices change (drives metrics gauges).
     pub changes: watch::Sender<u64>,
     observer: Observer,
-    executor_timeout: Duration,
+    executor: LinkConfig,
 }
 
 fn down_to_error(device: &str, error: LinkError) -> Error {
@@ -273,22 +273,18 @@ impl Front {
         let generations = GenerationCounter::new(boot);
         let (backend, devices) = Self::choose_devices(config).await?;
         let (deaths_tx, deaths_rx) = mpsc::unbounded_channel();
+        let executor = LinkConfig::from_config(config);
         let mut states = Vec::new();
         for (desc, command) in devices {
             let generation = generations.next();
             let index = states.len();
-            let link = ExecutorLink::spawn(
-                index,
-                generation,
-                &command,
-                config.executor_timeout,
-                deaths_tx.clone(),
-            )
-            .await
-            .map_err(|e| StartError::Executor {
-                device: desc.uuid.clone(),
-                error: e.to_string(),
-            })?;
+            let link =
+                ExecutorLink::spawn(index, generation, &command, &executor, deaths_tx.clone())
+                    .await
+                    .map_err(|e| StartError::Executor {
+                        device: desc.uuid.clone(),
+                        error: e.to_string(),
+                    })?;
             let desc = link.hello.devices.first().cloned().unwrap_or(desc);
             tracing::info!(device = %desc.uuid, name = %desc.name, %generation, pid = link.pid(), "executor up");
             states.push(DeviceState {
@@ -320,7 +316,7 @@ impl Front {
             available: watch::Sender::new(true),
             changes: watch::Sender::new(0),
             observer,
-            executor_timeout: config.executor_timeout,
+            executor,
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
         Ok(front)
@@ -472,7 +468,7 @@ impl Front {
                 index,
                 generation,
                 &command,
-                self.executor_timeout,
+                &self.executor,
                 self.deaths.clone(),
             )
             .await
@@ -753,6 +749,7 @@ impl Front {
         // No launch can start now (the session is gone); wait for those that
         // passed their checks to be answered, so CloseStream comes last.
         let _drained = session.inflight.write().await;
+        self.executor.kernel_timeouts.forget(session.stream);
         let (counts, cleanup) = {
             let mut state = self.lock();
             let mut cleanup: Cleanup = Vec::new();
@@ -1665,6 +1662,7 @@ impl Front {
         let state = self.lock();
         Self::refuse_if_draining(&state)?;
         let session = state.session(&session_id, peer)?;
+        self.executor.kernel_timeouts.check(session.stream)?;
         let kernel = state
             .slots
             .resolve(&handle, &session_id, State::is_live(&state.devices))?;

@@ -972,16 +972,22 @@ async fn a_unix_session_cannot_be_used_over_tcp() {
 async fn an_executor_that_does_not_answer_is_killed_and_replaced() {
     let daemon = Daemon::start(&["--executor-timeout", "1s"]);
     let client = connect(&daemon).await;
-    let session = client.open_session("spin").await.unwrap();
-    let spin = load(&session, "spin_f32.ptx", "spin_f32").await;
+    let session = client.open_session("hung").await.unwrap();
+    let affine = load(&session, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
     let (_x, x) = f32_buffer(&session, Some(&[0.0; 256]), 256).await;
     let (y_shm, y) = f32_buffer(&session, None, 256).await;
     let before = client.info().await.unwrap().devices[0].clone();
+    // A hung executor (a stuck driver, say): it answers neither the launch
+    // nor the ping that follows the timeout.
+    let pid = nix::unistd::Pid::from_raw(executor_pid(&client, 0).await as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let started = std::time::Instant::now();
     let err = session
         .launch(
-            &spin,
-            &Launch::new([x.operand()], y.operand(), 256).sync(true),
+            &affine,
+            &Launch::new([x.operand()], y.operand(), 256)
+                .params([1.0, 2.0])
+                .sync(true),
         )
         .await
         .unwrap_err();

@@ -95,3 +95,33 @@ fn accepted_kernels_canonicalize_to_the_same_signature() {
         }
     }
 }
+
+#[test]
+fn ptxd_verify_prints_the_verdict_and_the_canonical_text() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let run = |file: &str, symbol: &str, print: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ptxd"));
+        cmd.arg("verify")
+            .arg(corpus.join(file))
+            .args(["--symbol", symbol]);
+        if print {
+            cmd.arg("--print");
+        }
+        cmd.output().unwrap()
+    };
+    let ok = run("add_f32_scalar.ptx", "add_f32_scalar", false);
+    assert!(ok.status.success());
+    assert!(String::from_utf8_lossy(&ok.stdout).starts_with("accepted: add_f32_scalar: 2 inputs"));
+    let refused = run("add_f32_vec4.ptx", "add_f32_vec4", false);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("sub_reason: vectorized_access"));
+    let printed = run("add_f32_scalar.ptx", "add_f32_scalar", true);
+    let text = String::from_utf8(printed.stdout).unwrap();
+    let canonical = ptx::canonicalize(
+        &std::fs::read_to_string(corpus.join("add_f32_scalar.ptx")).unwrap(),
+        "add_f32_scalar",
+        None,
+    )
+    .unwrap();
+    assert_eq!(text, canonical.text);
+}

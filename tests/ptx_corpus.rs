@@ -100,6 +100,7 @@ fn launch(
         params,
         threads,
         checked: threads % 2 == 1,
+        control: None,
     };
     // SAFETY: every span is a live Vec/slice of exactly `len` bytes.
     unsafe { k.launch(&l) }.unwrap();
@@ -183,6 +184,7 @@ fn add_f32_with_offsets_and_in_place() {
         params: &[],
         threads: 2,
         checked: true,
+        control: None,
     };
     // SAFETY: the spans lie inside live Vecs.
     unsafe { k.launch(&l) }.unwrap();
@@ -214,6 +216,7 @@ fn add_f32_with_offsets_and_in_place() {
         params: &[],
         threads: 3,
         checked: true,
+        control: None,
     };
     // SAFETY: as above; aliasing is element-for-element (thread i reads then writes element i).
     unsafe { k.launch(&l) }.unwrap();
@@ -254,6 +257,7 @@ fn launch_checks_operand_sizes_and_counts() {
             params,
             threads: 1,
             checked: false,
+            control: None,
         };
         // SAFETY: the spans are live Vecs of `len` bytes.
         assert!(unsafe { k.launch(&l) }.is_err(), "n={n}");
@@ -637,6 +641,7 @@ fn truncations_and_mutations_never_panic() {
                     params: &params,
                     threads: 1,
                     checked: true,
+                    control: None,
                 };
                 // SAFETY: live Vecs of `len` bytes.
                 let _ = unsafe { k.launch(&l) };

@@ -182,6 +182,8 @@ refusals! {
     Draining,
     /// A fault inside ptxd itself.
     Internal,
+    /// The launch ran past the daemon's per-launch budget.
+    KernelTimeout,
 }
 
 impl Refusal {
@@ -255,7 +257,7 @@ mod tests {
         let reasons: Vec<Reason> = (1..)
             .map_while(|value| Reason::try_from(value).ok())
             .collect();
-        assert_eq!(reasons.len(), 21, "the proto's reason list changed");
+        assert_eq!(reasons.len(), 22, "the proto's reason list changed");
         reasons
     }
 
@@ -313,6 +315,7 @@ mod tests {
             ("BUFFER_TOO_SMALL", Refusal::BufferTooSmall(details())),
             ("UNSUPPORTED_ON_HOST", Refusal::UnsupportedOnHost(details())),
             ("INTERNAL", Refusal::Internal(details())),
+            ("KERNEL_TIMEOUT", Refusal::KernelTimeout(details())),
         ];
         for (name, expected) in cases {
             assert_eq!(Refusal::from_wire(name, details()), Some(expected));

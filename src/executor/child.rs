@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use ptxd_proto::executor::{
     executor_message::Body, reply, request::Op, Empty, ExecutorMessage, Failure, FailureKind,
-    Fault, Hello, Reply, Request,
+    Fault, Hello, KernelTimeout, Reply, Request,
 };
 
 use super::protocol::{read_frame, write_frame, ProtocolError};
@@ -65,6 +65,15 @@ impl Channel {
         write_frame(&mut *out, &message)
     }
 
+    /// Tells the front that a launch on `stream` ran past its budget (sent
+    /// before that launch's reply, so the front has counted it by the time
+    /// the client hears of it).
+    pub fn kernel_timeout(&self, stream: u64) {
+        if let Err(e) = self.send(Body::KernelTimeout(KernelTimeout { stream })) {
+            tracing::warn!(error = %e, "cannot report a kernel timeout to the front");
+        }
+    }
+
     /// Reports a sticky device fault to the front and exits the process: a
     /// poisoned CUDA context cannot be recovered inside this process.
     pub fn fatal(&self, error_name: &str, message: &str) -> ! {
@@ -74,6 +83,26 @@ impl Channel {
             message: message.to_string(),
         }));
         std::process::exit(EXIT_FAULT)
+    }
+}
+
+impl Channel {
+    /// As [`Channel::fatal`], but exits without running exit handlers:
+    /// for when a kernel still runs on the device and a driver's exit-time
+    /// clean-up might wait for it. The kernel driver reclaims the device's
+    /// resources when the process is gone.
+    pub fn fatal_now(&self, error_name: &str, message: &str) -> ! {
+        tracing::error!(
+            error_name,
+            message,
+            "unrecoverable device state; executor exits"
+        );
+        let _ = self.send(Body::Fault(Fault {
+            error_name: error_name.to_string(),
+            message: message.to_string(),
+        }));
+        // SAFETY: _exit has no preconditions; nothing after this runs.
+        unsafe { nix::libc::_exit(EXIT_FAULT) }
     }
 }
 
@@ -133,6 +162,22 @@ impl Drop for Replier {
                 id: self.id,
                 result: Some(reply::Result::Failure(failure)),
             }));
+        }
+    }
+}
+
+/// Makes the executor ignore SIGTERM and SIGINT. The front stops its
+/// executors itself (Shutdown, or end of stream when it dies); a signal sent
+/// to the whole process group or cgroup (Ctrl-C, `kill -- -PGID`, systemd's
+/// stop) must not kill an executor under a draining front, which would
+/// answer the drain's last launches EXECUTOR_UNAVAILABLE.
+pub fn ignore_termination_signals() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        // SAFETY: SIG_IGN installs no handler code; it is set before any
+        // other thread of this process exists.
+        if let Err(e) = unsafe { signal(sig, SigHandler::SigIgn) } {
+            tracing::warn!(signal = %sig, error = %e, "cannot ignore a termination signal");
         }
     }
 }

@@ -4,19 +4,31 @@
 //!
 //! Invariants:
 //! - A buffer is mapped once, at registration, `MAP_SHARED`, so results land
-//!   in the client's memory without copies; closing it unmaps it.
+//!   in the client's memory without copies; it is unmapped when it is closed
+//!   and no queued or running launch still uses it (an `Arc` each).
 //! - A mapping is never smaller than the size the front bounds-checks
-//!   launches against: registration refuses an object shorter than claimed.
+//!   launches against: registration refuses an object shorter than claimed,
+//!   each launch re-checks the object's size first, and a shrink during a
+//!   launch is caught by the SIGBUS handler ([`super::sigbus`]), which stops
+//!   that launch only; its mapping is then restored from the object.
 //! - A launch only ever touches `[base + offset, base + size)` of each
 //!   operand; the front checked `offset + n × element size <= size`, and the
 //!   engine's checked mode re-checks every access.
+//! - Launches run on one worker thread per session stream, in the order the
+//!   session sent them; the request loop never runs a kernel, so one
+//!   session's long launch never delays another session's requests.
+//! - No launch runs longer than the budget (`--max-kernel-time`): the engine
+//!   polls the deadline, the launch is refused `KERNEL_TIMEOUT`, and the
+//!   executor goes on serving.
 
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::num::NonZeroUsize;
 use std::os::fd::AsFd;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
 use nix::sys::mman::{mmap, munmap, shm_open, MapFlags, ProtFlags};
@@ -27,6 +39,8 @@ use ptxd_proto::executor::{
 };
 
 use super::child::{Backend, Replier};
+use super::sigbus;
+use crate::ptx::host::exec::{LaunchControl, StopReason};
 use crate::ptx::{HostKernel, HostLaunch, HostSpan, PtxError};
 
 /// The UUID of host device `index`.
@@ -34,17 +48,32 @@ pub fn host_device_uuid(index: u32) -> String {
     format!("HOST-{index}")
 }
 
-/// One shared-memory mapping, and the object's descriptor: the object's
-/// size is re-checked before every launch, since a client that shrinks it
-/// after registration would otherwise make the executor fault (SIGBUS).
+/// One shared-memory mapping, and the object's descriptor (to re-check its
+/// size before every launch and to map it again after a SIGBUS).
 struct Mapping {
     base: NonNull<u8>,
     len: usize,
     fd: std::os::fd::OwnedFd,
+    /// Some pages are private zero pages that could not be replaced by the
+    /// object again: every launch on it is refused.
+    poisoned: AtomicBool,
 }
 
+// SAFETY: the mapping is plain shared memory reached only through raw
+// pointers by launches; the struct itself holds no thread-bound state.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `poisoned` is atomic and the rest is read-only.
+unsafe impl Sync for Mapping {}
+
 impl Mapping {
-    fn still_covered(&self) -> Result<(), String> {
+    /// Fails when the object is now shorter than the mapping (or the mapping
+    /// could not be restored after a shrink).
+    fn usable(&self) -> Result<(), String> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(
+                "the shared-memory object shrank during an earlier launch and its mapping could not be restored; register it again".into(),
+            );
+        }
         let size = fstat(self.fd.as_fd()).map(|st| st.st_size).unwrap_or(0);
         if u64::try_from(size).unwrap_or(0) < self.len as u64 {
             return Err(format!(
@@ -54,12 +83,40 @@ impl Mapping {
         }
         Ok(())
     }
+
+    /// Maps the object again over the whole range, replacing the zero pages
+    /// the SIGBUS handler put in. Called by the worker that ran the faulted
+    /// launch, after it returned (a session's launches run one at a time, and
+    /// nothing else touches a mapping's contents).
+    fn restore(&self) {
+        let restored = NonZeroUsize::new(self.len).map(|len| {
+            // SAFETY: replaces exactly this mapping's own range (base and len
+            // as mmap returned them) with the same object, shared, as it was
+            // mapped at registration; no launch is using it now.
+            unsafe {
+                mmap(
+                    NonZeroUsize::new(self.base.as_ptr() as usize),
+                    len,
+                    ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                    MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
+                    &self.fd,
+                    0,
+                )
+            }
+        });
+        if !matches!(restored, Some(Ok(_))) {
+            tracing::warn!(
+                "cannot map a shrunk shared-memory object again; its buffer is refused from now on"
+            );
+            self.poisoned.store(true, Ordering::Release);
+        }
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: `base`/`len` are exactly what mmap returned for this
-        // mapping, and it is unmapped only here, once.
+        // mapping, and it is unmapped only here, once (the last Arc).
         if let Err(e) = unsafe { munmap(self.base.cast(), self.len) } {
             tracing::warn!(error = %e, "munmap failed");
         }
@@ -139,16 +196,41 @@ fn map_shm(
         base: base.cast(),
         len: len.get(),
         fd,
+        poisoned: AtomicBool::new(false),
     })
+}
+
+/// One launch, handed from the request loop to its session's worker.
+struct Job {
+    kernel: Arc<HostKernel>,
+    /// (operand name, mapping, byte offset): inputs, then the output.
+    operands: Vec<(String, Arc<Mapping>, usize)>,
+    n: u64,
+    params: Vec<f32>,
+    stream: u64,
+    reply: Replier,
+}
+
+/// What every worker needs to run a job.
+#[derive(Debug, Clone, Copy)]
+struct RunConfig {
+    threads: usize,
+    checked: bool,
+    budget: Option<Duration>,
+}
+
+/// A session stream's worker: runs its launches in order, one at a time.
+struct StreamWorker {
+    jobs: mpsc::Sender<Job>,
 }
 
 /// The host backend for one host device.
 pub struct HostBackend {
     index: u32,
-    threads: usize,
-    checked: bool,
+    run: RunConfig,
     kernels: HashMap<u64, Arc<HostKernel>>,
-    buffers: HashMap<u64, Mapping>,
+    buffers: HashMap<u64, Arc<Mapping>>,
+    streams: HashMap<u64, StreamWorker>,
 }
 
 impl std::fmt::Debug for HostBackend {
@@ -160,43 +242,27 @@ impl std::fmt::Debug for HostBackend {
 }
 
 impl HostBackend {
-    pub fn new(index: u32, threads: usize, checked: bool) -> Self {
-        HostBackend {
+    /// A backend whose launches use `threads` CPU threads each and stop
+    /// after `max_kernel_time` (none: never). Installs the SIGBUS handler
+    /// (see [`sigbus`]); without it a client that shrinks its object could
+    /// kill the executor, so this fails if it cannot be installed.
+    pub fn new(
+        index: u32,
+        threads: usize,
+        checked: bool,
+        max_kernel_time: Option<Duration>,
+    ) -> Result<Self, nix::Error> {
+        sigbus::install()?;
+        Ok(HostBackend {
             index,
-            threads: threads.max(1),
-            checked,
+            run: RunConfig {
+                threads: threads.max(1),
+                checked,
+                budget: max_kernel_time,
+            },
             kernels: HashMap::new(),
             buffers: HashMap::new(),
-        }
-    }
-
-    fn span(&self, buffer_id: u64, offset: u64) -> Result<HostSpan, (FailureKind, String)> {
-        let mapping = self.buffers.get(&buffer_id).ok_or_else(|| {
-            (
-                FailureKind::UnknownObject,
-                format!("buffer {buffer_id} is not open"),
-            )
-        })?;
-        mapping
-            .still_covered()
-            .map_err(|e| (FailureKind::OutOfBounds, e))?;
-        let offset = usize::try_from(offset)
-            .ok()
-            .filter(|o| *o <= mapping.len)
-            .ok_or_else(|| {
-                (
-                    FailureKind::OutOfBounds,
-                    format!(
-                        "offset {offset} is past the end of buffer {buffer_id} ({} bytes)",
-                        mapping.len
-                    ),
-                )
-            })?;
-        // SAFETY: offset <= len, so the result stays inside (or one past) the mapping.
-        let ptr = unsafe { mapping.base.as_ptr().add(offset) };
-        Ok(HostSpan {
-            ptr,
-            len: mapping.len - offset,
+            streams: HashMap::new(),
         })
     }
 
@@ -220,9 +286,12 @@ impl HostBackend {
         };
         match HostKernel::compile(text, &load.symbol) {
             Ok(kernel) => {
+                // The block the engine runs with (`.reqntid`, else `.maxntid`
+                // capped at the default), so LoadKernel reports the truth.
+                let block_size = kernel.block_size();
                 self.kernels.insert(load.module_id, Arc::new(kernel));
                 reply.send(reply::Result::LoadModule(LoadModuleOk {
-                    block_size: 0,
+                    block_size,
                     info_log: String::new(),
                 }))
             }
@@ -244,6 +313,9 @@ impl HostBackend {
         }
     }
 
+    /// Resolves the launch's objects here, in request order (a close that
+    /// follows it cannot overtake it), and queues it on its session's
+    /// worker, so a long launch never holds up another session's requests.
     fn launch(&mut self, launch: ptxd_proto::executor::Launch, reply: Replier) {
         let Some(kernel) = self.kernels.get(&launch.module_id).cloned() else {
             return reply.fail(
@@ -252,52 +324,176 @@ impl HostBackend {
                 &[("object", "module".into())],
             );
         };
-        let spans: Result<Vec<HostSpan>, (FailureKind, String)> = launch
+        let Some(output) = launch.output.as_ref() else {
+            return reply.fail(FailureKind::Internal, "launch without an output", &[]);
+        };
+        let named = launch
             .inputs
             .iter()
-            .map(|o| self.span(o.buffer_id, o.offset))
-            .collect();
-        let output = launch
-            .output
-            .as_ref()
-            .ok_or_else(|| {
-                (
-                    FailureKind::Internal,
-                    "launch without an output".to_string(),
-                )
-            })
-            .and_then(|o| self.span(o.buffer_id, o.offset));
-        let (inputs, output) = match (spans, output) {
-            (Ok(i), Ok(o)) => (i, o),
-            (Err((FailureKind::UnknownObject, e)), _)
-            | (_, Err((FailureKind::UnknownObject, e))) => {
+            .enumerate()
+            .map(|(i, o)| (format!("input {i}"), o))
+            .chain([("output".to_string(), output)]);
+        let mut operands = Vec::with_capacity(launch.inputs.len() + 1);
+        for (name, operand) in named {
+            let Some(mapping) = self.buffers.get(&operand.buffer_id) else {
                 return reply.fail(
                     FailureKind::UnknownObject,
-                    e,
+                    format!("buffer {} is not open", operand.buffer_id),
                     &[("object", "buffer".into())],
+                );
+            };
+            let Some(offset) = usize::try_from(operand.offset)
+                .ok()
+                .filter(|o| *o <= mapping.len)
+            else {
+                return reply.fail(
+                    FailureKind::OutOfBounds,
+                    format!(
+                        "{name}: offset {} is past the end of buffer {} ({} bytes)",
+                        operand.offset, operand.buffer_id, mapping.len
+                    ),
+                    &[("operand", name)],
+                );
+            };
+            operands.push((name, mapping.clone(), offset));
+        }
+        let job = Job {
+            kernel,
+            operands,
+            n: launch.n,
+            params: launch.params,
+            stream: launch.stream,
+            reply,
+        };
+        let job = match self.worker(launch.stream) {
+            Ok(worker) => match worker.jobs.send(job) {
+                Ok(()) => return,
+                Err(mpsc::SendError(job)) => job,
+            },
+            Err(e) => {
+                return job.reply.fail(
+                    FailureKind::Internal,
+                    format!("cannot start a launch worker: {e}"),
+                    &[],
                 )
             }
-            (Err((kind, e)), _) | (_, Err((kind, e))) => return reply.fail(kind, e, &[]),
         };
-        let host_launch = HostLaunch {
-            inputs: &inputs,
-            output,
-            n: launch.n,
-            params: &launch.params,
-            threads: self.threads,
-            checked: self.checked,
-        };
-        // SAFETY: every span lies inside a live MAP_SHARED mapping owned by
-        // `self.buffers` (checked by `span`), which is not unmapped while the
-        // launch runs: this thread owns `self` for the whole call.
-        match unsafe { kernel.launch(&host_launch) } {
-            Ok(()) => reply.ok(),
-            Err(fault) => reply.fail(
-                FailureKind::KernelFault,
-                fault.to_string(),
-                &[("line", fault.line.to_string())],
-            ),
+        self.streams.remove(&launch.stream);
+        job.reply
+            .fail(FailureKind::Internal, "the launch worker is gone", &[]);
+    }
+
+    fn worker(&mut self, stream: u64) -> std::io::Result<&StreamWorker> {
+        if !self.streams.contains_key(&stream) {
+            let (jobs, queue) = mpsc::channel::<Job>();
+            let run = self.run;
+            std::thread::Builder::new()
+                .name(format!("ptxd-host-{stream}"))
+                .spawn(move || {
+                    for job in queue {
+                        run_job(job, run);
+                    }
+                })?;
+            self.streams.insert(stream, StreamWorker { jobs });
         }
+        self.streams
+            .get(&stream)
+            .ok_or_else(|| std::io::Error::other("the worker vanished"))
+    }
+}
+
+/// Runs one launch on the calling worker thread and replies.
+fn run_job(job: Job, run: RunConfig) {
+    let Job {
+        kernel,
+        operands,
+        n,
+        params,
+        stream,
+        reply,
+    } = job;
+    // A client may have shrunk its object since it registered it: refuse
+    // before touching it. (A shrink during the launch is caught by the
+    // SIGBUS handler.)
+    for (name, mapping, _) in &operands {
+        if let Err(message) = mapping.usable() {
+            return reply.fail(
+                FailureKind::OutOfBounds,
+                format!("{name}: {message}"),
+                &[("operand", name.clone()), ("why", "shm_shrank".into())],
+            );
+        }
+    }
+    let spans: Vec<HostSpan> = operands
+        .iter()
+        .map(|(_, mapping, offset)| HostSpan {
+            // SAFETY: offset <= len (checked when the job was made), so the
+            // result stays inside (or one past) the mapping.
+            ptr: unsafe { mapping.base.as_ptr().add(*offset) },
+            len: mapping.len - offset,
+        })
+        .collect();
+    let Some((output, inputs)) = spans.split_last() else {
+        return reply.fail(FailureKind::Internal, "launch without operands", &[]);
+    };
+    let control = LaunchControl::new(run.budget.map(|b| Instant::now() + b));
+    let ranges: Vec<(usize, usize)> = operands
+        .iter()
+        .map(|(_, m, _)| (m.base.as_ptr() as usize, m.len))
+        .collect();
+    let watch = match sigbus::watch(&ranges, &control) {
+        Ok(watch) => watch,
+        Err(e) => return reply.fail(FailureKind::Internal, e.to_string(), &[]),
+    };
+    let host_launch = HostLaunch {
+        inputs,
+        output: *output,
+        n,
+        params: &params,
+        threads: run.threads,
+        checked: run.checked,
+        control: Some(&control),
+    };
+    // SAFETY: every span lies inside a live MAP_SHARED mapping that `operands`
+    // keeps mapped (an Arc each) until the launch returns. Pages that vanish
+    // because the client shrank its object are replaced by zero pages by the
+    // SIGBUS handler, which `watch` arms for exactly these ranges.
+    let result = unsafe { kernel.launch(&host_launch) };
+    let faulted = watch.faulted();
+    drop(watch);
+    let mut shrank = None;
+    for ((name, mapping, _), faulted) in operands.iter().zip(faulted) {
+        if faulted {
+            mapping.restore();
+            shrank.get_or_insert(name.clone());
+        }
+    }
+    if let Some(name) = shrank {
+        return reply.fail(
+            FailureKind::OutOfBounds,
+            format!(
+                "{name}: the shared-memory object shrank during the launch; the launch was stopped and its output is undefined"
+            ),
+            &[("operand", name), ("why", "shm_shrank_during_launch".into())],
+        );
+    }
+    match (result, control.stopped(), run.budget) {
+        (Err(_), Some(StopReason::Deadline), Some(budget)) => {
+            reply.channel().kernel_timeout(stream);
+            reply.fail(
+                FailureKind::KernelTimeout,
+                format!(
+                    "the launch ran past the {budget:?} budget (--max-kernel-time) and was stopped; its output is undefined"
+                ),
+                &[("max_kernel_time_ms", budget.as_millis().to_string())],
+            )
+        }
+        (Ok(()), _, _) => reply.ok(),
+        (Err(fault), _, _) => reply.fail(
+            FailureKind::KernelFault,
+            fault.to_string(),
+            &[("line", fault.line.to_string())],
+        ),
     }
 }
 
@@ -327,7 +523,7 @@ impl Backend for HostBackend {
             devices: vec![DeviceDesc {
                 ordinal: self.index,
                 uuid: host_device_uuid(self.index),
-                name: format!("host CPU ({} threads)", self.threads),
+                name: format!("host CPU ({} threads)", self.run.threads),
                 compute_major: 0,
                 compute_minor: 0,
                 total_memory: 0,
@@ -346,7 +542,7 @@ impl Backend for HostBackend {
             Op::OpenBuffer(open) => match open.source {
                 Some(Source::ShmName(name)) => match map_shm(&name, open.size, open.owner_uid) {
                     Ok(mapping) => {
-                        self.buffers.insert(open.buffer_id, mapping);
+                        self.buffers.insert(open.buffer_id, Arc::new(mapping));
                         reply.send(reply::Result::OpenBuffer(OpenBufferOk {
                             device_uuid: host_device_uuid(self.index),
                         }))
@@ -371,14 +567,66 @@ impl Backend for HostBackend {
                 "the host backend has no IPC events",
                 &[],
             ),
-            Op::CloseEvent(_) | Op::CloseStream(_) => reply.ok(),
+            Op::CloseStream(close) => {
+                // The worker ends once its queue is empty (the front sends
+                // this after the session's last launch was answered).
+                self.streams.remove(&close.stream);
+                reply.ok()
+            }
+            Op::CloseEvent(_) => reply.ok(),
             Op::Launch(launch) => self.launch(launch, reply),
             Op::Shutdown(_) | Op::Ping(_) => reply.ok(),
         }
     }
 
     fn shutdown(&mut self) {
+        // Workers finish their queues (each launch bounded by the budget)
+        // and exit; the process exits without waiting for them.
+        self.streams.clear();
         self.kernels.clear();
         self.buffers.clear();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_that_never_ends_stops_at_the_deadline() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/corpus/spin_f32.ptx"
+        ))
+        .unwrap();
+        let kernel = HostKernel::compile(&text, "spin_f32").unwrap();
+        let mut x = vec![0f32; 300];
+        let mut y = vec![f32::NAN; 300];
+        let span = |v: &mut Vec<f32>| HostSpan {
+            ptr: v.as_mut_ptr().cast(),
+            len: v.len() * 4,
+        };
+        let inputs = [span(&mut x)];
+        let control = LaunchControl::new(Some(Instant::now() + Duration::from_millis(200)));
+        let launch = HostLaunch {
+            inputs: &inputs,
+            output: span(&mut y),
+            n: 300,
+            params: &[],
+            threads: 2,
+            checked: true,
+            control: Some(&control),
+        };
+        let started = Instant::now();
+        // SAFETY: the spans cover the two vectors, alive for the call.
+        let result = unsafe { kernel.launch(&launch) };
+        assert!(result.is_err());
+        assert_eq!(control.stopped(), Some(StopReason::Deadline));
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
     }
 }

@@ -5,14 +5,19 @@
 //! - [`child`]: the executor process's request loop and the [`child::Backend`]
 //!   trait that a device backend implements.
 //! - [`host`]: the host (CPU) backend over POSIX shared memory.
+//! - [`sigbus`]: the SIGBUS handler that lets a host launch survive a client
+//!   shrinking its shared-memory object under it.
 //! - [`cuda`]: the CUDA backend.
+//! - [`kernel_timeouts`]: launches that ran past their budget, per session.
 //! - [`supervisor`]: spawns executors, assigns device generations, notices
 //!   death, respawns and re-opens buffers.
 
 pub mod child;
 pub mod cuda;
 pub mod host;
+pub mod kernel_timeouts;
 pub mod protocol;
+pub mod sigbus;
 pub mod supervisor;
 
 use std::collections::BTreeMap;

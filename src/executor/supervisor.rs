@@ -12,9 +12,15 @@
 //! - Frames are written whole by one writer task: a caller that is cancelled
 //!   mid-call (a client hanging up) can never leave half a frame on the
 //!   channel, and its pending entry is removed when it goes.
-//! - An executor that does not answer a call within the executor timeout (a
-//!   kernel that never ends, a hung driver) is killed; the supervisor then
-//!   starts a new generation.
+//! - An executor that does not answer a call within the executor timeout is
+//!   pinged; if the ping is not answered within the timeout either (a hung
+//!   driver, a request loop stuck in a drain), it is killed and the
+//!   supervisor starts a new generation. A call that merely waits its turn
+//!   behind its own session's long launches (each bounded by the per-launch
+//!   budget, which the executor enforces) kills nothing.
+//! - A `KernelTimeout` message is counted against its session
+//!   ([`KernelTimeouts`]) before the next frame is read, so before the reply
+//!   to the launch that timed out.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -24,12 +30,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ptxd_proto::executor::{
-    executor_message::Body, reply, request::Op, ExecutorMessage, Fault, Hello, Request, Shutdown,
+    executor_message::Body, reply, request::Op, ExecutorMessage, Fault, Hello, Ping, Request,
+    Shutdown,
 };
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot};
 
+use super::kernel_timeouts::KernelTimeouts;
 use super::protocol::{encode_frame, read_frame_async, ProtocolError};
+use crate::config::ServeConfig;
 use crate::handles::DeviceGeneration;
 
 /// How long an executor may take to say Hello (CUDA context creation is
@@ -87,6 +96,28 @@ pub enum SpawnError {
     NoDevice,
 }
 
+/// What every executor link is started with.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// How long a call may go unanswered before the executor is pinged,
+    /// and how long the ping may then take before the executor is killed.
+    pub timeout: Duration,
+    /// The per-launch budget executors enforce (none: no budget).
+    pub max_kernel_time: Option<Duration>,
+    /// Kernel timeouts per session, shared by every link of the daemon.
+    pub kernel_timeouts: Arc<KernelTimeouts>,
+}
+
+impl LinkConfig {
+    pub fn from_config(config: &ServeConfig) -> LinkConfig {
+        LinkConfig {
+            timeout: config.executor_timeout,
+            max_kernel_time: (!config.max_kernel_time.is_zero()).then_some(config.max_kernel_time),
+            kernel_timeouts: Arc::new(KernelTimeouts::new(config.max_kernel_timeouts_per_session)),
+        }
+    }
+}
+
 /// The command line of an executor child.
 #[derive(Debug, Clone)]
 pub enum ExecutorCommand {
@@ -102,7 +133,19 @@ pub enum ExecutorCommand {
 }
 
 impl ExecutorCommand {
-    fn args(&self) -> Vec<String> {
+    fn args(&self, max_kernel_time: Option<Duration>) -> Vec<String> {
+        let mut args = self.base_args();
+        if let (Some(budget), false) = (max_kernel_time, matches!(self, ExecutorCommand::CudaProbe))
+        {
+            args.push(format!(
+                "--max-kernel-time-ms={}",
+                budget.as_millis().max(1)
+            ));
+        }
+        args
+    }
+
+    fn base_args(&self) -> Vec<String> {
         match self {
             ExecutorCommand::Host {
                 index,
@@ -154,6 +197,7 @@ pub struct ExecutorLink {
     /// Complete frames for the writer task.
     writer: mpsc::UnboundedSender<Vec<u8>>,
     timeout: Duration,
+    kernel_timeouts: Arc<KernelTimeouts>,
     pending: Mutex<Pending>,
     next_id: AtomicU64,
     child: Mutex<Option<tokio::process::Child>>,
@@ -186,12 +230,13 @@ pub type DeathNotice = (usize, DeviceGeneration, DownCause);
 
 fn spawn_child(
     command: &ExecutorCommand,
+    max_kernel_time: Option<Duration>,
 ) -> Result<(tokio::process::Child, tokio::net::UnixStream), SpawnError> {
     let (front_end, child_end) = std::os::unix::net::UnixStream::pair()?;
     let child_out = child_end.try_clone()?;
     let exe = std::env::current_exe()?;
     let child = tokio::process::Command::new(exe)
-        .args(command.args())
+        .args(command.args(max_kernel_time))
         .stdin(Stdio::from(OwnedFd::from(child_end)))
         .stdout(Stdio::from(OwnedFd::from(child_out)))
         .stderr(Stdio::inherit())
@@ -214,7 +259,7 @@ async fn read_hello(stream: &mut tokio::net::unix::OwnedReadHalf) -> Result<Hell
 /// Runs the CUDA probe in a child process (so that a driver fault or a
 /// missing library can never take the front down) and returns its Hello.
 pub async fn probe_cuda() -> Result<Hello, SpawnError> {
-    let (mut child, stream) = spawn_child(&ExecutorCommand::CudaProbe)?;
+    let (mut child, stream) = spawn_child(&ExecutorCommand::CudaProbe, None)?;
     let (mut read, _write) = stream.into_split();
     let hello = read_hello(&mut read).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -233,10 +278,10 @@ impl ExecutorLink {
         index: usize,
         generation: DeviceGeneration,
         command: &ExecutorCommand,
-        timeout: Duration,
+        config: &LinkConfig,
         deaths: mpsc::UnboundedSender<DeathNotice>,
     ) -> Result<Arc<ExecutorLink>, SpawnError> {
-        let (child, stream) = spawn_child(command)?;
+        let (child, stream) = spawn_child(command, config.max_kernel_time)?;
         let (mut read, write) = stream.into_split();
         let hello = read_hello(&mut read).await?;
         if hello.devices.is_empty() {
@@ -249,7 +294,8 @@ impl ExecutorLink {
             generation,
             hello,
             writer: frames,
-            timeout,
+            timeout: config.timeout,
+            kernel_timeouts: config.kernel_timeouts.clone(),
             pending: Mutex::new(Pending::default()),
             next_id: AtomicU64::new(1),
             child: Mutex::new(Some(child)),
@@ -295,6 +341,13 @@ impl ExecutorLink {
                 Ok(ExecutorMessage {
                     body: Some(Body::Fault(f)),
                 }) => fault = Some(f),
+                Ok(ExecutorMessage {
+                    body: Some(Body::KernelTimeout(timeout)),
+                }) => {
+                    let count = link.kernel_timeouts.record(timeout.stream);
+                    tracing::warn!(device = link.index, generation = %link.generation,
+                        stream = timeout.stream, count, "a launch ran past its time budget");
+                }
                 Ok(_) => tracing::warn!(device = link.index, "unexpected message from executor"),
                 Err(e) => {
                     break match fault.take() {
@@ -345,9 +398,17 @@ impl ExecutorLink {
         self.lock_pending().closed.is_some()
     }
 
-    /// Sends one request and waits for its reply. An executor that does not
-    /// answer within the link's timeout is killed.
-    pub async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
+    /// Sends one request; returns the receiver of its reply.
+    fn send(
+        &self,
+        op: Op,
+    ) -> Result<
+        (
+            PendingEntry<'_>,
+            oneshot::Receiver<Result<reply::Result, LinkError>>,
+        ),
+        LinkError,
+    > {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let frame = encode_frame(&Request { id, op: Some(op) }).map_err(|e| {
@@ -362,26 +423,50 @@ impl ExecutorLink {
             }
             pending.waiting.insert(id, tx);
         }
-        // Removes the pending entry however this call ends (a reply removes
+        // Removes the pending entry however the call ends (a reply removes
         // it first; cancellation and timeouts leave it to this guard).
-        let _entry = PendingEntry { link: self, id };
+        let entry = PendingEntry { link: self, id };
         if self.writer.send(frame).is_err() {
             return Err(LinkError::Down(DownCause::Exited {
                 detail: "executor channel closed".into(),
             }));
         }
-        match tokio::time::timeout(self.timeout, rx).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(LinkError::Down(DownCause::Exited {
-                detail: "reply channel dropped".into(),
-            })),
-            Err(_) => {
-                tracing::error!(device = self.index, generation = %self.generation, timeout = ?self.timeout,
-                    "executor did not answer; killing it");
-                self.kill();
-                Err(LinkError::Down(DownCause::Unresponsive {
-                    after: self.timeout,
-                }))
+        Ok((entry, rx))
+    }
+
+    /// True when the executor answers a ping within the timeout: its request
+    /// loop is alive, whatever a slow call is waiting for.
+    async fn answers_ping(&self) -> bool {
+        let Ok((_entry, rx)) = self.send(Op::Ping(Ping {})) else {
+            return false;
+        };
+        matches!(tokio::time::timeout(self.timeout, rx).await, Ok(Ok(Ok(_))))
+    }
+
+    /// Sends one request and waits for its reply. An executor that answers
+    /// neither the call nor, after the timeout, a ping is killed.
+    pub async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
+        let (_entry, mut rx) = self.send(op)?;
+        loop {
+            match tokio::time::timeout(self.timeout, &mut rx).await {
+                Ok(Ok(result)) => return result,
+                Ok(Err(_)) => {
+                    return Err(LinkError::Down(DownCause::Exited {
+                        detail: "reply channel dropped".into(),
+                    }))
+                }
+                Err(_) if self.answers_ping().await => {
+                    tracing::debug!(device = self.index, generation = %self.generation,
+                        "a call is slow but the executor answers; waiting on");
+                }
+                Err(_) => {
+                    tracing::error!(device = self.index, generation = %self.generation, timeout = ?self.timeout,
+                        "executor did not answer; killing it");
+                    self.kill();
+                    return Err(LinkError::Down(DownCause::Unresponsive {
+                        after: self.timeout,
+                    }));
+                }
             }
         }
     }

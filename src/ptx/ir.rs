@@ -506,6 +506,18 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
     })
 }
 
+/// Names the canonical printer makes up (`$ptxd_L<pc>`) may not be used.
+fn reserved(n: &str, i: &parse::Instr) -> Result<(), PtxError> {
+    if n.starts_with("$ptxd_") {
+        return Err(PtxError::Parse {
+            line: i.line,
+            column: i.col,
+            message: format!("{:?} uses the reserved prefix `$ptxd_`", parse::clip(n)),
+        });
+    }
+    Ok(())
+}
+
 fn operand(
     o: &Operand,
     i: &parse::Instr,
@@ -531,6 +543,7 @@ fn operand(
         if let Some(pc) = labels.get(n) {
             return Ok(Opnd::Label(*pc));
         }
+        reserved(n, i)?;
         Ok(Opnd::Sym(n.to_string()))
     };
     Ok(match o {
@@ -546,7 +559,20 @@ fn operand(
                 }
                 AddrBase::Name(n) => match params.get(n.as_str()) {
                     Some(k) => Base::Param(*k),
-                    None => Base::Var(n.clone()),
+                    None => {
+                        reserved(n, i)?;
+                        if n.contains("_param_") {
+                            return Err(PtxError::Parse {
+                                line: i.line,
+                                column: i.col,
+                                message: format!(
+                                    "{:?} looks like a param name but is no param of this entry",
+                                    parse::clip(n)
+                                ),
+                            });
+                        }
+                        Base::Var(n.clone())
+                    }
                 },
             };
             Opnd::Addr {

@@ -220,6 +220,8 @@ pub struct HostLaunch<'a> {
     /// Bounds-check every access against the spans (KERNEL_FAULT instead of
     /// memory corruption).
     pub checked: bool,
+    /// The launch's deadline and abort flag (none: it runs to the end).
+    pub control: Option<&'a host::exec::LaunchControl>,
 }
 
 /// A fault while running a host kernel (checked mode).

@@ -637,3 +637,115 @@ async fn two_gpus_refuse_mismatched_devices_and_run_on_the_second() {
         );
     }
 }
+
+/// A kernel whose every thread loops 2e9 times (seconds on any GPU); this
+/// repository's own, built into the test executable so it travels with it.
+const SPIN_F32: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/corpus/spin_f32.ptx"
+));
+
+/// Waits (up to 30 s) until device 0 serves in a generation other than `old`.
+async fn new_generation(client: &Client, old: u64) -> u64 {
+    for _ in 0..3000 {
+        let device = client.info().await.unwrap().devices[0].clone();
+        if device.available && device.generation != old {
+            return device.generation;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("device 0 did not come back in a new generation within 30 s");
+}
+
+/// A kernel that outlives --max-kernel-time cannot be stopped on a GPU: its
+/// sync launch is answered KERNEL_TIMEOUT, the executor restarts with a new
+/// generation that serves everyone (after a reload), and the culprits'
+/// sessions, sync or async, are refused once over their timeout limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_kernel_gets_kernel_timeout_and_a_new_generation_serves() {
+    let dev = device();
+    let daemon = Daemon::start_with(
+        "cuda",
+        &[
+            "--max-kernel-time",
+            "1s",
+            "--max-kernel-timeouts-per-session",
+            "1",
+        ],
+    );
+    let (client, bystander) = daemon.session("bystander").await;
+    let mut rng = rng();
+    let n = 4096usize;
+    let a: Vec<f32> = (0..n).map(|_| rng.random()).collect();
+    let (_a_mem, a_buf) = gpu_buffer(&bystander, &dev, &bytes_of(&a)).await;
+    let (out_mem, out_buf) = gpu_buffer(&bystander, &dev, &vec![0xffu8; n * 4]).await;
+    let add_launch = Launch::new(
+        [a_buf.operand(), a_buf.operand()],
+        out_buf.operand(),
+        n as u64,
+    )
+    .sync(true);
+    let load_add = || {
+        bystander.load_ptx(
+            0,
+            text("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+    };
+    let add = load_add().await.unwrap();
+    bystander.launch(&add, &add_launch).await.unwrap();
+
+    // Two culprits: one waits for its launch (sync), one does not.
+    for sync in [true, false] {
+        let before = client.info().await.unwrap().devices[0].generation;
+        let culprit = client.open_session("spinner").await.unwrap();
+        let spin = culprit
+            .load_ptx(0, SPIN_F32, "spin_f32", LoadOptions::default())
+            .await
+            .unwrap();
+        let (_x_mem, x) = gpu_buffer(&culprit, &dev, &bytes_of(&[0f32; 64])).await;
+        let (_y_mem, y) = gpu_buffer(&culprit, &dev, &[0u8; 256]).await;
+        let spin_launch = Launch::new([x.operand()], y.operand(), 64).sync(sync);
+        let started = std::time::Instant::now();
+        let result = culprit.launch(&spin, &spin_launch).await;
+        if sync {
+            let err = result.unwrap_err();
+            assert_eq!(reason(&err), "KERNEL_TIMEOUT", "{err}");
+            let took = started.elapsed();
+            assert!(
+                took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+                "answered after {took:?}"
+            );
+            assert_eq!(
+                err.refusal().unwrap().metadata().get("max_kernel_time_ms"),
+                Some(&"1000".to_string())
+            );
+        } else {
+            result.unwrap();
+        }
+        // The executor restarts; the bystander's kernel went stale with it
+        // and a reload serves on the re-opened buffers.
+        new_generation(&client, before).await;
+        let err = bystander.launch(&add, &add_launch).await.unwrap_err();
+        assert_eq!(reason(&err), "STALE_KERNEL", "{err}");
+        let fresh = load_add().await.unwrap();
+        bystander.launch(&fresh, &add_launch).await.unwrap();
+        let mut out = vec![0f32; n];
+        out_mem.download(0, &mut out).unwrap();
+        for i in 0..n {
+            assert_eq!(out[i].to_bits(), (a[i] + a[i]).to_bits(), "element {i}");
+        }
+        // The culprit is over its limit of one timeout.
+        let spin = culprit
+            .load_ptx(0, SPIN_F32, "spin_f32", LoadOptions::default())
+            .await
+            .unwrap();
+        let err = culprit.launch(&spin, &spin_launch).await.unwrap_err();
+        assert_eq!(reason(&err), "LIMIT_EXCEEDED", "{err}");
+        assert_eq!(
+            err.refusal().unwrap().metadata().get("limit"),
+            Some(&"max_kernel_timeouts_per_session".to_string())
+        );
+    }
+}

@@ -481,6 +481,31 @@ pub struct Event {
 unsafe impl Send for Event {}
 
 impl Event {
+    /// Creates an event without timing, to mark a point in a stream.
+    pub fn marker() -> Result<Self, DriverError> {
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the flag is a valid
+        // CUevent_flags value.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(
+                &mut raw,
+                sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        })?;
+        Ok(Event { raw })
+    }
+
+    /// Whether the work before the event's last record has completed
+    /// (an event never recorded counts as complete).
+    pub fn query(&self) -> Result<bool, DriverError> {
+        // SAFETY: the event is live; the call does not block.
+        let code = unsafe { sys::cuEventQuery(self.raw) };
+        if code == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check("cuEventQuery", code).map(|()| true)
+    }
+
     /// Opens a 64-byte CUipcEventHandle.
     pub fn open_ipc(handle: &[u8; 64]) -> Result<Self, DriverError> {
         let raw_handle = sys::CUipcEventHandle {
@@ -498,7 +523,8 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        // SAFETY: `raw` came from cuIpcOpenEventHandle and is destroyed once.
+        // SAFETY: `raw` came from cuIpcOpenEventHandle or cuEventCreate and
+        // is destroyed once.
         let code = unsafe { sys::cuEventDestroy_v2(self.raw) };
         if let Err(e) = check("cuEventDestroy", code) {
             tracing::warn!(error = %e, "destroying an event");

@@ -28,6 +28,11 @@
 //!   synchronizes the stream and replies (replies may overtake each other;
 //!   the front matches them by id). Draining before an unload or a close
 //!   is the one deliberate wait.
+//! - With a per-launch budget (`--max-kernel-time`), every launch with a
+//!   kernel is watched ([`watchdog`]): a kernel that outlives the budget
+//!   cannot be stopped, so its launch is answered `KERNEL_TIMEOUT` (after
+//!   the front was told, to count it against the session) and the process
+//!   exits; the front restarts the device with a new generation.
 //!
 //! Block size: `.reqntid` when the kernel declares one (refused at load if
 //! the compiled kernel cannot run that many threads); otherwise
@@ -41,11 +46,13 @@
 //! tensors use the host backend.
 
 mod driver;
+mod watchdog;
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use ptxd_proto::executor::{
     open_buffer::Source, reply, request::Op, ArtifactKind, DeviceDesc, FailureKind, Hello, Launch,
@@ -56,6 +63,7 @@ use super::child::{serve_stdio, Backend, Replier};
 use driver::{
     DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream,
 };
+use watchdog::{take_reply, SharedReply, Watchdog, Watched};
 
 /// Threads per block when the kernel does not require a count.
 pub const DEFAULT_BLOCK: u32 = 256;
@@ -131,8 +139,8 @@ pub fn probe_stdio() -> i32 {
 
 /// Runs a CUDA executor process for the device with `uuid`. Returns the
 /// process exit code.
-pub fn run_executor(uuid: &str) -> i32 {
-    match CudaBackend::open(uuid) {
+pub fn run_executor(uuid: &str, max_kernel_time: Option<Duration>) -> i32 {
+    match CudaBackend::open(uuid, max_kernel_time) {
         Ok(mut backend) => serve_stdio(&mut backend),
         Err(e) => {
             tracing::error!(uuid, error = %e, "cannot start the CUDA executor");
@@ -256,8 +264,9 @@ struct SharedMapping {
 
 /// What a stream's waiter thread does.
 enum WaitJob {
-    /// Synchronize, then reply to a sync launch.
-    Sync(Replier),
+    /// Synchronize, then reply to a sync launch (unless the watchdog
+    /// answered it already).
+    Sync(SharedReply),
     /// Synchronize, destroy the stream, reply, and exit.
     Close(Replier),
 }
@@ -288,11 +297,14 @@ fn fail_driver(reply: Replier, error: &DriverError, doing: &str) {
 fn stream_waiter(stream: Arc<Stream>, context: Arc<PrimaryContext>, jobs: mpsc::Receiver<WaitJob>) {
     let current = context.set_current();
     for job in jobs {
+        let result = current.clone().and_then(|()| stream.synchronize());
         let (reply, closing) = match job {
-            WaitJob::Sync(reply) => (reply, false),
+            WaitJob::Sync(reply) => match take_reply(&reply) {
+                Some(reply) => (reply, false),
+                None => continue,
+            },
             WaitJob::Close(reply) => (reply, true),
         };
-        let result = current.clone().and_then(|()| stream.synchronize());
         match result {
             Ok(()) => {
                 if closing {
@@ -325,6 +337,10 @@ pub struct CudaBackend {
     mappings: HashMap<[u8; 64], SharedMapping>,
     events: HashMap<u64, Event>,
     streams: HashMap<u64, SessionStream>,
+    /// The per-launch budget (none: launches may run forever).
+    budget: Option<Duration>,
+    /// Started with the first launch (it needs the channel to the front).
+    watchdog: Option<Arc<Watchdog>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -340,7 +356,9 @@ impl std::fmt::Debug for CudaBackend {
 
 impl CudaBackend {
     /// Opens the device with `uuid` and makes its primary context current.
-    pub fn open(uuid: &str) -> Result<Self, CudaError> {
+    /// Launches that run longer than `budget` end the executor (see
+    /// [`watchdog`]).
+    pub fn open(uuid: &str, budget: Option<Duration>) -> Result<Self, CudaError> {
         let devices = driver_devices()?;
         let device = devices
             .iter()
@@ -360,7 +378,25 @@ impl CudaBackend {
             mappings: HashMap::new(),
             events: HashMap::new(),
             streams: HashMap::new(),
+            budget,
+            watchdog: None,
         })
+    }
+
+    /// The watchdog, started on first use; none without a budget.
+    fn watchdog(&mut self, reply: &Replier) -> Result<Option<Arc<Watchdog>>, DriverError> {
+        let Some(budget) = self.budget else {
+            return Ok(None);
+        };
+        if self.watchdog.is_none() {
+            let started = Watchdog::start(budget, self.context.clone(), reply.channel().clone())
+                .map_err(|e| DriverError {
+                    call: "spawning the watchdog",
+                    name: e.to_string(),
+                })?;
+            self.watchdog = Some(started);
+        }
+        Ok(self.watchdog.clone())
     }
 
     fn load(&mut self, load: LoadModule, reply: Replier) {
@@ -715,8 +751,7 @@ impl CudaBackend {
             thread,
         } = session;
         drop(stream);
-        if let Err(mpsc::SendError(job)) = waiter.send(WaitJob::Close(reply)) {
-            let (WaitJob::Close(reply) | WaitJob::Sync(reply)) = job;
+        if let Err(mpsc::SendError(WaitJob::Close(reply))) = waiter.send(WaitJob::Close(reply)) {
             reply.fail(FailureKind::Internal, "the stream's waiter is gone", &[]);
         }
         // The waiter exits after the Close job; it is not joined here so the
@@ -827,6 +862,10 @@ impl CudaBackend {
             (Ok(w), Ok(s)) => (w.is_some(), s.is_some()),
             (Err(e), _) | (_, Err(e)) => return reply.fail(FailureKind::UnknownObject, e, &[]),
         };
+        let watchdog = match self.watchdog(&reply) {
+            Ok(w) => w.filter(|_| launch.n > 0),
+            Err(e) => return fail_driver(reply, &e, "starting the watchdog"),
+        };
         let stream = match self.stream(launch.stream) {
             Ok(s) => s,
             Err(e) => return fail_driver(reply, &e, "creating the session's stream"),
@@ -836,6 +875,23 @@ impl CudaBackend {
                 if let Err(e) = stream.wait(event) {
                     return fail_driver(reply, &e, "waiting on the launch's event");
                 }
+            }
+        }
+        let mut watched = None;
+        if let Some(watchdog) = &watchdog {
+            let markers = (|| {
+                let started = if wait {
+                    let event = watchdog.marker()?;
+                    stream.record(&event)?;
+                    Some(event)
+                } else {
+                    None
+                };
+                Ok::<_, DriverError>((started, watchdog.marker()?))
+            })();
+            match markers {
+                Ok(markers) => watched = Some(markers),
+                Err(e) => return fail_driver(reply, &e, "marking the launch for the watchdog"),
             }
         }
         if launch.n > 0 {
@@ -860,6 +916,11 @@ impl CudaBackend {
                 return fail_driver(reply, &e, "launching the kernel");
             }
         }
+        if let Some((_, done)) = &watched {
+            if let Err(e) = stream.record(done) {
+                return fail_driver(reply, &e, "marking the launch's end for the watchdog");
+            }
+        }
         if signal {
             if let Some(event) = self.events.get(&launch.signal_event) {
                 if let Err(e) = stream.record(event) {
@@ -868,15 +929,39 @@ impl CudaBackend {
             }
         }
         if !launch.sync {
+            if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
+                watchdog.push(
+                    launch.stream,
+                    Watched {
+                        started,
+                        done,
+                        reply: None,
+                    },
+                );
+            }
             return reply.ok();
         }
-        let Some(session) = self.streams.get(&launch.stream) else {
+        let Some(waiter) = self.streams.get(&launch.stream).map(|s| s.waiter.clone()) else {
             return reply.fail(FailureKind::Internal, "the stream vanished", &[]);
         };
-        if let Err(mpsc::SendError(WaitJob::Sync(reply) | WaitJob::Close(reply))) =
-            session.waiter.send(WaitJob::Sync(reply))
-        {
-            reply.fail(FailureKind::Internal, "the stream's waiter is gone", &[]);
+        // The reply of a sync launch is shared by the stream's waiter and the
+        // watchdog, which answers it KERNEL_TIMEOUT if the kernel outlives
+        // the budget; whichever comes first replies.
+        let shared: SharedReply = Arc::new(Mutex::new(Some(reply)));
+        if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
+            watchdog.push(
+                launch.stream,
+                Watched {
+                    started,
+                    done,
+                    reply: Some(shared.clone()),
+                },
+            );
+        }
+        if let Err(mpsc::SendError(WaitJob::Sync(shared))) = waiter.send(WaitJob::Sync(shared)) {
+            if let Some(reply) = take_reply(&shared) {
+                reply.fail(FailureKind::Internal, "the stream's waiter is gone", &[]);
+            }
         }
     }
 }

@@ -7,12 +7,16 @@
 //! smallest pc together (with a per-lane mask), so forward branches
 //! reconverge at their join and backward branches (loops) run until every
 //! lane leaves them. A per-batch step budget turns a kernel that never ends
-//! into a fault instead of a hung executor.
+//! into a fault instead of a hung executor, and a launch's [`LaunchControl`]
+//! (its deadline, or an abort from another thread or a signal handler) is
+//! looked at when a batch starts and every [`POLL_STEPS`] dispatches.
 //!
 //! Register values are kept zero-extended from their type's width; every
 //! operation masks its result to the width it writes.
 
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering as AtomicOrdering};
+use std::time::Instant;
 
 use super::decode::{Cmp, CvtRnd, DInst, FOp, FTy, IOp, Op, Row};
 use super::float::{self, decode as fdecode, round, round_f64, Format, Rnd, BF16, F16, F32};
@@ -24,12 +28,98 @@ pub const LANES: usize = 256;
 /// Instruction dispatches one batch may take before it is declared hung.
 pub const STEP_BUDGET: u64 = 1 << 28;
 
-/// Where memory may be touched in checked mode: `(start, len)` ranges.
+/// Dispatches between two looks at a launch's [`LaunchControl`]: a clock
+/// read per 4096 dispatches of 256 lanes costs nothing measurable, and a
+/// loop is stopped within a few milliseconds of its deadline.
+pub const POLL_STEPS: u64 = 1 << 12;
+
+/// Why a launch stopped before it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// It ran past its deadline.
+    Deadline,
+    /// Someone aborted it (e.g. a SIGBUS handler: its memory went away).
+    Aborted,
+}
+
+const RUNNING: u8 = 0;
+const PAST_DEADLINE: u8 = 1;
+const ABORTED: u8 = 2;
+
+/// A launch's deadline and abort flag, shared by its worker threads and by
+/// whoever may stop it. The first reason to stop sticks.
+#[derive(Debug)]
+pub struct LaunchControl {
+    deadline: Option<Instant>,
+    state: AtomicU8,
+}
+
+impl LaunchControl {
+    pub fn new(deadline: Option<Instant>) -> LaunchControl {
+        LaunchControl {
+            deadline,
+            state: AtomicU8::new(RUNNING),
+        }
+    }
+
+    /// Asks the launch to stop. Async-signal-safe: one atomic operation.
+    pub fn abort(&self) {
+        let _ = self.state.compare_exchange(
+            RUNNING,
+            ABORTED,
+            AtomicOrdering::AcqRel,
+            AtomicOrdering::Relaxed,
+        );
+    }
+
+    /// Why the launch was stopped, if it was.
+    pub fn stopped(&self) -> Option<StopReason> {
+        match self.state.load(AtomicOrdering::Acquire) {
+            RUNNING => None,
+            PAST_DEADLINE => Some(StopReason::Deadline),
+            _ => Some(StopReason::Aborted),
+        }
+    }
+
+    /// True when the launch must stop now (checks the clock).
+    fn must_stop(&self) -> bool {
+        if self.state.load(AtomicOrdering::Acquire) != RUNNING {
+            return true;
+        }
+        match self.deadline {
+            Some(deadline) if Instant::now() >= deadline => {
+                let _ = self.state.compare_exchange(
+                    RUNNING,
+                    PAST_DEADLINE,
+                    AtomicOrdering::AcqRel,
+                    AtomicOrdering::Relaxed,
+                );
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn fault(&self, line: u32) -> HostFault {
+        let message = match self.stopped() {
+            Some(StopReason::Deadline) => "the launch ran past its time budget",
+            _ => "the launch was aborted",
+        };
+        HostFault {
+            line,
+            message: message.into(),
+        }
+    }
+}
+
+/// Where memory may be touched in checked mode: `(start, len)` ranges; and
+/// the launch's control, if it has one.
 #[derive(Debug, Clone, Default)]
-pub struct Bounds {
+pub struct Bounds<'a> {
     pub loads: Vec<(usize, usize)>,
     pub stores: Vec<(usize, usize)>,
     pub checked: bool,
+    pub control: Option<&'a LaunchControl>,
 }
 
 /// Register rows and a scratch row.
@@ -172,6 +262,24 @@ fn fmt_of(t: FTy) -> Format {
 
 const F64_NAN: u64 = 0x7FFF_FFFF_FFFF_FFFF;
 
+/// The NaN an f64 operation gives: the IEEE arithmetic operations keep the
+/// first NaN operand's payload, quieted (as the H200 and x86 do:
+/// `sub.f64 0x7ff8000000000001, 1.0` is `0x7ff8000000000001`); a NaN made
+/// from non-NaN operands (`inf - inf`) is the GPU's canonical NaN.
+fn f64_nan(op: FOp, a: u64, b: u64, c: u64) -> u64 {
+    const QUIET: u64 = 1 << 51;
+    let is_nan = |v: u64| f64::from_bits(v).is_nan();
+    let operands: &[u64] = match op {
+        FOp::Add | FOp::Sub | FOp::Mul | FOp::Div => &[a, b],
+        FOp::Fma => &[a, b, c],
+        _ => &[],
+    };
+    operands
+        .iter()
+        .find(|v| is_nan(**v))
+        .map_or(F64_NAN, |v| v | QUIET)
+}
+
 /// Flushes an f32 subnormal (as f64) to a signed zero.
 #[inline]
 fn flush32(x: f64) -> f64 {
@@ -271,7 +379,7 @@ pub fn float_op(op: FOp, ty: FTy, rnd: Rnd, ftz: bool, sat: bool, a: u64, b: u64
     match ty {
         FTy::F64 => {
             if r.is_nan() {
-                F64_NAN
+                f64_nan(op, a, b, c)
             } else {
                 round_f64(r, eps, rnd).to_bits()
             }
@@ -776,8 +884,16 @@ pub fn run_batch(
     let mut all_live = active == LANES;
     let mut pc: u32 = 0;
     let mut steps: u64 = 0;
+    if let Some(control) = bounds.control.filter(|c| c.must_stop()) {
+        return Err(control.fault(0));
+    }
     loop {
         steps += 1;
+        if steps.is_multiple_of(POLL_STEPS) {
+            if let Some(control) = bounds.control.filter(|c| c.must_stop()) {
+                return Err(control.fault(code.get(pc as usize).map_or(0, |i| i.line)));
+            }
+        }
         if steps > STEP_BUDGET {
             let line = code.get(pc as usize).map_or(0, |i| i.line);
             return Err(HostFault {

@@ -95,6 +95,7 @@ pub unsafe fn run(
             .collect(),
         stores: vec![(launch.output.ptr as usize, launch.output.len)],
         checked: launch.checked,
+        control: launch.control,
     };
     let uniform = |u: Uniform| -> u64 {
         match u {

@@ -106,6 +106,7 @@ fn run(src: &str, a: &[u64], b: &[u64], win: usize, wout: usize, threads: usize)
         params: &[],
         threads,
         checked: true,
+        control: None,
     };
     // SAFETY: the spans are live Vecs of exactly `len` bytes.
     unsafe { k.launch(&launch) }.unwrap();
@@ -384,6 +385,46 @@ fn f64_arithmetic() {
             );
         }
     }
+}
+
+#[test]
+fn f64_nan_payloads_propagate_as_on_the_gpu() {
+    // The H200 and x86 keep the first NaN operand's payload, quieted; a NaN
+    // made from numbers is the canonical 0x7fffffffffffffff.
+    let payload = 0x7ff8_0000_0000_0001u64;
+    let signalling = 0x7ff0_0000_0000_0002u64;
+    let a = vec![
+        payload,
+        signalling,
+        f64::INFINITY.to_bits(),
+        1.0f64.to_bits(),
+        payload,
+    ];
+    let b = vec![
+        1.0f64.to_bits(),
+        1.0f64.to_bits(),
+        f64::INFINITY.to_bits(),
+        signalling,
+        0x7ff8_0000_0000_0003,
+    ];
+    let out = run(
+        &kernel("f64", "f64", "f64", "f64", "	sub.f64 	%d, %a, %b;"),
+        &a,
+        &b,
+        8,
+        8,
+        1,
+    );
+    assert_eq!(
+        out[..5],
+        [
+            payload,
+            signalling | (1 << 51),
+            0x7fff_ffff_ffff_ffff,
+            signalling | (1 << 51),
+            payload
+        ]
+    );
 }
 
 /// Nearest f16 by search over all f16 values (an implementation independent

@@ -1,0 +1,209 @@
+//! The per-launch budget on a CUDA device, where a running kernel cannot be
+//! stopped.
+//!
+//! Every launch with a kernel is tracked by an event recorded after it (and,
+//! when it waits on a client's event, one recorded after the wait). A
+//! session's launches run in order on its stream, so only the head of each
+//! stream's queue can be running: its clock starts when the launch before it
+//! on the stream was seen complete (or when it was enqueued on an idle
+//! stream, or when its wait was seen satisfied). The watchdog thread polls
+//! the heads; the first one that stays incomplete for longer than the
+//! budget is the culprit.
+//!
+//! On a culprit the executor cannot recover the device: it tells the front
+//! (`KernelTimeout`, so the session's count goes up before anyone hears of
+//! it), answers the culprit's sync launch `KERNEL_TIMEOUT`, reports a
+//! `KERNEL_TIMEOUT` fault and exits at once. The front restarts the device
+//! with a new generation; every other call in flight on this executor is
+//! answered `EXECUTOR_UNAVAILABLE`, and every session's kernels on this
+//! device go stale.
+//!
+//! The budget counts from when a launch could start on its stream, so time
+//! spent waiting for SMs held by other sessions' kernels counts too; the
+//! earliest-started overdue launch is blamed, which on a device busy with
+//! one endless kernel is that kernel's launch.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ptxd_proto::executor::FailureKind;
+
+use super::driver::{DriverError, Event, PrimaryContext};
+use crate::executor::child::{Channel, Replier};
+
+/// The reply of a sync launch: taken by the stream's waiter when the stream
+/// is synchronized, or by the watchdog when the launch is the culprit.
+pub type SharedReply = Arc<Mutex<Option<Replier>>>;
+
+/// Takes the reply out of a shared slot, if nobody took it yet.
+pub fn take_reply(reply: &SharedReply) -> Option<Replier> {
+    reply.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
+/// Marker events kept for reuse at most.
+const SPARE_EVENTS: usize = 256;
+
+/// One tracked launch.
+pub struct Watched {
+    /// Recorded after the launch's wait on a client event, if it has one.
+    pub started: Option<Event>,
+    /// Recorded after the kernel.
+    pub done: Event,
+    /// The reply of a sync launch.
+    pub reply: Option<SharedReply>,
+}
+
+#[derive(Default)]
+struct WatchedStream {
+    /// When the head launch could start running (`None`: it waits on a
+    /// client event that has not fired yet, or the queue is empty).
+    head_since: Option<Instant>,
+    launches: VecDeque<Watched>,
+}
+
+#[derive(Default)]
+struct State {
+    streams: HashMap<u64, WatchedStream>,
+    spare: Vec<Event>,
+}
+
+/// The launches in flight on one device, against the budget.
+pub struct Watchdog {
+    budget: Duration,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchdog")
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A launch that ran past the budget.
+struct Culprit {
+    stream: u64,
+    reply: Option<SharedReply>,
+}
+
+impl Watchdog {
+    /// Starts the watchdog thread for a device whose launches may run for
+    /// `budget` each; it reports on `channel`.
+    pub fn start(
+        budget: Duration,
+        context: Arc<PrimaryContext>,
+        channel: Channel,
+    ) -> std::io::Result<Arc<Watchdog>> {
+        let watchdog = Arc::new(Watchdog {
+            budget,
+            state: Mutex::new(State::default()),
+        });
+        let watching = watchdog.clone();
+        std::thread::Builder::new()
+            .name("ptxd-watchdog".into())
+            .spawn(move || watching.run(&context, &channel))?;
+        Ok(watchdog)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Plain queues: a panic while holding the lock cannot leave them
+        // inconsistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A marker event, reused when one is spare.
+    pub fn marker(&self) -> Result<Event, DriverError> {
+        match self.lock().spare.pop() {
+            Some(event) => Ok(event),
+            None => Event::marker(),
+        }
+    }
+
+    /// Tracks a launch just enqueued on `stream`.
+    pub fn push(&self, stream: u64, watched: Watched) {
+        let mut state = self.lock();
+        let queue = state.streams.entry(stream).or_default();
+        if queue.launches.is_empty() {
+            queue.head_since = watched.started.is_none().then(Instant::now);
+        }
+        queue.launches.push_back(watched);
+    }
+
+    /// Drops the completed heads; returns the culprit, if a head is overdue.
+    fn poll(&self) -> Option<Culprit> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let State { streams, spare } = &mut *state;
+        let mut overdue: Option<(Instant, u64)> = None;
+        for (&id, queue) in streams.iter_mut() {
+            while let Some(head) = queue.launches.front() {
+                if queue.head_since.is_none() {
+                    match head.started.as_ref().map(Event::query) {
+                        None | Some(Ok(true)) => queue.head_since = Some(now),
+                        // Not started yet, or a device fault that the
+                        // request loop or a waiter will meet and report.
+                        Some(Ok(false) | Err(_)) => break,
+                    }
+                }
+                match head.done.query() {
+                    Ok(true) => {
+                        if let Some(done) = queue.launches.pop_front() {
+                            for event in done.started.into_iter().chain([done.done]) {
+                                if spare.len() < SPARE_EVENTS {
+                                    spare.push(event);
+                                }
+                            }
+                        }
+                        queue.head_since = None;
+                    }
+                    Ok(false) => {
+                        if let Some(since) = queue.head_since {
+                            let late = now.saturating_duration_since(since) >= self.budget;
+                            if late && overdue.is_none_or(|(first, _)| since < first) {
+                                overdue = Some((since, id));
+                            }
+                        }
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        streams.retain(|_, queue| !queue.launches.is_empty());
+        let (_, stream) = overdue?;
+        let reply = streams
+            .get_mut(&stream)
+            .and_then(|queue| queue.launches.front_mut())
+            .and_then(|head| head.reply.take());
+        Some(Culprit { stream, reply })
+    }
+
+    fn run(&self, context: &PrimaryContext, channel: &Channel) {
+        if let Err(e) = context.set_current() {
+            tracing::error!(error = %e, "the watchdog cannot use the device's context");
+        }
+        let interval =
+            (self.budget / 20).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        loop {
+            std::thread::sleep(interval);
+            let Some(culprit) = self.poll() else {
+                continue;
+            };
+            let message = format!(
+                "a kernel ran past the {:?} budget (--max-kernel-time); a running CUDA kernel cannot be stopped, so the device's executor restarts",
+                self.budget
+            );
+            channel.kernel_timeout(culprit.stream);
+            if let Some(reply) = culprit.reply.as_ref().and_then(take_reply) {
+                reply.fail(
+                    FailureKind::KernelTimeout,
+                    message.clone(),
+                    &[("max_kernel_time_ms", self.budget.as_millis().to_string())],
+                );
+            }
+            channel.fatal_now("KERNEL_TIMEOUT", &message);
+        }
+    }
+}
