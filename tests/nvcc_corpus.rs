@@ -207,6 +207,7 @@ fn nvcc_corpus_runs_on_the_host_engine() {
                 params,
                 threads: r.random_range(1..=4),
                 checked: true,
+                control: None,
             };
             // SAFETY: every span is a live Vec of exactly `len` bytes, and
             // the Vecs outlive the call.
@@ -468,6 +469,7 @@ fn nvcc_host_comparison_catches_wrong_outputs() {
             params: &[],
             threads: 2,
             checked: true,
+            control: None,
         };
         // SAFETY: every span is a live Vec of exactly `len` bytes.
         unsafe { hk.launch(&launch) }.unwrap();
