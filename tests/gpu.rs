@@ -25,6 +25,12 @@ mod executor_client;
 #[path = "gpu/daemon.rs"]
 mod daemon;
 
+#[path = "support/nvcc_ref.rs"]
+mod nvcc_ref;
+
+#[path = "gpu/nvcc.rs"]
+mod nvcc;
+
 use executor_client::*;
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_proto::executor::{

@@ -28,6 +28,12 @@ strip "$PACK/ptxd" "$PACK/gpu-tests" "$PACK/cuda-launch-bench"
 # travel to the GPU machine on its own.
 cp "${PTXD_CORPUS:-../shared/corpus}"/*.ptx tests/gpu/store_to_null.ptx "$PACK/corpus/"
 chmod u+w "$PACK"/corpus/*
+# The nvcc compatibility corpus (PTX, manifest and the .cu sources, whose
+# __launch_bounds__ the test reads); run.sh points PTXD_NVCC_CORPUS at it.
+mkdir -p "$PACK/nvcc"
+cp -r tests/corpus/nvcc/manifest.json tests/corpus/nvcc/ptx tests/corpus/nvcc/refused-ptx \
+  tests/corpus/nvcc/src tests/corpus/nvcc/refused "$PACK/nvcc/"
+chmod -R u+w "$PACK/nvcc"
 cp tests/gpu/run.sh "$PACK/run.sh"
 du -sh "$PACK"
 size=$(du -sb "$PACK" | cut -f1)

@@ -5,7 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
 LOGS=${OUT:-$HERE}
-export PTXD_BIN="$HERE/ptxd" PTXD_CORPUS="$HERE/corpus" RUST_BACKTRACE=1
+export PTXD_BIN="$HERE/ptxd" PTXD_CORPUS="$HERE/corpus" PTXD_NVCC_CORPUS="$HERE/nvcc" RUST_BACKTRACE=1
 
 date -u
 nvidia-smi -L
