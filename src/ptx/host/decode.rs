@@ -433,6 +433,139 @@ impl Decoder<'_> {
                     );
                 }
             }
+            // `mov.b64 {lo, hi}, x`: split into equal parts, low first.
+            "mov" if matches!(ops.first(), Some(Opnd::List(_))) => {
+                let Some(Opnd::List(parts)) = ops.first() else {
+                    return Err(unsupported(inst));
+                };
+                let total = ty.bits();
+                let k = u32::try_from(parts.len()).unwrap_or(0);
+                if k == 0 || total == 0 || total % k != 0 {
+                    return Err(unsupported(inst));
+                }
+                let w = total / k;
+                let x = self.src(inst, ops.get(1), ty)?;
+                for (i, part) in (0u32..).zip(parts) {
+                    if matches!(part, Opnd::Sink) {
+                        continue;
+                    }
+                    let (d, mask) = self.dst(inst, Some(part))?;
+                    let shift = self.uniform(Uniform::Const(u64::from(i * w)));
+                    let t = self.fresh();
+                    let shr = Op::Int {
+                        op: IOp::Shr,
+                        bits: total,
+                        signed: false,
+                        d: t,
+                        a: x,
+                        b: shift,
+                        c: shift,
+                    };
+                    emit(shr, out);
+                    emit(
+                        Op::Mov {
+                            d,
+                            a: t,
+                            mask: mask & width_mask(w),
+                        },
+                        out,
+                    );
+                }
+            }
+            // `mov.b32 d, {lo, hi}`: join equal parts, low first.
+            "mov" if matches!(ops.get(1), Some(Opnd::List(_))) => {
+                let Some(Opnd::List(parts)) = ops.get(1) else {
+                    return Err(unsupported(inst));
+                };
+                let total = ty.bits();
+                let k = u32::try_from(parts.len()).unwrap_or(0);
+                if k == 0 || total == 0 || total % k != 0 {
+                    return Err(unsupported(inst));
+                }
+                let w = total / k;
+                let part_ty = match w {
+                    8 => Ty::B8,
+                    16 => Ty::B16,
+                    32 => Ty::B32,
+                    _ => return Err(unsupported(inst)),
+                };
+                let (d, mask) = self.dst(inst, ops.first())?;
+                let mut acc = self.uniform(Uniform::Const(0));
+                for (i, part) in (0u32..).zip(parts) {
+                    let v = self.src(inst, Some(part), part_ty)?;
+                    let low = self.fresh();
+                    let keep = self.uniform(Uniform::Const(width_mask(w)));
+                    let int = |op, d, a, b| Op::Int {
+                        op,
+                        bits: total,
+                        signed: false,
+                        d,
+                        a,
+                        b,
+                        c: b,
+                    };
+                    emit(int(IOp::And, low, v, keep), out);
+                    let shift = self.uniform(Uniform::Const(u64::from(i * w)));
+                    let shifted = self.fresh();
+                    emit(int(IOp::Shl, shifted, low, shift), out);
+                    let next = self.fresh();
+                    emit(int(IOp::Or, next, acc, shifted), out);
+                    acc = next;
+                }
+                emit(Op::Mov { d, a: acc, mask }, out);
+            }
+            // `set.cmp.dtype.stype`: 1.0 (float dtype) or all ones, else 0.
+            "set" => {
+                let (dty, cty) = match tys.as_slice() {
+                    [d, c] if *c != Ty::Other && *c != Ty::Pred => (*d, *c),
+                    _ => return Err(unsupported(inst)),
+                };
+                let cmp = match inst.mods.first().map(String::as_str) {
+                    Some("eq") => Cmp::Eq,
+                    Some("ne") => Cmp::Ne,
+                    Some("lt") => Cmp::Lt,
+                    Some("le") => Cmp::Le,
+                    Some("gt") => Cmp::Gt,
+                    Some("ge") => Cmp::Ge,
+                    _ => return Err(unsupported(inst)),
+                };
+                if ops.len() != 3 {
+                    return Err(unsupported(inst));
+                }
+                let true_bits = match dty {
+                    Ty::F16 => 0x3C00,
+                    Ty::Bf16 => 0x3F80,
+                    Ty::F32 => 0x3F80_0000,
+                    t if t.is_int() => width_mask(t.bits()),
+                    _ => return Err(unsupported(inst)),
+                };
+                let a = self.src(inst, ops.get(1), cty)?;
+                let bb = self.src(inst, ops.get(2), cty)?;
+                let raw = self.fresh();
+                emit(
+                    Op::Setp {
+                        cmp,
+                        ty: cty,
+                        ftz,
+                        d: raw,
+                        a,
+                        b: bb,
+                    },
+                    out,
+                );
+                let yes = self.uniform(Uniform::Const(true_bits));
+                let no = self.uniform(Uniform::Const(0));
+                let (d, _) = self.dst(inst, ops.first())?;
+                emit(
+                    Op::Selp {
+                        d,
+                        a: yes,
+                        b: no,
+                        p: raw,
+                    },
+                    out,
+                );
+            }
             "mov" | "cvta" => {
                 let sty = if b == "cvta" { Ty::U64 } else { ty };
                 let a = self.src(inst, ops.get(1), sty)?;
