@@ -227,9 +227,13 @@ async fn connect(opts: &ClientOpts) -> Result<Client, CliError> {
     let (target, connected) = match (&opts.tcp, &opts.socket) {
         (Some(tcp), _) => (tcp.clone(), Client::connect(tcp).await),
         (None, socket) => {
-            let path = socket
-                .clone()
-                .unwrap_or_else(ptxd_client::default_socket_path);
+            // An explicit path is the user's choice; the default one's
+            // directory must be safe to trust.
+            let path = match socket {
+                Some(path) => path.clone(),
+                None => ptxd_client::checked_default_socket_path()
+                    .map_err(ptxd_client::Error::from)?,
+            };
             let target = format!("unix:{}", path.display());
             (target, Client::connect_unix(path).await)
         }
