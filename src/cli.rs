@@ -231,8 +231,9 @@ async fn connect(opts: &ClientOpts) -> Result<Client, CliError> {
             // directory must be safe to trust.
             let path = match socket {
                 Some(path) => path.clone(),
-                None => ptxd_client::checked_default_socket_path()
-                    .map_err(ptxd_client::Error::from)?,
+                None => {
+                    ptxd_client::checked_default_socket_path().map_err(ptxd_client::Error::from)?
+                }
             };
             let target = format!("unix:{}", path.display());
             (target, Client::connect_unix(path).await)

@@ -401,7 +401,11 @@ mod tests {
         }
         .refusal();
         assert!(!refusal.message.contains('\n'), "{}", refusal.message);
-        assert!(refusal.message.contains("GPU-1\\nline"), "{}", refusal.message);
+        assert!(
+            refusal.message.contains("GPU-1\\nline"),
+            "{}",
+            refusal.message
+        );
         assert!(!refusal.metadata["device"].contains('\n'));
     }
 

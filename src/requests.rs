@@ -150,7 +150,9 @@ impl BudgetedBody {
     fn account(&mut self, mut data: &[u8]) -> Result<(), Error> {
         while !data.is_empty() {
             if self.remaining > 0 {
-                let take = data.len().min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+                let take = data
+                    .len()
+                    .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
                 self.remaining -= take as u64;
                 data = &data[take..];
                 if self.remaining == 0 {
@@ -276,16 +278,16 @@ where
     }
 }
 
-/// The refusal of a message that is not valid protobuf: the field path the
-/// decoder names (`inputs.buffer` for a bad `buffer` inside an `inputs`
-/// operand), if any.
-fn undecodable(error: &prost::DecodeError) -> Error {
+/// The refusal of a message that is not valid protobuf, from the decoder's
+/// error text: with the field path it names (`inputs.buffer` for a bad
+/// `buffer` inside an `inputs` operand), if any.
+fn undecodable(text: &str) -> Error {
     // prost keeps the path only in its message: "failed to decode Protobuf
-    // message: Inner.field: Outer.field: description", innermost first.
-    let text = error.to_string();
+    // message: Inner.field: Outer.field: description", innermost first (and
+    // tonic-prost passes that message on as the status message).
     let detail = text
         .strip_prefix("failed to decode Protobuf message: ")
-        .unwrap_or(&text);
+        .unwrap_or(text);
     let mut path = Vec::new();
     let mut rest = detail;
     while let Some((head, tail)) = rest.split_once(": ") {
@@ -293,7 +295,9 @@ fn undecodable(error: &prost::DecodeError) -> Error {
             Some((message, field))
                 if !message.is_empty()
                     && !field.is_empty()
-                    && message.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && message
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_')
                     && field.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
             {
                 path.push(field.to_string());
@@ -345,9 +349,9 @@ impl Decoder for LaunchDecoder {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<DecodedLaunch>, Status> {
         let bytes = buf.copy_to_bytes(buf.remaining());
-        Ok(Some(api::LaunchRequest::decode(bytes.clone()).map_err(|error| {
-            (undecodable(&error), salvage_tag(&bytes))
-        })))
+        Ok(Some(api::LaunchRequest::decode(bytes.clone()).map_err(
+            |error| (undecodable(&error.to_string()), salvage_tag(&bytes)),
+        )))
     }
 }
 
@@ -402,9 +406,11 @@ fn retype(status: &Status, max_request_bytes: u64) -> Option<Error> {
     }
     let message = status.message();
     match status.code() {
+        Code::Internal if message.starts_with("failed to decode Protobuf message") => {
+            Some(undecodable(message))
+        }
         Code::Internal
-            if message.starts_with("failed to decode Protobuf message")
-                || message.starts_with("Unexpected EOF decoding stream")
+            if message.starts_with("Unexpected EOF decoding stream")
                 || message.starts_with("protocol error: received message with") =>
         {
             Some(Error::Undecodable {
@@ -438,15 +444,17 @@ impl tower::Service<http::Request<Body>> for PtxdRoutes {
         if request.uri().path() == LAUNCH_STREAM_PATH {
             let service = self.service.clone();
             return Box::pin(async move {
-                let handler = tower::service_fn(move |request: tonic::Request<tonic::Streaming<DecodedLaunch>>| {
-                    let service = service.clone();
-                    async move {
-                        let peer = crate::service::peer(&request);
-                        Ok::<_, Status>(tonic::Response::new(
-                            service.answer_launches(peer, request.into_inner()),
-                        ))
-                    }
-                });
+                let handler = tower::service_fn(
+                    move |request: tonic::Request<tonic::Streaming<DecodedLaunch>>| {
+                        let service = service.clone();
+                        async move {
+                            let peer = crate::service::peer(&request);
+                            Ok::<_, Status>(tonic::Response::new(
+                                service.answer_launches(peer, request.into_inner()),
+                            ))
+                        }
+                    },
+                );
                 let mut grpc = tonic::server::Grpc::new(LaunchCodec)
                     .apply_max_message_size_config(Some(limit), Some(limit));
                 Ok(grpc.streaming(handler, request).await)
@@ -551,14 +559,14 @@ mod tests {
         // invalid UTF-8.
         let bytes = [0x1a, 0x04, 0x0a, 0x02, 0xff, 0xfe];
         let error = api::LaunchRequest::decode(&bytes[..]).unwrap_err();
-        match undecodable(&error) {
+        match undecodable(&error.to_string()) {
             Error::Undecodable { field, message } => {
                 assert_eq!(field, "inputs.buffer", "{message}");
             }
             other => panic!("{other:?}"),
         }
         let truncated = api::LaunchRequest::decode(&[0x28][..]).unwrap_err();
-        let Error::Undecodable { field, .. } = undecodable(&truncated) else {
+        let Error::Undecodable { field, .. } = undecodable(&truncated.to_string()) else {
             unreachable!()
         };
         assert_eq!(field, "n");

@@ -142,9 +142,11 @@ fn router(
 fn connection_limits(config: &ServeConfig, fd_limit: u64) -> ConnectionLimits {
     let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     ConnectionLimits {
-        max_connections: to_usize(config.max_connections.unwrap_or_else(|| {
-            crate::connections::default_max_connections(fd_limit) as u64
-        })),
+        max_connections: to_usize(
+            config
+                .max_connections
+                .unwrap_or_else(|| crate::connections::default_max_connections(fd_limit) as u64),
+        ),
         max_per_peer: to_usize(config.max_connections_per_uid),
         handshake_timeout: config.handshake_timeout,
     }
@@ -302,12 +304,10 @@ pub async fn serve(
     if let Some(tcp) = tcp {
         let addr = tcp.local_addr().ok();
         tracing::info!(?addr, "listening on TCP");
-        servers.spawn(
-            router.serve_with_incoming_shutdown(
-                Incoming::new(tcp, connections.clone()),
-                wait_for_stop(stop_rx),
-            ),
-        );
+        servers.spawn(router.serve_with_incoming_shutdown(
+            Incoming::new(tcp, connections.clone()),
+            wait_for_stop(stop_rx),
+        ));
     }
     tracing::info!(socket = %socket_path.display(), backend = front.backend, boot = %front.boot, "ptxd serving");
 

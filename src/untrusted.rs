@@ -47,7 +47,10 @@ mod tests {
         assert_eq!(escape("a\nb"), "a\\nb");
         assert_eq!(escape("a\r\n\tb"), "a\\r\\n\\tb");
         assert_eq!(escape("\u{1b}[31mred"), "\\u{1b}[31mred");
-        assert_eq!(escape("x\u{7f}\u{85}\u{2028}\u{202e}y"), "x\\u{7f}\\u{85}\\u{2028}\\u{202e}y");
+        assert_eq!(
+            escape("x\u{7f}\u{85}\u{2028}\u{202e}y"),
+            "x\\u{7f}\\u{85}\\u{2028}\\u{202e}y"
+        );
         let escaped = escape("line\nforged=1\u{0}");
         assert!(!escaped.chars().any(|c| c.is_control()), "{escaped}");
         assert_eq!(escape("日本語 ü"), "日本語 ü");

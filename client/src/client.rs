@@ -13,8 +13,8 @@ use ptxd_proto::v1::ptxd_client::PtxdClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::Error;
-use crate::socket_dir::{check_socket_dir, socket_dir, SocketDirError};
 use crate::session::{Session, SessionOptions};
+use crate::socket_dir::{check_socket_dir, socket_dir, SocketDirError};
 use crate::types::DaemonInfo;
 
 /// The socket file name inside a runtime directory.

@@ -126,7 +126,10 @@ mod tests {
             );
         }
         let message = check_socket_dir(&dir, euid()).unwrap_err().to_string();
-        assert!(message.contains("0720") && message.contains("sticky"), "{message}");
+        assert!(
+            message.contains("0720") && message.contains("sticky"),
+            "{message}"
+        );
     }
 
     #[test]
