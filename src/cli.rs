@@ -18,7 +18,10 @@ use rand::{Rng, SeedableRng};
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientOpts {
     /// The daemon's Unix socket [default: $XDG_RUNTIME_DIR/ptxd.sock, else
-    /// /run/ptxd/ptxd.sock as root, else $TMPDIR/ptxd-<uid>/ptxd.sock].
+    /// /run/ptxd/ptxd.sock as root, else $TMPDIR/ptxd-<uid>/ptxd.sock; a
+    /// default path is refused (UNSAFE_SOCKET_DIR) when its directory is a
+    /// symlink, another user's, or writable by others without the sticky
+    /// bit].
     #[arg(long, env = "PTXD_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Connect over TCP instead (e.g. 127.0.0.1:50051 or

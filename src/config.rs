@@ -27,7 +27,11 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeConfig {
     /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/ptxd.sock, or
-    /// /run/ptxd/ptxd.sock as root]. Ignored under systemd socket activation.
+    /// /run/ptxd/ptxd.sock as root, else $TMPDIR/ptxd-<uid>/ptxd.sock]. A
+    /// default path's directory is created with mode 0700 and refused when
+    /// it is a symlink, is owned by another user, or is group- or
+    /// world-writable without the sticky bit. Ignored under systemd socket
+    /// activation.
     #[arg(long, env = "PTXD_SOCKET")]
     pub socket: Option<PathBuf>,
 
@@ -74,7 +78,9 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_ARTIFACT_BYTES", default_value_t = 16 << 20)]
     pub max_artifact_bytes: u64,
 
-    /// Largest gRPC request accepted, in bytes.
+    /// Largest gRPC request message accepted, in bytes; checked on each
+    /// message's header, before its body is read (LIMIT_EXCEEDED,
+    /// limit=max_request_bytes).
     #[arg(long, env = "PTXD_MAX_REQUEST_BYTES", default_value_t = 32 << 20)]
     pub max_request_bytes: u64,
 

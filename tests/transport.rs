@@ -724,10 +724,28 @@ fn default_dir(tmp: &Path) -> std::path::PathBuf {
     tmp.join(format!("ptxd-{}", nix::unistd::geteuid().as_raw()))
 }
 
+/// Runs `command` to its end, or for 10 s at most (a daemon that serves is
+/// then stopped): its output.
+fn run_briefly(mut command: Command) -> std::process::Output {
+    let child = command.spawn().unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let watchdog = std::thread::spawn(move || {
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            if !common::process_alive(pid.as_raw()) {
+                return;
+            }
+        }
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    });
+    let output = child.wait_with_output().unwrap();
+    watchdog.join().unwrap();
+    output
+}
+
 fn serve_fails_with(tmp: &Path, needle: &str) {
-    let output = default_socket_command(tmp, &["serve", "--backend", "host"])
-        .output()
-        .unwrap();
+    let output = run_briefly(default_socket_command(tmp, &["serve", "--backend", "host"]));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success(),
@@ -758,7 +776,7 @@ fn run_as_nobody_or_check_directly() {
     let run = |args: &[&str]| {
         let mut command = default_socket_command(tmp.path(), args);
         command.uid(65534).gid(65534);
-        command.output().unwrap()
+        run_briefly(command)
     };
     // World-writable without the sticky bit.
     std::fs::create_dir(&dir).unwrap();
