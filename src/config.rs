@@ -134,6 +134,14 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_BUFFERED_REQUEST_BYTES_PER_UID", default_value_t = 128 << 20)]
     pub max_buffered_request_bytes_per_uid: u64,
 
+    /// A unary request's body must arrive (its message and its end) within
+    /// this of the call's start, and each message of a streaming request
+    /// within this of its first byte; else the call is refused
+    /// (LIMIT_EXCEEDED, limit=request_read_timeout) and what it held is
+    /// freed.
+    #[arg(long, env = "PTXD_REQUEST_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub request_read_timeout: Duration,
+
     /// Open sessions at most.
     #[arg(long, env = "PTXD_MAX_SESSIONS", default_value_t = 256)]
     pub max_sessions: u32,

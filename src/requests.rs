@@ -9,6 +9,12 @@
 //!   `max_buffered_request_bytes` in all. A message over either budget fails
 //!   its request at once (`LIMIT_EXCEEDED`) instead of waiting, so a slow or
 //!   stalled client cannot hold memory without bound nor make others wait.
+//! - A request must arrive in time: a unary request's body (its one message
+//!   and its end) within `request_read_timeout` of the call's start, and in
+//!   a streaming request each message within `request_read_timeout` of its
+//!   first byte. Otherwise the request fails (`LIMIT_EXCEEDED`,
+//!   `limit=request_read_timeout`) and its charge is given back: a stalled
+//!   client holds its budget for a bounded time only.
 //! - A message whose header announces more than `max_request_bytes` fails
 //!   its request with `LIMIT_EXCEEDED`, `limit=max_request_bytes`, before
 //!   any of its body is buffered.
@@ -19,9 +25,11 @@
 //!   and the stream goes on.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -44,6 +52,7 @@ pub struct BudgetLimits {
     pub max_request_bytes: u64,
     pub max_buffered: u64,
     pub max_buffered_per_peer: u64,
+    pub read_timeout: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -129,13 +138,25 @@ impl Drop for Charge {
     }
 }
 
+/// The read deadline of a request body.
+enum Deadline {
+    /// Nothing is awaited (a streaming request between messages).
+    Idle,
+    /// To be armed on the next poll (which runs inside the runtime).
+    Wanted,
+    Armed(Pin<Box<tokio::time::Sleep>>),
+}
+
 /// A request body that charges each gRPC message to the budget while it is
-/// incomplete. It reads the 5-byte message headers and passes every frame
-/// through unchanged.
+/// incomplete and fails it when it does not arrive in time. It reads the
+/// 5-byte message headers and passes every frame through unchanged.
 struct BudgetedBody {
     inner: Body,
     budget: Arc<RequestBudget>,
     peer: Origin,
+    /// A streaming request: the deadline runs per message, not per body.
+    streaming: bool,
+    deadline: Deadline,
     header: [u8; 5],
     header_len: usize,
     /// Body bytes of the current message still to come.
@@ -145,6 +166,36 @@ struct BudgetedBody {
 }
 
 impl BudgetedBody {
+    fn new(inner: Body, budget: Arc<RequestBudget>, peer: Origin, streaming: bool) -> Self {
+        BudgetedBody {
+            inner,
+            budget,
+            peer,
+            streaming,
+            deadline: if streaming {
+                Deadline::Idle
+            } else {
+                Deadline::Wanted
+            },
+            header: [0; 5],
+            header_len: 0,
+            remaining: 0,
+            charge: None,
+            failed: false,
+        }
+    }
+
+    /// Fails the request with `error`: gives its charge back and answers
+    /// every later poll with the end of the body.
+    fn fail(&mut self, error: Error) -> Status {
+        self.failed = true;
+        self.charge = None;
+        self.deadline = Deadline::Idle;
+        let refusal = error.refusal();
+        tracing::info!(peer = %self.peer, reason = refusal.reason.wire_name(), message = %refusal.message, "request refused");
+        error.to_status()
+    }
+
     /// Follows the message framing through `data`, charging each message
     /// when its header is complete and releasing it with its last byte.
     fn account(&mut self, mut data: &[u8]) -> Result<(), Error> {
@@ -157,8 +208,14 @@ impl BudgetedBody {
                 data = &data[take..];
                 if self.remaining == 0 {
                     self.charge = None;
+                    if self.streaming {
+                        self.deadline = Deadline::Idle;
+                    }
                 }
                 continue;
+            }
+            if self.streaming && matches!(self.deadline, Deadline::Idle) {
+                self.deadline = Deadline::Wanted;
             }
             let take = data.len().min(5 - self.header_len);
             self.header[self.header_len..self.header_len + take].copy_from_slice(&data[..take]);
@@ -175,6 +232,8 @@ impl BudgetedBody {
                 if len > 0 {
                     self.charge = Some(self.budget.charge(self.peer, len)?);
                     self.remaining = len;
+                } else if self.streaming {
+                    self.deadline = Deadline::Idle;
                 }
             }
         }
@@ -194,17 +253,29 @@ impl HttpBody for BudgetedBody {
         if this.failed {
             return Poll::Ready(None);
         }
+        let timeout = this.budget.limits.read_timeout;
+        if matches!(this.deadline, Deadline::Wanted) {
+            this.deadline = Deadline::Armed(Box::pin(tokio::time::sleep(timeout)));
+        }
+        if let Deadline::Armed(sleep) = &mut this.deadline {
+            if sleep.as_mut().poll(cx).is_ready() {
+                let error = Error::LimitExceeded {
+                    limit: "request_read_timeout",
+                    value: timeout.as_secs_f64().ceil() as u64,
+                };
+                return Poll::Ready(Some(Err(this.fail(error))));
+            }
+        }
         let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        if let Some(Ok(frame)) = &frame {
-            if let Some(data) = frame.data_ref() {
-                if let Err(error) = this.account(data.chunk()) {
-                    this.failed = true;
-                    this.charge = None;
-                    let refusal = error.refusal();
-                    tracing::info!(peer = %this.peer, reason = refusal.reason.wire_name(), message = %refusal.message, "request refused");
-                    return Poll::Ready(Some(Err(error.to_status())));
+        match &frame {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if let Err(error) = this.account(data.chunk()) {
+                        return Poll::Ready(Some(Err(this.fail(error))));
+                    }
                 }
             }
+            Some(Err(_)) | None => this.deadline = Deadline::Idle,
         }
         Poll::Ready(frame)
     }
@@ -263,18 +334,12 @@ where
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let peer = Origin::of(request.extensions());
         let budget = Arc::clone(&self.budget);
-        self.inner.call(request.map(|inner| {
-            Body::new(BudgetedBody {
-                inner,
-                budget,
-                peer,
-                header: [0; 5],
-                header_len: 0,
-                remaining: 0,
-                charge: None,
-                failed: false,
-            })
-        }))
+        // Requests that stream messages (possibly idle in between); every
+        // other method takes one message.
+        let path = request.uri().path();
+        let streaming = path == LAUNCH_STREAM_PATH || path.starts_with("/grpc.reflection.");
+        self.inner
+            .call(request.map(|inner| Body::new(BudgetedBody::new(inner, budget, peer, streaming))))
     }
 }
 
@@ -489,6 +554,7 @@ mod tests {
             max_request_bytes: 100,
             max_buffered: 250,
             max_buffered_per_peer: 150,
+            read_timeout: Duration::from_secs(1),
         }
     }
 
@@ -527,16 +593,7 @@ mod tests {
     #[test]
     fn framing_charges_a_message_until_its_last_byte() {
         let budget = RequestBudget::new(limits());
-        let mut body = BudgetedBody {
-            inner: Body::empty(),
-            budget: Arc::clone(&budget),
-            peer: Origin::Uid(7),
-            header: [0; 5],
-            header_len: 0,
-            remaining: 0,
-            charge: None,
-            failed: false,
-        };
+        let mut body = BudgetedBody::new(Body::empty(), Arc::clone(&budget), Origin::Uid(7), true);
         // A header split across chunks, then the body in two parts.
         body.account(&[0, 0, 0]).unwrap();
         assert_eq!(budget.charged(), 0);

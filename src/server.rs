@@ -122,6 +122,7 @@ fn router(
         max_request_bytes: config.max_request_bytes,
         max_buffered: config.max_buffered_request_bytes,
         max_buffered_per_peer: config.max_buffered_request_bytes_per_uid,
+        read_timeout: config.request_read_timeout,
     });
     Ok(Server::builder()
         // Dead peers are found by keepalive (a dead client's Unix

@@ -636,6 +636,67 @@ async fn slow_clients_holding_incomplete_requests_cannot_grow_the_daemon() {
 }
 
 #[tokio::test]
+async fn a_stalled_request_is_refused_after_the_read_timeout_and_its_budget_freed() {
+    const MIB: usize = 1 << 20;
+    let daemon = Daemon::start(&[
+        "--request-read-timeout",
+        "1s",
+        "--max-request-bytes",
+        &(8 * MIB).to_string(),
+        "--max-artifact-bytes",
+        &(8 * MIB).to_string(),
+        "--max-buffered-request-bytes-per-uid",
+        &(8 * MIB).to_string(),
+    ]);
+    let message = |complete: bool| {
+        let mut body = vec![0];
+        body.extend_from_slice(&(6 * MIB as u32).to_be_bytes());
+        body.resize(5 + 6 * MIB - usize::from(!complete), 0x0a);
+        Bytes::from(body)
+    };
+    let mut send = h2_connect(&daemon.socket).await;
+    let started = Instant::now();
+    // All but the last byte of a 6 MiB LoadKernel, and a GetInfo that sends
+    // nothing at all.
+    let (stalled, mut stalled_body) = send
+        .send_request(grpc_request("/ptxd.v1.Ptxd/LoadKernel"), false)
+        .unwrap();
+    stalled_body.send_data(message(false), false).unwrap();
+    let (silent, _silent_body) = send
+        .send_request(grpc_request("/ptxd.v1.Ptxd/GetInfo"), false)
+        .unwrap();
+    for (what, response) in [("stalled", stalled), ("silent", silent)] {
+        let (status, _) = tokio::time::timeout(Duration::from_secs(5), finish(response))
+            .await
+            .unwrap_or_else(|_| panic!("the {what} request was not refused within 5 s"));
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(900),
+            "{what} refused after {elapsed:?}"
+        );
+        assert_eq!(
+            status.code(),
+            tonic::Code::ResourceExhausted,
+            "{what}: {status:?}"
+        );
+        let info = error_info(&status);
+        assert_eq!(info.reason, "LIMIT_EXCEEDED");
+        assert_eq!(info.metadata["limit"], "request_read_timeout");
+        assert_eq!(info.metadata["value"], "1");
+    }
+    // The 6 MiB are this uid's again: a complete message of that size is
+    // read and decoded (and refused for what it says, not for its size).
+    let (response, mut body) = send
+        .send_request(grpc_request("/ptxd.v1.Ptxd/LoadKernel"), false)
+        .unwrap();
+    body.send_data(message(true), true).unwrap();
+    let (status, _) = tokio::time::timeout(Duration::from_secs(5), finish(response))
+        .await
+        .unwrap();
+    assert_ne!(error_info(&status).reason, "LIMIT_EXCEEDED", "{status:?}");
+}
+
+#[tokio::test]
 async fn control_characters_from_clients_are_escaped_in_refusals_and_logs() {
     let log_path = tempfile::NamedTempFile::new().unwrap().into_temp_path();
     let log = std::fs::File::create(&log_path).unwrap();
