@@ -12,8 +12,9 @@
 //!   is no uid) holds at most `max_connections_per_uid` connections.
 //! - A connection over either cap is accepted and closed at once, after an
 //!   HTTP/2 GOAWAY (`ENHANCE_YOUR_CALM`) whose debug data names the limit.
-//! - A connection that has not sent the HTTP/2 client preface and the header
-//!   of its first frame within the handshake timeout is closed.
+//! - A connection that has not sent the HTTP/2 client preface and its first
+//!   frame (the client's SETTINGS) whole within the handshake timeout is
+//!   closed.
 //! - `accept` failing for want of descriptors or memory (EMFILE, ENFILE,
 //!   ENOBUFS, ENOMEM) never stops a listener: it pauses and retries, and says
 //!   so in the log at most once per burst.
@@ -39,9 +40,11 @@ use tonic::transport::server::{Connected, TcpConnectInfo, UdsConnectInfo};
 pub const FD_RESERVE: u64 = 256;
 
 /// The HTTP/2 client preface (24 bytes) and the 9-byte header of the frame
-/// that must follow it (SETTINGS): a connection has shaken hands once it has
-/// sent this much.
-const HANDSHAKE_BYTES: usize = 24 + 9;
+/// that must follow it (SETTINGS, whose payload length is the header's first
+/// 3 bytes): a connection has shaken hands once it has sent these and that
+/// payload.
+const PREFACE_BYTES: usize = 24;
+const FRAME_HEADER_BYTES: usize = 9;
 
 /// How long the accept loop pauses when the process is out of descriptors.
 const EXHAUSTED_PAUSE: Duration = Duration::from_millis(100);
@@ -287,9 +290,35 @@ impl Drop for ConnectionGuard {
 pub struct Conn<IO> {
     io: IO,
     _guard: ConnectionGuard,
-    /// Until the handshake bytes have arrived: the deadline and the bytes
-    /// read so far.
-    handshake: Option<(Pin<Box<Sleep>>, usize)>,
+    /// Until the handshake bytes have arrived.
+    handshake: Option<Handshake>,
+}
+
+/// How far a connection has come through its handshake.
+#[derive(Debug)]
+struct Handshake {
+    deadline: Pin<Box<Sleep>>,
+    /// Bytes read so far.
+    seen: usize,
+    /// The payload length of the first frame, from its header.
+    first_frame_length: [u8; 3],
+}
+
+impl Handshake {
+    /// Notes `bytes`, read after the first `self.seen`; true once the
+    /// preface and the whole first frame have arrived.
+    fn read(&mut self, bytes: &[u8]) -> bool {
+        for (i, byte) in bytes.iter().enumerate() {
+            let at = self.seen + i;
+            if (PREFACE_BYTES..PREFACE_BYTES + 3).contains(&at) {
+                self.first_frame_length[at - PREFACE_BYTES] = *byte;
+            }
+        }
+        self.seen += bytes.len();
+        let [a, b, c] = self.first_frame_length;
+        let payload = (usize::from(a) << 16) | (usize::from(b) << 8) | usize::from(c);
+        self.seen >= PREFACE_BYTES + FRAME_HEADER_BYTES + payload
+    }
 }
 
 impl<IO> Conn<IO> {
@@ -297,7 +326,11 @@ impl<IO> Conn<IO> {
         Conn {
             io,
             _guard: guard,
-            handshake: Some((Box::pin(tokio::time::sleep(handshake_timeout)), 0)),
+            handshake: Some(Handshake {
+                deadline: Box::pin(tokio::time::sleep(handshake_timeout)),
+                seen: 0,
+                first_frame_length: [0; 3],
+            }),
         }
     }
 }
@@ -309,8 +342,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Conn<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some((deadline, _)) = &mut this.handshake {
-            if deadline.as_mut().poll(cx).is_ready() {
+        if let Some(handshake) = &mut this.handshake {
+            if handshake.deadline.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "no HTTP/2 preface within the handshake timeout",
@@ -319,9 +352,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Conn<IO> {
         }
         let before = buf.filled().len();
         let result = ready!(Pin::new(&mut this.io).poll_read(cx, buf));
-        if let Some((_, seen)) = &mut this.handshake {
-            *seen += buf.filled().len() - before;
-            if *seen >= HANDSHAKE_BYTES {
+        if let Some(handshake) = &mut this.handshake {
+            if handshake.read(&buf.filled()[before..]) {
                 this.handshake = None;
             }
         }
@@ -531,6 +563,25 @@ mod tests {
         drop(a1);
         assert_eq!(table.open(), 2);
         let _a3 = table.admit(Origin::Uid(1)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_handshake_ends_with_the_whole_first_frame() {
+        let mut handshake = Handshake {
+            deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
+            seen: 0,
+            first_frame_length: [0; 3],
+        };
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        assert!(!handshake.read(&preface[..20]));
+        // The rest of the preface and a SETTINGS header announcing 12 bytes,
+        // split inside the length field.
+        let mut rest = preface[20..].to_vec();
+        rest.extend_from_slice(&[0, 0]);
+        assert!(!handshake.read(&rest));
+        assert!(!handshake.read(&[12, 4, 0, 0, 0, 0, 0]));
+        assert!(!handshake.read(&[0; 11]));
+        assert!(handshake.read(&[0]));
     }
 
     #[test]

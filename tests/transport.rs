@@ -81,11 +81,19 @@ async fn a_connection_that_never_shakes_hands_is_closed_after_the_handshake_time
     let mut silent = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
     let mut half = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
     half.write_all(&PREFACE[..10]).unwrap();
+    // The preface and a SETTINGS header announcing 6 bytes that never come.
+    let mut cut = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    cut.write_all(PREFACE).unwrap();
+    cut.write_all(&[0, 0, 6, 4, 0, 0, 0, 0, 0]).unwrap();
     let mut shaken = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
     shaken.write_all(PREFACE).unwrap();
     shaken.write_all(EMPTY_SETTINGS).unwrap();
 
-    for (name, stream) in [("silent", &mut silent), ("half a preface", &mut half)] {
+    for (name, stream) in [
+        ("silent", &mut silent),
+        ("half a preface", &mut half),
+        ("a cut SETTINGS frame", &mut cut),
+    ] {
         closed_within(stream, Duration::from_secs(6))
             .unwrap_or_else(|| panic!("the {name} connection was still open after 6 s"));
         let after = opened.elapsed();
