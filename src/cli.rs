@@ -18,7 +18,10 @@ use rand::{Rng, SeedableRng};
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientOpts {
     /// The daemon's Unix socket [default: $XDG_RUNTIME_DIR/ptxd.sock, else
-    /// /run/ptxd/ptxd.sock as root, else $TMPDIR/ptxd-<uid>/ptxd.sock].
+    /// /run/ptxd/ptxd.sock as root, else $TMPDIR/ptxd-<uid>/ptxd.sock; a
+    /// default path is refused (UNSAFE_SOCKET_DIR) when its directory is a
+    /// symlink, another user's, or writable by others without the sticky
+    /// bit].
     #[arg(long, env = "PTXD_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Connect over TCP instead (e.g. 127.0.0.1:50051 or
@@ -227,9 +230,14 @@ async fn connect(opts: &ClientOpts) -> Result<Client, CliError> {
     let (target, connected) = match (&opts.tcp, &opts.socket) {
         (Some(tcp), _) => (tcp.clone(), Client::connect(tcp).await),
         (None, socket) => {
-            let path = socket
-                .clone()
-                .unwrap_or_else(ptxd_client::default_socket_path);
+            // An explicit path is the user's choice; the default one's
+            // directory must be safe to trust.
+            let path = match socket {
+                Some(path) => path.clone(),
+                None => {
+                    ptxd_client::checked_default_socket_path().map_err(ptxd_client::Error::from)?
+                }
+            };
             let target = format!("unix:{}", path.display());
             (target, Client::connect_unix(path).await)
         }

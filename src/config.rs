@@ -27,7 +27,11 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeConfig {
     /// Unix socket to listen on [default: $XDG_RUNTIME_DIR/ptxd.sock, or
-    /// /run/ptxd/ptxd.sock as root]. Ignored under systemd socket activation.
+    /// /run/ptxd/ptxd.sock as root, else $TMPDIR/ptxd-<uid>/ptxd.sock]. A
+    /// default path's directory is created with mode 0700 and refused when
+    /// it is a symlink, is owned by another user, or is group- or
+    /// world-writable without the sticky bit. Ignored under systemd socket
+    /// activation.
     #[arg(long, env = "PTXD_SOCKET")]
     pub socket: Option<PathBuf>,
 
@@ -74,9 +78,69 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_ARTIFACT_BYTES", default_value_t = 16 << 20)]
     pub max_artifact_bytes: u64,
 
-    /// Largest gRPC request accepted, in bytes.
+    /// Largest gRPC request message accepted, in bytes; checked on each
+    /// message's header, before its body is read (LIMIT_EXCEEDED,
+    /// limit=max_request_bytes).
     #[arg(long, env = "PTXD_MAX_REQUEST_BYTES", default_value_t = 32 << 20)]
     pub max_request_bytes: u64,
+
+    /// Client connections at most, over all listeners [default: the
+    /// descriptor limit (raised to the hard RLIMIT_NOFILE at start) minus 256
+    /// descriptors kept for executor respawns, listeners and logs]. A
+    /// connection over a cap is closed at once after an HTTP/2 GOAWAY
+    /// naming the limit.
+    #[arg(long, env = "PTXD_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
+
+    /// Connections per peer uid at most (per address over TCP, which has no
+    /// uid).
+    #[arg(long, env = "PTXD_MAX_CONNECTIONS_PER_UID", default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections_per_uid: u64,
+
+    /// A connection that has not sent the HTTP/2 preface and its first
+    /// frame within this is closed.
+    #[arg(long, env = "PTXD_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// HTTP/2 keepalive: ping an idle connection this often...
+    #[arg(long, env = "PTXD_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub keepalive_interval: Duration,
+
+    /// ...and close it when a ping is not answered within this.
+    #[arg(long, env = "PTXD_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
+    pub keepalive_timeout: Duration,
+
+    /// Concurrent HTTP/2 streams (calls, session leases included) per
+    /// connection.
+    #[arg(long, env = "PTXD_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_streams: u32,
+
+    /// HTTP/2 flow-control window of one stream, in bytes: what a client may
+    /// send on a call before ptxd reads it.
+    #[arg(long, env = "PTXD_HTTP2_STREAM_WINDOW", default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(65_535..=(i32::MAX as i64)))]
+    pub http2_stream_window: u32,
+
+    /// HTTP/2 flow-control window of one connection, in bytes.
+    #[arg(long, env = "PTXD_HTTP2_CONNECTION_WINDOW", default_value_t = 2 << 20, value_parser = clap::value_parser!(u32).range(65_535..=(i32::MAX as i64)))]
+    pub http2_connection_window: u32,
+
+    /// Bytes of incomplete request messages held at once, over all clients.
+    /// A message that would go over is refused (LIMIT_EXCEEDED) at once.
+    #[arg(long, env = "PTXD_MAX_BUFFERED_REQUEST_BYTES", default_value_t = 512 << 20)]
+    pub max_buffered_request_bytes: u64,
+
+    /// Bytes of incomplete request messages held at once per peer uid (per
+    /// address over TCP); at least --max-request-bytes.
+    #[arg(long, env = "PTXD_MAX_BUFFERED_REQUEST_BYTES_PER_UID", default_value_t = 128 << 20)]
+    pub max_buffered_request_bytes_per_uid: u64,
+
+    /// A unary request's body must arrive (its message and its end) within
+    /// this of the call's start, and each message of a streaming request
+    /// within this of its first byte; else the call is refused
+    /// (LIMIT_EXCEEDED, limit=request_read_timeout) and what it held is
+    /// freed.
+    #[arg(long, env = "PTXD_REQUEST_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub request_read_timeout: Duration,
 
     /// Open sessions at most.
     #[arg(long, env = "PTXD_MAX_SESSIONS", default_value_t = 256)]

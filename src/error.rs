@@ -21,6 +21,7 @@ use crate::handles::MalformedHandle;
 use crate::ptx::PtxError;
 use crate::sessions::SessionError;
 use crate::slots::SlotError;
+use crate::untrusted::escape;
 
 /// Every way a request can fail.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,6 +43,9 @@ pub enum Error {
         field: &'static str,
         message: String,
     },
+    /// A request message that is not valid protobuf for its method.
+    #[error("undecodable request: {message}")]
+    Undecodable { field: String, message: String },
     #[error("limit {limit} ({value}) reached")]
     LimitExceeded { limit: &'static str, value: u64 },
     #[error("no device {device}")]
@@ -179,9 +183,18 @@ impl Error {
                         (FailureKind::UnknownObject, Some("buffer")) => {
                             (Code::FailedPrecondition, Reason::StaleBuffer)
                         }
+                        // The executor ran out of descriptors or memory: the
+                        // server's exhaustion, never the client's mistake.
+                        _ if server_exhaustion(metadata).is_some() => {
+                            (Code::ResourceExhausted, Reason::LimitExceeded)
+                        }
                         _ => failure_code(*kind),
                     };
-                    (code, reason, metadata.clone())
+                    let mut metadata = metadata.clone();
+                    if let Some(limit) = server_exhaustion(&metadata) {
+                        metadata.insert("limit".into(), limit.into());
+                    }
+                    (code, reason, metadata)
                 }
                 ExecutorError::UnexpectedReply(what) => (
                     Code::Internal,
@@ -198,6 +211,15 @@ impl Error {
                 Code::InvalidArgument,
                 Reason::InvalidArgument,
                 meta([("field", field.to_string())]),
+            ),
+            Error::Undecodable { field, .. } => (
+                Code::InvalidArgument,
+                Reason::InvalidArgument,
+                if field.is_empty() {
+                    BTreeMap::new()
+                } else {
+                    meta([("field", field.clone())])
+                },
             ),
             Error::LimitExceeded { limit, value } => (
                 Code::ResourceExhausted,
@@ -256,11 +278,16 @@ impl Error {
             Error::Draining => (Code::Unavailable, Reason::Draining, BTreeMap::new()),
             Error::Internal { .. } => (Code::Internal, Reason::Internal, BTreeMap::new()),
         };
+        // Messages and metadata quote what the client sent: escape it once,
+        // here, for the wire and for every log line built from a refusal.
         Refusal {
             code,
             reason,
-            message,
-            metadata,
+            message: escape(&message).into_owned(),
+            metadata: metadata
+                .into_iter()
+                .map(|(k, v)| (k, escape(&v).into_owned()))
+                .collect(),
         }
     }
 
@@ -284,6 +311,22 @@ impl Error {
             message: refusal.message,
             metadata: refusal.metadata.into_iter().collect(),
         }
+    }
+}
+
+/// The resource an executor failure says the server ran out of, from its
+/// `os_error` or `cuda_error` metadata: file descriptors (EMFILE, ENFILE),
+/// memory (ENOMEM, CUDA_ERROR_OUT_OF_MEMORY).
+fn server_exhaustion(metadata: &BTreeMap<String, String>) -> Option<&'static str> {
+    match metadata.get("os_error").map(String::as_str) {
+        Some("EMFILE") => return Some("open_files"),
+        Some("ENFILE") => return Some("system_open_files"),
+        Some("ENOMEM") => return Some("memory"),
+        _ => {}
+    }
+    match metadata.get("cuda_error").map(String::as_str) {
+        Some("CUDA_ERROR_OUT_OF_MEMORY") => Some("device_memory"),
+        _ => None,
     }
 }
 
@@ -328,6 +371,43 @@ mod tests {
         assert_eq!(info.domain, "ptxd");
         assert_eq!(info.metadata.get("operand").unwrap(), "input 1");
         assert_eq!(info.metadata.get("needed_bytes").unwrap(), "4096");
+    }
+
+    #[test]
+    fn descriptor_exhaustion_in_an_executor_is_the_servers_not_the_clients() {
+        for (errno, limit) in [("EMFILE", "open_files"), ("ENFILE", "system_open_files")] {
+            let error = Error::Executor(ExecutorError::Failed {
+                kind: FailureKind::InvalidHandle,
+                message: "shm_open: too many open files".into(),
+                metadata: meta([("os_error", errno.to_string())]),
+            });
+            let refusal = error.refusal();
+            assert_eq!(refusal.code, Code::ResourceExhausted, "{errno}");
+            assert_eq!(refusal.reason, Reason::LimitExceeded, "{errno}");
+            assert_eq!(refusal.metadata.get("limit").unwrap(), limit);
+            assert_eq!(refusal.metadata.get("os_error").unwrap(), errno);
+        }
+        let enoent = Error::Executor(ExecutorError::Failed {
+            kind: FailureKind::InvalidHandle,
+            message: "x".into(),
+            metadata: meta([("os_error", "ENOENT".to_string())]),
+        });
+        assert_eq!(enoent.refusal().reason, Reason::InvalidHandle);
+    }
+
+    #[test]
+    fn refusals_escape_what_the_client_sent() {
+        let refusal = Error::UnknownDevice {
+            device: "GPU-1\nline\n2024-01-01 INFO forged".into(),
+        }
+        .refusal();
+        assert!(!refusal.message.contains('\n'), "{}", refusal.message);
+        assert!(
+            refusal.message.contains("GPU-1\\nline"),
+            "{}",
+            refusal.message
+        );
+        assert!(!refusal.metadata["device"].contains('\n'));
     }
 
     #[test]

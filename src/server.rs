@@ -16,16 +16,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ptxd_proto::v1::ptxd_server::PtxdServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 use crate::config::ServeConfig;
+use crate::connections::{ConnectionLimits, ConnectionTable, Incoming};
 use crate::front::{Front, StartError};
 use crate::observe::Observer;
+use crate::requests::{BudgetLayer, BudgetLimits, PtxdRoutes, RequestBudget};
 use crate::service::PtxdService;
 
 /// Why the daemon could not start or run.
@@ -47,6 +47,10 @@ pub enum ServeError {
     Signal(std::io::Error),
     #[error("metrics: {0}")]
     Metrics(#[from] crate::metrics::MetricsError),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    UnsafeSocketDir(#[from] ptxd_client::SocketDirError),
 }
 
 /// Binds the Unix socket, replacing a stale socket file.
@@ -74,6 +78,31 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     Ok(listener)
 }
 
+type PtxdRouter = tonic::transport::server::Router<
+    tower::layer::util::Stack<BudgetLayer, tower::layer::util::Identity>,
+>;
+
+/// Creates the default socket's directory (mode 0700) when it is missing,
+/// and refuses one that another user could have planted or may write into.
+fn prepare_default_socket_dir(socket: &Path) -> Result<(), ServeError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(dir) = socket.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    if std::fs::symlink_metadata(dir).is_err() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|error| ServeError::Bind {
+                path: dir.display().to_string(),
+                error,
+            })?;
+    }
+    ptxd_client::check_socket_dir(dir, nix::unistd::geteuid().as_raw())?;
+    Ok(())
+}
+
 fn router(
     front: &Arc<Front>,
     observer: Observer,
@@ -81,25 +110,47 @@ fn router(
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-) -> Result<tonic::transport::server::Router, ServeError> {
+) -> Result<PtxdRouter, ServeError> {
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(ptxd_proto::REFLECTION_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let limit = usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX);
-    let service = PtxdServer::new(PtxdService::new(front.clone(), observer))
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit);
+    let service = PtxdRoutes::new(PtxdService::new(front.clone(), observer), limit);
+    let budget = RequestBudget::new(BudgetLimits {
+        max_request_bytes: config.max_request_bytes,
+        max_buffered: config.max_buffered_request_bytes,
+        max_buffered_per_peer: config.max_buffered_request_bytes_per_uid,
+        read_timeout: config.request_read_timeout,
+    });
     Ok(Server::builder()
-        // Dead TCP peers are found by keepalive; on a Unix socket a dead
-        // client's connection closes at once.
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        // Dead peers are found by keepalive (a dead client's Unix
+        // connection also closes at once).
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.keepalive_timeout))
+        .initial_stream_window_size(config.http2_stream_window)
+        .initial_connection_window_size(config.http2_connection_window)
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .layer(BudgetLayer::new(budget))
         .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
         .add_service(service))
+}
+
+/// The connection caps for this process's descriptor limit.
+fn connection_limits(config: &ServeConfig, fd_limit: u64) -> ConnectionLimits {
+    let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    ConnectionLimits {
+        max_connections: to_usize(
+            config
+                .max_connections
+                .unwrap_or_else(|| crate::connections::default_max_connections(fd_limit) as u64),
+        ),
+        max_per_peer: to_usize(config.max_connections_per_uid),
+        handshake_timeout: config.handshake_timeout,
+    }
 }
 
 async fn wait_for_stop(mut stop: watch::Receiver<bool>) {
@@ -123,7 +174,29 @@ pub async fn serve(
     config: ServeConfig,
     activated: Option<std::os::unix::net::UnixListener>,
 ) -> Result<(), ServeError> {
+    if config.max_buffered_request_bytes_per_uid < config.max_request_bytes
+        || config.max_buffered_request_bytes < config.max_buffered_request_bytes_per_uid
+    {
+        return Err(ServeError::Config(format!(
+            "need --max-request-bytes ({}) <= --max-buffered-request-bytes-per-uid ({}) <= \
+             --max-buffered-request-bytes ({})",
+            config.max_request_bytes,
+            config.max_buffered_request_bytes_per_uid,
+            config.max_buffered_request_bytes
+        )));
+    }
+    let fd_limit = crate::connections::raise_fd_limit();
+    let connections = ConnectionTable::new(connection_limits(&config, fd_limit.soft));
+    tracing::info!(
+        fd_limit = fd_limit.soft,
+        max_connections = connections.limits().max_connections,
+        max_connections_per_uid = connections.limits().max_per_peer,
+        "connection limits"
+    );
     let socket_path = config.socket_path();
+    if activated.is_none() && config.socket.is_none() {
+        prepare_default_socket_dir(&socket_path)?;
+    }
     // Fail before starting executors if another daemon owns the socket.
     if activated.is_none()
         && std::fs::symlink_metadata(&socket_path).is_ok()
@@ -226,16 +299,16 @@ pub async fn serve(
         });
     }
     servers.spawn(router.clone().serve_with_incoming_shutdown(
-        UnixListenerStream::new(listener),
+        Incoming::new(listener, connections.clone()),
         wait_for_stop(stop_rx.clone()),
     ));
     if let Some(tcp) = tcp {
         let addr = tcp.local_addr().ok();
         tracing::info!(?addr, "listening on TCP");
-        servers.spawn(
-            router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(tcp), wait_for_stop(stop_rx)),
-        );
+        servers.spawn(router.serve_with_incoming_shutdown(
+            Incoming::new(tcp, connections.clone()),
+            wait_for_stop(stop_rx),
+        ));
     }
     tracing::info!(socket = %socket_path.display(), backend = front.backend, boot = %front.boot, "ptxd serving");
 

@@ -76,7 +76,7 @@ async fn detached<T: Send + 'static>(
 }
 
 /// The caller's credentials, on Unix sockets.
-fn peer<T>(request: &Request<T>) -> Option<Peer> {
+pub(crate) fn peer<T>(request: &Request<T>) -> Option<Peer> {
     let info = request.extensions().get::<UdsConnectInfo>()?;
     let cred = info.peer_cred?;
     Some(Peer {
@@ -301,43 +301,62 @@ impl Ptxd for PtxdService {
         &self,
         request: Request<Streaming<api::LaunchRequest>>,
     ) -> Result<Response<Self::LaunchStreamStream>, Status> {
+        // Served by `requests::PtxdRoutes` with a codec that lets a message
+        // that does not decode fail alone; this path is the generated one.
         let peer = peer(&request);
+        let requests = request.into_inner().map(|item| item.map(Ok));
+        Ok(Response::new(self.answer_launches(peer, requests)))
+    }
+}
+
+impl PtxdService {
+    /// Answers a `LaunchStream`, in request order. An item that did not
+    /// decode is refused in its place (with its tag when it could be read)
+    /// and the stream goes on; a transport error ends the stream with it.
+    pub(crate) fn answer_launches(
+        &self,
+        peer: Option<Peer>,
+        requests: impl Stream<Item = Result<crate::requests::DecodedLaunch, Status>> + Send + 'static,
+    ) -> BoxStream<api::LaunchResponse> {
         let service = self.clone();
-        let responses = request
-            .into_inner()
+        let responses = requests
             .map(move |item| {
                 let service = service.clone();
                 async move {
-                    let request = item?;
+                    let request = match item? {
+                        Ok(request) => request,
+                        Err((error, tag)) => return Ok(service.stream_refusal(tag, error)),
+                    };
                     let started = Instant::now();
                     let result = service.front.launch(&request, peer).await;
                     service.observe_launch(&request, &result, started);
                     Ok(match result {
                         Ok(response) => response,
-                        Err(error) => {
-                            let refusal = error.refusal();
-                            service.observer.refusal(refusal.reason.wire_name());
-                            tracing::info!(
-                                rpc = "LaunchStream",
-                                reason = refusal.reason.wire_name(),
-                                message = %refusal.message,
-                                "refused"
-                            );
-                            api::LaunchResponse {
-                                tag: request.tag,
-                                micros: 0,
-                                error: Some(error.to_launch_error()),
-                            }
-                        }
+                        Err(error) => service.stream_refusal(request.tag, error),
                     })
                 }
             })
             .buffered(LAUNCH_STREAM_WINDOW);
-        Ok(Response::new(Box::pin(responses)))
+        Box::pin(responses)
     }
-}
 
-impl PtxdService {
+    /// A `LaunchStream` answer that refuses one request.
+    fn stream_refusal(&self, tag: u64, error: Error) -> api::LaunchResponse {
+        let refusal = error.refusal();
+        self.observer.refusal(refusal.reason.wire_name());
+        tracing::info!(
+            rpc = "LaunchStream",
+            reason = refusal.reason.wire_name(),
+            message = %refusal.message,
+            "refused"
+        );
+        api::LaunchResponse {
+            tag,
+            micros: 0,
+            error: Some(error.to_launch_error()),
+        }
+    }
+
     fn observe_launch(
         &self,
         request: &api::LaunchRequest,

@@ -525,6 +525,7 @@ fn the_service_sandbox_stays_tight_and_keeps_namespaces_shared() {
     }
     for (key, value) in [
         ("User", "ptxd"),
+        ("LimitNOFILE", "524288"),
         ("NoNewPrivileges", "yes"),
         ("ProtectSystem", "strict"),
         ("ProtectHome", "yes"),

@@ -14,6 +14,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::Error;
 use crate::session::{Session, SessionOptions};
+use crate::socket_dir::{check_socket_dir, socket_dir, SocketDirError};
 use crate::types::DaemonInfo;
 
 /// The socket file name inside a runtime directory.
@@ -29,6 +30,15 @@ pub fn default_socket_path() -> PathBuf {
         std::env::var_os("XDG_RUNTIME_DIR").as_deref(),
         nix::unistd::geteuid().as_raw(),
     )
+}
+
+/// [`default_socket_path`], refused when its directory is not safe to trust
+/// (see [`check_socket_dir`](crate::check_socket_dir)): another user could
+/// have created the directory first and put their own daemon's socket in it.
+pub fn checked_default_socket_path() -> Result<PathBuf, SocketDirError> {
+    let path = default_socket_path();
+    check_socket_dir(socket_dir(&path), nix::unistd::geteuid().as_raw())?;
+    Ok(path)
 }
 
 /// [`default_socket_path`] for a given `$XDG_RUNTIME_DIR` and effective uid.
@@ -113,11 +123,13 @@ impl Client {
     }
 
     /// Connects to the daemon at `$PTXD_SOCKET` when set (as the daemon and
-    /// the `ptxd` CLI read it), else at [`default_socket_path`].
+    /// the `ptxd` CLI read it), else at [`default_socket_path`], whose
+    /// directory must pass [`check_socket_dir`](crate::check_socket_dir)
+    /// ([`Error::UnsafeSocketDir`] otherwise).
     pub async fn connect_default() -> Result<Self, Error> {
         match std::env::var_os("PTXD_SOCKET").filter(|p| !p.is_empty()) {
             Some(path) => Self::connect_unix(PathBuf::from(path)).await,
-            None => Self::connect_unix(default_socket_path()).await,
+            None => Self::connect_unix(checked_default_socket_path()?).await,
         }
     }
 

@@ -45,6 +45,10 @@ pub enum Error {
     /// The caller's input cannot be turned into a request.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The default socket's directory is not safe to trust (another user
+    /// owns it or may write into it, or it is a symlink).
+    #[error(transparent)]
+    UnsafeSocketDir(#[from] crate::socket_dir::SocketDirError),
 }
 
 impl Error {
@@ -66,6 +70,7 @@ impl Error {
             Error::SessionClosed => "SESSION_CLOSED",
             Error::Protocol(_) => "PROTOCOL",
             Error::InvalidInput(_) => "INVALID_INPUT",
+            Error::UnsafeSocketDir(_) => "UNSAFE_SOCKET_DIR",
         }
     }
 }

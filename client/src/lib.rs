@@ -33,18 +33,22 @@ mod client;
 mod error;
 mod session;
 mod shm;
+mod socket_dir;
 mod types;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-pub use client::{default_socket_path, socket_path_for, Client, Target};
+pub use client::{
+    checked_default_socket_path, default_socket_path, socket_path_for, Client, Target,
+};
 pub use error::{Error, Refusal, RefusalDetails};
 pub use session::{
     BufferSource, Kernel, KernelState, LaunchReceiver, LaunchSender, LaunchStream, Session,
     SessionOptions, StreamReply,
 };
 pub use shm::{validate_shm_name, HostShm, ShmError};
+pub use socket_dir::{check_socket_dir, SocketDirError};
 pub use types::{
     Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
     DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits, LoadOptions,

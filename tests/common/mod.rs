@@ -21,9 +21,16 @@ pub fn corpus(name: &str) -> String {
 impl Daemon {
     /// `ptxd serve --backend host` with `extra` flags.
     pub fn start(extra: &[&str]) -> Daemon {
+        Self::start_with(extra, |_| {})
+    }
+
+    /// [`Daemon::start`] with the command adjusted before it is spawned
+    /// (environment, resource limits, where stderr goes).
+    pub fn start_with(extra: &[&str], adjust: impl FnOnce(&mut Command)) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("ptxd.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_ptxd"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ptxd"));
+        command
             .arg("serve")
             .arg("--backend")
             .arg("host")
@@ -38,9 +45,9 @@ impl Daemon {
                 "RUST_LOG",
                 std::env::var("PTXD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
             )
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stdin(Stdio::null());
+        adjust(&mut command);
+        let child = command.spawn().unwrap();
         let mut daemon = Daemon { child, socket, dir };
         daemon.wait_ready();
         daemon

@@ -1,0 +1,187 @@
+//! Is a directory safe to hold (or to find) ptxd's socket?
+//!
+//! Without `$XDG_RUNTIME_DIR`, the default socket sits in
+//! `<temp dir>/ptxd-<euid>/`, a name any user can create first. If another
+//! user owns that directory, or may write into it, they can put their own
+//! socket there and every client of the victim talks to them. So, as
+//! ssh-agent and tmux do, the daemon and the SDK refuse a default socket
+//! directory that:
+//! - is a symlink (checked with `lstat`, never followed);
+//! - is not a directory;
+//! - is owned by neither the user nor root;
+//! - is group- or world-writable without the sticky bit.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Why a socket directory is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SocketDirError {
+    #[error("socket directory {} is a symlink; refusing it (another user may have planted it)", .0.display())]
+    Symlink(PathBuf),
+    #[error("socket directory {} is not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    #[error(
+        "socket directory {} is owned by uid {owner}, not by uid {uid} or root; refusing it \
+         (another user may have created it first)",
+        path.display()
+    )]
+    NotOwned { path: PathBuf, owner: u32, uid: u32 },
+    #[error(
+        "socket directory {} has mode {mode:04o}: group- or world-writable without the sticky \
+         bit; refusing it (chmod 700 it, or remove it)",
+        path.display()
+    )]
+    Writable { path: PathBuf, mode: u32 },
+    #[error("cannot inspect socket directory {}: {message}", path.display())]
+    Inspect { path: PathBuf, message: String },
+}
+
+/// Checks `dir` for the user `euid` (see the module doc). A directory that
+/// does not exist passes: there is nothing to trust yet, and a connect to a
+/// socket inside it fails on its own.
+pub fn check_socket_dir(dir: &Path, euid: u32) -> Result<(), SocketDirError> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(SocketDirError::Inspect {
+                path: dir.to_owned(),
+                message: e.to_string(),
+            })
+        }
+    };
+    if meta.file_type().is_symlink() {
+        return Err(SocketDirError::Symlink(dir.to_owned()));
+    }
+    if !meta.is_dir() {
+        return Err(SocketDirError::NotADirectory(dir.to_owned()));
+    }
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(SocketDirError::NotOwned {
+            path: dir.to_owned(),
+            owner: meta.uid(),
+            uid: euid,
+        });
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return Err(SocketDirError::Writable {
+            path: dir.to_owned(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+/// The directory of a socket path (`.` for a bare name).
+pub(crate) fn socket_dir(socket: &Path) -> &Path {
+    match socket.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn chmod(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn euid() -> u32 {
+        nix::unistd::geteuid().as_raw()
+    }
+
+    #[test]
+    fn a_private_or_sticky_directory_of_the_user_passes() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ptxd-1");
+        std::fs::create_dir(&dir).unwrap();
+        chmod(&dir, 0o700);
+        check_socket_dir(&dir, euid()).unwrap();
+        chmod(&dir, 0o1777);
+        check_socket_dir(&dir, euid()).unwrap();
+        chmod(&dir, 0o755);
+        check_socket_dir(&dir, euid()).unwrap();
+        check_socket_dir(&root.path().join("absent"), euid()).unwrap();
+    }
+
+    #[test]
+    fn a_group_or_world_writable_directory_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ptxd-1");
+        std::fs::create_dir(&dir).unwrap();
+        for mode in [0o777, 0o770, 0o702, 0o720] {
+            chmod(&dir, mode);
+            assert_eq!(
+                check_socket_dir(&dir, euid()),
+                Err(SocketDirError::Writable {
+                    path: dir.clone(),
+                    mode
+                }),
+                "{mode:o}"
+            );
+        }
+        let message = check_socket_dir(&dir, euid()).unwrap_err().to_string();
+        assert!(
+            message.contains("0720") && message.contains("sticky"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_symlink_is_refused_even_to_a_good_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let target = root.path().join("real");
+        std::fs::create_dir(&target).unwrap();
+        chmod(&target, 0o700);
+        let link = root.path().join("ptxd-1");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(
+            check_socket_dir(&link, euid()),
+            Err(SocketDirError::Symlink(link.clone()))
+        );
+        let file = root.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(
+            check_socket_dir(&file, euid()),
+            Err(SocketDirError::NotADirectory(file.clone()))
+        );
+    }
+
+    #[test]
+    fn a_directory_of_another_user_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ptxd-1");
+        std::fs::create_dir(&dir).unwrap();
+        chmod(&dir, 0o700);
+        let owner = std::fs::metadata(&dir).unwrap().uid();
+        // Checked as another (non-root) user than the directory's owner; as
+        // root, also with the directory given away for real.
+        let other = if owner == 4242 { 4243 } else { 4242 };
+        if owner != 0 {
+            assert_eq!(
+                check_socket_dir(&dir, other),
+                Err(SocketDirError::NotOwned {
+                    path: dir.clone(),
+                    owner,
+                    uid: other
+                })
+            );
+        }
+        if euid() == 0 {
+            nix::unistd::chown(&dir, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            assert_eq!(
+                check_socket_dir(&dir, 0),
+                Err(SocketDirError::NotOwned {
+                    path: dir.clone(),
+                    owner: 65534,
+                    uid: 0
+                })
+            );
+        }
+    }
+}

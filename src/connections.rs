@@ -1,0 +1,613 @@
+//! Connections: the file-descriptor limit, how many connections the daemon
+//! holds (in all and per peer), and the deadline for the HTTP/2 handshake.
+//!
+//! Invariants:
+//! - At start the soft `RLIMIT_NOFILE` is raised to the hard limit.
+//! - Client connections never hold more than `max_connections` descriptors,
+//!   which by default is the descriptor limit minus [`FD_RESERVE`]: whatever
+//!   clients do, the front keeps descriptors for respawning an executor
+//!   (socketpair, pipes, the child's exec), its listeners, the metrics
+//!   endpoint and its logs.
+//! - One peer (a uid on the Unix socket, an IP address over TCP, where there
+//!   is no uid) holds at most `max_connections_per_uid` connections.
+//! - A connection over either cap is accepted and closed at once, after an
+//!   HTTP/2 GOAWAY (`ENHANCE_YOUR_CALM`) whose debug data names the limit.
+//! - A connection that has not sent the HTTP/2 client preface and its first
+//!   frame (the client's SETTINGS) whole within the handshake timeout is
+//!   closed.
+//! - `accept` failing for want of descriptors or memory (EMFILE, ENFILE,
+//!   ENOBUFS, ENOMEM) never stops a listener: it pauses and retries, and says
+//!   so in the log at most once per burst.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::time::Sleep;
+use tonic::transport::server::{Connected, TcpConnectInfo, UdsConnectInfo};
+
+/// Descriptors kept out of the connection cap by default: executor respawns,
+/// listeners, the metrics endpoint (at most 64 connections), executor links
+/// (one per device) and logs.
+pub const FD_RESERVE: u64 = 256;
+
+/// The HTTP/2 client preface (24 bytes) and the 9-byte header of the frame
+/// that must follow it (SETTINGS, whose payload length is the header's first
+/// 3 bytes): a connection has shaken hands once it has sent these and that
+/// payload.
+const PREFACE_BYTES: usize = 24;
+const FRAME_HEADER_BYTES: usize = 9;
+
+/// How long the accept loop pauses when the process is out of descriptors.
+const EXHAUSTED_PAUSE: Duration = Duration::from_millis(100);
+
+/// The descriptor limit in effect after [`raise_fd_limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdLimit {
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (systemd's default
+/// soft limit is 1024) and returns the limit in effect. Failing to raise it
+/// is logged and leaves the soft limit as it was.
+pub fn raise_fd_limit() -> FdLimit {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        tracing::warn!("cannot read RLIMIT_NOFILE; assuming 1024");
+        return FdLimit {
+            soft: 1024,
+            hard: 1024,
+        };
+    };
+    // Linux refuses an infinite NOFILE: the ceiling is fs.nr_open.
+    let target = if hard == RLIM_INFINITY {
+        std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(1 << 20)
+    } else {
+        hard
+    };
+    if soft >= target {
+        return FdLimit { soft, hard };
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, target, hard) {
+        Ok(()) => {
+            tracing::debug!(from = soft, to = target, "raised RLIMIT_NOFILE");
+            FdLimit { soft: target, hard }
+        }
+        Err(error) => {
+            tracing::warn!(%error, soft, hard, "cannot raise RLIMIT_NOFILE");
+            FdLimit { soft, hard }
+        }
+    }
+}
+
+/// The default connection cap for a descriptor limit: the limit less
+/// [`FD_RESERVE`], or half the limit when it is too small for that.
+pub fn default_max_connections(fd_limit: u64) -> usize {
+    let cap = if fd_limit > 2 * FD_RESERVE {
+        fd_limit - FD_RESERVE
+    } else {
+        fd_limit / 2
+    };
+    usize::try_from(cap.max(1)).unwrap_or(usize::MAX)
+}
+
+/// Who is at the other end of a connection, for per-peer caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// A Unix-socket peer, by its uid (SO_PEERCRED).
+    Uid(u32),
+    /// A TCP peer, which has no uid, by its address.
+    Ip(IpAddr),
+    /// A peer whose credentials could not be read.
+    Unknown,
+}
+
+impl Origin {
+    /// The peer of a request, from the connect info tonic puts in its
+    /// extensions.
+    pub fn of(extensions: &http::Extensions) -> Origin {
+        if let Some(info) = extensions.get::<UdsConnectInfo>() {
+            return info
+                .peer_cred
+                .map_or(Origin::Unknown, |cred| Origin::Uid(cred.uid()));
+        }
+        if let Some(addr) = extensions
+            .get::<TcpConnectInfo>()
+            .and_then(|info| info.remote_addr)
+        {
+            return Origin::Ip(addr.ip());
+        }
+        Origin::Unknown
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Uid(uid) => write!(f, "uid {uid}"),
+            Origin::Ip(ip) => write!(f, "tcp {ip}"),
+            Origin::Unknown => f.write_str("an unidentified peer"),
+        }
+    }
+}
+
+/// The connection caps and the handshake deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    pub max_connections: usize,
+    pub max_per_peer: usize,
+    pub handshake_timeout: Duration,
+}
+
+/// Why a connection was turned away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Total { limit: usize },
+    PerPeer { peer: Origin, limit: usize },
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Total { limit } => write!(
+                f,
+                "ptxd: LIMIT_EXCEEDED limit=max_connections value={limit}"
+            ),
+            Refused::PerPeer { peer, limit } => write!(
+                f,
+                "ptxd: LIMIT_EXCEEDED limit=max_connections_per_uid value={limit} ({peer})"
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    per_peer: HashMap<Origin, usize>,
+}
+
+/// Refusals not yet logged, and when the last log line went out.
+#[derive(Debug)]
+struct RefusalLog {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+/// The live connections, counted in all and per peer.
+#[derive(Debug)]
+pub struct ConnectionTable {
+    limits: ConnectionLimits,
+    counts: Mutex<Counts>,
+    log: Mutex<RefusalLog>,
+}
+
+impl ConnectionTable {
+    pub fn new(limits: ConnectionLimits) -> Arc<Self> {
+        Arc::new(ConnectionTable {
+            limits,
+            counts: Mutex::new(Counts::default()),
+            log: Mutex::new(RefusalLog {
+                last: None,
+                unlogged: 0,
+            }),
+        })
+    }
+
+    pub fn limits(&self) -> ConnectionLimits {
+        self.limits
+    }
+
+    /// Live connections.
+    pub fn open(&self) -> usize {
+        self.counts.lock().map(|c| c.total).unwrap_or(0)
+    }
+
+    /// Counts a new connection from `peer`, or says which cap it is over.
+    pub fn admit(self: &Arc<Self>, peer: Origin) -> Result<ConnectionGuard, Refused> {
+        let Ok(mut counts) = self.counts.lock() else {
+            // A poisoned table cannot count: refuse rather than overrun.
+            return Err(Refused::Total {
+                limit: self.limits.max_connections,
+            });
+        };
+        if counts.total >= self.limits.max_connections {
+            return Err(Refused::Total {
+                limit: self.limits.max_connections,
+            });
+        }
+        let held = counts.per_peer.entry(peer).or_insert(0);
+        if *held >= self.limits.max_per_peer {
+            return Err(Refused::PerPeer {
+                peer,
+                limit: self.limits.max_per_peer,
+            });
+        }
+        *held += 1;
+        counts.total += 1;
+        Ok(ConnectionGuard {
+            table: Arc::clone(self),
+            peer,
+        })
+    }
+
+    /// Logs a refusal, at most one line a second (a flood of refused
+    /// connections must not become a flood of log lines).
+    fn log_refusal(&self, refused: Refused) {
+        let Ok(mut log) = self.log.lock() else {
+            return;
+        };
+        log.unlogged += 1;
+        let now = Instant::now();
+        if log
+            .last
+            .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
+        {
+            return;
+        }
+        tracing::warn!(refused = %refused, count = log.unlogged, "connections refused");
+        log.last = Some(now);
+        log.unlogged = 0;
+    }
+}
+
+/// One counted connection; uncounted when dropped (the connection closed).
+#[derive(Debug)]
+pub struct ConnectionGuard {
+    table: Arc<ConnectionTable>,
+    peer: Origin,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        if let Ok(mut counts) = self.table.counts.lock() {
+            counts.total = counts.total.saturating_sub(1);
+            if let Some(held) = counts.per_peer.get_mut(&self.peer) {
+                *held = held.saturating_sub(1);
+                if *held == 0 {
+                    counts.per_peer.remove(&self.peer);
+                }
+            }
+        }
+    }
+}
+
+/// An admitted connection: counted while it lives, and closed if it does
+/// not shake hands in time.
+#[derive(Debug)]
+pub struct Conn<IO> {
+    io: IO,
+    _guard: ConnectionGuard,
+    /// Until the handshake bytes have arrived.
+    handshake: Option<Handshake>,
+}
+
+/// How far a connection has come through its handshake.
+#[derive(Debug)]
+struct Handshake {
+    deadline: Pin<Box<Sleep>>,
+    /// Bytes read so far.
+    seen: usize,
+    /// The payload length of the first frame, from its header.
+    first_frame_length: [u8; 3],
+}
+
+impl Handshake {
+    /// Notes `bytes`, read after the first `self.seen`; true once the
+    /// preface and the whole first frame have arrived.
+    fn read(&mut self, bytes: &[u8]) -> bool {
+        for (i, byte) in bytes.iter().enumerate() {
+            let at = self.seen + i;
+            if (PREFACE_BYTES..PREFACE_BYTES + 3).contains(&at) {
+                self.first_frame_length[at - PREFACE_BYTES] = *byte;
+            }
+        }
+        self.seen += bytes.len();
+        let [a, b, c] = self.first_frame_length;
+        let payload = (usize::from(a) << 16) | (usize::from(b) << 8) | usize::from(c);
+        self.seen >= PREFACE_BYTES + FRAME_HEADER_BYTES + payload
+    }
+}
+
+impl<IO> Conn<IO> {
+    fn new(io: IO, guard: ConnectionGuard, handshake_timeout: Duration) -> Self {
+        Conn {
+            io,
+            _guard: guard,
+            handshake: Some(Handshake {
+                deadline: Box::pin(tokio::time::sleep(handshake_timeout)),
+                seen: 0,
+                first_frame_length: [0; 3],
+            }),
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Conn<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(handshake) = &mut this.handshake {
+            if handshake.deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no HTTP/2 preface within the handshake timeout",
+                )));
+            }
+        }
+        let before = buf.filled().len();
+        let result = ready!(Pin::new(&mut this.io).poll_read(cx, buf));
+        if let Some(handshake) = &mut this.handshake {
+            if handshake.read(&buf.filled()[before..]) {
+                this.handshake = None;
+            }
+        }
+        Poll::Ready(result)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Conn<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl<IO: Connected> Connected for Conn<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// A listener the accept loop can drive.
+pub trait Listener {
+    type Io;
+    fn poll_accept_peer(&self, cx: &mut Context<'_>) -> Poll<io::Result<(Self::Io, Origin)>>;
+    /// Writes what fits of `bytes` without waiting (a best-effort goodbye).
+    fn try_write(io: &Self::Io, bytes: &[u8]);
+}
+
+impl Listener for UnixListener {
+    type Io = UnixStream;
+
+    fn poll_accept_peer(&self, cx: &mut Context<'_>) -> Poll<io::Result<(UnixStream, Origin)>> {
+        self.poll_accept(cx).map_ok(|(stream, _)| {
+            let peer = stream
+                .peer_cred()
+                .map_or(Origin::Unknown, |cred| Origin::Uid(cred.uid()));
+            (stream, peer)
+        })
+    }
+
+    fn try_write(io: &UnixStream, bytes: &[u8]) {
+        let _ = io.try_write(bytes);
+    }
+}
+
+impl Listener for TcpListener {
+    type Io = TcpStream;
+
+    fn poll_accept_peer(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, Origin)>> {
+        self.poll_accept(cx)
+            .map_ok(|(stream, addr)| (stream, Origin::Ip(addr.ip())))
+    }
+
+    fn try_write(io: &TcpStream, bytes: &[u8]) {
+        let _ = io.try_write(bytes);
+    }
+}
+
+/// An HTTP/2 server preface (empty SETTINGS) followed by a GOAWAY with
+/// ENHANCE_YOUR_CALM whose debug data is `message`.
+fn goaway(message: &str) -> Vec<u8> {
+    let debug = &message.as_bytes()[..message.len().min(1024)];
+    let length = 8 + debug.len();
+    let mut out = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0];
+    out.extend_from_slice(&[
+        (length >> 16) as u8,
+        (length >> 8) as u8,
+        length as u8,
+        0x7,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]);
+    out.extend_from_slice(&0u32.to_be_bytes()); // last stream id
+    out.extend_from_slice(&0xbu32.to_be_bytes()); // ENHANCE_YOUR_CALM
+    out.extend_from_slice(debug);
+    out
+}
+
+/// Is this accept error the process (or system) running out of descriptors
+/// or memory, as opposed to one connection failing?
+fn is_exhaustion(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc_errno) if [nix::libc::EMFILE, nix::libc::ENFILE, nix::libc::ENOBUFS, nix::libc::ENOMEM]
+            .contains(&libc_errno)
+    )
+}
+
+/// The admitted connections of a listener, as tonic's `incoming` stream.
+/// It never yields an error: refusals and failed accepts are handled here.
+#[derive(Debug)]
+pub struct Incoming<L> {
+    listener: L,
+    table: Arc<ConnectionTable>,
+    pause: Option<Pin<Box<Sleep>>>,
+    exhausted_since: Option<Instant>,
+}
+
+impl<L> Incoming<L> {
+    pub fn new(listener: L, table: Arc<ConnectionTable>) -> Self {
+        Incoming {
+            listener,
+            table,
+            pause: None,
+            exhausted_since: None,
+        }
+    }
+}
+
+impl<L: Listener + Unpin> Stream for Incoming<L> {
+    type Item = io::Result<Conn<L::Io>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(pause) = &mut this.pause {
+                ready!(pause.as_mut().poll(cx));
+                this.pause = None;
+            }
+            match ready!(this.listener.poll_accept_peer(cx)) {
+                Ok((io, peer)) => {
+                    if let Some(since) = this.exhausted_since.take() {
+                        tracing::info!(after = ?since.elapsed(), "accepting connections again");
+                    }
+                    match this.table.admit(peer) {
+                        Ok(guard) => {
+                            let timeout = this.table.limits.handshake_timeout;
+                            return Poll::Ready(Some(Ok(Conn::new(io, guard, timeout))));
+                        }
+                        Err(refused) => {
+                            L::try_write(&io, &goaway(&refused.to_string()));
+                            this.table.log_refusal(refused);
+                        }
+                    }
+                }
+                Err(error) if is_exhaustion(&error) => {
+                    if this.exhausted_since.is_none() {
+                        tracing::error!(%error, open = this.table.open(), "accept: out of descriptors or memory; pausing");
+                        this.exhausted_since = Some(Instant::now());
+                    }
+                    this.pause = Some(Box::pin(tokio::time::sleep(EXHAUSTED_PAUSE)));
+                }
+                Err(error) => tracing::debug!(%error, "accept failed"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn limits(total: usize, per_peer: usize) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: total,
+            max_per_peer: per_peer,
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn caps_count_in_all_and_per_peer_and_free_on_drop() {
+        let table = ConnectionTable::new(limits(3, 2));
+        let a1 = table.admit(Origin::Uid(1)).unwrap();
+        let _a2 = table.admit(Origin::Uid(1)).unwrap();
+        assert_eq!(
+            table.admit(Origin::Uid(1)).unwrap_err(),
+            Refused::PerPeer {
+                peer: Origin::Uid(1),
+                limit: 2
+            }
+        );
+        let _b1 = table.admit(Origin::Uid(2)).unwrap();
+        assert_eq!(
+            table.admit(Origin::Uid(3)).unwrap_err(),
+            Refused::Total { limit: 3 }
+        );
+        drop(a1);
+        assert_eq!(table.open(), 2);
+        let _a3 = table.admit(Origin::Uid(1)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_handshake_ends_with_the_whole_first_frame() {
+        let mut handshake = Handshake {
+            deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
+            seen: 0,
+            first_frame_length: [0; 3],
+        };
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        assert!(!handshake.read(&preface[..20]));
+        // The rest of the preface and a SETTINGS header announcing 12 bytes,
+        // split inside the length field.
+        let mut rest = preface[20..].to_vec();
+        rest.extend_from_slice(&[0, 0]);
+        assert!(!handshake.read(&rest));
+        assert!(!handshake.read(&[12, 4, 0, 0, 0, 0, 0]));
+        assert!(!handshake.read(&[0; 11]));
+        assert!(handshake.read(&[0]));
+    }
+
+    #[test]
+    fn the_default_cap_keeps_the_reserve() {
+        assert_eq!(default_max_connections(1024), 1024 - FD_RESERVE as usize);
+        assert_eq!(default_max_connections(300), 150);
+        assert_eq!(default_max_connections(0), 1);
+    }
+
+    #[test]
+    fn goaway_is_a_settings_then_a_goaway_frame() {
+        let frames = goaway("hi");
+        assert_eq!(&frames[..9], &[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        assert_eq!(&frames[9..13], &[0, 0, 10, 7]);
+        assert_eq!(&frames[22..26], &[0, 0, 0, 0xb]);
+        assert_eq!(&frames[26..], b"hi");
+    }
+
+    #[test]
+    fn raising_the_limit_reaches_the_hard_limit() {
+        let limit = raise_fd_limit();
+        let (soft, hard) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        assert_eq!((limit.soft, limit.hard), (soft, hard));
+        if hard != nix::sys::resource::RLIM_INFINITY {
+            assert_eq!(soft, hard);
+        }
+    }
+}
