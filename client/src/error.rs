@@ -162,7 +162,7 @@ refusals! {
     UnsupportedArtifact,
     /// A CUDA IPC handle or shared-memory name does not open.
     InvalidHandle,
-    /// The handle belongs to another session, or the session to another uid.
+    /// The session was opened by another caller (uid, transport or connection).
     NotOwner,
     /// A configured limit was reached.
     LimitExceeded,
@@ -182,6 +182,12 @@ refusals! {
     Draining,
     /// A fault inside ptxd itself.
     Internal,
+    /// Machine code (cubin, fatbin) from a caller not trusted with
+    /// unverified artifacts: load PTX instead.
+    UnverifiedArtifact,
+    /// The request needs a caller identity (e.g. host shared memory) and the
+    /// connection has none (TCP): use the Unix socket.
+    IdentityRequired,
 }
 
 impl Refusal {
@@ -255,7 +261,7 @@ mod tests {
         let reasons: Vec<Reason> = (1..)
             .map_while(|value| Reason::try_from(value).ok())
             .collect();
-        assert_eq!(reasons.len(), 21, "the proto's reason list changed");
+        assert_eq!(reasons.len(), 23, "the proto's reason list changed");
         reasons
     }
 
