@@ -391,7 +391,11 @@ mod tests {
         let ta = a.issue(BufferId(1));
         let tb = b.issue(BufferId(1));
         assert_ne!(ta, tb, "two sessions get different handles for one object");
-        assert_eq!(a.issue(BufferId(1)), ta, "issuing again gives the same token");
+        assert_eq!(
+            a.issue(BufferId(1)),
+            ta,
+            "issuing again gives the same token"
+        );
         assert_eq!(a.get(ta), Some(BufferId(1)));
         assert_eq!(a.get(tb), None, "another table's token resolves to nothing");
         let second = a.issue(BufferId(2));

@@ -163,6 +163,7 @@ pub async fn serve(
                 m.set_sessions(gauges.sessions);
                 m.set_buffers(gauges.buffers, gauges.buffer_bytes);
                 m.set_slots_used(gauges.slots_used);
+                m.set_loaded_bytes(gauges.loaded_bytes, gauges.loaded_bytes_limit);
                 for (uuid, generation, _) in &gauges.devices {
                     m.set_generation(uuid, *generation);
                 }

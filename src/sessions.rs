@@ -95,7 +95,9 @@ pub enum SessionError {
     Unknown { session: String },
     /// The session was opened by another caller. Neither side's identity is
     /// named: the refusal must not tell one user who another is.
-    #[error("session {session} was opened by another caller (another uid, transport or connection)")]
+    #[error(
+        "session {session} was opened by another caller (another uid, transport or connection)"
+    )]
     WrongPeer { session: String },
 }
 
@@ -113,9 +115,6 @@ pub struct Session {
     pub stream: u64,
     /// The session's kernel handles.
     pub kernels: Tokens<KernelHandle>,
-    /// Loaded artifact bytes of the kernels it holds (a cached kernel counts
-    /// in full for every holder).
-    pub artifact_bytes: u64,
     pub buffers: Tokens<BufferId>,
     pub events_held: Tokens<EventId>,
     pub buffer_bytes: u64,
@@ -135,9 +134,14 @@ impl Session {
         let allowed = match (self.opener, caller) {
             (Caller::Local(owner), Caller::Local(peer)) => owner.uid == peer.uid,
             // No credentials: bound to the connection that opened it.
-            (Caller::Remote { connection: Some(a) }, Caller::Remote { connection: Some(b) }) => {
-                a == b
-            }
+            (
+                Caller::Remote {
+                    connection: Some(a),
+                },
+                Caller::Remote {
+                    connection: Some(b),
+                },
+            ) => a == b,
             _ => false,
         };
         if allowed {
@@ -164,7 +168,6 @@ mod tests {
             events,
             stream: 1,
             kernels: Tokens::default(),
-            artifact_bytes: 0,
             buffers: Tokens::default(),
             events_held: Tokens::default(),
             buffer_bytes: 0,
@@ -203,8 +206,14 @@ mod tests {
     fn a_tcp_session_is_bound_to_its_connection() {
         let session = session(remote(4000));
         assert!(session.authorize(remote(4000)).is_ok());
-        assert!(session.authorize(remote(4001)).is_err(), "another connection");
-        assert!(session.authorize(local(0, 1)).is_err(), "even root over Unix");
+        assert!(
+            session.authorize(remote(4001)).is_err(),
+            "another connection"
+        );
+        assert!(
+            session.authorize(local(0, 1)).is_err(),
+            "even root over Unix"
+        );
         assert!(session.authorize(local(1000, 1)).is_err());
         let unknown = Caller::Remote { connection: None };
         assert!(self::session(unknown).authorize(unknown).is_err());

@@ -221,6 +221,18 @@ impl SlotTable {
         })
     }
 
+    /// The live slot already holding this content, if any (not yet held).
+    pub fn cached(
+        &self,
+        key: &ContentKey,
+        is_live: impl Fn(DeviceGeneration) -> bool,
+    ) -> Option<KernelHandle> {
+        if !is_live(key.generation) {
+            return None;
+        }
+        self.handle_of(*self.by_content.get(key)?)
+    }
+
     /// The cache: a live slot already holding this content, now held by
     /// `session` too.
     pub fn hold_cached(
@@ -552,7 +564,10 @@ mod tests {
         let mut other_uid = key(1, 9);
         other_uid.scope = Some(Tenant::Uid(1001));
         assert!(table.hold_cached(&other_uid, &b, live).is_none());
-        assert!(table.hold_cached(&key(1, 9), &b, live).is_none(), "node scope");
+        assert!(
+            table.hold_cached(&key(1, 9), &b, live).is_none(),
+            "node scope"
+        );
         let mut same_uid = key(1, 9);
         same_uid.scope = Some(Tenant::Uid(1000));
         assert!(table.hold_cached(&same_uid, &b, live).is_some());

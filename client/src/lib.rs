@@ -48,5 +48,5 @@ pub use shm::{validate_shm_name, HostShm, ShmError};
 pub use types::{
     Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
     DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits, LoadOptions,
-    Operand, SessionEvent,
+    Operand, SessionEvent, Usage,
 };
