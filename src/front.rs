@@ -922,17 +922,22 @@ impl Front {
         {
             let mut state = self.lock();
             Self::refuse_if_draining(&state)?;
-            let tenant = peer.tenant();
-            if state.tenant_usage(tenant).sessions >= self.limits.max_sessions_per_uid {
-                return Err(Error::LimitExceeded {
-                    limit: "max_sessions_per_uid",
-                    value: self.limits.max_sessions_per_uid.into(),
-                });
-            }
             if state.sessions.len() as u64 >= u64::from(self.limits.max_sessions) {
                 return Err(Error::LimitExceeded {
                     limit: "max_sessions",
                     value: self.limits.max_sessions.into(),
+                });
+            }
+            let tenant = peer.tenant();
+            let tenant_sessions = state
+                .sessions
+                .values()
+                .filter(|s| s.tenant() == tenant)
+                .count();
+            if tenant_sessions as u64 >= u64::from(self.limits.max_sessions_per_uid) {
+                return Err(Error::LimitExceeded {
+                    limit: "max_sessions_per_uid",
+                    value: self.limits.max_sessions_per_uid.into(),
                 });
             }
             let opened = api::SessionEvent {
@@ -1264,7 +1269,19 @@ impl Front {
             let usage = state.tenant_usage(tenant);
             let new_for_tenant = cached.is_none_or(|h| !state.tenant_holds(tenant, h));
             let (slots, bytes_for_tenant) = if new_for_tenant { (1, bytes) } else { (0, 0) };
-            let over = if usage.slots + slots > self.limits.max_slots_per_uid {
+            // Daemon-wide limits first, then the tenant's share.
+            let over = if cached.is_none() && state.slots.used() >= state.slots.capacity() {
+                Some(Error::Slot(SlotError::BankFull {
+                    capacity: state.slots.capacity(),
+                }))
+            } else if cached.is_none()
+                && state.slots.loaded_bytes().saturating_add(bytes) > self.limits.max_loaded_bytes
+            {
+                Some(Error::LimitExceeded {
+                    limit: "max_loaded_bytes",
+                    value: self.limits.max_loaded_bytes,
+                })
+            } else if usage.slots + slots > self.limits.max_slots_per_uid {
                 Some(Error::LimitExceeded {
                     limit: "max_slots_per_uid",
                     value: self.limits.max_slots_per_uid.into(),
@@ -1276,17 +1293,6 @@ impl Front {
                     limit: "max_loaded_bytes_per_uid",
                     value: self.limits.max_loaded_bytes_per_uid,
                 })
-            } else if cached.is_none()
-                && state.slots.loaded_bytes().saturating_add(bytes) > self.limits.max_loaded_bytes
-            {
-                Some(Error::LimitExceeded {
-                    limit: "max_loaded_bytes",
-                    value: self.limits.max_loaded_bytes,
-                })
-            } else if cached.is_none() && state.slots.used() >= state.slots.capacity() {
-                Some(Error::Slot(SlotError::BankFull {
-                    capacity: state.slots.capacity(),
-                }))
             } else {
                 None
             };
