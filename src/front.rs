@@ -2510,6 +2510,150 @@ mod tests {
         }
     }
 
+    /// An executor that opens and closes events, yielding in every call so
+    /// that concurrent callers interleave between check and commit.
+    #[derive(Default)]
+    struct FakeExecutor {
+        open: Mutex<std::collections::BTreeSet<u64>>,
+        closes: AtomicU64,
+        fail_opens: bool,
+    }
+
+    impl Executor for FakeExecutor {
+        fn call(
+            &self,
+            op: Op,
+        ) -> impl std::future::Future<Output = Result<reply::Result, LinkError>> + Send {
+            async move {
+                tokio::task::yield_now().await;
+                let mut open = self.open.lock().unwrap();
+                Ok(match op {
+                    Op::OpenEvent(_) if self.fail_opens => {
+                        reply::Result::Failure(exec::Failure {
+                            kind: exec::FailureKind::InvalidHandle as i32,
+                            message: "no such event".into(),
+                            ..Default::default()
+                        })
+                    }
+                    Op::OpenEvent(e) => {
+                        open.insert(e.event_id);
+                        reply::Result::Ok(exec::Empty {})
+                    }
+                    Op::CloseEvent(e) => {
+                        open.remove(&e.event_id);
+                        self.closes.fetch_add(1, Ordering::SeqCst);
+                        reply::Result::Ok(exec::Empty {})
+                    }
+                    _ => reply::Result::Ok(exec::Empty {}),
+                })
+            }
+        }
+    }
+
+    /// One registration as register_event makes it: check the limit, open
+    /// in the executor, re-check and commit (or undo) through `side_effect`.
+    async fn register(
+        executor: &FakeExecutor,
+        registered: &Mutex<Vec<u64>>,
+        limit: usize,
+        id: u64,
+    ) -> Result<(), Error> {
+        let full = || Error::LimitExceeded {
+            limit: "max_events_per_session",
+            value: limit as u64,
+        };
+        if registered.lock().unwrap().len() >= limit {
+            return Err(full());
+        }
+        side_effect(
+            executor,
+            "HOST-0",
+            Op::OpenEvent(exec::OpenEvent {
+                event_id: id,
+                handle: vec![0; 64],
+            }),
+            Op::CloseEvent(exec::CloseEvent { event_id: id }),
+            |reply| match reply {
+                reply::Result::Ok(_) => Ok(()),
+                _ => Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
+            },
+            |()| {
+                let mut registered = registered.lock().unwrap();
+                if registered.len() >= limit {
+                    return Err(full());
+                }
+                registered.push(id);
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn racing_registrations_at_the_limit_are_undone_in_the_executor() {
+        let executor = FakeExecutor::default();
+        let registered = Mutex::new(Vec::new());
+        let limit = 3;
+        let results = futures_util::future::join_all(
+            (1..=16).map(|id| register(&executor, &registered, limit, id)),
+        )
+        .await;
+        let won: Vec<u64> = (1..=16)
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(won.len(), limit);
+        assert!(
+            executor.closes.load(Ordering::SeqCst) > 0,
+            "the race happened: some passed the check and lost the commit"
+        );
+        for result in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert_eq!(result.refusal().reason, api::Reason::LimitExceeded);
+        }
+        // The executor holds exactly what was recorded: nothing leaked.
+        let open: Vec<u64> = executor.open.lock().unwrap().iter().copied().collect();
+        let mut recorded = registered.lock().unwrap().clone();
+        recorded.sort_unstable();
+        assert_eq!(open, recorded);
+        assert_eq!(open, won);
+    }
+
+    #[tokio::test]
+    async fn a_failed_open_is_not_undone_and_a_refused_reply_is() {
+        let failing = FakeExecutor {
+            fail_opens: true,
+            ..Default::default()
+        };
+        let registered = Mutex::new(Vec::new());
+        let err = register(&failing, &registered, 1, 7).await.unwrap_err();
+        assert_eq!(err.refusal().reason, api::Reason::InvalidHandle);
+        assert_eq!(failing.closes.load(Ordering::SeqCst), 0);
+        // A success reply the verb cannot use is undone too.
+        let executor = FakeExecutor::default();
+        let result: Result<(), Error> = side_effect(
+            &executor,
+            "HOST-0",
+            Op::OpenEvent(exec::OpenEvent {
+                event_id: 9,
+                handle: vec![0; 64],
+            }),
+            Op::CloseEvent(exec::CloseEvent { event_id: 9 }),
+            |_| {
+                Err(Error::DeviceMismatch {
+                    operand: "buffer".into(),
+                    kernel_device: "HOST-0".into(),
+                    operand_device: "HOST-1".into(),
+                })
+            },
+            |()| Ok(()),
+        )
+        .await;
+        assert!(result.is_err());
+        assert!(executor.open.lock().unwrap().is_empty());
+        assert_eq!(executor.closes.load(Ordering::SeqCst), 1);
+    }
+
     #[test]
     fn device_selection_by_uuid_and_ordinal() {
         let devices: Vec<DeviceDesc> = (0..3)
