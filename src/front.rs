@@ -2528,13 +2528,11 @@ mod tests {
                 tokio::task::yield_now().await;
                 let mut open = self.open.lock().unwrap();
                 Ok(match op {
-                    Op::OpenEvent(_) if self.fail_opens => {
-                        reply::Result::Failure(exec::Failure {
-                            kind: exec::FailureKind::InvalidHandle as i32,
-                            message: "no such event".into(),
-                            ..Default::default()
-                        })
-                    }
+                    Op::OpenEvent(_) if self.fail_opens => reply::Result::Failure(exec::Failure {
+                        kind: exec::FailureKind::InvalidHandle as i32,
+                        message: "no such event".into(),
+                        ..Default::default()
+                    }),
                     Op::OpenEvent(e) => {
                         open.insert(e.event_id);
                         reply::Result::Ok(exec::Empty {})
