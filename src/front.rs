@@ -2520,31 +2520,26 @@ mod tests {
     }
 
     impl Executor for FakeExecutor {
-        fn call(
-            &self,
-            op: Op,
-        ) -> impl std::future::Future<Output = Result<reply::Result, LinkError>> + Send {
-            async move {
-                tokio::task::yield_now().await;
-                let mut open = self.open.lock().unwrap();
-                Ok(match op {
-                    Op::OpenEvent(_) if self.fail_opens => reply::Result::Failure(exec::Failure {
-                        kind: exec::FailureKind::InvalidHandle as i32,
-                        message: "no such event".into(),
-                        ..Default::default()
-                    }),
-                    Op::OpenEvent(e) => {
-                        open.insert(e.event_id);
-                        reply::Result::Ok(exec::Empty {})
-                    }
-                    Op::CloseEvent(e) => {
-                        open.remove(&e.event_id);
-                        self.closes.fetch_add(1, Ordering::SeqCst);
-                        reply::Result::Ok(exec::Empty {})
-                    }
-                    _ => reply::Result::Ok(exec::Empty {}),
-                })
-            }
+        async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
+            tokio::task::yield_now().await;
+            let mut open = self.open.lock().unwrap();
+            Ok(match op {
+                Op::OpenEvent(_) if self.fail_opens => reply::Result::Failure(exec::Failure {
+                    kind: exec::FailureKind::InvalidHandle as i32,
+                    message: "no such event".into(),
+                    ..Default::default()
+                }),
+                Op::OpenEvent(e) => {
+                    open.insert(e.event_id);
+                    reply::Result::Ok(exec::Empty {})
+                }
+                Op::CloseEvent(e) => {
+                    open.remove(&e.event_id);
+                    self.closes.fetch_add(1, Ordering::SeqCst);
+                    reply::Result::Ok(exec::Empty {})
+                }
+                _ => reply::Result::Ok(exec::Empty {}),
+            })
         }
     }
 
