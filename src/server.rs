@@ -106,13 +106,17 @@ async fn wait_for_stop(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn termination() -> Result<&'static str, ServeError> {
+/// Installs the SIGTERM/SIGINT handlers now (a signal that arrives before
+/// the returned future is polled still drains instead of killing ptxd).
+fn termination() -> Result<impl std::future::Future<Output = &'static str>, ServeError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     })
 }
 
@@ -123,6 +127,7 @@ pub async fn serve(
     config: ServeConfig,
     activated: Option<std::os::unix::net::UnixListener>,
 ) -> Result<(), ServeError> {
+    let terminated = termination()?;
     let socket_path = config.socket_path();
     // Fail before starting executors if another daemon owns the socket.
     if activated.is_none()
@@ -241,7 +246,7 @@ pub async fn serve(
     tracing::info!(socket = %socket_path.display(), backend = front.backend, boot = %front.boot, "ptxd serving");
 
     let signal = tokio::select! {
-        signal = termination() => signal?,
+        signal = terminated => signal,
         Some(ended) = servers.join_next() => {
             tracing::error!(?ended, "a listener stopped unexpectedly");
             "listener failure"
