@@ -119,10 +119,12 @@ pub struct ServeConfig {
 
     /// Also listen on TCP at ADDR (loopback only unless --tcp-allow-remote).
     /// TCP has no authentication (no mTLS) and no peer credentials, so a TCP
-    /// caller gets no identity-bound privilege: it can query, open sessions,
-    /// load PTX, register CUDA IPC buffers and events and launch, but never
-    /// register host shared memory or load a cubin/fatbin; its sessions are
-    /// bound to its connection, and all TCP callers share one quota tenant.
+    /// caller gets no identity-bound privilege: it may query (GetInfo), open
+    /// sessions (bound to its connection), load, list and unload verified
+    /// PTX and launch; it may never register memory or events (host shared
+    /// memory, CUDA IPC: the executor would open them with the daemon's
+    /// rights) or load a cubin/fatbin. All TCP callers share one quota
+    /// tenant.
     #[arg(long, env = "PTXD_TCP")]
     pub tcp: Option<SocketAddr>,
 

@@ -72,7 +72,7 @@ pub enum Error {
     UnverifiedArtifact { kind: &'static str },
     /// A resource whose access depends on the caller's identity, asked for
     /// by a caller without peer credentials (TCP).
-    #[error("{resource} needs a caller identity; a caller without peer credentials (TCP) cannot use it: connect over the Unix socket")]
+    #[error("{resource} needs a caller identity; a caller without peer credentials (TCP) cannot register it: connect over the Unix socket")]
     IdentityRequired { resource: &'static str },
     #[error("ptxd is draining; reconnect to its successor")]
     Draining,

@@ -63,6 +63,11 @@ pub const DEFAULT_BLOCK: u32 = 256;
 /// The most inputs, and the most scalar params, a kernel may have.
 const MAX_KERNEL_OPERANDS: u32 = 64;
 
+/// How long an executor that exited (rather than faulted or hung) waits to
+/// be replaced, in case the exit came from a signal to the whole process
+/// group that is about to start the drain.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
+
 /// How long to wait for an executor to answer a clean-up request.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -662,13 +667,26 @@ impl Front {
                 self.observer.kernel_fault(&device.desc.uuid);
             }
             if start {
-                tracing::warn!(device = index, %generation, %cause, "executor died; restarting");
                 tokio::spawn(self.clone().restart(index, generation, cause));
             }
         }
     }
 
     async fn restart(self: Arc<Self>, index: usize, old: DeviceGeneration, cause: DownCause) {
+        if matches!(cause, DownCause::Exited { .. }) {
+            // A SIGTERM sent to the whole process group (systemd, a
+            // terminal's ^C) reaches the executors as it reaches the daemon,
+            // and their exit can be seen before the drain begins: give the
+            // drain a moment to start rather than replace them during
+            // shutdown. Faults and timeouts restart at once.
+            let mut drain = self.drain.subscribe();
+            let _ = tokio::time::timeout(EXIT_GRACE, drain.wait_for(|d| *d)).await;
+            if self.lock().draining {
+                tracing::info!(device = index, %old, "executor exited during shutdown; not restarting");
+                return;
+            }
+        }
+        tracing::warn!(device = index, generation = %old, %cause, "executor died; restarting");
         let mut backoff = Duration::from_millis(50);
         let cause_text = match &cause {
             DownCause::Fault { error_name, .. } => format!("KERNEL_FAULT {error_name}"),
@@ -1599,6 +1617,14 @@ impl Front {
         }
         let (source, claimed_uuid) = match request.source {
             Some(Source::CudaIpc(ipc)) => {
+                // The executor opens the handle with the daemon's rights,
+                // not the caller's: without an identity there is no one to
+                // act for.
+                if peer.credentials().is_none() {
+                    return Err(Error::IdentityRequired {
+                        resource: "cuda_ipc",
+                    });
+                }
                 if ipc.handle.len() != 64 {
                     return Err(Error::InvalidArgument {
                         field: "cuda_ipc.handle",
@@ -1840,6 +1866,11 @@ impl Front {
         peer: Caller,
     ) -> Result<api::RegisterEventResponse, Error> {
         let session_id = parse_session(&request.session)?;
+        if peer.credentials().is_none() {
+            return Err(Error::IdentityRequired {
+                resource: "ipc_event",
+            });
+        }
         if request.handle.len() != 64 {
             return Err(Error::InvalidArgument {
                 field: "handle",
