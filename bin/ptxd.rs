@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the daemon.
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Internal: run one executor child (spawned by `ptxd serve`).
     #[command(hide = true)]
     Executor(ExecutorArgs),
@@ -242,7 +242,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let (opts, command) = match cli.command {
         Command::Executor(args) => return run_executor(args),
-        Command::Serve(config) => return serve(config),
+        Command::Serve(config) => return serve(*config),
         Command::Info { opts } => (opts, ClientCommand::Info),
         Command::Kernels { opts } => (opts, ClientCommand::Kernels),
         Command::Buffers { opts } => (opts, ClientCommand::Buffers),

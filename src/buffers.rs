@@ -9,6 +9,9 @@
 //!   generation, or marked dead (`open_in = None`) if that fails.
 //! - Launch bounds are checked against `size`, which the executor verified
 //!   the mapping covers when it opened it.
+//! - A lookup answers alike for an id that was never registered, one that was
+//!   released and one another session registered: a session cannot learn
+//!   that another session's object exists.
 
 use std::collections::BTreeMap;
 
@@ -43,8 +46,9 @@ pub struct BufferEntry {
     /// The generation the mapping is open in; `None` once it could not be
     /// re-opened after a restart.
     pub open_in: Option<DeviceGeneration>,
-    /// The registering peer's uid (Unix sockets), which must own a host
-    /// shared-memory object.
+    /// The registering peer's uid, which must own a host shared-memory
+    /// object. Always set for host shared memory: a caller without
+    /// credentials cannot register one.
     pub owner_uid: Option<u32>,
 }
 
@@ -69,8 +73,19 @@ pub enum RegistryError {
         handle: String,
         why: &'static str,
     },
-    #[error("{kind} {handle} belongs to another session")]
-    NotOwner { kind: &'static str, handle: String },
+}
+
+/// Why a handle a session does not hold is refused: the same words for a
+/// released handle, another session's and one never issued.
+pub const UNKNOWN_TO_SESSION: &str =
+    "it is not registered in this session (released, or never registered here)";
+
+fn unknown(kind: &'static str, handle: &str) -> RegistryError {
+    RegistryError::Stale {
+        kind,
+        handle: handle.chars().take(96).collect(),
+        why: UNKNOWN_TO_SESSION,
+    }
 }
 
 /// Every buffer and event registration.
@@ -95,17 +110,11 @@ impl Registry {
         session: &SessionId,
         handle: &str,
     ) -> Result<&BufferEntry, RegistryError> {
-        let entry = self.buffers.get(&id).ok_or_else(|| RegistryError::Stale {
-            kind: "buffer",
-            handle: handle.to_string(),
-            why: "it was released or never registered",
-        })?;
-        if &entry.session != session {
-            return Err(RegistryError::NotOwner {
-                kind: "buffer",
-                handle: handle.to_string(),
-            });
-        }
+        let entry = self
+            .buffers
+            .get(&id)
+            .filter(|e| &e.session == session)
+            .ok_or_else(|| unknown("buffer", handle))?;
         if entry.open_in.is_none() {
             return Err(RegistryError::Stale {
                 kind: "buffer",
@@ -123,17 +132,11 @@ impl Registry {
         session: &SessionId,
         handle: &str,
     ) -> Result<&EventEntry, RegistryError> {
-        let entry = self.events.get(&id).ok_or_else(|| RegistryError::Stale {
-            kind: "event",
-            handle: handle.to_string(),
-            why: "it was released or never registered",
-        })?;
-        if &entry.session != session {
-            return Err(RegistryError::NotOwner {
-                kind: "event",
-                handle: handle.to_string(),
-            });
-        }
+        let entry = self
+            .events
+            .get(&id)
+            .filter(|e| &e.session == session)
+            .ok_or_else(|| unknown("event", handle))?;
         if entry.open_in.is_none() {
             return Err(RegistryError::Stale {
                 kind: "event",
@@ -142,6 +145,11 @@ impl Registry {
             });
         }
         Ok(entry)
+    }
+
+    /// The refusal for a handle `session` does not hold.
+    pub fn unknown(kind: &'static str, handle: &str) -> RegistryError {
+        unknown(kind, handle)
     }
 
     /// Total registered bytes (for metrics).
@@ -176,10 +184,11 @@ mod tests {
         registry.buffers.insert(BufferId(1), entry(1, &a, true));
         registry.buffers.insert(BufferId(2), entry(2, &a, false));
         assert!(registry.buffer(BufferId(1), &a, "h").is_ok());
-        assert!(matches!(
-            registry.buffer(BufferId(1), &b, "h"),
-            Err(RegistryError::NotOwner { .. })
-        ));
+        // Another session's buffer and a never-registered one: one answer.
+        assert_eq!(
+            registry.buffer(BufferId(1), &b, "h").unwrap_err(),
+            registry.buffer(BufferId(3), &b, "h").unwrap_err()
+        );
         assert!(matches!(
             registry.buffer(BufferId(2), &a, "h"),
             Err(RegistryError::Stale { .. })

@@ -16,6 +16,88 @@ pub enum BackendChoice {
     Host,
 }
 
+/// Where a compiled kernel may be shared from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheScope {
+    /// Node-wide: one compile for every uid. A cache hit reveals that some
+    /// session loaded the same artifact.
+    Node,
+    /// Only within a uid (all TCP callers count as one tenant).
+    Uid,
+}
+
+/// A per-uid quota: an absolute count, or a percentage of the matching
+/// daemon-wide limit (`25%`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    Absolute(u64),
+    Percent(u8),
+}
+
+impl Share {
+    /// The quota against a daemon-wide `total` (at least 1).
+    pub fn of(self, total: u64) -> u64 {
+        match self {
+            Share::Absolute(n) => n,
+            Share::Percent(p) => (total.saturating_mul(u64::from(p)) / 100).max(1),
+        }
+    }
+}
+
+fn parse_share(text: &str) -> Result<Share, String> {
+    let text = text.trim();
+    match text.strip_suffix('%') {
+        Some(p) => match p.trim().parse::<u8>() {
+            Ok(p) if (1..=100).contains(&p) => Ok(Share::Percent(p)),
+            _ => Err(format!("{text:?}: a share is 1% to 100%")),
+        },
+        None => text
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(Share::Absolute)
+            .ok_or_else(|| format!("{text:?}: give a positive count or a percentage like 25%")),
+    }
+}
+
+/// Callers trusted with unverified machine code (cubin, fatbin), by peer
+/// uid or primary gid (from SO_PEERCRED).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustList {
+    pub uids: Vec<u32>,
+    pub gids: Vec<u32>,
+}
+
+impl TrustList {
+    pub fn trusts(&self, uid: u32, gid: u32) -> bool {
+        self.uids.contains(&uid) || self.gids.contains(&gid)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.uids.is_empty() && self.gids.is_empty()
+    }
+}
+
+/// Parses `uid:0,gid:1001` (empty: nobody).
+pub fn parse_trust_list(text: &str) -> Result<TrustList, String> {
+    let mut list = TrustList::default();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (kind, id) = item
+            .split_once(':')
+            .ok_or_else(|| format!("{item:?}: write uid:N or gid:N"))?;
+        let id: u32 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("{item:?}: {id:?} is not a numeric id"))?;
+        match kind.trim() {
+            "uid" => list.uids.push(id),
+            "gid" => list.gids.push(id),
+            other => return Err(format!("{item:?}: {other:?} is neither uid nor gid")),
+        }
+    }
+    Ok(list)
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -40,6 +122,13 @@ pub struct ServeConfig {
     pub socket_mode: u32,
 
     /// Also listen on TCP at ADDR (loopback only unless --tcp-allow-remote).
+    /// TCP has no authentication (no mTLS) and no peer credentials, so a TCP
+    /// caller gets no identity-bound privilege: it may query (GetInfo), open
+    /// sessions (bound to its connection), load, list and unload verified
+    /// PTX and launch; it may never register memory or events (host shared
+    /// memory, CUDA IPC: the executor would open them with the daemon's
+    /// rights) or load a cubin/fatbin. All TCP callers share one quota
+    /// tenant.
     #[arg(long, env = "PTXD_TCP")]
     pub tcp: Option<SocketAddr>,
 
@@ -162,6 +251,55 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_EVENTS_PER_SESSION", default_value_t = 1024)]
     pub max_events_per_session: u32,
 
+    /// Open sessions per uid at most: a count, or a percentage of
+    /// --max-sessions. TCP callers count as one tenant.
+    #[arg(long, env = "PTXD_MAX_SESSIONS_PER_UID", default_value = "25%", value_parser = parse_share)]
+    pub max_sessions_per_uid: Share,
+
+    /// Slots one uid's sessions may hold at most: a count, or a percentage of
+    /// --slots. A uid at its share first loses its own dead and idle slots.
+    #[arg(long, env = "PTXD_MAX_SLOTS_PER_UID", default_value = "25%", value_parser = parse_share)]
+    pub max_slots_per_uid: Share,
+
+    /// Registered buffers per uid at most (over all its sessions).
+    #[arg(long, env = "PTXD_MAX_BUFFERS_PER_UID", default_value_t = 16384)]
+    pub max_buffers_per_uid: u32,
+
+    /// Loaded artifact bytes in all executors together at most (executor
+    /// memory grows with kernel size, not only with kernel count).
+    #[arg(long, env = "PTXD_MAX_LOADED_BYTES", default_value_t = 2 << 30)]
+    pub max_loaded_bytes: u64,
+
+    /// Loaded artifact bytes one uid's sessions may hold: a count, or a
+    /// percentage of --max-loaded-bytes.
+    #[arg(long, env = "PTXD_MAX_LOADED_BYTES_PER_UID", default_value = "25%", value_parser = parse_share)]
+    pub max_loaded_bytes_per_uid: Share,
+
+    /// Loaded artifact bytes one session may hold (a cached kernel counts in
+    /// full for each holder).
+    #[arg(long, env = "PTXD_MAX_LOADED_BYTES_PER_SESSION", default_value_t = 256 << 20)]
+    pub max_loaded_bytes_per_session: u64,
+
+    /// A kernel not launched or loaded for this long is idle: a uid at its
+    /// slot or loaded-byte share loses its own idle kernels (least recently
+    /// used first) before it is refused. Their handles become STALE_KERNEL.
+    #[arg(long, env = "PTXD_IDLE_RECLAIM_AFTER", default_value = "60s", value_parser = parse_duration)]
+    pub idle_reclaim_after: Duration,
+
+    /// Who may share a compiled kernel: `node` (everyone; a cache hit tells
+    /// a session that someone loaded the same artifact) or `uid` (only the
+    /// same uid).
+    #[arg(long, env = "PTXD_KERNEL_CACHE_SCOPE", value_enum, default_value_t = CacheScope::Node)]
+    pub kernel_cache_scope: CacheScope,
+
+    /// Callers allowed to load unverified machine code (cubin, fatbin), as
+    /// `uid:N` and `gid:N` items, comma-separated (e.g. `uid:0,gid:1001`),
+    /// matched against the Unix socket peer's uid and primary gid. Default:
+    /// nobody. A TCP caller is never trusted. A trusted caller's machine
+    /// code runs unchecked and can read or write any tenant's GPU memory.
+    #[arg(long, env = "PTXD_TRUST_UNVERIFIED_ARTIFACTS", default_value = "", value_parser = parse_trust_list)]
+    pub trust_unverified_artifacts: TrustList,
+
     /// How long an executor may leave one request unanswered before it is
     /// pinged; if the ping is not answered within this time either, the
     /// executor is killed and restarted with a new generation (a hung
@@ -252,5 +390,23 @@ mod tests {
         assert!(parse_duration("-1s").is_err());
         assert_eq!(parse_mode("660").unwrap(), 0o660);
         assert!(parse_mode("999").is_err());
+    }
+
+    #[test]
+    fn shares_and_trust_lists_parse() {
+        assert_eq!(parse_share("25%").unwrap().of(256), 64);
+        assert_eq!(parse_share("1%").unwrap().of(10), 1, "never zero");
+        assert_eq!(parse_share("7").unwrap().of(256), 7);
+        for bad in ["0", "0%", "101%", "x", "-1", ""] {
+            assert!(parse_share(bad).is_err(), "{bad:?}");
+        }
+        let list = parse_trust_list("uid:0, gid:1001,uid:42").unwrap();
+        assert_eq!(list.uids, vec![0, 42]);
+        assert_eq!(list.gids, vec![1001]);
+        assert!(list.trusts(42, 5) && list.trusts(7, 1001) && !list.trusts(7, 5));
+        assert!(parse_trust_list("").unwrap().is_empty());
+        for bad in ["root", "uid:x", "user:1", "uid:-1"] {
+            assert!(parse_trust_list(bad).is_err(), "{bad:?}");
+        }
     }
 }

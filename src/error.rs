@@ -70,6 +70,14 @@ pub enum Error {
     },
     #[error("{message}")]
     UnsupportedArtifact { message: String },
+    /// Machine code (cubin, fatbin) from a caller the operator does not
+    /// trust with unverified artifacts (`--trust-unverified-artifacts`).
+    #[error("a {kind} cannot be verified and this caller is not trusted with unverified machine code; load PTX instead")]
+    UnverifiedArtifact { kind: &'static str },
+    /// A resource whose access depends on the caller's identity, asked for
+    /// by a caller without peer credentials (TCP).
+    #[error("{resource} needs a caller identity; a caller without peer credentials (TCP) cannot register it: connect over the Unix socket")]
+    IdentityRequired { resource: &'static str },
     #[error("ptxd is draining; reconnect to its successor")]
     Draining,
     #[error("internal error: {message}")]
@@ -120,11 +128,6 @@ impl Error {
                     Reason::SlotBankFull,
                     meta([("capacity", capacity.to_string())]),
                 ),
-                SlotError::NotHeld { handle } => (
-                    Code::PermissionDenied,
-                    Reason::NotOwner,
-                    meta([("kernel", handle.clone())]),
-                ),
             },
             Error::Session(e) => match e {
                 SessionError::Unknown { session } => (
@@ -132,18 +135,11 @@ impl Error {
                     Reason::UnknownSession,
                     meta([("session", session.clone())]),
                 ),
-                SessionError::WrongPeer {
-                    session,
-                    owner_uid,
-                    peer_uid,
-                } => (
+                // Names no uid: one user must not learn another's.
+                SessionError::WrongPeer { session } => (
                     Code::PermissionDenied,
                     Reason::NotOwner,
-                    meta([
-                        ("session", session.clone()),
-                        ("owner_uid", owner_uid.to_string()),
-                        ("peer_uid", peer_uid.to_string()),
-                    ]),
+                    meta([("session", session.clone())]),
                 ),
             },
             Error::Registry(e) => match e {
@@ -164,11 +160,6 @@ impl Error {
                         meta([(kind, handle.clone()), ("why", why.to_string())]),
                     )
                 }
-                RegistryError::NotOwner { kind, handle } => (
-                    Code::PermissionDenied,
-                    Reason::NotOwner,
-                    meta([(kind, handle.clone())]),
-                ),
             },
             Error::Executor(e) => match e {
                 ExecutorError::Unavailable { device, cause } => (
@@ -274,6 +265,16 @@ impl Error {
                 Code::InvalidArgument,
                 Reason::UnsupportedArtifact,
                 BTreeMap::new(),
+            ),
+            Error::UnverifiedArtifact { kind } => (
+                Code::PermissionDenied,
+                Reason::UnverifiedArtifact,
+                meta([("kind", kind.to_string())]),
+            ),
+            Error::IdentityRequired { resource } => (
+                Code::Unauthenticated,
+                Reason::IdentityRequired,
+                meta([("resource", resource.to_string())]),
             ),
             Error::Draining => (Code::Unavailable, Reason::Draining, BTreeMap::new()),
             Error::Internal { .. } => (Code::Internal, Reason::Internal, BTreeMap::new()),

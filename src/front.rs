@@ -14,9 +14,20 @@
 //! - A device's generation changes only in `restart`, before the new
 //!   executor's link is published, so nothing is ever recorded against a
 //!   generation whose executor the front does not know.
-//! - Each distinct (content, symbol, device generation) compiles once: loads
-//!   of the same content serialize on a per-content lock and the second finds
-//!   the first's slot.
+//! - Each distinct (content, symbol, device generation, cache scope) compiles
+//!   once: loads of the same content serialize on a per-content lock and the
+//!   second finds the first's slot.
+//! - Every side effect in an executor (load, buffer open, event open) goes
+//!   through [`side_effect`]: check under the lock, call the executor
+//!   unlocked, re-check and commit under the lock, or undo in the executor.
+//!   Nothing the executor opened is ever left unrecorded.
+//! - Every refusal about a handle is the same for another session's live
+//!   handle and a never-issued one (handles are per-session tokens).
+//! - Per-tenant quotas (sessions, slots, buffers, loaded artifact bytes) are
+//!   checked at the check and again at the commit; a tenant over its share
+//!   loses its own dead and idle kernels first, never another tenant's.
+//! - A caller without credentials (TCP) never gets what depends on identity:
+//!   host shared memory, trust for unverified machine code.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,19 +41,20 @@ use ptxd_proto::v1::{self as api, session_event};
 use tokio::sync::{mpsc, watch};
 
 use crate::buffers::{BufferEntry, BufferSource, EventEntry, Registry};
-use crate::config::{BackendChoice, ServeConfig};
+use crate::config::{BackendChoice, CacheScope, ServeConfig, TrustList};
 use crate::error::Error;
 use crate::executor::supervisor::{
     probe_cuda, DeathNotice, DownCause, ExecutorCommand, ExecutorLink, LinkConfig, LinkError,
 };
 use crate::executor::ExecutorError;
 use crate::handles::{
-    BootId, BufferHandle, DeviceGeneration, EventHandle, GenerationCounter, KernelHandle, SessionId,
+    BootId, BufferHandle, BufferId, DeviceGeneration, EventHandle, EventId, GenerationCounter,
+    HandleToken, KernelHandle, KernelRef, SessionId,
 };
 use crate::observe::Observer;
 use crate::ptx::{self, DeclaredAbi, Signature};
-use crate::sessions::{Peer, Session, SessionError};
-use crate::slots::{ContentKey, LoadedKernel, SlotTable};
+use crate::sessions::{Caller, Session, SessionError, Tenant};
+use crate::slots::{ContentKey, LoadedKernel, SlotError, SlotTable, StaleWhy};
 
 /// The block size used when a kernel names none and the executor reports
 /// none (the host engine's default).
@@ -50,6 +62,11 @@ pub const DEFAULT_BLOCK: u32 = 256;
 
 /// The most inputs, and the most scalar params, a kernel may have.
 const MAX_KERNEL_OPERANDS: u32 = 64;
+
+/// How long an executor that exited (rather than faulted or hung) waits to
+/// be replaced, in case the exit came from a signal to the whole process
+/// group that is about to start the drain.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
 
 /// How long to wait for an executor to answer a clean-up request.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -71,6 +88,12 @@ pub struct Limits {
     pub max_kernels_per_session: u32,
     pub max_buffer_bytes_per_session: u64,
     pub max_events_per_session: u32,
+    pub max_sessions_per_uid: u32,
+    pub max_slots_per_uid: u32,
+    pub max_buffers_per_uid: u32,
+    pub max_loaded_bytes: u64,
+    pub max_loaded_bytes_per_uid: u64,
+    pub max_loaded_bytes_per_session: u64,
 }
 
 impl Limits {
@@ -84,6 +107,25 @@ impl Limits {
             max_kernels_per_session: config.max_kernels_per_session,
             max_buffer_bytes_per_session: config.max_buffer_bytes_per_session,
             max_events_per_session: config.max_events_per_session,
+            max_sessions_per_uid: clamp_u32(
+                config
+                    .max_sessions_per_uid
+                    .of(config.max_sessions.into())
+                    .min(config.max_sessions.into()),
+            ),
+            max_slots_per_uid: clamp_u32(
+                config
+                    .max_slots_per_uid
+                    .of(config.slots.into())
+                    .min(config.slots.into()),
+            ),
+            max_buffers_per_uid: config.max_buffers_per_uid,
+            max_loaded_bytes: config.max_loaded_bytes,
+            max_loaded_bytes_per_uid: config
+                .max_loaded_bytes_per_uid
+                .of(config.max_loaded_bytes)
+                .min(config.max_loaded_bytes),
+            max_loaded_bytes_per_session: config.max_loaded_bytes_per_session,
         }
     }
 
@@ -97,8 +139,30 @@ impl Limits {
             max_kernels_per_session: self.max_kernels_per_session,
             max_buffer_bytes_per_session: self.max_buffer_bytes_per_session,
             max_events_per_session: self.max_events_per_session,
+            max_sessions_per_uid: self.max_sessions_per_uid,
+            max_slots_per_uid: self.max_slots_per_uid,
+            max_buffers_per_uid: self.max_buffers_per_uid,
+            max_loaded_bytes: self.max_loaded_bytes,
+            max_loaded_bytes_per_uid: self.max_loaded_bytes_per_uid,
+            max_loaded_bytes_per_session: self.max_loaded_bytes_per_session,
         }
     }
+}
+
+fn clamp_u32(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+/// What a tenant (or one session) holds, as quotas count it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub sessions: u32,
+    /// Distinct slots its sessions hold (a shared slot counts for each
+    /// tenant holding it).
+    pub slots: u32,
+    pub buffers: u32,
+    /// Artifact bytes of those slots.
+    pub loaded_bytes: u64,
 }
 
 /// Why the front could not start.
@@ -151,23 +215,158 @@ impl State {
         }
     }
 
-    fn session(&self, id: &SessionId, peer: Option<Peer>) -> Result<&Session, Error> {
+    fn session(&self, id: &SessionId, caller: Caller) -> Result<&Session, Error> {
         let session = self.sessions.get(id).ok_or_else(|| SessionError::Unknown {
             session: id.to_string(),
         })?;
-        session.authorize(peer)?;
+        session.authorize(caller)?;
         Ok(session)
     }
 
-    fn session_mut(&mut self, id: &SessionId, peer: Option<Peer>) -> Result<&mut Session, Error> {
+    fn session_mut(&mut self, id: &SessionId, caller: Caller) -> Result<&mut Session, Error> {
         let session = self
             .sessions
             .get_mut(id)
             .ok_or_else(|| SessionError::Unknown {
                 session: id.to_string(),
             })?;
-        session.authorize(peer)?;
+        session.authorize(caller)?;
         Ok(session)
+    }
+
+    /// The re-check before a commit: the session is still open and the
+    /// device still runs the generation the executor call went to.
+    fn recheck(
+        &self,
+        id: &SessionId,
+        device_index: usize,
+        generation: DeviceGeneration,
+        device_uuid: &str,
+    ) -> Result<(), Error> {
+        if !self.sessions.contains_key(id) {
+            return Err(SessionError::Unknown {
+                session: id.to_string(),
+            }
+            .into());
+        }
+        let current = self
+            .devices
+            .get(device_index)
+            .is_some_and(|d| d.generation == generation);
+        if !current {
+            return Err(ExecutorError::Unavailable {
+                device: device_uuid.to_string(),
+                cause: "the executor restarted during the request".into(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// What one session holds (sessions = 1).
+    fn session_usage(&self, session: &Session) -> Usage {
+        let loaded_bytes = session
+            .kernels
+            .values()
+            .filter_map(|h| self.slots.occupant_of(&h))
+            .map(|k| k.artifact_bytes)
+            .sum();
+        Usage {
+            sessions: 1,
+            slots: session.kernels.len() as u32,
+            buffers: session.buffers.len() as u32,
+            loaded_bytes,
+        }
+    }
+
+    /// What `tenant`'s sessions hold together; `extra` is a kernel about to
+    /// be held (charged unless the tenant already holds it).
+    fn tenant_usage(&self, tenant: Tenant) -> Usage {
+        let mut usage = Usage::default();
+        let mut held = std::collections::HashSet::new();
+        for session in self.sessions.values().filter(|s| s.tenant() == tenant) {
+            usage.sessions += 1;
+            usage.buffers += session.buffers.len() as u32;
+            for handle in session.kernels.values() {
+                if let Some(kernel) = self.slots.occupant_of(&handle) {
+                    if held.insert(handle) {
+                        usage.slots += 1;
+                        usage.loaded_bytes += kernel.artifact_bytes;
+                    }
+                }
+            }
+        }
+        usage
+    }
+
+    fn tenant_buffers(&self, tenant: Tenant) -> u32 {
+        self.sessions
+            .values()
+            .filter(|s| s.tenant() == tenant)
+            .map(|s| s.buffers.len() as u32)
+            .sum()
+    }
+
+    fn tenant_holds(&self, tenant: Tenant, handle: &KernelHandle) -> bool {
+        self.sessions
+            .values()
+            .any(|s| s.tenant() == tenant && s.kernels.contains(handle))
+    }
+
+    /// Drops every hold `tenant`'s sessions have on its least recently used
+    /// kernel idle for at least `idle` (never `keep`); returns false when it
+    /// has none. Freed slots' modules are unloaded through `cleanup`.
+    fn evict_idle(
+        &mut self,
+        tenant: Tenant,
+        idle: Duration,
+        keep: Option<&KernelHandle>,
+        cleanup: &mut Cleanup,
+    ) -> bool {
+        let mut candidate: Option<(Duration, KernelHandle)> = None;
+        for session in self.sessions.values().filter(|s| s.tenant() == tenant) {
+            for handle in session.kernels.values() {
+                if Some(&handle) == keep {
+                    continue;
+                }
+                let Some(idle_for) = self.slots.idle_for(&handle) else {
+                    continue;
+                };
+                if idle_for >= idle && candidate.is_none_or(|(best, _)| idle_for > best) {
+                    candidate = Some((idle_for, handle));
+                }
+            }
+        }
+        let Some((idle_for, handle)) = candidate else {
+            return false;
+        };
+        let holders: Vec<SessionId> = self
+            .slots
+            .holders(&handle)
+            .into_iter()
+            .filter(|id| self.sessions.get(id).is_some_and(|s| s.tenant() == tenant))
+            .collect();
+        for id in holders {
+            if let Some(session) = self.sessions.get_mut(&id) {
+                session.kernels.remove(&handle);
+            }
+            if let Ok(released) = self.slots.release(&handle, &id) {
+                if let Some(kernel) = released.freed {
+                    if let Some(link) =
+                        close_target(&self.devices, kernel.device_index, Some(kernel.generation))
+                    {
+                        cleanup.push((
+                            link,
+                            Op::UnloadModule(exec::UnloadModule {
+                                module_id: kernel.module_id,
+                            }),
+                        ));
+                    }
+                }
+            }
+        }
+        tracing::info!(%tenant, ?idle_for, "reclaimed an idle kernel of a tenant at its share");
+        true
     }
 
     fn device_index(&self, selector: Option<&api::DeviceSelector>) -> Result<usize, Error> {
@@ -251,6 +450,13 @@ pub struct Front {
     pub changes: watch::Sender<u64>,
     observer: Observer,
     executor: LinkConfig,
+    /// Who may load unverified machine code.
+    trust: TrustList,
+    cache_scope: CacheScope,
+    idle_reclaim_after: Duration,
+    /// True once the drain began (ends open LaunchStreams).
+    drain: watch::Sender<bool>,
+    drain_timeout: Duration,
 }
 
 fn down_to_error(device: &str, error: LinkError) -> Error {
@@ -317,6 +523,11 @@ impl Front {
             changes: watch::Sender::new(0),
             observer,
             executor,
+            trust: config.trust_unverified_artifacts.clone(),
+            cache_scope: config.kernel_cache_scope,
+            idle_reclaim_after: config.idle_reclaim_after,
+            drain: watch::Sender::new(false),
+            drain_timeout: config.drain_timeout,
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
         Ok(front)
@@ -388,6 +599,18 @@ impl Front {
         self.available.subscribe()
     }
 
+    /// A receiver that turns true when the drain begins.
+    pub fn draining(&self) -> watch::Receiver<bool> {
+        self.drain.subscribe()
+    }
+
+    /// How long an open `LaunchStream` keeps answering (with DRAINING) after
+    /// the drain began before it ends with a DRAINING status: half the drain
+    /// timeout, so that it ends before in-flight calls are cut off.
+    pub fn stream_drain_grace(&self) -> Duration {
+        self.drain_timeout / 2
+    }
+
     fn publish_availability(&self, state: &State) {
         let all_up = !state.draining && state.devices.iter().all(|d| d.live_link().is_some());
         self.available
@@ -402,6 +625,8 @@ impl Front {
             buffers: state.registry.buffers.len() as u64,
             buffer_bytes: state.registry.total_bytes(),
             slots_used: state.slots.used() as u64,
+            loaded_bytes: state.slots.loaded_bytes(),
+            loaded_bytes_limit: self.limits.max_loaded_bytes,
             devices: state
                 .devices
                 .iter()
@@ -438,13 +663,26 @@ impl Front {
                 self.observer.kernel_fault(&device.desc.uuid);
             }
             if start {
-                tracing::warn!(device = index, %generation, %cause, "executor died; restarting");
                 tokio::spawn(self.clone().restart(index, generation, cause));
             }
         }
     }
 
     async fn restart(self: Arc<Self>, index: usize, old: DeviceGeneration, cause: DownCause) {
+        if matches!(cause, DownCause::Exited { .. }) {
+            // A SIGTERM sent to the whole process group (systemd, a
+            // terminal's ^C) reaches the executors as it reaches the daemon,
+            // and their exit can be seen before the drain begins: give the
+            // drain a moment to start rather than replace them during
+            // shutdown. Faults and timeouts restart at once.
+            let mut drain = self.drain.subscribe();
+            let _ = tokio::time::timeout(EXIT_GRACE, drain.wait_for(|d| *d)).await;
+            if self.lock().draining {
+                tracing::info!(device = index, %old, "executor exited during shutdown; not restarting");
+                return;
+            }
+        }
+        tracing::warn!(device = index, generation = %old, %cause, "executor died; restarting");
         let mut backoff = Duration::from_millis(50);
         let cause_text = match &cause {
             DownCause::Fault { error_name, .. } => format!("KERNEL_FAULT {error_name}"),
@@ -638,9 +876,11 @@ impl Front {
         }
     }
 
-    /// GetInfo.
-    pub fn info(&self) -> api::GetInfoResponse {
+    /// GetInfo: the daemon, its limits, what is loaded, and what the
+    /// caller's tenant holds against its quotas.
+    pub fn info(&self, caller: Caller) -> api::GetInfoResponse {
         let state = self.lock();
+        let usage = state.tenant_usage(caller.tenant());
         api::GetInfoResponse {
             version: env!("CARGO_PKG_VERSION").to_string(),
             backend: self.backend.to_string(),
@@ -664,6 +904,17 @@ impl Front {
             limits: Some(self.limits.to_proto()),
             sessions: state.sessions.len() as u32,
             boot_id: self.boot.to_string(),
+            loaded_bytes: state.slots.loaded_bytes(),
+            caller_usage: Some(api::Usage {
+                sessions: usage.sessions,
+                slots: usage.slots,
+                buffers: usage.buffers,
+                loaded_bytes: usage.loaded_bytes,
+            }),
+            kernel_cache_scope: match self.cache_scope {
+                CacheScope::Node => "node".into(),
+                CacheScope::Uid => "uid".into(),
+            },
         }
     }
 
@@ -672,7 +923,7 @@ impl Front {
     pub fn open_session(
         &self,
         label: String,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<
         (
             SessionId,
@@ -691,6 +942,18 @@ impl Front {
                     value: self.limits.max_sessions.into(),
                 });
             }
+            let tenant = peer.tenant();
+            let tenant_sessions = state
+                .sessions
+                .values()
+                .filter(|s| s.tenant() == tenant)
+                .count();
+            if tenant_sessions as u64 >= u64::from(self.limits.max_sessions_per_uid) {
+                return Err(Error::LimitExceeded {
+                    limit: "max_sessions_per_uid",
+                    value: self.limits.max_sessions_per_uid.into(),
+                });
+            }
             let opened = api::SessionEvent {
                 event: Some(session_event::Event::Opened(api::SessionOpened {
                     session: id.to_string(),
@@ -704,7 +967,7 @@ impl Front {
                 Session {
                     id: id.clone(),
                     label: label.chars().take(256).collect(),
-                    peer,
+                    opener: peer,
                     opened: Instant::now(),
                     events: tx,
                     stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
@@ -725,7 +988,7 @@ impl Front {
     pub async fn close_session(
         &self,
         id: &SessionId,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<ReleasedCounts, Error> {
         {
             let state = self.lock();
@@ -766,9 +1029,9 @@ impl Front {
                 }
             }
             let mut counts = ReleasedCounts::default();
-            for handle in &session.kernels {
+            for handle in session.kernels.values() {
                 counts.kernels += 1;
-                if let Ok(released) = state.slots.release(handle, id) {
+                if let Ok(released) = state.slots.release(&handle, id) {
                     if let Some(kernel) = released.freed {
                         if let Some(link) = state
                             .devices
@@ -787,8 +1050,8 @@ impl Front {
                     }
                 }
             }
-            for buffer_id in &session.buffers {
-                if let Some(entry) = state.registry.buffers.remove(buffer_id) {
+            for buffer_id in session.buffers.values() {
+                if let Some(entry) = state.registry.buffers.remove(&buffer_id) {
                     counts.buffers += 1;
                     if let Some(op_link) =
                         close_target(&state.devices, entry.device_index, entry.open_in)
@@ -802,8 +1065,8 @@ impl Front {
                     }
                 }
             }
-            for event_id in &session.events_held {
-                if let Some(entry) = state.registry.events.remove(event_id) {
+            for event_id in session.events_held.values() {
+                if let Some(entry) = state.registry.events.remove(&event_id) {
                     counts.events += 1;
                     if let Some(op_link) =
                         close_target(&state.devices, entry.device_index, entry.open_in)
@@ -829,7 +1092,7 @@ impl Front {
     pub async fn load_kernel(
         &self,
         mut request: api::LoadKernelRequest,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<api::LoadKernelResponse, Error> {
         let started = Instant::now();
         let session_id = parse_session(&request.session)?;
@@ -889,6 +1152,21 @@ impl Front {
                 (canonical.signature, ExecArtifactKind::Ptx)
             }
             api::ArtifactKind::Cubin | api::ArtifactKind::Fatbin => {
+                let (exec_kind, name) = if kind == api::ArtifactKind::Cubin {
+                    (ExecArtifactKind::Cubin, "cubin")
+                } else {
+                    (ExecArtifactKind::Fatbin, "fatbin")
+                };
+                // Machine code is not verified: it runs only for callers the
+                // operator trusts by uid/gid, and a caller without
+                // credentials is never one of them.
+                let trusted = match peer {
+                    Caller::Local(p) => self.trust.trusts(p.uid, p.gid),
+                    Caller::Remote { .. } => false,
+                };
+                if !trusted {
+                    return Err(Error::UnverifiedArtifact { kind: name });
+                }
                 let Some((abi, element_size)) = declared else {
                     return Err(Error::UnsupportedArtifact {
                         message:
@@ -909,24 +1187,14 @@ impl Front {
                         message: format!("{element_size} is not 1, 2, 4 or 8"),
                     });
                 }
-                if self.backend == "host" {
-                    return Err(Error::UnsupportedArtifact {
-                        message:
-                            "the host backend runs PTX only; cubin and fatbin need the CUDA backend"
-                                .into(),
-                    });
-                }
+                // The host backend's executor refuses machine code itself
+                // (UNSUPPORTED_ARTIFACT).
                 let signature = Signature {
                     inputs: abi.inputs,
                     element_sizes: vec![element_size; abi.inputs as usize + 1],
                     scalar_params: abi.scalar_params,
                     reqntid: None,
                     maxntid: None,
-                };
-                let exec_kind = if kind == api::ArtifactKind::Cubin {
-                    ExecArtifactKind::Cubin
-                } else {
-                    ExecArtifactKind::Fatbin
                 };
                 (signature, exec_kind)
             }
@@ -983,11 +1251,101 @@ impl Front {
         result
     }
 
+    /// Makes room for `session` (of `tenant`) to hold a kernel of `bytes`
+    /// artifact bytes: `cached` when it is a cache hit on a slot that exists,
+    /// `None` when a new slot and new executor memory are needed. Refuses
+    /// with the limit it would break, after reclaiming dead slots and then
+    /// the tenant's own idle kernels.
+    fn make_room(
+        &self,
+        state: &mut State,
+        session_id: &SessionId,
+        tenant: Tenant,
+        cached: Option<&KernelHandle>,
+        bytes: u64,
+        cleanup: &mut Cleanup,
+    ) -> Result<(), Error> {
+        let Some(session) = state.sessions.get(session_id) else {
+            return Err(SessionError::Unknown {
+                session: session_id.to_string(),
+            }
+            .into());
+        };
+        self.check_kernel_limit(session)?;
+        if state
+            .session_usage(session)
+            .loaded_bytes
+            .saturating_add(bytes)
+            > self.limits.max_loaded_bytes_per_session
+        {
+            return Err(Error::LimitExceeded {
+                limit: "max_loaded_bytes_per_session",
+                value: self.limits.max_loaded_bytes_per_session,
+            });
+        }
+        let mut reclaimed_dead = false;
+        loop {
+            let usage = state.tenant_usage(tenant);
+            let new_for_tenant = cached.is_none_or(|h| !state.tenant_holds(tenant, h));
+            let (slots, bytes_for_tenant) = if new_for_tenant { (1, bytes) } else { (0, 0) };
+            // Daemon-wide limits first, then the tenant's share.
+            let over = if cached.is_none() && state.slots.used() >= state.slots.capacity() {
+                Some(Error::Slot(SlotError::BankFull {
+                    capacity: state.slots.capacity(),
+                }))
+            } else if cached.is_none()
+                && state.slots.loaded_bytes().saturating_add(bytes) > self.limits.max_loaded_bytes
+            {
+                Some(Error::LimitExceeded {
+                    limit: "max_loaded_bytes",
+                    value: self.limits.max_loaded_bytes,
+                })
+            } else if usage.slots + slots > self.limits.max_slots_per_uid {
+                Some(Error::LimitExceeded {
+                    limit: "max_slots_per_uid",
+                    value: self.limits.max_slots_per_uid.into(),
+                })
+            } else if usage.loaded_bytes.saturating_add(bytes_for_tenant)
+                > self.limits.max_loaded_bytes_per_uid
+            {
+                Some(Error::LimitExceeded {
+                    limit: "max_loaded_bytes_per_uid",
+                    value: self.limits.max_loaded_bytes_per_uid,
+                })
+            } else {
+                None
+            };
+            let Some(refusal) = over else {
+                return Ok(());
+            };
+            // Dead generations first (nobody can use them), then the
+            // tenant's own idle kernels, least recently used first.
+            if !reclaimed_dead {
+                reclaimed_dead = true;
+                let freed = state.slots.reclaim_dead(State::is_live(&state.devices));
+                if !freed.is_empty() {
+                    tracing::info!(slots = freed.len(), "reclaimed slots of dead generations");
+                    continue;
+                }
+            }
+            if !state.evict_idle(tenant, self.idle_reclaim_after, cached, cleanup) {
+                return Err(refusal);
+            }
+        }
+    }
+
+    fn cache_scope_of(&self, tenant: Tenant) -> Option<Tenant> {
+        match self.cache_scope {
+            CacheScope::Node => None,
+            CacheScope::Uid => Some(tenant),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn load_locked(
         &self,
         session_id: &SessionId,
-        peer: Option<Peer>,
+        peer: Caller,
         device_index: usize,
         hash: [u8; 32],
         request: &api::LoadKernelRequest,
@@ -995,45 +1353,30 @@ impl Front {
         exec_kind: ExecArtifactKind,
         started: Instant,
     ) -> Result<api::LoadKernelResponse, Error> {
-        let (link, generation) = {
+        let tenant = peer.tenant();
+        let bytes = request.artifact.len() as u64;
+        let scope = self.cache_scope_of(tenant);
+        let mut evicted: Cleanup = Vec::new();
+        let checked = {
             let mut state = self.lock();
-            Self::refuse_if_draining(&state)?;
-            state.session(session_id, peer)?;
-            let (link, generation) = state.link(device_index)?;
-            let key = ContentKey {
-                generation,
-                artifact_hash: hash,
-                kind: exec_kind as i32,
-                symbol: request.symbol.clone(),
-                signature: signature.clone(),
-            };
-            let State {
-                slots,
-                devices,
-                sessions,
-                ..
-            } = &mut *state;
-            let Some(session) = sessions.get_mut(session_id) else {
-                return Err(SessionError::Unknown {
-                    session: session_id.to_string(),
-                }
-                .into());
-            };
-            self.check_kernel_limit(session)?;
-            if let Some((handle, kernel)) =
-                slots.hold_cached(&key, session_id, State::is_live(devices))
-            {
-                session.kernels.insert(handle);
-                return Ok(load_response(&handle, &kernel, true, started));
-            }
-            let reclaimed = slots.ensure_free(State::is_live(devices))?;
-            if !reclaimed.is_empty() {
-                tracing::info!(
-                    slots = reclaimed.len(),
-                    "reclaimed slots of dead generations"
-                );
-            }
-            (link, generation)
+            self.load_check(
+                &mut state,
+                session_id,
+                peer,
+                device_index,
+                hash,
+                request,
+                &signature,
+                exec_kind,
+                scope,
+                started,
+                &mut evicted,
+            )
+        };
+        run_cleanup(std::mem::take(&mut evicted)).await;
+        let (link, generation) = match checked? {
+            LoadCheck::Cached(response) => return Ok(response),
+            LoadCheck::Compile { link, generation } => (link, generation),
         };
 
         let module_id = self.next_module.fetch_add(1, Ordering::Relaxed);
@@ -1054,76 +1397,126 @@ impl Front {
             .first()
             .map(|d| d.uuid.clone())
             .unwrap_or_default();
-        let block_size = match link
-            .call(op)
-            .await
-            .map_err(|e| down_to_error(&device_uuid, e))?
-        {
-            reply::Result::LoadModule(ok) => ok.block_size,
-            reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
-            _ => return Err(ExecutorError::UnexpectedReply("LoadModule").into()),
-        };
-        let block_size = if block_size > 0 {
-            block_size
-        } else {
-            signature.reqntid.unwrap_or(DEFAULT_BLOCK)
-        };
+        let undo = Op::UnloadModule(exec::UnloadModule { module_id });
+        let result = side_effect(
+            &*link,
+            &device_uuid,
+            op,
+            undo,
+            |reply| match reply {
+                reply::Result::LoadModule(ok) => Ok(ok.block_size),
+                _ => Err(ExecutorError::UnexpectedReply("LoadModule").into()),
+            },
+            |block_size| {
+                let block_size = if block_size > 0 {
+                    block_size
+                } else {
+                    signature.reqntid.unwrap_or(DEFAULT_BLOCK)
+                };
+                let kernel = LoadedKernel {
+                    module_id,
+                    device_index,
+                    device_uuid: device_uuid.clone(),
+                    generation,
+                    artifact_hash: hash,
+                    kind: exec_kind as i32,
+                    symbol: request.symbol.clone(),
+                    label: request.label.chars().take(256).collect(),
+                    signature: signature.clone(),
+                    block_size,
+                    artifact_bytes: bytes,
+                    scope,
+                };
+                let mut state = self.lock();
+                state.recheck(session_id, device_index, generation, &device_uuid)?;
+                // Quotas again: another load may have taken the room.
+                self.make_room(&mut state, session_id, tenant, None, bytes, &mut evicted)?;
+                let State {
+                    slots,
+                    devices,
+                    sessions,
+                    ..
+                } = &mut *state;
+                let (handle, kernel) = slots.insert(kernel, session_id, State::is_live(devices))?;
+                let session = sessions
+                    .get_mut(session_id)
+                    .ok_or_else(|| Error::Internal {
+                        message: "session vanished under the lock".into(),
+                    })?;
+                let token = session.kernels.issue(handle);
+                Ok(load_response(
+                    token, &handle, &kernel, false, started, self.boot,
+                ))
+            },
+        )
+        .await;
+        run_cleanup(evicted).await;
+        result
+    }
 
-        let kernel = LoadedKernel {
-            module_id,
-            device_index,
-            device_uuid: device_uuid.clone(),
+    /// The check before a load: a cache hit is answered at once (the
+    /// session gets its own handle for the shared slot); otherwise room is
+    /// made and the load goes to the executor.
+    #[allow(clippy::too_many_arguments)]
+    fn load_check(
+        &self,
+        state: &mut State,
+        session_id: &SessionId,
+        peer: Caller,
+        device_index: usize,
+        hash: [u8; 32],
+        request: &api::LoadKernelRequest,
+        signature: &Signature,
+        exec_kind: ExecArtifactKind,
+        scope: Option<Tenant>,
+        started: Instant,
+        evicted: &mut Cleanup,
+    ) -> Result<LoadCheck, Error> {
+        Self::refuse_if_draining(state)?;
+        let tenant = peer.tenant();
+        state.session(session_id, peer)?;
+        let (link, generation) = state.link(device_index)?;
+        let key = ContentKey {
             generation,
             artifact_hash: hash,
             kind: exec_kind as i32,
             symbol: request.symbol.clone(),
-            label: request.label.chars().take(256).collect(),
-            signature,
-            block_size,
+            signature: signature.clone(),
+            scope,
         };
-        let inserted = {
-            let mut state = self.lock();
+        let bytes = request.artifact.len() as u64;
+        let cached = state.slots.cached(&key, State::is_live(&state.devices));
+        if let Some(handle) = cached {
+            // Loading a kernel the session already holds is idempotent.
+            let already = state
+                .sessions
+                .get(session_id)
+                .and_then(|s| s.kernels.token_of(&handle));
+            if already.is_none() {
+                self.make_room(state, session_id, tenant, Some(&handle), bytes, evicted)?;
+            }
             let State {
                 slots,
                 devices,
                 sessions,
                 ..
             } = &mut *state;
-            let still_current = devices
-                .get(device_index)
-                .is_some_and(|d| d.generation == generation);
-            match sessions.get_mut(session_id) {
-                None => Err(Error::from(SessionError::Unknown {
-                    session: session_id.to_string(),
-                })),
-                Some(_) if !still_current => Err(ExecutorError::Unavailable {
-                    device: device_uuid.clone(),
-                    cause: "the executor restarted during the load".into(),
-                }
-                .into()),
-                Some(session) => match self.check_kernel_limit(session) {
-                    Err(e) => Err(e),
-                    Ok(()) => match slots.insert(kernel, session_id, State::is_live(devices)) {
-                        Ok((handle, kernel)) => {
-                            session.kernels.insert(handle);
-                            Ok((handle, kernel))
-                        }
-                        Err(e) => Err(e.into()),
-                    },
-                },
-            }
-        };
-        match inserted {
-            Ok((handle, kernel)) => Ok(load_response(&handle, &kernel, false, started)),
-            Err(e) => {
-                run_cleanup(vec![(
-                    link,
-                    Op::UnloadModule(exec::UnloadModule { module_id }),
-                )])
-                .await;
-                Err(e)
+            if let Some((handle, kernel)) =
+                slots.hold_cached(&key, session_id, State::is_live(devices))
+            {
+                let session = sessions
+                    .get_mut(session_id)
+                    .ok_or_else(|| Error::Internal {
+                        message: "session vanished under the lock".into(),
+                    })?;
+                let token = session.kernels.issue(handle);
+                return Ok(LoadCheck::Cached(load_response(
+                    token, &handle, &kernel, true, started, self.boot,
+                )));
             }
         }
+        self.make_room(state, session_id, tenant, None, bytes, evicted)?;
+        Ok(LoadCheck::Compile { link, generation })
     }
 
     /// UnloadKernel.
@@ -1131,48 +1524,35 @@ impl Front {
         &self,
         session_id: &str,
         kernel: &str,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<api::UnloadKernelResponse, Error> {
         let session_id = parse_session(session_id)?;
-        let handle = KernelHandle::parse(kernel)?;
+        let handle = KernelRef::parse(kernel)?;
         let cleanup = {
             let mut state = self.lock();
             let session = state.session_mut(&session_id, peer)?;
-            if !session.kernels.remove(&handle) {
-                // Not held: stale if it is not a handle the slot table knows
-                // for this session, which `release` reports precisely.
-                let error = state.slots.release(&handle, &session_id).err();
-                return Err(match error {
-                    Some(e) => e.into(),
-                    None => Error::Internal {
-                        message: "kernel held by the slot table but not the session".into(),
-                    },
-                });
-            }
+            let internal = (handle.boot == self.boot)
+                .then(|| session.kernels.remove_token(handle.token))
+                .flatten();
+            let Some(internal) = internal else {
+                return Err(stale_kernel(kernel, self.boot, &handle));
+            };
             let mut cleanup: Cleanup = Vec::new();
-            match state.slots.release(&handle, &session_id) {
-                Ok(released) => {
-                    if let Some(kernel) = released.freed {
-                        if let Some(link) = state
-                            .devices
-                            .get(kernel.device_index)
-                            .and_then(|d| d.live_link())
-                        {
-                            if link.generation == kernel.generation {
-                                cleanup.push((
-                                    link.clone(),
-                                    Op::UnloadModule(exec::UnloadModule {
-                                        module_id: kernel.module_id,
-                                    }),
-                                ));
-                            }
-                        }
+            // Its slot may have been reclaimed after its generation died:
+            // then the session's hold is simply gone.
+            if let Ok(released) = state.slots.release(&internal, &session_id) {
+                if let Some(kernel) = released.freed {
+                    if let Some(link) =
+                        close_target(&state.devices, kernel.device_index, Some(kernel.generation))
+                    {
+                        cleanup.push((
+                            link,
+                            Op::UnloadModule(exec::UnloadModule {
+                                module_id: kernel.module_id,
+                            }),
+                        ));
                     }
                 }
-                // Its slot was reclaimed after its generation died: the
-                // session's hold is simply gone.
-                Err(crate::slots::SlotError::Stale { .. }) => {}
-                Err(e) => return Err(e.into()),
             }
             cleanup
         };
@@ -1186,29 +1566,37 @@ impl Front {
     pub fn list_kernels(
         &self,
         session_id: &str,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<api::ListKernelsResponse, Error> {
         let session_id = parse_session(session_id)?;
         let state = self.lock();
-        state.session(&session_id, peer)?;
+        let session = state.session(&session_id, peer)?;
         let is_live = State::is_live(&state.devices);
         let kernels = state
             .slots
             .held_by(&session_id)
             .into_iter()
-            .map(|held| api::KernelInfo {
-                kernel: held.handle.to_string(),
-                symbol: held.kernel.symbol.clone(),
-                label: held.kernel.label.clone(),
-                device_uuid: held.kernel.device_uuid.clone(),
-                generation: held.kernel.generation.0,
-                signature: Some(signature_proto(
-                    &held.kernel.signature,
-                    held.kernel.block_size,
-                )),
-                live: is_live(held.kernel.generation),
-                artifact_hash: hex(&held.kernel.artifact_hash),
-                references: held.holders,
+            .filter_map(|held| {
+                let token = session.kernels.token_of(&held.handle)?;
+                Some(api::KernelInfo {
+                    kernel: KernelRef {
+                        token,
+                        generation: held.handle.generation,
+                        boot: self.boot,
+                    }
+                    .to_string(),
+                    symbol: held.kernel.symbol.clone(),
+                    label: held.kernel.label.clone(),
+                    device_uuid: held.kernel.device_uuid.clone(),
+                    generation: held.kernel.generation.0,
+                    signature: Some(signature_proto(
+                        &held.kernel.signature,
+                        held.kernel.block_size,
+                    )),
+                    live: is_live(held.kernel.generation),
+                    artifact_hash: hex(&held.kernel.artifact_hash),
+                    references: held.holders,
+                })
             })
             .collect();
         Ok(api::ListKernelsResponse { kernels })
@@ -1218,7 +1606,7 @@ impl Front {
     pub async fn register_buffer(
         &self,
         request: api::RegisterBufferRequest,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<api::RegisterBufferResponse, Error> {
         use api::register_buffer_request::Source;
         let session_id = parse_session(&request.session)?;
@@ -1230,6 +1618,14 @@ impl Front {
         }
         let (source, claimed_uuid) = match request.source {
             Some(Source::CudaIpc(ipc)) => {
+                // The executor opens the handle with the daemon's rights,
+                // not the caller's: without an identity there is no one to
+                // act for.
+                if peer.credentials().is_none() {
+                    return Err(Error::IdentityRequired {
+                        resource: "cuda_ipc",
+                    });
+                }
                 if ipc.handle.len() != 64 {
                     return Err(Error::InvalidArgument {
                         field: "cuda_ipc.handle",
@@ -1248,6 +1644,13 @@ impl Front {
                 )
             }
             Some(Source::HostShm(shm)) => {
+                // Who may map a shared-memory name depends on who asks: a
+                // caller without credentials would borrow the daemon's.
+                if peer.credentials().is_none() {
+                    return Err(Error::IdentityRequired {
+                        resource: "host_shm",
+                    });
+                }
                 validate_shm_name(&shm.name)?;
                 let uuid = (!shm.device_uuid.is_empty()).then_some(shm.device_uuid);
                 (BufferSource::HostShm { name: shm.name }, uuid)
@@ -1263,7 +1666,7 @@ impl Front {
             let mut state = self.lock();
             Self::refuse_if_draining(&state)?;
             let session = state.session(&session_id, peer)?;
-            self.check_buffer_limits(session, request.size)?;
+            self.check_buffer_limits(&state, session, request.size)?;
             let index = match &claimed_uuid {
                 Some(uuid) => state.device_by_uuid(uuid)?,
                 None => 0,
@@ -1271,7 +1674,7 @@ impl Front {
             let (link, generation) = state.link(index)?;
             let device_uuid = state.devices[index].desc.uuid.clone();
             (
-                state.registry.next_id(),
+                BufferId(state.registry.next_id()),
                 index,
                 link,
                 generation,
@@ -1279,7 +1682,7 @@ impl Front {
             )
         };
         let entry = BufferEntry {
-            id: crate::handles::BufferId(id),
+            id,
             session: session_id.clone(),
             label: request.label.chars().take(256).collect(),
             source,
@@ -1287,73 +1690,51 @@ impl Front {
             device_index: index,
             device_uuid: device_uuid.clone(),
             open_in: Some(generation),
-            owner_uid: peer.map(|p| p.uid),
+            owner_uid: peer.credentials().map(|p| p.uid),
         };
-        match link
-            .call(open_buffer_op(&entry))
-            .await
-            .map_err(|e| down_to_error(&device_uuid, e))?
-        {
-            reply::Result::OpenBuffer(ok) if ok.device_uuid == device_uuid => {}
-            reply::Result::OpenBuffer(ok) => {
-                run_cleanup(vec![(
-                    link,
-                    Op::CloseBuffer(exec::CloseBuffer { buffer_id: id }),
-                )])
-                .await;
-                return Err(Error::DeviceMismatch {
+        let op = open_buffer_op(&entry);
+        let undo = Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 });
+        let token = side_effect(
+            &*link,
+            &device_uuid,
+            op,
+            undo,
+            |reply| match reply {
+                reply::Result::OpenBuffer(ok) if ok.device_uuid == device_uuid => Ok(()),
+                reply::Result::OpenBuffer(ok) => Err(Error::DeviceMismatch {
                     operand: "buffer".into(),
-                    kernel_device: device_uuid,
+                    kernel_device: device_uuid.clone(),
                     operand_device: ok.device_uuid,
-                });
-            }
-            reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
-            _ => return Err(ExecutorError::UnexpectedReply("OpenBuffer").into()),
-        }
-        let recorded = {
-            let mut state = self.lock();
-            let still_current = state
-                .devices
-                .get(index)
-                .is_some_and(|d| d.generation == generation);
-            let State {
-                sessions, registry, ..
-            } = &mut *state;
-            match sessions.get_mut(&session_id) {
-                None => Err(Error::from(SessionError::Unknown {
-                    session: session_id.to_string(),
-                })),
-                Some(_) if !still_current => Err(ExecutorError::Unavailable {
-                    device: device_uuid.clone(),
-                    cause: "the executor restarted during the registration".into(),
-                }
-                .into()),
-                Some(session) => match self.check_buffer_limits(session, request.size) {
-                    Err(e) => Err(e),
-                    Ok(()) => {
-                        session.buffers.insert(entry.id);
-                        session.buffer_bytes += entry.size;
-                        registry.buffers.insert(entry.id, entry);
-                        Ok(())
-                    }
-                },
-            }
-        };
-        if let Err(e) = recorded {
-            run_cleanup(vec![(
-                link,
-                Op::CloseBuffer(exec::CloseBuffer { buffer_id: id }),
-            )])
-            .await;
-            return Err(e);
-        }
+                }),
+                _ => Err(ExecutorError::UnexpectedReply("OpenBuffer").into()),
+            },
+            |()| {
+                let mut state = self.lock();
+                state.recheck(&session_id, index, generation, &device_uuid)?;
+                let session = state.session(&session_id, peer)?;
+                self.check_buffer_limits(&state, session, request.size)?;
+                let State {
+                    sessions, registry, ..
+                } = &mut *state;
+                let session = sessions
+                    .get_mut(&session_id)
+                    .ok_or_else(|| Error::Internal {
+                        message: "session vanished under the lock".into(),
+                    })?;
+                let token = session.buffers.issue(entry.id);
+                session.buffer_bytes += entry.size;
+                registry.buffers.insert(entry.id, entry);
+                Ok(token)
+            },
+        )
+        .await?;
         self.changed();
-        let handle = BufferHandle {
-            id: crate::handles::BufferId(id),
-            boot: self.boot,
-        };
         Ok(api::RegisterBufferResponse {
-            buffer: handle.to_string(),
+            buffer: BufferHandle {
+                token,
+                boot: self.boot,
+            }
+            .to_string(),
             device_uuid,
             generation: generation.0,
         })
@@ -1379,7 +1760,12 @@ impl Front {
         Ok(())
     }
 
-    fn check_buffer_limits(&self, session: &Session, size: u64) -> Result<(), Error> {
+    fn check_buffer_limits(
+        &self,
+        state: &State,
+        session: &Session,
+        size: u64,
+    ) -> Result<(), Error> {
         if session.buffers.len() as u64 >= u64::from(self.limits.max_buffers_per_session) {
             return Err(Error::LimitExceeded {
                 limit: "max_buffers_per_session",
@@ -1392,6 +1778,12 @@ impl Front {
                 value: self.limits.max_buffer_bytes_per_session,
             });
         }
+        if state.tenant_buffers(session.tenant()) >= self.limits.max_buffers_per_uid {
+            return Err(Error::LimitExceeded {
+                limit: "max_buffers_per_uid",
+                value: self.limits.max_buffers_per_uid.into(),
+            });
+        }
         Ok(())
     }
 
@@ -1400,42 +1792,28 @@ impl Front {
         &self,
         session_id: &str,
         buffer: &str,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<(), Error> {
         let session_id = parse_session(session_id)?;
         let handle = BufferHandle::parse(buffer)?;
         let cleanup = {
             let mut state = self.lock();
-            state.session(&session_id, peer)?;
+            let session = state.session_mut(&session_id, peer)?;
             if handle.boot != self.boot {
                 return Err(stale_buffer(buffer, "minted by another daemon boot"));
             }
-            match state.registry.buffers.get(&handle.id) {
-                None => return Err(stale_buffer(buffer, "it was released or never registered")),
-                Some(entry) if entry.session != session_id => {
-                    return Err(crate::buffers::RegistryError::NotOwner {
-                        kind: "buffer",
-                        handle: buffer.to_string(),
-                    }
-                    .into())
-                }
-                Some(_) => {}
-            }
-            let entry = state.registry.buffers.remove(&handle.id);
+            let Some(id) = session.buffers.remove_token(handle.token) else {
+                return Err(Registry::unknown("buffer", buffer).into());
+            };
+            let entry = state.registry.buffers.remove(&id);
             let mut cleanup: Cleanup = Vec::new();
             if let Some(entry) = entry {
                 if let Some(session) = state.sessions.get_mut(&session_id) {
-                    session.buffers.remove(&handle.id);
                     session.buffer_bytes = session.buffer_bytes.saturating_sub(entry.size);
                 }
                 if let Some(link) = close_target(&state.devices, entry.device_index, entry.open_in)
                 {
-                    cleanup.push((
-                        link,
-                        Op::CloseBuffer(exec::CloseBuffer {
-                            buffer_id: handle.id.0,
-                        }),
-                    ));
+                    cleanup.push((link, Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 })));
                 }
             }
             cleanup
@@ -1449,39 +1827,51 @@ impl Front {
     pub fn list_buffers(
         &self,
         session_id: &str,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<api::ListBuffersResponse, Error> {
         let session_id = parse_session(session_id)?;
         let state = self.lock();
         let session = state.session(&session_id, peer)?;
-        let buffers = session
+        let mut buffers: Vec<(BufferId, api::BufferInfo)> = session
             .buffers
             .iter()
-            .filter_map(|id| state.registry.buffers.get(id))
-            .map(|entry| api::BufferInfo {
-                buffer: BufferHandle {
-                    id: entry.id,
-                    boot: self.boot,
-                }
-                .to_string(),
-                label: entry.label.clone(),
-                kind: entry.source.kind().to_string(),
-                device_uuid: entry.device_uuid.clone(),
-                size: entry.size,
-                generation: entry.open_in.map(|g| g.0).unwrap_or(0),
-                live: entry.open_in.is_some(),
+            .filter_map(|(token, id)| Some((token, state.registry.buffers.get(&id)?)))
+            .map(|(token, entry)| {
+                let info = api::BufferInfo {
+                    buffer: BufferHandle {
+                        token,
+                        boot: self.boot,
+                    }
+                    .to_string(),
+                    label: entry.label.clone(),
+                    kind: entry.source.kind().to_string(),
+                    device_uuid: entry.device_uuid.clone(),
+                    size: entry.size,
+                    generation: entry.open_in.map(|g| g.0).unwrap_or(0),
+                    live: entry.open_in.is_some(),
+                };
+                (entry.id, info)
             })
             .collect();
-        Ok(api::ListBuffersResponse { buffers })
+        // In registration order.
+        buffers.sort_by_key(|(id, _)| *id);
+        Ok(api::ListBuffersResponse {
+            buffers: buffers.into_iter().map(|(_, info)| info).collect(),
+        })
     }
 
     /// RegisterEvent.
     pub async fn register_event(
         &self,
         request: api::RegisterEventRequest,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<api::RegisterEventResponse, Error> {
         let session_id = parse_session(&request.session)?;
+        if peer.credentials().is_none() {
+            return Err(Error::IdentityRequired {
+                resource: "ipc_event",
+            });
+        }
         if request.handle.len() != 64 {
             return Err(Error::InvalidArgument {
                 field: "handle",
@@ -1502,70 +1892,60 @@ impl Front {
             };
             let (link, generation) = state.link(index)?;
             let uuid = state.devices[index].desc.uuid.clone();
-            (state.registry.next_id(), index, link, generation, uuid)
+            (
+                EventId(state.registry.next_id()),
+                index,
+                link,
+                generation,
+                uuid,
+            )
         };
         let op = Op::OpenEvent(exec::OpenEvent {
-            event_id: id,
+            event_id: id.0,
             handle: request.handle.clone(),
         });
-        match link
-            .call(op)
-            .await
-            .map_err(|e| down_to_error(&device_uuid, e))?
-        {
-            reply::Result::Ok(_) => {}
-            reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
-            _ => return Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
-        }
-        let event_id = crate::handles::EventId(id);
-        let recorded = {
-            let mut state = self.lock();
-            let still_current = state
-                .devices
-                .get(index)
-                .is_some_and(|d| d.generation == generation);
-            let State {
-                sessions, registry, ..
-            } = &mut *state;
-            match sessions.get_mut(&session_id) {
-                Some(session) if still_current => {
-                    self.check_event_limit(session)?;
-                    session.events_held.insert(event_id);
-                    registry.events.insert(
-                        event_id,
-                        EventEntry {
-                            id: event_id,
-                            session: session_id.clone(),
-                            label: request.label.chars().take(256).collect(),
-                            handle: request.handle,
-                            device_index: index,
-                            device_uuid: device_uuid.clone(),
-                            open_in: Some(generation),
-                        },
-                    );
-                    Ok(())
-                }
-                Some(_) => Err(ExecutorError::Unavailable {
-                    device: device_uuid.clone(),
-                    cause: "the executor restarted during the registration".into(),
-                }
-                .into()),
-                None => Err(Error::from(SessionError::Unknown {
-                    session: session_id.to_string(),
-                })),
-            }
-        };
-        if let Err(e) = recorded {
-            run_cleanup(vec![(
-                link,
-                Op::CloseEvent(exec::CloseEvent { event_id: id }),
-            )])
-            .await;
-            return Err(e);
-        }
+        let undo = Op::CloseEvent(exec::CloseEvent { event_id: id.0 });
+        let token = side_effect(
+            &*link,
+            &device_uuid,
+            op,
+            undo,
+            |reply| match reply {
+                reply::Result::Ok(_) => Ok(()),
+                _ => Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
+            },
+            |()| {
+                let mut state = self.lock();
+                state.recheck(&session_id, index, generation, &device_uuid)?;
+                self.check_event_limit(state.session(&session_id, peer)?)?;
+                let State {
+                    sessions, registry, ..
+                } = &mut *state;
+                let session = sessions
+                    .get_mut(&session_id)
+                    .ok_or_else(|| Error::Internal {
+                        message: "session vanished under the lock".into(),
+                    })?;
+                let token = session.events_held.issue(id);
+                registry.events.insert(
+                    id,
+                    EventEntry {
+                        id,
+                        session: session_id.clone(),
+                        label: request.label.chars().take(256).collect(),
+                        handle: request.handle,
+                        device_index: index,
+                        device_uuid: device_uuid.clone(),
+                        open_in: Some(generation),
+                    },
+                );
+                Ok(token)
+            },
+        )
+        .await?;
         Ok(api::RegisterEventResponse {
             event: EventHandle {
-                id: event_id,
+                token,
                 boot: self.boot,
             }
             .to_string(),
@@ -1577,49 +1957,26 @@ impl Front {
         &self,
         session_id: &str,
         event: &str,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<(), Error> {
         let session_id = parse_session(session_id)?;
         let handle = EventHandle::parse(event)?;
         let cleanup = {
             let mut state = self.lock();
-            state.session(&session_id, peer)?;
+            let session = state.session_mut(&session_id, peer)?;
             if handle.boot != self.boot {
                 return Err(invalid_event(event));
             }
             // A dead (not re-opened) event may still be released: check
             // ownership only, not liveness.
-            match state.registry.events.get(&handle.id) {
-                None => {
-                    return Err(crate::buffers::RegistryError::Stale {
-                        kind: "event",
-                        handle: event.chars().take(96).collect(),
-                        why: "it was released or never registered",
-                    }
-                    .into())
-                }
-                Some(entry) if entry.session != session_id => {
-                    return Err(crate::buffers::RegistryError::NotOwner {
-                        kind: "event",
-                        handle: event.chars().take(96).collect(),
-                    }
-                    .into())
-                }
-                Some(_) => {}
-            }
+            let Some(id) = session.events_held.remove_token(handle.token) else {
+                return Err(Registry::unknown("event", event).into());
+            };
             let mut cleanup: Cleanup = Vec::new();
-            if let Some(entry) = state.registry.events.remove(&handle.id) {
-                if let Some(session) = state.sessions.get_mut(&session_id) {
-                    session.events_held.remove(&handle.id);
-                }
+            if let Some(entry) = state.registry.events.remove(&id) {
                 if let Some(link) = close_target(&state.devices, entry.device_index, entry.open_in)
                 {
-                    cleanup.push((
-                        link,
-                        Op::CloseEvent(exec::CloseEvent {
-                            event_id: handle.id.0,
-                        }),
-                    ));
+                    cleanup.push((link, Op::CloseEvent(exec::CloseEvent { event_id: id.0 })));
                 }
             }
             cleanup
@@ -1632,7 +1989,7 @@ impl Front {
     pub async fn launch(
         &self,
         request: &api::LaunchRequest,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<api::LaunchResponse, Error> {
         let started = Instant::now();
         let (link, op, device_uuid, _inflight) = self.check_launch(request, peer)?;
@@ -1655,17 +2012,25 @@ impl Front {
     fn check_launch(
         &self,
         request: &api::LaunchRequest,
-        peer: Option<Peer>,
+        peer: Caller,
     ) -> Result<(Arc<ExecutorLink>, Op, String, InflightLaunch), Error> {
         let session_id = parse_session(&request.session)?;
-        let handle = KernelHandle::parse(&request.kernel)?;
+        let handle = KernelRef::parse(&request.kernel)?;
         let state = self.lock();
         Self::refuse_if_draining(&state)?;
         let session = state.session(&session_id, peer)?;
         self.executor.kernel_timeouts.check(session.stream)?;
+        let internal = (handle.boot == self.boot)
+            .then(|| session.kernels.get(handle.token))
+            .flatten()
+            .ok_or_else(|| stale_kernel(&request.kernel, self.boot, &handle))?;
         let kernel = state
             .slots
-            .resolve(&handle, &session_id, State::is_live(&state.devices))?;
+            .resolve(&internal, &session_id, State::is_live(&state.devices))
+            .map_err(|why| SlotError::Stale {
+                handle: request.kernel.chars().take(96).collect(),
+                why,
+            })?;
         let signature = &kernel.signature;
         if request.inputs.len() != signature.inputs as usize {
             return Err(Error::LaunchArity {
@@ -1717,9 +2082,11 @@ impl Front {
                     "minted by another daemon boot",
                 ));
             }
-            let entry = state
-                .registry
-                .buffer(handle.id, &session_id, &operand.buffer)?;
+            let id = session
+                .buffers
+                .get(handle.token)
+                .ok_or_else(|| Registry::unknown("buffer", &operand.buffer))?;
+            let entry = state.registry.buffer(id, &session_id, &operand.buffer)?;
             if entry.device_index != kernel.device_index || entry.open_in != Some(kernel.generation)
             {
                 let operand_device = match (state.devices.get(entry.device_index), entry.open_in) {
@@ -1751,7 +2118,7 @@ impl Front {
                 });
             }
             checked.push(exec::LaunchOperand {
-                buffer_id: handle.id.0,
+                buffer_id: id.0,
                 offset: operand.offset,
             });
         }
@@ -1763,17 +2130,12 @@ impl Front {
                 message: "signature element sizes do not cover every operand".into(),
             });
         }
-        let wait_event = self.check_event(
-            &state,
-            &request.wait_event,
-            &session_id,
-            &kernel,
-            "wait_event",
-        )?;
+        let wait_event =
+            self.check_event(&state, &request.wait_event, session, &kernel, "wait_event")?;
         let signal_event = self.check_event(
             &state,
             &request.signal_event,
-            &session_id,
+            session,
             &kernel,
             "signal_event",
         )?;
@@ -1815,7 +2177,7 @@ impl Front {
         &self,
         state: &State,
         text: &str,
-        session: &SessionId,
+        session: &Session,
         kernel: &LoadedKernel,
         field: &'static str,
     ) -> Result<u64, Error> {
@@ -1826,7 +2188,11 @@ impl Front {
         if handle.boot != self.boot {
             return Err(invalid_event(text));
         }
-        let entry = state.registry.event(handle.id, session, text)?;
+        let id = session
+            .events_held
+            .get(handle.token)
+            .ok_or_else(|| Registry::unknown("event", text))?;
+        let entry = state.registry.event(id, &session.id, text)?;
         if entry.device_index != kernel.device_index || entry.open_in != Some(kernel.generation) {
             return Err(Error::DeviceMismatch {
                 operand: field.to_string(),
@@ -1834,7 +2200,7 @@ impl Front {
                 operand_device: entry.device_uuid.clone(),
             });
         }
-        Ok(handle.id.0)
+        Ok(id.0)
     }
 
     /// Begins the drain: refuses new work, tells every session and ends
@@ -1842,6 +2208,7 @@ impl Front {
     pub fn begin_drain(&self, reason: &str) {
         let mut state = self.lock();
         state.draining = true;
+        self.drain.send_replace(true);
         let event = api::SessionEvent {
             event: Some(session_event::Event::Draining(api::Draining {
                 reason: reason.to_string(),
@@ -1897,6 +2264,9 @@ pub struct Gauges {
     pub buffers: u64,
     pub buffer_bytes: u64,
     pub slots_used: u64,
+    /// Artifact bytes loaded in the executors, and their limit.
+    pub loaded_bytes: u64,
+    pub loaded_bytes_limit: u64,
     /// (uuid, generation, restarts)
     pub devices: Vec<(String, u64, u64)>,
 }
@@ -1961,15 +2331,82 @@ fn close_target(
 
 async fn run_cleanup(cleanup: Cleanup) {
     for (link, op) in cleanup {
-        match tokio::time::timeout(CLEANUP_TIMEOUT, link.call(op)).await {
-            Ok(Ok(reply::Result::Failure(f))) => {
-                tracing::warn!(message = %f.message, "executor clean-up failed")
-            }
-            Ok(Err(e)) => tracing::debug!(error = %e, "executor gone during clean-up"),
-            Err(_) => tracing::warn!("executor clean-up timed out"),
-            Ok(Ok(_)) => {}
-        }
+        undo_in(&*link, op).await;
     }
+}
+
+/// What the front needs of an executor for a side effect (a seam for
+/// testing [`side_effect`] without a child process).
+pub(crate) trait Executor {
+    fn call(
+        &self,
+        op: Op,
+    ) -> impl std::future::Future<Output = Result<reply::Result, LinkError>> + Send;
+}
+
+impl Executor for ExecutorLink {
+    fn call(
+        &self,
+        op: Op,
+    ) -> impl std::future::Future<Output = Result<reply::Result, LinkError>> + Send {
+        ExecutorLink::call(self, op)
+    }
+}
+
+/// Sends a clean-up or undo request; failures are logged, never returned
+/// (the executor, or its death, releases the object anyway).
+async fn undo_in<E: Executor>(executor: &E, op: Op) {
+    match tokio::time::timeout(CLEANUP_TIMEOUT, executor.call(op)).await {
+        Ok(Ok(reply::Result::Failure(f))) => {
+            tracing::warn!(message = %f.message, "executor clean-up failed")
+        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "executor gone during clean-up"),
+        Err(_) => tracing::warn!("executor clean-up timed out"),
+        Ok(Ok(_)) => {}
+    }
+}
+
+/// The one path for a side effect in an executor: the caller has checked
+/// under the state lock; this sends `op` (unlocked), reads a success reply
+/// with `accept`, then `commit` re-checks and records under the lock. When
+/// `accept` or `commit` refuses, `undo` goes to the executor before the
+/// refusal is returned, so the executor never keeps an object the front did
+/// not record (two registrations racing for the last place under a limit:
+/// both pass the check, both open, the second's commit fails and is undone).
+/// A failure reply or a dead executor needs no undo: nothing was opened, or
+/// everything the executor held is gone with it.
+async fn side_effect<E: Executor, R, T>(
+    executor: &E,
+    device_uuid: &str,
+    op: Op,
+    undo: Op,
+    accept: impl FnOnce(reply::Result) -> Result<R, Error>,
+    commit: impl FnOnce(R) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let reply = executor
+        .call(op)
+        .await
+        .map_err(|e| down_to_error(device_uuid, e))?;
+    if let reply::Result::Failure(failure) = reply {
+        return Err(ExecutorError::from(failure).into());
+    }
+    let outcome = accept(reply).and_then(commit);
+    if outcome.is_err() {
+        undo_in(executor, undo).await;
+    }
+    outcome
+}
+
+/// What the check before a load decided.
+#[derive(Debug)]
+enum LoadCheck {
+    /// A cache hit, already held by the session.
+    Cached(api::LoadKernelResponse),
+    /// Room is made: compile in this executor.
+    Compile {
+        link: Arc<ExecutorLink>,
+        generation: DeviceGeneration,
+    },
 }
 
 fn parse_session(text: &str) -> Result<SessionId, Error> {
@@ -2025,6 +2462,21 @@ fn stale_buffer(handle: &str, why: &'static str) -> Error {
     .into()
 }
 
+/// The refusal for a kernel handle the session cannot use: one answer for
+/// another session's live handle, a released one and a made-up one; only a
+/// handle of another boot (which says so in its text) is told apart.
+fn stale_kernel(text: &str, boot: BootId, handle: &KernelRef) -> Error {
+    SlotError::Stale {
+        handle: text.chars().take(96).collect(),
+        why: if handle.boot == boot {
+            StaleWhy::UnknownToSession
+        } else {
+            StaleWhy::OtherBoot
+        },
+    }
+    .into()
+}
+
 fn invalid_event(handle: &str) -> Error {
     crate::buffers::RegistryError::Stale {
         kind: "event",
@@ -2046,13 +2498,20 @@ fn signature_proto(signature: &Signature, block_size: u32) -> api::KernelSignatu
 }
 
 fn load_response(
+    token: HandleToken,
     handle: &KernelHandle,
     kernel: &LoadedKernel,
     cache_hit: bool,
     started: Instant,
+    boot: BootId,
 ) -> api::LoadKernelResponse {
     api::LoadKernelResponse {
-        kernel: handle.to_string(),
+        kernel: KernelRef {
+            token,
+            generation: handle.generation,
+            boot,
+        }
+        .to_string(),
         signature: Some(signature_proto(&kernel.signature, kernel.block_size)),
         cache_hit,
         load_micros: started.elapsed().as_micros() as u64,
@@ -2082,6 +2541,143 @@ mod tests {
         for bad in ["", "a b", "a\0", "ü"] {
             assert!(validate_symbol(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// An executor that opens and closes events, yielding in every call so
+    /// that concurrent callers interleave between check and commit.
+    #[derive(Default)]
+    struct FakeExecutor {
+        open: Mutex<std::collections::BTreeSet<u64>>,
+        closes: AtomicU64,
+        fail_opens: bool,
+    }
+
+    impl Executor for FakeExecutor {
+        async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
+            tokio::task::yield_now().await;
+            let mut open = self.open.lock().unwrap();
+            Ok(match op {
+                Op::OpenEvent(_) if self.fail_opens => reply::Result::Failure(exec::Failure {
+                    kind: exec::FailureKind::InvalidHandle as i32,
+                    message: "no such event".into(),
+                    ..Default::default()
+                }),
+                Op::OpenEvent(e) => {
+                    open.insert(e.event_id);
+                    reply::Result::Ok(exec::Empty {})
+                }
+                Op::CloseEvent(e) => {
+                    open.remove(&e.event_id);
+                    self.closes.fetch_add(1, Ordering::SeqCst);
+                    reply::Result::Ok(exec::Empty {})
+                }
+                _ => reply::Result::Ok(exec::Empty {}),
+            })
+        }
+    }
+
+    /// One registration as register_event makes it: check the limit, open
+    /// in the executor, re-check and commit (or undo) through `side_effect`.
+    async fn register(
+        executor: &FakeExecutor,
+        registered: &Mutex<Vec<u64>>,
+        limit: usize,
+        id: u64,
+    ) -> Result<(), Error> {
+        let full = || Error::LimitExceeded {
+            limit: "max_events_per_session",
+            value: limit as u64,
+        };
+        if registered.lock().unwrap().len() >= limit {
+            return Err(full());
+        }
+        side_effect(
+            executor,
+            "HOST-0",
+            Op::OpenEvent(exec::OpenEvent {
+                event_id: id,
+                handle: vec![0; 64],
+            }),
+            Op::CloseEvent(exec::CloseEvent { event_id: id }),
+            |reply| match reply {
+                reply::Result::Ok(_) => Ok(()),
+                _ => Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
+            },
+            |()| {
+                let mut registered = registered.lock().unwrap();
+                if registered.len() >= limit {
+                    return Err(full());
+                }
+                registered.push(id);
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn racing_registrations_at_the_limit_are_undone_in_the_executor() {
+        let executor = FakeExecutor::default();
+        let registered = Mutex::new(Vec::new());
+        let limit = 3;
+        let results = futures_util::future::join_all(
+            (1..=16).map(|id| register(&executor, &registered, limit, id)),
+        )
+        .await;
+        let won: Vec<u64> = (1..=16)
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(won.len(), limit);
+        assert!(
+            executor.closes.load(Ordering::SeqCst) > 0,
+            "the race happened: some passed the check and lost the commit"
+        );
+        for result in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert_eq!(result.refusal().reason, api::Reason::LimitExceeded);
+        }
+        // The executor holds exactly what was recorded: nothing leaked.
+        let open: Vec<u64> = executor.open.lock().unwrap().iter().copied().collect();
+        let mut recorded = registered.lock().unwrap().clone();
+        recorded.sort_unstable();
+        assert_eq!(open, recorded);
+        assert_eq!(open, won);
+    }
+
+    #[tokio::test]
+    async fn a_failed_open_is_not_undone_and_a_refused_reply_is() {
+        let failing = FakeExecutor {
+            fail_opens: true,
+            ..Default::default()
+        };
+        let registered = Mutex::new(Vec::new());
+        let err = register(&failing, &registered, 1, 7).await.unwrap_err();
+        assert_eq!(err.refusal().reason, api::Reason::InvalidHandle);
+        assert_eq!(failing.closes.load(Ordering::SeqCst), 0);
+        // A success reply the verb cannot use is undone too.
+        let executor = FakeExecutor::default();
+        let result: Result<(), Error> = side_effect(
+            &executor,
+            "HOST-0",
+            Op::OpenEvent(exec::OpenEvent {
+                event_id: 9,
+                handle: vec![0; 64],
+            }),
+            Op::CloseEvent(exec::CloseEvent { event_id: 9 }),
+            |_| {
+                Err(Error::DeviceMismatch {
+                    operand: "buffer".into(),
+                    kernel_device: "HOST-0".into(),
+                    operand_device: "HOST-1".into(),
+                })
+            },
+            |()| Ok(()),
+        )
+        .await;
+        assert!(result.is_err());
+        assert!(executor.open.lock().unwrap().is_empty());
+        assert_eq!(executor.closes.load(Ordering::SeqCst), 1);
     }
 
     #[test]

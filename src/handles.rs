@@ -4,13 +4,22 @@
 //! Invariants:
 //! - Every handle names the daemon boot that minted it; a handle from another
 //!   boot never resolves (it is stale, not someone else's object).
-//! - A kernel handle names slot, slot epoch and device generation, so a handle
-//!   whose slot was freed or reused, or whose generation died, is detectably
-//!   stale and never launches whatever occupies the slot now.
+//! - A handle a client sees is per session and unguessable: its identifying
+//!   part is a random 64-bit [`HandleToken`] that only the issuing session's
+//!   [`Tokens`] table resolves. Another session's live handle and a
+//!   never-issued one therefore resolve alike (to nothing), and two sessions
+//!   holding the same cached kernel hold different handles. Nothing in the
+//!   text counts anything (no sequential ids, no slot indices).
+//! - Behind the token, a kernel handle names slot, slot epoch and device
+//!   generation (the generation is also in the text), so a handle whose slot
+//!   was freed or reused, or whose generation died, is detectably stale and
+//!   never launches whatever occupies the slot now.
 //! - Device generations are never reused: the upper 32 bits are random per
 //!   boot, the lower 32 count executor starts within the boot.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// This daemon boot's identity, random per start.
@@ -99,7 +108,9 @@ fn fields<const N: usize>(
     Ok(out)
 }
 
-/// A kernel handle: `krn-<slot>-<epoch>-<generation>-<boot>`, fields in hex.
+/// A kernel as the slot table knows it: slot, the slot's epoch when the
+/// kernel moved in, the device generation and the boot. Never leaves the
+/// daemon; a session's [`KernelRef`] names it through a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KernelHandle {
     pub slot: SlotIndex,
@@ -108,49 +119,71 @@ pub struct KernelHandle {
     pub boot: BootId,
 }
 
-impl KernelHandle {
-    pub fn parse(text: &str) -> Result<KernelHandle, MalformedHandle> {
-        let [slot, epoch, generation, boot] = fields::<4>(text, "krn-", "kernel")?;
-        let slot = SlotIndex::try_from(slot).map_err(|_| malformed("kernel", text))?;
-        Ok(KernelHandle {
-            slot,
-            epoch,
+impl fmt::Display for KernelHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "slot {} epoch {} generation {}",
+            self.slot, self.epoch, self.generation
+        )
+    }
+}
+
+/// The random, per-session part of a handle a client holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HandleToken(pub u64);
+
+/// A kernel handle as a client holds it:
+/// `krn-<token>-<generation>-<boot>`, fields in hex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelRef {
+    pub token: HandleToken,
+    pub generation: DeviceGeneration,
+    pub boot: BootId,
+}
+
+impl KernelRef {
+    pub fn parse(text: &str) -> Result<KernelRef, MalformedHandle> {
+        let [token, generation, boot] = fields::<3>(text, "krn-", "kernel")?;
+        Ok(KernelRef {
+            token: HandleToken(token),
             generation: DeviceGeneration(generation),
             boot: BootId(boot),
         })
     }
 }
 
-impl fmt::Display for KernelHandle {
+impl fmt::Display for KernelRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "krn-{:x}-{:x}-{:x}-{:x}",
-            self.slot, self.epoch, self.generation.0, self.boot.0
+            "krn-{:016x}-{:x}-{:x}",
+            self.token.0, self.generation.0, self.boot.0
         )
     }
 }
 
-/// Identifies a registered buffer within a boot. Never reused.
+/// Identifies a registered buffer within a boot. Never reused, never shown
+/// to a client (its [`BufferHandle`] carries a token instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufferId(pub u64);
 
-/// Identifies a registered event within a boot. Never reused.
+/// Identifies a registered event within a boot. Never reused, never shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EventId(pub u64);
 
-/// A buffer handle: `buf-<id>-<boot>`, fields in hex.
+/// A buffer handle: `buf-<token>-<boot>`, fields in hex.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferHandle {
-    pub id: BufferId,
+    pub token: HandleToken,
     pub boot: BootId,
 }
 
 impl BufferHandle {
     pub fn parse(text: &str) -> Result<BufferHandle, MalformedHandle> {
-        let [id, boot] = fields::<2>(text, "buf-", "buffer")?;
+        let [token, boot] = fields::<2>(text, "buf-", "buffer")?;
         Ok(BufferHandle {
-            id: BufferId(id),
+            token: HandleToken(token),
             boot: BootId(boot),
         })
     }
@@ -158,22 +191,22 @@ impl BufferHandle {
 
 impl fmt::Display for BufferHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "buf-{:x}-{:x}", self.id.0, self.boot.0)
+        write!(f, "buf-{:016x}-{:x}", self.token.0, self.boot.0)
     }
 }
 
-/// An event handle: `evt-<id>-<boot>`, fields in hex.
+/// An event handle: `evt-<token>-<boot>`, fields in hex.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventHandle {
-    pub id: EventId,
+    pub token: HandleToken,
     pub boot: BootId,
 }
 
 impl EventHandle {
     pub fn parse(text: &str) -> Result<EventHandle, MalformedHandle> {
-        let [id, boot] = fields::<2>(text, "evt-", "event")?;
+        let [token, boot] = fields::<2>(text, "evt-", "event")?;
         Ok(EventHandle {
-            id: EventId(id),
+            token: HandleToken(token),
             boot: BootId(boot),
         })
     }
@@ -181,7 +214,89 @@ impl EventHandle {
 
 impl fmt::Display for EventHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "evt-{:x}-{:x}", self.id.0, self.boot.0)
+        write!(f, "evt-{:016x}-{:x}", self.token.0, self.boot.0)
+    }
+}
+
+/// One session's handles of one kind: random tokens mapped to the objects
+/// they name, both ways. Issuing the same object twice gives the same token
+/// (a session holds a cached kernel once).
+#[derive(Debug)]
+pub struct Tokens<T> {
+    by_token: HashMap<HandleToken, T>,
+    by_value: HashMap<T, HandleToken>,
+}
+
+impl<T> Default for Tokens<T> {
+    fn default() -> Self {
+        Tokens {
+            by_token: HashMap::new(),
+            by_value: HashMap::new(),
+        }
+    }
+}
+
+impl<T: Copy + Eq + Hash> Tokens<T> {
+    /// The token for `value`, minting a fresh random one the first time.
+    pub fn issue(&mut self, value: T) -> HandleToken {
+        if let Some(token) = self.by_value.get(&value) {
+            return *token;
+        }
+        let token = loop {
+            let candidate = HandleToken(rand::random::<u64>());
+            if candidate.0 != 0 && !self.by_token.contains_key(&candidate) {
+                break candidate;
+            }
+        };
+        self.by_token.insert(token, value);
+        self.by_value.insert(value, token);
+        token
+    }
+
+    /// What `token` names in this session, if this session issued it.
+    pub fn get(&self, token: HandleToken) -> Option<T> {
+        self.by_token.get(&token).copied()
+    }
+
+    /// The token this session holds for `value`.
+    pub fn token_of(&self, value: &T) -> Option<HandleToken> {
+        self.by_value.get(value).copied()
+    }
+
+    pub fn contains(&self, value: &T) -> bool {
+        self.by_value.contains_key(value)
+    }
+
+    /// Forgets a token; returns what it named.
+    pub fn remove_token(&mut self, token: HandleToken) -> Option<T> {
+        let value = self.by_token.remove(&token)?;
+        self.by_value.remove(&value);
+        Some(value)
+    }
+
+    /// Forgets `value`'s token; returns it.
+    pub fn remove(&mut self, value: &T) -> Option<HandleToken> {
+        let token = self.by_value.remove(value)?;
+        self.by_token.remove(&token);
+        Some(token)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_token.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_token.is_empty()
+    }
+
+    /// Every object with its token.
+    pub fn iter(&self) -> impl Iterator<Item = (HandleToken, T)> + '_ {
+        self.by_token.iter().map(|(t, v)| (*t, *v))
+    }
+
+    /// Every object.
+    pub fn values(&self) -> impl Iterator<Item = T> + '_ {
+        self.by_value.keys().copied()
     }
 }
 
@@ -228,20 +343,19 @@ mod tests {
     #[test]
     fn handles_round_trip_through_text() {
         for _ in 0..200 {
-            let k = KernelHandle {
-                slot: rand::random(),
-                epoch: rand::random(),
+            let k = KernelRef {
+                token: HandleToken(rand::random()),
                 generation: DeviceGeneration(rand::random()),
                 boot: BootId(rand::random()),
             };
-            assert_eq!(KernelHandle::parse(&k.to_string()).unwrap(), k);
+            assert_eq!(KernelRef::parse(&k.to_string()).unwrap(), k);
             let b = BufferHandle {
-                id: BufferId(rand::random()),
+                token: HandleToken(rand::random()),
                 boot: BootId(rand::random()),
             };
             assert_eq!(BufferHandle::parse(&b.to_string()).unwrap(), b);
             let e = EventHandle {
-                id: EventId(rand::random()),
+                token: HandleToken(rand::random()),
                 boot: BootId(rand::random()),
             };
             assert_eq!(EventHandle::parse(&e.to_string()).unwrap(), e);
@@ -255,20 +369,41 @@ mod tests {
         for bad in [
             "",
             "krn-",
-            "krn-1-2-3",
-            "krn-1-2-3-4-5",
-            "krn-1-2-3-zz",
+            "krn-1-2",
+            "krn-1-2-3-4",
+            "krn-1-2-zz",
             "buf-1-2-3",
-            "krn-100000000-0-0-0",
+            "krn-100000000000000000-0-0",
             "evt--1",
         ] {
-            assert!(KernelHandle::parse(bad).is_err(), "{bad}");
+            assert!(KernelRef::parse(bad).is_err(), "{bad}");
             assert!(BufferHandle::parse(bad).is_err(), "{bad}");
             assert!(EventHandle::parse(bad).is_err(), "{bad}");
         }
         assert!(SessionId::parse("ses-XYZ").is_err());
         let long = "x".repeat(10_000);
-        assert!(KernelHandle::parse(&long).unwrap_err().text.len() <= 96);
+        assert!(KernelRef::parse(&long).unwrap_err().text.len() <= 96);
+    }
+
+    #[test]
+    fn tokens_are_per_table_random_and_stable_per_object() {
+        let (mut a, mut b) = (Tokens::default(), Tokens::default());
+        let ta = a.issue(BufferId(1));
+        let tb = b.issue(BufferId(1));
+        assert_ne!(ta, tb, "two sessions get different handles for one object");
+        assert_eq!(
+            a.issue(BufferId(1)),
+            ta,
+            "issuing again gives the same token"
+        );
+        assert_eq!(a.get(ta), Some(BufferId(1)));
+        assert_eq!(a.get(tb), None, "another table's token resolves to nothing");
+        let second = a.issue(BufferId(2));
+        assert_ne!(second.0.wrapping_sub(ta.0), 1, "not sequential");
+        assert_eq!(a.remove_token(ta), Some(BufferId(1)));
+        assert_eq!(a.get(ta), None);
+        assert!(!a.contains(&BufferId(1)));
+        assert_eq!(a.len(), 1);
     }
 
     #[test]

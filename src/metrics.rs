@@ -194,6 +194,8 @@ pub struct Metrics {
     buffer_bytes: AtomicU64,
     slots_used: AtomicU64,
     slot_capacity: u32,
+    loaded_bytes: AtomicU64,
+    loaded_bytes_limit: AtomicU64,
     devices: Mutex<BTreeMap<String, DeviceSeries>>,
     refresh: OnceLock<Refresh>,
 }
@@ -230,6 +232,8 @@ impl Metrics {
             buffer_bytes: AtomicU64::new(0),
             slots_used: AtomicU64::new(0),
             slot_capacity,
+            loaded_bytes: AtomicU64::new(0),
+            loaded_bytes_limit: AtomicU64::new(0),
             devices: Mutex::new(BTreeMap::new()),
             refresh: OnceLock::new(),
         })
@@ -286,6 +290,13 @@ impl Metrics {
     /// reclaimed.
     pub fn set_slots_used(&self, used: u64) {
         self.slots_used.store(used, Ordering::Relaxed);
+    }
+
+    /// Artifact bytes the executors hold for loaded kernels, and the limit
+    /// (`--max-loaded-bytes`).
+    pub fn set_loaded_bytes(&self, loaded: u64, limit: u64) {
+        self.loaded_bytes.store(loaded, Ordering::Relaxed);
+        self.loaded_bytes_limit.store(limit, Ordering::Relaxed);
     }
 
     /// A device's executor was restarted (after a fault or an exit).
@@ -374,7 +385,7 @@ impl Metrics {
             out.sample("ptxd_refusals_total", &[("reason", reason)], count);
         }
 
-        let gauges: [(&str, &str, u64); 5] = [
+        let gauges: [(&str, &str, u64); 7] = [
             (
                 "ptxd_sessions",
                 "Open sessions.",
@@ -399,6 +410,16 @@ impl Metrics {
                 "ptxd_slots_capacity",
                 "Kernel slots in the slot table.",
                 u64::from(self.slot_capacity),
+            ),
+            (
+                "ptxd_loaded_artifact_bytes",
+                "Artifact bytes of the loaded kernels (what the executors hold for them).",
+                self.loaded_bytes.load(Ordering::Relaxed),
+            ),
+            (
+                "ptxd_loaded_artifact_bytes_limit",
+                "The limit on loaded artifact bytes over all executors (--max-loaded-bytes).",
+                self.loaded_bytes_limit.load(Ordering::Relaxed),
             ),
         ];
         for (name, help, value) in gauges {
@@ -698,6 +719,8 @@ mod tests {
             ("ptxd_buffer_bytes", "gauge"),
             ("ptxd_slots_used", "gauge"),
             ("ptxd_slots_capacity", "gauge"),
+            ("ptxd_loaded_artifact_bytes", "gauge"),
+            ("ptxd_loaded_artifact_bytes_limit", "gauge"),
             ("ptxd_executor_restarts_total", "counter"),
             ("ptxd_device_generation", "gauge"),
             ("ptxd_kernel_faults_total", "counter"),

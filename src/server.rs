@@ -157,13 +157,17 @@ async fn wait_for_stop(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn termination() -> Result<&'static str, ServeError> {
+/// Installs the SIGTERM/SIGINT handlers now (a signal that arrives before
+/// the returned future is polled still drains instead of killing ptxd).
+fn termination() -> Result<impl std::future::Future<Output = &'static str>, ServeError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     })
 }
 
@@ -193,6 +197,7 @@ pub async fn serve(
         max_connections_per_uid = connections.limits().max_per_peer,
         "connection limits"
     );
+    let terminated = termination()?;
     let socket_path = config.socket_path();
     if activated.is_none() && config.socket.is_none() {
         prepare_default_socket_dir(&socket_path)?;
@@ -236,6 +241,7 @@ pub async fn serve(
                 m.set_sessions(gauges.sessions);
                 m.set_buffers(gauges.buffers, gauges.buffer_bytes);
                 m.set_slots_used(gauges.slots_used);
+                m.set_loaded_bytes(gauges.loaded_bytes, gauges.loaded_bytes_limit);
                 for (uuid, generation, _) in &gauges.devices {
                     m.set_generation(uuid, *generation);
                 }
@@ -313,7 +319,7 @@ pub async fn serve(
     tracing::info!(socket = %socket_path.display(), backend = front.backend, boot = %front.boot, "ptxd serving");
 
     let signal = tokio::select! {
-        signal = termination() => signal?,
+        signal = terminated => signal,
         Some(ended) = servers.join_next() => {
             tracing::error!(?ended, "a listener stopped unexpectedly");
             "listener failure"

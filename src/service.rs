@@ -10,14 +10,14 @@ use std::time::Instant;
 use futures_util::{Stream, StreamExt};
 use ptxd_proto::v1::{self as api, ptxd_server::Ptxd};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::UdsConnectInfo;
+use tonic::transport::server::{TcpConnectInfo, UdsConnectInfo};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
 use crate::front::Front;
 use crate::handles::SessionId;
 use crate::observe::Observer;
-use crate::sessions::Peer;
+use crate::sessions::{Caller, Peer};
 
 /// How many launches of one `LaunchStream` may be in flight at once.
 /// Responses still come back in request order.
@@ -75,14 +75,25 @@ async fn detached<T: Send + 'static>(
     })
 }
 
-/// The caller's credentials, on Unix sockets.
-pub(crate) fn peer<T>(request: &Request<T>) -> Option<Peer> {
-    let info = request.extensions().get::<UdsConnectInfo>()?;
-    let cred = info.peer_cred?;
-    Some(Peer {
-        uid: cred.uid(),
-        pid: cred.pid(),
-    })
+/// Who is calling: a Unix-socket peer with its credentials, or a caller
+/// without any (TCP), known only by its connection.
+pub(crate) fn peer<T>(request: &Request<T>) -> Caller {
+    let extensions = request.extensions();
+    if let Some(cred) = extensions
+        .get::<UdsConnectInfo>()
+        .and_then(|info| info.peer_cred)
+    {
+        return Caller::Local(Peer {
+            uid: cred.uid(),
+            gid: cred.gid(),
+            pid: cred.pid(),
+        });
+    }
+    Caller::Remote {
+        connection: extensions
+            .get::<TcpConnectInfo>()
+            .and_then(|info| info.remote_addr()),
+    }
 }
 
 /// The lease stream of a session: ends the session when dropped, which
@@ -122,9 +133,9 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 impl Ptxd for PtxdService {
     async fn get_info(
         &self,
-        _request: Request<api::GetInfoRequest>,
+        request: Request<api::GetInfoRequest>,
     ) -> Result<Response<api::GetInfoResponse>, Status> {
-        self.answer("GetInfo", Ok(self.front.info()))
+        self.answer("GetInfo", Ok(self.front.info(peer(&request))))
     }
 
     type OpenSessionStream = BoxStream<api::SessionEvent>;
@@ -315,11 +326,32 @@ impl PtxdService {
     /// and the stream goes on; a transport error ends the stream with it.
     pub(crate) fn answer_launches(
         &self,
-        peer: Option<Peer>,
+        peer: Caller,
         requests: impl Stream<Item = Result<crate::requests::DecodedLaunch, Status>> + Send + 'static,
     ) -> BoxStream<api::LaunchResponse> {
         let service = self.clone();
+        // On drain, requests keep being answered (with DRAINING) for a grace
+        // period; then the stream stops reading and ends with a DRAINING
+        // status, after answering everything it read. A request without an
+        // answer on such a stream was never read and never ran.
+        let mut drain = self.front.draining();
+        let grace = self.front.stream_drain_grace();
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut_set = cut.clone();
+        let drained = async move {
+            if drain.wait_for(|d| *d).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(grace).await;
+            cut_set.store(true, std::sync::atomic::Ordering::SeqCst);
+        };
+        let ended = futures_util::stream::once(async move {
+            cut.load(std::sync::atomic::Ordering::SeqCst)
+                .then(|| Err(Error::Draining.to_status()))
+        })
+        .filter_map(std::future::ready);
         let responses = requests
+            .take_until(drained)
             .map(move |item| {
                 let service = service.clone();
                 async move {
@@ -336,7 +368,8 @@ impl PtxdService {
                     })
                 }
             })
-            .buffered(LAUNCH_STREAM_WINDOW);
+            .buffered(LAUNCH_STREAM_WINDOW)
+            .chain(ended);
         Box::pin(responses)
     }
 

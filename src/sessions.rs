@@ -1,4 +1,4 @@
-//! Sessions: who holds what.
+//! Sessions: who holds what, and who may act in a session.
 //!
 //! A session is opened by a lease stream and owns every buffer registration,
 //! event registration and kernel hold made in it. It ends when the client
@@ -6,24 +6,86 @@
 //! everything it holds is released.
 //!
 //! Invariants:
-//! - A session id is a 128-bit random bearer secret; on a Unix socket it is
-//!   also bound to the peer uid that opened it, so another user's process
-//!   that learned the id still cannot use it.
-//! - A session only ever sees and releases what it registered itself.
+//! - A session id is a 128-bit random bearer secret, and it is bound to the
+//!   caller that opened it: a session opened on the Unix socket is usable
+//!   only by callers with the same peer uid; a session opened without peer
+//!   credentials (TCP) only on the very connection that opened it. Nobody
+//!   crosses from one transport to the other.
+//! - No identity, no privilege: a [`Caller::Remote`] has no uid, so nothing
+//!   whose access depends on the caller's identity (host shared-memory names,
+//!   trust for unverified machine code) is ever granted to it.
+//! - A session only ever sees and releases what it registered itself; its
+//!   handles are tokens in its own tables, meaningless in any other session.
+//! - Every session belongs to one [`Tenant`]; per-tenant quotas are counted
+//!   over the tenant's sessions.
 
-use std::collections::{BTreeSet, HashSet};
+use std::net::SocketAddr;
 use std::time::Instant;
 
 use ptxd_proto::v1::SessionEvent;
 use tokio::sync::mpsc;
 
-use crate::handles::{BufferId, EventId, KernelHandle, SessionId};
+use crate::handles::{BufferId, EventId, KernelHandle, SessionId, Tokens};
 
-/// The peer that opened a session, from SO_PEERCRED on Unix sockets.
+/// A Unix-socket peer's credentials, from SO_PEERCRED (kernel-verified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
     pub uid: u32,
+    pub gid: u32,
     pub pid: Option<i32>,
+}
+
+/// Who made a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// A Unix-socket peer with kernel-verified credentials.
+    Local(Peer),
+    /// A caller without credentials (TCP), known only by its connection's
+    /// remote address (`None` when the transport gave none).
+    Remote { connection: Option<SocketAddr> },
+}
+
+impl Caller {
+    /// The caller's peer credentials, if it has any.
+    pub fn credentials(&self) -> Option<Peer> {
+        match self {
+            Caller::Local(peer) => Some(*peer),
+            Caller::Remote { .. } => None,
+        }
+    }
+
+    /// The tenant quotas are charged to.
+    pub fn tenant(&self) -> Tenant {
+        match self {
+            Caller::Local(peer) => Tenant::Uid(peer.uid),
+            Caller::Remote { .. } => Tenant::Anonymous,
+        }
+    }
+
+    /// The transport, for refusals ("unix" or "tcp").
+    pub fn transport(&self) -> &'static str {
+        match self {
+            Caller::Local(_) => "unix",
+            Caller::Remote { .. } => "tcp",
+        }
+    }
+}
+
+/// Whom per-uid quotas are counted for: a uid, or every caller without
+/// credentials together (they cannot be told apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tenant {
+    Uid(u32),
+    Anonymous,
+}
+
+impl std::fmt::Display for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tenant::Uid(uid) => write!(f, "uid {uid}"),
+            Tenant::Anonymous => f.write_str("callers without credentials (TCP)"),
+        }
+    }
 }
 
 /// Why a session lookup failed.
@@ -31,12 +93,12 @@ pub struct Peer {
 pub enum SessionError {
     #[error("no open session {session}")]
     Unknown { session: String },
-    #[error("session {session} belongs to uid {owner_uid}, not {peer_uid}")]
-    WrongPeer {
-        session: String,
-        owner_uid: u32,
-        peer_uid: u32,
-    },
+    /// The session was opened by another caller. Neither side's identity is
+    /// named: the refusal must not tell one user who another is.
+    #[error(
+        "session {session} was opened by another caller (another uid, transport or connection)"
+    )]
+    WrongPeer { session: String },
 }
 
 /// One open session.
@@ -44,15 +106,17 @@ pub enum SessionError {
 pub struct Session {
     pub id: SessionId,
     pub label: String,
-    pub peer: Option<Peer>,
+    /// Who opened it: the only caller that may act in it.
+    pub opener: Caller,
     pub opened: Instant,
     /// The lease stream's sender: events for the client.
     pub events: mpsc::Sender<Result<SessionEvent, tonic::Status>>,
     /// The executor stream id of this session (one per session and device).
     pub stream: u64,
-    pub kernels: HashSet<KernelHandle>,
-    pub buffers: BTreeSet<BufferId>,
-    pub events_held: BTreeSet<EventId>,
+    /// The session's kernel handles.
+    pub kernels: Tokens<KernelHandle>,
+    pub buffers: Tokens<BufferId>,
+    pub events_held: Tokens<EventId>,
     pub buffer_bytes: u64,
     /// Held shared by every launch between its check and its reply; the
     /// release takes it exclusively, so the session's executor stream is
@@ -61,24 +125,31 @@ pub struct Session {
 }
 
 impl Session {
-    /// Checks that `peer` may act in this session.
-    pub fn authorize(&self, peer: Option<Peer>) -> Result<(), SessionError> {
-        match (self.peer, peer) {
-            (Some(owner), Some(caller)) if owner.uid != caller.uid => {
-                Err(SessionError::WrongPeer {
-                    session: self.id.to_string(),
-                    owner_uid: owner.uid,
-                    peer_uid: caller.uid,
-                })
-            }
-            // A session opened on the Unix socket is bound to its uid: a TCP
-            // caller, which has none, cannot use it.
-            (Some(owner), None) => Err(SessionError::WrongPeer {
+    pub fn tenant(&self) -> Tenant {
+        self.opener.tenant()
+    }
+
+    /// Checks that `caller` may act in this session.
+    pub fn authorize(&self, caller: Caller) -> Result<(), SessionError> {
+        let allowed = match (self.opener, caller) {
+            (Caller::Local(owner), Caller::Local(peer)) => owner.uid == peer.uid,
+            // No credentials: bound to the connection that opened it.
+            (
+                Caller::Remote {
+                    connection: Some(a),
+                },
+                Caller::Remote {
+                    connection: Some(b),
+                },
+            ) => a == b,
+            _ => false,
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(SessionError::WrongPeer {
                 session: self.id.to_string(),
-                owner_uid: owner.uid,
-                peer_uid: u32::MAX,
-            }),
-            _ => Ok(()),
+            })
         }
     }
 }
@@ -87,43 +158,66 @@ impl Session {
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_the_opening_uid_may_use_a_unix_session() {
+    fn session(opener: Caller) -> Session {
         let (events, _rx) = mpsc::channel(1);
-        let session = Session {
+        Session {
             id: SessionId::random(),
             label: String::new(),
-            peer: Some(Peer {
-                uid: 1000,
-                pid: Some(5),
-            }),
+            opener,
             opened: Instant::now(),
             events,
             stream: 1,
-            kernels: HashSet::new(),
-            buffers: BTreeSet::new(),
-            events_held: BTreeSet::new(),
+            kernels: Tokens::default(),
+            buffers: Tokens::default(),
+            events_held: Tokens::default(),
             buffer_bytes: 0,
             inflight: Default::default(),
-        };
-        assert!(session
-            .authorize(Some(Peer {
-                uid: 1000,
-                pid: Some(9)
-            }))
-            .is_ok());
-        assert!(matches!(
-            session.authorize(Some(Peer {
-                uid: 1001,
-                pid: Some(9)
-            })),
-            Err(SessionError::WrongPeer {
-                owner_uid: 1000,
-                peer_uid: 1001,
-                ..
-            })
-        ));
+        }
+    }
+
+    fn local(uid: u32, pid: i32) -> Caller {
+        Caller::Local(Peer {
+            uid,
+            gid: uid,
+            pid: Some(pid),
+        })
+    }
+
+    fn remote(port: u16) -> Caller {
+        Caller::Remote {
+            connection: Some(SocketAddr::from(([127, 0, 0, 1], port))),
+        }
+    }
+
+    #[test]
+    fn only_the_opening_uid_may_use_a_unix_session() {
+        let session = session(local(1000, 5));
+        assert!(session.authorize(local(1000, 9)).is_ok());
+        let refused = session.authorize(local(1001, 9)).unwrap_err();
+        assert!(
+            !refused.to_string().contains("1000") && !refused.to_string().contains("1001"),
+            "the refusal names no uid: {refused}"
+        );
         // A TCP caller carries no credentials and cannot use a Unix session.
-        assert!(session.authorize(None).is_err());
+        assert!(session.authorize(remote(4000)).is_err());
+    }
+
+    #[test]
+    fn a_tcp_session_is_bound_to_its_connection() {
+        let session = session(remote(4000));
+        assert!(session.authorize(remote(4000)).is_ok());
+        assert!(
+            session.authorize(remote(4001)).is_err(),
+            "another connection"
+        );
+        assert!(
+            session.authorize(local(0, 1)).is_err(),
+            "even root over Unix"
+        );
+        assert!(session.authorize(local(1000, 1)).is_err());
+        let unknown = Caller::Remote { connection: None };
+        assert!(self::session(unknown).authorize(unknown).is_err());
+        assert_eq!(remote(1).tenant(), Tenant::Anonymous);
+        assert_eq!(local(7, 1).tenant(), Tenant::Uid(7));
     }
 }

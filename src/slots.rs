@@ -13,12 +13,22 @@
 //!    load is refused as bank-full.
 //! 5. A slot of a live generation is freed only when no session holds it.
 //! 6. A handle minted by another daemon boot never resolves.
+//! 7. A session that does not hold a slot's kernel gets the same answer for
+//!    it as for a slot that never existed ([`StaleWhy::UnknownToSession`]).
+//! 8. With `--kernel-cache-scope uid` the cache key includes the tenant, so a
+//!    cache hit never crosses uids.
+//! 9. The bytes of every loaded artifact are counted (`loaded_bytes`), so
+//!    executor memory is bounded by the artifact-byte limits, not only by the
+//!    number of slots.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::handles::{BootId, DeviceGeneration, KernelHandle, SessionId, SlotEpoch, SlotIndex};
 use crate::ptx::Signature;
+use crate::sessions::Tenant;
 
 /// What identifies a compiled kernel for sharing: the device generation it
 /// was compiled in, the artifact's content hash and kind, the entry symbol,
@@ -32,6 +42,8 @@ pub struct ContentKey {
     pub kind: i32,
     pub symbol: String,
     pub signature: Signature,
+    /// `None`: shared node-wide; `Some(tenant)`: shared only within it.
+    pub scope: Option<Tenant>,
 }
 
 impl ContentKey {
@@ -43,6 +55,7 @@ impl ContentKey {
             kind: kernel.kind,
             symbol: kernel.symbol.clone(),
             signature: kernel.signature.clone(),
+            scope: kernel.scope,
         }
     }
 }
@@ -62,6 +75,10 @@ pub struct LoadedKernel {
     pub label: String,
     pub signature: Signature,
     pub block_size: u32,
+    /// The artifact's size: what the executor holds for it.
+    pub artifact_bytes: u64,
+    /// The cache scope it was loaded under (see [`ContentKey::scope`]).
+    pub scope: Option<Tenant>,
 }
 
 /// Why the slot table refused.
@@ -71,16 +88,16 @@ pub enum SlotError {
     Stale { handle: String, why: StaleWhy },
     #[error("every one of the {capacity} slots holds a live kernel")]
     BankFull { capacity: u32 },
-    #[error("kernel {handle} is not held by this session")]
-    NotHeld { handle: String },
 }
 
 /// Why a kernel handle is stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StaleWhy {
     OtherBoot,
-    NoSuchSlot,
-    SlotFreedOrReused,
+    /// Never issued to this session, another session's, released, or its
+    /// slot was freed or reused: one answer for all, so that a session
+    /// cannot tell another session's live handle from a made-up one.
+    UnknownToSession,
     GenerationDead,
 }
 
@@ -88,8 +105,9 @@ impl StaleWhy {
     pub fn as_str(self) -> &'static str {
         match self {
             StaleWhy::OtherBoot => "minted by another daemon boot",
-            StaleWhy::NoSuchSlot => "no such slot",
-            StaleWhy::SlotFreedOrReused => "its slot was freed or reused",
+            StaleWhy::UnknownToSession => {
+                "it is not a kernel this session holds (unloaded, reclaimed, or never loaded here)"
+            }
             StaleWhy::GenerationDead => "its device generation is dead (the executor restarted)",
         }
     }
@@ -106,6 +124,8 @@ struct Occupant {
     kernel: Arc<LoadedKernel>,
     key: ContentKey,
     holders: BTreeSet<SessionId>,
+    /// Milliseconds since the table's origin at the last launch or load.
+    last_used: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -136,6 +156,7 @@ pub struct SlotTable {
     boot: BootId,
     slots: Vec<Slot>,
     by_content: HashMap<ContentKey, SlotIndex>,
+    origin: Instant,
 }
 
 impl SlotTable {
@@ -144,7 +165,40 @@ impl SlotTable {
             boot,
             slots: (0..capacity).map(|_| Slot::default()).collect(),
             by_content: HashMap::new(),
+            origin: Instant::now(),
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    /// Artifact bytes of every occupied slot (what the executors hold).
+    pub fn loaded_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter_map(|s| s.occupant.as_ref())
+            .map(|o| o.kernel.artifact_bytes)
+            .sum()
+    }
+
+    /// The kernel `handle` names while its slot still holds it.
+    pub fn occupant_of(&self, handle: &KernelHandle) -> Option<&Arc<LoadedKernel>> {
+        self.occupant(handle).ok().map(|o| &o.kernel)
+    }
+
+    /// How long `handle`'s kernel has gone without a launch or load.
+    pub fn idle_for(&self, handle: &KernelHandle) -> Option<Duration> {
+        let occupant = self.occupant(handle).ok()?;
+        let last = occupant.last_used.load(Ordering::Relaxed);
+        Some(Duration::from_millis(self.now_ms().saturating_sub(last)))
+    }
+
+    /// The sessions holding `handle`'s kernel.
+    pub fn holders(&self, handle: &KernelHandle) -> Vec<SessionId> {
+        self.occupant(handle)
+            .map(|o| o.holders.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn capacity(&self) -> u32 {
@@ -167,6 +221,18 @@ impl SlotTable {
         })
     }
 
+    /// The live slot already holding this content, if any (not yet held).
+    pub fn cached(
+        &self,
+        key: &ContentKey,
+        is_live: impl Fn(DeviceGeneration) -> bool,
+    ) -> Option<KernelHandle> {
+        if !is_live(key.generation) {
+            return None;
+        }
+        self.handle_of(*self.by_content.get(key)?)
+    }
+
     /// The cache: a live slot already holding this content, now held by
     /// `session` too.
     pub fn hold_cached(
@@ -180,8 +246,10 @@ impl SlotTable {
         }
         let index = *self.by_content.get(key)?;
         let handle = self.handle_of(index)?;
+        let now = self.now_ms();
         let occupant = self.slots.get_mut(index as usize)?.occupant.as_mut()?;
         occupant.holders.insert(session.clone());
+        occupant.last_used.store(now, Ordering::Relaxed);
         Some((handle, occupant.kernel.clone()))
     }
 
@@ -244,12 +312,14 @@ impl SlotTable {
         })?;
         let key = ContentKey::of(&kernel);
         let kernel = Arc::new(kernel);
+        let now = self.now_ms();
         let slot = &mut self.slots[index as usize];
         slot.epoch += 1;
         slot.occupant = Some(Occupant {
             kernel: kernel.clone(),
             key: key.clone(),
             holders: BTreeSet::from([session.clone()]),
+            last_used: AtomicU64::new(now),
         });
         self.by_content.insert(key, index);
         let handle = KernelHandle {
@@ -268,12 +338,12 @@ impl SlotTable {
         let slot = self
             .slots
             .get(handle.slot as usize)
-            .ok_or(StaleWhy::NoSuchSlot)?;
+            .ok_or(StaleWhy::UnknownToSession)?;
         match &slot.occupant {
             Some(o) if slot.epoch == handle.epoch && o.kernel.generation == handle.generation => {
                 Ok(o)
             }
-            _ => Err(StaleWhy::SlotFreedOrReused),
+            _ => Err(StaleWhy::UnknownToSession),
         }
     }
 
@@ -283,20 +353,15 @@ impl SlotTable {
         handle: &KernelHandle,
         session: &SessionId,
         is_live: impl Fn(DeviceGeneration) -> bool,
-    ) -> Result<Arc<LoadedKernel>, SlotError> {
-        let stale = |why| SlotError::Stale {
-            handle: handle.to_string(),
-            why,
-        };
-        let occupant = self.occupant(handle).map_err(stale)?;
+    ) -> Result<Arc<LoadedKernel>, StaleWhy> {
+        let occupant = self.occupant(handle)?;
         if !occupant.holders.contains(session) {
-            return Err(SlotError::NotHeld {
-                handle: handle.to_string(),
-            });
+            return Err(StaleWhy::UnknownToSession);
         }
         if !is_live(occupant.kernel.generation) {
-            return Err(stale(StaleWhy::GenerationDead));
+            return Err(StaleWhy::GenerationDead);
         }
+        occupant.last_used.store(self.now_ms(), Ordering::Relaxed);
         Ok(occupant.kernel.clone())
     }
 
@@ -305,20 +370,17 @@ impl SlotTable {
         &mut self,
         handle: &KernelHandle,
         session: &SessionId,
-    ) -> Result<Released, SlotError> {
-        let stale = |why| SlotError::Stale {
-            handle: handle.to_string(),
-            why,
-        };
-        self.occupant(handle).map_err(stale)?;
-        let slot = &mut self.slots[handle.slot as usize];
+    ) -> Result<Released, StaleWhy> {
+        self.occupant(handle)?;
+        let slot = self
+            .slots
+            .get_mut(handle.slot as usize)
+            .ok_or(StaleWhy::UnknownToSession)?;
         let Some(occupant) = slot.occupant.as_mut() else {
-            return Err(stale(StaleWhy::SlotFreedOrReused));
+            return Err(StaleWhy::UnknownToSession);
         };
         if !occupant.holders.remove(session) {
-            return Err(SlotError::NotHeld {
-                handle: handle.to_string(),
-            });
+            return Err(StaleWhy::UnknownToSession);
         }
         if !occupant.holders.is_empty() {
             return Ok(Released { freed: None });
@@ -371,6 +433,8 @@ mod tests {
                 maxntid: None,
             },
             block_size: 256,
+            artifact_bytes: 1000 + u64::from(content),
+            scope: None,
         }
     }
 
@@ -413,10 +477,7 @@ mod tests {
         assert_eq!(old.slot, new.slot);
         assert_ne!(old.epoch, new.epoch);
         match table.resolve(&old, &s, live) {
-            Err(SlotError::Stale {
-                why: StaleWhy::SlotFreedOrReused,
-                ..
-            }) => {}
+            Err(StaleWhy::UnknownToSession) => {}
             other => panic!("old handle resolved: {other:?}"),
         }
         assert_eq!(table.resolve(&new, &s, live).unwrap().module_id, 2);
@@ -430,20 +491,17 @@ mod tests {
         let (alive, _) = table.insert(kernel(2, 11, 2), &s, live).unwrap();
         let is_live = |g: DeviceGeneration| g.0 != 10;
         match table.resolve(&dead, &s, is_live) {
-            Err(SlotError::Stale {
-                why: StaleWhy::GenerationDead,
-                ..
-            }) => {}
+            Err(StaleWhy::GenerationDead) => {}
             other => panic!("{other:?}"),
         }
         // Full: the next load reclaims exactly the dead slot.
         let (fresh, _) = table.insert(kernel(3, 11, 3), &s, is_live).unwrap();
         assert_eq!(fresh.slot, dead.slot);
         assert!(table.resolve(&alive, &s, is_live).is_ok());
-        assert!(matches!(
-            table.resolve(&dead, &s, is_live),
-            Err(SlotError::Stale { .. })
-        ));
+        assert_eq!(
+            table.resolve(&dead, &s, is_live).unwrap_err(),
+            StaleWhy::UnknownToSession
+        );
         // Now every slot is live: bank full, and nothing live was reclaimed.
         assert_eq!(
             table.insert(kernel(4, 11, 4), &s, is_live).unwrap_err(),
@@ -462,29 +520,24 @@ mod tests {
             boot: BootId(8),
             ..h
         };
-        assert!(matches!(
-            table.resolve(&foreign, &a, live),
-            Err(SlotError::Stale {
-                why: StaleWhy::OtherBoot,
-                ..
-            })
-        ));
-        assert!(matches!(
-            table.resolve(&h, &b, live),
-            Err(SlotError::NotHeld { .. })
-        ));
-        assert!(matches!(
-            table.release(&h, &b),
-            Err(SlotError::NotHeld { .. })
-        ));
+        assert_eq!(
+            table.resolve(&foreign, &a, live).unwrap_err(),
+            StaleWhy::OtherBoot
+        );
+        // Held by another session, or no such slot: one answer.
+        assert_eq!(
+            table.resolve(&h, &b, live).unwrap_err(),
+            StaleWhy::UnknownToSession
+        );
+        assert_eq!(
+            table.release(&h, &b).unwrap_err(),
+            StaleWhy::UnknownToSession
+        );
         let out_of_range = KernelHandle { slot: 99, ..h };
-        assert!(matches!(
-            table.resolve(&out_of_range, &a, live),
-            Err(SlotError::Stale {
-                why: StaleWhy::NoSuchSlot,
-                ..
-            })
-        ));
+        assert_eq!(
+            table.resolve(&out_of_range, &a, live).unwrap_err(),
+            StaleWhy::UnknownToSession
+        );
     }
 
     #[test]
@@ -499,6 +552,26 @@ mod tests {
         narrower.signature.element_sizes = vec![1, 1];
         assert!(table.hold_cached(&narrower, &b, live).is_none());
         assert!(table.hold_cached(&key(1, 9), &b, live).is_some());
+    }
+
+    #[test]
+    fn a_uid_scoped_entry_is_a_hit_only_within_its_uid() {
+        let (a, b) = (SessionId::random(), SessionId::random());
+        let mut table = SlotTable::new(4, BOOT);
+        let mut scoped = kernel(1, 1, 9);
+        scoped.scope = Some(Tenant::Uid(1000));
+        table.insert(scoped, &a, live).unwrap();
+        let mut other_uid = key(1, 9);
+        other_uid.scope = Some(Tenant::Uid(1001));
+        assert!(table.hold_cached(&other_uid, &b, live).is_none());
+        assert!(
+            table.hold_cached(&key(1, 9), &b, live).is_none(),
+            "node scope"
+        );
+        let mut same_uid = key(1, 9);
+        same_uid.scope = Some(Tenant::Uid(1000));
+        assert!(table.hold_cached(&same_uid, &b, live).is_some());
+        assert_eq!(table.loaded_bytes(), 1009);
     }
 
     #[test]

@@ -248,11 +248,16 @@ async fn one_compile_is_shared_between_sessions_and_freed_by_the_last() {
     let k1 = load(&s1, "add_f32_scalar.ptx", "add_f32_scalar").await;
     let k2 = load(&s2, "add_f32_scalar.ptx", "add_f32_scalar").await;
     assert!(!k1.state().cache_hit && k2.state().cache_hit);
-    assert_eq!(k1.handle(), k2.handle());
+    assert_ne!(
+        k1.handle(),
+        k2.handle(),
+        "a cache hit gives the session its own handle"
+    );
     assert_eq!(client.info().await.unwrap().slots_used, 1);
     assert_eq!(s2.list_kernels().await.unwrap()[0].references, 2);
 
-    // A session that never loaded it cannot launch it, even with the handle.
+    // A session that never loaded it cannot launch it, even with the handle:
+    // it is as unknown there as a made-up handle.
     let (_a, a) = f32_buffer(&s3, Some(&[1.0; 8]), 8).await;
     let (_o, o) = f32_buffer(&s3, None, 8).await;
     let err = s3
@@ -262,7 +267,7 @@ async fn one_compile_is_shared_between_sessions_and_freed_by_the_last() {
         )
         .await
         .unwrap_err();
-    assert_eq!(reason(&err), "NOT_OWNER");
+    assert_eq!(reason(&err), "STALE_KERNEL");
 
     assert!(
         !s1.unload(&k1).await.unwrap(),
@@ -285,7 +290,15 @@ async fn one_compile_is_shared_between_sessions_and_freed_by_the_last() {
 
 #[tokio::test]
 async fn load_refusals_carry_their_exact_reasons() {
-    let daemon = Daemon::start(&["--max-artifact-bytes", "65536"]);
+    // Trusted with machine code, so that the host executor's own refusal of
+    // a cubin shows (tests/tenants.rs covers the untrusted refusal).
+    let trust = format!("uid:{}", nix::unistd::getuid());
+    let daemon = Daemon::start(&[
+        "--max-artifact-bytes",
+        "65536",
+        "--trust-unverified-artifacts",
+        &trust,
+    ]);
     let client = connect(&daemon).await;
     let session = client.open_session("refusals").await.unwrap();
     let opts = LoadOptions::default;
@@ -466,7 +479,7 @@ async fn launch_refusals_check_every_operand() {
         "nothing ran"
     );
 
-    // Another session's buffer.
+    // Another session's buffer: as unknown here as one never registered.
     let (_x, theirs) = f32_buffer(&other, Some(&random_f32(n)), n).await;
     let err = session
         .launch(
@@ -475,9 +488,9 @@ async fn launch_refusals_check_every_operand() {
         )
         .await
         .unwrap_err();
-    assert_eq!(reason(&err), "NOT_OWNER");
+    assert_eq!(reason(&err), "STALE_BUFFER");
     let err = other.release_buffer(&a).await.unwrap_err();
-    assert_eq!(reason(&err), "NOT_OWNER");
+    assert_eq!(reason(&err), "STALE_BUFFER");
 
     // A released buffer is stale.
     session.release_buffer(&b).await.unwrap();
@@ -534,7 +547,14 @@ async fn launch_refusals_check_every_operand() {
 
 #[tokio::test]
 async fn limits_refuse_with_the_limit_named() {
-    let daemon = Daemon::start(&["--max-buffers-per-session", "2", "--max-sessions", "2"]);
+    let daemon = Daemon::start(&[
+        "--max-buffers-per-session",
+        "2",
+        "--max-sessions",
+        "2",
+        "--max-sessions-per-uid",
+        "100%",
+    ]);
     let client = connect(&daemon).await;
     let session = client.open_session("limits").await.unwrap();
     let _b1 = f32_buffer(&session, None, 4).await;
@@ -834,7 +854,8 @@ async fn many_concurrent_sessions_share_one_compile_and_get_their_own_results() 
         1,
         "exactly one compile"
     );
-    assert!(results.iter().all(|(_, handle, _)| *handle == results[0].1));
+    let handles: std::collections::HashSet<_> = results.iter().map(|(_, h, _)| h).collect();
+    assert_eq!(handles.len(), results.len(), "every session its own handle");
     assert_eq!(client.info().await.unwrap().slots_used, 1);
     assert_eq!(client.info().await.unwrap().sessions, 24);
     drop(results);
@@ -960,9 +981,11 @@ async fn a_unix_session_cannot_be_used_over_tcp() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::PermissionDenied);
-    // The refusal names the owner: decoded through the SDK's error type.
+    // Decoded through the SDK's error type; it names no uid.
     let refused = ptxd_client::Error::from(err);
     assert_eq!(reason(&refused), "NOT_OWNER");
+    assert_eq!(meta(&refused, "owner_uid"), "");
+    assert_eq!(meta(&refused, "session"), session.id());
     // A TCP session works over TCP.
     let over_tcp = tcp.open_session("tcp").await.unwrap();
     assert!(over_tcp.list_buffers().await.unwrap().is_empty());

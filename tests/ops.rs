@@ -373,6 +373,17 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
         Some(f64::from(info_now.slots_used))
     );
     assert_eq!(info_now.slots_used, 1, "both loads share one slot");
+    // Loaded artifact bytes: the one shared slot's artifact, as GetInfo
+    // reports it, against the configured limit.
+    assert!(info_now.loaded_bytes > 0);
+    assert_eq!(
+        after.value("ptxd_loaded_artifact_bytes", &[]),
+        Some(info_now.loaded_bytes as f64)
+    );
+    assert_eq!(
+        after.value("ptxd_loaded_artifact_bytes_limit", &[]),
+        Some(info.limits.max_loaded_bytes as f64)
+    );
     assert_eq!(
         after.value("ptxd_slots_capacity", &[]),
         Some(f64::from(info.limits.slots))
@@ -396,6 +407,7 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
     assert_eq!(closed.value("ptxd_sessions", &[]), Some(0.0));
     assert_eq!(closed.value("ptxd_buffers", &[]), Some(0.0));
     assert_eq!(closed.value("ptxd_buffer_bytes", &[]), Some(0.0));
+    assert_eq!(closed.value("ptxd_loaded_artifact_bytes", &[]), Some(0.0));
     assert_eq!(
         closed.value("ptxd_launches_total", &[("mode", "sync")]),
         after.value("ptxd_launches_total", &[("mode", "sync")])

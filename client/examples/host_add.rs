@@ -7,8 +7,9 @@
 //! cargo run -p ptxd-client --example host_add -- tests/corpus/add_f32_scalar.ptx [N]
 //! ```
 //!
-//! Connects to `$PTXD_TCP` (e.g. `http://127.0.0.1:50051`) if set, else to
-//! `$PTXD_SOCKET`, else to the default socket path.
+//! Connects to `$PTXD_SOCKET`, else to the default socket path. Not over
+//! TCP: a TCP caller has no identity, so ptxd refuses to register its shared
+//! memory (`IDENTITY_REQUIRED`).
 
 use std::process::ExitCode;
 
@@ -18,9 +19,6 @@ use rand::Rng;
 type AnyError = Box<dyn std::error::Error + Send + Sync>;
 
 async fn connect() -> Result<Client, ptxd_client::Error> {
-    if let Ok(url) = std::env::var("PTXD_TCP") {
-        return Client::connect(&url).await;
-    }
     match std::env::var_os("PTXD_SOCKET") {
         Some(path) => Client::connect_unix(path).await,
         None => Client::connect_default().await,

@@ -167,7 +167,7 @@ refusals! {
     UnsupportedArtifact,
     /// A CUDA IPC handle or shared-memory name does not open.
     InvalidHandle,
-    /// The handle belongs to another session, or the session to another uid.
+    /// The session was opened by another caller (uid, transport or connection).
     NotOwner,
     /// A configured limit was reached.
     LimitExceeded,
@@ -189,6 +189,12 @@ refusals! {
     Internal,
     /// The launch ran past the daemon's per-launch budget.
     KernelTimeout,
+    /// Machine code (cubin, fatbin) from a caller not trusted with
+    /// unverified artifacts: load PTX instead.
+    UnverifiedArtifact,
+    /// The request needs a caller identity (e.g. host shared memory) and the
+    /// connection has none (TCP): use the Unix socket.
+    IdentityRequired,
 }
 
 impl Refusal {
@@ -262,7 +268,7 @@ mod tests {
         let reasons: Vec<Reason> = (1..)
             .map_while(|value| Reason::try_from(value).ok())
             .collect();
-        assert_eq!(reasons.len(), 22, "the proto's reason list changed");
+        assert_eq!(reasons.len(), 24, "the proto's reason list changed");
         reasons
     }
 

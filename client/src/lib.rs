@@ -52,5 +52,5 @@ pub use socket_dir::{check_socket_dir, SocketDirError};
 pub use types::{
     Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
     DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits, LoadOptions,
-    Operand, SessionEvent,
+    Operand, SessionEvent, Usage,
 };

@@ -368,6 +368,34 @@ pub struct Limits {
     pub max_kernels_per_session: u32,
     pub max_buffer_bytes_per_session: u64,
     pub max_events_per_session: u32,
+    /// Per-tenant quotas (a tenant is a peer uid; all TCP callers are one).
+    pub max_sessions_per_uid: u32,
+    pub max_slots_per_uid: u32,
+    pub max_buffers_per_uid: u32,
+    /// Loaded artifact bytes: in total, per tenant, per session.
+    pub max_loaded_bytes: u64,
+    pub max_loaded_bytes_per_uid: u64,
+    pub max_loaded_bytes_per_session: u64,
+}
+
+/// What the caller's tenant holds against its quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub sessions: u32,
+    pub slots: u32,
+    pub buffers: u32,
+    pub loaded_bytes: u64,
+}
+
+impl From<pb::Usage> for Usage {
+    fn from(u: pb::Usage) -> Self {
+        Usage {
+            sessions: u.sessions,
+            slots: u.slots,
+            buffers: u.buffers,
+            loaded_bytes: u.loaded_bytes,
+        }
+    }
 }
 
 impl From<pb::Limits> for Limits {
@@ -381,6 +409,12 @@ impl From<pb::Limits> for Limits {
             max_kernels_per_session: l.max_kernels_per_session,
             max_buffer_bytes_per_session: l.max_buffer_bytes_per_session,
             max_events_per_session: l.max_events_per_session,
+            max_sessions_per_uid: l.max_sessions_per_uid,
+            max_slots_per_uid: l.max_slots_per_uid,
+            max_buffers_per_uid: l.max_buffers_per_uid,
+            max_loaded_bytes: l.max_loaded_bytes,
+            max_loaded_bytes_per_uid: l.max_loaded_bytes_per_uid,
+            max_loaded_bytes_per_session: l.max_loaded_bytes_per_session,
         }
     }
 }
@@ -396,6 +430,12 @@ pub struct DaemonInfo {
     pub limits: Limits,
     pub sessions: u32,
     pub boot_id: String,
+    /// Artifact bytes loaded in all executors.
+    pub loaded_bytes: u64,
+    /// What the caller's tenant holds.
+    pub caller_usage: Usage,
+    /// `"node"` or `"uid"`: who shares a compiled kernel.
+    pub kernel_cache_scope: String,
 }
 
 impl From<pb::GetInfoResponse> for DaemonInfo {
@@ -408,6 +448,9 @@ impl From<pb::GetInfoResponse> for DaemonInfo {
             limits: r.limits.map(Limits::from).unwrap_or_default(),
             sessions: r.sessions,
             boot_id: r.boot_id,
+            loaded_bytes: r.loaded_bytes,
+            caller_usage: r.caller_usage.map(Usage::from).unwrap_or_default(),
+            kernel_cache_scope: r.kernel_cache_scope,
         }
     }
 }

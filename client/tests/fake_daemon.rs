@@ -141,6 +141,7 @@ impl Ptxd for Fake {
             }),
             sessions: self.state().leases.len() as u32,
             boot_id: "b007".into(),
+            ..Default::default()
         }))
     }
 

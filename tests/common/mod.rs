@@ -38,8 +38,12 @@ impl Daemon {
             .arg(&socket)
             // A test's client connections may still be open when it stops
             // the daemon (its runtime is blocked in the drop): keep the
-            // drain short.
-            .args(["--drain-timeout", "1s"])
+            // drain short unless the test sets it.
+            .args(if extra.contains(&"--drain-timeout") {
+                &[][..]
+            } else {
+                &["--drain-timeout", "1s"][..]
+            })
             .args(extra)
             .env(
                 "RUST_LOG",

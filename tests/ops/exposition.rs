@@ -204,6 +204,7 @@ impl Exposition {
             }
         }
         parsed.check_histograms()?;
+        parsed.check_limits()?;
         Ok(parsed)
     }
 
@@ -277,6 +278,33 @@ impl Exposition {
         Ok(())
     }
 
+    /// ptxd's convention for a bounded resource: a gauge `X_limit` comes with
+    /// a gauge `X` of the same labels, which never exceeds it.
+    fn check_limits(&self) -> Result<(), String> {
+        for (family, kind) in &self.kinds {
+            let Some(base) = family.strip_suffix("_limit") else {
+                continue;
+            };
+            if kind != "gauge" || self.kinds.get(base).map(String::as_str) != Some("gauge") {
+                return Err(format!("{family} needs {family} and {base} both gauges"));
+            }
+            for limit in self.samples.iter().filter(|s| &s.name == family) {
+                let used = self
+                    .samples
+                    .iter()
+                    .find(|s| s.name == base && s.labels == limit.labels)
+                    .ok_or_else(|| format!("{family}{:?} without {base}", limit.labels))?;
+                if used.value > limit.value {
+                    return Err(format!(
+                        "{base}{:?} = {} exceeds {family} = {}",
+                        limit.labels, used.value, limit.value
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The declared type of a family.
     pub fn kind(&self, family: &str) -> Option<&str> {
         self.kinds.get(family).map(String::as_str)
@@ -304,6 +332,8 @@ mod self_tests {
     fn the_reader_rejects_what_prometheus_rejects() {
         let good = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\"} 3\n";
         assert!(Exposition::parse(good).is_ok());
+        let within = "# TYPE b gauge\nb 2\n# TYPE b_limit gauge\nb_limit 2\n";
+        assert!(Exposition::parse(within).is_ok());
         for bad in [
             "a_total 1\n",                                                   // no TYPE
             "# TYPE a_total counter\na_total{x=\"1} 1\n",                    // unterminated
@@ -315,6 +345,8 @@ mod self_tests {
             "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n",
             "# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n", // no +Inf
             "# TYPE a_total counter\na_total 1", // no final newline
+            "# TYPE b gauge\nb 3\n# TYPE b_limit gauge\nb_limit 2\n", // over its limit
+            "# TYPE b_limit gauge\nb_limit 2\n",                  // a limit of nothing
         ] {
             assert!(Exposition::parse(bad).is_err(), "accepted {bad:?}");
         }
