@@ -496,15 +496,23 @@ async fn daemon_rows(
     let text = String::from_utf8(ptx.to_vec()).unwrap();
 
     // LoadKernel: each cold load gets a PTX the daemon has never seen (a
-    // unique trailing comment changes the content hash). Whether the
+    // unique dead write before the return changes the canonical text, which
+    // is what the content hash covers; a comment would not). Whether the
     // driver's on-disk JIT cache still serves it is the driver's business, so
     // this row bounds ptxd's cold path from below, not a true cold JIT.
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos();
-    let variants: Vec<String> = (0..10)
-        .map(|k| format!("{text}\n// ptxd bench {}-{stamp}-{k}\n", std::process::id()))
+    let variants: Vec<String> = (0..10u64)
+        .map(|k| {
+            let unique = (stamp as u64 ^ u64::from(std::process::id()) << 40) + k;
+            text.replacen(
+                "\tmov.u32 \t%r1, %ctaid.x;",
+                &format!("\tmov.b64 \t%rd1, {unique};\n\tmov.u32 \t%r1, %ctaid.x;"),
+                1,
+            )
+        })
         .collect();
     let mut cold = Vec::new();
     let mut cold_hits = 0;

@@ -50,14 +50,28 @@ async fn tcp(addr: &str) -> Client {
     Client::connect(&format!("http://{addr}")).await.unwrap()
 }
 
-/// The add kernel, made a distinct artifact (another content hash) by a
-/// trailing comment `variant` and padded to at least `min_bytes`.
+/// The add kernel, made a distinct program (another canonical text, so
+/// another content hash) by a dead write of `variant` to `%f3`, and padded
+/// with more dead writes to a canonical size of at least `min_bytes`
+/// (comments would not do: the cache key is the canonical text).
 fn add_variant(variant: usize, min_bytes: usize) -> String {
-    let mut text = format!("{}\n// variant {variant}\n", corpus("add_f32_scalar.ptx"));
-    while text.len() < min_bytes {
-        text.push_str("// padding padding padding padding padding padding padding\n");
+    let original = corpus("add_f32_scalar.ptx");
+    let anchor = "\tmov.u32 \t%r1, %ctaid.x;\n";
+    let mut extra = format!("\tmov.b32 \t%f3, 0f{variant:08X};\n");
+    // Each dead write prints as about 26 canonical bytes.
+    for _ in 0..min_bytes / 20 {
+        extra.push_str("\tmov.b32 \t%f3, 0f00000000;\n");
     }
-    text
+    assert!(original.contains(anchor));
+    original.replacen(anchor, &format!("{extra}{anchor}"), 1)
+}
+
+/// The bytes ptxd holds for a kernel: its canonical text.
+fn canonical_len(text: &str) -> u64 {
+    ptxd::ptx::canonicalize(text, "add_f32_scalar", None)
+        .unwrap()
+        .text
+        .len() as u64
 }
 
 async fn load_add(session: &Session, variant: usize) -> Result<Kernel, Error> {
@@ -383,9 +397,10 @@ async fn load(session: &Session, variant: usize) -> Result<(), Error> {
 #[tokio::test]
 async fn loaded_artifact_bytes_are_bounded_per_session_uid_and_in_total() {
     let addr = free_tcp_addr();
-    let size = add_variant(0, 40_000).len() as u64;
+    let size = canonical_len(&add_variant(0, 40_000));
+    assert!(size >= 40_000);
     for variant in 1..6 {
-        assert_eq!(add_variant(variant, 40_000).len() as u64, size);
+        assert_eq!(canonical_len(&add_variant(variant, 40_000)), size);
     }
     let (per_session, per_uid, total) = (2 * size + 7, 3 * size + 7, 4 * size + 7);
     let daemon = Daemon::start(&[
