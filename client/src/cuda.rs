@@ -339,7 +339,8 @@ impl CudaDevice {
     pub fn locate(&self, ptr: u64) -> Result<AllocationRange, CudaError> {
         use sys::CUpointer_attribute as Attr;
         self.bind()?;
-        let memory_type: u32 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)?;
+        let memory_type: u32 =
+            Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)?;
         if memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
             return Err(CudaError::NotDeviceMemory { ptr, memory_type });
         }
