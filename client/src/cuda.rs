@@ -378,9 +378,15 @@ impl CudaDevice {
         let mut handle = MaybeUninit::<sys::CUipcMemHandle>::uninit();
         // SAFETY: valid out-pointer; the driver checks that `base` starts an
         // allocation of the current context.
-        check("cuIpcGetMemHandle", unsafe {
-            sys::cuIpcGetMemHandle(handle.as_mut_ptr(), range.base)
-        })?;
+        let code = unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), range.base) };
+        // A driver that reports VMM memory as capable still refuses it here.
+        if matches!(
+            code,
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED | sys::CUresult::CUDA_ERROR_INVALID_VALUE
+        ) {
+            return Err(CudaError::NotIpcExportable { ptr: range.base });
+        }
+        check("cuIpcGetMemHandle", code)?;
         // SAFETY: initialized by the successful call above.
         let handle = unsafe { handle.assume_init() };
         Ok(handle.reserved.map(|b| b as u8))
