@@ -83,6 +83,31 @@ fn init() -> Result<(), CudaError> {
     check("cuInit", unsafe { sys::cuInit(0) })
 }
 
+/// Runs `f`, then makes current again the context the calling thread had
+/// before. Every helper here makes its device's primary context current;
+/// a caller that shares its thread with a framework (PyTorch's runtime takes
+/// the thread's current context as its device's) wraps its calls in this.
+pub fn preserving_current_context<T>(f: impl FnOnce() -> T) -> T {
+    if init().is_err() {
+        return f();
+    }
+    let mut previous: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the library is loaded and initialized.
+    let saved = check("cuCtxGetCurrent", unsafe {
+        sys::cuCtxGetCurrent(&mut previous)
+    });
+    let result = f();
+    if saved.is_ok() {
+        // SAFETY: `previous` was the thread's current context a moment ago
+        // (or null, which unbinds); restoring it is what the caller had.
+        let restored = check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(previous) });
+        if let Err(e) = restored {
+            tracing::warn!(error = %e, "restoring the thread's CUDA context");
+        }
+    }
+    result
+}
+
 /// Formats a device UUID as `nvidia-smi -L` prints it (and ptxd expects).
 pub fn format_uuid(bytes: &[u8; 16]) -> String {
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();

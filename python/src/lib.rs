@@ -22,7 +22,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use ptxd_client::cuda::{AllocationRange, CudaDevice, CudaError, IpcEvent};
+use ptxd_client::cuda::{
+    preserving_current_context, AllocationRange, CudaDevice, CudaError, IpcEvent,
+};
 use ptxd_client::{
     Client, DaemonInfo, DeviceSelector, Error, HostShm, Kernel, KernelSignature, Launch, Operand,
     Session, SessionOptions,
@@ -677,7 +679,7 @@ impl NativeCudaDevice {
     #[new]
     fn new(py: Python<'_>, ordinal: u32) -> PyResult<Self> {
         let inner = py
-            .detach(|| CudaDevice::open(ordinal))
+            .detach(|| preserving_current_context(|| CudaDevice::open(ordinal)))
             .map_err(|e| cuda_err(py, e))?;
         Ok(NativeCudaDevice { inner })
     }
@@ -696,7 +698,7 @@ impl NativeCudaDevice {
     /// device address `ptr`.
     fn locate(&self, py: Python<'_>, ptr: u64) -> PyResult<(u64, u64, u64, bool)> {
         let range = py
-            .detach(|| self.inner.locate(ptr))
+            .detach(|| preserving_current_context(|| self.inner.locate(ptr)))
             .map_err(|e| cuda_err(py, e))?;
         Ok((range.base, range.size, range.buffer_id, range.ipc_capable))
     }
@@ -716,7 +718,7 @@ impl NativeCudaDevice {
             ipc_capable,
         };
         let handle = py
-            .detach(|| self.inner.export(&range))
+            .detach(|| preserving_current_context(|| self.inner.export(&range)))
             .map_err(|e| cuda_err(py, e))?;
         Ok(PyBytes::new(py, &handle))
     }
@@ -724,7 +726,7 @@ impl NativeCudaDevice {
     /// A new interprocess event of this device.
     fn ipc_event(&self, py: Python<'_>) -> PyResult<NativeIpcEvent> {
         let event = py
-            .detach(|| self.inner.ipc_event())
+            .detach(|| preserving_current_context(|| self.inner.ipc_event()))
             .map_err(|e| cuda_err(py, e))?;
         Ok(NativeIpcEvent { inner: event })
     }
@@ -740,7 +742,8 @@ struct NativeIpcEvent {
 impl NativeIpcEvent {
     /// The 64-byte handle ptxd opens.
     fn handle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let handle = self.inner.ipc_handle().map_err(|e| cuda_err(py, e))?;
+        let handle = preserving_current_context(|| self.inner.ipc_handle())
+            .map_err(|e| cuda_err(py, e))?;
         Ok(PyBytes::new(py, &handle))
     }
 
@@ -750,19 +753,21 @@ impl NativeIpcEvent {
         // (or 0/1/2 for the default streams), resolved by `ptxd._streams`
         // from the framework's own stream attribute; this private function
         // is not for arbitrary integers.
-        unsafe { self.inner.record_on_raw(stream) }.map_err(|e| cuda_err(py, e))
+        preserving_current_context(|| unsafe { self.inner.record_on_raw(stream) })
+            .map_err(|e| cuda_err(py, e))
     }
 
     /// Makes later work on the stream at address `stream` wait for the
     /// event's last record.
     fn wait(&self, py: Python<'_>, stream: usize) -> PyResult<()> {
         // SAFETY: as in `record`.
-        unsafe { self.inner.wait_on_raw(stream) }.map_err(|e| cuda_err(py, e))
+        preserving_current_context(|| unsafe { self.inner.wait_on_raw(stream) })
+            .map_err(|e| cuda_err(py, e))
     }
 
     /// Blocks until the event's last record completed.
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.synchronize())
+        py.detach(|| preserving_current_context(|| self.inner.synchronize()))
             .map_err(|e| cuda_err(py, e))
     }
 }

@@ -3,7 +3,8 @@
 # and packs everything a GPU machine needs into .gpu/ (git-ignored):
 #
 #   bash tests/gpu/build.sh          # here: build, strip, pack
-#   bash .gpu/run.sh                 # on the GPU machine: tests, then the benchmark
+#   bash .gpu/run.sh                 # on the GPU machine: tests, Python tests, then the benchmark
+#   bash .gpu/run.sh python          # on the GPU machine: the Python client's tests only
 #
 # Through the device tool: run(command="bash .gpu/run.sh", carry=[".gpu"]).
 set -euo pipefail
@@ -29,6 +30,19 @@ strip "$PACK/ptxd" "$PACK/gpu-tests" "$PACK/cuda-launch-bench"
 cp "${PTXD_CORPUS:-../shared/corpus}"/*.ptx tests/gpu/store_to_null.ptx "$PACK/corpus/"
 chmod u+w "$PACK"/corpus/*
 cp tests/gpu/run.sh "$PACK/run.sh"
+
+# The Python client: an abi3 wheel (maturin from PyPI), its tests and examples,
+# and pytest's wheels, since nothing can be fetched on the GPU machine.
+PYVENV=target/python-venv
+[ -x "$PYVENV/bin/python" ] || python3 -m venv "$PYVENV"
+"$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.16,<1.17"
+"$PYVENV/bin/maturin" build --release --strip --quiet --manifest-path python/Cargo.toml --out "$PACK/wheels"
+# Pure-Python wheels; exceptiongroup and tomli are pytest's dependencies on Python < 3.11.
+"$PYVENV/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+  --dest "$PACK/wheels" pytest iniconfig pluggy packaging exceptiongroup tomli
+mkdir -p "$PACK/python"
+cp -r python/tests python/examples "$PACK/python/"
+find "$PACK/python" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$PACK"
 size=$(du -sb "$PACK" | cut -f1)
 if [ "$size" -gt $((48 * 1024 * 1024)) ]; then
