@@ -330,3 +330,56 @@ def test_serve_sessions_example_shares_one_compiled_kernel(socket, corpus):
     assert report["workers"] == 3 and report["correct"] == 3
     # Another test of this run may have compiled it already; at most one compiles.
     assert report["cache_hits"] >= 2, report
+
+
+def test_calls_release_the_gil(session):
+    kernel = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
+    count = 1 << 19
+    a, b = session.shm_array(count, np.float32), session.shm_array(count, np.float32)
+    out = session.shm_array(count, np.float32)
+    session.launch(kernel, [a, b], out)  # warm up
+
+    import sys
+    import time
+
+    def spin(seconds):
+        ticks, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            ticks += 1
+        return ticks
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        rate = spin(0.1) / 0.1
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: (session.launch(kernel, [a, b], out), done.set()))
+        began = time.perf_counter()
+        thread.start()
+        ticks = 0
+        while not done.is_set():
+            ticks += 1
+            time.perf_counter()
+        elapsed = time.perf_counter() - began
+        thread.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert elapsed > 0.02, f"the launch took only {elapsed:.3f}s: too short to tell"
+    # Holding the GIL, this thread would only have run for a switch interval
+    # or so; released, it ran for most of the call.
+    assert ticks > 0.25 * rate * elapsed, (ticks, rate, elapsed)
+
+
+def test_a_client_used_after_fork_raises_instead_of_hanging(client):
+    client.info()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        try:
+            client.info()
+            os._exit(1)
+        except RuntimeError as error:
+            os._exit(0 if "fork" in str(error) else 2)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
