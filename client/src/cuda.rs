@@ -360,7 +360,8 @@ impl CudaDevice {
 
     /// The allocation holding device address `ptr` (memory this process
     /// allocated on this device by any means, e.g. a framework's caching
-    /// allocator).
+    /// allocator). Memory legacy IPC cannot export is refused here as
+    /// [`CudaError::NotIpcExportable`].
     pub fn locate(&self, ptr: u64) -> Result<AllocationRange, CudaError> {
         use sys::CUpointer_attribute as Attr;
         self.bind()?;
@@ -381,6 +382,10 @@ impl CudaDevice {
         // does not depend on how many bytes it writes.
         let ipc_capable: u32 =
             Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)?;
+        // Checked before the range queries, which VMM memory may not answer.
+        if ipc_capable == 0 {
+            return Err(CudaError::NotIpcExportable { ptr });
+        }
         let base: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
         let size: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
         let buffer_id: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_BUFFER_ID)?;
@@ -782,6 +787,7 @@ mod tests {
             return; // A machine with a driver is covered by the GPU suite.
         }
         assert!(matches!(devices(), Err(CudaError::LibraryMissing)));
+        assert_eq!(preserving_current_context(|| 7), 7);
         assert!(matches!(
             CudaDevice::open(0),
             Err(CudaError::LibraryMissing)

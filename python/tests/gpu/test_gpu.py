@@ -31,6 +31,10 @@ def add_f32(session, device):
 
 
 def test_tensor_in_the_middle_of_a_caching_allocator_segment(torch, gpu_session, device):
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()  # a fresh 2 MiB small-pool segment for the tensors below
     kernel = add_f32(gpu_session, device)
     count = 1 << 14  # 64 KiB each: the small pool puts them in one 2 MiB segment
     tensors = [torch.randn(count, device=device) for _ in range(6)]
