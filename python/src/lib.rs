@@ -750,7 +750,7 @@ impl NativeIpcEvent {
     /// Records the event on the stream at address `stream`.
     fn record(&self, py: Python<'_>, stream: usize) -> PyResult<()> {
         // SAFETY: `stream` is the `CUstream` of a torch or CuPy stream object
-        // (or 0/1/2 for the default streams), resolved by `ptxd._streams`
+        // (or 0/1/2 for the default streams), resolved by `ptxd._operands.stream_handle`
         // from the framework's own stream attribute; this private function
         // is not for arbitrary integers.
         preserving_current_context(|| unsafe { self.inner.record_on_raw(stream) })
