@@ -37,9 +37,12 @@ PYVENV=target/python-venv
 [ -x "$PYVENV/bin/python" ] || python3 -m venv "$PYVENV"
 "$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.16,<1.17"
 "$PYVENV/bin/maturin" build --release --strip --quiet --manifest-path python/Cargo.toml --out "$PACK/wheels"
-# Pure-Python wheels; exceptiongroup and tomli are pytest's dependencies on Python < 3.11.
+# pytest and its dependencies as pure-Python wheels, resolved for the oldest
+# Python torch 2.11 runs on, so that any newer python3 there can use them
+# (pip evaluates markers for this python, so the < 3.11 ones are named).
 "$PYVENV/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-  --dest "$PACK/wheels" pytest iniconfig pluggy packaging exceptiongroup tomli
+  --platform any --implementation py --abi none --python-version 3.10 \
+  --dest "$PACK/wheels/pytest" pytest exceptiongroup tomli typing_extensions
 mkdir -p "$PACK/python"
 cp -r python/tests python/examples "$PACK/python/"
 find "$PACK/python" -name __pycache__ -prune -exec rm -rf {} +

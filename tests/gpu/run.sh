@@ -29,17 +29,21 @@ fi
 # The Python client's GPU tests, with the machine's python3 (torch, CuPy) seen
 # through --system-site-packages; the wheel and pytest come from the pack.
 python_tests() {
-  local venv="$HERE/pyenv" wheels=("$HERE"/wheels/*.whl)
+  local venv="$HERE/pyenv" pip
   rm -rf "$venv"
   if python3 -m venv --system-site-packages "$venv"; then
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps "${wheels[@]}"
+    pip=("$venv/bin/python" -m pip)
   else
     # No ensurepip (Debian's python3 without python3-venv): the system pip installs into the venv.
     rm -rf "$venv"
-    python3 -m venv --system-site-packages --without-pip "$venv"
-    python3 -m pip --python "$venv/bin/python" install --quiet --disable-pip-version-check \
-      --no-index --no-deps "${wheels[@]}"
-  fi || return 1
+    python3 -m venv --system-site-packages --without-pip "$venv" || return 1
+    pip=(python3 -m pip --python "$venv/bin/python")
+  fi
+  "${pip[@]}" install --quiet --disable-pip-version-check --no-index --no-deps "$HERE"/wheels/ptxd-*.whl \
+    && "${pip[@]}" install --quiet --disable-pip-version-check --no-index --find-links "$HERE/wheels/pytest" pytest \
+    || return 1
+  "$venv/bin/python" -c 'import ptxd, torch, pytest; print("ptxd", ptxd.__version__, "torch", torch.__version__, "pytest", pytest.__version__)'
+
   mkdir -p "$LOGS/python"
   (cd "$HERE/python/tests" && PTXD_GPU_TESTS=1 PTXD_TEST_LOGS="$LOGS/python" \
     "$venv/bin/python" -m pytest -v -p no:cacheprovider -rs gpu)
