@@ -39,6 +39,12 @@ python_tests() {
     python3 -m venv --system-site-packages --without-pip "$venv" || return 1
     pip=(python3 -m pip --python "$venv/bin/python")
   fi
+  # When python3 is itself a venv (the GPU image's is), --system-site-packages
+  # reaches its base interpreter, not its packages: name them in a .pth file.
+  local outer inner
+  outer=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))') || return 1
+  inner=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
+  printf '%s\n' "$outer" > "$inner/zz-python3-site-packages.pth"
   "${pip[@]}" install --quiet --disable-pip-version-check --no-index --no-deps "$HERE"/wheels/ptxd-*.whl \
     && "${pip[@]}" install --quiet --disable-pip-version-check --no-index --find-links "$HERE/wheels/pytest" pytest \
     || return 1
