@@ -451,7 +451,9 @@ class Session:
         items = [_launch_item(item) for item in launches]
         if not items:
             return []
-        prepared = [self._prepare(*item) for item in items]
+        # Operands and kernels repeat across a batch: resolve each once.
+        memo: Dict[int, Any] = {}
+        prepared = [self._prepare(*item, memo=memo) for item in items]
         ordinals = {p.ordinal for p in prepared}
         if len(ordinals) != 1:
             raise ValueError("launch_many takes launches on one device (or all on host memory)")
@@ -498,20 +500,36 @@ class Session:
         with self._lock:
             self._events.setdefault(ordinal, []).append(pair)
 
+    def _resolve(self, obj: Any) -> Tuple[Buffer, Optional[int]]:
+        """The Buffer of a launch operand and the stream of the framework it
+        comes from (``None`` for Buffers and host arrays)."""
+        if isinstance(obj, Buffer):
+            return obj, None
+        view = ops.cuda_view(obj)
+        if view is not None:
+            return self._register_cuda(obj, view), ops.current_stream(view)
+        return self.register(obj), None
+
     def _prepare(self, kernel: Kernel, inputs: Sequence[Any], output: Any,
-                 n: Optional[int], params: Sequence[float]) -> _Prepared:
+                 n: Optional[int], params: Sequence[float],
+                 memo: Optional[Dict[int, Any]] = None) -> _Prepared:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"expected a ptxd.Kernel, got {type(kernel).__name__}")
         if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__"):
             raise TypeError("inputs must be a sequence of tensors, arrays or Buffers")
         objects = list(inputs) + [output]
-        buffers = [self.register(obj) for obj in objects]
-        default_stream = None
+        resolved = []
         for obj in objects:
-            view = None if isinstance(obj, Buffer) else ops.cuda_view(obj)
-            if view is not None:
-                default_stream = ops.current_stream(view)
-                break
+            # The memo lives for one launch_many call, while the batch holds
+            # every object: an id cannot be reused meanwhile.
+            hit = memo.get(id(obj)) if memo is not None else None
+            if hit is None:
+                hit = self._resolve(obj)
+                if memo is not None:
+                    memo[id(obj)] = hit
+            resolved.append(hit)
+        buffers = [buffer for buffer, _ in resolved]
+        default_stream = next((stream for _, stream in resolved if stream is not None), None)
         out = buffers[-1]
         count = out.numel if n is None else int(n)
         if count < 0:

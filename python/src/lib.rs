@@ -742,8 +742,8 @@ struct NativeIpcEvent {
 impl NativeIpcEvent {
     /// The 64-byte handle ptxd opens.
     fn handle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let handle = preserving_current_context(|| self.inner.ipc_handle())
-            .map_err(|e| cuda_err(py, e))?;
+        let handle =
+            preserving_current_context(|| self.inner.ipc_handle()).map_err(|e| cuda_err(py, e))?;
         Ok(PyBytes::new(py, &handle))
     }
 

@@ -366,8 +366,9 @@ def test_calls_release_the_gil(session):
         sys.setswitchinterval(old)
     assert elapsed > 0.02, f"the launch took only {elapsed:.3f}s: too short to tell"
     # Holding the GIL, this thread would only have run for a switch interval
-    # or so; released, it ran for most of the call.
-    assert ticks > 0.25 * rate * elapsed, (ticks, rate, elapsed)
+    # or so (well under 1% of the call); released, it ran for much of it
+    # (about 20% on a loaded 2-core machine, where the daemon spins a core).
+    assert ticks > 0.05 * rate * elapsed, (ticks, rate, elapsed)
 
 
 def test_a_client_used_after_fork_raises_instead_of_hanging(client):
