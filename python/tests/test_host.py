@@ -28,9 +28,9 @@ def filled(session, values: np.ndarray) -> np.ndarray:
     return array
 
 
-def test_the_issue_snippet_and_buffer_too_small(socket):
+def test_the_issue_snippet_and_buffer_too_small(socket, monkeypatch):
     # The issue's "Done when", as written (reading the corpus from the repository root).
-    os.chdir(Path(__file__).resolve().parents[2])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     SOCKET = socket
     with ptxd.Client(SOCKET) as c, c.session("t") as s:
         k = s.load_ptx(open("tests/corpus/add_f32_scalar.ptx").read(), "add_f32_scalar")
