@@ -16,5 +16,7 @@ rm -rf "$WHEELS"
 "$VENV/bin/maturin" build --manifest-path python/Cargo.toml --out "$WHEELS" --quiet
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$WHEELS"/ptxd-*.whl
 cargo build --quiet --bin ptxd
+PTXD_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/ptxd"
+PYTHON="$(realpath "$VENV/bin/python")"
 cd python/tests
-PTXD_BIN="$PWD/../../target/debug/ptxd" "../../$VENV/bin/python" -m pytest -q -p no:cacheprovider .
+PTXD_BIN="$PTXD_BIN" "$PYTHON" -m pytest -q -p no:cacheprovider .
