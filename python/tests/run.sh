@@ -17,6 +17,6 @@ rm -rf "$WHEELS"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$WHEELS"/ptxd-*.whl
 cargo build --quiet --bin ptxd
 PTXD_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/ptxd"
-PYTHON="$(realpath "$VENV/bin/python")"
+PYTHON="$PWD/$VENV/bin/python"
 cd python/tests
 PTXD_BIN="$PTXD_BIN" "$PYTHON" -m pytest -q -p no:cacheprovider .
