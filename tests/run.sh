@@ -18,6 +18,14 @@ cargo clippy --workspace --all-targets -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
+# The Python client: wheel (maturin from PyPI), venv under target/, a
+# host-backend daemon, pytest with numpy.
+bash python/tests/run.sh 2>&1 | tee -a "$log"
 # One closing line for the whole run (cargo's own last line is the doc-test
-# summary of the last crate, which may count zero tests).
-awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+# summary of the last crate, which may count zero tests; pytest's ends with
+# "N passed[, N skipped] in Ts").
+awk '/^test result:/ { p += $4; f += $6 }
+     /^[0-9]+ (passed|failed).* in [0-9.]+s/ {
+       for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i }
+     }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

@@ -48,6 +48,14 @@ pub enum CudaError {
     },
     #[error("kernel name {0:?} contains a NUL byte")]
     BadName(String),
+    #[error("address {ptr:#x} is not device memory of this process (memory type {memory_type})")]
+    NotDeviceMemory { ptr: u64, memory_type: u32 },
+    #[error("address {ptr:#x} lives on device {found}, not on device {expected}")]
+    WrongDevice { ptr: u64, expected: u32, found: u32 },
+    /// Memory legacy CUDA IPC cannot export: `cuMemCreate` (VMM) memory,
+    /// such as PyTorch's `expandable_segments`, or stream-ordered pool memory.
+    #[error("address {ptr:#x} belongs to memory that legacy CUDA IPC cannot export (cuMemCreate/VMM memory such as PyTorch's expandable_segments, or a cudaMallocAsync pool)")]
+    NotIpcExportable { ptr: u64 },
 }
 
 fn check(call: &'static str, code: sys::CUresult) -> Result<(), CudaError> {
@@ -73,6 +81,31 @@ fn init() -> Result<(), CudaError> {
     }
     // SAFETY: the library is present (checked above); cuInit takes flags 0.
     check("cuInit", unsafe { sys::cuInit(0) })
+}
+
+/// Runs `f`, then makes current again the context the calling thread had
+/// before. Every helper here makes its device's primary context current;
+/// a caller that shares its thread with a framework (PyTorch's runtime takes
+/// the thread's current context as its device's) wraps its calls in this.
+pub fn preserving_current_context<T>(f: impl FnOnce() -> T) -> T {
+    if init().is_err() {
+        return f();
+    }
+    let mut previous: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the library is loaded and initialized.
+    let saved = check("cuCtxGetCurrent", unsafe {
+        sys::cuCtxGetCurrent(&mut previous)
+    });
+    let result = f();
+    if saved.is_ok() {
+        // SAFETY: `previous` was the thread's current context a moment ago
+        // (or null, which unbinds); restoring it is what the caller had.
+        let restored = check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(previous) });
+        if let Err(e) = restored {
+            tracing::warn!(error = %e, "restoring the thread's CUDA context");
+        }
+    }
+    result
 }
 
 /// Formats a device UUID as `nvidia-smi -L` prints it (and ptxd expects).
@@ -294,6 +327,102 @@ impl CudaDevice {
     }
 }
 
+/// The allocation a device address lies in, as the driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocationRange {
+    /// The allocation's first address (`CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`).
+    pub base: u64,
+    /// The allocation's size in bytes (`CU_POINTER_ATTRIBUTE_RANGE_SIZE`).
+    pub size: u64,
+    /// An id unique to the allocation over the process's lifetime
+    /// (`CU_POINTER_ATTRIBUTE_BUFFER_ID`): a new allocation at a reused
+    /// address gets a new id.
+    pub buffer_id: u64,
+    /// Whether `cuIpcGetMemHandle` can export it.
+    pub ipc_capable: bool,
+}
+
+impl CudaDevice {
+    fn pointer_attribute<T: Element>(
+        ptr: u64,
+        attribute: sys::CUpointer_attribute,
+    ) -> Result<T, CudaError> {
+        let mut value = MaybeUninit::<T>::zeroed();
+        // SAFETY: `value` is a zeroed, writable `T` of the size the
+        // attribute's documented result type has (callers pick `T` per
+        // attribute); the driver validates `ptr`.
+        check("cuPointerGetAttribute", unsafe {
+            sys::cuPointerGetAttribute(value.as_mut_ptr().cast(), attribute, ptr)
+        })?;
+        // SAFETY: zero-initialized above and every bit pattern is a valid `T`.
+        Ok(unsafe { value.assume_init() })
+    }
+
+    /// The allocation holding device address `ptr` (memory this process
+    /// allocated on this device by any means, e.g. a framework's caching
+    /// allocator). Memory legacy IPC cannot export is refused here as
+    /// [`CudaError::NotIpcExportable`].
+    pub fn locate(&self, ptr: u64) -> Result<AllocationRange, CudaError> {
+        use sys::CUpointer_attribute as Attr;
+        self.bind()?;
+        let memory_type: u32 =
+            Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)?;
+        if memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Err(CudaError::NotDeviceMemory { ptr, memory_type });
+        }
+        let ordinal: i32 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?;
+        if u32::try_from(ordinal).ok() != Some(self.ordinal()) {
+            return Err(CudaError::WrongDevice {
+                ptr,
+                expected: self.ordinal(),
+                found: ordinal.max(0) as u32,
+            });
+        }
+        // The driver writes a C `bool` here; a zeroed u32 read as != 0
+        // does not depend on how many bytes it writes.
+        let ipc_capable: u32 =
+            Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)?;
+        // Checked before the range queries, which VMM memory may not answer.
+        if ipc_capable == 0 {
+            return Err(CudaError::NotIpcExportable { ptr });
+        }
+        let base: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
+        let size: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
+        let buffer_id: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_BUFFER_ID)?;
+        Ok(AllocationRange {
+            base,
+            size,
+            buffer_id,
+            ipc_capable: ipc_capable != 0,
+        })
+    }
+
+    /// The 64-byte CUDA IPC handle of the allocation starting at `base`
+    /// (from [`CudaDevice::locate`]); memory legacy IPC cannot export is
+    /// refused as [`CudaError::NotIpcExportable`] before the driver is asked.
+    pub fn export(&self, range: &AllocationRange) -> Result<[u8; 64], CudaError> {
+        if !range.ipc_capable {
+            return Err(CudaError::NotIpcExportable { ptr: range.base });
+        }
+        self.bind()?;
+        let mut handle = MaybeUninit::<sys::CUipcMemHandle>::uninit();
+        // SAFETY: valid out-pointer; the driver checks that `base` starts an
+        // allocation of the current context.
+        let code = unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), range.base) };
+        // A driver that reports VMM memory as capable still refuses it here.
+        if matches!(
+            code,
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED | sys::CUresult::CUDA_ERROR_INVALID_VALUE
+        ) {
+            return Err(CudaError::NotIpcExportable { ptr: range.base });
+        }
+        check("cuIpcGetMemHandle", code)?;
+        // SAFETY: initialized by the successful call above.
+        let handle = unsafe { handle.assume_init() };
+        Ok(handle.reserved.map(|b| b as u8))
+    }
+}
+
 /// Plain numeric element types that can be copied to and from the device
 /// as raw bytes (no padding, every bit pattern valid).
 pub trait Element: Copy + sealed::Sealed {}
@@ -428,6 +557,35 @@ impl IpcEvent {
         // SAFETY: initialized by the successful call above.
         let handle = unsafe { handle.assume_init() };
         Ok(handle.reserved.map(|b| b as u8))
+    }
+
+    /// Records the event on a stream this crate did not create (a
+    /// framework's stream, given as its `CUstream` address; 0 is the legacy
+    /// default stream).
+    ///
+    /// # Safety
+    /// `stream` must be 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD`
+    /// (2) or a live stream of this device's primary context.
+    pub unsafe fn record_on_raw(&self, stream: usize) -> Result<(), CudaError> {
+        self.device.bind()?;
+        // SAFETY: the event is live; the stream is the caller's contract.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(self.raw, stream as sys::CUstream)
+        })
+    }
+
+    /// Makes later work on a foreign stream (as in
+    /// [`IpcEvent::record_on_raw`]) wait for the event's last record.
+    ///
+    /// # Safety
+    /// As for [`IpcEvent::record_on_raw`].
+    pub unsafe fn wait_on_raw(&self, stream: usize) -> Result<(), CudaError> {
+        self.device.bind()?;
+        // SAFETY: the event is live; the stream is the caller's contract;
+        // flags must be 0.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(stream as sys::CUstream, self.raw, 0)
+        })
     }
 
     /// Blocks until the work before the event's last record is done (also
@@ -629,6 +787,7 @@ mod tests {
             return; // A machine with a driver is covered by the GPU suite.
         }
         assert!(matches!(devices(), Err(CudaError::LibraryMissing)));
+        assert_eq!(preserving_current_context(|| 7), 7);
         assert!(matches!(
             CudaDevice::open(0),
             Err(CudaError::LibraryMissing)

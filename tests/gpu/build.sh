@@ -3,7 +3,8 @@
 # and packs everything a GPU machine needs into .gpu/ (git-ignored):
 #
 #   bash tests/gpu/build.sh          # here: build, strip, pack
-#   bash .gpu/run.sh                 # on the GPU machine: tests, then the benchmark
+#   bash .gpu/run.sh                 # on the GPU machine: tests, Python tests, then the benchmark
+#   bash .gpu/run.sh python          # on the GPU machine: the Python client's tests only
 #
 # Through the device tool: run(command="bash .gpu/run.sh", carry=[".gpu"]).
 set -euo pipefail
@@ -35,6 +36,22 @@ cp -r tests/corpus/nvcc/manifest.json tests/corpus/nvcc/ptx tests/corpus/nvcc/re
   tests/corpus/nvcc/src tests/corpus/nvcc/refused "$PACK/nvcc/"
 chmod -R u+w "$PACK/nvcc"
 cp tests/gpu/run.sh "$PACK/run.sh"
+
+# The Python client: an abi3 wheel (maturin from PyPI), its tests and examples,
+# and pytest's wheels, since nothing can be fetched on the GPU machine.
+PYVENV=target/python-venv
+[ -x "$PYVENV/bin/python" ] || python3 -m venv "$PYVENV"
+"$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.16,<1.17"
+"$PYVENV/bin/maturin" build --release --strip --quiet --manifest-path python/Cargo.toml --out "$PACK/wheels"
+# pytest and its dependencies as pure-Python wheels, resolved for the oldest
+# Python torch 2.11 runs on, so that any newer python3 there can use them
+# (pip evaluates markers for this python, so the < 3.11 ones are named).
+"$PYVENV/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+  --platform any --implementation py --abi none --python-version 3.10 \
+  --dest "$PACK/wheels/pytest" pytest exceptiongroup tomli typing_extensions
+mkdir -p "$PACK/python"
+cp -r python/tests python/examples "$PACK/python/"
+find "$PACK/python" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$PACK"
 size=$(du -sb "$PACK" | cut -f1)
 if [ "$size" -gt $((48 * 1024 * 1024)) ]; then

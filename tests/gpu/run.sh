@@ -26,12 +26,50 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   echo "run.sh: two or more GPUs; the multi-GPU test runs"
 fi
 
+# The Python client's GPU tests, with the machine's python3 (torch, CuPy) seen
+# through --system-site-packages; the wheel and pytest come from the pack.
+python_tests() {
+  local venv="$HERE/pyenv" pip
+  rm -rf "$venv"
+  if python3 -m venv --system-site-packages "$venv"; then
+    pip=("$venv/bin/python" -m pip)
+  else
+    # No ensurepip (Debian's python3 without python3-venv): the system pip installs into the venv.
+    rm -rf "$venv"
+    python3 -m venv --system-site-packages --without-pip "$venv" || return 1
+    pip=(python3 -m pip --python "$venv/bin/python")
+  fi
+  # When python3 is itself a venv (the GPU image's is), --system-site-packages
+  # reaches its base interpreter, not its packages: name them in a .pth file.
+  local outer inner
+  outer=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))') || return 1
+  inner=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
+  printf '%s\n' "$outer" > "$inner/zz-python3-site-packages.pth"
+  "${pip[@]}" install --quiet --disable-pip-version-check --no-index --no-deps "$HERE"/wheels/ptxd-*.whl \
+    && "${pip[@]}" install --quiet --disable-pip-version-check --no-index --find-links "$HERE/wheels/pytest" pytest \
+    || return 1
+  "$venv/bin/python" -c 'import ptxd, torch, pytest; print("ptxd", ptxd.__version__, "torch", torch.__version__, "pytest", pytest.__version__)'
+
+  mkdir -p "$LOGS/python"
+  (cd "$HERE/python/tests" && PTXD_GPU_TESTS=1 PTXD_TEST_LOGS="$LOGS/python" \
+    "$venv/bin/python" -m pytest -v -p no:cacheprovider -rs gpu)
+}
+
+if [ "${1:-}" = python ]; then
+  python_tests 2>&1 | tee "$LOGS/python-gpu-tests.log"
+  exit "${PIPESTATUS[0]}"
+fi
+
 ./gpu-tests --test-threads=4 2>&1 | tee "$LOGS/gpu-tests.log"
 tests_rc=${PIPESTATUS[0]}
 echo "gpu-tests exit code: $tests_rc"
+
+python_tests 2>&1 | tee "$LOGS/python-gpu-tests.log"
+python_rc=${PIPESTATUS[0]}
+echo "python gpu tests exit code: $python_rc"
 
 ./cuda-launch-bench --bench 2>&1 | tee "$LOGS/bench.log"
 bench_rc=${PIPESTATUS[0]}
 echo "benchmark exit code: $bench_rc"
 
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$tests_rc" -eq 0 ] && [ "$python_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -1,0 +1,666 @@
+"""The client, sessions, kernels and buffers (the public API of ``ptxd``).
+
+Everything that talks to the daemon goes through the Rust SDK in
+``ptxd._native``, with the GIL released. This module keeps the Python-side
+state the SDK has no notion of:
+
+- the session's **segment cache**: a CUDA allocation (a caching-allocator
+  segment holds many tensors) is registered once, keyed by the driver's
+  allocation id (``CU_POINTER_ATTRIBUTE_BUFFER_ID``), and each tensor is an
+  offset into it. When an allocation is seen whose range overlaps a cached
+  one, the cached one was freed: its registration is released first, so
+  ptxd never keeps freed memory mapped;
+- the session's **shared-memory arrays**, found again by address;
+- a pool of registered **IPC event pairs** per device, for ordering launches
+  against the caller's stream.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import _native
+from . import _operands as ops
+from ._errors import DtypeMismatch, Error, refused
+
+__all__ = ["Client", "Session", "Kernel", "Buffer", "Signature", "Launched", "cuda_available"]
+
+
+def cuda_available() -> bool:
+    """Whether libcuda can be loaded in this process."""
+    return _native.cuda_available()
+
+
+_devices: Dict[int, Any] = {}
+_devices_lock = threading.Lock()
+
+
+def _device(ordinal: int) -> Any:
+    """This process's CUDA device ``ordinal`` (primary context retained)."""
+    with _devices_lock:
+        device = _devices.get(ordinal)
+        if device is None:
+            device = _devices[ordinal] = _native.CudaDevice(ordinal)
+        return device
+
+
+class Signature(NamedTuple):
+    """The scalar-ABI signature ptxd verified for a kernel."""
+
+    #: Number of input pointers.
+    inputs: int
+    #: Element size in bytes of each operand: the inputs, then the output.
+    element_sizes: Tuple[int, ...]
+    #: Number of trailing f32 scalar params.
+    scalar_params: int
+    #: The block size ptxd launches with.
+    block_size: int
+    #: ``.reqntid`` (0 when absent).
+    reqntid: int
+    #: ``.maxntid`` (0 when absent).
+    maxntid: int
+
+
+class Launched(NamedTuple):
+    """What a launch reports."""
+
+    #: Time inside ptxd in microseconds (to completion when synchronous).
+    micros: int
+    #: True when the kernel was reloaded after a STALE_KERNEL refusal and
+    #: the launch retried (sessions opened with ``auto_reload=True``).
+    reloaded: bool
+
+
+class Kernel:
+    """A kernel loaded into a session (from :meth:`Session.load_ptx`)."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @property
+    def signature(self) -> Signature:
+        """The inputs, element sizes and param count ptxd verified."""
+        inputs, sizes, params, block, reqntid, maxntid = self._native.signature()
+        return Signature(inputs, tuple(sizes), params, block, reqntid, maxntid)
+
+    @property
+    def symbol(self) -> str:
+        """The entry symbol."""
+        return self._native.symbol
+
+    @property
+    def cache_hit(self) -> bool:
+        """True when ptxd had already compiled this artifact for the device
+        (another session, or an earlier load, paid for the compile)."""
+        return self._native.state()[1]
+
+    @property
+    def load_micros(self) -> int:
+        """Time the load took inside ptxd, in microseconds."""
+        return self._native.state()[2]
+
+    @property
+    def device_uuid(self) -> str:
+        """The device the kernel lives on."""
+        return self._native.state()[3]
+
+    @property
+    def generation(self) -> int:
+        """The device generation the kernel was loaded in."""
+        return self._native.state()[4]
+
+    def __repr__(self) -> str:
+        s = self.signature
+        return (
+            f"<ptxd.Kernel {self.symbol!r} inputs={s.inputs} element_sizes={s.element_sizes} "
+            f"scalar_params={s.scalar_params} device={self.device_uuid}>"
+        )
+
+
+class _Registration:
+    """One buffer registration with ptxd: a CUDA allocation or a
+    shared-memory object."""
+
+    __slots__ = ("handle", "size", "device_uuid", "generation", "kind", "base", "ordinal",
+                 "buffer_id", "shm", "released")
+
+    def __init__(self, reply: Dict[str, Any], kind: str, base: int, ordinal: Optional[int],
+                 buffer_id: Optional[int] = None, shm: Any = None) -> None:
+        self.handle: str = reply["handle"]
+        self.size: int = int(reply["size"])
+        self.device_uuid: str = reply["device_uuid"]
+        self.generation: int = int(reply["generation"])
+        self.kind = kind
+        self.base = base
+        self.ordinal = ordinal
+        self.buffer_id = buffer_id
+        self.shm = shm
+        self.released = False
+
+    def contains(self, ptr: int) -> bool:
+        return self.base <= ptr < self.base + self.size
+
+
+class Buffer:
+    """A region of a registered buffer: what a launch operand names.
+
+    ``register()`` returns one per object; tensors of one caching-allocator
+    segment share the segment's registration and differ in ``offset``.
+    """
+
+    __slots__ = ("_registration", "offset", "nbytes", "itemsize", "numel", "_keep")
+
+    def __init__(self, registration: _Registration, offset: int, nbytes: int, itemsize: int,
+                 numel: int, keep: Any = None) -> None:
+        self._registration = registration
+        #: Byte offset of the region's first element in the registration.
+        self.offset = offset
+        #: The region's length in bytes.
+        self.nbytes = nbytes
+        #: The element size in bytes.
+        self.itemsize = itemsize
+        #: The number of elements.
+        self.numel = numel
+        # The object the region belongs to, kept alive with the Buffer.
+        self._keep = keep
+
+    @property
+    def handle(self) -> str:
+        """ptxd's handle of the registration."""
+        return self._registration.handle
+
+    @property
+    def registered_size(self) -> int:
+        """The size in bytes of the whole registration (a caching-allocator
+        segment can be much larger than one tensor)."""
+        return self._registration.size
+
+    @property
+    def device_uuid(self) -> str:
+        """The device the registration is on."""
+        return self._registration.device_uuid
+
+    @property
+    def kind(self) -> str:
+        """``"cuda_ipc"`` or ``"host_shm"``."""
+        return self._registration.kind
+
+    def _ordinal(self) -> Optional[int]:
+        return self._registration.ordinal
+
+    def __repr__(self) -> str:
+        return (
+            f"<ptxd.Buffer {self.kind} offset={self.offset} nbytes={self.nbytes} "
+            f"of {self.registered_size} on {self.device_uuid}>"
+        )
+
+
+class _EventPair:
+    """Two registered IPC events of one device: ptxd waits on the first and
+    records the second."""
+
+    __slots__ = ("wait", "signal", "wait_handle", "signal_handle")
+
+    def __init__(self, session: Any, ordinal: int) -> None:
+        device = _device(ordinal)
+        self.wait = device.ipc_event()
+        self.signal = device.ipc_event()
+        self.wait_handle = session.register_event(self.wait.handle(), device.uuid)
+        self.signal_handle = session.register_event(self.signal.handle(), device.uuid)
+
+
+class _Prepared(NamedTuple):
+    inputs: List[Tuple[str, int]]
+    output: Tuple[str, int]
+    n: int
+    params: List[float]
+    #: The CUDA device ordinal of the operands, ``None`` for host memory.
+    ordinal: Optional[int]
+    #: The stream of the framework the operands come from, if any.
+    default_stream: Optional[int]
+
+
+class Session:
+    """A ptxd session: a lease on the daemon, and the kernels and buffers it
+    holds. The lease ends on :meth:`close`, on leaving a ``with`` block, or
+    when the object is collected; ptxd then releases everything the session
+    held."""
+
+    def __init__(self, native: Any, label: str) -> None:
+        self._native = native
+        self.label = label
+        self._lock = threading.RLock()
+        self._cuda: Dict[Tuple[int, int], _Registration] = {}
+        self._shm: List[_Registration] = []
+        self._events: Dict[int, List[_EventPair]] = {}
+
+    # -- lifetime -----------------------------------------------------------
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> Optional[Dict[str, int]]:
+        """Ends the session. Returns what ptxd released (``None`` when it was
+        already closed)."""
+        report = self._native.close()
+        with self._lock:
+            self._cuda.clear()
+            self._events.clear()
+        return report
+
+    @property
+    def is_open(self) -> bool:
+        """True while the lease is open."""
+        return self._native.is_open()
+
+    def __repr__(self) -> str:
+        state = "open" if self.is_open else "closed"
+        return f"<ptxd.Session {self.label!r} {state}>"
+
+    # -- kernels ------------------------------------------------------------
+
+    def load_ptx(self, ptx: str, symbol: str, device: Any = 0) -> Kernel:
+        """Loads PTX text and returns the kernel.
+
+        ``device`` is ptxd's device ordinal (as ``client.info()["devices"]``
+        numbers them), a device UUID string, or a ``torch.device`` (resolved
+        to its UUID, since ordinals differ between processes). ptxd verifies
+        the kernel and compiles each distinct kernel once for all sessions.
+        """
+        return Kernel(self._native.load_ptx(ptx, symbol, _device_selector(device)))
+
+    # -- buffers ------------------------------------------------------------
+
+    def shm_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
+        """A zero-filled numpy array backed by a POSIX shared-memory object
+        registered with this session (host backend). Launches read and write
+        it in place."""
+        numpy = _numpy()
+        dtype = numpy.dtype(dtype)
+        shape = (int(shape),) if isinstance(shape, int) else tuple(int(e) for e in shape)
+        nbytes = dtype.itemsize
+        for extent in shape:
+            if extent < 0:
+                raise ValueError(f"negative extent in shape {shape}")
+            nbytes *= extent
+        if nbytes == 0:
+            raise ValueError("shm_array needs at least one byte")
+        shm, reply = self._native.create_shm(nbytes)
+        registration = _Registration(reply, "host_shm", shm.address, None, shm=shm)
+        with self._lock:
+            self._shm.append(registration)
+        holder = _ShmHolder(shm, shape, dtype.str)
+        return numpy.asarray(holder)
+
+    def register(self, obj: Any) -> Buffer:
+        """Registers ``obj`` and returns the :class:`Buffer` naming it.
+
+        Accepted: a CUDA ``torch.Tensor``; anything with
+        ``__cuda_array_interface__`` (CuPy, ...); a numpy array from
+        :meth:`shm_array`; a :class:`Buffer` (returned as is). CUDA memory is
+        registered per allocation (its base from
+        ``cuPointerGetAttribute(RANGE_START_ADDR)``, its IPC handle from the
+        base), once; the tensor is an offset into it.
+
+        Raises :class:`ptxd.NotContiguous` for non-contiguous views and
+        :class:`ptxd.NotExportable` for memory legacy CUDA IPC cannot export.
+        """
+        if isinstance(obj, Buffer):
+            return obj
+        view = ops.cuda_view(obj)
+        if view is not None:
+            return self._register_cuda(obj, view)
+        if ops.numpy_array(obj):
+            return self._register_host(obj)
+        raise TypeError(
+            f"cannot register a {type(obj).__name__}: pass a CUDA torch.Tensor, an object with "
+            "__cuda_array_interface__, or an array from session.shm_array()"
+        )
+
+    def _register_cuda(self, obj: Any, view: ops.CudaView) -> Buffer:
+        device = _device(view.ordinal)
+        base, size, buffer_id, capable = device.locate(view.ptr)
+        with self._lock:
+            registration = self._cuda.get((view.ordinal, buffer_id))
+            if registration is None:
+                handle = device.export((base, size, buffer_id, capable))
+                # Allocations do not overlap while alive: a cached one that
+                # overlaps this range was freed. Release it first.
+                for key, old in list(self._cuda.items()):
+                    if key[0] == view.ordinal and old.base < base + size and base < old.base + old.size:
+                        del self._cuda[key]
+                        self._release(old)
+                reply = self._native.register_cuda_ipc(handle, device.uuid, size)
+                registration = _Registration(reply, "cuda_ipc", base, view.ordinal, buffer_id)
+                self._cuda[(view.ordinal, buffer_id)] = registration
+        return Buffer(registration, view.ptr - base, view.nbytes, view.itemsize, view.numel, obj)
+
+    def _register_host(self, array: Any) -> Buffer:
+        view = ops.host_view(array)
+        with self._lock:
+            for registration in self._shm:
+                if registration.contains(view.ptr):
+                    if view.ptr + view.nbytes > registration.base + registration.size:
+                        break
+                    offset = view.ptr - registration.base
+                    return Buffer(registration, offset, view.nbytes, view.itemsize, view.numel, array)
+        raise TypeError(
+            "this numpy array is not in a shared-memory buffer of this session: ptxd reads host "
+            "memory only through session.shm_array() arrays"
+        )
+
+    def release(self, buffer: Buffer) -> None:
+        """Releases the registration ``buffer`` belongs to (every Buffer of
+        the same allocation or shm_array with it)."""
+        registration = buffer._registration
+        with self._lock:
+            for key, cached in list(self._cuda.items()):
+                if cached is registration:
+                    del self._cuda[key]
+            if registration in self._shm:
+                self._shm.remove(registration)
+        self._release(registration)
+
+    def _release(self, registration: _Registration) -> None:
+        if not registration.released:
+            registration.released = True
+            self._native.release_buffer(registration.handle)
+
+    def buffers(self) -> List[Dict[str, Any]]:
+        """The session's registrations, as ptxd lists them."""
+        return self._native.list_buffers()
+
+    # -- launches -----------------------------------------------------------
+
+    def launch(
+        self,
+        kernel: Kernel,
+        inputs: Sequence[Any],
+        output: Any,
+        n: Optional[int] = None,
+        params: Sequence[float] = (),
+        stream: Any = None,
+        sync: bool = False,
+    ) -> Launched:
+        """Launches ``kernel`` over ``n`` elements (default: the output's
+        element count).
+
+        ``inputs`` and ``output`` may be tensors, arrays or Buffers.
+
+        Ordering: with ``stream`` (a torch or CuPy stream), ptxd's kernel runs
+        after the work already on that stream, and the stream's later work
+        after ptxd's kernel, through IPC events, with no host
+        synchronization. Without ``stream``, torch tensors are ordered
+        against ``torch.cuda.current_stream()`` and CuPy arrays against
+        CuPy's current stream, as the framework's own operations are;
+        Buffers alone are not ordered against anything.
+
+        ``sync=True`` returns once the kernel completed. Launches on
+        ``shm_array`` arrays always complete before this returns, since the
+        caller reads them from the CPU next.
+        """
+        prepared = self._prepare(kernel, inputs, output, n, params)
+        raw_stream = self._stream_for(prepared, stream)
+        if raw_stream is None:
+            micros, reloaded = self._native.launch(
+                kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
+                sync or prepared.ordinal is None,
+            )
+            return Launched(micros, reloaded)
+        assert prepared.ordinal is not None
+        pair = self._take_events(prepared.ordinal)
+        try:
+            pair.wait.record(raw_stream)
+            micros, reloaded = self._native.launch(
+                kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
+                sync, pair.wait_handle, pair.signal_handle,
+            )
+            # ptxd recorded `signal` after the kernel before it replied.
+            pair.signal.wait(raw_stream)
+        finally:
+            self._put_events(prepared.ordinal, pair)
+        return Launched(micros, reloaded)
+
+    def launch_many(
+        self,
+        launches: Iterable[Any],
+        stream: Any = None,
+        sync: bool = False,
+    ) -> List[int]:
+        """Pipelines many launches on one launch stream (one round trip's
+        latency for all of them, not one each).
+
+        Each item is ``(kernel, inputs, output)``, optionally followed by
+        ``n`` and ``params``, or a dict with those keys. ptxd runs a session's
+        launches in order; with a stream (or the framework's current one, as
+        in :meth:`launch`) the first waits for the stream's earlier work and
+        the stream's later work waits for the last.
+
+        Returns each launch's time inside ptxd in microseconds. When any is
+        refused, every launch is still answered, then the first failure is
+        raised with ``.index`` (its position) and ``.results`` (the list,
+        holding the exception at each refused position).
+        """
+        items = [_launch_item(item) for item in launches]
+        if not items:
+            return []
+        # Operands and kernels repeat across a batch: resolve each once.
+        memo: Dict[int, Any] = {}
+        prepared = [self._prepare(*item, memo=memo) for item in items]
+        ordinals = {p.ordinal for p in prepared}
+        if len(ordinals) != 1:
+            raise ValueError("launch_many takes launches on one device (or all on host memory)")
+        ordinal = prepared[0].ordinal
+        raw_stream = self._stream_for(prepared[0], stream)
+        pair = self._take_events(ordinal) if raw_stream is not None else None
+        try:
+            wire = []
+            for index, ((kernel, *_), p) in enumerate(zip(items, prepared)):
+                wait = pair.wait_handle if pair is not None and index == 0 else None
+                signal = pair.signal_handle if pair is not None and index == len(items) - 1 else None
+                wire.append((kernel._native, p.inputs, p.output, p.n, p.params,
+                             sync or ordinal is None, wait, signal))
+            if pair is not None:
+                pair.wait.record(raw_stream)
+            results = self._native.launch_many(wire)
+            if pair is not None:
+                pair.signal.wait(raw_stream)
+        finally:
+            if pair is not None:
+                self._put_events(ordinal, pair)
+        for index, result in enumerate(results):
+            if isinstance(result, BaseException):
+                result.index = index
+                result.results = results
+                raise result
+        return results
+
+    def _stream_for(self, prepared: _Prepared, stream: Any) -> Optional[int]:
+        if stream is not None:
+            if prepared.ordinal is None:
+                raise ValueError("stream= orders CUDA work; these operands are host memory")
+            return ops.stream_handle(stream)
+        return prepared.default_stream
+
+    def _take_events(self, ordinal: int) -> _EventPair:
+        with self._lock:
+            pool = self._events.setdefault(ordinal, [])
+            if pool:
+                return pool.pop()
+        return _EventPair(self._native, ordinal)
+
+    def _put_events(self, ordinal: int, pair: _EventPair) -> None:
+        with self._lock:
+            self._events.setdefault(ordinal, []).append(pair)
+
+    def _resolve(self, obj: Any) -> Tuple[Buffer, Optional[int]]:
+        """The Buffer of a launch operand and the stream of the framework it
+        comes from (``None`` for Buffers and host arrays)."""
+        if isinstance(obj, Buffer):
+            return obj, None
+        view = ops.cuda_view(obj)
+        if view is not None:
+            return self._register_cuda(obj, view), ops.current_stream(view)
+        return self.register(obj), None
+
+    def _prepare(self, kernel: Kernel, inputs: Sequence[Any], output: Any,
+                 n: Optional[int], params: Sequence[float],
+                 memo: Optional[Dict[int, Any]] = None) -> _Prepared:
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"expected a ptxd.Kernel, got {type(kernel).__name__}")
+        if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__"):
+            raise TypeError("inputs must be a sequence of tensors, arrays or Buffers")
+        objects = list(inputs) + [output]
+        resolved = []
+        for obj in objects:
+            # The memo lives for one launch_many call, while the batch holds
+            # every object: an id cannot be reused meanwhile.
+            hit = memo.get(id(obj)) if memo is not None else None
+            if hit is None:
+                hit = self._resolve(obj)
+                if memo is not None:
+                    memo[id(obj)] = hit
+            resolved.append(hit)
+        buffers = [buffer for buffer, _ in resolved]
+        default_stream = next((stream for _, stream in resolved if stream is not None), None)
+        out = buffers[-1]
+        count = out.numel if n is None else int(n)
+        if count < 0:
+            raise ValueError(f"n must not be negative, got {count}")
+        sizes = kernel.signature.element_sizes
+        names = [f"input {i}" for i in range(len(buffers) - 1)] + ["output"]
+        for name, buffer, element_size in zip(names, buffers, sizes):
+            if element_size and buffer.itemsize and element_size != buffer.itemsize:
+                raise DtypeMismatch(
+                    f"{name}: the kernel takes {element_size}-byte elements, the operand has "
+                    f"{buffer.itemsize}-byte elements",
+                    reason="DTYPE_MISMATCH",
+                )
+            needed = count * element_size
+            # Where the operand ends before its registration does (a tensor
+            # inside a larger segment), ptxd's own bound is the segment's:
+            # check the operand's here so a launch never spills into a
+            # neighbouring tensor.
+            ends_early = buffer.offset + buffer.nbytes < buffer.registered_size
+            if ends_early and needed > buffer.nbytes:
+                raise refused(
+                    "BUFFER_TOO_SMALL",
+                    f"operand {name} needs {needed} bytes but the tensor holds {buffer.nbytes}",
+                    "OUT_OF_RANGE",
+                    {"operand": name, "needed_bytes": str(needed), "buffer_bytes": str(buffer.nbytes)},
+                )
+        ordinals = {b._ordinal() for b in buffers}
+        ordinal = next(iter(ordinals)) if len(ordinals) == 1 else next(o for o in ordinals if o is not None)
+        return _Prepared(
+            inputs=[(b.handle, b.offset) for b in buffers[:-1]],
+            output=(out.handle, out.offset),
+            n=count,
+            params=[float(p) for p in params],
+            ordinal=ordinal,
+            default_stream=default_stream,
+        )
+
+
+class Client:
+    """A connection to ptxd.
+
+    ``socket`` is a Unix socket path (or ``unix:PATH``), or ``HOST:PORT`` /
+    ``http://HOST:PORT`` for TCP; ``None`` follows the SDK's rules:
+    ``$PTXD_SOCKET``, else ``$XDG_RUNTIME_DIR/ptxd.sock``, else
+    ``/run/ptxd/ptxd.sock`` for root, else ``$TMPDIR/ptxd-<uid>/ptxd.sock``.
+
+    A client is a context manager; leaving it closes the sessions it opened.
+    """
+
+    def __init__(self, socket: Optional[str] = None) -> None:
+        self.socket = socket
+        self._native: Any = _native.Client(None if socket is None else str(socket))
+        self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the sessions this client opened and drops the connection."""
+        for session in list(self._sessions):
+            try:
+                session.close()
+            except Error:
+                pass
+        self._native = None
+
+    def _client(self) -> Any:
+        if self._native is None:
+            raise Error("the client is closed", reason="CLIENT_CLOSED")
+        return self._native
+
+    def info(self) -> Dict[str, Any]:
+        """The daemon's version, backend, devices, slot use, sessions and
+        limits."""
+        return self._client().info()
+
+    def session(self, label: str, auto_reload: bool = False) -> Session:
+        """Opens a session labelled ``label``. With ``auto_reload``, a launch
+        refused as STALE_KERNEL (e.g. after an executor restart) reloads the
+        kernel and retries once."""
+        session = Session(self._client().open_session(label, auto_reload), label)
+        self._sessions.add(session)
+        return session
+
+    def __repr__(self) -> str:
+        return f"<ptxd.Client {self.socket or 'default socket'}>"
+
+
+class _ShmHolder:
+    """Exposes a shared-memory mapping to numpy; the array keeps it (and so
+    the mapping) alive."""
+
+    def __init__(self, shm: Any, shape: Tuple[int, ...], typestr: str) -> None:
+        self._shm = shm
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": typestr,
+            "data": (shm.address, False),
+        }
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        raise ImportError("session.shm_array() needs numpy: pip install numpy") from None
+    return numpy
+
+
+def _device_selector(device: Any) -> Union[int, str]:
+    if isinstance(device, bool):
+        raise TypeError("device must be an ordinal, a UUID or a torch.device")
+    if isinstance(device, (int, str)):
+        return device
+    index = getattr(device, "index", None)
+    if getattr(device, "type", None) == "cuda":
+        return _device(index if index is not None else 0).uuid
+    raise TypeError(f"device must be an ordinal, a UUID or a torch.device, got {device!r}")
+
+
+def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], Sequence[float]]:
+    if isinstance(item, dict):
+        return (item["kernel"], item["inputs"], item["output"], item.get("n"), item.get("params", ()))
+    item = tuple(item)
+    if not 3 <= len(item) <= 5:
+        raise TypeError("a launch is (kernel, inputs, output[, n[, params]]) or a dict")
+    kernel, inputs, output = item[:3]
+    n = item[3] if len(item) > 3 else None
+    params = item[4] if len(item) > 4 else ()
+    return (kernel, inputs, output, n, params)

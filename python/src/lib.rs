@@ -1,0 +1,802 @@
+//! `ptxd._native`: the Rust half of the `ptxd` Python package.
+//!
+//! It wraps the SDK (`ptxd-client`) one call at a time; the Python half
+//! (`python/ptxd/`) turns tensors, arrays and streams into the handles,
+//! offsets and raw stream addresses these calls take. There is no gRPC code
+//! here: every request goes through the SDK.
+//!
+//! Invariants:
+//! - Every call that talks to the daemon or the driver runs with the GIL
+//!   released (`Python::detach`) on the one tokio runtime of the process, so
+//!   other Python threads run meanwhile.
+//! - The runtime belongs to the process that made it: after `fork` a call
+//!   raises instead of blocking forever on worker threads that did not
+//!   survive the fork.
+//! - Every SDK error becomes a Python exception through one function,
+//!   [`to_pyerr`], which hands the parts to `ptxd._errors._from_native`; a
+//!   refusal keeps its wire reason, message, gRPC code and metadata.
+//! - A session's lease ends when its `Session` object is closed or
+//!   collected (the SDK ends the lease when its `Session` drops).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use ptxd_client::cuda::{
+    preserving_current_context, AllocationRange, CudaDevice, CudaError, IpcEvent,
+};
+use ptxd_client::{
+    Client, DaemonInfo, DeviceSelector, Error, HostShm, Kernel, KernelSignature, Launch, Operand,
+    Session, SessionOptions,
+};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+/// The process's runtime and the pid that made it.
+struct Runtime {
+    tokio: tokio::runtime::Runtime,
+    pid: u32,
+}
+
+static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+
+fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+    let made = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ptxd-client")
+            .enable_all()
+            .build()
+            .map(|tokio| Runtime {
+                tokio,
+                pid: std::process::id(),
+            })
+            .map_err(|e| format!("starting the ptxd client runtime: {e}"))
+    });
+    match made {
+        Ok(rt) if rt.pid == std::process::id() => Ok(&rt.tokio),
+        Ok(_) => Err(PyRuntimeError::new_err(
+            "ptxd was used before fork(): its runtime does not survive a fork; \
+             create clients in the child (multiprocessing's 'spawn' or 'forkserver' start methods avoid this)",
+        )),
+        Err(message) => Err(PyRuntimeError::new_err(message.clone())),
+    }
+}
+
+/// Runs `future` to completion with the GIL released.
+fn block<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let rt = runtime()?;
+    Ok(py.detach(|| rt.block_on(future)))
+}
+
+/// gRPC code names, indexed by the code's value.
+const CODE_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+fn code_name(code: tonic::Code) -> &'static str {
+    CODE_NAMES.get(code as usize).copied().unwrap_or("UNKNOWN")
+}
+
+/// The message of an error with its causes, `: `-joined.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Builds the exception `ptxd._errors._from_native` makes of these parts.
+fn make_error(
+    py: Python<'_>,
+    kind: &str,
+    reason: &str,
+    message: String,
+    code: (&str, i32),
+    metadata: &BTreeMap<String, String>,
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let factory = py.import("ptxd._errors")?.getattr("_from_native")?;
+        let exception = factory.call1((kind, reason, message.clone(), code.0, code.1, metadata))?;
+        Ok(PyErr::from_value(exception))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+/// The one mapping from an SDK error to a Python exception.
+fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
+    let none = BTreeMap::new();
+    match &error {
+        Error::Refused(refusal) => make_error(
+            py,
+            "refused",
+            refusal.wire_name(),
+            refusal.message().to_owned(),
+            (code_name(refusal.code()), refusal.code() as i32),
+            refusal.metadata(),
+        ),
+        Error::Transport(_) => make_error(
+            py,
+            "unavailable",
+            error.reason_name(),
+            chain(&error),
+            ("UNAVAILABLE", 14),
+            &none,
+        ),
+        Error::Status(status) => {
+            let kind = match status.code() {
+                tonic::Code::Unavailable
+                | tonic::Code::Cancelled
+                | tonic::Code::DeadlineExceeded => "unavailable",
+                _ => "status",
+            };
+            make_error(
+                py,
+                kind,
+                error.reason_name(),
+                chain(&error),
+                (code_name(status.code()), status.code() as i32),
+                &none,
+            )
+        }
+        Error::SessionClosed => make_error(
+            py,
+            "closed",
+            error.reason_name(),
+            error.to_string(),
+            ("FAILED_PRECONDITION", 9),
+            &none,
+        ),
+        Error::InvalidInput(_) => make_error(
+            py,
+            "invalid",
+            error.reason_name(),
+            error.to_string(),
+            ("INVALID_ARGUMENT", 3),
+            &none,
+        ),
+        _ => make_error(
+            py,
+            "protocol",
+            error.reason_name(),
+            chain(&error),
+            ("UNKNOWN", 2),
+            &none,
+        ),
+    }
+}
+
+fn cuda_err(py: Python<'_>, error: CudaError) -> PyErr {
+    let kind = match error {
+        CudaError::NotIpcExportable { .. } => "not_exportable",
+        _ => "cuda",
+    };
+    make_error(
+        py,
+        kind,
+        "CUDA",
+        error.to_string(),
+        ("UNKNOWN", 2),
+        &BTreeMap::new(),
+    )
+}
+
+fn shm_err(py: Python<'_>, error: ptxd_client::ShmError) -> PyErr {
+    make_error(
+        py,
+        "os",
+        "SHM",
+        error.to_string(),
+        ("UNKNOWN", 2),
+        &BTreeMap::new(),
+    )
+}
+
+/// Runs an SDK future with the GIL released and maps its error.
+fn call<T, F>(py: Python<'_>, future: F) -> PyResult<T>
+where
+    F: Future<Output = Result<T, Error>> + Send,
+    T: Send,
+{
+    block(py, future)?.map_err(|e| to_pyerr(py, e))
+}
+
+fn info_dict<'py>(py: Python<'py>, info: &DaemonInfo) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("version", &info.version)?;
+    dict.set_item("backend", &info.backend)?;
+    dict.set_item("slots_used", info.slots_used)?;
+    dict.set_item("sessions", info.sessions)?;
+    dict.set_item("boot_id", &info.boot_id)?;
+    let devices = PyList::empty(py);
+    for d in &info.devices {
+        let device = PyDict::new(py);
+        device.set_item("ordinal", d.ordinal)?;
+        device.set_item("uuid", &d.uuid)?;
+        device.set_item("name", &d.name)?;
+        device.set_item("compute_capability", (d.compute_major, d.compute_minor))?;
+        device.set_item("generation", d.generation)?;
+        device.set_item("total_memory", d.total_memory)?;
+        device.set_item("available", d.available)?;
+        device.set_item("restarts", d.restarts)?;
+        devices.append(device)?;
+    }
+    dict.set_item("devices", devices)?;
+    let l = &info.limits;
+    let limits = PyDict::new(py);
+    limits.set_item("slots", l.slots)?;
+    limits.set_item("max_artifact_bytes", l.max_artifact_bytes)?;
+    limits.set_item("max_request_bytes", l.max_request_bytes)?;
+    limits.set_item("max_sessions", l.max_sessions)?;
+    limits.set_item("max_buffers_per_session", l.max_buffers_per_session)?;
+    limits.set_item("max_kernels_per_session", l.max_kernels_per_session)?;
+    limits.set_item(
+        "max_buffer_bytes_per_session",
+        l.max_buffer_bytes_per_session,
+    )?;
+    limits.set_item("max_events_per_session", l.max_events_per_session)?;
+    dict.set_item("limits", limits)?;
+    Ok(dict)
+}
+
+/// A connection to ptxd (`ptxd.Client` wraps it).
+#[pyclass(module = "ptxd._native", name = "Client", frozen)]
+struct NativeClient {
+    inner: Client,
+}
+
+#[pymethods]
+impl NativeClient {
+    /// Connects to `socket` (a path, `unix:PATH`, `HOST:PORT` or
+    /// `http://HOST:PORT`), or by the SDK's default rules when `None`.
+    #[new]
+    #[pyo3(signature = (socket=None))]
+    fn new(py: Python<'_>, socket: Option<String>) -> PyResult<Self> {
+        let inner = call(py, async move {
+            match socket {
+                Some(target) => Client::connect(&target).await,
+                None => Client::connect_default().await,
+            }
+        })?;
+        Ok(NativeClient { inner })
+    }
+
+    /// The daemon's version, backend, devices, slot use and limits.
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let client = self.inner.clone();
+        let info = call(py, async move { client.info().await })?;
+        info_dict(py, &info)
+    }
+
+    /// Opens a session; its lease lasts until `close` or collection.
+    #[pyo3(signature = (label, auto_reload=false))]
+    fn open_session(
+        &self,
+        py: Python<'_>,
+        label: String,
+        auto_reload: bool,
+    ) -> PyResult<NativeSession> {
+        let client = self.inner.clone();
+        let options = SessionOptions::new(label).auto_reload_stale(auto_reload);
+        let session = call(py, async move { client.open_session_with(options).await })?;
+        Ok(NativeSession {
+            inner: Mutex::new(Some(Arc::new(session))),
+        })
+    }
+}
+
+/// A session (`ptxd.Session` wraps it).
+#[pyclass(module = "ptxd._native", name = "Session", frozen)]
+struct NativeSession {
+    inner: Mutex<Option<Arc<Session>>>,
+}
+
+impl NativeSession {
+    fn session(&self, py: Python<'_>) -> PyResult<Arc<Session>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| to_pyerr(py, Error::SessionClosed))
+    }
+}
+
+fn device_selector(device: &Bound<'_, PyAny>) -> PyResult<DeviceSelector> {
+    if let Ok(ordinal) = device.extract::<u32>() {
+        return Ok(DeviceSelector::Ordinal(ordinal));
+    }
+    let uuid: String = device.extract()?;
+    Ok(DeviceSelector::Uuid(uuid))
+}
+
+fn buffer_dict<'py>(py: Python<'py>, buffer: &ptxd_client::Buffer) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("handle", &buffer.handle)?;
+    dict.set_item("size", buffer.size)?;
+    dict.set_item("device_uuid", &buffer.device_uuid)?;
+    dict.set_item("generation", buffer.generation)?;
+    Ok(dict)
+}
+
+/// One launch as the Python half passes it: kernel, inputs, output, n,
+/// params, sync, wait event, signal event.
+type LaunchArgs = (
+    Py<NativeKernel>,
+    Vec<(String, u64)>,
+    (String, u64),
+    u64,
+    Vec<f64>,
+    bool,
+    Option<String>,
+    Option<String>,
+);
+
+fn to_launch(args: &LaunchArgs) -> (Kernel, Launch) {
+    let (kernel, inputs, output, n, params, sync, wait, signal) = args;
+    let operand = |(buffer, offset): &(String, u64)| Operand {
+        buffer: buffer.clone(),
+        offset: *offset,
+    };
+    let mut launch = Launch::new(inputs.iter().map(operand), operand(output), *n)
+        .params(params.iter().copied())
+        .sync(*sync);
+    launch.wait_event = wait.clone();
+    launch.signal_event = signal.clone();
+    (kernel.get().inner.clone(), launch)
+}
+
+#[pymethods]
+impl NativeSession {
+    /// True while the lease is open.
+    fn is_open(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|s| s.is_open())
+    }
+
+    /// Ends the session; returns what the daemon released, or `None` when it
+    /// was already closed or calls are still in flight on other threads
+    /// (the lease then ends when the last of them returns).
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let taken = self
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(session) = taken.and_then(|s| Arc::try_unwrap(s).ok()) else {
+            return Ok(None);
+        };
+        if !session.is_open() {
+            return Ok(None);
+        }
+        let report = call(py, async move { session.close().await })?;
+        let dict = PyDict::new(py);
+        dict.set_item("buffers_released", report.buffers_released)?;
+        dict.set_item("kernels_released", report.kernels_released)?;
+        dict.set_item("events_released", report.events_released)?;
+        Ok(Some(dict))
+    }
+
+    /// Loads PTX text on `device` (an ordinal as ptxd numbers devices, or a
+    /// UUID).
+    #[pyo3(signature = (ptx, symbol, device, label=String::new()))]
+    fn load_ptx(
+        &self,
+        py: Python<'_>,
+        ptx: String,
+        symbol: String,
+        device: &Bound<'_, PyAny>,
+        label: String,
+    ) -> PyResult<NativeKernel> {
+        let session = self.session(py)?;
+        let device = device_selector(device)?;
+        let options = ptxd_client::LoadOptions {
+            label,
+            declared: None,
+        };
+        let inner = call(py, async move {
+            session.load_ptx(device, ptx, &symbol, options).await
+        })?;
+        Ok(NativeKernel { inner })
+    }
+
+    /// Creates a zero-filled POSIX shared-memory object of `size` bytes and
+    /// registers it (host backend); returns it with the registration.
+    #[pyo3(signature = (size, device_uuid=None))]
+    fn create_shm<'py>(
+        &self,
+        py: Python<'py>,
+        size: u64,
+        device_uuid: Option<String>,
+    ) -> PyResult<(NativeShm, Bound<'py, PyDict>)> {
+        let session = self.session(py)?;
+        let shm = block(py, async move { HostShm::create(size) })?.map_err(|e| shm_err(py, e))?;
+        let shm = Arc::new(shm);
+        let registered = shm.clone();
+        let buffer = call(py, async move {
+            session
+                .register_shm(&registered, device_uuid.as_deref())
+                .await
+        })?;
+        Ok((NativeShm { inner: shm }, buffer_dict(py, &buffer)?))
+    }
+
+    /// Registers a 64-byte CUDA IPC memory handle of a `size`-byte
+    /// allocation on the device `device_uuid`.
+    #[pyo3(signature = (handle, device_uuid, size, label=String::new()))]
+    fn register_cuda_ipc<'py>(
+        &self,
+        py: Python<'py>,
+        handle: [u8; 64],
+        device_uuid: String,
+        size: u64,
+        label: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let session = self.session(py)?;
+        let source = ptxd_client::BufferSource::CudaIpc {
+            handle,
+            device_uuid,
+        };
+        let buffer = call(py, async move {
+            session.register_buffer(source, size, &label).await
+        })?;
+        buffer_dict(py, &buffer)
+    }
+
+    /// Releases a buffer registration by handle.
+    fn release_buffer(&self, py: Python<'_>, handle: String) -> PyResult<()> {
+        let session = self.session(py)?;
+        let buffer = ptxd_client::Buffer {
+            handle,
+            size: 0,
+            device_uuid: String::new(),
+            generation: 0,
+        };
+        call(py, async move { session.release_buffer(&buffer).await })
+    }
+
+    /// The session's buffer registrations.
+    fn list_buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let session = self.session(py)?;
+        let buffers = call(py, async move { session.list_buffers().await })?;
+        let list = PyList::empty(py);
+        for b in buffers {
+            let dict = PyDict::new(py);
+            dict.set_item("handle", b.handle)?;
+            dict.set_item("label", b.label)?;
+            dict.set_item("kind", b.kind)?;
+            dict.set_item("device_uuid", b.device_uuid)?;
+            dict.set_item("size", b.size)?;
+            dict.set_item("generation", b.generation)?;
+            dict.set_item("live", b.live)?;
+            list.append(dict)?;
+        }
+        Ok(list)
+    }
+
+    /// Registers a 64-byte CUDA IPC event handle; returns the event handle.
+    fn register_event(
+        &self,
+        py: Python<'_>,
+        handle: [u8; 64],
+        device_uuid: String,
+    ) -> PyResult<String> {
+        let session = self.session(py)?;
+        let event = call(py, async move {
+            session.register_event(handle, &device_uuid, "python").await
+        })?;
+        Ok(event.handle)
+    }
+
+    /// Launches one kernel; returns `(micros, reloaded)`.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (kernel, inputs, output, n, params, sync, wait_event=None, signal_event=None))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        kernel: Py<NativeKernel>,
+        inputs: Vec<(String, u64)>,
+        output: (String, u64),
+        n: u64,
+        params: Vec<f64>,
+        sync: bool,
+        wait_event: Option<String>,
+        signal_event: Option<String>,
+    ) -> PyResult<(u64, bool)> {
+        let session = self.session(py)?;
+        let (kernel, launch) = to_launch(&(
+            kernel,
+            inputs,
+            output,
+            n,
+            params,
+            sync,
+            wait_event,
+            signal_event,
+        ));
+        let launched = call(py, async move { session.launch(&kernel, &launch).await })?;
+        Ok((launched.micros, launched.reloaded))
+    }
+
+    /// Pipelines launches on one launch stream; returns one entry per
+    /// launch, in order: its micros, or the exception it was refused with.
+    fn launch_many(&self, py: Python<'_>, launches: Vec<LaunchArgs>) -> PyResult<Py<PyList>> {
+        let session = self.session(py)?;
+        let launches: Vec<(Kernel, Launch)> = launches.iter().map(to_launch).collect();
+        let count = launches.len();
+        let replies = call(py, async move {
+            let (mut sender, mut receiver) = session.launch_stream().await?.split();
+            let send = async move {
+                for (kernel, launch) in &launches {
+                    sender.send(kernel, launch).await?;
+                }
+                Ok::<(), Error>(())
+            };
+            let receive = async {
+                let mut replies = Vec::with_capacity(count);
+                while replies.len() < count {
+                    match receiver.next().await? {
+                        Some(reply) => replies.push(reply.outcome),
+                        None => break,
+                    }
+                }
+                Ok::<_, Error>(replies)
+            };
+            let (sent, received) = tokio::join!(send, receive);
+            sent?;
+            received
+        })?;
+        if replies.len() != count {
+            return Err(to_pyerr(
+                py,
+                Error::Protocol(format!(
+                    "the launch stream ended after {} of {count} replies",
+                    replies.len()
+                )),
+            ));
+        }
+        let list = PyList::empty(py);
+        for outcome in replies {
+            match outcome {
+                Ok(launched) => list.append(launched.micros)?,
+                Err(error) => list.append(to_pyerr(py, error).value(py))?,
+            }
+        }
+        Ok(list.unbind())
+    }
+}
+
+/// A loaded kernel (`ptxd.Kernel` wraps it).
+#[pyclass(module = "ptxd._native", name = "Kernel", frozen)]
+struct NativeKernel {
+    inner: Kernel,
+}
+
+fn signature_tuple(s: &KernelSignature) -> (u32, Vec<u32>, u32, u32, u32, u32) {
+    (
+        s.inputs,
+        s.element_sizes.clone(),
+        s.scalar_params,
+        s.block_size,
+        s.reqntid,
+        s.maxntid,
+    )
+}
+
+#[pymethods]
+impl NativeKernel {
+    /// `(inputs, element_sizes, scalar_params, block_size, reqntid, maxntid)`.
+    fn signature(&self) -> (u32, Vec<u32>, u32, u32, u32, u32) {
+        signature_tuple(&self.inner.signature())
+    }
+
+    #[getter]
+    fn symbol(&self) -> String {
+        self.inner.symbol().to_owned()
+    }
+
+    /// `(handle, cache_hit, load_micros, device_uuid, generation)` of the
+    /// current load.
+    fn state(&self) -> (String, bool, u64, String, u64) {
+        let s = self.inner.state();
+        (
+            s.handle,
+            s.cache_hit,
+            s.load_micros,
+            s.device_uuid,
+            s.generation,
+        )
+    }
+
+    #[getter]
+    fn reloads(&self) -> u64 {
+        self.inner.reloads()
+    }
+}
+
+/// A shared-memory object this process created (unlinked and unmapped when
+/// the last reference goes).
+#[pyclass(module = "ptxd._native", name = "Shm", frozen)]
+struct NativeShm {
+    inner: Arc<HostShm>,
+}
+
+#[pymethods]
+impl NativeShm {
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.name().to_owned()
+    }
+
+    #[getter]
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    /// The mapping's address, for numpy's `__array_interface__`; valid while
+    /// this object lives.
+    #[getter]
+    fn address(&self) -> usize {
+        self.inner.as_slice().as_ptr() as usize
+    }
+}
+
+/// A CUDA device of this process, its primary context retained.
+#[pyclass(module = "ptxd._native", name = "CudaDevice", frozen)]
+struct NativeCudaDevice {
+    inner: CudaDevice,
+}
+
+#[pymethods]
+impl NativeCudaDevice {
+    #[new]
+    fn new(py: Python<'_>, ordinal: u32) -> PyResult<Self> {
+        let inner = py
+            .detach(|| preserving_current_context(|| CudaDevice::open(ordinal)))
+            .map_err(|e| cuda_err(py, e))?;
+        Ok(NativeCudaDevice { inner })
+    }
+
+    #[getter]
+    fn uuid(&self) -> String {
+        self.inner.uuid().to_owned()
+    }
+
+    #[getter]
+    fn ordinal(&self) -> u32 {
+        self.inner.ordinal()
+    }
+
+    /// `(base, size, buffer_id, ipc_capable)` of the allocation holding
+    /// device address `ptr`.
+    fn locate(&self, py: Python<'_>, ptr: u64) -> PyResult<(u64, u64, u64, bool)> {
+        let range = py
+            .detach(|| preserving_current_context(|| self.inner.locate(ptr)))
+            .map_err(|e| cuda_err(py, e))?;
+        Ok((range.base, range.size, range.buffer_id, range.ipc_capable))
+    }
+
+    /// The IPC handle of the allocation `(base, size, buffer_id,
+    /// ipc_capable)` from `locate`.
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+        range: (u64, u64, u64, bool),
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let (base, size, buffer_id, ipc_capable) = range;
+        let range = AllocationRange {
+            base,
+            size,
+            buffer_id,
+            ipc_capable,
+        };
+        let handle = py
+            .detach(|| preserving_current_context(|| self.inner.export(&range)))
+            .map_err(|e| cuda_err(py, e))?;
+        Ok(PyBytes::new(py, &handle))
+    }
+
+    /// A new interprocess event of this device.
+    fn ipc_event(&self, py: Python<'_>) -> PyResult<NativeIpcEvent> {
+        let event = py
+            .detach(|| preserving_current_context(|| self.inner.ipc_event()))
+            .map_err(|e| cuda_err(py, e))?;
+        Ok(NativeIpcEvent { inner: event })
+    }
+}
+
+/// An interprocess CUDA event.
+#[pyclass(module = "ptxd._native", name = "IpcEvent", frozen)]
+struct NativeIpcEvent {
+    inner: IpcEvent,
+}
+
+#[pymethods]
+impl NativeIpcEvent {
+    /// The 64-byte handle ptxd opens.
+    fn handle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let handle =
+            preserving_current_context(|| self.inner.ipc_handle()).map_err(|e| cuda_err(py, e))?;
+        Ok(PyBytes::new(py, &handle))
+    }
+
+    /// Records the event on the stream at address `stream`.
+    fn record(&self, py: Python<'_>, stream: usize) -> PyResult<()> {
+        // SAFETY: `stream` is the `CUstream` of a torch or CuPy stream object
+        // (or 0/1/2 for the default streams), resolved by `ptxd._operands.stream_handle`
+        // from the framework's own stream attribute; this private function
+        // is not for arbitrary integers.
+        preserving_current_context(|| unsafe { self.inner.record_on_raw(stream) })
+            .map_err(|e| cuda_err(py, e))
+    }
+
+    /// Makes later work on the stream at address `stream` wait for the
+    /// event's last record.
+    fn wait(&self, py: Python<'_>, stream: usize) -> PyResult<()> {
+        // SAFETY: as in `record`.
+        preserving_current_context(|| unsafe { self.inner.wait_on_raw(stream) })
+            .map_err(|e| cuda_err(py, e))
+    }
+
+    /// Blocks until the event's last record completed.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| preserving_current_context(|| self.inner.synchronize()))
+            .map_err(|e| cuda_err(py, e))
+    }
+}
+
+/// Whether libcuda can be loaded in this process.
+#[pyfunction]
+fn cuda_available() -> bool {
+    ptxd_client::cuda::available()
+}
+
+/// The wire names of every refusal reason this build knows, in the
+/// proto's order.
+fn reasons() -> Vec<&'static str> {
+    (1..)
+        .map_while(|value| ptxd_proto::v1::Reason::try_from(value).ok())
+        .map(|reason| reason.wire_name())
+        .collect()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeClient>()?;
+    m.add_class::<NativeSession>()?;
+    m.add_class::<NativeKernel>()?;
+    m.add_class::<NativeShm>()?;
+    m.add_class::<NativeCudaDevice>()?;
+    m.add_class::<NativeIpcEvent>()?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add("REASONS", reasons())?;
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
