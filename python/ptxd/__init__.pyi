@@ -206,3 +206,12 @@ class Draining(Refused):
 
 class Internal(Refused):
     """``INTERNAL``: A fault inside ptxd itself."""
+
+class KernelTimeout(Refused):
+    """``KERNEL_TIMEOUT``: The launch ran past the daemon's per-launch budget (``--max-kernel-time``)."""
+
+class UnverifiedArtifact(Refused):
+    """``UNVERIFIED_ARTIFACT``: Machine code (cubin, fatbin) from a caller not trusted with unverified artifacts: load PTX instead."""
+
+class IdentityRequired(Refused):
+    """``IDENTITY_REQUIRED``: The request needs a caller identity (shared memory, CUDA IPC) and the connection has none (TCP): use the Unix socket."""
