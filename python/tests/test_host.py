@@ -198,7 +198,7 @@ def test_each_refusal_is_its_own_class(session):
 
 def test_reason_classes_match_the_sdk_and_the_stub():
     reasons = list(ptxd._native.REASONS)
-    assert len(reasons) == 21 and "BUFFER_TOO_SMALL" in reasons
+    assert len(reasons) == 24 and "BUFFER_TOO_SMALL" in reasons
     for reason in reasons:
         cls = ptxd.REFUSALS[reason]
         assert issubclass(cls, ptxd.Refused)
