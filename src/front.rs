@@ -432,6 +432,11 @@ pub struct ReleasedCounts {
     pub events: u32,
 }
 
+/// Accepted PTX texts whose canonical form is remembered (see
+/// [`ptx::memo`]), and the bytes of client plus canonical text they may hold.
+const CANONICAL_MEMO_ENTRIES: usize = 4096;
+const CANONICAL_MEMO_BYTES: usize = 64 << 20;
+
 /// The front.
 #[derive(Debug)]
 pub struct Front {
@@ -457,6 +462,9 @@ pub struct Front {
     /// True once the drain began (ends open LaunchStreams).
     drain: watch::Sender<bool>,
     drain_timeout: Duration,
+    /// Canonical texts of PTX accepted before, so a cache hit does not
+    /// parse and verify the same text again.
+    canonical: Arc<ptx::memo::CanonicalMemo>,
 }
 
 fn down_to_error(device: &str, error: LinkError) -> Error {
@@ -528,6 +536,10 @@ impl Front {
             idle_reclaim_after: config.idle_reclaim_after,
             drain: watch::Sender::new(false),
             drain_timeout: config.drain_timeout,
+            canonical: Arc::new(ptx::memo::CanonicalMemo::new(
+                CANONICAL_MEMO_ENTRIES,
+                CANONICAL_MEMO_BYTES,
+            )),
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
         Ok(front)
@@ -1139,8 +1151,9 @@ impl Front {
                 })?;
                 let symbol = request.symbol.clone();
                 let declared_abi = declared.map(|(abi, _)| abi);
-                let canonical = tokio::task::spawn_blocking(move || {
-                    ptx::canonicalize(&text, &symbol, declared_abi)
+                let memo = self.canonical.clone();
+                let (canonical, _) = tokio::task::spawn_blocking(move || {
+                    memo.canonicalize(&text, &symbol, declared_abi)
                 })
                 .await
                 .map_err(|e| Error::Internal {
@@ -1148,8 +1161,8 @@ impl Front {
                 })??;
                 // From here on the artifact is the canonical text: it is what
                 // the executor compiles and what the cache key hashes.
-                request.artifact = canonical.text.into_bytes();
-                (canonical.signature, ExecArtifactKind::Ptx)
+                request.artifact = canonical.text.clone().into_bytes();
+                (canonical.signature.clone(), ExecArtifactKind::Ptx)
             }
             api::ArtifactKind::Cubin | api::ArtifactKind::Fatbin => {
                 let (exec_kind, name) = if kind == api::ArtifactKind::Cubin {

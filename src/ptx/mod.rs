@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 pub mod host;
 pub mod ir;
+pub mod memo;
 pub mod parse;
 pub mod print;
 pub mod verify;
