@@ -15,6 +15,9 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The GPU code (the cuda feature, the GPU suite, the CUDA benchmark) builds
+# without CUDA (cudarc loads libcuda at run time), so it is linted here too.
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
