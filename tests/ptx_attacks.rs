@@ -232,3 +232,36 @@ fn selected_addresses_must_all_be_inputs_of_one_size() {
     );
     assert_eq!(refusal(&sel_data), "pointer_misuse");
 }
+
+#[test]
+fn an_integer_literal_in_a_float_instruction_is_no_integer_constant() {
+    // `mov.f32 %f5, 4` holds the float 4.0 (0x40800000): a scale built from
+    // it is not 4, so the address is no element address.
+    for scale in [
+        "mov.f32 %f5, 4;\n\tmov.b32 %r4, %f5;\n\tcvt.u64.u32 %rd16, %r4;",
+        "mov.f64 %fd1, 4;\n\tmov.b64 %rd16, %fd1;",
+        "setp.eq.s64 %p3, %rd1, 0;\n\tselp.f64 %fd1, 4, 4, %p3;\n\tmov.b64 %rd16, %fd1;",
+    ] {
+        let text = kernel(
+            PROLOGUE,
+            GUARD,
+            &format!("{scale}\n\tmul.lo.s64 %rd15, %rd1, %rd16;\n\tadd.s64 %rd14, %rd13, %rd15;"),
+            "",
+        );
+        assert_eq!(refusal(&text), "non_elementwise_address", "{scale}");
+    }
+    // The same literal in an integer instruction is the constant.
+    accepted(&kernel(
+        PROLOGUE,
+        GUARD,
+        "mov.u64 %rd16, 4;\n\tmul.lo.s64 %rd15, %rd1, %rd16;\n\tadd.s64 %rd14, %rd13, %rd15;",
+        "",
+    ));
+}
+
+#[test]
+fn a_pointer_as_a_cache_policy_operand_is_refused() {
+    let text =
+        with_store("ld.global.L2::cache_hint.f32 %f4, [%rd10], %rd2;\n\tadd.f32 %f3, %f3, %f4;");
+    assert_eq!(refusal(&text), "pointer_misuse");
+}

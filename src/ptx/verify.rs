@@ -787,6 +787,25 @@ fn predicated(
 fn val(st: &State, o: &Opnd) -> V {
     match o {
         Opnd::Reg(r) => st.regs.get(*r as usize).copied().unwrap_or(V::Top),
+        // A vector or pair source (`{%a, %b}`, `%a|%b`) packs its parts: it
+        // carries every part's pointer bits (a `.b128` pack holds two whole
+        // 64-bit pointers), and is never a value ptxd relies on.
+        Opnd::List(items) => {
+            let m = items.iter().fold(0, |m, it| m | val(st, it).params());
+            if m != 0 {
+                V::Tainted(m)
+            } else {
+                V::Top
+            }
+        }
+        Opnd::Pair(a, b) => {
+            let m = val(st, &Opnd::Reg(*a)).params() | val(st, &Opnd::Reg(*b)).params();
+            if m != 0 {
+                V::Tainted(m)
+            } else {
+                V::Top
+            }
+        }
         Opnd::Imm(super::parse::Imm::Int(v)) => V::Const(*v),
         Opnd::Sreg(Sreg::Tid(0)) => V::S32(Sk::Tid),
         Opnd::Sreg(Sreg::Ntid(0)) => V::S32(Sk::Ntid),
@@ -1033,7 +1052,14 @@ fn misuse(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
 fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMap<usize, Event>) {
     let op = inst.base.as_str();
     let ops = &inst.ops;
-    let src = |i: usize| ops.get(i).map_or(V::Top, |o| val(st, o));
+    // An integer literal is that integer only in an integer-typed
+    // instruction; in `mov.f32 %f, 4` it is the float 4.0, whose bits are
+    // anything but 4.
+    let int_inst = is_int(inst);
+    let src = |i: usize| match ops.get(i).map_or(V::Top, |o| val(st, o)) {
+        V::Const(_) if !int_inst => V::Top,
+        v => v,
+    };
     match op {
         "ld" | "ldu" if inst.has("param") => {
             let v = match ops.get(1) {
@@ -1096,6 +1122,16 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
         }
         "ld" | "ldu" | "st" => {
             let (addr_i, data_i) = if op == "st" { (0, 1) } else { (1, 0) };
+            // A cache-policy operand (`.L2::cache_hint`) is no place for a
+            // pointer's bits either.
+            for o in ops.iter().skip(2) {
+                misuse(
+                    events,
+                    pc,
+                    val(st, o),
+                    format!("`{}` passes a pointer as an extra operand", inst.opcode),
+                );
+            }
             let width = inst.types().last().map_or(0, |t| t.bytes());
             let pred_guard = inst.guard.and_then(|(neg, p)| guard_fact(st, p, neg, true));
             let guarded = st.guarded.or(pred_guard);
@@ -1176,9 +1212,15 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
             } else {
                 v
             };
-            // Packing parts into a value: the parts are data (a 32-bit part
-            // never holds a pointer class), the result too.
+            // Packing parts into a value: a part with pointer bits escapes
+            // (it arrives here as `Tainted`); otherwise the result is data.
             let r = if matches!(ops.get(1), Some(Opnd::List(_))) {
+                escape(
+                    events,
+                    pc,
+                    v,
+                    format!("`{}` packs a pointer into a wider value", inst.opcode),
+                );
                 V::Top
             } else {
                 r
