@@ -125,3 +125,30 @@ fn ptxd_verify_prints_the_verdict_and_the_canonical_text() {
     .unwrap();
     assert_eq!(text, canonical.text);
 }
+
+#[test]
+fn a_module_without_version_or_target_round_trips_and_is_refused() {
+    // Found by the ptx_parse_verify fuzz target: the printer used to invent
+    // a `.version` and `.target`, so the round trip changed the program.
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/fuzz/no_version_target.ptx.txt");
+    let text = String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned();
+    let ir = ptx::lower(&text, "add_f32_scalar").unwrap();
+    assert!(ir.version.is_none());
+    let again = ptx::lower(&print::print(&ir), "add_f32_scalar").unwrap();
+    assert!(print::same_program(&ir, &again));
+    // (The fuzzer also broke its index: %rd7 is never the thread index.)
+    let reason = |text: &str| match ptx::canonicalize(text, "add_f32_scalar", None) {
+        Err(ptx::PtxError::NonScalarAbi { sub_reason, .. }) => sub_reason,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(reason(&text), "unguarded_access");
+    // A correct kernel without `.version` is refused: ptxas needs it.
+    let corpus = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/add_f32_scalar.ptx"),
+    )
+    .unwrap();
+    let unversioned = corpus.replace(".version 9.0\n", "");
+    assert_ne!(unversioned, corpus);
+    assert_eq!(reason(&unversioned), "canonical_form");
+}

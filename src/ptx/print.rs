@@ -114,15 +114,16 @@ fn labels_of(o: &Opnd, into: &mut BTreeSet<u32>) {
 pub fn print(k: &Kernel) -> String {
     let mut out = String::with_capacity(64 * k.insts.len() + 512);
     out.push_str("//\n// Canonical PTX printed by ptxd from its verified IR.\n//\n\n");
-    let _ = writeln!(out, ".version {}", k.version.as_deref().unwrap_or("7.0"));
+    // `canonicalize` refuses a module without both; printing what is there
+    // keeps `parse(print(k))` faithful for any module.
+    if let Some(v) = &k.version {
+        let _ = writeln!(out, ".version {v}");
+    }
     // Only the architecture: options such as `debug` need the debug
     // sections this text does not carry.
-    let arch = k
-        .target
-        .iter()
-        .find(|t| t.starts_with("sm_"))
-        .map_or("sm_52", String::as_str);
-    let _ = writeln!(out, ".target {arch}");
+    if let Some(arch) = k.target.iter().find(|t| t.starts_with("sm_")) {
+        let _ = writeln!(out, ".target {arch}");
+    }
     out.push_str(".address_size 64\n\n");
     let _ = write!(out, ".visible .entry {}(", k.name);
     for (j, p) in k.params.iter().enumerate() {
