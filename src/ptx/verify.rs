@@ -1282,8 +1282,20 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
                     }
                     V::Top
                 }
-                (V::Index, V::Param(m)) if int_ty(inst, 64) && single(m).is_some() => {
+                (V::Index, V::Param(m)) | (V::Param(m), V::Index)
+                    if int_ty(inst, 64) && single(m).is_some() =>
+                {
                     let count = single(m).unwrap_or(u16::MAX);
+                    // `n > i` is `i < n`: read the comparison with the index first.
+                    let index_first = a == V::Index;
+                    let cmp = match (index_first, cmp) {
+                        (true, c) => c,
+                        (false, "le") => "ge",
+                        (false, "ls") => "hs",
+                        (false, "gt") => "lt",
+                        (false, "hi") => "lo",
+                        (false, _) => "",
+                    };
                     match cmp {
                         "ge" | "hs" => V::Guard {
                             count,
@@ -1297,32 +1309,7 @@ fn step(k: &Kernel, pc: usize, inst: &Inst, st: &mut State, events: &mut BTreeMa
                             misuse(
                                 events,
                                 pc,
-                                b,
-                                format!(
-                                    "`{}` compares the count other than as `i < n`",
-                                    inst.opcode
-                                ),
-                            );
-                            V::Top
-                        }
-                    }
-                }
-                (V::Param(m), V::Index) if int_ty(inst, 64) && single(m).is_some() => {
-                    let count = single(m).unwrap_or(u16::MAX);
-                    match cmp {
-                        "le" | "ls" => V::Guard {
-                            count,
-                            in_range: false,
-                        },
-                        "gt" | "hi" => V::Guard {
-                            count,
-                            in_range: true,
-                        },
-                        _ => {
-                            misuse(
-                                events,
-                                pc,
-                                a,
+                                V::Param(m),
                                 format!(
                                     "`{}` compares the count other than as `i < n`",
                                     inst.opcode
