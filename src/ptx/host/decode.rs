@@ -520,15 +520,7 @@ impl Decoder<'_> {
                     [d, c] if *c != Ty::Other && *c != Ty::Pred => (*d, *c),
                     _ => return Err(unsupported(inst)),
                 };
-                let cmp = match inst.mods.first().map(String::as_str) {
-                    Some("eq") => Cmp::Eq,
-                    Some("ne") => Cmp::Ne,
-                    Some("lt") => Cmp::Lt,
-                    Some("le") => Cmp::Le,
-                    Some("gt") => Cmp::Gt,
-                    Some("ge") => Cmp::Ge,
-                    _ => return Err(unsupported(inst)),
-                };
+                let cmp = comparison(inst).ok_or_else(|| unsupported(inst))?;
                 if ops.len() != 3 {
                     return Err(unsupported(inst));
                 }
@@ -619,27 +611,7 @@ impl Decoder<'_> {
                 if cty == Ty::Other || cty == Ty::Pred {
                     return Err(unsupported(inst));
                 }
-                let cmp = match inst.mods.first().map(String::as_str) {
-                    Some("eq") => Cmp::Eq,
-                    Some("ne") => Cmp::Ne,
-                    Some("lt") => Cmp::Lt,
-                    Some("le") => Cmp::Le,
-                    Some("gt") => Cmp::Gt,
-                    Some("ge") => Cmp::Ge,
-                    Some("lo") => Cmp::Lo,
-                    Some("ls") => Cmp::Ls,
-                    Some("hi") => Cmp::Hi,
-                    Some("hs") => Cmp::Hs,
-                    Some("equ") => Cmp::Equ,
-                    Some("neu") => Cmp::Neu,
-                    Some("ltu") => Cmp::Ltu,
-                    Some("leu") => Cmp::Leu,
-                    Some("gtu") => Cmp::Gtu,
-                    Some("geu") => Cmp::Geu,
-                    Some("num") => Cmp::Num,
-                    Some("nan") => Cmp::Nan,
-                    _ => return Err(unsupported(inst)),
-                };
+                let cmp = comparison(inst).ok_or_else(|| unsupported(inst))?;
                 let bool_op = [("and", IOp::And), ("or", IOp::Or), ("xor", IOp::Xor)]
                     .iter()
                     .find(|(m, _)| inst.has(m))
@@ -907,5 +879,30 @@ pub fn decode(k: &Kernel, v: &Verified) -> Result<Program, PtxError> {
         uniforms: d.uniforms,
         tid_row: d.tid_row,
         ctaid_row: d.ctaid_row,
+    })
+}
+
+/// The comparison of a `setp`/`set` (its first modifier).
+fn comparison(inst: &Inst) -> Option<Cmp> {
+    Some(match inst.mods.first().map(String::as_str) {
+        Some("eq") => Cmp::Eq,
+        Some("ne") => Cmp::Ne,
+        Some("lt") => Cmp::Lt,
+        Some("le") => Cmp::Le,
+        Some("gt") => Cmp::Gt,
+        Some("ge") => Cmp::Ge,
+        Some("lo") => Cmp::Lo,
+        Some("ls") => Cmp::Ls,
+        Some("hi") => Cmp::Hi,
+        Some("hs") => Cmp::Hs,
+        Some("equ") => Cmp::Equ,
+        Some("neu") => Cmp::Neu,
+        Some("ltu") => Cmp::Ltu,
+        Some("leu") => Cmp::Leu,
+        Some("gtu") => Cmp::Gtu,
+        Some("geu") => Cmp::Geu,
+        Some("num") => Cmp::Num,
+        Some("nan") => Cmp::Nan,
+        _ => return None,
     })
 }
