@@ -265,3 +265,19 @@ fn a_pointer_as_a_cache_policy_operand_is_refused() {
         with_store("ld.global.L2::cache_hint.f32 %f4, [%rd10], %rd2;\n\tadd.f32 %f3, %f3, %f4;");
     assert_eq!(refusal(&text), "pointer_misuse");
 }
+
+#[test]
+fn a_predicated_uniform_branch_is_refused() {
+    // `.uni` promises a warp-uniform predicate; the guard `i < n` is not.
+    for guard in [
+        "setp.ge.s64 %p1, %rd1, %rd5;\n\t@%p1 bra.uni DONE;",
+        "setp.lt.s64 %p1, %rd1, %rd5;\n\t@!%p1 bra.uni DONE;",
+        "setp.ge.s64 %p1, %rd1, %rd5;\n\t@%p1 ret.uni;",
+    ] {
+        assert_eq!(refusal(&with_guard(guard)), "uniform_branch", "{guard}");
+    }
+    // Unpredicated, as nvcc emits it, `.uni` is fine.
+    accepted(&with_guard(
+        "setp.ge.s64 %p1, %rd1, %rd5;\n\t@%p1 bra DONE;\n\tbra.uni NEXT;\nNEXT:",
+    ));
+}

@@ -433,6 +433,20 @@ fn structure(k: &Kernel) -> Result<(), PtxError> {
         let line = Some(inst.line);
         let b = inst.base.as_str();
         let space = |s: &str| inst.has(s);
+        // `.uni` promises that the whole warp agrees on the predicate; a
+        // guard `i < n` splits the last warp, so the promise would be false
+        // and the branch undefined. Compilers emit `.uni` only unpredicated.
+        if matches!(b, "bra" | "ret" | "exit") && inst.has("uni") && inst.guard.is_some() {
+            return Err(refuse(
+                "uniform_branch",
+                None,
+                line,
+                format!(
+                    "`{}` is predicated but promises a warp-uniform predicate",
+                    inst.opcode
+                ),
+            ));
+        }
         let written = destinations(inst);
         if (1..written.len()).any(|j| written[..j].contains(&written[j])) {
             return Err(refuse(
