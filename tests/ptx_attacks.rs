@@ -281,3 +281,22 @@ fn a_predicated_uniform_branch_is_refused() {
         "setp.ge.s64 %p1, %rd1, %rd5;\n\t@%p1 bra DONE;\n\tbra.uni NEXT;\nNEXT:",
     ));
 }
+
+#[test]
+fn a_load_or_store_modifier_that_is_not_modelled_is_refused() {
+    for body in [
+        "st.bulk.weak.b32 [%rd14], 4096, 0;",
+        "ld.global.async.f32 %f4, [%rd10];",
+        "st.global.unknown_hint.f32 [%rd14], %f3;",
+    ] {
+        assert_eq!(
+            refusal(&with_store(body)),
+            "unsupported_instruction",
+            "{body}"
+        );
+    }
+    // Cache operators, ordering, scopes and hints are modelled.
+    accepted(&with_store(
+        "ld.relaxed.gpu.global.L1::evict_last.f32 %f4, [%rd10];\n\tst.global.cs.f32 [%rd14], %f4;",
+    ));
+}

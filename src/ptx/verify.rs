@@ -249,6 +249,53 @@ const PURE: &[&str] = &[
     "dp4a", "dp2a",
 ];
 
+/// The modifiers of `ld`/`ldu`/`st` besides types: state spaces (other
+/// spaces and vectors are refused by their own checks first), cache
+/// operators, memory-ordering semantics and scopes, and cache hints. None
+/// changes which bytes an access touches.
+const LD_ST_MODIFIERS: &[&str] = &[
+    "global",
+    "param",
+    "local",
+    "shared",
+    "const",
+    "shared::cta",
+    "shared::cluster",
+    "v2",
+    "v4",
+    "v8",
+    "ca",
+    "cg",
+    "cs",
+    "lu",
+    "cv",
+    "wb",
+    "wt",
+    "nc",
+    "volatile",
+    "relaxed",
+    "acquire",
+    "release",
+    "weak",
+    "mmio",
+    "cta",
+    "gpu",
+    "sys",
+    "cluster",
+    "L1::evict_normal",
+    "L1::evict_unchanged",
+    "L1::evict_first",
+    "L1::evict_last",
+    "L1::no_allocate",
+    "L2::evict_normal",
+    "L2::evict_first",
+    "L2::evict_last",
+    "L2::64B",
+    "L2::128B",
+    "L2::256B",
+    "L2::cache_hint",
+];
+
 /// Verifies `kernel` against the scalar ABI and `declared`.
 pub fn verify(kernel: &Kernel, declared: Option<DeclaredAbi>) -> Result<Verified, PtxError> {
     let (reqntid, maxntid) = launch_bounds(kernel)?;
@@ -433,6 +480,23 @@ fn structure(k: &Kernel) -> Result<(), PtxError> {
         let line = Some(inst.line);
         let b = inst.base.as_str();
         let space = |s: &str| inst.has(s);
+        // A load or store is what its modifiers say: refuse any modifier
+        // ptxd does not model (`.bulk` writes a range, `.async` completes
+        // elsewhere, ..), rather than trust ptxas to reject it.
+        if matches!(b, "ld" | "ldu" | "st") {
+            if let Some(m) = inst
+                .mods
+                .iter()
+                .find(|m| Ty::from_name(m).is_none() && !LD_ST_MODIFIERS.contains(&m.as_str()))
+            {
+                return Err(refuse(
+                    "unsupported_instruction",
+                    None,
+                    line,
+                    format!("`{}`: the modifier `.{m}` is not modelled", inst.opcode),
+                ));
+            }
+        }
         // `.uni` promises that the whole warp agrees on the predicate; a
         // guard `i < n` splits the last warp, so the promise would be false
         // and the branch undefined. Compilers emit `.uni` only unpredicated.
