@@ -351,18 +351,7 @@ impl State {
                 session.kernels.remove(&handle);
             }
             if let Ok(released) = self.slots.release(&handle, &id) {
-                if let Some(kernel) = released.freed {
-                    if let Some(link) =
-                        close_target(&self.devices, kernel.device_index, Some(kernel.generation))
-                    {
-                        cleanup.push((
-                            link,
-                            Op::UnloadModule(exec::UnloadModule {
-                                module_id: kernel.module_id,
-                            }),
-                        ));
-                    }
-                }
+                queue_unload(&self.devices, released, cleanup);
             }
         }
         tracing::info!(%tenant, ?idle_for, "reclaimed an idle kernel of a tenant at its share");
@@ -1044,22 +1033,7 @@ impl Front {
             for handle in session.kernels.values() {
                 counts.kernels += 1;
                 if let Ok(released) = state.slots.release(&handle, id) {
-                    if let Some(kernel) = released.freed {
-                        if let Some(link) = state
-                            .devices
-                            .get(kernel.device_index)
-                            .and_then(|d| d.live_link())
-                        {
-                            if link.generation == kernel.generation {
-                                cleanup.push((
-                                    link.clone(),
-                                    Op::UnloadModule(exec::UnloadModule {
-                                        module_id: kernel.module_id,
-                                    }),
-                                ));
-                            }
-                        }
-                    }
+                    queue_unload(&state.devices, released, &mut cleanup);
                 }
             }
             for buffer_id in session.buffers.values() {
@@ -1554,18 +1528,7 @@ impl Front {
             // Its slot may have been reclaimed after its generation died:
             // then the session's hold is simply gone.
             if let Ok(released) = state.slots.release(&internal, &session_id) {
-                if let Some(kernel) = released.freed {
-                    if let Some(link) =
-                        close_target(&state.devices, kernel.device_index, Some(kernel.generation))
-                    {
-                        cleanup.push((
-                            link,
-                            Op::UnloadModule(exec::UnloadModule {
-                                module_id: kernel.module_id,
-                            }),
-                        ));
-                    }
-                }
+                queue_unload(&state.devices, released, &mut cleanup);
             }
             cleanup
         };
@@ -2340,6 +2303,21 @@ fn close_target(
     let device = devices.get(index)?;
     let link = device.live_link()?;
     (Some(link.generation) == open_in).then(|| link.clone())
+}
+
+/// Queues the unload of a kernel whose last hold was just released, in the
+/// executor that loaded it (nothing when that generation is dead).
+fn queue_unload(devices: &[DeviceState], released: crate::slots::Released, cleanup: &mut Cleanup) {
+    if let Some(kernel) = released.freed {
+        if let Some(link) = close_target(devices, kernel.device_index, Some(kernel.generation)) {
+            cleanup.push((
+                link,
+                Op::UnloadModule(exec::UnloadModule {
+                    module_id: kernel.module_id,
+                }),
+            ));
+        }
+    }
 }
 
 async fn run_cleanup(cleanup: Cleanup) {
