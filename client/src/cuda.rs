@@ -482,7 +482,15 @@ impl DeviceAllocation {
         }
     }
 
-    /// Copies `data` to the device at byte `offset` (synchronous).
+    /// Copies `data` to the device at byte `offset`, and returns once the
+    /// bytes are in device memory.
+    ///
+    /// From pageable host memory `cuMemcpyHtoD` returns as soon as the data
+    /// is staged, before the DMA lands. That is enough for this process's
+    /// later work (the legacy stream orders it), but not for ptxd's kernels,
+    /// which run in another process on another stream: a launch sent right
+    /// after could read the old bytes, or have its output overwritten by the
+    /// late copy. So the upload ends with a synchronization of the context.
     pub fn upload<T: Element>(&self, offset: usize, data: &[T]) -> Result<(), CudaError> {
         let len = std::mem::size_of_val(data);
         self.span(offset, len)?;
@@ -491,7 +499,9 @@ impl DeviceAllocation {
         // (checked); `data` is `len` readable bytes of a padding-free type.
         check("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr().cast(), len)
-        })
+        })?;
+        // SAFETY: the device's context is current (bound above).
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
     /// Copies from the device at byte `offset` into `out` (synchronous).
