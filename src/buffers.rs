@@ -1,21 +1,31 @@
 //! The buffer and event registry: every registration of every session, the
-//! device it lives on and the generation its mapping is open in.
+//! handles the sessions hold for them, the device each lives on and the
+//! generation its mapping is open in.
 //!
-//! Invariants:
+//! The registry keeps its own invariants; its tables are private and change
+//! only through the methods below:
 //! - Buffer and event ids are never reused within a boot, so a released
 //!   handle stays stale forever.
+//! - A handle names an object only for the session it was issued to, and only
+//!   in the boot that minted it.
 //! - A registration's mapping is open in exactly the generation recorded in
 //!   `open_in`; after an executor restart it is re-opened in the new
 //!   generation, or marked dead (`open_in = None`) if that fails.
+//! - A session's registered bytes are the sum of its buffers' sizes, kept
+//!   with every register and release.
 //! - Launch bounds are checked against `size`, which the executor verified
 //!   the mapping covers when it opened it.
 //! - A lookup answers alike for an id that was never registered, one that was
 //!   released and one another session registered: a session cannot learn
 //!   that another session's object exists.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 
-use crate::handles::{BufferId, DeviceGeneration, EventId, SessionId};
+use crate::handles::{
+    BootId, BufferHandle, BufferId, DeviceGeneration, EventHandle, EventId, HandleToken, SessionId,
+    Tokens,
+};
 
 /// Where a buffer's memory comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,15 +74,26 @@ pub struct EventEntry {
     pub open_in: Option<DeviceGeneration>,
 }
 
-/// Why a registry lookup failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RegistryError {
-    #[error("{kind} {handle} is stale: {why}")]
-    Stale {
-        kind: &'static str,
-        handle: String,
-        why: &'static str,
-    },
+/// The two kinds of registered object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    Buffer,
+    Event,
+}
+
+impl ObjectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::Buffer => "buffer",
+            ObjectKind::Event => "event",
+        }
+    }
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Why a handle a session does not hold is refused: the same words for a
@@ -80,81 +101,417 @@ pub enum RegistryError {
 pub const UNKNOWN_TO_SESSION: &str =
     "it is not registered in this session (released, or never registered here)";
 
-fn unknown(kind: &'static str, handle: &str) -> RegistryError {
-    RegistryError::Stale {
-        kind,
-        handle: handle.chars().take(96).collect(),
-        why: UNKNOWN_TO_SESSION,
+/// Why the registry refused a handle.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// Not this session's: released, another session's, or never issued.
+    #[error("{kind} {handle} is stale: {UNKNOWN_TO_SESSION}")]
+    Unknown { kind: ObjectKind, handle: String },
+    /// Minted by another boot of the daemon.
+    #[error("{kind} {handle} is stale: minted by another daemon boot")]
+    OtherBoot { kind: ObjectKind, handle: String },
+    /// Its mapping could not be re-opened after an executor restart.
+    #[error("{kind} {handle} is stale: it could not be re-opened after an executor restart")]
+    Dead { kind: ObjectKind, handle: String },
+}
+
+impl RegistryError {
+    pub fn kind(&self) -> ObjectKind {
+        match self {
+            RegistryError::Unknown { kind, .. }
+            | RegistryError::OtherBoot { kind, .. }
+            | RegistryError::Dead { kind, .. } => *kind,
+        }
+    }
+
+    /// The handle as the client spelled it (at most 96 characters).
+    pub fn handle(&self) -> &str {
+        match self {
+            RegistryError::Unknown { handle, .. }
+            | RegistryError::OtherBoot { handle, .. }
+            | RegistryError::Dead { handle, .. } => handle,
+        }
+    }
+
+    /// Why, in words (the `why` of the refusal's metadata).
+    pub fn why(&self) -> &'static str {
+        match self {
+            RegistryError::Unknown { .. } => UNKNOWN_TO_SESSION,
+            RegistryError::OtherBoot { .. } => "minted by another daemon boot",
+            RegistryError::Dead { .. } => "it could not be re-opened after an executor restart",
+        }
     }
 }
 
-/// Every buffer and event registration.
-#[derive(Debug, Default)]
+fn clip(handle: &str) -> String {
+    handle.chars().take(96).collect()
+}
+
+/// What the registry keeps for every kind of object.
+trait Registered: Clone {
+    const KIND: ObjectKind;
+    type Id: Copy + Ord + std::hash::Hash;
+    fn id(&self) -> Self::Id;
+    fn session(&self) -> &SessionId;
+    fn open_in(&self) -> Option<DeviceGeneration>;
+    fn set_open_in(&mut self, generation: Option<DeviceGeneration>);
+    fn device_index(&self) -> usize;
+}
+
+impl Registered for BufferEntry {
+    const KIND: ObjectKind = ObjectKind::Buffer;
+    type Id = BufferId;
+    fn id(&self) -> BufferId {
+        self.id
+    }
+    fn session(&self) -> &SessionId {
+        &self.session
+    }
+    fn open_in(&self) -> Option<DeviceGeneration> {
+        self.open_in
+    }
+    fn set_open_in(&mut self, generation: Option<DeviceGeneration>) {
+        self.open_in = generation;
+    }
+    fn device_index(&self) -> usize {
+        self.device_index
+    }
+}
+
+impl Registered for EventEntry {
+    const KIND: ObjectKind = ObjectKind::Event;
+    type Id = EventId;
+    fn id(&self) -> EventId {
+        self.id
+    }
+    fn session(&self) -> &SessionId {
+        &self.session
+    }
+    fn open_in(&self) -> Option<DeviceGeneration> {
+        self.open_in
+    }
+    fn set_open_in(&mut self, generation: Option<DeviceGeneration>) {
+        self.open_in = generation;
+    }
+    fn device_index(&self) -> usize {
+        self.device_index
+    }
+}
+
+/// One kind of object: the entries and each session's tokens for them.
+#[derive(Debug)]
+struct Table<E: Registered> {
+    entries: BTreeMap<E::Id, E>,
+    tokens: HashMap<SessionId, Tokens<E::Id>>,
+}
+
+impl<E: Registered> Default for Table<E> {
+    fn default() -> Self {
+        Table {
+            entries: BTreeMap::new(),
+            tokens: HashMap::new(),
+        }
+    }
+}
+
+impl<E: Registered> Table<E> {
+    fn register(&mut self, entry: E) -> HandleToken {
+        let token = self
+            .tokens
+            .entry(entry.session().clone())
+            .or_default()
+            .issue(entry.id());
+        self.entries.insert(entry.id(), entry);
+        token
+    }
+
+    /// The id `token` names for `session` (ownership only, not liveness).
+    fn owned(
+        &self,
+        boot: BootId,
+        session: &SessionId,
+        token: HandleToken,
+        handle_boot: BootId,
+        text: &str,
+    ) -> Result<E::Id, RegistryError> {
+        if handle_boot != boot {
+            return Err(RegistryError::OtherBoot {
+                kind: E::KIND,
+                handle: clip(text),
+            });
+        }
+        self.tokens
+            .get(session)
+            .and_then(|t| t.get(token))
+            .filter(|id| self.entries.get(id).is_some_and(|e| e.session() == session))
+            .ok_or_else(|| RegistryError::Unknown {
+                kind: E::KIND,
+                handle: clip(text),
+            })
+    }
+
+    fn live(
+        &self,
+        boot: BootId,
+        session: &SessionId,
+        token: HandleToken,
+        handle_boot: BootId,
+        text: &str,
+    ) -> Result<&E, RegistryError> {
+        let id = self.owned(boot, session, token, handle_boot, text)?;
+        let entry = self
+            .entries
+            .get(&id)
+            .ok_or_else(|| RegistryError::Unknown {
+                kind: E::KIND,
+                handle: clip(text),
+            })?;
+        if entry.open_in().is_none() {
+            return Err(RegistryError::Dead {
+                kind: E::KIND,
+                handle: clip(text),
+            });
+        }
+        Ok(entry)
+    }
+
+    fn release(
+        &mut self,
+        boot: BootId,
+        session: &SessionId,
+        token: HandleToken,
+        handle_boot: BootId,
+        text: &str,
+    ) -> Result<E, RegistryError> {
+        let id = self.owned(boot, session, token, handle_boot, text)?;
+        if let Some(tokens) = self.tokens.get_mut(session) {
+            tokens.remove_token(token);
+        }
+        self.entries
+            .remove(&id)
+            .ok_or_else(|| RegistryError::Unknown {
+                kind: E::KIND,
+                handle: clip(text),
+            })
+    }
+
+    fn release_session(&mut self, session: &SessionId) -> Vec<E> {
+        let Some(tokens) = self.tokens.remove(session) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<E::Id> = tokens.iter().map(|(_, id)| id).collect();
+        ids.sort_unstable();
+        ids.iter()
+            .filter_map(|id| self.entries.remove(id))
+            .collect()
+    }
+
+    fn count(&self, session: &SessionId) -> usize {
+        self.tokens.get(session).map_or(0, |t| t.len())
+    }
+
+    fn on_device(&self, index: usize) -> Vec<E> {
+        self.entries
+            .values()
+            .filter(|e| e.device_index() == index)
+            .cloned()
+            .collect()
+    }
+
+    fn set_open_in(&mut self, id: E::Id, generation: Option<DeviceGeneration>) -> bool {
+        match self.entries.get_mut(&id) {
+            Some(entry) => {
+                entry.set_open_in(generation);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What one session holds in the registry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holdings {
+    pub buffers: u32,
+    pub events: u32,
+    pub buffer_bytes: u64,
+}
+
+/// Every buffer and event registration of one daemon boot.
+#[derive(Debug)]
 pub struct Registry {
+    boot: BootId,
     next_id: u64,
-    pub buffers: BTreeMap<BufferId, BufferEntry>,
-    pub events: BTreeMap<EventId, EventEntry>,
+    buffers: Table<BufferEntry>,
+    events: Table<EventEntry>,
+    /// Registered buffer bytes per session.
+    bytes: HashMap<SessionId, u64>,
 }
 
 impl Registry {
-    /// A fresh id for a buffer or event (shared counter, never reused).
-    pub fn next_id(&mut self) -> u64 {
+    pub fn new(boot: BootId) -> Registry {
+        Registry {
+            boot,
+            next_id: 0,
+            buffers: Table::default(),
+            events: Table::default(),
+            bytes: HashMap::new(),
+        }
+    }
+
+    /// A fresh id for a buffer or event about to be opened (one counter for
+    /// both, never reused).
+    pub fn reserve_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
     }
 
-    /// The buffer `id` if `session` owns it and its mapping is open.
-    pub fn buffer(
+    /// Records an opened buffer and issues its session's handle.
+    pub fn register_buffer(&mut self, entry: BufferEntry) -> BufferHandle {
+        *self.bytes.entry(entry.session.clone()).or_default() += entry.size;
+        let token = self.buffers.register(entry);
+        BufferHandle {
+            token,
+            boot: self.boot,
+        }
+    }
+
+    /// Records an opened event and issues its session's handle.
+    pub fn register_event(&mut self, entry: EventEntry) -> EventHandle {
+        let token = self.events.register(entry);
+        EventHandle {
+            token,
+            boot: self.boot,
+        }
+    }
+
+    /// The buffer `handle` (spelled `text`) names for `session`, if its
+    /// mapping is open: what a launch may use.
+    pub fn buffer_for_launch(
         &self,
-        id: BufferId,
         session: &SessionId,
-        handle: &str,
+        handle: BufferHandle,
+        text: &str,
     ) -> Result<&BufferEntry, RegistryError> {
+        self.buffers
+            .live(self.boot, session, handle.token, handle.boot, text)
+    }
+
+    /// The event `handle` names for `session`, if it is open.
+    pub fn event_for_launch(
+        &self,
+        session: &SessionId,
+        handle: EventHandle,
+        text: &str,
+    ) -> Result<&EventEntry, RegistryError> {
+        self.events
+            .live(self.boot, session, handle.token, handle.boot, text)
+    }
+
+    /// Forgets `session`'s buffer `handle` (dead or alive); returns it so
+    /// that its mapping can be closed.
+    pub fn release_buffer(
+        &mut self,
+        session: &SessionId,
+        handle: BufferHandle,
+        text: &str,
+    ) -> Result<BufferEntry, RegistryError> {
         let entry = self
             .buffers
-            .get(&id)
-            .filter(|e| &e.session == session)
-            .ok_or_else(|| unknown("buffer", handle))?;
-        if entry.open_in.is_none() {
-            return Err(RegistryError::Stale {
-                kind: "buffer",
-                handle: handle.to_string(),
-                why: "it could not be re-opened after an executor restart",
-            });
-        }
+            .release(self.boot, session, handle.token, handle.boot, text)?;
+        self.uncount(&entry);
         Ok(entry)
     }
 
-    /// The event `id` if `session` owns it and it is open.
-    pub fn event(
-        &self,
-        id: EventId,
+    /// Forgets `session`'s event `handle` (dead or alive).
+    pub fn release_event(
+        &mut self,
         session: &SessionId,
-        handle: &str,
-    ) -> Result<&EventEntry, RegistryError> {
-        let entry = self
-            .events
-            .get(&id)
-            .filter(|e| &e.session == session)
-            .ok_or_else(|| unknown("event", handle))?;
-        if entry.open_in.is_none() {
-            return Err(RegistryError::Stale {
-                kind: "event",
-                handle: handle.to_string(),
-                why: "it could not be re-opened after an executor restart",
-            });
+        handle: EventHandle,
+        text: &str,
+    ) -> Result<EventEntry, RegistryError> {
+        self.events
+            .release(self.boot, session, handle.token, handle.boot, text)
+    }
+
+    /// Forgets everything `session` registered; returns it in registration
+    /// order.
+    pub fn release_session(&mut self, session: &SessionId) -> (Vec<BufferEntry>, Vec<EventEntry>) {
+        self.bytes.remove(session);
+        (
+            self.buffers.release_session(session),
+            self.events.release_session(session),
+        )
+    }
+
+    fn uncount(&mut self, entry: &BufferEntry) {
+        if let Some(bytes) = self.bytes.get_mut(&entry.session) {
+            *bytes = bytes.saturating_sub(entry.size);
+            if *bytes == 0 && self.buffers.count(&entry.session) == 0 {
+                self.bytes.remove(&entry.session);
+            }
         }
-        Ok(entry)
     }
 
-    /// The refusal for a handle `session` does not hold.
-    pub fn unknown(kind: &'static str, handle: &str) -> RegistryError {
-        unknown(kind, handle)
+    /// What `session` holds, as limits count it.
+    pub fn holdings(&self, session: &SessionId) -> Holdings {
+        Holdings {
+            buffers: self.buffers.count(session) as u32,
+            events: self.events.count(session) as u32,
+            buffer_bytes: self.bytes.get(session).copied().unwrap_or(0),
+        }
     }
 
-    /// Total registered bytes (for metrics).
-    pub fn total_bytes(&self) -> u64 {
-        self.buffers.values().map(|b| b.size).sum()
+    /// `session`'s buffers with their handles, in registration order.
+    pub fn buffers_of(&self, session: &SessionId) -> Vec<(BufferHandle, &BufferEntry)> {
+        let Some(tokens) = self.buffers.tokens.get(session) else {
+            return Vec::new();
+        };
+        let mut held: Vec<(BufferHandle, &BufferEntry)> = tokens
+            .iter()
+            .filter_map(|(token, id)| {
+                let handle = BufferHandle {
+                    token,
+                    boot: self.boot,
+                };
+                Some((handle, self.buffers.entries.get(&id)?))
+            })
+            .collect();
+        held.sort_by_key(|(_, entry)| entry.id);
+        held
+    }
+
+    /// Every registration on device `index` (to re-open after a restart).
+    pub fn on_device(&self, index: usize) -> (Vec<BufferEntry>, Vec<EventEntry>) {
+        (self.buffers.on_device(index), self.events.on_device(index))
+    }
+
+    /// Records where buffer `id` is open now (`None`: it is dead). False
+    /// when it was released meanwhile.
+    pub fn set_buffer_open_in(&mut self, id: BufferId, open_in: Option<DeviceGeneration>) -> bool {
+        self.buffers.set_open_in(id, open_in)
+    }
+
+    /// Records where event `id` is open now. False when it was released.
+    pub fn set_event_open_in(&mut self, id: EventId, open_in: Option<DeviceGeneration>) -> bool {
+        self.events.set_open_in(id, open_in)
+    }
+
+    /// Registered buffers and their bytes, daemon-wide (for metrics).
+    pub fn buffer_totals(&self) -> (u64, u64) {
+        (
+            self.buffers.entries.len() as u64,
+            self.buffers.entries.values().map(|b| b.size).sum(),
+        )
+    }
+
+    /// Forgets every registration (shutdown: the executors release theirs
+    /// when they stop).
+    pub fn clear(&mut self) {
+        *self = Registry {
+            next_id: self.next_id,
+            ..Registry::new(self.boot)
+        };
     }
 }
 
@@ -163,40 +520,81 @@ impl Registry {
 mod tests {
     use super::*;
 
-    fn entry(id: u64, session: &SessionId, open: bool) -> BufferEntry {
+    fn entry(registry: &mut Registry, session: &SessionId, size: u64) -> BufferEntry {
         BufferEntry {
-            id: BufferId(id),
+            id: BufferId(registry.reserve_id()),
             session: session.clone(),
             label: String::new(),
             source: BufferSource::HostShm { name: "/x".into() },
-            size: 64,
+            size,
             device_index: 0,
             device_uuid: "HOST-0".into(),
-            open_in: open.then_some(DeviceGeneration(1)),
+            open_in: Some(DeviceGeneration(1)),
             owner_uid: None,
         }
     }
 
     #[test]
-    fn lookups_check_owner_and_liveness() {
+    fn lookups_check_boot_owner_and_liveness() {
+        let boot = BootId::random();
         let (a, b) = (SessionId::random(), SessionId::random());
-        let mut registry = Registry::default();
-        registry.buffers.insert(BufferId(1), entry(1, &a, true));
-        registry.buffers.insert(BufferId(2), entry(2, &a, false));
-        assert!(registry.buffer(BufferId(1), &a, "h").is_ok());
-        // Another session's buffer and a never-registered one: one answer.
+        let mut registry = Registry::new(boot);
+        let first = entry(&mut registry, &a, 64);
+        let first_id = first.id;
+        let h1 = registry.register_buffer(first);
+        let second = entry(&mut registry, &a, 32);
+        let h2 = registry.register_buffer(second);
         assert_eq!(
-            registry.buffer(BufferId(1), &b, "h").unwrap_err(),
-            registry.buffer(BufferId(3), &b, "h").unwrap_err()
+            registry.buffer_for_launch(&a, h1, "h").unwrap().id,
+            first_id
+        );
+        // Another session's buffer and a never-issued token: one answer.
+        let never = BufferHandle {
+            token: HandleToken(h1.token.0 ^ 1),
+            boot,
+        };
+        assert_eq!(
+            registry.buffer_for_launch(&b, h1, "h").unwrap_err(),
+            registry.buffer_for_launch(&a, never, "h").unwrap_err()
         );
         assert!(matches!(
-            registry.buffer(BufferId(2), &a, "h"),
-            Err(RegistryError::Stale { .. })
+            registry.buffer_for_launch(&b, h1, "h"),
+            Err(RegistryError::Unknown {
+                kind: ObjectKind::Buffer,
+                ..
+            })
         ));
+        let other_boot = BufferHandle {
+            token: h1.token,
+            boot: BootId::random(),
+        };
         assert!(matches!(
-            registry.buffer(BufferId(3), &a, "h"),
-            Err(RegistryError::Stale { .. })
+            registry.buffer_for_launch(&a, other_boot, "h"),
+            Err(RegistryError::OtherBoot { .. })
         ));
-        assert_ne!(registry.next_id(), registry.next_id());
+        // A dead mapping can be released but not launched on.
+        let dead = registry.buffers_of(&a)[1].1.id;
+        assert!(registry.set_buffer_open_in(dead, None));
+        assert!(matches!(
+            registry.buffer_for_launch(&a, h2, "h"),
+            Err(RegistryError::Dead { .. })
+        ));
+        assert_eq!(registry.holdings(&a).buffer_bytes, 96);
+        assert_eq!(registry.release_buffer(&a, h2, "h").unwrap().id, dead);
+        assert_eq!(
+            registry.holdings(&a),
+            Holdings {
+                buffers: 1,
+                events: 0,
+                buffer_bytes: 64
+            }
+        );
+        // Released: stale forever, and ids are never reused.
+        assert!(registry.release_buffer(&a, h2, "h").is_err());
+        assert_ne!(registry.reserve_id(), registry.reserve_id());
+        let (buffers, events) = registry.release_session(&a);
+        assert_eq!((buffers.len(), events.len()), (1, 0));
+        assert_eq!(registry.holdings(&a), Holdings::default());
+        assert_eq!(registry.buffer_totals(), (0, 0));
     }
 }

@@ -376,6 +376,64 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("bad duration {text:?}: {e}"))
 }
 
+/// The configured limits.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub slots: u32,
+    pub max_artifact_bytes: u64,
+    pub max_request_bytes: u64,
+    pub max_sessions: u32,
+    pub max_buffers_per_session: u32,
+    pub max_kernels_per_session: u32,
+    pub max_buffer_bytes_per_session: u64,
+    pub max_events_per_session: u32,
+    pub max_sessions_per_uid: u32,
+    pub max_slots_per_uid: u32,
+    pub max_buffers_per_uid: u32,
+    pub max_loaded_bytes: u64,
+    pub max_loaded_bytes_per_uid: u64,
+    pub max_loaded_bytes_per_session: u64,
+}
+
+impl Limits {
+    /// The limits `config` sets, with per-uid shares resolved.
+    pub fn from_config(config: &ServeConfig) -> Limits {
+        Limits {
+            slots: config.slots,
+            max_artifact_bytes: config.max_artifact_bytes,
+            max_request_bytes: config.max_request_bytes,
+            max_sessions: config.max_sessions,
+            max_buffers_per_session: config.max_buffers_per_session,
+            max_kernels_per_session: config.max_kernels_per_session,
+            max_buffer_bytes_per_session: config.max_buffer_bytes_per_session,
+            max_events_per_session: config.max_events_per_session,
+            max_sessions_per_uid: clamp_u32(
+                config
+                    .max_sessions_per_uid
+                    .of(config.max_sessions.into())
+                    .min(config.max_sessions.into()),
+            ),
+            max_slots_per_uid: clamp_u32(
+                config
+                    .max_slots_per_uid
+                    .of(config.slots.into())
+                    .min(config.slots.into()),
+            ),
+            max_buffers_per_uid: config.max_buffers_per_uid,
+            max_loaded_bytes: config.max_loaded_bytes,
+            max_loaded_bytes_per_uid: config
+                .max_loaded_bytes_per_uid
+                .of(config.max_loaded_bytes)
+                .min(config.max_loaded_bytes),
+            max_loaded_bytes_per_session: config.max_loaded_bytes_per_session,
+        }
+    }
+}
+
+fn clamp_u32(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

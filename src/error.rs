@@ -15,7 +15,7 @@ use ptxd_proto::ERROR_DOMAIN;
 use tonic::Code;
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::buffers::RegistryError;
+use crate::buffers::{ObjectKind, RegistryError};
 use crate::executor::ExecutorError;
 use crate::handles::MalformedHandle;
 use crate::ptx::PtxError;
@@ -142,25 +142,20 @@ impl Error {
                     meta([("session", session.clone())]),
                 ),
             },
-            Error::Registry(e) => match e {
-                RegistryError::Stale { kind, handle, why } => {
-                    let reason = if *kind == "buffer" {
-                        Reason::StaleBuffer
-                    } else {
-                        Reason::InvalidArgument
-                    };
-                    let code = if *kind == "buffer" {
-                        Code::FailedPrecondition
-                    } else {
-                        Code::InvalidArgument
-                    };
-                    (
-                        code,
-                        reason,
-                        meta([(kind, handle.clone()), ("why", why.to_string())]),
-                    )
-                }
-            },
+            Error::Registry(e) => {
+                let (code, reason) = match e.kind() {
+                    ObjectKind::Buffer => (Code::FailedPrecondition, Reason::StaleBuffer),
+                    ObjectKind::Event => (Code::InvalidArgument, Reason::InvalidArgument),
+                };
+                (
+                    code,
+                    reason,
+                    meta([
+                        (e.kind().as_str(), e.handle().to_string()),
+                        ("why", e.why().to_string()),
+                    ]),
+                )
+            }
             Error::Executor(e) => match e {
                 ExecutorError::Unavailable { device, cause } => (
                     Code::Unavailable,

@@ -16,6 +16,7 @@ pub mod error;
 pub mod executor;
 pub mod front;
 pub mod handles;
+pub mod launch;
 pub mod metrics;
 pub mod observe;
 pub mod ptx;

@@ -13,11 +13,17 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{TcpConnectInfo, UdsConnectInfo};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::config::{CacheScope, Limits};
 use crate::error::Error;
-use crate::front::Front;
+use crate::front::{
+    ArtifactKind, BufferListing, BufferOrigin, BufferRequest, DeclaredArtifactAbi, DeviceChoice,
+    EventRequest, Front, Info, KernelListing, LaunchRequest, LoadRequest, LoadedKernelInfo,
+    OperandRef, RegisteredBuffer,
+};
 use crate::handles::SessionId;
 use crate::observe::Observer;
-use crate::sessions::{Caller, Peer};
+use crate::ptx::Signature;
+use crate::sessions::{Caller, LeaseEvent, Peer};
 
 /// How many launches of one `LaunchStream` may be in flight at once.
 /// Responses still come back in request order.
@@ -99,7 +105,7 @@ pub(crate) fn peer<T>(request: &Request<T>) -> Caller {
 /// The lease stream of a session: ends the session when dropped, which
 /// happens when the client cancels it, disconnects or dies.
 struct LeaseStream {
-    events: ReceiverStream<Result<api::SessionEvent, Status>>,
+    events: ReceiverStream<LeaseEvent>,
     lease: Option<(Arc<Front>, SessionId)>,
 }
 
@@ -107,7 +113,9 @@ impl Stream for LeaseStream {
     type Item = Result<api::SessionEvent, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.events).poll_next(cx)
+        Pin::new(&mut self.events)
+            .poll_next(cx)
+            .map(|event| event.map(|e| Ok(lease_event(e))))
     }
 }
 
@@ -135,7 +143,8 @@ impl Ptxd for PtxdService {
         &self,
         request: Request<api::GetInfoRequest>,
     ) -> Result<Response<api::GetInfoResponse>, Status> {
-        self.answer("GetInfo", Ok(self.front.info(peer(&request))))
+        let info = self.front.info(peer(&request));
+        self.answer("GetInfo", Ok(info_response(info)))
     }
 
     type OpenSessionStream = BoxStream<api::SessionEvent>;
@@ -146,7 +155,7 @@ impl Ptxd for PtxdService {
     ) -> Result<Response<Self::OpenSessionStream>, Status> {
         let peer = peer(&request);
         let label = request.into_inner().label;
-        match self.front.open_session(label, peer) {
+        match self.front.open_session(&label, peer) {
             Ok((id, events)) => {
                 tracing::debug!(rpc = "OpenSession", session = %id, ?peer, "ok");
                 let stream = LeaseStream {
@@ -188,12 +197,12 @@ impl Ptxd for PtxdService {
         let peer = peer(&request);
         let started = Instant::now();
         let front = self.front.clone();
-        let request = request.into_inner();
+        let request = load_request(request.into_inner());
         let result = detached(async move { front.load_kernel(request, peer).await }).await;
         if let Ok(loaded) = &result {
             self.observer.load(loaded.cache_hit, started.elapsed());
         }
-        self.answer("LoadKernel", result)
+        self.answer("LoadKernel", result.map(load_response))
     }
 
     async fn unload_kernel(
@@ -209,7 +218,10 @@ impl Ptxd for PtxdService {
                 .await
         })
         .await;
-        self.answer("UnloadKernel", result)
+        self.answer(
+            "UnloadKernel",
+            result.map(|slot_freed| api::UnloadKernelResponse { slot_freed }),
+        )
     }
 
     async fn list_kernels(
@@ -219,7 +231,11 @@ impl Ptxd for PtxdService {
         let peer = peer(&request);
         self.answer(
             "ListKernels",
-            self.front.list_kernels(&request.into_inner().session, peer),
+            self.front
+                .list_kernels(&request.into_inner().session, peer)
+                .map(|kernels| api::ListKernelsResponse {
+                    kernels: kernels.into_iter().map(kernel_info).collect(),
+                }),
         )
     }
 
@@ -229,9 +245,9 @@ impl Ptxd for PtxdService {
     ) -> Result<Response<api::RegisterBufferResponse>, Status> {
         let peer = peer(&request);
         let front = self.front.clone();
-        let request = request.into_inner();
+        let request = buffer_request(request.into_inner());
         let result = detached(async move { front.register_buffer(request, peer).await }).await;
-        self.answer("RegisterBuffer", result)
+        self.answer("RegisterBuffer", result.map(register_buffer_response))
     }
 
     async fn release_buffer(
@@ -260,7 +276,11 @@ impl Ptxd for PtxdService {
         let peer = peer(&request);
         self.answer(
             "ListBuffers",
-            self.front.list_buffers(&request.into_inner().session, peer),
+            self.front
+                .list_buffers(&request.into_inner().session, peer)
+                .map(|buffers| api::ListBuffersResponse {
+                    buffers: buffers.into_iter().map(buffer_info).collect(),
+                }),
         )
     }
 
@@ -270,9 +290,12 @@ impl Ptxd for PtxdService {
     ) -> Result<Response<api::RegisterEventResponse>, Status> {
         let peer = peer(&request);
         let front = self.front.clone();
-        let request = request.into_inner();
+        let request = event_request(request.into_inner());
         let result = detached(async move { front.register_event(request, peer).await }).await;
-        self.answer("RegisterEvent", result)
+        self.answer(
+            "RegisterEvent",
+            result.map(|event| api::RegisterEventResponse { event }),
+        )
     }
 
     async fn release_event(
@@ -300,10 +323,12 @@ impl Ptxd for PtxdService {
     ) -> Result<Response<api::LaunchResponse>, Status> {
         let peer = peer(&request);
         let request = request.into_inner();
+        let tag = request.tag;
+        let request = launch_request(request);
         let started = Instant::now();
         let result = self.front.launch(&request, peer).await;
         self.observe_launch(&request, &result, started);
-        self.answer("Launch", result)
+        self.answer("Launch", result.map(|took| launch_response(tag, took)))
     }
 
     type LaunchStreamStream = BoxStream<api::LaunchResponse>;
@@ -359,12 +384,14 @@ impl PtxdService {
                         Ok(request) => request,
                         Err((error, tag)) => return Ok(service.stream_refusal(tag, error)),
                     };
+                    let tag = request.tag;
+                    let request = launch_request(request);
                     let started = Instant::now();
                     let result = service.front.launch(&request, peer).await;
                     service.observe_launch(&request, &result, started);
                     Ok(match result {
-                        Ok(response) => response,
-                        Err(error) => service.stream_refusal(request.tag, error),
+                        Ok(took) => launch_response(tag, took),
+                        Err(error) => service.stream_refusal(tag, error),
                     })
                 }
             })
@@ -392,12 +419,239 @@ impl PtxdService {
 
     fn observe_launch(
         &self,
-        request: &api::LaunchRequest,
-        result: &Result<api::LaunchResponse, Error>,
+        request: &LaunchRequest,
+        result: &Result<std::time::Duration, Error>,
         started: Instant,
     ) {
         if result.is_ok() {
             self.observer.launch(request.sync, started.elapsed());
         }
+    }
+}
+
+// ----- conversions between the wire and the front's types ------------------
+
+fn limits_proto(limits: &Limits) -> api::Limits {
+    api::Limits {
+        slots: limits.slots,
+        max_artifact_bytes: limits.max_artifact_bytes,
+        max_request_bytes: limits.max_request_bytes,
+        max_sessions: limits.max_sessions,
+        max_buffers_per_session: limits.max_buffers_per_session,
+        max_kernels_per_session: limits.max_kernels_per_session,
+        max_buffer_bytes_per_session: limits.max_buffer_bytes_per_session,
+        max_events_per_session: limits.max_events_per_session,
+        max_sessions_per_uid: limits.max_sessions_per_uid,
+        max_slots_per_uid: limits.max_slots_per_uid,
+        max_buffers_per_uid: limits.max_buffers_per_uid,
+        max_loaded_bytes: limits.max_loaded_bytes,
+        max_loaded_bytes_per_uid: limits.max_loaded_bytes_per_uid,
+        max_loaded_bytes_per_session: limits.max_loaded_bytes_per_session,
+    }
+}
+
+fn info_response(info: Info) -> api::GetInfoResponse {
+    api::GetInfoResponse {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        backend: info.backend.to_string(),
+        devices: info
+            .devices
+            .into_iter()
+            .map(|d| api::Device {
+                ordinal: d.ordinal,
+                uuid: d.uuid,
+                name: d.name,
+                compute_major: d.compute_major,
+                compute_minor: d.compute_minor,
+                generation: d.generation,
+                total_memory: d.total_memory,
+                available: d.available,
+                restarts: d.restarts,
+                executor_pid: d.executor_pid,
+            })
+            .collect(),
+        slots_used: info.slots_used,
+        limits: Some(limits_proto(&info.limits)),
+        sessions: info.sessions,
+        boot_id: info.boot.to_string(),
+        loaded_bytes: info.loaded_bytes,
+        caller_usage: Some(api::Usage {
+            sessions: info.caller_usage.sessions,
+            slots: info.caller_usage.slots,
+            buffers: info.caller_usage.buffers,
+            loaded_bytes: info.caller_usage.loaded_bytes,
+        }),
+        kernel_cache_scope: match info.kernel_cache_scope {
+            CacheScope::Node => "node".into(),
+            CacheScope::Uid => "uid".into(),
+        },
+    }
+}
+
+fn lease_event(event: LeaseEvent) -> api::SessionEvent {
+    use api::session_event::Event;
+    let event = match event {
+        LeaseEvent::Opened { session, boot } => Event::Opened(api::SessionOpened {
+            session: session.to_string(),
+            boot_id: boot.to_string(),
+        }),
+        LeaseEvent::ExecutorRestarted {
+            device_uuid,
+            old_generation,
+            new_generation,
+            cause,
+        } => Event::ExecutorRestarted(api::ExecutorRestarted {
+            device_uuid,
+            old_generation,
+            new_generation,
+            cause,
+        }),
+        LeaseEvent::Draining { reason } => Event::Draining(api::Draining { reason }),
+    };
+    api::SessionEvent { event: Some(event) }
+}
+
+fn device_choice(selector: Option<api::DeviceSelector>) -> DeviceChoice {
+    use api::device_selector::Selector;
+    match selector.and_then(|s| s.selector) {
+        None => DeviceChoice::First,
+        Some(Selector::Uuid(uuid)) => DeviceChoice::Uuid(uuid),
+        Some(Selector::Ordinal(ordinal)) => DeviceChoice::Ordinal(ordinal),
+    }
+}
+
+fn load_request(request: api::LoadKernelRequest) -> LoadRequest {
+    let kind = match api::ArtifactKind::try_from(request.kind) {
+        Ok(api::ArtifactKind::Ptx) => ArtifactKind::Ptx,
+        Ok(api::ArtifactKind::Cubin) => ArtifactKind::Cubin,
+        Ok(api::ArtifactKind::Fatbin) => ArtifactKind::Fatbin,
+        Ok(api::ArtifactKind::Unspecified) | Err(_) => ArtifactKind::Unspecified,
+    };
+    LoadRequest {
+        session: request.session,
+        artifact: request.artifact,
+        kind,
+        symbol: request.symbol,
+        label: request.label,
+        declared: request.declared.map(|d| DeclaredArtifactAbi {
+            inputs: d.inputs,
+            scalar_params: d.scalar_params,
+            element_size: d.element_size,
+        }),
+        device: device_choice(request.device),
+    }
+}
+
+fn signature_proto(signature: &Signature, block_size: u32) -> api::KernelSignature {
+    api::KernelSignature {
+        inputs: signature.inputs,
+        element_sizes: signature.element_sizes.clone(),
+        scalar_params: signature.scalar_params,
+        block_size,
+        reqntid: signature.reqntid.unwrap_or(0),
+        maxntid: signature.maxntid.unwrap_or(0),
+    }
+}
+
+fn load_response(loaded: LoadedKernelInfo) -> api::LoadKernelResponse {
+    api::LoadKernelResponse {
+        signature: Some(signature_proto(&loaded.signature, loaded.block_size)),
+        kernel: loaded.kernel,
+        cache_hit: loaded.cache_hit,
+        load_micros: loaded.load_micros,
+        device_uuid: loaded.device_uuid,
+        generation: loaded.generation,
+    }
+}
+
+fn kernel_info(kernel: KernelListing) -> api::KernelInfo {
+    api::KernelInfo {
+        signature: Some(signature_proto(&kernel.signature, kernel.block_size)),
+        kernel: kernel.kernel,
+        symbol: kernel.symbol,
+        label: kernel.label,
+        device_uuid: kernel.device_uuid,
+        generation: kernel.generation,
+        live: kernel.live,
+        artifact_hash: kernel
+            .artifact_hash
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        references: kernel.references,
+    }
+}
+
+fn buffer_request(request: api::RegisterBufferRequest) -> BufferRequest {
+    use api::register_buffer_request::Source;
+    BufferRequest {
+        session: request.session,
+        label: request.label,
+        size: request.size,
+        origin: request.source.map(|source| match source {
+            Source::CudaIpc(ipc) => BufferOrigin::CudaIpc {
+                handle: ipc.handle,
+                device_uuid: ipc.device_uuid,
+            },
+            Source::HostShm(shm) => BufferOrigin::HostShm {
+                name: shm.name,
+                device_uuid: shm.device_uuid,
+            },
+        }),
+    }
+}
+
+fn register_buffer_response(buffer: RegisteredBuffer) -> api::RegisterBufferResponse {
+    api::RegisterBufferResponse {
+        buffer: buffer.buffer,
+        device_uuid: buffer.device_uuid,
+        generation: buffer.generation,
+    }
+}
+
+fn buffer_info(buffer: BufferListing) -> api::BufferInfo {
+    api::BufferInfo {
+        buffer: buffer.buffer,
+        label: buffer.label,
+        kind: buffer.kind.to_string(),
+        device_uuid: buffer.device_uuid,
+        size: buffer.size,
+        generation: buffer.generation,
+        live: buffer.live,
+    }
+}
+
+fn event_request(request: api::RegisterEventRequest) -> EventRequest {
+    EventRequest {
+        session: request.session,
+        label: request.label,
+        handle: request.handle,
+        device_uuid: request.device_uuid,
+    }
+}
+
+fn launch_request(request: api::LaunchRequest) -> LaunchRequest {
+    let operand = |o: api::Operand| OperandRef {
+        buffer: o.buffer,
+        offset: o.offset,
+    };
+    LaunchRequest {
+        session: request.session,
+        kernel: request.kernel,
+        inputs: request.inputs.into_iter().map(operand).collect(),
+        output: request.output.map(operand),
+        n: request.n,
+        params: request.params,
+        wait_event: request.wait_event,
+        signal_event: request.signal_event,
+        sync: request.sync,
+    }
+}
+
+fn launch_response(tag: u64, took: std::time::Duration) -> api::LaunchResponse {
+    api::LaunchResponse {
+        tag,
+        micros: took.as_micros() as u64,
+        error: None,
     }
 }

@@ -22,10 +22,9 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use ptxd_proto::v1::SessionEvent;
 use tokio::sync::mpsc;
 
-use crate::handles::{BufferId, EventId, KernelHandle, SessionId, Tokens};
+use crate::handles::{BootId, KernelHandle, SessionId, Tokens};
 
 /// A Unix-socket peer's credentials, from SO_PEERCRED (kernel-verified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +100,23 @@ pub enum SessionError {
     WrongPeer { session: String },
 }
 
+/// What a session's lease stream tells its client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// The first event: the session's id and the daemon's boot.
+    Opened { session: SessionId, boot: BootId },
+    /// A device's executor was replaced; the session's kernels on it are
+    /// stale and must be loaded again.
+    ExecutorRestarted {
+        device_uuid: String,
+        old_generation: u64,
+        new_generation: u64,
+        cause: String,
+    },
+    /// The daemon is draining: finish up, no new work is accepted.
+    Draining { reason: String },
+}
+
 /// One open session.
 #[derive(Debug)]
 pub struct Session {
@@ -110,14 +126,11 @@ pub struct Session {
     pub opener: Caller,
     pub opened: Instant,
     /// The lease stream's sender: events for the client.
-    pub events: mpsc::Sender<Result<SessionEvent, tonic::Status>>,
+    pub events: mpsc::Sender<LeaseEvent>,
     /// The executor stream id of this session (one per session and device).
     pub stream: u64,
     /// The session's kernel handles.
     pub kernels: Tokens<KernelHandle>,
-    pub buffers: Tokens<BufferId>,
-    pub events_held: Tokens<EventId>,
-    pub buffer_bytes: u64,
     /// Held shared by every launch between its check and its reply; the
     /// release takes it exclusively, so the session's executor stream is
     /// closed only after its last launch was sent.
@@ -168,9 +181,6 @@ mod tests {
             events,
             stream: 1,
             kernels: Tokens::default(),
-            buffers: Tokens::default(),
-            events_held: Tokens::default(),
-            buffer_bytes: 0,
             inflight: Default::default(),
         }
     }

@@ -19,6 +19,13 @@ pub mod parse;
 pub mod print;
 pub mod verify;
 
+pub use verify::{MAX_INPUTS, MAX_SCALAR_PARAMS};
+
+/// The block size used when a kernel names none (no `.reqntid`) and the
+/// executor reports none: the host engine's default, and the CUDA
+/// executor's cap on a block chosen from the kernel's limits.
+pub const DEFAULT_BLOCK: u32 = 256;
+
 /// The ABI a client declares for a kernel (optional on PTX, required for
 /// cubin/fatbin).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

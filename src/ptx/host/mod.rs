@@ -20,12 +20,9 @@ pub mod decode;
 pub mod exec;
 pub mod float;
 
-use super::{HostFault, HostLaunch, Signature};
+use super::{HostFault, HostLaunch, Signature, DEFAULT_BLOCK};
 use decode::{Program, Uniform};
 use exec::{Bounds, Frame, LANES};
-
-/// Threads per block when the kernel does not ask for a size.
-pub const DEFAULT_BLOCK: u32 = 256;
 
 /// The block size the engine launches `sig` with.
 pub fn block_size(sig: &Signature) -> u32 {

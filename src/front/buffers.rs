@@ -1,0 +1,422 @@
+//! Buffers and events: RegisterBuffer, ReleaseBuffer, ListBuffers,
+//! RegisterEvent, ReleaseEvent.
+//!
+//! Invariants:
+//! - A buffer or event is recorded in the registry only after its executor
+//!   opened it, and only through `effects::side_effect` (a refused commit
+//!   closes it again).
+//! - Host shared memory, CUDA IPC memory and IPC events are opened with the
+//!   daemon's rights, so only a caller with credentials may register them.
+//! - Per-session and per-tenant limits are checked before the open and
+//!   again at the commit.
+
+use ptxd_proto::executor::{self as exec, open_buffer, reply, request::Op};
+
+use super::effects::{queue_close, run_cleanup, side_effect, Cleanup};
+use super::{parse_session, Front, State};
+use crate::buffers::{BufferEntry, BufferSource, EventEntry};
+use crate::error::Error;
+use crate::executor::ExecutorError;
+use crate::handles::{BufferHandle, BufferId, EventHandle, EventId, SessionId};
+use crate::sessions::Caller;
+
+/// Where the memory of a buffer to register comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BufferOrigin {
+    /// A legacy CUDA IPC memory handle (64 bytes) of an allocation on the
+    /// named device.
+    CudaIpc {
+        handle: Vec<u8>,
+        device_uuid: String,
+    },
+    /// A POSIX shared-memory object, for the host backend (device: the
+    /// daemon's first unless named).
+    HostShm { name: String, device_uuid: String },
+}
+
+/// RegisterBuffer.
+#[derive(Debug, Clone)]
+pub struct BufferRequest {
+    pub session: String,
+    pub label: String,
+    pub size: u64,
+    pub origin: Option<BufferOrigin>,
+}
+
+/// A registered buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredBuffer {
+    pub buffer: String,
+    pub device_uuid: String,
+    pub generation: u64,
+}
+
+/// One buffer a session holds, as ListBuffers reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferListing {
+    pub buffer: String,
+    pub label: String,
+    pub kind: &'static str,
+    pub device_uuid: String,
+    pub size: u64,
+    /// 0 once dead.
+    pub generation: u64,
+    pub live: bool,
+}
+
+/// RegisterEvent.
+#[derive(Debug, Clone)]
+pub struct EventRequest {
+    pub session: String,
+    pub label: String,
+    /// A CUipcEventHandle (64 bytes).
+    pub handle: Vec<u8>,
+    /// Empty: the daemon's first device.
+    pub device_uuid: String,
+}
+
+/// The executor request that opens a registered buffer (at registration,
+/// and again after a restart).
+pub(super) fn open_buffer_op(entry: &BufferEntry) -> Op {
+    let source = match &entry.source {
+        BufferSource::CudaIpc { handle } => open_buffer::Source::CudaIpc(handle.clone()),
+        BufferSource::HostShm { name } => open_buffer::Source::ShmName(name.clone()),
+    };
+    Op::OpenBuffer(exec::OpenBuffer {
+        buffer_id: entry.id.0,
+        source: Some(source),
+        size: entry.size,
+        claimed_device_uuid: entry.device_uuid.clone(),
+        owner_uid: entry.owner_uid,
+    })
+}
+
+impl Front {
+    /// RegisterBuffer.
+    pub async fn register_buffer(
+        &self,
+        request: BufferRequest,
+        peer: Caller,
+    ) -> Result<RegisteredBuffer, Error> {
+        let session_id = parse_session(&request.session)?;
+        if request.size == 0 {
+            return Err(Error::InvalidArgument {
+                field: "size",
+                message: "a buffer has at least one byte".into(),
+            });
+        }
+        let (source, claimed_uuid) = match request.origin {
+            Some(BufferOrigin::CudaIpc {
+                handle,
+                device_uuid,
+            }) => {
+                // The executor opens the handle with the daemon's rights,
+                // not the caller's: without an identity there is no one to
+                // act for.
+                if peer.credentials().is_none() {
+                    return Err(Error::IdentityRequired {
+                        resource: "cuda_ipc",
+                    });
+                }
+                if handle.len() != 64 {
+                    return Err(Error::InvalidArgument {
+                        field: "cuda_ipc.handle",
+                        message: format!("a CUipcMemHandle is 64 bytes, not {}", handle.len()),
+                    });
+                }
+                if device_uuid.is_empty() {
+                    return Err(Error::InvalidArgument {
+                        field: "cuda_ipc.device_uuid",
+                        message: "name the device that owns the allocation".into(),
+                    });
+                }
+                (BufferSource::CudaIpc { handle }, Some(device_uuid))
+            }
+            Some(BufferOrigin::HostShm { name, device_uuid }) => {
+                // Who may map a shared-memory name depends on who asks: a
+                // caller without credentials would borrow the daemon's.
+                if peer.credentials().is_none() {
+                    return Err(Error::IdentityRequired {
+                        resource: "host_shm",
+                    });
+                }
+                ptxd_client::validate_shm_name(&name).map_err(|_| Error::InvalidArgument {
+                    field: "host_shm.name",
+                    message:
+                        "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
+                            .into(),
+                })?;
+                let uuid = (!device_uuid.is_empty()).then_some(device_uuid);
+                (BufferSource::HostShm { name }, uuid)
+            }
+            None => {
+                return Err(Error::InvalidArgument {
+                    field: "source",
+                    message: "set cuda_ipc or host_shm".into(),
+                })
+            }
+        };
+        let (id, index, link, generation, device_uuid) = {
+            let mut state = self.lock();
+            state.refuse_if_draining()?;
+            state.session(&session_id, peer)?;
+            self.check_buffer_limits(&state, &session_id, request.size)?;
+            let index = match &claimed_uuid {
+                Some(uuid) => state.device_by_uuid(uuid)?,
+                None => 0,
+            };
+            let (link, generation) = state.link(index)?;
+            let device_uuid = state.devices[index].desc.uuid.clone();
+            (
+                BufferId(state.registry.reserve_id()),
+                index,
+                link,
+                generation,
+                device_uuid,
+            )
+        };
+        let entry = BufferEntry {
+            id,
+            session: session_id.clone(),
+            label: request.label.chars().take(256).collect(),
+            source,
+            size: request.size,
+            device_index: index,
+            device_uuid: device_uuid.clone(),
+            open_in: Some(generation),
+            owner_uid: peer.credentials().map(|p| p.uid),
+        };
+        let op = open_buffer_op(&entry);
+        let undo = Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 });
+        let handle = side_effect(
+            &*link,
+            &device_uuid,
+            op,
+            undo,
+            |reply| match reply {
+                reply::Result::OpenBuffer(ok) if ok.device_uuid == device_uuid => Ok(()),
+                reply::Result::OpenBuffer(ok) => Err(Error::DeviceMismatch {
+                    operand: "buffer".into(),
+                    kernel_device: device_uuid.clone(),
+                    operand_device: ok.device_uuid,
+                }),
+                _ => Err(ExecutorError::UnexpectedReply("OpenBuffer").into()),
+            },
+            |()| {
+                let mut state = self.lock();
+                state.recheck(&session_id, index, generation, &device_uuid)?;
+                state.session(&session_id, peer)?;
+                self.check_buffer_limits(&state, &session_id, request.size)?;
+                Ok(state.registry.register_buffer(entry))
+            },
+        )
+        .await?;
+        Ok(RegisteredBuffer {
+            buffer: handle.to_string(),
+            device_uuid,
+            generation: generation.0,
+        })
+    }
+
+    fn check_buffer_limits(
+        &self,
+        state: &State,
+        session: &SessionId,
+        size: u64,
+    ) -> Result<(), Error> {
+        let holdings = state.registry.holdings(session);
+        let tenant = state.sessions.get(session).map(|s| s.tenant());
+        if u64::from(holdings.buffers) >= u64::from(self.limits.max_buffers_per_session) {
+            return Err(Error::LimitExceeded {
+                limit: "max_buffers_per_session",
+                value: self.limits.max_buffers_per_session.into(),
+            });
+        }
+        if holdings.buffer_bytes.saturating_add(size) > self.limits.max_buffer_bytes_per_session {
+            return Err(Error::LimitExceeded {
+                limit: "max_buffer_bytes_per_session",
+                value: self.limits.max_buffer_bytes_per_session,
+            });
+        }
+        if tenant.is_some_and(|t| state.tenant_usage(t).buffers >= self.limits.max_buffers_per_uid)
+        {
+            return Err(Error::LimitExceeded {
+                limit: "max_buffers_per_uid",
+                value: self.limits.max_buffers_per_uid.into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_event_limit(&self, state: &State, session: &SessionId) -> Result<(), Error> {
+        let events = state.registry.holdings(session).events;
+        if u64::from(events) >= u64::from(self.limits.max_events_per_session) {
+            return Err(Error::LimitExceeded {
+                limit: "max_events_per_session",
+                value: self.limits.max_events_per_session.into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// ReleaseBuffer.
+    pub async fn release_buffer(
+        &self,
+        session_id: &str,
+        buffer: &str,
+        peer: Caller,
+    ) -> Result<(), Error> {
+        let session_id = parse_session(session_id)?;
+        let handle = BufferHandle::parse(buffer)?;
+        let cleanup = {
+            let mut state = self.lock();
+            state.session(&session_id, peer)?;
+            let entry = state.registry.release_buffer(&session_id, handle, buffer)?;
+            let mut cleanup: Cleanup = Vec::new();
+            let op = Op::CloseBuffer(exec::CloseBuffer {
+                buffer_id: entry.id.0,
+            });
+            queue_close(
+                &state.devices,
+                entry.device_index,
+                entry.open_in,
+                op,
+                &mut cleanup,
+            );
+            cleanup
+        };
+        run_cleanup(cleanup).await;
+        Ok(())
+    }
+
+    /// ListBuffers, in registration order.
+    pub fn list_buffers(
+        &self,
+        session_id: &str,
+        peer: Caller,
+    ) -> Result<Vec<BufferListing>, Error> {
+        let session_id = parse_session(session_id)?;
+        let state = self.lock();
+        state.session(&session_id, peer)?;
+        Ok(state
+            .registry
+            .buffers_of(&session_id)
+            .into_iter()
+            .map(|(handle, entry)| BufferListing {
+                buffer: handle.to_string(),
+                label: entry.label.clone(),
+                kind: entry.source.kind(),
+                device_uuid: entry.device_uuid.clone(),
+                size: entry.size,
+                generation: entry.open_in.map(|g| g.0).unwrap_or(0),
+                live: entry.open_in.is_some(),
+            })
+            .collect())
+    }
+
+    /// RegisterEvent; returns the session's handle for it.
+    pub async fn register_event(
+        &self,
+        request: EventRequest,
+        peer: Caller,
+    ) -> Result<String, Error> {
+        let session_id = parse_session(&request.session)?;
+        if peer.credentials().is_none() {
+            return Err(Error::IdentityRequired {
+                resource: "ipc_event",
+            });
+        }
+        if request.handle.len() != 64 {
+            return Err(Error::InvalidArgument {
+                field: "handle",
+                message: format!(
+                    "a CUipcEventHandle is 64 bytes, not {}",
+                    request.handle.len()
+                ),
+            });
+        }
+        let (id, index, link, generation, device_uuid) = {
+            let mut state = self.lock();
+            state.refuse_if_draining()?;
+            state.session(&session_id, peer)?;
+            self.check_event_limit(&state, &session_id)?;
+            let index = if request.device_uuid.is_empty() {
+                0
+            } else {
+                state.device_by_uuid(&request.device_uuid)?
+            };
+            let (link, generation) = state.link(index)?;
+            let uuid = state.devices[index].desc.uuid.clone();
+            (
+                EventId(state.registry.reserve_id()),
+                index,
+                link,
+                generation,
+                uuid,
+            )
+        };
+        let op = Op::OpenEvent(exec::OpenEvent {
+            event_id: id.0,
+            handle: request.handle.clone(),
+        });
+        let undo = Op::CloseEvent(exec::CloseEvent { event_id: id.0 });
+        let entry = EventEntry {
+            id,
+            session: session_id.clone(),
+            label: request.label.chars().take(256).collect(),
+            handle: request.handle,
+            device_index: index,
+            device_uuid: device_uuid.clone(),
+            open_in: Some(generation),
+        };
+        let handle: EventHandle = side_effect(
+            &*link,
+            &device_uuid,
+            op,
+            undo,
+            |reply| match reply {
+                reply::Result::Ok(_) => Ok(()),
+                _ => Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
+            },
+            |()| {
+                let mut state = self.lock();
+                state.recheck(&session_id, index, generation, &device_uuid)?;
+                state.session(&session_id, peer)?;
+                self.check_event_limit(&state, &session_id)?;
+                Ok(state.registry.register_event(entry))
+            },
+        )
+        .await?;
+        Ok(handle.to_string())
+    }
+
+    /// ReleaseEvent. A dead (not re-opened) event may still be released.
+    pub async fn release_event(
+        &self,
+        session_id: &str,
+        event: &str,
+        peer: Caller,
+    ) -> Result<(), Error> {
+        let session_id = parse_session(session_id)?;
+        let handle = EventHandle::parse(event)?;
+        let cleanup = {
+            let mut state = self.lock();
+            state.session(&session_id, peer)?;
+            let entry = state.registry.release_event(&session_id, handle, event)?;
+            let mut cleanup: Cleanup = Vec::new();
+            let op = Op::CloseEvent(exec::CloseEvent {
+                event_id: entry.id.0,
+            });
+            queue_close(
+                &state.devices,
+                entry.device_index,
+                entry.open_in,
+                op,
+                &mut cleanup,
+            );
+            cleanup
+        };
+        run_cleanup(cleanup).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,752 @@
+//! Kernels: LoadKernel, UnloadKernel, ListKernels, the kernel cache and the
+//! quotas on what is loaded.
+//!
+//! Invariants:
+//! - A PTX artifact is replaced by its canonical text (printed from the
+//!   verified IR) before it is hashed, cached or sent to an executor: what
+//!   compiles is what was verified.
+//! - Machine code (cubin, fatbin) loads only for callers the operator
+//!   trusts, with a declared ABI.
+//! - Each distinct (content, symbol, signature, device generation, cache
+//!   scope) compiles once; concurrent loads of one content serialize on its
+//!   lock and the later ones find the first's slot.
+//! - A load that would break a limit first reclaims dead slots, then the
+//!   tenant's own idle kernels (least recently used), never another
+//!   tenant's; otherwise it is refused with the limit it would break.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ptxd_proto::executor::{self as exec, reply, request::Op, ArtifactKind as ExecArtifactKind};
+
+use super::effects::{queue_unload, run_cleanup, side_effect, Cleanup};
+use super::{parse_session, DeviceChoice, Front, State};
+use crate::config::CacheScope;
+use crate::error::Error;
+use crate::executor::supervisor::ExecutorLink;
+use crate::executor::ExecutorError;
+use crate::handles::{BootId, DeviceGeneration, HandleToken, KernelHandle, KernelRef, SessionId};
+use crate::ptx::{self, DeclaredAbi, Signature};
+use crate::sessions::{Caller, Session, SessionError, Tenant};
+use crate::slots::{ContentKey, LoadedKernel, SlotError, StaleWhy};
+
+/// What an artifact is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArtifactKind {
+    Unspecified,
+    Ptx,
+    Cubin,
+    Fatbin,
+}
+
+/// The ABI a client declares for machine code (PTX's is read from its text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeclaredArtifactAbi {
+    pub inputs: u32,
+    pub scalar_params: u32,
+    /// Bytes per element of every operand.
+    pub element_size: u32,
+}
+
+/// LoadKernel.
+#[derive(Debug, Clone)]
+pub struct LoadRequest {
+    pub session: String,
+    pub artifact: Vec<u8>,
+    pub kind: ArtifactKind,
+    pub symbol: String,
+    pub label: String,
+    pub declared: Option<DeclaredArtifactAbi>,
+    pub device: DeviceChoice,
+}
+
+/// A kernel the session now holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedKernelInfo {
+    /// The session's handle for it.
+    pub kernel: String,
+    pub signature: Signature,
+    pub block_size: u32,
+    pub cache_hit: bool,
+    pub load_micros: u64,
+    pub device_uuid: String,
+    pub generation: u64,
+}
+
+/// One kernel a session holds, as ListKernels reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelListing {
+    pub kernel: String,
+    pub symbol: String,
+    pub label: String,
+    pub device_uuid: String,
+    pub generation: u64,
+    pub signature: Signature,
+    pub block_size: u32,
+    /// False once its generation died: it must be loaded again.
+    pub live: bool,
+    pub artifact_hash: [u8; 32],
+    /// How many sessions hold its slot.
+    pub references: u32,
+}
+
+/// What the check before a load decided.
+#[derive(Debug)]
+enum LoadCheck {
+    /// A cache hit, already held by the session.
+    Cached(LoadedKernelInfo),
+    /// Room is made: compile in this executor.
+    Compile {
+        link: Arc<ExecutorLink>,
+        generation: DeviceGeneration,
+    },
+}
+
+/// A load once its artifact is final (canonical PTX, or trusted machine
+/// code) and its signature known.
+#[derive(Debug)]
+struct Prepared {
+    session: SessionId,
+    device_index: usize,
+    hash: [u8; 32],
+    artifact: Vec<u8>,
+    kind: ExecArtifactKind,
+    symbol: String,
+    label: String,
+    signature: Signature,
+}
+
+impl State {
+    /// What one session holds (sessions = 1).
+    fn session_usage(&self, session: &Session) -> super::Usage {
+        let loaded_bytes = session
+            .kernels
+            .values()
+            .filter_map(|h| self.slots.occupant_of(&h))
+            .map(|k| k.artifact_bytes)
+            .sum();
+        super::Usage {
+            sessions: 1,
+            slots: session.kernels.len() as u32,
+            buffers: self.registry.holdings(&session.id).buffers,
+            loaded_bytes,
+        }
+    }
+
+    fn tenant_holds(&self, tenant: Tenant, handle: &KernelHandle) -> bool {
+        self.sessions
+            .values()
+            .any(|s| s.tenant() == tenant && s.kernels.contains(handle))
+    }
+
+    /// Drops every hold `tenant`'s sessions have on its least recently used
+    /// kernel idle for at least `idle` (never `keep`); returns false when it
+    /// has none. Freed slots' modules are unloaded through `cleanup`.
+    fn evict_idle(
+        &mut self,
+        tenant: Tenant,
+        idle: Duration,
+        keep: Option<&KernelHandle>,
+        cleanup: &mut Cleanup,
+    ) -> bool {
+        let mut candidate: Option<(Duration, KernelHandle)> = None;
+        for session in self.sessions.values().filter(|s| s.tenant() == tenant) {
+            for handle in session.kernels.values() {
+                if Some(&handle) == keep {
+                    continue;
+                }
+                let Some(idle_for) = self.slots.idle_for(&handle) else {
+                    continue;
+                };
+                if idle_for >= idle && candidate.is_none_or(|(best, _)| idle_for > best) {
+                    candidate = Some((idle_for, handle));
+                }
+            }
+        }
+        let Some((idle_for, handle)) = candidate else {
+            return false;
+        };
+        let holders: Vec<SessionId> = self
+            .slots
+            .holders(&handle)
+            .into_iter()
+            .filter(|id| self.sessions.get(id).is_some_and(|s| s.tenant() == tenant))
+            .collect();
+        for id in holders {
+            if let Some(session) = self.sessions.get_mut(&id) {
+                session.kernels.remove(&handle);
+            }
+            if let Ok(released) = self.slots.release(&handle, &id) {
+                queue_unload(&self.devices, released, cleanup);
+            }
+        }
+        tracing::info!(%tenant, ?idle_for, "reclaimed an idle kernel of a tenant at its share");
+        true
+    }
+}
+
+impl Front {
+    /// LoadKernel.
+    pub async fn load_kernel(
+        &self,
+        request: LoadRequest,
+        peer: Caller,
+    ) -> Result<LoadedKernelInfo, Error> {
+        let started = Instant::now();
+        let load = self.prepare(request, peer).await?;
+        let lock_key = (
+            load.device_index,
+            load.hash,
+            load.kind as i32,
+            load.symbol.clone(),
+            load.signature.clone(),
+        );
+        let content_lock = {
+            let mut locks = self.load_locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(lock_key.clone()).or_default().clone()
+        };
+        let result = {
+            let _serialized = content_lock.lock().await;
+            self.load_locked(&load, peer, started).await
+        };
+        {
+            let mut locks = self.load_locks.lock().unwrap_or_else(|p| p.into_inner());
+            // Only the map and this call hold it: nobody else is waiting.
+            if Arc::strong_count(&content_lock) == 2 {
+                locks.remove(&lock_key);
+            }
+        }
+        result
+    }
+
+    /// Validates a load and makes its artifact final: PTX is verified and
+    /// replaced by its canonical text; machine code needs trust and a
+    /// declared ABI.
+    async fn prepare(&self, request: LoadRequest, peer: Caller) -> Result<Prepared, Error> {
+        let session = parse_session(&request.session)?;
+        if request.artifact.is_empty() {
+            return Err(Error::InvalidArgument {
+                field: "artifact",
+                message: "the artifact is empty".into(),
+            });
+        }
+        if request.artifact.len() as u64 > self.limits.max_artifact_bytes {
+            return Err(Error::LimitExceeded {
+                limit: "max_artifact_bytes",
+                value: self.limits.max_artifact_bytes,
+            });
+        }
+        validate_symbol(&request.symbol)?;
+        let device_index = {
+            let state = self.lock();
+            state.refuse_if_draining()?;
+            self.check_kernel_limit(state.session(&session, peer)?)?;
+            state.device_index(&request.device)?
+        };
+        let LoadRequest {
+            artifact,
+            kind,
+            symbol,
+            label,
+            declared,
+            ..
+        } = request;
+        let (artifact, signature, kind) = match kind {
+            ArtifactKind::Ptx => {
+                let text = String::from_utf8(artifact).map_err(|e| {
+                    Error::Ptx(ptx::PtxError::Parse {
+                        line: 0,
+                        column: 0,
+                        message: format!("PTX is not UTF-8: {e}"),
+                    })
+                })?;
+                let declared_abi = declared.map(|d| DeclaredAbi {
+                    inputs: d.inputs,
+                    scalar_params: d.scalar_params,
+                });
+                let memo = self.canonical.clone();
+                let verified_symbol = symbol.clone();
+                let (canonical, _) = tokio::task::spawn_blocking(move || {
+                    memo.canonicalize(&text, &verified_symbol, declared_abi)
+                })
+                .await
+                .map_err(|e| Error::Internal {
+                    message: format!("verifier task failed: {e}"),
+                })??;
+                // From here on the artifact is the canonical text: it is what
+                // the executor compiles and what the cache key hashes.
+                (
+                    canonical.text.clone().into_bytes(),
+                    canonical.signature.clone(),
+                    ExecArtifactKind::Ptx,
+                )
+            }
+            ArtifactKind::Cubin | ArtifactKind::Fatbin => {
+                let (exec_kind, name) = if kind == ArtifactKind::Cubin {
+                    (ExecArtifactKind::Cubin, "cubin")
+                } else {
+                    (ExecArtifactKind::Fatbin, "fatbin")
+                };
+                // Machine code is not verified: it runs only for callers the
+                // operator trusts by uid/gid, and a caller without
+                // credentials is never one of them.
+                let trusted = match peer {
+                    Caller::Local(p) => self.trust.trusts(p.uid, p.gid),
+                    Caller::Remote { .. } => false,
+                };
+                if !trusted {
+                    return Err(Error::UnverifiedArtifact { kind: name });
+                }
+                let Some(abi) = declared else {
+                    return Err(Error::UnsupportedArtifact {
+                        message:
+                            "a cubin or fatbin cannot be verified from its text: declare its ABI \
+                                  (inputs, scalar_params, element_size)"
+                                .into(),
+                    });
+                };
+                check_operand_cap(abi.inputs, abi.scalar_params)?;
+                if !matches!(abi.element_size, 1 | 2 | 4 | 8) {
+                    return Err(Error::InvalidArgument {
+                        field: "declared.element_size",
+                        message: format!("{} is not 1, 2, 4 or 8", abi.element_size),
+                    });
+                }
+                // The host backend's executor refuses machine code itself
+                // (UNSUPPORTED_ARTIFACT).
+                let signature = Signature {
+                    inputs: abi.inputs,
+                    element_sizes: vec![abi.element_size; abi.inputs as usize + 1],
+                    scalar_params: abi.scalar_params,
+                    reqntid: None,
+                    maxntid: None,
+                };
+                (artifact, signature, exec_kind)
+            }
+            ArtifactKind::Unspecified => {
+                return Err(Error::InvalidArgument {
+                    field: "kind",
+                    message: "set kind to PTX, CUBIN or FATBIN".into(),
+                })
+            }
+        };
+        check_operand_cap(signature.inputs, signature.scalar_params)?;
+        Ok(Prepared {
+            session,
+            device_index,
+            hash: *blake3::hash(&artifact).as_bytes(),
+            artifact,
+            kind,
+            symbol,
+            label,
+            signature,
+        })
+    }
+
+    /// Makes room for `session` (of `tenant`) to hold a kernel of `bytes`
+    /// artifact bytes: `cached` when it is a cache hit on a slot that exists,
+    /// `None` when a new slot and new executor memory are needed. Refuses
+    /// with the limit it would break, after reclaiming dead slots and then
+    /// the tenant's own idle kernels.
+    fn make_room(
+        &self,
+        state: &mut State,
+        session_id: &SessionId,
+        tenant: Tenant,
+        cached: Option<&KernelHandle>,
+        bytes: u64,
+        cleanup: &mut Cleanup,
+    ) -> Result<(), Error> {
+        let Some(session) = state.sessions.get(session_id) else {
+            return Err(SessionError::Unknown {
+                session: session_id.to_string(),
+            }
+            .into());
+        };
+        self.check_kernel_limit(session)?;
+        if state
+            .session_usage(session)
+            .loaded_bytes
+            .saturating_add(bytes)
+            > self.limits.max_loaded_bytes_per_session
+        {
+            return Err(Error::LimitExceeded {
+                limit: "max_loaded_bytes_per_session",
+                value: self.limits.max_loaded_bytes_per_session,
+            });
+        }
+        let mut reclaimed_dead = false;
+        loop {
+            let usage = state.tenant_usage(tenant);
+            let new_for_tenant = cached.is_none_or(|h| !state.tenant_holds(tenant, h));
+            let (slots, bytes_for_tenant) = if new_for_tenant { (1, bytes) } else { (0, 0) };
+            // Daemon-wide limits first, then the tenant's share.
+            let over = if cached.is_none() && state.slots.used() >= state.slots.capacity() {
+                Some(Error::Slot(SlotError::BankFull {
+                    capacity: state.slots.capacity(),
+                }))
+            } else if cached.is_none()
+                && state.slots.loaded_bytes().saturating_add(bytes) > self.limits.max_loaded_bytes
+            {
+                Some(Error::LimitExceeded {
+                    limit: "max_loaded_bytes",
+                    value: self.limits.max_loaded_bytes,
+                })
+            } else if usage.slots + slots > self.limits.max_slots_per_uid {
+                Some(Error::LimitExceeded {
+                    limit: "max_slots_per_uid",
+                    value: self.limits.max_slots_per_uid.into(),
+                })
+            } else if usage.loaded_bytes.saturating_add(bytes_for_tenant)
+                > self.limits.max_loaded_bytes_per_uid
+            {
+                Some(Error::LimitExceeded {
+                    limit: "max_loaded_bytes_per_uid",
+                    value: self.limits.max_loaded_bytes_per_uid,
+                })
+            } else {
+                None
+            };
+            let Some(refusal) = over else {
+                return Ok(());
+            };
+            // Dead generations first (nobody can use them), then the
+            // tenant's own idle kernels, least recently used first.
+            if !reclaimed_dead {
+                reclaimed_dead = true;
+                let freed = state.slots.reclaim_dead(State::is_live(&state.devices));
+                if !freed.is_empty() {
+                    tracing::info!(slots = freed.len(), "reclaimed slots of dead generations");
+                    continue;
+                }
+            }
+            if !state.evict_idle(tenant, self.idle_reclaim_after, cached, cleanup) {
+                return Err(refusal);
+            }
+        }
+    }
+
+    fn cache_scope_of(&self, tenant: Tenant) -> Option<Tenant> {
+        match self.cache_scope {
+            CacheScope::Node => None,
+            CacheScope::Uid => Some(tenant),
+        }
+    }
+
+    async fn load_locked(
+        &self,
+        load: &Prepared,
+        peer: Caller,
+        started: Instant,
+    ) -> Result<LoadedKernelInfo, Error> {
+        let tenant = peer.tenant();
+        let bytes = load.artifact.len() as u64;
+        let scope = self.cache_scope_of(tenant);
+        let mut evicted: Cleanup = Vec::new();
+        let checked = {
+            let mut state = self.lock();
+            self.load_check(&mut state, load, peer, scope, started, &mut evicted)
+        };
+        run_cleanup(std::mem::take(&mut evicted)).await;
+        let (link, generation) = match checked? {
+            LoadCheck::Cached(info) => return Ok(info),
+            LoadCheck::Compile { link, generation } => (link, generation),
+        };
+
+        let module_id = self.next_module.fetch_add(1, Ordering::Relaxed);
+        let signature = &load.signature;
+        let op = Op::LoadModule(exec::LoadModule {
+            module_id,
+            kind: load.kind as i32,
+            artifact: load.artifact.clone(),
+            symbol: load.symbol.clone(),
+            inputs: signature.inputs,
+            scalar_params: signature.scalar_params,
+            element_sizes: signature.element_sizes.clone(),
+            reqntid: signature.reqntid.unwrap_or(0),
+            maxntid: signature.maxntid.unwrap_or(0),
+        });
+        let device_uuid = link
+            .hello
+            .devices
+            .first()
+            .map(|d| d.uuid.clone())
+            .unwrap_or_default();
+        let undo = Op::UnloadModule(exec::UnloadModule { module_id });
+        let session_id = &load.session;
+        let result = side_effect(
+            &*link,
+            &device_uuid,
+            op,
+            undo,
+            |reply| match reply {
+                reply::Result::LoadModule(ok) => Ok(ok.block_size),
+                _ => Err(ExecutorError::UnexpectedReply("LoadModule").into()),
+            },
+            |block_size| {
+                let block_size = if block_size > 0 {
+                    block_size
+                } else {
+                    signature.reqntid.unwrap_or(ptx::DEFAULT_BLOCK)
+                };
+                let kernel = LoadedKernel {
+                    module_id,
+                    device_index: load.device_index,
+                    device_uuid: device_uuid.clone(),
+                    generation,
+                    artifact_hash: load.hash,
+                    kind: load.kind as i32,
+                    symbol: load.symbol.clone(),
+                    label: load.label.chars().take(256).collect(),
+                    signature: signature.clone(),
+                    block_size,
+                    artifact_bytes: bytes,
+                    scope,
+                };
+                let mut state = self.lock();
+                state.recheck(session_id, load.device_index, generation, &device_uuid)?;
+                // Quotas again: another load may have taken the room.
+                self.make_room(&mut state, session_id, tenant, None, bytes, &mut evicted)?;
+                let State {
+                    slots,
+                    devices,
+                    sessions,
+                    ..
+                } = &mut *state;
+                let (handle, kernel) = slots.insert(kernel, session_id, State::is_live(devices))?;
+                let session = sessions
+                    .get_mut(session_id)
+                    .ok_or_else(|| Error::Internal {
+                        message: "session vanished under the lock".into(),
+                    })?;
+                let token = session.kernels.issue(handle);
+                Ok(loaded_info(
+                    token, &handle, &kernel, false, started, self.boot,
+                ))
+            },
+        )
+        .await;
+        run_cleanup(evicted).await;
+        result
+    }
+
+    /// The check before a load: a cache hit is answered at once (the
+    /// session gets its own handle for the shared slot); otherwise room is
+    /// made and the load goes to the executor.
+    fn load_check(
+        &self,
+        state: &mut State,
+        load: &Prepared,
+        peer: Caller,
+        scope: Option<Tenant>,
+        started: Instant,
+        evicted: &mut Cleanup,
+    ) -> Result<LoadCheck, Error> {
+        let session_id = &load.session;
+        state.refuse_if_draining()?;
+        let tenant = peer.tenant();
+        state.session(session_id, peer)?;
+        let (link, generation) = state.link(load.device_index)?;
+        let key = ContentKey {
+            generation,
+            artifact_hash: load.hash,
+            kind: load.kind as i32,
+            symbol: load.symbol.clone(),
+            signature: load.signature.clone(),
+            scope,
+        };
+        let bytes = load.artifact.len() as u64;
+        let cached = state.slots.cached(&key, State::is_live(&state.devices));
+        if let Some(handle) = cached {
+            // Loading a kernel the session already holds is idempotent.
+            let already = state
+                .sessions
+                .get(session_id)
+                .and_then(|s| s.kernels.token_of(&handle));
+            if already.is_none() {
+                self.make_room(state, session_id, tenant, Some(&handle), bytes, evicted)?;
+            }
+            let State {
+                slots,
+                devices,
+                sessions,
+                ..
+            } = &mut *state;
+            if let Some((handle, kernel)) =
+                slots.hold_cached(&key, session_id, State::is_live(devices))
+            {
+                let session = sessions
+                    .get_mut(session_id)
+                    .ok_or_else(|| Error::Internal {
+                        message: "session vanished under the lock".into(),
+                    })?;
+                let token = session.kernels.issue(handle);
+                return Ok(LoadCheck::Cached(loaded_info(
+                    token, &handle, &kernel, true, started, self.boot,
+                )));
+            }
+        }
+        self.make_room(state, session_id, tenant, None, bytes, evicted)?;
+        Ok(LoadCheck::Compile { link, generation })
+    }
+
+    /// UnloadKernel; true when the kernel's slot was freed.
+    pub async fn unload_kernel(
+        &self,
+        session_id: &str,
+        kernel: &str,
+        peer: Caller,
+    ) -> Result<bool, Error> {
+        let session_id = parse_session(session_id)?;
+        let handle = KernelRef::parse(kernel)?;
+        let cleanup = {
+            let mut state = self.lock();
+            let session = state.session_mut(&session_id, peer)?;
+            let internal = (handle.boot == self.boot)
+                .then(|| session.kernels.remove_token(handle.token))
+                .flatten();
+            let Some(internal) = internal else {
+                return Err(stale_kernel(kernel, self.boot, &handle));
+            };
+            let mut cleanup: Cleanup = Vec::new();
+            // Its slot may have been reclaimed after its generation died:
+            // then the session's hold is simply gone.
+            if let Ok(released) = state.slots.release(&internal, &session_id) {
+                queue_unload(&state.devices, released, &mut cleanup);
+            }
+            cleanup
+        };
+        let slot_freed = !cleanup.is_empty();
+        run_cleanup(cleanup).await;
+        Ok(slot_freed)
+    }
+
+    /// ListKernels.
+    pub fn list_kernels(
+        &self,
+        session_id: &str,
+        peer: Caller,
+    ) -> Result<Vec<KernelListing>, Error> {
+        let session_id = parse_session(session_id)?;
+        let state = self.lock();
+        let session = state.session(&session_id, peer)?;
+        let is_live = State::is_live(&state.devices);
+        Ok(state
+            .slots
+            .held_by(&session_id)
+            .into_iter()
+            .filter_map(|held| {
+                let token = session.kernels.token_of(&held.handle)?;
+                Some(KernelListing {
+                    kernel: KernelRef {
+                        token,
+                        generation: held.handle.generation,
+                        boot: self.boot,
+                    }
+                    .to_string(),
+                    symbol: held.kernel.symbol.clone(),
+                    label: held.kernel.label.clone(),
+                    device_uuid: held.kernel.device_uuid.clone(),
+                    generation: held.kernel.generation.0,
+                    signature: held.kernel.signature.clone(),
+                    block_size: held.kernel.block_size,
+                    live: is_live(held.kernel.generation),
+                    artifact_hash: held.kernel.artifact_hash,
+                    references: held.holders,
+                })
+            })
+            .collect())
+    }
+
+    fn check_kernel_limit(&self, session: &Session) -> Result<(), Error> {
+        if session.kernels.len() as u64 >= u64::from(self.limits.max_kernels_per_session) {
+            return Err(Error::LimitExceeded {
+                limit: "max_kernels_per_session",
+                value: self.limits.max_kernels_per_session.into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The operand cap: a kernel takes at most [`ptx::MAX_INPUTS`] inputs and
+/// [`ptx::MAX_SCALAR_PARAMS`] scalars.
+fn check_operand_cap(inputs: u32, scalar_params: u32) -> Result<(), Error> {
+    if inputs as usize > ptx::MAX_INPUTS || scalar_params as usize > ptx::MAX_SCALAR_PARAMS {
+        return Err(Error::LimitExceeded {
+            limit: "kernel_operands",
+            value: ptx::MAX_INPUTS as u64,
+        });
+    }
+    Ok(())
+}
+
+fn validate_symbol(symbol: &str) -> Result<(), Error> {
+    let ok = !symbol.is_empty()
+        && symbol.len() <= 1024
+        && symbol
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            field: "symbol",
+            message: "a symbol is 1 to 1024 characters of [A-Za-z0-9_$.]".into(),
+        })
+    }
+}
+
+/// The refusal for a kernel handle the session cannot use: one answer for
+/// another session's live handle, a released one and a made-up one; only a
+/// handle of another boot (which says so in its text) is told apart.
+pub(super) fn stale_kernel(text: &str, boot: BootId, handle: &KernelRef) -> Error {
+    SlotError::Stale {
+        handle: text.chars().take(96).collect(),
+        why: if handle.boot == boot {
+            StaleWhy::UnknownToSession
+        } else {
+            StaleWhy::OtherBoot
+        },
+    }
+    .into()
+}
+
+fn loaded_info(
+    token: HandleToken,
+    handle: &KernelHandle,
+    kernel: &LoadedKernel,
+    cache_hit: bool,
+    started: Instant,
+    boot: BootId,
+) -> LoadedKernelInfo {
+    LoadedKernelInfo {
+        kernel: KernelRef {
+            token,
+            generation: handle.generation,
+            boot,
+        }
+        .to_string(),
+        signature: kernel.signature.clone(),
+        block_size: kernel.block_size,
+        cache_hit,
+        load_micros: started.elapsed().as_micros() as u64,
+        device_uuid: kernel.device_uuid.clone(),
+        generation: kernel.generation.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbols_are_validated() {
+        assert!(validate_symbol("add_f32_scalar").is_ok());
+        assert!(validate_symbol("$L__x.1").is_ok());
+        for bad in ["", "a b", "a\0", "ü"] {
+            assert!(validate_symbol(bad).is_err(), "{bad:?}");
+        }
+    }
+}

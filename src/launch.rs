@@ -1,0 +1,459 @@
+//! The launch checks: the one place that decides whether a launch may reach
+//! a GPU. Both launch paths run it: the gRPC path in the front (against the
+//! session's registry entries) and the shared-memory ring in the executor
+//! (against the capability table the front pushes there).
+//!
+//! [`check`] is a pure function of a session's view of its capabilities and
+//! the request. It keeps these invariants for every launch it passes:
+//! - the launch passes exactly the kernel's verified number of inputs and
+//!   scalar params, and has an output;
+//! - `n` fits the kernel's `long long` element count;
+//! - every operand and event belongs to the session (the view refuses one
+//!   that does not, alike for another session's and a made-up handle);
+//! - every operand and event lives on the kernel's device, in the executor
+//!   generation the kernel was loaded in (a mapping from a dead generation
+//!   is not the memory the kernel would address);
+//! - every operand's offset is a multiple of its element size, and
+//!   `offset + n * element_size` fits its buffer, computed without overflow.
+//!
+//! The refusals are the daemon's typed errors, so both paths report the same
+//! reason for the same mistake.
+
+use crate::error::Error;
+use crate::handles::DeviceGeneration;
+use crate::ptx::Signature;
+
+/// Where an object lives: one of the daemon's devices, and the executor
+/// generation its mapping (or module) is open in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Placement {
+    pub device_index: usize,
+    pub generation: DeviceGeneration,
+}
+
+/// The kernel a launch names, as its verified signature and placement.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelCap<'a> {
+    pub signature: &'a Signature,
+    pub placement: Placement,
+}
+
+/// A live buffer the session holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferCap {
+    /// The executor's id for the buffer.
+    pub id: u64,
+    /// Bytes the mapping covers (verified by the executor when it opened it).
+    pub size: u64,
+    pub placement: Placement,
+}
+
+/// A live event the session holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventCap {
+    /// The executor's id for the event.
+    pub id: u64,
+    pub placement: Placement,
+}
+
+/// A session's view of what it may launch on. Each launch path implements
+/// it over its own table; lookups refuse what the session does not hold.
+pub trait Capabilities {
+    /// An operand as the path's request names it (buffer plus offset).
+    type Operand;
+    /// An event as the path's request names it.
+    type Event: ?Sized;
+    /// The operand's buffer, and its byte offset.
+    fn operand(&self, operand: &Self::Operand) -> Result<(BufferCap, u64), Error>;
+    fn event(&self, event: &Self::Event) -> Result<EventCap, Error>;
+    /// A placement as refusals name it (`<device uuid>@<generation>`).
+    fn describe(&self, placement: Placement) -> String;
+}
+
+/// What a launch asks for, in the path's own terms.
+#[derive(Debug)]
+pub struct LaunchShape<'r, O, E: ?Sized> {
+    pub inputs: &'r [O],
+    pub output: Option<&'r O>,
+    /// Elements per operand.
+    pub n: u64,
+    /// How many scalar params the launch passes.
+    pub scalars: usize,
+    pub wait: Option<&'r E>,
+    pub signal: Option<&'r E>,
+}
+
+/// An operand that passed: the executor's buffer id and the byte offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckedOperand {
+    pub buffer_id: u64,
+    pub offset: u64,
+}
+
+/// A launch that passed every check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedLaunch {
+    pub inputs: Vec<CheckedOperand>,
+    pub output: CheckedOperand,
+    pub wait_event: Option<u64>,
+    pub signal_event: Option<u64>,
+}
+
+/// Checks a launch of `kernel` against the session's `view`.
+pub fn check<C: Capabilities>(
+    view: &C,
+    kernel: KernelCap<'_>,
+    launch: &LaunchShape<'_, C::Operand, C::Event>,
+) -> Result<CheckedLaunch, Error> {
+    let signature = kernel.signature;
+    if launch.inputs.len() != signature.inputs as usize {
+        return Err(Error::LaunchArity {
+            what: "inputs",
+            expected: signature.inputs,
+            found: clamp(launch.inputs.len()),
+        });
+    }
+    if launch.scalars != signature.scalar_params as usize {
+        return Err(Error::LaunchArity {
+            what: "scalar params",
+            expected: signature.scalar_params,
+            found: clamp(launch.scalars),
+        });
+    }
+    let output = launch.output.ok_or_else(|| Error::InvalidArgument {
+        field: "output",
+        message: "a launch needs an output".into(),
+    })?;
+    if launch.n > i64::MAX as u64 {
+        return Err(Error::InvalidArgument {
+            field: "n",
+            message: "n must fit a long long".into(),
+        });
+    }
+    if signature.element_sizes.len() != launch.inputs.len() + 1 {
+        return Err(Error::Internal {
+            message: "signature element sizes do not cover every operand".into(),
+        });
+    }
+    let mismatch = |operand: String, placement: Placement| Error::DeviceMismatch {
+        operand,
+        kernel_device: view.describe(kernel.placement),
+        operand_device: view.describe(placement),
+    };
+    let mut inputs = Vec::with_capacity(launch.inputs.len());
+    let operands = launch.inputs.iter().chain([output]);
+    for (index, (operand, &element_size)) in operands.zip(&signature.element_sizes).enumerate() {
+        let name = || {
+            if index < launch.inputs.len() {
+                format!("input {index}")
+            } else {
+                "output".to_string()
+            }
+        };
+        let (buffer, offset) = view.operand(operand)?;
+        if buffer.placement != kernel.placement {
+            return Err(mismatch(name(), buffer.placement));
+        }
+        if element_size > 1 && offset % u64::from(element_size) != 0 {
+            return Err(Error::InvalidArgument {
+                field: "offset",
+                message: format!(
+                    "{}: offset {offset} is not a multiple of the element size {element_size}",
+                    name()
+                ),
+            });
+        }
+        let needed = u128::from(offset) + u128::from(launch.n) * u128::from(element_size);
+        if needed > u128::from(buffer.size) {
+            return Err(Error::BufferTooSmall {
+                operand: name(),
+                needed_bytes: needed,
+                buffer_bytes: buffer.size,
+            });
+        }
+        inputs.push(CheckedOperand {
+            buffer_id: buffer.id,
+            offset,
+        });
+    }
+    let output = inputs.pop().ok_or_else(|| Error::Internal {
+        message: "signature without an output".into(),
+    })?;
+    let event = |event: Option<&C::Event>, field: &str| -> Result<Option<u64>, Error> {
+        let Some(event) = event else {
+            return Ok(None);
+        };
+        let event = view.event(event)?;
+        if event.placement != kernel.placement {
+            return Err(mismatch(field.to_string(), event.placement));
+        }
+        Ok(Some(event.id))
+    };
+    let wait_event = event(launch.wait, "wait_event")?;
+    let signal_event = event(launch.signal, "signal_event")?;
+    Ok(CheckedLaunch {
+        inputs,
+        output,
+        wait_event,
+        signal_event,
+    })
+}
+
+fn clamp(count: usize) -> u32 {
+    u32::try_from(count).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::buffers::{ObjectKind, RegistryError};
+    use ptxd_proto::v1::Reason;
+    use rand::Rng;
+
+    const HERE: Placement = Placement {
+        device_index: 0,
+        generation: DeviceGeneration(7),
+    };
+
+    /// A table of buffers and events by index; an index past the end is one
+    /// the session does not hold.
+    struct Table {
+        buffers: Vec<BufferCap>,
+        events: Vec<EventCap>,
+    }
+
+    impl Capabilities for Table {
+        type Operand = (usize, u64);
+        type Event = usize;
+        fn operand(&self, &(index, offset): &(usize, u64)) -> Result<(BufferCap, u64), Error> {
+            let buffer = self.buffers.get(index).ok_or(RegistryError::Unknown {
+                kind: ObjectKind::Buffer,
+                handle: index.to_string(),
+            })?;
+            Ok((*buffer, offset))
+        }
+        fn event(&self, &index: &usize) -> Result<EventCap, Error> {
+            Ok(*self.events.get(index).ok_or(RegistryError::Unknown {
+                kind: ObjectKind::Event,
+                handle: index.to_string(),
+            })?)
+        }
+        fn describe(&self, p: Placement) -> String {
+            format!("DEV-{}@{}", p.device_index, p.generation.0)
+        }
+    }
+
+    fn signature(element_sizes: Vec<u32>, scalar_params: u32) -> Signature {
+        Signature {
+            inputs: element_sizes.len() as u32 - 1,
+            element_sizes,
+            scalar_params,
+            reqntid: None,
+            maxntid: None,
+        }
+    }
+
+    fn table(sizes: &[u64]) -> Table {
+        Table {
+            buffers: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &size)| BufferCap {
+                    id: 100 + i as u64,
+                    size,
+                    placement: HERE,
+                })
+                .collect(),
+            events: vec![EventCap {
+                id: 9,
+                placement: HERE,
+            }],
+        }
+    }
+
+    fn shape<'r>(
+        inputs: &'r [(usize, u64)],
+        output: &'r (usize, u64),
+        n: u64,
+        scalars: usize,
+    ) -> LaunchShape<'r, (usize, u64), usize> {
+        LaunchShape {
+            inputs,
+            output: Some(output),
+            n,
+            scalars,
+            wait: None,
+            signal: None,
+        }
+    }
+
+    fn reason(result: Result<CheckedLaunch, Error>) -> Reason {
+        result.unwrap_err().refusal().reason
+    }
+
+    #[test]
+    fn a_launch_inside_its_buffers_passes_with_their_ids() {
+        let sig = signature(vec![4, 2, 8], 1);
+        let view = table(&[4096, 4096, 8192]);
+        let kernel = KernelCap {
+            signature: &sig,
+            placement: HERE,
+        };
+        let inputs = [(0, 0), (1, 2)];
+        let mut launch = shape(&inputs, &(2, 0), 1024, 1);
+        launch.wait = Some(&0);
+        let checked = check(&view, kernel, &launch).unwrap();
+        assert_eq!(
+            checked,
+            CheckedLaunch {
+                inputs: vec![
+                    CheckedOperand {
+                        buffer_id: 100,
+                        offset: 0
+                    },
+                    CheckedOperand {
+                        buffer_id: 101,
+                        offset: 2
+                    },
+                ],
+                output: CheckedOperand {
+                    buffer_id: 102,
+                    offset: 0
+                },
+                wait_event: Some(9),
+                signal_event: None,
+            }
+        );
+    }
+
+    #[test]
+    fn each_mistake_gets_its_own_reason() {
+        let sig = signature(vec![4, 4], 0);
+        let view = table(&[400, 400]);
+        let kernel = KernelCap {
+            signature: &sig,
+            placement: HERE,
+        };
+        let one = [(0, 0)];
+        assert_eq!(
+            reason(check(&view, kernel, &shape(&[], &(1, 0), 1, 0))),
+            Reason::AbiMismatch
+        );
+        assert_eq!(
+            reason(check(&view, kernel, &shape(&one, &(1, 0), 1, 1))),
+            Reason::AbiMismatch
+        );
+        let mut no_output = shape(&one, &(1, 0), 1, 0);
+        no_output.output = None;
+        assert_eq!(
+            reason(check(&view, kernel, &no_output)),
+            Reason::InvalidArgument
+        );
+        assert_eq!(
+            reason(check(&view, kernel, &shape(&one, &(1, 0), u64::MAX, 0))),
+            Reason::InvalidArgument
+        );
+        // Not held.
+        assert_eq!(
+            reason(check(&view, kernel, &shape(&[(5, 0)], &(1, 0), 1, 0))),
+            Reason::StaleBuffer
+        );
+        // Misaligned, then one element past the end.
+        assert_eq!(
+            reason(check(&view, kernel, &shape(&[(0, 2)], &(1, 0), 1, 0))),
+            Reason::InvalidArgument
+        );
+        assert_eq!(
+            reason(check(&view, kernel, &shape(&one, &(1, 4), 100, 0))),
+            Reason::BufferTooSmall
+        );
+        // An event the session does not hold.
+        let mut launch = shape(&one, &(1, 0), 1, 0);
+        launch.signal = Some(&3);
+        assert_eq!(
+            reason(check(&view, kernel, &launch)),
+            Reason::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn another_device_or_generation_is_a_mismatch_naming_both() {
+        let sig = signature(vec![4, 4], 0);
+        for elsewhere in [
+            Placement {
+                device_index: 1,
+                generation: HERE.generation,
+            },
+            Placement {
+                device_index: 0,
+                generation: DeviceGeneration(6),
+            },
+        ] {
+            let mut view = table(&[400, 400]);
+            view.buffers[0].placement = elsewhere;
+            view.events[0].placement = elsewhere;
+            let kernel = KernelCap {
+                signature: &sig,
+                placement: HERE,
+            };
+            let err = check(&view, kernel, &shape(&[(0, 0)], &(1, 0), 1, 0)).unwrap_err();
+            let refusal = err.refusal();
+            assert_eq!(refusal.reason, Reason::DeviceMismatch);
+            assert_eq!(refusal.metadata["operand"], "input 0");
+            assert_eq!(refusal.metadata["kernel_device"], "DEV-0@7");
+            assert_eq!(
+                refusal.metadata["operand_device"],
+                format!("DEV-{}@{}", elsewhere.device_index, elsewhere.generation.0)
+            );
+            // Events are held to the same rule, named the same way.
+            let view = Table {
+                buffers: table(&[400, 400]).buffers,
+                events: view.events,
+            };
+            let mut launch = shape(&[(0, 0)], &(1, 0), 1, 0);
+            launch.wait = Some(&0);
+            let refusal = check(&view, kernel, &launch).unwrap_err().refusal();
+            assert_eq!(refusal.reason, Reason::DeviceMismatch);
+            assert_eq!(refusal.metadata["operand"], "wait_event");
+            assert_eq!(refusal.metadata["kernel_device"], "DEV-0@7");
+        }
+    }
+
+    /// Random shapes against an independent statement of the bound: a launch
+    /// passes exactly when every operand is aligned and fits.
+    #[test]
+    fn bounds_agree_with_a_reference_on_random_launches() {
+        let mut rng = rand::rng();
+        for _ in 0..20_000 {
+            let sizes: Vec<u32> = (0..3)
+                .map(|_| [1, 2, 4, 8][rng.random_range(0..4)])
+                .collect();
+            let sig = signature(sizes.clone(), 0);
+            let buffers: Vec<u64> = (0..3).map(|_| rng.random_range(0..4096)).collect();
+            let offsets: Vec<u64> = (0..3).map(|_| rng.random_range(0..4096)).collect();
+            let n = if rng.random_bool(0.01) {
+                rng.random_range(0..=i64::MAX as u64)
+            } else {
+                rng.random_range(0..1024)
+            };
+            let view = table(&buffers);
+            let inputs = [(0, offsets[0]), (1, offsets[1])];
+            let kernel = KernelCap {
+                signature: &sig,
+                placement: HERE,
+            };
+            let result = check(&view, kernel, &shape(&inputs, &(2, offsets[2]), n, 0));
+            let fits = (0..3).all(|i| {
+                let size = u128::from(sizes[i]);
+                u128::from(offsets[i]) % size == 0
+                    && u128::from(offsets[i]) + u128::from(n) * size <= u128::from(buffers[i])
+            });
+            assert_eq!(
+                result.is_ok(),
+                fits,
+                "{sizes:?} {buffers:?} {offsets:?} n={n}"
+            );
+        }
+    }
+}
