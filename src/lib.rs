@@ -19,6 +19,7 @@ pub mod handles;
 pub mod metrics;
 pub mod observe;
 pub mod ptx;
+pub mod refusals;
 pub mod requests;
 pub mod server;
 pub mod service;

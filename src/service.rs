@@ -1,6 +1,9 @@
 //! The gRPC surface: decode, call the front, map the result. Nothing here
 //! decides anything; every rule lives in the front and its modules, and
-//! every error becomes a status in `error.rs` alone.
+//! every error becomes a status in `error.rs` alone. A refused call is
+//! logged and counted by the layer in `refusals`, from the status it
+//! returns; only a `LaunchStream`'s per-request refusals, which travel
+//! inside OK messages, are logged and counted here.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,31 +37,11 @@ impl PtxdService {
     pub fn new(front: Arc<Front>, observer: Observer) -> Self {
         PtxdService { front, observer }
     }
+}
 
-    fn refuse(&self, rpc: &'static str, error: Error) -> Status {
-        let refusal = error.refusal();
-        self.observer.refusal(refusal.reason.wire_name());
-        if refusal.code == tonic::Code::Internal {
-            tracing::error!(rpc, reason = refusal.reason.wire_name(), message = %refusal.message, "internal error");
-        } else {
-            tracing::info!(rpc, reason = refusal.reason.wire_name(), message = %refusal.message, "refused");
-        }
-        error.to_status()
-    }
-
-    fn answer<T>(
-        &self,
-        rpc: &'static str,
-        result: Result<T, Error>,
-    ) -> Result<Response<T>, Status> {
-        match result {
-            Ok(value) => {
-                tracing::debug!(rpc, "ok");
-                Ok(Response::new(value))
-            }
-            Err(error) => Err(self.refuse(rpc, error)),
-        }
-    }
+/// A handler's answer: the response, or the error as its status.
+fn reply<T>(result: Result<T, Error>) -> Result<Response<T>, Status> {
+    result.map(Response::new).map_err(|error| error.to_status())
 }
 
 /// Runs a state-changing verb to completion even if the client hangs up:
@@ -135,7 +118,7 @@ impl Ptxd for PtxdService {
         &self,
         request: Request<api::GetInfoRequest>,
     ) -> Result<Response<api::GetInfoResponse>, Status> {
-        self.answer("GetInfo", Ok(self.front.info(peer(&request))))
+        Ok(Response::new(self.front.info(peer(&request))))
     }
 
     type OpenSessionStream = BoxStream<api::SessionEvent>;
@@ -155,7 +138,7 @@ impl Ptxd for PtxdService {
                 };
                 Ok(Response::new(Box::pin(stream)))
             }
-            Err(e) => Err(self.refuse("OpenSession", e)),
+            Err(e) => Err(e.to_status()),
         }
     }
 
@@ -178,7 +161,7 @@ impl Ptxd for PtxdService {
             }
             Err(e) => Err(e.into()),
         };
-        self.answer("CloseSession", result)
+        reply(result)
     }
 
     async fn load_kernel(
@@ -193,7 +176,7 @@ impl Ptxd for PtxdService {
         if let Ok(loaded) = &result {
             self.observer.load(loaded.cache_hit, started.elapsed());
         }
-        self.answer("LoadKernel", result)
+        reply(result)
     }
 
     async fn unload_kernel(
@@ -209,7 +192,7 @@ impl Ptxd for PtxdService {
                 .await
         })
         .await;
-        self.answer("UnloadKernel", result)
+        reply(result)
     }
 
     async fn list_kernels(
@@ -217,10 +200,7 @@ impl Ptxd for PtxdService {
         request: Request<api::ListKernelsRequest>,
     ) -> Result<Response<api::ListKernelsResponse>, Status> {
         let peer = peer(&request);
-        self.answer(
-            "ListKernels",
-            self.front.list_kernels(&request.into_inner().session, peer),
-        )
+        reply(self.front.list_kernels(&request.into_inner().session, peer))
     }
 
     async fn register_buffer(
@@ -231,7 +211,7 @@ impl Ptxd for PtxdService {
         let front = self.front.clone();
         let request = request.into_inner();
         let result = detached(async move { front.register_buffer(request, peer).await }).await;
-        self.answer("RegisterBuffer", result)
+        reply(result)
     }
 
     async fn release_buffer(
@@ -247,10 +227,7 @@ impl Ptxd for PtxdService {
                 .await
         })
         .await;
-        self.answer(
-            "ReleaseBuffer",
-            result.map(|()| api::ReleaseBufferResponse {}),
-        )
+        reply(result.map(|()| api::ReleaseBufferResponse {}))
     }
 
     async fn list_buffers(
@@ -258,10 +235,7 @@ impl Ptxd for PtxdService {
         request: Request<api::ListBuffersRequest>,
     ) -> Result<Response<api::ListBuffersResponse>, Status> {
         let peer = peer(&request);
-        self.answer(
-            "ListBuffers",
-            self.front.list_buffers(&request.into_inner().session, peer),
-        )
+        reply(self.front.list_buffers(&request.into_inner().session, peer))
     }
 
     async fn register_event(
@@ -272,7 +246,7 @@ impl Ptxd for PtxdService {
         let front = self.front.clone();
         let request = request.into_inner();
         let result = detached(async move { front.register_event(request, peer).await }).await;
-        self.answer("RegisterEvent", result)
+        reply(result)
     }
 
     async fn release_event(
@@ -288,10 +262,7 @@ impl Ptxd for PtxdService {
                 .await
         })
         .await;
-        self.answer(
-            "ReleaseEvent",
-            result.map(|()| api::ReleaseEventResponse {}),
-        )
+        reply(result.map(|()| api::ReleaseEventResponse {}))
     }
 
     async fn launch(
@@ -303,7 +274,7 @@ impl Ptxd for PtxdService {
         let started = Instant::now();
         let result = self.front.launch(&request, peer).await;
         self.observe_launch(&request, &result, started);
-        self.answer("Launch", result)
+        reply(result)
     }
 
     type LaunchStreamStream = BoxStream<api::LaunchResponse>;
