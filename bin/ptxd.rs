@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ptxd::cli::{ClientCommand, ClientOpts, HealthArgs, LaunchArgs, LoadArgs};
 use ptxd::config::{LogFormat, ServeConfig};
+use ptxd::executor::child::{ExecutorArgs, ExecutorBackend};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,8 +23,9 @@ struct Cli {
 enum Command {
     /// Run the daemon.
     Serve(Box<ServeConfig>),
-    /// Internal: run one executor child (spawned by `ptxd serve`).
-    #[command(hide = true)]
+    /// Internal: run one executor child (spawned by `ptxd serve`, with a
+    /// command line from `ExecutorArgs::to_args`).
+    #[command(name = ExecutorArgs::SUBCOMMAND, hide = true)]
     Executor(ExecutorArgs),
     /// Print the daemon's version, backend, devices, slot usage and limits.
     Info {
@@ -117,36 +119,6 @@ fn verify_file(file: &std::path::Path, symbol: &str, print: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum ExecutorBackend {
-    Host,
-    Cuda,
-}
-
-#[derive(Debug, clap::Args)]
-struct ExecutorArgs {
-    #[arg(long, value_enum)]
-    backend: ExecutorBackend,
-    /// Host device index.
-    #[arg(long, default_value_t = 0)]
-    index: u32,
-    /// Host threads per launch.
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
-    /// Host checked mode.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    checked: bool,
-    /// CUDA device UUID.
-    #[arg(long)]
-    device: Option<String>,
-    /// Report every CUDA device in a Hello frame and exit.
-    #[arg(long)]
-    probe: bool,
-    /// Per-launch time budget in milliseconds (0: none).
-    #[arg(long, default_value_t = 0)]
-    max_kernel_time_ms: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -258,5 +230,37 @@ fn main() -> ExitCode {
     match runtime() {
         Some(runtime) => runtime.block_on(ptxd::cli::run(opts, command)),
         None => ExitCode::FAILURE,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    /// The command lines the daemon spawns its executors with are ones this
+    /// binary parses back to the same values.
+    #[test]
+    fn executor_command_lines_parse_back_to_their_values() {
+        let budget = Some(std::time::Duration::from_millis(1500));
+        for args in [
+            ExecutorArgs::host(0, 1, true),
+            ExecutorArgs::host(3, 16, false).with_max_kernel_time(budget),
+            ExecutorArgs::cuda("GPU-8d3f0c7e-1b2a-4c5d-9e8f-0a1b2c3d4e5f"),
+            ExecutorArgs::cuda("GPU-0").with_max_kernel_time(budget),
+            ExecutorArgs::cuda_probe(),
+        ] {
+            let argv = std::iter::once("ptxd".to_owned()).chain(args.to_args());
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Executor(parsed) => assert_eq!(parsed, args),
+                other => panic!("{:?} parsed as {other:?}", args.to_args()),
+            }
+        }
     }
 }

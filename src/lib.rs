@@ -20,6 +20,7 @@ pub mod launch;
 pub mod metrics;
 pub mod observe;
 pub mod ptx;
+pub mod refusals;
 pub mod requests;
 pub mod server;
 pub mod service;

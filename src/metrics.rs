@@ -1,6 +1,6 @@
 //! Prometheus metrics: the counters, gauges and histograms ptxd keeps, their
-//! text exposition (format 0.0.4) and a minimal HTTP/1.1 responder that serves
-//! it at `GET /metrics`.
+//! text exposition (format 0.0.4) and the HTTP/1.1 endpoint that serves it at
+//! `GET /metrics` (hyper and axum, the HTTP stack tonic already brings).
 //!
 //! Invariants:
 //! - Recording never blocks on I/O and never panics: plain series are
@@ -13,10 +13,10 @@
 //! - A histogram's `_count` and its `+Inf` bucket are computed from the same
 //!   snapshot of its buckets, so they agree even while launches record
 //!   concurrently with a scrape.
-//! - The responder binds loopback unless told otherwise
-//!   ([`check_listen_addr`]); it reads at most [`MAX_REQUEST_HEAD_BYTES`] of a
-//!   request within [`REQUEST_TIMEOUT`], answers once and closes, and holds
-//!   at most [`MAX_CONNECTIONS`] connections at a time.
+//! - The endpoint binds loopback unless told otherwise
+//!   ([`check_listen_addr`]); it takes a request head of at most
+//!   [`MAX_REQUEST_HEAD_BYTES`] within [`REQUEST_TIMEOUT`], answers once and
+//!   closes, and holds at most [`MAX_CONNECTIONS`] connections at a time.
 
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
@@ -27,17 +27,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, Method, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 /// The content type of the Prometheus text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// The most bytes of a request (line and headers) the responder reads.
+/// The most bytes of a request head (line and headers) the endpoint takes;
+/// a longer one is answered 431.
 pub const MAX_REQUEST_HEAD_BYTES: usize = 8 * 1024;
 
-/// How long a client has to send its request, and to take the answer.
+/// How long a client has to send its request head, and then again to take
+/// the answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most connections served at once; later ones are closed unanswered.
@@ -182,7 +186,7 @@ type DeviceFamily = (
 type Refresh = Box<dyn Fn(&Metrics) + Send + Sync>;
 
 /// Everything ptxd reports to Prometheus. Shared as `Arc<Metrics>` between
-/// the service (which records) and the responder (which renders).
+/// the service (which records) and the endpoint (which renders).
 pub struct Metrics {
     loads_hit: Histogram,
     loads_miss: Histogram,
@@ -520,8 +524,12 @@ fn escape_label_value(text: &str) -> String {
 }
 
 /// Serves `GET /metrics` (and `HEAD`) on `listener` until `shutdown`
-/// completes; every other path is 404. Connections still being answered
-/// when `shutdown` completes are dropped.
+/// completes: HTTP/1.1 by hyper, routing by axum (both already in the build,
+/// under tonic). Every other path is 404 and every other method 405; a
+/// request hyper cannot parse is 400, one whose head is over
+/// [`MAX_REQUEST_HEAD_BYTES`] 431. Each connection carries one request
+/// (no keep-alive). Connections still being answered when `shutdown`
+/// completes are dropped.
 ///
 /// Accept errors (e.g. out of file descriptors) are logged and retried after
 /// a pause: losing the metrics endpoint for good over a transient error
@@ -531,6 +539,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    let routes = routes(metrics);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut connections = JoinSet::new();
     loop {
@@ -545,12 +554,7 @@ pub async fn serve(
                     tracing::warn!(%peer, "metrics: too many connections, closing");
                     continue;
                 }
-                let metrics = Arc::clone(&metrics);
-                connections.spawn(async move {
-                    if let Err(error) = answer(stream, &metrics).await {
-                        tracing::debug!(%peer, %error, "metrics: connection failed");
-                    }
-                });
+                connections.spawn(answer(stream, peer, routes.clone()));
             }
             Err(error) => {
                 tracing::warn!(%error, "metrics: accept failed");
@@ -563,126 +567,71 @@ pub async fn serve(
     }
 }
 
-/// What the client sent before the blank line that ends an HTTP head.
-enum RequestHead {
-    Complete(Vec<u8>),
-    TooLarge,
-    /// The client closed or timed out before finishing its request.
-    Abandoned,
-}
-
-async fn read_head(stream: &mut TcpStream) -> io::Result<RequestHead> {
-    let mut head = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let read = stream.read(&mut chunk).await?;
-        let Some(received) = chunk.get(..read) else {
-            return Ok(RequestHead::Abandoned);
-        };
-        if received.is_empty() {
-            return Ok(RequestHead::Abandoned);
-        }
-        let search_from = head.len().saturating_sub(3);
-        head.extend_from_slice(received);
-        if let Some(end) = find(&head[search_from..], b"\r\n\r\n") {
-            head.truncate(search_from + end);
-            return Ok(RequestHead::Complete(head));
-        }
-        if head.len() > MAX_REQUEST_HEAD_BYTES {
-            return Ok(RequestHead::TooLarge);
-        }
+/// Answers the one request of a connection. The client has
+/// [`REQUEST_TIMEOUT`] to send the request head, and as long again to take
+/// the answer.
+async fn answer(stream: TcpStream, peer: SocketAddr, routes: axum::Router) {
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(REQUEST_TIMEOUT)
+        .max_header_size(MAX_REQUEST_HEAD_BYTES)
+        .keep_alive(false)
+        .serve_connection(
+            hyper_util::rt::TokioIo::new(stream),
+            hyper_util::service::TowerToHyperService::new(routes),
+        );
+    match tokio::time::timeout(2 * REQUEST_TIMEOUT, connection).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::debug!(%peer, %error, "metrics: connection failed"),
+        Err(_elapsed) => tracing::debug!(%peer, "metrics: connection timed out"),
     }
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
+/// `GET`/`HEAD /metrics` and nothing else.
+fn routes(metrics: Arc<Metrics>) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(exposition).fallback(method_not_allowed),
+        )
+        .fallback(unknown_path)
+        .with_state(metrics)
 }
 
-async fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
-    let head = match tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await {
-        Ok(head) => head?,
-        Err(_elapsed) => RequestHead::Abandoned,
-    };
-    let response = match head {
-        RequestHead::Complete(head) => respond(&head, metrics),
-        RequestHead::TooLarge => plain(431, "Request Header Fields Too Large", &[], false),
-        RequestHead::Abandoned => return Ok(()),
-    };
-    match tokio::time::timeout(REQUEST_TIMEOUT, async {
-        stream.write_all(&response).await?;
-        stream.shutdown().await
-    })
-    .await
-    {
-        Ok(written) => written,
-        Err(_elapsed) => Ok(()),
+async fn exposition(State(metrics): State<Arc<Metrics>>) -> Response {
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics.render()).into_response()
+}
+
+/// Another path: 404, unless the method is one no path here takes.
+async fn unknown_path(method: Method) -> Response {
+    if method == Method::GET || method == Method::HEAD {
+        plain(StatusCode::NOT_FOUND)
+    } else {
+        method_not_allowed().await
     }
 }
 
-/// The full response to a request head.
-fn respond(head: &[u8], metrics: &Metrics) -> Vec<u8> {
-    let request_line = head.split(|&byte| byte == b'\n').next().unwrap_or_default();
-    let request_line = String::from_utf8_lossy(request_line);
-    let mut parts = request_line.trim_end_matches('\r').split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return plain(400, "Bad Request", &[], false);
-    };
-    if !version.starts_with("HTTP/1.") {
-        return plain(400, "Bad Request", &[], false);
-    }
-    let head_only = match method {
-        "GET" => false,
-        "HEAD" => true,
-        _ => return plain(405, "Method Not Allowed", &[("Allow", "GET, HEAD")], false),
-    };
-    let path = target.split('?').next().unwrap_or_default();
-    if path != "/metrics" {
-        return plain(404, "Not Found", &[], head_only);
-    }
-    let body = metrics.render();
-    response(200, "OK", CONTENT_TYPE, &[], body.as_bytes(), head_only)
+async fn method_not_allowed() -> Response {
+    let mut response = plain(StatusCode::METHOD_NOT_ALLOWED);
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    response
 }
 
-fn plain(status: u16, reason: &str, headers: &[(&str, &str)], head_only: bool) -> Vec<u8> {
-    let body = format!("{status} {reason}\n");
-    response(
-        status,
-        reason,
-        "text/plain; charset=utf-8",
-        headers,
-        body.as_bytes(),
-        head_only,
-    )
-}
-
-fn response(
-    status: u16,
-    reason: &str,
-    content_type: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    head_only: bool,
-) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
+/// A plain-text answer that says its status.
+fn plain(status: StatusCode) -> Response {
+    let body = format!(
+        "{} {}\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or_default()
     );
-    for (name, value) in headers {
-        out.push_str(name);
-        out.push_str(": ");
-        out.push_str(value);
-        out.push_str("\r\n");
-    }
-    out.push_str("\r\n");
-    let mut bytes = out.into_bytes();
-    if !head_only {
-        bytes.extend_from_slice(body);
-    }
-    bytes
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
 }
 
 /// The strict exposition reader the integration tests use too.
@@ -696,6 +645,7 @@ mod tests {
     use super::*;
     use rand::Rng;
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::exposition::Exposition as Parsed;
 
@@ -998,7 +948,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn responder_serves_metrics_and_nothing_else() {
+    async fn the_endpoint_serves_metrics_and_nothing_else() {
         let metrics = Metrics::new(64);
         let listener = bind("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -1027,13 +977,21 @@ mod tests {
             header(&headers, "content-length"),
             Some(body.len().to_string().as_str())
         );
+        // One request per connection, said so to the client.
+        assert_eq!(header(&headers, "connection"), Some("close"));
         let parsed = Parsed::parse(body).unwrap();
         assert_eq!(
             parsed.value("ptxd_kernel_faults_total", &[("device", "GPU-1234")]),
             Some(faults as f64)
         );
 
+        // hyper answers an HTTP/1.0 request in HTTP/1.0.
         let response = exchange(addr, b"HEAD /metrics HTTP/1.0\r\n\r\n").await;
+        let (status, headers, body) = split_response(&response);
+        assert_eq!(status, "HTTP/1.0 200 OK");
+        assert!(body.is_empty());
+        assert_ne!(header(&headers, "content-length"), Some("0"));
+        let response = exchange(addr, b"HEAD /metrics HTTP/1.1\r\n\r\n").await;
         let (status, headers, body) = split_response(&response);
         assert_eq!(status, "HTTP/1.1 200 OK");
         assert!(body.is_empty());
@@ -1043,8 +1001,17 @@ mod tests {
         assert!(response.starts_with("HTTP/1.1 404 "), "{response}");
         let response = exchange(addr, b"GET / HTTP/1.1\r\n\r\n").await;
         assert!(response.starts_with("HTTP/1.1 404 "), "{response}");
-        let response = exchange(addr, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").await;
-        assert!(response.starts_with("HTTP/1.1 405 "), "{response}");
+        let response = exchange(addr, b"HEAD /other HTTP/1.1\r\n\r\n").await;
+        assert!(response.starts_with("HTTP/1.1 404 "), "{response}");
+        for request in [
+            &b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n"[..],
+            b"DELETE /other HTTP/1.1\r\n\r\n",
+        ] {
+            let response = exchange(addr, request).await;
+            let (status, headers, _) = split_response(&response);
+            assert!(status.starts_with("HTTP/1.1 405 "), "{response}");
+            assert_eq!(header(&headers, "allow"), Some("GET, HEAD"), "{response}");
+        }
         let response = exchange(addr, b"garbage\r\n\r\n").await;
         assert!(response.starts_with("HTTP/1.1 400 "), "{response}");
         let mut huge = b"GET /metrics HTTP/1.1\r\n".to_vec();

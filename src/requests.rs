@@ -186,13 +186,12 @@ impl BudgetedBody {
     }
 
     /// Fails the request with `error`: gives its charge back and answers
-    /// every later poll with the end of the body.
+    /// every later poll with the end of the body. (The refusal reaches the
+    /// client as the call's status, where `refusals` logs and counts it.)
     fn fail(&mut self, error: Error) -> Status {
         self.failed = true;
         self.charge = None;
         self.deadline = Deadline::Idle;
-        let refusal = error.refusal();
-        tracing::info!(peer = %self.peer, reason = refusal.reason.wire_name(), message = %refusal.message, "request refused");
         error.to_status()
     }
 
@@ -530,8 +529,6 @@ impl tower::Service<http::Request<Body>> for PtxdRoutes {
             let Ok(mut response) = call.await;
             if let Some(status) = Status::from_header_map(response.headers()) {
                 if let Some(error) = retype(&status, limit as u64) {
-                    let refusal = error.refusal();
-                    tracing::info!(reason = refusal.reason.wire_name(), message = %refusal.message, "refused");
                     let headers = response.headers_mut();
                     for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
                         headers.remove(name);

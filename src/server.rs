@@ -25,6 +25,7 @@ use crate::config::ServeConfig;
 use crate::connections::{ConnectionLimits, ConnectionTable, Incoming};
 use crate::front::{Front, StartError};
 use crate::observe::Observer;
+use crate::refusals::RefusalLayer;
 use crate::requests::{BudgetLayer, BudgetLimits, PtxdRoutes, RequestBudget};
 use crate::service::PtxdService;
 
@@ -79,7 +80,10 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
 }
 
 type PtxdRouter = tonic::transport::server::Router<
-    tower::layer::util::Stack<BudgetLayer, tower::layer::util::Identity>,
+    tower::layer::util::Stack<
+        BudgetLayer,
+        tower::layer::util::Stack<RefusalLayer, tower::layer::util::Identity>,
+    >,
 >;
 
 /// Creates the default socket's directory (mode 0700) when it is missing,
@@ -117,6 +121,7 @@ fn router(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let limit = usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX);
+    let refusals = RefusalLayer::new(observer.clone());
     let service = PtxdRoutes::new(PtxdService::new(front.clone(), observer), limit);
     let budget = RequestBudget::new(BudgetLimits {
         max_request_bytes: config.max_request_bytes,
@@ -132,6 +137,9 @@ fn router(
         .initial_stream_window_size(config.http2_stream_window)
         .initial_connection_window_size(config.http2_connection_window)
         .max_concurrent_streams(config.max_concurrent_streams)
+        // Outermost, so that every status any layer or service makes is
+        // seen: each refusal is logged and counted there, once.
+        .layer(refusals)
         .layer(BudgetLayer::new(budget))
         .add_service(health)
         .add_service(reflection().build_v1()?)

@@ -1,6 +1,9 @@
 //! The gRPC surface: decode, call the front, map the result. Nothing here
 //! decides anything; every rule lives in the front and its modules, and
-//! every error becomes a status in `error.rs` alone.
+//! every error becomes a status in `error.rs` alone. A refused call is
+//! logged and counted by the layer in `refusals`, from the status it
+//! returns; only a `LaunchStream`'s per-request refusals, which travel
+//! inside OK messages, are logged and counted here.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -40,31 +43,11 @@ impl PtxdService {
     pub fn new(front: Arc<Front>, observer: Observer) -> Self {
         PtxdService { front, observer }
     }
+}
 
-    fn refuse(&self, rpc: &'static str, error: Error) -> Status {
-        let refusal = error.refusal();
-        self.observer.refusal(refusal.reason.wire_name());
-        if refusal.code == tonic::Code::Internal {
-            tracing::error!(rpc, reason = refusal.reason.wire_name(), message = %refusal.message, "internal error");
-        } else {
-            tracing::info!(rpc, reason = refusal.reason.wire_name(), message = %refusal.message, "refused");
-        }
-        error.to_status()
-    }
-
-    fn answer<T>(
-        &self,
-        rpc: &'static str,
-        result: Result<T, Error>,
-    ) -> Result<Response<T>, Status> {
-        match result {
-            Ok(value) => {
-                tracing::debug!(rpc, "ok");
-                Ok(Response::new(value))
-            }
-            Err(error) => Err(self.refuse(rpc, error)),
-        }
-    }
+/// A handler's answer: the response, or the error as its status.
+fn reply<T>(result: Result<T, Error>) -> Result<Response<T>, Status> {
+    result.map(Response::new).map_err(|error| error.to_status())
 }
 
 /// Runs a state-changing verb to completion even if the client hangs up:
@@ -144,7 +127,7 @@ impl Ptxd for PtxdService {
         request: Request<api::GetInfoRequest>,
     ) -> Result<Response<api::GetInfoResponse>, Status> {
         let info = self.front.info(peer(&request));
-        self.answer("GetInfo", Ok(info_response(info)))
+        Ok(Response::new(info_response(info)))
     }
 
     type OpenSessionStream = BoxStream<api::SessionEvent>;
@@ -164,7 +147,7 @@ impl Ptxd for PtxdService {
                 };
                 Ok(Response::new(Box::pin(stream)))
             }
-            Err(e) => Err(self.refuse("OpenSession", e)),
+            Err(e) => Err(e.to_status()),
         }
     }
 
@@ -187,7 +170,7 @@ impl Ptxd for PtxdService {
             }
             Err(e) => Err(e.into()),
         };
-        self.answer("CloseSession", result)
+        reply(result)
     }
 
     async fn load_kernel(
@@ -202,7 +185,7 @@ impl Ptxd for PtxdService {
         if let Ok(loaded) = &result {
             self.observer.load(loaded.cache_hit, started.elapsed());
         }
-        self.answer("LoadKernel", result.map(load_response))
+        reply(result.map(load_response))
     }
 
     async fn unload_kernel(
@@ -218,10 +201,7 @@ impl Ptxd for PtxdService {
                 .await
         })
         .await;
-        self.answer(
-            "UnloadKernel",
-            result.map(|slot_freed| api::UnloadKernelResponse { slot_freed }),
-        )
+        reply(result.map(|slot_freed| api::UnloadKernelResponse { slot_freed }))
     }
 
     async fn list_kernels(
@@ -229,8 +209,7 @@ impl Ptxd for PtxdService {
         request: Request<api::ListKernelsRequest>,
     ) -> Result<Response<api::ListKernelsResponse>, Status> {
         let peer = peer(&request);
-        self.answer(
-            "ListKernels",
+        reply(
             self.front
                 .list_kernels(&request.into_inner().session, peer)
                 .map(|kernels| api::ListKernelsResponse {
@@ -247,7 +226,7 @@ impl Ptxd for PtxdService {
         let front = self.front.clone();
         let request = buffer_request(request.into_inner());
         let result = detached(async move { front.register_buffer(request, peer).await }).await;
-        self.answer("RegisterBuffer", result.map(register_buffer_response))
+        reply(result.map(register_buffer_response))
     }
 
     async fn release_buffer(
@@ -263,10 +242,7 @@ impl Ptxd for PtxdService {
                 .await
         })
         .await;
-        self.answer(
-            "ReleaseBuffer",
-            result.map(|()| api::ReleaseBufferResponse {}),
-        )
+        reply(result.map(|()| api::ReleaseBufferResponse {}))
     }
 
     async fn list_buffers(
@@ -274,8 +250,7 @@ impl Ptxd for PtxdService {
         request: Request<api::ListBuffersRequest>,
     ) -> Result<Response<api::ListBuffersResponse>, Status> {
         let peer = peer(&request);
-        self.answer(
-            "ListBuffers",
+        reply(
             self.front
                 .list_buffers(&request.into_inner().session, peer)
                 .map(|buffers| api::ListBuffersResponse {
@@ -292,10 +267,7 @@ impl Ptxd for PtxdService {
         let front = self.front.clone();
         let request = event_request(request.into_inner());
         let result = detached(async move { front.register_event(request, peer).await }).await;
-        self.answer(
-            "RegisterEvent",
-            result.map(|event| api::RegisterEventResponse { event }),
-        )
+        reply(result.map(|event| api::RegisterEventResponse { event }))
     }
 
     async fn release_event(
@@ -311,10 +283,7 @@ impl Ptxd for PtxdService {
                 .await
         })
         .await;
-        self.answer(
-            "ReleaseEvent",
-            result.map(|()| api::ReleaseEventResponse {}),
-        )
+        reply(result.map(|()| api::ReleaseEventResponse {}))
     }
 
     async fn launch(
@@ -328,7 +297,7 @@ impl Ptxd for PtxdService {
         let started = Instant::now();
         let result = self.front.launch(&request, peer).await;
         self.observe_launch(&request, &result, started);
-        self.answer("Launch", result.map(|took| launch_response(tag, took)))
+        reply(result.map(|took| launch_response(tag, took)))
     }
 
     type LaunchStreamStream = BoxStream<api::LaunchResponse>;

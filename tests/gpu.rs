@@ -205,7 +205,7 @@ impl Session {
 #[test]
 fn probe_lists_the_device_the_sdk_sees() {
     let out = std::process::Command::new(ptxd_bin())
-        .args(["executor", "--backend", "cuda", "--probe"])
+        .args(ptxd::executor::child::ExecutorArgs::cuda_probe().to_args())
         .output()
         .unwrap();
     assert!(

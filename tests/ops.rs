@@ -415,6 +415,100 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
     drop(daemon);
 }
 
+/// Every refusal is counted once, under its reason, however it reaches the
+/// client: as a unary call's status, inside an OK `LaunchStream` message
+/// (the stream goes on), or as the status of a request refused while it
+/// was still being read (the request budget, before any handler ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_is_counted_once_however_it_reaches_the_client() {
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let max_request_bytes = 1 << 20;
+    let daemon = Daemon::start(&[
+        "--metrics",
+        &metrics_addr,
+        "--max-request-bytes",
+        &max_request_bytes.to_string(),
+    ]);
+    wait_for_port(port);
+    let before = scrape(port).await;
+
+    let client = Client::connect_unix(&daemon.socket).await.unwrap();
+    let session = client.open_session("ops-refusals").await.unwrap();
+    let n = 256u64;
+    let (input, output, small) = (
+        HostShm::create(n * 4).unwrap(),
+        HostShm::create(n * 4).unwrap(),
+        HostShm::create(4).unwrap(),
+    );
+    let input = session.register_shm(&input, None).await.unwrap();
+    let output = session.register_shm(&output, None).await.unwrap();
+    let small = session.register_shm(&small, None).await.unwrap();
+    let kernel = session
+        .load_ptx(
+            0u32,
+            corpus("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let fits = Launch::new([input.operand(), input.operand()], output.operand(), n);
+    let overruns = Launch::new([input.operand(), input.operand()], small.operand(), n);
+
+    let mut refused = BTreeMap::<&'static str, u64>::new();
+    let unary = rand::rng().random_range(1..4);
+    for _ in 0..unary {
+        let error = session.launch(&kernel, &overruns).await.unwrap_err();
+        *refused.entry(error.reason_name()).or_default() += 1;
+    }
+    let mut stream = session.launch_stream().await.unwrap();
+    let streamed = rand::rng().random_range(1..4);
+    for _ in 0..streamed {
+        stream.send(&kernel, &fits).await.unwrap();
+        stream.send(&kernel, &overruns).await.unwrap();
+    }
+    for _ in 0..streamed * 2 {
+        let reply = stream.next().await.unwrap().expect("a reply per request");
+        if let Err(error) = reply.outcome {
+            *refused.entry(error.reason_name()).or_default() += 1;
+        }
+    }
+    drop(stream);
+    let oversize = ".version 8.0\n".repeat(max_request_bytes / 8);
+    let error = session
+        .load_ptx(0u32, oversize, "add_f32_scalar", LoadOptions::default())
+        .await
+        .unwrap_err();
+    *refused.entry(error.reason_name()).or_default() += 1;
+    assert_eq!(
+        refused,
+        BTreeMap::from([
+            ("BUFFER_TOO_SMALL", unary + streamed),
+            ("LIMIT_EXCEEDED", 1)
+        ]),
+        "the refusals the client saw"
+    );
+
+    let after = scrape(port).await;
+    for sample in after
+        .samples
+        .iter()
+        .filter(|s| s.name == "ptxd_refusals_total")
+    {
+        let reason = sample.labels[0].1.as_str();
+        let labels = [("reason", reason)];
+        assert_eq!(
+            value(&after, "ptxd_refusals_total", &labels)
+                - value(&before, "ptxd_refusals_total", &labels),
+            refused.get(reason).copied().unwrap_or(0) as f64,
+            "refusals {reason}"
+        );
+    }
+    session.close().await.unwrap();
+    drop(daemon);
+}
+
 #[test]
 fn a_remote_metrics_address_is_refused_without_the_flag() {
     let dir = tempfile::tempdir().unwrap();

@@ -228,3 +228,188 @@ pub fn serve(
     backend.shutdown();
     0
 }
+
+/// The backend an executor process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecutorBackend {
+    Host,
+    Cuda,
+}
+
+/// The executor's command line, `ptxd executor ...`: the one definition of
+/// its flags. The front builds a value and spawns the child with
+/// [`ExecutorArgs::to_args`]; the binary parses the child's command line
+/// back into this struct, so the two cannot disagree (a unit test checks
+/// that every value comes back as it was sent).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ExecutorArgs {
+    #[arg(long, value_enum)]
+    pub backend: ExecutorBackend,
+    /// Host device index.
+    #[arg(long, default_value_t = 0)]
+    pub index: u32,
+    /// Host threads per launch.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Host checked mode.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub checked: bool,
+    /// CUDA device UUID.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Report every CUDA device in a Hello frame and exit.
+    #[arg(long)]
+    pub probe: bool,
+    /// Per-launch time budget in milliseconds (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub max_kernel_time_ms: u64,
+}
+
+impl ExecutorArgs {
+    /// The subcommand of the `ptxd` binary that runs an executor.
+    pub const SUBCOMMAND: &'static str = "executor";
+
+    /// A host executor for host device `index`.
+    pub fn host(index: u32, threads: usize, checked: bool) -> Self {
+        ExecutorArgs {
+            backend: ExecutorBackend::Host,
+            index,
+            threads,
+            checked,
+            device: None,
+            probe: false,
+            max_kernel_time_ms: 0,
+        }
+    }
+
+    /// A CUDA executor for the device with this UUID.
+    pub fn cuda(uuid: &str) -> Self {
+        ExecutorArgs {
+            backend: ExecutorBackend::Cuda,
+            device: Some(uuid.to_owned()),
+            ..Self::host(0, 1, true)
+        }
+    }
+
+    /// The CUDA probe: lists every CUDA device in its Hello and exits.
+    pub fn cuda_probe() -> Self {
+        ExecutorArgs {
+            backend: ExecutorBackend::Cuda,
+            probe: true,
+            ..Self::host(0, 1, true)
+        }
+    }
+
+    /// The same executor with a per-launch time budget (`None`: none). A
+    /// budget under a millisecond becomes one, not none.
+    pub fn with_max_kernel_time(self, budget: Option<std::time::Duration>) -> Self {
+        let max_kernel_time_ms = budget.map_or(0, |budget| {
+            u64::try_from(budget.as_millis().max(1)).unwrap_or(u64::MAX)
+        });
+        ExecutorArgs {
+            max_kernel_time_ms,
+            ..self
+        }
+    }
+
+    /// The command line after the program name: the subcommand, then every
+    /// field as `--flag=value` (so that a value starting with `-` stays a
+    /// value).
+    pub fn to_args(&self) -> Vec<String> {
+        // Destructured, so that a new field does not compile until it is
+        // written here too.
+        let ExecutorArgs {
+            backend,
+            index,
+            threads,
+            checked,
+            device,
+            probe,
+            max_kernel_time_ms,
+        } = self;
+        let mut args = vec![Self::SUBCOMMAND.to_owned()];
+        // Every variant has a value (none is `#[value(skip)]`).
+        if let Some(backend) = clap::ValueEnum::to_possible_value(backend) {
+            args.push(format!("--backend={}", backend.get_name()));
+        }
+        args.push(format!("--index={index}"));
+        args.push(format!("--threads={threads}"));
+        args.push(format!("--checked={checked}"));
+        if let Some(device) = device {
+            args.push(format!("--device={device}"));
+        }
+        if *probe {
+            args.push("--probe".to_owned());
+        }
+        args.push(format!("--max-kernel-time-ms={max_kernel_time_ms}"));
+        args
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use clap::Parser;
+    use rand::Rng;
+
+    use super::*;
+
+    /// The shape of the `ptxd` binary's command line, reduced to the
+    /// executor subcommand (the binary's own test parses with its real one).
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(Debug, clap::Subcommand)]
+    enum Command {
+        #[command(name = ExecutorArgs::SUBCOMMAND)]
+        Executor(ExecutorArgs),
+    }
+
+    fn round_trip(args: &ExecutorArgs) -> ExecutorArgs {
+        let argv = std::iter::once("ptxd".to_owned()).chain(args.to_args());
+        let Command::Executor(parsed) = Cli::try_parse_from(argv).unwrap().command;
+        parsed
+    }
+
+    #[test]
+    fn every_command_line_parses_back_to_its_value() {
+        let mut rng = rand::rng();
+        let mut samples = vec![
+            ExecutorArgs::host(0, 1, true),
+            ExecutorArgs::host(u32::MAX, usize::MAX, false),
+            ExecutorArgs::cuda("GPU-8d3f0c7e-1b2a-4c5d-9e8f-0a1b2c3d4e5f"),
+            // A value that looks like a flag, and one with a space and `=`.
+            ExecutorArgs::cuda("--probe"),
+            ExecutorArgs::cuda("GPU a=b"),
+            ExecutorArgs::cuda_probe(),
+            ExecutorArgs::cuda_probe().with_max_kernel_time(Some(std::time::Duration::MAX)),
+        ];
+        for _ in 0..64 {
+            let budget = rng
+                .random_bool(0.5)
+                .then(|| std::time::Duration::from_micros(rng.random_range(1..10_000_000)));
+            let args = if rng.random_bool(0.5) {
+                ExecutorArgs::host(rng.random(), rng.random_range(0..=usize::MAX), rng.random())
+            } else {
+                ExecutorArgs::cuda(&format!("GPU-{:x}", rng.random::<u64>()))
+            };
+            samples.push(args.with_max_kernel_time(budget));
+        }
+        for args in samples {
+            assert_eq!(round_trip(&args), args, "{:?}", args.to_args());
+        }
+    }
+
+    #[test]
+    fn a_budget_is_whole_milliseconds_and_never_rounds_to_none() {
+        let args = |budget| ExecutorArgs::host(0, 1, true).with_max_kernel_time(budget);
+        assert_eq!(args(None).max_kernel_time_ms, 0);
+        let sub_ms = Some(std::time::Duration::from_micros(10));
+        assert_eq!(args(sub_ms).max_kernel_time_ms, 1);
+        let ms = Some(std::time::Duration::from_millis(2500));
+        assert_eq!(args(ms).max_kernel_time_ms, 2500);
+    }
+}

@@ -36,6 +36,7 @@ use ptxd_proto::executor::{
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot};
 
+use super::child::ExecutorArgs;
 use super::kernel_timeouts::KernelTimeouts;
 use super::protocol::{encode_frame, read_frame_async, ProtocolError};
 use crate::config::ServeConfig;
@@ -118,7 +119,7 @@ impl LinkConfig {
     }
 }
 
-/// The command line of an executor child.
+/// Which executor child to start; [`ExecutorArgs`] is its command line.
 #[derive(Debug, Clone)]
 pub enum ExecutorCommand {
     Host {
@@ -133,49 +134,21 @@ pub enum ExecutorCommand {
 }
 
 impl ExecutorCommand {
-    fn args(&self, max_kernel_time: Option<Duration>) -> Vec<String> {
-        let mut args = self.base_args();
-        if let (Some(budget), false) = (max_kernel_time, matches!(self, ExecutorCommand::CudaProbe))
-        {
-            args.push(format!(
-                "--max-kernel-time-ms={}",
-                budget.as_millis().max(1)
-            ));
-        }
-        args
-    }
-
-    fn base_args(&self) -> Vec<String> {
+    /// The child's command line, with the per-launch budget (never given
+    /// to the probe, which launches nothing).
+    fn executor_args(&self, max_kernel_time: Option<Duration>) -> ExecutorArgs {
         match self {
             ExecutorCommand::Host {
                 index,
                 threads,
                 checked,
-            } => vec![
-                "executor".into(),
-                "--backend".into(),
-                "host".into(),
-                "--index".into(),
-                index.to_string(),
-                "--threads".into(),
-                threads.to_string(),
-                format!("--checked={checked}"),
-            ],
-            ExecutorCommand::Cuda { uuid } => {
-                vec![
-                    "executor".into(),
-                    "--backend".into(),
-                    "cuda".into(),
-                    "--device".into(),
-                    uuid.clone(),
-                ]
+            } => {
+                ExecutorArgs::host(*index, *threads, *checked).with_max_kernel_time(max_kernel_time)
             }
-            ExecutorCommand::CudaProbe => vec![
-                "executor".into(),
-                "--backend".into(),
-                "cuda".into(),
-                "--probe".into(),
-            ],
+            ExecutorCommand::Cuda { uuid } => {
+                ExecutorArgs::cuda(uuid).with_max_kernel_time(max_kernel_time)
+            }
+            ExecutorCommand::CudaProbe => ExecutorArgs::cuda_probe(),
         }
     }
 }
@@ -236,7 +209,7 @@ fn spawn_child(
     let child_out = child_end.try_clone()?;
     let exe = std::env::current_exe()?;
     let child = tokio::process::Command::new(exe)
-        .args(command.args(max_kernel_time))
+        .args(command.executor_args(max_kernel_time).to_args())
         .stdin(Stdio::from(OwnedFd::from(child_end)))
         .stdout(Stdio::from(OwnedFd::from(child_out)))
         .stderr(Stdio::inherit())

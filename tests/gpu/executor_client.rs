@@ -51,7 +51,7 @@ impl Executor {
     /// Spawns `ptxd executor --backend cuda --device UUID` and reads its Hello.
     pub fn spawn_cuda(uuid: &str) -> Self {
         let mut child = Command::new(ptxd_bin())
-            .args(["executor", "--backend", "cuda", "--device", uuid])
+            .args(ptxd::executor::child::ExecutorArgs::cuda(uuid).to_args())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
