@@ -27,12 +27,12 @@ use std::ffi::{c_void, CString};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUstream;
-
 pub mod driver;
 
 pub use driver::format_uuid;
-use driver::{DeviceMemory, DriverError, Event, Module, PrimaryContext, SavedContext, Stream};
+use driver::{
+    CUstream, DeviceMemory, DriverError, Event, Module, PrimaryContext, SavedContext, Stream,
+};
 
 /// A failure of the CUDA helpers.
 #[derive(Debug, Clone, thiserror::Error)]

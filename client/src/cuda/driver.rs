@@ -34,6 +34,10 @@ use std::mem::MaybeUninit;
 use cudarc::driver::result::{self, stream::StreamKind, DriverError as RawError};
 use cudarc::driver::sys;
 
+/// A raw stream handle, for work on streams this layer did not create (a
+/// framework's, or the legacy default stream).
+pub use cudarc::driver::sys::CUstream;
+
 /// A failed driver call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{call} failed: {name}")]
