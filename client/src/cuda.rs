@@ -16,71 +16,90 @@
 //! - Every operation makes the device's primary context current on the
 //!   calling thread first, so the types work from any thread (async tasks
 //!   move between threads).
-//! - Every handle-owning type frees its driver object on drop and keeps its
-//!   [`CudaDevice`] (and so the retained context) alive until then.
+//! - Every handle-owning type frees its driver object on drop, with its
+//!   device's context current, and keeps its [`CudaDevice`] (and so the
+//!   retained context) alive until then.
+//! - The driver calls themselves live in [`driver`], the layer this module
+//!   shares with ptxd's executor; this module adds binding, bounds checks and
+//!   the session-facing errors.
 
-use std::ffi::{c_void, CStr, CString};
-use std::mem::MaybeUninit;
+use std::ffi::{c_void, CString};
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use cudarc::driver::result::DriverError as RawError;
-use cudarc::driver::sys;
+pub mod driver;
+
+pub use driver::format_uuid;
+use driver::{
+    CUstream, DeviceMemory, DriverError, Event, Module, PrimaryContext, SavedContext, Stream,
+};
 
 /// A failure of the CUDA helpers.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CudaError {
+    /// libcuda cannot be loaded: no driver on this machine, or not on the
+    /// loader's path. Nothing was called.
     #[error("libcuda is not installed or cannot be loaded")]
     LibraryMissing,
-    #[error("{call} failed: {name}")]
-    Driver {
-        /// The driver entry point.
-        call: &'static str,
-        /// The driver's error name, e.g. `CUDA_ERROR_INVALID_VALUE`.
-        name: String,
-    },
+    /// A driver call failed; [`DriverError::is_sticky`] tells whether the
+    /// process's contexts are poisoned for good.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// No visible device has this UUID (it may be hidden by
+    /// `CUDA_VISIBLE_DEVICES`).
     #[error("no CUDA device has UUID {0}")]
     NoSuchDevice(String),
+    /// A copy or fill would leave its allocation; nothing was enqueued.
     #[error("{len} bytes at offset {offset} overrun the {size}-byte allocation")]
     OutOfBounds {
+        /// Where the span starts, in bytes from the allocation's start.
         offset: usize,
+        /// The span's length in bytes.
         len: usize,
+        /// The allocation's size in bytes.
         size: usize,
     },
+    /// A kernel name the driver cannot be given (C strings end at a NUL).
     #[error("kernel name {0:?} contains a NUL byte")]
     BadName(String),
+    /// [`CudaDevice::locate`] was given host, managed or foreign memory.
     #[error("address {ptr:#x} is not device memory of this process (memory type {memory_type})")]
-    NotDeviceMemory { ptr: u64, memory_type: u32 },
+    NotDeviceMemory {
+        /// The address asked about.
+        ptr: u64,
+        /// The driver's `CUmemorytype` for it.
+        memory_type: u32,
+    },
+    /// [`CudaDevice::locate`] was given memory of another device.
     #[error("address {ptr:#x} lives on device {found}, not on device {expected}")]
-    WrongDevice { ptr: u64, expected: u32, found: u32 },
+    WrongDevice {
+        /// The address asked about.
+        ptr: u64,
+        /// The ordinal of the device asked.
+        expected: u32,
+        /// The ordinal of the device the memory lives on.
+        found: u32,
+    },
     /// Memory legacy CUDA IPC cannot export: `cuMemCreate` (VMM) memory,
     /// such as PyTorch's `expandable_segments`, or stream-ordered pool memory.
     #[error("address {ptr:#x} belongs to memory that legacy CUDA IPC cannot export (cuMemCreate/VMM memory such as PyTorch's expandable_segments, or a cudaMallocAsync pool)")]
-    NotIpcExportable { ptr: u64 },
-}
-
-fn check(call: &'static str, code: sys::CUresult) -> Result<(), CudaError> {
-    if code == sys::CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    let name = match RawError(code).error_name() {
-        Ok(name) => name.to_string_lossy().into_owned(),
-        Err(_) => format!("CUresult({})", code as u32),
-    };
-    Err(CudaError::Driver { call, name })
+    NotIpcExportable {
+        /// The address asked about (an allocation's base for
+        /// [`CudaDevice::export`]).
+        ptr: u64,
+    },
 }
 
 /// Whether libcuda can be loaded on this machine.
 pub fn available() -> bool {
-    // SAFETY: only tries to dlopen the library names; calls no driver function.
-    unsafe { sys::is_culib_present() }
+    driver::library_present()
 }
 
 fn init() -> Result<(), CudaError> {
     if !available() {
         return Err(CudaError::LibraryMissing);
     }
-    // SAFETY: the library is present (checked above); cuInit takes flags 0.
-    check("cuInit", unsafe { sys::cuInit(0) })
+    Ok(driver::init()?)
 }
 
 /// Runs `f`, then makes current again the context the calling thread had
@@ -91,109 +110,47 @@ pub fn preserving_current_context<T>(f: impl FnOnce() -> T) -> T {
     if init().is_err() {
         return f();
     }
-    let mut previous: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the library is loaded and initialized.
-    let saved = check("cuCtxGetCurrent", unsafe {
-        sys::cuCtxGetCurrent(&mut previous)
-    });
+    let saved = SavedContext::save();
     let result = f();
-    if saved.is_ok() {
-        // SAFETY: `previous` was the thread's current context a moment ago
-        // (or null, which unbinds); restoring it is what the caller had.
-        let restored = check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(previous) });
-        if let Err(e) = restored {
+    if let Ok(saved) = saved {
+        if let Err(e) = saved.restore() {
             tracing::warn!(error = %e, "restoring the thread's CUDA context");
         }
     }
     result
 }
 
-/// Formats a device UUID as `nvidia-smi -L` prints it (and ptxd expects).
-pub fn format_uuid(bytes: &[u8; 16]) -> String {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 /// One visible device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSummary {
+    /// The ordinal in this process (it depends on `CUDA_VISIBLE_DEVICES`).
     pub ordinal: u32,
+    /// The UUID (`GPU-…`), as ptxd names devices.
     pub uuid: String,
+    /// The marketing name.
     pub name: String,
 }
 
-fn device_summary(ordinal: u32) -> Result<(sys::CUdevice, DeviceSummary), CudaError> {
-    let mut device: sys::CUdevice = 0;
-    // SAFETY: valid out-pointer; the driver checks the ordinal.
-    check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut device, ordinal as i32)
-    })?;
-    let mut name = [0 as std::ffi::c_char; 256];
-    // SAFETY: the buffer holds `len` bytes and the driver NUL-terminates.
-    check("cuDeviceGetName", unsafe {
-        sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, device)
-    })?;
-    // SAFETY: cuDeviceGetName wrote a NUL-terminated string.
-    let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
-    let mut uuid = MaybeUninit::<sys::CUuuid>::uninit();
-    // SAFETY: valid out-pointer for one CUuuid.
-    check("cuDeviceGetUuid", unsafe {
-        sys::cuDeviceGetUuid_v2(uuid.as_mut_ptr(), device)
-    })?;
-    // SAFETY: initialized by the successful call above.
-    let uuid = unsafe { uuid.assume_init() }.bytes.map(|b| b as u8);
-    Ok((
-        device,
+impl From<driver::DeviceInfo> for DeviceSummary {
+    fn from(info: driver::DeviceInfo) -> Self {
         DeviceSummary {
-            ordinal,
-            uuid: format_uuid(&uuid),
-            name,
-        },
-    ))
+            ordinal: info.ordinal,
+            uuid: info.uuid,
+            name: info.name,
+        }
+    }
 }
 
 /// Every device this process sees.
 pub fn devices() -> Result<Vec<DeviceSummary>, CudaError> {
     init()?;
-    let mut count = 0i32;
-    // SAFETY: valid out-pointer.
-    check("cuDeviceGetCount", unsafe {
-        sys::cuDeviceGetCount(&mut count)
-    })?;
-    (0..count.max(0) as u32)
-        .map(|o| device_summary(o).map(|(_, s)| s))
-        .collect()
+    Ok(driver::devices()?.into_iter().map(Into::into).collect())
 }
 
 #[derive(Debug)]
 struct DeviceInner {
-    device: sys::CUdevice,
-    context: sys::CUcontext,
+    context: PrimaryContext,
     summary: DeviceSummary,
-}
-
-// SAFETY: a context handle may be made current on any thread.
-unsafe impl Send for DeviceInner {}
-// SAFETY: as above; the handle is only read.
-unsafe impl Sync for DeviceInner {}
-
-impl Drop for DeviceInner {
-    fn drop(&mut self) {
-        // SAFETY: balances the retain in `CudaDevice::open`.
-        let code = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
-        if let Err(e) = check("cuDevicePrimaryCtxRelease", code) {
-            tracing::warn!(error = %e, "releasing the primary context");
-        }
-    }
 }
 
 /// A device with its primary context retained. Cheap to clone.
@@ -206,17 +163,12 @@ impl CudaDevice {
     /// Opens the device with this ordinal (as this process numbers them).
     pub fn open(ordinal: u32) -> Result<Self, CudaError> {
         init()?;
-        let (device, summary) = device_summary(ordinal)?;
-        let mut context: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; `device` came from cuDeviceGet.
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut context, device)
-        })?;
+        let info = driver::device(ordinal)?;
+        let context = PrimaryContext::retain(info.device)?;
         Ok(CudaDevice {
             inner: Arc::new(DeviceInner {
-                device,
                 context,
-                summary,
+                summary: info.into(),
             }),
         })
     }
@@ -247,54 +199,31 @@ impl CudaDevice {
 
     /// Makes the primary context current on this thread.
     fn bind(&self) -> Result<(), CudaError> {
-        // SAFETY: the context is retained while `self.inner` lives.
-        check("cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(self.inner.context)
-        })
+        Ok(self.inner.context.set_current()?)
     }
 
     /// Allocates `bytes` of IPC-exportable device memory (`cuMemAlloc`).
     pub fn alloc(&self, bytes: usize) -> Result<DeviceAllocation, CudaError> {
         self.bind()?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; the context is current.
-        check("cuMemAlloc", unsafe {
-            sys::cuMemAlloc_v2(&mut ptr, bytes.max(1))
-        })?;
         Ok(DeviceAllocation {
-            ptr,
+            memory: OnDevice::new(DeviceMemory::alloc(bytes)?, self),
             size: bytes,
-            device: self.clone(),
         })
     }
 
     /// Creates a non-blocking stream for this session's own work.
     pub fn stream(&self) -> Result<ClientStream, CudaError> {
         self.bind()?;
-        let mut raw: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the context is current.
-        check("cuStreamCreate", unsafe {
-            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        })?;
         Ok(ClientStream {
-            raw,
-            device: self.clone(),
+            stream: OnDevice::new(Stream::new()?, self),
         })
     }
 
     /// Creates an event another process can open (interprocess, no timing).
     pub fn ipc_event(&self) -> Result<IpcEvent, CudaError> {
         self.bind()?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
-            | sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32;
-        // SAFETY: valid out-pointer; the context is current.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(&mut raw, flags)
-        })?;
         Ok(IpcEvent {
-            raw,
-            device: self.clone(),
+            event: OnDevice::new(Event::interprocess()?, self),
         })
     }
 
@@ -307,23 +236,18 @@ impl CudaDevice {
         if owned.last() != Some(&0) {
             owned.push(0);
         }
-        let mut raw: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: `owned` is NUL-terminated (PTX) or a complete cubin/fatbin
         // image supplied by this process; it outlives the call.
-        check("cuModuleLoadData", unsafe {
-            sys::cuModuleLoadData(&mut raw, owned.as_ptr().cast())
-        })?;
+        let module = unsafe { Module::load(&owned) }?;
         Ok(LocalModule {
-            raw,
-            device: self.clone(),
+            module: OnDevice::new(module, self),
         })
     }
 
     /// Waits for all work of this process on the device.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.bind()?;
-        // SAFETY: the context is current; no pointers.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        Ok(driver::synchronize_current()?)
     }
 }
 
@@ -343,34 +267,21 @@ pub struct AllocationRange {
 }
 
 impl CudaDevice {
-    fn pointer_attribute<T: Element>(
-        ptr: u64,
-        attribute: sys::CUpointer_attribute,
-    ) -> Result<T, CudaError> {
-        let mut value = MaybeUninit::<T>::zeroed();
-        // SAFETY: `value` is a zeroed, writable `T` of the size the
-        // attribute's documented result type has (callers pick `T` per
-        // attribute); the driver validates `ptr`.
-        check("cuPointerGetAttribute", unsafe {
-            sys::cuPointerGetAttribute(value.as_mut_ptr().cast(), attribute, ptr)
-        })?;
-        // SAFETY: zero-initialized above and every bit pattern is a valid `T`.
-        Ok(unsafe { value.assume_init() })
-    }
-
     /// The allocation holding device address `ptr` (memory this process
     /// allocated on this device by any means, e.g. a framework's caching
     /// allocator). Memory legacy IPC cannot export is refused here as
     /// [`CudaError::NotIpcExportable`].
     pub fn locate(&self, ptr: u64) -> Result<AllocationRange, CudaError> {
-        use sys::CUpointer_attribute as Attr;
+        use driver::{
+            pointer_attribute as attribute, BUFFER_ID, DEVICE_ORDINAL, IS_LEGACY_CUDA_IPC_CAPABLE,
+            MEMORY_TYPE, MEMORY_TYPE_DEVICE, RANGE_SIZE, RANGE_START_ADDR,
+        };
         self.bind()?;
-        let memory_type: u32 =
-            Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)?;
-        if memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        let memory_type = attribute(ptr, MEMORY_TYPE)?;
+        if memory_type != MEMORY_TYPE_DEVICE {
             return Err(CudaError::NotDeviceMemory { ptr, memory_type });
         }
-        let ordinal: i32 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?;
+        let ordinal = attribute(ptr, DEVICE_ORDINAL)?;
         if u32::try_from(ordinal).ok() != Some(self.ordinal()) {
             return Err(CudaError::WrongDevice {
                 ptr,
@@ -378,21 +289,15 @@ impl CudaDevice {
                 found: ordinal.max(0) as u32,
             });
         }
-        // The driver writes a C `bool` here; a zeroed u32 read as != 0
-        // does not depend on how many bytes it writes.
-        let ipc_capable: u32 =
-            Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)?;
+        let ipc_capable = attribute(ptr, IS_LEGACY_CUDA_IPC_CAPABLE)?;
         // Checked before the range queries, which VMM memory may not answer.
         if ipc_capable == 0 {
             return Err(CudaError::NotIpcExportable { ptr });
         }
-        let base: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
-        let size: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
-        let buffer_id: u64 = Self::pointer_attribute(ptr, Attr::CU_POINTER_ATTRIBUTE_BUFFER_ID)?;
         Ok(AllocationRange {
-            base,
-            size,
-            buffer_id,
+            base: attribute(ptr, RANGE_START_ADDR)?,
+            size: attribute(ptr, RANGE_SIZE)?,
+            buffer_id: attribute(ptr, BUFFER_ID)?,
             ipc_capable: ipc_capable != 0,
         })
     }
@@ -405,21 +310,15 @@ impl CudaDevice {
             return Err(CudaError::NotIpcExportable { ptr: range.base });
         }
         self.bind()?;
-        let mut handle = MaybeUninit::<sys::CUipcMemHandle>::uninit();
-        // SAFETY: valid out-pointer; the driver checks that `base` starts an
-        // allocation of the current context.
-        let code = unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), range.base) };
         // A driver that reports VMM memory as capable still refuses it here.
-        if matches!(
-            code,
-            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED | sys::CUresult::CUDA_ERROR_INVALID_VALUE
-        ) {
-            return Err(CudaError::NotIpcExportable { ptr: range.base });
+        let refused = ["CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE"];
+        match driver::ipc_mem_handle(range.base) {
+            Ok(handle) => Ok(handle),
+            Err(e) if refused.contains(&e.name.as_str()) => {
+                Err(CudaError::NotIpcExportable { ptr: range.base })
+            }
+            Err(e) => Err(e.into()),
         }
-        check("cuIpcGetMemHandle", code)?;
-        // SAFETY: initialized by the successful call above.
-        let handle = unsafe { handle.assume_init() };
-        Ok(handle.reserved.map(|b| b as u8))
     }
 }
 
@@ -436,19 +335,49 @@ macro_rules! elements {
 }
 elements!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
 
-/// Device memory from `cuMemAlloc`, freed on drop.
+/// A driver object of one device, used with that device's context current.
+/// On drop the object is released with its context current, and before the
+/// [`CudaDevice`] it holds (so before the context itself may be released);
+/// if the context cannot be made current (the driver is shutting down) the
+/// object is left to the driver rather than released in another context.
 #[derive(Debug)]
-pub struct DeviceAllocation {
-    ptr: sys::CUdeviceptr,
-    size: usize,
+struct OnDevice<T> {
+    object: ManuallyDrop<T>,
     device: CudaDevice,
 }
 
-// SAFETY: a device address is an integer; every access goes through the
-// driver, which is thread-safe.
-unsafe impl Send for DeviceAllocation {}
-// SAFETY: as above; `&self` methods only read the address.
-unsafe impl Sync for DeviceAllocation {}
+impl<T> OnDevice<T> {
+    fn new(object: T, device: &CudaDevice) -> Self {
+        OnDevice {
+            object: ManuallyDrop::new(object),
+            device: device.clone(),
+        }
+    }
+
+    /// Makes the device's context current on this thread, for a use of the
+    /// object.
+    fn bind(&self) -> Result<&T, CudaError> {
+        self.device.bind()?;
+        Ok(&self.object)
+    }
+}
+
+impl<T> Drop for OnDevice<T> {
+    fn drop(&mut self) {
+        if self.device.bind().is_err() {
+            return;
+        }
+        // SAFETY: `object` is dropped here, once; `self` is never used again.
+        unsafe { ManuallyDrop::drop(&mut self.object) }
+    }
+}
+
+/// Device memory from `cuMemAlloc`, freed on drop.
+#[derive(Debug)]
+pub struct DeviceAllocation {
+    memory: OnDevice<DeviceMemory>,
+    size: usize,
+}
 
 impl DeviceAllocation {
     /// The allocation's size in bytes.
@@ -458,22 +387,24 @@ impl DeviceAllocation {
 
     /// The device address (for in-process launches).
     pub fn device_ptr(&self) -> u64 {
-        self.ptr
+        self.memory.object.ptr()
     }
 
     /// The device the memory lives on.
     pub fn device(&self) -> &CudaDevice {
-        &self.device
+        &self.memory.device
     }
 
     /// The UUID of the device the memory lives on.
     pub fn device_uuid(&self) -> &str {
-        self.device.uuid()
+        self.memory.device.uuid()
     }
 
-    fn span(&self, offset: usize, len: usize) -> Result<(), CudaError> {
+    /// The device address of byte `offset`, if `len` bytes from there lie
+    /// inside the allocation.
+    fn span(&self, offset: usize, len: usize) -> Result<u64, CudaError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size => Ok(self.device_ptr() + offset as u64),
             _ => Err(CudaError::OutOfBounds {
                 offset,
                 len,
@@ -492,81 +423,40 @@ impl DeviceAllocation {
     /// after could read the old bytes, or have its output overwritten by the
     /// late copy. So the upload ends with a synchronization of the context.
     pub fn upload<T: Element>(&self, offset: usize, data: &[T]) -> Result<(), CudaError> {
-        let len = std::mem::size_of_val(data);
-        self.span(offset, len)?;
-        self.device.bind()?;
-        // SAFETY: `[offset, offset + len)` lies inside the allocation
-        // (checked); `data` is `len` readable bytes of a padding-free type.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr().cast(), len)
-        })?;
-        // SAFETY: the device's context is current (bound above).
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        let dst = self.span(offset, std::mem::size_of_val(data))?;
+        self.memory.bind()?;
+        // SAFETY: the span lies inside the allocation (checked), in the
+        // context just made current; `T` is padding-free.
+        unsafe { driver::copy_to_device(dst, data) }?;
+        Ok(driver::synchronize_current()?)
     }
 
     /// Copies from the device at byte `offset` into `out` (synchronous).
     pub fn download<T: Element>(&self, offset: usize, out: &mut [T]) -> Result<(), CudaError> {
-        let len = std::mem::size_of_val(out);
-        self.span(offset, len)?;
-        self.device.bind()?;
-        // SAFETY: the span is inside the allocation (checked); `out` is `len`
-        // writable bytes of a type for which every bit pattern is valid.
-        check("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset as u64, len)
-        })
+        let src = self.span(offset, std::mem::size_of_val(out))?;
+        self.memory.bind()?;
+        // SAFETY: the span lies inside the allocation (checked), in the
+        // context just made current; every bit pattern is a valid `T`.
+        Ok(unsafe { driver::copy_to_host(out, src) }?)
     }
 
     /// The 64-byte CUDA IPC handle naming this whole allocation.
     pub fn ipc_handle(&self) -> Result<[u8; 64], CudaError> {
-        self.device.bind()?;
-        let mut handle = MaybeUninit::<sys::CUipcMemHandle>::uninit();
-        // SAFETY: valid out-pointer; `ptr` is the base of a cuMemAlloc block.
-        check("cuIpcGetMemHandle", unsafe {
-            sys::cuIpcGetMemHandle(handle.as_mut_ptr(), self.ptr)
-        })?;
-        // SAFETY: initialized by the successful call above.
-        let handle = unsafe { handle.assume_init() };
-        Ok(handle.reserved.map(|b| b as u8))
-    }
-}
-
-impl Drop for DeviceAllocation {
-    fn drop(&mut self) {
-        if self.device.bind().is_err() {
-            return;
-        }
-        // SAFETY: `ptr` came from cuMemAlloc and is freed once.
-        let code = unsafe { sys::cuMemFree_v2(self.ptr) };
-        if let Err(e) = check("cuMemFree", code) {
-            tracing::warn!(error = %e, "freeing device memory");
-        }
+        let memory = self.memory.bind()?;
+        Ok(driver::ipc_mem_handle(memory.ptr())?)
     }
 }
 
 /// An interprocess event, destroyed on drop.
 #[derive(Debug)]
 pub struct IpcEvent {
-    raw: sys::CUevent,
-    device: CudaDevice,
+    event: OnDevice<Event>,
 }
-
-// SAFETY: event handles may be used from any thread of their context.
-unsafe impl Send for IpcEvent {}
-// SAFETY: as above.
-unsafe impl Sync for IpcEvent {}
 
 impl IpcEvent {
     /// The 64-byte handle another process opens with cuIpcOpenEventHandle.
     pub fn ipc_handle(&self) -> Result<[u8; 64], CudaError> {
-        self.device.bind()?;
-        let mut handle = MaybeUninit::<sys::CUipcEventHandle>::uninit();
-        // SAFETY: valid out-pointer; the event was created INTERPROCESS.
-        check("cuIpcGetEventHandle", unsafe {
-            sys::cuIpcGetEventHandle(handle.as_mut_ptr(), self.raw)
-        })?;
-        // SAFETY: initialized by the successful call above.
-        let handle = unsafe { handle.assume_init() };
-        Ok(handle.reserved.map(|b| b as u8))
+        Ok(self.event.bind()?.ipc_handle()?)
     }
 
     /// Records the event on a stream this crate did not create (a
@@ -577,11 +467,10 @@ impl IpcEvent {
     /// `stream` must be 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD`
     /// (2) or a live stream of this device's primary context.
     pub unsafe fn record_on_raw(&self, stream: usize) -> Result<(), CudaError> {
-        self.device.bind()?;
-        // SAFETY: the event is live; the stream is the caller's contract.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.raw, stream as sys::CUstream)
-        })
+        let event = self.event.bind()?;
+        // SAFETY: the stream is the caller's contract, and its context is
+        // now current.
+        Ok(unsafe { event.record_raw(stream as CUstream) }?)
     }
 
     /// Makes later work on a foreign stream (as in
@@ -590,80 +479,43 @@ impl IpcEvent {
     /// # Safety
     /// As for [`IpcEvent::record_on_raw`].
     pub unsafe fn wait_on_raw(&self, stream: usize) -> Result<(), CudaError> {
-        self.device.bind()?;
-        // SAFETY: the event is live; the stream is the caller's contract;
-        // flags must be 0.
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(stream as sys::CUstream, self.raw, 0)
-        })
+        let event = self.event.bind()?;
+        // SAFETY: as in `record_on_raw`.
+        Ok(unsafe { event.wait_raw(stream as CUstream) }?)
     }
 
     /// Blocks until the work before the event's last record is done (also
     /// when ptxd recorded it).
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        self.device.bind()?;
-        // SAFETY: the event is live.
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.raw)
-        })
-    }
-}
-
-impl Drop for IpcEvent {
-    fn drop(&mut self) {
-        if self.device.bind().is_err() {
-            return;
-        }
-        // SAFETY: `raw` came from cuEventCreate and is destroyed once.
-        let code = unsafe { sys::cuEventDestroy_v2(self.raw) };
-        if let Err(e) = check("cuEventDestroy", code) {
-            tracing::warn!(error = %e, "destroying an event");
-        }
+        Ok(self.event.bind()?.synchronize()?)
     }
 }
 
 /// A stream of the session's own work, destroyed on drop.
 #[derive(Debug)]
 pub struct ClientStream {
-    raw: sys::CUstream,
-    device: CudaDevice,
+    stream: OnDevice<Stream>,
 }
-
-// SAFETY: streams may be used from any thread of their context.
-unsafe impl Send for ClientStream {}
-// SAFETY: as above; the driver serializes operations on one stream.
-unsafe impl Sync for ClientStream {}
 
 impl ClientStream {
     /// Records `event` after the work enqueued so far.
     pub fn record(&self, event: &IpcEvent) -> Result<(), CudaError> {
-        self.device.bind()?;
-        // SAFETY: stream and event are live.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event.raw, self.raw)
-        })
+        Ok(self.stream.bind()?.record(&event.event.object)?)
     }
 
     /// Makes later work on this stream wait for `event` (e.g. one ptxd
     /// signals after a launch).
     pub fn wait(&self, event: &IpcEvent) -> Result<(), CudaError> {
-        self.device.bind()?;
-        // SAFETY: stream and event are live; flags must be 0.
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(self.raw, event.raw, 0)
-        })
+        Ok(self.stream.bind()?.wait(&event.event.object)?)
     }
 
     /// Blocks until the stream's work is done.
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        self.device.bind()?;
-        // SAFETY: the stream is live.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.raw)
-        })
+        Ok(self.stream.bind()?.synchronize()?)
     }
 
     /// Enqueues filling `count` 32-bit words at byte `offset` with `value`.
+    /// The caller keeps `memory` alive until the stream is synchronized.
     pub fn fill_u32(
         &self,
         memory: &DeviceAllocation,
@@ -671,74 +523,37 @@ impl ClientStream {
         value: u32,
         count: usize,
     ) -> Result<(), CudaError> {
-        memory.span(offset, count.saturating_mul(4))?;
-        self.device.bind()?;
-        // SAFETY: the span is inside the allocation (checked); the stream is
-        // live; the allocation outlives the enqueued fill as long as the
-        // caller keeps it until the stream is synchronized (documented).
-        check("cuMemsetD32Async", unsafe {
-            sys::cuMemsetD32Async(memory.ptr + offset as u64, value, count, self.raw)
-        })
-    }
-}
-
-impl Drop for ClientStream {
-    fn drop(&mut self) {
-        if self.device.bind().is_err() {
-            return;
-        }
-        // SAFETY: `raw` came from cuStreamCreate and is destroyed once.
-        let code = unsafe { sys::cuStreamDestroy_v2(self.raw) };
-        if let Err(e) = check("cuStreamDestroy", code) {
-            tracing::warn!(error = %e, "destroying a stream");
-        }
+        let dst = memory.span(offset, count.saturating_mul(4))?;
+        let stream = self.stream.bind()?;
+        // SAFETY: the span lies inside the allocation (checked); the
+        // allocation outlives the enqueued fill as long as the caller keeps
+        // it until the stream is synchronized (documented).
+        Ok(unsafe { stream.fill_u32(dst, value, count) }?)
     }
 }
 
 /// A module loaded into this process, unloaded on drop.
 #[derive(Debug)]
 pub struct LocalModule {
-    raw: sys::CUmodule,
-    device: CudaDevice,
+    module: OnDevice<Module>,
 }
-
-// SAFETY: module handles are usable from any thread of their context.
-unsafe impl Send for LocalModule {}
-// SAFETY: as above; only read.
-unsafe impl Sync for LocalModule {}
 
 impl LocalModule {
     /// Resolves a kernel.
     pub fn function(&self, name: &str) -> Result<LocalFunction<'_>, CudaError> {
         let cname = CString::new(name).map_err(|_| CudaError::BadName(name.to_string()))?;
-        self.device.bind()?;
-        let mut raw: sys::CUfunction = std::ptr::null_mut();
-        // SAFETY: the module is loaded; `cname` is NUL-terminated.
-        check("cuModuleGetFunction", unsafe {
-            sys::cuModuleGetFunction(&mut raw, self.raw, cname.as_ptr())
-        })?;
-        Ok(LocalFunction { raw, module: self })
+        let function = self.module.bind()?.function(&cname)?;
+        Ok(LocalFunction {
+            function,
+            module: self,
+        })
     }
 }
 
-impl Drop for LocalModule {
-    fn drop(&mut self) {
-        if self.device.bind().is_err() {
-            return;
-        }
-        // SAFETY: `raw` came from cuModuleLoadData and is unloaded once; the
-        // borrow in LocalFunction keeps every function from outliving it.
-        let code = unsafe { sys::cuModuleUnload(self.raw) };
-        if let Err(e) = check("cuModuleUnload", code) {
-            tracing::warn!(error = %e, "unloading a module");
-        }
-    }
-}
-
-/// A kernel of a [`LocalModule`].
+/// A kernel of a [`LocalModule`]; the borrow keeps the module loaded.
 #[derive(Debug, Clone, Copy)]
 pub struct LocalFunction<'m> {
-    raw: sys::CUfunction,
+    function: driver::Function,
     module: &'m LocalModule,
 }
 
@@ -756,40 +571,19 @@ impl LocalFunction<'_> {
         block: u32,
         params: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
-        self.module.device.bind()?;
-        // SAFETY: forwarded from the caller's contract; stream is live.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                self.raw,
-                grid,
-                1,
-                1,
-                block,
-                1,
-                1,
-                0,
-                stream.raw,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+        self.module.module.bind()?;
+        // SAFETY: forwarded from the caller's contract; the stream is live
+        // and the module loaded (borrowed).
+        Ok(unsafe {
+            self.function
+                .launch(grid, block, &stream.stream.object, params)
+        }?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuid_format_matches_nvidia_smi() {
-        let mut bytes = [0u8; 16];
-        bytes[0] = 0xab;
-        bytes[15] = 0x01;
-        assert_eq!(
-            format_uuid(&bytes),
-            "GPU-ab000000-0000-0000-0000-000000000001"
-        );
-    }
 
     #[test]
     fn without_libcuda_the_helpers_return_typed_errors() {

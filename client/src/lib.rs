@@ -29,6 +29,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 mod client;
 mod error;
 mod session;

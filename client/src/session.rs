@@ -523,12 +523,19 @@ impl Session {
 pub enum BufferSource {
     /// A CUDA IPC memory handle and the UUID of its device.
     CudaIpc {
+        /// The `cuIpcGetMemHandle` handle of the whole allocation; ptxd maps
+        /// it at the allocation's base.
         handle: [u8; 64],
+        /// The device the allocation lives on; ptxd refuses the buffer if
+        /// the mapped memory lives elsewhere.
         device_uuid: String,
     },
     /// A POSIX shared-memory object; `None` means the first host device.
     HostShm {
+        /// The object's name (`/…`, see [`crate::validate_shm_name`]), which
+        /// ptxd opens itself.
         name: String,
+        /// The host-backend device to register it on.
         device_uuid: Option<String>,
     },
 }

@@ -37,15 +37,21 @@ pub enum ShmError {
     /// An OS call failed.
     #[error("shared memory {name:?}: {call} failed: {errno}")]
     Os {
+        /// The shared-memory object's name.
         name: String,
+        /// The failed call, e.g. `shm_open` or `mmap`.
         call: &'static str,
+        /// What the OS answered.
         errno: Errno,
     },
     /// A typed access falls outside the buffer.
     #[error("access of {len} bytes at offset {offset} is outside the {size}-byte buffer")]
     OutOfBounds {
+        /// Where the access starts, in bytes from the buffer's start.
         offset: usize,
+        /// The access's length in bytes.
         len: usize,
+        /// The buffer's size in bytes.
         size: usize,
     },
 }

@@ -17,24 +17,49 @@ use std::path::{Path, PathBuf};
 /// Why a socket directory is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SocketDirError {
+    /// The path is a symlink, which could point anywhere another user
+    /// chose; it is not followed.
     #[error("socket directory {} is a symlink; refusing it (another user may have planted it)", .0.display())]
     Symlink(PathBuf),
+    /// The path exists but is a file, socket or other non-directory.
     #[error("socket directory {} is not a directory", .0.display())]
     NotADirectory(PathBuf),
+    /// Another user (not root) owns the directory and so controls what
+    /// socket sits in it.
     #[error(
         "socket directory {} is owned by uid {owner}, not by uid {uid} or root; refusing it \
          (another user may have created it first)",
         path.display()
     )]
-    NotOwned { path: PathBuf, owner: u32, uid: u32 },
+    NotOwned {
+        /// The directory.
+        path: PathBuf,
+        /// The uid that owns it.
+        owner: u32,
+        /// The uid it was checked for.
+        uid: u32,
+    },
+    /// Others may create or replace entries in the directory.
     #[error(
         "socket directory {} has mode {mode:04o}: group- or world-writable without the sticky \
          bit; refusing it (chmod 700 it, or remove it)",
         path.display()
     )]
-    Writable { path: PathBuf, mode: u32 },
+    Writable {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The directory exists but its metadata cannot be read, so it cannot
+    /// be trusted.
     #[error("cannot inspect socket directory {}: {message}", path.display())]
-    Inspect { path: PathBuf, message: String },
+    Inspect {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error, as text (to keep the error `Clone` and `Eq`).
+        message: String,
+    },
 }
 
 /// Checks `dir` for the user `euid` (see the module doc). A directory that

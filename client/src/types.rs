@@ -320,24 +320,38 @@ pub struct Launched {
 /// What closing a session released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CloseReport {
+    /// Buffers the session still had registered (their mappings are closed).
     pub buffers_released: u32,
+    /// Kernel references the session still held (a slot is freed when no
+    /// other session holds it).
     pub kernels_released: u32,
+    /// IPC events the session still had registered.
     pub events_released: u32,
 }
 
 /// A device ptxd can launch on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// The ordinal inside ptxd; under `CUDA_VISIBLE_DEVICES` it can differ
+    /// from this process's, so name devices by UUID across processes.
     pub ordinal: u32,
+    /// The UUID (`GPU-…`; host devices are `HOST-<n>`), which
+    /// [`DeviceSelector`] and buffer registration use.
     pub uuid: String,
+    /// The marketing name, e.g. `NVIDIA H200`.
     pub name: String,
+    /// Compute capability, major part (0 on the host backend).
     pub compute_major: u32,
+    /// Compute capability, minor part (0 on the host backend).
     pub compute_minor: u32,
     /// The current device generation (bumped on every executor start).
     pub generation: u64,
+    /// Device memory in bytes (0 on the host backend).
     pub total_memory: u64,
     /// True while the device's executor is up.
     pub available: bool,
+    /// How often the device's executor has been restarted (after a fault,
+    /// a timeout or an exit); each restart makes its kernels stale.
     pub restarts: u64,
 }
 
@@ -360,30 +374,50 @@ impl From<pb::Device> for DeviceInfo {
 /// ptxd's configured limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Limits {
+    /// Slots in the kernel bank: distinct loaded kernels, over all sessions
+    /// (sessions loading the same artifact share one).
     pub slots: u32,
+    /// The largest artifact (PTX, cubin, fatbin) a load may carry, in bytes.
     pub max_artifact_bytes: u64,
+    /// The largest gRPC request message, in bytes.
     pub max_request_bytes: u64,
+    /// Open sessions at most.
     pub max_sessions: u32,
+    /// Registered buffers per session at most.
     pub max_buffers_per_session: u32,
+    /// Kernels held per session at most.
     pub max_kernels_per_session: u32,
+    /// Registered buffer bytes per session at most.
     pub max_buffer_bytes_per_session: u64,
+    /// Registered events per session at most.
     pub max_events_per_session: u32,
-    /// Per-tenant quotas (a tenant is a peer uid; all TCP callers are one).
+    /// Per-tenant quotas (a tenant is a peer uid; all TCP callers are one):
+    /// open sessions.
     pub max_sessions_per_uid: u32,
+    /// Distinct slots a tenant's sessions may hold.
     pub max_slots_per_uid: u32,
+    /// Registered buffers of a tenant's sessions.
     pub max_buffers_per_uid: u32,
-    /// Loaded artifact bytes: in total, per tenant, per session.
+    /// Loaded artifact bytes in total (what the executors hold for compiled
+    /// kernels; a shared kernel counts in full for each holder in the
+    /// per-tenant and per-session limits).
     pub max_loaded_bytes: u64,
+    /// Loaded artifact bytes per tenant.
     pub max_loaded_bytes_per_uid: u64,
+    /// Loaded artifact bytes per session.
     pub max_loaded_bytes_per_session: u64,
 }
 
 /// What the caller's tenant holds against its quotas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
+    /// Open sessions.
     pub sessions: u32,
+    /// Distinct slots its sessions hold.
     pub slots: u32,
+    /// Registered buffers.
     pub buffers: u32,
+    /// Artifact bytes of those slots.
     pub loaded_bytes: u64,
 }
 
@@ -422,13 +456,19 @@ impl From<pb::Limits> for Limits {
 /// What `GetInfo` reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonInfo {
+    /// The daemon's version (its Cargo package version).
     pub version: String,
     /// `"cuda"` or `"host"`.
     pub backend: String,
+    /// Every device the daemon serves.
     pub devices: Vec<DeviceInfo>,
+    /// Slots in use, including slots of dead generations not yet reclaimed.
     pub slots_used: u32,
+    /// The configured limits (all zero from a daemon that sent none).
     pub limits: Limits,
+    /// Open sessions, over all tenants.
     pub sessions: u32,
+    /// This daemon boot's id (hex): handles from another boot are stale.
     pub boot_id: String,
     /// Artifact bytes loaded in all executors.
     pub loaded_bytes: u64,
@@ -458,14 +498,21 @@ impl From<pb::GetInfoResponse> for DaemonInfo {
 /// A kernel a session holds, as `ListKernels` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelListing {
+    /// The kernel handle, as [`Kernel`](crate::Kernel) holds it.
     pub handle: String,
+    /// The entry point's name in the artifact.
     pub symbol: String,
+    /// The label given at load ([`LoadOptions`]).
     pub label: String,
+    /// The device it was loaded on.
     pub device_uuid: String,
+    /// The device generation it was loaded in.
     pub generation: u64,
+    /// The ABI ptxd derived from the artifact at load.
     pub signature: KernelSignature,
     /// False once the kernel's generation is dead.
     pub live: bool,
+    /// The artifact's content hash (blake3, hex).
     pub artifact_hash: String,
     /// Sessions sharing the slot.
     pub references: u32,
@@ -490,12 +537,17 @@ impl From<pb::KernelInfo> for KernelListing {
 /// A buffer a session registered, as `ListBuffers` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BufferListing {
+    /// The buffer handle, as [`Buffer`] holds it.
     pub handle: String,
+    /// The label given at registration.
     pub label: String,
     /// `"cuda_ipc"` or `"host_shm"`.
     pub kind: String,
+    /// The device whose executor maps it.
     pub device_uuid: String,
+    /// The registered size in bytes (launches are bounds-checked against it).
     pub size: u64,
+    /// The device generation the mapping is open in.
     pub generation: u64,
     /// False if it could not be re-opened after an executor restart.
     pub live: bool,
@@ -521,15 +573,25 @@ impl From<pb::BufferInfo> for BufferListing {
 pub enum SessionEvent {
     /// A device's executor restarted: kernels loaded on it are stale.
     ExecutorRestarted {
+        /// The device.
         device_uuid: String,
+        /// The generation that died (its kernels and mappings are stale).
         old_generation: u64,
+        /// The generation now running.
         new_generation: u64,
+        /// Why it restarted, e.g. `KERNEL_FAULT` or `exited`.
         cause: String,
     },
     /// The daemon is draining; reconnect elsewhere.
-    Draining { reason: String },
+    Draining {
+        /// The daemon's reason, for logs.
+        reason: String,
+    },
     /// The lease stream ended: the session is over.
-    Ended { why: String },
+    Ended {
+        /// What ended it (the daemon closed the lease, or the stream broke).
+        why: String,
+    },
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The CUDA executor backend: one process drives one device through the
-//! driver API (cudarc's raw layer, wrapped in [`driver`]).
+//! driver API, by way of [`driver`] (the SDK's layer over cudarc, shared with
+//! the SDK's own CUDA helpers).
 //!
 //! The front has verified every artifact and checked every launch (owner,
 //! device, generation, bounds); this backend still re-checks what it can
@@ -11,7 +12,13 @@
 //!   `cuInit` succeeded, so a machine without `libcuda` gets an error, never
 //!   cudarc's panic.
 //! - All work runs in the device's primary context, current on the request
-//!   thread and on every stream waiter thread.
+//!   thread, on every stream waiter thread and on the watchdog thread (the
+//!   driver layer's objects assume the context current and never bind it).
+//! - No driver object is destroyed while another thread may still use it:
+//!   streams are destroyed by their own waiter thread, after its last
+//!   synchronization; modules and mappings by the request thread, after
+//!   draining; events by whichever thread drops the last use (the driver
+//!   defers destroying an event still pending).
 //! - An IPC handle is opened once per executor however many buffers name it
 //!   (the driver would hand back the same pointer anyway); the mapping is
 //!   closed when the last buffer naming it closes, after the context has
@@ -45,7 +52,6 @@
 //! so): the CUDA backend maps device memory only; sessions that hold host
 //! tensors use the host backend.
 
-mod driver;
 mod watchdog;
 
 use std::collections::HashMap;
@@ -60,8 +66,8 @@ use ptxd_proto::executor::{
 };
 
 use super::child::{serve_stdio, Backend, Replier};
-use driver::{
-    DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream,
+use ptxd_client::cuda::driver::{
+    self, DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream,
 };
 use watchdog::{take_reply, SharedReply, Watchdog, Watched};
 
@@ -369,6 +375,7 @@ impl CudaBackend {
                 seen: devices.iter().map(|d| d.uuid.clone()).collect(),
             })?;
         let context = Arc::new(PrimaryContext::retain(device.device)?);
+        context.set_current()?;
         Ok(CudaBackend {
             device,
             devices,
@@ -437,7 +444,9 @@ impl CudaBackend {
                 &[],
             );
         };
-        let (module, info_log) = match Module::load(&image) {
+        // SAFETY: a PTX image ends in the NUL pushed above; a cubin's or
+        // fatbin's headers were checked against its length.
+        let (module, info_log) = match unsafe { Module::load_with_logs(&image) } {
             Ok(loaded) => loaded,
             Err(failure) if failure.error.is_sticky() => {
                 return fail_driver(reply, &failure.error, "loading a module")

@@ -27,9 +27,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ptxd_client::cuda::driver::{DriverError, Event, PrimaryContext};
 use ptxd_proto::executor::FailureKind;
 
-use super::driver::{DriverError, Event, PrimaryContext};
 use crate::executor::child::{Channel, Replier};
 
 /// The reply of a sync launch: taken by the stream's waiter when the stream

@@ -1,0 +1,869 @@
+//! The one layer over the CUDA driver API, shared by the SDK's helpers
+//! ([`super`]) and ptxd's CUDA executor.
+//!
+//! It follows cudarc's layering: `cudarc::driver::sys` is the raw FFI,
+//! `cudarc::driver::result` wraps one call each, and this module is the only
+//! place in ptxd that uses either. A call cudarc wraps goes through
+//! `result`; the few it lacks (legacy IPC handles, pointer attributes and
+//! address ranges, `cuFuncGetParamInfo`, `cuModuleLoadDataEx` with the JIT's
+//! logs, `cuMemsetD32Async`, `cuCtxSynchronize_v2`, and `cuEventCreate`,
+//! whose cudarc wrapper takes a single flag) are written here on `sys`, once
+//! each. Every failure becomes a [`DriverError`] naming the entry point and
+//! the driver's name for the result.
+//!
+//! Invariants, kept by the callers:
+//! - Nothing here but [`library_present`] is called before it returned true
+//!   and [`init`] succeeded: cudarc's loader panics when libcuda is missing.
+//! - Every method of a driver object runs, and every object is dropped,
+//!   while the context it was created in is current on the calling thread.
+//!   Only [`PrimaryContext::set_current`] and [`SavedContext::restore`]
+//!   change the current context: the SDK binds its device's context before
+//!   each call, the executor keeps its one context current on every thread
+//!   it starts.
+//! - Each owning type releases its driver object exactly once, on drop; a
+//!   failed release is logged (the driver object is gone or the context is
+//!   poisoned either way), not returned.
+//! - Handles are `Send` and `Sync` because the driver API is thread-safe for
+//!   distinct calls on one object; no object is destroyed while another
+//!   thread may still use it, because destruction takes ownership.
+
+use std::ffi::{c_uint, c_void, CStr};
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+
+use cudarc::driver::result::{self, stream::StreamKind, DriverError as RawError};
+use cudarc::driver::sys;
+
+/// A raw stream handle, for work on streams this layer did not create (a
+/// framework's, or the legacy default stream).
+pub use cudarc::driver::sys::CUstream;
+
+/// A failed driver call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed: {name}")]
+pub struct DriverError {
+    /// The driver entry point that failed (or, for a failure next to the
+    /// driver such as spawning a thread that would drive it, what was being
+    /// done).
+    pub call: &'static str,
+    /// The driver's name for the error, e.g. `CUDA_ERROR_INVALID_VALUE`
+    /// (`CUresult(N)` for a code the driver cannot name). Callers match on
+    /// it rather than on codes, so that codes newer than the headers need no
+    /// feature gate.
+    pub name: String,
+}
+
+/// Errors after which the process's every context is unusable (measured on
+/// an H200: even `cuCtxCreate` fails afterwards). Matched by name so that
+/// codes added in newer headers (e.g. `CUDA_ERROR_CONTAINED`) need no
+/// feature gate.
+const STICKY_ERRORS: &[&str] = &[
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_CONTAINED",
+    "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+    "CUDA_ERROR_EXTERNAL_DEVICE",
+];
+
+impl DriverError {
+    fn from_code(call: &'static str, code: sys::CUresult) -> Self {
+        let name = match RawError(code).error_name() {
+            Ok(name) => name.to_string_lossy().into_owned(),
+            Err(_) => format!("CUresult({})", code as u32),
+        };
+        DriverError { call, name }
+    }
+
+    /// Whether this error poisoned the process's contexts for good: the
+    /// process must exit before the device can be used again.
+    pub fn is_sticky(&self) -> bool {
+        STICKY_ERRORS.contains(&self.name.as_str())
+    }
+}
+
+/// Names the failure of a cudarc `result` call after its entry point.
+trait Named<T> {
+    fn named(self, call: &'static str) -> Result<T, DriverError>;
+}
+
+impl<T> Named<T> for Result<T, RawError> {
+    fn named(self, call: &'static str) -> Result<T, DriverError> {
+        self.map_err(|RawError(code)| DriverError::from_code(call, code))
+    }
+}
+
+/// The same for a raw `CUresult` of a call made on `sys`.
+fn check(call: &'static str, code: sys::CUresult) -> Result<(), DriverError> {
+    code.result().named(call)
+}
+
+/// Logs a failed release from a `Drop`: there is no caller to return it to,
+/// and the object is gone (or its context poisoned) either way.
+fn log_release(released: Result<(), DriverError>, doing: &str) {
+    if let Err(e) = released {
+        tracing::warn!(error = %e, "{doing}");
+    }
+}
+
+/// Whether libcuda can be loaded; must be true before any other call here.
+pub fn library_present() -> bool {
+    // SAFETY: only tries to dlopen the candidate library names and drops the
+    // handles; it calls no driver function.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Initializes the driver (idempotent). Call only after
+/// [`library_present`] returned true.
+pub fn init() -> Result<(), DriverError> {
+    result::init().named("cuInit")
+}
+
+/// Formats a device UUID the way `nvidia-smi -L` prints it, which is how
+/// ptxd and its sessions name devices.
+pub fn format_uuid(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// What the driver reports about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The ordinal in this process (it depends on `CUDA_VISIBLE_DEVICES`;
+    /// the UUID does not).
+    pub ordinal: u32,
+    /// The driver's handle, for [`PrimaryContext::retain`].
+    pub device: sys::CUdevice,
+    /// The UUID as [`format_uuid`] writes it.
+    pub uuid: String,
+    /// The marketing name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Compute capability, major part.
+    pub compute_major: u32,
+    /// Compute capability, minor part.
+    pub compute_minor: u32,
+    /// Device memory in bytes.
+    pub total_memory: u64,
+}
+
+/// The device with this ordinal (as this process numbers them).
+pub fn device(ordinal: u32) -> Result<DeviceInfo, DriverError> {
+    // A negative ordinal (from a huge u32) is refused by the driver.
+    let device = result::device::get(ordinal as i32).named("cuDeviceGet")?;
+    let name = result::device::get_name(device).named("cuDeviceGetName")?;
+    let uuid = result::device::get_uuid(device).named("cuDeviceGetUuid")?;
+    // SAFETY: `device` came from cuDeviceGet.
+    let total_memory = unsafe { result::device::total_mem(device) }.named("cuDeviceTotalMem")?;
+    let attribute = |attribute| {
+        // SAFETY: `device` came from cuDeviceGet.
+        unsafe { result::device::get_attribute(device, attribute) }
+            .named("cuDeviceGetAttribute")
+            .map(|value| value as u32)
+    };
+    use sys::CUdevice_attribute::*;
+    Ok(DeviceInfo {
+        ordinal,
+        device,
+        uuid: format_uuid(&uuid.bytes.map(|b| b as u8)),
+        name,
+        compute_major: attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        compute_minor: attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        total_memory: total_memory as u64,
+    })
+}
+
+/// Every device this process sees, in ordinal order.
+pub fn devices() -> Result<Vec<DeviceInfo>, DriverError> {
+    let count = result::device::get_count().named("cuDeviceGetCount")?;
+    (0..count.max(0) as u32).map(device).collect()
+}
+
+/// A retained primary context of one device; released on drop.
+#[derive(Debug)]
+pub struct PrimaryContext {
+    device: sys::CUdevice,
+    context: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext may be made current on any thread; the handle itself is
+// an opaque pointer the driver synchronizes.
+unsafe impl Send for PrimaryContext {}
+// SAFETY: as above; every method only reads the handle.
+unsafe impl Sync for PrimaryContext {}
+
+impl PrimaryContext {
+    /// Retains the device's primary context, without making it current: it
+    /// and every object created in it live at least until this is dropped.
+    pub fn retain(device: sys::CUdevice) -> Result<Self, DriverError> {
+        // SAFETY: a CUdevice is an ordinal the driver validates (an unknown
+        // one is CUDA_ERROR_INVALID_DEVICE); nothing is dereferenced.
+        let context =
+            unsafe { result::primary_ctx::retain(device) }.named("cuDevicePrimaryCtxRetain")?;
+        Ok(PrimaryContext { device, context })
+    }
+
+    /// Makes the context current on the calling thread.
+    pub fn set_current(&self) -> Result<(), DriverError> {
+        // SAFETY: the context is retained for as long as `self` lives.
+        unsafe { result::ctx::set_current(self.context) }.named("cuCtxSetCurrent")
+    }
+
+    /// Waits for all work in this context, whichever context is current
+    /// (`cuCtxSynchronize_v2`, CUDA 13; cudarc wraps only the older call).
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        // SAFETY: the context is retained; the call takes no pointers.
+        check("cuCtxSynchronize", unsafe {
+            sys::cuCtxSynchronize_v2(self.context)
+        })
+    }
+}
+
+impl Drop for PrimaryContext {
+    fn drop(&mut self) {
+        // SAFETY: balances the one cuDevicePrimaryCtxRetain in `retain`.
+        let released = unsafe { result::primary_ctx::release(self.device) };
+        log_release(
+            released.named("cuDevicePrimaryCtxRelease"),
+            "releasing the primary context",
+        );
+    }
+}
+
+/// Waits for all work in the calling thread's current context
+/// (`cuCtxSynchronize`, which every driver since CUDA 2 has, unlike
+/// [`PrimaryContext::synchronize`]).
+pub fn synchronize_current() -> Result<(), DriverError> {
+    result::ctx::synchronize().named("cuCtxSynchronize")
+}
+
+/// The context current on the calling thread when this was made (or none),
+/// to be made current again later: a caller sharing its thread with a
+/// framework puts back what the framework had.
+#[derive(Debug)]
+pub struct SavedContext(Option<sys::CUcontext>);
+
+impl SavedContext {
+    /// Saves the calling thread's current context.
+    pub fn save() -> Result<Self, DriverError> {
+        result::ctx::get_current()
+            .named("cuCtxGetCurrent")
+            .map(SavedContext)
+    }
+
+    /// Makes the saved context current again (with none saved, unbinds).
+    pub fn restore(self) -> Result<(), DriverError> {
+        let context = self.0.unwrap_or(std::ptr::null_mut());
+        // SAFETY: the context was current on this thread when saved (the
+        // type is not Send), so its owner still holds it unless it destroyed
+        // it since, which the driver reports; null unbinds.
+        unsafe { result::ctx::set_current(context) }.named("cuCtxSetCurrent")
+    }
+}
+
+/// Device memory from `cuMemAlloc`, never from a stream-ordered pool (pool
+/// memory cannot be exported by legacy IPC); freed on drop.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    ptr: sys::CUdeviceptr,
+}
+
+impl DeviceMemory {
+    /// Allocates `bytes` in the current context (at least one byte: the
+    /// driver refuses zero).
+    pub fn alloc(bytes: usize) -> Result<Self, DriverError> {
+        // SAFETY: the memory is left uninitialized, which is fine for device
+        // memory that host code only reads through copies of plain bytes.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.named("cuMemAlloc")?;
+        Ok(DeviceMemory { ptr })
+    }
+
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from cuMemAlloc and is freed once.
+        let freed = unsafe { result::free_sync(self.ptr) };
+        log_release(freed.named("cuMemFree"), "freeing device memory");
+    }
+}
+
+/// Copies `src` to device address `dst`. From pageable memory this returns
+/// once the bytes are staged, not once they are in device memory.
+///
+/// # Safety
+/// `[dst, dst + size_of_val(src))` must lie in device memory of the current
+/// context, and `T` must have no padding bytes.
+pub unsafe fn copy_to_device<T: Copy>(dst: u64, src: &[T]) -> Result<(), DriverError> {
+    // SAFETY: the caller's contract; `src` is readable for its whole length.
+    unsafe { result::memcpy_htod_sync(dst, src) }.named("cuMemcpyHtoD")
+}
+
+/// Copies from device address `src` into `dst` (synchronous).
+///
+/// # Safety
+/// `[src, src + size_of_val(dst))` must lie in device memory of the current
+/// context, and every bit pattern must be a valid `T`.
+pub unsafe fn copy_to_host<T: Copy>(dst: &mut [T], src: u64) -> Result<(), DriverError> {
+    // SAFETY: the caller's contract; `dst` is writable for its whole length.
+    unsafe { result::memcpy_dtoh_sync(dst, src) }.named("cuMemcpyDtoH")
+}
+
+/// The 64-byte legacy IPC handle of the allocation that starts at `base`
+/// (in the current context); another process maps it with
+/// [`IpcMapping::open`].
+pub fn ipc_mem_handle(base: u64) -> Result<[u8; 64], DriverError> {
+    let mut handle = MaybeUninit::<sys::CUipcMemHandle>::uninit();
+    // SAFETY: valid out-pointer; the driver checks that `base` starts an
+    // allocation of the current context.
+    check("cuIpcGetMemHandle", unsafe {
+        sys::cuIpcGetMemHandle(handle.as_mut_ptr(), base)
+    })?;
+    // SAFETY: initialized by the successful call above.
+    let handle = unsafe { handle.assume_init() };
+    Ok(handle.reserved.map(|b| b as u8))
+}
+
+/// A pointer attribute paired with the type the driver writes for it, so
+/// that [`pointer_attribute`] cannot be asked to write past its value. Only
+/// the constants below exist.
+#[derive(Debug, Clone, Copy)]
+pub struct PointerAttribute<T> {
+    attribute: sys::CUpointer_attribute,
+    value: PhantomData<fn() -> T>,
+}
+
+impl<T> PointerAttribute<T> {
+    const fn new(attribute: sys::CUpointer_attribute) -> Self {
+        PointerAttribute {
+            attribute,
+            value: PhantomData,
+        }
+    }
+}
+
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: a `CUmemorytype` value, such as
+/// [`MEMORY_TYPE_DEVICE`].
+pub const MEMORY_TYPE: PointerAttribute<u32> =
+    PointerAttribute::new(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
+/// The [`MEMORY_TYPE`] of device memory (rather than host or array memory).
+pub const MEMORY_TYPE_DEVICE: u32 = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`: the device the memory lives on.
+pub const DEVICE_ORDINAL: PointerAttribute<i32> =
+    PointerAttribute::new(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL);
+/// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`: nonzero when
+/// `cuIpcGetMemHandle` can export the memory. The driver writes a C `bool`;
+/// read into a zeroed `u32`, nonzero means true however many bytes it
+/// writes.
+pub const IS_LEGACY_CUDA_IPC_CAPABLE: PointerAttribute<u32> = PointerAttribute::new(
+    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+);
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`: the allocation's first address.
+pub const RANGE_START_ADDR: PointerAttribute<u64> =
+    PointerAttribute::new(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR);
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`: the allocation's size in bytes.
+pub const RANGE_SIZE: PointerAttribute<u64> =
+    PointerAttribute::new(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE);
+/// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique to the allocation over the
+/// process's lifetime (a new allocation at a reused address gets a new id).
+pub const BUFFER_ID: PointerAttribute<u64> =
+    PointerAttribute::new(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID);
+
+/// One attribute of the memory at device address `ptr`.
+pub fn pointer_attribute<T: Copy>(
+    ptr: u64,
+    attribute: PointerAttribute<T>,
+) -> Result<T, DriverError> {
+    let mut value = MaybeUninit::<T>::zeroed();
+    // SAFETY: `value` is a writable `T`, and every PointerAttribute (all are
+    // the constants above) pairs the attribute with the type of at least the
+    // size the driver writes; the driver validates `ptr`.
+    check("cuPointerGetAttribute", unsafe {
+        sys::cuPointerGetAttribute(value.as_mut_ptr().cast(), attribute.attribute, ptr)
+    })?;
+    // SAFETY: zero-initialized above, and every `T` of a constant above is an
+    // integer, for which every bit pattern is valid.
+    Ok(unsafe { value.assume_init() })
+}
+
+/// A mapping of another process's device allocation; closed on drop.
+#[derive(Debug)]
+pub struct IpcMapping {
+    ptr: sys::CUdeviceptr,
+}
+
+impl IpcMapping {
+    /// Opens a 64-byte `CUipcMemHandle`, with peer access enabled lazily so
+    /// a handle from a peer device maps too (and is then caught as a device
+    /// mismatch rather than as an opaque failure).
+    pub fn open(handle: &[u8; 64]) -> Result<Self, DriverError> {
+        let raw_handle = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; the handle is passed by value
+        // and the driver validates its contents.
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                raw_handle,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        })?;
+        Ok(IpcMapping { ptr })
+    }
+
+    /// The mapped base address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The ordinal (in this process) of the device the memory lives on.
+    pub fn device_ordinal(&self) -> Result<u32, DriverError> {
+        pointer_attribute(self.ptr, DEVICE_ORDINAL).map(|ordinal| ordinal.max(0) as u32)
+    }
+
+    /// The size of the whole allocation behind the handle.
+    pub fn allocation_size(&self) -> Result<u64, DriverError> {
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: valid out-pointers; the mapping is live.
+        check("cuMemGetAddressRange", unsafe {
+            sys::cuMemGetAddressRange_v2(&mut base, &mut size, self.ptr)
+        })?;
+        // An IPC handle names a whole allocation and maps at its base, so
+        // the range starts at `ptr`; if it ever did not, count from `ptr`.
+        Ok((base + size as u64).saturating_sub(self.ptr))
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from cuIpcOpenMemHandle and is closed once.
+        let code = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        log_release(check("cuIpcCloseMemHandle", code), "closing an IPC mapping");
+    }
+}
+
+/// A stream that does not synchronize with the legacy default stream, so
+/// one session's work never waits on another's by accident; destroyed on
+/// drop.
+#[derive(Debug)]
+pub struct Stream {
+    raw: sys::CUstream,
+}
+
+// SAFETY: streams may be used from any thread of their context; the driver
+// serializes operations on one stream.
+unsafe impl Send for Stream {}
+// SAFETY: as above; every method takes `&self` and only passes the handle.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// Creates a non-blocking stream in the current context.
+    pub fn new() -> Result<Self, DriverError> {
+        let raw = result::stream::create(StreamKind::NonBlocking).named("cuStreamCreate")?;
+        Ok(Stream { raw })
+    }
+
+    /// Waits for everything enqueued so far; reports the first error of a
+    /// kernel on it (or a sticky error of the context).
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        // SAFETY: the stream is live.
+        unsafe { result::stream::synchronize(self.raw) }.named("cuStreamSynchronize")
+    }
+
+    /// Makes later work on this stream wait for `event`'s last record.
+    pub fn wait(&self, event: &Event) -> Result<(), DriverError> {
+        // SAFETY: this is a live stream of the current context.
+        unsafe { event.wait_raw(self.raw) }
+    }
+
+    /// Records `event` after the work enqueued so far.
+    pub fn record(&self, event: &Event) -> Result<(), DriverError> {
+        // SAFETY: this is a live stream of the current context.
+        unsafe { event.record_raw(self.raw) }
+    }
+
+    /// Enqueues filling `count` 32-bit words at device address `dst` with
+    /// `value` (cudarc wraps only the byte-wise fill).
+    ///
+    /// # Safety
+    /// `[dst, dst + 4 * count)` must lie in device memory of the current
+    /// context that stays allocated until the stream is synchronized.
+    pub unsafe fn fill_u32(&self, dst: u64, value: u32, count: usize) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract; the stream is live.
+        check("cuMemsetD32Async", unsafe {
+            sys::cuMemsetD32Async(dst, value, count, self.raw)
+        })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from cuStreamCreate and is destroyed once.
+        let destroyed = unsafe { result::stream::destroy(self.raw) };
+        log_release(destroyed.named("cuStreamDestroy"), "destroying a stream");
+    }
+}
+
+/// An event without timing, to mark a point in a stream; destroyed on drop.
+#[derive(Debug)]
+pub struct Event {
+    raw: sys::CUevent,
+}
+
+// SAFETY: events may be used from any thread of their context.
+unsafe impl Send for Event {}
+// SAFETY: as above; every method takes `&self` and only passes the handle.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// The one `cuEventCreate`: cudarc's wrapper takes a single
+    /// `CUevent_flags` value, and an interprocess event needs two.
+    fn create(flags: c_uint) -> Result<Self, DriverError> {
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; callers pass valid
+        // CUevent_flags bits.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, flags)
+        })?;
+        Ok(Event { raw })
+    }
+
+    /// Creates an event in the current context, for this process only.
+    pub fn marker() -> Result<Self, DriverError> {
+        Self::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint)
+    }
+
+    /// Creates an event in the current context that another process can
+    /// open from [`Event::ipc_handle`].
+    pub fn interprocess() -> Result<Self, DriverError> {
+        Self::create(
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint
+                | sys::CUevent_flags::CU_EVENT_INTERPROCESS as c_uint,
+        )
+    }
+
+    /// Opens a 64-byte `CUipcEventHandle` from another process.
+    pub fn open_ipc(handle: &[u8; 64]) -> Result<Self, DriverError> {
+        let raw_handle = sys::CUipcEventHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the handle is passed by value
+        // and the driver validates its contents.
+        check("cuIpcOpenEventHandle", unsafe {
+            sys::cuIpcOpenEventHandle(&mut raw, raw_handle)
+        })?;
+        Ok(Event { raw })
+    }
+
+    /// The 64-byte handle another process opens with [`Event::open_ipc`]
+    /// (the event must come from [`Event::interprocess`]).
+    pub fn ipc_handle(&self) -> Result<[u8; 64], DriverError> {
+        let mut handle = MaybeUninit::<sys::CUipcEventHandle>::uninit();
+        // SAFETY: valid out-pointer; the event is live (the driver refuses
+        // one not created interprocess).
+        check("cuIpcGetEventHandle", unsafe {
+            sys::cuIpcGetEventHandle(handle.as_mut_ptr(), self.raw)
+        })?;
+        // SAFETY: initialized by the successful call above.
+        let handle = unsafe { handle.assume_init() };
+        Ok(handle.reserved.map(|b| b as u8))
+    }
+
+    /// Whether the work before the event's last record has completed
+    /// (an event never recorded counts as complete). Does not block.
+    pub fn query(&self) -> Result<bool, DriverError> {
+        // SAFETY: the event is live.
+        match unsafe { result::event::query(self.raw) } {
+            Ok(()) => Ok(true),
+            Err(RawError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(RawError(code)) => Err(DriverError::from_code("cuEventQuery", code)),
+        }
+    }
+
+    /// Blocks until the work before the event's last record is done.
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        // SAFETY: the event is live.
+        unsafe { result::event::synchronize(self.raw) }.named("cuEventSynchronize")
+    }
+
+    /// Records the event on `stream` after the work enqueued so far.
+    ///
+    /// # Safety
+    /// `stream` must be 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD`
+    /// (2) or a live stream of the current context.
+    pub unsafe fn record_raw(&self, stream: sys::CUstream) -> Result<(), DriverError> {
+        // SAFETY: the event is live; the stream is the caller's contract.
+        unsafe { result::event::record(self.raw, stream) }.named("cuEventRecord")
+    }
+
+    /// Makes later work on `stream` wait for the event's last record.
+    ///
+    /// # Safety
+    /// As for [`Event::record_raw`].
+    pub unsafe fn wait_raw(&self, stream: sys::CUstream) -> Result<(), DriverError> {
+        let flags = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+        // SAFETY: the event is live; the stream is the caller's contract.
+        unsafe { result::stream::wait_event(stream, self.raw, flags) }.named("cuStreamWaitEvent")
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from cuEventCreate or cuIpcOpenEventHandle and
+        // is destroyed once.
+        let destroyed = unsafe { result::event::destroy(self.raw) };
+        log_release(destroyed.named("cuEventDestroy"), "destroying an event");
+    }
+}
+
+/// Why a module did not load.
+#[derive(Debug)]
+pub struct LoadFailure {
+    /// The failed `cuModuleLoadDataEx`.
+    pub error: DriverError,
+    /// What the JIT wrote to its error log (empty for a cubin the driver
+    /// refused without compiling).
+    pub error_log: String,
+    /// What the JIT wrote to its info log.
+    pub info_log: String,
+}
+
+const JIT_LOG_BYTES: usize = 16 * 1024;
+
+fn log_text(buffer: &[u8], written: usize) -> String {
+    let bytes = &buffer[..written.min(buffer.len())];
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end])
+        .trim_end()
+        .to_string()
+}
+
+/// A loaded module; unloaded on drop.
+#[derive(Debug)]
+pub struct Module {
+    raw: sys::CUmodule,
+}
+
+// SAFETY: module handles are usable from any thread of their context.
+unsafe impl Send for Module {}
+// SAFETY: as above; resolving a function only reads the module.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads a PTX, cubin or fatbin image into the current context
+    /// (`cuModuleLoadData`: no JIT logs).
+    ///
+    /// # Safety
+    /// A PTX `image` must end in a NUL byte; a cubin or fatbin image must be
+    /// complete (the driver trusts the sizes written inside an image).
+    pub unsafe fn load(image: &[u8]) -> Result<Self, DriverError> {
+        // SAFETY: the caller's contract; `image` outlives the call.
+        let raw = unsafe { result::module::load_data(image.as_ptr().cast()) }
+            .named("cuModuleLoadData")?;
+        Ok(Module { raw })
+    }
+
+    /// Loads an image as [`Module::load`] does, but with
+    /// `cuModuleLoadDataEx`, capturing the JIT's error and info logs; on
+    /// success returns the info log too.
+    ///
+    /// # Safety
+    /// As for [`Module::load`].
+    pub unsafe fn load_with_logs(image: &[u8]) -> Result<(Self, String), LoadFailure> {
+        let mut error_log = vec![0u8; JIT_LOG_BYTES];
+        let mut info_log = vec![0u8; JIT_LOG_BYTES];
+        let mut options = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+            sys::CUjit_option::CU_JIT_LOG_VERBOSE,
+        ];
+        // The driver reads size options as integers stored in the pointer
+        // slots and writes back the number of bytes it logged.
+        let mut values: [*mut c_void; 5] = [
+            error_log.as_mut_ptr().cast(),
+            std::ptr::without_provenance_mut(JIT_LOG_BYTES),
+            info_log.as_mut_ptr().cast(),
+            std::ptr::without_provenance_mut(JIT_LOG_BYTES),
+            std::ptr::without_provenance_mut(1),
+        ];
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: the image is the caller's contract; the log buffers hold
+        // JIT_LOG_BYTES each and outlive the call; options and values have
+        // the same length, passed as the count.
+        let code = unsafe {
+            sys::cuModuleLoadDataEx(
+                &mut raw,
+                image.as_ptr().cast(),
+                options.len() as u32,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+            )
+        };
+        let error_written = values[1].addr();
+        let info_written = values[3].addr();
+        let info = log_text(&info_log, info_written);
+        match check("cuModuleLoadDataEx", code) {
+            Ok(()) => Ok((Module { raw }, info)),
+            Err(error) => Err(LoadFailure {
+                error,
+                error_log: log_text(&error_log, error_written),
+                info_log: info,
+            }),
+        }
+    }
+
+    /// Resolves a kernel by name (`CUDA_ERROR_NOT_FOUND` when there is
+    /// none).
+    pub fn function(&self, symbol: &CStr) -> Result<Function, DriverError> {
+        // SAFETY: the module is loaded and not yet unloaded.
+        let raw = unsafe { result::module::get_function(self.raw, symbol.to_owned()) }
+            .named("cuModuleGetFunction")?;
+        Ok(Function { raw })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from a successful load and is unloaded once.
+        let unloaded = unsafe { result::module::unload(self.raw) };
+        log_release(unloaded.named("cuModuleUnload"), "unloading a module");
+    }
+}
+
+/// A kernel inside a loaded [`Module`]. It does not borrow the module (the
+/// executor stores both side by side), so its holder keeps the module loaded
+/// for as long as it uses the function.
+#[derive(Debug, Clone, Copy)]
+pub struct Function {
+    raw: sys::CUfunction,
+}
+
+// SAFETY: a function handle is an immutable reference into its module, usable
+// from any thread of the context.
+unsafe impl Send for Function {}
+// SAFETY: as above; nothing mutates through it.
+unsafe impl Sync for Function {}
+
+impl Function {
+    /// The byte size of each kernel parameter, in order (cudarc does not
+    /// wrap `cuFuncGetParamInfo`).
+    pub fn param_sizes(&self) -> Result<Vec<usize>, DriverError> {
+        // Kernel parameter space is 32 KiB at most, so this bounds the loop
+        // even if the driver never said "no such parameter".
+        const MAX_PARAMS: usize = 32 * 1024;
+        let mut sizes = Vec::new();
+        for index in 0..MAX_PARAMS {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: `offset` and `size` are valid out-pointers; the
+            // function is loaded.
+            let code = unsafe { sys::cuFuncGetParamInfo(self.raw, index, &mut offset, &mut size) };
+            match check("cuFuncGetParamInfo", code) {
+                Ok(()) => sizes.push(size),
+                // The driver's answer for an index past the last parameter.
+                Err(e) if e.name == "CUDA_ERROR_INVALID_VALUE" => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(sizes)
+    }
+
+    /// The most threads a block of this kernel may have, as compiled.
+    pub fn max_threads_per_block(&self) -> Result<u32, DriverError> {
+        let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK;
+        // SAFETY: the function is loaded.
+        let value = unsafe { result::function::get_function_attribute(self.raw, attribute) }
+            .named("cuFuncGetAttribute")?;
+        Ok(value.max(0) as u32)
+    }
+
+    /// Enqueues the kernel on `stream` with a 1-D grid and no dynamic shared
+    /// memory.
+    ///
+    /// # Safety
+    /// `params` must hold one pointer per kernel parameter, each to a live
+    /// value of the size the kernel declares, and every pointer value among
+    /// them must address device memory the kernel may access until the
+    /// stream is synchronized.
+    pub unsafe fn launch(
+        &self,
+        grid: u32,
+        block: u32,
+        stream: &Stream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract; the stream is live; the driver
+        // refuses zero or oversized dimensions.
+        unsafe {
+            result::launch_kernel(self.raw, (grid, 1, 1), (block, 1, 1), 0, stream.raw, params)
+        }
+        .named("cuLaunchKernel")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_format_like_nvidia_smi() {
+        let bytes: [u8; 16] = [
+            0x5a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f, 0x60, 0x71, 0x82, 0x93, 0xa4, 0xb5, 0xc6, 0xd7,
+            0xe8, 0xf9,
+        ];
+        assert_eq!(
+            format_uuid(&bytes),
+            "GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+        );
+        let mut bytes = [0u8; 16];
+        bytes[0] = 0xab;
+        bytes[15] = 0x01;
+        assert_eq!(
+            format_uuid(&bytes),
+            "GPU-ab000000-0000-0000-0000-000000000001"
+        );
+    }
+
+    #[test]
+    fn jit_logs_stop_at_the_written_length_and_the_first_nul() {
+        assert_eq!(log_text(b"ptxas error\0junk", 16), "ptxas error");
+        assert_eq!(log_text(b"abcdef", 3), "abc");
+        assert_eq!(log_text(b"abc", 99), "abc");
+    }
+
+    #[test]
+    fn sticky_errors_are_told_apart_by_name() {
+        let error = |name: &str| DriverError {
+            call: "cuStreamSynchronize",
+            name: name.into(),
+        };
+        assert!(error("CUDA_ERROR_ILLEGAL_ADDRESS").is_sticky());
+        assert!(error("CUDA_ERROR_CONTAINED").is_sticky());
+        assert!(!error("CUDA_ERROR_INVALID_VALUE").is_sticky());
+        assert_eq!(
+            error("CUDA_ERROR_INVALID_VALUE").to_string(),
+            "cuStreamSynchronize failed: CUDA_ERROR_INVALID_VALUE"
+        );
+    }
+}
