@@ -44,7 +44,7 @@
 //! Block size: `.reqntid` when the kernel declares one (refused at load if
 //! the compiled kernel cannot run that many threads); otherwise
 //! min(`.maxntid` or 1024, the compiled kernel's
-//! `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`, [`DEFAULT_BLOCK`]). 256 threads
+//! `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`, [`crate::ptx::DEFAULT_BLOCK`]). 256 threads
 //! keep memory-bound elementwise kernels at full occupancy on every current
 //! architecture while keeping the last, partial block small.
 //!
@@ -70,9 +70,6 @@ use ptxd_client::cuda::driver::{
     self, DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream,
 };
 use watchdog::{take_reply, SharedReply, Watchdog, Watched};
-
-/// Threads per block when the kernel does not require a count.
-pub const DEFAULT_BLOCK: u32 = 256;
 
 /// The largest grid x-dimension the driver accepts.
 const MAX_GRID_X: u64 = (1 << 31) - 1;
@@ -166,7 +163,7 @@ fn choose_block(reqntid: u32, maxntid: u32, kernel_max: u32) -> Result<u32, Stri
         return Ok(reqntid);
     }
     let declared = if maxntid > 0 { maxntid } else { 1024 };
-    Ok(declared.min(kernel_max).clamp(1, DEFAULT_BLOCK))
+    Ok(declared.min(kernel_max).clamp(1, crate::ptx::DEFAULT_BLOCK))
 }
 
 /// The parameter sizes the scalar ABI prescribes: input pointers, the
