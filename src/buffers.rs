@@ -60,6 +60,8 @@ pub struct BufferEntry {
     /// object. Always set for host shared memory: a caller without
     /// credentials cannot register one.
     pub owner_uid: Option<u32>,
+    /// How the session's ring names it.
+    pub ring_index: u32,
 }
 
 /// A registered IPC event.
@@ -531,6 +533,7 @@ mod tests {
             device_uuid: "HOST-0".into(),
             open_in: Some(DeviceGeneration(1)),
             owner_uid: None,
+            ring_index: 0,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::front::{
     ArtifactKind, BufferListing, BufferOrigin, BufferRequest, DeclaredArtifactAbi, DeviceChoice,
     EventRequest, Front, Info, KernelListing, LaunchRequest, LoadRequest, LoadedKernelInfo,
-    OperandRef, RegisteredBuffer,
+    OperandRef, RegisteredBuffer, RingRequest,
 };
 use crate::handles::SessionId;
 use crate::observe::Observer;
@@ -300,6 +300,25 @@ impl Ptxd for PtxdService {
         reply(result.map(|took| launch_response(tag, took)))
     }
 
+    async fn open_ring(
+        &self,
+        request: Request<api::OpenRingRequest>,
+    ) -> Result<Response<api::OpenRingResponse>, Status> {
+        let peer = peer(&request);
+        let request = request.into_inner();
+        let request = RingRequest {
+            session: request.session,
+            shm_name: request.shm_name,
+            device: device_choice(request.device),
+        };
+        let front = self.front.clone();
+        let result = detached(async move { front.open_ring(request, peer).await }).await;
+        reply(result.map(|ring| api::OpenRingResponse {
+            device_uuid: ring.device_uuid,
+            generation: ring.generation,
+        }))
+    }
+
     type LaunchStreamStream = BoxStream<api::LaunchResponse>;
 
     async fn launch_stream(
@@ -530,6 +549,7 @@ fn load_response(loaded: LoadedKernelInfo) -> api::LoadKernelResponse {
         load_micros: loaded.load_micros,
         device_uuid: loaded.device_uuid,
         generation: loaded.generation,
+        ring_index: loaded.ring_index,
     }
 }
 
@@ -575,6 +595,7 @@ fn register_buffer_response(buffer: RegisteredBuffer) -> api::RegisterBufferResp
         buffer: buffer.buffer,
         device_uuid: buffer.device_uuid,
         generation: buffer.generation,
+        ring_index: buffer.ring_index,
     }
 }
 

@@ -117,6 +117,43 @@ pub enum LeaseEvent {
     Draining { reason: String },
 }
 
+/// Ring indices: how a session's ring descriptors name its kernels and
+/// buffers. Per session, never reused within it, so a descriptor written
+/// for a released object cannot reach a later one.
+#[derive(Debug, Default)]
+pub struct RingIndices {
+    next: u32,
+    kernels: std::collections::HashMap<KernelHandle, u32>,
+}
+
+impl RingIndices {
+    /// A fresh index (for a buffer).
+    pub fn fresh(&mut self) -> u32 {
+        self.next = self.next.wrapping_add(1);
+        self.next
+    }
+
+    /// The index of `kernel`, minted the first time the session holds it.
+    pub fn kernel(&mut self, kernel: KernelHandle) -> u32 {
+        if let Some(index) = self.kernels.get(&kernel) {
+            return *index;
+        }
+        let index = self.fresh();
+        self.kernels.insert(kernel, index);
+        index
+    }
+
+    /// Forgets `kernel` (released); returns its index.
+    pub fn forget_kernel(&mut self, kernel: &KernelHandle) -> Option<u32> {
+        self.kernels.remove(kernel)
+    }
+
+    /// Every kernel the session holds an index for.
+    pub fn kernels(&self) -> impl Iterator<Item = (&KernelHandle, u32)> {
+        self.kernels.iter().map(|(k, i)| (k, *i))
+    }
+}
+
 /// One open session.
 #[derive(Debug)]
 pub struct Session {
@@ -131,6 +168,11 @@ pub struct Session {
     pub stream: u64,
     /// The session's kernel handles.
     pub kernels: Tokens<KernelHandle>,
+    /// How the session's ring names its kernels (see [`RingIndices`]).
+    pub ring_indices: RingIndices,
+    /// The session's launch ring, if it opened one: the device and the
+    /// executor generation serving it.
+    pub ring: Option<(usize, crate::handles::DeviceGeneration)>,
     /// Held shared by every launch between its check and its reply; the
     /// release takes it exclusively, so the session's executor stream is
     /// closed only after its last launch was sent.
@@ -181,6 +223,8 @@ mod tests {
             events,
             stream: 1,
             kernels: Tokens::default(),
+            ring_indices: RingIndices::default(),
+            ring: None,
             inflight: Default::default(),
         }
     }

@@ -33,6 +33,7 @@
 
 mod client;
 mod error;
+mod launch_ring;
 mod session;
 mod shm;
 mod socket_dir;
@@ -40,11 +41,13 @@ mod types;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod ring;
 
 pub use client::{
     checked_default_socket_path, default_socket_path, socket_path_for, Client, Target,
 };
 pub use error::{Error, Refusal, RefusalDetails};
+pub use launch_ring::{LaunchRing, RingCompletion, RingRefusal};
 pub use session::{
     BufferSource, Kernel, KernelState, LaunchReceiver, LaunchSender, LaunchStream, Session,
     SessionOptions, StreamReply,

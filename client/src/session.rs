@@ -287,7 +287,31 @@ impl Session {
             load_micros: response.load_micros,
             device_uuid: response.device_uuid,
             generation: response.generation,
+            ring_index: response.ring_index,
         })
+    }
+
+    /// Opens the session's launch ring on `device`, with `slots` slots (a
+    /// power of two up to 4096): launches then bypass gRPC (see
+    /// [`LaunchRing`](crate::LaunchRing)).
+    pub async fn open_ring(
+        &self,
+        slots: u32,
+        device: impl Into<DeviceSelector>,
+    ) -> Result<crate::LaunchRing, Error> {
+        let submitter = crate::ring::Submitter::create(slots)
+            .map_err(|e| Error::InvalidInput(format!("cannot create the ring: {e}")))?;
+        let request = pb::OpenRingRequest {
+            session: self.id.clone(),
+            shm_name: submitter.name().to_owned(),
+            device: Some(device.into().to_proto()),
+        };
+        let response = self.grpc()?.open_ring(request).await?.into_inner();
+        Ok(crate::LaunchRing::new(
+            submitter,
+            response.device_uuid,
+            response.generation,
+        ))
     }
 
     /// Loads `kernel`'s artifact again and swaps in the new handle.
@@ -373,6 +397,7 @@ impl Session {
             size,
             device_uuid: response.device_uuid,
             generation: response.generation,
+            ring_index: response.ring_index,
         })
     }
 
@@ -564,6 +589,8 @@ pub struct KernelState {
     pub device_uuid: String,
     /// The device generation it was loaded in.
     pub generation: u64,
+    /// How the session's launch ring names it.
+    pub ring_index: u32,
 }
 
 #[derive(Debug)]

@@ -179,6 +179,8 @@ pub struct Buffer {
     pub device_uuid: String,
     /// The device generation its mapping is open in.
     pub generation: u64,
+    /// How the session's launch ring names it.
+    pub ring_index: u32,
 }
 
 impl Buffer {
@@ -634,6 +636,7 @@ mod tests {
             size: 64,
             device_uuid: "HOST-0".into(),
             generation: 3,
+            ring_index: 1,
         };
         let out = Buffer {
             handle: "buf-out".into(),

@@ -246,6 +246,7 @@ impl Ptxd for Fake {
             load_micros: 1234,
             device_uuid: "HOST-0".into(),
             generation: 7,
+            ring_index: 1,
         }))
     }
 
@@ -276,6 +277,7 @@ impl Ptxd for Fake {
             buffer,
             device_uuid: "HOST-0".into(),
             generation: 7,
+            ring_index: 1,
         }))
     }
 
@@ -319,6 +321,13 @@ impl Ptxd for Fake {
             micros: request.n,
             error: None,
         }))
+    }
+
+    async fn open_ring(
+        &self,
+        _: Request<pb::OpenRingRequest>,
+    ) -> Result<Response<pb::OpenRingResponse>, Status> {
+        Err(Status::unimplemented("the fake daemon has no launch ring"))
     }
 
     type LaunchStreamStream = LaunchReplies;

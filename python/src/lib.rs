@@ -478,6 +478,7 @@ impl NativeSession {
             size: 0,
             device_uuid: String::new(),
             generation: 0,
+            ring_index: 0,
         };
         call(py, async move { session.release_buffer(&buffer).await })
     }

@@ -39,9 +39,12 @@ use ptxd_proto::executor::{
 };
 
 use super::child::{Backend, Replier};
+use super::ring::{self, RingBackend, RingHandle, RingLaunch};
 use super::sigbus;
+use crate::error::Error;
 use crate::ptx::host::exec::{LaunchControl, StopReason};
 use crate::ptx::{HostKernel, HostLaunch, HostSpan, PtxError};
+use ptxd_client::ring::{SemaphoreWidth, Server as RingServer};
 
 /// The UUID of host device `index`.
 pub fn host_device_uuid(index: u32) -> String {
@@ -231,6 +234,8 @@ pub struct HostBackend {
     kernels: HashMap<u64, Arc<HostKernel>>,
     buffers: HashMap<u64, Arc<Mapping>>,
     streams: HashMap<u64, StreamWorker>,
+    /// Session rings by stream.
+    rings: HashMap<u64, RingHandle<Arc<HostKernel>, Arc<Mapping>>>,
 }
 
 impl std::fmt::Debug for HostBackend {
@@ -263,6 +268,7 @@ impl HostBackend {
             kernels: HashMap::new(),
             buffers: HashMap::new(),
             streams: HashMap::new(),
+            rings: HashMap::new(),
         })
     }
 
@@ -383,6 +389,32 @@ impl HostBackend {
             .fail(FailureKind::Internal, "the launch worker is gone", &[]);
     }
 
+    fn open_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
+        let server = match RingServer::open(&open.shm_name, open.owner_uid) {
+            Ok(server) => server,
+            Err(e) => {
+                return reply.fail(
+                    FailureKind::InvalidHandle,
+                    format!("cannot open the ring {}: {e}", open.shm_name),
+                    &[],
+                )
+            }
+        };
+        let name = format!("ptxd-ring-{}", open.stream);
+        match RingHandle::spawn(server, HostRing { run: self.run }, name) {
+            Ok(ring) => {
+                // Replaces (and stops) a ring the stream had.
+                self.rings.insert(open.stream, ring);
+                reply.ok()
+            }
+            Err(e) => reply.fail(
+                FailureKind::Internal,
+                format!("cannot start the ring's thread: {e}"),
+                &[],
+            ),
+        }
+    }
+
     fn worker(&mut self, stream: u64) -> std::io::Result<&StreamWorker> {
         if !self.streams.contains_key(&stream) {
             let (jobs, queue) = mpsc::channel::<Job>();
@@ -402,6 +434,28 @@ impl HostBackend {
     }
 }
 
+/// Why a host launch failed: the executor's typed failure.
+struct HostFailure {
+    kind: FailureKind,
+    message: String,
+    metadata: Vec<(&'static str, String)>,
+}
+
+impl HostFailure {
+    fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        HostFailure {
+            kind,
+            message: message.into(),
+            metadata: Vec::new(),
+        }
+    }
+
+    fn with(mut self, key: &'static str, value: String) -> Self {
+        self.metadata.push((key, value));
+        self
+    }
+}
+
 /// Runs one launch on the calling worker thread and replies.
 fn run_job(job: Job, run: RunConfig) {
     let Job {
@@ -412,15 +466,35 @@ fn run_job(job: Job, run: RunConfig) {
         stream,
         reply,
     } = job;
+    match execute(&kernel, &operands, n, &params, run) {
+        Ok(()) => reply.ok(),
+        Err(failure) => {
+            if failure.kind == FailureKind::KernelTimeout {
+                reply.channel().kernel_timeout(stream);
+            }
+            reply.fail(failure.kind, failure.message, &failure.metadata)
+        }
+    }
+}
+
+/// Runs one launch on the calling thread: `operands` are (name, mapping,
+/// byte offset), inputs then the output, each offset inside its mapping.
+fn execute(
+    kernel: &HostKernel,
+    operands: &[(String, Arc<Mapping>, usize)],
+    n: u64,
+    params: &[f32],
+    run: RunConfig,
+) -> Result<(), HostFailure> {
     // A client may have shrunk its object since it registered it: refuse
     // before touching it. (A shrink during the launch is caught by the
     // SIGBUS handler.)
-    for (name, mapping, _) in &operands {
+    for (name, mapping, _) in operands {
         if let Err(message) = mapping.usable() {
-            return reply.fail(
-                FailureKind::OutOfBounds,
-                format!("{name}: {message}"),
-                &[("operand", name.clone()), ("why", "shm_shrank".into())],
+            return Err(
+                HostFailure::new(FailureKind::OutOfBounds, format!("{name}: {message}"))
+                    .with("operand", name.clone())
+                    .with("why", "shm_shrank".into()),
             );
         }
     }
@@ -434,22 +508,23 @@ fn run_job(job: Job, run: RunConfig) {
         })
         .collect();
     let Some((output, inputs)) = spans.split_last() else {
-        return reply.fail(FailureKind::Internal, "launch without operands", &[]);
+        return Err(HostFailure::new(
+            FailureKind::Internal,
+            "launch without operands",
+        ));
     };
     let control = LaunchControl::new(run.budget.map(|b| Instant::now() + b));
     let ranges: Vec<(usize, usize)> = operands
         .iter()
         .map(|(_, m, _)| (m.base.as_ptr() as usize, m.len))
         .collect();
-    let watch = match sigbus::watch(&ranges, &control) {
-        Ok(watch) => watch,
-        Err(e) => return reply.fail(FailureKind::Internal, e.to_string(), &[]),
-    };
+    let watch = sigbus::watch(&ranges, &control)
+        .map_err(|e| HostFailure::new(FailureKind::Internal, e.to_string()))?;
     let host_launch = HostLaunch {
         inputs,
         output: *output,
         n,
-        params: &params,
+        params,
         threads: run.threads,
         checked: run.checked,
         control: Some(&control),
@@ -469,31 +544,142 @@ fn run_job(job: Job, run: RunConfig) {
         }
     }
     if let Some(name) = shrank {
-        return reply.fail(
+        return Err(HostFailure::new(
             FailureKind::OutOfBounds,
             format!(
                 "{name}: the shared-memory object shrank during the launch; the launch was stopped and its output is undefined"
             ),
-            &[("operand", name), ("why", "shm_shrank_during_launch".into())],
-        );
+        )
+        .with("operand", name)
+        .with("why", "shm_shrank_during_launch".into()));
     }
     match (result, control.stopped(), run.budget) {
-        (Err(_), Some(StopReason::Deadline), Some(budget)) => {
-            reply.channel().kernel_timeout(stream);
-            reply.fail(
-                FailureKind::KernelTimeout,
-                format!(
-                    "the launch ran past the {budget:?} budget (--max-kernel-time) and was stopped; its output is undefined"
-                ),
-                &[("max_kernel_time_ms", budget.as_millis().to_string())],
-            )
+        (Err(_), Some(StopReason::Deadline), Some(budget)) => Err(HostFailure::new(
+            FailureKind::KernelTimeout,
+            format!(
+                "the launch ran past the {budget:?} budget (--max-kernel-time) and was stopped; its output is undefined"
+            ),
+        )
+        .with("max_kernel_time_ms", budget.as_millis().to_string())),
+        (Ok(()), _, _) => Ok(()),
+        (Err(fault), _, _) => Err(HostFailure::new(FailureKind::KernelFault, fault.to_string())
+            .with("line", fault.line.to_string())),
+    }
+}
+
+/// How long a host ring launch waits for its semaphore before it fails.
+const HOST_SEMAPHORE_WAIT: Duration = Duration::from_secs(10);
+
+/// A session's ring on the host backend: launches run on the ring's thread,
+/// one at a time, in descriptor order; semaphores are words in the
+/// session's shared memory.
+struct HostRing {
+    run: RunConfig,
+}
+
+/// The semaphore word of a checked operation: aligned to its width (the
+/// descriptor's decoder checks the offset, and mappings are page aligned)
+/// and inside its mapping (the ring's checks).
+fn semaphore_word(semaphore: &ring::CheckedSemaphore<'_, Arc<Mapping>>) -> *mut u8 {
+    // SAFETY: the ring's checks put `offset + width` inside the mapping.
+    unsafe {
+        semaphore
+            .buffer
+            .base
+            .as_ptr()
+            .add(semaphore.op.offset as usize)
+    }
+}
+
+fn semaphore_load(semaphore: &ring::CheckedSemaphore<'_, Arc<Mapping>>) -> u64 {
+    let word = semaphore_word(semaphore);
+    match semaphore.op.width {
+        // SAFETY: an aligned word inside a live shared mapping (see
+        // `semaphore_word`); other processes write it, hence atomics.
+        SemaphoreWidth::Bits32 => unsafe {
+            u64::from((*word.cast::<std::sync::atomic::AtomicU32>()).load(Ordering::Acquire))
+        },
+        // SAFETY: as above.
+        SemaphoreWidth::Bits64 => unsafe {
+            (*word.cast::<std::sync::atomic::AtomicU64>()).load(Ordering::Acquire)
+        },
+    }
+}
+
+fn semaphore_store(semaphore: &ring::CheckedSemaphore<'_, Arc<Mapping>>) {
+    let word = semaphore_word(semaphore);
+    let value = semaphore.op.value;
+    match semaphore.op.width {
+        // SAFETY: as in `semaphore_load`; a 32-bit operation's value fits
+        // (the descriptor's decoder checks it).
+        SemaphoreWidth::Bits32 => unsafe {
+            (*word.cast::<std::sync::atomic::AtomicU32>()).store(value as u32, Ordering::Release)
+        },
+        // SAFETY: as above.
+        SemaphoreWidth::Bits64 => unsafe {
+            (*word.cast::<std::sync::atomic::AtomicU64>()).store(value, Ordering::Release)
+        },
+    }
+}
+
+impl RingBackend for HostRing {
+    type Kernel = Arc<HostKernel>;
+    type Buffer = Arc<Mapping>;
+
+    fn launch(
+        &mut self,
+        launch: RingLaunch<'_, Arc<HostKernel>, Arc<Mapping>>,
+    ) -> Result<(), Error> {
+        if let Some(wait) = &launch.wait {
+            let deadline = Instant::now() + HOST_SEMAPHORE_WAIT;
+            while semaphore_load(wait) < wait.op.value {
+                if Instant::now() > deadline {
+                    if let Some(signal) = &launch.signal {
+                        semaphore_store(signal);
+                    }
+                    return Err(ring::failure(
+                        FailureKind::KernelTimeout,
+                        "the launch's semaphore wait did not end within 10 s",
+                    ));
+                }
+                std::thread::yield_now();
+            }
         }
-        (Ok(()), _, _) => reply.ok(),
-        (Err(fault), _, _) => reply.fail(
-            FailureKind::KernelFault,
-            fault.to_string(),
-            &[("line", fault.line.to_string())],
-        ),
+        let mut operands = Vec::with_capacity(launch.operands.len());
+        for (index, (mapping, offset)) in launch.operands.iter().enumerate() {
+            let name = if index + 1 == launch.operands.len() {
+                "output".to_string()
+            } else {
+                format!("input {index}")
+            };
+            let offset = usize::try_from(*offset)
+                .ok()
+                .filter(|o| *o <= mapping.len)
+                .ok_or_else(|| {
+                    ring::failure(
+                        FailureKind::OutOfBounds,
+                        format!("{name}: offset past the mapping"),
+                    )
+                })?;
+            operands.push((name, Arc::clone(mapping), offset));
+        }
+        let result = execute(
+            &launch.kernel.kernel,
+            &operands,
+            launch.n,
+            &launch.scalars,
+            self.run,
+        );
+        // The signal is written whatever the outcome: a waiter must not
+        // block forever on a launch that failed.
+        if let Some(signal) = &launch.signal {
+            semaphore_store(signal);
+        }
+        result.map_err(|f| ring::failure(f.kind, f.message))
+    }
+
+    fn release_signal(&mut self, signal: ring::CheckedSemaphore<'_, Arc<Mapping>>) {
+        semaphore_store(&signal);
     }
 }
 
@@ -536,6 +722,9 @@ impl Backend for HostBackend {
         match op {
             Op::LoadModule(load) => self.load(load, reply),
             Op::UnloadModule(unload) => {
+                for ring in self.rings.values() {
+                    ring.table().forget_module(unload.module_id);
+                }
                 self.kernels.remove(&unload.module_id);
                 reply.ok()
             }
@@ -559,6 +748,9 @@ impl Backend for HostBackend {
                 None => reply.fail(FailureKind::InvalidHandle, "buffer without a source", &[]),
             },
             Op::CloseBuffer(close) => {
+                for ring in self.rings.values() {
+                    ring.table().forget_buffer(close.buffer_id);
+                }
                 self.buffers.remove(&close.buffer_id);
                 reply.ok()
             }
@@ -571,8 +763,31 @@ impl Backend for HostBackend {
                 // The worker ends once its queue is empty (the front sends
                 // this after the session's last launch was answered).
                 self.streams.remove(&close.stream);
+                // Stops the ring's thread once its current launch is done.
+                self.rings.remove(&close.stream);
                 reply.ok()
             }
+            Op::OpenRing(open) => self.open_ring(open, reply),
+            Op::CloseRing(close) => {
+                self.rings.remove(&close.stream);
+                reply.ok()
+            }
+            Op::RingGrant(grant) => match self.rings.get(&grant.stream) {
+                Some(ring) => {
+                    let (kernels, buffers) = (&self.kernels, &self.buffers);
+                    ring.table().apply(
+                        &grant,
+                        |id| kernels.get(&id).cloned(),
+                        |id| buffers.get(&id).cloned(),
+                    );
+                    reply.ok()
+                }
+                None => reply.fail(
+                    FailureKind::UnknownObject,
+                    format!("stream {} has no ring", grant.stream),
+                    &[("object", "ring".into())],
+                ),
+            },
             Op::CloseEvent(_) => reply.ok(),
             Op::Launch(launch) => self.launch(launch, reply),
             Op::Shutdown(_) | Op::Ping(_) => reply.ok(),
@@ -583,6 +798,7 @@ impl Backend for HostBackend {
         // Workers finish their queues (each launch bounded by the budget)
         // and exit; the process exits without waiting for them.
         self.streams.clear();
+        self.rings.clear();
         self.kernels.clear();
         self.buffers.clear();
     }

@@ -17,6 +17,7 @@ pub mod cuda;
 pub mod host;
 pub mod kernel_timeouts;
 pub mod protocol;
+pub mod ring;
 pub mod sigbus;
 pub mod supervisor;
 

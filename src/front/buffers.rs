@@ -49,6 +49,8 @@ pub struct RegisteredBuffer {
     pub buffer: String,
     pub device_uuid: String,
     pub generation: u64,
+    /// How the session's ring names it.
+    pub ring_index: u32,
 }
 
 /// One buffer a session holds, as ListBuffers reports it.
@@ -185,10 +187,11 @@ impl Front {
             device_uuid: device_uuid.clone(),
             open_in: Some(generation),
             owner_uid: peer.credentials().map(|p| p.uid),
+            ring_index: 0,
         };
         let op = open_buffer_op(&entry);
         let undo = Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 });
-        let handle = side_effect(
+        let (handle, ring_index, grant) = side_effect(
             &*link,
             &device_uuid,
             op,
@@ -207,14 +210,30 @@ impl Front {
                 state.recheck(&session_id, index, generation, &device_uuid)?;
                 state.session(&session_id, peer)?;
                 self.check_buffer_limits(&state, &session_id, request.size)?;
-                Ok(state.registry.register_buffer(entry))
+                let mut entry = entry;
+                entry.ring_index = state
+                    .sessions
+                    .get_mut(&session_id)
+                    .map(|s| s.ring_indices.fresh())
+                    .unwrap_or(0);
+                let ring = exec::RingBuffer {
+                    ring_index: entry.ring_index,
+                    buffer_id: entry.id.0,
+                    size: entry.size,
+                };
+                let ring_index = entry.ring_index;
+                let handle = state.registry.register_buffer(entry);
+                let grant = state.ring_grant(&session_id, index, generation, Some(ring), None);
+                Ok((handle, ring_index, grant))
             },
         )
         .await?;
+        self.send_grant(grant).await;
         Ok(RegisteredBuffer {
             buffer: handle.to_string(),
             device_uuid,
             generation: generation.0,
+            ring_index,
         })
     }
 
@@ -283,6 +302,7 @@ impl Front {
                 op,
                 &mut cleanup,
             );
+            state.queue_revoke(&session_id, vec![entry.ring_index], vec![], &mut cleanup);
             cleanup
         };
         run_cleanup(cleanup).await;

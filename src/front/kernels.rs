@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use ptxd_proto::executor::{self as exec, reply, request::Op, ArtifactKind as ExecArtifactKind};
 
 use super::effects::{queue_unload, run_cleanup, side_effect, Cleanup};
+use super::ring::Grant;
 use super::{parse_session, DeviceChoice, Front, State};
 use crate::config::CacheScope;
 use crate::error::Error;
@@ -72,6 +73,8 @@ pub struct LoadedKernelInfo {
     pub load_micros: u64,
     pub device_uuid: String,
     pub generation: u64,
+    /// How the session's ring names it.
+    pub ring_index: u32,
 }
 
 /// One kernel a session holds, as ListKernels reports it.
@@ -94,8 +97,8 @@ pub struct KernelListing {
 /// What the check before a load decided.
 #[derive(Debug)]
 enum LoadCheck {
-    /// A cache hit, already held by the session.
-    Cached(LoadedKernelInfo),
+    /// A cache hit, already held by the session (and its ring grant).
+    Cached(Box<(LoadedKernelInfo, Grant)>),
     /// Room is made: compile in this executor.
     Compile {
         link: Arc<ExecutorLink>,
@@ -174,9 +177,12 @@ impl State {
             .filter(|id| self.sessions.get(id).is_some_and(|s| s.tenant() == tenant))
             .collect();
         for id in holders {
+            let mut ring_index = None;
             if let Some(session) = self.sessions.get_mut(&id) {
                 session.kernels.remove(&handle);
+                ring_index = session.ring_indices.forget_kernel(&handle);
             }
+            self.queue_revoke(&id, vec![], ring_index.into_iter().collect(), cleanup);
             if let Ok(released) = self.slots.release(&handle, &id) {
                 queue_unload(&self.devices, released, cleanup);
             }
@@ -450,7 +456,11 @@ impl Front {
         };
         run_cleanup(std::mem::take(&mut evicted)).await;
         let (link, generation) = match checked? {
-            LoadCheck::Cached(info) => return Ok(info),
+            LoadCheck::Cached(hit) => {
+                let (info, grant) = *hit;
+                self.send_grant(grant).await;
+                return Ok(info);
+            }
             LoadCheck::Compile { link, generation } => (link, generation),
         };
 
@@ -521,12 +531,33 @@ impl Front {
                         message: "session vanished under the lock".into(),
                     })?;
                 let token = session.kernels.issue(handle);
-                Ok(loaded_info(
-                    token, &handle, &kernel, false, started, self.boot,
-                ))
+                let ring_index = session.ring_indices.kernel(handle);
+                let info = loaded_info(
+                    (token, ring_index),
+                    &handle,
+                    &kernel,
+                    false,
+                    started,
+                    self.boot,
+                );
+                let grant = state.ring_grant(
+                    session_id,
+                    load.device_index,
+                    generation,
+                    None,
+                    Some((handle, ring_index)),
+                );
+                Ok((info, grant))
             },
         )
         .await;
+        let result = match result {
+            Ok((info, grant)) => {
+                self.send_grant(grant).await;
+                Ok(info)
+            }
+            Err(e) => Err(e),
+        };
         run_cleanup(evicted).await;
         result
     }
@@ -582,9 +613,23 @@ impl Front {
                         message: "session vanished under the lock".into(),
                     })?;
                 let token = session.kernels.issue(handle);
-                return Ok(LoadCheck::Cached(loaded_info(
-                    token, &handle, &kernel, true, started, self.boot,
-                )));
+                let ring_index = session.ring_indices.kernel(handle);
+                let info = loaded_info(
+                    (token, ring_index),
+                    &handle,
+                    &kernel,
+                    true,
+                    started,
+                    self.boot,
+                );
+                let grant = state.ring_grant(
+                    session_id,
+                    kernel.device_index,
+                    kernel.generation,
+                    None,
+                    Some((handle, ring_index)),
+                );
+                return Ok(LoadCheck::Cached(Box::new((info, grant))));
             }
         }
         self.make_room(state, session_id, tenant, None, bytes, evicted)?;
@@ -609,15 +654,23 @@ impl Front {
             let Some(internal) = internal else {
                 return Err(stale_kernel(kernel, self.boot, &handle));
             };
+            let ring_index = session.ring_indices.forget_kernel(&internal);
             let mut cleanup: Cleanup = Vec::new();
             // Its slot may have been reclaimed after its generation died:
             // then the session's hold is simply gone.
             if let Ok(released) = state.slots.release(&internal, &session_id) {
                 queue_unload(&state.devices, released, &mut cleanup);
             }
-            cleanup
+            let slot_freed = !cleanup.is_empty();
+            state.queue_revoke(
+                &session_id,
+                vec![],
+                ring_index.into_iter().collect(),
+                &mut cleanup,
+            );
+            (cleanup, slot_freed)
         };
-        let slot_freed = !cleanup.is_empty();
+        let (cleanup, slot_freed) = cleanup;
         run_cleanup(cleanup).await;
         Ok(slot_freed)
     }
@@ -714,7 +767,7 @@ pub(super) fn stale_kernel(text: &str, boot: BootId, handle: &KernelRef) -> Erro
 }
 
 fn loaded_info(
-    token: HandleToken,
+    (token, ring_index): (HandleToken, u32),
     handle: &KernelHandle,
     kernel: &LoadedKernel,
     cache_hit: bool,
@@ -734,6 +787,7 @@ fn loaded_info(
         load_micros: started.elapsed().as_micros() as u64,
         device_uuid: kernel.device_uuid.clone(),
         generation: kernel.generation.0,
+        ring_index,
     }
 }
 

@@ -10,6 +10,7 @@
 //! - `kernels`: LoadKernel, UnloadKernel, ListKernels, the cache and quotas;
 //! - `buffers`: buffers and events;
 //! - `launch`: Launch, through [`crate::launch::check`];
+//! - `ring`: OpenRing, and each ring's capability table in its executor;
 //! - `effects`: the one commit-or-undo path for executor side effects.
 //!
 //! Invariants (each kept in the module named):
@@ -41,6 +42,7 @@ mod effects;
 mod kernels;
 mod launch;
 mod lifecycle;
+mod ring;
 mod sessions;
 mod supervise;
 
@@ -69,6 +71,7 @@ pub use kernels::{
 };
 pub use launch::{LaunchRequest, OperandRef};
 pub use lifecycle::{DeviceReport, Info, StartError};
+pub use ring::{OpenedRing, RingRequest};
 pub use sessions::ReleasedCounts;
 
 /// What a tenant (or one session) holds, as quotas count it.

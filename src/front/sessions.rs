@@ -79,6 +79,8 @@ impl Front {
                     events: tx,
                     stream: self.next_stream.fetch_add(1, Ordering::Relaxed),
                     kernels: Default::default(),
+                    ring_indices: Default::default(),
+                    ring: None,
                     inflight: Default::default(),
                 },
             );

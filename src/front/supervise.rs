@@ -214,7 +214,11 @@ impl Front {
                         new_generation: generation.0,
                         cause: cause_text.clone(),
                     };
-                    for session in state.sessions.values() {
+                    for session in state.sessions.values_mut() {
+                        // A ring lived in the dead executor: it is gone.
+                        if session.ring.is_some_and(|(device, _)| device == index) {
+                            session.ring = None;
+                        }
                         let _ = session.events.try_send(event.clone());
                     }
                     self.publish_availability(&state);

@@ -515,6 +515,51 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Enqueues a wait until the 32- or 64-bit word at device address
+    /// `addr` is at least `value` (`cuStreamWaitValue32/64`, GEQ): another
+    /// process's stream may release it by writing the word.
+    ///
+    /// # Safety
+    /// `addr` must be an aligned word of device memory (or memory mapped
+    /// for the device) that stays allocated until the wait has ended.
+    pub unsafe fn wait_value(&self, addr: u64, value: u64, wide: bool) -> Result<(), DriverError> {
+        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        if wide {
+            // SAFETY: the caller's contract; the stream is live.
+            check("cuStreamWaitValue64", unsafe {
+                sys::cuStreamWaitValue64_v2(self.raw, addr, value, geq)
+            })
+        } else {
+            // SAFETY: as above; a 32-bit wait takes the low word (callers
+            // check the value fits).
+            check("cuStreamWaitValue32", unsafe {
+                sys::cuStreamWaitValue32_v2(self.raw, addr, value as u32, geq)
+            })
+        }
+    }
+
+    /// Enqueues writing `value` to the word at `addr` once the work before
+    /// it on this stream is done (`cuStreamWriteValue32/64`).
+    ///
+    /// # Safety
+    /// As [`Stream::wait_value`].
+    pub unsafe fn write_value(&self, addr: u64, value: u64, wide: bool) -> Result<(), DriverError> {
+        let default = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        if wide {
+            // SAFETY: the caller's contract; the stream is live.
+            check("cuStreamWriteValue64", unsafe {
+                sys::cuStreamWriteValue64_v2(self.raw, addr, value, default)
+            })
+        } else {
+            // SAFETY: as above.
+            check("cuStreamWriteValue32", unsafe {
+                sys::cuStreamWriteValue32_v2(self.raw, addr, value as u32, default)
+            })
+        }
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: `raw` came from cuStreamCreate and is destroyed once.

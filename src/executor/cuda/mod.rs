@@ -65,10 +65,12 @@ use ptxd_proto::executor::{
     LoadModule, LoadModuleOk, OpenBuffer, OpenBufferOk,
 };
 
-use super::child::{serve_stdio, Backend, Replier};
+use super::child::{serve_stdio, Backend, Channel, Replier};
+use super::ring::{self, CheckedSemaphore, RingBackend, RingHandle, RingLaunch};
 use ptxd_client::cuda::driver::{
     self, DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream,
 };
+use ptxd_client::ring::{SemaphoreWidth, Server as RingServer};
 use watchdog::{take_reply, SharedReply, Watchdog, Watched};
 
 /// The largest grid x-dimension the driver accepts.
@@ -335,8 +337,11 @@ pub struct CudaBackend {
     /// Every device this process sees, to name the device of a mapping.
     devices: Vec<DeviceInfo>,
     context: Arc<PrimaryContext>,
-    kernels: HashMap<u64, LoadedKernel>,
+    kernels: HashMap<u64, Arc<LoadedKernel>>,
     buffers: HashMap<u64, OpenedBuffer>,
+    /// Session rings by stream: kernels by Arc (a ring's table keeps its
+    /// module loaded until the revoke), buffers by device address.
+    rings: HashMap<u64, RingHandle<Arc<LoadedKernel>, u64>>,
     mappings: HashMap<[u8; 64], SharedMapping>,
     events: HashMap<u64, Event>,
     streams: HashMap<u64, SessionStream>,
@@ -378,6 +383,7 @@ impl CudaBackend {
             devices,
             context,
             kernels: HashMap::new(),
+            rings: HashMap::new(),
             buffers: HashMap::new(),
             mappings: HashMap::new(),
             events: HashMap::new(),
@@ -513,14 +519,14 @@ impl CudaBackend {
         };
         self.kernels.insert(
             load.module_id,
-            LoadedKernel {
+            Arc::new(LoadedKernel {
                 function,
                 block,
                 inputs: load.inputs,
                 scalar_params: load.scalar_params,
                 element_sizes: load.element_sizes,
                 _module: module,
-            },
+            }),
         );
         reply.send(reply::Result::LoadModule(LoadModuleOk {
             block_size: block,
@@ -552,6 +558,9 @@ impl CudaBackend {
         let Some(reply) = self.drain(reply, "draining before an unload") else {
             return;
         };
+        for ring in self.rings.values() {
+            ring.table().forget_module(module_id);
+        }
         self.kernels.remove(&module_id);
         reply.ok()
     }
@@ -668,6 +677,9 @@ impl CudaBackend {
     }
 
     fn close_buffer(&mut self, buffer_id: u64, reply: Replier) {
+        for ring in self.rings.values() {
+            ring.table().forget_buffer(buffer_id);
+        }
         let Some(buffer) = self.buffers.remove(&buffer_id) else {
             return reply.fail(
                 FailureKind::UnknownObject,
@@ -747,6 +759,9 @@ impl CudaBackend {
     }
 
     fn close_stream(&mut self, id: u64, reply: Replier) {
+        // Stops the ring (after its current launch), which drops its hold
+        // on the stream, so the waiter below destroys it.
+        self.rings.remove(&id);
         // A session that never launched has no stream: nothing to close.
         let Some(session) = self.streams.remove(&id) else {
             return reply.ok();
@@ -972,6 +987,164 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    fn open_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
+        let server = match RingServer::open(&open.shm_name, open.owner_uid) {
+            Ok(server) => server,
+            Err(e) => {
+                return reply.fail(
+                    FailureKind::InvalidHandle,
+                    format!("cannot open the ring {}: {e}", open.shm_name),
+                    &[],
+                )
+            }
+        };
+        let stream = match self.stream(open.stream) {
+            Ok(s) => s,
+            Err(e) => return fail_driver(reply, &e, "creating the session's stream"),
+        };
+        let backend = CudaRing {
+            stream,
+            context: self.context.clone(),
+            current: false,
+            channel: reply.channel().clone(),
+        };
+        match RingHandle::spawn(server, backend, format!("ptxd-ring-{}", open.stream)) {
+            Ok(ring) => {
+                self.rings.insert(open.stream, ring);
+                reply.ok()
+            }
+            Err(e) => reply.fail(
+                FailureKind::Internal,
+                format!("cannot start the ring's thread: {e}"),
+                &[],
+            ),
+        }
+    }
+}
+
+/// A session's ring on a CUDA device: launches are enqueued by the ring's
+/// thread on the session's stream; semaphores are stream memory operations
+/// on words of the session's buffers.
+struct CudaRing {
+    stream: Arc<Stream>,
+    context: Arc<PrimaryContext>,
+    current: bool,
+    channel: Channel,
+}
+
+impl CudaRing {
+    fn driver(&self, error: DriverError, doing: &str) -> crate::error::Error {
+        if error.is_sticky() {
+            // The context is poisoned for every session: end the process,
+            // as the request loop does (the front restarts the executor).
+            self.channel.fatal(
+                &error.name,
+                &format!("the device faulted ({doing}: {error}); the executor restarts"),
+            );
+        }
+        ring::failure(FailureKind::Internal, format!("{doing}: {error}"))
+    }
+
+    fn semaphore(
+        &self,
+        semaphore: &CheckedSemaphore<'_, u64>,
+        wait: bool,
+    ) -> Result<(), crate::error::Error> {
+        let addr = semaphore.buffer + semaphore.op.offset;
+        let wide = semaphore.op.width == SemaphoreWidth::Bits64;
+        // SAFETY: the ring's checks put the word inside a granted buffer,
+        // aligned to its width; the buffer stays mapped until the stream is
+        // drained (a close drains the context first).
+        let done = unsafe {
+            if wait {
+                self.stream.wait_value(addr, semaphore.op.value, wide)
+            } else {
+                self.stream.write_value(addr, semaphore.op.value, wide)
+            }
+        };
+        done.map_err(|e| self.driver(e, "a semaphore operation"))
+    }
+}
+
+impl RingBackend for CudaRing {
+    type Kernel = Arc<LoadedKernel>;
+    type Buffer = u64;
+
+    fn launch(
+        &mut self,
+        launch: RingLaunch<'_, Arc<LoadedKernel>, u64>,
+    ) -> Result<(), crate::error::Error> {
+        if !self.current {
+            self.context
+                .set_current()
+                .map_err(|e| self.driver(e, "binding the device's context"))?;
+            self.current = true;
+        }
+        let kernel = &launch.kernel.kernel;
+        let grid = launch.n.div_ceil(u64::from(kernel.block));
+        if grid > MAX_GRID_X {
+            if let Some(signal) = &launch.signal {
+                self.semaphore(signal, false)?;
+            }
+            return Err(ring::failure(
+                FailureKind::OutOfBounds,
+                format!(
+                    "n = {} needs {grid} blocks; one launch covers at most {MAX_GRID_X}",
+                    launch.n
+                ),
+            ));
+        }
+        if let Some(wait) = &launch.wait {
+            self.semaphore(wait, true)?;
+        }
+        if launch.n > 0 {
+            let mut addresses: Vec<u64> = launch
+                .operands
+                .iter()
+                .map(|(base, offset)| **base + offset)
+                .collect();
+            let mut n = launch.n as i64;
+            let mut scalars = launch.scalars.clone();
+            let mut params: Vec<*mut c_void> = addresses
+                .iter_mut()
+                .map(|a| (a as *mut u64).cast())
+                .collect();
+            params.push((&mut n as *mut i64).cast());
+            params.extend(scalars.iter_mut().map(|p| (p as *mut f32).cast::<c_void>()));
+            // SAFETY: one pointer per kernel parameter, sizes checked at
+            // load against the scalar ABI; every address lies in a granted
+            // buffer with room for n elements (the launch checks), and a
+            // buffer is unmapped only after its revoke and a drain.
+            let launched = unsafe {
+                kernel
+                    .function
+                    .launch(grid as u32, kernel.block, &self.stream, &mut params)
+            };
+            if let Err(e) = launched {
+                return Err(self.driver(e, "launching the kernel"));
+            }
+        }
+        // Written whatever the kernel does: a waiter on the client's stream
+        // is released once the kernel has ended.
+        if let Some(signal) = &launch.signal {
+            self.semaphore(signal, false)?;
+        }
+        if launch.sync {
+            self.stream
+                .synchronize()
+                .map_err(|e| self.driver(e, "synchronizing the session's stream"))?;
+        }
+        Ok(())
+    }
+
+    fn release_signal(&mut self, signal: CheckedSemaphore<'_, u64>) {
+        if let Err(e) = self.semaphore(&signal, false) {
+            tracing::warn!(error = %e, "cannot release a refused launch's semaphore");
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     fn hello(&self) -> Hello {
         Hello {
@@ -998,11 +1171,33 @@ impl Backend for CudaBackend {
             },
             Op::Launch(launch) => self.launch(launch, reply),
             Op::CloseStream(close) => self.close_stream(close.stream, reply),
+            Op::OpenRing(open) => self.open_ring(open, reply),
+            Op::CloseRing(close) => {
+                self.rings.remove(&close.stream);
+                reply.ok()
+            }
+            Op::RingGrant(grant) => match self.rings.get(&grant.stream) {
+                Some(ring) => {
+                    let (kernels, buffers) = (&self.kernels, &self.buffers);
+                    ring.table().apply(
+                        &grant,
+                        |id| kernels.get(&id).cloned(),
+                        |id| buffers.get(&id).map(|b| b.base),
+                    );
+                    reply.ok()
+                }
+                None => reply.fail(
+                    FailureKind::UnknownObject,
+                    format!("stream {} has no ring", grant.stream),
+                    &[("object", "ring".into())],
+                ),
+            },
             Op::Shutdown(_) | Op::Ping(_) => reply.ok(),
         }
     }
 
     fn shutdown(&mut self) {
+        self.rings.clear();
         // Waiters drain their streams and exit once their senders are gone.
         for (_, session) in self.streams.drain() {
             drop(session.waiter);

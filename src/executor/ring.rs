@@ -1,0 +1,447 @@
+//! Serving a session's launch ring inside the executor: the fast path that
+//! bypasses gRPC and the front.
+//!
+//! One thread per ring takes descriptors from the session's shared memory
+//! ([`ptxd_client::ring::Server`]), checks each against the session's
+//! capability table with the same launch checks as the gRPC path
+//! ([`crate::launch::check`]), hands the checked launch to the backend, and
+//! posts a completion with the outcome: `Ok`, or the refusal's proto reason.
+//!
+//! Invariants:
+//! - A descriptor names only what the front granted this session's ring
+//!   (the [`RingTable`]); an index it was not granted is refused like a
+//!   handle another session holds.
+//! - The table is changed only by the request loop, under its lock, and the
+//!   ring thread holds the lock from its check until the backend has taken
+//!   the launch: after a revoke returns, no launch can still use the object,
+//!   so the front may close it.
+//! - Every submission taken is answered, in order, even a malformed one or
+//!   one a dead executor left behind (an orphan, completed `Failed`).
+//! - A ring whose client breaks the protocol (a counter out of range) is
+//!   dropped; the executor and every other ring go on.
+//! - The thread never sleeps unbounded: it checks its stop flag at least
+//!   every [`POLL_SLICE`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ptxd_client::ring::{CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server};
+use ptxd_proto::executor::{FailureKind, RingGrant};
+use ptxd_proto::v1::Reason;
+
+use crate::error::Error;
+use crate::executor::ExecutorError;
+use crate::handles::DeviceGeneration;
+use crate::launch::{self, BufferCap, Capabilities, CheckedLaunch, EventCap, KernelCap, Placement};
+use crate::ptx::Signature;
+
+/// The longest the ring thread sleeps before it looks at its stop flag.
+pub const POLL_SLICE: Duration = Duration::from_millis(20);
+
+/// Every object in one executor lives in its one generation: the launch
+/// checks' placement test is then trivially met, and is kept for the shared
+/// code path.
+const HERE: Placement = Placement {
+    device_index: 0,
+    generation: DeviceGeneration(0),
+};
+
+/// A kernel a ring may launch: the backend's handle and its verified
+/// signature.
+#[derive(Debug)]
+pub struct RingKernel<K> {
+    pub kernel: K,
+    pub module_id: u64,
+    pub signature: Signature,
+}
+
+/// A buffer a ring may name: the backend's handle and the size the front
+/// checks launches against.
+#[derive(Debug)]
+pub struct RingBuffer<B> {
+    pub buffer: B,
+    pub buffer_id: u64,
+    pub size: u64,
+}
+
+/// A session ring's capability table, indexed by ring index.
+#[derive(Debug)]
+pub struct RingTable<K, B> {
+    kernels: HashMap<u32, RingKernel<K>>,
+    buffers: HashMap<u32, RingBuffer<B>>,
+}
+
+impl<K, B> Default for RingTable<K, B> {
+    fn default() -> Self {
+        RingTable {
+            kernels: HashMap::new(),
+            buffers: HashMap::new(),
+        }
+    }
+}
+
+impl<K, B> RingTable<K, B> {
+    /// Applies a grant from the front: revokes first, then grants, with
+    /// `kernel`/`buffer` resolving the executor's ids to backend handles
+    /// (an id the executor does not hold is skipped: the front granted an
+    /// object that was closed meanwhile, which no descriptor may use).
+    pub fn apply(
+        &mut self,
+        grant: &RingGrant,
+        mut kernel: impl FnMut(u64) -> Option<K>,
+        mut buffer: impl FnMut(u64) -> Option<B>,
+    ) {
+        for index in &grant.revoke_kernels {
+            self.kernels.remove(index);
+        }
+        for index in &grant.revoke_buffers {
+            self.buffers.remove(index);
+        }
+        for k in &grant.kernels {
+            if let Some(handle) = kernel(k.module_id) {
+                self.kernels.insert(
+                    k.ring_index,
+                    RingKernel {
+                        kernel: handle,
+                        module_id: k.module_id,
+                        signature: Signature {
+                            inputs: k.inputs,
+                            element_sizes: k.element_sizes.clone(),
+                            scalar_params: k.scalar_params,
+                            reqntid: None,
+                            maxntid: None,
+                        },
+                    },
+                );
+            }
+        }
+        for b in &grant.buffers {
+            if let Some(handle) = buffer(b.buffer_id) {
+                self.buffers.insert(
+                    b.ring_index,
+                    RingBuffer {
+                        buffer: handle,
+                        buffer_id: b.buffer_id,
+                        size: b.size,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Forgets every object of module `module_id` / buffer `buffer_id`
+    /// (the executor closes it).
+    pub fn forget_module(&mut self, module_id: u64) {
+        self.kernels.retain(|_, k| k.module_id != module_id);
+    }
+
+    pub fn forget_buffer(&mut self, buffer_id: u64) {
+        self.buffers.retain(|_, b| b.buffer_id != buffer_id);
+    }
+}
+
+/// The refusal for a ring index the session was not granted: the same as
+/// for a handle it does not hold (a kernel is stale, a buffer is stale).
+fn not_granted(what: &'static str, index: u32) -> Error {
+    let handle = format!("ring {what} {index}");
+    match what {
+        "kernel" => crate::slots::SlotError::Stale {
+            handle,
+            why: crate::slots::StaleWhy::UnknownToSession,
+        }
+        .into(),
+        _ => crate::buffers::RegistryError::Unknown {
+            kind: crate::buffers::ObjectKind::Buffer,
+            handle,
+        }
+        .into(),
+    }
+}
+
+impl<K, B> Capabilities for RingTable<K, B> {
+    type Operand = OperandRef;
+    /// A ring has no events (it orders with semaphores).
+    type Event = ();
+
+    fn operand(&self, operand: &OperandRef) -> Result<(BufferCap, u64), Error> {
+        let buffer = self
+            .buffers
+            .get(&operand.buffer)
+            .ok_or_else(|| not_granted("buffer", operand.buffer))?;
+        Ok((
+            BufferCap {
+                id: buffer.buffer_id,
+                size: buffer.size,
+                placement: HERE,
+            },
+            operand.offset,
+        ))
+    }
+
+    fn event(&self, _: &()) -> Result<EventCap, Error> {
+        Err(Error::InvalidArgument {
+            field: "event",
+            message: "a ring launch orders with semaphores, not events".into(),
+        })
+    }
+
+    fn describe(&self, _: Placement) -> String {
+        "this executor".into()
+    }
+}
+
+/// A semaphore operation whose word lies inside a granted buffer.
+#[derive(Debug)]
+pub struct CheckedSemaphore<'t, B> {
+    pub buffer: &'t B,
+    pub op: SemaphoreOp,
+}
+
+/// A ring launch that passed the checks, in the backend's terms.
+#[derive(Debug)]
+pub struct RingLaunch<'t, K, B> {
+    pub kernel: &'t RingKernel<K>,
+    /// Inputs, then the output: (buffer, byte offset).
+    pub operands: Vec<(&'t B, u64)>,
+    pub n: u64,
+    pub scalars: Vec<f32>,
+    pub sync: bool,
+    pub wait: Option<CheckedSemaphore<'t, B>>,
+    pub signal: Option<CheckedSemaphore<'t, B>>,
+}
+
+/// What a backend does with ring launches.
+pub trait RingBackend: Send + 'static {
+    type Kernel: Send + 'static;
+    type Buffer: Send + 'static;
+    /// Launches (an async launch: enqueues) and returns the outcome.
+    fn launch(&mut self, launch: RingLaunch<'_, Self::Kernel, Self::Buffer>) -> Result<(), Error>;
+    /// Releases the signal of a launch that did not run (refused, or an
+    /// orphan), so a stream waiting on it is not blocked forever.
+    fn release_signal(&mut self, signal: CheckedSemaphore<'_, Self::Buffer>);
+}
+
+type Shared<K, B> = Arc<Mutex<RingTable<K, B>>>;
+
+fn lock<K, B>(table: &Shared<K, B>) -> MutexGuard<'_, RingTable<K, B>> {
+    // The table is consistent after every statement that changes it.
+    table.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A ring being served; dropping it stops the thread and waits for it.
+pub struct RingHandle<K, B> {
+    table: Shared<K, B>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<K, B> std::fmt::Debug for RingHandle<K, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingHandle").finish_non_exhaustive()
+    }
+}
+
+impl<K: Send + 'static, B: Send + 'static> RingHandle<K, B> {
+    /// Starts serving `server` with `backend` on a thread of its own.
+    pub fn spawn<R>(server: Server, backend: R, name: String) -> std::io::Result<Self>
+    where
+        R: RingBackend<Kernel = K, Buffer = B>,
+    {
+        let table: Shared<K, B> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, s) = (table.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || serve(server, backend, t, s))?;
+        Ok(RingHandle {
+            table,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The table, for the request loop's grants and revokes.
+    pub fn table(&self) -> MutexGuard<'_, RingTable<K, B>> {
+        lock(&self.table)
+    }
+}
+
+impl<K, B> Drop for RingHandle<K, B> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The proto reason number a completion carries for `error`.
+fn reason_of(error: &Error) -> u32 {
+    error.refusal().reason as u32
+}
+
+fn serve<R: RingBackend>(
+    mut server: Server,
+    mut backend: R,
+    table: Shared<R::Kernel, R::Buffer>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Acquire) {
+        let polled = match server.poll() {
+            Ok(Some(polled)) => polled,
+            Ok(None) => {
+                if let Err(e) = server.wait(POLL_SLICE) {
+                    tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");
+                    return;
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");
+                return;
+            }
+        };
+        let status = match polled {
+            Polled::Launch(descriptor) => {
+                let table = lock(&table);
+                match run(&table, &mut backend, &descriptor) {
+                    Ok(()) => CompletionStatus::Ok,
+                    Err(Outcome::Refused(e)) => {
+                        release(&table, &mut backend, &descriptor);
+                        CompletionStatus::Refused {
+                            reason: reason_of(&e),
+                        }
+                    }
+                    Err(Outcome::Failed(e)) => CompletionStatus::Failed {
+                        reason: reason_of(&e),
+                    },
+                }
+            }
+            Polled::Orphan(descriptor) => {
+                release(&lock(&table), &mut backend, &descriptor);
+                CompletionStatus::Failed {
+                    reason: Reason::ExecutorUnavailable as u32,
+                }
+            }
+            Polled::Malformed { .. } => CompletionStatus::Refused {
+                reason: Reason::InvalidArgument as u32,
+            },
+        };
+        if let Err(e) = server.complete(status, 0) {
+            tracing::warn!(error = %e, "cannot complete a ring submission; the ring is dropped");
+            return;
+        }
+    }
+}
+
+enum Outcome {
+    /// The checks refused it: nothing ran.
+    Refused(Error),
+    /// It passed and the backend failed it.
+    Failed(Error),
+}
+
+/// Checks a semaphore word against the table: a granted buffer, the word
+/// inside it.
+fn semaphore<'t, K, B>(
+    table: &'t RingTable<K, B>,
+    op: Option<SemaphoreOp>,
+) -> Result<Option<CheckedSemaphore<'t, B>>, Error> {
+    let Some(op) = op else {
+        return Ok(None);
+    };
+    let buffer = table
+        .buffers
+        .get(&op.buffer)
+        .ok_or_else(|| not_granted("buffer", op.buffer))?;
+    let end = u128::from(op.offset) + u128::from(op.width.bytes());
+    if end > u128::from(buffer.size) {
+        return Err(Error::BufferTooSmall {
+            operand: "semaphore".into(),
+            needed_bytes: end,
+            buffer_bytes: buffer.size,
+        });
+    }
+    Ok(Some(CheckedSemaphore {
+        buffer: &buffer.buffer,
+        op,
+    }))
+}
+
+fn run<R: RingBackend>(
+    table: &RingTable<R::Kernel, R::Buffer>,
+    backend: &mut R,
+    descriptor: &Descriptor,
+) -> Result<(), Outcome> {
+    let kernel = table
+        .kernels
+        .get(&descriptor.kernel)
+        .ok_or_else(|| Outcome::Refused(not_granted("kernel", descriptor.kernel)))?;
+    let shape = launch::LaunchShape {
+        inputs: descriptor.inputs(),
+        output: Some(&descriptor.output),
+        n: descriptor.n,
+        scalars: descriptor.scalar_bits().len(),
+        wait: None,
+        signal: None,
+    };
+    let cap = KernelCap {
+        signature: &kernel.signature,
+        placement: HERE,
+    };
+    let checked: CheckedLaunch = launch::check(table, cap, &shape).map_err(Outcome::Refused)?;
+    let wait = semaphore(table, descriptor.wait()).map_err(Outcome::Refused)?;
+    let signal = semaphore(table, descriptor.signal()).map_err(Outcome::Refused)?;
+    // The checks passed, so each operand's index is granted; the offsets
+    // are the checked ones.
+    let mut operands = Vec::with_capacity(checked.inputs.len() + 1);
+    let named = descriptor.inputs().iter().chain([&descriptor.output]);
+    for (operand, checked) in named.zip(checked.inputs.iter().chain([&checked.output])) {
+        let buffer = table
+            .buffers
+            .get(&operand.buffer)
+            .filter(|b| b.buffer_id == checked.buffer_id)
+            .ok_or_else(|| {
+                Outcome::Refused(Error::Internal {
+                    message: "a checked ring operand is not in the table".into(),
+                })
+            })?;
+        operands.push((&buffer.buffer, checked.offset));
+    }
+    backend
+        .launch(RingLaunch {
+            kernel,
+            operands,
+            n: descriptor.n,
+            scalars: descriptor.scalars().collect(),
+            sync: descriptor.sync,
+            wait,
+            signal,
+        })
+        .map_err(Outcome::Failed)
+}
+
+/// Releases the signal of a launch that will not run, if its word is one the
+/// ring may write.
+fn release<R: RingBackend>(
+    table: &RingTable<R::Kernel, R::Buffer>,
+    backend: &mut R,
+    descriptor: &Descriptor,
+) {
+    if let Ok(Some(signal)) = semaphore(table, descriptor.signal()) {
+        backend.release_signal(signal);
+    }
+}
+
+/// A failure of the backend, as the completion's reason sees it.
+pub fn failure(kind: FailureKind, message: impl Into<String>) -> Error {
+    ExecutorError::Failed {
+        kind,
+        message: message.into(),
+        metadata: Default::default(),
+    }
+    .into()
+}

@@ -1,0 +1,242 @@
+//! Launch rings: OpenRing, and keeping each ring's capability table in its
+//! executor current.
+//!
+//! Invariants:
+//! - A ring's table holds only objects its session holds on the ring's
+//!   device, in the generation serving the ring: buffers are granted after
+//!   their registration commits and revoked before their close is sent;
+//!   kernels are granted when the session gets its handle and revoked when
+//!   it lets go.
+//! - Ring indices are per session and never reused (`RingIndices`), so a
+//!   descriptor written for a released object is refused, never
+//!   redirected.
+//! - A ring lives in one executor generation; a restart ends it (the lease
+//!   stream says so) and the session opens a new one.
+
+use std::sync::Arc;
+
+use ptxd_proto::executor::{self as exec, reply, request::Op};
+
+use super::effects::{run_cleanup, side_effect, Cleanup};
+use super::{parse_session, DeviceChoice, Front, State};
+use crate::error::Error;
+use crate::executor::supervisor::ExecutorLink;
+use crate::executor::ExecutorError;
+use crate::handles::{DeviceGeneration, KernelHandle, SessionId};
+use crate::sessions::Caller;
+
+/// A grant to send to a ring's executor once the state lock is released.
+pub(super) type Grant = Option<(Arc<ExecutorLink>, Op)>;
+
+/// OpenRing.
+#[derive(Debug, Clone)]
+pub struct RingRequest {
+    pub session: String,
+    pub shm_name: String,
+    pub device: DeviceChoice,
+}
+
+/// A ring the device's executor now serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedRing {
+    pub device_uuid: String,
+    pub generation: u64,
+}
+
+/// The executor request that grants kernel `handle` (held by the session as
+/// ring index `index`) to a ring, if its slot is on `device` at `generation`.
+fn kernel_grant(
+    state: &State,
+    handle: &KernelHandle,
+    index: u32,
+    device: usize,
+    generation: DeviceGeneration,
+) -> Option<exec::RingKernel> {
+    let kernel = state.slots.occupant_of(handle)?;
+    (kernel.device_index == device && kernel.generation == generation).then(|| exec::RingKernel {
+        ring_index: index,
+        module_id: kernel.module_id,
+        inputs: kernel.signature.inputs,
+        scalar_params: kernel.signature.scalar_params,
+        element_sizes: kernel.signature.element_sizes.clone(),
+    })
+}
+
+impl State {
+    /// Where `session`'s ring is served, with its executor, if it has one.
+    fn ring_of(&self, session: &SessionId) -> Option<(usize, DeviceGeneration, Arc<ExecutorLink>)> {
+        let (device, generation) = self.sessions.get(session)?.ring?;
+        let link = self
+            .devices
+            .get(device)?
+            .live_link()
+            .filter(|l| l.generation == generation)?;
+        Some((device, generation, link.clone()))
+    }
+
+    /// Queues, before any close in `cleanup`, the revoke of `session`'s
+    /// ring indices `buffers` and `kernels` (nothing without a ring).
+    pub(super) fn queue_revoke(
+        &self,
+        session: &SessionId,
+        buffers: Vec<u32>,
+        kernels: Vec<u32>,
+        cleanup: &mut Cleanup,
+    ) {
+        let Some(stream) = self.sessions.get(session).map(|s| s.stream) else {
+            return;
+        };
+        if buffers.is_empty() && kernels.is_empty() {
+            return;
+        }
+        if let Some((_, _, link)) = self.ring_of(session) {
+            let grant = exec::RingGrant {
+                stream,
+                revoke_buffers: buffers,
+                revoke_kernels: kernels,
+                ..Default::default()
+            };
+            cleanup.insert(0, (link, Op::RingGrant(grant)));
+        }
+    }
+
+    /// The grant of one new buffer or kernel to `session`'s ring, if the
+    /// ring is on the object's device and generation.
+    pub(super) fn ring_grant(
+        &self,
+        session: &SessionId,
+        device: usize,
+        generation: DeviceGeneration,
+        buffer: Option<exec::RingBuffer>,
+        kernel: Option<(KernelHandle, u32)>,
+    ) -> Grant {
+        let (ring_device, ring_generation, link) = self.ring_of(session)?;
+        if (ring_device, ring_generation) != (device, generation) {
+            return None;
+        }
+        let stream = self.sessions.get(session)?.stream;
+        let kernels = kernel
+            .and_then(|(handle, index)| kernel_grant(self, &handle, index, device, generation))
+            .into_iter()
+            .collect();
+        let grant = exec::RingGrant {
+            stream,
+            buffers: buffer.into_iter().collect(),
+            kernels,
+            ..Default::default()
+        };
+        Some((link, Op::RingGrant(grant)))
+    }
+}
+
+impl Front {
+    /// Sends a grant built under the lock (after the lock is released). A
+    /// grant that fails leaves the object out of the ring's table: ring
+    /// launches naming it are refused, gRPC launches still work.
+    pub(super) async fn send_grant(&self, grant: Grant) {
+        if let Some((link, op)) = grant {
+            match link.call(op).await {
+                Ok(reply::Result::Ok(_)) => {}
+                other => tracing::warn!(?other, "a ring grant failed"),
+            }
+        }
+    }
+
+    /// OpenRing: the device's executor serves the session's ring from now
+    /// on, with everything the session holds there granted.
+    pub async fn open_ring(&self, request: RingRequest, peer: Caller) -> Result<OpenedRing, Error> {
+        let session_id = parse_session(&request.session)?;
+        // The executor maps the object with the daemon's rights, checking
+        // that the caller's uid owns it: without an identity there is no uid.
+        let Some(credentials) = peer.credentials() else {
+            return Err(Error::IdentityRequired { resource: "ring" });
+        };
+        ptxd_client::validate_shm_name(&request.shm_name).map_err(|_| Error::InvalidArgument {
+            field: "shm_name",
+            message:
+                "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
+                    .into(),
+        })?;
+        let (index, link, generation, device_uuid, stream) = {
+            let state = self.lock();
+            state.refuse_if_draining()?;
+            let session = state.session(&session_id, peer)?;
+            let index = state.device_index(&request.device)?;
+            let (link, generation) = state.link(index)?;
+            let uuid = state.devices[index].desc.uuid.clone();
+            (index, link, generation, uuid, session.stream)
+        };
+        let op = Op::OpenRing(exec::OpenRing {
+            stream,
+            shm_name: request.shm_name.clone(),
+            owner_uid: Some(credentials.uid),
+        });
+        let undo = Op::CloseRing(exec::CloseRing { stream });
+        let grant = side_effect(
+            &*link,
+            &device_uuid,
+            op,
+            undo,
+            |reply| match reply {
+                reply::Result::Ok(_) => Ok(()),
+                _ => Err(ExecutorError::UnexpectedReply("OpenRing").into()),
+            },
+            |()| {
+                let mut state = self.lock();
+                state.recheck(&session_id, index, generation, &device_uuid)?;
+                state.session(&session_id, peer)?;
+                let buffers = state
+                    .registry
+                    .buffers_of(&session_id)
+                    .into_iter()
+                    .filter(|(_, e)| e.device_index == index && e.open_in == Some(generation))
+                    .map(|(_, e)| exec::RingBuffer {
+                        ring_index: e.ring_index,
+                        buffer_id: e.id.0,
+                        size: e.size,
+                    })
+                    .collect();
+                let session = state
+                    .sessions
+                    .get(&session_id)
+                    .ok_or_else(|| Error::Internal {
+                        message: "session vanished under the lock".into(),
+                    })?;
+                let kernels = session
+                    .ring_indices
+                    .kernels()
+                    .filter_map(|(h, i)| kernel_grant(&state, h, i, index, generation))
+                    .collect();
+                if let Some(session) = state.sessions.get_mut(&session_id) {
+                    session.ring = Some((index, generation));
+                }
+                Ok(exec::RingGrant {
+                    stream,
+                    buffers,
+                    kernels,
+                    ..Default::default()
+                })
+            },
+        )
+        .await?;
+        // The first grant goes before the reply: the client may submit as
+        // soon as it has it.
+        let mut cleanup: Cleanup = Vec::new();
+        match link.call(Op::RingGrant(grant)).await {
+            Ok(reply::Result::Ok(_)) => {}
+            other => {
+                tracing::warn!(?other, "the ring's first grant failed; closing it");
+                if let Some(session) = self.lock().sessions.get_mut(&session_id) {
+                    session.ring = None;
+                }
+                cleanup.push((link.clone(), Op::CloseRing(exec::CloseRing { stream })));
+                run_cleanup(cleanup).await;
+                return Err(ExecutorError::UnexpectedReply("RingGrant").into());
+            }
+        }
+        Ok(OpenedRing {
+            device_uuid,
+            generation: generation.0,
+        })
+    }
+}
