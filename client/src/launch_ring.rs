@@ -105,6 +105,11 @@ impl LaunchRing {
         }
     }
 
+    /// The shared-memory object's name (what the daemon opened).
+    pub fn shm_name(&self) -> &str {
+        self.submitter.name()
+    }
+
     /// The device whose executor serves the ring.
     pub fn device_uuid(&self) -> &str {
         &self.device_uuid

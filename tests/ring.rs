@@ -1,0 +1,334 @@
+//! The launch ring end to end on the host backend: the real daemon, the
+//! SDK's `LaunchRing`, shared memory in between. Every ring launch is
+//! compared element by element with a reference; every refusal is checked
+//! for the exact reason a unary Launch gives; a client that scribbles over
+//! its ring loses its ring and nothing else.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{Seek, SeekFrom, Write};
+use std::time::Duration;
+
+use common::{corpus, random_f32, Daemon};
+use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
+use ptxd_client::{
+    Buffer, Client, HostShm, Kernel, Launch, LaunchRing, LoadOptions, RingCompletion, Session,
+};
+use rand::Rng;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+async fn load(session: &Session, file: &str, symbol: &str) -> Kernel {
+    session
+        .load_ptx(0, corpus(file), symbol, LoadOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn f32_buffer(session: &Session, values: Option<&[f32]>, n: usize) -> (HostShm, Buffer) {
+    let mut shm = HostShm::create((n * 4) as u64).unwrap();
+    match values {
+        Some(v) => shm.write_f32(0, v).unwrap(),
+        None => shm.write_f32(0, &vec![f32::NAN; n]).unwrap(),
+    }
+    let buffer = session.register_shm(&shm, None).await.unwrap();
+    (shm, buffer)
+}
+
+fn next(ring: &mut LaunchRing) -> RingCompletion {
+    ring.wait(WAIT).unwrap().expect("a completion within 10 s")
+}
+
+/// The reason a completion refused its launch with ("" when it ran).
+fn refusal(completion: &RingCompletion) -> String {
+    match &completion.outcome {
+        Ok(()) => String::new(),
+        Err(r) => r.reason.clone(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ring_launches_match_the_reference_and_refusals_match_unary_launch() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("ring").await.unwrap();
+    let add = load(&session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+    let affine = load(&session, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
+    let n = 5003;
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a_shm, a_buf) = f32_buffer(&session, Some(&a), n).await;
+    let (_b_shm, b_buf) = f32_buffer(&session, Some(&b), n).await;
+    let (mut out_shm, out_buf) = f32_buffer(&session, None, n).await;
+    let mut ring = session.open_ring(64, 0).await.unwrap();
+    assert_eq!(ring.device_uuid(), "HOST-0");
+
+    // Random lengths and element offsets; poison before each launch.
+    let mut rng = rand::rng();
+    for _ in 0..50 {
+        let offset = rng.random_range(0..64usize);
+        let len = rng.random_range(0..=n - offset);
+        out_shm.write_f32(0, &vec![f32::NAN; n]).unwrap();
+        let ticket = ring
+            .launch(
+                &add,
+                &[(&a_buf, (offset * 4) as u64), (&b_buf, 0)],
+                (&out_buf, 0),
+                len as u64,
+                &[],
+            )
+            .unwrap();
+        let done = next(&mut ring);
+        assert_eq!(done.ticket, ticket);
+        assert_eq!(done.outcome, Ok(()));
+        let out = out_shm.read_f32(0, n).unwrap();
+        for i in 0..n {
+            if i < len {
+                assert_eq!(
+                    out[i].to_bits(),
+                    (a[i + offset] + b[i]).to_bits(),
+                    "element {i}"
+                );
+            } else {
+                assert!(out[i].is_nan(), "element {i} past n was written");
+            }
+        }
+    }
+
+    // Scalars reach the kernel as f32.
+    let (p0, p1) = (
+        rng.random_range(-2.0f32..2.0),
+        rng.random_range(-0.5f32..0.5),
+    );
+    out_shm.write_f32(0, &vec![f32::NAN; n]).unwrap();
+    ring.launch(&affine, &[(&a_buf, 0)], (&out_buf, 0), n as u64, &[p0, p1])
+        .unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    let out = out_shm.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            out[i].to_bits(),
+            a[i].mul_add(p0, p1).to_bits(),
+            "affine element {i}"
+        );
+    }
+
+    // Each mistake, on the ring and through unary Launch: the same reason.
+    let unary = |launch: Launch, kernel: &Kernel| {
+        let (session, kernel) = (&session, kernel.clone());
+        async move {
+            session
+                .launch(&kernel, &launch.sync(true))
+                .await
+                .unwrap_err()
+                .reason_name()
+                .to_string()
+        }
+    };
+    ring.launch(
+        &add,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 4),
+        n as u64,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "BUFFER_TOO_SMALL");
+    assert_eq!(
+        unary(
+            Launch::new([a_buf.at(0), b_buf.at(0)], out_buf.at(4), n as u64),
+            &add
+        )
+        .await,
+        "BUFFER_TOO_SMALL"
+    );
+    ring.launch(&add, &[(&a_buf, 2), (&b_buf, 0)], (&out_buf, 0), 8, &[])
+        .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "INVALID_ARGUMENT");
+    ring.launch(&add, &[(&a_buf, 0)], (&out_buf, 0), 8, &[])
+        .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "ABI_MISMATCH");
+    assert_eq!(
+        unary(Launch::new([a_buf.at(0)], out_buf.at(0), 8), &add).await,
+        "ABI_MISMATCH"
+    );
+    ring.launch(&affine, &[(&a_buf, 0)], (&out_buf, 0), 8, &[1.0])
+        .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "ABI_MISMATCH");
+
+    // Another session's buffer: its ring index means nothing here.
+    let other = client.open_session("other").await.unwrap();
+    let (_o_shm, o_buf) = f32_buffer(&other, None, n).await;
+    let mut foreign = o_buf.clone();
+    foreign.ring_index = o_buf.ring_index + 1000;
+    ring.launch(&add, &[(&a_buf, 0), (&foreign, 0)], (&out_buf, 0), 8, &[])
+        .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "STALE_BUFFER");
+
+    // A released buffer and an unloaded kernel are revoked from the ring.
+    let (_c_shm, c_buf) = f32_buffer(&session, Some(&b), n).await;
+    ring.launch(&add, &[(&a_buf, 0), (&c_buf, 0)], (&out_buf, 0), 8, &[])
+        .unwrap();
+    assert_eq!(
+        next(&mut ring).outcome,
+        Ok(()),
+        "a buffer registered after the ring opened"
+    );
+    session.release_buffer(&c_buf).await.unwrap();
+    ring.launch(&add, &[(&a_buf, 0), (&c_buf, 0)], (&out_buf, 0), 8, &[])
+        .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "STALE_BUFFER");
+    session.unload(&affine).await.unwrap();
+    ring.launch(&affine, &[(&a_buf, 0)], (&out_buf, 0), 8, &[1.0, 2.0])
+        .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "STALE_KERNEL");
+
+    // After all that, the ring still launches.
+    out_shm.write_f32(0, &vec![f32::NAN; n]).unwrap();
+    ring.launch(&add, &[(&a_buf, 0), (&b_buf, 0)], (&out_buf, 0), 16, &[])
+        .unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    let out = out_shm.read_f32(0, 16).unwrap();
+    for i in 0..16 {
+        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn semaphores_order_ring_launches_and_a_refusal_still_signals() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("sem").await.unwrap();
+    let add = load(&session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+    let n = 1024;
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a_shm, a_buf) = f32_buffer(&session, Some(&a), n).await;
+    let (_b_shm, b_buf) = f32_buffer(&session, Some(&b), n).await;
+    let (out_shm, out_buf) = f32_buffer(&session, None, n).await;
+    // Two 32-bit semaphore words, both 0.
+    let mut sem_shm = HostShm::create(64).unwrap();
+    sem_shm.write_f32(0, &[0.0; 16]).unwrap();
+    let sem = session.register_shm(&sem_shm, None).await.unwrap();
+    let mut ring = session.open_ring(16, 0).await.unwrap();
+
+    let word = |offset: u64, value: u64| SemaphoreOp {
+        buffer: sem.ring_index,
+        offset,
+        value,
+        width: SemaphoreWidth::Bits32,
+    };
+    // Waits until word 0 >= 1, then signals word 1 = 7.
+    let ticket = ring
+        .launch_ordered(
+            &add,
+            &[(&a_buf, 0), (&b_buf, 0)],
+            (&out_buf, 0),
+            n as u64,
+            &[],
+            Some(word(0, 1)),
+            Some(word(4, 7)),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        ring.poll().unwrap().is_none(),
+        "the launch ran before its semaphore"
+    );
+    assert!(out_shm.read_f32(0, 1).unwrap()[0].is_nan());
+    sem_shm.write_f32(0, &[f32::from_bits(1)]).unwrap();
+    let done = next(&mut ring);
+    assert_eq!((done.ticket, done.outcome), (ticket, Ok(())));
+    assert_eq!(sem_shm.read_f32(4, 1).unwrap()[0].to_bits(), 7);
+    let out = out_shm.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+    }
+    // A refused launch (too long) still writes its signal, so nothing that
+    // waits on it blocks forever.
+    ring.launch_ordered(
+        &add,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        n as u64 + 1,
+        &[],
+        None,
+        Some(word(4, 9)),
+    )
+    .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "BUFFER_TOO_SMALL");
+    assert_eq!(sem_shm.read_f32(4, 1).unwrap()[0].to_bits(), 9);
+    // A semaphore word outside its buffer is refused.
+    ring.launch_ordered(
+        &add,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        8,
+        &[],
+        Some(word(64, 1)),
+        None,
+    )
+    .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "BUFFER_TOO_SMALL");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_scribbles_over_its_ring_loses_only_its_ring() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let (hostile, honest) = (
+        client.open_session("hostile").await.unwrap(),
+        client.open_session("honest").await.unwrap(),
+    );
+    let n = 256;
+    let mut rings = Vec::new();
+    for session in [&hostile, &honest] {
+        let add = load(session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+        let (a, b) = (random_f32(n), random_f32(n));
+        let a_buf = f32_buffer(session, Some(&a), n).await;
+        let b_buf = f32_buffer(session, Some(&b), n).await;
+        let out = f32_buffer(session, None, n).await;
+        let ring = session.open_ring(8, 0).await.unwrap();
+        rings.push((add, a, b, a_buf, b_buf, out, ring));
+    }
+    // The hostile client writes garbage over its ring's control words and
+    // slots, then submits.
+    {
+        let (add, _, _, a_buf, b_buf, out, ring) = &mut rings[0];
+        let path = format!("/dev/shm{}", ring.shm_name());
+        let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let mut garbage = vec![0u8; 4096];
+        rand::rng().fill(&mut garbage[..]);
+        file.seek(SeekFrom::Start(64)).unwrap();
+        file.write_all(&garbage).unwrap();
+        // The submission may or may not be published over the garbage; the
+        // daemon must not care either way.
+        let _ = ring.launch(add, &[(&a_buf.1, 0), (&b_buf.1, 0)], (&out.1, 0), 8, &[]);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The daemon and the other session's ring are untouched.
+    let (add, a, b, a_buf, b_buf, out, ring) = &mut rings[1];
+    out.0.write_f32(0, &vec![f32::NAN; n]).unwrap();
+    ring.launch(
+        add,
+        &[(&a_buf.1, 0), (&b_buf.1, 0)],
+        (&out.1, 0),
+        n as u64,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(next(ring).outcome, Ok(()));
+    let got = out.0.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(got[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+    }
+    // The hostile session still has gRPC.
+    let (add, _, _, a_buf, b_buf, out, _) = &rings[0];
+    hostile
+        .launch(
+            add,
+            &Launch::new([a_buf.1.operand(), b_buf.1.operand()], out.1.operand(), 8).sync(true),
+        )
+        .await
+        .unwrap();
+    assert!(client.info().await.unwrap().devices[0].available);
+}
