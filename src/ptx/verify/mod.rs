@@ -164,3 +164,59 @@ pub fn verify(kernel: &Kernel, declared: Option<DeclaredAbi>) -> Result<Verified
     }
     Ok(verified)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every file of the verifier, for the test below.
+    const SOURCES: &[&str] = &[
+        include_str!("mod.rs"),
+        include_str!("layout.rs"),
+        include_str!("instructions.rs"),
+        include_str!("cfg.rs"),
+        include_str!("dataflow.rs"),
+        include_str!("arith.rs"),
+        include_str!("decision.rs"),
+    ];
+
+    /// The snake_case string literals that follow `refuse(` or
+    /// `sub_reason: ` in `text`.
+    fn sub_reasons(text: &str) -> Vec<&str> {
+        let mut found = Vec::new();
+        for marker in ["refuse(", "sub_reason: "] {
+            for (at, _) in text.match_indices(marker) {
+                let rest = text[at + marker.len()..].trim_start();
+                if let Some(lit) = rest.strip_prefix('"') {
+                    let name = lit.split('"').next().unwrap_or("");
+                    if !name.is_empty()
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                    {
+                        found.push(name);
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// The module doc claims to list every rule: each sub_reason the
+    /// verifier can return is named there.
+    #[test]
+    fn module_doc_names_every_sub_reason() {
+        let doc: String = SOURCES[0]
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut all: Vec<&str> = SOURCES.iter().flat_map(|s| sub_reasons(s)).collect();
+        all.sort_unstable();
+        all.dedup();
+        assert!(all.len() > 20, "the scan found only {all:?}");
+        let missing: Vec<&&str> = all
+            .iter()
+            .filter(|r| !doc.contains(&format!("`{r}`")))
+            .collect();
+        assert!(missing.is_empty(), "not in the module doc: {missing:?}");
+    }
+}
