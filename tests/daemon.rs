@@ -942,11 +942,10 @@ async fn sigterm_drains_sessions_and_removes_the_socket() {
 #[test]
 fn a_second_daemon_refuses_a_live_socket() {
     let daemon = Daemon::start(&[]);
-    let second = std::process::Command::new(env!("CARGO_BIN_EXE_ptxd"))
-        .args(["serve", "--backend", "host", "--socket"])
-        .arg(&daemon.socket)
-        .output()
-        .unwrap();
+    let second = common::run_to_exit(
+        common::serve_command("host", &daemon.socket, &[]),
+        Duration::from_secs(15),
+    );
     assert!(!second.status.success());
     assert!(
         String::from_utf8_lossy(&second.stderr).contains("already answers"),

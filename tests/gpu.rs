@@ -19,6 +19,9 @@
 #![cfg(feature = "gpu-tests")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/daemon.rs"]
+mod daemon_support;
+
 #[path = "gpu/executor_client.rs"]
 mod executor_client;
 
