@@ -4,6 +4,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use half::f16;
+
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_client::{
     Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session, SessionEvent,
@@ -12,7 +14,7 @@ use rand::Rng;
 
 use super::daemon_support::Daemon;
 use super::executor_client::corpus;
-use super::{device, f16_to_f32, f32_to_f16, rng};
+use super::{device, rng};
 
 /// `ptxd serve --backend BACKEND EXTRA` on a fresh socket, answering.
 fn start(backend: &str, extra: &[&str]) -> Daemon {
@@ -172,10 +174,10 @@ async fn daemon_runs_the_corpus_on_ipc_memory_like_the_host_backend() {
     assert_eq!(g, h, "affine: GPU and host outputs differ");
 
     let x: Vec<u16> = (0..n)
-        .map(|_| f32_to_f16(rng.random_range(-8.0..8.0)))
+        .map(|_| f16::from_f32(rng.random_range(-8.0..8.0)).to_bits())
         .collect();
     let y: Vec<u16> = (0..n)
-        .map(|_| f32_to_f16(rng.random_range(-4.0..4.0)))
+        .map(|_| f16::from_f32(rng.random_range(-4.0..4.0)).to_bits())
         .collect();
     let (g, h) = run_both(
         &gpu,
@@ -190,7 +192,7 @@ async fn daemon_runs_the_corpus_on_ipc_memory_like_the_host_backend() {
     )
     .await;
     let half =
-        |bytes: &[u8], i: usize| f16_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]));
+        |bytes: &[u8], i: usize| f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32();
     for i in 0..n {
         let (gv, hv) = (half(&g, i), half(&h, i));
         let allowed = (hv.abs() * 2f32.powi(-9)).max(2f32.powi(-23));
