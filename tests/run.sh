@@ -18,6 +18,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The GPU code (the cuda feature, the GPU suite, the CUDA benchmark) builds
 # without CUDA (cudarc loads libcuda at run time), so it is linted here too.
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+# Every target with every feature builds and links too (clippy does not
+# link): the CUDA code, the GPU suite and bench, and the Python module (an
+# extension module, see .cargo/config.toml: no libpython needed).
+cargo build --workspace --all-targets --all-features
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
