@@ -14,12 +14,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "../tests/support/daemon.rs"]
+mod daemon_support;
+
 #[path = "../tests/gpu/executor_client.rs"]
 mod executor_client;
 
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
+use daemon_support::Daemon;
 use executor_client::*;
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_proto::executor::{request::Op, ArtifactKind, CloseBuffer};
@@ -413,50 +417,6 @@ struct Baselines {
     open_buffer: Duration,
 }
 
-/// `ptxd serve --backend cuda` on a temporary socket, for the daemon rows;
-/// SIGTERM on drop (the drain timeout is short), SIGKILL if it lingers.
-struct Daemon {
-    child: std::process::Child,
-    socket: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    fn start(device_uuid: &str) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("ptxd.sock");
-        let child = std::process::Command::new(ptxd_bin())
-            .args(["serve", "--backend", "cuda", "--drain-timeout", "1s"])
-            .args(["--devices", device_uuid, "--socket"])
-            .arg(&socket)
-            .env("RUST_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("spawning ptxd serve");
-        Daemon {
-            child,
-            socket,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The rows through `ptxd serve`: the SDK over gRPC on a Unix socket, the
 /// tensors in this process's memory (CUDA IPC), the kernel run by the
 /// daemon's executor process.
@@ -471,8 +431,10 @@ async fn daemon_rows(
     use ptxd_client::{Client, Launch, LoadOptions};
 
     let spawn = Instant::now();
-    let daemon = Daemon::start(dev.uuid());
-    let target = format!("unix:{}", daemon.socket.display());
+    // The helper returns once the socket answers; the row goes on to the
+    // device being available, SIGTERM on drop (the drain timeout is short).
+    let daemon = Daemon::start_backend("cuda", &["--devices", dev.uuid()], |_| {});
+    let target = daemon.target();
     let client = loop {
         if let Ok(client) = Client::connect(&target).await {
             if let Ok(info) = client.info().await {

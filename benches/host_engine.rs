@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use half::f16;
 use ptxd::ptx::{HostKernel, HostLaunch, HostSpan};
 
 const N: usize = 16 << 20;
@@ -55,38 +56,6 @@ fn engine(name: &str, ins: &mut [Vec<u8>], out: &mut [u8], params: &[f32], threa
     })
 }
 
-fn f16_to_f32(h: u16) -> f32 {
-    let e = i32::from((h >> 10) & 0x1F);
-    let m = f32::from(h & 0x3FF);
-    let v = if e == 0 {
-        m * 2f32.powi(-24)
-    } else {
-        (1.0 + m / 1024.0) * 2f32.powi(e - 15)
-    };
-    if h & 0x8000 != 0 {
-        -v
-    } else {
-        v
-    }
-}
-
-fn f32_to_f16(x: f32) -> u16 {
-    // Plain-loop reference: RNE by bit manipulation (normal range only).
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let e = ((b >> 23) & 0xFF) as i32 - 127 + 15;
-    if e <= 0 {
-        return sign;
-    }
-    if e >= 31 {
-        return sign | 0x7C00;
-    }
-    let m = b & 0x7F_FFFF;
-    let r = (m >> 13)
-        + (((m & 0x1FFF) > 0x1000 || ((m & 0x1FFF) == 0x1000 && (m >> 13) & 1 == 1)) as u32);
-    sign | (((e as u32) << 10) + r) as u16
-}
-
 fn main() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let a: Vec<u8> = (0..N)
@@ -105,8 +74,8 @@ fn main() {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     let mut fo = vec![0f32; N];
-    let h: Vec<u16> = fa.iter().map(|x| f32_to_f16(*x)).collect();
-    let h2: Vec<u16> = fb.iter().map(|x| f32_to_f16(*x)).collect();
+    let h: Vec<u16> = fa.iter().map(|x| f16::from_f32(*x).to_bits()).collect();
+    let h2: Vec<u16> = fb.iter().map(|x| f16::from_f32(*x).to_bits()).collect();
     let mut ho = vec![0u16; N];
 
     println!("host engine vs plain Rust loop, n = {N} elements, engine threads = {threads}");
@@ -187,9 +156,9 @@ fn main() {
     );
     let r = best(|| {
         for i in 0..N {
-            let x = f16_to_f32(h[i]);
+            let x = f16::from_bits(h[i]).to_f32();
             let e = f64::from(x * -std::f32::consts::LOG2_E).exp2() as f32;
-            ho[i] = f32_to_f16(f16_to_f32(h2[i]) * (x / (e + 1.0)));
+            ho[i] = f16::from_f32(f16::from_bits(h2[i]).to_f32() * (x / (e + 1.0))).to_bits();
         }
         std::hint::black_box(&ho);
     });

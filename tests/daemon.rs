@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{corpus, random_f32, Daemon};
+use half::f16;
 use ptxd_client::{
     Buffer, Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session,
     SessionEvent, SessionOptions,
@@ -136,58 +137,6 @@ async fn add_and_affine_run_on_shared_memory_and_match_the_reference() {
     assert!(z_shm.read_f32(0, 4).unwrap().iter().all(|v| v.is_nan()));
 }
 
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
-    let exp = i32::from((h >> 10) & 0x1f);
-    let frac = f32::from(h & 0x3ff);
-    match exp {
-        0 => sign * frac * 2f32.powi(-24),
-        31 if frac == 0.0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        _ => sign * (1.0 + frac / 1024.0) * 2f32.powi(exp - 15),
-    }
-}
-
-fn f32_to_f16(value: f32) -> u16 {
-    // Exhaustive nearest search is slow; round through the bit pattern
-    // (round to nearest even) for finite values in range.
-    let bits = value.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let abs = value.abs();
-    if abs.is_nan() {
-        return sign | 0x7e00;
-    }
-    if abs >= 65520.0 {
-        return sign | 0x7c00;
-    }
-    // Scale so that the f16 ulp at this magnitude is 1, then round to even.
-    let exp = if abs < 2f32.powi(-14) {
-        -14
-    } else {
-        abs.log2().floor() as i32
-    };
-    let ulp = 2f32.powi(exp - 10);
-    let units = (abs / ulp).round_ties_even();
-    let rounded = units * ulp;
-    // Re-encode through the decoder's inverse.
-    let mut best = 0u16;
-    let mut lo = 0u16;
-    let mut hi = 0x7c00u16;
-    while lo <= hi {
-        let mid = lo + (hi - lo) / 2;
-        if f16_to_f32(mid) < rounded {
-            lo = mid + 1;
-        } else {
-            best = mid;
-            if mid == 0 {
-                break;
-            }
-            hi = mid - 1;
-        }
-    }
-    sign | best
-}
-
 #[tokio::test]
 async fn silu_mul_f16_matches_the_reference_within_the_approx_tolerance() {
     let daemon = Daemon::start(&[]);
@@ -195,10 +144,10 @@ async fn silu_mul_f16_matches_the_reference_within_the_approx_tolerance() {
     let session = client.open_session("f16").await.unwrap();
     let n = 4099;
     let a: Vec<u16> = (0..n)
-        .map(|_| f32_to_f16(rand::random::<f32>() * 16.0 - 8.0))
+        .map(|_| f16::from_f32(rand::random::<f32>() * 16.0 - 8.0).to_bits())
         .collect();
     let b: Vec<u16> = (0..n)
-        .map(|_| f32_to_f16(rand::random::<f32>() * 4.0 - 2.0))
+        .map(|_| f16::from_f32(rand::random::<f32>() * 4.0 - 2.0).to_bits())
         .collect();
     let mut shms = Vec::new();
     let mut bufs = Vec::new();
@@ -224,9 +173,9 @@ async fn silu_mul_f16_matches_the_reference_within_the_approx_tolerance() {
         .unwrap();
     let out = shms[2].read_u16(0, n).unwrap();
     for i in 0..n {
-        let x = f64::from(f16_to_f32(a[i]));
-        let expected = x / (1.0 + (-x).exp()) * f64::from(f16_to_f32(b[i]));
-        let got = f64::from(f16_to_f32(out[i]));
+        let x = f64::from(f16::from_bits(a[i]).to_f32());
+        let expected = x / (1.0 + (-x).exp()) * f64::from(f16::from_bits(b[i]).to_f32());
+        let got = f64::from(f16::from_bits(out[i]).to_f32());
         // One f16 ulp of the result plus ex2.approx's 2^-22 relative error.
         let tolerance = expected.abs() * 2f64.powi(-10) + 2f64.powi(-24);
         assert!(
@@ -942,11 +891,10 @@ async fn sigterm_drains_sessions_and_removes_the_socket() {
 #[test]
 fn a_second_daemon_refuses_a_live_socket() {
     let daemon = Daemon::start(&[]);
-    let second = std::process::Command::new(env!("CARGO_BIN_EXE_ptxd"))
-        .args(["serve", "--backend", "host", "--socket"])
-        .arg(&daemon.socket)
-        .output()
-        .unwrap();
+    let second = common::run_to_exit(
+        common::serve_command("host", &daemon.socket, &[]),
+        Duration::from_secs(15),
+    );
     assert!(!second.status.success());
     assert!(
         String::from_utf8_lossy(&second.stderr).contains("already answers"),

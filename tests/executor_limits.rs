@@ -309,26 +309,14 @@ async fn a_client_shrinking_its_buffer_under_its_launch_gets_a_typed_refusal() {
 #[tokio::test]
 async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
     use std::os::unix::process::CommandExt;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ptxd.sock");
-    let log = dir.path().join("ptxd.log");
-    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_ptxd"))
-        .args(["serve", "--backend", "host", "--socket"])
-        .arg(&socket)
-        .args(["--drain-timeout", "5s", "--max-kernel-time", "1s"])
-        .env("RUST_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        // Its own process group, as a service or a shell job has.
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    common::wait_until("the daemon to serve", Duration::from_secs(30), || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
-    let client = Client::connect(&format!("unix:{}", socket.display()))
-        .await
-        .unwrap();
+    let mut daemon = Daemon::start_with(
+        &["--drain-timeout", "5s", "--max-kernel-time", "1s"],
+        |command| {
+            // Its own process group, as a service or a shell job has.
+            command.env("RUST_LOG", "info").process_group(0);
+        },
+    );
+    let client = Client::connect(&daemon.target()).await.unwrap();
     let session = Arc::new(client.open_session("draining").await.unwrap());
     let spin = load(&session, "spin_f32.ptx", "spin_f32").await;
     let (_x, x) = f32_buffer(&session, Some(&[0.0; 64]), 64).await;
@@ -346,17 +334,19 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let group = nix::unistd::Pid::from_raw(-(daemon.id() as i32));
+    let group = nix::unistd::Pid::from_raw(-daemon.pid());
     nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM).unwrap();
 
     // The launch in flight is answered by the executor that ran it.
     let err = in_flight.await.unwrap().unwrap_err();
     assert_eq!(err.reason_name(), "KERNEL_TIMEOUT", "{err}");
-    let status = tokio::task::spawn_blocking(move || daemon.wait().unwrap())
-        .await
-        .unwrap();
-    assert!(status.success(), "{status}");
-    let text = std::fs::read_to_string(&log).unwrap();
+    let (status, text) = tokio::task::spawn_blocking(move || {
+        let status = daemon.wait(Duration::from_secs(30));
+        (status, daemon.stderr())
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status}\n{text}");
     assert!(text.contains("draining"), "{text}");
     assert!(
         !text.contains("executor died") && !text.contains("executor restarted"),

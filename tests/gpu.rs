@@ -19,6 +19,9 @@
 #![cfg(feature = "gpu-tests")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/daemon.rs"]
+mod daemon_support;
+
 #[path = "gpu/executor_client.rs"]
 mod executor_client;
 
@@ -32,6 +35,7 @@ mod nvcc_ref;
 mod nvcc;
 
 use executor_client::*;
+use half::f16;
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_proto::executor::{
     request::Op, ArtifactKind, CloseBuffer, CloseStream, FailureKind, Launch, OpenBuffer,
@@ -68,69 +72,6 @@ fn download_u32(mem: &DeviceAllocation, len: usize) -> Vec<u32> {
     let mut out = vec![0u32; len];
     mem.download(0, &mut out).unwrap();
     out
-}
-
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
-    let exp = (h >> 10) & 0x1f;
-    let mant = f32::from(h & 0x3ff);
-    match exp {
-        0 => sign * mant * 2f32.powi(-24),
-        31 if mant == 0.0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        _ => sign * (1.0 + mant / 1024.0) * 2f32.powi(i32::from(exp) - 15),
-    }
-}
-
-/// Rounds to the nearest half, ties to even.
-fn f32_to_f16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exp = ((bits >> 23) & 0xff) as i32;
-    let mant = bits & 0x7f_ffff;
-    if exp == 255 {
-        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 31 {
-        return sign | 0x7c00;
-    }
-    let round = |value: u32, rem: u32, halfway: u32| {
-        if rem > halfway || (rem == halfway && value & 1 == 1) {
-            value + 1
-        } else {
-            value
-        }
-    };
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = mant | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let value = m >> shift;
-        return sign | round(value, m & ((1 << shift) - 1), 1 << (shift - 1)) as u16;
-    }
-    let value = ((e as u32) << 10) | (mant >> 13);
-    sign | round(value, mant & 0x1fff, 0x1000) as u16
-}
-
-#[test]
-fn half_conversions_round_to_nearest_even() {
-    assert_eq!(f32_to_f16(1.0), 0x3c00);
-    assert_eq!(f32_to_f16(-2.0), 0xc000);
-    assert_eq!(f32_to_f16(65504.0), 0x7bff);
-    assert_eq!(f32_to_f16(1e6), 0x7c00);
-    assert_eq!(f32_to_f16(2f32.powi(-24)), 0x0001);
-    assert_eq!(f32_to_f16(1.0 + 2f32.powi(-11)), 0x3c00, "tie to even");
-    assert_eq!(
-        f32_to_f16(1.0 + 3.0 * 2f32.powi(-11)),
-        0x3c02,
-        "tie to even, up"
-    );
-    for h in [0x0001u16, 0x03ff, 0x3c00, 0x3555, 0xbbff, 0x7bff] {
-        assert_eq!(f32_to_f16(f16_to_f32(h)), h);
-    }
 }
 
 /// One session: a device, an executor, and the add/affine/silu modules.
@@ -296,10 +237,10 @@ fn every_scalar_corpus_kernel_matches_the_cpu_reference() {
 
     // silu_mul_f16_scalar
     let x: Vec<u16> = (0..n)
-        .map(|_| f32_to_f16(rng.random_range(-8.0..8.0)))
+        .map(|_| f16::from_f32(rng.random_range(-8.0..8.0)).to_bits())
         .collect();
     let y: Vec<u16> = (0..n)
-        .map(|_| f32_to_f16(rng.random_range(-4.0..4.0)))
+        .map(|_| f16::from_f32(rng.random_range(-4.0..4.0)).to_bits())
         .collect();
     let (dx, dy, dz) = (
         s.dev.alloc(n * 2).unwrap(),
@@ -323,15 +264,15 @@ fn every_scalar_corpus_kernel_matches_the_cpu_reference() {
     dz.download(0, &mut z).unwrap();
     let mut worst = 0f32;
     for i in 0..n {
-        let a = f16_to_f32(x[i]);
-        let reference = a / (1.0 + (-a).exp()) * f16_to_f32(y[i]);
-        let got = f16_to_f32(z[i]);
+        let a = f16::from_bits(x[i]).to_f32();
+        let reference = a / (1.0 + (-a).exp()) * f16::from_bits(y[i]).to_f32();
+        let got = f16::from_bits(z[i]).to_f32();
         let error = (got - reference).abs();
         let allowed = (reference.abs() * 2f32.powi(-9)).max(2f32.powi(-23));
         assert!(
             error <= allowed,
             "silu element {i}: x={a} y={} got {got} want {reference}",
-            f16_to_f32(y[i])
+            f16::from_bits(y[i]).to_f32()
         );
         worst = worst.max(error / allowed);
     }

@@ -512,29 +512,15 @@ async fn every_refusal_is_counted_once_however_it_reaches_the_client() {
 #[test]
 fn a_remote_metrics_address_is_refused_without_the_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(PTXD)
-        .args(["serve", "--backend", "host", "--socket"])
-        .arg(dir.path().join("ptxd.sock"))
-        .args(["--metrics", "0.0.0.0:9464"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // A daemon that does not refuse would serve forever: bound the wait.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().unwrap();
-            panic!(
-                "ptxd served with --metrics 0.0.0.0:9464 and no --metrics-allow-remote:\n{}",
-                text(&output)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let output = child.wait_with_output().unwrap();
+    let output = common::run_to_exit(
+        common::serve_command(
+            "host",
+            &dir.path().join("ptxd.sock"),
+            &["--metrics", "0.0.0.0:9464"],
+        ),
+        Duration::from_secs(15),
+    );
     assert!(!output.status.success(), "{}", text(&output));
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("--metrics-allow-remote"),
@@ -703,7 +689,8 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() 
     let activated = dir.path().join("activated.sock");
     let ignored = dir.path().join("ignored.sock");
     // As systemd does: the activator binds, ptxd gets fd 3 and LISTEN_FDS=1.
-    let mut activator = Command::new(tool("systemd-socket-activate"))
+    let mut activator = Command::new(tool("systemd-socket-activate"));
+    activator
         .arg("--listen")
         .arg(&activated)
         // systemd-socket-activate passes only the variables it is told to.
@@ -712,40 +699,11 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() 
         .arg(PTXD)
         .args(["serve", "--backend", "host", "--socket"])
         .arg(&ignored)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            if let Ok(None) = self.0.try_wait() {
-                let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-                let deadline = Instant::now() + Duration::from_secs(20);
-                while Instant::now() < deadline {
-                    if let Ok(Some(_)) = self.0.try_wait() {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !activated.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "systemd-socket-activate never bound {activated:?}"
-        );
-        if let Ok(Some(status)) = activator.try_wait() {
-            panic!("systemd-socket-activate exited: {status}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let pid = activator.id();
-    let mut activator = Kill(activator);
+        .stdin(Stdio::null());
+    // Answers once the activator has bound; the activator then execs ptxd
+    // in its own process.
+    let mut daemon = Daemon::spawn(activator, activated.clone(), dir);
+    let pid = daemon.pid() as u32;
 
     // The first connection may wait for ptxd to start: it queues in the
     // backlog of the socket systemd-socket-activate holds.
@@ -792,17 +750,12 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() 
 
     session.close().await.unwrap();
     drop(client);
-    let pid = nix::unistd::Pid::from_raw(pid as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = activator.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "ptxd did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "ptxd exited with {status}");
+    let status = daemon.terminate();
+    assert!(
+        status.success(),
+        "ptxd exited with {status}\n{}",
+        daemon.stderr()
+    );
 }
 
 #[test]

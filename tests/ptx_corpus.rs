@@ -3,6 +3,7 @@
 //! against a Rust reference, element by element.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+use half::f16;
 use ptxd::ptx::{self, HostKernel, HostLaunch, HostSpan, PtxError, Signature};
 use rand::Rng;
 
@@ -282,61 +283,6 @@ fn affine_f32_runs_exactly() {
     }
 }
 
-fn f16_to_f32(h: u16) -> f32 {
-    let e = i32::from((h >> 10) & 0x1F);
-    let m = f32::from(h & 0x3FF);
-    let v = if e == 0x1F {
-        if m == 0.0 {
-            f32::INFINITY
-        } else {
-            f32::NAN
-        }
-    } else if e == 0 {
-        m * 2f32.powi(-24)
-    } else {
-        (1.0 + m / 1024.0) * 2f32.powi(e - 15)
-    };
-    if h & 0x8000 != 0 {
-        -v
-    } else {
-        v
-    }
-}
-
-/// Nearest-even f16 of an f32, by searching the f16 grid (independent of
-/// the engine's rounding code).
-fn f32_to_f16(x: f32) -> u16 {
-    if x.is_nan() {
-        return 0x7FFF;
-    }
-    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
-    let ax = f64::from(x.abs());
-    if ax >= 65520.0 {
-        return sign | 0x7C00;
-    }
-    let val = |b: u16| f64::from(f16_to_f32(b));
-    let (mut lo, mut hi) = (0u16, 0x7BFF);
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        if val(mid) <= ax {
-            lo = mid
-        } else {
-            hi = mid - 1
-        }
-    }
-    let above = if val(lo) == ax || lo == 0x7BFF {
-        lo
-    } else {
-        lo + 1
-    };
-    let (db, da) = (ax - val(lo), val(above) - ax);
-    sign | if db < da || (db == da && lo & 1 == 0) {
-        lo
-    } else {
-        above
-    }
-}
-
 /// `silu_mul_f16_scalar` uses `ex2.approx.f32`; the engine computes it in
 /// f64 and rounds once, so the reference does the same and the f16 results
 /// must match exactly (on a GPU they agree to the ISA's 2^-22 tolerance
@@ -348,20 +294,20 @@ fn silu_mul_f16_runs() {
     let mut r = rand::rngs::StdRng::seed_from_u64(4);
     for &n in SIZES {
         let a: Vec<u16> = (0..n)
-            .map(|_| f32_to_f16(r.random_range(-12.0..12.0)))
+            .map(|_| f16::from_f32(r.random_range(-12.0..12.0)).to_bits())
             .collect();
         let b: Vec<u16> = (0..n)
-            .map(|_| f32_to_f16(r.random_range(-4.0..4.0)))
+            .map(|_| f16::from_f32(r.random_range(-4.0..4.0)).to_bits())
             .collect();
         let hb = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let mut out = vec![0xFFu8; n * 2];
         launch(&k, &mut [hb(&a), hb(&b)], &mut out, n as u64, &[], 2);
         for i in 0..n {
-            let x = f16_to_f32(a[i]);
-            let y = f16_to_f32(b[i]);
+            let x = f16::from_bits(a[i]).to_f32();
+            let y = f16::from_bits(b[i]).to_f32();
             let t = x * f32::from_bits(0xBFB8AA3B);
             let e = f64::from(t).exp2() as f32;
-            let want = f32_to_f16(y * (x / (e + 1.0)));
+            let want = f16::from_f32(y * (x / (e + 1.0))).to_bits();
             let got = u16::from_le_bytes([out[2 * i], out[2 * i + 1]]);
             assert_eq!(got, want, "i={i} x={x} y={y}");
         }

@@ -12,12 +12,27 @@ fi
 if [ -f deploy/ci-tools.sh ]; then
   bash deploy/ci-tools.sh
 fi
+# cargo-deny from crates.io, built from source (about 8 minutes on 2 busy
+# cores; once per machine).
+CARGO_DENY_VERSION=0.20.2
+if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $CARGO_DENY_VERSION" ]; then
+  cargo install --locked cargo-deny --version "$CARGO_DENY_VERSION"
+fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The GPU code (the cuda feature, the GPU suite, the CUDA benchmark) builds
 # without CUDA (cudarc loads libcuda at run time), so it is linted here too.
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+# Every target with every feature builds and links too (clippy does not
+# link): the CUDA code, the GPU suite and bench, and the Python module (an
+# extension module, see .cargo/config.toml: no libpython needed).
+cargo build --workspace --all-targets --all-features
+# Dependency policy (deny.toml): licenses, duplicate versions, crates.io as
+# the only source. Not advisories: that check fetches the RustSec database
+# from GitHub, which CI cannot reach; run `cargo deny check advisories` by
+# hand where GitHub is reachable.
+cargo deny check licenses bans sources
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"

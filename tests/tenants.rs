@@ -840,46 +840,26 @@ async fn a_drain_answers_every_launch_stream_request_and_ends_the_streams_with_a
 /// restarting them.
 #[test]
 fn sigterm_to_the_process_group_drains_without_restarting_executors() {
-    use std::io::Read;
-    use std::process::{Command, Stdio};
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ptxd.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ptxd"))
-        .args(["serve", "--backend", "host", "--host-devices", "4"])
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--drain-timeout", "1s", "--log-format", "text"])
-        .env("RUST_LOG", "ptxd=info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    common::wait_until("ptxd serving", Duration::from_secs(30), || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
-    let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+    let mut daemon = Daemon::start_with(
+        &[
+            "--host-devices",
+            "4",
+            "--drain-timeout",
+            "1s",
+            "--log-format",
+            "text",
+        ],
+        |command| {
+            command
+                .env("RUST_LOG", "ptxd=info")
+                .stdout(std::process::Stdio::null())
+                .process_group(0);
+        },
+    );
+    let group = nix::unistd::Pid::from_raw(-daemon.pid());
     nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let mut log = String::new();
-    let mut stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        stderr.read_to_string(&mut log).unwrap();
-        log
-    });
-    let mut status = None;
-    for _ in 0..1000 {
-        if let Some(s) = child.try_wait().unwrap() {
-            status = Some(s);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let Some(status) = status else {
-        let _ = child.kill();
-        panic!("ptxd did not stop within 20 s of SIGTERM");
-    };
-    let log = reader.join().unwrap();
+    let status = daemon.wait(Duration::from_secs(20));
+    let log = daemon.stderr();
     assert!(status.success(), "{status}\n{log}");
     assert!(log.contains("ptxd stopped"), "{log}");
     assert!(

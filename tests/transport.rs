@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{corpus, random_f32, wait_until, Daemon};
+use common::{corpus, random_f32, run_to_exit, wait_until, Daemon};
 use prost::Message;
 use ptxd_client::{Client, HostShm, Launch, LoadOptions};
 use ptxd_proto::v1 as api;
@@ -706,10 +706,8 @@ async fn a_stalled_request_is_refused_after_the_read_timeout_and_its_budget_free
 
 #[tokio::test]
 async fn control_characters_from_clients_are_escaped_in_refusals_and_logs() {
-    let log_path = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let log = std::fs::File::create(&log_path).unwrap();
-    let daemon = Daemon::start_with(&["--log-format", "text"], move |command| {
-        command.env("RUST_LOG", "info").stderr(Stdio::from(log));
+    let daemon = Daemon::start_with(&["--log-format", "text"], |command| {
+        command.env("RUST_LOG", "info");
     });
     let client = live_client(&daemon).await;
     let session = client.open_session("escapes\nlabel").await.unwrap();
@@ -753,9 +751,9 @@ async fn control_characters_from_clients_are_escaped_in_refusals_and_logs() {
     drop(session);
     drop(client);
     wait_until("the refusals to be logged", Duration::from_secs(5), || {
-        std::fs::read_to_string(&log_path).is_ok_and(|l| l.matches("refused").count() >= 2)
+        daemon.stderr().matches("refused").count() >= 2
     });
-    let logged = std::fs::read_to_string(&log_path).unwrap();
+    let logged = daemon.stderr();
     for line in logged.lines() {
         assert!(
             !line.trim_start().starts_with("FORGED-LINE"),
@@ -774,7 +772,7 @@ async fn control_characters_from_clients_are_escaped_in_refusals_and_logs() {
 /// `ptxd` with the default socket resolution: no `XDG_RUNTIME_DIR`, the
 /// temp dir `tmp`, no `--socket`.
 fn default_socket_command(tmp: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ptxd"));
+    let mut command = Command::new(common::ptxd_bin());
     command
         .args(args)
         .env_remove("XDG_RUNTIME_DIR")
@@ -793,28 +791,11 @@ fn default_dir(tmp: &Path) -> std::path::PathBuf {
     tmp.join(format!("ptxd-{}", nix::unistd::geteuid().as_raw()))
 }
 
-/// Runs `command` to its end, or for 10 s at most (a daemon that serves is
-/// then stopped): its output.
-fn run_briefly(mut command: Command) -> std::process::Output {
-    let child = command.spawn().unwrap();
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let watchdog = std::thread::spawn(move || {
-        while Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-            if !common::process_alive(pid.as_raw()) {
-                return;
-            }
-        }
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-    });
-    let output = child.wait_with_output().unwrap();
-    watchdog.join().unwrap();
-    output
-}
-
 fn serve_fails_with(tmp: &Path, needle: &str) {
-    let output = run_briefly(default_socket_command(tmp, &["serve", "--backend", "host"]));
+    let output = run_to_exit(
+        default_socket_command(tmp, &["serve", "--backend", "host"]),
+        Duration::from_secs(10),
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success(),
@@ -842,10 +823,11 @@ fn run_as_nobody_or_check_directly() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let dir = tmp.path().join("ptxd-65534");
+    let tmp_path = tmp.path().to_owned();
     let run = |args: &[&str]| {
-        let mut command = default_socket_command(tmp.path(), args);
+        let mut command = default_socket_command(&tmp_path, args);
         command.uid(65534).gid(65534);
-        run_briefly(command)
+        run_to_exit(command, Duration::from_secs(10))
     };
     // World-writable without the sticky bit.
     std::fs::create_dir(&dir).unwrap();
@@ -894,27 +876,12 @@ fn run_as_nobody_or_check_directly() {
     // Missing: the daemon creates it, mode 0700, and serves.
     std::fs::remove_file(&dir).unwrap();
     let mut command = default_socket_command(tmp.path(), &["serve", "--backend", "host"]);
-    command
-        .uid(65534)
-        .gid(65534)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = command.spawn().unwrap();
-    let socket = dir.join("ptxd.sock");
-    wait_until(
-        "the daemon to serve on its default socket",
-        Duration::from_secs(30),
-        || socket.exists(),
-    );
+    command.uid(65534).gid(65534).stdout(Stdio::null());
+    let _daemon = Daemon::spawn(command, dir.join("ptxd.sock"), tmp);
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o700);
     let out = run(&["info"]);
     assert!(out.status.success(), "{out:?}");
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    child.wait().unwrap();
 }
 
 fn squatted_directory_cases(tmp: &Path) {

@@ -1,9 +1,10 @@
 //! GPU tests, stage 2: the real daemon (`ptxd serve --backend cuda`) driven
 //! through the SDK, with tensors in this process's IPC-exported memory.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use half::f16;
 
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_client::{
@@ -11,66 +12,20 @@ use ptxd_client::{
 };
 use rand::Rng;
 
-use super::executor_client::{corpus, ptxd_bin};
-use super::{device, f16_to_f32, f32_to_f16, rng};
+use super::daemon_support::Daemon;
+use super::executor_client::corpus;
+use super::{device, rng};
 
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
+/// `ptxd serve --backend BACKEND EXTRA` on a fresh socket, answering.
+fn start(backend: &str, extra: &[&str]) -> Daemon {
+    Daemon::start_backend(backend, extra, |_| {})
 }
 
-impl Daemon {
-    fn start(backend: &str) -> Daemon {
-        Self::start_with(backend, &[])
-    }
-
-    fn start_with(backend: &str, extra: &[&str]) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("ptxd.sock");
-        let child = Command::new(ptxd_bin())
-            .args(["serve", "--backend", backend])
-            .args(extra)
-            .arg("--socket")
-            .arg(&socket)
-            .env(
-                "RUST_LOG",
-                std::env::var("PTXD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "ptxd serve --backend {backend} did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Daemon {
-            child,
-            socket,
-            _dir: dir,
-        }
-    }
-
-    fn target(&self) -> String {
-        format!("unix:{}", self.socket.display())
-    }
-
-    async fn session(&self, label: &str) -> (Client, Session) {
-        let client = Client::connect(&self.target()).await.unwrap();
-        let session = client.open_session(label).await.unwrap();
-        (client, session)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A client of `daemon` and a session opened on it.
+async fn open_session(daemon: &Daemon, label: &str) -> (Client, Session) {
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session(label).await.unwrap();
+    (client, session)
 }
 
 fn text(file: &str) -> String {
@@ -176,9 +131,9 @@ async fn run_both(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_runs_the_corpus_on_ipc_memory_like_the_host_backend() {
     let dev = device();
-    let (cuda_daemon, host_daemon) = (Daemon::start("cuda"), Daemon::start("host"));
-    let (_gc, gpu) = cuda_daemon.session("gpu").await;
-    let (_hc, host) = host_daemon.session("host").await;
+    let (cuda_daemon, host_daemon) = (start("cuda", &[]), start("host", &[]));
+    let (_gc, gpu) = open_session(&cuda_daemon, "gpu").await;
+    let (_hc, host) = open_session(&host_daemon, "host").await;
     let mut rng = rng();
     let n = 100_003usize;
     let f32s = |rng: &mut rand::rngs::StdRng| {
@@ -219,10 +174,10 @@ async fn daemon_runs_the_corpus_on_ipc_memory_like_the_host_backend() {
     assert_eq!(g, h, "affine: GPU and host outputs differ");
 
     let x: Vec<u16> = (0..n)
-        .map(|_| f32_to_f16(rng.random_range(-8.0..8.0)))
+        .map(|_| f16::from_f32(rng.random_range(-8.0..8.0)).to_bits())
         .collect();
     let y: Vec<u16> = (0..n)
-        .map(|_| f32_to_f16(rng.random_range(-4.0..4.0)))
+        .map(|_| f16::from_f32(rng.random_range(-4.0..4.0)).to_bits())
         .collect();
     let (g, h) = run_both(
         &gpu,
@@ -237,7 +192,7 @@ async fn daemon_runs_the_corpus_on_ipc_memory_like_the_host_backend() {
     )
     .await;
     let half =
-        |bytes: &[u8], i: usize| f16_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]));
+        |bytes: &[u8], i: usize| f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32();
     for i in 0..n {
         let (gv, hv) = (half(&g, i), half(&h, i));
         let allowed = (hv.abs() * 2f32.powi(-9)).max(2f32.powi(-23));
@@ -258,8 +213,8 @@ async fn daemon_refusals_and_recovery_after_a_kernel_fault() {
     // The faulting kernel is a cubin: unverified machine code runs only for
     // a trusted uid.
     let trust = format!("uid:{}", nix::unistd::getuid());
-    let daemon = Daemon::start_with("cuda", &["--trust-unverified-artifacts", &trust]);
-    let (client, session) = daemon.session("refusals").await;
+    let daemon = start("cuda", &["--trust-unverified-artifacts", &trust]);
+    let (client, session) = open_session(&daemon, "refusals").await;
     let mut events = session.events();
 
     // Invalid handle: random bytes.
@@ -461,8 +416,8 @@ async fn add_checks_out(session: &Session, dev: &CudaDevice, kernel: &Kernel, by
 async fn a_sigkilled_gpu_client_leaves_nothing_behind() {
     use std::io::{BufRead, BufReader};
     let dev = device();
-    let daemon = Daemon::start_with("cuda", &["--devices", dev.uuid()]);
-    let (client, observer) = daemon.session("observer").await;
+    let daemon = start("cuda", &["--devices", dev.uuid()]);
+    let (client, observer) = open_session(&daemon, "observer").await;
     let before = executors(&client).await;
     let baseline = client.info().await.unwrap();
     assert_eq!((baseline.sessions, baseline.slots_used), (1, 0));
@@ -566,8 +521,8 @@ async fn two_gpus_refuse_mismatched_devices_and_run_on_the_second() {
     let gpu0 = CudaDevice::open(0).unwrap();
     let gpu1 = CudaDevice::open(1).unwrap();
     let devices = format!("{},{}", gpu0.uuid(), gpu1.uuid());
-    let daemon = Daemon::start_with("cuda", &["--devices", &devices]);
-    let (client, session) = daemon.session("two-gpus").await;
+    let daemon = start("cuda", &["--devices", &devices]);
+    let (client, session) = open_session(&daemon, "two-gpus").await;
     let info = client.info().await.unwrap();
     let served: Vec<&str> = info.devices.iter().map(|d| d.uuid.as_str()).collect();
     assert!(
@@ -667,7 +622,7 @@ async fn new_generation(client: &Client, old: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spinning_kernel_gets_kernel_timeout_and_a_new_generation_serves() {
     let dev = device();
-    let daemon = Daemon::start_with(
+    let daemon = start(
         "cuda",
         &[
             "--max-kernel-time",
@@ -676,7 +631,7 @@ async fn a_spinning_kernel_gets_kernel_timeout_and_a_new_generation_serves() {
             "1",
         ],
     );
-    let (client, bystander) = daemon.session("bystander").await;
+    let (client, bystander) = open_session(&daemon, "bystander").await;
     let mut rng = rng();
     let n = 4096usize;
     let a: Vec<f32> = (0..n).map(|_| rng.random()).collect();

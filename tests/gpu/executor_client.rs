@@ -2,7 +2,8 @@
 //! speaks the framed executor protocol over its stdin/stdout, and matches
 //! replies to requests by id (they may arrive out of order).
 //!
-//! Shared by `tests/gpu.rs` and `benches/cuda_launch.rs` (`#[path]`-included).
+//! Shared by `tests/gpu.rs` and `benches/cuda_launch.rs` (`#[path]`-included,
+//! beside `tests/support/daemon.rs` as `daemon_support`).
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -18,12 +19,9 @@ use ptxd_proto::executor::{
     Request,
 };
 
-/// The ptxd binary: `$PTXD_BIN` (the packed `.gpu/ptxd`) or the one cargo built.
-pub fn ptxd_bin() -> PathBuf {
-    std::env::var_os("PTXD_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ptxd")))
-}
+/// The ptxd binary, as the daemon helper finds it (both includers of this
+/// file include `tests/support/daemon.rs` as `daemon_support`).
+pub use crate::daemon_support::ptxd_bin;
 
 /// The directory holding the PTX corpus and the GPU-built artifacts.
 pub fn corpus_dir() -> PathBuf {

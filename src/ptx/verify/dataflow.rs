@@ -1,0 +1,747 @@
+//! The abstract domain and the transfer functions: what a register provably
+//! holds, how paths join, and what each instruction does to the state and
+//! reports.
+//!
+//! Invariants:
+//! - Joins are sound for pointers: a value that may carry a param's bits
+//!   keeps them in its mask (`Tainted` at worst); only `Top` and constants
+//!   are data, and nothing becomes data by a join.
+//! - `guarded` survives a join only when every incoming path has it, so at
+//!   an access it means the guard dominates the access.
+//! - A predicated instruction's destinations keep the old value or take the
+//!   new one; defining anything but data that way is an event.
+//! - A value written to a register narrower than its class is data there,
+//!   and a pointer so cut is an escape.
+//! - Each instruction has at most one [`Event`], keyed by its pc, which
+//!   `decision.rs` turns into the verdict; this module refuses nothing
+//!   itself.
+
+use std::collections::BTreeMap;
+
+use crate::ptx::ir::{Base, Inst, Kernel, Opnd, Sreg, Ty};
+use crate::ptx::parse::Imm;
+
+use super::arith::{arith, int_ty, is_int};
+use super::instructions::destinations;
+
+/// The special registers the index is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sk {
+    Tid,
+    Ntid,
+    Ctaid,
+}
+
+/// A set of params, one bit per param index (pointer and count params
+/// come first, so at most `MAX_INPUTS + 2` bits are ever set).
+pub(super) type Mask = u128;
+
+pub(super) fn bit(p: u16) -> Mask {
+    1u128.checked_shl(u32::from(p)).unwrap_or(0)
+}
+
+/// The lowest param of a mask, for messages.
+pub(super) fn first(m: Mask) -> Option<u16> {
+    (m != 0).then(|| u16::try_from(m.trailing_zeros()).unwrap_or(u16::MAX))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum V {
+    /// Data: nothing ptxd relies on, and no pointer bits.
+    Top,
+    Const(i64),
+    /// The raw value of one of these 64-bit integer params (a pointer or
+    /// the count; more than one bit after a `selp` or a join).
+    Param(Mask),
+    /// `%tid.x` etc. in 32 bits.
+    S32(Sk),
+    /// The same, zero-extended to 64 bits.
+    S64(Sk),
+    /// `ctaid.x * ntid.x` in 32 bits (wraps).
+    Block32,
+    /// `ctaid.x * ntid.x` exactly, in 64 bits.
+    Block64,
+    /// The global index, in 64 bits.
+    Index,
+    /// Anything derived from an index computed in 32 bits (wraps).
+    Narrow,
+    /// `i × s` in 64 bits.
+    Scaled(u32),
+    /// `param + i × s` for one of the params of the mask.
+    Addr(Mask, u32),
+    /// A param plus something that is not `i × s`.
+    Derived(Mask),
+    /// A param plus a 32-bit (wrapping) index times something.
+    NarrowAddr(Mask),
+    /// May carry the bits of one of these params (after a join of a pointer
+    /// with something else). Never an address, never data.
+    Tainted(Mask),
+    /// A predicate that is true when `i >= n` (`in_range == false`) or when
+    /// `i < n` (`in_range == true`), `n` being param `count`.
+    Guard {
+        count: u16,
+        in_range: bool,
+    },
+}
+
+impl V {
+    /// The params whose bits this value may carry.
+    pub(super) fn params(self) -> Mask {
+        match self {
+            V::Param(m) | V::Addr(m, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
+            _ => 0,
+        }
+    }
+
+    fn pointer(self) -> Option<u16> {
+        first(self.params())
+    }
+
+    /// Plain data: losing track of it can never matter.
+    fn is_data(self) -> bool {
+        matches!(self, V::Top | V::Const(_))
+    }
+
+    /// The width in bits of the value class (0 for data).
+    fn width(self) -> u32 {
+        match self {
+            // A wrapped index is never trusted, at any width.
+            V::Top | V::Const(_) | V::Guard { .. } | V::Narrow => 0,
+            V::S32(_) | V::Block32 => 32,
+            _ => 64,
+        }
+    }
+
+    /// What a register holds after paths with `self` and `other` meet.
+    fn join(self, other: V) -> V {
+        if self == other {
+            return self;
+        }
+        let m = self.params() | other.params();
+        match (self, other) {
+            (V::Param(a), V::Param(b)) => V::Param(a | b),
+            (V::Addr(a, s), V::Addr(b, t)) if s == t => V::Addr(a | b, s),
+            _ if m != 0 => V::Tainted(m),
+            _ => V::Top,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct State {
+    pub(super) regs: Vec<V>,
+    /// `Some(n)`: every path here passed the guard `i < param n`.
+    pub(super) guarded: Option<u16>,
+}
+
+impl State {
+    pub(super) fn join(&mut self, other: &State) -> bool {
+        let mut changed = false;
+        for (a, b) in self.regs.iter_mut().zip(&other.regs) {
+            let j = a.join(*b);
+            if j != *a {
+                *a = j;
+                changed = true;
+            }
+        }
+        if self.guarded != other.guarded && self.guarded.is_some() {
+            self.guarded = None;
+            changed = true;
+        }
+        changed
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AccessKind {
+    Load,
+    Store,
+}
+
+#[derive(Debug, Clone)]
+pub(super) enum Event {
+    Access {
+        params: Mask,
+        kind: AccessKind,
+        width: u32,
+        scale: u32,
+        guarded: Option<u16>,
+    },
+    Bad {
+        sub_reason: &'static str,
+        param: Option<u16>,
+        explanation: String,
+    },
+    Misuse {
+        param: u16,
+        explanation: String,
+    },
+    Guard {
+        count: u16,
+    },
+}
+
+/// The guard fact a predicate gives when it holds (`when_true`) or not:
+/// `Some(count)` when that outcome implies `i < count`.
+pub(super) fn guard_fact(st: &State, p: u32, negated: bool, when_true: bool) -> Option<u16> {
+    match st.regs.get(p as usize) {
+        Some(V::Guard { count, in_range }) if (*in_range != negated) == when_true => Some(*count),
+        _ => None,
+    }
+}
+
+/// A predicated non-branch instruction: each destination keeps its old
+/// value or takes the new one. Only data may be defined that way.
+pub(super) fn predicated(
+    k: &Kernel,
+    pc: usize,
+    inst: &Inst,
+    st: &mut State,
+    events: &mut BTreeMap<usize, Event>,
+) {
+    let dests = destinations(inst);
+    let before: Vec<V> = dests
+        .iter()
+        .map(|r| st.regs.get(*r as usize).copied().unwrap_or(V::Top))
+        .collect();
+    step(k, pc, inst, st, events);
+    for (r, old) in dests.iter().zip(before) {
+        let Some(slot) = st.regs.get_mut(*r as usize) else {
+            continue;
+        };
+        let new = *slot;
+        if new == old {
+            continue;
+        }
+        if !old.is_data() || !new.is_data() {
+            events.insert(
+                pc,
+                Event::Bad {
+                    sub_reason: "predicated_definition",
+                    param: first(old.params() | new.params()),
+                    explanation: format!(
+                        "`{}` is predicated: it may not run, and it defines an index, address, \
+                         pointer or guard",
+                        inst.opcode
+                    ),
+                },
+            );
+        }
+        *slot = old.join(new);
+    }
+}
+
+fn val(st: &State, o: &Opnd) -> V {
+    match o {
+        Opnd::Reg(r) => st.regs.get(*r as usize).copied().unwrap_or(V::Top),
+        // A vector or pair source (`{%a, %b}`, `%a|%b`) packs its parts: it
+        // carries every part's pointer bits (a `.b128` pack holds two whole
+        // 64-bit pointers), and is never a value ptxd relies on.
+        Opnd::List(items) => {
+            let m = items.iter().fold(0, |m, it| m | val(st, it).params());
+            if m != 0 {
+                V::Tainted(m)
+            } else {
+                V::Top
+            }
+        }
+        Opnd::Pair(a, b) => {
+            let m = val(st, &Opnd::Reg(*a)).params() | val(st, &Opnd::Reg(*b)).params();
+            if m != 0 {
+                V::Tainted(m)
+            } else {
+                V::Top
+            }
+        }
+        Opnd::Imm(Imm::Int(v)) => V::Const(*v),
+        Opnd::Sreg(Sreg::Tid(0)) => V::S32(Sk::Tid),
+        Opnd::Sreg(Sreg::Ntid(0)) => V::S32(Sk::Ntid),
+        Opnd::Sreg(Sreg::Ctaid(0)) => V::S32(Sk::Ctaid),
+        _ => V::Top,
+    }
+}
+
+fn escape(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
+    if let Some(p) = v.pointer() {
+        events.insert(
+            pc,
+            Event::Bad {
+                sub_reason: "pointer_escape",
+                param: Some(p),
+                explanation: what,
+            },
+        );
+    }
+}
+
+/// Writes `v` to destination `o`, as the hardware would: a value wider than
+/// its register is cut, so it is data there (and a pointer cut is an escape).
+fn set(
+    k: &Kernel,
+    pc: usize,
+    st: &mut State,
+    o: Option<&Opnd>,
+    v: V,
+    events: &mut BTreeMap<usize, Event>,
+) {
+    match o {
+        Some(Opnd::Reg(r)) => {
+            let reg_bits = k.reg_types.get(*r as usize).map_or(0, |t| t.bits());
+            let fits = match v {
+                V::Guard { .. } => k.reg_types.get(*r as usize) == Some(&Ty::Pred),
+                _ => v.width() == 0 || v.width() == reg_bits,
+            };
+            let v = if fits {
+                v
+            } else {
+                escape(
+                    events,
+                    pc,
+                    v,
+                    format!(
+                        "`{}` puts a pointer into a {reg_bits}-bit register",
+                        k.insts.get(pc).map_or("", |i| i.opcode.as_str())
+                    ),
+                );
+                V::Top
+            };
+            if let Some(slot) = st.regs.get_mut(*r as usize) {
+                *slot = v;
+            }
+        }
+        Some(Opnd::Pair(a, b)) => {
+            let negated = match v {
+                V::Guard { count, in_range } => V::Guard {
+                    count,
+                    in_range: !in_range,
+                },
+                _ => V::Top,
+            };
+            set(k, pc, st, Some(&Opnd::Reg(*a)), v, events);
+            set(k, pc, st, Some(&Opnd::Reg(*b)), negated, events);
+        }
+        Some(Opnd::List(items)) => {
+            escape(
+                events,
+                pc,
+                v,
+                "a pointer is unpacked into parts".to_string(),
+            );
+            for it in items {
+                set(k, pc, st, Some(it), V::Top, events);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn misuse(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
+    if let Some(p) = v.pointer() {
+        events.entry(pc).or_insert(Event::Misuse {
+            param: p,
+            explanation: what,
+        });
+    }
+}
+
+/// Interprets one non-branch instruction.
+pub(super) fn step(
+    k: &Kernel,
+    pc: usize,
+    inst: &Inst,
+    st: &mut State,
+    events: &mut BTreeMap<usize, Event>,
+) {
+    let op = inst.base.as_str();
+    let ops = &inst.ops;
+    // An integer literal is that integer only in an integer-typed
+    // instruction; in `mov.f32 %f, 4` it is the float 4.0, whose bits are
+    // anything but 4.
+    let int_inst = is_int(inst);
+    let src = |i: usize| match ops.get(i).map_or(V::Top, |o| val(st, o)) {
+        V::Const(_) if !int_inst => V::Top,
+        v => v,
+    };
+    match op {
+        "ld" | "ldu" if inst.has("param") => {
+            let v = match ops.get(1) {
+                Some(Opnd::Addr {
+                    base: Base::Param(p),
+                    offset: 0,
+                }) => {
+                    let pty = k.params.get(*p as usize).map(|x| x.ty.as_str());
+                    let lty = inst.types().first().copied();
+                    match (pty, lty) {
+                        (Some("u64" | "s64" | "b64"), Some(Ty::U64 | Ty::S64 | Ty::B64)) => {
+                            V::Param(bit(*p))
+                        }
+                        (Some("f32"), Some(Ty::F32 | Ty::B32 | Ty::U32 | Ty::S32)) => V::Top,
+                        (Some("u64" | "s64" | "b64"), _) => {
+                            escape(
+                                events,
+                                pc,
+                                V::Param(bit(*p)),
+                                format!(
+                                    "`{}` loads the pointer param at another width",
+                                    inst.opcode
+                                ),
+                            );
+                            V::Top
+                        }
+                        _ => {
+                            misuse(
+                                events,
+                                pc,
+                                V::Param(bit(*p)),
+                                format!("`{}` loads the param at another width", inst.opcode),
+                            );
+                            V::Top
+                        }
+                    }
+                }
+                Some(Opnd::Addr {
+                    base: Base::Param(p),
+                    ..
+                }) => {
+                    escape(
+                        events,
+                        pc,
+                        V::Param(bit(*p)),
+                        format!("`{}` loads part of the param", inst.opcode),
+                    );
+                    V::Top
+                }
+                _ => {
+                    events.entry(pc).or_insert(Event::Bad {
+                        sub_reason: "param_misuse",
+                        param: None,
+                        explanation: "a param-space load not from a named param".into(),
+                    });
+                    V::Top
+                }
+            };
+            set(k, pc, st, ops.first(), v, events);
+        }
+        "ld" | "ldu" | "st" => {
+            let (addr_i, data_i) = if op == "st" { (0, 1) } else { (1, 0) };
+            // A cache-policy operand (`.L2::cache_hint`) is no place for a
+            // pointer's bits either.
+            for o in ops.iter().skip(2) {
+                misuse(
+                    events,
+                    pc,
+                    val(st, o),
+                    format!("`{}` passes a pointer as an extra operand", inst.opcode),
+                );
+            }
+            let width = inst.types().last().map_or(0, |t| t.bytes());
+            let pred_guard = inst.guard.and_then(|(neg, p)| guard_fact(st, p, neg, true));
+            let guarded = st.guarded.or(pred_guard);
+            let kind = if op == "st" {
+                AccessKind::Store
+            } else {
+                AccessKind::Load
+            };
+            let ev = match ops.get(addr_i) {
+                Some(Opnd::Addr {
+                    base: Base::Reg(r),
+                    offset,
+                }) => match (st.regs.get(*r as usize).copied(), *offset) {
+                    (Some(V::Addr(m, scale)), 0) => Event::Access {
+                        params: m,
+                        kind,
+                        width,
+                        scale,
+                        guarded,
+                    },
+                    (Some(V::NarrowAddr(m)), _) => Event::Bad {
+                        sub_reason: "index_not_64bit",
+                        param: first(m),
+                        explanation: "the element index is computed in 32 bits and wraps".into(),
+                    },
+                    (Some(v), _) if v.params() != 0 => Event::Bad {
+                        sub_reason: "non_elementwise_address",
+                        param: v.pointer(),
+                        explanation: format!(
+                            "`{}` does not access element i of its operand (broadcast, offset, gather or strided)",
+                            inst.opcode
+                        ),
+                    },
+                    _ => Event::Bad {
+                        sub_reason: "non_elementwise_address",
+                        param: None,
+                        explanation: format!(
+                            "`{}` accesses an address not derived from a pointer param",
+                            inst.opcode
+                        ),
+                    },
+                },
+                _ => Event::Bad {
+                    sub_reason: "non_elementwise_address",
+                    param: None,
+                    explanation: format!("`{}` uses an absolute or symbolic address", inst.opcode),
+                },
+            };
+            events.entry(pc).or_insert(ev);
+            if op == "st" {
+                let data = match ops.get(data_i) {
+                    Some(Opnd::List(items)) => items
+                        .iter()
+                        .map(|o| val(st, o))
+                        .fold(V::Top, |acc, v| if v.params() != 0 { v } else { acc }),
+                    _ => src(data_i),
+                };
+                escape(
+                    events,
+                    pc,
+                    data,
+                    "a pointer param is stored to memory".into(),
+                );
+            } else {
+                set(k, pc, st, ops.first(), V::Top, events);
+            }
+        }
+        "mov" => {
+            let v = src(1);
+            let r = if v.width() != 0 && !int_ty(inst, v.width()) {
+                escape(
+                    events,
+                    pc,
+                    v,
+                    format!("`{}` moves a pointer at another type", inst.opcode),
+                );
+                V::Top
+            } else {
+                v
+            };
+            // Packing parts into a value: a part with pointer bits escapes
+            // (it arrives here as `Tainted`); otherwise the result is data.
+            let r = if matches!(ops.get(1), Some(Opnd::List(_))) {
+                escape(
+                    events,
+                    pc,
+                    v,
+                    format!("`{}` packs a pointer into a wider value", inst.opcode),
+                );
+                V::Top
+            } else {
+                r
+            };
+            set(k, pc, st, ops.first(), r, events);
+        }
+        "cvta" => {
+            let v = src(1);
+            let r = if v.params() != 0 && int_ty(inst, 64) {
+                v
+            } else {
+                misuse(
+                    events,
+                    pc,
+                    v,
+                    format!("`{}` converts a pointer", inst.opcode),
+                );
+                V::Top
+            };
+            set(k, pc, st, ops.first(), r, events);
+        }
+        "cvt" => {
+            let tys = inst.types();
+            let v = src(1);
+            let widen = matches!(tys.as_slice(), [Ty::U64 | Ty::S64, Ty::U32 | Ty::S32]);
+            let r = match v {
+                V::S32(sk) if widen => V::S64(sk),
+                V::Narrow | V::Block32 if widen => V::Narrow,
+                V::Const(c) if widen => V::Const(c),
+                other => {
+                    escape(
+                        events,
+                        pc,
+                        other,
+                        format!("`{}` converts a pointer or the count", inst.opcode),
+                    );
+                    V::Top
+                }
+            };
+            set(k, pc, st, ops.first(), r, events);
+        }
+        "setp"
+            if !inst
+                .mods
+                .iter()
+                .any(|m| matches!(m.as_str(), "and" | "or" | "xor")) =>
+        {
+            let (a, b) = (src(1), src(2));
+            let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
+            let single = |m: Mask| (m.count_ones() == 1).then(|| first(m)).flatten();
+            let r = match (a, b) {
+                _ if !is_int(inst) => {
+                    if a.params() | b.params() != 0 {
+                        events.entry(pc).or_insert(Event::Bad {
+                            sub_reason: "non_integer_arithmetic",
+                            param: first(a.params() | b.params()),
+                            explanation: format!("`{}` compares a pointer as a float", inst.opcode),
+                        });
+                    }
+                    V::Top
+                }
+                (V::Index, V::Param(m)) | (V::Param(m), V::Index)
+                    if int_ty(inst, 64) && single(m).is_some() =>
+                {
+                    let count = single(m).unwrap_or(u16::MAX);
+                    // `n > i` is `i < n`: read the comparison with the index first.
+                    let index_first = a == V::Index;
+                    let cmp = match (index_first, cmp) {
+                        (true, c) => c,
+                        (false, "le") => "ge",
+                        (false, "ls") => "hs",
+                        (false, "gt") => "lt",
+                        (false, "hi") => "lo",
+                        (false, _) => "",
+                    };
+                    match cmp {
+                        "ge" | "hs" => V::Guard {
+                            count,
+                            in_range: false,
+                        },
+                        "lt" | "lo" => V::Guard {
+                            count,
+                            in_range: true,
+                        },
+                        _ => {
+                            misuse(
+                                events,
+                                pc,
+                                V::Param(m),
+                                format!(
+                                    "`{}` compares the count other than as `i < n`",
+                                    inst.opcode
+                                ),
+                            );
+                            V::Top
+                        }
+                    }
+                }
+                (V::Narrow, V::Param(m)) | (V::Param(m), V::Narrow) => {
+                    events.entry(pc).or_insert(Event::Bad {
+                        sub_reason: "index_not_64bit",
+                        param: first(m),
+                        explanation: "the bounds guard compares a 32-bit index".into(),
+                    });
+                    V::Top
+                }
+                (x, y) => {
+                    misuse(
+                        events,
+                        pc,
+                        x,
+                        "compares a param other than as `i < n`".into(),
+                    );
+                    misuse(
+                        events,
+                        pc,
+                        y,
+                        "compares a param other than as `i < n`".into(),
+                    );
+                    V::Top
+                }
+            };
+            if let V::Guard { count, .. } = r {
+                events.entry(pc).or_insert(Event::Guard { count });
+            }
+            set(k, pc, st, ops.first(), r, events);
+        }
+        "not" if inst.has("pred") => {
+            let r = match src(1) {
+                V::Guard { count, in_range } => V::Guard {
+                    count,
+                    in_range: !in_range,
+                },
+                _ => V::Top,
+            };
+            set(k, pc, st, ops.first(), r, events);
+        }
+        "selp" if ops.len() == 4 => {
+            let (a, b) = (src(1), src(2));
+            let r = if a == b {
+                a
+            } else {
+                match (a, b) {
+                    // `c ? in0 : in1`, then `[p + i × s]`: either operand's
+                    // element i.
+                    (V::Param(x), V::Param(y)) => V::Param(x | y),
+                    (V::Addr(x, s), V::Addr(y, t)) if s == t => V::Addr(x | y, s),
+                    _ => {
+                        misuse(
+                            events,
+                            pc,
+                            a,
+                            format!("`{}` selects a pointer", inst.opcode),
+                        );
+                        misuse(
+                            events,
+                            pc,
+                            b,
+                            format!("`{}` selects a pointer", inst.opcode),
+                        );
+                        V::Top
+                    }
+                }
+            };
+            let r = if r.width() != 0 && !int_ty(inst, r.width()) {
+                V::Top
+            } else {
+                r
+            };
+            if r == V::Top {
+                misuse(
+                    events,
+                    pc,
+                    a,
+                    format!("`{}` selects a pointer", inst.opcode),
+                );
+                misuse(
+                    events,
+                    pc,
+                    b,
+                    format!("`{}` selects a pointer", inst.opcode),
+                );
+            }
+            set(k, pc, st, ops.first(), r, events);
+        }
+        _ => {
+            let (a, b) = (src(1), src(2));
+            let r = match ops.len() {
+                3 => arith(inst, a, b, None),
+                4 => arith(inst, a, b, Some(src(3))),
+                _ => None,
+            };
+            let r = match r {
+                Some(v) => v,
+                None => {
+                    let float = inst.types().first().is_some_and(|t| !t.is_int());
+                    for o in ops.iter().skip(1) {
+                        let v = val(st, o);
+                        if float && v.params() != 0 {
+                            events.entry(pc).or_insert(Event::Bad {
+                                sub_reason: "non_integer_arithmetic",
+                                param: v.pointer(),
+                                explanation: format!(
+                                    "`{}` computes with a pointer at a non-integer type",
+                                    inst.opcode
+                                ),
+                            });
+                        }
+                        misuse(
+                            events,
+                            pc,
+                            v,
+                            format!("`{}` computes with a pointer or count param", inst.opcode),
+                        );
+                    }
+                    V::Top
+                }
+            };
+            set(k, pc, st, ops.first(), r, events);
+        }
+    }
+}

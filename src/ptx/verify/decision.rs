@@ -1,0 +1,250 @@
+//! The verdict: from the settled events, the first refusal in instruction
+//! order, or the signature and each param's role.
+//!
+//! Invariants of an acceptance: every bounds guard is against the last
+//! integer param (the count), and one dominates every global access; every
+//! access goes through an input (a load) or the output (a store) at
+//! `param + i × width` with a width of 1, 2, 4 or 8 bytes, one width per
+//! pointer; the output is stored through and every input read. A pointer
+//! escape of the count is reported as `param_misuse`: the count's bits are
+//! no secret.
+
+use std::collections::BTreeMap;
+
+use crate::ptx::ir::Kernel;
+use crate::ptx::{PtxError, Signature};
+
+use super::dataflow::{bit, AccessKind, Event};
+use super::layout::Layout;
+use super::{refuse, Role, Verified};
+
+/// The verdict from the settled events: the first refusal in instruction
+/// order, or the signature and every param's role.
+pub(super) fn decide(
+    k: &Kernel,
+    layout: &Layout,
+    events: &BTreeMap<usize, Event>,
+    reqntid: Option<u32>,
+    maxntid: Option<u32>,
+) -> Result<Verified, PtxError> {
+    let name = |p: u16| k.params.get(p as usize).map(|x| x.name.as_str());
+    let line_of = |pc: usize| k.insts.get(pc).map(|i| i.line);
+    let expected_count = u16::try_from(layout.ints - 1).unwrap_or(u16::MAX);
+    let output = expected_count - 1;
+
+    let guard = events.iter().find_map(|(pc, e)| match e {
+        Event::Guard { count } => Some((*pc, *count)),
+        _ => None,
+    });
+    let count = match guard {
+        Some((_, c)) => c,
+        None => {
+            // A guard that is no guard (computed from a 32-bit index, as a
+            // float, under a predicate, ..) is reported as what it is.
+            if let Some((
+                pc,
+                Event::Bad {
+                    sub_reason,
+                    param,
+                    explanation,
+                },
+            )) = events.iter().find(|(_, e)| {
+                matches!(
+                    e,
+                    Event::Bad {
+                        sub_reason: "index_not_64bit"
+                            | "predicated_definition"
+                            | "non_integer_arithmetic"
+                            | "duplicate_destination",
+                        ..
+                    }
+                )
+            }) {
+                return Err(refuse(
+                    sub_reason,
+                    param.and_then(name),
+                    line_of(*pc),
+                    explanation.clone(),
+                ));
+            }
+            let at = events
+                .iter()
+                .find(|(_, e)| matches!(e, Event::Access { .. }))
+                .map(|(pc, _)| *pc);
+            return Err(refuse(
+                "unguarded_access",
+                None,
+                at.and_then(line_of).or(Some(k.line)),
+                "no `i < n` bounds guard against the global thread index",
+            ));
+        }
+    };
+    if count < expected_count {
+        let extra = count + 1;
+        return Err(refuse(
+            "extra_params",
+            name(extra),
+            k.params.get(extra as usize).map(|p| p.line),
+            format!(
+                "{} integer params follow the count `{}`; the scalar ABI has none",
+                expected_count - count,
+                name(count).unwrap_or("?")
+            ),
+        ));
+    }
+    let mut sizes: Vec<Option<u32>> = vec![None; layout.ints - 1];
+    for (pc, e) in events {
+        let line = line_of(*pc);
+        match e {
+            Event::Guard { count: c } if *c != count => {
+                return Err(refuse(
+                    "param_misuse",
+                    name(*c),
+                    line,
+                    "a second bounds guard against another param",
+                ))
+            }
+            Event::Guard { .. } => {}
+            Event::Bad {
+                sub_reason,
+                param,
+                explanation,
+            } => {
+                // The count's bits are no secret: using them is a misuse of
+                // the count, not a pointer escape.
+                let sub_reason = match (*sub_reason, *param) {
+                    ("pointer_escape", Some(p)) if p == count => "param_misuse",
+                    (s, _) => s,
+                };
+                return Err(refuse(
+                    sub_reason,
+                    param.and_then(name),
+                    line,
+                    explanation.clone(),
+                ));
+            }
+            Event::Misuse { param, explanation } => {
+                let sub = if *param == count {
+                    "param_misuse"
+                } else {
+                    "pointer_misuse"
+                };
+                return Err(refuse(sub, name(*param), line, explanation.clone()));
+            }
+            Event::Access {
+                params,
+                kind,
+                width,
+                scale,
+                guarded,
+            } => {
+                for p in 0..128u16 {
+                    if params & bit(p) == 0 {
+                        continue;
+                    }
+                    let param = &p;
+                    if *guarded != Some(count) {
+                        return Err(refuse(
+                            "unguarded_access",
+                            name(*param),
+                            line,
+                            "a global access not dominated by the `i < n` guard",
+                        ));
+                    }
+                    if *param >= expected_count {
+                        return Err(refuse(
+                            "pointer_misuse",
+                            name(*param),
+                            line,
+                            "the count is used as a pointer",
+                        ));
+                    }
+                    match (kind, *param == output) {
+                        (AccessKind::Store, false) => {
+                            return Err(refuse(
+                                "pointer_misuse",
+                                name(*param),
+                                line,
+                                "a store through an input pointer",
+                            ))
+                        }
+                        (AccessKind::Load, true) => {
+                            return Err(refuse(
+                                "pointer_misuse",
+                                name(*param),
+                                line,
+                                "a load through the output pointer",
+                            ))
+                        }
+                        _ => {}
+                    }
+                    if width != scale || !matches!(width, 1 | 2 | 4 | 8) {
+                        return Err(refuse(
+                            "non_elementwise_address",
+                            name(*param),
+                            line,
+                            format!("a {width}-byte access at a stride of {scale} bytes"),
+                        ));
+                    }
+                    let slot = &mut sizes[*param as usize];
+                    if slot.is_some_and(|s| s != *width) {
+                        return Err(refuse(
+                            "non_elementwise_address",
+                            name(*param),
+                            line,
+                            "accesses of different element sizes through one pointer",
+                        ));
+                    }
+                    *slot = Some(*width);
+                }
+            }
+        }
+    }
+    let mut element_sizes = Vec::with_capacity(sizes.len());
+    for (p, s) in sizes.iter().enumerate() {
+        let p16 = u16::try_from(p).unwrap_or(u16::MAX);
+        match s {
+            Some(s) => element_sizes.push(*s),
+            None if p16 == output => {
+                return Err(refuse(
+                    "no_output_store",
+                    name(p16),
+                    None,
+                    "the output pointer is never stored through",
+                ))
+            }
+            None => {
+                return Err(refuse(
+                    "unused_input",
+                    name(p16),
+                    None,
+                    "an input pointer is never read",
+                ))
+            }
+        }
+    }
+    let inputs = u32::from(output);
+    let mut roles = Vec::with_capacity(k.params.len());
+    for p in 0..k.params.len() {
+        let p = u16::try_from(p).unwrap_or(u16::MAX);
+        roles.push(if p < output {
+            Role::Input(u32::from(p))
+        } else if p == output {
+            Role::Output
+        } else if p == count {
+            Role::Count
+        } else {
+            Role::Scalar(u32::from(p - count - 1))
+        });
+    }
+    Ok(Verified {
+        signature: Signature {
+            inputs,
+            element_sizes,
+            scalar_params: u32::try_from(layout.floats).unwrap_or(u32::MAX),
+            reqntid,
+            maxntid,
+        },
+        roles,
+    })
+}

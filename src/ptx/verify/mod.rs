@@ -1,0 +1,222 @@
+//! The scalar-ABI verifier: decides from the kernel's dataflow, not its name
+//! or its param types alone, that it is
+//! `(const T* in0, .., const T* inK-1, T* out, long long n[, float p0, ..])`
+//! run one thread per element.
+//!
+//! Method: an abstract interpretation over registers on the control-flow
+//! graph. Abstract values name what a register provably holds (a param, the
+//! global thread index `i = ctaid.x * ntid.x + tid.x` computed in 64 bits,
+//! `i × s`, `param + i × s`, a bounds-guard predicate); anything else is
+//! `Top` (data). The state also records whether the current path passed the
+//! guard `i < n`; joins keep a fact only when every incoming path has it, so
+//! "guarded" at an access means the guard dominates it on every path.
+//!
+//! PTX semantics the model follows, each a way the proof was broken before:
+//! - A predicated instruction may not run: its destination keeps the old
+//!   value or takes the new one. A predicated definition of anything but
+//!   data (an index, an address, a pointer, a guard) is refused
+//!   (`predicated_definition`); a guard never comes from a predicated setp.
+//! - Joins are sound for pointers: a value that may carry a pointer's bits
+//!   stays marked (`Tainted`), so no join can launder a pointer into data.
+//! - Index, address and guard arithmetic counts only at integer types of
+//!   the exact widths (`non_integer_arithmetic` for a pointer in a float
+//!   instruction).
+//! - A pointer's bits may not leave as data: stored, unpacked
+//!   (`mov.b64 {lo, hi}`), narrowed (`cvt`, a narrower register or param
+//!   load) — `pointer_escape`.
+//! - A pair or list destination naming one register twice is refused
+//!   (`duplicate_destination`); so are duplicate labels (in `ir`) and code
+//!   the control flow cannot reach that holds anything but `ret`/`exit`
+//!   (`unreachable_code`).
+//! - The checked program is the one that runs: the executors get the text
+//!   [`super::print`] prints from this IR, never the client's.
+//!
+//! What acceptance guarantees (and the host engine and launch checks rely
+//! on): every global access is a load through an input or a store through the
+//! output at exactly `param + i × element size`, of `element size` bytes, on
+//! a path where `i < n` holds; so `offset + n × element size <= size` for
+//! every operand makes every access of every thread in bounds.
+//!
+//! # The rules, in the order they are checked
+//!
+//! Every refusal is a [`PtxError::NonScalarAbi`] whose `sub_reason` is one of
+//! these; the first rule broken is the one reported. The file that checks
+//! each rule is named in brackets.
+//!
+//! 1. Launch bounds (`layout.rs`): `.reqntid` must be `x,1,1` with
+//!    `1 <= x <= 1024` (`reqntid_conflict`); `.maxntid` must be `x,1,1` with
+//!    `x >= 1` (`maxntid`).
+//! 2. Param layout (`layout.rs`): 64-bit integer params (the pointers, then
+//!    the count), then `.f32` params, nothing else. A by-value aggregate or a
+//!    param of another type (`param_type`); an integer param after a float
+//!    (`extra_params`); a narrower integer param, i.e. a count that is not
+//!    `long long` (`count_not_64bit`); fewer than two integer params
+//!    (`missing_params`); more than [`MAX_INPUTS`] inputs or
+//!    [`MAX_SCALAR_PARAMS`] floats (`param_count`).
+//! 3. Instructions, without dataflow (`instructions.rs`): `.shared`/`.local`
+//!    variables and accesses (`shared_memory`, `local_memory`); a call
+//!    (`call`); an `ld`/`ldu`/`st` modifier outside the allow-list, an opcode
+//!    that is not elementwise ALU, memory or control (`unsupported_instruction`);
+//!    a predicated `.uni` branch or return (`uniform_branch`); a destination
+//!    list naming one register twice (`duplicate_destination`); barriers and
+//!    fences (`barrier`); `.v2`/`.v4`/`.v8` accesses (`vectorized_access`);
+//!    atomics (`atomic`); `.const` loads (`const_memory`); a store to the
+//!    param space (`param_misuse`); a `cvta` of a non-global address
+//!    (`non_global_memory`); a named variable as an operand
+//!    (`global_variable`).
+//! 4. Control flow (`cfg.rs`): a branch to anything but a label
+//!    (`unsupported_instruction`); a kernel too large, or whose fixpoint does
+//!    not settle in bounded work (`too_complex`); unreachable code holding
+//!    anything but `ret`/`exit` (`unreachable_code`).
+//! 5. Dataflow (`dataflow.rs`, `arith.rs`), reported at the first
+//!    instruction in program order by `decision.rs`: a predicated definition
+//!    of non-data (`predicated_definition`); a pointer's bits leaving as data
+//!    (`pointer_escape`, or `param_misuse` for the count's); an index or guard
+//!    computed in 32 bits (`index_not_64bit`); a pointer in a float
+//!    instruction (`non_integer_arithmetic`); a pointer or the count used in
+//!    any other way (`pointer_misuse`, `param_misuse`); an access whose
+//!    address is not `param + i × s` (`non_elementwise_address`).
+//! 6. The verdict (`decision.rs`): no `i < n` guard, or an access it does
+//!    not dominate (`unguarded_access`); integer params after the count
+//!    (`extra_params`); a second guard against another param
+//!    (`param_misuse`); a store through an input, a load through the output,
+//!    the count as a pointer (`pointer_misuse`); an access whose width is not
+//!    its stride, or two widths through one pointer
+//!    (`non_elementwise_address`); an output never stored (`no_output_store`)
+//!    or an input never read (`unused_input`).
+//! 7. The declared ABI, when the client gave one ([`verify`]): a different
+//!    input or float-param count is [`PtxError::AbiMismatch`].
+//!
+//! Two more sub_reasons come from outside this module: `duplicate_label`
+//! (the IR, [`super::ir`]) and `canonical_form` (the round trip through the
+//! printer, in [`super`]).
+
+mod arith;
+mod cfg;
+mod dataflow;
+mod decision;
+mod instructions;
+mod layout;
+
+use super::ir::Kernel;
+use super::{DeclaredAbi, PtxError, Signature};
+
+/// The most input pointers a scalar kernel may take.
+pub const MAX_INPUTS: usize = 64;
+/// The most float params a scalar kernel may take.
+pub const MAX_SCALAR_PARAMS: usize = 64;
+
+/// What a param is, once verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Input pointer `k`.
+    Input(u32),
+    Output,
+    Count,
+    /// Float param `k`.
+    Scalar(u32),
+}
+
+/// A verified kernel: its signature and each param's role.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    pub signature: Signature,
+    pub roles: Vec<Role>,
+}
+
+/// The one constructor of a `NonScalarAbi` refusal, shared by every pass.
+fn refuse(
+    sub_reason: &'static str,
+    param: Option<&str>,
+    line: Option<u32>,
+    explanation: impl Into<String>,
+) -> PtxError {
+    PtxError::NonScalarAbi {
+        sub_reason,
+        param: param.map(str::to_string),
+        line,
+        explanation: explanation.into(),
+    }
+}
+
+/// Verifies `kernel` against the scalar ABI and `declared`.
+pub fn verify(kernel: &Kernel, declared: Option<DeclaredAbi>) -> Result<Verified, PtxError> {
+    let (reqntid, maxntid) = layout::launch_bounds(kernel)?;
+    let layout = layout::param_layout(kernel)?;
+    instructions::structure(kernel)?;
+    let events = cfg::dataflow(kernel)?;
+    let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
+    if let Some(d) = declared {
+        if d.inputs != verified.signature.inputs {
+            return Err(PtxError::AbiMismatch {
+                what: "inputs",
+                expected: d.inputs,
+                found: verified.signature.inputs,
+            });
+        }
+        if d.scalar_params != verified.signature.scalar_params {
+            return Err(PtxError::AbiMismatch {
+                what: "scalar_params",
+                expected: d.scalar_params,
+                found: verified.signature.scalar_params,
+            });
+        }
+    }
+    Ok(verified)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every file of the verifier, for the test below.
+    const SOURCES: &[&str] = &[
+        include_str!("mod.rs"),
+        include_str!("layout.rs"),
+        include_str!("instructions.rs"),
+        include_str!("cfg.rs"),
+        include_str!("dataflow.rs"),
+        include_str!("arith.rs"),
+        include_str!("decision.rs"),
+    ];
+
+    /// The snake_case string literals that follow `refuse(` or
+    /// `sub_reason: ` in `text`.
+    fn sub_reasons(text: &str) -> Vec<&str> {
+        let mut found = Vec::new();
+        for marker in ["refuse(", "sub_reason: "] {
+            for (at, _) in text.match_indices(marker) {
+                let rest = text[at + marker.len()..].trim_start();
+                if let Some(lit) = rest.strip_prefix('"') {
+                    let name = lit.split('"').next().unwrap_or("");
+                    if !name.is_empty()
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                    {
+                        found.push(name);
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// The module doc claims to list every rule: each sub_reason the
+    /// verifier can return is named there.
+    #[test]
+    fn module_doc_names_every_sub_reason() {
+        let doc: String = SOURCES[0]
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut all: Vec<&str> = SOURCES.iter().flat_map(|s| sub_reasons(s)).collect();
+        all.sort_unstable();
+        all.dedup();
+        assert!(all.len() > 20, "the scan found only {all:?}");
+        let missing: Vec<&&str> = all
+            .iter()
+            .filter(|r| !doc.contains(&format!("`{r}`")))
+            .collect();
+        assert!(missing.is_empty(), "not in the module doc: {missing:?}");
+    }
+}
