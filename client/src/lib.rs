@@ -38,6 +38,7 @@ mod types;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod ring;
 
 pub use client::{
     checked_default_socket_path, default_socket_path, socket_path_for, Client, Target,
