@@ -1,18 +1,163 @@
 //! The shared-memory launch ring: the fast path from a session to its
 //! device's executor, beside gRPC.
 //!
-//! This module holds the records that the SDK and the daemon share: the
-//! fixed-size submission descriptor ([`Descriptor`]) and completion record
-//! ([`Completion`]). Each is an explicit little-endian encoding with a
-//! canonical form: decoding accepts exactly the bytes encoding produces,
-//! returns a typed error for every malformed field, never panics and never
-//! allocates.
+//! # Design
+//!
+//! One POSIX shared-memory object per session ring, created by the client
+//! ([`Submitter::create`], through the SDK's [`HostShm`](crate::HostShm)) and
+//! opened by the executor ([`Server::open`] by name, or [`Server::from_fd`]).
+//! The layout lives in this crate so that the SDK and the daemon share one
+//! definition ([`RingLayout`] has the byte table): a versioned header, seven
+//! control words each on its own cache line, `slots` submission slots of
+//! [`DESCRIPTOR_SIZE`] bytes, then `slots` completion slots of
+//! [`COMPLETION_SIZE`] bytes.
+//!
+//! Two single-producer single-consumer rings:
+//!
+//! - **Submissions**, client → server. The client writes slot
+//!   `head & (slots-1)` then publishes `head + 1` with a Release store. The
+//!   server loads `head` with Acquire, copies the slot into a local buffer,
+//!   and decodes the copy; it never reads a slot twice. It also publishes
+//!   `claimed` (how many it has taken). A slot is handed back (`tail + 1`,
+//!   Release) only when its completion is posted, so the client has at most
+//!   `slots` launches outstanding and a server that attaches after another
+//!   one died finds the dead one's unanswered submissions still in place.
+//! - **Completions**, server → client, the same way round: the server writes
+//!   the slot then publishes `head` (Release); the client loads `head`
+//!   (Acquire), copies the slot out, then publishes `tail` (Release). The
+//!   server answers submissions in the order it took them
+//!   ([`Server::complete`] always answers the oldest one), and takes a
+//!   submission only while `in flight + unread completions < slots`, so a
+//!   completion always has room: the server never buffers or blocks on a
+//!   client that stops reading completions; it stops taking its launches.
+//!
+//! Memory ordering: each slot is written before the Release store of the
+//! counter that publishes it and read after the Acquire load that observes
+//! that counter, so the reader sees the whole slot. Each slot is read (copied
+//! out) before the Release store that hands it back, and the writer reuses it
+//! only after an Acquire load of that store, so a writer never overwrites a
+//! slot its reader is still copying. Sleep and wake use a Dekker pattern
+//! over SeqCst fences (see `futex::wait_until`).
+//!
+//! # Trust
+//!
+//! The client is hostile: it may write any byte of the object at any time.
+//! Hence:
+//!
+//! - Every access to the mapping is an atomic operation (control words as
+//!   `AtomicU64`/`AtomicU32`, slots copied word by word with relaxed atomic
+//!   loads or stores); no `&`/`&mut` reference to shared bytes exists, so a
+//!   concurrent write is a torn value to validate, not undefined behavior.
+//! - The header is read once, with `pread`, before mapping; sizes come from
+//!   the validated [`RingLayout`] only. Slot addresses are `counter & mask`,
+//!   inside the mapping whatever the counter.
+//! - Each side keeps its own counters locally and never reads them back
+//!   from the object (except once, when attaching). The peer's counter must
+//!   stay inside a window (`[last seen, own counter + slots]` for a head,
+//!   `[last seen, own head]` for a tail); one that moves backwards or too far
+//!   ahead is a [`RingError::CounterOutOfRange`], after which the side is
+//!   poisoned (every call returns the same error) and the executor drops the
+//!   ring.
+//! - A malformed descriptor is not a ring error: [`Server::poll`] returns it
+//!   as [`Polled::Malformed`] with its raw ticket, and the server refuses it
+//!   through [`Server::complete`] like any other refusal.
+//! - Every sleep is bounded ([`WaitConfig::max_sleep`] and the caller's
+//!   timeout): a peer that never wakes us costs latency, never a hang.
+//!
+//! # Sleeping
+//!
+//! A consumer spins for [`WaitConfig::spin`], then sleeps on a shared futex
+//! word (one for the server, one for the client), announcing the sleep in
+//! the word itself so that a producer issues `FUTEX_WAKE` only when somebody
+//! sleeps. The server sleeps until the client submits or frees completion
+//! room; the client sleeps until a completion arrives (which also frees a
+//! submission slot).
+//!
+//! # Not here
+//!
+//! Launch checks (kernel and buffer indices, bounds, the semaphore's buffer)
+//! belong to the daemon's launch-check module: a [`Descriptor`] that decodes
+//! is only well formed, not authorized.
 
 mod completion;
 mod descriptor;
+mod futex;
+mod layout;
+mod region;
+mod server;
+mod submitter;
+
+use nix::errno::Errno;
 
 pub use completion::{Completion, CompletionError, CompletionStatus, COMPLETION_SIZE};
 pub use descriptor::{
     Descriptor, DescriptorError, OperandRef, SemaphoreOp, SemaphoreRole, SemaphoreWidth,
     DESCRIPTOR_SIZE, MAX_INPUTS, MAX_SCALARS,
 };
+pub use futex::{WaitConfig, WaitStats};
+pub use layout::{
+    LayoutError, RingLayout, CONTROL_LEN, HEADER_LEN, LAYOUT_VERSION, MAGIC, MAX_SLOTS,
+};
+pub use region::{CreateError, OpenError};
+pub use server::{CompleteError, Polled, Server};
+pub use submitter::{SubmitError, Submitter};
+
+/// A counter the peer publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Counter {
+    SubmissionHead,
+    SubmissionTail,
+    SubmissionClaimed,
+    CompletionHead,
+    CompletionTail,
+}
+
+impl std::fmt::Display for Counter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Counter::SubmissionHead => "submission head",
+            Counter::SubmissionTail => "submission tail",
+            Counter::SubmissionClaimed => "submission claimed count",
+            Counter::CompletionHead => "completion head",
+            Counter::CompletionTail => "completion tail",
+        })
+    }
+}
+
+/// The ring as a whole is unusable: drop it. Sticky: once a side returned
+/// one, every later call returns the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RingError {
+    /// The peer moved a counter backwards or more than the ring's slot
+    /// count ahead (bounds in wrapping u64 arithmetic).
+    #[error("the peer set the {counter} to {value}, outside [{low}, {high}]")]
+    CounterOutOfRange {
+        counter: Counter,
+        value: u64,
+        low: u64,
+        high: u64,
+    },
+    /// The server wrote a completion record this client cannot read.
+    #[error("malformed completion: {0}")]
+    MalformedCompletion(#[from] CompletionError),
+    /// FUTEX_WAIT failed with an error other than a timeout, a changed word
+    /// or a signal (a kernel without futexes, a seccomp filter).
+    #[error("futex wait failed: {0}")]
+    Futex(Errno),
+}
+
+/// `value` if it lies in `[low, high]` (wrapping: the window may straddle
+/// `u64::MAX`), else the typed error.
+fn check_counter(counter: Counter, value: u64, low: u64, high: u64) -> Result<u64, RingError> {
+    if value.wrapping_sub(low) <= high.wrapping_sub(low) {
+        Ok(value)
+    } else {
+        Err(RingError::CounterOutOfRange {
+            counter,
+            value,
+            low,
+            high,
+        })
+    }
+}

@@ -1,0 +1,199 @@
+//! Sleeping on, and waking, a futex word in the shared mapping.
+//!
+//! Both calls are *shared* futexes (no `FUTEX_PRIVATE_FLAG`): the kernel keys
+//! them by the object's page, so a waiter in one process is found by a waker
+//! in another, each through its own mapping. nix 0.32 has no futex wrapper,
+//! so this is the raw syscall (libc through nix's re-export).
+//!
+//! The protocol around the word (who sets it, when to wake) lives in
+//! [`Waiter`]; this module only makes the calls.
+
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::libc;
+
+/// The consumer is awake (or about to re-check before sleeping).
+pub(crate) const AWAKE: u32 = 0;
+/// The consumer announced it is going to sleep; a producer that publishes
+/// must swap the word back to `AWAKE` and wake it.
+pub(crate) const SLEEPING: u32 = 1;
+
+/// Sleeps while `*word == expected`, for at most `timeout`. Returns when
+/// woken, when the word no longer holds `expected` (EAGAIN), on timeout or
+/// on a signal: the caller re-checks its condition in every case.
+pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) -> Result<(), Errno> {
+    let timeout = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        // Below 1e9, so it fits every c_long.
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT reads the aligned u32 at `word.as_ptr()`, which the
+    // borrow keeps mapped for the call; the timespec outlives the call; the
+    // last two arguments are ignored by FUTEX_WAIT.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &timeout as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    match Errno::last() {
+        Errno::EAGAIN | Errno::ETIMEDOUT | Errno::EINTR => Ok(()),
+        errno => Err(errno),
+    }
+}
+
+/// Wakes one sleeper on `word`.
+pub(crate) fn wake(word: &AtomicU32) -> Result<(), Errno> {
+    // SAFETY: FUTEX_WAKE only uses the address as a key (the borrow keeps it
+    // mapped); the remaining arguments are ignored by FUTEX_WAKE.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            1u32,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        )
+    };
+    if rc < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// How a consumer waits: spin, then sleep in bounded slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitConfig {
+    /// How long to poll with `spin_loop` before the first sleep. A spinning
+    /// consumer answers in well under a microsecond; a sleeping one needs a
+    /// futex wake (several microseconds). 0: sleep at once.
+    pub spin: Duration,
+    /// The longest single futex sleep. A wake the peer never sends (a
+    /// hostile or dead peer, or a bug) costs at most this much latency.
+    pub max_sleep: Duration,
+}
+
+impl Default for WaitConfig {
+    fn default() -> Self {
+        WaitConfig {
+            spin: Duration::from_micros(30),
+            max_sleep: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Futex calls made by one side, for tests and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitStats {
+    /// FUTEX_WAIT calls (sleeps) this side made.
+    pub sleeps: u64,
+    /// FUTEX_WAKE calls this side made to wake its peer.
+    pub wakes: u64,
+}
+
+/// The consumer's half of the sleep protocol over one futex word.
+///
+/// The lost-wakeup argument (a Dekker pattern over two SeqCst fences):
+///
+/// - consumer: `word = SLEEPING`; fence(SeqCst); re-check the ring; only if
+///   still empty, `FUTEX_WAIT(word, SLEEPING)`.
+/// - producer: publish (`head.store(Release)`); fence(SeqCst); if
+///   `word == SLEEPING`, swap it to `AWAKE` and `FUTEX_WAKE`.
+///
+/// The two fences are ordered one way or the other. If the consumer's comes
+/// first, the producer's load sees `SLEEPING` and wakes it; if the
+/// producer's comes first, the consumer's re-check sees the new head and it
+/// does not sleep. A wake that lands between the re-check and the
+/// FUTEX_WAIT finds the word already `AWAKE`, so the FUTEX_WAIT returns at
+/// once (EAGAIN). A peer that scribbles on the word can only cause a
+/// spurious wake or a missed one, and every sleep is bounded by
+/// `max_sleep` and the caller's deadline.
+pub(crate) fn wait_until<E>(
+    word: &AtomicU32,
+    config: &WaitConfig,
+    stats: &mut WaitStats,
+    timeout: Duration,
+    mut ready: impl FnMut() -> Result<bool, E>,
+    futex_error: impl Fn(Errno) -> E,
+) -> Result<bool, E> {
+    let start = Instant::now();
+    // None: a deadline past what Instant can hold, i.e. no deadline.
+    let deadline = start.checked_add(timeout);
+    let spin_until = start.checked_add(config.spin.min(timeout)).unwrap_or(start);
+    loop {
+        if ready()? {
+            return Ok(true);
+        }
+        if Instant::now() >= spin_until {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    loop {
+        let remaining = match deadline {
+            Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+            None => config.max_sleep,
+        };
+        if remaining.is_zero() {
+            return Ok(false);
+        }
+        word.store(SLEEPING, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        match ready() {
+            Ok(false) => {}
+            other => {
+                word.store(AWAKE, Ordering::Relaxed);
+                return other;
+            }
+        }
+        stats.sleeps += 1;
+        let slept = wait(word, SLEEPING, remaining.min(config.max_sleep));
+        word.store(AWAKE, Ordering::Relaxed);
+        slept.map_err(&futex_error)?;
+        if ready()? {
+            return Ok(true);
+        }
+    }
+}
+
+/// The producer's half: call after publishing (the Release store of the
+/// counter). Issues the syscall only when the consumer announced a sleep.
+pub(crate) fn wake_if_sleeping(word: &AtomicU32, stats: &mut WaitStats) -> Result<(), Errno> {
+    fence(Ordering::SeqCst);
+    if word.load(Ordering::Relaxed) == SLEEPING && word.swap(AWAKE, Ordering::Relaxed) == SLEEPING {
+        stats.wakes += 1;
+        return wake(word);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_returns_at_once_when_the_word_differs_and_times_out_otherwise() {
+        let word = AtomicU32::new(AWAKE);
+        let start = Instant::now();
+        wait(&word, SLEEPING, Duration::from_secs(5)).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(1));
+        let start = Instant::now();
+        wait(&word, AWAKE, Duration::from_millis(30)).unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(25));
+        // Nobody sleeps: a wake is harmless.
+        wake(&word).unwrap();
+    }
+}

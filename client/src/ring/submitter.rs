@@ -1,0 +1,217 @@
+//! The client's side of a ring: publishes submissions, consumes completions.
+//!
+//! Invariants (all counters wrapping u64):
+//! - `head` is the submission head this side published; `head -
+//!   sq_tail_seen <= slots`, and a slot is written only when `head -
+//!   sq_tail_seen < slots` for a tail validated in `[sq_tail_seen, head]`.
+//! - `cq_tail` is the completion tail this side published; `cq_head_seen -
+//!   cq_tail <= slots` for a head validated in `[cq_head_seen, cq_tail +
+//!   slots]`, and slot `cq_tail` is read only when `cq_head_seen != cq_tail`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::completion::{Completion, COMPLETION_SIZE};
+use super::descriptor::{Descriptor, DESCRIPTOR_SIZE};
+use super::futex::{self, WaitConfig, WaitStats};
+use super::layout::{ControlWord, RingLayout};
+use super::region::{CreateError, Region};
+use super::{check_counter, Counter, RingError};
+
+/// Why a submission was not published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// `slots` launches are outstanding: wait for a completion (each one
+    /// also frees a submission slot) and try again.
+    #[error("the submission ring is full")]
+    Full,
+    #[error(transparent)]
+    Ring(#[from] RingError),
+}
+
+/// The client's end of a ring. Owns the shared-memory object: dropping it
+/// unmaps and unlinks the object (the server's own mapping stays valid).
+pub struct Submitter {
+    region: Arc<Region>,
+    layout: RingLayout,
+    slots: u64,
+    head: u64,
+    sq_tail_seen: u64,
+    cq_tail: u64,
+    cq_head_seen: u64,
+    scratch: Box<[u8; DESCRIPTOR_SIZE]>,
+    config: WaitConfig,
+    stats: WaitStats,
+    poisoned: Option<RingError>,
+}
+
+impl std::fmt::Debug for Submitter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Submitter")
+            .field("name", &self.name())
+            .field("slots", &self.slots)
+            .field("head", &self.head)
+            .field("cq_tail", &self.cq_tail)
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+}
+
+impl Submitter {
+    /// Creates a ring object of `slots` slots per ring (a power of two, at
+    /// most [`MAX_SLOTS`](super::MAX_SLOTS)). Hand [`name`](Self::name) to
+    /// the daemon.
+    pub fn create(slots: u32) -> Result<Self, CreateError> {
+        let layout = RingLayout::new(slots)?;
+        Ok(Self::over(Arc::new(Region::create(layout)?)))
+    }
+
+    pub(crate) fn over(region: Arc<Region>) -> Self {
+        let layout = region.layout();
+        Submitter {
+            region,
+            layout,
+            slots: u64::from(layout.slots()),
+            head: 0,
+            sq_tail_seen: 0,
+            cq_tail: 0,
+            cq_head_seen: 0,
+            scratch: Box::new([0; DESCRIPTOR_SIZE]),
+            config: WaitConfig::default(),
+            stats: WaitStats::default(),
+            poisoned: None,
+        }
+    }
+
+    /// Sets how [`wait_completion`](Self::wait_completion) spins and sleeps.
+    pub fn with_wait_config(mut self, config: WaitConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The shared-memory object's name, for the daemon's `shm_open`.
+    pub fn name(&self) -> &str {
+        self.region.name().unwrap_or_default()
+    }
+
+    pub fn layout(&self) -> RingLayout {
+        self.layout
+    }
+
+    /// Submissions published and not yet answered by a completion this side
+    /// consumed.
+    pub fn outstanding(&self) -> u64 {
+        self.head.wrapping_sub(self.cq_tail)
+    }
+
+    pub fn stats(&self) -> WaitStats {
+        self.stats
+    }
+
+    fn poison<T>(&mut self, result: Result<T, RingError>) -> Result<T, RingError> {
+        if let Err(error) = &result {
+            self.poisoned = Some(*error);
+        }
+        result
+    }
+
+    /// Publishes `descriptor`, or says the ring is full. Wakes the server
+    /// if it announced a sleep.
+    pub fn try_submit(&mut self, descriptor: &Descriptor) -> Result<(), SubmitError> {
+        if let Some(error) = self.poisoned {
+            return Err(error.into());
+        }
+        if self.head.wrapping_sub(self.sq_tail_seen) >= self.slots {
+            let tail = self
+                .region
+                .counter(ControlWord::SubmissionTail)
+                .load(Ordering::Acquire);
+            let tail = check_counter(Counter::SubmissionTail, tail, self.sq_tail_seen, self.head);
+            self.sq_tail_seen = self.poison(tail)?;
+            if self.head.wrapping_sub(self.sq_tail_seen) >= self.slots {
+                return Err(SubmitError::Full);
+            }
+        }
+        descriptor.encode_into(&mut self.scratch);
+        self.region.store_submission(self.head, &self.scratch);
+        self.head = self.head.wrapping_add(1);
+        self.region
+            .counter(ControlWord::SubmissionHead)
+            .store(self.head, Ordering::Release);
+        self.wake_server();
+        Ok(())
+    }
+
+    fn wake_server(&mut self) {
+        let waiter = self.region.waiter(ControlWord::ServerWaiter);
+        if let Err(errno) = futex::wake_if_sleeping(waiter, &mut self.stats) {
+            // The server's sleep is bounded: it finds the work on its next
+            // slice. Nothing to undo here.
+            tracing::warn!(%errno, "waking the ring's server failed");
+        }
+    }
+
+    /// The next completion, if one is published.
+    pub fn poll_completion(&mut self) -> Result<Option<Completion>, RingError> {
+        if let Some(error) = self.poisoned {
+            return Err(error);
+        }
+        if !self.completion_ready()? {
+            return Ok(None);
+        }
+        let mut bytes = [0u8; COMPLETION_SIZE];
+        self.region.load_completion(self.cq_tail, &mut bytes);
+        self.cq_tail = self.cq_tail.wrapping_add(1);
+        self.region
+            .counter(ControlWord::CompletionTail)
+            .store(self.cq_tail, Ordering::Release);
+        // The server may be waiting for completion room.
+        self.wake_server();
+        let completion = Completion::decode(&bytes).map_err(RingError::from);
+        self.poison(completion).map(Some)
+    }
+
+    fn completion_ready(&mut self) -> Result<bool, RingError> {
+        if self.cq_head_seen != self.cq_tail {
+            return Ok(true);
+        }
+        let head = self
+            .region
+            .counter(ControlWord::CompletionHead)
+            .load(Ordering::Acquire);
+        let head = check_counter(
+            Counter::CompletionHead,
+            head,
+            self.cq_head_seen,
+            self.cq_tail.wrapping_add(self.slots),
+        );
+        self.cq_head_seen = self.poison(head)?;
+        Ok(self.cq_head_seen != self.cq_tail)
+    }
+
+    /// The next completion, waiting up to `timeout` for one (spinning, then
+    /// sleeping on the client's futex word). `Ok(None)`: timed out.
+    pub fn wait_completion(&mut self, timeout: Duration) -> Result<Option<Completion>, RingError> {
+        if let Some(error) = self.poisoned {
+            return Err(error);
+        }
+        let region = Arc::clone(&self.region);
+        let config = self.config;
+        let mut stats = self.stats;
+        let ready = futex::wait_until(
+            region.waiter(ControlWord::ClientWaiter),
+            &config,
+            &mut stats,
+            timeout,
+            || self.completion_ready(),
+            RingError::Futex,
+        );
+        self.stats = stats;
+        if !self.poison(ready)? {
+            return Ok(None);
+        }
+        self.poll_completion()
+    }
+}
