@@ -86,6 +86,8 @@ mod layout;
 mod region;
 mod server;
 mod submitter;
+#[cfg(test)]
+mod tests;
 
 use nix::errno::Errno;
 

@@ -263,6 +263,18 @@ impl Region {
         unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(offset + 8 * index).cast()) }
     }
 
+    /// Writes `value` at an 8-aligned `offset` anywhere in the object, as a
+    /// hostile peer would; out-of-range offsets are ignored.
+    #[cfg(test)]
+    pub(crate) fn scribble(&self, offset: usize, value: u64) {
+        if offset.is_multiple_of(8) && offset + 8 <= self.layout.total_len() {
+            // SAFETY: checked just above: aligned and inside the mapping;
+            // atomic-only access.
+            unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(offset).cast()) }
+                .store(value, Ordering::Relaxed);
+        }
+    }
+
     fn load_bytes<const N: usize>(&self, offset: usize, out: &mut [u8; N]) {
         for index in 0..N / 8 {
             let value = self.word::<N>(offset, index).load(Ordering::Relaxed);

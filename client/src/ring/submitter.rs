@@ -68,6 +68,30 @@ impl Submitter {
         Ok(Self::over(Arc::new(Region::create(layout)?)))
     }
 
+    /// A fresh ring whose counters all start at `start` (to cross the u64
+    /// wrap in tests).
+    #[cfg(test)]
+    pub(crate) fn create_starting_at(slots: u32, start: u64) -> Result<Self, CreateError> {
+        let mut submitter = Self::create(slots)?;
+        for word in [
+            ControlWord::SubmissionHead,
+            ControlWord::SubmissionTail,
+            ControlWord::SubmissionClaimed,
+            ControlWord::CompletionHead,
+            ControlWord::CompletionTail,
+        ] {
+            submitter
+                .region
+                .counter(word)
+                .store(start, Ordering::Relaxed);
+        }
+        submitter.head = start;
+        submitter.sq_tail_seen = start;
+        submitter.cq_tail = start;
+        submitter.cq_head_seen = start;
+        Ok(submitter)
+    }
+
     pub(crate) fn over(region: Arc<Region>) -> Self {
         let layout = region.layout();
         Submitter {
@@ -108,6 +132,11 @@ impl Submitter {
 
     pub fn stats(&self) -> WaitStats {
         self.stats
+    }
+
+    #[cfg(test)]
+    pub(crate) fn region(&self) -> &Arc<Region> {
+        &self.region
     }
 
     fn poison<T>(&mut self, result: Result<T, RingError>) -> Result<T, RingError> {

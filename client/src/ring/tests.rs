@@ -1,0 +1,860 @@
+//! Tests of the two sides together: over one mapping, over two mappings of
+//! one object, against a hostile peer, asleep and awake.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::resource::{getrusage, UsageWho};
+use nix::sys::time::TimeValLike;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::descriptor::tests::random_descriptor;
+use super::layout::ControlWord;
+use super::*;
+
+/// A descriptor determined by its ticket: counts, operands, scalars and
+/// semaphores all vary with it.
+fn payload(ticket: u64) -> Descriptor {
+    let mut state = ticket.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let inputs: Vec<OperandRef> = (0..(ticket % 65))
+        .map(|_| OperandRef {
+            buffer: next() as u32,
+            offset: next(),
+        })
+        .collect();
+    let scalars: Vec<u32> = (0..(ticket / 3 % 65)).map(|_| next() as u32).collect();
+    let output = OperandRef {
+        buffer: next() as u32,
+        offset: next(),
+    };
+    let mut descriptor = Descriptor::new(ticket, next() as u32, &inputs, output, next())
+        .unwrap()
+        .with_scalar_bits(&scalars)
+        .unwrap()
+        .with_sync(ticket.is_multiple_of(2));
+    if ticket.is_multiple_of(3) {
+        descriptor = descriptor
+            .with_wait(SemaphoreOp {
+                buffer: next() as u32,
+                offset: next() / 8 * 8,
+                value: next(),
+                width: SemaphoreWidth::Bits64,
+            })
+            .unwrap();
+    }
+    if ticket.is_multiple_of(5) {
+        descriptor = descriptor
+            .with_signal(SemaphoreOp {
+                buffer: next() as u32,
+                offset: next() / 4 * 4,
+                value: next() >> 32,
+                width: SemaphoreWidth::Bits32,
+            })
+            .unwrap();
+    }
+    descriptor
+}
+
+/// What the server answers for a descriptor, so the client can check that
+/// the server saw exactly what it sent.
+fn digest(descriptor: &Descriptor) -> u64 {
+    descriptor
+        .encode()
+        .chunks_exact(8)
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, word| {
+            let word = u64::from_le_bytes(word.try_into().unwrap());
+            (hash ^ word).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+fn expect_launch(polled: Option<Polled>) -> Descriptor {
+    match polled {
+        Some(Polled::Launch(descriptor)) => descriptor,
+        other => panic!("expected a launch, got {other:?}"),
+    }
+}
+
+/// CPU time (user + system) this thread has used.
+fn thread_cpu() -> Duration {
+    let usage = getrusage(UsageWho::RUSAGE_THREAD).unwrap();
+    let micros = usage.user_time().num_microseconds() + usage.system_time().num_microseconds();
+    Duration::from_micros(micros as u64)
+}
+
+#[test]
+fn a_submission_travels_between_two_mappings_and_back() {
+    let mut client = Submitter::create(16).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    assert_eq!(server.layout(), client.layout());
+    assert!(
+        !server.shrink_sealed(),
+        "a POSIX shm object cannot be sealed"
+    );
+    assert_eq!(server.poll().unwrap(), None);
+    let sent = payload(3);
+    client.try_submit(&sent).unwrap();
+    assert_eq!(client.outstanding(), 1);
+    assert_eq!(expect_launch(server.poll().unwrap()), sent);
+    assert_eq!(server.in_flight(), 1);
+    assert_eq!(client.poll_completion().unwrap(), None);
+    let posted = server
+        .complete(CompletionStatus::Refused { reason: 9 }, 4)
+        .unwrap();
+    assert_eq!(
+        posted,
+        Completion {
+            ticket: 3,
+            status: CompletionStatus::Refused { reason: 9 },
+            detail: 4
+        }
+    );
+    assert_eq!(client.poll_completion().unwrap(), Some(posted));
+    assert_eq!(client.outstanding(), 0);
+    assert_eq!(
+        server.complete(CompletionStatus::Ok, 0),
+        Err(CompleteError::NothingInFlight)
+    );
+}
+
+#[test]
+fn wraparound_over_many_times_the_slot_count() {
+    let mut rng = StdRng::seed_from_u64(0x3a9);
+    // Counters that start near u64::MAX also cross the integer wrap.
+    for start in [0, u64::MAX - 37] {
+        let mut client = Submitter::create_starting_at(4, start).unwrap();
+        let mut server = Server::open(client.name(), None).unwrap();
+        let mut sent = VecDeque::new();
+        let mut answered = 0;
+        while answered < 400 {
+            // Batches of 1..=4 submissions, answered in the same order.
+            for _ in 0..rng.random_range(1..=4) {
+                let descriptor = random_descriptor(&mut rng);
+                match client.try_submit(&descriptor) {
+                    Ok(()) => sent.push_back(descriptor),
+                    Err(SubmitError::Full) => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            while let Some(polled) = server.poll().unwrap() {
+                let descriptor = match polled {
+                    Polled::Launch(descriptor) => descriptor,
+                    other => panic!("{other:?}"),
+                };
+                server
+                    .complete(CompletionStatus::Ok, digest(&descriptor))
+                    .unwrap();
+            }
+            while let Some(completion) = client.poll_completion().unwrap() {
+                let expected = sent.pop_front().unwrap();
+                assert_eq!(completion.ticket, expected.ticket);
+                assert_eq!(completion.detail, digest(&expected));
+                answered += 1;
+            }
+        }
+        assert!(sent.is_empty());
+    }
+}
+
+#[test]
+fn a_full_ring_pushes_back_on_both_sides() {
+    let mut client = Submitter::create(8).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    for ticket in 0..8 {
+        client.try_submit(&payload(ticket)).unwrap();
+    }
+    assert_eq!(client.try_submit(&payload(8)), Err(SubmitError::Full));
+    // Taking a submission does not free its slot; answering it does.
+    for _ in 0..8 {
+        expect_launch(server.poll().unwrap());
+    }
+    assert_eq!(client.try_submit(&payload(8)), Err(SubmitError::Full));
+    server.complete(CompletionStatus::Ok, 0).unwrap();
+    client.try_submit(&payload(8)).unwrap();
+    assert_eq!(client.try_submit(&payload(9)), Err(SubmitError::Full));
+    for _ in 0..7 {
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+    }
+    // The client reads no completions: 8 are unread and one launch waits,
+    // so the server takes nothing (it could not answer it).
+    for ticket in 9..16 {
+        client.try_submit(&payload(ticket)).unwrap();
+    }
+    assert_eq!(server.poll().unwrap(), None);
+    assert!(!server.wait(Duration::from_millis(20)).unwrap());
+    // Reading one completion buys exactly one.
+    assert_eq!(client.poll_completion().unwrap().unwrap().ticket, 0);
+    assert_eq!(expect_launch(server.poll().unwrap()).ticket, 8);
+    assert_eq!(server.poll().unwrap(), None);
+    while client.poll_completion().unwrap().is_some() {}
+    let mut taken = 0;
+    while let Some(polled) = server.poll().unwrap() {
+        expect_launch(Some(polled));
+        taken += 1;
+    }
+    assert_eq!(
+        taken, 7,
+        "the remaining submissions, now that there is room"
+    );
+    assert_eq!(server.in_flight(), 8);
+    assert_eq!(client.outstanding(), 8);
+}
+
+/// One submitter thread, one server thread, one mapping (the server shares
+/// the client's), 1,000,000 submit → complete round trips, pipelined. Every
+/// descriptor is checked field by field on the server and every completion's
+/// ticket and digest on the client.
+#[test]
+fn a_million_round_trips_over_one_mapping() {
+    const TOTAL: u64 = 1_000_000;
+    // Payloads (ticket 0) and their digests, reused cyclically so that the
+    // test's own bookkeeping stays cheap next to the ring's work.
+    const KINDS: u64 = 997;
+    let payloads: Arc<Vec<(Descriptor, u64)>> = Arc::new(
+        (0..KINDS)
+            .map(|kind| {
+                let mut descriptor = payload(kind);
+                descriptor.ticket = 0;
+                let digest = digest(&descriptor);
+                (descriptor, digest)
+            })
+            .collect(),
+    );
+    let mut client = Submitter::create(64).unwrap();
+    let mut server = Server::attach(Arc::clone(client.region())).unwrap();
+    let serving = {
+        let payloads = Arc::clone(&payloads);
+        thread::spawn(move || {
+            let mut served = 0;
+            while served < TOTAL {
+                assert!(server.wait(Duration::from_secs(10)).unwrap(), "stalled");
+                while let Some(polled) = server.poll().unwrap() {
+                    let mut descriptor = expect_launch(Some(polled));
+                    // Tickets come in order, each with its own payload.
+                    assert_eq!(descriptor.ticket, served);
+                    descriptor.ticket = 0;
+                    let (expected, digest) = &payloads[(served % KINDS) as usize];
+                    assert_eq!(&descriptor, expected, "ticket {served}");
+                    server
+                        .complete(CompletionStatus::Ok, digest ^ served)
+                        .unwrap();
+                    served += 1;
+                }
+            }
+            server.stats()
+        })
+    };
+    let mut next_ticket = 0;
+    let mut answered = 0;
+    let mut submission = payloads[0].0.clone();
+    while answered < TOTAL {
+        while next_ticket < TOTAL {
+            submission.clone_from(&payloads[(next_ticket % KINDS) as usize].0);
+            submission.ticket = next_ticket;
+            match client.try_submit(&submission) {
+                Ok(()) => next_ticket += 1,
+                Err(SubmitError::Full) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let completion = client
+            .wait_completion(Duration::from_secs(10))
+            .unwrap()
+            .expect("no completion within 10 s");
+        assert_eq!(completion.ticket, answered);
+        assert_eq!(completion.status, CompletionStatus::Ok);
+        assert_eq!(
+            completion.detail,
+            payloads[(answered % KINDS) as usize].1 ^ answered
+        );
+        answered += 1;
+    }
+    let server_stats = serving.join().unwrap();
+    assert_eq!(client.poll_completion().unwrap(), None);
+    assert_eq!(client.outstanding(), 0);
+    println!(
+        "1M round trips: client {:?}, server {server_stats:?}",
+        client.stats()
+    );
+}
+
+#[test]
+fn a_malformed_submission_is_refused_under_its_ticket() {
+    let mut client = Submitter::create(4).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    client.try_submit(&payload(1)).unwrap();
+    // Corrupt the published slot's input count behind the client's back.
+    let slot = client.layout().submission_slot(0);
+    client.region().scribble(slot + 0x18, 0xff);
+    match server.poll().unwrap() {
+        Some(Polled::Malformed { ticket, error }) => {
+            assert_eq!(ticket, 1);
+            assert_eq!(error, DescriptorError::TooManyInputs { count: 255 });
+        }
+        other => panic!("{other:?}"),
+    }
+    server
+        .complete(CompletionStatus::Refused { reason: 3 }, 0)
+        .unwrap();
+    let completion = client.poll_completion().unwrap().unwrap();
+    assert_eq!(completion.ticket, 1);
+    assert_eq!(completion.status, CompletionStatus::Refused { reason: 3 });
+}
+
+#[test]
+fn a_head_that_moves_backwards_or_too_far_poisons_the_server() {
+    for (bad_head, low, high) in [(1u64, 2, 6), (7, 2, 6), (u64::MAX, 2, 6)] {
+        let mut client = Submitter::create(4).unwrap();
+        let mut server = Server::open(client.name(), None).unwrap();
+        for ticket in 0..2 {
+            client.try_submit(&payload(ticket)).unwrap();
+        }
+        expect_launch(server.poll().unwrap());
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+        expect_launch(server.poll().unwrap());
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+        // released = 2: a head must lie in [2, 6].
+        client
+            .region()
+            .counter(ControlWord::SubmissionHead)
+            .store(bad_head, Ordering::Release);
+        let error = RingError::CounterOutOfRange {
+            counter: Counter::SubmissionHead,
+            value: bad_head,
+            low,
+            high,
+        };
+        assert_eq!(server.poll(), Err(error));
+        // Sticky, on every entry point.
+        assert_eq!(server.poll(), Err(error));
+        assert_eq!(server.wait(Duration::from_millis(1)), Err(error));
+        assert_eq!(
+            server.complete(CompletionStatus::Ok, 0),
+            Err(CompleteError::Ring(error))
+        );
+    }
+}
+
+#[test]
+fn a_completion_tail_that_moves_is_checked() {
+    let mut client = Submitter::create(4).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    for ticket in 0..4 {
+        client.try_submit(&payload(ticket)).unwrap();
+    }
+    for _ in 0..4 {
+        expect_launch(server.poll().unwrap());
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+    }
+    client.try_submit(&payload(4)).unwrap();
+    // cq head is 4: a tail past it is out of range.
+    client
+        .region()
+        .counter(ControlWord::CompletionTail)
+        .store(5, Ordering::Release);
+    assert_eq!(
+        server.poll(),
+        Err(RingError::CounterOutOfRange {
+            counter: Counter::CompletionTail,
+            value: 5,
+            low: 0,
+            high: 4
+        })
+    );
+}
+
+#[test]
+fn the_client_checks_the_server_counters_and_records() {
+    let mut client = Submitter::create(4).unwrap();
+    let region = Arc::clone(client.region());
+    region
+        .counter(ControlWord::CompletionHead)
+        .store(5, Ordering::Release);
+    let error = RingError::CounterOutOfRange {
+        counter: Counter::CompletionHead,
+        value: 5,
+        low: 0,
+        high: 4,
+    };
+    assert_eq!(client.poll_completion(), Err(error));
+    assert_eq!(
+        client.try_submit(&payload(0)),
+        Err(SubmitError::Ring(error))
+    );
+
+    let mut client = Submitter::create(4).unwrap();
+    for ticket in 0..4 {
+        client.try_submit(&payload(ticket)).unwrap();
+    }
+    client
+        .region()
+        .counter(ControlWord::SubmissionTail)
+        .store(9, Ordering::Release);
+    assert_eq!(
+        client.try_submit(&payload(4)),
+        Err(SubmitError::Ring(RingError::CounterOutOfRange {
+            counter: Counter::SubmissionTail,
+            value: 9,
+            low: 0,
+            high: 4
+        }))
+    );
+
+    let mut client = Submitter::create(4).unwrap();
+    let layout = client.layout();
+    client.region().scribble(layout.completion_slot(0) + 8, 7);
+    client
+        .region()
+        .counter(ControlWord::CompletionHead)
+        .store(1, Ordering::Release);
+    assert_eq!(
+        client.poll_completion(),
+        Err(RingError::MalformedCompletion(
+            CompletionError::UnknownStatus { status: 7 }
+        ))
+    );
+}
+
+#[test]
+fn a_server_that_attaches_after_a_death_reports_the_orphans_first() {
+    let mut client = Submitter::create(8).unwrap();
+    let mut first = Server::open(client.name(), None).unwrap();
+    for ticket in 0..5 {
+        client.try_submit(&payload(ticket)).unwrap();
+    }
+    for _ in 0..3 {
+        expect_launch(first.poll().unwrap());
+    }
+    first.complete(CompletionStatus::Ok, 0).unwrap();
+    // The first server dies with tickets 1 and 2 taken, unanswered.
+    drop(first);
+    let mut second = Server::open(client.name(), None).unwrap();
+    assert_eq!(second.orphans_pending(), 2);
+    for ticket in 1..3 {
+        match second.poll().unwrap() {
+            Some(Polled::Orphan(descriptor)) => assert_eq!(descriptor, payload(ticket)),
+            other => panic!("{other:?}"),
+        }
+        second
+            .complete(CompletionStatus::Failed { reason: 14 }, 0)
+            .unwrap();
+    }
+    for ticket in 3..5 {
+        assert_eq!(expect_launch(second.poll().unwrap()).ticket, ticket);
+        second.complete(CompletionStatus::Ok, 0).unwrap();
+    }
+    let answers: Vec<_> = std::iter::from_fn(|| client.poll_completion().unwrap())
+        .map(|c| (c.ticket, c.status))
+        .collect();
+    let failed = CompletionStatus::Failed { reason: 14 };
+    assert_eq!(
+        answers,
+        [
+            (0, CompletionStatus::Ok),
+            (1, failed),
+            (2, failed),
+            (3, CompletionStatus::Ok),
+            (4, CompletionStatus::Ok)
+        ]
+    );
+    // A third server finds nothing left over.
+    drop(second);
+    let third = Server::open(client.name(), None).unwrap();
+    assert_eq!(third.orphans_pending(), 0);
+}
+
+#[test]
+fn opening_checks_the_object() {
+    let client = Submitter::create(4).unwrap();
+    assert!(matches!(
+        Server::open("no-slash", None),
+        Err(OpenError::Name(_))
+    ));
+    assert!(matches!(
+        Server::open("/ptxd-ring-test-does-not-exist", None),
+        Err(OpenError::Os {
+            call: "shm_open",
+            errno: nix::errno::Errno::ENOENT
+        })
+    ));
+    let uid = nix::unistd::getuid().as_raw();
+    Server::open(client.name(), Some(uid)).unwrap();
+    if uid != 0 {
+        assert!(matches!(
+            Server::open(client.name(), Some(uid + 1)),
+            Err(OpenError::WrongOwner { .. })
+        ));
+    }
+    let devnull = std::fs::File::open("/dev/null").unwrap();
+    assert!(matches!(
+        Server::from_fd(devnull.into(), None),
+        Err(OpenError::NotRegularFile { .. })
+    ));
+
+    // A header that declares more slots than the object holds.
+    let small = crate::HostShm::create(4096).unwrap();
+    let layout = RingLayout::new(64).unwrap();
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/shm{}", small.name()))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&opened, &layout.header(), 0).unwrap();
+    assert!(matches!(
+        Server::from_fd(opened.into(), None),
+        Err(OpenError::TooSmall { size: 4096, needed }) if needed == layout.total_len() as u64
+    ));
+    let tiny = crate::HostShm::create(10).unwrap();
+    assert!(matches!(
+        Server::open(tiny.name(), None),
+        Err(OpenError::TooSmall { size: 10, .. })
+    ));
+    // Garbage: a typed layout error.
+    let zeros = crate::HostShm::create(4096).unwrap();
+    assert!(matches!(
+        Server::open(zeros.name(), None),
+        Err(OpenError::Layout(LayoutError::BadMagic { found: 0 }))
+    ));
+
+    // Counters that cannot belong to one ring.
+    client
+        .region()
+        .counter(ControlWord::SubmissionHead)
+        .store(5, Ordering::Release);
+    assert!(matches!(
+        Server::open(client.name(), None),
+        Err(OpenError::Ring(RingError::CounterOutOfRange {
+            counter: Counter::SubmissionHead,
+            value: 5,
+            ..
+        }))
+    ));
+}
+
+/// The variant of an error, with the counter for a counter error.
+fn kind(error: &dyn std::fmt::Debug) -> String {
+    let text = format!("{error:?}");
+    let variant: String = text
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '(')
+        .collect();
+    match text.split("counter: ").nth(1) {
+        Some(rest) => format!("{variant}{}", rest.split(',').next().unwrap_or("")),
+        None => variant,
+    }
+}
+
+/// A peer that writes garbage all over the object (counters, waiter words,
+/// slots, now and then the header) while both sides work: every call
+/// returns a value or a typed error, and a poisoned side is replaced by a
+/// fresh attach, which validates the garbage counters in turn.
+#[test]
+fn a_hostile_peer_gets_typed_errors_never_a_panic() {
+    let client = Submitter::create(8).unwrap();
+    let name = client.name().to_owned();
+    let layout = client.layout();
+    let attacker = Arc::clone(client.region());
+    let stop = Arc::new(AtomicBool::new(false));
+    let scribbling = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(0xbad);
+            let mut writes = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let value: u64 = match rng.random_range(0..4) {
+                    0 => rng.random(),
+                    1 => rng.random_range(0..16),
+                    2 => u64::MAX - rng.random_range(0..16),
+                    _ => 0,
+                };
+                let offset = match rng.random_range(0..100) {
+                    // Counters and waiter words, with plausible values too.
+                    0..=4 => 64 * rng.random_range(1..8),
+                    // The header, rarely: later attaches fail on the layout.
+                    5 if rng.random_range(0..200) == 0 => 8 * rng.random_range(0..8),
+                    // Slot bytes: mostly the descriptor's first words, where
+                    // the counts, flags and semaphores are.
+                    6..=60 => {
+                        let slot = layout.submission_slot(rng.random());
+                        slot + 8 * rng.random_range(0..12)
+                    }
+                    _ => 8 * rng.random_range(64..layout.total_len() / 8),
+                };
+                attacker.scribble(offset, value);
+                writes += 1;
+                if writes.is_multiple_of(16) {
+                    thread::sleep(Duration::from_micros(20));
+                }
+            }
+            writes
+        })
+    };
+    let mut client = client;
+    let mut server = Server::open(&name, None).ok();
+    let (mut polled, mut ring_errors, mut open_errors, mut client_errors) = (0, 0, 0, 0);
+    let mut kinds = std::collections::BTreeMap::<String, u64>::new();
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let mut ticket = 0;
+    while Instant::now() < deadline {
+        let Some(side) = server.as_mut() else {
+            match Server::open(&name, None) {
+                Ok(fresh) => server = Some(fresh),
+                Err(error) => {
+                    open_errors += 1;
+                    *kinds.entry(format!("open {}", kind(&error))).or_default() += 1;
+                    // Repair the object (header, counters) as a reset client
+                    // would, so that polling garbage slots goes on.
+                    let region = client.region();
+                    for (index, chunk) in layout.header().chunks_exact(8).enumerate() {
+                        region.scribble(8 * index, u64::from_ne_bytes(chunk.try_into().unwrap()));
+                    }
+                    for word in 1..8 {
+                        region.scribble(64 * word, 0);
+                    }
+                    client = Submitter::over(Arc::clone(client.region()));
+                }
+            }
+            continue;
+        };
+        match side.poll() {
+            Ok(Some(item)) => {
+                polled += 1;
+                let label = match item {
+                    Polled::Launch(_) => "launch".to_owned(),
+                    Polled::Orphan(_) => "orphan".to_owned(),
+                    Polled::Malformed { error, .. } => format!("malformed {}", kind(&error)),
+                };
+                *kinds.entry(label).or_default() += 1;
+                let _ = side.complete(CompletionStatus::Refused { reason: 1 }, 0);
+            }
+            Ok(None) => {
+                let _ = side.wait(Duration::from_micros(50));
+            }
+            Err(error) => {
+                ring_errors += 1;
+                *kinds.entry(format!("poll {}", kind(&error))).or_default() += 1;
+                server = None;
+            }
+        }
+        // The client side faces the same garbage.
+        ticket += 1;
+        let submitted = client.try_submit(&payload(ticket));
+        let completed = client.poll_completion();
+        if let Err(SubmitError::Ring(error)) = submitted {
+            *kinds.entry(format!("client {}", kind(&error))).or_default() += 1;
+        }
+        if let Err(error) = completed {
+            *kinds.entry(format!("client {}", kind(&error))).or_default() += 1;
+        }
+        if submitted.is_err_and(|e| e != SubmitError::Full) || completed.is_err() {
+            client_errors += 1;
+            client = Submitter::over(Arc::clone(client.region()));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let writes = scribbling.join().unwrap();
+    println!(
+        "hostile peer: {writes} garbage writes; server took {polled} submissions, \
+         {ring_errors} ring errors, {open_errors} failed re-attaches; {client_errors} \
+         client errors"
+    );
+    for (kind, count) in &kinds {
+        println!("  {count:>7} {kind}");
+    }
+    assert!(ring_errors > 0 && open_errors > 0 && client_errors > 0);
+    assert!(polled > 1000, "the server kept taking submissions");
+}
+
+/// One sleep per wait: a wake that lands between two bounded sleeps is
+/// (correctly) skipped, which would make the wake counts below racy.
+fn one_long_sleep() -> WaitConfig {
+    WaitConfig {
+        max_sleep: Duration::from_secs(60),
+        ..WaitConfig::default()
+    }
+}
+
+#[test]
+fn an_idle_server_sleeps_and_a_submission_wakes_it() {
+    let mut client = Submitter::create(8).unwrap();
+    let mut server = Server::open(client.name(), None)
+        .unwrap()
+        .with_wait_config(one_long_sleep());
+    let barrier = Arc::new(Barrier::new(2));
+    let waiting = {
+        let barrier = Arc::clone(&barrier);
+        thread::spawn(move || {
+            // Idle, nobody submits: it times out, asleep.
+            let cpu = thread_cpu();
+            let start = Instant::now();
+            assert!(!server.wait(Duration::from_millis(300)).unwrap());
+            let idle = (start.elapsed(), thread_cpu() - cpu);
+            let sleeps = server.stats().sleeps;
+            barrier.wait();
+            let cpu = thread_cpu();
+            let start = Instant::now();
+            assert!(server.wait(Duration::from_secs(10)).unwrap());
+            let woken = (start.elapsed(), thread_cpu() - cpu);
+            assert_eq!(expect_launch(server.poll().unwrap()).ticket, 7);
+            (idle, sleeps, woken, server)
+        })
+    };
+    barrier.wait();
+    thread::sleep(Duration::from_millis(300));
+    client.try_submit(&payload(7)).unwrap();
+    let ((idle_wall, idle_cpu), sleeps, (woken_wall, woken_cpu), server) = waiting.join().unwrap();
+    println!(
+        "idle server: {idle_wall:?} waited, {idle_cpu:?} CPU, {sleeps} sleeps; \
+         woken after {woken_wall:?} with {woken_cpu:?} CPU; client {:?}",
+        client.stats()
+    );
+    assert!(idle_wall >= Duration::from_millis(300));
+    assert!(idle_cpu < Duration::from_millis(60), "an idle server spun");
+    assert_eq!(sleeps, 1, "an idle wait is one futex sleep");
+    assert!(woken_wall >= Duration::from_millis(250) && woken_wall < Duration::from_secs(5));
+    assert!(
+        woken_cpu < Duration::from_millis(60),
+        "a waiting server spun"
+    );
+    assert_eq!(
+        client.stats().wakes,
+        1,
+        "the client woke the sleeping server"
+    );
+    drop(server);
+}
+
+#[test]
+fn a_waiting_client_sleeps_and_a_completion_wakes_it() {
+    let mut client = Submitter::create(8)
+        .unwrap()
+        .with_wait_config(one_long_sleep());
+    let mut server = Server::open(client.name(), None).unwrap();
+    client.try_submit(&payload(11)).unwrap();
+    expect_launch(server.poll().unwrap());
+    let waiting = thread::spawn(move || {
+        let cpu = thread_cpu();
+        let start = Instant::now();
+        let completion = client.wait_completion(Duration::from_secs(10)).unwrap();
+        (
+            completion,
+            start.elapsed(),
+            thread_cpu() - cpu,
+            client.stats(),
+        )
+    });
+    thread::sleep(Duration::from_millis(300));
+    server.complete(CompletionStatus::Ok, 5).unwrap();
+    let (completion, wall, cpu, stats) = waiting.join().unwrap();
+    println!("waiting client: woken after {wall:?} with {cpu:?} CPU, {stats:?}");
+    assert_eq!(completion.unwrap().ticket, 11);
+    assert!(wall >= Duration::from_millis(250) && wall < Duration::from_secs(5));
+    assert!(cpu < Duration::from_millis(60), "a waiting client spun");
+    assert_eq!(stats.sleeps, 1);
+    assert_eq!(server.stats().wakes, 1);
+}
+
+/// Per-operation costs on one thread (no peer): what a round trip is made
+/// of besides the cross-core traffic and the wakeups.
+fn measure_operations() {
+    let client = Submitter::create(8).unwrap();
+    let region = Arc::clone(client.region());
+    let descriptor = payload(10);
+    let mut bytes = [0u8; DESCRIPTOR_SIZE];
+    let rounds = if cfg!(debug_assertions) {
+        2_000
+    } else {
+        200_000
+    };
+    let time = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        for _ in 0..rounds {
+            f();
+        }
+        start.elapsed() / rounds
+    };
+    let encode = time(&mut || descriptor.encode_into(&mut bytes));
+    let store = time(&mut || region.store_submission(1, std::hint::black_box(&bytes)));
+    let load = time(&mut || region.load_submission(1, std::hint::black_box(&mut bytes)));
+    let decode = time(&mut || {
+        std::hint::black_box(Descriptor::decode(std::hint::black_box(&bytes)).unwrap());
+    });
+    println!(
+        "per operation ({} inputs, {} scalars): encode {encode:?}, copy in {store:?}, \
+         copy out {load:?}, decode {decode:?}",
+        descriptor.inputs().len(),
+        descriptor.scalar_bits().len()
+    );
+}
+
+/// Ping-pong between two threads, each side on its own mapping of the
+/// object: one submission, one completion, and back. Prints p50/p99 for a
+/// spinning and for a sleeping (futex) consumer. Figures are meaningful in
+/// a release build on an otherwise idle machine:
+/// `cargo test -p ptxd-client --release ring::tests::measure -- --nocapture`.
+#[test]
+fn measure_round_trips() {
+    measure_operations();
+    let rounds = if cfg!(debug_assertions) {
+        2_000
+    } else {
+        200_000
+    };
+    for (label, spin) in [
+        ("spin", Duration::from_millis(100)),
+        ("futex", Duration::ZERO),
+    ] {
+        let rounds = if spin.is_zero() { rounds / 10 } else { rounds };
+        let config = WaitConfig {
+            spin,
+            ..WaitConfig::default()
+        };
+        let mut client = Submitter::create(8).unwrap().with_wait_config(config);
+        let mut server = Server::open(client.name(), None)
+            .unwrap()
+            .with_wait_config(config);
+        let serving = thread::spawn(move || {
+            for _ in 0..rounds {
+                assert!(server.wait(Duration::from_secs(10)).unwrap());
+                let descriptor = expect_launch(server.poll().unwrap());
+                server
+                    .complete(CompletionStatus::Ok, descriptor.ticket)
+                    .unwrap();
+            }
+            server.stats()
+        });
+        let descriptor = payload(10);
+        let mut samples = Vec::with_capacity(rounds as usize);
+        for ticket in 0..rounds {
+            let start = Instant::now();
+            client.try_submit(&descriptor).unwrap();
+            let completion = client
+                .wait_completion(Duration::from_secs(10))
+                .unwrap()
+                .unwrap();
+            samples.push(start.elapsed());
+            assert_eq!(completion.detail, 10, "round {ticket}");
+        }
+        let server_stats = serving.join().unwrap();
+        samples.sort();
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+        println!(
+            "{label} round trip over {rounds}: p50 {:?}, p99 {:?}, min {:?}; client {:?}, server {server_stats:?}",
+            at(0.5),
+            at(0.99),
+            samples[0],
+            client.stats()
+        );
+    }
+}
