@@ -542,9 +542,23 @@ fn opening_checks_the_object() {
     ));
 }
 
+/// The variant of an error, with the counter for a counter error.
+fn kind(error: &dyn std::fmt::Debug) -> String {
+    let text = format!("{error:?}");
+    let variant: String = text
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '(')
+        .collect();
+    match text.split("counter: ").nth(1) {
+        Some(rest) => format!("{variant}{}", rest.split(',').next().unwrap_or("")),
+        None => variant,
+    }
+}
+
 /// A peer that writes garbage all over the object (counters, waiter words,
-/// slots, header) while both sides work: every call returns a value or a
-/// typed error, and a poisoned side is replaced by a fresh attach.
+/// slots, now and then the header) while both sides work: every call
+/// returns a value or a typed error, and a poisoned side is replaced by a
+/// fresh attach, which validates the garbage counters in turn.
 #[test]
 fn a_hostile_peer_gets_typed_errors_never_a_panic() {
     let client = Submitter::create(8).unwrap();
@@ -564,17 +578,23 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
                     2 => u64::MAX - rng.random_range(0..16),
                     _ => 0,
                 };
-                let offset = match rng.random_range(0..10) {
-                    // Counters and waiter words, mostly near plausible values.
+                let offset = match rng.random_range(0..100) {
+                    // Counters and waiter words, with plausible values too.
                     0..=4 => 64 * rng.random_range(1..8),
-                    // The header, rarely: later attaches fail with layout errors.
-                    5 if rng.random_range(0..1000) == 0 => 8 * rng.random_range(0..8),
+                    // The header, rarely: later attaches fail on the layout.
+                    5 if rng.random_range(0..200) == 0 => 8 * rng.random_range(0..8),
+                    // Slot bytes: mostly the descriptor's first words, where
+                    // the counts, flags and semaphores are.
+                    6..=60 => {
+                        let slot = layout.submission_slot(rng.random());
+                        slot + 8 * rng.random_range(0..12)
+                    }
                     _ => 8 * rng.random_range(64..layout.total_len() / 8),
                 };
                 attacker.scribble(offset, value);
                 writes += 1;
-                if writes.is_multiple_of(64) {
-                    thread::yield_now();
+                if writes.is_multiple_of(16) {
+                    thread::sleep(Duration::from_micros(20));
                 }
             }
             writes
@@ -583,7 +603,7 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
     let mut client = client;
     let mut server = Server::open(&name, None).ok();
     let (mut polled, mut ring_errors, mut open_errors, mut client_errors) = (0, 0, 0, 0);
-    let mut kinds = std::collections::BTreeSet::new();
+    let mut kinds = std::collections::BTreeMap::<String, u64>::new();
     let deadline = Instant::now() + Duration::from_millis(1500);
     let mut ticket = 0;
     while Instant::now() < deadline {
@@ -592,12 +612,17 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
                 Ok(fresh) => server = Some(fresh),
                 Err(error) => {
                     open_errors += 1;
-                    kinds.insert(
-                        format!("open: {error}")
-                            .split(':')
-                            .take(2)
-                            .collect::<String>(),
-                    );
+                    *kinds.entry(format!("open {}", kind(&error))).or_default() += 1;
+                    // Repair the object (header, counters) as a reset client
+                    // would, so that polling garbage slots goes on.
+                    let region = client.region();
+                    for (index, chunk) in layout.header().chunks_exact(8).enumerate() {
+                        region.scribble(8 * index, u64::from_ne_bytes(chunk.try_into().unwrap()));
+                    }
+                    for word in 1..8 {
+                        region.scribble(64 * word, 0);
+                    }
+                    client = Submitter::over(Arc::clone(client.region()));
                 }
             }
             continue;
@@ -605,14 +630,12 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
         match side.poll() {
             Ok(Some(item)) => {
                 polled += 1;
-                kinds.insert(
-                    match item {
-                        Polled::Launch(_) => "launch",
-                        Polled::Orphan(_) => "orphan",
-                        Polled::Malformed { .. } => "malformed",
-                    }
-                    .to_owned(),
-                );
+                let label = match item {
+                    Polled::Launch(_) => "launch".to_owned(),
+                    Polled::Orphan(_) => "orphan".to_owned(),
+                    Polled::Malformed { error, .. } => format!("malformed {}", kind(&error)),
+                };
+                *kinds.entry(label).or_default() += 1;
                 let _ = side.complete(CompletionStatus::Refused { reason: 1 }, 0);
             }
             Ok(None) => {
@@ -620,17 +643,21 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
             }
             Err(error) => {
                 ring_errors += 1;
-                kinds.insert(format!("{error:?}").chars().take(40).collect());
+                *kinds.entry(format!("poll {}", kind(&error))).or_default() += 1;
                 server = None;
             }
         }
         // The client side faces the same garbage.
         ticket += 1;
-        match client.try_submit(&payload(ticket)) {
-            Ok(()) | Err(SubmitError::Full) => {}
-            Err(SubmitError::Ring(_)) => client_errors += 1,
+        let submitted = client.try_submit(&payload(ticket));
+        let completed = client.poll_completion();
+        if let Err(SubmitError::Ring(error)) = submitted {
+            *kinds.entry(format!("client {}", kind(&error))).or_default() += 1;
         }
-        if client.poll_completion().is_err() {
+        if let Err(error) = completed {
+            *kinds.entry(format!("client {}", kind(&error))).or_default() += 1;
+        }
+        if submitted.is_err_and(|e| e != SubmitError::Full) || completed.is_err() {
             client_errors += 1;
             client = Submitter::over(Arc::clone(client.region()));
         }
@@ -639,10 +666,14 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
     let writes = scribbling.join().unwrap();
     println!(
         "hostile peer: {writes} garbage writes; server took {polled} submissions, \
-         {ring_errors} ring errors, {open_errors} failed re-attaches; \
-         {client_errors} client errors; kinds {kinds:?}"
+         {ring_errors} ring errors, {open_errors} failed re-attaches; {client_errors} \
+         client errors"
     );
-    assert!(ring_errors > 0 && polled > 0);
+    for (kind, count) in &kinds {
+        println!("  {count:>7} {kind}");
+    }
+    assert!(ring_errors > 0 && open_errors > 0 && client_errors > 0);
+    assert!(polled > 1000, "the server kept taking submissions");
 }
 
 /// One sleep per wait: a wake that lands between two bounded sleeps is
