@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::libc;
 
+/// Spin iterations (a few microseconds) between two `sched_yield`s.
+const YIELD_EVERY: u32 = 128;
+
 /// The consumer is awake (or about to re-check before sleeping).
 pub(crate) const AWAKE: u32 = 0;
 /// The consumer announced it is going to sleep; a producer that publishes
@@ -76,9 +79,10 @@ pub(crate) fn wake(word: &AtomicU32) -> Result<(), Errno> {
 /// How a consumer waits: spin, then sleep in bounded slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitConfig {
-    /// How long to poll with `spin_loop` before the first sleep. A spinning
-    /// consumer answers in well under a microsecond; a sleeping one needs a
-    /// futex wake (several microseconds). 0: sleep at once.
+    /// How long to poll (`spin_loop`, yielding the core every few
+    /// microseconds) before the first sleep. A spinning consumer sees a
+    /// publish within a fraction of a microsecond; a sleeping one needs a
+    /// futex wake, about 10 us across cores. 0: sleep at once.
     pub spin: Duration,
     /// The longest single futex sleep. A wake the peer never sends (a
     /// hostile or dead peer, or a bug) costs at most this much latency.
@@ -132,6 +136,7 @@ pub(crate) fn wait_until<E>(
     // None: a deadline past what Instant can hold, i.e. no deadline.
     let deadline = start.checked_add(timeout);
     let spin_until = start.checked_add(config.spin.min(timeout)).unwrap_or(start);
+    let mut spins: u32 = 0;
     loop {
         if ready()? {
             return Ok(true);
@@ -139,7 +144,14 @@ pub(crate) fn wait_until<E>(
         if Instant::now() >= spin_until {
             break;
         }
-        std::hint::spin_loop();
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(YIELD_EVERY) {
+            // On a machine with more runnable threads than cores the peer
+            // may need this core to make the progress we are waiting for.
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
     loop {
         let remaining = match deadline {
