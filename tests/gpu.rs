@@ -28,6 +28,9 @@ mod executor_client;
 #[path = "gpu/daemon.rs"]
 mod daemon;
 
+#[path = "gpu/ring.rs"]
+mod ring;
+
 #[path = "support/nvcc_ref.rs"]
 mod nvcc_ref;
 

@@ -514,6 +514,42 @@ impl ClientStream {
         Ok(self.stream.bind()?.synchronize()?)
     }
 
+    /// Makes later work on this stream wait until the 32-bit word at byte
+    /// `offset` of `memory` is at least `value` (`cuStreamWaitValue32`).
+    /// A launch ring's semaphore: ptxd's stream writes the word when its
+    /// kernel ends, so this orders the session's work after ptxd's without
+    /// waiting for any reply. The caller keeps `memory` alive until the
+    /// stream is synchronized.
+    pub fn wait_word(
+        &self,
+        memory: &DeviceAllocation,
+        offset: usize,
+        value: u32,
+    ) -> Result<(), CudaError> {
+        let addr = memory.span(offset, 4)?;
+        let stream = self.stream.bind()?;
+        // SAFETY: the word lies inside the allocation (checked) and stays
+        // allocated while the caller keeps `memory` (documented).
+        Ok(unsafe { stream.wait_value(addr, u64::from(value), false) }?)
+    }
+
+    /// Enqueues writing `value` to the 32-bit word at byte `offset` of
+    /// `memory` once the work before it on this stream is done
+    /// (`cuStreamWriteValue32`): a ring launch that waits on the word then
+    /// runs after this stream's work. The caller keeps `memory` alive until
+    /// the stream is synchronized.
+    pub fn write_word(
+        &self,
+        memory: &DeviceAllocation,
+        offset: usize,
+        value: u32,
+    ) -> Result<(), CudaError> {
+        let addr = memory.span(offset, 4)?;
+        let stream = self.stream.bind()?;
+        // SAFETY: as in `wait_word`.
+        Ok(unsafe { stream.write_value(addr, u64::from(value), false) }?)
+    }
+
     /// Enqueues filling `count` 32-bit words at byte `offset` with `value`.
     /// The caller keeps `memory` alive until the stream is synchronized.
     pub fn fill_u32(
