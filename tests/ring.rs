@@ -272,6 +272,77 @@ async fn semaphores_order_ring_launches_and_a_refusal_still_signals() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_shrinks_its_ring_loses_only_its_ring() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("shrinker").await.unwrap();
+    let add = load(&session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+    let n = 64;
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a_shm, a_buf) = f32_buffer(&session, Some(&a), n).await;
+    let (_b_shm, b_buf) = f32_buffer(&session, Some(&b), n).await;
+    let (mut out_shm, out_buf) = f32_buffer(&session, None, n).await;
+    let executor_pid = |client: Client| async move {
+        let info = client
+            .raw()
+            .get_info(ptxd_proto::v1::GetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        info.devices[0].executor_pid
+    };
+    let before = executor_pid(client.clone()).await;
+    let mut ring = session.open_ring(8, 0).await.unwrap();
+    ring.launch(
+        &add,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        n as u64,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    ring.launch(
+        &add,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        n as u64,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    // Two submissions went through: the next one's slot (index 2 of 8, at
+    // 0x200 + 2 * 2048) lies past the first page. Cut the object to its
+    // first page under the executor's mapping, then publish a third
+    // submission by writing the head counter (0x40) through the file: the
+    // executor's copy of that slot touches a page that no longer exists.
+    let path = format!("/dev/shm{}", ring.shm_name());
+    let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(4096).unwrap();
+    file.seek(SeekFrom::Start(0x40)).unwrap();
+    file.write_all(&3u64.to_le_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // The executor is the same process, and serves this session over gRPC
+    // and a new ring.
+    assert_eq!(executor_pid(client.clone()).await, before);
+    out_shm.write_f32(0, &vec![f32::NAN; n]).unwrap();
+    let mut ring = session.open_ring(8, 0).await.unwrap();
+    ring.launch(
+        &add,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        n as u64,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    let got = out_shm.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(got[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_client_that_scribbles_over_its_ring_loses_only_its_ring() {
     let daemon = Daemon::start(&[]);
     let client = Client::connect(&daemon.target()).await.unwrap();

@@ -19,6 +19,9 @@
 //!   one a dead executor left behind (an orphan, completed `Failed`).
 //! - A ring whose client breaks the protocol (a counter out of range) is
 //!   dropped; the executor and every other ring go on.
+//! - A client that shrinks its ring object costs it the ring, not the
+//!   executor: the mapping is watched by the SIGBUS handler, which maps
+//!   zero pages over it, and the ring is dropped at its next step.
 //! - The thread never sleeps unbounded: it checks its stop flag at least
 //!   every [`POLL_SLICE`].
 
@@ -36,6 +39,7 @@ use crate::error::Error;
 use crate::executor::ExecutorError;
 use crate::handles::DeviceGeneration;
 use crate::launch::{self, BufferCap, Capabilities, CheckedLaunch, EventCap, KernelCap, Placement};
+use crate::ptx::host::exec::LaunchControl;
 use crate::ptx::Signature;
 
 /// The longest the ring thread sleeps before it looks at its stop flag.
@@ -250,12 +254,25 @@ impl<K: Send + 'static, B: Send + 'static> RingHandle<K, B> {
     where
         R: RingBackend<Kernel = K, Buffer = B>,
     {
+        // The client may shrink its object under the mapping: the SIGBUS
+        // that follows must cost it its ring, not the executor.
+        super::sigbus::install().map_err(std::io::Error::other)?;
+        let control = Box::new(LaunchControl::new(None));
+        let guard =
+            super::sigbus::watch(&[server.mapping()], &control).map_err(std::io::Error::other)?;
         let table: Shared<K, B> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s) = (table.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || serve(server, backend, t, s))?;
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            let mut server = server;
+            let shrunk = || guard.faulted().first().copied().unwrap_or(false);
+            serve(&mut server, backend, t, s, shrunk);
+            // Unwatch the mapping before it is unmapped, and free the
+            // control the watch points to last.
+            drop(guard);
+            drop(server);
+            drop(control);
+        })?;
         Ok(RingHandle {
             table,
             stop,
@@ -284,12 +301,19 @@ fn reason_of(error: &Error) -> u32 {
 }
 
 fn serve<R: RingBackend>(
-    mut server: Server,
+    server: &mut Server,
     mut backend: R,
     table: Shared<R::Kernel, R::Buffer>,
     stop: Arc<AtomicBool>,
+    shrunk: impl Fn() -> bool,
 ) {
     while !stop.load(Ordering::Acquire) {
+        if shrunk() {
+            tracing::warn!(
+                "the ring's client shrank its object under the mapping; the ring is dropped"
+            );
+            return;
+        }
         let polled = match server.poll() {
             Ok(Some(polled)) => polled,
             Ok(None) => {

@@ -201,6 +201,11 @@ impl Region {
         })
     }
 
+    /// The mapping's address and length (for a SIGBUS guard over it).
+    pub(crate) fn range(&self) -> (usize, usize) {
+        (self.base.as_ptr() as usize, self.layout.total_len())
+    }
+
     pub(crate) fn layout(&self) -> RingLayout {
         self.layout
     }

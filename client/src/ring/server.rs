@@ -159,6 +159,15 @@ impl Server {
         self
     }
 
+    /// The address and length of this server's mapping of the object. The
+    /// client can shrink the object under it, and the next access then
+    /// raises SIGBUS: a server in a process that must survive that guards
+    /// this range (the daemon's executor maps zero pages over it, after
+    /// which the ring reads as broken and is dropped).
+    pub fn mapping(&self) -> (usize, usize) {
+        self.region.range()
+    }
+
     pub fn layout(&self) -> RingLayout {
         self.layout
     }
