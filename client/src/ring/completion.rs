@@ -31,9 +31,15 @@ pub enum CompletionStatus {
     /// Launched (enqueued, or finished for a sync launch).
     Ok,
     /// Refused by the launch checks (or malformed); nothing ran.
-    Refused { reason: u32 },
+    Refused {
+        /// Why it was refused: the daemon's `ErrorReason` number.
+        reason: u32,
+    },
     /// Accepted but did not complete (a fault, a lost executor).
-    Failed { reason: u32 },
+    Failed {
+        /// Why it failed: the daemon's `ErrorReason` number.
+        reason: u32,
+    },
 }
 
 /// Why completion bytes are malformed.
@@ -42,13 +48,22 @@ pub enum CompletionStatus {
 pub enum CompletionError {
     /// A status number this layout does not define.
     #[error("unknown completion status {status}")]
-    UnknownStatus { status: u32 },
+    UnknownStatus {
+        /// The status field as read.
+        status: u32,
+    },
     /// An ok completion with a non-zero reason.
     #[error("an ok completion carries reason {reason}")]
-    ReasonOnOk { reason: u32 },
+    ReasonOnOk {
+        /// The reason field as read (must be 0 for an ok status).
+        reason: u32,
+    },
     /// A reserved byte is not zero; `offset` is the first such byte.
     #[error("completion byte {offset:#x} is reserved and must be zero")]
-    ReservedNotZero { offset: usize },
+    ReservedNotZero {
+        /// Byte offset in the record of the first non-zero reserved byte.
+        offset: usize,
+    },
 }
 
 /// One completion record.
@@ -56,6 +71,7 @@ pub enum CompletionError {
 pub struct Completion {
     /// The ticket of the submission this answers.
     pub ticket: u64,
+    /// Whether the launch happened, and if not, the reason number.
     pub status: CompletionStatus,
     /// Status-specific detail (0 when unused).
     pub detail: u64,

@@ -62,14 +62,19 @@ const SEMAPHORE_SIZE: usize = 24;
 /// byte offset into that buffer. Bounds are the launch checks' business.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct OperandRef {
+    /// Index of the buffer in the session's capability table.
     pub buffer: u32,
+    /// Byte offset of the operand's start inside that buffer.
     pub offset: u64,
 }
 
 /// The width of a GPU semaphore word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SemaphoreWidth {
+    /// A u32 word: values above `u32::MAX` are refused, offsets must be
+    /// 4-aligned.
     Bits32,
+    /// A u64 word: any value, offsets must be 8-aligned.
     Bits64,
 }
 
@@ -87,16 +92,23 @@ impl SemaphoreWidth {
 /// >= value" before the kernel, or "write value to it" after the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SemaphoreOp {
+    /// Index of the buffer holding the word, in the session's capability
+    /// table.
     pub buffer: u32,
+    /// Byte offset of the word inside that buffer; a multiple of the width.
     pub offset: u64,
+    /// The threshold to wait for (`>=`), or the value to write.
     pub value: u64,
+    /// Whether the word is 32 or 64 bits; a 32-bit op's value must fit.
     pub width: SemaphoreWidth,
 }
 
 /// Which of the two semaphore operations an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SemaphoreRole {
+    /// The wait before the kernel ([`Descriptor::wait`]).
     Wait,
+    /// The write after the kernel ([`Descriptor::signal`]).
     Signal,
 }
 
@@ -115,37 +127,70 @@ impl std::fmt::Display for SemaphoreRole {
 pub enum DescriptorError {
     /// Flag bits this layout does not define.
     #[error("unknown descriptor flags {bits:#x}")]
-    UnknownFlags { bits: u32 },
+    UnknownFlags {
+        /// The undefined bits that were set (the known ones masked off).
+        bits: u32,
+    },
     /// More than [`MAX_INPUTS`] inputs.
     #[error("{count} inputs, more than the {MAX_INPUTS} a descriptor holds")]
-    TooManyInputs { count: usize },
+    TooManyInputs {
+        /// The input count requested or read from the descriptor.
+        count: usize,
+    },
     /// More than [`MAX_SCALARS`] scalars.
     #[error("{count} scalars, more than the {MAX_SCALARS} a descriptor holds")]
-    TooManyScalars { count: usize },
+    TooManyScalars {
+        /// The scalar count requested or read from the descriptor.
+        count: usize,
+    },
     /// A reserved byte (of the header, of an operand in use or of the tail)
     /// is not zero; `offset` is the first such byte.
     #[error("descriptor byte {offset:#x} is reserved and must be zero")]
-    ReservedNotZero { offset: usize },
+    ReservedNotZero {
+        /// Byte offset in the descriptor of the first non-zero reserved byte.
+        offset: usize,
+    },
     /// An input entry past the input count is not all zero.
     #[error("input entry {index} is past the input count but not zero")]
-    UnusedInputNotZero { index: usize },
+    UnusedInputNotZero {
+        /// The input entry (0-based) holding the first non-zero byte.
+        index: usize,
+    },
     /// A scalar entry past the scalar count is not zero.
     #[error("scalar entry {index} is past the scalar count but not zero")]
-    UnusedScalarNotZero { index: usize },
+    UnusedScalarNotZero {
+        /// The scalar entry (0-based) holding the first non-zero byte.
+        index: usize,
+    },
     /// The 64-bit width flag of an operation whose flag is clear.
     #[error("the {role} semaphore's 64-bit flag is set but the {role} flag is not")]
-    WidthWithoutSemaphore { role: SemaphoreRole },
+    WidthWithoutSemaphore {
+        /// The operation whose 64-bit flag is set.
+        role: SemaphoreRole,
+    },
     /// Fields of an operation whose flag is clear are not zero.
     #[error("the {role} semaphore's fields are set but the {role} flag is not")]
-    SemaphoreWithoutFlag { role: SemaphoreRole },
+    SemaphoreWithoutFlag {
+        /// The operation whose fields are set.
+        role: SemaphoreRole,
+    },
     /// A 32-bit operation with a value above `u32::MAX`.
     #[error("the {role} semaphore is 32-bit but its value {value} is not")]
-    SemaphoreValueTooWide { role: SemaphoreRole, value: u64 },
+    SemaphoreValueTooWide {
+        /// The operation at fault.
+        role: SemaphoreRole,
+        /// Its value, which does not fit in 32 bits.
+        value: u64,
+    },
     /// The word's offset is not a multiple of its width.
     #[error("the {role} semaphore's offset {offset} is not a multiple of {width} bytes")]
     SemaphoreMisaligned {
+        /// The operation at fault.
         role: SemaphoreRole,
+        /// The word's byte offset in its buffer.
         offset: u64,
+        /// The word's width in bytes (4 or 8), which `offset` must divide
+        /// by.
         width: u64,
     },
 }

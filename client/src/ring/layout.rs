@@ -64,24 +64,42 @@ impl ControlWord {
 pub enum LayoutError {
     /// The first eight bytes are not `PTXDRING`.
     #[error("not a ptxd ring: magic {found:#018x}")]
-    BadMagic { found: u64 },
+    BadMagic {
+        /// The first eight bytes, read as a little-endian u64.
+        found: u64,
+    },
     /// A layout version this build does not know.
     #[error(
         "ring layout version {found} is not supported (this build reads version {LAYOUT_VERSION})"
     )]
-    UnsupportedVersion { found: u32 },
+    UnsupportedVersion {
+        /// The version field of the header.
+        found: u32,
+    },
     /// Zero, not a power of two, or more than [`MAX_SLOTS`].
     #[error("ring slot count {slots} must be a power of two between 1 and {MAX_SLOTS}")]
-    SlotCount { slots: u32 },
+    SlotCount {
+        /// The slot count declared in the header or requested by the caller.
+        slots: u32,
+    },
     /// A descriptor size other than [`DESCRIPTOR_SIZE`].
     #[error("ring descriptor size {found} is not {DESCRIPTOR_SIZE}")]
-    DescriptorSize { found: u32 },
+    DescriptorSize {
+        /// The descriptor size field of the header.
+        found: u32,
+    },
     /// A completion size other than [`COMPLETION_SIZE`].
     #[error("ring completion size {found} is not {COMPLETION_SIZE}")]
-    CompletionSize { found: u32 },
+    CompletionSize {
+        /// The completion size field of the header.
+        found: u32,
+    },
     /// A reserved header byte is not zero (a later layout may use it).
     #[error("ring header byte {offset} is reserved and must be zero")]
-    ReservedNotZero { offset: usize },
+    ReservedNotZero {
+        /// Byte offset in the header of the first non-zero reserved byte.
+        offset: usize,
+    },
 }
 
 /// The sizes and offsets of one ring object, derived from its slot count.

@@ -107,10 +107,20 @@ pub use submitter::{SubmitError, Submitter};
 /// A counter the peer publishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Counter {
+    /// Submissions published; written by the client, checked by the server
+    /// against `[last seen, its own tail + slots]`.
     SubmissionHead,
+    /// Submissions answered (their slots free again); written by the server,
+    /// checked by the client against `[last seen, its own head]`.
     SubmissionTail,
+    /// Submissions taken by a server; written by the server, checked only by
+    /// a server that attaches after another one, against `[tail, head]`.
     SubmissionClaimed,
+    /// Completions published; written by the server, checked by the client
+    /// against `[last seen, its own tail + slots]`.
     CompletionHead,
+    /// Completions consumed (their slots free again); written by the client,
+    /// checked by the server against `[last seen, its own head]`.
     CompletionTail,
 }
 
@@ -135,9 +145,15 @@ pub enum RingError {
     /// count ahead (bounds in wrapping u64 arithmetic).
     #[error("the peer set the {counter} to {value}, outside [{low}, {high}]")]
     CounterOutOfRange {
+        /// Which counter the peer wrote.
         counter: Counter,
+        /// The value this side loaded from the object.
         value: u64,
+        /// The window's inclusive lower bound: normally the last value this
+        /// side accepted, since a counter never moves backwards.
         low: u64,
+        /// The window's inclusive upper bound, from this side's own
+        /// counters; may be numerically below `low` when the window wraps.
         high: u64,
     },
     /// The server wrote a completion record this client cannot read.

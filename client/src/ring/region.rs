@@ -39,8 +39,11 @@ use crate::shm::{validate_shm_name, HostShm, ShmError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CreateError {
+    /// The slot count is not a valid layout (zero, not a power of two, or
+    /// above [`MAX_SLOTS`](super::MAX_SLOTS)).
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// Creating, sizing or mapping the shared-memory object failed.
     #[error(transparent)]
     Shm(#[from] ShmError),
 }
@@ -54,17 +57,36 @@ pub enum OpenError {
     Name(#[from] ShmError),
     /// An OS call failed.
     #[error("ring object: {call} failed: {errno}")]
-    Os { call: &'static str, errno: Errno },
+    Os {
+        /// The call that failed (`shm_open`, `fstat`, `pread`, `mmap`).
+        call: &'static str,
+        /// Its error number.
+        errno: Errno,
+    },
     /// Not a regular file (shm objects and memfds are): mapping a device or
     /// a pipe a client passed could do anything.
     #[error("ring object is not a regular file (mode {mode:#o})")]
-    NotRegularFile { mode: u32 },
+    NotRegularFile {
+        /// The object's `st_mode`, file type bits included.
+        mode: u32,
+    },
     /// Owned by another uid than the session's.
     #[error("ring object belongs to uid {owner}, not to the session's uid {expected}")]
-    WrongOwner { owner: u32, expected: u32 },
+    WrongOwner {
+        /// The uid that owns the object.
+        owner: u32,
+        /// The session's uid, which the caller required.
+        expected: u32,
+    },
     /// Smaller than its header or than the layout its header declares.
     #[error("ring object holds {size} bytes, fewer than the {needed} needed")]
-    TooSmall { size: u64, needed: u64 },
+    TooSmall {
+        /// The object's size in bytes (`st_size`).
+        size: u64,
+        /// The bytes required: the header's, or the declared layout's
+        /// total length.
+        needed: u64,
+    },
     /// The header is malformed.
     #[error(transparent)]
     Layout(#[from] LayoutError),

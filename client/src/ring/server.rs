@@ -43,7 +43,12 @@ pub enum Polled {
     Orphan(Descriptor),
     /// Malformed bytes: complete it `Refused`. `ticket` is the raw ticket
     /// field, which the client reads back to match the refusal.
-    Malformed { ticket: u64, error: DescriptorError },
+    Malformed {
+        /// The ticket field of the raw slot, to complete the refusal under.
+        ticket: u64,
+        /// The first malformed field found.
+        error: DescriptorError,
+    },
 }
 
 /// Why a completion was not posted.
@@ -58,6 +63,7 @@ pub enum CompleteError {
     /// is reported rather than overwriting an unread completion.
     #[error("the completion ring is full")]
     CompletionRingFull,
+    /// The ring is unusable (now or earlier, it is sticky): drop it.
     #[error(transparent)]
     Ring(#[from] RingError),
 }
@@ -168,6 +174,8 @@ impl Server {
         self.region.range()
     }
 
+    /// The layout validated from the header when attaching; the only sizes
+    /// this side uses.
     pub fn layout(&self) -> RingLayout {
         self.layout
     }
@@ -189,6 +197,7 @@ impl Server {
         self.orphans
     }
 
+    /// Futex sleeps and wakes this server has made so far.
     pub fn stats(&self) -> WaitStats {
         self.stats
     }

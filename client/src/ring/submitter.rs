@@ -27,6 +27,7 @@ pub enum SubmitError {
     /// also frees a submission slot) and try again.
     #[error("the submission ring is full")]
     Full,
+    /// The ring is unusable (now or earlier, it is sticky): drop it.
     #[error(transparent)]
     Ring(#[from] RingError),
 }
@@ -120,6 +121,7 @@ impl Submitter {
         self.region.name().unwrap_or_default()
     }
 
+    /// The layout this side created the object with.
     pub fn layout(&self) -> RingLayout {
         self.layout
     }
@@ -130,6 +132,7 @@ impl Submitter {
         self.head.wrapping_sub(self.cq_tail)
     }
 
+    /// Futex sleeps and wakes this client has made so far.
     pub fn stats(&self) -> WaitStats {
         self.stats
     }
