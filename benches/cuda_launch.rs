@@ -650,6 +650,17 @@ async fn daemon_rows(
         ),
     });
 
+    ring_rows(
+        rows,
+        &client,
+        daemon.pid() as u32,
+        dev,
+        ptx,
+        [a, b, out],
+        base,
+    )
+    .await;
+
     // Poisoned, so the caller's check sees what the daemon's launches wrote.
     out.upload(0, &vec![f32::NAN; 1024]).unwrap();
     let big = launch(BIG_N, true);
@@ -673,4 +684,317 @@ async fn daemon_rows(
     rows.push(Row { note, ..big_row });
     session.close().await.unwrap();
     drop(daemon);
+}
+
+/// Reads a process's CPU time (user + system) from /proc.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the line (11 and 12 here).
+    let hz = 100; // USER_HZ on Linux
+    Duration::from_millis((ticks(11) + ticks(12)) * 1000 / hz)
+}
+
+/// The launch-ring rows: round trip, throughput from one and 16 clients,
+/// the ordered pipeline three ways, and the idle daemon's CPU.
+#[allow(clippy::too_many_arguments)]
+async fn ring_rows(
+    rows: &mut Table,
+    client: &ptxd_client::Client,
+    daemon_pid: u32,
+    dev: &CudaDevice,
+    ptx: &[u8],
+    [a, b, out]: [&DeviceAllocation; 3],
+    base: &Baselines,
+) {
+    use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
+    use ptxd_client::{Launch, LoadOptions};
+
+    let text = String::from_utf8(ptx.to_vec()).unwrap();
+    let open = |label: &'static str| {
+        let text = text.clone();
+        async move {
+            let session = client.open_session(label).await.unwrap();
+            let kernel = session
+                .load_ptx(dev.uuid(), text, "add_f32_scalar", LoadOptions::default())
+                .await
+                .unwrap();
+            let mut buffers = Vec::new();
+            for mem in [a, b, out] {
+                buffers.push(
+                    session
+                        .register_cuda_ipc(mem.ipc_handle().unwrap(), dev.uuid(), mem.size() as u64)
+                        .await
+                        .unwrap(),
+                );
+            }
+            let ring = session.open_ring(256, dev.uuid()).await.unwrap();
+            (session, kernel, buffers, ring)
+        }
+    };
+    let (session, kernel, buffers, mut ring) = open("bench-ring").await;
+
+    // Round trip: submit, then wait for the completion (async: enqueued).
+    let mut samples = Vec::new();
+    for _ in 0..20_000 {
+        let t = Instant::now();
+        ring.launch(
+            &kernel,
+            &[(&buffers[0], 0), (&buffers[1], 0)],
+            (&buffers[2], 0),
+            SMALL_N as u64,
+            &[],
+        )
+        .unwrap();
+        let done = ring
+            .wait(Duration::from_secs(5))
+            .unwrap()
+            .expect("a completion");
+        samples.push(t.elapsed());
+        done.outcome.unwrap();
+    }
+    rows.push(
+        row(
+            "daemon ring round trip async (n=4096)",
+            samples,
+            "submit → completion; baseline: in-process cuLaunchKernel async".into(),
+        )
+        .against(base.launch_async),
+    );
+
+    // Throughput, one client: keep the ring full.
+    let pipelined = |ring: &mut ptxd_client::LaunchRing,
+                     kernel: &ptxd_client::Kernel,
+                     buffers: &[ptxd_client::Buffer],
+                     total: u32| {
+        let mut answered = 0u32;
+        let mut sent = 0u32;
+        while answered < total {
+            while sent < total
+                && ring
+                    .launch(
+                        kernel,
+                        &[(&buffers[0], 0), (&buffers[1], 0)],
+                        (&buffers[2], 0),
+                        SMALL_N as u64,
+                        &[],
+                    )
+                    .is_ok()
+            {
+                sent += 1;
+            }
+            let done = ring
+                .wait(Duration::from_secs(5))
+                .unwrap()
+                .expect("a completion");
+            done.outcome.unwrap();
+            answered += 1;
+            while let Some(done) = ring.poll().unwrap() {
+                done.outcome.unwrap();
+                answered += 1;
+            }
+        }
+    };
+    let total = 200_000u32;
+    let t = Instant::now();
+    pipelined(&mut ring, &kernel, &buffers, total);
+    let took = t.elapsed();
+    let per = took / total;
+    rows.push(Row {
+        name: "daemon ring throughput, 1 client (n=4096)".into(),
+        p50: per,
+        p99: per,
+        samples: total as usize,
+        ratio: Some(per.as_secs_f64() / base.launch_async.as_secs_f64()),
+        note: format!(
+            "{:.0} launches/s (mean of 200,000, 256 in flight; not p50)",
+            f64::from(total) / took.as_secs_f64()
+        ),
+    });
+
+    // Throughput, 16 clients: 16 sessions, each with its own ring, on 16
+    // threads, all on this device.
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        clients.push(open("bench-ring-16").await);
+    }
+    let per_client = 20_000u32;
+    let t = Instant::now();
+    std::thread::scope(|scope| {
+        for (_, kernel, buffers, ring) in clients.iter_mut() {
+            let pipelined = &pipelined;
+            scope.spawn(move || pipelined(ring, kernel, buffers, per_client));
+        }
+    });
+    let took = t.elapsed();
+    let all = per_client * 16;
+    let per = took / all;
+    rows.push(Row {
+        name: "daemon ring throughput, 16 clients (n=4096)".into(),
+        p50: per,
+        p99: per,
+        samples: all as usize,
+        ratio: None,
+        note: format!(
+            "{:.0} launches/s on the device (16 × 20,000, 256 in flight each; not p50)",
+            f64::from(all) / took.as_secs_f64()
+        ),
+    });
+    for (session, _, _, ring) in clients {
+        drop(ring);
+        session.close().await.unwrap();
+    }
+
+    // The ordered pipeline: [client kernel → ptxd kernel → client kernel]
+    // × 10,000, all on the GPU in the end; three ways of handing over.
+    let module = dev.load_module(ptx).unwrap();
+    let f = module.function("add_f32_scalar").unwrap();
+    let stream = dev.stream().unwrap();
+    let sem_mem = dev.alloc(256).unwrap();
+    let sem = session
+        .register_cuda_ipc(sem_mem.ipc_handle().unwrap(), dev.uuid(), 256)
+        .await
+        .unwrap();
+    let event_a = dev.ipc_event().unwrap();
+    let event_b = dev.ipc_event().unwrap();
+    let reg_a = session
+        .register_event(event_a.ipc_handle().unwrap(), dev.uuid(), "a")
+        .await
+        .unwrap();
+    let reg_b = session
+        .register_event(event_b.ipc_handle().unwrap(), dev.uuid(), "b")
+        .await
+        .unwrap();
+    let iterations = 10_000u32;
+    for n in [BIG_N, SMALL_N] {
+        let label = if n == BIG_N {
+            "3×64 MiB adds"
+        } else {
+            "n=4096"
+        };
+        // All in-process.
+        stream.synchronize().unwrap();
+        let t = Instant::now();
+        for _ in 0..iterations {
+            in_process_launch(&f, &stream, a, b, out, n);
+            in_process_launch(&f, &stream, a, b, out, n);
+            in_process_launch(&f, &stream, a, b, out, n);
+        }
+        stream.synchronize().unwrap();
+        let in_process = t.elapsed() / iterations;
+        rows.push(row(
+            &format!("ordered pipeline, all in-process ({label})"),
+            vec![in_process],
+            "per iteration of 3 kernels (mean of 10,000)".into(),
+        ));
+        // Through ptxd, ordered by IPC events and a unary Launch each.
+        let through = Launch::new(
+            [buffers[0].operand(), buffers[1].operand()],
+            buffers[2].operand(),
+            n as u64,
+        )
+        .wait_event(&reg_a)
+        .signal_event(&reg_b);
+        let t = Instant::now();
+        for _ in 0..iterations {
+            in_process_launch(&f, &stream, a, b, out, n);
+            stream.record(&event_a).unwrap();
+            session.launch(&kernel, &through).await.unwrap();
+            stream.wait(&event_b).unwrap();
+            in_process_launch(&f, &stream, a, b, out, n);
+        }
+        stream.synchronize().unwrap();
+        let events = t.elapsed() / iterations;
+        rows.push(Row {
+            ratio: Some(events.as_secs_f64() / in_process.as_secs_f64()),
+            ..row(
+                &format!("ordered pipeline, ptxd via events + unary Launch ({label})"),
+                vec![events],
+                "per iteration (mean of 10,000); baseline: all in-process".into(),
+            )
+        });
+        // Through the ring, ordered by semaphore words on the GPU.
+        sem_mem.upload(0, &[0u32; 64]).unwrap();
+        let op = |offset: u64, value: u32| SemaphoreOp {
+            buffer: sem.ring_index,
+            offset,
+            value: u64::from(value),
+            width: SemaphoreWidth::Bits32,
+        };
+        let t = Instant::now();
+        for i in 1..=iterations {
+            in_process_launch(&f, &stream, a, b, out, n);
+            stream.write_word(&sem_mem, 0, i).unwrap();
+            loop {
+                match ring.launch_ordered(
+                    &kernel,
+                    &[(&buffers[0], 0), (&buffers[1], 0)],
+                    (&buffers[2], 0),
+                    n as u64,
+                    &[],
+                    Some(op(0, i)),
+                    Some(op(4, i)),
+                ) {
+                    Ok(_) => break,
+                    Err(_) => {
+                        let done = ring
+                            .wait(Duration::from_secs(5))
+                            .unwrap()
+                            .expect("a completion");
+                        done.outcome.unwrap();
+                    }
+                }
+            }
+            stream.wait_word(&sem_mem, 4, i).unwrap();
+            in_process_launch(&f, &stream, a, b, out, n);
+            while let Some(done) = ring.poll().unwrap() {
+                done.outcome.unwrap();
+            }
+        }
+        stream.synchronize().unwrap();
+        let semaphores = t.elapsed() / iterations;
+        while ring.outstanding() > 0 {
+            ring.wait(Duration::from_secs(5))
+                .unwrap()
+                .expect("a completion")
+                .outcome
+                .unwrap();
+        }
+        rows.push(Row {
+            ratio: Some(semaphores.as_secs_f64() / in_process.as_secs_f64()),
+            ..row(
+                &format!("ordered pipeline, ptxd via ring + GPU semaphores ({label})"),
+                vec![semaphores],
+                "per iteration (mean of 10,000); baseline: all in-process".into(),
+            )
+        });
+        sem_mem.upload(0, &[0u32; 64]).unwrap();
+    }
+
+    // The idle daemon (front and executor), with this session's ring open.
+    let info = client
+        .raw()
+        .get_info(ptxd_proto::v1::GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let executor = info.devices.first().map(|d| d.executor_pid).unwrap_or(0);
+    let before = cpu_time(daemon_pid) + cpu_time(executor);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let used = cpu_time(daemon_pid) + cpu_time(executor) - before;
+    rows.push(row(
+        "daemon idle CPU over 10 s (front + executor, one ring open)",
+        vec![used],
+        format!("{:.2}% of a core", used.as_secs_f64() / 10.0 * 100.0),
+    ));
+    drop(ring);
+    session.close().await.unwrap();
 }
