@@ -1,0 +1,223 @@
+//! A launch over the executor protocol: the executor re-checks what the
+//! front checked (module loaded, arity, every operand's buffer open, span
+//! and alignment, the grid), enqueues the kernel on the session's stream
+//! between its event wait and signal and the watchdog's markers, and
+//! answers at once (async) or once the stream is synchronized (sync).
+
+use std::ffi::c_void;
+use std::sync::{mpsc, Arc, Mutex};
+
+use ptxd_client::cuda::driver::{DriverError, Event};
+use ptxd_proto::executor::{FailureKind, Launch};
+
+use super::watchdog::{take_reply, SharedReply, Watched};
+use super::{fail_driver, CudaBackend, WaitJob, MAX_GRID_X};
+use crate::executor::child::Replier;
+
+impl CudaBackend {
+    /// Resolves an operand to a device address, re-checking what the front
+    /// checked: the buffer is open, the span fits, the address is aligned.
+    fn operand_address(
+        &self,
+        buffer_id: u64,
+        offset: u64,
+        n: u64,
+        element_size: Option<u32>,
+    ) -> Result<u64, (FailureKind, String)> {
+        let buffer = self.buffers.get(&buffer_id).ok_or_else(|| {
+            (
+                FailureKind::UnknownObject,
+                format!("buffer {buffer_id} is not open"),
+            )
+        })?;
+        if let Some(size) = element_size.map(u64::from) {
+            let end = n
+                .checked_mul(size)
+                .and_then(|bytes| bytes.checked_add(offset));
+            if end.is_none_or(|end| end > buffer.size) {
+                return Err((
+                    FailureKind::OutOfBounds,
+                    format!(
+                        "{n} elements of {size} bytes at offset {offset} overrun buffer {buffer_id} ({} bytes)",
+                        buffer.size
+                    ),
+                ));
+            }
+            // A misaligned operand would fault the kernel (a sticky error).
+            if size > 0 && !offset.is_multiple_of(size) {
+                return Err((
+                    FailureKind::OutOfBounds,
+                    format!("offset {offset} is not a multiple of the {size}-byte element"),
+                ));
+            }
+        } else if offset > buffer.size {
+            return Err((
+                FailureKind::OutOfBounds,
+                format!("offset {offset} is past the end of buffer {buffer_id}"),
+            ));
+        }
+        Ok(buffer.base + offset)
+    }
+
+    pub(super) fn launch(&mut self, launch: Launch, reply: Replier) {
+        let Some(kernel) = self.kernels.get(&launch.module_id) else {
+            return reply.fail(
+                FailureKind::UnknownObject,
+                format!("module {} is not loaded", launch.module_id),
+                &[],
+            );
+        };
+        if launch.inputs.len() != kernel.inputs as usize
+            || launch.params.len() != kernel.scalar_params as usize
+        {
+            return reply.fail(
+                FailureKind::AbiMismatch,
+                format!(
+                    "the launch passes {} inputs and {} scalars; the kernel takes {} and {}",
+                    launch.inputs.len(),
+                    launch.params.len(),
+                    kernel.inputs,
+                    kernel.scalar_params
+                ),
+                &[],
+            );
+        }
+        let Some(output) = launch.output.as_ref() else {
+            return reply.fail(FailureKind::AbiMismatch, "the launch has no output", &[]);
+        };
+        let (function, block) = (kernel.function, kernel.block);
+        let mut addresses = Vec::with_capacity(launch.inputs.len() + 1);
+        for (index, operand) in launch.inputs.iter().chain([output]).enumerate() {
+            let element_size = kernel.element_sizes.get(index).copied();
+            match self.operand_address(operand.buffer_id, operand.offset, launch.n, element_size) {
+                Ok(address) => addresses.push(address),
+                Err((kind, message)) => return reply.fail(kind, message, &[]),
+            }
+        }
+        let grid = launch.n.div_ceil(u64::from(block));
+        if grid > MAX_GRID_X {
+            return reply.fail(
+                FailureKind::OutOfBounds,
+                format!(
+                    "n = {} needs {grid} blocks of {block}; one launch covers at most {MAX_GRID_X}",
+                    launch.n
+                ),
+                &[],
+            );
+        }
+        let event = |id: u64| -> Result<Option<&Event>, String> {
+            if id == 0 {
+                return Ok(None);
+            }
+            self.events
+                .get(&id)
+                .map(Some)
+                .ok_or_else(|| format!("event {id} is not open"))
+        };
+        let (wait, signal) = match (event(launch.wait_event), event(launch.signal_event)) {
+            (Ok(w), Ok(s)) => (w.is_some(), s.is_some()),
+            (Err(e), _) | (_, Err(e)) => return reply.fail(FailureKind::UnknownObject, e, &[]),
+        };
+        let watchdog = match self.watchdog(&reply) {
+            Ok(w) => w.filter(|_| launch.n > 0),
+            Err(e) => return fail_driver(reply, &e, "starting the watchdog"),
+        };
+        let stream = match self.stream(launch.stream) {
+            Ok(s) => s,
+            Err(e) => return fail_driver(reply, &e, "creating the session's stream"),
+        };
+        if wait {
+            if let Some(event) = self.events.get(&launch.wait_event) {
+                if let Err(e) = stream.wait(event) {
+                    return fail_driver(reply, &e, "waiting on the launch's event");
+                }
+            }
+        }
+        let mut watched = None;
+        if let Some(watchdog) = &watchdog {
+            let markers = (|| {
+                let started = if wait {
+                    let event = watchdog.marker()?;
+                    stream.record(&event)?;
+                    Some(event)
+                } else {
+                    None
+                };
+                Ok::<_, DriverError>((started, watchdog.marker()?))
+            })();
+            match markers {
+                Ok(markers) => watched = Some(markers),
+                Err(e) => return fail_driver(reply, &e, "marking the launch for the watchdog"),
+            }
+        }
+        if launch.n > 0 {
+            // Each kernel parameter is passed as a pointer to its value; the
+            // values live in these locals until cuLaunchKernel returns (the
+            // driver copies them during the call).
+            let mut n = launch.n as i64;
+            let mut scalars = launch.params.clone();
+            let mut params: Vec<*mut c_void> = addresses
+                .iter_mut()
+                .map(|a| (a as *mut u64).cast())
+                .collect();
+            params.push((&mut n as *mut i64).cast());
+            params.extend(scalars.iter_mut().map(|p| (p as *mut f32).cast::<c_void>()));
+            // SAFETY: `params` holds one pointer per kernel parameter, whose
+            // sizes were checked at load against the scalar ABI (8-byte
+            // pointers and n, 4-byte floats); every address lies inside an
+            // open IPC mapping with room for n elements (checked above, and by
+            // the front), and mappings are only closed after draining.
+            let launched = unsafe { function.launch(grid as u32, block, &stream, &mut params) };
+            if let Err(e) = launched {
+                return fail_driver(reply, &e, "launching the kernel");
+            }
+        }
+        if let Some((_, done)) = &watched {
+            if let Err(e) = stream.record(done) {
+                return fail_driver(reply, &e, "marking the launch's end for the watchdog");
+            }
+        }
+        if signal {
+            if let Some(event) = self.events.get(&launch.signal_event) {
+                if let Err(e) = stream.record(event) {
+                    return fail_driver(reply, &e, "recording the launch's event");
+                }
+            }
+        }
+        if !launch.sync {
+            if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
+                watchdog.push(
+                    launch.stream,
+                    Watched {
+                        started,
+                        done,
+                        reply: None,
+                    },
+                );
+            }
+            return reply.ok();
+        }
+        let Some(waiter) = self.streams.get(&launch.stream).map(|s| s.waiter.clone()) else {
+            return reply.fail(FailureKind::Internal, "the stream vanished", &[]);
+        };
+        // The reply of a sync launch is shared by the stream's waiter and the
+        // watchdog, which answers it KERNEL_TIMEOUT if the kernel outlives
+        // the budget; whichever comes first replies.
+        let shared: SharedReply = Arc::new(Mutex::new(Some(reply)));
+        if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
+            watchdog.push(
+                launch.stream,
+                Watched {
+                    started,
+                    done,
+                    reply: Some(shared.clone()),
+                },
+            );
+        }
+        if let Err(mpsc::SendError(WaitJob::Sync(shared))) = waiter.send(WaitJob::Sync(shared)) {
+            if let Some(reply) = take_reply(&shared) {
+                reply.fail(FailureKind::Internal, "the stream's waiter is gone", &[]);
+            }
+        }
+    }
+}
