@@ -276,6 +276,7 @@ async fn a_client_shrinking_its_buffer_under_its_launch_gets_a_typed_refusal() {
         ])
         .env("PTXD_TEST_SHRINK_TARGET", daemon.target())
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap());
@@ -288,7 +289,8 @@ async fn a_client_shrinking_its_buffer_under_its_launch_gets_a_typed_refusal() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "the shrinking client failed: {stdout}"
+        "the shrinking client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
     );
     let summary = stdout
         .lines()
