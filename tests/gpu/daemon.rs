@@ -707,3 +707,33 @@ async fn a_spinning_kernel_gets_kernel_timeout_and_a_new_generation_serves() {
         );
     }
 }
+
+/// RegisterEvent racing for the last places under its per-session limit:
+/// exactly the limit's worth succeed, the rest are refused LIMIT_EXCEEDED
+/// (the executor's opens of the losers are undone by the front's one
+/// commit-or-undo path), and after releasing the winners the same number
+/// fits again: nothing was leaked in the front's accounting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn register_event_races_at_the_limit_leave_exactly_the_limit() {
+    let daemon = start("cuda", &["--max-events-per-session", "2"]);
+    let (_client, session) = open_session(&daemon, "event-race").await;
+    let dev = device();
+    let events: Vec<_> = (0..12).map(|_| dev.ipc_event().unwrap()).collect();
+    let handles: Vec<[u8; 64]> = events.iter().map(|e| e.ipc_handle().unwrap()).collect();
+    for round in 0..3 {
+        let results = futures_util::future::join_all(
+            handles
+                .iter()
+                .map(|h| session.register_event(*h, dev.uuid(), "race")),
+        )
+        .await;
+        let won: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(won.len(), 2, "round {round}: {results:?}");
+        for lost in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert_eq!(lost.reason_name(), "LIMIT_EXCEEDED", "round {round}: {lost}");
+        }
+        for event in won {
+            session.release_event(event).await.unwrap();
+        }
+    }
+}
