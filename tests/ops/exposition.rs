@@ -4,7 +4,7 @@
 //! the histogram mistakes promtool does not look for (non-cumulative buckets,
 //! a missing `+Inf` bucket, `_count` disagreeing with it).
 //!
-//! Shared by `src/metrics.rs`'s unit tests (through `#[path]`) and
+//! Shared by `src/metrics/mod.rs`'s unit tests (through `#[path]`) and
 //! `tests/ops.rs`.
 
 #![allow(dead_code)]
