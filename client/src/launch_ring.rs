@@ -10,7 +10,7 @@
 //! let ticket = ring.launch(kernel, &[(a, 0), (b, 0)], (out, 0), 1024, &[])?;
 //! let done = ring.wait(Duration::from_secs(1))?.expect("a completion");
 //! assert_eq!(done.ticket, ticket);
-//! done.outcome?;
+//! assert_eq!(done.outcome, Ok(()), "refused: {:?}", done.outcome);
 //! # Ok(()) }
 //! ```
 //!
