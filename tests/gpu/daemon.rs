@@ -730,7 +730,11 @@ async fn register_event_races_at_the_limit_leave_exactly_the_limit() {
         let won: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(won.len(), 2, "round {round}: {results:?}");
         for lost in results.iter().filter_map(|r| r.as_ref().err()) {
-            assert_eq!(lost.reason_name(), "LIMIT_EXCEEDED", "round {round}: {lost}");
+            assert_eq!(
+                lost.reason_name(),
+                "LIMIT_EXCEEDED",
+                "round {round}: {lost}"
+            );
         }
         for event in won {
             session.release_event(event).await.unwrap();
