@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ptxd::cli::{ClientCommand, ClientOpts, HealthArgs, LaunchArgs, LoadArgs};
+use ptxd::cli::{BenchArgs, ClientCommand, ClientOpts, HealthArgs, LaunchArgs, LoadArgs};
 use ptxd::config::{LogFormat, ServeConfig};
 use ptxd::executor::child::{ExecutorArgs, ExecutorBackend};
 
@@ -65,6 +65,16 @@ enum Command {
         opts: ClientOpts,
         #[command(flatten)]
         args: LaunchArgs,
+    },
+    /// Measure the running daemon as a session sees it: unary Launch round
+    /// trip (p50, p99), LaunchStream per-launch cost and a cache-hit
+    /// LoadKernel, on the daemon's backend; a table, or one JSON object
+    /// with --json. On the CUDA backend it needs the cuda-bench feature.
+    Bench {
+        #[command(flatten)]
+        opts: ClientOpts,
+        #[command(flatten)]
+        args: BenchArgs,
     },
     /// Verify a PTX file offline, as LoadKernel would (no daemon needed):
     /// print the signature, or the refusal with its sub_reason and line;
@@ -221,6 +231,7 @@ fn main() -> ExitCode {
         Command::Load { opts, args } => (opts, ClientCommand::Load(args)),
         Command::Launch { opts, args } => (opts, ClientCommand::Launch(args)),
         Command::Health { opts, args } => (opts, ClientCommand::Health(args)),
+        Command::Bench { opts, args } => (opts, ClientCommand::Bench(args)),
         Command::Verify {
             file,
             symbol,

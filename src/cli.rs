@@ -1,6 +1,6 @@
 //! The client subcommands of the `ptxd` binary: `info`, `kernels`,
-//! `buffers`, `load` and `launch`, written against the SDK (`ptxd-client`)
-//! only, as any other session would be.
+//! `buffers`, `load`, `launch`, `health` and `bench`, written against the
+//! SDK (`ptxd-client`) only, as any other session would be.
 //!
 //! Every failure prints one line, `REASON: message`, to stderr and exits
 //! non-zero; REASON is the daemon's refusal reason (e.g. `STALE_KERNEL`) or
@@ -13,6 +13,9 @@ use ptxd_client::{
     Artifact, Buffer, Client, DeclaredAbi, DeviceSelector, HostShm, Kernel, Launch, LoadOptions,
 };
 use rand::{Rng, SeedableRng};
+
+mod bench;
+pub use bench::{BenchArgs, Figure, Report};
 
 /// How to reach the daemon.
 #[derive(Debug, Clone, clap::Args)]
@@ -54,6 +57,10 @@ pub enum ClientCommand {
     Launch(LaunchArgs),
     /// Check grpc.health.v1 (exit 0 when SERVING): a liveness/readiness probe.
     Health(HealthArgs),
+    /// Measure the running daemon: unary Launch round trip, LaunchStream
+    /// per-launch cost and a cache-hit LoadKernel, on its own session,
+    /// kernel and buffers; a table, or one JSON object with --json.
+    Bench(BenchArgs),
 }
 
 /// Arguments of `ptxd load`.
@@ -126,6 +133,10 @@ enum CliError {
     Usage(String),
     #[error("{0}")]
     NotServing(String),
+    /// A measurement's own check failed (wrong sums, a load that should
+    /// have hit the cache did not).
+    #[error("{0}")]
+    Check(String),
 }
 
 impl CliError {
@@ -137,6 +148,7 @@ impl CliError {
             CliError::Io { .. } => "IO",
             CliError::Usage(_) => "USAGE",
             CliError::NotServing(_) => "NOT_SERVING",
+            CliError::Check(_) => "CHECK_FAILED",
         }
     }
 
@@ -182,6 +194,7 @@ async fn execute(opts: &ClientOpts, cmd: ClientCommand) -> Result<(), CliError> 
         ClientCommand::Load(args) => load(&client, args).await,
         ClientCommand::Launch(args) => launch(&client, args).await,
         ClientCommand::Health(args) => health(&client, args).await,
+        ClientCommand::Bench(args) => bench::bench(&client, args).await,
     }
 }
 
