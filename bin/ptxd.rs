@@ -67,8 +67,9 @@ enum Command {
         args: LaunchArgs,
     },
     /// Measure the running daemon as a session sees it: unary Launch round
-    /// trip (p50, p99), LaunchStream per-launch cost and a cache-hit
-    /// LoadKernel, on the daemon's backend; a table, or one JSON object
+    /// trip (p50, p99), LaunchStream per-launch cost, the launch ring's
+    /// round trip and throughput, and a cache-hit LoadKernel, on the
+    /// daemon's backend; a table, or one JSON object
     /// with --json. On the CUDA backend it needs the cuda-bench feature.
     Bench {
         #[command(flatten)]

@@ -58,7 +58,8 @@ pub enum ClientCommand {
     /// Check grpc.health.v1 (exit 0 when SERVING): a liveness/readiness probe.
     Health(HealthArgs),
     /// Measure the running daemon: unary Launch round trip, LaunchStream
-    /// per-launch cost and a cache-hit LoadKernel, on its own session,
+    /// per-launch cost, the launch ring's round trip and throughput, and a
+    /// cache-hit LoadKernel, on its own session,
     /// kernel and buffers; a table, or one JSON object with --json.
     Bench(BenchArgs),
 }
