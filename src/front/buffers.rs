@@ -12,7 +12,7 @@
 
 use ptxd_proto::executor::{self as exec, open_buffer, reply, request::Op};
 
-use super::effects::{queue_close, run_cleanup, side_effect, Cleanup};
+use super::effects::{queue_close_buffer, queue_close_event, run_cleanup, side_effect, Cleanup};
 use super::{parse_session, Front, State};
 use crate::buffers::{BufferEntry, BufferSource, EventEntry};
 use crate::error::Error;
@@ -292,16 +292,7 @@ impl Front {
             state.session(&session_id, peer)?;
             let entry = state.registry.release_buffer(&session_id, handle, buffer)?;
             let mut cleanup: Cleanup = Vec::new();
-            let op = Op::CloseBuffer(exec::CloseBuffer {
-                buffer_id: entry.id.0,
-            });
-            queue_close(
-                &state.devices,
-                entry.device_index,
-                entry.open_in,
-                op,
-                &mut cleanup,
-            );
+            queue_close_buffer(&state.devices, &entry, &mut cleanup);
             state.queue_revoke(&session_id, vec![entry.ring_index], vec![], &mut cleanup);
             cleanup
         };
@@ -424,16 +415,7 @@ impl Front {
             state.session(&session_id, peer)?;
             let entry = state.registry.release_event(&session_id, handle, event)?;
             let mut cleanup: Cleanup = Vec::new();
-            let op = Op::CloseEvent(exec::CloseEvent {
-                event_id: entry.id.0,
-            });
-            queue_close(
-                &state.devices,
-                entry.device_index,
-                entry.open_in,
-                op,
-                &mut cleanup,
-            );
+            queue_close_event(&state.devices, &entry, &mut cleanup);
             cleanup
         };
         run_cleanup(cleanup).await;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use ptxd_proto::executor::{self as exec, reply, request::Op};
 
 use super::DeviceState;
+use crate::buffers::{BufferEntry, EventEntry};
 use crate::error::Error;
 use crate::executor::supervisor::{DownCause, ExecutorLink, LinkError};
 use crate::executor::ExecutorError;
@@ -61,6 +62,31 @@ pub(super) fn queue_close(
     if let Some(link) = close_target(devices, index, open_in) {
         cleanup.push((link, op));
     }
+}
+
+/// Queues the close of a released buffer's mapping in the executor that
+/// holds it (nothing when its generation is dead).
+pub(super) fn queue_close_buffer(
+    devices: &[DeviceState],
+    entry: &BufferEntry,
+    cleanup: &mut Cleanup,
+) {
+    let op = Op::CloseBuffer(exec::CloseBuffer {
+        buffer_id: entry.id.0,
+    });
+    queue_close(devices, entry.device_index, entry.open_in, op, cleanup);
+}
+
+/// Queues the close of a released event, as [`queue_close_buffer`].
+pub(super) fn queue_close_event(
+    devices: &[DeviceState],
+    entry: &EventEntry,
+    cleanup: &mut Cleanup,
+) {
+    let op = Op::CloseEvent(exec::CloseEvent {
+        event_id: entry.id.0,
+    });
+    queue_close(devices, entry.device_index, entry.open_in, op, cleanup);
 }
 
 /// Queues the unload of a kernel whose last hold was just released, in the

@@ -13,7 +13,7 @@ use std::time::Instant;
 use ptxd_proto::executor::{self as exec, request::Op};
 use tokio::sync::mpsc;
 
-use super::effects::{queue_close, queue_unload, run_cleanup, Cleanup};
+use super::effects::{queue_close_buffer, queue_close_event, queue_unload, run_cleanup, Cleanup};
 use super::Front;
 use crate::error::Error;
 use crate::handles::SessionId;
@@ -143,29 +143,11 @@ impl Front {
             let (buffers, events) = state.registry.release_session(id);
             counts.buffers = buffers.len() as u32;
             counts.events = events.len() as u32;
-            for entry in buffers {
-                let op = Op::CloseBuffer(exec::CloseBuffer {
-                    buffer_id: entry.id.0,
-                });
-                queue_close(
-                    &state.devices,
-                    entry.device_index,
-                    entry.open_in,
-                    op,
-                    &mut cleanup,
-                );
+            for entry in &buffers {
+                queue_close_buffer(&state.devices, entry, &mut cleanup);
             }
-            for entry in events {
-                let op = Op::CloseEvent(exec::CloseEvent {
-                    event_id: entry.id.0,
-                });
-                queue_close(
-                    &state.devices,
-                    entry.device_index,
-                    entry.open_in,
-                    op,
-                    &mut cleanup,
-                );
+            for entry in &events {
+                queue_close_event(&state.devices, entry, &mut cleanup);
             }
             (counts, cleanup)
         };
