@@ -147,22 +147,24 @@ impl<K, B> RingTable<K, B> {
     }
 }
 
-/// The refusal for a ring index the session was not granted: the same as
-/// for a handle it does not hold (a kernel is stale, a buffer is stale).
-fn not_granted(what: &'static str, index: u32) -> Error {
-    let handle = format!("ring {what} {index}");
-    match what {
-        "kernel" => crate::slots::SlotError::Stale {
-            handle,
-            why: crate::slots::StaleWhy::UnknownToSession,
-        }
-        .into(),
-        _ => crate::buffers::RegistryError::Unknown {
-            kind: crate::buffers::ObjectKind::Buffer,
-            handle,
-        }
-        .into(),
+/// The refusal for a kernel index the session's ring was not granted: the
+/// same as for a kernel handle it does not hold.
+fn kernel_not_granted(index: u32) -> Error {
+    crate::slots::SlotError::Stale {
+        handle: format!("ring kernel {index}"),
+        why: crate::slots::StaleWhy::UnknownToSession,
     }
+    .into()
+}
+
+/// The refusal for a buffer index the ring was not granted: the same as for
+/// a buffer handle the session does not hold.
+fn buffer_not_granted(index: u32) -> Error {
+    crate::buffers::RegistryError::Unknown {
+        kind: crate::buffers::ObjectKind::Buffer,
+        handle: format!("ring buffer {index}"),
+    }
+    .into()
 }
 
 impl<K, B> Capabilities for RingTable<K, B> {
@@ -174,7 +176,7 @@ impl<K, B> Capabilities for RingTable<K, B> {
         let buffer = self
             .buffers
             .get(&operand.buffer)
-            .ok_or_else(|| not_granted("buffer", operand.buffer))?;
+            .ok_or_else(|| buffer_not_granted(operand.buffer))?;
         Ok((
             BufferCap {
                 id: buffer.buffer_id,
@@ -380,7 +382,7 @@ fn semaphore<'t, K, B>(
     let buffer = table
         .buffers
         .get(&op.buffer)
-        .ok_or_else(|| not_granted("buffer", op.buffer))?;
+        .ok_or_else(|| buffer_not_granted(op.buffer))?;
     let end = u128::from(op.offset) + u128::from(op.width.bytes());
     if end > u128::from(buffer.size) {
         return Err(Error::BufferTooSmall {
@@ -403,7 +405,7 @@ fn run<R: RingBackend>(
     let kernel = table
         .kernels
         .get(&descriptor.kernel)
-        .ok_or_else(|| Outcome::Refused(not_granted("kernel", descriptor.kernel)))?;
+        .ok_or_else(|| Outcome::Refused(kernel_not_granted(descriptor.kernel)))?;
     let shape = launch::LaunchShape {
         inputs: descriptor.inputs(),
         output: Some(&descriptor.output),
