@@ -31,6 +31,9 @@ mod daemon;
 #[path = "gpu/ring.rs"]
 mod ring;
 
+#[path = "support/ring_completions.rs"]
+mod ring_completions;
+
 #[path = "support/nvcc_ref.rs"]
 mod nvcc_ref;
 

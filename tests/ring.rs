@@ -6,18 +6,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "support/ring_completions.rs"]
+mod ring_completions;
 
 use std::io::{Seek, SeekFrom, Write};
 use std::time::Duration;
 
 use common::{corpus, random_f32, Daemon};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
-use ptxd_client::{
-    Buffer, Client, HostShm, Kernel, Launch, LaunchRing, LoadOptions, RingCompletion, Session,
-};
+use ptxd_client::{Buffer, Client, HostShm, Kernel, Launch, LoadOptions, Session};
 use rand::Rng;
-
-const WAIT: Duration = Duration::from_secs(10);
+use ring_completions::{next, refusal};
 
 async fn load(session: &Session, file: &str, symbol: &str) -> Kernel {
     session
@@ -34,18 +33,6 @@ async fn f32_buffer(session: &Session, values: Option<&[f32]>, n: usize) -> (Hos
     }
     let buffer = session.register_shm(&shm, None).await.unwrap();
     (shm, buffer)
-}
-
-fn next(ring: &mut LaunchRing) -> RingCompletion {
-    ring.wait(WAIT).unwrap().expect("a completion within 10 s")
-}
-
-/// The reason a completion refused its launch with ("" when it ran).
-fn refusal(completion: &RingCompletion) -> String {
-    match &completion.outcome {
-        Ok(()) => String::new(),
-        Err(r) => r.reason.clone(),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,14 +7,13 @@ use std::time::{Duration, Instant};
 
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
-use ptxd_client::{Buffer, Client, LaunchRing, LoadOptions, RingCompletion, Session};
+use ptxd_client::{Buffer, Client, LoadOptions, Session};
 use rand::Rng;
 
 use super::daemon_support::Daemon;
 use super::executor_client::corpus;
+use super::ring_completions::{next, refusal as reason, WAIT};
 use super::{device, rng};
-
-const WAIT: Duration = Duration::from_secs(10);
 
 async fn gpu_f32(
     session: &Session,
@@ -28,17 +27,6 @@ async fn gpu_f32(
         .await
         .unwrap();
     (mem, buffer)
-}
-
-fn next(ring: &mut LaunchRing) -> RingCompletion {
-    ring.wait(WAIT).unwrap().expect("a completion within 10 s")
-}
-
-fn reason(completion: &RingCompletion) -> String {
-    match &completion.outcome {
-        Ok(()) => String::new(),
-        Err(r) => r.reason.clone(),
-    }
 }
 
 fn word(mem: &DeviceAllocation, index: usize) -> u32 {
