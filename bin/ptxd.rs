@@ -157,6 +157,11 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
     ptxd::executor::child::ignore_termination_signals();
     let budget = (args.max_kernel_time_ms > 0)
         .then(|| std::time::Duration::from_millis(args.max_kernel_time_ms));
+    let fd_inbox = if args.fd_inbox {
+        ptxd::executor::fd_inbox::FdInbox::inherited()
+    } else {
+        None
+    };
     let code = match (args.backend, args.probe, args.device) {
         (ExecutorBackend::Host, _, _) => {
             match ptxd::executor::host::HostBackend::new(
@@ -164,6 +169,7 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
                 args.threads,
                 args.checked,
                 budget,
+                fd_inbox,
             ) {
                 Ok(mut backend) => ptxd::executor::child::serve_stdio(&mut backend),
                 Err(e) => {
@@ -174,7 +180,7 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
         }
         (ExecutorBackend::Cuda, true, _) => ptxd::executor::cuda::probe_stdio(),
         (ExecutorBackend::Cuda, false, Some(uuid)) => {
-            ptxd::executor::cuda::run_executor(&uuid, budget)
+            ptxd::executor::cuda::run_executor(&uuid, budget, fd_inbox)
         }
         (ExecutorBackend::Cuda, false, None) => {
             eprintln!("ptxd executor --backend cuda needs --device UUID or --probe");

@@ -30,15 +30,40 @@ use crate::handles::{
 /// Where a buffer's memory comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BufferSource {
-    CudaIpc { handle: Vec<u8> },
-    HostShm { name: String },
+    CudaIpc {
+        handle: Vec<u8>,
+    },
+    HostShm {
+        name: String,
+    },
+    /// Memory a client passed by descriptor. The front keeps its own
+    /// reference (to open the buffer again after an executor restart) until
+    /// the registration ends.
+    PosixFd {
+        fd: SharedFd,
+        offset: u64,
+    },
 }
+
+/// A descriptor shared by a registration and its re-opens; two are equal
+/// when they are the same descriptor.
+#[derive(Debug, Clone)]
+pub struct SharedFd(pub std::sync::Arc<std::os::fd::OwnedFd>);
+
+impl PartialEq for SharedFd {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedFd {}
 
 impl BufferSource {
     pub fn kind(&self) -> &'static str {
         match self {
             BufferSource::CudaIpc { .. } => "cuda_ipc",
             BufferSource::HostShm { .. } => "host_shm",
+            BufferSource::PosixFd { .. } => "posix_fd",
         }
     }
 }

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use ptxd_client::{
-    Artifact, Buffer, Client, DeclaredAbi, DeviceSelector, HostShm, Kernel, Launch, LoadOptions,
+    Artifact, Buffer, Client, DeclaredAbi, DeviceSelector, HostMemfd, HostShm, Kernel, Launch,
+    LoadOptions, Session, SharedBytes,
 };
 use rand::{Rng, SeedableRng};
 
@@ -110,6 +111,53 @@ pub struct LaunchArgs {
     /// How many leading elements of each operand to print.
     #[arg(long, default_value_t = 8)]
     pub show: usize,
+    /// Pass the buffers as sealed memfds over the fd socket instead of
+    /// shared-memory names (works from another PID, IPC or mount
+    /// namespace; host backend).
+    #[arg(long)]
+    pub memfd: bool,
+}
+
+/// A host buffer of `ptxd launch`: a named object or a memfd.
+enum HostBuffer {
+    Shm(HostShm),
+    Memfd(HostMemfd),
+}
+
+impl HostBuffer {
+    fn create(bytes: u64, memfd: bool) -> Result<Self, CliError> {
+        Ok(if memfd {
+            HostBuffer::Memfd(HostMemfd::create(bytes)?)
+        } else {
+            HostBuffer::Shm(HostShm::create(bytes)?)
+        })
+    }
+
+    async fn register(&self, session: &Session, device: Option<&str>) -> Result<Buffer, CliError> {
+        Ok(match self {
+            HostBuffer::Shm(shm) => session.register_shm(shm, device).await?,
+            HostBuffer::Memfd(memfd) => session.register_memfd(memfd, device).await?,
+        })
+    }
+}
+
+impl std::ops::Deref for HostBuffer {
+    type Target = SharedBytes;
+    fn deref(&self) -> &SharedBytes {
+        match self {
+            HostBuffer::Shm(shm) => shm,
+            HostBuffer::Memfd(memfd) => memfd,
+        }
+    }
+}
+
+impl std::ops::DerefMut for HostBuffer {
+    fn deref_mut(&mut self) -> &mut SharedBytes {
+        match self {
+            HostBuffer::Shm(shm) => shm,
+            HostBuffer::Memfd(memfd) => memfd,
+        }
+    }
 }
 
 /// Why a client command failed.
@@ -427,6 +475,7 @@ async fn launch(client: &Client, args: LaunchArgs) -> Result<(), CliError> {
         device,
         seed,
         show,
+        memfd,
     } = args;
     let ptx = String::from_utf8(read_file(&file)?)
         .map_err(|_| CliError::Usage(format!("{} is not UTF-8 PTX", file.display())))?;
@@ -452,24 +501,24 @@ async fn launch(client: &Client, args: LaunchArgs) -> Result<(), CliError> {
     let seed = seed.unwrap_or_else(|| rand::rng().random());
     println!("inputs     seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut inputs: Vec<(HostShm, Vec<f32>)> = Vec::new();
+    let mut inputs: Vec<(HostBuffer, Vec<f32>)> = Vec::new();
     for _ in 0..state.signature.inputs {
         let values: Vec<f32> = (0..elements)
             .map(|_| rng.random_range(-100.0f32..100.0))
             .collect();
-        let mut shm = HostShm::create(bytes)?;
-        shm.write_f32(0, &values)?;
-        inputs.push((shm, values));
+        let mut buffer = HostBuffer::create(bytes, memfd)?;
+        buffer.write_f32(0, &values)?;
+        inputs.push((buffer, values));
     }
-    let mut output = HostShm::create(bytes)?;
+    let mut output = HostBuffer::create(bytes, memfd)?;
     output.write_f32(0, &vec![POISON; elements])?;
 
     let device_uuid = Some(state.device_uuid.as_str());
     let mut input_buffers: Vec<Buffer> = Vec::new();
-    for (shm, _) in &inputs {
-        input_buffers.push(session.register_shm(shm, device_uuid).await?);
+    for (buffer, _) in &inputs {
+        input_buffers.push(buffer.register(&session, device_uuid).await?);
     }
-    let output_buffer = session.register_shm(&output, device_uuid).await?;
+    let output_buffer = output.register(&session, device_uuid).await?;
 
     let request = Launch::new(
         input_buffers.iter().map(Buffer::operand),

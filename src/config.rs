@@ -322,6 +322,11 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_KERNEL_TIMEOUTS_PER_SESSION", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_kernel_timeouts_per_session: u32,
 
+    /// How long the descriptor of a RegisterBuffer (posix_fd) may take to
+    /// arrive on the fd socket before its token expires.
+    #[arg(long, env = "PTXD_FD_TOKEN_TTL", default_value = "10s", value_parser = parse_duration)]
+    pub fd_token_ttl: Duration,
+
     /// How long to wait for in-flight work on SIGTERM/SIGINT before failing it.
     #[arg(long, env = "PTXD_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -393,6 +398,8 @@ pub struct Limits {
     pub max_loaded_bytes: u64,
     pub max_loaded_bytes_per_uid: u64,
     pub max_loaded_bytes_per_session: u64,
+    /// How long an fd token waits for its descriptor.
+    pub fd_token_ttl: Duration,
 }
 
 impl Limits {
@@ -426,6 +433,7 @@ impl Limits {
                 .of(config.max_loaded_bytes)
                 .min(config.max_loaded_bytes),
             max_loaded_bytes_per_session: config.max_loaded_bytes_per_session,
+            fd_token_ttl: config.fd_token_ttl,
         }
     }
 }

@@ -78,10 +78,45 @@ pub enum Error {
     /// by a caller without peer credentials (TCP).
     #[error("{resource} needs a caller identity; a caller without peer credentials (TCP) cannot register it: connect over the Unix socket")]
     IdentityRequired { resource: &'static str },
+    /// An fd-socket token that is not (or no longer) waiting for a
+    /// descriptor.
+    #[error("fd token {why}: register the buffer again")]
+    StaleFdToken { why: FdTokenState },
+    /// A descriptor sent over the fd socket by another uid than the one that
+    /// registered the token.
+    #[error("the descriptor was sent by another user than the one that registered the buffer")]
+    FdWrongPeer,
     #[error("ptxd is draining; reconnect to its successor")]
     Draining,
     #[error("internal error: {message}")]
     Internal { message: String },
+}
+
+/// Why an fd token cannot take a descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FdTokenState {
+    /// Never issued (or issued by an earlier daemon).
+    Unknown,
+    /// A descriptor already came with it.
+    Used,
+    /// Its time ran out before a descriptor came.
+    Expired,
+}
+
+impl FdTokenState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FdTokenState::Unknown => "unknown",
+            FdTokenState::Used => "used",
+            FdTokenState::Expired => "expired",
+        }
+    }
+}
+
+impl std::fmt::Display for FdTokenState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A refusal as it goes on the wire.
@@ -271,6 +306,13 @@ impl Error {
                 Reason::IdentityRequired,
                 meta([("resource", resource.to_string())]),
             ),
+            Error::StaleFdToken { why } => (
+                Code::FailedPrecondition,
+                Reason::StaleFdToken,
+                meta([("why", why.as_str().to_string())]),
+            ),
+            // Names no uid, like NOT_OWNER for a session.
+            Error::FdWrongPeer => (Code::PermissionDenied, Reason::NotOwner, BTreeMap::new()),
             Error::Draining => (Code::Unavailable, Reason::Draining, BTreeMap::new()),
             Error::Internal { .. } => (Code::Internal, Reason::Internal, BTreeMap::new()),
         };
@@ -344,6 +386,7 @@ fn failure_code(kind: FailureKind) -> (Code, Reason) {
         FailureKind::UnknownObject => (Code::FailedPrecondition, Reason::StaleKernel),
         FailureKind::OutOfBounds => (Code::OutOfRange, Reason::BufferTooSmall),
         FailureKind::KernelTimeout => (Code::DeadlineExceeded, Reason::KernelTimeout),
+        FailureKind::FdNotSealed => (Code::FailedPrecondition, Reason::FdNotSealed),
         FailureKind::Internal | FailureKind::Unspecified => (Code::Internal, Reason::Internal),
     }
 }

@@ -14,6 +14,8 @@ pub mod config;
 pub mod connections;
 pub mod error;
 pub mod executor;
+pub mod fd_socket;
+pub mod fd_tokens;
 pub mod front;
 pub mod handles;
 pub mod launch;

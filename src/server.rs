@@ -301,7 +301,25 @@ pub async fn serve(
         }
         None => bind_unix(&socket_path, config.socket_mode)?,
     };
+    // The fd socket sits beside whichever socket serves gRPC (an activated
+    // one included), so that a client finds it from the path it dials.
+    let grpc_path = listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+        .unwrap_or_else(|| socket_path.clone());
+    let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&grpc_path);
+    let fd_listener = crate::fd_socket::bind_fd_socket(&fd_socket_path, config.socket_mode)
+        .map_err(|error| ServeError::Bind {
+            path: fd_socket_path.display().to_string(),
+            error,
+        })?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(crate::fd_socket::serve(
+        fd_listener,
+        front.clone(),
+        wait_for_stop(stop_rx.clone()),
+    ));
     let mut servers = tokio::task::JoinSet::new();
     if let (Some(listener), Some(metrics)) = (metrics_listener, metrics) {
         tracing::info!(addr = ?listener.local_addr().ok(), "serving metrics");
@@ -324,7 +342,7 @@ pub async fn serve(
             wait_for_stop(stop_rx),
         ));
     }
-    tracing::info!(socket = %socket_path.display(), backend = front.backend, boot = %front.boot, "ptxd serving");
+    tracing::info!(socket = %socket_path.display(), fd_socket = %fd_socket_path.display(), backend = front.backend, boot = %front.boot, "ptxd serving");
 
     let signal = tokio::select! {
         signal = terminated => signal,
@@ -359,6 +377,9 @@ pub async fn serve(
         if let Err(e) = std::fs::remove_file(&socket_path) {
             tracing::warn!(error = %e, "cannot remove the socket file");
         }
+    }
+    if let Err(e) = std::fs::remove_file(&fd_socket_path) {
+        tracing::warn!(error = %e, "cannot remove the fd socket file");
     }
     tracing::info!("ptxd stopped");
     Ok(())

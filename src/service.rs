@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::front::{
     ArtifactKind, BufferListing, BufferOrigin, BufferRequest, DeclaredArtifactAbi, DeviceChoice,
     EventRequest, Front, Info, KernelListing, LaunchRequest, LoadRequest, LoadedKernelInfo,
-    OperandRef, RegisteredBuffer, RingRequest,
+    OperandRef, RegisteredBuffer, Registration, RingRequest,
 };
 use crate::handles::SessionId;
 use crate::observe::Observer;
@@ -586,16 +586,34 @@ fn buffer_request(request: api::RegisterBufferRequest) -> BufferRequest {
                 name: shm.name,
                 device_uuid: shm.device_uuid,
             },
+            Source::PosixFd(fd) => BufferOrigin::PosixFd {
+                device_uuid: fd.device_uuid,
+                offset: fd.offset,
+            },
         }),
     }
 }
 
-fn register_buffer_response(buffer: RegisteredBuffer) -> api::RegisterBufferResponse {
+fn register_buffer_response(registration: Registration) -> api::RegisterBufferResponse {
+    match registration {
+        Registration::Registered(buffer) => registered_buffer(buffer),
+        Registration::AwaitingFd { token, ttl } => api::RegisterBufferResponse {
+            fd_token: token,
+            fd_token_ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+            ..Default::default()
+        },
+    }
+}
+
+/// A registered buffer, as RegisterBuffer and the fd socket answer it.
+pub fn registered_buffer(buffer: RegisteredBuffer) -> api::RegisterBufferResponse {
     api::RegisterBufferResponse {
         buffer: buffer.buffer,
         device_uuid: buffer.device_uuid,
         generation: buffer.generation,
         ring_index: buffer.ring_index,
+        fd_token: String::new(),
+        fd_token_ttl_ms: 0,
     }
 }
 

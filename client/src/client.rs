@@ -110,6 +110,8 @@ impl std::fmt::Display for Target {
 pub struct Client {
     channel: Channel,
     grpc: PtxdClient<Channel>,
+    /// The daemon's fd socket, beside its gRPC socket (Unix transport only).
+    fd_socket: Option<PathBuf>,
 }
 
 impl Client {
@@ -136,6 +138,7 @@ impl Client {
     /// Connects over a Unix socket.
     pub async fn connect_unix(path: impl Into<PathBuf>) -> Result<Self, Error> {
         let path = path.into();
+        let fd_socket = crate::fd_passing::fd_socket_path(&path);
         // The authority is a placeholder: it must be a plain host name, since
         // tonic's HTTP/2 layer rejects a socket path there.
         let channel = Endpoint::from_static("http://localhost")
@@ -147,7 +150,9 @@ impl Client {
                 }
             }))
             .await?;
-        Ok(Self::from_channel(channel))
+        let mut client = Self::from_channel(channel);
+        client.fd_socket = Some(fd_socket);
+        Ok(client)
     }
 
     /// Connects over TCP to a URL such as `http://127.0.0.1:50051`.
@@ -161,6 +166,7 @@ impl Client {
         Client {
             grpc: PtxdClient::new(channel.clone()),
             channel,
+            fd_socket: None,
         }
     }
 
@@ -190,7 +196,15 @@ impl Client {
 
     /// Opens a session with options.
     pub async fn open_session_with(&self, options: SessionOptions) -> Result<Session, Error> {
-        Session::open(self.raw(), options).await
+        let mut session = Session::open(self.raw(), options).await?;
+        session.fd_socket = self.fd_socket.clone();
+        Ok(session)
+    }
+
+    /// The daemon's fd socket (`<socket>.fds`), over which buffers pass by
+    /// file descriptor; `None` over TCP, which cannot carry descriptors.
+    pub fn fd_socket(&self) -> Option<&std::path::Path> {
+        self.fd_socket.as_deref()
     }
 }
 

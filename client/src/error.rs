@@ -195,6 +195,12 @@ refusals! {
     /// The request needs a caller identity (e.g. host shared memory) and the
     /// connection has none (TCP): use the Unix socket.
     IdentityRequired,
+    /// A memfd passed as a buffer lacks `F_SEAL_SHRINK`: seal it first
+    /// ([`HostMemfd`](crate::HostMemfd) does).
+    FdNotSealed,
+    /// The fd token is unknown, used or expired (metadata `why`): register
+    /// the buffer again.
+    StaleFdToken,
 }
 
 impl Refusal {
@@ -268,7 +274,7 @@ mod tests {
         let reasons: Vec<Reason> = (1..)
             .map_while(|value| Reason::try_from(value).ok())
             .collect();
-        assert_eq!(reasons.len(), 24, "the proto's reason list changed");
+        assert_eq!(reasons.len(), 26, "the proto's reason list changed");
         reasons
     }
 

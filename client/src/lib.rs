@@ -33,6 +33,7 @@
 
 mod client;
 mod error;
+mod fd_buffers;
 mod launch_ring;
 mod session;
 mod shm;
@@ -41,18 +42,20 @@ mod types;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fd_passing;
 pub mod ring;
 
 pub use client::{
     checked_default_socket_path, default_socket_path, socket_path_for, Client, Target,
 };
 pub use error::{Error, Refusal, RefusalDetails};
+pub use fd_buffers::{attach_fd, FdBufferSpec};
 pub use launch_ring::{LaunchRing, RingCompletion, RingRefusal};
 pub use session::{
     BufferSource, Kernel, KernelState, LaunchReceiver, LaunchSender, LaunchStream, Session,
     SessionOptions, StreamReply,
 };
-pub use shm::{validate_shm_name, HostShm, ShmError};
+pub use shm::{validate_shm_name, HostMemfd, HostShm, SharedBytes, ShmError};
 pub use socket_dir::{check_socket_dir, SocketDirError};
 pub use types::{
     Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,

@@ -86,6 +86,8 @@ pub struct Session {
     events: broadcast::Sender<SessionEvent>,
     lease_alive: watch::Receiver<bool>,
     _lease: AbortOnDrop<()>,
+    /// The daemon's fd socket, for buffers passed by descriptor.
+    pub(crate) fd_socket: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Session {
@@ -156,6 +158,7 @@ impl Session {
             events,
             lease_alive,
             _lease: AbortOnDrop(task),
+            fd_socket: None,
         })
     }
 
@@ -192,7 +195,7 @@ impl Session {
         self.grpc.clone()
     }
 
-    fn grpc(&self) -> Result<PtxdClient<Channel>, Error> {
+    pub(crate) fn grpc(&self) -> Result<PtxdClient<Channel>, Error> {
         if self.is_open() {
             Ok(self.grpc.clone())
         } else {

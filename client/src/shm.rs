@@ -1,4 +1,6 @@
-//! POSIX shared-memory buffers for ptxd's host (CPU) backend.
+//! Shared-memory buffers for ptxd's host (CPU) backend: named POSIX
+//! objects ([`HostShm`]) and sealed memfds passed by descriptor
+//! ([`HostMemfd`]).
 //!
 //! A [`HostShm`] is a shared-memory object this process creates (`shm_open`
 //! with `O_CREAT | O_EXCL`, so it never adopts someone else's object), sizes
@@ -7,7 +9,9 @@
 //!
 //! Invariants:
 //! - The mapping is exactly `len` bytes, `len > 0`, alive from `create` to
-//!   `Drop`; `Drop` unmaps it and unlinks the name, once.
+//!   `Drop`; `Drop` unmaps it and unlinks the name (of a [`HostShm`]), once.
+//! - A [`HostMemfd`] is sealed before it is mapped or handed out, so no
+//!   holder of its descriptor can shrink it.
 //! - Byte views borrow `self` (shared for reads, exclusive for writes). The
 //!   daemon writes the object too: read it only while no launch on it is in
 //!   flight (a sync launch has completed when its reply arrives).
@@ -17,8 +21,11 @@ use std::num::NonZeroUsize;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
+use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, shm_open, shm_unlink, MapFlags, ProtFlags};
 use nix::sys::stat::Mode;
 use nix::unistd::ftruncate;
@@ -65,10 +72,10 @@ pub fn validate_shm_name(name: &str) -> Result<(), ShmError> {
     Ok(())
 }
 
-/// A POSIX shared-memory object created and mapped by this process, unlinked
-/// and unmapped on drop.
-pub struct HostShm {
-    name: String,
+/// A shared, writable mapping of a whole shared-memory object or memfd:
+/// the byte views and typed accessors of [`HostShm`] and [`HostMemfd`]
+/// (both dereference to it). Unmapped on drop.
+pub struct SharedBytes {
     base: NonNull<u8>,
     len: usize,
 }
@@ -76,105 +83,47 @@ pub struct HostShm {
 // SAFETY: the mapping is plain shared memory owned by this value; nothing in
 // it is tied to the creating thread, and all access goes through `&self` /
 // `&mut self` borrows.
-unsafe impl Send for HostShm {}
-// SAFETY: `&HostShm` only hands out shared byte views; writes need `&mut`.
-unsafe impl Sync for HostShm {}
+unsafe impl Send for SharedBytes {}
+// SAFETY: `&SharedBytes` only hands out shared byte views; writes need `&mut`.
+unsafe impl Sync for SharedBytes {}
 
-impl std::fmt::Debug for HostShm {
+impl std::fmt::Debug for SharedBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostShm")
-            .field("name", &self.name)
+        f.debug_struct("SharedBytes")
             .field("len", &self.len)
             .finish()
     }
 }
 
-impl HostShm {
-    /// Creates a zero-filled shared-memory object of `size` bytes with a
-    /// fresh, unique name.
-    pub fn create(size: u64) -> Result<Self, ShmError> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let mut attempts = 0;
-        loop {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.subsec_nanos())
-                .unwrap_or(0);
-            let name = format!(
-                "/ptxd-client-{}-{}-{nanos:08x}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            );
-            match Self::create_named(&name, size) {
-                // A stale object of a dead process with our pid; pick another name.
-                Err(ShmError::Os {
-                    errno: Errno::EEXIST,
-                    ..
-                }) if attempts < 8 => attempts += 1,
-                other => return other,
-            }
-        }
-    }
+/// `size` as a mapping length: 1..=isize::MAX bytes.
+fn mapping_len(size: u64) -> Result<NonZeroUsize, ShmError> {
+    usize::try_from(size)
+        .ok()
+        .filter(|len| isize::try_from(*len).is_ok())
+        .and_then(NonZeroUsize::new)
+        .ok_or(ShmError::InvalidSize(size))
+}
 
-    /// Creates a zero-filled shared-memory object named `name` of `size`
-    /// bytes. Fails with `EEXIST` if the name is taken.
-    pub fn create_named(name: &str, size: u64) -> Result<Self, ShmError> {
-        validate_shm_name(name)?;
-        let len = usize::try_from(size)
-            .ok()
-            .filter(|len| isize::try_from(*len).is_ok())
-            .and_then(NonZeroUsize::new)
-            .ok_or(ShmError::InvalidSize(size))?;
-        let os = |call: &'static str| {
-            move |errno: Errno| ShmError::Os {
-                name: name.to_owned(),
-                call,
-                errno,
-            }
-        };
-        let cname = CString::new(name).map_err(|_| ShmError::InvalidName(name.to_owned()))?;
-        let fd = shm_open(
-            cname.as_c_str(),
-            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL,
-            Mode::S_IRUSR | Mode::S_IWUSR,
-        )
-        .map_err(os("shm_open"))?;
-        // From here on the name exists: unlink it on every failure path.
-        let unlink_on_error = |error: ShmError| {
-            let _ = shm_unlink(cname.as_c_str());
-            error
-        };
-        let size_off = i64::try_from(size)
-            .map_err(|_| ShmError::InvalidSize(size))
-            .map_err(unlink_on_error)?;
-        ftruncate(&fd, size_off)
-            .map_err(os("ftruncate"))
-            .map_err(unlink_on_error)?;
-        // SAFETY: a fresh MAP_SHARED mapping of an object this call just
-        // created with O_EXCL and sized to `len`; no Rust object aliases the
-        // new pages. The mapping outlives `fd`, which may close.
+impl SharedBytes {
+    /// Maps the first `len` bytes of `fd`, shared and writable.
+    fn map(fd: BorrowedFd<'_>, len: NonZeroUsize) -> nix::Result<Self> {
+        // SAFETY: a fresh MAP_SHARED mapping of an object the caller just
+        // created and sized to at least `len`; no Rust object aliases the new
+        // pages. The mapping outlives `fd`, which may close.
         let base = unsafe {
             mmap(
                 None,
                 len,
                 ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
                 MapFlags::MAP_SHARED,
-                &fd,
+                fd,
                 0,
             )
-        }
-        .map_err(os("mmap"))
-        .map_err(unlink_on_error)?;
-        Ok(HostShm {
-            name: name.to_owned(),
+        }?;
+        Ok(SharedBytes {
             base: base.cast(),
             len: len.get(),
         })
-    }
-
-    /// The object's name, as `shm_open` (and ptxd) takes it.
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     /// The size in bytes.
@@ -182,7 +131,7 @@ impl HostShm {
         self.len
     }
 
-    /// Always false: a `HostShm` holds at least one byte.
+    /// Always false: a mapping holds at least one byte.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -271,18 +220,207 @@ impl HostShm {
     }
 }
 
-impl Drop for HostShm {
+impl Drop for SharedBytes {
     fn drop(&mut self) {
         // SAFETY: `base`/`len` are exactly what mmap returned, and the
         // mapping is unmapped only here, once; no borrow of it outlives self.
         if let Err(errno) = unsafe { munmap(self.base.cast(), self.len) } {
-            tracing::warn!(name = %self.name, %errno, "munmap failed");
+            tracing::warn!(%errno, "munmap failed");
         }
+    }
+}
+
+/// A POSIX shared-memory object created and mapped by this process, unlinked
+/// and unmapped on drop. Its bytes are a [`SharedBytes`].
+pub struct HostShm {
+    name: String,
+    bytes: SharedBytes,
+}
+
+impl std::fmt::Debug for HostShm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostShm")
+            .field("name", &self.name)
+            .field("len", &self.bytes.len)
+            .finish()
+    }
+}
+
+impl HostShm {
+    /// Creates a zero-filled shared-memory object of `size` bytes with a
+    /// fresh, unique name.
+    pub fn create(size: u64) -> Result<Self, ShmError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let mut attempts = 0;
+        loop {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+            let name = format!(
+                "/ptxd-client-{}-{}-{nanos:08x}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            );
+            match Self::create_named(&name, size) {
+                // A stale object of a dead process with our pid; pick another name.
+                Err(ShmError::Os {
+                    errno: Errno::EEXIST,
+                    ..
+                }) if attempts < 8 => attempts += 1,
+                other => return other,
+            }
+        }
+    }
+
+    /// Creates a zero-filled shared-memory object named `name` of `size`
+    /// bytes. Fails with `EEXIST` if the name is taken.
+    pub fn create_named(name: &str, size: u64) -> Result<Self, ShmError> {
+        validate_shm_name(name)?;
+        let len = mapping_len(size)?;
+        let os = |call: &'static str| {
+            move |errno: Errno| ShmError::Os {
+                name: name.to_owned(),
+                call,
+                errno,
+            }
+        };
+        let cname = CString::new(name).map_err(|_| ShmError::InvalidName(name.to_owned()))?;
+        let fd = shm_open(
+            cname.as_c_str(),
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(os("shm_open"))?;
+        // From here on the name exists: unlink it on every failure path.
+        let unlink_on_error = |error: ShmError| {
+            let _ = shm_unlink(cname.as_c_str());
+            error
+        };
+        let size_off = i64::try_from(size)
+            .map_err(|_| ShmError::InvalidSize(size))
+            .map_err(unlink_on_error)?;
+        ftruncate(&fd, size_off)
+            .map_err(os("ftruncate"))
+            .map_err(unlink_on_error)?;
+        let bytes = SharedBytes::map(fd.as_fd(), len)
+            .map_err(os("mmap"))
+            .map_err(unlink_on_error)?;
+        Ok(HostShm {
+            name: name.to_owned(),
+            bytes,
+        })
+    }
+
+    /// The object's name, as `shm_open` (and ptxd) takes it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::ops::Deref for HostShm {
+    type Target = SharedBytes;
+    fn deref(&self) -> &SharedBytes {
+        &self.bytes
+    }
+}
+
+impl std::ops::DerefMut for HostShm {
+    fn deref_mut(&mut self) -> &mut SharedBytes {
+        &mut self.bytes
+    }
+}
+
+impl Drop for HostShm {
+    fn drop(&mut self) {
+        // The mapping (a field) is unmapped after this, when `bytes` drops.
         if let Ok(cname) = CString::new(self.name.as_str()) {
             if let Err(errno) = shm_unlink(cname.as_c_str()) {
                 tracing::warn!(name = %self.name, %errno, "shm_unlink failed");
             }
         }
+    }
+}
+
+/// An anonymous shared file (`memfd_create`) sealed against shrinking, and
+/// mapped by this process: the host backend's buffer passed by file
+/// descriptor ([`Session::register_memfd`](crate::Session::register_memfd)).
+/// It has no name, so it needs no shared `/dev/shm` or IPC namespace with
+/// the daemon; ptxd refuses a memfd without `F_SEAL_SHRINK`, because the
+/// owner of an unsealed one could shrink it under a launch.
+pub struct HostMemfd {
+    fd: OwnedFd,
+    bytes: SharedBytes,
+}
+
+impl std::fmt::Debug for HostMemfd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMemfd")
+            .field("fd", &self.fd)
+            .field("len", &self.bytes.len)
+            .finish()
+    }
+}
+
+/// The seals a [`HostMemfd`] carries: no shrinking, no growing, no more
+/// seal changes.
+const MEMFD_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
+    .union(SealFlag::F_SEAL_GROW)
+    .union(SealFlag::F_SEAL_SEAL);
+
+impl HostMemfd {
+    /// Creates a zero-filled memfd of `size` bytes, sealed against
+    /// shrinking and growing, and maps it.
+    pub fn create(size: u64) -> Result<Self, ShmError> {
+        Self::create_with_seals(size, MEMFD_SEALS)
+    }
+
+    /// Like [`HostMemfd::create`] but without any seal: ptxd refuses it
+    /// (`FD_NOT_SEALED`). For tests of that refusal.
+    pub fn create_unsealed(size: u64) -> Result<Self, ShmError> {
+        Self::create_with_seals(size, SealFlag::empty())
+    }
+
+    fn create_with_seals(size: u64, seals: SealFlag) -> Result<Self, ShmError> {
+        let len = mapping_len(size)?;
+        let os = |call: &'static str| {
+            move |errno: Errno| ShmError::Os {
+                name: "memfd:ptxd-buffer".to_owned(),
+                call,
+                errno,
+            }
+        };
+        let fd = memfd_create(
+            c"ptxd-buffer",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .map_err(os("memfd_create"))?;
+        let size_off = i64::try_from(size).map_err(|_| ShmError::InvalidSize(size))?;
+        ftruncate(&fd, size_off).map_err(os("ftruncate"))?;
+        if !seals.is_empty() {
+            fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).map_err(os("fcntl"))?;
+        }
+        let bytes = SharedBytes::map(fd.as_fd(), len).map_err(os("mmap"))?;
+        Ok(HostMemfd { fd, bytes })
+    }
+}
+
+impl AsFd for HostMemfd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl std::ops::Deref for HostMemfd {
+    type Target = SharedBytes;
+    fn deref(&self) -> &SharedBytes {
+        &self.bytes
+    }
+}
+
+impl std::ops::DerefMut for HostMemfd {
+    fn deref_mut(&mut self) -> &mut SharedBytes {
+        &mut self.bytes
     }
 }
 

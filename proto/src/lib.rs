@@ -48,7 +48,7 @@ mod tests {
 
     #[test]
     fn every_reason_round_trips_its_wire_name() {
-        for value in 1..=21 {
+        for value in 1..=26 {
             let reason = Reason::try_from(value).unwrap_or(Reason::Unspecified);
             assert_ne!(reason, Reason::Unspecified, "value {value} has no reason");
             assert_eq!(Reason::from_wire_name(reason.wire_name()), Some(reason));

@@ -263,6 +263,9 @@ pub struct ExecutorArgs {
     /// Per-launch time budget in milliseconds (0: none).
     #[arg(long, default_value_t = 0)]
     pub max_kernel_time_ms: u64,
+    /// The front installed the fd inbox (see `fd_inbox`) as fd 3.
+    #[arg(long)]
+    pub fd_inbox: bool,
 }
 
 impl ExecutorArgs {
@@ -279,6 +282,7 @@ impl ExecutorArgs {
             device: None,
             probe: false,
             max_kernel_time_ms: 0,
+            fd_inbox: false,
         }
     }
 
@@ -312,6 +316,14 @@ impl ExecutorArgs {
         }
     }
 
+    /// The same executor, told that fd 3 is its fd inbox.
+    pub fn with_fd_inbox(self) -> Self {
+        ExecutorArgs {
+            fd_inbox: true,
+            ..self
+        }
+    }
+
     /// The command line after the program name: the subcommand, then every
     /// field as `--flag=value` (so that a value starting with `-` stays a
     /// value).
@@ -326,6 +338,7 @@ impl ExecutorArgs {
             device,
             probe,
             max_kernel_time_ms,
+            fd_inbox,
         } = self;
         let mut args = vec![Self::SUBCOMMAND.to_owned()];
         // Every variant has a value (none is `#[value(skip)]`).
@@ -342,6 +355,9 @@ impl ExecutorArgs {
             args.push("--probe".to_owned());
         }
         args.push(format!("--max-kernel-time-ms={max_kernel_time_ms}"));
+        if *fd_inbox {
+            args.push("--fd-inbox".to_owned());
+        }
         args
     }
 }
@@ -386,6 +402,7 @@ mod tests {
             ExecutorArgs::cuda("GPU a=b"),
             ExecutorArgs::cuda_probe(),
             ExecutorArgs::cuda_probe().with_max_kernel_time(Some(std::time::Duration::MAX)),
+            ExecutorArgs::host(2, 4, true).with_fd_inbox(),
         ];
         for _ in 0..64 {
             let budget = rng
@@ -396,7 +413,12 @@ mod tests {
             } else {
                 ExecutorArgs::cuda(&format!("GPU-{:x}", rng.random::<u64>()))
             };
-            samples.push(args.with_max_kernel_time(budget));
+            let args = args.with_max_kernel_time(budget);
+            samples.push(if rng.random_bool(0.5) {
+                args.with_fd_inbox()
+            } else {
+                args
+            });
         }
         for args in samples {
             assert_eq!(round_trip(&args), args, "{:?}", args.to_args());

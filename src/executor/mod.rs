@@ -5,6 +5,7 @@
 //! - [`child`]: the executor process's request loop and the [`child::Backend`]
 //!   trait that a device backend implements.
 //! - [`host`]: the host (CPU) backend over POSIX shared memory.
+//! - [`fd_inbox`]: how a descriptor a client passed reaches its executor.
 //! - [`sigbus`]: the SIGBUS handler that lets a host launch survive a client
 //!   shrinking its shared-memory object under it.
 //! - [`cuda`]: the CUDA backend.
@@ -14,6 +15,7 @@
 
 pub mod child;
 pub mod cuda;
+pub mod fd_inbox;
 pub mod host;
 pub mod kernel_timeouts;
 pub mod protocol;

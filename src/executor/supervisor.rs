@@ -23,7 +23,7 @@
 //!   to the launch that timed out.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +37,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot};
 
 use super::child::ExecutorArgs;
+use super::fd_inbox::{self, FdOutbox};
 use super::kernel_timeouts::KernelTimeouts;
 use super::protocol::{encode_frame, read_frame_async, ProtocolError};
 use crate::config::ServeConfig;
@@ -174,6 +175,8 @@ pub struct ExecutorLink {
     pending: Mutex<Pending>,
     next_id: AtomicU64,
     child: Mutex<Option<tokio::process::Child>>,
+    /// Where descriptors for `OpenBuffer` (fd_tag) go first.
+    fd_outbox: FdOutbox,
 }
 
 impl std::fmt::Debug for ExecutorLink {
@@ -204,19 +207,52 @@ pub type DeathNotice = (usize, DeviceGeneration, DownCause);
 fn spawn_child(
     command: &ExecutorCommand,
     max_kernel_time: Option<Duration>,
-) -> Result<(tokio::process::Child, tokio::net::UnixStream), SpawnError> {
+) -> Result<(tokio::process::Child, tokio::net::UnixStream, FdOutbox), SpawnError> {
     let (front_end, child_end) = std::os::unix::net::UnixStream::pair()?;
     let child_out = child_end.try_clone()?;
+    let (outbox, inbox) = fd_inbox::pair()?;
+    let inbox_raw = inbox.as_raw_fd();
     let exe = std::env::current_exe()?;
-    let child = tokio::process::Command::new(exe)
-        .args(command.executor_args(max_kernel_time).to_args())
+    let mut child = tokio::process::Command::new(exe);
+    child
+        .args(
+            command
+                .executor_args(max_kernel_time)
+                .with_fd_inbox()
+                .to_args(),
+        )
         .stdin(Stdio::from(OwnedFd::from(child_end)))
         .stdout(Stdio::from(OwnedFd::from(child_out)))
         .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()?;
+        .kill_on_drop(true);
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe calls (dup2, fcntl) on a descriptor that stays open
+    // in the parent until spawn returns (`inbox` is dropped after it).
+    unsafe {
+        child.pre_exec(move || {
+            if inbox_raw == fd_inbox::INBOX_FD {
+                // Already in place: clear close-on-exec so it survives exec.
+                nix::fcntl::fcntl(
+                    BorrowedFd::borrow_raw(inbox_raw),
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
+            } else if libc_dup2(inbox_raw, fd_inbox::INBOX_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = child.spawn()?;
+    drop(inbox);
     front_end.set_nonblocking(true)?;
-    Ok((child, tokio::net::UnixStream::from_std(front_end)?))
+    Ok((child, tokio::net::UnixStream::from_std(front_end)?, outbox))
+}
+
+/// `dup2(2)`: the new descriptor is not close-on-exec.
+fn libc_dup2(old: std::os::fd::RawFd, new: std::os::fd::RawFd) -> i32 {
+    // SAFETY: dup2 on integers has no memory effects; an invalid `old`
+    // fails with EBADF.
+    unsafe { nix::libc::dup2(old, new) }
 }
 
 async fn read_hello(stream: &mut tokio::net::unix::OwnedReadHalf) -> Result<Hello, SpawnError> {
@@ -232,7 +268,7 @@ async fn read_hello(stream: &mut tokio::net::unix::OwnedReadHalf) -> Result<Hell
 /// Runs the CUDA probe in a child process (so that a driver fault or a
 /// missing library can never take the front down) and returns its Hello.
 pub async fn probe_cuda() -> Result<Hello, SpawnError> {
-    let (mut child, stream) = spawn_child(&ExecutorCommand::CudaProbe, None)?;
+    let (mut child, stream, _outbox) = spawn_child(&ExecutorCommand::CudaProbe, None)?;
     let (mut read, _write) = stream.into_split();
     let hello = read_hello(&mut read).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -254,7 +290,7 @@ impl ExecutorLink {
         config: &LinkConfig,
         deaths: mpsc::UnboundedSender<DeathNotice>,
     ) -> Result<Arc<ExecutorLink>, SpawnError> {
-        let (child, stream) = spawn_child(command, config.max_kernel_time)?;
+        let (child, stream, fd_outbox) = spawn_child(command, config.max_kernel_time)?;
         let (mut read, write) = stream.into_split();
         let hello = read_hello(&mut read).await?;
         if hello.devices.is_empty() {
@@ -272,6 +308,7 @@ impl ExecutorLink {
             pending: Mutex::new(Pending::default()),
             next_id: AtomicU64::new(1),
             child: Mutex::new(Some(child)),
+            fd_outbox,
         });
         tokio::spawn(Self::read_replies(link.clone(), read, deaths));
         Ok(link)
@@ -288,6 +325,16 @@ impl ExecutorLink {
             }
         }
         let _ = write.shutdown().await;
+    }
+
+    /// Sends the executor a duplicate of `fd` for an `OpenBuffer` request
+    /// to name by the returned tag; send the request after this returns.
+    pub fn send_fd(&self, fd: BorrowedFd<'_>) -> Result<u64, LinkError> {
+        self.fd_outbox.send(fd).map_err(|errno| {
+            LinkError::Down(DownCause::Exited {
+                detail: format!("the executor's fd inbox refused a descriptor: {errno}"),
+            })
+        })
     }
 
     /// The executor's process id.

@@ -7,15 +7,24 @@
 //!   closes it again).
 //! - Host shared memory, CUDA IPC memory and IPC events are opened with the
 //!   daemon's rights, so only a caller with credentials may register them.
+//! - Memory passed by descriptor registers in two halves: RegisterBuffer
+//!   checks the request and issues a one-time token bound to the session and
+//!   the caller's uid (`crate::fd_tokens`); the descriptor that comes with
+//!   it on the fd socket completes the same checks and open as any buffer.
+//!   The front keeps a reference to the descriptor until the registration
+//!   ends, to open it again after an executor restart.
 //! - Per-session and per-tenant limits are checked before the open and
 //!   again at the commit.
 
 use ptxd_proto::executor::{self as exec, open_buffer, reply, request::Op};
 
 use super::effects::{queue_close_buffer, queue_close_event, run_cleanup, side_effect, Cleanup};
+use std::os::fd::AsFd;
+
 use super::{parse_session, Front, State};
-use crate::buffers::{BufferEntry, BufferSource, EventEntry};
+use crate::buffers::{BufferEntry, BufferSource, EventEntry, SharedFd};
 use crate::error::Error;
+use crate::executor::supervisor::ExecutorLink;
 use crate::executor::ExecutorError;
 use crate::handles::{BufferHandle, BufferId, EventHandle, EventId, SessionId};
 use crate::sessions::Caller;
@@ -32,6 +41,30 @@ pub enum BufferOrigin {
     /// A POSIX shared-memory object, for the host backend (device: the
     /// daemon's first unless named).
     HostShm { name: String, device_uuid: String },
+    /// Memory whose descriptor follows on the fd socket (device: the
+    /// daemon's first unless named); the buffer starts `offset` bytes in.
+    PosixFd { device_uuid: String, offset: u64 },
+}
+
+/// What RegisterBuffer answers: a buffer, or the token its descriptor must
+/// come with on the fd socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registration {
+    Registered(RegisteredBuffer),
+    AwaitingFd {
+        token: String,
+        ttl: std::time::Duration,
+    },
+}
+
+/// A posix_fd registration waiting for its descriptor.
+#[derive(Debug)]
+pub struct AwaitingFd {
+    caller: Caller,
+    label: String,
+    size: u64,
+    offset: u64,
+    device_uuid: Option<String>,
 }
 
 /// RegisterBuffer.
@@ -78,28 +111,40 @@ pub struct EventRequest {
 }
 
 /// The executor request that opens a registered buffer (at registration,
-/// and again after a restart).
-pub(super) fn open_buffer_op(entry: &BufferEntry) -> Op {
-    let source = match &entry.source {
-        BufferSource::CudaIpc { handle } => open_buffer::Source::CudaIpc(handle.clone()),
-        BufferSource::HostShm { name } => open_buffer::Source::ShmName(name.clone()),
+/// and again after a restart). A descriptor goes to `link`'s fd inbox first,
+/// so send the request on that same link, right after.
+pub(super) fn open_buffer_op(entry: &BufferEntry, link: &ExecutorLink) -> Result<Op, Error> {
+    let (source, offset) = match &entry.source {
+        BufferSource::CudaIpc { handle } => (open_buffer::Source::CudaIpc(handle.clone()), 0),
+        BufferSource::HostShm { name } => (open_buffer::Source::ShmName(name.clone()), 0),
+        BufferSource::PosixFd { fd, offset } => {
+            let tag = link
+                .send_fd(fd.0.as_fd())
+                .map_err(|e| ExecutorError::Unavailable {
+                    device: entry.device_uuid.clone(),
+                    cause: e.to_string(),
+                })?;
+            (open_buffer::Source::FdTag(tag), *offset)
+        }
     };
-    Op::OpenBuffer(exec::OpenBuffer {
+    Ok(Op::OpenBuffer(exec::OpenBuffer {
         buffer_id: entry.id.0,
         source: Some(source),
         size: entry.size,
         claimed_device_uuid: entry.device_uuid.clone(),
         owner_uid: entry.owner_uid,
-    })
+        offset,
+    }))
 }
 
 impl Front {
-    /// RegisterBuffer.
+    /// RegisterBuffer. A posix_fd source answers with a token; the
+    /// descriptor then comes through [`Front::attach_fd`].
     pub async fn register_buffer(
         &self,
         request: BufferRequest,
         peer: Caller,
-    ) -> Result<RegisteredBuffer, Error> {
+    ) -> Result<Registration, Error> {
         let session_id = parse_session(&request.session)?;
         if request.size == 0 {
             return Err(Error::InvalidArgument {
@@ -151,18 +196,117 @@ impl Front {
                 let uuid = (!device_uuid.is_empty()).then_some(device_uuid);
                 (BufferSource::HostShm { name }, uuid)
             }
+            Some(BufferOrigin::PosixFd {
+                device_uuid,
+                offset,
+            }) => {
+                return self.await_fd(
+                    &session_id,
+                    peer,
+                    AwaitingFd {
+                        caller: peer,
+                        label: request.label,
+                        size: request.size,
+                        offset,
+                        device_uuid: (!device_uuid.is_empty()).then_some(device_uuid),
+                    },
+                );
+            }
             None => {
                 return Err(Error::InvalidArgument {
                     field: "source",
-                    message: "set cuda_ipc or host_shm".into(),
+                    message: "set cuda_ipc, host_shm or posix_fd".into(),
                 })
             }
         };
+        self.open_buffer(
+            &session_id,
+            peer,
+            &request.label,
+            request.size,
+            source,
+            claimed_uuid,
+        )
+        .await
+        .map(Registration::Registered)
+    }
+
+    /// Checks a posix_fd registration and issues its token.
+    fn await_fd(
+        &self,
+        session_id: &SessionId,
+        peer: Caller,
+        awaiting: AwaitingFd,
+    ) -> Result<Registration, Error> {
+        // The fd socket knows its peer only by credentials, and the token is
+        // bound to a uid: a caller without one (TCP) cannot pass memory.
+        let Some(credentials) = peer.credentials() else {
+            return Err(Error::IdentityRequired {
+                resource: "posix_fd",
+            });
+        };
+        let mut state = self.lock();
+        state.refuse_if_draining()?;
+        state.session(session_id, peer)?;
+        self.check_buffer_limits(&state, session_id, awaiting.size)?;
+        if let Some(uuid) = &awaiting.device_uuid {
+            state.device_by_uuid(uuid)?;
+        }
+        let ttl = state.fd_tokens.ttl();
+        let token = state.fd_tokens.issue(
+            session_id,
+            credentials.uid,
+            awaiting,
+            std::time::Instant::now(),
+        )?;
+        Ok(Registration::AwaitingFd { token, ttl })
+    }
+
+    /// The fd socket's half of a posix_fd registration: `fd` came with
+    /// `token` from a peer of uid `peer_uid`. Completes the registration the
+    /// token was issued for, or refuses it (the token is spent either way).
+    pub async fn attach_fd(
+        &self,
+        token: &str,
+        fd: std::os::fd::OwnedFd,
+        peer_uid: u32,
+    ) -> Result<RegisteredBuffer, Error> {
+        let redeemed = self
+            .lock()
+            .fd_tokens
+            .redeem(token, peer_uid, std::time::Instant::now())?;
+        let awaiting = redeemed.registration;
+        let source = BufferSource::PosixFd {
+            fd: SharedFd(std::sync::Arc::new(fd)),
+            offset: awaiting.offset,
+        };
+        self.open_buffer(
+            &redeemed.session,
+            awaiting.caller,
+            &awaiting.label,
+            awaiting.size,
+            source,
+            awaiting.device_uuid,
+        )
+        .await
+    }
+
+    /// Opens a buffer in its device's executor and records it.
+    async fn open_buffer(
+        &self,
+        session_id: &SessionId,
+        peer: Caller,
+        label: &str,
+        size: u64,
+        source: BufferSource,
+        claimed_uuid: Option<String>,
+    ) -> Result<RegisteredBuffer, Error> {
+        let session_id = session_id.clone();
         let (id, index, link, generation, device_uuid) = {
             let mut state = self.lock();
             state.refuse_if_draining()?;
             state.session(&session_id, peer)?;
-            self.check_buffer_limits(&state, &session_id, request.size)?;
+            self.check_buffer_limits(&state, &session_id, size)?;
             let index = match &claimed_uuid {
                 Some(uuid) => state.device_by_uuid(uuid)?,
                 None => 0,
@@ -180,16 +324,16 @@ impl Front {
         let entry = BufferEntry {
             id,
             session: session_id.clone(),
-            label: request.label.chars().take(256).collect(),
+            label: label.chars().take(256).collect(),
             source,
-            size: request.size,
+            size,
             device_index: index,
             device_uuid: device_uuid.clone(),
             open_in: Some(generation),
             owner_uid: peer.credentials().map(|p| p.uid),
             ring_index: 0,
         };
-        let op = open_buffer_op(&entry);
+        let op = open_buffer_op(&entry, &link)?;
         let undo = Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 });
         let (handle, ring_index, grant) = side_effect(
             &*link,
@@ -209,7 +353,7 @@ impl Front {
                 let mut state = self.lock();
                 state.recheck(&session_id, index, generation, &device_uuid)?;
                 state.session(&session_id, peer)?;
-                self.check_buffer_limits(&state, &session_id, request.size)?;
+                self.check_buffer_limits(&state, &session_id, size)?;
                 let mut entry = entry;
                 entry.ring_index = state
                     .sessions

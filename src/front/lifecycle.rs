@@ -19,6 +19,7 @@ use super::{DeviceState, Front, State, Usage, CANONICAL_MEMO_BYTES, CANONICAL_ME
 use crate::buffers::Registry;
 use crate::config::{BackendChoice, CacheScope, Limits, ServeConfig};
 use crate::executor::supervisor::{probe_cuda, ExecutorCommand, ExecutorLink, LinkConfig};
+use crate::fd_tokens::FdTokens;
 use crate::handles::{BootId, GenerationCounter};
 use crate::observe::Observer;
 use crate::ptx;
@@ -107,6 +108,7 @@ impl Front {
                 registry: Registry::new(boot),
                 devices: states,
                 draining: false,
+                fd_tokens: FdTokens::new(limits.fd_token_ttl),
             }),
             limits,
             deaths: deaths_tx,

@@ -35,7 +35,8 @@
 //!   checked at the check and again at the commit; a tenant over its share
 //!   loses its own dead and idle kernels first, never another tenant's.
 //! - A caller without credentials (TCP) never gets what depends on identity:
-//!   host shared memory, trust for unverified machine code.
+//!   host shared memory, memory passed by descriptor, trust for unverified
+//!   machine code.
 
 mod buffers;
 mod effects;
@@ -59,13 +60,16 @@ use crate::config::{CacheScope, Limits, TrustList};
 use crate::error::Error;
 use crate::executor::supervisor::{DeathNotice, ExecutorCommand, ExecutorLink, LinkConfig};
 use crate::executor::ExecutorError;
+use crate::fd_tokens::FdTokens;
 use crate::handles::{BootId, DeviceGeneration, GenerationCounter, SessionId};
 use crate::observe::Observer;
 use crate::ptx::{self, Signature};
 use crate::sessions::{Caller, Session, SessionError, Tenant};
 use crate::slots::SlotTable;
 
-pub use buffers::{BufferListing, BufferOrigin, BufferRequest, EventRequest, RegisteredBuffer};
+pub use buffers::{
+    BufferListing, BufferOrigin, BufferRequest, EventRequest, RegisteredBuffer, Registration,
+};
 pub use kernels::{
     ArtifactKind, DeclaredArtifactAbi, KernelListing, LoadRequest, LoadedKernelInfo,
 };
@@ -115,6 +119,8 @@ struct State {
     registry: Registry,
     devices: Vec<DeviceState>,
     draining: bool,
+    /// RegisterBuffer (posix_fd) calls waiting for their descriptor.
+    fd_tokens: FdTokens<buffers::AwaitingFd>,
 }
 
 impl State {

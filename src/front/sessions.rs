@@ -141,6 +141,7 @@ impl Front {
                 }
             }
             let (buffers, events) = state.registry.release_session(id);
+            state.fd_tokens.forget_session(id);
             counts.buffers = buffers.len() as u32;
             counts.events = events.len() as u32;
             for entry in &buffers {

@@ -138,10 +138,10 @@ impl Front {
             };
             let mut reopened_buffers = Vec::new();
             for buffer in &buffers {
-                let ok = matches!(
-                    link.call(open_buffer_op(buffer)).await,
-                    Ok(reply::Result::OpenBuffer(_))
-                );
+                let ok = match open_buffer_op(buffer, &link) {
+                    Ok(op) => matches!(link.call(op).await, Ok(reply::Result::OpenBuffer(_))),
+                    Err(_) => false,
+                };
                 if !ok {
                     tracing::warn!(
                         buffer = buffer.id.0,

@@ -69,6 +69,7 @@ use ptxd_proto::executor::{
 };
 
 use super::child::{serve_stdio, Backend, Replier};
+use super::fd_inbox::FdInbox;
 use super::ring::RingHandle;
 use images::{check_cubin, check_fatbin, choose_block, expected_param_sizes};
 use ptxd_client::cuda::driver::{
@@ -142,9 +143,16 @@ pub fn probe_stdio() -> i32 {
 
 /// Runs a CUDA executor process for the device with `uuid`. Returns the
 /// process exit code.
-pub fn run_executor(uuid: &str, max_kernel_time: Option<Duration>) -> i32 {
+pub fn run_executor(
+    uuid: &str,
+    max_kernel_time: Option<Duration>,
+    fd_inbox: Option<FdInbox>,
+) -> i32 {
     match CudaBackend::open(uuid, max_kernel_time) {
-        Ok(mut backend) => serve_stdio(&mut backend),
+        Ok(mut backend) => {
+            backend.fd_inbox = fd_inbox;
+            serve_stdio(&mut backend)
+        }
         Err(e) => {
             tracing::error!(uuid, error = %e, "cannot start the CUDA executor");
             2
@@ -261,6 +269,8 @@ pub struct CudaBackend {
     budget: Option<Duration>,
     /// Started with the first launch (it needs the channel to the front).
     watchdog: Option<Arc<Watchdog>>,
+    /// Descriptors the front passed for fd buffers.
+    fd_inbox: Option<FdInbox>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -302,6 +312,7 @@ impl CudaBackend {
             streams: HashMap::new(),
             budget,
             watchdog: None,
+            fd_inbox: None,
         })
     }
 
@@ -492,6 +503,13 @@ impl CudaBackend {
                 return reply.fail(
                     FailureKind::InvalidHandle,
                     "the CUDA backend maps device memory only; register host shared memory with a host-backend device",
+                    &[],
+                )
+            }
+            Some(Source::FdTag(_)) => {
+                return reply.fail(
+                    FailureKind::InvalidHandle,
+                    "this CUDA executor cannot import memory passed by descriptor yet",
                     &[],
                 )
             }

@@ -26,13 +26,13 @@ mod launch_ring;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::num::NonZeroUsize;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use nix::fcntl::OFlag;
+use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag};
 use nix::sys::mman::{mmap, munmap, shm_open, MapFlags, ProtFlags};
 use nix::sys::stat::{fstat, Mode};
 use ptxd_proto::executor::{
@@ -41,6 +41,7 @@ use ptxd_proto::executor::{
 };
 
 use super::child::{Backend, Replier};
+use super::fd_inbox::FdInbox;
 use super::ring::RingHandle;
 use super::sigbus;
 use crate::ptx::host::exec::{LaunchControl, StopReason};
@@ -57,6 +58,8 @@ struct Mapping {
     base: NonNull<u8>,
     len: usize,
     fd: std::os::fd::OwnedFd,
+    /// Where the mapping starts in the object (page-aligned).
+    file_offset: u64,
     /// Some pages are private zero pages that could not be replaced by the
     /// object again: every launch on it is refused.
     poisoned: AtomicBool,
@@ -78,7 +81,7 @@ impl Mapping {
             );
         }
         let size = fstat(self.fd.as_fd()).map(|st| st.st_size).unwrap_or(0);
-        if u64::try_from(size).unwrap_or(0) < self.len as u64 {
+        if u64::try_from(size).unwrap_or(0) < self.file_offset.saturating_add(self.len as u64) {
             return Err(format!(
                 "the shared-memory object shrank to {size} bytes after it was registered with {}",
                 self.len
@@ -103,7 +106,7 @@ impl Mapping {
                     ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
                     MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
                     &self.fd,
-                    0,
+                    i64::try_from(self.file_offset).unwrap_or(i64::MAX),
                 )
             }
         });
@@ -126,23 +129,22 @@ impl Drop for Mapping {
     }
 }
 
-fn map_shm(
-    name: &str,
-    size: u64,
-    owner_uid: Option<u32>,
-) -> Result<Mapping, (FailureKind, String, String)> {
+/// A failed open, as the executor replies it: kind, message, metadata.
+type OpenFailure = (FailureKind, String, Vec<(&'static str, String)>);
+
+fn map_shm(name: &str, size: u64, owner_uid: Option<u32>) -> Result<Mapping, OpenFailure> {
     let invalid = |what: &str, err: nix::Error| {
         (
             FailureKind::InvalidHandle,
             format!("shared memory {name:?}: {what}: {err}"),
-            format!("{err:?}"),
+            vec![("os_error", format!("{err:?}"))],
         )
     };
     let cname = CString::new(name).map_err(|_| {
         (
             FailureKind::InvalidHandle,
             format!("shared memory name {name:?} contains a NUL byte"),
-            "EINVAL".into(),
+            vec![("os_error", "EINVAL".into())],
         )
     })?;
     let fd = shm_open(cname.as_c_str(), OFlag::O_RDWR, Mode::empty())
@@ -158,18 +160,71 @@ fn map_shm(
                     "shared memory {name:?} belongs to uid {}, not to the session's uid {uid}",
                     stat.st_uid
                 ),
-                "EACCES".into(),
+                vec![("os_error", "EACCES".into())],
             ));
         }
     }
-    let actual = u64::try_from(stat.st_size).unwrap_or(0);
-    if actual < size {
+    map_fd(fd, 0, size, &format!("shared memory {name:?}"))
+}
+
+/// A memfd a client passed by descriptor. Only a file that carries
+/// `F_SEAL_SHRINK` is mapped: its size can never drop under a launch, so
+/// no launch on it can hit SIGBUS. Files that cannot be sealed at all
+/// (anything but a memfd) are refused the same way.
+fn map_memfd(fd: OwnedFd, offset: u64, size: u64) -> Result<Mapping, OpenFailure> {
+    let seals = match fcntl(&fd, FcntlArg::F_GET_SEALS) {
+        Ok(bits) => SealFlag::from_bits_truncate(bits),
+        Err(e) => {
+            return Err((
+                FailureKind::FdNotSealed,
+                format!("the descriptor is not a sealable memfd ({e}): pass a memfd sealed with F_SEAL_SHRINK"),
+                vec![("os_error", format!("{e:?}"))],
+            ))
+        }
+    };
+    if !seals.contains(SealFlag::F_SEAL_SHRINK) {
+        return Err((
+            FailureKind::FdNotSealed,
+            format!(
+                "the memfd carries seals {:#x} but not F_SEAL_SHRINK: its owner could shrink it under a launch; seal it with fcntl(F_ADD_SEALS, F_SEAL_SHRINK)",
+                seals.bits()
+            ),
+            vec![("seals", format!("{:#x}", seals.bits()))],
+        ));
+    }
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| u64::try_from(p).ok())
+        .unwrap_or(4096);
+    if offset % page != 0 {
         return Err((
             FailureKind::InvalidHandle,
-            format!(
-                "shared memory {name:?} holds {actual} bytes, fewer than the {size} registered"
-            ),
-            "ERANGE".into(),
+            format!("a memfd buffer starts at a multiple of the page size ({page} bytes), not at {offset}"),
+            vec![("os_error", "EINVAL".into())],
+        ));
+    }
+    map_fd(fd, offset, size, "the memfd")
+}
+
+/// Maps `size` bytes of `fd` from `offset`, after checking that the file
+/// holds them (its size, never the client's word).
+fn map_fd(fd: OwnedFd, offset: u64, size: u64, what: &str) -> Result<Mapping, OpenFailure> {
+    let invalid = |call: &str, err: nix::Error| {
+        (
+            FailureKind::InvalidHandle,
+            format!("{what}: {call}: {err}"),
+            vec![("os_error", format!("{err:?}"))],
+        )
+    };
+    let stat = fstat(fd.as_fd()).map_err(|e| invalid("fstat", e))?;
+    let actual = u64::try_from(stat.st_size).unwrap_or(0);
+    let end = offset.checked_add(size).unwrap_or(u64::MAX);
+    if actual < end {
+        return Err((
+            FailureKind::InvalidHandle,
+            format!("{what} holds {actual} bytes, fewer than the {end} registered (offset {offset} + size {size})"),
+            vec![("os_error", "ERANGE".into())],
         ));
     }
     let len = usize::try_from(size)
@@ -179,9 +234,16 @@ fn map_shm(
             (
                 FailureKind::InvalidHandle,
                 format!("cannot map {size} bytes"),
-                "EINVAL".into(),
+                vec![("os_error", "EINVAL".into())],
             )
         })?;
+    let file_offset = i64::try_from(offset).map_err(|_| {
+        (
+            FailureKind::InvalidHandle,
+            format!("offset {offset} is too large"),
+            vec![("os_error", "EINVAL".into())],
+        )
+    })?;
     // SAFETY: a fresh shared mapping of an fd we own; no existing Rust object
     // aliases it.
     let base = unsafe {
@@ -191,7 +253,7 @@ fn map_shm(
             ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
             MapFlags::MAP_SHARED,
             &fd,
-            0,
+            file_offset,
         )
     }
     .map_err(|e| invalid("mmap", e))?;
@@ -199,6 +261,7 @@ fn map_shm(
         base: base.cast(),
         len: len.get(),
         fd,
+        file_offset: offset,
         poisoned: AtomicBool::new(false),
     })
 }
@@ -236,6 +299,8 @@ pub struct HostBackend {
     streams: HashMap<u64, StreamWorker>,
     /// Session rings by stream.
     rings: HashMap<u64, RingHandle<Arc<HostKernel>, Arc<Mapping>>>,
+    /// Descriptors the front passed for fd buffers.
+    fd_inbox: Option<FdInbox>,
 }
 
 impl std::fmt::Debug for HostBackend {
@@ -256,6 +321,7 @@ impl HostBackend {
         threads: usize,
         checked: bool,
         max_kernel_time: Option<Duration>,
+        fd_inbox: Option<FdInbox>,
     ) -> Result<Self, nix::Error> {
         sigbus::install()?;
         Ok(HostBackend {
@@ -269,7 +335,33 @@ impl HostBackend {
             buffers: HashMap::new(),
             streams: HashMap::new(),
             rings: HashMap::new(),
+            fd_inbox,
         })
+    }
+
+    /// Opens a buffer: a named object or a memfd from the fd inbox.
+    fn open_mapping(
+        &mut self,
+        open: &ptxd_proto::executor::OpenBuffer,
+    ) -> Result<Mapping, OpenFailure> {
+        match &open.source {
+            Some(Source::ShmName(name)) => map_shm(name, open.size, open.owner_uid),
+            Some(Source::FdTag(tag)) => {
+                let fd = self
+                    .fd_inbox
+                    .as_mut()
+                    .ok_or_else(|| "this executor has no fd inbox".to_owned())
+                    .and_then(|inbox| inbox.take(*tag))
+                    .map_err(|e| (FailureKind::Internal, e, Vec::new()))?;
+                map_memfd(fd, open.offset, open.size)
+            }
+            Some(Source::CudaIpc(_)) => Err((
+                FailureKind::UnsupportedOnHost,
+                "the host backend cannot open CUDA IPC handles; register POSIX shared memory or a memfd".into(),
+                Vec::new(),
+            )),
+            None => Err((FailureKind::InvalidHandle, "buffer without a source".into(), Vec::new())),
+        }
     }
 
     fn load(&mut self, load: ptxd_proto::executor::LoadModule, reply: Replier) {
@@ -586,24 +678,14 @@ impl Backend for HostBackend {
                 self.kernels.remove(&unload.module_id);
                 reply.ok()
             }
-            Op::OpenBuffer(open) => match open.source {
-                Some(Source::ShmName(name)) => match map_shm(&name, open.size, open.owner_uid) {
-                    Ok(mapping) => {
-                        self.buffers.insert(open.buffer_id, Arc::new(mapping));
-                        reply.send(reply::Result::OpenBuffer(OpenBufferOk {
-                            device_uuid: host_device_uuid(self.index),
-                        }))
-                    }
-                    Err((kind, message, errno)) => {
-                        reply.fail(kind, message, &[("os_error", errno)])
-                    }
-                },
-                Some(Source::CudaIpc(_)) => reply.fail(
-                    FailureKind::UnsupportedOnHost,
-                    "the host backend cannot open CUDA IPC handles; register POSIX shared memory",
-                    &[],
-                ),
-                None => reply.fail(FailureKind::InvalidHandle, "buffer without a source", &[]),
+            Op::OpenBuffer(open) => match self.open_mapping(&open) {
+                Ok(mapping) => {
+                    self.buffers.insert(open.buffer_id, Arc::new(mapping));
+                    reply.send(reply::Result::OpenBuffer(OpenBufferOk {
+                        device_uuid: host_device_uuid(self.index),
+                    }))
+                }
+                Err((kind, message, metadata)) => reply.fail(kind, message, &metadata),
             },
             Op::CloseBuffer(close) => {
                 for ring in self.rings.values() {

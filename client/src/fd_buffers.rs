@@ -1,0 +1,169 @@
+//! Buffers passed by file descriptor: the session's side of the fd socket.
+//!
+//! A registration is one `RegisterBuffer` (source `posix_fd`), which returns
+//! a one-time token, then one round trip on the daemon's fd socket
+//! (`<socket>.fds`, `SOCK_SEQPACKET`): the token and the descriptor go in one
+//! packet, and the reply is the registered buffer or a refusal. The daemon
+//! checks the fd socket's peer credentials against the uid that asked for
+//! the token, reads the memory's size from the driver or the file, and
+//! keeps its own reference, so the caller may close its descriptor as soon
+//! as the call returns.
+//!
+//! Descriptors cross PID, IPC and mount namespaces: a client in its own
+//! containers needs only the two sockets.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+
+use prost::Message;
+use ptxd_proto::v1 as pb;
+use tokio::io::unix::AsyncFd;
+
+use crate::error::{from_launch_error, Error};
+use crate::fd_passing::{connect_seqpacket, recv_packet, send_packet, MAX_PACKET};
+use crate::session::Session;
+use crate::shm::HostMemfd;
+use crate::types::Buffer;
+
+/// Where a buffer passed by descriptor lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FdBufferSpec {
+    /// The device; `None`: the daemon's first device.
+    pub device_uuid: Option<String>,
+    /// Where the buffer starts inside the allocation or file, in bytes.
+    pub offset: u64,
+    /// A label for listings.
+    pub label: String,
+}
+
+impl Session {
+    /// Registers `size` bytes of the memory behind `fd`, starting at
+    /// `spec.offset`: on the CUDA backend an fd from
+    /// `cuMemExportToShareableHandle` (see
+    /// [`CudaDevice::alloc_exportable`](crate::cuda::CudaDevice::alloc_exportable)),
+    /// on the host backend a memfd sealed with `F_SEAL_SHRINK` (see
+    /// [`HostMemfd`]). Needs the Unix-socket transport.
+    pub async fn register_fd_buffer(
+        &self,
+        fd: BorrowedFd<'_>,
+        size: u64,
+        spec: FdBufferSpec,
+    ) -> Result<Buffer, Error> {
+        let fd_socket = self.fd_socket.as_deref().ok_or_else(|| {
+            Error::InvalidInput(
+                "buffers pass by file descriptor only over the Unix socket (this client has no fd socket)"
+                    .into(),
+            )
+        })?;
+        let request = pb::RegisterBufferRequest {
+            session: self.id().to_owned(),
+            source: Some(pb::register_buffer_request::Source::PosixFd(
+                pb::PosixFdBuffer {
+                    device_uuid: spec.device_uuid.unwrap_or_default(),
+                    offset: spec.offset,
+                },
+            )),
+            size,
+            label: spec.label,
+        };
+        let response = self.grpc()?.register_buffer(request).await?.into_inner();
+        if response.fd_token.is_empty() {
+            return Err(Error::Protocol(
+                "a posix_fd registration returned no fd token".into(),
+            ));
+        }
+        let registered = attach_fd(fd_socket, &response.fd_token, fd).await?;
+        if registered.buffer.is_empty() {
+            return Err(Error::Protocol("the fd socket returned no handle".into()));
+        }
+        Ok(Buffer {
+            handle: registered.buffer,
+            size,
+            device_uuid: registered.device_uuid,
+            generation: registered.generation,
+            ring_index: registered.ring_index,
+        })
+    }
+
+    /// Registers the whole of a [`HostMemfd`] (host backend) by descriptor;
+    /// `device_uuid` `None` means the first host device.
+    pub async fn register_memfd(
+        &self,
+        memfd: &HostMemfd,
+        device_uuid: Option<&str>,
+    ) -> Result<Buffer, Error> {
+        let spec = FdBufferSpec {
+            device_uuid: device_uuid.map(str::to_owned),
+            ..FdBufferSpec::default()
+        };
+        self.register_fd_buffer(memfd.as_fd(), memfd.size(), spec)
+            .await
+    }
+}
+
+/// One exchange on the fd socket at `path`: `token` and `fd` out, the
+/// registered buffer (or the refusal) back.
+pub async fn attach_fd(
+    path: &Path,
+    token: &str,
+    fd: BorrowedFd<'_>,
+) -> Result<pb::RegisterBufferResponse, Error> {
+    let io = |what: &str, errno: nix::errno::Errno| {
+        Error::Protocol(format!("fd socket {}: {what}: {errno}", path.display()))
+    };
+    let socket = connect_seqpacket(path, true).map_err(|e| io("connect", e))?;
+    // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open and
+    // names the same socket until the AsyncFd drops.
+    let socket = unsafe { AsyncFd::register(socket) }
+        .map_err(|e| Error::Protocol(format!("fd socket: {e}")))?;
+    let packet = pb::FdAttach {
+        token: token.to_owned(),
+    }
+    .encode_to_vec();
+    loop {
+        let mut ready = socket
+            .writable()
+            .await
+            .map_err(|e| Error::Protocol(format!("fd socket: {e}")))?;
+        match send_packet(socket.get_ref().as_fd(), &packet, Some(fd), true) {
+            Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
+            Err(e) => return Err(io("send", e)),
+            Ok(()) => break,
+        }
+    }
+    let reply = loop {
+        let mut ready = socket
+            .readable()
+            .await
+            .map_err(|e| Error::Protocol(format!("fd socket: {e}")))?;
+        match recv_packet(socket.get_ref().as_fd(), true) {
+            Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
+            Err(e) => return Err(io("receive", e)),
+            Ok(None) => {
+                return Err(Error::Protocol(
+                    "the daemon closed the fd socket without a reply".into(),
+                ))
+            }
+            Ok(Some(packet)) => break packet,
+        }
+    };
+    if reply.truncated || reply.bytes.len() > MAX_PACKET {
+        return Err(Error::Protocol("an oversized fd socket reply".into()));
+    }
+    // The daemon sends no descriptors back; any that came are closed here.
+    drop(reply.fds);
+    let reply = pb::FdAttachReply::decode(reply.bytes.as_slice())
+        .map_err(|e| Error::Protocol(format!("an undecodable fd socket reply: {e}")))?;
+    match reply.result {
+        Some(pb::fd_attach_reply::Result::Registered(registered)) => Ok(registered),
+        Some(pb::fd_attach_reply::Result::Refused(refused)) => {
+            Err(from_launch_error(pb::LaunchError {
+                code: refused.code,
+                reason: refused.reason,
+                message: refused.message,
+                metadata: refused.metadata,
+            }))
+        }
+        None => Err(Error::Protocol("an empty fd socket reply".into())),
+    }
+}

@@ -1,0 +1,191 @@
+//! File descriptors over Unix sockets (`SCM_RIGHTS`): the fd socket beside
+//! ptxd's gRPC socket, and the daemon's inbox to each executor.
+//!
+//! Both are `SOCK_SEQPACKET` sockets, so a packet's bytes and the
+//! descriptors sent with them arrive together, and one packet is one
+//! message: no framing, and no descriptor can drift onto the next message.
+//!
+//! Invariants:
+//! - A received descriptor is owned ([`OwnedFd`]) from the moment the call
+//!   returns, so every descriptor a packet carried is closed unless the
+//!   caller keeps it; received descriptors are close-on-exec.
+//! - The control buffer holds the most descriptors one packet can carry
+//!   (`SCM_MAX_FD`), so the kernel never truncates it and no descriptor is
+//!   installed without being returned.
+//! - A packet longer than [`MAX_PACKET`] is reported as truncated, never
+//!   read in parts.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::sys::socket::{
+    connect, recvmsg, sendmsg, socket, AddressFamily, ControlMessage, ControlMessageOwned,
+    MsgFlags, SockFlag, SockType, UnixAddr,
+};
+
+/// The largest packet either side sends or accepts, in bytes.
+pub const MAX_PACKET: usize = 4096;
+
+/// The most descriptors Linux lets one packet carry (`SCM_MAX_FD`).
+const SCM_MAX_FD: usize = 253;
+
+/// The fd socket that belongs to a gRPC socket: the same path with `.fds`
+/// appended (`ptxd.sock` → `ptxd.sock.fds`).
+pub fn fd_socket_path(grpc_socket: &Path) -> std::path::PathBuf {
+    let mut path = grpc_socket.as_os_str().to_owned();
+    path.push(".fds");
+    path.into()
+}
+
+/// One received packet.
+#[derive(Debug)]
+pub struct Packet {
+    /// The packet's bytes (at most [`MAX_PACKET`]).
+    pub bytes: Vec<u8>,
+    /// Every descriptor the packet carried, owned.
+    pub fds: Vec<OwnedFd>,
+    /// The packet was longer than [`MAX_PACKET`]; `bytes` holds its start.
+    pub truncated: bool,
+}
+
+/// Sends one packet holding `bytes` and, if given, one descriptor.
+/// `dont_wait`: fail with `EAGAIN` instead of blocking when the peer's
+/// queue is full.
+pub fn send_packet(
+    socket: BorrowedFd<'_>,
+    bytes: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+    dont_wait: bool,
+) -> nix::Result<()> {
+    let raw: [RawFd; 1] = [fd.map_or(-1, |fd| fd.as_raw_fd())];
+    let control = [ControlMessage::ScmRights(&raw)];
+    let control: &[ControlMessage<'_>] = if fd.is_some() { &control } else { &[] };
+    let mut flags = MsgFlags::MSG_NOSIGNAL;
+    if dont_wait {
+        flags |= MsgFlags::MSG_DONTWAIT;
+    }
+    let iov = [IoSlice::new(bytes)];
+    let sent = sendmsg::<()>(socket.as_raw_fd(), &iov, control, flags, None)?;
+    if sent != bytes.len() {
+        // A SOCK_SEQPACKET send is all or nothing; anything else is not the
+        // socket this module was given.
+        return Err(Errno::EMSGSIZE);
+    }
+    Ok(())
+}
+
+/// Receives one packet. `Ok(None)`: the peer closed the connection.
+/// `dont_wait`: `EAGAIN` instead of blocking when nothing is queued.
+pub fn recv_packet(socket: BorrowedFd<'_>, dont_wait: bool) -> nix::Result<Option<Packet>> {
+    let mut buffer = vec![0u8; MAX_PACKET];
+    let mut control = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
+    if dont_wait {
+        flags |= MsgFlags::MSG_DONTWAIT;
+    }
+    let (bytes, returned_flags, fds) = {
+        let mut iov = [IoSliceMut::new(&mut buffer)];
+        let message = recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut control), flags)?;
+        let mut fds = Vec::new();
+        // With room for SCM_MAX_FD descriptors the control data is never
+        // truncated; if it were, nix refuses to walk it (ENOBUFS) and the
+        // caller drops the connection.
+        for message in message.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(raw) = message {
+                for fd in raw {
+                    // SAFETY: the kernel installed `fd` in this process for
+                    // this message and nothing else refers to it: taking
+                    // ownership closes it exactly once.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                }
+            }
+        }
+        (message.bytes, message.flags, fds)
+    };
+    if bytes == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    buffer.truncate(bytes);
+    Ok(Some(Packet {
+        bytes: buffer,
+        fds,
+        truncated: returned_flags.contains(MsgFlags::MSG_TRUNC),
+    }))
+}
+
+/// A connected, close-on-exec `SOCK_SEQPACKET` socket to `path`.
+/// `nonblocking` sets `O_NONBLOCK` (for an async reactor).
+pub fn connect_seqpacket(path: &Path, nonblocking: bool) -> nix::Result<OwnedFd> {
+    let mut flags = SockFlag::SOCK_CLOEXEC;
+    if nonblocking {
+        flags |= SockFlag::SOCK_NONBLOCK;
+    }
+    let fd = socket(AddressFamily::Unix, SockType::SeqPacket, flags, None)?;
+    let address = UnixAddr::new(path)?;
+    connect(fd.as_raw_fd(), &address)?;
+    Ok(fd)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::socketpair;
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsFd;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_descriptor_arrives_with_its_packet_and_refers_to_the_same_file() {
+        let (a, b) = pair();
+        let mut file = tempfile_in_memory();
+        let payload: Vec<u8> = (0..64).map(|_| rand::random::<u8>()).collect();
+        file.write_all(&payload).unwrap();
+        send_packet(a.as_fd(), b"token-1", Some(file.as_fd()), false).unwrap();
+        send_packet(a.as_fd(), b"token-2", None, false).unwrap();
+        let first = recv_packet(b.as_fd(), false).unwrap().unwrap();
+        assert_eq!(first.bytes, b"token-1");
+        assert_eq!(first.fds.len(), 1);
+        assert!(!first.truncated);
+        let mut received = std::fs::File::from(first.fds.into_iter().next().unwrap());
+        received.rewind().unwrap();
+        let mut read = Vec::new();
+        received.read_to_end(&mut read).unwrap();
+        assert_eq!(read, payload);
+        let second = recv_packet(b.as_fd(), false).unwrap().unwrap();
+        assert_eq!(second.bytes, b"token-2");
+        assert!(second.fds.is_empty());
+    }
+
+    #[test]
+    fn an_oversized_packet_is_reported_truncated_and_a_closed_peer_is_none() {
+        let (a, b) = pair();
+        send_packet(a.as_fd(), &vec![7u8; MAX_PACKET + 100], None, false).unwrap();
+        let packet = recv_packet(b.as_fd(), false).unwrap().unwrap();
+        assert!(packet.truncated);
+        assert_eq!(packet.bytes.len(), MAX_PACKET);
+        assert_eq!(recv_packet(b.as_fd(), true).unwrap_err(), Errno::EAGAIN);
+        drop(a);
+        assert!(recv_packet(b.as_fd(), false).unwrap().is_none());
+    }
+
+    fn tempfile_in_memory() -> std::fs::File {
+        let fd = nix::sys::memfd::memfd_create(
+            c"fd-passing-test",
+            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+        )
+        .unwrap();
+        std::fs::File::from(fd)
+    }
+}

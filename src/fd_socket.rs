@@ -1,0 +1,239 @@
+//! The fd socket: where clients send the descriptors of buffers they
+//! register by file descriptor (`RegisterBuffer` with source `posix_fd`).
+//!
+//! A `SOCK_SEQPACKET` Unix socket beside the gRPC socket, named after it
+//! with `.fds` appended, with the same mode. One exchange per packet: the
+//! client sends an encoded `FdAttach` (the token `RegisterBuffer` returned)
+//! with exactly one descriptor (`SCM_RIGHTS`); ptxd answers with one
+//! encoded `FdAttachReply`. The peer's uid comes from the kernel
+//! (`SO_PEERCRED`), never from the packet.
+//!
+//! Invariants:
+//! - A descriptor is owned from the moment it is received: one that does
+//!   not complete a registration is closed before the reply is sent.
+//! - A packet that is truncated, undecodable or does not carry exactly one
+//!   descriptor is refused (INVALID_ARGUMENT) and ends the connection.
+//! - At most [`MAX_CONNECTIONS`] connections are served at once (others are
+//!   closed on accept), each is closed after [`IDLE_TIMEOUT`] without a
+//!   packet, and a connection handles one packet at a time, so a local user
+//!   cannot make the daemon hold more than one unregistered descriptor per
+//!   connection.
+
+use std::future::Future;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::socket::{
+    accept4, bind, getsockopt, listen, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
+    UnixAddr,
+};
+use prost::Message;
+use ptxd_client::fd_passing::{recv_packet, send_packet};
+use ptxd_proto::v1 as api;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Semaphore;
+
+use crate::error::Error;
+use crate::front::Front;
+
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection may sit without sending a packet.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Binds the fd socket at `path` with `mode`, replacing a stale socket
+/// file (the caller has made sure no daemon serves the gRPC socket).
+pub fn bind_fd_socket(path: &Path, mode: u32) -> std::io::Result<OwnedFd> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ))
+        }
+        Err(_) => {}
+    }
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    listen(&fd, Backlog::new(128).unwrap_or(Backlog::MAXCONN))?;
+    Ok(fd)
+}
+
+/// Serves the fd socket until `stop` resolves.
+pub async fn serve(listener: OwnedFd, front: Arc<Front>, stop: impl Future<Output = ()>) {
+    // SAFETY: the AsyncFd owns the listening socket, which stays open and
+    // the same socket until it drops.
+    let listener = match unsafe { AsyncFd::register(listener) } {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch the fd socket");
+            return;
+        }
+    };
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut stop => return,
+            accepted = accept(&listener) => accepted,
+        };
+        let connection = match accepted {
+            Ok(connection) => connection,
+            Err(e) => {
+                tracing::warn!(error = %e, "fd socket accept failed");
+                // EMFILE and friends: back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                max = MAX_CONNECTIONS,
+                "fd socket connection refused: too many open"
+            );
+            continue;
+        };
+        let front = front.clone();
+        tokio::spawn(async move {
+            serve_connection(connection, front).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn accept(listener: &AsyncFd<OwnedFd>) -> std::io::Result<OwnedFd> {
+    loop {
+        let mut ready = listener.readable().await?;
+        match accept4(
+            listener.get_ref(),
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        ) {
+            Ok(fd) => return Ok(fd),
+            Err(Errno::EAGAIN) => ready.clear_ready(),
+            Err(Errno::EINTR | Errno::ECONNABORTED) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// One client connection: packets in, replies out, until it closes, breaks
+/// the protocol or idles out.
+async fn serve_connection(connection: OwnedFd, front: Arc<Front>) {
+    let uid = match getsockopt(&connection, sockopt::PeerCredentials) {
+        Ok(credentials) => credentials.uid(),
+        Err(e) => {
+            tracing::warn!(error = %e, "fd socket peer without credentials");
+            return;
+        }
+    };
+    // SAFETY: as for the listener: owned by the AsyncFd until it drops.
+    let Ok(connection) = (unsafe { AsyncFd::register(connection) }) else {
+        return;
+    };
+    loop {
+        let packet = match tokio::time::timeout(IDLE_TIMEOUT, receive(&connection)).await {
+            Ok(Ok(Some(packet))) => packet,
+            Ok(Ok(None) | Err(_)) | Err(_) => return,
+        };
+        let (reply, keep_going) = match parse(packet) {
+            Ok((token, fd)) => {
+                let front = front.clone();
+                // Spawned, so that a client that hangs up mid-open cannot
+                // cancel the open half-way (the open commits or undoes).
+                let result = tokio::spawn(async move { front.attach_fd(&token, fd, uid).await })
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(Error::Internal {
+                            message: format!("the fd registration task failed: {e}"),
+                        })
+                    });
+                (reply_for(result), true)
+            }
+            Err(refusal) => (reply_for(Err(refusal)), false),
+        };
+        if send(&connection, &reply.encode_to_vec()).await.is_err() || !keep_going {
+            return;
+        }
+    }
+}
+
+/// The token and the one descriptor of a packet, or why it is refused
+/// (every descriptor it carried is closed when the packet drops).
+fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<(String, OwnedFd), Error> {
+    let invalid = |message: &str| Error::InvalidArgument {
+        field: "packet",
+        message: message.to_owned(),
+    };
+    if packet.truncated {
+        return Err(invalid("a packet is at most 4096 bytes"));
+    }
+    let attach = api::FdAttach::decode(packet.bytes.as_slice())
+        .map_err(|e| invalid(&format!("not an FdAttach: {e}")))?;
+    let mut fds = packet.fds;
+    if fds.len() != 1 {
+        return Err(invalid(&format!(
+            "a packet carries exactly one descriptor, not {}",
+            fds.len()
+        )));
+    }
+    let fd = fds.pop().ok_or_else(|| invalid("no descriptor"))?;
+    Ok((attach.token, fd))
+}
+
+fn reply_for(result: Result<crate::front::RegisteredBuffer, Error>) -> api::FdAttachReply {
+    let result = match result {
+        Ok(buffer) => {
+            api::fd_attach_reply::Result::Registered(crate::service::registered_buffer(buffer))
+        }
+        Err(error) => {
+            let refusal = error.to_launch_error();
+            api::fd_attach_reply::Result::Refused(api::FdRefusal {
+                code: refusal.code,
+                message: refusal.message,
+                reason: refusal.reason,
+                metadata: refusal.metadata,
+            })
+        }
+    };
+    api::FdAttachReply {
+        result: Some(result),
+    }
+}
+
+async fn receive(
+    connection: &AsyncFd<OwnedFd>,
+) -> std::io::Result<Option<ptxd_client::fd_passing::Packet>> {
+    loop {
+        let mut ready = connection.readable().await?;
+        match recv_packet(connection.get_ref().as_fd(), true) {
+            Err(Errno::EAGAIN) => ready.clear_ready(),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+            Ok(packet) => return Ok(packet),
+        }
+    }
+}
+
+async fn send(connection: &AsyncFd<OwnedFd>, bytes: &[u8]) -> std::io::Result<()> {
+    loop {
+        let mut ready = connection.writable().await?;
+        match send_packet(connection.get_ref().as_fd(), bytes, None, true) {
+            Err(Errno::EAGAIN) => ready.clear_ready(),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+            Ok(()) => return Ok(()),
+        }
+    }
+}
