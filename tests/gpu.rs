@@ -499,6 +499,7 @@ fn bad_registrations_are_refused_with_the_right_kind() {
         size: 64,
         claimed_device_uuid: s.dev.uuid().into(),
         owner_uid: None,
+        offset: 0,
     });
     expect_failure(s.exec.call(shm), FailureKind::InvalidHandle);
     // A short handle.
@@ -511,6 +512,7 @@ fn bad_registrations_are_refused_with_the_right_kind() {
         size: 64,
         claimed_device_uuid: s.dev.uuid().into(),
         owner_uid: None,
+        offset: 0,
     });
     expect_failure(s.exec.call(short), FailureKind::InvalidHandle);
     let f = expect_failure(

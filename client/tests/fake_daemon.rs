@@ -278,6 +278,7 @@ impl Ptxd for Fake {
             device_uuid: "HOST-0".into(),
             generation: 7,
             ring_index: 1,
+            ..Default::default()
         }))
     }
 

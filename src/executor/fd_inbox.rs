@@ -181,7 +181,7 @@ mod tests {
         .unwrap();
         send_packet(outbox.socket.as_fd(), &9u64.to_le_bytes(), None, true).unwrap();
         let tag = outbox.send(memfd(7).as_fd()).unwrap();
-        assert_eq!(fstat(&inbox.take(tag).unwrap()).unwrap().st_size, 7);
+        assert_eq!(fstat(inbox.take(tag).unwrap()).unwrap().st_size, 7);
         assert!(inbox.take(9).is_err());
         drop(outbox);
         assert_eq!(inbox.take(10).unwrap_err(), "the front closed the fd inbox");

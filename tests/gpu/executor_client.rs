@@ -193,6 +193,7 @@ pub fn open_ipc_op(buffer_id: u64, handle: [u8; 64], size: u64, device: &str) ->
         size,
         claimed_device_uuid: device.into(),
         owner_uid: None,
+        offset: 0,
     })
 }
 

@@ -197,7 +197,7 @@ fn map_memfd(fd: OwnedFd, offset: u64, size: u64) -> Result<Mapping, OpenFailure
         .flatten()
         .and_then(|p| u64::try_from(p).ok())
         .unwrap_or(4096);
-    if offset % page != 0 {
+    if !offset.is_multiple_of(page) {
         return Err((
             FailureKind::InvalidHandle,
             format!("a memfd buffer starts at a multiple of the page size ({page} bytes), not at {offset}"),
@@ -219,7 +219,7 @@ fn map_fd(fd: OwnedFd, offset: u64, size: u64, what: &str) -> Result<Mapping, Op
     };
     let stat = fstat(fd.as_fd()).map_err(|e| invalid("fstat", e))?;
     let actual = u64::try_from(stat.st_size).unwrap_or(0);
-    let end = offset.checked_add(size).unwrap_or(u64::MAX);
+    let end = offset.saturating_add(size);
     if actual < end {
         return Err((
             FailureKind::InvalidHandle,

@@ -1,0 +1,459 @@
+//! Buffers passed by file descriptor on the host backend: sealed memfds over
+//! the fd socket, end to end through the real daemon. Every launch is
+//! compared element by element with a reference; every refusal is checked
+//! for its exact reason; a client in its own PID and mount namespaces, with
+//! a private /dev/shm, registers memfds and launches, and is refused shm
+//! names.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use common::{corpus, random_f32, wait_until, Daemon};
+use ptxd_client::fd_passing::fd_socket_path;
+use ptxd_client::{
+    attach_fd, Buffer, Client, FdBufferSpec, HostMemfd, HostShm, Launch, LoadOptions, Refusal,
+    Session,
+};
+use ptxd_proto::v1 as pb;
+
+/// A memfd of `n` f32 values (poison when `values` is `None`), registered.
+async fn memfd_buffer(session: &Session, values: Option<&[f32]>, n: usize) -> (HostMemfd, Buffer) {
+    let mut memfd = HostMemfd::create((n * 4) as u64).unwrap();
+    match values {
+        Some(v) => memfd.write_f32(0, v).unwrap(),
+        None => memfd.write_f32(0, &vec![f32::NAN; n]).unwrap(),
+    }
+    let buffer = session.register_memfd(&memfd, None).await.unwrap();
+    (memfd, buffer)
+}
+
+/// Registers memfd inputs and output, launches `add_f32_scalar` on them and
+/// compares every element with the reference.
+async fn add_through_memfds(session: &Session, n: usize) {
+    let kernel = session
+        .load_ptx(
+            0,
+            corpus("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a_fd, a_buf) = memfd_buffer(session, Some(&a), n).await;
+    let (_b_fd, b_buf) = memfd_buffer(session, Some(&b), n).await;
+    let (out_fd, out_buf) = memfd_buffer(session, None, n).await;
+    let launch = Launch::new(
+        [a_buf.operand(), b_buf.operand()],
+        out_buf.operand(),
+        n as u64,
+    )
+    .sync(true);
+    session.launch(&kernel, &launch).await.unwrap();
+    let out = out_fd.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+    }
+}
+
+/// The executor's mappings of memfds this suite made.
+fn memfd_mappings(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|maps| {
+            maps.lines()
+                .filter(|l| l.contains("/memfd:ptxd-buffer"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+async fn executor_pid(client: &Client) -> u32 {
+    client
+        .raw()
+        .get_info(pb::GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .devices[0]
+        .executor_pid
+}
+
+fn refusal_reason(error: &ptxd_client::Error) -> &'static str {
+    error
+        .refusal()
+        .unwrap_or_else(|| panic!("expected a refusal, got {error:?}"))
+        .wire_name()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memfd_buffers_launch_like_shm_and_unmap_when_released() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    assert_eq!(
+        client.fd_socket(),
+        Some(fd_socket_path(&daemon.socket).as_path())
+    );
+    let session = client.open_session("memfd").await.unwrap();
+    add_through_memfds(&session, 4099).await;
+
+    let listed = session.list_buffers().await.unwrap();
+    assert_eq!(listed.len(), 3);
+    assert!(listed.iter().all(|b| b.kind == "posix_fd"), "{listed:?}");
+    let executor = executor_pid(&client).await;
+    assert_eq!(memfd_mappings(executor), 3);
+
+    // A buffer at an offset inside its memfd: the launch sees the bytes
+    // from there on.
+    let page = 4096usize;
+    let n = 1000;
+    let values = random_f32(n + page / 4);
+    let mut whole = HostMemfd::create((values.len() * 4) as u64).unwrap();
+    whole.write_f32(0, &values).unwrap();
+    let spec = FdBufferSpec {
+        offset: page as u64,
+        ..FdBufferSpec::default()
+    };
+    let tail = session
+        .register_fd_buffer(whole.as_fd(), (n * 4) as u64, spec)
+        .await
+        .unwrap();
+    let copy = session
+        .load_ptx(
+            0,
+            corpus("affine_f32_scalar.ptx"),
+            "affine_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let (out_fd, out_buf) = memfd_buffer(&session, None, n).await;
+    let launch = Launch::new([tail.operand()], out_buf.operand(), n as u64)
+        .params([1.0, 0.0])
+        .sync(true);
+    session.launch(&copy, &launch).await.unwrap();
+    let out = out_fd.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            out[i].to_bits(),
+            values[page / 4 + i].to_bits(),
+            "element {i}"
+        );
+    }
+    // The registration is bounded by its size, not by the memfd's.
+    let too_far = Launch::new([tail.at(4)], out_buf.operand(), n as u64)
+        .params([1.0, 0.0])
+        .sync(true);
+    let error = session.launch(&copy, &too_far).await.unwrap_err();
+    assert_eq!(refusal_reason(&error), "BUFFER_TOO_SMALL");
+
+    // Releasing every buffer unmaps every memfd: nothing is left behind.
+    for buffer in session.list_buffers().await.unwrap() {
+        session
+            .release_buffer(&Buffer {
+                handle: buffer.handle,
+                size: buffer.size,
+                device_uuid: buffer.device_uuid,
+                generation: buffer.generation,
+                ring_index: 0,
+            })
+            .await
+            .unwrap();
+    }
+    wait_until(
+        "the executor unmaps released memfds",
+        Duration::from_secs(5),
+        || memfd_mappings(executor) == 0,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unsealed_short_and_foreign_descriptors_are_refused_with_their_reasons() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("memfd refusals").await.unwrap();
+
+    let unsealed = HostMemfd::create_unsealed(4096).unwrap();
+    let error = session.register_memfd(&unsealed, None).await.unwrap_err();
+    let Some(Refusal::FdNotSealed(details)) = error.refusal() else {
+        panic!("expected FD_NOT_SEALED, got {error:?}");
+    };
+    assert_eq!(
+        details.metadata.get("seals").map(String::as_str),
+        Some("0x0")
+    );
+
+    // A plain file cannot be sealed at all.
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(4096).unwrap();
+    let error = session
+        .register_fd_buffer(file.as_fd(), 4096, FdBufferSpec::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refusal_reason(&error), "FD_NOT_SEALED");
+
+    // The size comes from the file, not from the request.
+    let small = HostMemfd::create(4096).unwrap();
+    let error = session
+        .register_fd_buffer(small.as_fd(), 8192, FdBufferSpec::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refusal_reason(&error), "INVALID_HANDLE");
+    let error = session
+        .register_fd_buffer(
+            small.as_fd(),
+            4096,
+            FdBufferSpec {
+                offset: 4096,
+                ..FdBufferSpec::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refusal_reason(&error), "INVALID_HANDLE");
+
+    assert!(session.list_buffers().await.unwrap().is_empty());
+}
+
+/// A token from RegisterBuffer (posix_fd) for `size` bytes.
+async fn token(client: &Client, session: &Session, size: u64) -> String {
+    let response = client
+        .raw()
+        .register_buffer(pb::RegisterBufferRequest {
+            session: session.id().to_owned(),
+            source: Some(pb::register_buffer_request::Source::PosixFd(
+                pb::PosixFdBuffer::default(),
+            )),
+            size,
+            label: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        response.buffer.is_empty(),
+        "no buffer before the descriptor"
+    );
+    assert!(response.fd_token.starts_with("fdt-"), "{response:?}");
+    assert_eq!(response.fd_token_ttl_ms, 300);
+    response.fd_token
+}
+
+fn stale_why(error: &ptxd_client::Error) -> String {
+    let Some(Refusal::StaleFdToken(details)) = error.refusal() else {
+        panic!("expected STALE_FD_TOKEN, got {error:?}");
+    };
+    details.metadata.get("why").cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_takes_one_descriptor_in_time() {
+    let daemon = Daemon::start(&["--fd-token-ttl", "300ms"]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("tokens").await.unwrap();
+    let path = fd_socket_path(&daemon.socket);
+    let memfd = HostMemfd::create(4096).unwrap();
+
+    let fresh = token(&client, &session, 4096).await;
+    let registered = attach_fd(&path, &fresh, memfd.as_fd()).await.unwrap();
+    assert!(!registered.buffer.is_empty());
+    assert_eq!(registered.device_uuid, "HOST-0");
+    let error = attach_fd(&path, &fresh, memfd.as_fd()).await.unwrap_err();
+    assert_eq!(stale_why(&error), "used");
+
+    let error = attach_fd(&path, "fdt-00000000000000000000000000000000", memfd.as_fd())
+        .await
+        .unwrap_err();
+    assert_eq!(stale_why(&error), "unknown");
+
+    let late = token(&client, &session, 4096).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let error = attach_fd(&path, &late, memfd.as_fd()).await.unwrap_err();
+    assert_eq!(stale_why(&error), "expired");
+
+    // Only the one registration took.
+    assert_eq!(session.list_buffers().await.unwrap().len(), 1);
+
+    // A packet without a descriptor is refused and ends the connection.
+    let socket = ptxd_client::fd_passing::connect_seqpacket(&path, false).unwrap();
+    ptxd_client::fd_passing::send_packet(socket.as_fd(), b"junk", None, false).unwrap();
+    let reply = ptxd_client::fd_passing::recv_packet(socket.as_fd(), false)
+        .unwrap()
+        .unwrap();
+    let reply = <pb::FdAttachReply as prost::Message>::decode(reply.bytes.as_slice()).unwrap();
+    let Some(pb::fd_attach_reply::Result::Refused(refused)) = reply.result else {
+        panic!("expected a refusal, got {reply:?}");
+    };
+    assert_eq!(refused.reason, "INVALID_ARGUMENT");
+    assert!(ptxd_client::fd_passing::recv_packet(socket.as_fd(), false)
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_descriptor_from_another_uid_is_refused_and_burns_the_token() {
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test switches a child to another uid and must run as root");
+    }
+    let daemon = Daemon::start(&["--socket-mode", "666", "--fd-token-ttl", "300ms"]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("other uid").await.unwrap();
+    let path = fd_socket_path(&daemon.socket);
+    let memfd = HostMemfd::create(4096).unwrap();
+    let stolen = token(&client, &session, 4096).await;
+
+    // A child as uid 65534 sends the memfd with the token; its reply comes
+    // back through a pipe. Everything it needs is built before the fork.
+    let packet = prost::Message::encode_to_vec(&pb::FdAttach {
+        token: stolen.clone(),
+    });
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    // SAFETY: the child makes only system calls (and allocations, which
+    // glibc's malloc keeps fork-safe) before it exits with _exit.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            let code = (|| {
+                nix::unistd::setgid(nix::unistd::Gid::from_raw(65534)).ok()?;
+                nix::unistd::setuid(nix::unistd::Uid::from_raw(65534)).ok()?;
+                let socket = ptxd_client::fd_passing::connect_seqpacket(&path, false).ok()?;
+                ptxd_client::fd_passing::send_packet(
+                    socket.as_fd(),
+                    &packet,
+                    Some(memfd.as_fd()),
+                    false,
+                )
+                .ok()?;
+                let reply = ptxd_client::fd_passing::recv_packet(socket.as_fd(), false).ok()??;
+                nix::unistd::write(&write_end, &reply.bytes).ok()?;
+                Some(0)
+            })()
+            .unwrap_or(1);
+            // SAFETY: leaves the forked child without running the parent's
+            // destructors or test harness.
+            unsafe { nix::libc::_exit(code) };
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(write_end);
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            assert_eq!(status, nix::sys::wait::WaitStatus::Exited(child, 0));
+            let mut bytes = vec![0u8; 4096];
+            let len = nix::unistd::read(&read_end, &mut bytes).unwrap();
+            let reply = <pb::FdAttachReply as prost::Message>::decode(&bytes[..len]).unwrap();
+            let Some(pb::fd_attach_reply::Result::Refused(refused)) = reply.result else {
+                panic!("expected a refusal, got {reply:?}");
+            };
+            assert_eq!(refused.reason, "NOT_OWNER");
+            assert_eq!(refused.code, tonic::Code::PermissionDenied as i32);
+        }
+    }
+    // The token is spent: its owner cannot use it either.
+    let error = attach_fd(&path, &stolen, memfd.as_fd()).await.unwrap_err();
+    assert_eq!(stale_why(&error), "used");
+    assert!(session.list_buffers().await.unwrap().is_empty());
+}
+
+/// The name of the test that runs inside the namespaces.
+const IN_NAMESPACE: &str = "client_in_its_own_namespaces";
+
+/// Run by [`a_client_in_its_own_pid_and_mount_namespaces_uses_memfds_not_shm_names`]
+/// inside `unshare`, with the daemon's socket in `PTXD_NS_SOCKET`; ignored
+/// otherwise.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "runs inside the namespaces of its parent test"]
+async fn client_in_its_own_namespaces() {
+    let socket = std::env::var("PTXD_NS_SOCKET").expect("set by the parent test");
+    assert_eq!(std::process::id(), 1, "not in a fresh PID namespace");
+    let shm_entries = std::fs::read_dir("/dev/shm").unwrap().count();
+    assert_eq!(shm_entries, 0, "/dev/shm is not private");
+    let client = Client::connect(&format!("unix:{socket}")).await.unwrap();
+    let session = client.open_session("namespaced").await.unwrap();
+    add_through_memfds(&session, 3001).await;
+    // A name in this namespace's /dev/shm means nothing to the daemon.
+    let shm = HostShm::create(4096).unwrap();
+    let error = session.register_shm(&shm, None).await.unwrap_err();
+    assert_eq!(refusal_reason(&error), "INVALID_HANDLE");
+}
+
+#[test]
+fn a_client_in_its_own_pid_and_mount_namespaces_uses_memfds_not_shm_names() {
+    if !nix::unistd::geteuid().is_root() {
+        panic!("unshare --pid --mount needs root; this test must run as root");
+    }
+    let daemon = Daemon::start(&[]);
+    let test_binary = std::env::current_exe().unwrap();
+    let script = format!(
+        "mount -t tmpfs tmpfs /dev/shm && exec {} --exact {IN_NAMESPACE} --ignored --nocapture",
+        test_binary.display()
+    );
+    let output = std::process::Command::new("unshare")
+        .args(["--pid", "--mount", "--fork", "sh", "-c", &script])
+        .env("PTXD_NS_SOCKET", &daemon.socket)
+        .output()
+        .expect("unshare (util-linux) runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "the namespaced client failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}\ndaemon:\n{}",
+        output.status,
+        daemon.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memfd_buffers_survive_an_executor_restart() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("restart").await.unwrap();
+    let n = 2048;
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a_fd, a_buf) = memfd_buffer(&session, Some(&a), n).await;
+    let (_b_fd, b_buf) = memfd_buffer(&session, Some(&b), n).await;
+    let (out_fd, out_buf) = memfd_buffer(&session, None, n).await;
+    let old = client.info().await.unwrap().devices[0].generation;
+    let executor = executor_pid(&client).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut renewed = false;
+    for _ in 0..500 {
+        let device = client.info().await.unwrap().devices[0].clone();
+        if device.available && device.generation != old {
+            renewed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(renewed, "the executor did not come back");
+    // The front kept each descriptor and opened it in the new executor.
+    let listed = session.list_buffers().await.unwrap();
+    assert!(listed.iter().all(|b| b.live), "{listed:?}");
+    let new_executor = executor_pid(&client).await;
+    assert_eq!(memfd_mappings(new_executor), 3);
+    let kernel = session
+        .load_ptx(
+            0,
+            corpus("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let launch = Launch::new(
+        [a_buf.operand(), b_buf.operand()],
+        out_buf.operand(),
+        n as u64,
+    )
+    .sync(true);
+    session.launch(&kernel, &launch).await.unwrap();
+    let out = out_fd.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+    }
+}
