@@ -7,14 +7,14 @@ mod common;
 
 use common::Daemon;
 
-/// Every figure `ptxd bench` measures today. The ring's keys join this
-/// list when the ring does.
-const FIGURES: [&str; 8] = [
+/// Every figure `ptxd bench` measures today.
+const FIGURES: [&str; 9] = [
     "unary_p50_us",
     "unary_p99_us",
     "unary_daemon_p50_us",
     "stream_per_launch_us",
     "load_hit_p50_us",
+    "load_hit_16k_p50_us",
     "ring_p50_us",
     "ring_p99_us",
     "ring_launches_per_s",

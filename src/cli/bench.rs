@@ -363,11 +363,30 @@ async fn measure(client: &Client, args: &BenchArgs) -> Result<Report, CliError> 
     drop(ring);
     check_sums(&session, &kernel, &launch, &operands, n).await?;
 
-    let mut hits = load_hits(client, &args.device, iterations).await?;
+    let mut hits = load_hits(client, &args.device, ADD_PTX, ADD_SYMBOL, iterations).await?;
     report.add(
         "load_hit_p50_us",
         "LoadKernel cache hit (second session), p50",
         hits.quantile_us(0.5),
+    );
+    // The same for a 16 KiB module of 13 entries: a hit must not cost more
+    // for a larger module (the text is hashed, not verified again).
+    let (big, big_symbol) = thirteen_entry_module();
+    let holder = client.open_session("ptxd bench (16 KiB module)").await?;
+    holder
+        .load_ptx(
+            device_of(&args.device)?,
+            big.clone(),
+            &big_symbol,
+            LoadOptions::default(),
+        )
+        .await?;
+    let mut big_hits = load_hits(client, &args.device, &big, &big_symbol, iterations).await?;
+    holder.close().await?;
+    report.add(
+        "load_hit_16k_p50_us",
+        "LoadKernel cache hit, 16 KiB module of 13 entries, p50",
+        big_hits.quantile_us(0.5),
     );
 
     session.close().await?;
@@ -444,21 +463,41 @@ async fn next_reply(stream: &mut ptxd_client::LaunchStream) -> Result<(), CliErr
     }
 }
 
+/// A module of 13 renamed copies of the add kernel, padded with a comment
+/// to 16 KiB, and the symbol of its last entry.
+fn thirteen_entry_module() -> (String, String) {
+    let body_start = ADD_PTX.find(".visible .entry").unwrap_or(0);
+    let (header, body) = ADD_PTX.split_at(body_start);
+    let mut module = header.to_owned();
+    for k in 0..13 {
+        module.push_str(&body.replace(ADD_SYMBOL, &format!("{ADD_SYMBOL}_{k}")));
+        module.push('\n');
+    }
+    let pad = 16 * 1024usize;
+    if module.len() + 4 < pad {
+        module.push_str("// ");
+        module.push_str(&"x".repeat(pad - module.len() - 1));
+        module.push('\n');
+    }
+    (module, format!("{ADD_SYMBOL}_12"))
+}
+
 /// Loads the kernel again from a second session (the first still holds it,
 /// so each load must be a cache hit), `count` times; each load is unloaded
 /// again untimed, so the session never nears its kernel quota.
-async fn load_hits(client: &Client, device: &str, count: usize) -> Result<Samples, CliError> {
+async fn load_hits(
+    client: &Client,
+    device: &str,
+    ptx: &str,
+    symbol: &str,
+    count: usize,
+) -> Result<Samples, CliError> {
     let session = client.open_session("ptxd bench (cache hits)").await?;
     let mut samples = Samples(Vec::with_capacity(count));
     for k in 0..count + (count / 10).max(5) {
         let started = Instant::now();
         let kernel = session
-            .load_ptx(
-                device_of(device)?,
-                ADD_PTX,
-                ADD_SYMBOL,
-                LoadOptions::default(),
-            )
+            .load_ptx(device_of(device)?, ptx, symbol, LoadOptions::default())
             .await?;
         let took = started.elapsed();
         if !kernel.state().cache_hit {
@@ -510,6 +549,21 @@ mod tests {
         assert!(table.contains("41.2 µs"), "{table}");
         assert!(table.contains("stream_per_launch_us"), "{table}");
         assert_eq!(table.lines().count(), 3, "{table}");
+    }
+
+    #[test]
+    fn the_large_module_has_thirteen_verifiable_entries_in_16_kib() {
+        let (module, symbol) = thirteen_entry_module();
+        assert!(
+            module.len() >= 16 * 1024 && module.len() <= 16 * 1024 + 8,
+            "{}",
+            module.len()
+        );
+        assert_eq!(module.matches(".visible .entry").count(), 13);
+        for k in [0, 6, 12] {
+            crate::ptx::canonicalize(&module, &format!("{ADD_SYMBOL}_{k}"), None).unwrap();
+        }
+        assert_eq!(symbol, format!("{ADD_SYMBOL}_12"));
     }
 
     #[test]

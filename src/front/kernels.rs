@@ -271,15 +271,25 @@ impl Front {
                     inputs: d.inputs,
                     scalar_params: d.scalar_params,
                 });
-                let memo = self.canonical.clone();
-                let verified_symbol = symbol.clone();
-                let (canonical, _) = tokio::task::spawn_blocking(move || {
-                    memo.canonicalize(&text, &verified_symbol, declared_abi)
-                })
-                .await
-                .map_err(|e| Error::Internal {
-                    message: format!("verifier task failed: {e}"),
-                })??;
+                // A text verified before is looked up here, on this thread:
+                // a cache hit then costs a hash, not a verification or a hop
+                // to a blocking thread and back. Only new text is verified,
+                // off the async workers.
+                let canonical = match self.canonical.lookup(&text, &symbol, declared_abi) {
+                    Some(canonical) => canonical,
+                    None => {
+                        let memo = self.canonical.clone();
+                        let verified_symbol = symbol.clone();
+                        tokio::task::spawn_blocking(move || {
+                            memo.canonicalize(&text, &verified_symbol, declared_abi)
+                        })
+                        .await
+                        .map_err(|e| Error::Internal {
+                            message: format!("verifier task failed: {e}"),
+                        })??
+                        .0
+                    }
+                };
                 // From here on the artifact is the canonical text: it is what
                 // the executor compiles and what the cache key hashes.
                 (

@@ -73,6 +73,27 @@ impl CanonicalMemo {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The memo's answer for these exact inputs, if they were accepted
+    /// before: a hash and a map lookup, cheap enough to run on the caller's
+    /// thread before deciding whether verification needs a blocking thread.
+    pub fn lookup(
+        &self,
+        text: &str,
+        symbol: &str,
+        declared: Option<DeclaredAbi>,
+    ) -> Option<Arc<Canonical>> {
+        self.lookup_key(&key(text, symbol, declared))
+    }
+
+    fn lookup_key(&self, k: &Key) -> Option<Arc<Canonical>> {
+        let mut inner = self.lock();
+        inner.tick += 1;
+        let tick = inner.tick;
+        let e = inner.map.get_mut(k)?;
+        e.used = tick;
+        Some(e.canonical.clone())
+    }
+
     /// [`canonicalize`], served from the memo when these exact inputs were
     /// accepted before. The flag says whether it was.
     pub fn canonicalize(
@@ -82,14 +103,8 @@ impl CanonicalMemo {
         declared: Option<DeclaredAbi>,
     ) -> Result<(Arc<Canonical>, bool), PtxError> {
         let k = key(text, symbol, declared);
-        {
-            let mut inner = self.lock();
-            inner.tick += 1;
-            let tick = inner.tick;
-            if let Some(e) = inner.map.get_mut(&k) {
-                e.used = tick;
-                return Ok((e.canonical.clone(), true));
-            }
+        if let Some(canonical) = self.lookup_key(&k) {
+            return Ok((canonical, true));
         }
         let canonical = Arc::new(canonicalize(text, symbol, declared)?);
         let bytes = text.len() + canonical.text.len();
@@ -152,8 +167,12 @@ mod tests {
     fn a_repeat_is_served_and_equals_a_fresh_canonicalization() {
         let memo = CanonicalMemo::new(8, 1 << 20);
         let text = corpus("add_f32_scalar");
+        assert!(memo.lookup(&text, "add_f32_scalar", None).is_none());
         let (first, hit) = memo.canonicalize(&text, "add_f32_scalar", None).unwrap();
         assert!(!hit);
+        let looked_up = memo.lookup(&text, "add_f32_scalar", None).unwrap();
+        assert!(Arc::ptr_eq(&first, &looked_up));
+        assert!(memo.lookup(&text, "add_f32_other", None).is_none());
         let (again, hit) = memo.canonicalize(&text, "add_f32_scalar", None).unwrap();
         assert!(hit);
         assert!(Arc::ptr_eq(&first, &again));
