@@ -31,6 +31,9 @@ mod daemon;
 #[path = "gpu/ring.rs"]
 mod ring;
 
+#[path = "gpu/ring_timeout.rs"]
+mod ring_timeout;
+
 #[path = "support/ring_completions.rs"]
 mod ring_completions;
 

@@ -11,6 +11,9 @@
 //!   (before the grid check fails, too), so no stream waits forever on it.
 //! - A sticky driver error ends the process, as it does on the request
 //!   loop's path: the context is poisoned for every session.
+//! - With `--max-kernel-time`, every ring launch with a kernel is watched
+//!   like a gRPC launch ([`super::watchdog`]): past the budget the executor
+//!   reports `KERNEL_TIMEOUT` against the session and restarts.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use ptxd_client::cuda::driver::{DriverError, PrimaryContext, Stream};
 use ptxd_client::ring::{SemaphoreWidth, Server as RingServer};
 use ptxd_proto::executor::FailureKind;
 
+use super::watchdog::{Watchdog, Watched};
 use super::{fail_driver, CudaBackend, LoadedKernel, MAX_GRID_X};
 use crate::executor::child::{Channel, Replier};
 use crate::executor::ring::{self, CheckedSemaphore, RingBackend, RingHandle, RingLaunch};
@@ -39,11 +43,17 @@ impl CudaBackend {
             Ok(s) => s,
             Err(e) => return fail_driver(reply, &e, "creating the session's stream"),
         };
+        let watchdog = match self.watchdog(&reply) {
+            Ok(w) => w,
+            Err(e) => return fail_driver(reply, &e, "starting the watchdog"),
+        };
         let backend = CudaRing {
             stream,
+            session_stream: open.stream,
             context: self.context.clone(),
             current: false,
             channel: reply.channel().clone(),
+            watchdog,
         };
         match RingHandle::spawn(server, backend, format!("ptxd-ring-{}", open.stream)) {
             Ok(ring) => {
@@ -64,9 +74,13 @@ impl CudaBackend {
 /// on words of the session's buffers.
 struct CudaRing {
     stream: Arc<Stream>,
+    /// The front's id of the session's stream, as the watchdog reports it.
+    session_stream: u64,
     context: Arc<PrimaryContext>,
     current: bool,
     channel: Channel,
+    /// The per-launch budget's watch (none without `--max-kernel-time`).
+    watchdog: Option<Arc<Watchdog>>,
 }
 
 impl CudaRing {
@@ -134,6 +148,26 @@ impl RingBackend for CudaRing {
         if let Some(wait) = &launch.wait {
             self.semaphore(wait, true)?;
         }
+        // Watched like a gRPC launch: a marker after the semaphore wait
+        // starts its clock (a launch waiting for its client is not running),
+        // one after the kernel stops it.
+        let watched = match self.watchdog.as_ref().filter(|_| launch.n > 0) {
+            Some(watchdog) => {
+                let markers = (|| {
+                    let started = match launch.wait {
+                        Some(_) => {
+                            let event = watchdog.marker()?;
+                            self.stream.record(&event)?;
+                            Some(event)
+                        }
+                        None => None,
+                    };
+                    Ok::<_, DriverError>((started, watchdog.marker()?))
+                })();
+                Some(markers.map_err(|e| self.driver(e, "marking the launch for the watchdog"))?)
+            }
+            None => None,
+        };
         if launch.n > 0 {
             let mut addresses: Vec<u64> = launch
                 .operands
@@ -160,6 +194,22 @@ impl RingBackend for CudaRing {
             if let Err(e) = launched {
                 return Err(self.driver(e, "launching the kernel"));
             }
+        }
+        if let (Some(watchdog), Some((started, done))) = (&self.watchdog, watched) {
+            self.stream
+                .record(&done)
+                .map_err(|e| self.driver(e, "marking the launch's end for the watchdog"))?;
+            // The ring and the request loop both push onto the session
+            // stream's queue; each pushes right after it enqueued, so the
+            // queue follows the stream's order up to that instant.
+            watchdog.push(
+                self.session_stream,
+                Watched {
+                    started,
+                    done,
+                    reply: None,
+                },
+            );
         }
         // Written whatever the kernel does: a waiter on the client's stream
         // is released once the kernel has ended.
