@@ -10,11 +10,12 @@ mod common;
 mod ring_completions;
 
 use std::io::{Seek, SeekFrom, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{corpus, random_f32, Daemon};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
-use ptxd_client::{Buffer, Client, HostShm, Kernel, Launch, LoadOptions, Session};
+use ptxd_client::{Buffer, Client, Error, HostShm, Kernel, Launch, LoadOptions, Session};
 use rand::Rng;
 use ring_completions::{next, refusal};
 
@@ -192,11 +193,31 @@ async fn semaphores_order_ring_launches_and_a_refusal_still_signals() {
     let (_a_shm, a_buf) = f32_buffer(&session, Some(&a), n).await;
     let (_b_shm, b_buf) = f32_buffer(&session, Some(&b), n).await;
     let (out_shm, out_buf) = f32_buffer(&session, None, n).await;
-    // Two 32-bit semaphore words, both 0.
-    let mut sem_shm = HostShm::create(64).unwrap();
-    sem_shm.write_f32(0, &[0.0; 16]).unwrap();
+    // Two 32-bit semaphore words, both 0, bound to the ring so that the SDK
+    // can release them itself.
+    let sem_shm = Arc::new(HostShm::create(64).unwrap());
     let sem = session.register_shm(&sem_shm, None).await.unwrap();
     let mut ring = session.open_ring(16, 0).await.unwrap();
+    let unbound = ring.launch_ordered(
+        &add,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        8,
+        &[],
+        None,
+        Some(SemaphoreOp {
+            buffer: sem.ring_index,
+            offset: 4,
+            value: 1,
+            width: SemaphoreWidth::Bits32,
+        }),
+    );
+    assert!(
+        matches!(unbound, Err(Error::InvalidInput(_))),
+        "a signal on memory the ring cannot release: {unbound:?}"
+    );
+    assert_eq!(ring.outstanding(), 0, "nothing was submitted");
+    ring.bind_semaphores(&sem, sem_shm.clone()).unwrap();
 
     let word = |offset: u64, value: u64| SemaphoreOp {
         buffer: sem.ring_index,
@@ -222,10 +243,10 @@ async fn semaphores_order_ring_launches_and_a_refusal_still_signals() {
         "the launch ran before its semaphore"
     );
     assert!(out_shm.read_f32(0, 1).unwrap()[0].is_nan());
-    sem_shm.write_f32(0, &[f32::from_bits(1)]).unwrap();
+    sem_shm.store_word(0, SemaphoreWidth::Bits32, 1).unwrap();
     let done = next(&mut ring);
     assert_eq!((done.ticket, done.outcome), (ticket, Ok(())));
-    assert_eq!(sem_shm.read_f32(4, 1).unwrap()[0].to_bits(), 7);
+    assert_eq!(sem_shm.load_word(4, SemaphoreWidth::Bits32).unwrap(), 7);
     let out = out_shm.read_f32(0, n).unwrap();
     for i in 0..n {
         assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
@@ -243,7 +264,7 @@ async fn semaphores_order_ring_launches_and_a_refusal_still_signals() {
     )
     .unwrap();
     assert_eq!(refusal(&next(&mut ring)), "BUFFER_TOO_SMALL");
-    assert_eq!(sem_shm.read_f32(4, 1).unwrap()[0].to_bits(), 9);
+    assert_eq!(sem_shm.load_word(4, SemaphoreWidth::Bits32).unwrap(), 9);
     // A semaphore word outside its buffer is refused.
     ring.launch_ordered(
         &add,

@@ -47,7 +47,10 @@ pub use client::{
     checked_default_socket_path, default_socket_path, socket_path_for, Client, Target,
 };
 pub use error::{Error, Refusal, RefusalDetails};
-pub use launch_ring::{LaunchRing, RingCompletion, RingRefusal};
+pub use launch_ring::{
+    LaunchRing, OrphanCause, Orphaned, ReleasedWord, RingCompletion, RingRefusal, SemaphoreMemory,
+    WordWriteError,
+};
 pub use session::{
     BufferSource, Kernel, KernelState, LaunchReceiver, LaunchSender, LaunchStream, Session,
     SessionOptions, StreamReply,

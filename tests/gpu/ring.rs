@@ -3,6 +3,7 @@
 //! ordering between the session's stream and ptxd's through semaphore words
 //! in device memory, without waiting for any reply.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
@@ -165,7 +166,7 @@ async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies()
     let (out_mem, out_buf) = gpu_f32(&session, &dev, &vec![f32::NAN; n]).await;
     // Word 0: the session's stream → ptxd ("after"); word 1: ptxd → the
     // session's stream (a ticket's completion on the GPU).
-    let sem_mem = dev.alloc(256).unwrap();
+    let sem_mem = Arc::new(dev.alloc(256).unwrap());
     sem_mem.upload(0, &[0u32; 64]).unwrap();
     let sem = session
         .register_cuda_ipc(sem_mem.ipc_handle().unwrap(), dev.uuid(), 256)
@@ -178,6 +179,7 @@ async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies()
         width: SemaphoreWidth::Bits32,
     };
     let mut ring = session.open_ring(16, dev.uuid()).await.unwrap();
+    ring.bind_semaphores(&sem, sem_mem.clone()).unwrap();
     let stream = dev.stream().unwrap();
 
     // ptxd's kernel waits for word 0 >= 1 and then signals word 1 = 1.
