@@ -858,11 +858,13 @@ async fn ring_rows(
     let module = dev.load_module(ptx).unwrap();
     let f = module.function("add_f32_scalar").unwrap();
     let stream = dev.stream().unwrap();
-    let sem_mem = dev.alloc(256).unwrap();
+    let sem_mem = std::sync::Arc::new(dev.alloc(256).unwrap());
     let sem = session
         .register_cuda_ipc(sem_mem.ipc_handle().unwrap(), dev.uuid(), 256)
         .await
         .unwrap();
+    // The SDK releases the words itself if the executor is lost.
+    ring.bind_semaphores(&sem, sem_mem.clone()).unwrap();
     let event_a = dev.ipc_event().unwrap();
     let event_b = dev.ipc_event().unwrap();
     let reg_a = session

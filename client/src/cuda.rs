@@ -59,6 +59,14 @@ pub enum CudaError {
         /// The allocation's size in bytes.
         size: usize,
     },
+    /// A semaphore word whose offset is not a multiple of its width.
+    #[error("a {width}-byte word at offset {offset} is not aligned to its width")]
+    Misaligned {
+        /// The word's byte offset in its allocation.
+        offset: usize,
+        /// The word's width in bytes (4 or 8).
+        width: usize,
+    },
     /// A kernel name the driver cannot be given (C strings end at a NUL).
     #[error("kernel name {0:?} contains a NUL byte")]
     BadName(String),
@@ -438,6 +446,40 @@ impl DeviceAllocation {
         // SAFETY: the span lies inside the allocation (checked), in the
         // context just made current; every bit pattern is a valid `T`.
         Ok(unsafe { driver::copy_to_host(out, src) }?)
+    }
+
+    /// Writes `value` to the semaphore word of `width` at byte `offset` now,
+    /// from this process, and returns once the word holds it: a
+    /// `cuStreamWriteValue32/64` on a private non-blocking stream, which
+    /// runs behind none of the session's streams (they may be blocked
+    /// waiting on this very word), then a synchronization of that stream.
+    /// The SDK uses it to release a launch ring's waiters when the ring's
+    /// executor is lost (see [`LaunchRing`](crate::LaunchRing)). A 32-bit
+    /// word takes the low 32 bits of `value`.
+    pub fn store_word(
+        &self,
+        offset: usize,
+        width: crate::ring::SemaphoreWidth,
+        value: u64,
+    ) -> Result<(), CudaError> {
+        let bytes = width.bytes() as usize;
+        let addr = self.span(offset, bytes)?;
+        // `cuMemAlloc` memory is at least 256-byte aligned, so an offset
+        // aligned to the width makes an aligned address.
+        if !offset.is_multiple_of(bytes) {
+            return Err(CudaError::Misaligned {
+                offset,
+                width: bytes,
+            });
+        }
+        let wide = width == crate::ring::SemaphoreWidth::Bits64;
+        self.memory.bind()?;
+        let stream = Stream::new()?;
+        // SAFETY: the word lies inside the allocation (checked) and aligned
+        // to its width; `self` keeps the allocation alive until the stream
+        // is synchronized below.
+        unsafe { stream.write_value(addr, value, wide) }?;
+        Ok(stream.synchronize()?)
     }
 
     /// The 64-byte CUDA IPC handle naming this whole allocation.

@@ -45,6 +45,13 @@ pub enum Error {
     /// The caller's input cannot be turned into a request.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The launch ring's executor is gone (it restarted, or the session
+    /// ended): the SDK released the ring's pending semaphore signals itself
+    /// (see [`LaunchRing::orphaned`](crate::LaunchRing::orphaned)) and the
+    /// ring takes no more launches. Open a new ring after the restart, or a
+    /// new session.
+    #[error("the launch ring is orphaned: {0}")]
+    RingOrphaned(crate::OrphanCause),
     /// The default socket's directory is not safe to trust (another user
     /// owns it or may write into it, or it is a symlink).
     #[error(transparent)]
@@ -70,6 +77,7 @@ impl Error {
             Error::SessionClosed => "SESSION_CLOSED",
             Error::Protocol(_) => "PROTOCOL",
             Error::InvalidInput(_) => "INVALID_INPUT",
+            Error::RingOrphaned(_) => "RING_ORPHANED",
             Error::UnsafeSocketDir(_) => "UNSAFE_SOCKET_DIR",
         }
     }

@@ -17,12 +17,41 @@
 //! Completions come back in submission order. A refused launch did not run;
 //! its completion carries the same reason a unary `Launch` would have been
 //! refused with. The ring lives as long as this value and the session, and
-//! ends with the executor's generation (the session's lease stream reports
-//! a restart; open a new ring then).
+//! ends with the executor's generation.
+//!
+//! # No waiter blocks forever
+//!
+//! A launch's signal ("after the kernel, write b to this word") is written
+//! by the executor whether the launch runs, fails or is refused. When the
+//! executor dies, or the daemon exits, the SDK writes the signals that may
+//! not have been written itself, from this process, as soon as the
+//! session's lease reports it (an executor restart naming the ring's
+//! generation, or the lease's end), before the event reaches
+//! [`Session::events`](crate::Session::events): each word gets the value of
+//! the last signal submitted for it. For that, the memory of every buffer a
+//! signal names must be bound to the ring with
+//! [`LaunchRing::bind_semaphores`]; a signal on an unbound buffer is
+//! refused before it is submitted. The ring is then orphaned:
+//! [`LaunchRing::orphaned`] says why and which words were written, and
+//! submissions fail with [`Error::RingOrphaned`] (open a new ring in the new
+//! generation, or a new session).
+//!
+//! A signal counts as written only once an `Ok` completion of a `sync`
+//! launch (this one or a later one) came back: an async launch completes
+//! once enqueued, and on CUDA its enqueued signal dies with the executor.
+//! So the release may write a word the executor already wrote, with the
+//! same value. The launches themselves did not run, or their results are
+//! undefined (the session was dropped with launches in flight).
 
-use std::time::Duration;
+mod release;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ptxd_proto::v1::Reason;
+
+pub use release::{OrphanCause, Orphaned, ReleasedWord, SemaphoreMemory, WordWriteError};
+pub(crate) use release::{ReleaseOnEnd, RingRegistry, RingShared};
 
 use crate::ring::{
     Completion, CompletionStatus, Descriptor, OperandRef, SemaphoreOp, SubmitError, Submitter,
@@ -82,13 +111,16 @@ impl From<Completion> for RingCompletion {
     }
 }
 
+/// How often [`LaunchRing::wait`] looks whether the ring was orphaned while
+/// it waits for a completion that will then never come.
+const ORPHAN_CHECK: Duration = Duration::from_millis(20);
+
 /// A session's open launch ring (see the module docs).
 #[derive(Debug)]
 pub struct LaunchRing {
     submitter: Submitter,
     next_ticket: u64,
-    device_uuid: String,
-    generation: u64,
+    shared: Arc<RingShared>,
 }
 
 fn ring_error(error: impl std::fmt::Display) -> Error {
@@ -96,12 +128,11 @@ fn ring_error(error: impl std::fmt::Display) -> Error {
 }
 
 impl LaunchRing {
-    pub(crate) fn new(submitter: Submitter, device_uuid: String, generation: u64) -> Self {
+    pub(crate) fn new(submitter: Submitter, shared: Arc<RingShared>) -> Self {
         LaunchRing {
             submitter,
             next_ticket: 1,
-            device_uuid,
-            generation,
+            shared,
         }
     }
 
@@ -112,12 +143,12 @@ impl LaunchRing {
 
     /// The device whose executor serves the ring.
     pub fn device_uuid(&self) -> &str {
-        &self.device_uuid
+        self.shared.device_uuid()
     }
 
     /// The executor generation serving the ring.
     pub fn generation(&self) -> u64 {
-        self.generation
+        self.shared.generation()
     }
 
     /// Launches not answered yet.
@@ -125,11 +156,58 @@ impl LaunchRing {
         self.submitter.outstanding()
     }
 
+    /// Binds `memory`, this process's own view of `buffer` (the memory it
+    /// registered), as where `buffer`'s semaphore words live: a signal may
+    /// name `buffer` only once it is bound, so that the SDK can write the
+    /// word itself if the executor is lost (see the module docs). A
+    /// [`HostShm`](crate::HostShm) on the host backend, a
+    /// [`cuda::DeviceAllocation`](crate::cuda::DeviceAllocation) on CUDA.
+    /// `memory` must hold at least the registered size, and `buffer` must
+    /// be on the ring's device.
+    pub fn bind_semaphores(
+        &mut self,
+        buffer: &Buffer,
+        memory: Arc<dyn SemaphoreMemory>,
+    ) -> Result<(), Error> {
+        if buffer.device_uuid != self.device_uuid() {
+            return Err(Error::InvalidInput(format!(
+                "the buffer is on {}, the ring on {}",
+                buffer.device_uuid,
+                self.device_uuid()
+            )));
+        }
+        if memory.byte_len() < buffer.size {
+            return Err(Error::InvalidInput(format!(
+                "the memory holds {} bytes, less than the {} registered",
+                memory.byte_len(),
+                buffer.size
+            )));
+        }
+        self.shared.lock().bind(buffer.ring_index, memory);
+        Ok(())
+    }
+
+    /// Why the ring was orphaned and which semaphore words the SDK wrote
+    /// then; `None` while its executor lives (see the module docs).
+    pub fn orphaned(&self) -> Option<Orphaned> {
+        self.shared.lock().orphaned.clone()
+    }
+
     /// Writes a prepared descriptor (its ticket is the caller's). Fails
-    /// with `INVALID_INPUT` when the ring is full: wait for a completion.
+    /// with `INVALID_INPUT` when the ring is full (wait for a completion)
+    /// or when its signal names a buffer whose memory is not bound
+    /// ([`bind_semaphores`](Self::bind_semaphores)), and with
+    /// [`Error::RingOrphaned`] once the ring is orphaned.
     pub fn submit(&mut self, descriptor: &Descriptor) -> Result<(), Error> {
+        // Held until the submission is in the ledger: an orphaning either
+        // sees it or happened before it (and refuses it here).
+        let mut state = self.shared.lock();
+        state.admit(descriptor.signal())?;
         match self.submitter.try_submit(descriptor) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                state.ledger.submitted(descriptor.sync, descriptor.signal());
+                Ok(())
+            }
             Err(SubmitError::Full) => Err(Error::InvalidInput(
                 "the launch ring is full: wait for a completion".into(),
             )),
@@ -183,8 +261,10 @@ impl LaunchRing {
 
     /// As [`launch`](Self::launch), with GPU semaphore operations: before
     /// the kernel, wait until the word `wait` names is at least its value;
-    /// after it, write `signal`'s value (also written when the launch is
-    /// refused, so nothing waits forever).
+    /// after it, write `signal`'s value. The signal is written also when
+    /// the launch is refused or fails, and by the SDK itself when the
+    /// executor is lost, so nothing waits on it forever: its buffer's
+    /// memory must be bound ([`bind_semaphores`](Self::bind_semaphores)).
     #[allow(clippy::too_many_arguments)]
     pub fn launch_ordered(
         &mut self,
@@ -211,20 +291,44 @@ impl LaunchRing {
         Ok(descriptor.ticket)
     }
 
-    /// The next completion, if one is there.
+    /// Records `completion` in the ledger and hands it to the caller.
+    fn answered(&self, completion: Completion) -> RingCompletion {
+        let ok = completion.status == CompletionStatus::Ok;
+        self.shared.lock().ledger.completed(ok);
+        completion.into()
+    }
+
+    /// The next completion, if one is there (also on an orphaned ring: what
+    /// the executor answered before it was lost).
     pub fn poll(&mut self) -> Result<Option<RingCompletion>, Error> {
-        self.submitter
-            .poll_completion()
-            .map(|c| c.map(Into::into))
-            .map_err(ring_error)
+        let completion = self.submitter.poll_completion().map_err(ring_error)?;
+        Ok(completion.map(|c| self.answered(c)))
     }
 
     /// The next completion, waiting up to `timeout` (spinning briefly, then
-    /// sleeping). `None`: none came in time.
+    /// sleeping). `None`: none came in time. On an orphaned ring, once the
+    /// completions posted before the loss are read, fails with
+    /// [`Error::RingOrphaned`] rather than waiting for one that cannot come.
     pub fn wait(&mut self, timeout: Duration) -> Result<Option<RingCompletion>, Error> {
-        self.submitter
-            .wait_completion(timeout)
-            .map(|c| c.map(Into::into))
-            .map_err(ring_error)
+        let start = Instant::now();
+        loop {
+            if let Some(orphaned) = self.orphaned() {
+                return match self.poll()? {
+                    Some(completion) => Ok(Some(completion)),
+                    None => Err(Error::RingOrphaned(orphaned.cause)),
+                };
+            }
+            let remaining = timeout.saturating_sub(start.elapsed());
+            let completion = self
+                .submitter
+                .wait_completion(remaining.min(ORPHAN_CHECK))
+                .map_err(ring_error)?;
+            if let Some(completion) = completion {
+                return Ok(Some(self.answered(completion)));
+            }
+            if remaining <= ORPHAN_CHECK {
+                return Ok(None);
+            }
+        }
     }
 }

@@ -50,7 +50,10 @@ pub use client::{
 };
 pub use error::{Error, Refusal, RefusalDetails};
 pub use fd_buffers::{attach_fd, FdBufferSpec};
-pub use launch_ring::{LaunchRing, RingCompletion, RingRefusal};
+pub use launch_ring::{
+    LaunchRing, OrphanCause, Orphaned, ReleasedWord, RingCompletion, RingRefusal, SemaphoreMemory,
+    WordWriteError,
+};
 pub use session::{
     BufferSource, Kernel, KernelState, LaunchReceiver, LaunchSender, LaunchStream, Session,
     SessionOptions, StreamReply,

@@ -16,6 +16,12 @@
 //! - With automatic reload on, a launch refused as STALE_KERNEL is retried
 //!   exactly once after a successful reload; any other outcome is returned
 //!   as is.
+//! - The lease task orphans the session's launch rings, writing their
+//!   pending semaphore signals (see `launch_ring`'s release module): on an
+//!   executor restart, before the event is forwarded, for the rings of the
+//!   generation that died; and for every ring when the task ends, however
+//!   it ends (the stream ends or breaks, or the task is aborted because the
+//!   session was dropped), before [`SessionEvent::Ended`] is sent.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,6 +34,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use crate::error::{from_launch_error, Error, Refusal};
+use crate::launch_ring::{ReleaseOnEnd, RingRegistry, RingShared};
 use crate::shm::HostShm;
 use crate::types::{
     Artifact, Buffer, BufferListing, CloseReport, DeclaredAbi, DeviceSelector, Event,
@@ -85,6 +92,7 @@ pub struct Session {
     auto_reload: bool,
     events: broadcast::Sender<SessionEvent>,
     lease_alive: watch::Receiver<bool>,
+    rings: RingRegistry,
     _lease: AbortOnDrop<()>,
     /// The daemon's fd socket, for buffers passed by descriptor.
     pub(crate) fd_socket: Option<std::path::PathBuf>,
@@ -124,6 +132,11 @@ impl Session {
         let (events, _) = broadcast::channel(EVENT_BACKLOG);
         let (alive_tx, lease_alive) = watch::channel(true);
         let task_events = events.clone();
+        let rings = RingRegistry::default();
+        let mut release = ReleaseOnEnd {
+            registry: rings.clone(),
+            why: "the session was dropped".to_owned(),
+        };
         let task = tokio::spawn(async move {
             let why = loop {
                 let event = match lease.message().await {
@@ -135,12 +148,22 @@ impl Session {
                 };
                 let event = match event {
                     WireEvent::Opened(_) => continue,
-                    WireEvent::ExecutorRestarted(r) => SessionEvent::ExecutorRestarted {
-                        device_uuid: r.device_uuid,
-                        old_generation: r.old_generation,
-                        new_generation: r.new_generation,
-                        cause: r.cause,
-                    },
+                    WireEvent::ExecutorRestarted(r) => {
+                        // Before the event goes out: see launch_ring's
+                        // release module.
+                        release.registry.executor_restarted(
+                            &r.device_uuid,
+                            r.old_generation,
+                            r.new_generation,
+                            &r.cause,
+                        );
+                        SessionEvent::ExecutorRestarted {
+                            device_uuid: r.device_uuid,
+                            old_generation: r.old_generation,
+                            new_generation: r.new_generation,
+                            cause: r.cause,
+                        }
+                    }
                     WireEvent::Draining(d) => SessionEvent::Draining { reason: d.reason },
                 };
                 tracing::debug!(?event, "session event");
@@ -148,6 +171,9 @@ impl Session {
                 let _ = task_events.send(event);
             };
             let _ = alive_tx.send(false);
+            release.why.clone_from(&why);
+            // Releases the rings' waiters before the end is announced.
+            drop(release);
             let _ = task_events.send(SessionEvent::Ended { why });
         });
         Ok(Session {
@@ -157,6 +183,7 @@ impl Session {
             auto_reload: options.auto_reload_stale,
             events,
             lease_alive,
+            rings,
             _lease: AbortOnDrop(task),
             fd_socket: None,
         })
@@ -296,7 +323,9 @@ impl Session {
 
     /// Opens the session's launch ring on `device`, with `slots` slots (a
     /// power of two up to 4096): launches then bypass gRPC (see
-    /// [`LaunchRing`](crate::LaunchRing)).
+    /// [`LaunchRing`](crate::LaunchRing)). The session's lease orphans the
+    /// ring, releasing its semaphore waiters, when the ring's executor
+    /// restarts or the session ends.
     pub async fn open_ring(
         &self,
         slots: u32,
@@ -310,11 +339,9 @@ impl Session {
             device: Some(device.into().to_proto()),
         };
         let response = self.grpc()?.open_ring(request).await?.into_inner();
-        Ok(crate::LaunchRing::new(
-            submitter,
-            response.device_uuid,
-            response.generation,
-        ))
+        let shared = RingShared::new(response.device_uuid, response.generation);
+        self.rings.register(&shared);
+        Ok(crate::LaunchRing::new(submitter, shared))
     }
 
     /// Loads `kernel`'s artifact again and swaps in the new handle.

@@ -15,11 +15,15 @@
 //! - Byte views borrow `self` (shared for reads, exclusive for writes). The
 //!   daemon writes the object too: read it only while no launch on it is in
 //!   flight (a sync launch has completed when its reply arrives).
+//! - Semaphore words (a launch ring's waits and signals) are read and
+//!   written only with atomic operations ([`HostShm::load_word`],
+//!   [`HostShm::store_word`]) on naturally aligned words, since ptxd's
+//!   executor writes them while this process reads them.
 
 use std::ffi::CString;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -29,6 +33,8 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, shm_open, shm_unlink, MapFlags, ProtFlags};
 use nix::sys::stat::Mode;
 use nix::unistd::ftruncate;
+
+use crate::ring::SemaphoreWidth;
 
 /// Why a shared-memory buffer could not be made or accessed.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +56,14 @@ pub enum ShmError {
         call: &'static str,
         /// What the OS answered.
         errno: Errno,
+    },
+    /// A semaphore word's offset is not a multiple of its width.
+    #[error("a {width}-byte word at offset {offset} is not aligned to its width")]
+    Misaligned {
+        /// The word's byte offset.
+        offset: usize,
+        /// The word's width in bytes (4 or 8).
+        width: usize,
     },
     /// A typed access falls outside the buffer.
     #[error("access of {len} bytes at offset {offset} is outside the {size}-byte buffer")]
@@ -185,6 +199,67 @@ impl SharedBytes {
     /// Reads `count` 16-bit elements starting at byte `offset`.
     pub fn read_u16(&self, offset: usize, count: usize) -> Result<Vec<u16>, ShmError> {
         self.read_elements(offset, count, u16::from_ne_bytes)
+    }
+
+    /// The aligned word of `width` at byte `offset`, as an address inside
+    /// the mapping.
+    fn word(&self, offset: usize, width: SemaphoreWidth) -> Result<*mut u8, ShmError> {
+        let bytes = width.bytes() as usize;
+        let range = self.range(offset, bytes)?;
+        if !offset.is_multiple_of(bytes) {
+            return Err(ShmError::Misaligned {
+                offset,
+                width: bytes,
+            });
+        }
+        // SAFETY: `range` lies inside the mapping (checked above).
+        Ok(unsafe { self.base.as_ptr().add(range.start) })
+    }
+
+    /// Atomically loads the semaphore word of `width` at byte `offset` (a
+    /// launch ring's wait or signal word; native endianness, Acquire).
+    pub fn load_word(&self, offset: usize, width: SemaphoreWidth) -> Result<u64, ShmError> {
+        let word = self.word(offset, width)?;
+        Ok(match width {
+            SemaphoreWidth::Bits32 => {
+                // SAFETY: an aligned word inside the live mapping (checked
+                // by `word`), which `&self` keeps mapped; other processes
+                // write it, so it is only ever accessed atomically.
+                let atomic = unsafe { AtomicU32::from_ptr(word.cast()) };
+                u64::from(atomic.load(Ordering::Acquire))
+            }
+            SemaphoreWidth::Bits64 => {
+                // SAFETY: as above.
+                let atomic = unsafe { AtomicU64::from_ptr(word.cast()) };
+                atomic.load(Ordering::Acquire)
+            }
+        })
+    }
+
+    /// Atomically stores `value` to the semaphore word of `width` at byte
+    /// `offset` (Release), as ptxd's executor writes a ring launch's
+    /// signal. A 32-bit word takes the low 32 bits of `value`.
+    pub fn store_word(
+        &self,
+        offset: usize,
+        width: SemaphoreWidth,
+        value: u64,
+    ) -> Result<(), ShmError> {
+        let word = self.word(offset, width)?;
+        match width {
+            SemaphoreWidth::Bits32 => {
+                // SAFETY: as in `load_word`.
+                let atomic = unsafe { AtomicU32::from_ptr(word.cast()) };
+                // The documented truncation.
+                atomic.store(value as u32, Ordering::Release)
+            }
+            SemaphoreWidth::Bits64 => {
+                // SAFETY: as in `load_word`.
+                let atomic = unsafe { AtomicU64::from_ptr(word.cast()) };
+                atomic.store(value, Ordering::Release)
+            }
+        }
+        Ok(())
     }
 
     fn write_elements<T: Copy, const N: usize>(
@@ -506,6 +581,36 @@ mod tests {
         assert_eq!(shm.read_u16(16, 8).unwrap(), values);
         assert!(shm.as_slice()[..16].iter().all(|b| *b == 0));
         assert!(shm.as_slice()[32..].iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn semaphore_words_are_aligned_and_inside_the_buffer() {
+        let shm = HostShm::create(16).unwrap();
+        shm.store_word(4, SemaphoreWidth::Bits32, 0x1_0000_0007)
+            .unwrap();
+        assert_eq!(shm.load_word(4, SemaphoreWidth::Bits32).unwrap(), 7);
+        shm.store_word(8, SemaphoreWidth::Bits64, u64::MAX - 1)
+            .unwrap();
+        assert_eq!(
+            shm.load_word(8, SemaphoreWidth::Bits64).unwrap(),
+            u64::MAX - 1
+        );
+        assert_eq!(shm.read_u16(4, 2).unwrap(), [7, 0], "native endianness");
+        assert!(matches!(
+            shm.store_word(4, SemaphoreWidth::Bits64, 1),
+            Err(ShmError::Misaligned {
+                offset: 4,
+                width: 8
+            })
+        ));
+        assert!(matches!(
+            shm.load_word(2, SemaphoreWidth::Bits32),
+            Err(ShmError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            shm.load_word(16, SemaphoreWidth::Bits32),
+            Err(ShmError::OutOfBounds { .. })
+        ));
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! GPU tests of the launch ring: the real daemon on the CUDA backend, the
 //! SDK's `LaunchRing`, tensors in this process's IPC-exported memory, and
 //! ordering between the session's stream and ptxd's through semaphore words
-//! in device memory, without waiting for any reply.
+//! in device memory, without waiting for any reply, and the SDK releasing a
+//! stream that waits on a signal when the executor dies.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
-use ptxd_client::{Buffer, Client, LoadOptions, Session};
+use ptxd_client::{Buffer, Client, Error, LoadOptions, OrphanCause, Session};
 use rand::Rng;
 
 use super::daemon_support::Daemon;
@@ -165,7 +167,7 @@ async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies()
     let (out_mem, out_buf) = gpu_f32(&session, &dev, &vec![f32::NAN; n]).await;
     // Word 0: the session's stream → ptxd ("after"); word 1: ptxd → the
     // session's stream (a ticket's completion on the GPU).
-    let sem_mem = dev.alloc(256).unwrap();
+    let sem_mem = Arc::new(dev.alloc(256).unwrap());
     sem_mem.upload(0, &[0u32; 64]).unwrap();
     let sem = session
         .register_cuda_ipc(sem_mem.ipc_handle().unwrap(), dev.uuid(), 256)
@@ -178,6 +180,7 @@ async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies()
         width: SemaphoreWidth::Bits32,
     };
     let mut ring = session.open_ring(16, dev.uuid()).await.unwrap();
+    ring.bind_semaphores(&sem, sem_mem.clone()).unwrap();
     let stream = dev.stream().unwrap();
 
     // ptxd's kernel waits for word 0 >= 1 and then signals word 1 = 1.
@@ -239,4 +242,163 @@ async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies()
     }
     stream.wait_word(&sem_mem, 4, 2).unwrap();
     stream.synchronize().unwrap();
+}
+
+/// How long after the executor's death the SDK has to release the session's
+/// stream: a CUDA executor restarts in about a second (context creation and
+/// the re-opening of the session's IPC buffers).
+const RELEASE_BOUND: Duration = Duration::from_secs(15);
+
+/// The 64-bit word at byte `offset` of `mem`.
+fn word64(mem: &DeviceAllocation, offset: usize) -> u64 {
+    let mut out = [0u64; 1];
+    mem.download(offset, &mut out).unwrap();
+    out[0]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn when_the_executor_dies_the_sdk_releases_a_stream_waiting_on_a_ring_signal() {
+    let daemon = Daemon::start_backend("cuda", &[], |_| {});
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("gpu-release").await.unwrap();
+    let dev = device();
+    let add = session
+        .load_ptx(
+            0,
+            String::from_utf8(corpus("add_f32_scalar.ptx")).unwrap(),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let n = 1 << 16;
+    let (_a_mem, a_buf) = gpu_f32(&session, &dev, &vec![1.0; n]).await;
+    let (_b_mem, b_buf) = gpu_f32(&session, &dev, &vec![2.0; n]).await;
+    let (_out_mem, out_buf) = gpu_f32(&session, &dev, &vec![f32::NAN; n]).await;
+    // Word 0 (u32): never written, ptxd's launch waits on it. Word 1 (u32)
+    // and the u64 at byte 8: signalled by launches that cannot run. Word 4
+    // (u32, byte 16): signalled by a sync launch that finished.
+    let sem_mem = Arc::new(dev.alloc(256).unwrap());
+    sem_mem.upload(0, &[0u32; 64]).unwrap();
+    let sem = session
+        .register_cuda_ipc(sem_mem.ipc_handle().unwrap(), dev.uuid(), 256)
+        .await
+        .unwrap();
+    let op = |offset: u64, value: u64, width: SemaphoreWidth| SemaphoreOp {
+        buffer: sem.ring_index,
+        offset,
+        value,
+        width,
+    };
+    let mut ring = session.open_ring(16, dev.uuid()).await.unwrap();
+    ring.bind_semaphores(&sem, sem_mem.clone()).unwrap();
+    let inputs = [(&a_buf, 0), (&b_buf, 0)];
+
+    // A sync launch's Ok proves its signal written: the SDK leaves that word
+    // alone afterwards (the client resets it here, as one reusing it does).
+    let descriptor = ring
+        .descriptor(&add, &inputs, (&out_buf, 0), n as u64, &[])
+        .unwrap()
+        .with_sync(true)
+        .with_signal(op(16, 3, SemaphoreWidth::Bits32))
+        .unwrap();
+    ring.submit(&descriptor).unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    assert_eq!(word(&sem_mem, 4), 3);
+    sem_mem.upload(16, &[0u32]).unwrap();
+
+    // Three async launches held on the GPU behind word 0: each completes Ok
+    // at once (enqueued), yet none of their signals is written, and they die
+    // with the executor.
+    let last64 = (1u64 << 40) | 5;
+    let blocked = [
+        (
+            Some(op(0, 1, SemaphoreWidth::Bits32)),
+            op(4, 5, SemaphoreWidth::Bits32),
+        ),
+        (None, op(4, 6, SemaphoreWidth::Bits32)),
+        (None, op(8, last64, SemaphoreWidth::Bits64)),
+    ];
+    for (wait, signal) in blocked {
+        ring.launch_ordered(
+            &add,
+            &inputs,
+            (&out_buf, 0),
+            n as u64,
+            &[],
+            wait,
+            Some(signal),
+        )
+        .unwrap();
+        assert_eq!(next(&mut ring).outcome, Ok(()), "enqueued");
+    }
+
+    // The session's own stream waits for the last value of word 1, with
+    // cuStreamWaitValue32, and a thread blocks on it.
+    let stream = dev.stream().unwrap();
+    stream.wait_word(&sem_mem, 4, 6).unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let syncer = std::thread::spawn(move || {
+        let synced = stream.synchronize();
+        let _ = done_tx.send((synced.map_err(|e| e.to_string()), Instant::now()));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        done_rx.try_recv().is_err(),
+        "the stream did not wait for the signal"
+    );
+    assert_eq!((word(&sem_mem, 1), word64(&sem_mem, 8)), (0, 0));
+
+    let generation = ring.generation();
+    let pid = client
+        .raw()
+        .get_info(ptxd_proto::v1::GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .devices[0]
+        .executor_pid;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let killed = Instant::now();
+    let (synced, at) = done_rx
+        .recv_timeout(RELEASE_BOUND)
+        .expect("the session's stream was released");
+    syncer.join().unwrap();
+    assert_eq!(synced, Ok(()));
+    assert!(at.duration_since(killed) < RELEASE_BOUND);
+    // Exactly the values the lost launches would have left.
+    assert_eq!(word(&sem_mem, 1), 6);
+    assert_eq!(word64(&sem_mem, 8), last64);
+    assert_eq!(word(&sem_mem, 4), 0, "the settled word was written again");
+    let orphaned = ring.orphaned().expect("the ring is orphaned");
+    assert!(
+        matches!(
+            &orphaned.cause,
+            OrphanCause::ExecutorRestarted { device_uuid, old_generation, .. }
+                if device_uuid == dev.uuid() && *old_generation == generation
+        ),
+        "{:?}",
+        orphaned.cause
+    );
+    let released: Vec<_> = orphaned
+        .released
+        .iter()
+        .map(|w| (w.buffer, w.offset, w.width, w.value, w.written.clone()))
+        .collect();
+    assert_eq!(
+        released,
+        [
+            (sem.ring_index, 4, SemaphoreWidth::Bits32, 6, Ok(())),
+            (sem.ring_index, 8, SemaphoreWidth::Bits64, last64, Ok(())),
+        ]
+    );
+    let refused = ring.launch(&add, &inputs, (&out_buf, 0), 8, &[]);
+    assert!(
+        matches!(refused, Err(Error::RingOrphaned(_))),
+        "{refused:?}"
+    );
 }
