@@ -628,6 +628,12 @@ fn the_service_sandbox_stays_tight_and_keeps_namespaces_shared() {
         ("DeviceAllow", "char-nvidia-uvm rw"),
         ("DeviceAllow", "/dev/nvidiactl rw"),
         ("DeviceAllow", "/dev/nvidia-uvm rw"),
+        // ptxd binds ptxd.sock.fds beside the activated socket: /run/ptxd
+        // must be writable to it (ProtectSystem=strict), and must outlive a
+        // stop of the service (ptxd.socket's socket is in it).
+        ("RuntimeDirectory", "ptxd"),
+        ("RuntimeDirectoryMode", "0755"),
+        ("RuntimeDirectoryPreserve", "yes"),
     ] {
         assert!(
             has(&service, key, value),
@@ -684,7 +690,7 @@ fn socket_fds(pid: u32) -> BTreeMap<i32, String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() {
+async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_only_the_fd_socket() {
     let dir = tempfile::tempdir().unwrap();
     let activated = dir.path().join("activated.sock");
     let ignored = dir.path().join("ignored.sock");
@@ -723,6 +729,19 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() 
         !ignored.exists(),
         "ptxd bound --socket although it was socket-activated"
     );
+    // The fd socket is ptxd's own, beside the activated socket (where a
+    // client looks for it), never beside --socket; ptxd.service gives ptxd
+    // the directory for it (RuntimeDirectory=).
+    let fd_socket = ptxd_client::fd_passing::fd_socket_path(&activated);
+    assert!(
+        std::fs::symlink_metadata(&fd_socket).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_socket()
+        }),
+        "no fd socket at {}",
+        fd_socket.display()
+    );
+    assert!(!ptxd_client::fd_passing::fd_socket_path(&ignored).exists());
     // systemd-socket-activate execs ptxd in its own process: fd 3 is the
     // listener, and no executor child inherited it (close-on-exec) or the
     // LISTEN_* variables.
@@ -756,6 +775,7 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() 
         "ptxd exited with {status}\n{}",
         daemon.stderr()
     );
+    assert!(!fd_socket.exists(), "ptxd left its fd socket behind");
 }
 
 #[test]
