@@ -628,6 +628,12 @@ fn the_service_sandbox_stays_tight_and_keeps_namespaces_shared() {
         ("DeviceAllow", "char-nvidia-uvm rw"),
         ("DeviceAllow", "/dev/nvidiactl rw"),
         ("DeviceAllow", "/dev/nvidia-uvm rw"),
+        // ptxd binds ptxd.sock.fds beside the activated socket: /run/ptxd
+        // must be writable to it (ProtectSystem=strict), and must outlive a
+        // stop of the service (ptxd.socket's socket is in it).
+        ("RuntimeDirectory", "ptxd"),
+        ("RuntimeDirectoryMode", "0755"),
+        ("RuntimeDirectoryPreserve", "yes"),
     ] {
         assert!(
             has(&service, key, value),
@@ -684,7 +690,7 @@ fn socket_fds(pid: u32) -> BTreeMap<i32, String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() {
+async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_only_the_fd_socket() {
     let dir = tempfile::tempdir().unwrap();
     let activated = dir.path().join("activated.sock");
     let ignored = dir.path().join("ignored.sock");
@@ -723,6 +729,19 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() 
         !ignored.exists(),
         "ptxd bound --socket although it was socket-activated"
     );
+    // The fd socket is ptxd's own, beside the activated socket (where a
+    // client looks for it), never beside --socket; ptxd.service gives ptxd
+    // the directory for it (RuntimeDirectory=).
+    let fd_socket = ptxd_client::fd_passing::fd_socket_path(&activated);
+    assert!(
+        std::fs::symlink_metadata(&fd_socket).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_socket()
+        }),
+        "no fd socket at {}",
+        fd_socket.display()
+    );
+    assert!(!ptxd_client::fd_passing::fd_socket_path(&ignored).exists());
     // systemd-socket-activate execs ptxd in its own process: fd 3 is the
     // listener, and no executor child inherited it (close-on-exec) or the
     // LISTEN_* variables.
@@ -756,6 +775,7 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_none() 
         "ptxd exited with {status}\n{}",
         daemon.stderr()
     );
+    assert!(!fd_socket.exists(), "ptxd left its fd socket behind");
 }
 
 #[test]
@@ -848,8 +868,8 @@ fn every_command_line_in_deploy_is_one_ptxd_accepts() {
     }
 }
 
-/// (where, args after the binary) for the ptxd container's args and probes,
-/// read with PyYAML (which kubernetes-validate brings).
+/// (where, args after the binary) for the ptxd container's args and probes
+/// of every DaemonSet, read with PyYAML (which kubernetes-validate brings).
 fn kubernetes_command_lines() -> Vec<(String, Vec<String>)> {
     let script = r#"
 import sys, yaml
@@ -861,20 +881,46 @@ for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
     assert command[0] == "/usr/local/bin/ptxd", command
     print(probe + "\t" + "\t".join(command[1:]))
 "#;
-    let output = run(Command::new(python_with_yaml())
-        .arg("-c")
-        .arg(script)
-        .arg(deploy("kubernetes/daemonset.yaml")));
-    assert!(output.status.success(), "{}", text(&output));
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let mut fields = line.split('\t').map(String::from);
-            let origin = format!("daemonset.yaml {}", fields.next().unwrap());
-            (origin, fields.collect())
+    let daemonsets = kubernetes_manifests()
+        .into_iter()
+        .filter(|m| {
+            std::fs::read_to_string(m)
+                .unwrap()
+                .lines()
+                .any(|l| l == "kind: DaemonSet")
         })
-        .collect()
+        .collect::<Vec<_>>();
+    assert_eq!(
+        daemonsets,
+        [
+            deploy("kubernetes/daemonset-fd-only.yaml"),
+            deploy("kubernetes/daemonset.yaml")
+        ]
+    );
+    let mut lines = Vec::new();
+    for daemonset in daemonsets {
+        let output = run(Command::new(python_with_yaml())
+            .arg("-c")
+            .arg(script)
+            .arg(&daemonset));
+        assert!(output.status.success(), "{}", text(&output));
+        let file = daemonset
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        lines.extend(
+            String::from_utf8(output.stdout)
+                .unwrap()
+                .lines()
+                .map(|line| {
+                    let mut fields = line.split('\t').map(String::from);
+                    let origin = format!("{file} {}", fields.next().unwrap());
+                    (origin, fields.collect())
+                }),
+        );
+    }
+    lines
 }
 
 /// The Python that runs kubernetes-validate (it has PyYAML).
@@ -897,7 +943,18 @@ fn kubernetes_manifests() -> Vec<PathBuf> {
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     manifests.sort();
-    assert!(manifests.len() >= 3, "{manifests:?}");
+    for expected in [
+        "namespace.yaml",
+        "daemonset.yaml",
+        "example-inference-pod.yaml",
+        "daemonset-fd-only.yaml",
+        "example-inference-pod-fd-only.yaml",
+    ] {
+        assert!(
+            manifests.contains(&deploy(&format!("kubernetes/{expected}"))),
+            "{expected} missing from {manifests:?}"
+        );
+    }
     manifests
 }
 
@@ -936,50 +993,50 @@ fn the_kubernetes_manifests_pass_kubernetes_validate_strictly() {
     );
 }
 
+/// tests/ops/kubernetes.py: the checks a schema cannot make. Both
+/// deployments: ptxd's socket and the clients' PTXD_SOCKET lie in the mounted
+/// node /run/ptxd (so ptxd.sock.fds does too), ptxd claims no GPU, probes,
+/// metrics, the socket directory handed to uid 65532. The shared one keeps
+/// hostPID and hostIPC on ptxd and its client; the fd-only one has neither
+/// (nor hostNetwork) and is the shared one less those two fields. Pod
+/// Security (a subset of the controls, see the script): all four pods need
+/// `privileged`; without the hostPath, the fd-only client would be
+/// `restricted` and the fd-only DaemonSet `baseline`; the namespace enforces
+/// exactly the level its pods need.
 #[test]
-fn the_daemonset_and_its_client_share_pid_ipc_and_the_socket_directory() {
-    let script = r#"
-import sys, yaml
-ds = yaml.safe_load(open(sys.argv[1]))
-pod = yaml.safe_load(open(sys.argv[2]))
-spec = ds["spec"]["template"]["spec"]
-meta = ds["spec"]["template"]["metadata"]
-c = spec["containers"][0]
-def check(ok, what):
-    if not ok:
-        print("FAIL " + what)
-check(ds["kind"] == "DaemonSet", "a DaemonSet")
-for s, name in ((spec, "daemonset"), (pod["spec"], "client pod")):
-    check(s.get("hostPID") is True, name + " hostPID")
-    check(s.get("hostIPC") is True, name + " hostIPC")
-    check(any(v.get("hostPath", {}).get("path") == "/run/ptxd" for v in s["volumes"]), name + " hostPath /run/ptxd")
-    check("nvidia.com/gpu" in [t.get("key") for t in s.get("tolerations", [])], name + " GPU toleration")
-    check(bool(s.get("nodeSelector")), name + " nodeSelector")
-check(any(m["mountPath"] == "/run/ptxd" for m in c["volumeMounts"]), "daemonset mounts /run/ptxd")
-pc = pod["spec"]["containers"][0]
-check(any(m["mountPath"] == "/run/ptxd" for m in pc["volumeMounts"]), "client mounts /run/ptxd")
-check(65532 in pod["spec"]["securityContext"].get("supplementalGroups", []), "client in ptxd's group")
-check("nvidia.com/gpu" not in c.get("resources", {}).get("requests", {}) and "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}), "ptxd claims no GPU")
-check({"cpu", "memory"} <= set(c["resources"]["requests"]), "resource requests")
-for probe in ("livenessProbe", "readinessProbe"):
-    check(probe in c, probe)
-ann = meta.get("annotations", {})
-check(ann.get("prometheus.io/scrape") == "true", "scrape annotation")
-port = ann.get("prometheus.io/port")
-check(port is not None and any(str(p["containerPort"]) == port for p in c["ports"]), "annotated port is a container port")
-args = c["args"]
-check(("0.0.0.0:" + str(port)) in args and "--metrics-allow-remote" in args, "metrics on the annotated port, allowed remote")
-check(spec["securityContext"].get("runAsUser") == 65532, "ptxd runs as 65532")
-print("checked")
-"#;
+fn the_daemonsets_and_their_clients_share_what_their_buffers_need() {
+    let script = Path::new(ROOT).join("tests/ops/kubernetes.py");
     let output = run(Command::new(python_with_yaml())
-        .arg("-c")
-        .arg(script)
+        .arg(&script)
+        .arg(deploy("kubernetes/namespace.yaml"))
         .arg(deploy("kubernetes/daemonset.yaml"))
-        .arg(deploy("kubernetes/example-inference-pod.yaml")));
+        .arg(deploy("kubernetes/example-inference-pod.yaml"))
+        .arg(deploy("kubernetes/daemonset-fd-only.yaml"))
+        .arg(deploy("kubernetes/example-inference-pod-fd-only.yaml")));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.trim() == "checked",
+        "{}",
+        text(&output)
+    );
+
+    // The same script fails a client of the fd-only variant given hostPID.
+    let dir = tempfile::tempdir().unwrap();
+    let pod = std::fs::read_to_string(deploy("kubernetes/example-inference-pod-fd-only.yaml"))
+        .unwrap()
+        .replace("spec:\n", "spec:\n  hostPID: true\n");
+    let broken = dir.path().join("example-inference-pod-fd-only.yaml");
+    std::fs::write(&broken, pod).unwrap();
+    let output = run(Command::new(python_with_yaml())
+        .arg(&script)
+        .arg(deploy("kubernetes/namespace.yaml"))
+        .arg(deploy("kubernetes/daemonset.yaml"))
+        .arg(deploy("kubernetes/example-inference-pod.yaml"))
+        .arg(deploy("kubernetes/daemonset-fd-only.yaml"))
+        .arg(&broken));
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .contains("FAIL example-inference-pod-fd-only.yaml has no hostPID"),
         "{}",
         text(&output)
     );
