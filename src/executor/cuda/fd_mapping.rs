@@ -1,8 +1,9 @@
 //! Buffers shared by POSIX file descriptor: `cuMemCreate` memory (the SDK's
 //! `alloc_exportable`, PyTorch's `expandable_segments`) that legacy CUDA IPC
-//! cannot export. The front hands the executor the descriptor a session sent;
-//! [`import_fd_buffer`] maps the physical allocation behind it and checks the
-//! session's claims against what the driver says.
+//! cannot export. The front hands the executor the descriptor a session sent
+//! through the fd inbox, tagged; [`import_fd_buffer`] maps the physical
+//! allocation behind it and checks the session's claims against what the
+//! driver says.
 //!
 //! Invariants:
 //! - Nothing about the allocation is taken from the session: its device
@@ -22,10 +23,56 @@
 use std::os::fd::OwnedFd;
 
 use ptxd_client::cuda::driver::{DeviceInfo, DriverError, ImportedMemory, VirtualMapping};
-use ptxd_proto::executor::FailureKind;
+use ptxd_proto::executor::{reply, FailureKind, OpenBuffer, OpenBufferOk};
 
 use super::super::child::Replier;
-use super::fail_driver;
+use super::{fail_driver, Backing, CudaBackend, OpenedBuffer};
+
+impl CudaBackend {
+    /// OpenBuffer with `Source::FdTag`: takes the descriptor the front sent
+    /// with `tag` from the fd inbox and maps it ([`import_fd_buffer`]).
+    pub(super) fn open_fd_buffer(&mut self, tag: u64, open: OpenBuffer, reply: Replier) {
+        // Taken first, so that a refused request leaves nothing in the inbox.
+        let fd = match self
+            .fd_inbox
+            .as_mut()
+            .ok_or_else(|| "this executor has no fd inbox".to_owned())
+            .and_then(|inbox| inbox.take(tag))
+        {
+            Ok(fd) => fd,
+            Err(message) => return reply.fail(FailureKind::Internal, message, &[]),
+        };
+        if self.buffers.contains_key(&open.buffer_id) {
+            return reply.fail(
+                FailureKind::Internal,
+                format!("buffer {} is already open", open.buffer_id),
+                &[],
+            );
+        }
+        let imported = import_fd_buffer(
+            fd,
+            open.offset,
+            open.size,
+            &open.claimed_device_uuid,
+            &self.device,
+            |ordinal| self.device_uuid_of(ordinal),
+        );
+        let buffer = match imported {
+            Ok(buffer) => buffer,
+            Err(refusal) => return refusal.reply(reply),
+        };
+        let device_uuid = buffer.device_uuid().to_string();
+        self.buffers.insert(
+            open.buffer_id,
+            OpenedBuffer {
+                base: buffer.base(),
+                size: buffer.size(),
+                backing: Backing::Fd { _mapping: buffer },
+            },
+        );
+        reply.send(reply::Result::OpenBuffer(OpenBufferOk { device_uuid }))
+    }
+}
 
 /// A buffer inside an allocation mapped from a file descriptor; unmapped on
 /// drop.
@@ -46,11 +93,6 @@ impl ImportedBuffer {
     /// The buffer's size in bytes, as registered (checked to fit).
     pub(super) fn size(&self) -> u64 {
         self.size
-    }
-
-    /// The size of the whole physical allocation, as the driver mapped it.
-    pub(super) fn allocation_size(&self) -> u64 {
-        self.mapping.size()
     }
 
     /// The UUID of the device the allocation lives on (the executor's).
