@@ -28,6 +28,9 @@ mod executor_client;
 #[path = "gpu/daemon.rs"]
 mod daemon;
 
+#[path = "gpu/fd_mapping.rs"]
+mod fd_mapping;
+
 #[path = "gpu/ring.rs"]
 mod ring;
 

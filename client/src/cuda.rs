@@ -4,15 +4,21 @@
 //! ptxd never copies a session's tensors: the session allocates device memory
 //! here, exports a CUDA IPC handle for it, and registers the handle (plus its
 //! device UUID and size) with ptxd; a tensor inside an allocation is the pair
-//! (handle, byte offset). Work ordering across the two processes goes through
+//! (handle, byte offset). Memory legacy IPC cannot export (`cuMemCreate`,
+//! such as PyTorch's `expandable_segments`) travels as a POSIX file
+//! descriptor instead: [`CudaDevice::alloc_exportable`] allocates it, and
+//! [`CudaDevice::export_allocation_fd`] exports a framework's tensor by
+//! address. Work ordering across the two processes goes through
 //! IPC events: the session records an [`IpcEvent`] on its own stream and
 //! names it as a launch's wait event, or waits on the event ptxd signals.
 //!
 //! Invariants:
 //! - libcuda is probed before the first driver call, so a machine without it
 //!   gets [`CudaError::LibraryMissing`], never a panic.
-//! - Memory comes from `cuMemAlloc`, never from a stream-ordered pool: pool
-//!   memory cannot be exported with `cuIpcGetMemHandle`.
+//! - IPC memory comes from `cuMemAlloc`, never from a stream-ordered pool:
+//!   pool memory cannot be exported with `cuIpcGetMemHandle`. Memory shared
+//!   by file descriptor comes from `cuMemCreate` and is exported one whole
+//!   physical allocation at a time: a range must lie inside one.
 //! - Every operation makes the device's primary context current on the
 //!   calling thread first, so the types work from any thread (async tasks
 //!   move between threads).
@@ -25,13 +31,15 @@
 
 use std::ffi::{c_void, CString};
 use std::mem::ManuallyDrop;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 pub mod driver;
 
 pub use driver::format_uuid;
 use driver::{
-    CUstream, DeviceMemory, DriverError, Event, Module, PrimaryContext, SavedContext, Stream,
+    CUstream, DeviceMemory, DriverError, Event, ExportableMemory, Module, PrimaryContext,
+    SavedContext, Stream,
 };
 
 /// A failure of the CUDA helpers.
@@ -95,6 +103,34 @@ pub enum CudaError {
         /// The address asked about (an allocation's base for
         /// [`CudaDevice::export`]).
         ptr: u64,
+    },
+    /// [`CudaDevice::export_allocation_fd`] was given memory that cannot be
+    /// exported as a POSIX file descriptor: `cuMemAlloc`/`cudaMalloc` memory
+    /// (share it by CUDA IPC instead), or `cuMemCreate` memory created
+    /// without `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+    #[error("address {ptr:#x} belongs to memory that cannot be exported as a file descriptor ({cuda_error}): cudaMalloc memory (use CUDA IPC), or cuMemCreate memory made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR")]
+    NotFdExportable {
+        /// The address asked about.
+        ptr: u64,
+        /// The driver's name for its refusal.
+        cuda_error: String,
+    },
+    /// [`CudaDevice::export_allocation_fd`] was given a range that runs past
+    /// the physical allocation holding its first byte. One descriptor names
+    /// one allocation; with PyTorch's `expandable_segments` a tensor larger
+    /// than a segment page (measured with torch 2.11: 2 MiB pages for small
+    /// tensors, 20 MiB for large ones) or straddling two pages spans
+    /// several.
+    #[error("{len} bytes at {ptr:#x} run past the {allocation_size}-byte physical allocation at {allocation_base:#x} that holds the first: a range shared by file descriptor must lie in one allocation")]
+    SpansAllocations {
+        /// The range's first address.
+        ptr: u64,
+        /// The range's length in bytes.
+        len: u64,
+        /// The first address of the allocation holding `ptr`.
+        allocation_base: u64,
+        /// That allocation's size in bytes.
+        allocation_size: u64,
     },
 }
 
@@ -219,6 +255,18 @@ impl CudaDevice {
         })
     }
 
+    /// Allocates `bytes` of device memory that ptxd maps from a POSIX file
+    /// descriptor ([`ExportableAllocation::export_fd`]): `cuMemCreate`, the
+    /// size rounded up to the driver's granularity (2 MiB on an H200).
+    pub fn alloc_exportable(&self, bytes: usize) -> Result<ExportableAllocation, CudaError> {
+        self.bind()?;
+        let memory = ExportableMemory::create(self.ordinal(), bytes as u64)?;
+        Ok(ExportableAllocation {
+            memory: OnDevice::new(memory, self),
+            size: bytes,
+        })
+    }
+
     /// Creates a non-blocking stream for this session's own work.
     pub fn stream(&self) -> Result<ClientStream, CudaError> {
         self.bind()?;
@@ -274,6 +322,20 @@ pub struct AllocationRange {
     pub ipc_capable: bool,
 }
 
+/// A range of device memory exported as a POSIX file descriptor
+/// ([`CudaDevice::export_allocation_fd`]): the descriptor names the whole
+/// physical allocation, and the range starts `offset` bytes into it.
+#[derive(Debug)]
+pub struct ExportedRange {
+    /// A fresh descriptor naming the allocation, owned by the caller (send
+    /// it to ptxd, then drop it).
+    pub fd: OwnedFd,
+    /// Where the range starts, in bytes from the allocation's start.
+    pub offset: u64,
+    /// The allocation's size in bytes.
+    pub allocation_size: u64,
+}
+
 impl CudaDevice {
     /// The allocation holding device address `ptr` (memory this process
     /// allocated on this device by any means, e.g. a framework's caching
@@ -281,10 +343,30 @@ impl CudaDevice {
     /// [`CudaError::NotIpcExportable`].
     pub fn locate(&self, ptr: u64) -> Result<AllocationRange, CudaError> {
         use driver::{
-            pointer_attribute as attribute, BUFFER_ID, DEVICE_ORDINAL, IS_LEGACY_CUDA_IPC_CAPABLE,
-            MEMORY_TYPE, MEMORY_TYPE_DEVICE, RANGE_SIZE, RANGE_START_ADDR,
+            pointer_attribute as attribute, BUFFER_ID, IS_LEGACY_CUDA_IPC_CAPABLE, RANGE_SIZE,
+            RANGE_START_ADDR,
         };
         self.bind()?;
+        self.check_own_memory(ptr)?;
+        let ipc_capable = attribute(ptr, IS_LEGACY_CUDA_IPC_CAPABLE)?;
+        // Checked before the range queries, which VMM memory may not answer.
+        if ipc_capable == 0 {
+            return Err(CudaError::NotIpcExportable { ptr });
+        }
+        Ok(AllocationRange {
+            base: attribute(ptr, RANGE_START_ADDR)?,
+            size: attribute(ptr, RANGE_SIZE)?,
+            buffer_id: attribute(ptr, BUFFER_ID)?,
+            ipc_capable: ipc_capable != 0,
+        })
+    }
+
+    /// Refuses an address that is not device memory of this device (the
+    /// context must be bound).
+    fn check_own_memory(&self, ptr: u64) -> Result<(), CudaError> {
+        use driver::{
+            pointer_attribute as attribute, DEVICE_ORDINAL, MEMORY_TYPE, MEMORY_TYPE_DEVICE,
+        };
         let memory_type = attribute(ptr, MEMORY_TYPE)?;
         if memory_type != MEMORY_TYPE_DEVICE {
             return Err(CudaError::NotDeviceMemory { ptr, memory_type });
@@ -297,16 +379,60 @@ impl CudaDevice {
                 found: ordinal.max(0) as u32,
             });
         }
-        let ipc_capable = attribute(ptr, IS_LEGACY_CUDA_IPC_CAPABLE)?;
-        // Checked before the range queries, which VMM memory may not answer.
-        if ipc_capable == 0 {
-            return Err(CudaError::NotIpcExportable { ptr });
+        Ok(())
+    }
+
+    /// Exports the physical allocation holding the `len` bytes at device
+    /// address `ptr` as a POSIX file descriptor, for memory this process
+    /// mapped with `cuMemCreate`/`cuMemMap`: a PyTorch tensor under
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, say (pass its
+    /// `data_ptr()` and its size in bytes). The session registers the
+    /// descriptor with ptxd together with [`ExportedRange::offset`].
+    ///
+    /// A range running past the allocation that holds `ptr` is refused
+    /// ([`CudaError::SpansAllocations`]), and so is memory without an
+    /// exportable allocation handle ([`CudaError::NotFdExportable`]). Call it
+    /// inside [`preserving_current_context`] on a framework's thread.
+    pub fn export_allocation_fd(&self, ptr: u64, len: u64) -> Result<ExportedRange, CudaError> {
+        self.bind()?;
+        self.check_own_memory(ptr)?;
+        let (allocation_base, allocation_size) = driver::address_range(ptr)?;
+        let allocation_end = allocation_base.saturating_add(allocation_size);
+        if ptr.checked_add(len).is_none_or(|end| end > allocation_end) {
+            return Err(CudaError::SpansAllocations {
+                ptr,
+                len,
+                allocation_base,
+                allocation_size,
+            });
         }
-        Ok(AllocationRange {
-            base: attribute(ptr, RANGE_START_ADDR)?,
-            size: attribute(ptr, RANGE_SIZE)?,
-            buffer_id: attribute(ptr, BUFFER_ID)?,
-            ipc_capable: ipc_capable != 0,
+        // The driver's answers for memory without an exportable handle:
+        // INVALID_VALUE both for `cuMemAlloc` memory and for `cuMemCreate`
+        // memory made without the descriptor handle type (measured).
+        let refused = [
+            "CUDA_ERROR_INVALID_VALUE",
+            "CUDA_ERROR_NOT_SUPPORTED",
+            "CUDA_ERROR_NOT_PERMITTED",
+        ];
+        let fd = match driver::export_mapped_allocation(ptr) {
+            Ok(fd) => fd,
+            Err(e) if refused.contains(&e.name.as_str()) => {
+                return Err(CudaError::NotFdExportable {
+                    ptr,
+                    cuda_error: e.name,
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // A mapping covers its allocation whole from the allocation's first
+        // byte (the driver maps nothing else), so the range's offset in the
+        // mapping is its offset in the allocation (checked on an H200 with
+        // PyTorch tensors: the bytes read through the imported descriptor at
+        // this offset are the tensor's).
+        Ok(ExportedRange {
+            fd,
+            offset: ptr - allocation_base,
+            allocation_size,
         })
     }
 
@@ -411,14 +537,7 @@ impl DeviceAllocation {
     /// The device address of byte `offset`, if `len` bytes from there lie
     /// inside the allocation.
     fn span(&self, offset: usize, len: usize) -> Result<u64, CudaError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(self.device_ptr() + offset as u64),
-            _ => Err(CudaError::OutOfBounds {
-                offset,
-                len,
-                size: self.size,
-            }),
-        }
+        span(self.device_ptr(), self.size, offset, len)
     }
 
     /// Copies `data` to the device at byte `offset`, and returns once the
@@ -433,19 +552,17 @@ impl DeviceAllocation {
     pub fn upload<T: Element>(&self, offset: usize, data: &[T]) -> Result<(), CudaError> {
         let dst = self.span(offset, std::mem::size_of_val(data))?;
         self.memory.bind()?;
-        // SAFETY: the span lies inside the allocation (checked), in the
-        // context just made current; `T` is padding-free.
-        unsafe { driver::copy_to_device(dst, data) }?;
-        Ok(driver::synchronize_current()?)
+        // SAFETY: the span lies inside the allocation (checked), which the
+        // borrow keeps alive, in the context just made current.
+        unsafe { upload_bound(dst, data) }
     }
 
     /// Copies from the device at byte `offset` into `out` (synchronous).
     pub fn download<T: Element>(&self, offset: usize, out: &mut [T]) -> Result<(), CudaError> {
         let src = self.span(offset, std::mem::size_of_val(out))?;
         self.memory.bind()?;
-        // SAFETY: the span lies inside the allocation (checked), in the
-        // context just made current; every bit pattern is a valid `T`.
-        Ok(unsafe { driver::copy_to_host(out, src) }?)
+        // SAFETY: as in `upload`.
+        unsafe { download_bound(out, src) }
     }
 
     /// Writes `value` to the semaphore word of `width` at byte `offset` now,
@@ -486,6 +603,98 @@ impl DeviceAllocation {
     pub fn ipc_handle(&self) -> Result<[u8; 64], CudaError> {
         let memory = self.memory.bind()?;
         Ok(driver::ipc_mem_handle(memory.ptr())?)
+    }
+}
+
+/// The device address of byte `offset` of an allocation of `size` bytes at
+/// `base`, if `len` bytes from there lie inside it.
+fn span(base: u64, size: usize, offset: usize, len: usize) -> Result<u64, CudaError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(base + offset as u64),
+        _ => Err(CudaError::OutOfBounds { offset, len, size }),
+    }
+}
+
+/// Copies `data` to device address `dst` and synchronizes the context (see
+/// [`DeviceAllocation::upload`] for why).
+///
+/// # Safety
+/// `[dst, dst + size_of_val(data))` must lie in live device memory of the
+/// context current on this thread.
+unsafe fn upload_bound<T: Element>(dst: u64, data: &[T]) -> Result<(), CudaError> {
+    // SAFETY: the caller's contract; `T` is padding-free.
+    unsafe { driver::copy_to_device(dst, data) }?;
+    Ok(driver::synchronize_current()?)
+}
+
+/// Copies from device address `src` into `out` (synchronous).
+///
+/// # Safety
+/// `[src, src + size_of_val(out))` must lie in live device memory of the
+/// context current on this thread.
+unsafe fn download_bound<T: Element>(out: &mut [T], src: u64) -> Result<(), CudaError> {
+    // SAFETY: the caller's contract; every bit pattern is a valid `T`.
+    Ok(unsafe { driver::copy_to_host(out, src) }?)
+}
+
+/// Device memory ptxd maps from a POSIX file descriptor
+/// ([`CudaDevice::alloc_exportable`]); unmapped and freed on drop (ptxd's
+/// own mapping keeps the memory alive until ptxd closes it).
+#[derive(Debug)]
+pub struct ExportableAllocation {
+    memory: OnDevice<ExportableMemory>,
+    size: usize,
+}
+
+impl ExportableAllocation {
+    /// The size asked for, in bytes; copies are bounded by it.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The size of the physical allocation the descriptor names: the size
+    /// asked for, rounded up to the driver's granularity.
+    pub fn allocation_size(&self) -> u64 {
+        self.memory.object.size()
+    }
+
+    /// The device address (for in-process launches).
+    pub fn device_ptr(&self) -> u64 {
+        self.memory.object.ptr()
+    }
+
+    /// The device the memory lives on.
+    pub fn device(&self) -> &CudaDevice {
+        &self.memory.device
+    }
+
+    /// The UUID of the device the memory lives on.
+    pub fn device_uuid(&self) -> &str {
+        self.memory.device.uuid()
+    }
+
+    /// Copies `data` to the device at byte `offset`, and returns once the
+    /// bytes are in device memory (as [`DeviceAllocation::upload`]).
+    pub fn upload<T: Element>(&self, offset: usize, data: &[T]) -> Result<(), CudaError> {
+        let dst = span(self.device_ptr(), self.size, offset, size_of_val(data))?;
+        self.memory.bind()?;
+        // SAFETY: the span lies inside the mapping (checked), which the
+        // borrow keeps alive, in the context just made current.
+        unsafe { upload_bound(dst, data) }
+    }
+
+    /// Copies from the device at byte `offset` into `out` (synchronous).
+    pub fn download<T: Element>(&self, offset: usize, out: &mut [T]) -> Result<(), CudaError> {
+        let src = span(self.device_ptr(), self.size, offset, size_of_val(out))?;
+        self.memory.bind()?;
+        // SAFETY: as in `upload`.
+        unsafe { download_bound(out, src) }
+    }
+
+    /// A fresh POSIX file descriptor naming the whole allocation, owned by
+    /// the caller (send it to ptxd, then drop it). Each call opens another.
+    pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
+        Ok(self.memory.bind()?.export_fd()?)
     }
 }
 

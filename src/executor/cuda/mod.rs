@@ -23,7 +23,9 @@
 //!   (the driver would hand back the same pointer anyway); the mapping is
 //!   closed when the last buffer naming it closes, after the context has
 //!   drained, so no in-flight kernel reads a closed mapping. Modules are
-//!   unloaded after draining for the same reason.
+//!   unloaded after draining for the same reason. A buffer passed by file
+//!   descriptor owns its own mapping ([`fd_mapping`]), unmapped when it
+//!   closes, after draining likewise.
 //! - A sticky driver error (illegal address, launch failure, ...) poisons
 //!   every context in the process: whichever request meets it is answered
 //!   `KERNEL_FAULT` with the driver's error name, and then the process sends
@@ -50,8 +52,10 @@
 //!
 //! Host shared memory is refused (`INVALID_HANDLE` with a message saying
 //! so): the CUDA backend maps device memory only; sessions that hold host
-//! tensors use the host backend.
+//! tensors use the host backend. A descriptor must name a CUDA allocation
+//! (`cuMemCreate` memory exported as a POSIX file descriptor).
 
+mod fd_mapping;
 mod images;
 mod launch;
 mod launch_ring;
@@ -172,11 +176,22 @@ struct LoadedKernel {
     _module: Module,
 }
 
-/// One registration of a buffer: a window onto a shared mapping.
+/// One registration of a buffer: a window onto a mapping.
 struct OpenedBuffer {
-    key: [u8; 64],
+    backing: Backing,
     base: u64,
     size: u64,
+}
+
+/// What keeps a buffer's memory mapped.
+enum Backing {
+    /// The shared mapping of this IPC handle (in `CudaBackend::mappings`).
+    Ipc([u8; 64]),
+    /// The buffer's own mapping of an allocation passed by descriptor, held
+    /// for its drop, which unmaps (`base` and `size` come from it).
+    Fd {
+        _mapping: fd_mapping::ImportedBuffer,
+    },
 }
 
 /// One opened IPC handle, shared by every buffer that names it.
@@ -506,13 +521,7 @@ impl CudaBackend {
                     &[],
                 )
             }
-            Some(Source::FdTag(_)) => {
-                return reply.fail(
-                    FailureKind::InvalidHandle,
-                    "this CUDA executor cannot import memory passed by descriptor yet",
-                    &[],
-                )
-            }
+            Some(Source::FdTag(tag)) => return self.open_fd_buffer(tag, open, reply),
             None => return reply.fail(FailureKind::InvalidHandle, "buffer without a source", &[]),
         };
         let Ok(key) = <[u8; 64]>::try_from(handle.as_slice()) else {
@@ -598,7 +607,7 @@ impl CudaBackend {
         self.buffers.insert(
             open.buffer_id,
             OpenedBuffer {
-                key,
+                backing: Backing::Ipc(key),
                 base,
                 size: open.size,
             },
@@ -617,18 +626,29 @@ impl CudaBackend {
                 &[],
             );
         };
-        let last = match self.mappings.get_mut(&buffer.key) {
-            Some(shared) => {
-                shared.refs = shared.refs.saturating_sub(1);
-                shared.refs == 0
-            }
-            None => false,
+        let last = match &buffer.backing {
+            Backing::Ipc(key) => match self.mappings.get_mut(key) {
+                Some(shared) => {
+                    shared.refs = shared.refs.saturating_sub(1);
+                    shared.refs == 0
+                }
+                None => false,
+            },
+            Backing::Fd { .. } => true,
         };
         if last {
             let Some(reply) = self.drain(reply, "draining before closing a mapping") else {
+                // A kernel may still use a buffer's own mapping: it stays.
+                if let Backing::Fd { .. } = buffer.backing {
+                    self.buffers.insert(buffer_id, buffer);
+                }
                 return;
             };
-            self.mappings.remove(&buffer.key);
+            if let Backing::Ipc(key) = &buffer.backing {
+                self.mappings.remove(key);
+            }
+            // Unmaps a buffer's own mapping, now that nothing runs.
+            drop(buffer);
             return reply.ok();
         }
         reply.ok()
