@@ -2,7 +2,7 @@
 
 A session hands PTX to ptxd and launches it on tensors that stay in the
 session's own memory (CUDA tensors through IPC handles, host arrays through
-shared memory); ptxd compiles each distinct kernel once for all sessions and
+shared memory or sealed memfds passed by file descriptor); ptxd compiles each distinct kernel once for all sessions and
 checks every launch. This package wraps the Rust SDK (``ptxd-client``); calls
 are synchronous and release the GIL.
 

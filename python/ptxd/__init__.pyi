@@ -56,7 +56,7 @@ class Buffer:
     def kind(self) -> str: ...
 
 #: A launch operand: a CUDA torch.Tensor, an object with __cuda_array_interface__,
-#: a numpy array from Session.shm_array, or a Buffer.
+#: a numpy array from Session.shm_array or Session.memfd_array, or a Buffer.
 Operand = Any
 #: A torch.cuda.Stream, a cupy.cuda.Stream, an object with __cuda_stream__, or a CUstream address.
 Stream = Any
@@ -73,6 +73,20 @@ class Session:
     def load_ptx(self, ptx: str, symbol: str, device: Union[int, str, Any] = 0) -> Kernel: ...
     def shm_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
         """A numpy.ndarray backed by a registered shared-memory buffer (host backend)."""
+    def memfd_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
+        """A numpy.ndarray backed by a sealed memfd registered by file descriptor (host
+        backend, Unix socket): needs no /dev/shm shared with the daemon."""
+    def register_fd(
+        self,
+        fd: int,
+        size: int,
+        device_uuid: Optional[str] = None,
+        offset: int = 0,
+        label: str = "",
+        dtype: Any = None,
+    ) -> Buffer:
+        """Registers size bytes from offset of the memory behind fd (host: a memfd sealed
+        with F_SEAL_SHRINK); fd is used only during the call."""
     def register(self, obj: Operand) -> Buffer: ...
     def release(self, buffer: Buffer) -> None: ...
     def buffers(self) -> List[Dict[str, Any]]: ...
@@ -215,3 +229,9 @@ class UnverifiedArtifact(Refused):
 
 class IdentityRequired(Refused):
     """``IDENTITY_REQUIRED``: The request needs a caller identity (shared memory, CUDA IPC) and the connection has none (TCP): use the Unix socket."""
+
+class FdNotSealed(Refused):
+    """``FD_NOT_SEALED``: A memfd passed as a buffer lacks F_SEAL_SHRINK (metadata ``seals``), or the descriptor cannot be sealed at all: seal it first."""
+
+class StaleFdToken(Refused):
+    """``STALE_FD_TOKEN``: The fd token is unknown, used or expired (metadata ``why``): register the buffer again."""

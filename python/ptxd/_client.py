@@ -10,7 +10,8 @@ state the SDK has no notion of:
   offset into it. When an allocation is seen whose range overlaps a cached
   one, the cached one was freed: its registration is released first, so
   ptxd never keeps freed memory mapped;
-- the session's **shared-memory arrays**, found again by address;
+- the session's **host arrays** (``shm_array`` and ``memfd_array``), found
+  again by address;
 - a pool of registered **IPC event pairs** per device, for ordering launches
   against the caller's stream.
 """
@@ -122,14 +123,15 @@ class Kernel:
 
 
 class _Registration:
-    """One buffer registration with ptxd: a CUDA allocation or a
-    shared-memory object."""
+    """One buffer registration with ptxd: a CUDA allocation, a host mapping
+    of this process (a shared-memory object or a memfd), or a descriptor the
+    caller registered (``base`` 0: no mapping here)."""
 
     __slots__ = ("handle", "size", "device_uuid", "generation", "kind", "base", "ordinal",
-                 "buffer_id", "shm", "released")
+                 "buffer_id", "mapping", "released")
 
     def __init__(self, reply: Dict[str, Any], kind: str, base: int, ordinal: Optional[int],
-                 buffer_id: Optional[int] = None, shm: Any = None) -> None:
+                 buffer_id: Optional[int] = None, mapping: Any = None) -> None:
         self.handle: str = reply["handle"]
         self.size: int = int(reply["size"])
         self.device_uuid: str = reply["device_uuid"]
@@ -138,7 +140,9 @@ class _Registration:
         self.base = base
         self.ordinal = ordinal
         self.buffer_id = buffer_id
-        self.shm = shm
+        # The native Shm or Memfd: registered, it stays mapped (and found by
+        # address) even when its array is gone, until the release.
+        self.mapping = mapping
         self.released = False
 
     def contains(self, ptr: int) -> bool:
@@ -186,7 +190,8 @@ class Buffer:
 
     @property
     def kind(self) -> str:
-        """``"cuda_ipc"`` or ``"host_shm"``."""
+        """``"cuda_ipc"``, ``"host_shm"``, or ``"posix_fd"`` (a memfd or
+        another descriptor)."""
         return self._registration.kind
 
     def _ordinal(self) -> Optional[int]:
@@ -235,7 +240,8 @@ class Session:
         self.label = label
         self._lock = threading.RLock()
         self._cuda: Dict[Tuple[int, int], _Registration] = {}
-        self._shm: List[_Registration] = []
+        # Registrations of host memory this process maps, found by address.
+        self._host: List[_Registration] = []
         self._events: Dict[int, List[_EventPair]] = {}
 
     # -- lifetime -----------------------------------------------------------
@@ -281,8 +287,23 @@ class Session:
     def shm_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
         """A zero-filled numpy array backed by a POSIX shared-memory object
         registered with this session (host backend). Launches read and write
-        it in place."""
-        numpy = _numpy()
+        it in place. The daemon opens the object by name, so it needs the
+        same ``/dev/shm`` as this process; :meth:`memfd_array` does not."""
+        return self._host_array(shape, dtype, "shm_array", self._native.create_shm, "host_shm")
+
+    def memfd_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
+        """A zero-filled numpy array backed by a memfd sealed against
+        shrinking and growing, registered with this session by file
+        descriptor over the daemon's fd socket (host backend, Unix socket
+        only). Launches read and write it in place, as with
+        :meth:`shm_array`; the memory has no name, so this works from a
+        container that shares only the sockets with the daemon (no
+        ``/dev/shm``, IPC or PID namespace in common)."""
+        return self._host_array(shape, dtype, "memfd_array", self._native.create_memfd, "posix_fd")
+
+    def _host_array(self, shape: Union[int, Sequence[int]], dtype: Any, what: str,
+                    create: Any, kind: str) -> Any:
+        numpy = _numpy(f"session.{what}()")
         dtype = numpy.dtype(dtype)
         shape = (int(shape),) if isinstance(shape, int) else tuple(int(e) for e in shape)
         nbytes = dtype.itemsize
@@ -291,20 +312,54 @@ class Session:
                 raise ValueError(f"negative extent in shape {shape}")
             nbytes *= extent
         if nbytes == 0:
-            raise ValueError("shm_array needs at least one byte")
-        shm, reply = self._native.create_shm(nbytes)
-        registration = _Registration(reply, "host_shm", shm.address, None, shm=shm)
+            raise ValueError(f"{what} needs at least one byte")
+        mapping, reply = create(nbytes)
+        registration = _Registration(reply, kind, mapping.address, None, mapping=mapping)
         with self._lock:
-            self._shm.append(registration)
-        holder = _ShmHolder(shm, shape, dtype.str)
-        return numpy.asarray(holder)
+            self._host.append(registration)
+        return numpy.asarray(_MappingHolder(mapping, shape, dtype.str))
+
+    def register_fd(self, fd: int, size: int, device_uuid: Optional[str] = None,
+                    offset: int = 0, label: str = "", dtype: Any = None) -> Buffer:
+        """Registers ``size`` bytes, from byte ``offset``, of the memory
+        behind the file descriptor ``fd`` and returns the :class:`Buffer`
+        naming them (Unix socket only).
+
+        On the host backend ``fd`` is a memfd sealed with ``F_SEAL_SHRINK``
+        (``os.memfd_create(name, os.MFD_ALLOW_SEALING)``, ``os.ftruncate``,
+        then ``fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)``):
+        ptxd refuses an unsealed one or a plain file with
+        :class:`ptxd.FdNotSealed` (metadata ``seals``), and a file shorter
+        than ``offset + size`` with :class:`ptxd.InvalidHandle`. ``offset``
+        is a multiple of the page size. ``device_uuid`` ``None`` means the
+        daemon's first device.
+
+        ptxd keeps its own reference to the memory: ``fd`` is used only
+        during this call, and the caller may close it afterwards. With
+        ``dtype``, the Buffer has that element type (checked against the
+        kernel's, and giving ``launch`` its default ``n``); without, launches
+        on it pass ``n``.
+        """
+        if isinstance(fd, bool) or not isinstance(fd, int):
+            raise TypeError(f"fd must be an int file descriptor, got {type(fd).__name__}")
+        size, offset = int(size), int(offset)
+        itemsize = 0
+        if dtype is not None:
+            itemsize = _numpy("register_fd's dtype=").dtype(dtype).itemsize
+            if size % itemsize:
+                raise ValueError(f"size {size} is not a multiple of the {itemsize}-byte dtype")
+        reply = self._native.register_fd(fd, size, device_uuid, offset, label)
+        registration = _Registration(reply, "posix_fd", 0, None)
+        numel = size // itemsize if itemsize else 0
+        return Buffer(registration, 0, size, itemsize, numel)
 
     def register(self, obj: Any) -> Buffer:
         """Registers ``obj`` and returns the :class:`Buffer` naming it.
 
         Accepted: a CUDA ``torch.Tensor``; anything with
         ``__cuda_array_interface__`` (CuPy, ...); a numpy array from
-        :meth:`shm_array`; a :class:`Buffer` (returned as is). CUDA memory is
+        :meth:`shm_array` or :meth:`memfd_array`; a :class:`Buffer` (returned
+        as is). CUDA memory is
         registered per allocation (its base from
         ``cuPointerGetAttribute(RANGE_START_ADDR)``, its IPC handle from the
         base), once; the tensor is an offset into it.
@@ -321,7 +376,7 @@ class Session:
             return self._register_host(obj)
         raise TypeError(
             f"cannot register a {type(obj).__name__}: pass a CUDA torch.Tensor, an object with "
-            "__cuda_array_interface__, or an array from session.shm_array()"
+            "__cuda_array_interface__, or an array from session.shm_array() or memfd_array()"
         )
 
     def _register_cuda(self, obj: Any, view: ops.CudaView) -> Buffer:
@@ -345,27 +400,27 @@ class Session:
     def _register_host(self, array: Any) -> Buffer:
         view = ops.host_view(array)
         with self._lock:
-            for registration in self._shm:
+            for registration in self._host:
                 if registration.contains(view.ptr):
                     if view.ptr + view.nbytes > registration.base + registration.size:
                         break
                     offset = view.ptr - registration.base
                     return Buffer(registration, offset, view.nbytes, view.itemsize, view.numel, array)
         raise TypeError(
-            "this numpy array is not in a shared-memory buffer of this session: ptxd reads host "
-            "memory only through session.shm_array() arrays"
+            "this numpy array is not in a host buffer of this session: ptxd reads host memory "
+            "only through session.shm_array() and session.memfd_array() arrays"
         )
 
     def release(self, buffer: Buffer) -> None:
         """Releases the registration ``buffer`` belongs to (every Buffer of
-        the same allocation or shm_array with it)."""
+        the same allocation, host array or descriptor with it)."""
         registration = buffer._registration
         with self._lock:
             for key, cached in list(self._cuda.items()):
                 if cached is registration:
                     del self._cuda[key]
-            if registration in self._shm:
-                self._shm.remove(registration)
+            if registration in self._host:
+                self._host.remove(registration)
         self._release(registration)
 
     def _release(self, registration: _Registration) -> None:
@@ -402,9 +457,10 @@ class Session:
         CuPy's current stream, as the framework's own operations are;
         Buffers alone are not ordered against anything.
 
-        ``sync=True`` returns once the kernel completed. Launches on
-        ``shm_array`` arrays always complete before this returns, since the
-        caller reads them from the CPU next.
+        ``sync=True`` returns once the kernel completed. Launches on host
+        memory (``shm_array`` and ``memfd_array`` arrays, descriptors) always
+        complete before this returns, since the caller reads them from the
+        CPU next.
         """
         prepared = self._prepare(kernel, inputs, output, n, params)
         raw_stream = self._stream_for(prepared, stream)
@@ -531,6 +587,10 @@ class Session:
         buffers = [buffer for buffer, _ in resolved]
         default_stream = next((stream for _, stream in resolved if stream is not None), None)
         out = buffers[-1]
+        if n is None and not out.itemsize:
+            raise ValueError(
+                "the output has no element type (register_fd without dtype=): pass n"
+            )
         count = out.numel if n is None else int(n)
         if count < 0:
             raise ValueError(f"n must not be negative, got {count}")
@@ -621,25 +681,25 @@ class Client:
         return f"<ptxd.Client {self.socket or 'default socket'}>"
 
 
-class _ShmHolder:
-    """Exposes a shared-memory mapping to numpy; the array keeps it (and so
-    the mapping) alive."""
+class _MappingHolder:
+    """Exposes a host mapping (a native Shm or Memfd) to numpy; the array
+    keeps it (and so the mapping) alive."""
 
-    def __init__(self, shm: Any, shape: Tuple[int, ...], typestr: str) -> None:
-        self._shm = shm
+    def __init__(self, mapping: Any, shape: Tuple[int, ...], typestr: str) -> None:
+        self._mapping = mapping
         self.__array_interface__ = {
             "version": 3,
             "shape": shape,
             "typestr": typestr,
-            "data": (shm.address, False),
+            "data": (mapping.address, False),
         }
 
 
-def _numpy() -> Any:
+def _numpy(what: str) -> Any:
     try:
         import numpy
     except ImportError:
-        raise ImportError("session.shm_array() needs numpy: pip install numpy") from None
+        raise ImportError(f"{what} needs numpy: pip install numpy") from None
     return numpy
 
 

@@ -7,8 +7,8 @@ an object the caller passes, the memory it covers:
   and device index;
 - anything with ``__cuda_array_interface__`` (CuPy, Numba, ...): the same,
   from the interface dict;
-- a ``numpy.ndarray``: its address, which must lie in a ``shm_array`` of the
-  session.
+- a ``numpy.ndarray``: its address, which must lie in a ``shm_array`` or
+  ``memfd_array`` of the session.
 
 It refuses what ptxd cannot launch on: non-contiguous views (ptxd's kernels
 index elements linearly), and CPU tensors. torch, CuPy and numpy are never
@@ -91,7 +91,7 @@ def cuda_view(obj: Any) -> Optional[CudaView]:
         if not obj.is_cuda:
             raise TypeError(
                 "a CPU tensor cannot be registered with ptxd: move it to CUDA, or use "
-                "session.shm_array() for the host backend"
+                "session.memfd_array() or shm_array() for the host backend"
             )
         if not obj.is_contiguous():
             raise NotContiguous(
@@ -151,7 +151,7 @@ def host_view(array: Any) -> HostView:
     if not array.flags.c_contiguous:
         raise NotContiguous(
             f"the array (shape {array.shape}, strides {array.strides}) is not C-contiguous; "
-            "pass a slice of a shm_array that is contiguous",
+            "pass a slice of a shm_array or memfd_array that is contiguous",
             reason="NOT_CONTIGUOUS",
         )
     return HostView(

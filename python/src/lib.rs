@@ -20,14 +20,15 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ptxd_client::cuda::{
     preserving_current_context, AllocationRange, CudaDevice, CudaError, IpcEvent,
 };
 use ptxd_client::{
-    Client, DaemonInfo, DeviceSelector, Error, HostShm, Kernel, KernelSignature, Launch, Operand,
-    Session, SessionOptions,
+    Client, DaemonInfo, DeviceSelector, Error, FdBufferSpec, HostMemfd, HostShm, Kernel,
+    KernelSignature, Launch, Operand, Session, SessionOptions,
 };
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -215,6 +216,36 @@ fn shm_err(py: Python<'_>, error: ptxd_client::ShmError) -> PyErr {
         ("UNKNOWN", 2),
         &BTreeMap::new(),
     )
+}
+
+/// This process's own reference to the descriptor number `fd`, which the
+/// caller holds: a `dup`, so that the registration keeps naming the same
+/// file for the whole call even if another thread closes `fd` meanwhile.
+fn duplicate_fd(py: Python<'_>, fd: i64) -> PyResult<OwnedFd> {
+    let raw = RawFd::try_from(fd)
+        .ok()
+        .filter(|raw| *raw >= 0)
+        .ok_or_else(|| {
+            to_pyerr(
+                py,
+                Error::InvalidInput(format!("a file descriptor is a non-negative int, not {fd}")),
+            )
+        })?;
+    // SAFETY: `raw` is not -1 (checked above), and the borrow lives only for
+    // the `F_DUPFD_CLOEXEC` below, which runs with the GIL held, so no
+    // Python code can close the descriptor meanwhile; a number that names
+    // no open file makes that call fail with EBADF, reported as an OSError.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
+    borrowed.try_clone_to_owned().map_err(|e| {
+        make_error(
+            py,
+            "os",
+            "FD",
+            format!("duplicating file descriptor {raw}: {e}"),
+            ("UNKNOWN", 2),
+            &BTreeMap::new(),
+        )
+    })
 }
 
 /// Runs an SDK future with the GIL released and maps its error.
@@ -448,6 +479,56 @@ impl NativeSession {
         Ok((NativeShm { inner: shm }, buffer_dict(py, &buffer)?))
     }
 
+    /// Creates a zero-filled memfd of `size` bytes, sealed against shrinking
+    /// and growing, and registers it by descriptor over the fd socket (host
+    /// backend); returns it with the registration.
+    #[pyo3(signature = (size, device_uuid=None))]
+    fn create_memfd<'py>(
+        &self,
+        py: Python<'py>,
+        size: u64,
+        device_uuid: Option<String>,
+    ) -> PyResult<(NativeMemfd, Bound<'py, PyDict>)> {
+        let session = self.session(py)?;
+        let memfd =
+            block(py, async move { HostMemfd::create(size) })?.map_err(|e| shm_err(py, e))?;
+        let memfd = Arc::new(memfd);
+        let registered = memfd.clone();
+        let buffer = call(py, async move {
+            session
+                .register_memfd(&registered, device_uuid.as_deref())
+                .await
+        })?;
+        Ok((NativeMemfd { inner: memfd }, buffer_dict(py, &buffer)?))
+    }
+
+    /// Registers `size` bytes from `offset` of the memory behind the
+    /// caller's descriptor `fd` (a memfd sealed with `F_SEAL_SHRINK` on the
+    /// host backend, an exported allocation's fd on CUDA). ptxd keeps its
+    /// own reference; the caller's `fd` is used only during the call.
+    #[pyo3(signature = (fd, size, device_uuid=None, offset=0, label=String::new()))]
+    fn register_fd<'py>(
+        &self,
+        py: Python<'py>,
+        fd: i64,
+        size: u64,
+        device_uuid: Option<String>,
+        offset: u64,
+        label: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let session = self.session(py)?;
+        let fd = duplicate_fd(py, fd)?;
+        let spec = FdBufferSpec {
+            device_uuid,
+            offset,
+            label,
+        };
+        let buffer = call(py, async move {
+            session.register_fd_buffer(fd.as_fd(), size, spec).await
+        })?;
+        buffer_dict(py, &buffer)
+    }
+
     /// Registers a 64-byte CUDA IPC memory handle of a `size`-byte
     /// allocation on the device `device_uuid`.
     #[pyo3(signature = (handle, device_uuid, size, label=String::new()))]
@@ -669,6 +750,28 @@ impl NativeShm {
     }
 }
 
+/// A sealed memfd this process created and mapped (closed and unmapped when
+/// the last reference goes; ptxd keeps its own reference while registered).
+#[pyclass(module = "ptxd._native", name = "Memfd", frozen)]
+struct NativeMemfd {
+    inner: Arc<HostMemfd>,
+}
+
+#[pymethods]
+impl NativeMemfd {
+    #[getter]
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    /// The mapping's address, for numpy's `__array_interface__`; valid while
+    /// this object lives.
+    #[getter]
+    fn address(&self) -> usize {
+        self.inner.as_slice().as_ptr() as usize
+    }
+}
+
 /// A CUDA device of this process, its primary context retained.
 #[pyclass(module = "ptxd._native", name = "CudaDevice", frozen)]
 struct NativeCudaDevice {
@@ -794,6 +897,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeSession>()?;
     m.add_class::<NativeKernel>()?;
     m.add_class::<NativeShm>()?;
+    m.add_class::<NativeMemfd>()?;
     m.add_class::<NativeCudaDevice>()?;
     m.add_class::<NativeIpcEvent>()?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;

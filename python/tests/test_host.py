@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
+import mmap
 import os
 import re
 import threading
@@ -198,7 +200,9 @@ def test_each_refusal_is_its_own_class(session):
 
 def test_reason_classes_match_the_sdk_and_the_stub():
     reasons = list(ptxd._native.REASONS)
-    assert len(reasons) == 24 and "BUFFER_TOO_SMALL" in reasons
+    assert len(reasons) == 26 and "BUFFER_TOO_SMALL" in reasons
+    assert ptxd.REFUSALS["FD_NOT_SEALED"] is ptxd.FdNotSealed
+    assert ptxd.REFUSALS["STALE_FD_TOKEN"] is ptxd.StaleFdToken
     for reason in reasons:
         cls = ptxd.REFUSALS[reason]
         assert issubclass(cls, ptxd.Refused)
@@ -207,6 +211,161 @@ def test_reason_classes_match_the_sdk_and_the_stub():
     stub = (Path(ptxd.__file__).parent / "__init__.pyi").read_text()
     in_stub = re.findall(r"^class (\w+)\(Refused\):", stub, re.MULTILINE)
     assert sorted(in_stub) == sorted(ptxd.REFUSALS[r].__name__ for r in reasons)
+
+
+def python_memfd(size: int, seals: int = 0) -> int:
+    """A memfd made with Python's own calls, sized to ``size``, with ``seals``
+    added (none by default)."""
+    fd = os.memfd_create("ptxd-py-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def test_memfd_array_launch_matches_numpy(session):
+    kernel = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
+    count = 5000
+    values_a, values_b = random_f32(count), random_f32(count)
+    a, b, out = (session.memfd_array(count, np.float32) for _ in range(3))
+    assert (a == 0).all(), "a memfd_array starts zero-filled"
+    a[:], b[:] = values_a, values_b
+    out[:] = np.nan
+    session.launch(kernel, [a, b], out)
+    expected = values_a + values_b
+    for index in range(count):
+        assert out[index] == expected[index], (index, out[index], expected[index])
+
+    buffer = session.register(out[1000:2000])
+    assert buffer.kind == "posix_fd"
+    assert (buffer.offset, buffer.nbytes, buffer.registered_size) == (4000, 4000, count * 4)
+    listed = {b["handle"]: b for b in session.buffers()}
+    assert listed[buffer.handle]["kind"] == "posix_fd"
+    assert listed[buffer.handle]["size"] == count * 4
+
+    # A slice of one array and a whole other one, in the same launch.
+    out[:] = np.nan
+    session.launch(kernel, [a[:1000], b[1000:2000]], out[2000:3000])
+    np.testing.assert_array_equal(out[2000:3000], values_a[:1000] + values_b[1000:2000])
+    assert np.isnan(out[:2000]).all() and np.isnan(out[3000:]).all()
+
+    session.release(buffer)
+    assert buffer.handle not in {b["handle"] for b in session.buffers()}
+    with pytest.raises(TypeError, match="memfd_array"):
+        session.register(out)
+
+
+IN_NAMESPACES = """
+import os, sys
+import numpy as np, ptxd
+assert os.getpid() == 1, "not in a fresh PID namespace"
+assert os.listdir("/dev/shm") == [], "/dev/shm is not private"
+with ptxd.Client(sys.argv[1]) as client, client.session("namespaced") as session:
+    kernel = session.load_ptx(open(sys.argv[2]).read(), "add_f32_scalar")
+    a, b, out = (session.memfd_array(3001, np.float32) for _ in range(3))
+    a[:] = np.arange(3001); b[:] = 0.5; out[:] = np.nan
+    session.launch(kernel, [a, b], out)
+    assert (out == np.arange(3001, dtype=np.float32) + 0.5).all()
+    # A name in this namespace's /dev/shm means nothing to the daemon.
+    try:
+        session.shm_array(1024, np.float32)
+        raise SystemExit("shm_array registered a name the daemon cannot see")
+    except ptxd.InvalidHandle:
+        pass
+print("namespaced client ok")
+"""
+
+
+def test_memfd_arrays_work_from_private_pid_and_mount_namespaces(socket, corpus):
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.fail("unshare --pid --mount needs root; this test must run as root")
+    script = f'mount -t tmpfs tmpfs /dev/shm && exec "{sys.executable}" -c "$0" "$1" "$2"'
+    done = subprocess.run(
+        ["unshare", "--pid", "--mount", "--fork", "sh", "-c", script,
+         IN_NAMESPACES, socket, str(corpus / "add_f32_scalar.ptx")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0 and "namespaced client ok" in done.stdout, done.stdout + done.stderr
+
+
+def test_an_unsealed_python_memfd_is_refused_fd_not_sealed(session):
+    fd = python_memfd(4096)
+    try:
+        with pytest.raises(ptxd.FdNotSealed) as refused:
+            session.register_fd(fd, 4096)
+    finally:
+        os.close(fd)
+    error = refused.value
+    assert isinstance(error, ptxd.Refused) and error.reason == "FD_NOT_SEALED"
+    assert error.code == "FAILED_PRECONDITION" and error.code_value == 9
+    assert error.metadata == {"seals": "0x0"}
+    assert session.buffers() == []
+
+
+def test_a_sealed_python_memfd_registers_and_launches(session):
+    count = 2048
+    size = count * 4
+    values_a, values_b = random_f32(count), random_f32(count)
+    fds = [python_memfd(size, fcntl.F_SEAL_SHRINK) for _ in range(3)]
+    try:
+        maps = [mmap.mmap(fd, size) for fd in fds]
+        views = [np.frombuffer(m, np.float32) for m in maps]
+        views[0][:], views[1][:], views[2][:] = values_a, values_b, np.nan
+        a, b = (session.register_fd(fd, size, dtype=np.float32) for fd in fds[:2])
+        out = session.register_fd(fds[2], size, label="python memfd")
+    finally:
+        for fd in fds:
+            os.close(fd)  # ptxd holds its own references
+    assert (a.kind, a.nbytes, a.numel, a.itemsize) == ("posix_fd", size, count, 4)
+    assert (out.numel, out.itemsize) == (0, 0)
+    listed = {b["handle"]: b for b in session.buffers()}
+    assert listed[out.handle]["label"] == "python memfd"
+    assert listed[out.handle]["kind"] == "posix_fd"
+
+    kernel = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
+    with pytest.raises(ValueError, match="pass n"):
+        session.launch(kernel, [a, b], out)
+    session.launch(kernel, [a, b], out, n=count)
+    expected = values_a + values_b
+    for index in range(count):
+        assert views[2][index] == expected[index], (index, views[2][index], expected[index])
+    with pytest.raises(ptxd.BufferTooSmall):
+        session.launch(kernel, [a, b], out, n=count + 1)
+
+    session.release(out)
+    assert out.handle not in {b["handle"] for b in session.buffers()}
+    del views
+    for m in maps:
+        m.close()
+
+
+def test_register_fd_refuses_a_size_past_the_memfd_and_bad_descriptors(session):
+    fd = python_memfd(4096, fcntl.F_SEAL_SHRINK)
+    try:
+        with pytest.raises(ptxd.InvalidHandle) as refused:
+            session.register_fd(fd, 8192)
+        assert refused.value.reason == "INVALID_HANDLE"
+        assert "4096" in refused.value.message
+        with pytest.raises(ptxd.InvalidHandle):
+            session.register_fd(fd, 4096, offset=4096)
+    finally:
+        os.close(fd)
+    assert session.buffers() == []
+    with pytest.raises(ValueError, match="non-negative"):
+        session.register_fd(-1, 4096)
+    with pytest.raises(TypeError, match="int file descriptor"):
+        session.register_fd(True, 4096)
+    with pytest.raises(ValueError, match="non-negative"):
+        session.register_fd(2**40, 4096)
+    # A number above any open descriptor (a closed one could be reused by
+    # another thread meanwhile).
+    with pytest.raises(OSError) as bad:
+        session.register_fd(2**30, 4096)
+    assert isinstance(bad.value, ptxd.Error)
+    assert "Bad file descriptor" in str(bad.value)
 
 
 def test_unreachable_daemon_raises_unavailable(tmp_path):
