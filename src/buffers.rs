@@ -42,6 +42,9 @@ pub enum BufferSource {
     PosixFd {
         fd: SharedFd,
         offset: u64,
+        /// The client's word for the allocation's size (CUDA), checked by
+        /// the driver.
+        allocation_size: u64,
     },
 }
 

@@ -589,6 +589,7 @@ fn buffer_request(request: api::RegisterBufferRequest) -> BufferRequest {
             Source::PosixFd(fd) => BufferOrigin::PosixFd {
                 device_uuid: fd.device_uuid,
                 offset: fd.offset,
+                allocation_size: fd.allocation_size,
             },
         }),
     }

@@ -37,6 +37,9 @@ mod ring;
 #[path = "gpu/ring_timeout.rs"]
 mod ring_timeout;
 
+#[path = "gpu/fd.rs"]
+mod fd;
+
 #[path = "support/ring_completions.rs"]
 mod ring_completions;
 
@@ -506,6 +509,7 @@ fn bad_registrations_are_refused_with_the_right_kind() {
         claimed_device_uuid: s.dev.uuid().into(),
         owner_uid: None,
         offset: 0,
+        allocation_size: 0,
     });
     expect_failure(s.exec.call(shm), FailureKind::InvalidHandle);
     // A short handle.
@@ -519,6 +523,7 @@ fn bad_registrations_are_refused_with_the_right_kind() {
         claimed_device_uuid: s.dev.uuid().into(),
         owner_uid: None,
         offset: 0,
+        allocation_size: 0,
     });
     expect_failure(s.exec.call(short), FailureKind::InvalidHandle);
     let f = expect_failure(

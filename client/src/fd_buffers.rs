@@ -32,6 +32,13 @@ pub struct FdBufferSpec {
     pub device_uuid: Option<String>,
     /// Where the buffer starts inside the allocation or file, in bytes.
     pub offset: u64,
+    /// CUDA: the size of the whole allocation behind the descriptor
+    /// (`ExportableAllocation::allocation_size`,
+    /// `ExportedRange::allocation_size`). The driver maps an imported
+    /// allocation only at its exact size, which ptxd cannot learn otherwise:
+    /// `None` works only when the buffer ends in the allocation's last
+    /// granule. ptxd verifies it; a wrong one is refused.
+    pub allocation_size: Option<u64>,
     /// A label for listings.
     pub label: String,
 }
@@ -61,6 +68,7 @@ impl Session {
                 pb::PosixFdBuffer {
                     device_uuid: spec.device_uuid.unwrap_or_default(),
                     offset: spec.offset,
+                    allocation_size: spec.allocation_size.unwrap_or(0),
                 },
             )),
             size,

@@ -18,13 +18,14 @@ state the SDK has no notion of:
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _native
 from . import _operands as ops
-from ._errors import DtypeMismatch, Error, refused
+from ._errors import DtypeMismatch, Error, NotExportable, refused
 
 __all__ = ["Client", "Session", "Kernel", "Buffer", "Signature", "Launched", "cuda_available"]
 
@@ -385,17 +386,39 @@ class Session:
         with self._lock:
             registration = self._cuda.get((view.ordinal, buffer_id))
             if registration is None:
-                handle = device.export((base, size, buffer_id, capable))
                 # Allocations do not overlap while alive: a cached one that
                 # overlaps this range was freed. Release it first.
                 for key, old in list(self._cuda.items()):
                     if key[0] == view.ordinal and old.base < base + size and base < old.base + old.size:
                         del self._cuda[key]
                         self._release(old)
-                reply = self._native.register_cuda_ipc(handle, device.uuid, size)
-                registration = _Registration(reply, "cuda_ipc", base, view.ordinal, buffer_id)
+                if capable:
+                    handle = device.export((base, size, buffer_id, capable))
+                    reply = self._native.register_cuda_ipc(handle, device.uuid, size)
+                    kind = "cuda_ipc"
+                else:
+                    # cuMemCreate memory (PyTorch's expandable segments):
+                    # legacy IPC cannot export it, a file descriptor can. The
+                    # whole physical allocation holding the tensor is
+                    # registered; a tensor spanning two of them is refused
+                    # (NotExportable).
+                    fd, offset, allocation_size = device.export_fd(view.ptr, view.nbytes)
+                    try:
+                        reply = self._native.register_fd(
+                            fd, allocation_size, device.uuid, 0, "", allocation_size
+                        )
+                    finally:
+                        os.close(fd)
+                    base, kind = view.ptr - offset, "posix_fd"
+                registration = _Registration(reply, kind, base, view.ordinal, buffer_id)
                 self._cuda[(view.ordinal, buffer_id)] = registration
-        return Buffer(registration, view.ptr - base, view.nbytes, view.itemsize, view.numel, obj)
+            elif view.ptr + view.nbytes > registration.base + registration.size:
+                raise NotExportable(
+                    f"the tensor at {view.ptr:#x} ({view.nbytes} bytes) runs past the allocation "
+                    f"it starts in ({registration.base:#x}, {registration.size} bytes)"
+                )
+        offset = view.ptr - registration.base
+        return Buffer(registration, offset, view.nbytes, view.itemsize, view.numel, obj)
 
     def _register_host(self, array: Any) -> Buffer:
         view = ops.host_view(array)

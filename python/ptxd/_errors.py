@@ -27,12 +27,6 @@ __all__ = [
     "class_name",
 ]
 
-#: The issue that brings memory legacy CUDA IPC cannot export into ptxd.
-FD_PASSING = (
-    "ptxd issue 13, 'Share memory by file descriptor' (cuMemCreate memory passed as a POSIX fd)"
-)
-
-
 class Error(Exception):
     """Base of every exception ptxd raises.
 
@@ -94,8 +88,10 @@ class NotContiguous(Error, ValueError):
 
 
 class NotExportable(Error, ValueError):
-    """Memory that legacy CUDA IPC cannot export (cuMemCreate/VMM memory,
-    such as PyTorch's ``expandable_segments``, or a cudaMallocAsync pool)."""
+    """Memory ptxd cannot be handed: neither legacy CUDA IPC nor a POSIX
+    file descriptor exports it (a cudaMallocAsync pool, cuMemCreate memory
+    made without descriptor handles), or a tensor spans two physical
+    allocations of PyTorch's ``expandable_segments``."""
 
 
 class DtypeMismatch(Error, TypeError):
@@ -143,9 +139,10 @@ def _from_native(
         return SessionClosed(message, **fields)
     if kind == "not_exportable":
         return NotExportable(
-            f"{message}. Allocate it with cudaMalloc instead (for PyTorch: leave "
-            f"PYTORCH_CUDA_ALLOC_CONF without expandable_segments:True), or use the "
-            f"file-descriptor path once it exists: {FD_PASSING}",
+            f"{message}. Memory from cudaMalloc registers by CUDA IPC handle, memory "
+            f"from cuMemCreate with POSIX file-descriptor handles (PyTorch's "
+            f"expandable_segments) by descriptor, one physical allocation at a time: "
+            f"a tensor that spans two allocations cannot be registered whole",
             **fields,
         )
     if kind == "cuda":

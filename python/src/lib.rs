@@ -194,7 +194,9 @@ fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
 
 fn cuda_err(py: Python<'_>, error: CudaError) -> PyErr {
     let kind = match error {
-        CudaError::NotIpcExportable { .. } => "not_exportable",
+        CudaError::NotIpcExportable { .. }
+        | CudaError::NotFdExportable { .. }
+        | CudaError::SpansAllocations { .. } => "not_exportable",
         _ => "cuda",
     };
     make_error(
@@ -505,8 +507,11 @@ impl NativeSession {
     /// Registers `size` bytes from `offset` of the memory behind the
     /// caller's descriptor `fd` (a memfd sealed with `F_SEAL_SHRINK` on the
     /// host backend, an exported allocation's fd on CUDA). ptxd keeps its
-    /// own reference; the caller's `fd` is used only during the call.
-    #[pyo3(signature = (fd, size, device_uuid=None, offset=0, label=String::new()))]
+    /// own reference; the caller's `fd` is used only during the call. On
+    /// CUDA, `allocation_size` is the whole allocation's size (the driver
+    /// maps an imported allocation only at its exact size).
+    #[pyo3(signature = (fd, size, device_uuid=None, offset=0, label=String::new(), allocation_size=None))]
+    #[allow(clippy::too_many_arguments)]
     fn register_fd<'py>(
         &self,
         py: Python<'py>,
@@ -515,6 +520,7 @@ impl NativeSession {
         device_uuid: Option<String>,
         offset: u64,
         label: String,
+        allocation_size: Option<u64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let session = self.session(py)?;
         let fd = duplicate_fd(py, fd)?;
@@ -522,6 +528,7 @@ impl NativeSession {
             device_uuid,
             offset,
             label,
+            allocation_size,
         };
         let buffer = call(py, async move {
             session.register_fd_buffer(fd.as_fd(), size, spec).await
@@ -825,6 +832,18 @@ impl NativeCudaDevice {
             .detach(|| preserving_current_context(|| self.inner.export(&range)))
             .map_err(|e| cuda_err(py, e))?;
         Ok(PyBytes::new(py, &handle))
+    }
+
+    /// A file descriptor for the physical allocation holding `[ptr, ptr +
+    /// len)` (memory mapped with `cuMemMap`, such as PyTorch's expandable
+    /// segments), with `ptr`'s offset in it and the allocation's size. The
+    /// caller owns the descriptor and must close it.
+    fn export_fd(&self, py: Python<'_>, ptr: u64, len: u64) -> PyResult<(i32, u64, u64)> {
+        let exported = py
+            .detach(|| preserving_current_context(|| self.inner.export_allocation_fd(ptr, len)))
+            .map_err(|e| cuda_err(py, e))?;
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(exported.fd);
+        Ok((fd, exported.offset, exported.allocation_size))
     }
 
     /// A new interprocess event of this device.

@@ -43,7 +43,11 @@ pub enum BufferOrigin {
     HostShm { name: String, device_uuid: String },
     /// Memory whose descriptor follows on the fd socket (device: the
     /// daemon's first unless named); the buffer starts `offset` bytes in.
-    PosixFd { device_uuid: String, offset: u64 },
+    PosixFd {
+        device_uuid: String,
+        offset: u64,
+        allocation_size: u64,
+    },
 }
 
 /// What RegisterBuffer answers: a buffer, or the token its descriptor must
@@ -64,6 +68,7 @@ pub struct AwaitingFd {
     label: String,
     size: u64,
     offset: u64,
+    allocation_size: u64,
     device_uuid: Option<String>,
 }
 
@@ -114,17 +119,21 @@ pub struct EventRequest {
 /// and again after a restart). A descriptor goes to `link`'s fd inbox first,
 /// so send the request on that same link, right after.
 pub(super) fn open_buffer_op(entry: &BufferEntry, link: &ExecutorLink) -> Result<Op, Error> {
-    let (source, offset) = match &entry.source {
-        BufferSource::CudaIpc { handle } => (open_buffer::Source::CudaIpc(handle.clone()), 0),
-        BufferSource::HostShm { name } => (open_buffer::Source::ShmName(name.clone()), 0),
-        BufferSource::PosixFd { fd, offset } => {
+    let (source, offset, allocation_size) = match &entry.source {
+        BufferSource::CudaIpc { handle } => (open_buffer::Source::CudaIpc(handle.clone()), 0, 0),
+        BufferSource::HostShm { name } => (open_buffer::Source::ShmName(name.clone()), 0, 0),
+        BufferSource::PosixFd {
+            fd,
+            offset,
+            allocation_size,
+        } => {
             let tag = link
                 .send_fd(fd.0.as_fd())
                 .map_err(|e| ExecutorError::Unavailable {
                     device: entry.device_uuid.clone(),
                     cause: e.to_string(),
                 })?;
-            (open_buffer::Source::FdTag(tag), *offset)
+            (open_buffer::Source::FdTag(tag), *offset, *allocation_size)
         }
     };
     Ok(Op::OpenBuffer(exec::OpenBuffer {
@@ -134,6 +143,7 @@ pub(super) fn open_buffer_op(entry: &BufferEntry, link: &ExecutorLink) -> Result
         claimed_device_uuid: entry.device_uuid.clone(),
         owner_uid: entry.owner_uid,
         offset,
+        allocation_size,
     }))
 }
 
@@ -199,6 +209,7 @@ impl Front {
             Some(BufferOrigin::PosixFd {
                 device_uuid,
                 offset,
+                allocation_size,
             }) => {
                 return self.await_fd(
                     &session_id,
@@ -208,6 +219,7 @@ impl Front {
                         label: request.label,
                         size: request.size,
                         offset,
+                        allocation_size,
                         device_uuid: (!device_uuid.is_empty()).then_some(device_uuid),
                     },
                 );
@@ -279,6 +291,7 @@ impl Front {
         let source = BufferSource::PosixFd {
             fd: SharedFd(std::sync::Arc::new(fd)),
             offset: awaiting.offset,
+            allocation_size: awaiting.allocation_size,
         };
         self.open_buffer(
             &redeemed.session,

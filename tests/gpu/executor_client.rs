@@ -194,6 +194,7 @@ pub fn open_ipc_op(buffer_id: u64, handle: [u8; 64], size: u64, device: &str) ->
         claimed_device_uuid: device.into(),
         owner_uid: None,
         offset: 0,
+        allocation_size: 0,
     })
 }
 

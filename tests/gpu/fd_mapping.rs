@@ -55,11 +55,19 @@ fn assert_same(found: &[u32], expected: &[u32]) {
     );
 }
 
-/// Imports `fd` as the executor does and maps it for `dev`.
-fn import(dev: &CudaDevice, fd: OwnedFd, expected: u64) -> VirtualMapping {
+/// Imports `fd` as the executor does and maps it for `dev`, trying `sizes`.
+fn try_import(
+    dev: &CudaDevice,
+    fd: OwnedFd,
+    sizes: &[u64],
+) -> Result<VirtualMapping, driver::DriverError> {
     let memory = ImportedMemory::import(fd).unwrap();
     assert_eq!(memory.device_ordinal(), Some(dev.ordinal()));
-    memory.map(expected, dev.ordinal()).unwrap()
+    memory.map(sizes, dev.ordinal())
+}
+
+fn import(dev: &CudaDevice, fd: OwnedFd, expected: u64) -> VirtualMapping {
+    try_import(dev, fd, &[expected]).unwrap()
 }
 
 #[test]
@@ -96,18 +104,22 @@ fn exportable_memory_maps_from_its_fd_with_every_word_intact() {
 }
 
 #[test]
-fn an_imported_allocation_maps_at_its_real_size_whatever_size_is_expected() {
+fn an_imported_allocation_maps_only_at_its_real_size() {
     let dev = device();
     let mem = dev.alloc_exportable(3 << 20).unwrap();
     let real = mem.allocation_size();
     let data = random_words(mem.size() / 4);
     mem.upload(0, &data).unwrap();
     let _context = bind(&dev);
-    // The expected size is only the first size tried: too small, too large
-    // or absurd, the mapping still covers exactly the allocation.
-    for expected in [1, real - 1, real, real + 1, 4 * real, u64::MAX] {
-        let mapping = import(&dev, mem.export_fd().unwrap(), expected);
-        assert_eq!(mapping.size(), real, "expected {expected}");
+    // Only the allocation's own size maps (sizes are rounded up to the
+    // granularity first); any other is refused, never searched from.
+    for wrong in [real / 4, real + 1, 4 * real, u64::MAX] {
+        let refused = try_import(&dev, mem.export_fd().unwrap(), &[wrong]);
+        assert!(refused.is_err(), "size {wrong} mapped an allocation of {real}");
+    }
+    for sizes in [vec![real], vec![real - 1], vec![4 * real, real], vec![0, real]] {
+        let mapping = try_import(&dev, mem.export_fd().unwrap(), &sizes).unwrap();
+        assert_eq!(mapping.size(), real, "sizes {sizes:?}");
         assert_same(&read_words(&mapping, mapping.ptr(), data.len()), &data);
     }
 }

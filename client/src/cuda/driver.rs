@@ -912,15 +912,16 @@ impl ImportedMemory {
         u32::try_from(self.prop.location_id).ok()
     }
 
-    /// Maps the whole allocation for device `ordinal`, learning its size:
-    /// `expected` bytes (rounded up to the granularity) is tried first, then
-    /// every multiple of the granularity up to the memory of the device the
-    /// allocation lives on, until `cuMemMap` accepts one. A failed try costs
-    /// about 5 µs (measured), so a wrong guess costs at most the device's
-    /// memory over 2 MiB tries (about 0.35 s on an H200); a right one, a
-    /// single extra map.
-    pub fn map(self, expected: u64, ordinal: u32) -> Result<VirtualMapping, DriverError> {
-        let size = self.learn_size(expected)?;
+    /// Maps the whole allocation for device `ordinal`. The driver maps an
+    /// imported allocation only at its exact size (measured on an H200:
+    /// smaller and larger sizes fail `CUDA_ERROR_NOT_SUPPORTED`) and has no
+    /// call that reports it, so each of `sizes` (rounded up to the
+    /// granularity) is tried in turn: the first the driver accepts is the
+    /// allocation's size, proven by the driver rather than taken from
+    /// whoever sent the descriptor. Nothing else is tried, so a wrong guess
+    /// costs a few failed maps (about 5 µs each), never a search.
+    pub fn map(self, sizes: &[u64], ordinal: u32) -> Result<VirtualMapping, DriverError> {
+        let size = self.exact_size(sizes)?;
         VirtualMapping::map(
             vec![PhysicalMemory {
                 handle: self.handle,
@@ -930,30 +931,18 @@ impl ImportedMemory {
         )
     }
 
-    fn learn_size(&self, expected: u64) -> Result<u64, DriverError> {
+    fn exact_size(&self, sizes: &[u64]) -> Result<u64, DriverError> {
         let granularity = self.prop.granularity()? as u64;
-        let limit = match self.device_ordinal() {
-            Some(ordinal) => device_memory(ordinal)?,
-            None => {
-                return Err(DriverError {
-                    call: "cuMemGetAllocationPropertiesFromHandle",
-                    name: format!("location type {} is not a device", self.prop.location_type),
-                })
-            }
-        };
-        let limit = round_up(limit, granularity).unwrap_or(u64::MAX - granularity + 1);
-        let first = round_up(expected, granularity).filter(|size| *size <= limit);
-        let scratch = Reservation::new(usize::try_from(limit).unwrap_or(usize::MAX))?;
-        let candidates = first.into_iter().chain(
-            (1..=limit / granularity)
-                .map(|n| n * granularity)
-                .filter(|size| Some(*size) != first),
-        );
+        let mut tried: Vec<u64> = Vec::new();
         let mut last = None;
-        for size in candidates {
-            // SAFETY: `[base, base + size)` lies in the scratch reservation
-            // (size <= limit), which nothing else maps: every successful
-            // try is unmapped before the next.
+        for size in sizes.iter().filter_map(|s| round_up(*s, granularity)) {
+            if size == 0 || tried.contains(&size) || usize::try_from(size).is_err() {
+                continue;
+            }
+            tried.push(size);
+            let scratch = Reservation::new(size as usize)?;
+            // SAFETY: `[base, base + size)` is the scratch reservation, which
+            // nothing else maps; a successful try is unmapped at once.
             match unsafe { map_whole(scratch.base, size, &self.handle) } {
                 Ok(()) => {
                     // SAFETY: the one mapping just made; nothing uses it.
@@ -964,19 +953,14 @@ impl ImportedMemory {
                 Err(e) => return Err(e),
             }
         }
-        Err(last.unwrap_or(DriverError {
+        Err(DriverError {
             call: "cuMemMap",
-            name: "no size to try".into(),
-        }))
+            name: format!(
+                "{} (the allocation is none of the sizes tried: {tried:?})",
+                last.map_or_else(|| "no size to try".to_owned(), |e| e.name)
+            ),
+        })
     }
-}
-
-/// The memory of the device with this ordinal, in bytes.
-fn device_memory(ordinal: u32) -> Result<u64, DriverError> {
-    let device = result::device::get(ordinal as i32).named("cuDeviceGet")?;
-    // SAFETY: `device` came from cuDeviceGet.
-    let bytes = unsafe { result::device::total_mem(device) }.named("cuDeviceTotalMem")?;
-    Ok(bytes as u64)
 }
 
 /// Exports a POSIX file descriptor for the physical allocation mapped at

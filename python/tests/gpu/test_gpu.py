@@ -220,15 +220,18 @@ def ptxd_buffer(session, tensor):
     return whole
 
 
-def test_expandable_segments_are_refused_with_the_way_out(gpu_daemon):
+def test_expandable_segments_register_by_descriptor_and_launch(gpu_daemon):
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     done = subprocess.run(
         [sys.executable, str(WORKER), gpu_daemon.socket, "expandable"],
         env=env, capture_output=True, text=True, timeout=120,
     )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("NOT_EXPORTABLE"), done.stdout + done.stderr
-    assert "expandable_segments" in done.stdout and "issue 13" in done.stdout
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "LAUNCHED kinds=['posix_fd'] equal=True" in lines, done.stdout + done.stderr
+    big = [line for line in lines if line.startswith("BIG ")]
+    assert big and big[0].startswith("BIG NOT_EXPORTABLE"), done.stdout + done.stderr
+    assert "run past" in big[0] or "runs past" in big[0], big[0]
 
 
 def test_a_killed_worker_releases_its_session(gpu_client, gpu_daemon):

@@ -5,8 +5,11 @@
     python worker.py SOCKET load SYMBOL  load the generated f32 add kernel under
                                        SYMBOL; print its cache_hit, then wait
                                        for a line on stdin before exiting
-    python worker.py SOCKET expandable try to register memory from PyTorch's
-                                       expandable_segments; print the outcome
+    python worker.py SOCKET expandable register tensors of PyTorch's
+                                       expandable_segments (by descriptor), launch
+                                       add on them and check it against torch;
+                                       then try a tensor spanning two segment
+                                       pages; print the outcomes
 """
 
 import os
@@ -38,12 +41,24 @@ def main() -> None:
         print(f"CACHE_HIT {kernel.cache_hit}", flush=True)
         sys.stdin.readline()
     elif mode == "expandable":
-        tensor = torch.ones(1 << 20, device="cuda")
+        count = 1 << 16  # 256 KiB each: the three share one 2 MiB page
+        a = torch.randn(count, device="cuda")
+        b = torch.randn(count, device="cuda")
+        out = torch.full((count,), float("nan"), device="cuda")
+        buffers = [session.register(t) for t in (a, b, out)]
+        kinds = sorted({buffer.kind for buffer in buffers})
+        ptx, symbol = add_kernel("f32")
+        kernel = session.load_ptx(ptx, symbol)
+        session.launch(kernel, [a, b], out, sync=True)
+        torch.cuda.synchronize()
+        print(f"LAUNCHED kinds={kinds} equal={torch.equal(out, a + b)}", flush=True)
+        # 32 MiB: larger than one 20 MiB page, so two physical allocations.
+        big = torch.empty(8 << 20, device="cuda")
         try:
-            session.register(tensor)
-            print("REGISTERED", flush=True)
+            session.register(big)
+            print("BIG REGISTERED", flush=True)
         except ptxd.NotExportable as error:
-            print(f"NOT_EXPORTABLE {error}", flush=True)
+            print(f"BIG NOT_EXPORTABLE {error}", flush=True)
     session.close()
 
 

@@ -53,6 +53,7 @@ impl CudaBackend {
             fd,
             open.offset,
             open.size,
+            open.allocation_size,
             &open.claimed_device_uuid,
             &self.device,
             |ordinal| self.device_uuid_of(ordinal),
@@ -160,14 +161,16 @@ impl FdRefusal {
 /// Maps the allocation behind `fd` (closing `fd`) and returns the buffer of
 /// `size` bytes at `offset` in it. Refused with `DEVICE_MISMATCH` when the
 /// allocation lives on a device other than the claimed one or the
-/// executor's, and with `INVALID_HANDLE` when `fd` is not CUDA device memory
-/// or the allocation holds fewer than `offset + size` bytes.
+/// executor's, and with `INVALID_HANDLE` when `fd` is not CUDA device memory,
+/// the allocation is neither `allocation_size` bytes nor the smallest that
+/// holds `offset + size`, or it holds fewer than `offset + size` bytes.
 ///
 /// `uuid_of` names a device of this process by ordinal.
 pub(super) fn import_fd_buffer(
     fd: OwnedFd,
     offset: u64,
     size: u64,
+    allocation_size: u64,
     claimed_device_uuid: &str,
     executor: &DeviceInfo,
     uuid_of: impl Fn(u32) -> String,
@@ -194,8 +197,10 @@ pub(super) fn import_fd_buffer(
             Vec::new(),
         ));
     };
-    // `end` is only the first size tried; the driver decides the real one.
-    let mapping = memory.map(end, executor.ordinal).map_err(|e| {
+    // The sizes tried: the client's word for the allocation, then the
+    // smallest allocation that holds the buffer. The driver accepts only the
+    // real size, so neither is trusted; a wrong one is refused.
+    let mapping = memory.map(&[allocation_size, end], executor.ordinal).map_err(|e| {
         FdRefusal::from_driver(
             e,
             "cuMemMap",
