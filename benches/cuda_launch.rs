@@ -558,6 +558,35 @@ async fn daemon_rows(
     );
     rows.push(row("daemon ReleaseBuffer, 1 MiB", release, String::new()));
 
+    // The same registration by file descriptor: cuMemCreate memory exported
+    // as a POSIX fd, RegisterBuffer (posix_fd) then the fd socket's round
+    // trip, import and map in the executor.
+    let mut register_fd = Vec::new();
+    for _ in 0..200 {
+        let mem = dev.alloc_exportable(1 << 20).unwrap();
+        let fd = mem.export_fd().unwrap();
+        let spec = ptxd_client::FdBufferSpec {
+            device_uuid: Some(dev.uuid().to_owned()),
+            allocation_size: Some(mem.allocation_size()),
+            ..ptxd_client::FdBufferSpec::default()
+        };
+        let t = Instant::now();
+        let buffer = session
+            .register_fd_buffer(std::os::fd::AsFd::as_fd(&fd), 1 << 20, spec)
+            .await
+            .unwrap();
+        register_fd.push(t.elapsed());
+        session.release_buffer(&buffer).await.unwrap();
+    }
+    rows.push(
+        row(
+            "daemon RegisterBuffer (posix_fd), 1 MiB",
+            register_fd,
+            "cuMemCreate memory by fd; baseline: executor OpenBuffer (cuda_ipc)".into(),
+        )
+        .against(base.open_buffer),
+    );
+
     let kernel = session
         .load_ptx(dev.uuid(), text, "add_f32_scalar", LoadOptions::default())
         .await

@@ -34,7 +34,9 @@ async fn fd_buffer(
     let mem = dev.alloc_exportable(n * 4).unwrap();
     match values {
         Some(v) => mem.upload(0, v).unwrap(),
-        None => mem.upload(0, &vec![f32::from_bits(0x7fc0_dead); n]).unwrap(),
+        None => mem
+            .upload(0, &vec![f32::from_bits(0x7fc0_dead); n])
+            .unwrap(),
     }
     let fd = mem.export_fd().unwrap();
     let spec = FdBufferSpec {
@@ -68,8 +70,12 @@ async fn add_by_fd(session: &Session, dev: &CudaDevice, n: usize) {
     let (_a_mem, a_buf) = fd_buffer(session, dev, Some(&a), n).await;
     let (_b_mem, b_buf) = fd_buffer(session, dev, Some(&b), n).await;
     let (out_mem, out_buf) = fd_buffer(session, dev, None, n).await;
-    let launch = Launch::new([a_buf.operand(), b_buf.operand()], out_buf.operand(), n as u64)
-        .sync(true);
+    let launch = Launch::new(
+        [a_buf.operand(), b_buf.operand()],
+        out_buf.operand(),
+        n as u64,
+    )
+    .sync(true);
     session.launch(&kernel, &launch).await.unwrap();
     let mut out = vec![0f32; n];
     out_mem.download(0, &mut out).unwrap();
@@ -124,7 +130,9 @@ async fn cumemcreate_memory_by_fd_launches_and_its_size_is_the_drivers() {
                 Some("INVALID_HANDLE"),
                 "{error:?}"
             ),
-            (works, other) => panic!("allocation_size {claimed:?}: expected ok={works}, got {other:?}"),
+            (works, other) => {
+                panic!("allocation_size {claimed:?}: expected ok={works}, got {other:?}")
+            }
         }
     }
     // A descriptor that is not CUDA memory at all.

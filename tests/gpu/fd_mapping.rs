@@ -115,9 +115,17 @@ fn an_imported_allocation_maps_only_at_its_real_size() {
     // granularity first); any other is refused, never searched from.
     for wrong in [real / 4, real + 1, 4 * real, u64::MAX] {
         let refused = try_import(&dev, mem.export_fd().unwrap(), &[wrong]);
-        assert!(refused.is_err(), "size {wrong} mapped an allocation of {real}");
+        assert!(
+            refused.is_err(),
+            "size {wrong} mapped an allocation of {real}"
+        );
     }
-    for sizes in [vec![real], vec![real - 1], vec![4 * real, real], vec![0, real]] {
+    for sizes in [
+        vec![real],
+        vec![real - 1],
+        vec![4 * real, real],
+        vec![0, real],
+    ] {
         let mapping = try_import(&dev, mem.export_fd().unwrap(), &sizes).unwrap();
         assert_eq!(mapping.size(), real, "sizes {sizes:?}");
         assert_same(&read_words(&mapping, mapping.ptr(), data.len()), &data);

@@ -200,14 +200,16 @@ pub(super) fn import_fd_buffer(
     // The sizes tried: the client's word for the allocation, then the
     // smallest allocation that holds the buffer. The driver accepts only the
     // real size, so neither is trusted; a wrong one is refused.
-    let mapping = memory.map(&[allocation_size, end], executor.ordinal).map_err(|e| {
-        FdRefusal::from_driver(
-            e,
-            "cuMemMap",
-            "the allocation behind the file descriptor maps at no size",
-            "mapping an imported allocation",
-        )
-    })?;
+    let mapping = memory
+        .map(&[allocation_size, end], executor.ordinal)
+        .map_err(|e| {
+            FdRefusal::from_driver(
+                e,
+                "cuMemMap",
+                "the allocation behind the file descriptor maps at no size",
+                "mapping an imported allocation",
+            )
+        })?;
     check_range(offset, size, mapping.size())?;
     Ok(ImportedBuffer {
         mapping,
