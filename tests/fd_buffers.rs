@@ -390,7 +390,15 @@ fn a_client_in_its_own_pid_and_mount_namespaces_uses_memfds_not_shm_names() {
         test_binary.display()
     );
     let output = std::process::Command::new("unshare")
-        .args(["--pid", "--mount", "--fork", "sh", "-c", &script])
+        .args([
+            "--pid",
+            "--mount",
+            "--fork",
+            "--mount-proc",
+            "sh",
+            "-c",
+            &script,
+        ])
         .env("PTXD_NS_SOCKET", &daemon.socket)
         .output()
         .expect("unshare (util-linux) runs");

@@ -256,8 +256,59 @@ fn word64(mem: &DeviceAllocation, offset: usize) -> u64 {
     out[0]
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn when_the_executor_dies_the_sdk_releases_a_stream_waiting_on_a_ring_signal() {
+/// Set in the child process that runs the release scenario.
+const RELEASE_CHILD_ENV: &str = "PTXD_GPU_RING_RELEASE_CHILD";
+
+/// The scenario blocks a stream of this process's context in
+/// `cuStreamWaitValue32` until the SDK releases it, and a context-wide call
+/// of another test (`cuMemFree`, `cuCtxSynchronize`) in the same process
+/// would wait on that stream while holding the driver's locks: so it runs
+/// in a child process of its own (this test, re-executed).
+#[test]
+fn when_the_executor_dies_the_sdk_releases_a_stream_waiting_on_a_ring_signal() {
+    if std::env::var_os(RELEASE_CHILD_ENV).is_some() {
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(release_scenario());
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "ring::when_the_executor_dies_the_sdk_releases_a_stream_waiting_on_a_ring_signal",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(RELEASE_CHILD_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the release scenario did not finish within 120 s (a stream stayed blocked)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "the release scenario failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn release_scenario() {
     let daemon = Daemon::start_backend("cuda", &[], |_| {});
     let client = Client::connect(&daemon.target()).await.unwrap();
     let session = client.open_session("gpu-release").await.unwrap();
