@@ -339,8 +339,11 @@ pub struct ExportedRange {
 impl CudaDevice {
     /// The allocation holding device address `ptr` (memory this process
     /// allocated on this device by any means, e.g. a framework's caching
-    /// allocator). Memory legacy IPC cannot export is refused here as
-    /// [`CudaError::NotIpcExportable`].
+    /// allocator). Memory legacy IPC cannot export (VMM memory) comes back
+    /// with `ipc_capable` false and the range of the physical allocation
+    /// mapped at `ptr`: [`CudaDevice::export`] refuses it
+    /// ([`CudaError::NotIpcExportable`]), [`CudaDevice::export_allocation_fd`]
+    /// exports it.
     pub fn locate(&self, ptr: u64) -> Result<AllocationRange, CudaError> {
         use driver::{
             pointer_attribute as attribute, BUFFER_ID, IS_LEGACY_CUDA_IPC_CAPABLE, RANGE_SIZE,
@@ -349,15 +352,25 @@ impl CudaDevice {
         self.bind()?;
         self.check_own_memory(ptr)?;
         let ipc_capable = attribute(ptr, IS_LEGACY_CUDA_IPC_CAPABLE)?;
-        // Checked before the range queries, which VMM memory may not answer.
         if ipc_capable == 0 {
-            return Err(CudaError::NotIpcExportable { ptr });
+            // VMM memory (cuMemCreate, e.g. PyTorch's expandable segments):
+            // the range attributes may not answer for it, but
+            // cuMemGetAddressRange gives the one physical allocation mapped
+            // at `ptr` (measured on an H200), which is what a file
+            // descriptor exports ([`CudaDevice::export_allocation_fd`]).
+            let (base, size) = driver::address_range(ptr)?;
+            return Ok(AllocationRange {
+                base,
+                size,
+                buffer_id: attribute(ptr, BUFFER_ID).unwrap_or(base),
+                ipc_capable: false,
+            });
         }
         Ok(AllocationRange {
             base: attribute(ptr, RANGE_START_ADDR)?,
             size: attribute(ptr, RANGE_SIZE)?,
             buffer_id: attribute(ptr, BUFFER_ID)?,
-            ipc_capable: ipc_capable != 0,
+            ipc_capable: true,
         })
     }
 
