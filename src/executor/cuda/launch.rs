@@ -119,7 +119,7 @@ impl CudaBackend {
             (Err(e), _) | (_, Err(e)) => return reply.fail(FailureKind::UnknownObject, e, &[]),
         };
         let watchdog = match self.watchdog(&reply) {
-            Ok(w) => w.filter(|_| launch.n > 0),
+            Ok(w) => w.filter(|_| launch.n > 0).map(|w| w.queue(launch.stream)),
             Err(e) => return fail_driver(reply, &e, "starting the watchdog"),
         };
         let stream = match self.stream(launch.stream) {
@@ -186,14 +186,11 @@ impl CudaBackend {
         }
         if !launch.sync {
             if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
-                watchdog.push(
-                    launch.stream,
-                    Watched {
-                        started,
-                        done,
-                        reply: None,
-                    },
-                );
+                watchdog.push(Watched {
+                    started,
+                    done,
+                    reply: None,
+                });
             }
             return reply.ok();
         }
@@ -205,14 +202,11 @@ impl CudaBackend {
         // the budget; whichever comes first replies.
         let shared: SharedReply = Arc::new(Mutex::new(Some(reply)));
         if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
-            watchdog.push(
-                launch.stream,
-                Watched {
-                    started,
-                    done,
-                    reply: Some(shared.clone()),
-                },
-            );
+            watchdog.push(Watched {
+                started,
+                done,
+                reply: Some(shared.clone()),
+            });
         }
         if let Err(mpsc::SendError(WaitJob::Sync(shared))) = waiter.send(WaitJob::Sync(shared)) {
             if let Some(reply) = take_reply(&shared) {

@@ -22,7 +22,7 @@ use ptxd_client::cuda::driver::{DriverError, PrimaryContext, Stream};
 use ptxd_client::ring::{SemaphoreWidth, Server as RingServer};
 use ptxd_proto::executor::FailureKind;
 
-use super::watchdog::{Watchdog, Watched};
+use super::watchdog::{StreamQueue, Watched};
 use super::{fail_driver, CudaBackend, LoadedKernel, MAX_GRID_X};
 use crate::executor::child::{Channel, Replier};
 use crate::executor::ring::{self, CheckedSemaphore, RingBackend, RingHandle, RingLaunch};
@@ -49,11 +49,10 @@ impl CudaBackend {
         };
         let backend = CudaRing {
             stream,
-            session_stream: open.stream,
             context: self.context.clone(),
             current: false,
             channel: reply.channel().clone(),
-            watchdog,
+            watch: watchdog.map(|w| w.queue(open.stream)),
         };
         match RingHandle::spawn(server, backend, format!("ptxd-ring-{}", open.stream)) {
             Ok(ring) => {
@@ -74,13 +73,13 @@ impl CudaBackend {
 /// on words of the session's buffers.
 struct CudaRing {
     stream: Arc<Stream>,
-    /// The front's id of the session's stream, as the watchdog reports it.
-    session_stream: u64,
     context: Arc<PrimaryContext>,
     current: bool,
     channel: Channel,
-    /// The per-launch budget's watch (none without `--max-kernel-time`).
-    watchdog: Option<Arc<Watchdog>>,
+    /// The watchdog's queue of the session's stream (none without
+    /// `--max-kernel-time`): the ring's own lock, shared with nothing but
+    /// the session's gRPC launches and the poller.
+    watch: Option<Arc<StreamQueue>>,
 }
 
 impl CudaRing {
@@ -151,7 +150,7 @@ impl RingBackend for CudaRing {
         // Watched like a gRPC launch: a marker after the semaphore wait
         // starts its clock (a launch waiting for its client is not running),
         // one after the kernel stops it.
-        let watched = match self.watchdog.as_ref().filter(|_| launch.n > 0) {
+        let watched = match self.watch.as_ref().filter(|_| launch.n > 0) {
             Some(watchdog) => {
                 let markers = (|| {
                     let started = match launch.wait {
@@ -195,21 +194,18 @@ impl RingBackend for CudaRing {
                 return Err(self.driver(e, "launching the kernel"));
             }
         }
-        if let (Some(watchdog), Some((started, done))) = (&self.watchdog, watched) {
+        if let (Some(watch), Some((started, done))) = (&self.watch, watched) {
             self.stream
                 .record(&done)
                 .map_err(|e| self.driver(e, "marking the launch's end for the watchdog"))?;
             // The ring and the request loop both push onto the session
             // stream's queue; each pushes right after it enqueued, so the
             // queue follows the stream's order up to that instant.
-            watchdog.push(
-                self.session_stream,
-                Watched {
-                    started,
-                    done,
-                    reply: None,
-                },
-            );
+            watch.push(Watched {
+                started,
+                done,
+                reply: None,
+            });
         }
         // Written whatever the kernel does: a waiter on the client's stream
         // is released once the kernel has ended.

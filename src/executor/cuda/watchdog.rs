@@ -54,24 +54,102 @@ pub struct Watched {
     pub reply: Option<SharedReply>,
 }
 
+/// One session stream's watched launches, in stream order. Each stream has
+/// its own lock, so launches on different streams (gRPC launches, and the
+/// rings' threads) never wait for each other here, and the poller holds one
+/// stream's lock at a time.
 #[derive(Default)]
-struct WatchedStream {
-    /// When the head launch could start running (`None`: it waits on a
-    /// client event that has not fired yet, or the queue is empty).
-    head_since: Option<Instant>,
-    launches: VecDeque<Watched>,
+pub struct StreamQueue {
+    inner: Mutex<QueueState>,
 }
 
 #[derive(Default)]
-struct State {
-    streams: HashMap<u64, WatchedStream>,
+struct QueueState {
+    /// When the head launch could start running (`None`: it waits on a
+    /// client event or semaphore that has not fired yet, or the queue is
+    /// empty).
+    head_since: Option<Instant>,
+    launches: VecDeque<Watched>,
+    /// Marker events of completed launches, for reuse.
     spare: Vec<Event>,
+}
+
+impl StreamQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // Plain queues: a panic while holding the lock cannot leave them
+        // inconsistent.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A marker event, reused when one is spare.
+    pub fn marker(&self) -> Result<Event, DriverError> {
+        match self.lock().spare.pop() {
+            Some(event) => Ok(event),
+            None => Event::marker(),
+        }
+    }
+
+    /// Tracks a launch just enqueued on this stream.
+    pub fn push(&self, watched: Watched) {
+        let mut queue = self.lock();
+        if queue.launches.is_empty() {
+            queue.head_since = watched.started.is_none().then(Instant::now);
+        }
+        queue.launches.push_back(watched);
+    }
+
+    /// Drops the completed heads; returns since when the head has been
+    /// running, if it is overdue at `now`.
+    fn poll(&self, now: Instant, budget: Duration) -> Option<Instant> {
+        let mut queue = self.lock();
+        let QueueState {
+            head_since,
+            launches,
+            spare,
+        } = &mut *queue;
+        while let Some(head) = launches.front() {
+            if head_since.is_none() {
+                match head.started.as_ref().map(Event::query) {
+                    None | Some(Ok(true)) => *head_since = Some(now),
+                    // Not started yet, or a device fault that the request
+                    // loop or a waiter will meet and report.
+                    Some(Ok(false) | Err(_)) => return None,
+                }
+            }
+            match head.done.query() {
+                Ok(true) => {
+                    if let Some(done) = launches.pop_front() {
+                        for event in done.started.into_iter().chain([done.done]) {
+                            if spare.len() < SPARE_EVENTS {
+                                spare.push(event);
+                            }
+                        }
+                    }
+                    *head_since = None;
+                }
+                Ok(false) => {
+                    let since = (*head_since)?;
+                    return (now.saturating_duration_since(since) >= budget).then_some(since);
+                }
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// The reply of the head launch, for the culprit's answer.
+    fn take_head_reply(&self) -> Option<SharedReply> {
+        self.lock()
+            .launches
+            .front_mut()
+            .and_then(|head| head.reply.take())
+    }
 }
 
 /// The launches in flight on one device, against the budget.
 pub struct Watchdog {
     budget: Duration,
-    state: Mutex<State>,
+    streams: Mutex<HashMap<u64, Arc<StreamQueue>>>,
 }
 
 impl std::fmt::Debug for Watchdog {
@@ -98,7 +176,7 @@ impl Watchdog {
     ) -> std::io::Result<Arc<Watchdog>> {
         let watchdog = Arc::new(Watchdog {
             budget,
-            state: Mutex::new(State::default()),
+            streams: Mutex::new(HashMap::new()),
         });
         let watching = watchdog.clone();
         std::thread::Builder::new()
@@ -107,77 +185,42 @@ impl Watchdog {
         Ok(watchdog)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // Plain queues: a panic while holding the lock cannot leave them
-        // inconsistent.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn streams(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<StreamQueue>>> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A marker event, reused when one is spare.
-    pub fn marker(&self) -> Result<Event, DriverError> {
-        match self.lock().spare.pop() {
-            Some(event) => Ok(event),
-            None => Event::marker(),
-        }
+    /// The queue of session stream `stream`; a ring keeps it, so that its
+    /// launches take no device-wide lock.
+    pub fn queue(&self, stream: u64) -> Arc<StreamQueue> {
+        self.streams().entry(stream).or_default().clone()
     }
 
-    /// Tracks a launch just enqueued on `stream`.
-    pub fn push(&self, stream: u64, watched: Watched) {
-        let mut state = self.lock();
-        let queue = state.streams.entry(stream).or_default();
-        if queue.launches.is_empty() {
-            queue.head_since = watched.started.is_none().then(Instant::now);
-        }
-        queue.launches.push_back(watched);
-    }
-
-    /// Drops the completed heads; returns the culprit, if a head is overdue.
+    /// Drops the completed heads; returns the culprit, if a head is overdue
+    /// (the one overdue for longest).
     fn poll(&self) -> Option<Culprit> {
         let now = Instant::now();
-        let mut state = self.lock();
-        let State { streams, spare } = &mut *state;
-        let mut overdue: Option<(Instant, u64)> = None;
-        for (&id, queue) in streams.iter_mut() {
-            while let Some(head) = queue.launches.front() {
-                if queue.head_since.is_none() {
-                    match head.started.as_ref().map(Event::query) {
-                        None | Some(Ok(true)) => queue.head_since = Some(now),
-                        // Not started yet, or a device fault that the
-                        // request loop or a waiter will meet and report.
-                        Some(Ok(false) | Err(_)) => break,
-                    }
-                }
-                match head.done.query() {
-                    Ok(true) => {
-                        if let Some(done) = queue.launches.pop_front() {
-                            for event in done.started.into_iter().chain([done.done]) {
-                                if spare.len() < SPARE_EVENTS {
-                                    spare.push(event);
-                                }
-                            }
-                        }
-                        queue.head_since = None;
-                    }
-                    Ok(false) => {
-                        if let Some(since) = queue.head_since {
-                            let late = now.saturating_duration_since(since) >= self.budget;
-                            if late && overdue.is_none_or(|(first, _)| since < first) {
-                                overdue = Some((since, id));
-                            }
-                        }
-                        break;
-                    }
-                    Err(_) => break,
+        let queues: Vec<(u64, Arc<StreamQueue>)> = {
+            let mut streams = self.streams();
+            // A queue nobody else holds and that is empty is forgotten; a
+            // ring's queue stays while the ring holds it.
+            streams.retain(|_, queue| {
+                Arc::strong_count(queue) > 1 || !queue.lock().launches.is_empty()
+            });
+            streams.iter().map(|(id, q)| (*id, q.clone())).collect()
+        };
+        let mut overdue: Option<(Instant, u64, Arc<StreamQueue>)> = None;
+        for (id, queue) in queues {
+            if let Some(since) = queue.poll(now, self.budget) {
+                if overdue.as_ref().is_none_or(|(first, _, _)| since < *first) {
+                    overdue = Some((since, id, queue));
                 }
             }
         }
-        streams.retain(|_, queue| !queue.launches.is_empty());
-        let (_, stream) = overdue?;
-        let reply = streams
-            .get_mut(&stream)
-            .and_then(|queue| queue.launches.front_mut())
-            .and_then(|head| head.reply.take());
-        Some(Culprit { stream, reply })
+        let (_, stream, queue) = overdue?;
+        Some(Culprit {
+            stream,
+            reply: queue.take_head_reply(),
+        })
     }
 
     fn run(&self, context: &PrimaryContext, channel: &Channel) {
