@@ -13,16 +13,17 @@
 //!   not complete a registration is closed before the reply is sent.
 //! - A packet that is truncated, undecodable or does not carry exactly one
 //!   descriptor is refused (INVALID_ARGUMENT) and ends the connection.
-//! - At most [`MAX_CONNECTIONS`] connections are served at once (others are
-//!   closed on accept), each is closed after [`IDLE_TIMEOUT`] without a
-//!   packet, and a connection handles one packet at a time, so a local user
-//!   cannot make the daemon hold more than one unregistered descriptor per
-//!   connection.
+//! - At most [`MAX_CONNECTIONS`] connections are served at once, and at
+//!   most [`MAX_CONNECTIONS_PER_UID`] of one uid (others are closed on
+//!   accept); each is closed after [`IDLE_TIMEOUT`] without a packet, and a
+//!   connection handles one packet at a time, so a local user cannot make
+//!   the daemon hold more than one unregistered descriptor per connection.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -41,6 +42,10 @@ use crate::front::Front;
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// Connections one uid may hold at once, so that one local user cannot
+/// take every connection from the others.
+pub const MAX_CONNECTIONS_PER_UID: usize = 8;
 
 /// How long a connection may sit without sending a packet.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -83,6 +88,7 @@ pub async fn serve(listener: OwnedFd, front: Arc<Front>, stop: impl Future<Outpu
         }
     };
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_uid: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -98,6 +104,13 @@ pub async fn serve(listener: OwnedFd, front: Arc<Front>, stop: impl Future<Outpu
                 continue;
             }
         };
+        let uid = match getsockopt(&connection, sockopt::PeerCredentials) {
+            Ok(credentials) => credentials.uid(),
+            Err(e) => {
+                tracing::warn!(error = %e, "fd socket peer without credentials");
+                continue;
+            }
+        };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::warn!(
                 max = MAX_CONNECTIONS,
@@ -105,10 +118,18 @@ pub async fn serve(listener: OwnedFd, front: Arc<Front>, stop: impl Future<Outpu
             );
             continue;
         };
+        let Some(uid_slot) = UidSlot::take(&per_uid, uid) else {
+            tracing::warn!(
+                uid,
+                max = MAX_CONNECTIONS_PER_UID,
+                "fd socket connection refused: too many open for this uid"
+            );
+            continue;
+        };
         let front = front.clone();
         tokio::spawn(async move {
-            serve_connection(connection, front).await;
-            drop(permit);
+            serve_connection(connection, uid, front).await;
+            drop((permit, uid_slot));
         });
     }
 }
@@ -128,16 +149,48 @@ async fn accept(listener: &AsyncFd<OwnedFd>) -> std::io::Result<OwnedFd> {
     }
 }
 
-/// One client connection: packets in, replies out, until it closes, breaks
-/// the protocol or idles out.
-async fn serve_connection(connection: OwnedFd, front: Arc<Front>) {
-    let uid = match getsockopt(&connection, sockopt::PeerCredentials) {
-        Ok(credentials) => credentials.uid(),
-        Err(e) => {
-            tracing::warn!(error = %e, "fd socket peer without credentials");
-            return;
+/// One of a uid's connections, given back on drop.
+struct UidSlot {
+    table: Arc<Mutex<HashMap<u32, usize>>>,
+    uid: u32,
+}
+
+impl UidSlot {
+    fn lock(table: &Mutex<HashMap<u32, usize>>) -> std::sync::MutexGuard<'_, HashMap<u32, usize>> {
+        // Plain counters: a panic while holding the lock cannot leave them
+        // inconsistent.
+        table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(table: &Arc<Mutex<HashMap<u32, usize>>>, uid: u32) -> Option<UidSlot> {
+        let mut counts = Self::lock(table);
+        let count = counts.entry(uid).or_default();
+        if *count >= MAX_CONNECTIONS_PER_UID {
+            return None;
         }
-    };
+        *count += 1;
+        Some(UidSlot {
+            table: table.clone(),
+            uid,
+        })
+    }
+}
+
+impl Drop for UidSlot {
+    fn drop(&mut self) {
+        let mut counts = Self::lock(&self.table);
+        if let Some(count) = counts.get_mut(&self.uid) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// One client connection of peer `uid`: packets in, replies out, until it
+/// closes, breaks the protocol or idles out.
+async fn serve_connection(connection: OwnedFd, uid: u32, front: Arc<Front>) {
     // SAFETY: as for the listener: owned by the AsyncFd until it drops.
     let Ok(connection) = (unsafe { AsyncFd::register(connection) }) else {
         return;

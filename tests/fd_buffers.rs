@@ -465,3 +465,48 @@ async fn memfd_buffers_survive_an_executor_restart() {
         assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
     }
 }
+
+/// Sends a packet without a descriptor on `socket`: a live connection
+/// answers INVALID_ARGUMENT; a refused one is already closed.
+fn answers(socket: &std::os::fd::OwnedFd) -> bool {
+    use ptxd_client::fd_passing::{recv_packet, send_packet};
+    if send_packet(socket.as_fd(), b"probe", None, false).is_err() {
+        return false;
+    }
+    matches!(recv_packet(socket.as_fd(), false), Ok(Some(_)))
+}
+
+#[test]
+fn one_uid_holds_a_bounded_number_of_fd_socket_connections() {
+    use ptxd_client::fd_passing::{connect_seqpacket, recv_packet};
+    use std::time::Instant;
+    let daemon = Daemon::start(&[]);
+    let path = fd_socket_path(&daemon.socket);
+    let max = ptxd::fd_socket::MAX_CONNECTIONS_PER_UID;
+    let held: Vec<_> = (0..max)
+        .map(|_| connect_seqpacket(&path, false).unwrap())
+        .collect();
+    // One more from the same uid is closed as soon as it is accepted.
+    let refused = connect_seqpacket(&path, false).unwrap();
+    let timeout = nix::sys::time::TimeVal::new(5, 0);
+    nix::sys::socket::setsockopt(
+        &refused,
+        nix::sys::socket::sockopt::ReceiveTimeout,
+        &timeout,
+    )
+    .unwrap();
+    let started = Instant::now();
+    assert!(
+        recv_packet(refused.as_fd(), false).unwrap().is_none(),
+        "the connection over the limit was not closed"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Each held one is served; a probe ends it (no descriptor), which frees
+    // a place for a new connection.
+    let mut held = held.into_iter();
+    assert!(answers(&held.next().unwrap()));
+    wait_until("a freed place", Duration::from_secs(5), || {
+        answers(&connect_seqpacket(&path, false).unwrap())
+    });
+    drop(held);
+}
