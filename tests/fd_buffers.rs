@@ -30,9 +30,31 @@ async fn memfd_buffer(session: &Session, values: Option<&[f32]>, n: usize) -> (H
     (memfd, buffer)
 }
 
-/// Registers memfd inputs and output, launches `add_f32_scalar` on them and
-/// compares every element with the reference.
-async fn add_through_memfds(session: &Session, n: usize) {
+/// Random inputs and a poisoned output of `n` f32, each in a registered
+/// memfd.
+struct AddOperands {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    memfds: [HostMemfd; 3],
+    buffers: [Buffer; 3],
+}
+
+async fn add_operands(session: &Session, n: usize) -> AddOperands {
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (a_fd, a_buf) = memfd_buffer(session, Some(&a), n).await;
+    let (b_fd, b_buf) = memfd_buffer(session, Some(&b), n).await;
+    let (out_fd, out_buf) = memfd_buffer(session, None, n).await;
+    AddOperands {
+        a,
+        b,
+        memfds: [a_fd, b_fd, out_fd],
+        buffers: [a_buf, b_buf, out_buf],
+    }
+}
+
+/// Loads `add_f32_scalar`, launches it on `operands` and compares every
+/// element with the reference.
+async fn add_checks_out(session: &Session, operands: &AddOperands) {
     let kernel = session
         .load_ptx(
             0,
@@ -42,10 +64,8 @@ async fn add_through_memfds(session: &Session, n: usize) {
         )
         .await
         .unwrap();
-    let (a, b) = (random_f32(n), random_f32(n));
-    let (_a_fd, a_buf) = memfd_buffer(session, Some(&a), n).await;
-    let (_b_fd, b_buf) = memfd_buffer(session, Some(&b), n).await;
-    let (out_fd, out_buf) = memfd_buffer(session, None, n).await;
+    let [a_buf, b_buf, out_buf] = &operands.buffers;
+    let n = operands.a.len();
     let launch = Launch::new(
         [a_buf.operand(), b_buf.operand()],
         out_buf.operand(),
@@ -53,10 +73,17 @@ async fn add_through_memfds(session: &Session, n: usize) {
     )
     .sync(true);
     session.launch(&kernel, &launch).await.unwrap();
-    let out = out_fd.read_f32(0, n).unwrap();
+    let out = operands.memfds[2].read_f32(0, n).unwrap();
     for i in 0..n {
-        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+        let expected = operands.a[i] + operands.b[i];
+        assert_eq!(out[i].to_bits(), expected.to_bits(), "element {i}");
     }
+}
+
+/// Registers memfd inputs and output, launches `add_f32_scalar` on them and
+/// compares every element with the reference.
+async fn add_through_memfds(session: &Session, n: usize) {
+    add_checks_out(session, &add_operands(session, n).await).await;
 }
 
 /// The executor's mappings of memfds this suite made.
@@ -417,11 +444,7 @@ async fn memfd_buffers_survive_an_executor_restart() {
     let daemon = Daemon::start(&[]);
     let client = Client::connect(&daemon.target()).await.unwrap();
     let session = client.open_session("restart").await.unwrap();
-    let n = 2048;
-    let (a, b) = (random_f32(n), random_f32(n));
-    let (_a_fd, a_buf) = memfd_buffer(&session, Some(&a), n).await;
-    let (_b_fd, b_buf) = memfd_buffer(&session, Some(&b), n).await;
-    let (out_fd, out_buf) = memfd_buffer(&session, None, n).await;
+    let operands = add_operands(&session, 2048).await;
     let old = client.info().await.unwrap().devices[0].generation;
     let executor = executor_pid(&client).await;
     nix::sys::signal::kill(
@@ -444,26 +467,7 @@ async fn memfd_buffers_survive_an_executor_restart() {
     assert!(listed.iter().all(|b| b.live), "{listed:?}");
     let new_executor = executor_pid(&client).await;
     assert_eq!(memfd_mappings(new_executor), 3);
-    let kernel = session
-        .load_ptx(
-            0,
-            corpus("add_f32_scalar.ptx"),
-            "add_f32_scalar",
-            LoadOptions::default(),
-        )
-        .await
-        .unwrap();
-    let launch = Launch::new(
-        [a_buf.operand(), b_buf.operand()],
-        out_buf.operand(),
-        n as u64,
-    )
-    .sync(true);
-    session.launch(&kernel, &launch).await.unwrap();
-    let out = out_fd.read_f32(0, n).unwrap();
-    for i in 0..n {
-        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
-    }
+    add_checks_out(&session, &operands).await;
 }
 
 /// Sends a packet without a descriptor on `socket`: a live connection
