@@ -74,9 +74,9 @@ async fn add_checks_out(session: &Session, operands: &AddOperands) {
     .sync(true);
     session.launch(&kernel, &launch).await.unwrap();
     let out = operands.memfds[2].read_f32(0, n).unwrap();
-    for i in 0..n {
-        let expected = operands.a[i] + operands.b[i];
-        assert_eq!(out[i].to_bits(), expected.to_bits(), "element {i}");
+    let expected = operands.a.iter().zip(&operands.b).map(|(a, b)| a + b);
+    for (i, (out, expected)) in out.iter().zip(expected).enumerate() {
+        assert_eq!(out.to_bits(), expected.to_bits(), "element {i}");
     }
 }
 
