@@ -38,7 +38,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Semaphore;
 
 use crate::error::Error;
-use crate::front::Front;
+use crate::front::{Attached, Front};
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -245,10 +245,13 @@ fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<(String, OwnedFd), E
     Ok((attach.token, fd))
 }
 
-fn reply_for(result: Result<crate::front::RegisteredBuffer, Error>) -> api::FdAttachReply {
+fn reply_for(result: Result<Attached, Error>) -> api::FdAttachReply {
     let result = match result {
-        Ok(buffer) => {
+        Ok(Attached::Buffer(buffer)) => {
             api::fd_attach_reply::Result::Registered(crate::service::registered_buffer(buffer))
+        }
+        Ok(Attached::Ring(ring)) => {
+            api::fd_attach_reply::Result::Ring(crate::service::opened_ring(ring))
         }
         Err(error) => {
             let refusal = error.to_launch_error();

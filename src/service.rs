@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::front::{
     ArtifactKind, BufferListing, BufferOrigin, BufferRequest, DeclaredArtifactAbi, DeviceChoice,
     EventRequest, Front, Info, KernelListing, LaunchRequest, LoadRequest, LoadedKernelInfo,
-    OperandRef, RegisteredBuffer, Registration, RingRequest,
+    OpenedRing, OperandRef, RegisteredBuffer, Registration, RingOpening, RingRequest,
 };
 use crate::handles::SessionId;
 use crate::observe::Observer;
@@ -310,12 +310,17 @@ impl Ptxd for PtxdService {
             session: request.session,
             shm_name: request.shm_name,
             device: device_choice(request.device),
+            by_fd: request.by_fd,
         };
         let front = self.front.clone();
         let result = detached(async move { front.open_ring(request, peer).await }).await;
-        reply(result.map(|ring| api::OpenRingResponse {
-            device_uuid: ring.device_uuid,
-            generation: ring.generation,
+        reply(result.map(|opening| match opening {
+            RingOpening::Opened(ring) => opened_ring(ring),
+            RingOpening::AwaitingFd { token, ttl } => api::OpenRingResponse {
+                fd_token: token,
+                fd_token_ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+                ..Default::default()
+            },
         }))
     }
 
@@ -603,6 +608,16 @@ fn register_buffer_response(registration: Registration) -> api::RegisterBufferRe
             fd_token_ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
             ..Default::default()
         },
+    }
+}
+
+/// An opened ring, as OpenRing and the fd socket answer it.
+pub fn opened_ring(ring: OpenedRing) -> api::OpenRingResponse {
+    api::OpenRingResponse {
+        device_uuid: ring.device_uuid,
+        generation: ring.generation,
+        fd_token: String::new(),
+        fd_token_ttl_ms: 0,
     }
 }
 

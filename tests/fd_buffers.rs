@@ -7,6 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "support/ring_completions.rs"]
+mod ring_completions;
 
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -84,6 +86,42 @@ async fn add_checks_out(session: &Session, operands: &AddOperands) {
 /// compares every element with the reference.
 async fn add_through_memfds(session: &Session, n: usize) {
     add_checks_out(session, &add_operands(session, n).await).await;
+}
+
+/// The same launch through a launch ring whose memory is a memfd passed by
+/// descriptor: no name in any /dev/shm.
+async fn add_through_a_memfd_ring(session: &Session, n: usize) {
+    let kernel = session
+        .load_ptx(
+            0,
+            corpus("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let operands = add_operands(session, n).await;
+    let mut ring = session.open_ring_fd(16, 0).await.unwrap();
+    assert!(ring.shm_name().is_empty(), "a memfd ring has no name");
+    let [a_buf, b_buf, out_buf] = &operands.buffers;
+    let ticket = ring
+        .launch(
+            &kernel,
+            &[(a_buf, 0), (b_buf, 0)],
+            (out_buf, 0),
+            n as u64,
+            &[],
+        )
+        .unwrap();
+    let done = ring_completions::next(&mut ring);
+    assert_eq!(done.ticket, ticket);
+    assert_eq!(ring_completions::refusal(&done), "");
+    // An async ring launch on the host completes when it ran.
+    let out = operands.memfds[2].read_f32(0, n).unwrap();
+    let expected = operands.a.iter().zip(&operands.b).map(|(a, b)| a + b);
+    for (i, (out, expected)) in out.iter().zip(expected).enumerate() {
+        assert_eq!(out.to_bits(), expected.to_bits(), "element {i}");
+    }
 }
 
 /// The executor's mappings of memfds this suite made.
@@ -194,6 +232,39 @@ async fn memfd_buffers_launch_like_shm_and_unmap_when_released() {
         Duration::from_secs(5),
         || memfd_mappings(executor) == 0,
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_launch_ring_opens_by_descriptor_and_its_token_works_once() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("memfd ring").await.unwrap();
+    add_through_a_memfd_ring(&session, 4097).await;
+    // The token of an OpenRing (by_fd) is spent like a buffer's.
+    let response = client
+        .raw()
+        .open_ring(pb::OpenRingRequest {
+            session: session.id().to_owned(),
+            shm_name: String::new(),
+            device: None,
+            by_fd: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(response.device_uuid.is_empty());
+    assert!(response.fd_token.starts_with("fdt-"), "{response:?}");
+    let path = fd_socket_path(&daemon.socket);
+    let junk = HostMemfd::create(4096).unwrap();
+    // Not a ring: the executor refuses the object, and the token is spent.
+    let error = attach_fd(&path, &response.fd_token, junk.as_fd())
+        .await
+        .unwrap_err();
+    assert_eq!(refusal_reason(&error), "INVALID_HANDLE");
+    let again = attach_fd(&path, &response.fd_token, junk.as_fd())
+        .await
+        .unwrap_err();
+    assert_eq!(stale_why(&again), "used");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -399,6 +470,10 @@ async fn client_in_its_own_namespaces() {
     let client = Client::connect(&format!("unix:{socket}")).await.unwrap();
     let session = client.open_session("namespaced").await.unwrap();
     add_through_memfds(&session, 3001).await;
+    add_through_a_memfd_ring(&session, 2999).await;
+    // A ring named in this namespace's /dev/shm means nothing to the daemon.
+    let error = session.open_ring(16, 0).await.unwrap_err();
+    assert_eq!(refusal_reason(&error), "INVALID_HANDLE");
     // A name in this namespace's /dev/shm means nothing to the daemon.
     let shm = HostShm::create(4096).unwrap();
     let error = session.register_shm(&shm, None).await.unwrap_err();

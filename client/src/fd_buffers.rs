@@ -56,12 +56,7 @@ impl Session {
         size: u64,
         spec: FdBufferSpec,
     ) -> Result<Buffer, Error> {
-        let fd_socket = self.fd_socket.as_deref().ok_or_else(|| {
-            Error::InvalidInput(
-                "buffers pass by file descriptor only over the Unix socket (this client has no fd socket)"
-                    .into(),
-            )
-        })?;
+        let fd_socket = self.fd_socket_path()?;
         let request = pb::RegisterBufferRequest {
             session: self.id().to_owned(),
             source: Some(pb::register_buffer_request::Source::PosixFd(
@@ -93,6 +88,16 @@ impl Session {
         })
     }
 
+    /// The fd socket, or why this session has none.
+    pub(crate) fn fd_socket_path(&self) -> Result<&Path, Error> {
+        self.fd_socket.as_deref().ok_or_else(|| {
+            Error::InvalidInput(
+                "memory passes by file descriptor only over the Unix socket (this client has no fd socket)"
+                    .into(),
+            )
+        })
+    }
+
     /// Registers the whole of a [`HostMemfd`] (host backend) by descriptor;
     /// `device_uuid` `None` means the first host device.
     pub async fn register_memfd(
@@ -109,13 +114,42 @@ impl Session {
     }
 }
 
-/// One exchange on the fd socket at `path`: `token` and `fd` out, the
-/// registered buffer (or the refusal) back.
+/// One exchange on the fd socket at `path` for a buffer: `token` (from
+/// `RegisterBuffer`) and `fd` out, the registered buffer (or the refusal)
+/// back.
 pub async fn attach_fd(
     path: &Path,
     token: &str,
     fd: BorrowedFd<'_>,
 ) -> Result<pb::RegisterBufferResponse, Error> {
+    match exchange(path, token, fd).await? {
+        pb::fd_attach_reply::Result::Registered(registered) => Ok(registered),
+        other => Err(Error::Protocol(format!(
+            "the fd socket answered a buffer's token with {other:?}"
+        ))),
+    }
+}
+
+/// The same for a ring's memfd (a token from `OpenRing` with `by_fd`).
+pub(crate) async fn attach_ring_fd(
+    path: &Path,
+    token: &str,
+    fd: BorrowedFd<'_>,
+) -> Result<pb::OpenRingResponse, Error> {
+    match exchange(path, token, fd).await? {
+        pb::fd_attach_reply::Result::Ring(ring) => Ok(ring),
+        other => Err(Error::Protocol(format!(
+            "the fd socket answered a ring's token with {other:?}"
+        ))),
+    }
+}
+
+/// One exchange on the fd socket: the reply, a refusal as an error.
+async fn exchange(
+    path: &Path,
+    token: &str,
+    fd: BorrowedFd<'_>,
+) -> Result<pb::fd_attach_reply::Result, Error> {
     let io = |what: &str, errno: nix::errno::Errno| {
         Error::Protocol(format!("fd socket {}: {what}: {errno}", path.display()))
     };
@@ -163,7 +197,6 @@ pub async fn attach_fd(
     let reply = pb::FdAttachReply::decode(reply.bytes.as_slice())
         .map_err(|e| Error::Protocol(format!("an undecodable fd socket reply: {e}")))?;
     match reply.result {
-        Some(pb::fd_attach_reply::Result::Registered(registered)) => Ok(registered),
         Some(pb::fd_attach_reply::Result::Refused(refused)) => {
             Err(from_launch_error(pb::LaunchError {
                 code: refused.code,
@@ -172,6 +205,7 @@ pub async fn attach_fd(
                 metadata: refused.metadata,
             }))
         }
+        Some(result) => Ok(result),
         None => Err(Error::Protocol("an empty fd socket reply".into())),
     }
 }

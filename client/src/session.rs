@@ -337,8 +337,48 @@ impl Session {
             session: self.id.clone(),
             shm_name: submitter.name().to_owned(),
             device: Some(device.into().to_proto()),
+            by_fd: false,
         };
         let response = self.grpc()?.open_ring(request).await?.into_inner();
+        self.ring_opened(submitter, response)
+    }
+
+    /// Like [`open_ring`](Self::open_ring), with the ring in a memfd passed
+    /// to the daemon by descriptor over the fd socket: for a session that
+    /// shares no `/dev/shm` with ptxd (its own IPC or mount namespace).
+    pub async fn open_ring_fd(
+        &self,
+        slots: u32,
+        device: impl Into<DeviceSelector>,
+    ) -> Result<crate::LaunchRing, Error> {
+        let fd_socket = self.fd_socket_path()?.to_owned();
+        let submitter = crate::ring::Submitter::create_memfd(slots)
+            .map_err(|e| Error::InvalidInput(format!("cannot create the ring: {e}")))?;
+        let request = pb::OpenRingRequest {
+            session: self.id.clone(),
+            shm_name: String::new(),
+            device: Some(device.into().to_proto()),
+            by_fd: true,
+        };
+        let token = self.grpc()?.open_ring(request).await?.into_inner().fd_token;
+        if token.is_empty() {
+            return Err(Error::Protocol(
+                "OpenRing (by_fd) returned no fd token".into(),
+            ));
+        }
+        let memfd = submitter
+            .memfd()
+            .ok_or_else(|| Error::Protocol("a memfd ring without its descriptor".into()))?;
+        let response = crate::fd_buffers::attach_ring_fd(&fd_socket, &token, memfd).await?;
+        self.ring_opened(submitter, response)
+    }
+
+    /// Wraps a ring the daemon now serves.
+    fn ring_opened(
+        &self,
+        submitter: crate::ring::Submitter,
+        response: pb::OpenRingResponse,
+    ) -> Result<crate::LaunchRing, Error> {
         let shared = RingShared::new(response.device_uuid, response.generation);
         self.rings.register(&shared);
         Ok(crate::LaunchRing::new(submitter, shared))

@@ -42,6 +42,24 @@ use crate::launch::{self, BufferCap, Capabilities, CheckedLaunch, EventCap, Kern
 use crate::ptx::host::exec::LaunchControl;
 use crate::ptx::Signature;
 
+/// Opens the ring object an `OpenRing` names: the memfd the front sent on
+/// the fd inbox (`fd_tag`), or the shared-memory name. Either way the
+/// session's uid must own it. The error is the refusal's message.
+pub fn open_server(
+    open: &ptxd_proto::executor::OpenRing,
+    inbox: Option<&mut crate::executor::fd_inbox::FdInbox>,
+) -> Result<Server, String> {
+    if open.fd_tag == 0 {
+        return Server::open(&open.shm_name, open.owner_uid)
+            .map_err(|e| format!("cannot open the ring {}: {e}", open.shm_name));
+    }
+    let fd = inbox
+        .ok_or_else(|| "this executor has no fd inbox".to_owned())?
+        .take(open.fd_tag)?;
+    Server::from_fd(fd, open.owner_uid)
+        .map_err(|e| format!("cannot open the ring passed by descriptor: {e}"))
+}
+
 /// The longest the ring thread sleeps before it looks at its stop flag.
 pub const POLL_SLICE: Duration = Duration::from_millis(20);
 

@@ -21,6 +21,7 @@ use ptxd_proto::executor::{self as exec, open_buffer, reply, request::Op};
 use super::effects::{queue_close_buffer, queue_close_event, run_cleanup, side_effect, Cleanup};
 use std::os::fd::AsFd;
 
+use super::fds::Awaiting;
 use super::{parse_session, Front, State};
 use crate::buffers::{BufferEntry, BufferSource, EventEntry, SharedFd};
 use crate::error::Error;
@@ -250,51 +251,32 @@ impl Front {
         peer: Caller,
         awaiting: AwaitingFd,
     ) -> Result<Registration, Error> {
-        // The fd socket knows its peer only by credentials, and the token is
-        // bound to a uid: a caller without one (TCP) cannot pass memory.
-        let Some(credentials) = peer.credentials() else {
-            return Err(Error::IdentityRequired {
-                resource: "posix_fd",
-            });
-        };
-        let mut state = self.lock();
-        state.refuse_if_draining()?;
-        state.session(session_id, peer)?;
-        self.check_buffer_limits(&state, session_id, awaiting.size)?;
-        if let Some(uuid) = &awaiting.device_uuid {
-            state.device_by_uuid(uuid)?;
+        {
+            let state = self.lock();
+            state.session(session_id, peer)?;
+            self.check_buffer_limits(&state, session_id, awaiting.size)?;
+            if let Some(uuid) = &awaiting.device_uuid {
+                state.device_by_uuid(uuid)?;
+            }
         }
-        let ttl = state.fd_tokens.ttl();
-        let token = state.fd_tokens.issue(
-            session_id,
-            credentials.uid,
-            awaiting,
-            std::time::Instant::now(),
-        )?;
+        let (token, ttl) = self.issue_fd_token(session_id, peer, Awaiting::Buffer(awaiting))?;
         Ok(Registration::AwaitingFd { token, ttl })
     }
 
-    /// The fd socket's half of a posix_fd registration: `fd` came with
-    /// `token` from a peer of uid `peer_uid`. Completes the registration the
-    /// token was issued for, or refuses it (the token is spent either way).
-    pub async fn attach_fd(
+    /// Completes a posix_fd registration with its descriptor.
+    pub(super) async fn attach_buffer(
         &self,
-        token: &str,
+        session_id: &SessionId,
+        awaiting: AwaitingFd,
         fd: std::os::fd::OwnedFd,
-        peer_uid: u32,
     ) -> Result<RegisteredBuffer, Error> {
-        let redeemed = self
-            .lock()
-            .fd_tokens
-            .redeem(token, peer_uid, std::time::Instant::now())?;
-        let awaiting = redeemed.registration;
         let source = BufferSource::PosixFd {
             fd: SharedFd(std::sync::Arc::new(fd)),
             offset: awaiting.offset,
             allocation_size: awaiting.allocation_size,
         };
         self.open_buffer(
-            &redeemed.session,
+            session_id,
             awaiting.caller,
             &awaiting.label,
             awaiting.size,

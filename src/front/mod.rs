@@ -11,6 +11,7 @@
 //! - `buffers`: buffers and events;
 //! - `launch`: Launch, through [`crate::launch::check`];
 //! - `ring`: OpenRing, and each ring's capability table in its executor;
+//! - `fds`: tokens for what comes by descriptor, and the fd socket's half;
 //! - `effects`: the one commit-or-undo path for executor side effects.
 //!
 //! Invariants (each kept in the module named):
@@ -40,6 +41,7 @@
 
 mod buffers;
 mod effects;
+mod fds;
 mod kernels;
 mod launch;
 mod lifecycle;
@@ -70,12 +72,13 @@ use crate::slots::SlotTable;
 pub use buffers::{
     BufferListing, BufferOrigin, BufferRequest, EventRequest, RegisteredBuffer, Registration,
 };
+pub use fds::Attached;
 pub use kernels::{
     ArtifactKind, DeclaredArtifactAbi, KernelListing, LoadRequest, LoadedKernelInfo,
 };
 pub use launch::{LaunchRequest, OperandRef};
 pub use lifecycle::{DeviceReport, Info, StartError};
-pub use ring::{OpenedRing, RingRequest};
+pub use ring::{OpenedRing, RingOpening, RingRequest};
 pub use sessions::ReleasedCounts;
 
 /// What a tenant (or one session) holds, as quotas count it.
@@ -120,7 +123,7 @@ struct State {
     devices: Vec<DeviceState>,
     draining: bool,
     /// RegisterBuffer (posix_fd) calls waiting for their descriptor.
-    fd_tokens: FdTokens<buffers::AwaitingFd>,
+    fd_tokens: FdTokens<fds::Awaiting>,
 }
 
 impl State {

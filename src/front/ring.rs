@@ -34,6 +34,32 @@ pub struct RingRequest {
     pub session: String,
     pub shm_name: String,
     pub device: DeviceChoice,
+    /// The ring's memory comes as a memfd over the fd socket.
+    pub by_fd: bool,
+}
+
+/// What OpenRing answers: the ring, or the token its memfd must come with
+/// on the fd socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RingOpening {
+    Opened(OpenedRing),
+    AwaitingFd {
+        token: String,
+        ttl: std::time::Duration,
+    },
+}
+
+/// An OpenRing (by_fd) waiting for its memfd.
+#[derive(Debug)]
+pub struct AwaitingRing {
+    caller: Caller,
+    device: DeviceChoice,
+}
+
+/// Where a ring's memory comes from.
+enum RingSource {
+    Name(String),
+    Fd(std::os::fd::OwnedFd),
 }
 
 /// A ring the device's executor now serves.
@@ -143,33 +169,102 @@ impl Front {
     }
 
     /// OpenRing: the device's executor serves the session's ring from now
-    /// on, with everything the session holds there granted.
-    pub async fn open_ring(&self, request: RingRequest, peer: Caller) -> Result<OpenedRing, Error> {
+    /// on, with everything the session holds there granted. With `by_fd`
+    /// the answer is a token; the memfd that comes with it on the fd socket
+    /// opens the ring ([`Front::attach_fd`]).
+    pub async fn open_ring(
+        &self,
+        request: RingRequest,
+        peer: Caller,
+    ) -> Result<RingOpening, Error> {
         let session_id = parse_session(&request.session)?;
-        // The executor maps the object with the daemon's rights, checking
-        // that the caller's uid owns it: without an identity there is no uid.
-        let Some(credentials) = peer.credentials() else {
-            return Err(Error::IdentityRequired { resource: "ring" });
-        };
+        if request.by_fd {
+            {
+                let state = self.lock();
+                state.session(&session_id, peer)?;
+                state.device_index(&request.device)?;
+            }
+            let awaiting = AwaitingRing {
+                caller: peer,
+                device: request.device,
+            };
+            let (token, ttl) =
+                self.issue_fd_token(&session_id, peer, super::fds::Awaiting::Ring(awaiting))?;
+            return Ok(RingOpening::AwaitingFd { token, ttl });
+        }
         ptxd_client::validate_shm_name(&request.shm_name).map_err(|_| Error::InvalidArgument {
             field: "shm_name",
             message:
                 "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
                     .into(),
         })?;
+        self.open_ring_from(
+            &session_id,
+            peer,
+            &request.device,
+            RingSource::Name(request.shm_name),
+        )
+        .await
+        .map(RingOpening::Opened)
+    }
+
+    /// Opens an OpenRing (by_fd) with its memfd.
+    pub(super) async fn attach_ring(
+        &self,
+        session_id: &SessionId,
+        awaiting: AwaitingRing,
+        fd: std::os::fd::OwnedFd,
+    ) -> Result<OpenedRing, Error> {
+        self.open_ring_from(
+            session_id,
+            awaiting.caller,
+            &awaiting.device,
+            RingSource::Fd(fd),
+        )
+        .await
+    }
+
+    async fn open_ring_from(
+        &self,
+        session_id: &SessionId,
+        peer: Caller,
+        device: &DeviceChoice,
+        source: RingSource,
+    ) -> Result<OpenedRing, Error> {
+        let session_id = session_id.clone();
+        // The executor maps the object with the daemon's rights, checking
+        // that the caller's uid owns it: without an identity there is no uid.
+        let Some(credentials) = peer.credentials() else {
+            return Err(Error::IdentityRequired { resource: "ring" });
+        };
         let (index, link, generation, device_uuid, stream) = {
             let state = self.lock();
             state.refuse_if_draining()?;
             let session = state.session(&session_id, peer)?;
-            let index = state.device_index(&request.device)?;
+            let index = state.device_index(device)?;
             let (link, generation) = state.link(index)?;
             let uuid = state.devices[index].desc.uuid.clone();
             (index, link, generation, uuid, session.stream)
         };
+        // A memfd goes to the executor's inbox first, then the request that
+        // names it, on the same link.
+        let (shm_name, fd_tag) = match source {
+            RingSource::Name(name) => (name, 0),
+            RingSource::Fd(fd) => {
+                let tag = link.send_fd(std::os::fd::AsFd::as_fd(&fd)).map_err(|e| {
+                    ExecutorError::Unavailable {
+                        device: device_uuid.clone(),
+                        cause: e.to_string(),
+                    }
+                })?;
+                (String::new(), tag)
+            }
+        };
         let op = Op::OpenRing(exec::OpenRing {
             stream,
-            shm_name: request.shm_name.clone(),
+            shm_name,
             owner_uid: Some(credentials.uid),
+            fd_tag,
         });
         let undo = Op::CloseRing(exec::CloseRing { stream });
         let grant = side_effect(

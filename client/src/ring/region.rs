@@ -33,7 +33,7 @@ use nix::sys::uio::pread;
 use super::completion::COMPLETION_SIZE;
 use super::descriptor::DESCRIPTOR_SIZE;
 use super::layout::{ControlWord, LayoutError, RingLayout, HEADER_LEN};
-use crate::shm::{validate_shm_name, HostShm, ShmError};
+use crate::shm::{validate_shm_name, HostMemfd, HostShm, ShmError};
 
 /// Why a ring object could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -101,9 +101,16 @@ pub(crate) struct Region {
     layout: RingLayout,
     name: Option<String>,
     shrink_sealed: bool,
-    /// The client's own object, which unmaps and unlinks itself on drop;
+    /// The client's own object, which unmaps (and unlinks) itself on drop;
     /// None for the server's mapping, which `Drop` unmaps.
-    created: Option<HostShm>,
+    created: Option<Created>,
+}
+
+/// The object a client created for its ring: a named one, or a sealed
+/// memfd passed to the daemon by descriptor.
+enum Created {
+    Shm(HostShm),
+    Memfd(HostMemfd),
 }
 
 // SAFETY: the region is plain shared memory that every access reaches
@@ -126,23 +133,52 @@ impl Region {
     /// Creates a fresh ring object (zero-filled, so every counter starts at
     /// 0 and both waiters awake) and writes its header.
     pub(crate) fn create(layout: RingLayout) -> Result<Self, CreateError> {
-        let mut shm = HostShm::create(layout.total_len() as u64)?;
-        if shm.len() < layout.total_len() {
-            return Err(ShmError::InvalidSize(shm.size()).into());
+        let shm = HostShm::create(layout.total_len() as u64)?;
+        let name = shm.name().to_owned();
+        Self::created(layout, Created::Shm(shm), Some(name))
+    }
+
+    /// Like [`Region::create`], in a memfd sealed against shrinking and
+    /// growing, for a daemon reached only by descriptor (no shared
+    /// `/dev/shm`).
+    pub(crate) fn create_memfd(layout: RingLayout) -> Result<Self, CreateError> {
+        let memfd = HostMemfd::create(layout.total_len() as u64)?;
+        Self::created(layout, Created::Memfd(memfd), None)
+    }
+
+    fn created(
+        layout: RingLayout,
+        mut created: Created,
+        name: Option<String>,
+    ) -> Result<Self, CreateError> {
+        let bytes: &mut crate::SharedBytes = match &mut created {
+            Created::Shm(shm) => shm,
+            Created::Memfd(memfd) => memfd,
+        };
+        if bytes.len() < layout.total_len() {
+            return Err(ShmError::InvalidSize(bytes.size()).into());
         }
-        // The name has not left this process yet, so this exclusive borrow
-        // aliases nothing; afterwards only this raw pointer is used.
-        let base = NonNull::new(shm.as_mut_slice().as_mut_ptr())
-            .ok_or(ShmError::InvalidSize(shm.size()))?;
+        // The object has not left this process yet, so this exclusive
+        // borrow aliases nothing; afterwards only this raw pointer is used.
+        let base = NonNull::new(bytes.as_mut_slice().as_mut_ptr())
+            .ok_or(ShmError::InvalidSize(bytes.size()))?;
         let region = Region {
             base,
             layout,
-            name: Some(shm.name().to_owned()),
+            name,
             shrink_sealed: false,
-            created: Some(shm),
+            created: Some(created),
         };
         region.store_bytes(0, &layout.header());
         Ok(region)
+    }
+
+    /// The descriptor of a ring created in a memfd, to pass to the daemon.
+    pub(crate) fn memfd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match &self.created {
+            Some(Created::Memfd(memfd)) => Some(memfd.as_fd()),
+            _ => None,
+        }
     }
 
     /// Opens the client's object by name. `owner_uid`: the session's uid,
@@ -323,7 +359,7 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         if self.created.is_some() {
-            // HostShm's own Drop unmaps and unlinks.
+            // HostShm's and HostMemfd's own Drop unmap (and unlink).
             return;
         }
         // SAFETY: `base`/`total_len` are exactly what mmap returned; unmapped

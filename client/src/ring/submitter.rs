@@ -69,6 +69,19 @@ impl Submitter {
         Ok(Self::over(Arc::new(Region::create(layout)?)))
     }
 
+    /// Creates the ring object in a memfd sealed against shrinking and
+    /// growing, with no name: hand [`memfd`](Self::memfd) to the daemon by
+    /// descriptor (it needs no shared `/dev/shm`).
+    pub fn create_memfd(slots: u32) -> Result<Self, CreateError> {
+        let layout = RingLayout::new(slots)?;
+        Ok(Self::over(Arc::new(Region::create_memfd(layout)?)))
+    }
+
+    /// The descriptor of a ring made by [`create_memfd`](Self::create_memfd).
+    pub fn memfd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.region.memfd()
+    }
+
     /// A fresh ring whose counters all start at `start` (to cross the u64
     /// wrap in tests).
     #[cfg(test)]
@@ -116,7 +129,8 @@ impl Submitter {
         self
     }
 
-    /// The shared-memory object's name, for the daemon's `shm_open`.
+    /// The shared-memory object's name, for the daemon's `shm_open` (empty
+    /// for a ring in a memfd).
     pub fn name(&self) -> &str {
         self.region.name().unwrap_or_default()
     }

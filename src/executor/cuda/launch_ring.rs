@@ -19,7 +19,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use ptxd_client::cuda::driver::{DriverError, PrimaryContext, Stream};
-use ptxd_client::ring::{SemaphoreWidth, Server as RingServer};
+use ptxd_client::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
 use super::watchdog::{StreamQueue, Watched};
@@ -29,15 +29,9 @@ use crate::executor::ring::{self, CheckedSemaphore, RingBackend, RingHandle, Rin
 
 impl CudaBackend {
     pub(super) fn open_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
-        let server = match RingServer::open(&open.shm_name, open.owner_uid) {
+        let server = match ring::open_server(&open, self.fd_inbox.as_mut()) {
             Ok(server) => server,
-            Err(e) => {
-                return reply.fail(
-                    FailureKind::InvalidHandle,
-                    format!("cannot open the ring {}: {e}", open.shm_name),
-                    &[],
-                )
-            }
+            Err(message) => return reply.fail(FailureKind::InvalidHandle, message, &[]),
         };
         let stream = match self.stream(open.stream) {
             Ok(s) => s,

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ptxd_client::ring::{SemaphoreWidth, Server as RingServer};
+use ptxd_client::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
 use super::{execute, HostBackend, HostKernel, Mapping, RunConfig};
@@ -24,15 +24,9 @@ use crate::executor::ring::{self, RingBackend, RingHandle, RingLaunch};
 
 impl HostBackend {
     pub(super) fn open_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
-        let server = match RingServer::open(&open.shm_name, open.owner_uid) {
+        let server = match ring::open_server(&open, self.fd_inbox.as_mut()) {
             Ok(server) => server,
-            Err(e) => {
-                return reply.fail(
-                    FailureKind::InvalidHandle,
-                    format!("cannot open the ring {}: {e}", open.shm_name),
-                    &[],
-                )
-            }
+            Err(message) => return reply.fail(FailureKind::InvalidHandle, message, &[]),
         };
         let name = format!("ptxd-ring-{}", open.stream);
         match RingHandle::spawn(server, HostRing { run: self.run }, name) {
