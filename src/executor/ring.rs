@@ -246,6 +246,9 @@ pub trait RingBackend: Send + 'static {
     /// Releases the signal of a launch that did not run (refused, or an
     /// orphan), so a stream waiting on it is not blocked forever.
     fn release_signal(&mut self, signal: CheckedSemaphore<'_, Self::Buffer>);
+    /// Called when the ring has no submission waiting, before the thread
+    /// spins or sleeps.
+    fn idle(&mut self) {}
 }
 
 type Shared<K, B> = Arc<Mutex<RingTable<K, B>>>;
@@ -337,6 +340,7 @@ fn serve<R: RingBackend>(
         let polled = match server.poll() {
             Ok(Some(polled)) => polled,
             Ok(None) => {
+                backend.idle();
                 if let Err(e) = server.wait(POLL_SLICE) {
                     tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");
                     return;

@@ -190,6 +190,7 @@ impl CudaBackend {
                     started,
                     done,
                     reply: None,
+                    launches: 1,
                 });
             }
             return reply.ok();
@@ -206,6 +207,7 @@ impl CudaBackend {
                 started,
                 done,
                 reply: Some(shared.clone()),
+                launches: 1,
             });
         }
         if let Err(mpsc::SendError(WaitJob::Sync(shared))) = waiter.send(WaitJob::Sync(shared)) {

@@ -12,17 +12,20 @@
 //! - A sticky driver error ends the process, as it does on the request
 //!   loop's path: the context is poisoned for every session.
 //! - With `--max-kernel-time`, every ring launch with a kernel is watched
-//!   like a gRPC launch ([`super::watchdog`]): past the budget the executor
-//!   reports `KERNEL_TIMEOUT` against the session and restarts.
+//!   ([`super::watchdog`]): up to `RING_GROUP` launches share a marker and
+//!   an allowance of the budget per launch, a launch that waits on a
+//!   semaphore, a sync launch and the last launch before the ring goes idle
+//!   close their group at once; past the allowance the executor reports
+//!   `KERNEL_TIMEOUT` against the session and restarts.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use ptxd_client::cuda::driver::{DriverError, PrimaryContext, Stream};
+use ptxd_client::cuda::driver::{DriverError, Event, PrimaryContext, Stream};
 use ptxd_client::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
-use super::watchdog::{StreamQueue, Watched};
+use super::watchdog::{StreamQueue, Watched, RING_GROUP};
 use super::{fail_driver, CudaBackend, LoadedKernel, MAX_GRID_X};
 use crate::executor::child::{Channel, Replier};
 use crate::executor::ring::{self, CheckedSemaphore, RingBackend, RingHandle, RingLaunch};
@@ -47,6 +50,7 @@ impl CudaBackend {
             current: false,
             channel: reply.channel().clone(),
             watch: watchdog.map(|w| w.queue(open.stream)),
+            unwatched: 0,
         };
         match RingHandle::spawn(server, backend, format!("ptxd-ring-{}", open.stream)) {
             Ok(ring) => {
@@ -74,6 +78,8 @@ struct CudaRing {
     /// `--max-kernel-time`): the ring's own lock, shared with nothing but
     /// the session's gRPC launches and the poller.
     watch: Option<Arc<StreamQueue>>,
+    /// Kernels enqueued since the last watchdog marker.
+    unwatched: u32,
 }
 
 impl CudaRing {
@@ -87,6 +93,36 @@ impl CudaRing {
             );
         }
         ring::failure(FailureKind::Internal, format!("{doing}: {error}"))
+    }
+
+    /// Records a marker after the launches enqueued since the last one and
+    /// hands them to the watchdog as one group.
+    fn close_group(&mut self) -> Result<(), crate::error::Error> {
+        self.close_group_from(None)
+    }
+
+    fn close_group_from(&mut self, started: Option<Event>) -> Result<(), crate::error::Error> {
+        let Some(watch) = self.watch.clone() else {
+            return Ok(());
+        };
+        if self.unwatched == 0 {
+            return Ok(());
+        }
+        let done = watch
+            .marker()
+            .and_then(|event| self.stream.record(&event).map(|()| event))
+            .map_err(|e| self.driver(e, "marking the launches' end for the watchdog"))?;
+        // The ring and the request loop both push onto the session stream's
+        // queue; each pushes right after it enqueued, so the queue follows
+        // the stream's order up to that instant.
+        watch.push(Watched {
+            started,
+            done,
+            reply: None,
+            launches: self.unwatched,
+        });
+        self.unwatched = 0;
+        Ok(())
     }
 
     fn semaphore(
@@ -138,28 +174,27 @@ impl RingBackend for CudaRing {
                 ),
             ));
         }
+        // Watched like a gRPC launch, but a marker (an event record) closes
+        // up to RING_GROUP launches at once. A launch that waits on a
+        // semaphore gets a group of its own, whose clock starts at a marker
+        // after the wait (a launch waiting for its client is not running):
+        // the group before it is closed before the wait is enqueued.
+        let watch = self.watch.clone().filter(|_| launch.n > 0);
+        if watch.is_some() && launch.wait.is_some() {
+            self.close_group()?;
+        }
         if let Some(wait) = &launch.wait {
             self.semaphore(wait, true)?;
         }
-        // Watched like a gRPC launch: a marker after the semaphore wait
-        // starts its clock (a launch waiting for its client is not running),
-        // one after the kernel stops it.
-        let watched = match self.watch.as_ref().filter(|_| launch.n > 0) {
-            Some(watchdog) => {
-                let markers = (|| {
-                    let started = match launch.wait {
-                        Some(_) => {
-                            let event = watchdog.marker()?;
-                            self.stream.record(&event)?;
-                            Some(event)
-                        }
-                        None => None,
-                    };
-                    Ok::<_, DriverError>((started, watchdog.marker()?))
-                })();
-                Some(markers.map_err(|e| self.driver(e, "marking the launch for the watchdog"))?)
+        let started = match watch {
+            Some(watch) if launch.wait.is_some() => {
+                let event = watch
+                    .marker()
+                    .and_then(|event| self.stream.record(&event).map(|()| event))
+                    .map_err(|e| self.driver(e, "marking the launch for the watchdog"))?;
+                Some(event)
             }
-            None => None,
+            _ => None,
         };
         if launch.n > 0 {
             let mut addresses: Vec<u64> = launch
@@ -188,18 +223,11 @@ impl RingBackend for CudaRing {
                 return Err(self.driver(e, "launching the kernel"));
             }
         }
-        if let (Some(watch), Some((started, done))) = (&self.watch, watched) {
-            self.stream
-                .record(&done)
-                .map_err(|e| self.driver(e, "marking the launch's end for the watchdog"))?;
-            // The ring and the request loop both push onto the session
-            // stream's queue; each pushes right after it enqueued, so the
-            // queue follows the stream's order up to that instant.
-            watch.push(Watched {
-                started,
-                done,
-                reply: None,
-            });
+        if self.watch.is_some() && launch.n > 0 {
+            self.unwatched += 1;
+            if started.is_some() || self.unwatched >= RING_GROUP || launch.sync {
+                self.close_group_from(started)?;
+            }
         }
         // Written whatever the kernel does: a waiter on the client's stream
         // is released once the kernel has ended.
@@ -212,6 +240,14 @@ impl RingBackend for CudaRing {
                 .map_err(|e| self.driver(e, "synchronizing the session's stream"))?;
         }
         Ok(())
+    }
+
+    fn idle(&mut self) {
+        // The last launches get their marker as soon as the ring has nothing
+        // more to enqueue, so a kernel that never ends is always watched.
+        if let Err(e) = self.close_group() {
+            tracing::warn!(error = %e, "cannot mark ring launches for the watchdog");
+        }
     }
 
     fn release_signal(&mut self, signal: CheckedSemaphore<'_, u64>) {
