@@ -3,16 +3,20 @@
 //!
 //! A `Client` is one HTTP/2 connection (tonic `Channel`); clones share it.
 //! Over a Unix socket the connector dials the path again whenever the channel
-//! reconnects, so a restarted daemon at the same path is picked up.
+//! reconnects, so a restarted daemon at the same path is picked up; there,
+//! unary launches take a second connection of their own, opened at the
+//! first launch (see `lane`).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ptxd_proto::v1 as pb;
 use ptxd_proto::v1::ptxd_client::PtxdClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::Error;
+use crate::lane::Lane;
 use crate::session::{Session, SessionOptions};
 use crate::socket_dir::{check_socket_dir, socket_dir, SocketDirError};
 use crate::types::DaemonInfo;
@@ -110,6 +114,8 @@ impl std::fmt::Display for Target {
 pub struct Client {
     channel: Channel,
     grpc: PtxdClient<Channel>,
+    /// Unary launches' own connection (Unix sockets only).
+    lane: Option<Arc<Lane>>,
 }
 
 impl Client {
@@ -136,6 +142,7 @@ impl Client {
     /// Connects over a Unix socket.
     pub async fn connect_unix(path: impl Into<PathBuf>) -> Result<Self, Error> {
         let path = path.into();
+        let lane = Arc::new(Lane::new(path.clone()));
         // The authority is a placeholder: it must be a plain host name, since
         // tonic's HTTP/2 layer rejects a socket path there.
         let channel = Endpoint::from_static("http://localhost")
@@ -147,7 +154,10 @@ impl Client {
                 }
             }))
             .await?;
-        Ok(Self::from_channel(channel))
+        Ok(Client {
+            lane: Some(lane),
+            ..Self::from_channel(channel)
+        })
     }
 
     /// Connects over TCP to a URL such as `http://127.0.0.1:50051`.
@@ -156,11 +166,13 @@ impl Client {
         Ok(Self::from_channel(endpoint.connect().await?))
     }
 
-    /// A client over an existing tonic channel.
+    /// A client over an existing tonic channel (every call, launches too,
+    /// goes through it).
     pub fn from_channel(channel: Channel) -> Self {
         Client {
             grpc: PtxdClient::new(channel.clone()),
             channel,
+            lane: None,
         }
     }
 
@@ -190,7 +202,7 @@ impl Client {
 
     /// Opens a session with options.
     pub async fn open_session_with(&self, options: SessionOptions) -> Result<Session, Error> {
-        Session::open(self.raw(), options).await
+        Session::open(self.raw(), self.lane.clone(), options).await
     }
 }
 

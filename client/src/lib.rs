@@ -31,6 +31,7 @@
 
 mod client;
 mod error;
+mod lane;
 mod session;
 mod shm;
 mod socket_dir;
