@@ -190,11 +190,24 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-fn runtime() -> Option<tokio::runtime::Runtime> {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+/// Which async runtime a command runs on.
+#[derive(Debug, Clone, Copy)]
+enum Flavor {
+    /// The daemon: one worker per core, so sessions are served in parallel.
+    Daemon,
+    /// A client command: one session's calls, one after another. On one
+    /// thread the SDK's tasks (the connection's, the lane's) and the caller
+    /// wake each other without crossing threads; `ptxd bench` measured a
+    /// unary launch's round trip shorter so (BENCHMARKS.md).
+    Client,
+}
+
+fn runtime(flavor: Flavor) -> Option<tokio::runtime::Runtime> {
+    let mut builder = match flavor {
+        Flavor::Daemon => tokio::runtime::Builder::new_multi_thread(),
+        Flavor::Client => tokio::runtime::Builder::new_current_thread(),
+    };
+    match builder.enable_all().build() {
         Ok(runtime) => Some(runtime),
         Err(e) => {
             eprintln!("ptxd: cannot start the async runtime: {e}");
@@ -214,7 +227,7 @@ fn serve(config: ServeConfig) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some(runtime) = runtime() else {
+    let Some(runtime) = runtime(Flavor::Daemon) else {
         return ExitCode::FAILURE;
     };
     match runtime.block_on(ptxd::server::serve(config, activated)) {
@@ -245,7 +258,7 @@ fn main() -> ExitCode {
             print,
         } => return verify_file(&file, &symbol, print),
     };
-    match runtime() {
+    match runtime(Flavor::Client) {
         Some(runtime) => runtime.block_on(ptxd::cli::run(opts, command)),
         None => ExitCode::FAILURE,
     }

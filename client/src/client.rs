@@ -3,16 +3,20 @@
 //!
 //! A `Client` is one HTTP/2 connection (tonic `Channel`); clones share it.
 //! Over a Unix socket the connector dials the path again whenever the channel
-//! reconnects, so a restarted daemon at the same path is picked up.
+//! reconnects, so a restarted daemon at the same path is picked up; there,
+//! unary launches take a second connection of their own, opened at the
+//! first launch (see `lane`).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ptxd_proto::v1 as pb;
 use ptxd_proto::v1::ptxd_client::PtxdClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::Error;
+use crate::lane::Lane;
 use crate::session::{Session, SessionOptions};
 use crate::socket_dir::{check_socket_dir, socket_dir, SocketDirError};
 use crate::types::DaemonInfo;
@@ -112,6 +116,8 @@ pub struct Client {
     grpc: PtxdClient<Channel>,
     /// The daemon's fd socket, beside its gRPC socket (Unix transport only).
     fd_socket: Option<PathBuf>,
+    /// Unary launches' own connection (Unix sockets only).
+    lane: Option<Arc<Lane>>,
 }
 
 impl Client {
@@ -139,6 +145,7 @@ impl Client {
     pub async fn connect_unix(path: impl Into<PathBuf>) -> Result<Self, Error> {
         let path = path.into();
         let fd_socket = crate::fd_passing::fd_socket_path(&path);
+        let lane = Arc::new(Lane::new(path.clone()));
         // The authority is a placeholder: it must be a plain host name, since
         // tonic's HTTP/2 layer rejects a socket path there.
         let channel = Endpoint::from_static("http://localhost")
@@ -150,7 +157,10 @@ impl Client {
                 }
             }))
             .await?;
-        let mut client = Self::from_channel(channel);
+        let mut client = Client {
+            lane: Some(lane),
+            ..Self::from_channel(channel)
+        };
         client.fd_socket = Some(fd_socket);
         Ok(client)
     }
@@ -161,12 +171,14 @@ impl Client {
         Ok(Self::from_channel(endpoint.connect().await?))
     }
 
-    /// A client over an existing tonic channel.
+    /// A client over an existing tonic channel (every call, launches too,
+    /// goes through it).
     pub fn from_channel(channel: Channel) -> Self {
         Client {
             grpc: PtxdClient::new(channel.clone()),
             channel,
             fd_socket: None,
+            lane: None,
         }
     }
 
@@ -196,7 +208,7 @@ impl Client {
 
     /// Opens a session with options.
     pub async fn open_session_with(&self, options: SessionOptions) -> Result<Session, Error> {
-        let mut session = Session::open(self.raw(), options).await?;
+        let mut session = Session::open(self.raw(), self.lane.clone(), options).await?;
         session.fd_socket = self.fd_socket.clone();
         Ok(session)
     }

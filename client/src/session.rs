@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use crate::error::{from_launch_error, Error, Refusal};
+use crate::lane::{Lane, LaneError};
 use crate::launch_ring::{ReleaseOnEnd, RingRegistry, RingShared};
 use crate::shm::HostShm;
 use crate::types::{
@@ -87,6 +88,8 @@ impl<T> Drop for AbortOnDrop<T> {
 /// what was released.
 pub struct Session {
     grpc: PtxdClient<Channel>,
+    /// Where unary launches go first (Unix sockets only).
+    lane: Option<Arc<Lane>>,
     id: String,
     boot_id: String,
     auto_reload: bool,
@@ -112,6 +115,7 @@ impl std::fmt::Debug for Session {
 impl Session {
     pub(crate) async fn open(
         mut grpc: PtxdClient<Channel>,
+        lane: Option<Arc<Lane>>,
         options: SessionOptions,
     ) -> Result<Self, Error> {
         let request = pb::OpenSessionRequest {
@@ -178,6 +182,7 @@ impl Session {
         });
         Ok(Session {
             grpc,
+            lane,
             id: opened.session,
             boot_id: opened.boot_id,
             auto_reload: options.auto_reload_stale,
@@ -578,8 +583,17 @@ impl Session {
     }
 
     async fn launch_once(&self, kernel: String, launch: &Launch) -> Result<Launched, Error> {
+        let mut grpc = self.grpc()?;
         let request = launch.to_proto(&self.id, kernel, 0);
-        let response = self.grpc()?.launch(request).await?.into_inner();
+        let lane = match &self.lane {
+            Some(lane) => lane.launch(&request).await,
+            None => Err(LaneError::NotSent),
+        };
+        let response = match lane {
+            Ok(response) => response,
+            Err(LaneError::Failed(error)) => return Err(error),
+            Err(LaneError::NotSent) => grpc.launch(request).await?.into_inner(),
+        };
         Ok(Launched {
             tag: response.tag,
             micros: response.micros,
