@@ -9,9 +9,16 @@
 //!   with, after every pending call has been failed.
 //! - The child's only channel is one socket on its stdin/stdout; when the
 //!   front dies, the child reads end-of-stream and exits.
-//! - Frames are written whole by one writer task: a caller that is cancelled
-//!   mid-call (a client hanging up) can never leave half a frame on the
-//!   channel, and its pending entry is removed when it goes.
+//! - Frames are written whole and in order. A call writes its own frame,
+//!   without waiting, when nothing is queued for the writer task (the
+//!   common case: one syscall, no task hop); whatever it could not write
+//!   goes to the writer task, which writes it, and every frame queued after
+//!   it, before a caller writes again. Nothing awaits between a frame's
+//!   first and last byte on the caller's side, so a caller that is
+//!   cancelled mid-call (a client hanging up) can never leave half a frame
+//!   on the channel, and its pending entry is removed when it goes.
+//! - Replies are read through a buffer: one read brings in every reply
+//!   that has arrived (one syscall per reply instead of two).
 //! - An executor that does not answer a call within the executor timeout is
 //!   pinged; if the ping is not answered within the timeout either (a hung
 //!   driver, a request loop stuck in a drain), it is killed and the
@@ -42,6 +49,10 @@ use super::kernel_timeouts::KernelTimeouts;
 use super::protocol::{encode_frame, read_frame_async, ProtocolError};
 use crate::config::ServeConfig;
 use crate::handles::DeviceGeneration;
+
+/// The reply reader's buffer: replies are a few bytes; a LoadModule reply
+/// with its log is larger and is read in several goes.
+const REPLY_BUFFER: usize = 64 << 10;
 
 /// How long an executor may take to say Hello (CUDA context creation is
 /// ~0.5 s on an H200; a hung driver must not hang the daemon).
@@ -168,8 +179,8 @@ pub struct ExecutorLink {
     pub index: usize,
     pub generation: DeviceGeneration,
     pub hello: Hello,
-    /// Complete frames for the writer task.
-    writer: mpsc::UnboundedSender<Vec<u8>>,
+    /// Where requests are written.
+    outbox: Outbox,
     timeout: Duration,
     kernel_timeouts: Arc<KernelTimeouts>,
     pending: Mutex<Pending>,
@@ -198,6 +209,40 @@ struct PendingEntry<'a> {
 impl Drop for PendingEntry<'_> {
     fn drop(&mut self) {
         self.link.lock_pending().waiting.remove(&self.id);
+    }
+}
+
+/// The write side of the channel: callers write here directly while the
+/// writer task has nothing queued; the rest goes to the writer task.
+/// Dropping it (with the link) ends the writer task, which then drops the
+/// last handle of the write half: the executor reads end of stream.
+struct Outbox {
+    half: Arc<OwnedWriteHalf>,
+    /// Frames (or frame tails) handed to the writer task and not yet
+    /// written whole. While it is not zero, callers queue behind them.
+    queued: Arc<Mutex<usize>>,
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl Outbox {
+    /// Writes `frame` now if nothing is queued, else queues it (or the part
+    /// that did not fit) for the writer task. Err when the channel closed.
+    fn send(&self, frame: Vec<u8>) -> Result<(), ()> {
+        // A poisoned count is still a count: a panic cannot leave it half
+        // updated.
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        let rest = if *queued == 0 {
+            match self.half.try_write(&frame) {
+                Ok(n) if n == frame.len() => return Ok(()),
+                Ok(n) => frame[n..].to_vec(),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => frame,
+                Err(_) => return Err(()),
+            }
+        } else {
+            frame
+        };
+        *queued += 1;
+        self.frames.send(rest).map_err(|_| ())
     }
 }
 
@@ -297,12 +342,21 @@ impl ExecutorLink {
             return Err(SpawnError::NoDevice);
         }
         let (frames, frames_rx) = mpsc::unbounded_channel();
-        tokio::spawn(Self::write_frames(write, frames_rx));
+        let outbox = Outbox {
+            half: Arc::new(write),
+            queued: Arc::new(Mutex::new(0)),
+            frames,
+        };
+        tokio::spawn(Self::write_frames(
+            outbox.half.clone(),
+            outbox.queued.clone(),
+            frames_rx,
+        ));
         let link = Arc::new(ExecutorLink {
             index,
             generation,
             hello,
-            writer: frames,
+            outbox,
             timeout: config.timeout,
             kernel_timeouts: config.kernel_timeouts.clone(),
             pending: Mutex::new(Pending::default()),
@@ -310,21 +364,37 @@ impl ExecutorLink {
             child: Mutex::new(Some(child)),
             fd_outbox,
         });
+        let read = tokio::io::BufReader::with_capacity(REPLY_BUFFER, read);
         tokio::spawn(Self::read_replies(link.clone(), read, deaths));
         Ok(link)
     }
 
-    /// Writes whole frames in order until the link is dropped or the channel
-    /// breaks (the reader then sees the close and fails every waiter).
-    async fn write_frames(mut write: OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Vec<u8>>) {
-        use tokio::io::AsyncWriteExt;
+    /// Writes what callers queued, whole and in order, until the link is
+    /// dropped or the channel breaks (the reader then sees the close and
+    /// fails every waiter).
+    async fn write_frames(
+        half: Arc<OwnedWriteHalf>,
+        queued: Arc<Mutex<usize>>,
+        mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
+    ) {
         while let Some(frame) = frames.recv().await {
-            if let Err(e) = write.write_all(&frame).await {
-                tracing::debug!(error = %e, "executor channel write failed");
-                break;
+            let mut written = 0;
+            while written < frame.len() {
+                if let Err(e) = half.writable().await {
+                    tracing::debug!(error = %e, "executor channel write failed");
+                    return;
+                }
+                match half.try_write(&frame[written..]) {
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "executor channel write failed");
+                        return;
+                    }
+                }
             }
+            *queued.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
         }
-        let _ = write.shutdown().await;
     }
 
     /// Sends the executor a duplicate of `fd` for an `OpenBuffer` request
@@ -344,7 +414,7 @@ impl ExecutorLink {
 
     async fn read_replies(
         link: Arc<ExecutorLink>,
-        mut read: tokio::net::unix::OwnedReadHalf,
+        mut read: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
         deaths: mpsc::UnboundedSender<DeathNotice>,
     ) {
         let mut fault: Option<Fault> = None;
@@ -446,7 +516,7 @@ impl ExecutorLink {
         // Removes the pending entry however the call ends (a reply removes
         // it first; cancellation and timeouts leave it to this guard).
         let entry = PendingEntry { link: self, id };
-        if self.writer.send(frame).is_err() {
+        if self.outbox.send(frame).is_err() {
             return Err(LinkError::Down(DownCause::Exited {
                 detail: "executor channel closed".into(),
             }));
