@@ -157,6 +157,7 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
     ptxd::executor::child::ignore_termination_signals();
     let budget = (args.max_kernel_time_ms > 0)
         .then(|| std::time::Duration::from_millis(args.max_kernel_time_ms));
+    let spin = args.channel_spin();
     let fd_inbox = if args.fd_inbox {
         ptxd::executor::fd_inbox::FdInbox::inherited()
     } else {
@@ -171,7 +172,7 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
                 budget,
                 fd_inbox,
             ) {
-                Ok(mut backend) => ptxd::executor::child::serve_stdio(&mut backend),
+                Ok(mut backend) => ptxd::executor::child::serve_stdio(&mut backend, spin),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot install the SIGBUS handler");
                     2
@@ -180,7 +181,7 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
         }
         (ExecutorBackend::Cuda, true, _) => ptxd::executor::cuda::probe_stdio(),
         (ExecutorBackend::Cuda, false, Some(uuid)) => {
-            ptxd::executor::cuda::run_executor(&uuid, budget, fd_inbox)
+            ptxd::executor::cuda::run_executor(&uuid, budget, fd_inbox, spin)
         }
         (ExecutorBackend::Cuda, false, None) => {
             eprintln!("ptxd executor --backend cuda needs --device UUID or --probe");

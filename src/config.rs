@@ -308,6 +308,14 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_EXECUTOR_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub executor_timeout: Duration,
 
+    /// How long an executor's request loop polls its channel for the next
+    /// request before it sleeps (0: it sleeps at once). A session launching
+    /// back to back then finds the executor awake: a unary launch does not
+    /// pay for waking it. The executor spins at most this long after each
+    /// request, so an idle daemon costs nothing (BENCHMARKS.md).
+    #[arg(long, env = "PTXD_EXECUTOR_SPIN", default_value = "0", value_parser = parse_duration)]
+    pub executor_spin: Duration,
+
     /// Per-launch time budget (0: none). A host launch that runs longer is
     /// stopped and refused KERNEL_TIMEOUT, and its executor goes on; a CUDA
     /// kernel cannot be stopped, so its launch is refused KERNEL_TIMEOUT and
@@ -362,7 +370,7 @@ fn parse_mode(text: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
-/// Parses `250ms`, `5s`, `2m` or a bare number of seconds.
+/// Parses `50us`, `250ms`, `5s`, `2m` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit() && c != '.') {
@@ -373,10 +381,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("not a duration: {text:?}"))?;
     let seconds = match unit {
+        "us" => value / 1_000_000.0,
         "ms" => value / 1000.0,
         "s" => value,
         "m" => value * 60.0,
-        _ => return Err(format!("unknown duration unit {unit:?} (use ms, s or m)")),
+        _ => {
+            return Err(format!(
+                "unknown duration unit {unit:?} (use us, ms, s or m)"
+            ))
+        }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("bad duration {text:?}: {e}"))
 }

@@ -184,8 +184,10 @@ pub fn ignore_termination_signals() {
 
 /// Serves the front on stdin/stdout until it says Shutdown or goes away.
 /// Returns the process exit code.
-pub fn serve_stdio(backend: &mut dyn Backend) -> i32 {
-    let input = BufReader::new(std::io::stdin().lock());
+/// The request loop polls its channel for up to `spin` before it sleeps
+/// ([`super::spin_input`]).
+pub fn serve_stdio(backend: &mut dyn Backend, spin: std::time::Duration) -> i32 {
+    let input = BufReader::new(super::spin_input::SpinInput::new(std::io::stdin(), spin));
     serve(backend, input, Box::new(std::io::stdout()))
 }
 
@@ -266,6 +268,10 @@ pub struct ExecutorArgs {
     /// The front installed the fd inbox (see `fd_inbox`) as fd 3.
     #[arg(long)]
     pub fd_inbox: bool,
+    /// How long the request loop polls its channel before it sleeps, in
+    /// microseconds (0: it sleeps at once).
+    #[arg(long, default_value_t = 0)]
+    pub channel_spin_us: u64,
 }
 
 impl ExecutorArgs {
@@ -283,6 +289,7 @@ impl ExecutorArgs {
             probe: false,
             max_kernel_time_ms: 0,
             fd_inbox: false,
+            channel_spin_us: 0,
         }
     }
 
@@ -316,6 +323,20 @@ impl ExecutorArgs {
         }
     }
 
+    /// The same executor, polling its channel for `spin` before it sleeps
+    /// (whole microseconds; anything under one is none).
+    pub fn with_channel_spin(self, spin: std::time::Duration) -> Self {
+        ExecutorArgs {
+            channel_spin_us: u64::try_from(spin.as_micros()).unwrap_or(u64::MAX),
+            ..self
+        }
+    }
+
+    /// The channel spin as a duration.
+    pub fn channel_spin(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.channel_spin_us)
+    }
+
     /// The same executor, told that fd 3 is its fd inbox.
     pub fn with_fd_inbox(self) -> Self {
         ExecutorArgs {
@@ -339,6 +360,7 @@ impl ExecutorArgs {
             probe,
             max_kernel_time_ms,
             fd_inbox,
+            channel_spin_us,
         } = self;
         let mut args = vec![Self::SUBCOMMAND.to_owned()];
         // Every variant has a value (none is `#[value(skip)]`).
@@ -358,6 +380,7 @@ impl ExecutorArgs {
         if *fd_inbox {
             args.push("--fd-inbox".to_owned());
         }
+        args.push(format!("--channel-spin-us={channel_spin_us}"));
         args
     }
 }
@@ -403,6 +426,7 @@ mod tests {
             ExecutorArgs::cuda_probe(),
             ExecutorArgs::cuda_probe().with_max_kernel_time(Some(std::time::Duration::MAX)),
             ExecutorArgs::host(2, 4, true).with_fd_inbox(),
+            ExecutorArgs::host(1, 1, true).with_channel_spin(std::time::Duration::MAX),
         ];
         for _ in 0..64 {
             let budget = rng
@@ -413,7 +437,9 @@ mod tests {
             } else {
                 ExecutorArgs::cuda(&format!("GPU-{:x}", rng.random::<u64>()))
             };
-            let args = args.with_max_kernel_time(budget);
+            let args = args.with_max_kernel_time(budget).with_channel_spin(
+                std::time::Duration::from_micros(rng.random_range(0..1_000_000)),
+            );
             samples.push(if rng.random_bool(0.5) {
                 args.with_fd_inbox()
             } else {

@@ -21,6 +21,7 @@ pub mod kernel_timeouts;
 pub mod protocol;
 pub mod ring;
 pub mod sigbus;
+pub mod spin_input;
 pub mod supervisor;
 
 use std::collections::BTreeMap;

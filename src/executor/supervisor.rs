@@ -119,6 +119,8 @@ pub struct LinkConfig {
     pub max_kernel_time: Option<Duration>,
     /// Kernel timeouts per session, shared by every link of the daemon.
     pub kernel_timeouts: Arc<KernelTimeouts>,
+    /// How long an executor polls its channel before it sleeps.
+    pub channel_spin: Duration,
 }
 
 impl LinkConfig {
@@ -127,6 +129,7 @@ impl LinkConfig {
             timeout: config.executor_timeout,
             max_kernel_time: (!config.max_kernel_time.is_zero()).then_some(config.max_kernel_time),
             kernel_timeouts: Arc::new(KernelTimeouts::new(config.max_kernel_timeouts_per_session)),
+            channel_spin: config.executor_spin,
         }
     }
 }
@@ -146,10 +149,10 @@ pub enum ExecutorCommand {
 }
 
 impl ExecutorCommand {
-    /// The child's command line, with the per-launch budget (never given
-    /// to the probe, which launches nothing).
-    fn executor_args(&self, max_kernel_time: Option<Duration>) -> ExecutorArgs {
-        match self {
+    /// The child's command line, with the per-launch budget and the
+    /// channel spin (never given to the probe, which launches nothing).
+    fn executor_args(&self, max_kernel_time: Option<Duration>, spin: Duration) -> ExecutorArgs {
+        let args = match self {
             ExecutorCommand::Host {
                 index,
                 threads,
@@ -160,8 +163,9 @@ impl ExecutorCommand {
             ExecutorCommand::Cuda { uuid } => {
                 ExecutorArgs::cuda(uuid).with_max_kernel_time(max_kernel_time)
             }
-            ExecutorCommand::CudaProbe => ExecutorArgs::cuda_probe(),
-        }
+            ExecutorCommand::CudaProbe => return ExecutorArgs::cuda_probe(),
+        };
+        args.with_channel_spin(spin)
     }
 }
 
@@ -252,6 +256,7 @@ pub type DeathNotice = (usize, DeviceGeneration, DownCause);
 fn spawn_child(
     command: &ExecutorCommand,
     max_kernel_time: Option<Duration>,
+    spin: Duration,
 ) -> Result<(tokio::process::Child, tokio::net::UnixStream, FdOutbox), SpawnError> {
     let (front_end, child_end) = std::os::unix::net::UnixStream::pair()?;
     let child_out = child_end.try_clone()?;
@@ -262,7 +267,7 @@ fn spawn_child(
     child
         .args(
             command
-                .executor_args(max_kernel_time)
+                .executor_args(max_kernel_time, spin)
                 .with_fd_inbox()
                 .to_args(),
         )
@@ -313,7 +318,8 @@ async fn read_hello(stream: &mut tokio::net::unix::OwnedReadHalf) -> Result<Hell
 /// Runs the CUDA probe in a child process (so that a driver fault or a
 /// missing library can never take the front down) and returns its Hello.
 pub async fn probe_cuda() -> Result<Hello, SpawnError> {
-    let (mut child, stream, _outbox) = spawn_child(&ExecutorCommand::CudaProbe, None)?;
+    let (mut child, stream, _outbox) =
+        spawn_child(&ExecutorCommand::CudaProbe, None, Duration::ZERO)?;
     let (mut read, _write) = stream.into_split();
     let hello = read_hello(&mut read).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -335,7 +341,8 @@ impl ExecutorLink {
         config: &LinkConfig,
         deaths: mpsc::UnboundedSender<DeathNotice>,
     ) -> Result<Arc<ExecutorLink>, SpawnError> {
-        let (child, stream, fd_outbox) = spawn_child(command, config.max_kernel_time)?;
+        let (child, stream, fd_outbox) =
+            spawn_child(command, config.max_kernel_time, config.channel_spin)?;
         let (mut read, write) = stream.into_split();
         let hello = read_hello(&mut read).await?;
         if hello.devices.is_empty() {

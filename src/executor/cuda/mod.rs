@@ -151,11 +151,12 @@ pub fn run_executor(
     uuid: &str,
     max_kernel_time: Option<Duration>,
     fd_inbox: Option<FdInbox>,
+    channel_spin: Duration,
 ) -> i32 {
     match CudaBackend::open(uuid, max_kernel_time) {
         Ok(mut backend) => {
             backend.fd_inbox = fd_inbox;
-            serve_stdio(&mut backend)
+            serve_stdio(&mut backend, channel_spin)
         }
         Err(e) => {
             tracing::error!(uuid, error = %e, "cannot start the CUDA executor");
