@@ -34,6 +34,8 @@ use std::mem::ManuallyDrop;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use crate::ring::SemaphoreWidth;
+
 pub mod driver;
 
 pub use driver::format_uuid;
@@ -553,6 +555,22 @@ impl DeviceAllocation {
         span(self.device_ptr(), self.size, offset, len)
     }
 
+    /// The device address of the semaphore word of `width` at byte
+    /// `offset`: inside the allocation and aligned to the width.
+    fn word(&self, offset: usize, width: SemaphoreWidth) -> Result<u64, CudaError> {
+        let bytes = width.bytes() as usize;
+        let addr = self.span(offset, bytes)?;
+        // `cuMemAlloc` memory is at least 256-byte aligned, so an offset
+        // aligned to the width makes an aligned address.
+        if !offset.is_multiple_of(bytes) {
+            return Err(CudaError::Misaligned {
+                offset,
+                width: bytes,
+            });
+        }
+        Ok(addr)
+    }
+
     /// Copies `data` to the device at byte `offset`, and returns once the
     /// bytes are in device memory.
     ///
@@ -589,20 +607,11 @@ impl DeviceAllocation {
     pub fn store_word(
         &self,
         offset: usize,
-        width: crate::ring::SemaphoreWidth,
+        width: SemaphoreWidth,
         value: u64,
     ) -> Result<(), CudaError> {
-        let bytes = width.bytes() as usize;
-        let addr = self.span(offset, bytes)?;
-        // `cuMemAlloc` memory is at least 256-byte aligned, so an offset
-        // aligned to the width makes an aligned address.
-        if !offset.is_multiple_of(bytes) {
-            return Err(CudaError::Misaligned {
-                offset,
-                width: bytes,
-            });
-        }
-        let wide = width == crate::ring::SemaphoreWidth::Bits64;
+        let addr = self.word(offset, width)?;
+        let wide = width == SemaphoreWidth::Bits64;
         self.memory.bind()?;
         let stream = Stream::new()?;
         // SAFETY: the word lies inside the allocation (checked) and aligned
@@ -790,11 +799,7 @@ impl ClientStream {
         offset: usize,
         value: u32,
     ) -> Result<(), CudaError> {
-        let addr = memory.span(offset, 4)?;
-        let stream = self.stream.bind()?;
-        // SAFETY: the word lies inside the allocation (checked) and stays
-        // allocated while the caller keeps `memory` (documented).
-        Ok(unsafe { stream.wait_value(addr, u64::from(value), false) }?)
+        self.wait_until(memory, offset, SemaphoreWidth::Bits32, u64::from(value))
     }
 
     /// Enqueues writing `value` to the 32-bit word at byte `offset` of
@@ -808,10 +813,38 @@ impl ClientStream {
         offset: usize,
         value: u32,
     ) -> Result<(), CudaError> {
-        let addr = memory.span(offset, 4)?;
+        self.write_after(memory, offset, SemaphoreWidth::Bits32, u64::from(value))
+    }
+
+    /// As [`wait_word`](Self::wait_word), for a word of either width (a
+    /// 64-bit one with `cuStreamWaitValue64`) at an offset aligned to it.
+    pub fn wait_until(
+        &self,
+        memory: &DeviceAllocation,
+        offset: usize,
+        width: SemaphoreWidth,
+        value: u64,
+    ) -> Result<(), CudaError> {
+        let addr = memory.word(offset, width)?;
         let stream = self.stream.bind()?;
-        // SAFETY: as in `wait_word`.
-        Ok(unsafe { stream.write_value(addr, u64::from(value), false) }?)
+        // SAFETY: the word lies inside the allocation, aligned (checked),
+        // and stays allocated while the caller keeps `memory` (documented).
+        Ok(unsafe { stream.wait_value(addr, value, width == SemaphoreWidth::Bits64) }?)
+    }
+
+    /// As [`write_word`](Self::write_word), for a word of either width at
+    /// an offset aligned to it.
+    pub fn write_after(
+        &self,
+        memory: &DeviceAllocation,
+        offset: usize,
+        width: SemaphoreWidth,
+        value: u64,
+    ) -> Result<(), CudaError> {
+        let addr = memory.word(offset, width)?;
+        let stream = self.stream.bind()?;
+        // SAFETY: as in `wait_until`.
+        Ok(unsafe { stream.write_value(addr, value, width == SemaphoreWidth::Bits64) }?)
     }
 
     /// Enqueues filling `count` 32-bit words at byte `offset` with `value`.

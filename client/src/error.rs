@@ -56,6 +56,11 @@ pub enum Error {
     /// owns it or may write into it, or it is a symlink).
     #[error(transparent)]
     UnsafeSocketDir(#[from] crate::socket_dir::SocketDirError),
+    /// A CUDA call in this process failed (e.g. enqueueing a launch ring's
+    /// semaphore operation on the session's own stream).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 impl Error {
@@ -79,6 +84,8 @@ impl Error {
             Error::InvalidInput(_) => "INVALID_INPUT",
             Error::RingOrphaned(_) => "RING_ORPHANED",
             Error::UnsafeSocketDir(_) => "UNSAFE_SOCKET_DIR",
+            #[cfg(feature = "cuda")]
+            Error::Cuda(_) => "CUDA",
         }
     }
 }

@@ -43,6 +43,8 @@
 //! same value. The launches themselves did not run, or their results are
 //! undefined (the session was dropped with launches in flight).
 
+#[cfg(feature = "cuda")]
+mod ordering;
 mod release;
 
 use std::sync::Arc;
@@ -50,6 +52,8 @@ use std::time::{Duration, Instant};
 
 use ptxd_proto::v1::Reason;
 
+#[cfg(feature = "cuda")]
+pub use ordering::ORDERING_BYTES;
 pub use release::{OrphanCause, Orphaned, ReleasedWord, SemaphoreMemory, WordWriteError};
 pub(crate) use release::{ReleaseOnEnd, RingRegistry, RingShared};
 
@@ -121,6 +125,9 @@ pub struct LaunchRing {
     submitter: Submitter,
     next_ticket: u64,
     shared: Arc<RingShared>,
+    /// Set by [`order_with`](Self::order_with).
+    #[cfg(feature = "cuda")]
+    ordering: Option<ordering::GpuOrdering>,
 }
 
 fn ring_error(error: impl std::fmt::Display) -> Error {
@@ -133,6 +140,8 @@ impl LaunchRing {
             submitter,
             next_ticket: 1,
             shared,
+            #[cfg(feature = "cuda")]
+            ordering: None,
         }
     }
 
@@ -245,7 +254,9 @@ impl LaunchRing {
     }
 
     /// Launches `kernel` and returns its ticket as soon as the descriptor
-    /// is written; the completion says whether it ran.
+    /// is written; the completion says whether it ran. On an ordered ring
+    /// ([`order_with`](Self::order_with)) the launch signals its ticket and
+    /// takes the wait an [`after`](Self::after) left for it.
     pub fn launch(
         &mut self,
         kernel: &Kernel,
@@ -254,9 +265,7 @@ impl LaunchRing {
         n: u64,
         scalars: &[f32],
     ) -> Result<u64, Error> {
-        let descriptor = self.descriptor(kernel, inputs, output, n, scalars)?;
-        self.submit(&descriptor)?;
-        Ok(descriptor.ticket)
+        self.launch_ordered(kernel, inputs, output, n, scalars, None, None)
     }
 
     /// As [`launch`](Self::launch), with GPU semaphore operations: before
@@ -265,6 +274,7 @@ impl LaunchRing {
     /// the launch is refused or fails, and by the SDK itself when the
     /// executor is lost, so nothing waits on it forever: its buffer's
     /// memory must be bound ([`bind_semaphores`](Self::bind_semaphores)).
+    /// An ordered ring manages its semaphores itself and refuses any here.
     #[allow(clippy::too_many_arguments)]
     pub fn launch_ordered(
         &mut self,
@@ -287,7 +297,20 @@ impl LaunchRing {
                 .with_signal(op)
                 .map_err(|e| Error::InvalidInput(e.to_string()))?;
         }
+        #[cfg(feature = "cuda")]
+        if let Some(ordering) = &self.ordering {
+            if wait.is_some() || signal.is_some() {
+                return Err(Error::InvalidInput(
+                    "an ordered ring's launches take no semaphores of their own: use after and stream_wait".into(),
+                ));
+            }
+            descriptor = ordering.apply(descriptor)?;
+        }
         self.submit(&descriptor)?;
+        #[cfg(feature = "cuda")]
+        if let Some(ordering) = &mut self.ordering {
+            ordering.submitted();
+        }
         Ok(descriptor.ticket)
     }
 

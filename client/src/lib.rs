@@ -51,6 +51,8 @@ pub use client::{
 };
 pub use error::{Error, Refusal, RefusalDetails};
 pub use fd_buffers::{attach_fd, FdBufferSpec};
+#[cfg(feature = "cuda")]
+pub use launch_ring::ORDERING_BYTES;
 pub use launch_ring::{
     LaunchRing, OrphanCause, Orphaned, ReleasedWord, RingCompletion, RingRefusal, SemaphoreMemory,
     WordWriteError,

@@ -2,14 +2,15 @@
 //! SDK's `LaunchRing`, tensors in this process's IPC-exported memory, and
 //! ordering between the session's stream and ptxd's through semaphore words
 //! in device memory, without waiting for any reply, and the SDK releasing a
-//! stream that waits on a signal when the executor dies.
+//! stream that waits on a signal when the executor dies; the SDK's
+//! ordering API (`order_with`, `after`, `stream_wait`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
+use ptxd_client::cuda::{ClientStream, CudaDevice, DeviceAllocation};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
-use ptxd_client::{Buffer, Client, Error, LoadOptions, OrphanCause, Session};
+use ptxd_client::{Buffer, Client, Error, LoadOptions, OrphanCause, Session, ORDERING_BYTES};
 use rand::Rng;
 
 use super::daemon_support::Daemon;
@@ -242,6 +243,186 @@ async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies()
     }
     stream.wait_word(&sem_mem, 4, 2).unwrap();
     stream.synchronize().unwrap();
+}
+
+/// A kernel of this process on `stream`: `out = a + b` over `n` floats.
+fn local_add(
+    f: &ptxd_client::cuda::LocalFunction<'_>,
+    stream: &ClientStream,
+    (a, b, out): (&DeviceAllocation, &DeviceAllocation, &DeviceAllocation),
+    n: usize,
+) {
+    let (mut pa, mut pb, mut po, mut nn) =
+        (a.device_ptr(), b.device_ptr(), out.device_ptr(), n as i64);
+    let mut params: [*mut std::ffi::c_void; 4] = [
+        (&mut pa as *mut u64).cast(),
+        (&mut pb as *mut u64).cast(),
+        (&mut po as *mut u64).cast(),
+        (&mut nn as *mut i64).cast(),
+    ];
+    // SAFETY: add_f32_scalar takes (ptr, ptr, ptr, long long); every
+    // allocation holds n floats and outlives the stream's work (the test
+    // synchronizes the stream before dropping them).
+    unsafe { f.launch(stream, n.div_ceil(256) as u32, 256, &mut params) }.unwrap();
+}
+
+/// Synchronizes `stream` on a thread of its own and fails the test if that
+/// takes longer than `WAIT` (a stream blocked for good would hang it).
+fn synchronize_within(stream: Arc<ClientStream>, what: &str) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(stream.synchronize()));
+    match finished.recv_timeout(WAIT) {
+        Ok(result) => result.unwrap(),
+        Err(_) => panic!("{what}: the stream was still blocked after {WAIT:?}"),
+    }
+}
+
+/// The SDK's ordering API: the session's kernel → `ring.after` → ptxd's
+/// kernel → `ring.stream_wait` → the session's kernel, three rounds, no
+/// reply awaited anywhere; 64 MiB operands, so a kernel started early would
+/// read poison. Then a refused launch's ticket still releases a waiter, and
+/// misuse is refused before anything is enqueued.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_and_stream_wait_order_the_sessions_kernels_around_ptxds() {
+    let daemon = Daemon::start_backend("cuda", &[], |_| {});
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("gpu-ordering").await.unwrap();
+    let dev = device();
+    let ptx = corpus("add_f32_scalar.ptx");
+    let add = session
+        .load_ptx(
+            0,
+            String::from_utf8(ptx.clone()).unwrap(),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let module = dev.load_module(&ptx).unwrap();
+    let local = module.function("add_f32_scalar").unwrap();
+    let n = 1 << 24;
+    let mut rng = rng();
+    let poison = vec![f32::NAN; n];
+    let (x_mem, x_buf) = gpu_f32(&session, &dev, &poison).await;
+    let (y_mem, y_buf) = gpu_f32(&session, &dev, &poison).await;
+    let (z_mem, _) = gpu_f32(&session, &dev, &poison).await;
+    let words = Arc::new(dev.alloc(ORDERING_BYTES).unwrap());
+    let words_buf = session
+        .register_cuda_ipc(
+            words.ipc_handle().unwrap(),
+            dev.uuid(),
+            ORDERING_BYTES as u64,
+        )
+        .await
+        .unwrap();
+    let stream = Arc::new(dev.stream().unwrap());
+    let mut ring = session.open_ring(16, dev.uuid()).await.unwrap();
+
+    // Not ordered yet: the ordering calls say so.
+    let unordered = ring.stream_wait(1, &stream).unwrap_err();
+    assert!(
+        matches!(unordered, Error::InvalidInput(ref m) if m.contains("not ordered")),
+        "{unordered:?}"
+    );
+    ring.order_with(&words_buf, words.clone()).unwrap();
+    let twice = ring.order_with(&words_buf, words.clone()).unwrap_err();
+    assert!(
+        matches!(twice, Error::InvalidInput(ref m) if m.contains("already ordered")),
+        "{twice:?}"
+    );
+
+    for round in 0..3 {
+        let a: Vec<f32> = (0..n).map(|_| rng.random_range(-10.0..10.0)).collect();
+        let b: Vec<f32> = (0..n).map(|_| rng.random_range(-10.0..10.0)).collect();
+        let (a_mem, a_buf) = gpu_f32(&session, &dev, &a).await;
+        let (b_mem, b_buf) = gpu_f32(&session, &dev, &b).await;
+        for mem in [&x_mem, &y_mem, &z_mem] {
+            mem.upload(0, &poison).unwrap();
+        }
+        // x = a + b (this process), y = x + b (ptxd), z = y + a (this
+        // process).
+        local_add(&local, &stream, (&a_mem, &b_mem, &x_mem), n);
+        ring.after(&stream).unwrap();
+        let ticket = ring
+            .launch(
+                &add,
+                &[(&x_buf, 0), (&b_buf, 0)],
+                (&y_buf, 0),
+                n as u64,
+                &[],
+            )
+            .unwrap();
+        ring.stream_wait(ticket, &stream).unwrap();
+        local_add(&local, &stream, (&y_mem, &a_mem, &z_mem), n);
+        synchronize_within(stream.clone(), "the ordered chain");
+        let done = next(&mut ring);
+        assert_eq!((done.ticket, done.outcome), (ticket, Ok(())));
+        let mut y = vec![0f32; n];
+        let mut z = vec![0f32; n];
+        y_mem.download(0, &mut y).unwrap();
+        z_mem.download(0, &mut z).unwrap();
+        for i in 0..n {
+            let want_y = (a[i] + b[i]) + b[i];
+            assert_eq!(y[i].to_bits(), want_y.to_bits(), "round {round}, y[{i}]");
+            assert_eq!(
+                z[i].to_bits(),
+                (want_y + a[i]).to_bits(),
+                "round {round}, z[{i}]"
+            );
+        }
+        assert_eq!(
+            word64(&words, 0),
+            ticket,
+            "the done word holds the last ticket"
+        );
+        session.release_buffer(&a_buf).await.unwrap();
+        session.release_buffer(&b_buf).await.unwrap();
+    }
+
+    // A refused launch (n past the buffers) still signals its ticket: the
+    // stream waiting on it is released, and the completion says why.
+    let refused = ring
+        .launch(
+            &add,
+            &[(&x_buf, 0), (&x_buf, 0)],
+            (&y_buf, 0),
+            n as u64 + 1,
+            &[],
+        )
+        .unwrap();
+    ring.stream_wait(refused, &stream).unwrap();
+    synchronize_within(stream.clone(), "a refused launch's waiter");
+    assert_eq!(reason(&next(&mut ring)), "BUFFER_TOO_SMALL");
+    assert_eq!(word64(&words, 0), refused);
+
+    // A ticket not launched yet, and semaphores of the caller's own on an
+    // ordered ring, are refused before anything is enqueued.
+    let future = ring.stream_wait(refused + 1, &stream).unwrap_err();
+    assert!(
+        matches!(future, Error::InvalidInput(ref m) if m.contains("was not launched")),
+        "{future:?}"
+    );
+    let own = ring
+        .launch_ordered(
+            &add,
+            &[(&x_buf, 0), (&x_buf, 0)],
+            (&y_buf, 0),
+            1,
+            &[],
+            None,
+            Some(SemaphoreOp {
+                buffer: words_buf.ring_index,
+                offset: 0,
+                value: 1,
+                width: SemaphoreWidth::Bits64,
+            }),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(own, Error::InvalidInput(ref m) if m.contains("no semaphores of their own")),
+        "{own:?}"
+    );
+    assert_eq!(ring.outstanding(), 0);
 }
 
 /// How long after the executor's death the SDK has to release the session's

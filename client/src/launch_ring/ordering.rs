@@ -1,0 +1,190 @@
+//! Ordering between a launch ring and the session's own CUDA streams, on
+//! the GPU: no reply from ptxd is waited for in either direction.
+//!
+//! ```no_run
+//! # async fn demo(session: &ptxd_client::Session, kernel: &ptxd_client::Kernel,
+//! #               a: &ptxd_client::Buffer, b: &ptxd_client::Buffer,
+//! #               out: &ptxd_client::Buffer,
+//! #               dev: &ptxd_client::cuda::CudaDevice) -> Result<(), ptxd_client::Error> {
+//! use std::sync::Arc;
+//! let words = Arc::new(dev.alloc(ptxd_client::ORDERING_BYTES)?);
+//! let words_buf = session
+//!     .register_cuda_ipc(words.ipc_handle()?, dev.uuid(), ptxd_client::ORDERING_BYTES as u64)
+//!     .await?;
+//! let stream = dev.stream()?;
+//! let mut ring = session.open_ring(256, dev.uuid()).await?;
+//! ring.order_with(&words_buf, words)?;
+//! // ... the session's own kernels on `stream` write `a` ...
+//! ring.after(&stream)?; // the next launch waits for them
+//! let ticket = ring.launch(kernel, &[(a, 0), (b, 0)], (out, 0), 1024, &[])?;
+//! ring.stream_wait(ticket, &stream)?; // later work on `stream` waits for it
+//! // ... the session's kernels on `stream` read `out` ...
+//! # Ok(()) }
+//! ```
+//!
+//! Two 64-bit words of a buffer the session registered carry the order:
+//!
+//! - word 0 (`done`): every launch of an ordered ring signals its ticket
+//!   there, after its kernel (ptxd writes it also when the launch is refused
+//!   or fails, and the SDK writes it when the executor is lost), so
+//!   "ticket t is done" is "done >= t": tickets only grow.
+//! - word 1 (`after`): [`LaunchRing::after`] enqueues on the session's
+//!   stream a write of a count that only grows, and the ring's next launch
+//!   waits until the word reaches it.
+//!
+//! One pair of words serves one ring: two rings ordered on the same words
+//! would overwrite each other's tickets.
+
+use std::sync::Arc;
+
+use crate::cuda::{ClientStream, DeviceAllocation};
+use crate::ring::{Descriptor, SemaphoreOp, SemaphoreWidth};
+use crate::types::Buffer;
+use crate::Error;
+
+use super::LaunchRing;
+
+/// Bytes of the semaphore buffer [`LaunchRing::order_with`] needs: the
+/// `done` and `after` words.
+pub const ORDERING_BYTES: usize = 16;
+
+/// Byte offset of the word ptxd signals each launch's ticket to.
+const DONE_WORD: u64 = 0;
+/// Byte offset of the word the session's stream writes for `after`.
+const AFTER_WORD: u64 = 8;
+
+/// A ring's ordering state.
+#[derive(Debug)]
+pub(super) struct GpuOrdering {
+    /// The semaphore buffer's index in the session's table.
+    buffer: u32,
+    /// This process's view of it (what stream operations address).
+    memory: Arc<DeviceAllocation>,
+    /// The first ticket launched with ordering on.
+    first_ticket: u64,
+    /// The last count `after` enqueued.
+    after: u64,
+    /// A wait the next launch takes: `after >= this`.
+    pending: Option<u64>,
+}
+
+impl GpuOrdering {
+    fn op(&self, offset: u64, value: u64) -> SemaphoreOp {
+        SemaphoreOp {
+            buffer: self.buffer,
+            offset,
+            value,
+            width: SemaphoreWidth::Bits64,
+        }
+    }
+
+    /// `descriptor` with the ordering's wait (if `after` was called since
+    /// the last launch) and its signal.
+    pub(super) fn apply(&self, descriptor: Descriptor) -> Result<Descriptor, Error> {
+        let invalid = |e: crate::ring::DescriptorError| Error::InvalidInput(e.to_string());
+        let done = self.op(DONE_WORD, descriptor.ticket);
+        let mut descriptor = descriptor.with_signal(done).map_err(invalid)?;
+        if let Some(count) = self.pending {
+            descriptor = descriptor
+                .with_wait(self.op(AFTER_WORD, count))
+                .map_err(invalid)?;
+        }
+        Ok(descriptor)
+    }
+
+    /// The launch that [`apply`](Self::apply) prepared was submitted: its
+    /// wait is taken.
+    pub(super) fn submitted(&mut self) {
+        self.pending = None;
+    }
+}
+
+impl LaunchRing {
+    /// Orders this ring's launches against the session's own CUDA streams
+    /// on the GPU (see the module docs): `buffer` is a registration of
+    /// `memory` (at least [`ORDERING_BYTES`]), on the ring's device, used
+    /// by no other ring. Its two words are zeroed here, and it is bound for
+    /// release ([`bind_semaphores`](Self::bind_semaphores)). From then on
+    /// every launch signals its ticket, [`stream_wait`](Self::stream_wait)
+    /// and [`after`](Self::after) work, and
+    /// [`launch_ordered`](Self::launch_ordered) takes no semaphores of its
+    /// own. Call it before the first launch; a second call is refused.
+    pub fn order_with(
+        &mut self,
+        buffer: &Buffer,
+        memory: Arc<DeviceAllocation>,
+    ) -> Result<(), Error> {
+        if self.ordering.is_some() {
+            return Err(Error::InvalidInput("the ring is already ordered".into()));
+        }
+        if buffer.size < ORDERING_BYTES as u64 {
+            return Err(Error::InvalidInput(format!(
+                "the ordering buffer holds {} bytes; it needs {ORDERING_BYTES}",
+                buffer.size
+            )));
+        }
+        if self.outstanding() > 0 {
+            return Err(Error::InvalidInput(
+                "order the ring before launching on it: launches are outstanding".into(),
+            ));
+        }
+        self.bind_semaphores(buffer, memory.clone())?;
+        memory.store_word(DONE_WORD as usize, SemaphoreWidth::Bits64, 0)?;
+        memory.store_word(AFTER_WORD as usize, SemaphoreWidth::Bits64, 0)?;
+        self.ordering = Some(GpuOrdering {
+            buffer: buffer.ring_index,
+            memory,
+            first_ticket: self.next_ticket,
+            after: 0,
+            pending: None,
+        });
+        Ok(())
+    }
+
+    fn ordering(&self) -> Result<&GpuOrdering, Error> {
+        self.ordering
+            .as_ref()
+            .ok_or_else(|| Error::InvalidInput("the ring is not ordered: call order_with".into()))
+    }
+
+    /// Makes the work enqueued on `stream` after this call wait until the
+    /// launch `ticket` of this ring has ended on the GPU (or was refused,
+    /// or its executor was lost): `cuStreamWaitValue64` on the ring's
+    /// `done` word. Returns at once; nothing waits for ptxd's reply.
+    pub fn stream_wait(&self, ticket: u64, stream: &ClientStream) -> Result<(), Error> {
+        let ordering = self.ordering()?;
+        if ticket < ordering.first_ticket || ticket >= self.next_ticket {
+            return Err(Error::InvalidInput(format!(
+                "ticket {ticket} was not launched on this ring since it was ordered (tickets {}..{})",
+                ordering.first_ticket, self.next_ticket
+            )));
+        }
+        stream.wait_until(
+            &ordering.memory,
+            DONE_WORD as usize,
+            SemaphoreWidth::Bits64,
+            ticket,
+        )?;
+        Ok(())
+    }
+
+    /// Makes the ring's next launch wait on the GPU until the work enqueued
+    /// on `stream` so far has ended: `cuStreamWriteValue64` of a new count
+    /// on `stream`, and a wait for it in the next launch's descriptor.
+    /// Returns at once.
+    pub fn after(&mut self, stream: &ClientStream) -> Result<(), Error> {
+        let ordering = self.ordering()?;
+        let count = ordering.after + 1;
+        stream.write_after(
+            &ordering.memory,
+            AFTER_WORD as usize,
+            SemaphoreWidth::Bits64,
+            count,
+        )?;
+        if let Some(ordering) = self.ordering.as_mut() {
+            ordering.after = count;
+            ordering.pending = Some(count);
+        }
+        Ok(())
+    }
+}
