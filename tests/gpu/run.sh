@@ -72,4 +72,33 @@ echo "python gpu tests exit code: $python_rc"
 bench_rc=${PIPESTATUS[0]}
 echo "benchmark exit code: $bench_rc"
 
-[ "$tests_rc" -eq 0 ] && [ "$python_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+# `ptxd bench` against a CUDA daemon, with the executor's channel spin off
+# and on (--executor-spin), in alternating rounds so that drift hits both.
+daemon_bench() {
+  local sock="$HERE/bench.sock" spin round pid rc=0
+  for round in 1 2 3; do
+    for spin in 0 ${PTXD_BENCH_SPINS:-200us}; do
+      rm -f "$sock"
+      ./ptxd serve --socket "$sock" --executor-spin "$spin" >"$LOGS/bench-daemon-$spin-$round.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 300); do
+        ./ptxd health --socket "$sock" >/dev/null 2>&1 && break
+        sleep 0.1
+      done
+      echo "== ptxd bench: executor spin $spin, round $round"
+      ./ptxd bench --socket "$sock" --json --iterations 3000 --n 4096 || rc=1
+      kill -TERM "$pid"
+      wait "$pid"
+    done
+  done
+  return $rc
+}
+if [ "${1:-}" = daemon-bench ]; then
+  daemon_bench 2>&1 | tee "$LOGS/daemon-bench.log"
+  exit "${PIPESTATUS[0]}"
+fi
+daemon_bench 2>&1 | tee "$LOGS/daemon-bench.log"
+daemon_bench_rc=${PIPESTATUS[0]}
+echo "daemon bench exit code: $daemon_bench_rc"
+
+[ "$tests_rc" -eq 0 ] && [ "$python_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$daemon_bench_rc" -eq 0 ]
