@@ -857,13 +857,26 @@ async fn ring_rows(
     }
     let per_client = 20_000u32;
     let t = Instant::now();
-    std::thread::scope(|scope| {
-        for (_, kernel, buffers, ring) in clients.iter_mut() {
-            let pipelined = &pipelined;
-            scope.spawn(move || pipelined(ring, kernel, buffers, per_client));
-        }
+    // Each client's own time: rings are served by one thread each, so a
+    // busy ring must not starve the others (the slowest client's rate
+    // against the fastest's says whether one did).
+    let mut each: Vec<Duration> = std::thread::scope(|scope| {
+        let threads: Vec<_> = clients
+            .iter_mut()
+            .map(|(_, kernel, buffers, ring)| {
+                let pipelined = &pipelined;
+                scope.spawn(move || {
+                    let start = Instant::now();
+                    pipelined(ring, kernel, buffers, per_client);
+                    start.elapsed()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
     });
     let took = t.elapsed();
+    each.sort();
+    let rate = |d: Duration| f64::from(per_client) / d.as_secs_f64();
     let all = per_client * 16;
     let per = took / all;
     rows.push(Row {
@@ -873,8 +886,10 @@ async fn ring_rows(
         samples: all as usize,
         ratio: None,
         note: format!(
-            "{:.0} launches/s on the device (16 × 20,000, 256 in flight each; not p50)",
-            f64::from(all) / took.as_secs_f64()
+            "{:.0} launches/s on the device (16 × 20,000, 256 in flight each; not p50); per client {:.0} (slowest) to {:.0} (fastest) launches/s",
+            f64::from(all) / took.as_secs_f64(),
+            rate(each[each.len() - 1]),
+            rate(each[0]),
         ),
     });
     for (session, _, _, ring) in clients {

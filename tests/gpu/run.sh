@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Runs the packed GPU suite, then the benchmark (copied into .gpu/ by
+# Runs the packed GPU suite, then the benchmarks (copied into .gpu/ by
 # tests/gpu/build.sh). Logs go to $OUT when the device tool provides it.
+#
+#   bash run.sh                 tests, Python tests, cuda_launch bench, ptxd bench
+#   bash run.sh python          the Python client's GPU tests only
+#   bash run.sh bench           the cuda_launch benchmark only
+#   bash run.sh daemon-bench    ptxd bench against a CUDA daemon, executor spin off/on
+#   bash run.sh mps             the cuda_launch benchmark under MPS
 set -uo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -60,23 +66,11 @@ if [ "${1:-}" = python ]; then
   exit "${PIPESTATUS[0]}"
 fi
 
-./gpu-tests --test-threads=4 2>&1 | tee "$LOGS/gpu-tests.log"
-tests_rc=${PIPESTATUS[0]}
-echo "gpu-tests exit code: $tests_rc"
-
-python_tests 2>&1 | tee "$LOGS/python-gpu-tests.log"
-python_rc=${PIPESTATUS[0]}
-echo "python gpu tests exit code: $python_rc"
-
-./cuda-launch-bench --bench 2>&1 | tee "$LOGS/bench.log"
-bench_rc=${PIPESTATUS[0]}
-echo "benchmark exit code: $bench_rc"
-
 # `ptxd bench` against a CUDA daemon, with the executor's channel spin off
 # and on (--executor-spin), in alternating rounds so that drift hits both.
 daemon_bench() {
   local sock="$HERE/bench.sock" spin round pid rc=0
-  for round in 1 2 3; do
+  for round in $(seq "${PTXD_BENCH_ROUNDS:-3}"); do
     for spin in 0 ${PTXD_BENCH_SPINS:-200us}; do
       rm -f "$sock"
       ./ptxd serve --socket "$sock" --executor-spin "$spin" >"$LOGS/bench-daemon-$spin-$round.log" 2>&1 &
@@ -93,10 +87,44 @@ daemon_bench() {
   done
   return $rc
 }
+# The benchmark under MPS (every process's work in one GPU context): is the
+# ordered pipeline's cost the time-slicing between the session's context
+# and ptxd's? MPS runs for this command only, from a private pipe directory.
+mps_bench() {
+  export CUDA_MPS_PIPE_DIRECTORY="$HERE/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$HERE/mps/log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "run.sh: MPS cannot start here"; return 1; }
+  ./cuda-launch-bench --bench
+  local rc=$?
+  echo quit | nvidia-cuda-mps-control
+  cat "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null | tail -5
+  return $rc
+}
+if [ "${1:-}" = mps ]; then
+  mps_bench 2>&1 | tee "$LOGS/bench-mps.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "${1:-}" = bench ]; then
+  ./cuda-launch-bench --bench 2>&1 | tee "$LOGS/bench.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ "${1:-}" = daemon-bench ]; then
   daemon_bench 2>&1 | tee "$LOGS/daemon-bench.log"
   exit "${PIPESTATUS[0]}"
 fi
+
+./gpu-tests --test-threads=4 2>&1 | tee "$LOGS/gpu-tests.log"
+tests_rc=${PIPESTATUS[0]}
+echo "gpu-tests exit code: $tests_rc"
+
+python_tests 2>&1 | tee "$LOGS/python-gpu-tests.log"
+python_rc=${PIPESTATUS[0]}
+echo "python gpu tests exit code: $python_rc"
+
+./cuda-launch-bench --bench 2>&1 | tee "$LOGS/bench.log"
+bench_rc=${PIPESTATUS[0]}
+echo "benchmark exit code: $bench_rc"
+
 daemon_bench 2>&1 | tee "$LOGS/daemon-bench.log"
 daemon_bench_rc=${PIPESTATUS[0]}
 echo "daemon bench exit code: $daemon_bench_rc"
