@@ -73,7 +73,8 @@ daemon_bench() {
   for round in $(seq "${PTXD_BENCH_ROUNDS:-3}"); do
     for spin in 0 ${PTXD_BENCH_SPINS:-200us}; do
       rm -f "$sock"
-      ./ptxd serve --socket "$sock" --executor-spin "$spin" >"$LOGS/bench-daemon-$spin-$round.log" 2>&1 &
+      echo "== daemon: executor spin $spin, round $round" >>"$LOGS/bench-daemons.log"
+      ./ptxd serve --socket "$sock" --executor-spin "$spin" >>"$LOGS/bench-daemons.log" 2>&1 &
       pid=$!
       for _ in $(seq 300); do
         ./ptxd health --socket "$sock" >/dev/null 2>&1 && break
