@@ -312,7 +312,7 @@ pub struct ServeConfig {
     /// request before it sleeps (0: it sleeps at once). A session launching
     /// back to back then finds the executor awake: a unary launch does not
     /// pay for waking it (on an H200 the daemon's share of a unary launch
-    /// went from 31 to 21 µs at the median). The executor spins at most this
+    /// went from 31 to 23 µs at the median). The executor spins at most this
     /// long after each request, yielding its core every microsecond or so,
     /// so an idle daemon costs nothing (BENCHMARKS.md).
     #[arg(long, env = "PTXD_EXECUTOR_SPIN", default_value = "200us", value_parser = parse_duration)]
