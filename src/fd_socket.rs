@@ -8,14 +8,24 @@
 //! encoded `FdAttachReply`. The peer's uid comes from the kernel
 //! (`SO_PEERCRED`), never from the packet.
 //!
+//! The same socket carries unary launches without HTTP/2: an `FdAttach`
+//! with `launch` set and no descriptor is run as the `Launch` RPC would run
+//! it (`PtxdService::fd_socket_launch`: the same front call, metrics and
+//! refusal accounting), with the socket's peer as the caller.
+//!
 //! Invariants:
 //! - A descriptor is owned from the moment it is received: one that does
 //!   not complete a registration is closed before the reply is sent.
-//! - A packet that is truncated, undecodable or does not carry exactly one
-//!   descriptor is refused (INVALID_ARGUMENT) and ends the connection.
+//! - A packet that is truncated or undecodable, a token without exactly one
+//!   descriptor, a launch with any, or a packet with both or neither is
+//!   refused (INVALID_ARGUMENT) and ends the connection.
+//! - On drain (`stop`), connections waiting for a packet are closed, and
+//!   a packet already read is answered first: the drain waits for it.
 //! - At most [`MAX_CONNECTIONS`] connections are served at once, and at
-//!   most [`MAX_CONNECTIONS_PER_UID`] of one uid (others are closed on
-//!   accept); each is closed after [`IDLE_TIMEOUT`] without a packet, and a
+//!   most [`MAX_CONNECTIONS_PER_UID`] of one uid; others get one refusal
+//!   (LIMIT_EXCEEDED) before anything they sent is read, and are closed, so
+//!   a client knows its packet was not run. Each is closed after
+//!   [`IDLE_TIMEOUT`] without a packet, and a
 //!   connection handles one packet at a time, so a local user cannot make
 //!   the daemon hold more than one unregistered descriptor per connection.
 
@@ -38,7 +48,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Semaphore;
 
 use crate::error::Error;
-use crate::front::{Attached, Front};
+use crate::front::Attached;
+use crate::service::PtxdService;
+use crate::sessions::{Caller, Peer};
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -77,7 +89,7 @@ pub fn bind_fd_socket(path: &Path, mode: u32) -> std::io::Result<OwnedFd> {
 }
 
 /// Serves the fd socket until `stop` resolves.
-pub async fn serve(listener: OwnedFd, front: Arc<Front>, stop: impl Future<Output = ()>) {
+pub async fn serve(listener: OwnedFd, service: PtxdService, stop: impl Future<Output = ()>) {
     // SAFETY: the AsyncFd owns the listening socket, which stays open and
     // the same socket until it drops.
     let listener = match unsafe { AsyncFd::register(listener) } {
@@ -89,10 +101,14 @@ pub async fn serve(listener: OwnedFd, front: Arc<Front>, stop: impl Future<Outpu
     };
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let per_uid: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
+    let mut connections = tokio::task::JoinSet::new();
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
-            () = &mut stop => return,
+            () = &mut stop => break,
+            // Reaps the connections that ended, so the set stays small.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = accept(&listener) => accepted,
         };
         let connection = match accepted {
@@ -104,8 +120,12 @@ pub async fn serve(listener: OwnedFd, front: Arc<Front>, stop: impl Future<Outpu
                 continue;
             }
         };
-        let uid = match getsockopt(&connection, sockopt::PeerCredentials) {
-            Ok(credentials) => credentials.uid(),
+        let peer = match getsockopt(&connection, sockopt::PeerCredentials) {
+            Ok(credentials) => Peer {
+                uid: credentials.uid(),
+                gid: credentials.gid(),
+                pid: Some(credentials.pid()),
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "fd socket peer without credentials");
                 continue;
@@ -116,22 +136,34 @@ pub async fn serve(listener: OwnedFd, front: Arc<Front>, stop: impl Future<Outpu
                 max = MAX_CONNECTIONS,
                 "fd socket connection refused: too many open"
             );
+            turn_away(&connection, "fd_socket_connections", MAX_CONNECTIONS);
             continue;
         };
-        let Some(uid_slot) = UidSlot::take(&per_uid, uid) else {
+        let Some(uid_slot) = UidSlot::take(&per_uid, peer.uid) else {
             tracing::warn!(
-                uid,
+                uid = peer.uid,
                 max = MAX_CONNECTIONS_PER_UID,
                 "fd socket connection refused: too many open for this uid"
             );
+            turn_away(
+                &connection,
+                "fd_socket_connections_per_uid",
+                MAX_CONNECTIONS_PER_UID,
+            );
             continue;
         };
-        let front = front.clone();
-        tokio::spawn(async move {
-            serve_connection(connection, uid, front).await;
+        let service = service.clone();
+        let stopped = stopped.clone();
+        connections.spawn(async move {
+            serve_connection(connection, peer, service, stopped).await;
             drop((permit, uid_slot));
         });
     }
+    // Draining: connections waiting for a packet close; one whose packet
+    // was read answers it first, so nothing read is dropped (the caller
+    // bounds the wait by the drain timeout).
+    let _ = stopping.send(true);
+    while connections.join_next().await.is_some() {}
 }
 
 async fn accept(listener: &AsyncFd<OwnedFd>) -> std::io::Result<OwnedFd> {
@@ -188,33 +220,72 @@ impl Drop for UidSlot {
     }
 }
 
-/// One client connection of peer `uid`: packets in, replies out, until it
+/// Tells a connection turned away at a cap why, before closing it (best
+/// effort: a full queue drops the refusal, the close still says enough).
+fn turn_away(connection: &OwnedFd, limit: &'static str, value: usize) {
+    let refusal = refused(Error::LimitExceeded {
+        limit,
+        value: value as u64,
+    });
+    let _ = send_packet(connection.as_fd(), &refusal.encode_to_vec(), None, true);
+}
+
+/// What one packet asks for.
+enum Ask {
+    /// A descriptor for a token.
+    Attach { token: String, fd: OwnedFd },
+    /// A unary launch.
+    Launch(api::LaunchRequest),
+}
+
+/// One client connection of `peer`: packets in, replies out, until it
 /// closes, breaks the protocol or idles out.
-async fn serve_connection(connection: OwnedFd, uid: u32, front: Arc<Front>) {
+async fn serve_connection(
+    connection: OwnedFd,
+    peer: Peer,
+    service: PtxdService,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
     // SAFETY: as for the listener: owned by the AsyncFd until it drops.
     let Ok(connection) = (unsafe { AsyncFd::register(connection) }) else {
         return;
     };
     loop {
-        let packet = match tokio::time::timeout(IDLE_TIMEOUT, receive(&connection)).await {
+        let received = tokio::select! {
+            biased;
+            _ = stopped.wait_for(|stopped| *stopped) => return,
+            received = tokio::time::timeout(IDLE_TIMEOUT, receive(&connection)) => received,
+        };
+        let packet = match received {
             Ok(Ok(Some(packet))) => packet,
             Ok(Ok(None) | Err(_)) | Err(_) => return,
         };
         let (reply, keep_going) = match parse(packet) {
-            Ok((token, fd)) => {
-                let front = front.clone();
+            Ok(Ask::Attach { token, fd }) => {
+                let front = service.front().clone();
                 // Spawned, so that a client that hangs up mid-open cannot
                 // cancel the open half-way (the open commits or undoes).
-                let result = tokio::spawn(async move { front.attach_fd(&token, fd, uid).await })
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(Error::Internal {
-                            message: format!("the fd registration task failed: {e}"),
-                        })
-                    });
-                (reply_for(result), true)
+                let result =
+                    tokio::spawn(async move { front.attach_fd(&token, fd, peer.uid).await })
+                        .await
+                        .unwrap_or_else(|e| {
+                            Err(Error::Internal {
+                                message: format!("the fd registration task failed: {e}"),
+                            })
+                        });
+                (attached(result), true)
             }
-            Err(refusal) => (reply_for(Err(refusal)), false),
+            Ok(Ask::Launch(request)) => {
+                let result = service.fd_socket_launch(Caller::Local(peer), request).await;
+                let reply = match result {
+                    Ok(response) => api::FdAttachReply {
+                        result: Some(api::fd_attach_reply::Result::Launched(response)),
+                    },
+                    Err(error) => refused(error),
+                };
+                (reply, true)
+            }
+            Err(refusal) => (refused(refusal), false),
         };
         if send(&connection, &reply.encode_to_vec()).await.is_err() || !keep_going {
             return;
@@ -222,9 +293,9 @@ async fn serve_connection(connection: OwnedFd, uid: u32, front: Arc<Front>) {
     }
 }
 
-/// The token and the one descriptor of a packet, or why it is refused
-/// (every descriptor it carried is closed when the packet drops).
-fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<(String, OwnedFd), Error> {
+/// What a packet asks for, or why it is refused (every descriptor it
+/// carried is closed when the packet drops).
+fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<Ask, Error> {
     let invalid = |message: &str| Error::InvalidArgument {
         field: "packet",
         message: message.to_owned(),
@@ -235,17 +306,35 @@ fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<(String, OwnedFd), E
     let attach = api::FdAttach::decode(packet.bytes.as_slice())
         .map_err(|e| invalid(&format!("not an FdAttach: {e}")))?;
     let mut fds = packet.fds;
-    if fds.len() != 1 {
-        return Err(invalid(&format!(
-            "a packet carries exactly one descriptor, not {}",
-            fds.len()
-        )));
+    match (attach.token.is_empty(), attach.launch) {
+        (true, Some(launch)) => {
+            if !fds.is_empty() {
+                return Err(invalid(&format!(
+                    "a launch carries no descriptor, not {}",
+                    fds.len()
+                )));
+            }
+            Ok(Ask::Launch(launch))
+        }
+        (false, None) => {
+            if fds.len() != 1 {
+                return Err(invalid(&format!(
+                    "a token's packet carries exactly one descriptor, not {}",
+                    fds.len()
+                )));
+            }
+            let fd = fds.pop().ok_or_else(|| invalid("no descriptor"))?;
+            Ok(Ask::Attach {
+                token: attach.token,
+                fd,
+            })
+        }
+        (false, Some(_)) => Err(invalid("a packet holds a token or a launch, not both")),
+        (true, None) => Err(invalid("a packet holds a token or a launch")),
     }
-    let fd = fds.pop().ok_or_else(|| invalid("no descriptor"))?;
-    Ok((attach.token, fd))
 }
 
-fn reply_for(result: Result<Attached, Error>) -> api::FdAttachReply {
+fn attached(result: Result<Attached, Error>) -> api::FdAttachReply {
     let result = match result {
         Ok(Attached::Buffer(buffer)) => {
             api::fd_attach_reply::Result::Registered(crate::service::registered_buffer(buffer))
@@ -253,18 +342,24 @@ fn reply_for(result: Result<Attached, Error>) -> api::FdAttachReply {
         Ok(Attached::Ring(ring)) => {
             api::fd_attach_reply::Result::Ring(crate::service::opened_ring(ring))
         }
-        Err(error) => {
-            let refusal = error.to_launch_error();
-            api::fd_attach_reply::Result::Refused(api::FdRefusal {
-                code: refusal.code,
-                message: refusal.message,
-                reason: refusal.reason,
-                metadata: refusal.metadata,
-            })
-        }
+        Err(error) => return refused(error),
     };
     api::FdAttachReply {
         result: Some(result),
+    }
+}
+
+/// The refusal packet for `error`: the code, reason and metadata a gRPC
+/// status would carry.
+fn refused(error: Error) -> api::FdAttachReply {
+    let refusal = error.to_launch_error();
+    api::FdAttachReply {
+        result: Some(api::fd_attach_reply::Result::Refused(api::FdRefusal {
+            code: refusal.code,
+            message: refusal.message,
+            reason: refusal.reason,
+            metadata: refusal.metadata,
+        })),
     }
 }
 

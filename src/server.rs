@@ -282,7 +282,7 @@ pub async fn serve(
         }
     });
 
-    let router = router(&front, observer, &config, health_service)?;
+    let router = router(&front, observer.clone(), &config, health_service)?;
     // An activated socket belongs to systemd: ptxd neither binds nor
     // removes it.
     let owns_socket = activated.is_none();
@@ -315,12 +315,18 @@ pub async fn serve(
             error,
         })?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(crate::fd_socket::serve(
-        fd_listener,
-        front.clone(),
-        wait_for_stop(stop_rx.clone()),
-    ));
     let mut servers = tokio::task::JoinSet::new();
+    // Among the servers the drain waits for: on stop the fd socket takes no
+    // more packets and ends once the exchanges it read are answered.
+    let fd_socket = crate::fd_socket::serve(
+        fd_listener,
+        PtxdService::new(front.clone(), observer),
+        wait_for_stop(stop_rx.clone()),
+    );
+    servers.spawn(async move {
+        fd_socket.await;
+        Ok(())
+    });
     if let (Some(listener), Some(metrics)) = (metrics_listener, metrics) {
         tracing::info!(addr = ?listener.local_addr().ok(), "serving metrics");
         let stop = wait_for_stop(stop_rx.clone());

@@ -393,6 +393,36 @@ impl PtxdService {
         Box::pin(responses)
     }
 
+    /// A unary launch that came over the fd socket instead of HTTP/2: the
+    /// same front call and launch metrics as `Launch`. No tower layer sees
+    /// its answer, so a refusal is logged and counted here, once.
+    pub(crate) async fn fd_socket_launch(
+        &self,
+        peer: Caller,
+        request: api::LaunchRequest,
+    ) -> Result<api::LaunchResponse, Error> {
+        let tag = request.tag;
+        let request = launch_request(request);
+        let started = Instant::now();
+        let result = self.front.launch(&request, peer).await;
+        self.observe_launch(&request, &result, started);
+        result.map(|took| launch_response(tag, took)).inspect_err(|error| {
+            let refusal = error.refusal();
+            let reason = refusal.reason.wire_name();
+            self.observer.refusal(reason);
+            if refusal.reason == api::Reason::Internal {
+                tracing::error!(rpc = "Launch", transport = "fd socket", peer = ?peer, reason, message = %refusal.message, "internal error");
+            } else {
+                tracing::info!(rpc = "Launch", transport = "fd socket", peer = ?peer, reason, message = %refusal.message, "refused");
+            }
+        })
+    }
+
+    /// The front, for the fd socket's attachments.
+    pub(crate) fn front(&self) -> &Arc<Front> {
+        &self.front
+    }
+
     /// A `LaunchStream` answer that refuses one request.
     fn stream_refusal(&self, tag: u64, error: Error) -> api::LaunchResponse {
         let refusal = error.refusal();

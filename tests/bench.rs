@@ -8,10 +8,12 @@ mod common;
 use common::Daemon;
 
 /// Every figure `ptxd bench` measures today.
-const FIGURES: [&str; 9] = [
+const FIGURES: [&str; 11] = [
     "unary_p50_us",
     "unary_p99_us",
     "unary_daemon_p50_us",
+    "unary_http2_p50_us",
+    "unary_http2_p99_us",
     "stream_per_launch_us",
     "load_hit_p50_us",
     "load_hit_16k_p50_us",

@@ -408,6 +408,7 @@ async fn a_descriptor_from_another_uid_is_refused_and_burns_the_token() {
     // back through a pipe. Everything it needs is built before the fork.
     let packet = prost::Message::encode_to_vec(&pb::FdAttach {
         token: stolen.clone(),
+        launch: None,
     });
     let (read_end, write_end) = nix::unistd::pipe().unwrap();
     // SAFETY: the child makes only system calls (and allocations, which
@@ -547,12 +548,26 @@ async fn memfd_buffers_survive_an_executor_restart() {
 
 /// Sends a packet without a descriptor on `socket`: a live connection
 /// answers INVALID_ARGUMENT; a refused one is already closed.
+/// Whether the daemon serves `socket`: a probe (no descriptor) is read and
+/// refused INVALID_ARGUMENT, where a connection turned away at the caps
+/// gets LIMIT_EXCEEDED (or a reset, its probe unread).
 fn answers(socket: &std::os::fd::OwnedFd) -> bool {
     use ptxd_client::fd_passing::{recv_packet, send_packet};
     if send_packet(socket.as_fd(), b"probe", None, false).is_err() {
         return false;
     }
-    matches!(recv_packet(socket.as_fd(), false), Ok(Some(_)))
+    match recv_packet(socket.as_fd(), false) {
+        Ok(Some(reply)) => packet_refusal(&reply.bytes) == "INVALID_ARGUMENT",
+        _ => false,
+    }
+}
+
+fn packet_refusal(bytes: &[u8]) -> String {
+    let reply = <pb::FdAttachReply as prost::Message>::decode(bytes).unwrap();
+    match reply.result {
+        Some(pb::fd_attach_reply::Result::Refused(refused)) => refused.reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 #[test]
@@ -565,7 +580,8 @@ fn one_uid_holds_a_bounded_number_of_fd_socket_connections() {
     let held: Vec<_> = (0..max)
         .map(|_| connect_seqpacket(&path, false).unwrap())
         .collect();
-    // One more from the same uid is closed as soon as it is accepted.
+    // One more from the same uid is told why and closed as soon as it is
+    // accepted.
     let refused = connect_seqpacket(&path, false).unwrap();
     let timeout = nix::sys::time::TimeVal::new(5, 0);
     nix::sys::socket::setsockopt(
@@ -575,6 +591,8 @@ fn one_uid_holds_a_bounded_number_of_fd_socket_connections() {
     )
     .unwrap();
     let started = Instant::now();
+    let told = recv_packet(refused.as_fd(), false).unwrap().unwrap();
+    assert_eq!(packet_refusal(&told.bytes), "LIMIT_EXCEEDED");
     assert!(
         recv_packet(refused.as_fd(), false).unwrap().is_none(),
         "the connection over the limit was not closed"

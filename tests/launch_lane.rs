@@ -1,6 +1,8 @@
 //! The SDK's launch lane (unary launches on a second connection, Unix
 //! sockets only) against the real daemon: launches go through it, and when
-//! the daemon turns its connection away they fall back to the channel.
+//! the daemon turns its connection away they fall back to the channel. The
+//! clients here launch on HTTP/2 only (`without_fd_lane`): tests/fd_lane.rs
+//! has the fd socket's path, which the SDK tries first.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -54,7 +56,10 @@ fn sockets(pid: i32) -> usize {
 #[tokio::test]
 async fn unary_launches_take_one_connection_of_their_own() {
     let daemon = Daemon::start(&[]);
-    let client = Client::connect(&daemon.target()).await.unwrap();
+    let client = Client::connect(&daemon.target())
+        .await
+        .unwrap()
+        .without_fd_lane();
     let session = client.open_session("lane").await.unwrap();
     let before = sockets(daemon.pid());
     add(&session, 1000).await;
@@ -84,6 +89,7 @@ async fn launches_fall_back_to_the_channel_when_the_lane_is_turned_away() {
     let mut client = None;
     for _ in 0..100 {
         if let Ok(connected) = Client::connect(&daemon.target()).await {
+            let connected = connected.without_fd_lane();
             if connected.info().await.is_ok() {
                 client = Some(connected);
                 break;

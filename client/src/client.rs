@@ -4,8 +4,9 @@
 //! A `Client` is one HTTP/2 connection (tonic `Channel`); clones share it.
 //! Over a Unix socket the connector dials the path again whenever the channel
 //! reconnects, so a restarted daemon at the same path is picked up; there,
-//! unary launches take a second connection of their own, opened at the
-//! first launch (see `lane`).
+//! unary launches go as packets on the fd socket (see `fd_lane`), else on a
+//! second HTTP/2 connection of their own, opened at the first launch (see
+//! `lane`).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use ptxd_proto::v1::ptxd_client::PtxdClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::Error;
+use crate::fd_lane::FdLane;
 use crate::lane::Lane;
 use crate::session::{Session, SessionOptions};
 use crate::socket_dir::{check_socket_dir, socket_dir, SocketDirError};
@@ -118,6 +120,8 @@ pub struct Client {
     fd_socket: Option<PathBuf>,
     /// Unary launches' own connection (Unix sockets only).
     lane: Option<Arc<Lane>>,
+    /// Unary launches as packets on the fd socket (Unix sockets only).
+    fd_lane: Option<Arc<FdLane>>,
 }
 
 impl Client {
@@ -146,6 +150,7 @@ impl Client {
         let path = path.into();
         let fd_socket = crate::fd_passing::fd_socket_path(&path);
         let lane = Arc::new(Lane::new(path.clone()));
+        let fd_lane = Arc::new(FdLane::new(fd_socket.clone()));
         // The authority is a placeholder: it must be a plain host name, since
         // tonic's HTTP/2 layer rejects a socket path there.
         let channel = Endpoint::from_static("http://localhost")
@@ -159,6 +164,7 @@ impl Client {
             .await?;
         let mut client = Client {
             lane: Some(lane),
+            fd_lane: Some(fd_lane),
             ..Self::from_channel(channel)
         };
         client.fd_socket = Some(fd_socket);
@@ -179,6 +185,18 @@ impl Client {
             channel,
             fd_socket: None,
             lane: None,
+            fd_lane: None,
+        }
+    }
+
+    /// The same client, with its sessions' unary launches on HTTP/2 only
+    /// (the h2 lane, else the channel), never as packets on the fd socket:
+    /// for comparing the two paths (`ptxd bench`), or a daemon whose fd
+    /// socket cannot be reached.
+    pub fn without_fd_lane(self) -> Self {
+        Client {
+            fd_lane: None,
+            ..self
         }
     }
 
@@ -210,6 +228,7 @@ impl Client {
     pub async fn open_session_with(&self, options: SessionOptions) -> Result<Session, Error> {
         let mut session = Session::open(self.raw(), self.lane.clone(), options).await?;
         session.fd_socket = self.fd_socket.clone();
+        session.fd_lane = self.fd_lane.clone();
         Ok(session)
     }
 

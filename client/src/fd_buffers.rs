@@ -20,7 +20,7 @@ use ptxd_proto::v1 as pb;
 use tokio::io::unix::AsyncFd;
 
 use crate::error::{from_launch_error, Error};
-use crate::fd_passing::{connect_seqpacket, recv_packet, send_packet, MAX_PACKET};
+use crate::fd_passing::{connect_seqpacket, recv_async, send_async, Packet, MAX_PACKET};
 use crate::session::Session;
 use crate::shm::HostMemfd;
 use crate::types::Buffer;
@@ -160,35 +160,22 @@ async fn exchange(
         .map_err(|e| Error::Protocol(format!("fd socket: {e}")))?;
     let packet = pb::FdAttach {
         token: token.to_owned(),
+        launch: None,
     }
     .encode_to_vec();
-    loop {
-        let mut ready = socket
-            .writable()
-            .await
-            .map_err(|e| Error::Protocol(format!("fd socket: {e}")))?;
-        match send_packet(socket.get_ref().as_fd(), &packet, Some(fd), true) {
-            Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
-            Err(e) => return Err(io("send", e)),
-            Ok(()) => break,
-        }
-    }
-    let reply = loop {
-        let mut ready = socket
-            .readable()
-            .await
-            .map_err(|e| Error::Protocol(format!("fd socket: {e}")))?;
-        match recv_packet(socket.get_ref().as_fd(), true) {
-            Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
-            Err(e) => return Err(io("receive", e)),
-            Ok(None) => {
-                return Err(Error::Protocol(
-                    "the daemon closed the fd socket without a reply".into(),
-                ))
-            }
-            Ok(Some(packet)) => break packet,
-        }
-    };
+    send_async(&socket, &packet, Some(fd))
+        .await
+        .map_err(|e| io("send", e))?;
+    let reply = recv_async(&socket)
+        .await
+        .map_err(|e| io("receive", e))?
+        .ok_or_else(|| Error::Protocol("the daemon closed the fd socket without a reply".into()))?;
+    decode_reply(reply)
+}
+
+/// An fd socket reply's result; a refusal becomes the error the same
+/// refusal over gRPC would have been.
+pub(crate) fn decode_reply(reply: Packet) -> Result<pb::fd_attach_reply::Result, Error> {
     if reply.truncated || reply.bytes.len() > MAX_PACKET {
         return Err(Error::Protocol("an oversized fd socket reply".into()));
     }

@@ -128,6 +128,44 @@ pub fn connect_seqpacket(path: &Path, nonblocking: bool) -> nix::Result<OwnedFd>
     Ok(fd)
 }
 
+/// Sends one packet on a non-blocking socket the reactor watches, waiting
+/// while the peer's queue is full.
+pub(crate) async fn send_async(
+    socket: &tokio::io::unix::AsyncFd<OwnedFd>,
+    bytes: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> nix::Result<()> {
+    use std::os::fd::AsFd;
+    loop {
+        let mut ready = socket.writable().await.map_err(io_errno)?;
+        match send_packet(socket.get_ref().as_fd(), bytes, fd, true) {
+            Err(Errno::EAGAIN) => ready.clear_ready(),
+            Err(Errno::EINTR) => {}
+            other => return other,
+        }
+    }
+}
+
+/// Receives one packet on a non-blocking socket the reactor watches;
+/// `None` when the peer closed.
+pub(crate) async fn recv_async(
+    socket: &tokio::io::unix::AsyncFd<OwnedFd>,
+) -> nix::Result<Option<Packet>> {
+    use std::os::fd::AsFd;
+    loop {
+        let mut ready = socket.readable().await.map_err(io_errno)?;
+        match recv_packet(socket.get_ref().as_fd(), true) {
+            Err(Errno::EAGAIN) => ready.clear_ready(),
+            Err(Errno::EINTR) => {}
+            other => return other,
+        }
+    }
+}
+
+fn io_errno(error: std::io::Error) -> Errno {
+    error.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -34,6 +34,7 @@
 mod client;
 mod error;
 mod fd_buffers;
+mod fd_lane;
 mod lane;
 mod launch_ring;
 mod session;

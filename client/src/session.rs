@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use crate::error::{from_launch_error, Error, Refusal};
+use crate::fd_lane::FdLane;
 use crate::lane::{Lane, LaneError};
 use crate::launch_ring::{ReleaseOnEnd, RingRegistry, RingShared};
 use crate::shm::HostShm;
@@ -99,6 +100,9 @@ pub struct Session {
     _lease: AbortOnDrop<()>,
     /// The daemon's fd socket, for buffers passed by descriptor.
     pub(crate) fd_socket: Option<std::path::PathBuf>,
+    /// Where unary launches go first, as fd socket packets (Unix sockets
+    /// only; set by the client).
+    pub(crate) fd_lane: Option<Arc<FdLane>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -191,6 +195,7 @@ impl Session {
             rings,
             _lease: AbortOnDrop(task),
             fd_socket: None,
+            fd_lane: None,
         })
     }
 
@@ -585,9 +590,15 @@ impl Session {
     async fn launch_once(&self, kernel: String, launch: &Launch) -> Result<Launched, Error> {
         let mut grpc = self.grpc()?;
         let request = launch.to_proto(&self.id, kernel, 0);
-        let lane = match &self.lane {
-            Some(lane) => lane.launch(&request).await,
+        // The fd socket first, then the h2 lane, then the channel; each is
+        // tried only when the one before cannot have sent the launch.
+        let lane = match &self.fd_lane {
+            Some(fd_lane) => fd_lane.launch(&request).await,
             None => Err(LaneError::NotSent),
+        };
+        let lane = match (lane, &self.lane) {
+            (Err(LaneError::NotSent), Some(lane)) => lane.launch(&request).await,
+            (lane, _) => lane,
         };
         let response = match lane {
             Ok(response) => response,

@@ -291,7 +291,10 @@ impl Launch {
         self
     }
 
-    pub(crate) fn to_proto(&self, session: &str, kernel: String, tag: u64) -> pb::LaunchRequest {
+    /// The wire request of this launch in `session` of the kernel with
+    /// handle `kernel`, tagged `tag` (what the SDK sends; for a caller that
+    /// speaks to the daemon itself, e.g. over the fd socket or `raw()`).
+    pub fn to_proto(&self, session: &str, kernel: String, tag: u64) -> pb::LaunchRequest {
         pb::LaunchRequest {
             session: session.to_owned(),
             kernel,

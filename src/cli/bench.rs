@@ -233,6 +233,28 @@ impl Operands {
     }
 }
 
+/// `iterations` async launches after a warm-up: each round trip, and the
+/// daemon's own time for it.
+async fn unary_launches(
+    session: &Session,
+    kernel: &Kernel,
+    launch: &Launch,
+    iterations: usize,
+) -> Result<(Samples, Samples), CliError> {
+    for _ in 0..(iterations / 10).max(10) {
+        session.launch(kernel, launch).await?;
+    }
+    let mut round_trips = Samples(Vec::with_capacity(iterations));
+    let mut inside = Samples(Vec::with_capacity(iterations));
+    for _ in 0..iterations {
+        let started = Instant::now();
+        let launched = session.launch(kernel, launch).await?;
+        round_trips.0.push(started.elapsed());
+        inside.0.push(Duration::from_micros(launched.micros));
+    }
+    Ok((round_trips, inside))
+}
+
 /// Runs the bench and prints its report.
 pub(super) async fn bench(client: &Client, args: BenchArgs) -> Result<(), CliError> {
     let report = measure(client, &args).await?;
@@ -276,19 +298,31 @@ async fn measure(client: &Client, args: &BenchArgs) -> Result<Report, CliError> 
         figures: Vec::new(),
     };
 
-    // Unary Launch, async: the round trip as a client sees it.
-    for _ in 0..(iterations / 10).max(10) {
-        session.launch(&kernel, &launch).await?;
-    }
-    let mut unary = Samples(Vec::with_capacity(iterations));
-    let mut inside = Samples(Vec::with_capacity(iterations));
-    for _ in 0..iterations {
-        let started = Instant::now();
-        let launched = session.launch(&kernel, &launch).await?;
-        unary.0.push(started.elapsed());
-        inside.0.push(Duration::from_micros(launched.micros));
-    }
+    // Unary Launch, async: the round trip as a client sees it, on the SDK's
+    // own choice of path (on a Unix socket a packet on the fd socket), then
+    // on HTTP/2 alone (a second session of a client without the fd lane).
+    let (mut unary, mut inside) = unary_launches(&session, &kernel, &launch, iterations).await?;
     check_sums(&session, &kernel, &launch, &operands, n).await?;
+    let http2 = client.clone().without_fd_lane();
+    let http2_session = http2.open_session("ptxd bench (HTTP/2)").await?;
+    let http2_kernel = http2_session
+        .load_ptx(
+            device_of(&args.device)?,
+            ADD_PTX,
+            ADD_SYMBOL,
+            LoadOptions::default(),
+        )
+        .await?;
+    let http2_buffers = operands.register(&http2_session, &device_uuid).await?;
+    let http2_launch = Launch::new(
+        [http2_buffers[0].operand(), http2_buffers[1].operand()],
+        http2_buffers[2].operand(),
+        args.n,
+    )
+    .sync(false);
+    let (mut unary_http2, _) =
+        unary_launches(&http2_session, &http2_kernel, &http2_launch, iterations).await?;
+    http2_session.close().await?;
     report.add(
         "unary_p50_us",
         "unary Launch round trip, async, p50",
@@ -303,6 +337,16 @@ async fn measure(client: &Client, args: &BenchArgs) -> Result<Report, CliError> 
         "unary_daemon_p50_us",
         "  of which the daemon's launch (checks + executor), p50",
         inside.quantile_us(0.5),
+    );
+    report.add(
+        "unary_http2_p50_us",
+        "unary Launch round trip over HTTP/2 only, async, p50",
+        unary_http2.quantile_us(0.5),
+    );
+    report.add(
+        "unary_http2_p99_us",
+        "unary Launch round trip over HTTP/2 only, async, p99",
+        unary_http2.quantile_us(0.99),
     );
 
     let streamed = iterations * STREAM_MULTIPLIER;

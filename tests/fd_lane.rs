@@ -1,0 +1,327 @@
+//! Unary launches as packets on the fd socket (the SDK's first choice on a
+//! Unix socket) against the real daemon on the host backend: results,
+//! refusals identical to gRPC's, malformed packets, and the fall-back to
+//! HTTP/2 when the daemon turns a connection away at its caps.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use common::{corpus, random_f32, Daemon};
+use ptxd_client::fd_passing::{connect_seqpacket, fd_socket_path, recv_packet, send_packet};
+use ptxd_client::{Client, Error, HostShm, Kernel, Launch, LoadOptions, Operand, Session};
+use ptxd_proto::v1 as pb;
+
+/// Connected `SOCK_SEQPACKET` sockets the daemon accepted on `path` (from
+/// /proc/net/unix: an accepted socket carries its listener's name).
+fn accepted_on(path: &Path) -> usize {
+    let path = path.to_string_lossy();
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // Num RefCount Protocol Flags Type St Inode Path
+            fields.len() == 8 && fields[4] == "0005" && fields[5] == "03" && fields[7] == path
+        })
+        .count()
+}
+
+struct Add {
+    kernel: Kernel,
+    inputs: Vec<Operand>,
+    output: Operand,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    out: HostShm,
+}
+
+/// The add kernel over `n` fresh random elements, the output poisoned.
+async fn add(session: &Session, n: usize) -> Add {
+    let kernel = session
+        .load_ptx(
+            0,
+            corpus("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let bytes = n as u64 * 4;
+    let (a, b) = (random_f32(n), random_f32(n));
+    let mut shm_a = HostShm::create(bytes).unwrap();
+    let mut shm_b = HostShm::create(bytes).unwrap();
+    let mut out = HostShm::create(bytes).unwrap();
+    shm_a.write_f32(0, &a).unwrap();
+    shm_b.write_f32(0, &b).unwrap();
+    out.write_f32(0, &vec![f32::NAN; n]).unwrap();
+    let mut inputs = Vec::new();
+    for shm in [&shm_a, &shm_b] {
+        inputs.push(session.register_shm(shm, None).await.unwrap().operand());
+    }
+    let output = session.register_shm(&out, None).await.unwrap().operand();
+    // The registrations map the objects; the names can go.
+    drop((shm_a, shm_b));
+    Add {
+        kernel,
+        inputs,
+        output,
+        a,
+        b,
+        out,
+    }
+}
+
+impl Add {
+    fn launch(&self, n: u64) -> Launch {
+        Launch::new(self.inputs.clone(), self.output.clone(), n)
+    }
+
+    fn check(&self) {
+        let got = self.out.read_f32(0, self.a.len()).unwrap();
+        for (i, got) in got.iter().enumerate() {
+            assert_eq!(
+                got.to_bits(),
+                (self.a[i] + self.b[i]).to_bits(),
+                "element {i}"
+            );
+        }
+    }
+}
+
+/// The refusals the daemon logged as made on the fd socket.
+const FD_REFUSAL: &str = "transport=\"fd socket\"";
+
+/// A daemon that logs refusals (info).
+fn daemon() -> Daemon {
+    Daemon::start_with(&[], |command| {
+        command.env("RUST_LOG", "info");
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sdk_launches_go_as_fd_socket_packets_and_match_the_reference() {
+    let daemon = daemon();
+    let fd_path = fd_socket_path(&daemon.socket);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("fd lane").await.unwrap();
+    let n = 4099;
+    let job = add(&session, n).await;
+    assert_eq!(accepted_on(&fd_path), 0);
+    for sync in [false, true, true] {
+        session
+            .launch(&job.kernel, &job.launch(n as u64).sync(sync))
+            .await
+            .unwrap();
+    }
+    job.check();
+    // One connection carried them all, and it stays for the next launch.
+    assert_eq!(accepted_on(&fd_path), 1);
+    let other = client.open_session("fd lane 2").await.unwrap();
+    let job = add(&other, 77).await;
+    other
+        .launch(&job.kernel, &job.launch(77).sync(true))
+        .await
+        .unwrap();
+    job.check();
+    assert_eq!(accepted_on(&fd_path), 1);
+    // Nothing about them was logged as a refusal.
+    assert!(!daemon.stderr().contains(FD_REFUSAL), "{}", daemon.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_over_the_fd_socket_are_the_ones_grpc_gives() {
+    let daemon = daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("fd refusals").await.unwrap();
+    let http2 = Client::connect(&daemon.target())
+        .await
+        .unwrap()
+        .without_fd_lane();
+    let n = 1000;
+    let job = add(&session, n).await;
+    // Too many elements for the buffers, then a handle of no kernel.
+    let too_big = job.launch(n as u64 + 1);
+    let over_fd = session.launch(&job.kernel, &too_big).await.unwrap_err();
+    // The same session's launch over HTTP/2 (the handle is the session's):
+    // a client without the fd lane, on the session's own id, through the
+    // generated client.
+    let request = too_big.to_proto(session.id(), job.kernel.handle().to_owned(), 0);
+    let over_grpc: Error = http2.raw().launch(request).await.unwrap_err().into();
+    let (fd_refusal, grpc_refusal) = (over_fd.refusal().unwrap(), over_grpc.refusal().unwrap());
+    assert_eq!(fd_refusal.wire_name(), "BUFFER_TOO_SMALL");
+    assert_eq!(fd_refusal.wire_name(), grpc_refusal.wire_name());
+    assert_eq!(fd_refusal.code(), grpc_refusal.code());
+    assert_eq!(fd_refusal.metadata(), grpc_refusal.metadata());
+    assert_eq!(fd_refusal.message(), grpc_refusal.message());
+    assert_eq!(
+        fd_refusal.metadata()["needed_bytes"],
+        (4 * (n + 1)).to_string()
+    );
+    // Refused over the fd socket, logged as such, once.
+    common::wait_until(
+        "the refusal's log line",
+        std::time::Duration::from_secs(5),
+        || daemon.stderr().contains(FD_REFUSAL),
+    );
+    let stderr = daemon.stderr();
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(FD_REFUSAL)).collect();
+    assert!(lines[0].contains("BUFFER_TOO_SMALL"), "{stderr}");
+    assert_eq!(lines.len(), 1, "{stderr}");
+    // Nothing ran: the output is still poisoned.
+    assert!(job.out.read_f32(0, n).unwrap().iter().all(|v| v.is_nan()));
+    // And the connection goes on: the right launch runs on it.
+    session
+        .launch(&job.kernel, &job.launch(n as u64).sync(true))
+        .await
+        .unwrap();
+    job.check();
+}
+
+/// Sends `packet` (with `fd`) on a fresh connection and returns the reply
+/// and whether the daemon then closed the connection.
+fn exchange(path: &Path, packet: &[u8], fd: Option<&OwnedFd>) -> (pb::FdAttachReply, bool) {
+    let socket = connect_seqpacket(path, false).unwrap();
+    send_packet(socket.as_fd(), packet, fd.map(|f| f.as_fd()), false).unwrap();
+    let reply = recv_packet(socket.as_fd(), false).unwrap().unwrap();
+    let reply = <pb::FdAttachReply as prost::Message>::decode(reply.bytes.as_slice()).unwrap();
+    let closed = recv_packet(socket.as_fd(), false).unwrap().is_none();
+    (reply, closed)
+}
+
+fn refusal(reply: &pb::FdAttachReply) -> (&str, &str) {
+    match &reply.result {
+        Some(pb::fd_attach_reply::Result::Refused(refused)) => {
+            (refused.reason.as_str(), refused.message.as_str())
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_launch_packet_with_a_descriptor_or_a_token_is_refused_and_runs_nothing() {
+    let daemon = Daemon::start(&[]);
+    let path = fd_socket_path(&daemon.socket);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("fd packets").await.unwrap();
+    let n = 256;
+    let job = add(&session, n).await;
+    let request =
+        job.launch(n as u64)
+            .sync(true)
+            .to_proto(session.id(), job.kernel.handle().to_owned(), 7);
+    let packet = |token: &str, launch: Option<pb::LaunchRequest>| {
+        prost::Message::encode_to_vec(&pb::FdAttach {
+            token: token.to_owned(),
+            launch,
+        })
+    };
+    let memfd = OwnedFd::from(tempfile::tempfile().unwrap());
+    for (what, bytes, fd, message) in [
+        (
+            "a launch with a descriptor",
+            packet("", Some(request.clone())),
+            Some(&memfd),
+            "carries no descriptor",
+        ),
+        (
+            "a token and a launch",
+            packet("t", Some(request.clone())),
+            None,
+            "not both",
+        ),
+        (
+            "neither, with a descriptor",
+            packet("", None),
+            Some(&memfd),
+            "a token or a launch",
+        ),
+    ] {
+        let (reply, closed) = exchange(&path, &bytes, fd);
+        let (reason, text) = refusal(&reply);
+        assert_eq!(reason, "INVALID_ARGUMENT", "{what}");
+        assert!(text.contains(message), "{what}: {text}");
+        assert!(closed, "{what}: the connection stays open");
+    }
+    // An empty FdAttach is an empty packet, which reads as a hang-up: the
+    // connection is closed without a reply.
+    let socket = connect_seqpacket(&path, false).unwrap();
+    send_packet(socket.as_fd(), &packet("", None), None, false).unwrap();
+    assert!(recv_packet(socket.as_fd(), false).unwrap().is_none());
+    assert!(job.out.read_f32(0, n).unwrap().iter().all(|v| v.is_nan()));
+    // The well-formed packet runs, with its tag.
+    let (reply, closed) = {
+        let socket = connect_seqpacket(&path, false).unwrap();
+        send_packet(socket.as_fd(), &packet("", Some(request)), None, false).unwrap();
+        let reply = recv_packet(socket.as_fd(), false).unwrap().unwrap();
+        let reply = <pb::FdAttachReply as prost::Message>::decode(reply.bytes.as_slice()).unwrap();
+        (reply, false)
+    };
+    assert!(!closed);
+    match reply.result {
+        Some(pb::fd_attach_reply::Result::Launched(launched)) => {
+            assert_eq!(launched.tag, 7);
+            assert!(launched.error.is_none());
+        }
+        other => panic!("expected a launch, got {other:?}"),
+    }
+    job.check();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_per_uid_cap_a_connection_is_told_and_launches_fall_back_to_http2() {
+    let daemon = Daemon::start(&[]);
+    let path = fd_socket_path(&daemon.socket);
+    // This uid's 8 connections, held open.
+    let held: Vec<OwnedFd> = (0..8)
+        .map(|_| connect_seqpacket(&path, false).unwrap())
+        .collect();
+    common::wait_until(
+        "8 accepted connections",
+        std::time::Duration::from_secs(5),
+        || accepted_on(&path) == 8,
+    );
+    // A ninth is told why before it is closed.
+    let ninth = connect_seqpacket(&path, false).unwrap();
+    let reply = recv_packet(ninth.as_fd(), false).unwrap().unwrap();
+    let reply = <pb::FdAttachReply as prost::Message>::decode(reply.bytes.as_slice()).unwrap();
+    let Some(pb::fd_attach_reply::Result::Refused(refused)) = reply.result else {
+        panic!("expected a refusal, got {reply:?}");
+    };
+    assert_eq!(refused.reason, "LIMIT_EXCEEDED");
+    assert_eq!(refused.metadata["limit"], "fd_socket_connections_per_uid");
+    assert_eq!(refused.metadata["value"], "8");
+    assert!(recv_packet(ninth.as_fd(), false).unwrap().is_none());
+    // The SDK's launches still run, over HTTP/2, once each.
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("fd cap").await.unwrap();
+    let n = 3000;
+    let job = add(&session, n).await;
+    for _ in 0..3 {
+        session
+            .launch(&job.kernel, &job.launch(n as u64).sync(true))
+            .await
+            .unwrap();
+    }
+    job.check();
+    assert_eq!(accepted_on(&path), 8);
+    // Once a connection is free again (after the SDK's back-off), the fd
+    // socket is used again.
+    drop(held);
+    common::wait_until(
+        "the held connections closed",
+        std::time::Duration::from_secs(5),
+        || accepted_on(&path) == 0,
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    session
+        .launch(&job.kernel, &job.launch(n as u64).sync(true))
+        .await
+        .unwrap();
+    job.check();
+    assert_eq!(accepted_on(&path), 1);
+}
