@@ -8,17 +8,18 @@
 //! encoded `FdAttachReply`. The peer's uid comes from the kernel
 //! (`SO_PEERCRED`), never from the packet.
 //!
-//! The same socket carries unary launches without HTTP/2: an `FdAttach`
-//! with `launch` set and no descriptor is run as the `Launch` RPC would run
-//! it (`PtxdService::fd_socket_launch`: the same front call, metrics and
-//! refusal accounting), with the socket's peer as the caller.
+//! The same socket carries the hot unary calls without HTTP/2: an
+//! `FdAttach` with `launch` (or `load`) set and no descriptor is run as the
+//! `Launch` (or `LoadKernel`) RPC would run it (`PtxdService::fd_socket_*`:
+//! the same front call, metrics and refusal accounting), with the socket's
+//! peer as the caller.
 //!
 //! Invariants:
 //! - A descriptor is owned from the moment it is received: one that does
 //!   not complete a registration is closed before the reply is sent.
 //! - A packet that is truncated or undecodable, a token without exactly one
-//!   descriptor, a launch with any, or a packet with both or neither is
-//!   refused (INVALID_ARGUMENT) and ends the connection.
+//!   descriptor, a call with any, or a packet with more than one or none of
+//!   them is refused (INVALID_ARGUMENT) and ends the connection.
 //! - On drain (`stop`), connections waiting for a packet are closed, and
 //!   a packet already read is answered first: the drain waits for it.
 //! - At most [`MAX_CONNECTIONS`] connections are served at once, and at
@@ -236,6 +237,8 @@ enum Ask {
     Attach { token: String, fd: OwnedFd },
     /// A unary launch.
     Launch(api::LaunchRequest),
+    /// A kernel load.
+    Load(api::LoadKernelRequest),
 }
 
 /// One client connection of `peer`: packets in, replies out, until it
@@ -277,13 +280,11 @@ async fn serve_connection(
             }
             Ok(Ask::Launch(request)) => {
                 let result = service.fd_socket_launch(Caller::Local(peer), request).await;
-                let reply = match result {
-                    Ok(response) => api::FdAttachReply {
-                        result: Some(api::fd_attach_reply::Result::Launched(response)),
-                    },
-                    Err(error) => refused(error),
-                };
-                (reply, true)
+                (answer(result, api::fd_attach_reply::Result::Launched), true)
+            }
+            Ok(Ask::Load(request)) => {
+                let result = service.fd_socket_load(Caller::Local(peer), request).await;
+                (answer(result, api::fd_attach_reply::Result::Loaded), true)
             }
             Err(refusal) => (refused(refusal), false),
         };
@@ -301,22 +302,32 @@ fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<Ask, Error> {
         message: message.to_owned(),
     };
     if packet.truncated {
-        return Err(invalid("a packet is at most 4096 bytes"));
+        return Err(invalid(&format!(
+            "a packet is at most {} bytes",
+            ptxd_client::fd_passing::MAX_PACKET
+        )));
     }
     let attach = api::FdAttach::decode(packet.bytes.as_slice())
         .map_err(|e| invalid(&format!("not an FdAttach: {e}")))?;
     let mut fds = packet.fds;
-    match (attach.token.is_empty(), attach.launch) {
-        (true, Some(launch)) => {
+    let token = (!attach.token.is_empty()).then_some(attach.token);
+    let call = match (attach.launch, attach.load) {
+        (Some(launch), None) => Some(Ask::Launch(launch)),
+        (None, Some(load)) => Some(Ask::Load(load)),
+        (None, None) => None,
+        (Some(_), Some(_)) => return Err(invalid("a packet holds one call, not two")),
+    };
+    match (token, call) {
+        (None, Some(call)) => {
             if !fds.is_empty() {
                 return Err(invalid(&format!(
-                    "a launch carries no descriptor, not {}",
+                    "a call carries no descriptor, not {}",
                     fds.len()
                 )));
             }
-            Ok(Ask::Launch(launch))
+            Ok(call)
         }
-        (false, None) => {
+        (Some(token), None) => {
             if fds.len() != 1 {
                 return Err(invalid(&format!(
                     "a token's packet carries exactly one descriptor, not {}",
@@ -324,13 +335,10 @@ fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<Ask, Error> {
                 )));
             }
             let fd = fds.pop().ok_or_else(|| invalid("no descriptor"))?;
-            Ok(Ask::Attach {
-                token: attach.token,
-                fd,
-            })
+            Ok(Ask::Attach { token, fd })
         }
-        (false, Some(_)) => Err(invalid("a packet holds a token or a launch, not both")),
-        (true, None) => Err(invalid("a packet holds a token or a launch")),
+        (Some(_), Some(_)) => Err(invalid("a packet holds a token or a call, not both")),
+        (None, None) => Err(invalid("a packet holds a token or a call")),
     }
 }
 
@@ -346,6 +354,19 @@ fn attached(result: Result<Attached, Error>) -> api::FdAttachReply {
     };
     api::FdAttachReply {
         result: Some(result),
+    }
+}
+
+/// The reply to a call: its answer, or its refusal.
+fn answer<T>(
+    result: Result<T, Error>,
+    answered: impl FnOnce(T) -> api::fd_attach_reply::Result,
+) -> api::FdAttachReply {
+    match result {
+        Ok(response) => api::FdAttachReply {
+            result: Some(answered(response)),
+        },
+        Err(error) => refused(error),
     }
 }
 

@@ -406,16 +406,41 @@ impl PtxdService {
         let started = Instant::now();
         let result = self.front.launch(&request, peer).await;
         self.observe_launch(&request, &result, started);
-        result.map(|took| launch_response(tag, took)).inspect_err(|error| {
-            let refusal = error.refusal();
-            let reason = refusal.reason.wire_name();
-            self.observer.refusal(reason);
-            if refusal.reason == api::Reason::Internal {
-                tracing::error!(rpc = "Launch", transport = "fd socket", peer = ?peer, reason, message = %refusal.message, "internal error");
-            } else {
-                tracing::info!(rpc = "Launch", transport = "fd socket", peer = ?peer, reason, message = %refusal.message, "refused");
-            }
-        })
+        result
+            .map(|took| launch_response(tag, took))
+            .inspect_err(|error| self.fd_socket_refused("Launch", peer, error))
+    }
+
+    /// A `LoadKernel` that came over the fd socket: the same detached front
+    /// call and load metrics as the RPC; a refusal is logged and counted
+    /// here, once.
+    pub(crate) async fn fd_socket_load(
+        &self,
+        peer: Caller,
+        request: api::LoadKernelRequest,
+    ) -> Result<api::LoadKernelResponse, Error> {
+        let started = Instant::now();
+        let front = self.front.clone();
+        let request = load_request(request);
+        let result = detached(async move { front.load_kernel(request, peer).await }).await;
+        if let Ok(loaded) = &result {
+            self.observer.load(loaded.cache_hit, started.elapsed());
+        }
+        result
+            .map(load_response)
+            .inspect_err(|error| self.fd_socket_refused("LoadKernel", peer, error))
+    }
+
+    /// Logs and counts a refusal made on the fd socket.
+    fn fd_socket_refused(&self, rpc: &'static str, peer: Caller, error: &Error) {
+        let refusal = error.refusal();
+        let reason = refusal.reason.wire_name();
+        self.observer.refusal(reason);
+        if refusal.reason == api::Reason::Internal {
+            tracing::error!(rpc, transport = "fd socket", peer = ?peer, reason, message = %refusal.message, "internal error");
+        } else {
+            tracing::info!(rpc, transport = "fd socket", peer = ?peer, reason, message = %refusal.message, "refused");
+        }
     }
 
     /// The front, for the fd socket's attachments.

@@ -408,7 +408,7 @@ async fn a_descriptor_from_another_uid_is_refused_and_burns_the_token() {
     // back through a pipe. Everything it needs is built before the fork.
     let packet = prost::Message::encode_to_vec(&pb::FdAttach {
         token: stolen.clone(),
-        launch: None,
+        ..Default::default()
     });
     let (read_end, write_end) = nix::unistd::pipe().unwrap();
     // SAFETY: the child makes only system calls (and allocations, which

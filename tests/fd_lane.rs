@@ -110,8 +110,10 @@ async fn sdk_launches_go_as_fd_socket_packets_and_match_the_reference() {
     let client = Client::connect(&daemon.target()).await.unwrap();
     let session = client.open_session("fd lane").await.unwrap();
     let n = 4099;
-    let job = add(&session, n).await;
     assert_eq!(accepted_on(&fd_path), 0);
+    // The kernel's load opens the client's connection to the fd socket.
+    let job = add(&session, n).await;
+    assert_eq!(accepted_on(&fd_path), 1);
     for sync in [false, true, true] {
         session
             .launch(&job.kernel, &job.launch(n as u64).sync(sync))
@@ -218,6 +220,7 @@ async fn a_launch_packet_with_a_descriptor_or_a_token_is_refused_and_runs_nothin
         prost::Message::encode_to_vec(&pb::FdAttach {
             token: token.to_owned(),
             launch,
+            ..Default::default()
         })
     };
     let memfd = OwnedFd::from(tempfile::tempfile().unwrap());
@@ -226,19 +229,19 @@ async fn a_launch_packet_with_a_descriptor_or_a_token_is_refused_and_runs_nothin
             "a launch with a descriptor",
             packet("", Some(request.clone())),
             Some(&memfd),
-            "carries no descriptor",
+            "a call carries no descriptor",
         ),
         (
             "a token and a launch",
             packet("t", Some(request.clone())),
             None,
-            "not both",
+            "a token or a call, not both",
         ),
         (
             "neither, with a descriptor",
             packet("", None),
             Some(&memfd),
-            "a token or a launch",
+            "a token or a call",
         ),
     ] {
         let (reply, closed) = exchange(&path, &bytes, fd);
@@ -324,4 +327,94 @@ async fn past_the_per_uid_cap_a_connection_is_told_and_launches_fall_back_to_htt
         .unwrap();
     job.check();
     assert_eq!(accepted_on(&path), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
+    let daemon = daemon();
+    let fd_path = fd_socket_path(&daemon.socket);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let http2 = Client::connect(&daemon.target())
+        .await
+        .unwrap()
+        .without_fd_lane();
+    let first = client.open_session("fd load 1").await.unwrap();
+    // The first thing this client sends on the fd socket is the load.
+    let n = 2049;
+    let job = add(&first, n).await;
+    assert_eq!(accepted_on(&fd_path), 1);
+    assert!(!job.kernel.state().cache_hit);
+    first
+        .launch(&job.kernel, &job.launch(n as u64).sync(true))
+        .await
+        .unwrap();
+    job.check();
+    // Another session's load of the same text is a cache hit, on the same
+    // connection, with the signature the first load got.
+    let second = client.open_session("fd load 2").await.unwrap();
+    let again = second
+        .load_ptx(
+            0,
+            corpus("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(again.state().cache_hit);
+    assert_eq!(again.state().signature, job.kernel.state().signature);
+    assert_eq!(accepted_on(&fd_path), 1);
+
+    // A refusal: the same reason, code, message and metadata as over gRPC.
+    let refused_fd = second
+        .load_ptx(
+            0,
+            corpus("add_f32_vec4.ptx"),
+            "add_f32_vec4",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    let over_http2 = http2.open_session("fd load http2").await.unwrap();
+    let refused_grpc = over_http2
+        .load_ptx(
+            0,
+            corpus("add_f32_vec4.ptx"),
+            "add_f32_vec4",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    let (fd, grpc) = (
+        refused_fd.refusal().unwrap(),
+        refused_grpc.refusal().unwrap(),
+    );
+    assert_eq!(fd.wire_name(), "NON_SCALAR_ABI");
+    assert_eq!(fd.wire_name(), grpc.wire_name());
+    assert_eq!(fd.code(), grpc.code());
+    assert_eq!(fd.message(), grpc.message());
+    assert_eq!(fd.metadata(), grpc.metadata());
+    common::wait_until(
+        "the refusal's log line",
+        std::time::Duration::from_secs(5),
+        || {
+            daemon.stderr().lines().any(|l| {
+                l.contains(FD_REFUSAL)
+                    && l.contains("rpc=\"LoadKernel\"")
+                    && l.contains("NON_SCALAR_ABI")
+            })
+        },
+    );
+
+    // An artifact past one packet (64 KiB) goes by gRPC, and loads.
+    let mut big = corpus("add_f32_scalar.ptx");
+    while big.len() <= ptxd_client::fd_passing::MAX_PACKET {
+        big.push_str("// padding past one fd socket packet\n");
+    }
+    let padded = second
+        .load_ptx(0, big, "add_f32_scalar", LoadOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(padded.state().signature, job.kernel.state().signature);
+    assert_eq!(accepted_on(&fd_path), 1);
 }

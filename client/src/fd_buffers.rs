@@ -160,7 +160,7 @@ async fn exchange(
         .map_err(|e| Error::Protocol(format!("fd socket: {e}")))?;
     let packet = pb::FdAttach {
         token: token.to_owned(),
-        launch: None,
+        ..Default::default()
     }
     .encode_to_vec();
     send_async(&socket, &packet, Some(fd))

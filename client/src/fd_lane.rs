@@ -1,27 +1,27 @@
-//! Unary launches over the fd socket: one `SOCK_SEQPACKET` packet out, one
-//! back, no HTTP/2 on either side.
+//! Unary launches and kernel loads over the fd socket: one
+//! `SOCK_SEQPACKET` packet out, one back, no HTTP/2 on either side.
 //!
-//! Why: on a Unix socket a launch through HTTP/2 (even on the h2 lane of
+//! Why: on a Unix socket a call through HTTP/2 (even on the h2 lane of
 //! [`crate::lane`]) passes hyper's connection and stream tasks in the
 //! daemon and h2's in this process. A packet on the fd socket is read by
-//! one task in the daemon, which calls the same launch code as the `Launch`
-//! RPC and writes the answer back (BENCHMARKS.md has what that buys).
+//! one task in the daemon, which calls the same code as the RPC and writes
+//! the answer back (BENCHMARKS.md has what that buys).
 //!
 //! Invariants:
-//! - The daemon runs the packet's launch exactly as the `Launch` RPC (the
-//!   caller is the socket's peer, checked by the kernel), and a refusal
-//!   comes back with the same code, reason and metadata, so it becomes the
-//!   same [`Error`].
-//! - A launch is never sent twice. A call goes to gRPC instead only when
-//!   the daemon cannot have read it: the packet would not fit, no
-//!   connection could be opened or none is free, the send failed, the
-//!   daemon turned a fresh connection away at its caps (its refusal, when
-//!   it arrives before the launch is sent), or the connection was reset: a
-//!   Unix socket closed with unread data resets its peer, so a reset says
-//!   the daemon closed the connection (its caps, its idle timeout, its
-//!   exit) without reading the launch. Anything else after a send (a close
-//!   without a reset, a broken reply) is returned as a broken gRPC call
-//!   would be (`Status` UNAVAILABLE).
+//! - The daemon runs the packet's call exactly as the `Launch` or
+//!   `LoadKernel` RPC (the caller is the socket's peer, checked by the
+//!   kernel), and a refusal comes back with the same code, reason and
+//!   metadata, so it becomes the same [`Error`].
+//! - A call is never sent twice. It goes to gRPC instead only when the
+//!   daemon cannot have read it: the packet would not fit, no connection
+//!   could be opened or none is free, the send failed, the daemon turned a
+//!   fresh connection away at its caps (its refusal, when it arrives
+//!   before the call is sent), or the connection was reset: a Unix socket
+//!   closed with unread data resets its peer, so a reset says the daemon
+//!   closed the connection (its caps, its idle timeout, its exit) without
+//!   reading the call. Anything else after a send (a close without a
+//!   reset, a broken reply) is returned as a broken gRPC call would be
+//!   (`Status` UNAVAILABLE).
 //! - A connection carries one exchange at a time; this client keeps at
 //!   most [`MAX_CONNECTIONS`] and drops one that idled [`IDLE_LIMIT`], well
 //!   before the daemon's own idle timeout (30 s) could close it under a
@@ -165,14 +165,43 @@ impl FdLane {
         &self,
         request: &pb::LaunchRequest,
     ) -> Result<pb::LaunchResponse, LaneError> {
-        let packet = pb::FdAttach {
-            token: String::new(),
+        let call = pb::FdAttach {
             launch: Some(request.clone()),
+            ..Default::default()
+        };
+        match self.call(&call).await? {
+            pb::fd_attach_reply::Result::Launched(response) => Ok(response),
+            other => Err(LaneError::Failed(Error::Protocol(format!(
+                "the fd socket answered a launch with {other:?}"
+            )))),
         }
-        .encode_to_vec();
-        if packet.len() > MAX_PACKET {
+    }
+
+    /// Loads a kernel over the fd socket (see the module docs); an
+    /// artifact too large for one packet goes by gRPC.
+    pub(crate) async fn load(
+        &self,
+        request: &pb::LoadKernelRequest,
+    ) -> Result<pb::LoadKernelResponse, LaneError> {
+        let call = pb::FdAttach {
+            load: Some(request.clone()),
+            ..Default::default()
+        };
+        match self.call(&call).await? {
+            pb::fd_attach_reply::Result::Loaded(response) => Ok(response),
+            other => Err(LaneError::Failed(Error::Protocol(format!(
+                "the fd socket answered a kernel load with {other:?}"
+            )))),
+        }
+    }
+
+    /// One exchange: `call` out, its reply's result (a refusal as the
+    /// error gRPC would have given) back.
+    async fn call(&self, call: &pb::FdAttach) -> Result<pb::fd_attach_reply::Result, LaneError> {
+        if call.encoded_len() > MAX_PACKET {
             return Err(LaneError::NotSent);
         }
+        let packet = call.encode_to_vec();
         let lent = self.borrow().ok_or(LaneError::NotSent)?;
         let socket = lent.socket().ok_or(LaneError::NotSent)?;
         // A failed send was not read: the daemon closed the connection (a
@@ -182,7 +211,7 @@ impl FdLane {
             .map_err(|_| LaneError::NotSent)?;
         let broken = |what: String| {
             LaneError::Failed(Error::Status(tonic::Status::unavailable(format!(
-                "the fd socket connection broke during a launch: {what}"
+                "the fd socket connection broke during a call: {what}"
             ))))
         };
         let reply = match recv_async(socket).await {
@@ -190,7 +219,7 @@ impl FdLane {
             Ok(None) => return Err(broken("the daemon closed it".into())),
             // The daemon closed the connection with the packet still in its
             // queue (the kernel resets a Unix socket closed with unread
-            // data): it never read the launch. A fresh connection closed so
+            // data): it never read the call. A fresh connection closed so
             // was turned away at the daemon's caps (its refusal packet is
             // hidden behind the reset).
             Err(nix::errno::Errno::ECONNRESET) => {
@@ -202,19 +231,16 @@ impl FdLane {
             Err(e) => return Err(broken(e.to_string())),
         };
         match decode_reply(reply) {
-            Ok(pb::fd_attach_reply::Result::Launched(response)) => {
+            Ok(result) => {
                 lent.give_back();
-                Ok(response)
+                Ok(result)
             }
-            Ok(other) => Err(LaneError::Failed(Error::Protocol(format!(
-                "the fd socket answered a launch with {other:?}"
-            )))),
             Err(error) if lent.fresh && turned_away(&error) => {
                 self.lock().backoff_until = Some(Instant::now() + BACKOFF);
                 Err(LaneError::NotSent)
             }
             Err(error) => {
-                // A refusal of the launch: the connection goes on.
+                // A refusal of the call: the connection goes on.
                 lent.give_back();
                 Err(LaneError::Failed(error))
             }

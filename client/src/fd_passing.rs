@@ -25,8 +25,10 @@ use nix::sys::socket::{
     MsgFlags, SockFlag, SockType, UnixAddr,
 };
 
-/// The largest packet either side sends or accepts, in bytes.
-pub const MAX_PACKET: usize = 4096;
+/// The largest packet either side sends or accepts, in bytes: room for a
+/// kernel load of a typical JIT module (the fd socket's connections are
+/// capped, so this bounds what the daemon buffers for them).
+pub const MAX_PACKET: usize = 64 << 10;
 
 /// The most descriptors Linux lets one packet carry (`SCM_MAX_FD`).
 const SCM_MAX_FD: usize = 253;

@@ -316,7 +316,16 @@ impl Session {
             label: source.options.label.clone(),
             declared: source.options.declared.map(DeclaredAbi::to_proto),
         };
-        let response = self.grpc()?.load_kernel(request).await?.into_inner();
+        // The fd socket first (when the artifact fits a packet), else gRPC.
+        let loaded = match &self.fd_lane {
+            Some(fd_lane) => fd_lane.load(&request).await,
+            None => Err(LaneError::NotSent),
+        };
+        let response = match loaded {
+            Ok(response) => response,
+            Err(LaneError::Failed(error)) => return Err(error),
+            Err(LaneError::NotSent) => self.grpc()?.load_kernel(request).await?.into_inner(),
+        };
         if response.kernel.is_empty() {
             return Err(Error::Protocol("a kernel load returned no handle".into()));
         }
