@@ -555,22 +555,6 @@ impl DeviceAllocation {
         span(self.device_ptr(), self.size, offset, len)
     }
 
-    /// The device address of the semaphore word of `width` at byte
-    /// `offset`: inside the allocation and aligned to the width.
-    fn word(&self, offset: usize, width: SemaphoreWidth) -> Result<u64, CudaError> {
-        let bytes = width.bytes() as usize;
-        let addr = self.span(offset, bytes)?;
-        // `cuMemAlloc` memory is at least 256-byte aligned, so an offset
-        // aligned to the width makes an aligned address.
-        if !offset.is_multiple_of(bytes) {
-            return Err(CudaError::Misaligned {
-                offset,
-                width: bytes,
-            });
-        }
-        Ok(addr)
-    }
-
     /// Copies `data` to the device at byte `offset`, and returns once the
     /// bytes are in device memory.
     ///
@@ -596,29 +580,15 @@ impl DeviceAllocation {
         unsafe { download_bound(out, src) }
     }
 
-    /// Writes `value` to the semaphore word of `width` at byte `offset` now,
-    /// from this process, and returns once the word holds it: a
-    /// `cuStreamWriteValue32/64` on a private non-blocking stream, which
-    /// runs behind none of the session's streams (they may be blocked
-    /// waiting on this very word), then a synchronization of that stream.
-    /// The SDK uses it to release a launch ring's waiters when the ring's
-    /// executor is lost (see [`LaunchRing`](crate::LaunchRing)). A 32-bit
-    /// word takes the low 32 bits of `value`.
+    /// Writes `value` to the semaphore word of `width` at byte `offset`
+    /// now (see [`DeviceWords::store_word`]).
     pub fn store_word(
         &self,
         offset: usize,
         width: SemaphoreWidth,
         value: u64,
     ) -> Result<(), CudaError> {
-        let addr = self.word(offset, width)?;
-        let wide = width == SemaphoreWidth::Bits64;
-        self.memory.bind()?;
-        let stream = Stream::new()?;
-        // SAFETY: the word lies inside the allocation (checked) and aligned
-        // to its width; `self` keeps the allocation alive until the stream
-        // is synchronized below.
-        unsafe { stream.write_value(addr, value, wide) }?;
-        Ok(stream.synchronize()?)
+        DeviceWords::store_word(self, offset, width, value)
     }
 
     /// The 64-byte CUDA IPC handle naming this whole allocation.
@@ -718,6 +688,109 @@ impl ExportableAllocation {
     pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
         Ok(self.memory.bind()?.export_fd()?)
     }
+
+    /// Writes `value` to the semaphore word of `width` at byte `offset`
+    /// now (see [`DeviceWords::store_word`]).
+    pub fn store_word(
+        &self,
+        offset: usize,
+        width: SemaphoreWidth,
+        value: u64,
+    ) -> Result<(), CudaError> {
+        DeviceWords::store_word(self, offset, width, value)
+    }
+}
+
+/// Device memory of this process whose words serve as GPU semaphores
+/// between the session's streams and ptxd's (a launch ring's, see
+/// [`LaunchRing::order_with`](crate::LaunchRing::order_with)): a
+/// [`DeviceAllocation`] (registered by CUDA IPC handle) or an
+/// [`ExportableAllocation`] (registered by file descriptor).
+pub trait DeviceWords: sealed::Sealed + crate::SemaphoreMemory {
+    /// The device address of the allocation's first byte, and its size.
+    #[doc(hidden)]
+    fn extent(&self) -> (u64, usize);
+
+    /// Makes the allocation's context current on this thread.
+    #[doc(hidden)]
+    fn bind_context(&self) -> Result<(), CudaError>;
+
+    /// The device address of the word of `width` at byte `offset`: inside
+    /// the allocation and aligned to the width.
+    fn word_address(&self, offset: usize, width: SemaphoreWidth) -> Result<u64, CudaError> {
+        let (base, size) = self.extent();
+        let bytes = width.bytes() as usize;
+        let addr = span(base, size, offset, bytes)?;
+        // Allocations are at least 256-byte aligned (`cuMemAlloc`, and a
+        // VMM mapping at the driver's granularity), so an offset aligned to
+        // the width makes an aligned address.
+        if !offset.is_multiple_of(bytes) {
+            return Err(CudaError::Misaligned {
+                offset,
+                width: bytes,
+            });
+        }
+        Ok(addr)
+    }
+
+    /// Writes `value` to the word of `width` at byte `offset` now, from
+    /// this process, and returns once the word holds it: a
+    /// `cuStreamWriteValue32/64` on a private non-blocking stream, which
+    /// runs behind none of the session's streams (they may be blocked
+    /// waiting on this very word), then a synchronization of that stream.
+    /// The SDK uses it to release a launch ring's waiters when the ring's
+    /// executor is lost (see [`LaunchRing`](crate::LaunchRing)). A 32-bit
+    /// word takes the low 32 bits of `value`.
+    fn store_word(
+        &self,
+        offset: usize,
+        width: SemaphoreWidth,
+        value: u64,
+    ) -> Result<(), CudaError> {
+        let addr = self.word_address(offset, width)?;
+        self.bind_context()?;
+        let stream = Stream::new()?;
+        // SAFETY: the word lies inside the allocation (checked) and aligned
+        // to its width; `self` keeps the allocation alive until the stream
+        // is synchronized below.
+        unsafe { stream.write_value(addr, value, width == SemaphoreWidth::Bits64) }?;
+        Ok(stream.synchronize()?)
+    }
+}
+
+impl sealed::Sealed for DeviceAllocation {}
+impl DeviceWords for DeviceAllocation {
+    fn extent(&self) -> (u64, usize) {
+        (self.device_ptr(), self.size)
+    }
+
+    fn bind_context(&self) -> Result<(), CudaError> {
+        self.memory.bind().map(|_| ())
+    }
+}
+
+/// Shared memory is the same memory: a `&Arc<DeviceAllocation>` is taken
+/// wherever a `&DeviceAllocation` is.
+impl<T: DeviceWords + ?Sized> sealed::Sealed for Arc<T> {}
+impl<T: DeviceWords + ?Sized> DeviceWords for Arc<T> {
+    fn extent(&self) -> (u64, usize) {
+        (**self).extent()
+    }
+
+    fn bind_context(&self) -> Result<(), CudaError> {
+        (**self).bind_context()
+    }
+}
+
+impl sealed::Sealed for ExportableAllocation {}
+impl DeviceWords for ExportableAllocation {
+    fn extent(&self) -> (u64, usize) {
+        (self.device_ptr(), self.size)
+    }
+
+    fn bind_context(&self) -> Result<(), CudaError> {
+        self.memory.bind().map(|_| ())
+    }
 }
 
 /// An interprocess event, destroyed on drop.
@@ -795,7 +868,7 @@ impl ClientStream {
     /// stream is synchronized.
     pub fn wait_word(
         &self,
-        memory: &DeviceAllocation,
+        memory: &(impl DeviceWords + ?Sized),
         offset: usize,
         value: u32,
     ) -> Result<(), CudaError> {
@@ -809,7 +882,7 @@ impl ClientStream {
     /// the stream is synchronized.
     pub fn write_word(
         &self,
-        memory: &DeviceAllocation,
+        memory: &(impl DeviceWords + ?Sized),
         offset: usize,
         value: u32,
     ) -> Result<(), CudaError> {
@@ -820,12 +893,12 @@ impl ClientStream {
     /// 64-bit one with `cuStreamWaitValue64`) at an offset aligned to it.
     pub fn wait_until(
         &self,
-        memory: &DeviceAllocation,
+        memory: &(impl DeviceWords + ?Sized),
         offset: usize,
         width: SemaphoreWidth,
         value: u64,
     ) -> Result<(), CudaError> {
-        let addr = memory.word(offset, width)?;
+        let addr = memory.word_address(offset, width)?;
         let stream = self.stream.bind()?;
         // SAFETY: the word lies inside the allocation, aligned (checked),
         // and stays allocated while the caller keeps `memory` (documented).
@@ -836,12 +909,12 @@ impl ClientStream {
     /// an offset aligned to it.
     pub fn write_after(
         &self,
-        memory: &DeviceAllocation,
+        memory: &(impl DeviceWords + ?Sized),
         offset: usize,
         width: SemaphoreWidth,
         value: u64,
     ) -> Result<(), CudaError> {
-        let addr = memory.word(offset, width)?;
+        let addr = memory.word_address(offset, width)?;
         let stream = self.stream.bind()?;
         // SAFETY: as in `wait_until`.
         Ok(unsafe { stream.write_value(addr, value, width == SemaphoreWidth::Bits64) }?)

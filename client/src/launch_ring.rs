@@ -170,7 +170,9 @@ impl LaunchRing {
     /// name `buffer` only once it is bound, so that the SDK can write the
     /// word itself if the executor is lost (see the module docs). A
     /// [`HostShm`](crate::HostShm) on the host backend, a
-    /// [`cuda::DeviceAllocation`](crate::cuda::DeviceAllocation) on CUDA.
+    /// [`cuda::DeviceAllocation`](crate::cuda::DeviceAllocation) or
+    /// [`cuda::ExportableAllocation`](crate::cuda::ExportableAllocation) on
+    /// CUDA.
     /// `memory` must hold at least the registered size, and `buffer` must
     /// be on the ring's device.
     pub fn bind_semaphores(

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use ptxd_client::cuda::{ClientStream, CudaDevice, DeviceAllocation};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
-use ptxd_client::{Buffer, Client, Error, LoadOptions, OrphanCause, Session, ORDERING_BYTES};
+use ptxd_client::{
+    Buffer, Client, Error, FdBufferSpec, LoadOptions, OrphanCause, Session, ORDERING_BYTES,
+};
 use rand::Rng;
 
 use super::daemon_support::Daemon;
@@ -301,7 +303,6 @@ async fn after_and_stream_wait_order_the_sessions_kernels_around_ptxds() {
     let module = dev.load_module(&ptx).unwrap();
     let local = module.function("add_f32_scalar").unwrap();
     let n = 1 << 24;
-    let mut rng = rng();
     let poison = vec![f32::NAN; n];
     let (x_mem, x_buf) = gpu_f32(&session, &dev, &poison).await;
     let (y_mem, y_buf) = gpu_f32(&session, &dev, &poison).await;
@@ -331,52 +332,24 @@ async fn after_and_stream_wait_order_the_sessions_kernels_around_ptxds() {
         "{twice:?}"
     );
 
+    let chain = Chain {
+        session: &session,
+        dev: &dev,
+        add: &add,
+        local: &local,
+        stream: &stream,
+        x: (&x_mem, &x_buf),
+        y: (&y_mem, &y_buf),
+        z: &z_mem,
+        n,
+    };
     for round in 0..3 {
-        let a: Vec<f32> = (0..n).map(|_| rng.random_range(-10.0..10.0)).collect();
-        let b: Vec<f32> = (0..n).map(|_| rng.random_range(-10.0..10.0)).collect();
-        let (a_mem, a_buf) = gpu_f32(&session, &dev, &a).await;
-        let (b_mem, b_buf) = gpu_f32(&session, &dev, &b).await;
-        for mem in [&x_mem, &y_mem, &z_mem] {
-            mem.upload(0, &poison).unwrap();
-        }
-        // x = a + b (this process), y = x + b (ptxd), z = y + a (this
-        // process).
-        local_add(&local, &stream, (&a_mem, &b_mem, &x_mem), n);
-        ring.after(&stream).unwrap();
-        let ticket = ring
-            .launch(
-                &add,
-                &[(&x_buf, 0), (&b_buf, 0)],
-                (&y_buf, 0),
-                n as u64,
-                &[],
-            )
-            .unwrap();
-        ring.stream_wait(ticket, &stream).unwrap();
-        local_add(&local, &stream, (&y_mem, &a_mem, &z_mem), n);
-        synchronize_within(stream.clone(), "the ordered chain");
-        let done = next(&mut ring);
-        assert_eq!((done.ticket, done.outcome), (ticket, Ok(())));
-        let mut y = vec![0f32; n];
-        let mut z = vec![0f32; n];
-        y_mem.download(0, &mut y).unwrap();
-        z_mem.download(0, &mut z).unwrap();
-        for i in 0..n {
-            let want_y = (a[i] + b[i]) + b[i];
-            assert_eq!(y[i].to_bits(), want_y.to_bits(), "round {round}, y[{i}]");
-            assert_eq!(
-                z[i].to_bits(),
-                (want_y + a[i]).to_bits(),
-                "round {round}, z[{i}]"
-            );
-        }
+        let ticket = chain.round(&mut ring, round).await;
         assert_eq!(
             word64(&words, 0),
             ticket,
             "the done word holds the last ticket"
         );
-        session.release_buffer(&a_buf).await.unwrap();
-        session.release_buffer(&b_buf).await.unwrap();
     }
 
     // A refused launch (n past the buffers) still signals its ticket: the
@@ -423,6 +396,99 @@ async fn after_and_stream_wait_order_the_sessions_kernels_around_ptxds() {
         "{own:?}"
     );
     assert_eq!(ring.outstanding(), 0);
+
+    // The same chain on words passed by descriptor (`cuMemCreate` memory,
+    // as a client without CUDA IPC has), on a new ring.
+    drop(ring);
+    let fd_words = Arc::new(dev.alloc_exportable(ORDERING_BYTES).unwrap());
+    let fd = fd_words.export_fd().unwrap();
+    let fd_words_buf = session
+        .register_fd_buffer(
+            std::os::fd::AsFd::as_fd(&fd),
+            ORDERING_BYTES as u64,
+            FdBufferSpec {
+                device_uuid: Some(dev.uuid().to_owned()),
+                allocation_size: Some(fd_words.allocation_size()),
+                ..FdBufferSpec::default()
+            },
+        )
+        .await
+        .unwrap();
+    drop(fd);
+    let mut ring = session.open_ring(16, dev.uuid()).await.unwrap();
+    ring.order_with(&fd_words_buf, fd_words.clone()).unwrap();
+    for round in 3..5 {
+        let ticket = chain.round(&mut ring, round).await;
+        let mut done = [0u64; 1];
+        fd_words.download(0, &mut done).unwrap();
+        assert_eq!(done[0], ticket, "the fd words' done word holds the ticket");
+    }
+}
+
+/// What a round of the ordered chain needs: the session, its kernel in
+/// ptxd and in this process, the session's stream, and x, y, z of `n`
+/// floats.
+struct Chain<'t> {
+    session: &'t Session,
+    dev: &'t CudaDevice,
+    add: &'t ptxd_client::Kernel,
+    local: &'t ptxd_client::cuda::LocalFunction<'t>,
+    stream: &'t Arc<ClientStream>,
+    x: (&'t DeviceAllocation, &'t Buffer),
+    y: (&'t DeviceAllocation, &'t Buffer),
+    z: &'t DeviceAllocation,
+    n: usize,
+}
+
+impl Chain<'_> {
+    /// x = a + b (this process), then `ring.after`, y = x + b (ptxd, on the
+    /// ring), `ring.stream_wait`, z = y + a (this process), over fresh
+    /// random a and b and poisoned x, y, z; every element of y and z
+    /// checked. Returns ptxd's launch's ticket.
+    async fn round(&self, ring: &mut ptxd_client::LaunchRing, round: usize) -> u64 {
+        let n = self.n;
+        let mut rng = rng();
+        let a: Vec<f32> = (0..n).map(|_| rng.random_range(-10.0..10.0)).collect();
+        let b: Vec<f32> = (0..n).map(|_| rng.random_range(-10.0..10.0)).collect();
+        let (a_mem, a_buf) = gpu_f32(self.session, self.dev, &a).await;
+        let (b_mem, b_buf) = gpu_f32(self.session, self.dev, &b).await;
+        let poison = vec![f32::NAN; n];
+        for mem in [self.x.0, self.y.0, self.z] {
+            mem.upload(0, &poison).unwrap();
+        }
+        local_add(self.local, self.stream, (&a_mem, &b_mem, self.x.0), n);
+        ring.after(self.stream).unwrap();
+        let ticket = ring
+            .launch(
+                self.add,
+                &[(self.x.1, 0), (&b_buf, 0)],
+                (self.y.1, 0),
+                n as u64,
+                &[],
+            )
+            .unwrap();
+        ring.stream_wait(ticket, self.stream).unwrap();
+        local_add(self.local, self.stream, (self.y.0, &a_mem, self.z), n);
+        synchronize_within(self.stream.clone(), "the ordered chain");
+        let done = next(ring);
+        assert_eq!((done.ticket, done.outcome), (ticket, Ok(())));
+        let mut y = vec![0f32; n];
+        let mut z = vec![0f32; n];
+        self.y.0.download(0, &mut y).unwrap();
+        self.z.download(0, &mut z).unwrap();
+        for i in 0..n {
+            let want_y = (a[i] + b[i]) + b[i];
+            assert_eq!(y[i].to_bits(), want_y.to_bits(), "round {round}, y[{i}]");
+            assert_eq!(
+                z[i].to_bits(),
+                (want_y + a[i]).to_bits(),
+                "round {round}, z[{i}]"
+            );
+        }
+        self.session.release_buffer(&a_buf).await.unwrap();
+        self.session.release_buffer(&b_buf).await.unwrap();
+        ticket
+    }
 }
 
 /// How long after the executor's death the SDK has to release the session's

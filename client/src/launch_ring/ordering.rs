@@ -37,7 +37,7 @@
 
 use std::sync::Arc;
 
-use crate::cuda::{ClientStream, DeviceAllocation};
+use crate::cuda::{ClientStream, DeviceWords};
 use crate::ring::{Descriptor, SemaphoreOp, SemaphoreWidth};
 use crate::types::Buffer;
 use crate::Error;
@@ -59,7 +59,7 @@ pub(super) struct GpuOrdering {
     /// The semaphore buffer's index in the session's table.
     buffer: u32,
     /// This process's view of it (what stream operations address).
-    memory: Arc<DeviceAllocation>,
+    memory: Arc<dyn DeviceWords>,
     /// The first ticket launched with ordering on.
     first_ticket: u64,
     /// The last count `after` enqueued.
@@ -102,17 +102,21 @@ impl GpuOrdering {
 impl LaunchRing {
     /// Orders this ring's launches against the session's own CUDA streams
     /// on the GPU (see the module docs): `buffer` is a registration of
-    /// `memory` (at least [`ORDERING_BYTES`]), on the ring's device, used
-    /// by no other ring. Its two words are zeroed here, and it is bound for
+    /// `memory` (at least [`ORDERING_BYTES`]; a
+    /// [`DeviceAllocation`](crate::cuda::DeviceAllocation) registered by
+    /// CUDA IPC handle, or an
+    /// [`ExportableAllocation`](crate::cuda::ExportableAllocation)
+    /// registered by descriptor), on the ring's device, used by no other
+    /// ring. Its two words are zeroed here, and it is bound for
     /// release ([`bind_semaphores`](Self::bind_semaphores)). From then on
     /// every launch signals its ticket, [`stream_wait`](Self::stream_wait)
     /// and [`after`](Self::after) work, and
     /// [`launch_ordered`](Self::launch_ordered) takes no semaphores of its
     /// own. Call it before the first launch; a second call is refused.
-    pub fn order_with(
+    pub fn order_with<M: DeviceWords + 'static>(
         &mut self,
         buffer: &Buffer,
-        memory: Arc<DeviceAllocation>,
+        memory: Arc<M>,
     ) -> Result<(), Error> {
         if self.ordering.is_some() {
             return Err(Error::InvalidInput("the ring is already ordered".into()));
@@ -129,8 +133,8 @@ impl LaunchRing {
             ));
         }
         self.bind_semaphores(buffer, memory.clone())?;
-        memory.store_word(DONE_WORD as usize, SemaphoreWidth::Bits64, 0)?;
-        memory.store_word(AFTER_WORD as usize, SemaphoreWidth::Bits64, 0)?;
+        DeviceWords::store_word(&*memory, DONE_WORD as usize, SemaphoreWidth::Bits64, 0)?;
+        DeviceWords::store_word(&*memory, AFTER_WORD as usize, SemaphoreWidth::Bits64, 0)?;
         self.ordering = Some(GpuOrdering {
             buffer: buffer.ring_index,
             memory,
@@ -160,7 +164,7 @@ impl LaunchRing {
             )));
         }
         stream.wait_until(
-            &ordering.memory,
+            &*ordering.memory,
             DONE_WORD as usize,
             SemaphoreWidth::Bits64,
             ticket,
@@ -176,7 +180,7 @@ impl LaunchRing {
         let ordering = self.ordering()?;
         let count = ordering.after + 1;
         stream.write_after(
-            &ordering.memory,
+            &*ordering.memory,
             AFTER_WORD as usize,
             SemaphoreWidth::Bits64,
             count,

@@ -56,7 +56,8 @@ pub type WordWriteError = Box<dyn std::error::Error + Send + Sync>;
 /// semaphore words, so that the SDK can write a word itself when the ring's
 /// executor is lost. Implemented for [`HostShm`] (an atomic store into this
 /// process's mapping) and, with the `cuda` feature, for
-/// [`cuda::DeviceAllocation`](crate::cuda::DeviceAllocation) (a
+/// [`cuda::DeviceAllocation`](crate::cuda::DeviceAllocation) and
+/// [`cuda::ExportableAllocation`](crate::cuda::ExportableAllocation) (a
 /// `cuStreamWriteValue` on a private stream of this process's context).
 pub trait SemaphoreMemory: Send + Sync + std::fmt::Debug {
     /// Bytes of the memory; a signal's word must lie inside them.
@@ -101,10 +102,9 @@ macro_rules! host_semaphore_memory {
 
 host_semaphore_memory!(HostShm, crate::HostMemfd);
 
-#[cfg(feature = "cuda")]
-impl SemaphoreMemory for crate::cuda::DeviceAllocation {
+impl<T: SemaphoreMemory + ?Sized> SemaphoreMemory for Arc<T> {
     fn byte_len(&self) -> u64 {
-        self.size() as u64
+        (**self).byte_len()
     }
 
     fn write_word(
@@ -113,14 +113,42 @@ impl SemaphoreMemory for crate::cuda::DeviceAllocation {
         width: SemaphoreWidth,
         value: u64,
     ) -> Result<(), WordWriteError> {
-        let offset = word_offset(offset)?;
-        // This runs on the lease task's thread, which may be one the
-        // application also drives CUDA from: leave its current context as
-        // it was.
-        crate::cuda::preserving_current_context(|| self.store_word(offset, width, value))?;
-        Ok(())
+        (**self).write_word(offset, width, value)
     }
 }
+
+/// CUDA device memory (by IPC handle or by descriptor): a stream write the
+/// SDK waits for (see [`crate::cuda::DeviceWords::store_word`]).
+#[cfg(feature = "cuda")]
+macro_rules! device_semaphore_memory {
+    ($($device:ty),+) => {$(
+        impl SemaphoreMemory for $device {
+            fn byte_len(&self) -> u64 {
+                self.size() as u64
+            }
+
+            fn write_word(
+                &self,
+                offset: u64,
+                width: SemaphoreWidth,
+                value: u64,
+            ) -> Result<(), WordWriteError> {
+                let offset = word_offset(offset)?;
+                // This runs on the lease task's thread, which may be one the
+                // application also drives CUDA from: leave its current
+                // context as it was.
+                crate::cuda::preserving_current_context(|| self.store_word(offset, width, value))?;
+                Ok(())
+            }
+        }
+    )+};
+}
+
+#[cfg(feature = "cuda")]
+device_semaphore_memory!(
+    crate::cuda::DeviceAllocation,
+    crate::cuda::ExportableAllocation
+);
 
 /// Why a launch ring was orphaned.
 #[derive(Debug, Clone, PartialEq, Eq)]
