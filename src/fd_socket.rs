@@ -43,7 +43,7 @@ use nix::sys::socket::{
     UnixAddr,
 };
 use prost::Message;
-use ptxd_client::fd_passing::{recv_packet, send_packet};
+use ptxd_client::fd_passing::{recv_async_in, send_packet, PacketBuffer, PacketMeta};
 use ptxd_proto::v1 as api;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Semaphore;
@@ -253,17 +253,19 @@ async fn serve_connection(
     let Ok(connection) = (unsafe { AsyncFd::register(connection) }) else {
         return;
     };
+    // One packet's room for the connection's life, not a fresh one each.
+    let mut buffer = PacketBuffer::new();
     loop {
         let received = tokio::select! {
             biased;
             _ = stopped.wait_for(|stopped| *stopped) => return,
-            received = tokio::time::timeout(IDLE_TIMEOUT, receive(&connection)) => received,
+            received = tokio::time::timeout(IDLE_TIMEOUT, recv_async_in(&connection, &mut buffer)) => received,
         };
         let packet = match received {
             Ok(Ok(Some(packet))) => packet,
             Ok(Ok(None) | Err(_)) | Err(_) => return,
         };
-        let (reply, keep_going) = match parse(packet) {
+        let (reply, keep_going) = match parse(buffer.bytes(&packet), packet) {
             Ok(Ask::Attach { token, fd }) => {
                 let front = service.front().clone();
                 // Spawned, so that a client that hangs up mid-open cannot
@@ -296,7 +298,7 @@ async fn serve_connection(
 
 /// What a packet asks for, or why it is refused (every descriptor it
 /// carried is closed when the packet drops).
-fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<Ask, Error> {
+fn parse(bytes: &[u8], packet: PacketMeta) -> Result<Ask, Error> {
     let invalid = |message: &str| Error::InvalidArgument {
         field: "packet",
         message: message.to_owned(),
@@ -307,8 +309,8 @@ fn parse(packet: ptxd_client::fd_passing::Packet) -> Result<Ask, Error> {
             ptxd_client::fd_passing::MAX_PACKET
         )));
     }
-    let attach = api::FdAttach::decode(packet.bytes.as_slice())
-        .map_err(|e| invalid(&format!("not an FdAttach: {e}")))?;
+    let attach =
+        api::FdAttach::decode(bytes).map_err(|e| invalid(&format!("not an FdAttach: {e}")))?;
     let mut fds = packet.fds;
     let token = (!attach.token.is_empty()).then_some(attach.token);
     let call = match (attach.launch, attach.load) {
@@ -381,20 +383,6 @@ fn refused(error: Error) -> api::FdAttachReply {
             reason: refusal.reason,
             metadata: refusal.metadata,
         })),
-    }
-}
-
-async fn receive(
-    connection: &AsyncFd<OwnedFd>,
-) -> std::io::Result<Option<ptxd_client::fd_passing::Packet>> {
-    loop {
-        let mut ready = connection.readable().await?;
-        match recv_packet(connection.get_ref().as_fd(), true) {
-            Err(Errno::EAGAIN) => ready.clear_ready(),
-            Err(Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-            Ok(packet) => return Ok(packet),
-        }
     }
 }
 

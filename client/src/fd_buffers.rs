@@ -20,7 +20,9 @@ use ptxd_proto::v1 as pb;
 use tokio::io::unix::AsyncFd;
 
 use crate::error::{from_launch_error, Error};
-use crate::fd_passing::{connect_seqpacket, recv_async, send_async, Packet, MAX_PACKET};
+use crate::fd_passing::{
+    connect_seqpacket, recv_async_in, send_async, PacketBuffer, PacketMeta, MAX_PACKET,
+};
 use crate::session::Session;
 use crate::shm::HostMemfd;
 use crate::types::Buffer;
@@ -166,22 +168,26 @@ async fn exchange(
     send_async(&socket, &packet, Some(fd))
         .await
         .map_err(|e| io("send", e))?;
-    let reply = recv_async(&socket)
+    let mut buffer = PacketBuffer::new();
+    let reply = recv_async_in(&socket, &mut buffer)
         .await
         .map_err(|e| io("receive", e))?
         .ok_or_else(|| Error::Protocol("the daemon closed the fd socket without a reply".into()))?;
-    decode_reply(reply)
+    decode_reply(buffer.bytes(&reply), reply)
 }
 
 /// An fd socket reply's result; a refusal becomes the error the same
 /// refusal over gRPC would have been.
-pub(crate) fn decode_reply(reply: Packet) -> Result<pb::fd_attach_reply::Result, Error> {
-    if reply.truncated || reply.bytes.len() > MAX_PACKET {
+pub(crate) fn decode_reply(
+    bytes: &[u8],
+    reply: PacketMeta,
+) -> Result<pb::fd_attach_reply::Result, Error> {
+    if reply.truncated || bytes.len() > MAX_PACKET {
         return Err(Error::Protocol("an oversized fd socket reply".into()));
     }
     // The daemon sends no descriptors back; any that came are closed here.
     drop(reply.fds);
-    let reply = pb::FdAttachReply::decode(reply.bytes.as_slice())
+    let reply = pb::FdAttachReply::decode(bytes)
         .map_err(|e| Error::Protocol(format!("an undecodable fd socket reply: {e}")))?;
     match reply.result {
         Some(pb::fd_attach_reply::Result::Refused(refused)) => {

@@ -39,7 +39,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::error::Error;
 use crate::fd_buffers::decode_reply;
-use crate::fd_passing::{connect_seqpacket, recv_async, send_async, MAX_PACKET};
+use crate::fd_passing::{connect_seqpacket, recv_async_in, send_async, PacketBuffer, MAX_PACKET};
 use crate::lane::LaneError;
 
 /// Connections one client keeps to the fd socket for launches (the daemon
@@ -56,9 +56,16 @@ const BACKOFF: Duration = Duration::from_secs(1);
 /// The `limit` metadata of the daemon's refusal of a connection at its caps.
 const CAP_LIMITS: [&str; 2] = ["fd_socket_connections", "fd_socket_connections_per_uid"];
 
+/// A connection and its receive buffer (kept, not zeroed per reply).
+#[derive(Debug)]
+struct Conn {
+    socket: AsyncFd<OwnedFd>,
+    buffer: PacketBuffer,
+}
+
 #[derive(Debug)]
 struct Idle {
-    socket: AsyncFd<OwnedFd>,
+    conn: Conn,
     since: Instant,
 }
 
@@ -81,20 +88,16 @@ pub(crate) struct FdLane {
 /// A connection lent to one call; given back only by [`Lent::give_back`].
 struct Lent<'l> {
     lane: &'l FdLane,
-    socket: Option<AsyncFd<OwnedFd>>,
+    conn: Option<Conn>,
     fresh: bool,
 }
 
 impl Lent<'_> {
-    fn socket(&self) -> Option<&AsyncFd<OwnedFd>> {
-        self.socket.as_ref()
-    }
-
     fn give_back(mut self) {
-        if let Some(socket) = self.socket.take() {
+        if let Some(conn) = self.conn.take() {
             let mut pool = self.lane.lock();
             pool.idle.push(Idle {
-                socket,
+                conn,
                 since: Instant::now(),
             });
         }
@@ -135,7 +138,7 @@ impl FdLane {
                 .retain(|idle| now.duration_since(idle.since) < IDLE_LIMIT);
             if let Some(idle) = pool.idle.pop() {
                 pool.lent += 1;
-                Some(idle.socket)
+                Some(idle.conn)
             } else if pool.lent >= MAX_CONNECTIONS
                 || pool.backoff_until.is_some_and(|until| now < until)
             {
@@ -147,14 +150,18 @@ impl FdLane {
         };
         let mut lent = Lent {
             lane: self,
-            socket: reused,
+            conn: reused,
             fresh: false,
         };
-        if lent.socket.is_none() {
+        if lent.conn.is_none() {
             let socket = connect_seqpacket(&self.path, true).ok()?;
             // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays
             // open and names the same socket until the AsyncFd drops.
-            lent.socket = Some(unsafe { AsyncFd::register(socket) }.ok()?);
+            let socket = unsafe { AsyncFd::register(socket) }.ok()?;
+            lent.conn = Some(Conn {
+                socket,
+                buffer: PacketBuffer::new(),
+            });
             lent.fresh = true;
         }
         Some(lent)
@@ -165,11 +172,7 @@ impl FdLane {
         &self,
         request: &pb::LaunchRequest,
     ) -> Result<pb::LaunchResponse, LaneError> {
-        let call = pb::FdAttach {
-            launch: Some(request.clone()),
-            ..Default::default()
-        };
-        match self.call(&call).await? {
+        match self.call(&encode_call(LAUNCH_FIELD, request)).await? {
             pb::fd_attach_reply::Result::Launched(response) => Ok(response),
             other => Err(LaneError::Failed(Error::Protocol(format!(
                 "the fd socket answered a launch with {other:?}"
@@ -183,11 +186,7 @@ impl FdLane {
         &self,
         request: &pb::LoadKernelRequest,
     ) -> Result<pb::LoadKernelResponse, LaneError> {
-        let call = pb::FdAttach {
-            load: Some(request.clone()),
-            ..Default::default()
-        };
-        match self.call(&call).await? {
+        match self.call(&encode_call(LOAD_FIELD, request)).await? {
             pb::fd_attach_reply::Result::Loaded(response) => Ok(response),
             other => Err(LaneError::Failed(Error::Protocol(format!(
                 "the fd socket answered a kernel load with {other:?}"
@@ -195,18 +194,17 @@ impl FdLane {
         }
     }
 
-    /// One exchange: `call` out, its reply's result (a refusal as the
-    /// error gRPC would have given) back.
-    async fn call(&self, call: &pb::FdAttach) -> Result<pb::fd_attach_reply::Result, LaneError> {
-        if call.encoded_len() > MAX_PACKET {
+    /// One exchange: `packet` (an encoded `FdAttach`) out, its reply's
+    /// result (a refusal as the error gRPC would have given) back.
+    async fn call(&self, packet: &[u8]) -> Result<pb::fd_attach_reply::Result, LaneError> {
+        if packet.len() > MAX_PACKET {
             return Err(LaneError::NotSent);
         }
-        let packet = call.encode_to_vec();
-        let lent = self.borrow().ok_or(LaneError::NotSent)?;
-        let socket = lent.socket().ok_or(LaneError::NotSent)?;
+        let mut lent = self.borrow().ok_or(LaneError::NotSent)?;
+        let conn = lent.conn.as_mut().ok_or(LaneError::NotSent)?;
         // A failed send was not read: the daemon closed the connection (a
         // restart), or the socket broke. The connection is dropped.
-        send_async(socket, &packet, None)
+        send_async(&conn.socket, packet, None)
             .await
             .map_err(|_| LaneError::NotSent)?;
         let broken = |what: String| {
@@ -214,8 +212,8 @@ impl FdLane {
                 "the fd socket connection broke during a call: {what}"
             ))))
         };
-        let reply = match recv_async(socket).await {
-            Ok(Some(reply)) => reply,
+        let reply = match recv_async_in(&conn.socket, &mut conn.buffer).await {
+            Ok(Some(meta)) => decode_reply(conn.buffer.bytes(&meta), meta),
             Ok(None) => return Err(broken("the daemon closed it".into())),
             // The daemon closed the connection with the packet still in its
             // queue (the kernel resets a Unix socket closed with unread
@@ -230,7 +228,7 @@ impl FdLane {
             }
             Err(e) => return Err(broken(e.to_string())),
         };
-        match decode_reply(reply) {
+        match reply {
             Ok(result) => {
                 lent.give_back();
                 Ok(result)
@@ -248,6 +246,18 @@ impl FdLane {
     }
 }
 
+/// `FdAttach`'s field numbers of the calls (ptxd.proto).
+const LAUNCH_FIELD: u32 = 2;
+const LOAD_FIELD: u32 = 3;
+
+/// An `FdAttach` holding `call` in field `field`, encoded from a borrow:
+/// the request is not cloned (a load's artifact is up to 64 KiB).
+fn encode_call(field: u32, call: &impl Message) -> Vec<u8> {
+    let mut packet = Vec::with_capacity(call.encoded_len() + 8);
+    prost::encoding::message::encode(field, call, &mut packet);
+    packet
+}
+
 /// Whether `error` is the daemon's refusal of a connection at its caps.
 fn turned_away(error: &Error) -> bool {
     error.refusal().is_some_and(|refusal| {
@@ -257,4 +267,44 @@ fn turned_away(error: &Error) -> bool {
                 .get("limit")
                 .is_some_and(|limit| CAP_LIMITS.contains(&limit.as_str()))
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_encoded_from_a_borrow_decodes_as_the_fd_attach_it_stands_for() {
+        let launch = pb::LaunchRequest {
+            session: "s-1".into(),
+            kernel: "k-2".into(),
+            n: 4099,
+            tag: 7,
+            params: vec![1.5, -2.0],
+            ..Default::default()
+        };
+        let decoded = pb::FdAttach::decode(encode_call(LAUNCH_FIELD, &launch).as_slice()).unwrap();
+        assert_eq!(
+            decoded,
+            pb::FdAttach {
+                launch: Some(launch),
+                ..Default::default()
+            }
+        );
+        let load = pb::LoadKernelRequest {
+            session: "s-1".into(),
+            artifact: (0..=255).collect(),
+            symbol: "add".into(),
+            ..Default::default()
+        };
+        let decoded = pb::FdAttach::decode(encode_call(LOAD_FIELD, &load).as_slice()).unwrap();
+        assert_eq!(
+            decoded,
+            pb::FdAttach {
+                load: Some(load),
+                ..Default::default()
+            }
+        );
+    }
 }

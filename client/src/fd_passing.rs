@@ -81,15 +81,72 @@ pub fn send_packet(
 /// Receives one packet. `Ok(None)`: the peer closed the connection.
 /// `dont_wait`: `EAGAIN` instead of blocking when nothing is queued.
 pub fn recv_packet(socket: BorrowedFd<'_>, dont_wait: bool) -> nix::Result<Option<Packet>> {
-    let mut buffer = vec![0u8; MAX_PACKET];
-    let mut control = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    let mut buffer = PacketBuffer::new();
+    Ok(
+        recv_packet_in(socket, dont_wait, &mut buffer)?.map(|meta| Packet {
+            bytes: buffer.bytes[..meta.len].to_vec(),
+            fds: meta.fds,
+            truncated: meta.truncated,
+        }),
+    )
+}
+
+/// Room for one packet and its descriptors, kept by a connection from one
+/// packet to the next (a fresh one is [`MAX_PACKET`] bytes to allocate and
+/// zero for every packet).
+#[derive(Debug)]
+pub struct PacketBuffer {
+    bytes: Vec<u8>,
+    control: Vec<u8>,
+}
+
+impl Default for PacketBuffer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PacketBuffer {
+    /// A buffer for one packet of up to [`MAX_PACKET`] bytes.
+    pub fn new() -> Self {
+        PacketBuffer {
+            bytes: vec![0u8; MAX_PACKET],
+            control: nix::cmsg_space!([RawFd; SCM_MAX_FD]),
+        }
+    }
+
+    /// The bytes of the packet `meta` describes.
+    pub fn bytes(&self, meta: &PacketMeta) -> &[u8] {
+        &self.bytes[..meta.len.min(self.bytes.len())]
+    }
+}
+
+/// A packet received into a [`PacketBuffer`].
+#[derive(Debug)]
+pub struct PacketMeta {
+    /// How many of the buffer's bytes the packet filled.
+    pub len: usize,
+    /// Every descriptor the packet carried, owned.
+    pub fds: Vec<OwnedFd>,
+    /// The packet was longer than [`MAX_PACKET`]; the buffer holds its
+    /// start.
+    pub truncated: bool,
+}
+
+/// [`recv_packet`] into `buffer`, which the caller keeps for the next.
+pub fn recv_packet_in(
+    socket: BorrowedFd<'_>,
+    dont_wait: bool,
+    buffer: &mut PacketBuffer,
+) -> nix::Result<Option<PacketMeta>> {
     let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
     if dont_wait {
         flags |= MsgFlags::MSG_DONTWAIT;
     }
-    let (bytes, returned_flags, fds) = {
-        let mut iov = [IoSliceMut::new(&mut buffer)];
-        let message = recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut control), flags)?;
+    let PacketBuffer { bytes, control } = buffer;
+    let (len, returned_flags, fds) = {
+        let mut iov = [IoSliceMut::new(bytes)];
+        let message = recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(control), flags)?;
         let mut fds = Vec::new();
         // With room for SCM_MAX_FD descriptors the control data is never
         // truncated; if it were, nix refuses to walk it (ENOBUFS) and the
@@ -106,12 +163,11 @@ pub fn recv_packet(socket: BorrowedFd<'_>, dont_wait: bool) -> nix::Result<Optio
         }
         (message.bytes, message.flags, fds)
     };
-    if bytes == 0 && fds.is_empty() {
+    if len == 0 && fds.is_empty() {
         return Ok(None);
     }
-    buffer.truncate(bytes);
-    Ok(Some(Packet {
-        bytes: buffer,
+    Ok(Some(PacketMeta {
+        len,
         fds,
         truncated: returned_flags.contains(MsgFlags::MSG_TRUNC),
     }))
@@ -148,15 +204,16 @@ pub(crate) async fn send_async(
     }
 }
 
-/// Receives one packet on a non-blocking socket the reactor watches;
-/// `None` when the peer closed.
-pub(crate) async fn recv_async(
+/// Receives one packet into `buffer` on a non-blocking socket the reactor
+/// watches; `None` when the peer closed.
+pub async fn recv_async_in(
     socket: &tokio::io::unix::AsyncFd<OwnedFd>,
-) -> nix::Result<Option<Packet>> {
+    buffer: &mut PacketBuffer,
+) -> nix::Result<Option<PacketMeta>> {
     use std::os::fd::AsFd;
     loop {
         let mut ready = socket.readable().await.map_err(io_errno)?;
-        match recv_packet(socket.get_ref().as_fd(), true) {
+        match recv_packet_in(socket.get_ref().as_fd(), true, buffer) {
             Err(Errno::EAGAIN) => ready.clear_ready(),
             Err(Errno::EINTR) => {}
             other => return other,
