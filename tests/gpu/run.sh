@@ -7,6 +7,7 @@
 #   bash run.sh bench           the cuda_launch benchmark only
 #   bash run.sh daemon-bench    ptxd bench against a CUDA daemon, executor spin off/on
 #   bash run.sh mps             the cuda_launch benchmark under MPS
+#   bash run.sh python-bench    the Python client's launch costs (bench_launch.py)
 set -uo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -34,7 +35,8 @@ fi
 
 # The Python client's GPU tests, with the machine's python3 (torch, CuPy) seen
 # through --system-site-packages; the wheel and pytest come from the pack.
-python_tests() {
+# A venv with the wheel (and pytest) over the machine's python3 with torch.
+python_venv() {
   local venv="$HERE/pyenv" pip
   rm -rf "$venv"
   if python3 -m venv --system-site-packages "$venv"; then
@@ -55,11 +57,39 @@ python_tests() {
     && "${pip[@]}" install --quiet --disable-pip-version-check --no-index --find-links "$HERE/wheels/pytest" pytest \
     || return 1
   "$venv/bin/python" -c 'import ptxd, torch, pytest; print("ptxd", ptxd.__version__, "torch", torch.__version__, "pytest", pytest.__version__)'
+}
 
+python_tests() {
+  python_venv || return 1
+  local venv="$HERE/pyenv"
   mkdir -p "$LOGS/python"
   (cd "$HERE/python/tests" && PTXD_GPU_TESTS=1 PTXD_TEST_LOGS="$LOGS/python" \
     "$venv/bin/python" -m pytest -v -p no:cacheprovider -rs gpu)
 }
+
+# The Python client's launch costs (python/examples/bench_launch.py) against
+# a CUDA daemon, twice.
+python_bench() {
+  python_venv >/dev/null || return 1
+  local sock="$HERE/pybench.sock" pid rc=0 round
+  rm -f "$sock"
+  ./ptxd serve --socket "$sock" >>"$LOGS/bench-daemons.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do
+    ./ptxd health --socket "$sock" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  for round in 1 2; do
+    PTXD_CORPUS="$HERE/corpus" "$HERE/pyenv/bin/python" "$HERE/python/examples/bench_launch.py" "$sock" 2000 || rc=1
+  done
+  kill -TERM "$pid"
+  wait "$pid"
+  return $rc
+}
+if [ "${1:-}" = python-bench ]; then
+  python_bench 2>&1 | tee "$LOGS/python-bench.log"
+  exit "${PIPESTATUS[0]}"
+fi
 
 if [ "${1:-}" = python ]; then
   python_tests 2>&1 | tee "$LOGS/python-gpu-tests.log"
