@@ -8,6 +8,7 @@
 #   bash run.sh daemon-bench    ptxd bench against a CUDA daemon, executor spin off/on
 #   bash run.sh mps             the cuda_launch benchmark under MPS
 #   bash run.sh python-bench    the Python client's launch costs (bench_launch.py)
+#   bash run.sh python-bench-mps  the same under MPS
 set -uo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -67,6 +68,17 @@ python_tests() {
     "$venv/bin/python" -m pytest -v -p no:cacheprovider -rs gpu)
 }
 
+# Runs "$@" with an MPS control daemon of its own (private pipe directory).
+under_mps() {
+  export CUDA_MPS_PIPE_DIRECTORY="$HERE/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$HERE/mps/log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "run.sh: MPS cannot start here"; return 1; }
+  "$@"
+  local rc=$?
+  echo quit | nvidia-cuda-mps-control
+  cat "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null | tail -5
+  return $rc
+}
 # The Python client's launch costs (python/examples/bench_launch.py) against
 # a CUDA daemon, twice.
 python_bench() {
@@ -88,6 +100,10 @@ python_bench() {
 }
 if [ "${1:-}" = python-bench ]; then
   python_bench 2>&1 | tee "$LOGS/python-bench.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "${1:-}" = python-bench-mps ]; then
+  under_mps python_bench 2>&1 | tee "$LOGS/python-bench-mps.log"
   exit "${PIPESTATUS[0]}"
 fi
 
@@ -121,18 +137,8 @@ daemon_bench() {
 # The benchmark under MPS (every process's work in one GPU context): is the
 # ordered pipeline's cost the time-slicing between the session's context
 # and ptxd's? MPS runs for this command only, from a private pipe directory.
-mps_bench() {
-  export CUDA_MPS_PIPE_DIRECTORY="$HERE/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$HERE/mps/log"
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d || { echo "run.sh: MPS cannot start here"; return 1; }
-  ./cuda-launch-bench --bench
-  local rc=$?
-  echo quit | nvidia-cuda-mps-control
-  cat "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null | tail -5
-  return $rc
-}
 if [ "${1:-}" = mps ]; then
-  mps_bench 2>&1 | tee "$LOGS/bench-mps.log"
+  under_mps ./cuda-launch-bench --bench 2>&1 | tee "$LOGS/bench-mps.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [ "${1:-}" = bench ]; then
