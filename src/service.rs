@@ -433,13 +433,26 @@ impl PtxdService {
 
     /// Logs and counts a refusal made on the fd socket.
     fn fd_socket_refused(&self, rpc: &'static str, peer: Caller, error: &Error) {
+        self.refused_outside_the_layer(rpc, "fd socket", Some(peer), error);
+    }
+
+    /// Logs and counts a refusal the refusal layer cannot see (one inside
+    /// a `LaunchStream` message, or one made on the fd socket), as that
+    /// layer would: INTERNAL at error level, the rest at info.
+    fn refused_outside_the_layer(
+        &self,
+        rpc: &'static str,
+        transport: &'static str,
+        peer: Option<Caller>,
+        error: &Error,
+    ) {
         let refusal = error.refusal();
         let reason = refusal.reason.wire_name();
         self.observer.refusal(reason);
         if refusal.reason == api::Reason::Internal {
-            tracing::error!(rpc, transport = "fd socket", peer = ?peer, reason, message = %refusal.message, "internal error");
+            tracing::error!(rpc, transport, ?peer, reason, message = %refusal.message, "internal error");
         } else {
-            tracing::info!(rpc, transport = "fd socket", peer = ?peer, reason, message = %refusal.message, "refused");
+            tracing::info!(rpc, transport, ?peer, reason, message = %refusal.message, "refused");
         }
     }
 
@@ -450,14 +463,7 @@ impl PtxdService {
 
     /// A `LaunchStream` answer that refuses one request.
     fn stream_refusal(&self, tag: u64, error: Error) -> api::LaunchResponse {
-        let refusal = error.refusal();
-        self.observer.refusal(refusal.reason.wire_name());
-        tracing::info!(
-            rpc = "LaunchStream",
-            reason = refusal.reason.wire_name(),
-            message = %refusal.message,
-            "refused"
-        );
+        self.refused_outside_the_layer("LaunchStream", "http2", None, &error);
         api::LaunchResponse {
             tag,
             micros: 0,
