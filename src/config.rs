@@ -467,6 +467,8 @@ mod tests {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("200us").unwrap(), Duration::from_micros(200));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert!(parse_duration("5h").is_err());
         assert!(parse_duration("-1s").is_err());
         assert_eq!(parse_mode("660").unwrap(), 0o660);

@@ -180,6 +180,20 @@ pub struct Session {
 }
 
 impl Session {
+    /// Queues `event` on the session's lease stream. The stream holds a
+    /// bounded backlog; a client that stopped reading its lease past it
+    /// loses the event, and that is logged (with the session) rather than
+    /// dropped silently.
+    pub fn notify(&self, event: LeaseEvent) {
+        if let Err(mpsc::error::TrySendError::Full(event)) = self.events.try_send(event) {
+            tracing::warn!(
+                session = %self.id,
+                ?event,
+                "a lease event was dropped: the client is not reading its lease stream"
+            );
+        }
+    }
+
     pub fn tenant(&self) -> Tenant {
         self.opener.tenant()
     }

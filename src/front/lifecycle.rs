@@ -174,7 +174,7 @@ impl Front {
             reason: reason.to_string(),
         };
         for session in state.sessions.values() {
-            let _ = session.events.try_send(event.clone());
+            session.notify(event.clone());
         }
         self.publish_availability(&state);
     }

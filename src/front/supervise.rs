@@ -219,7 +219,7 @@ impl Front {
                         if session.ring.is_some_and(|(device, _)| device == index) {
                             session.ring = None;
                         }
-                        let _ = session.events.try_send(event.clone());
+                        session.notify(event.clone());
                     }
                     self.publish_availability(&state);
                 }
