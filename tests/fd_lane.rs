@@ -40,9 +40,9 @@ struct Add {
     out: HostShm,
 }
 
-/// The add kernel over `n` fresh random elements, the output poisoned.
-async fn add(session: &Session, n: usize) -> Add {
-    let kernel = session
+/// The corpus add kernel, loaded in `session`.
+async fn load_add(session: &Session) -> Kernel {
+    session
         .load_ptx(
             0,
             corpus("add_f32_scalar.ptx"),
@@ -50,7 +50,12 @@ async fn add(session: &Session, n: usize) -> Add {
             LoadOptions::default(),
         )
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The add kernel over `n` fresh random elements, the output poisoned.
+async fn add(session: &Session, n: usize) -> Add {
+    let kernel = load_add(session).await;
     let bytes = n as u64 * 4;
     let (a, b) = (random_f32(n), random_f32(n));
     let mut shm_a = HostShm::create(bytes).unwrap();
@@ -352,15 +357,7 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     // Another session's load of the same text is a cache hit, on the same
     // connection, with the signature the first load got.
     let second = client.open_session("fd load 2").await.unwrap();
-    let again = second
-        .load_ptx(
-            0,
-            corpus("add_f32_scalar.ptx"),
-            "add_f32_scalar",
-            LoadOptions::default(),
-        )
-        .await
-        .unwrap();
+    let again = load_add(&second).await;
     assert!(again.state().cache_hit);
     assert_eq!(again.state().signature, job.kernel.state().signature);
     assert_eq!(accepted_on(&fd_path), 1);

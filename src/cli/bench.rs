@@ -233,6 +233,28 @@ impl Operands {
     }
 }
 
+/// The embedded add kernel, loaded in `session` on `device`.
+async fn load_add(session: &Session, device: &str) -> Result<Kernel, CliError> {
+    Ok(session
+        .load_ptx(
+            device_of(device)?,
+            ADD_PTX,
+            ADD_SYMBOL,
+            LoadOptions::default(),
+        )
+        .await?)
+}
+
+/// An async launch of the add kernel over the three `buffers` (a, b, out).
+fn add_launch(buffers: &[Buffer], n: u64) -> Launch {
+    Launch::new(
+        [buffers[0].operand(), buffers[1].operand()],
+        buffers[2].operand(),
+        n,
+    )
+    .sync(false)
+}
+
 /// `iterations` async launches after a warm-up: each round trip, and the
 /// daemon's own time for it.
 async fn unary_launches(
@@ -272,23 +294,11 @@ async fn measure(client: &Client, args: &BenchArgs) -> Result<Report, CliError> 
         .map_err(|_| CliError::Usage(format!("--n {} does not fit this machine", args.n)))?;
     let info = client.info().await?;
     let session = client.open_session("ptxd bench").await?;
-    let kernel = session
-        .load_ptx(
-            device_of(&args.device)?,
-            ADD_PTX,
-            ADD_SYMBOL,
-            LoadOptions::default(),
-        )
-        .await?;
+    let kernel = load_add(&session, &args.device).await?;
     let device_uuid = kernel.state().device_uuid;
     let operands = Operands::create(&info.backend, &device_uuid, n)?;
     let buffers = operands.register(&session, &device_uuid).await?;
-    let launch = Launch::new(
-        [buffers[0].operand(), buffers[1].operand()],
-        buffers[2].operand(),
-        args.n,
-    )
-    .sync(false);
+    let launch = add_launch(&buffers, args.n);
 
     let mut report = Report {
         backend: info.backend,
@@ -305,21 +315,9 @@ async fn measure(client: &Client, args: &BenchArgs) -> Result<Report, CliError> 
     check_sums(&session, &kernel, &launch, &operands, n).await?;
     let http2 = client.clone().without_fd_lane();
     let http2_session = http2.open_session("ptxd bench (HTTP/2)").await?;
-    let http2_kernel = http2_session
-        .load_ptx(
-            device_of(&args.device)?,
-            ADD_PTX,
-            ADD_SYMBOL,
-            LoadOptions::default(),
-        )
-        .await?;
+    let http2_kernel = load_add(&http2_session, &args.device).await?;
     let http2_buffers = operands.register(&http2_session, &device_uuid).await?;
-    let http2_launch = Launch::new(
-        [http2_buffers[0].operand(), http2_buffers[1].operand()],
-        http2_buffers[2].operand(),
-        args.n,
-    )
-    .sync(false);
+    let http2_launch = add_launch(&http2_buffers, args.n);
     let (mut unary_http2, _) =
         unary_launches(&http2_session, &http2_kernel, &http2_launch, iterations).await?;
     http2_session.close().await?;
