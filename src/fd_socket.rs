@@ -26,7 +26,8 @@
 //!   most [`MAX_CONNECTIONS_PER_UID`] of one uid; others get one refusal
 //!   (LIMIT_EXCEEDED) before anything they sent is read, and are closed, so
 //!   a client knows its packet was not run. Each is closed after
-//!   [`IDLE_TIMEOUT`] without a packet, and a
+//!   [`IDLE_TIMEOUT`] without a packet (or with a reply it does not read),
+//!   and a
 //!   connection handles one packet at a time, so a local user cannot make
 //!   the daemon hold more than one unregistered descriptor per connection.
 
@@ -290,7 +291,12 @@ async fn serve_connection(
             }
             Err(refusal) => (refused(refusal), false),
         };
-        if send(&connection, &reply.encode_to_vec()).await.is_err() || !keep_going {
+        // A client that stops reading its replies fills its queue; the
+        // reply then waits at most the idle timeout, so such a client cannot
+        // hold its connection slot (nor a drain) for good.
+        let sent =
+            tokio::time::timeout(IDLE_TIMEOUT, send(&connection, &reply.encode_to_vec())).await;
+        if !matches!(sent, Ok(Ok(()))) || !keep_going {
             return;
         }
     }
