@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{corpus, random_f32, Daemon};
+use common::{corpus, executor_pid, random_f32, Daemon};
 use half::f16;
 use ptxd_client::{
     Buffer, Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session,
@@ -47,16 +47,6 @@ async fn f32_buffer(session: &Session, values: Option<&[f32]>, n: usize) -> (Hos
     }
     let buffer = session.register_shm(&shm, None).await.unwrap();
     (shm, buffer)
-}
-
-async fn executor_pid(client: &Client, device: usize) -> u32 {
-    let info = client
-        .raw()
-        .get_info(ptxd_proto::v1::GetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    info.devices[device].executor_pid
 }
 
 /// Waits (up to 5 s) until device 0 is available in a generation other than

@@ -13,7 +13,7 @@ mod ring_completions;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use common::{corpus, random_f32, wait_until, Daemon};
+use common::{corpus, executor_pid, random_f32, wait_until, Daemon};
 use ptxd_client::fd_passing::fd_socket_path;
 use ptxd_client::{
     attach_fd, Buffer, Client, FdBufferSpec, HostMemfd, HostShm, Launch, LoadOptions, Refusal,
@@ -135,17 +135,6 @@ fn memfd_mappings(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-async fn executor_pid(client: &Client) -> u32 {
-    client
-        .raw()
-        .get_info(pb::GetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .devices[0]
-        .executor_pid
-}
-
 fn refusal_reason(error: &ptxd_client::Error) -> &'static str {
     error
         .refusal()
@@ -167,7 +156,7 @@ async fn memfd_buffers_launch_like_shm_and_unmap_when_released() {
     let listed = session.list_buffers().await.unwrap();
     assert_eq!(listed.len(), 3);
     assert!(listed.iter().all(|b| b.kind == "posix_fd"), "{listed:?}");
-    let executor = executor_pid(&client).await;
+    let executor = executor_pid(&client, 0).await;
     assert_eq!(memfd_mappings(executor), 3);
 
     // A buffer at an offset inside its memfd: the launch sees the bytes
@@ -522,7 +511,7 @@ async fn memfd_buffers_survive_an_executor_restart() {
     let session = client.open_session("restart").await.unwrap();
     let operands = add_operands(&session, 2048).await;
     let old = client.info().await.unwrap().devices[0].generation;
-    let executor = executor_pid(&client).await;
+    let executor = executor_pid(&client, 0).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(executor as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -541,7 +530,7 @@ async fn memfd_buffers_survive_an_executor_restart() {
     // The front kept each descriptor and opened it in the new executor.
     let listed = session.list_buffers().await.unwrap();
     assert!(listed.iter().all(|b| b.live), "{listed:?}");
-    let new_executor = executor_pid(&client).await;
+    let new_executor = executor_pid(&client, 0).await;
     assert_eq!(memfd_mappings(new_executor), 3);
     add_checks_out(&session, &operands).await;
 }

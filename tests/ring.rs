@@ -15,7 +15,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{corpus, random_f32, Daemon};
+use common::{corpus, executor_pid, random_f32, Daemon};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
 use ptxd_client::{
     Buffer, Client, Error, HostShm, Kernel, Launch, LaunchRing, LoadOptions, OrphanCause,
@@ -295,16 +295,7 @@ async fn a_client_that_shrinks_its_ring_loses_only_its_ring() {
     let (_a_shm, a_buf) = f32_buffer(&session, Some(&a), n).await;
     let (_b_shm, b_buf) = f32_buffer(&session, Some(&b), n).await;
     let (mut out_shm, out_buf) = f32_buffer(&session, None, n).await;
-    let executor_pid = |client: Client| async move {
-        let info = client
-            .raw()
-            .get_info(ptxd_proto::v1::GetInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        info.devices[0].executor_pid
-    };
-    let before = executor_pid(client.clone()).await;
+    let before = executor_pid(&client, 0).await;
     let mut ring = session.open_ring(8, 0).await.unwrap();
     ring.launch(
         &add,
@@ -337,7 +328,7 @@ async fn a_client_that_shrinks_its_ring_loses_only_its_ring() {
     std::thread::sleep(Duration::from_millis(300));
     // The executor is the same process, and serves this session over gRPC
     // and a new ring.
-    assert_eq!(executor_pid(client.clone()).await, before);
+    assert_eq!(executor_pid(&client, 0).await, before);
     out_shm.write_f32(0, &vec![f32::NAN; n]).unwrap();
     let mut ring = session.open_ring(8, 0).await.unwrap();
     ring.launch(
@@ -604,14 +595,7 @@ async fn when_the_executor_dies_the_sdk_releases_the_rings_waiters() {
     let generation = blocked.ring.generation();
     let executor = client.info().await.unwrap().devices[0].clone();
     assert_eq!(executor.generation, generation);
-    let pid = client
-        .raw()
-        .get_info(ptxd_proto::v1::GetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .devices[0]
-        .executor_pid;
+    let pid = executor_pid(&client, 0).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGKILL,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 // Each suite uses its own part of the helper.
 #[allow(unused_imports)]
-pub use daemon_support::{ptxd_bin, run_to_exit, serve_command, Daemon};
+pub use daemon_support::{executor_pid, ptxd_bin, run_to_exit, serve_command, Daemon};
 
 pub const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus");
 

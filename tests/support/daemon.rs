@@ -244,3 +244,14 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// The pid of device `device`'s executor, as `GetInfo` reports it.
+pub async fn executor_pid(client: &ptxd_client::Client, device: usize) -> u32 {
+    let info = client
+        .raw()
+        .get_info(ptxd_proto::v1::GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    info.devices[device].executor_pid
+}
