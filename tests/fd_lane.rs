@@ -261,21 +261,24 @@ async fn a_launch_packet_with_a_descriptor_or_a_token_is_refused_and_runs_nothin
     send_packet(socket.as_fd(), &packet("", None), None, false).unwrap();
     assert!(recv_packet(socket.as_fd(), false).unwrap().is_none());
     assert!(job.out.read_f32(0, n).unwrap().iter().all(|v| v.is_nan()));
-    // The well-formed packet runs, with its tag.
-    let (reply, closed) = {
-        let socket = connect_seqpacket(&path, false).unwrap();
+    // The well-formed packet runs, with its tag, and the connection goes
+    // on: a second launch on it is answered too.
+    let socket = connect_seqpacket(&path, false).unwrap();
+    for tag in [7, 8] {
+        let request = pb::LaunchRequest {
+            tag,
+            ..request.clone()
+        };
         send_packet(socket.as_fd(), &packet("", Some(request)), None, false).unwrap();
         let reply = recv_packet(socket.as_fd(), false).unwrap().unwrap();
         let reply = <pb::FdAttachReply as prost::Message>::decode(reply.bytes.as_slice()).unwrap();
-        (reply, false)
-    };
-    assert!(!closed);
-    match reply.result {
-        Some(pb::fd_attach_reply::Result::Launched(launched)) => {
-            assert_eq!(launched.tag, 7);
-            assert!(launched.error.is_none());
+        match reply.result {
+            Some(pb::fd_attach_reply::Result::Launched(launched)) => {
+                assert_eq!(launched.tag, tag);
+                assert!(launched.error.is_none());
+            }
+            other => panic!("expected a launch, got {other:?}"),
         }
-        other => panic!("expected a launch, got {other:?}"),
     }
     job.check();
 }
