@@ -411,18 +411,21 @@ impl PtxdService {
             .inspect_err(|error| self.fd_socket_refused("Launch", peer, error))
     }
 
-    /// A `LoadKernel` that came over the fd socket: the same detached front
-    /// call and load metrics as the RPC; a refusal is logged and counted
-    /// here, once.
+    /// A `LoadKernel` that came over the fd socket: the same front call and
+    /// load metrics as the RPC; a refusal is logged and counted here, once.
     pub(crate) async fn fd_socket_load(
         &self,
         peer: Caller,
         request: api::LoadKernelRequest,
     ) -> Result<api::LoadKernelResponse, Error> {
         let started = Instant::now();
-        let front = self.front.clone();
         let request = load_request(request);
-        let result = detached(async move { front.load_kernel(request, peer).await }).await;
+        // Not detached, unlike the RPC: a client hanging up does not drop
+        // the fd socket's connection task (it is seen only at the reply) and
+        // the drain waits for it, so the load is not cut half-way; only a
+        // drain past its timeout aborts it, and then the daemon is exiting.
+        // A cache hit so pays no task hand-over.
+        let result = self.front.load_kernel(request, peer).await;
         if let Ok(loaded) = &result {
             self.observer.load(loaded.cache_hit, started.elapsed());
         }

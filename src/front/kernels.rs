@@ -28,6 +28,7 @@ use crate::error::Error;
 use crate::executor::supervisor::ExecutorLink;
 use crate::executor::ExecutorError;
 use crate::handles::{BootId, DeviceGeneration, HandleToken, KernelHandle, KernelRef, SessionId};
+use crate::ptx::memo::Accepted;
 use crate::ptx::{self, DeclaredAbi, Signature};
 use crate::sessions::{Caller, Session, SessionError, Tenant};
 use crate::slots::{ContentKey, LoadedKernel, SlotError, StaleWhy};
@@ -113,11 +114,28 @@ struct Prepared {
     session: SessionId,
     device_index: usize,
     hash: [u8; 32],
-    artifact: Vec<u8>,
+    artifact: Artifact,
     kind: ExecArtifactKind,
     symbol: String,
     label: String,
     signature: Signature,
+}
+
+/// The final bytes of a load: PTX's canonical text, shared with the memo
+/// (a cache hit copies nothing), or machine code as the client sent it.
+#[derive(Debug)]
+enum Artifact {
+    Ptx(Arc<Accepted>),
+    Machine(Vec<u8>),
+}
+
+impl Artifact {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Artifact::Ptx(accepted) => accepted.canonical.text.as_bytes(),
+            Artifact::Machine(bytes) => bytes,
+        }
+    }
 }
 
 impl State {
@@ -260,24 +278,25 @@ impl Front {
         } = request;
         let (artifact, signature, kind) = match kind {
             ArtifactKind::Ptx => {
-                let text = String::from_utf8(artifact).map_err(|e| {
-                    Error::Ptx(ptx::PtxError::Parse {
-                        line: 0,
-                        column: 0,
-                        message: format!("PTX is not UTF-8: {e}"),
-                    })
-                })?;
                 let declared_abi = declared.map(|d| DeclaredAbi {
                     inputs: d.inputs,
                     scalar_params: d.scalar_params,
                 });
-                // A text verified before is looked up here, on this thread:
-                // a cache hit then costs a hash, not a verification or a hop
-                // to a blocking thread and back. Only new text is verified,
-                // off the async workers.
-                let canonical = match self.canonical.lookup(&text, &symbol, declared_abi) {
-                    Some(canonical) => canonical,
+                // Bytes accepted before are looked up here, on this thread,
+                // before any UTF-8 check: a cache hit then costs one hash,
+                // not a verification or a hop to a blocking thread and back.
+                // Only new text is checked and verified, off the async
+                // workers.
+                let accepted = match self.canonical.lookup(&artifact, &symbol, declared_abi) {
+                    Some(accepted) => accepted,
                     None => {
+                        let text = String::from_utf8(artifact).map_err(|e| {
+                            Error::Ptx(ptx::PtxError::Parse {
+                                line: 0,
+                                column: 0,
+                                message: format!("PTX is not UTF-8: {e}"),
+                            })
+                        })?;
                         let memo = self.canonical.clone();
                         let verified_symbol = symbol.clone();
                         tokio::task::spawn_blocking(move || {
@@ -292,11 +311,8 @@ impl Front {
                 };
                 // From here on the artifact is the canonical text: it is what
                 // the executor compiles and what the cache key hashes.
-                (
-                    canonical.text.clone().into_bytes(),
-                    canonical.signature.clone(),
-                    ExecArtifactKind::Ptx,
-                )
+                let signature = accepted.canonical.signature.clone();
+                (Artifact::Ptx(accepted), signature, ExecArtifactKind::Ptx)
             }
             ArtifactKind::Cubin | ArtifactKind::Fatbin => {
                 let (exec_kind, name) = if kind == ArtifactKind::Cubin {
@@ -338,7 +354,7 @@ impl Front {
                     reqntid: None,
                     maxntid: None,
                 };
-                (artifact, signature, exec_kind)
+                (Artifact::Machine(artifact), signature, exec_kind)
             }
             ArtifactKind::Unspecified => {
                 return Err(Error::InvalidArgument {
@@ -348,10 +364,14 @@ impl Front {
             }
         };
         check_operand_cap(signature.inputs, signature.scalar_params)?;
+        let hash = match &artifact {
+            Artifact::Ptx(accepted) => accepted.hash,
+            Artifact::Machine(bytes) => *blake3::hash(bytes).as_bytes(),
+        };
         Ok(Prepared {
             session,
             device_index,
-            hash: *blake3::hash(&artifact).as_bytes(),
+            hash,
             artifact,
             kind,
             symbol,
@@ -457,7 +477,7 @@ impl Front {
         started: Instant,
     ) -> Result<LoadedKernelInfo, Error> {
         let tenant = peer.tenant();
-        let bytes = load.artifact.len() as u64;
+        let bytes = load.artifact.bytes().len() as u64;
         let scope = self.cache_scope_of(tenant);
         let mut evicted: Cleanup = Vec::new();
         let checked = {
@@ -479,7 +499,7 @@ impl Front {
         let op = Op::LoadModule(exec::LoadModule {
             module_id,
             kind: load.kind as i32,
-            artifact: load.artifact.clone(),
+            artifact: load.artifact.bytes().to_vec(),
             symbol: load.symbol.clone(),
             inputs: signature.inputs,
             scalar_params: signature.scalar_params,
@@ -597,7 +617,7 @@ impl Front {
             signature: load.signature.clone(),
             scope,
         };
-        let bytes = load.artifact.len() as u64;
+        let bytes = load.artifact.bytes().len() as u64;
         let cached = state.slots.cached(&key, State::is_live(&state.devices));
         if let Some(handle) = cached {
             // Loading a kernel the session already holds is idempotent.

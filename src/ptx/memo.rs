@@ -11,6 +11,10 @@
 //!   bad texts costs the sender, not the memo).
 //! - At most `max_entries` entries and `max_bytes` of client plus canonical
 //!   text are held; the least recently used go first.
+//! - The key is computed over the client's bytes, so a hit needs neither a
+//!   UTF-8 check (only accepted, hence UTF-8, texts are kept) nor a hash of
+//!   the canonical text: the entry keeps that hash, the cache key of the
+//!   slot table.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,9 +23,24 @@ use super::{canonicalize, Canonical, DeclaredAbi, PtxError};
 
 type Key = [u8; 32];
 
+/// An accepted kernel: its canonical form and the BLAKE3 hash of the
+/// canonical text (what the kernel cache is keyed by).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Accepted {
+    pub canonical: Canonical,
+    pub hash: [u8; 32],
+}
+
+impl Accepted {
+    fn new(canonical: Canonical) -> Accepted {
+        let hash = *blake3::hash(canonical.text.as_bytes()).as_bytes();
+        Accepted { canonical, hash }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
-    canonical: Arc<Canonical>,
+    accepted: Arc<Accepted>,
     bytes: usize,
     used: u64,
 }
@@ -41,10 +60,10 @@ pub struct CanonicalMemo {
     max_bytes: usize,
 }
 
-fn key(text: &str, symbol: &str, declared: Option<DeclaredAbi>) -> Key {
+fn key(text: &[u8], symbol: &str, declared: Option<DeclaredAbi>) -> Key {
     let mut h = blake3::Hasher::new();
     h.update(&(text.len() as u64).to_le_bytes());
-    h.update(text.as_bytes());
+    h.update(text);
     h.update(&(symbol.len() as u64).to_le_bytes());
     h.update(symbol.as_bytes());
     match declared {
@@ -73,25 +92,26 @@ impl CanonicalMemo {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The memo's answer for these exact inputs, if they were accepted
-    /// before: a hash and a map lookup, cheap enough to run on the caller's
-    /// thread before deciding whether verification needs a blocking thread.
+    /// The memo's answer for these exact bytes, if they were accepted
+    /// before: one hash and a map lookup, cheap enough to run on the
+    /// caller's thread before deciding whether verification needs a
+    /// blocking thread. The bytes need not be checked for UTF-8 first.
     pub fn lookup(
         &self,
-        text: &str,
+        text: &[u8],
         symbol: &str,
         declared: Option<DeclaredAbi>,
-    ) -> Option<Arc<Canonical>> {
+    ) -> Option<Arc<Accepted>> {
         self.lookup_key(&key(text, symbol, declared))
     }
 
-    fn lookup_key(&self, k: &Key) -> Option<Arc<Canonical>> {
+    fn lookup_key(&self, k: &Key) -> Option<Arc<Accepted>> {
         let mut inner = self.lock();
         inner.tick += 1;
         let tick = inner.tick;
         let e = inner.map.get_mut(k)?;
         e.used = tick;
-        Some(e.canonical.clone())
+        Some(e.accepted.clone())
     }
 
     /// [`canonicalize`], served from the memo when these exact inputs were
@@ -101,15 +121,15 @@ impl CanonicalMemo {
         text: &str,
         symbol: &str,
         declared: Option<DeclaredAbi>,
-    ) -> Result<(Arc<Canonical>, bool), PtxError> {
-        let k = key(text, symbol, declared);
-        if let Some(canonical) = self.lookup_key(&k) {
-            return Ok((canonical, true));
+    ) -> Result<(Arc<Accepted>, bool), PtxError> {
+        let k = key(text.as_bytes(), symbol, declared);
+        if let Some(accepted) = self.lookup_key(&k) {
+            return Ok((accepted, true));
         }
-        let canonical = Arc::new(canonicalize(text, symbol, declared)?);
-        let bytes = text.len() + canonical.text.len();
+        let accepted = Arc::new(Accepted::new(canonicalize(text, symbol, declared)?));
+        let bytes = text.len() + accepted.canonical.text.len();
         if bytes > self.max_bytes {
-            return Ok((canonical, false));
+            return Ok((accepted, false));
         }
         let mut inner = self.lock();
         while !inner.map.is_empty()
@@ -132,7 +152,7 @@ impl CanonicalMemo {
         if let Some(old) = inner.map.insert(
             k,
             Entry {
-                canonical: canonical.clone(),
+                accepted: accepted.clone(),
                 bytes,
                 used,
             },
@@ -140,7 +160,7 @@ impl CanonicalMemo {
             inner.bytes -= old.bytes;
         }
         inner.bytes += bytes;
-        Ok((canonical, false))
+        Ok((accepted, false))
     }
 
     /// Entries and bytes held.
@@ -167,16 +187,24 @@ mod tests {
     fn a_repeat_is_served_and_equals_a_fresh_canonicalization() {
         let memo = CanonicalMemo::new(8, 1 << 20);
         let text = corpus("add_f32_scalar");
-        assert!(memo.lookup(&text, "add_f32_scalar", None).is_none());
+        let bytes = text.as_bytes();
+        assert!(memo.lookup(bytes, "add_f32_scalar", None).is_none());
         let (first, hit) = memo.canonicalize(&text, "add_f32_scalar", None).unwrap();
         assert!(!hit);
-        let looked_up = memo.lookup(&text, "add_f32_scalar", None).unwrap();
+        let looked_up = memo.lookup(bytes, "add_f32_scalar", None).unwrap();
         assert!(Arc::ptr_eq(&first, &looked_up));
-        assert!(memo.lookup(&text, "add_f32_other", None).is_none());
+        assert!(memo.lookup(bytes, "add_f32_other", None).is_none());
+        // One byte more is another text.
+        assert!(memo
+            .lookup(format!("{text} ").as_bytes(), "add_f32_scalar", None)
+            .is_none());
         let (again, hit) = memo.canonicalize(&text, "add_f32_scalar", None).unwrap();
         assert!(hit);
         assert!(Arc::ptr_eq(&first, &again));
-        assert_eq!(*again, canonicalize(&text, "add_f32_scalar", None).unwrap());
+        let fresh = canonicalize(&text, "add_f32_scalar", None).unwrap();
+        // The kept hash is the canonical text's, the kernel cache's key.
+        assert_eq!(again.hash, *blake3::hash(fresh.text.as_bytes()).as_bytes());
+        assert_eq!(again.canonical, fresh);
         // Another declared ABI is another key, and is checked.
         let wrong = Some(DeclaredAbi {
             inputs: 3,
