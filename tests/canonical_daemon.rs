@@ -81,3 +81,54 @@ async fn spellings_share_one_canonical_kernel_and_the_block_is_the_one_that_runs
         assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
     }
 }
+
+/// The canonical memo is keyed by the client's bytes and looked up before
+/// any UTF-8 check: a text one byte away from an accepted one, made
+/// invalid UTF-8, must still be refused as not UTF-8, not served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_one_byte_from_an_accepted_one_is_checked_again() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("utf8").await.unwrap();
+    let original = corpus("add_f32_scalar.ptx");
+    let accepted = session
+        .load_ptx(
+            0,
+            original.clone(),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(!accepted.state().cache_hit);
+    // The same text again is a hit, through the raw RPC too.
+    let request = |artifact: Vec<u8>| ptxd_proto::v1::LoadKernelRequest {
+        session: session.id().to_string(),
+        device: None,
+        kind: ptxd_proto::v1::ArtifactKind::Ptx as i32,
+        artifact,
+        symbol: "add_f32_scalar".into(),
+        label: String::new(),
+        declared: None,
+    };
+    let again = client
+        .raw()
+        .load_kernel(request(original.clone().into_bytes()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.cache_hit);
+    // A comment byte turned into a lone continuation byte: same length,
+    // not UTF-8.
+    let mut bytes = original.into_bytes();
+    let at = bytes
+        .windows(2)
+        .position(|w| w == b"//")
+        .expect("the corpus kernel has a comment")
+        + 2;
+    bytes[at] = 0x80;
+    let status = client.raw().load_kernel(request(bytes)).await.unwrap_err();
+    let refusal = ptxd_client::Error::from(status);
+    assert_eq!(refusal.reason_name(), "INVALID_ARTIFACT");
+    assert!(refusal.to_string().contains("not UTF-8"), "{refusal}");
+}
