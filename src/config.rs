@@ -318,6 +318,16 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_EXECUTOR_SPIN", default_value = "200us", value_parser = parse_duration)]
     pub executor_spin: Duration,
 
+    /// How long the front polls for what it expects next before its worker
+    /// sleeps (0: at once): a fd socket connection's next call after a
+    /// reply, and the executor's reply to a call. A session launching back
+    /// to back then finds the front awake, and an executor reply is read by
+    /// the call that waits for it, not handed over by a woken reader. Each
+    /// wait spins at most this long, yielding its worker to other tasks
+    /// between polls, so an idle daemon costs nothing (BENCHMARKS.md).
+    #[arg(long, env = "PTXD_FRONT_SPIN", default_value = "200us", value_parser = parse_duration)]
+    pub front_spin: Duration,
+
     /// Per-launch time budget (0: none). A host launch that runs longer is
     /// stopped and refused KERNEL_TIMEOUT, and its executor goes on; a CUDA
     /// kernel cannot be stopped, so its launch is refused KERNEL_TIMEOUT and

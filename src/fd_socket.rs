@@ -44,7 +44,7 @@ use nix::sys::socket::{
     UnixAddr,
 };
 use prost::Message;
-use ptxd_client::fd_passing::{recv_async_in, send_packet, PacketBuffer, PacketMeta};
+use ptxd_client::fd_passing::{recv_spinning_in, send_packet, PacketBuffer, PacketMeta};
 use ptxd_proto::v1 as api;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Semaphore;
@@ -90,8 +90,15 @@ pub fn bind_fd_socket(path: &Path, mode: u32) -> std::io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Serves the fd socket until `stop` resolves.
-pub async fn serve(listener: OwnedFd, service: PtxdService, stop: impl Future<Output = ()>) {
+/// Serves the fd socket until `stop` resolves. After each reply a
+/// connection polls for its next packet for up to `spin` before its task
+/// sleeps (`--front-spin`).
+pub async fn serve(
+    listener: OwnedFd,
+    service: PtxdService,
+    spin: Duration,
+    stop: impl Future<Output = ()>,
+) {
     // SAFETY: the AsyncFd owns the listening socket, which stays open and
     // the same socket until it drops.
     let listener = match unsafe { AsyncFd::register(listener) } {
@@ -157,7 +164,7 @@ pub async fn serve(listener: OwnedFd, service: PtxdService, stop: impl Future<Ou
         let service = service.clone();
         let stopped = stopped.clone();
         connections.spawn(async move {
-            serve_connection(connection, peer, service, stopped).await;
+            serve_connection(connection, peer, service, spin, stopped).await;
             drop((permit, uid_slot));
         });
     }
@@ -248,6 +255,7 @@ async fn serve_connection(
     connection: OwnedFd,
     peer: Peer,
     service: PtxdService,
+    spin: Duration,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     // SAFETY: as for the listener: owned by the AsyncFd until it drops.
@@ -260,7 +268,7 @@ async fn serve_connection(
         let received = tokio::select! {
             biased;
             _ = stopped.wait_for(|stopped| *stopped) => return,
-            received = tokio::time::timeout(IDLE_TIMEOUT, recv_async_in(&connection, &mut buffer)) => received,
+            received = tokio::time::timeout(IDLE_TIMEOUT, recv_spinning_in(&connection, &mut buffer, spin)) => received,
         };
         let packet = match received {
             Ok(Ok(Some(packet))) => packet,

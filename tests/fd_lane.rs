@@ -418,3 +418,54 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     assert_eq!(padded.state().signature, job.kernel.state().signature);
     assert_eq!(accepted_on(&fd_path), 1);
 }
+
+/// Sessions launching at once, with the spins on (the defaults: replies
+/// read by the calls that wait for them, from one shared inbox) and off
+/// (every reply handed over by the link's reader task): each call gets its
+/// own answer (a refusal only where the launch was out of bounds), every
+/// result matches the reference, and the spin changes nothing but timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_calls_get_their_own_replies_with_and_without_the_spins() {
+    for (front_spin, reply_spin) in [
+        ("200us", ptxd_client::DEFAULT_REPLY_SPIN),
+        ("0", std::time::Duration::ZERO),
+    ] {
+        let daemon = Daemon::start(&["--front-spin", front_spin]);
+        let client = Client::connect(&daemon.target())
+            .await
+            .unwrap()
+            .with_reply_spin(reply_spin);
+        let mut tasks = tokio::task::JoinSet::new();
+        for k in 0..4usize {
+            let client = client.clone();
+            tasks.spawn(async move {
+                let session = client.open_session(&format!("spin {k}")).await.unwrap();
+                let n = 500 + 37 * k;
+                let job = add(&session, n).await;
+                for i in 0..60usize {
+                    // Every third launch asks for one element too many.
+                    let over = (i + k) % 3 == 0;
+                    let launch = job.launch(n as u64 + u64::from(over));
+                    match session.launch(&job.kernel, &launch).await {
+                        Ok(_) => assert!(!over, "session {k}, launch {i} passed out of bounds"),
+                        Err(e) => {
+                            assert!(over, "session {k}, launch {i}: {e}");
+                            assert_eq!(e.reason_name(), "BUFFER_TOO_SMALL", "{e}");
+                        }
+                    }
+                }
+                session
+                    .launch(&job.kernel, &job.launch(n as u64).sync(true))
+                    .await
+                    .unwrap();
+                job.check();
+                // A cache hit in the same breath.
+                let again = load_add(&session).await;
+                assert!(again.state().cache_hit);
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+    }
+}

@@ -11,13 +11,14 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ptxd_proto::v1 as pb;
 use ptxd_proto::v1::ptxd_client::PtxdClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::Error;
-use crate::fd_lane::FdLane;
+use crate::fd_lane::{FdLane, DEFAULT_REPLY_SPIN};
 use crate::lane::Lane;
 use crate::session::{Session, SessionOptions};
 use crate::socket_dir::{check_socket_dir, socket_dir, SocketDirError};
@@ -150,7 +151,7 @@ impl Client {
         let path = path.into();
         let fd_socket = crate::fd_passing::fd_socket_path(&path);
         let lane = Arc::new(Lane::new(path.clone()));
-        let fd_lane = Arc::new(FdLane::new(fd_socket.clone()));
+        let fd_lane = Arc::new(FdLane::new(fd_socket.clone(), DEFAULT_REPLY_SPIN));
         // The authority is a placeholder: it must be a plain host name, since
         // tonic's HTTP/2 layer rejects a socket path there.
         let channel = Endpoint::from_static("http://localhost")
@@ -198,6 +199,22 @@ impl Client {
             fd_lane: None,
             ..self
         }
+    }
+
+    /// The same client, with its unary calls on the fd socket polling for
+    /// their reply for up to `spin` (zero: not at all) before the calling
+    /// task sleeps; the default is [`DEFAULT_REPLY_SPIN`]. A reply that
+    /// comes within the spin is read without this thread being put to
+    /// sleep and woken (on a VM that wake-up costs about as much as the
+    /// daemon's work on a launch); the price is up to `spin` of this
+    /// thread's time per call, shared with the runtime's other tasks, as
+    /// the poll yields between tries.
+    pub fn with_reply_spin(self, spin: Duration) -> Self {
+        let fd_lane = self
+            .fd_lane
+            .as_ref()
+            .map(|lane| Arc::new(lane.with_spin(spin)));
+        Client { fd_lane, ..self }
     }
 
     /// The generated gRPC client on the same connection: an escape hatch for

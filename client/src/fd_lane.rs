@@ -27,6 +27,10 @@
 //!   before the daemon's own idle timeout (30 s) could close it under a
 //!   send. A call cancelled between its send and its reply drops its
 //!   connection, so no reply is ever read by the wrong call.
+//! - A call polls for its reply for up to the lane's spin
+//!   ([`DEFAULT_REPLY_SPIN`], [`crate::Client::with_reply_spin`]) before
+//!   its task sleeps, yielding to the runtime between polls: a reply that
+//!   comes within the spin costs no wake-up of this thread.
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -39,7 +43,9 @@ use tokio::io::unix::AsyncFd;
 
 use crate::error::Error;
 use crate::fd_buffers::decode_reply;
-use crate::fd_passing::{connect_seqpacket, recv_async_in, send_async, PacketBuffer, MAX_PACKET};
+use crate::fd_passing::{
+    connect_seqpacket, recv_spinning_in, send_async, PacketBuffer, MAX_PACKET,
+};
 use crate::lane::LaneError;
 
 /// Connections one client keeps to the fd socket for launches (the daemon
@@ -78,11 +84,16 @@ struct Pool {
     backoff_until: Option<Instant>,
 }
 
+/// How long a call on the fd socket polls for its reply before its task
+/// sleeps, unless [`crate::Client::with_reply_spin`] says otherwise.
+pub const DEFAULT_REPLY_SPIN: Duration = Duration::from_micros(200);
+
 /// A client's fd socket launch lane; shared by its clones and sessions.
 #[derive(Debug)]
 pub(crate) struct FdLane {
     path: PathBuf,
     pool: Mutex<Pool>,
+    spin: Duration,
 }
 
 /// A connection lent to one call; given back only by [`Lent::give_back`].
@@ -114,12 +125,19 @@ impl Drop for Lent<'_> {
 }
 
 impl FdLane {
-    /// The lane to the fd socket at `path`.
-    pub(crate) fn new(path: PathBuf) -> FdLane {
+    /// The lane to the fd socket at `path`, whose calls poll for their
+    /// reply for up to `spin`.
+    pub(crate) fn new(path: PathBuf, spin: Duration) -> FdLane {
         FdLane {
             path,
             pool: Mutex::new(Pool::default()),
+            spin,
         }
+    }
+
+    /// A fresh lane to the same socket, whose calls spin for `spin`.
+    pub(crate) fn with_spin(&self, spin: Duration) -> FdLane {
+        FdLane::new(self.path.clone(), spin)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pool> {
@@ -212,7 +230,7 @@ impl FdLane {
                 "the fd socket connection broke during a call: {what}"
             ))))
         };
-        let reply = match recv_async_in(&conn.socket, &mut conn.buffer).await {
+        let reply = match recv_spinning_in(&conn.socket, &mut conn.buffer, self.spin).await {
             Ok(Some(meta)) => decode_reply(conn.buffer.bytes(&meta), meta),
             Ok(None) => return Err(broken("the daemon closed it".into())),
             // The daemon closed the connection with the packet still in its

@@ -221,6 +221,39 @@ pub async fn recv_async_in(
     }
 }
 
+/// [`recv_async_in`], polling the socket first for up to `spin` (zero:
+/// not at all) with non-blocking receives, yielding to the runtime between
+/// polls (and the thread's core to the kernel's other runnable threads). A
+/// peer that answers within the spin is read without this thread going to
+/// sleep and being woken again, which on a VM costs more than the answer
+/// itself; the spin never holds the runtime's thread from its other tasks,
+/// and ends after `spin` however busy the socket is.
+pub async fn recv_spinning_in(
+    socket: &tokio::io::unix::AsyncFd<OwnedFd>,
+    buffer: &mut PacketBuffer,
+    spin: std::time::Duration,
+) -> nix::Result<Option<PacketMeta>> {
+    use std::os::fd::AsFd;
+    if !spin.is_zero() {
+        let until = std::time::Instant::now() + spin;
+        loop {
+            match recv_packet_in(socket.get_ref().as_fd(), true, buffer) {
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                other => return other,
+            }
+            if std::time::Instant::now() >= until {
+                break;
+            }
+            // The thread's core too, to any thread waiting for one: on a
+            // machine with fewer cores than spinners, the peer this spin
+            // waits for may be one of them.
+            std::thread::yield_now();
+            tokio::task::yield_now().await;
+        }
+    }
+    recv_async_in(socket, buffer).await
+}
+
 fn io_errno(error: std::io::Error) -> Errno {
     error.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
 }

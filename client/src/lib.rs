@@ -52,6 +52,7 @@ pub use client::{
 };
 pub use error::{Error, Refusal, RefusalDetails};
 pub use fd_buffers::{attach_fd, FdBufferSpec};
+pub use fd_lane::DEFAULT_REPLY_SPIN;
 #[cfg(feature = "cuda")]
 pub use launch_ring::ORDERING_BYTES;
 pub use launch_ring::{

@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// How long a unary call on the fd socket polls for its reply before
+    /// the client sleeps (the SDK's `Client::with_reply_spin`; 0: at once).
+    #[arg(long, default_value = "200us", value_parser = crate::config::parse_duration)]
+    pub reply_spin: std::time::Duration,
 }
 
 /// One measured figure.
@@ -279,7 +283,8 @@ async fn unary_launches(
 
 /// Runs the bench and prints its report.
 pub(super) async fn bench(client: &Client, args: BenchArgs) -> Result<(), CliError> {
-    let report = measure(client, &args).await?;
+    let client = client.clone().with_reply_spin(args.reply_spin);
+    let report = measure(&client, &args).await?;
     if args.json {
         println!("{}", report.json());
     } else {

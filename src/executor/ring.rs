@@ -246,8 +246,9 @@ pub trait RingBackend: Send + 'static {
     /// Releases the signal of a launch that did not run (refused, or an
     /// orphan), so a stream waiting on it is not blocked forever.
     fn release_signal(&mut self, signal: CheckedSemaphore<'_, Self::Buffer>);
-    /// Called when the ring has no submission waiting, before the thread
-    /// spins or sleeps.
+    /// Called when the ring's spin found no submission, before the thread
+    /// sleeps (not after each launch: a ring launching back to back is
+    /// not idle).
     fn idle(&mut self) {}
 }
 
@@ -340,6 +341,17 @@ fn serve<R: RingBackend>(
         let polled = match server.poll() {
             Ok(Some(polled)) => polled,
             Ok(None) => {
+                // A ring launching back to back is polled first, so its
+                // launches share markers; the backend hears the ring is idle
+                // only once the spin found nothing, before it may sleep.
+                match server.spin() {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");
+                        return;
+                    }
+                }
                 backend.idle();
                 if let Err(e) = server.wait(POLL_SLICE) {
                     tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");

@@ -19,6 +19,12 @@
 //!   on the channel, and its pending entry is removed when it goes.
 //! - Replies are read through a buffer: one read brings in every reply
 //!   that has arrived (one syscall per reply instead of two).
+//! - Whoever holds the inbox lock reads the channel, without blocking, and
+//!   hands every reply read to its caller, in order: the reader task when
+//!   the reactor says the channel is readable, and a call that spins for
+//!   its reply (`--front-spin`), which then needs no woken task to hand it
+//!   over. A call that ends the stream (end of file, a bad frame) records
+//!   why and tells the reader task, which fails the waiters.
 //! - An executor that does not answer a call within the executor timeout is
 //!   pinged; if the ping is not answered within the timeout either (a hung
 //!   driver, a request loop stuck in a drain), it is killed and the
@@ -33,20 +39,20 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant};
 
 use ptxd_proto::executor::{
     executor_message::Body, reply, request::Op, ExecutorMessage, Fault, Hello, Ping, Request,
     Shutdown,
 };
-use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::{mpsc, oneshot};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::child::ExecutorArgs;
 use super::fd_inbox::{self, FdOutbox};
 use super::kernel_timeouts::KernelTimeouts;
-use super::protocol::{encode_frame, read_frame_async, ProtocolError};
+use super::protocol::{encode_frame, read_frame_async, FrameBuffer, ProtocolError};
 use crate::config::ServeConfig;
 use crate::handles::DeviceGeneration;
 
@@ -121,6 +127,8 @@ pub struct LinkConfig {
     pub kernel_timeouts: Arc<KernelTimeouts>,
     /// How long an executor polls its channel before it sleeps.
     pub channel_spin: Duration,
+    /// How long a call polls for its reply before its task sleeps.
+    pub reply_spin: Duration,
 }
 
 impl LinkConfig {
@@ -130,6 +138,7 @@ impl LinkConfig {
             max_kernel_time: (!config.max_kernel_time.is_zero()).then_some(config.max_kernel_time),
             kernel_timeouts: Arc::new(KernelTimeouts::new(config.max_kernel_timeouts_per_session)),
             channel_spin: config.executor_spin,
+            reply_spin: config.front_spin,
         }
     }
 }
@@ -170,6 +179,7 @@ impl ExecutorCommand {
 }
 
 type ReplySender = oneshot::Sender<Result<reply::Result, LinkError>>;
+type ReplyReceiver = oneshot::Receiver<Result<reply::Result, LinkError>>;
 
 #[derive(Default)]
 struct Pending {
@@ -185,6 +195,10 @@ pub struct ExecutorLink {
     pub hello: Hello,
     /// Where requests are written.
     outbox: Outbox,
+    /// Where replies are read.
+    inbox: Inbox,
+    /// How long a call polls for its reply before its task sleeps.
+    reply_spin: Duration,
     timeout: Duration,
     kernel_timeouts: Arc<KernelTimeouts>,
     pending: Mutex<Pending>,
@@ -248,6 +262,22 @@ impl Outbox {
         *queued += 1;
         self.frames.send(rest).map_err(|_| ())
     }
+}
+
+/// The read side of the channel (see the module docs).
+struct Inbox {
+    half: OwnedReadHalf,
+    state: Mutex<InboxState>,
+    /// Rung by a call that ended the stream, for the reader task.
+    ended: Notify,
+}
+
+struct InboxState {
+    frames: FrameBuffer,
+    /// A `Fault` the executor sent before its channel closed.
+    fault: Option<Fault>,
+    /// Why the stream ended, once it has.
+    ended: Option<DownCause>,
 }
 
 /// A death notice: device index, the generation that died, and why.
@@ -359,11 +389,22 @@ impl ExecutorLink {
             outbox.queued.clone(),
             frames_rx,
         ));
+        let inbox = Inbox {
+            half: read,
+            state: Mutex::new(InboxState {
+                frames: FrameBuffer::with_capacity(REPLY_BUFFER),
+                fault: None,
+                ended: None,
+            }),
+            ended: Notify::new(),
+        };
         let link = Arc::new(ExecutorLink {
             index,
             generation,
             hello,
             outbox,
+            inbox,
+            reply_spin: config.reply_spin,
             timeout: config.timeout,
             kernel_timeouts: config.kernel_timeouts.clone(),
             pending: Mutex::new(Pending::default()),
@@ -371,8 +412,7 @@ impl ExecutorLink {
             child: Mutex::new(Some(child)),
             fd_outbox,
         });
-        let read = tokio::io::BufReader::with_capacity(REPLY_BUFFER, read);
-        tokio::spawn(Self::read_replies(link.clone(), read, deaths));
+        tokio::spawn(Self::read_replies(link.clone(), deaths));
         Ok(link)
     }
 
@@ -419,44 +459,21 @@ impl ExecutorLink {
         self.hello.pid
     }
 
-    async fn read_replies(
-        link: Arc<ExecutorLink>,
-        mut read: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
-        deaths: mpsc::UnboundedSender<DeathNotice>,
-    ) {
-        let mut fault: Option<Fault> = None;
+    /// Reads the channel whenever it is readable (or a spinning call ended
+    /// it), until it ends; then fails every waiter, reaps the child and
+    /// reports the death.
+    async fn read_replies(link: Arc<ExecutorLink>, deaths: mpsc::UnboundedSender<DeathNotice>) {
         let cause = loop {
-            match read_frame_async::<ExecutorMessage>(&mut read).await {
-                Ok(ExecutorMessage {
-                    body: Some(Body::Reply(reply)),
-                }) => {
-                    let sender = link.lock_pending().waiting.remove(&reply.id);
-                    if let (Some(sender), Some(result)) = (sender, reply.result) {
-                        let _ = sender.send(Ok(result));
-                    }
-                }
-                Ok(ExecutorMessage {
-                    body: Some(Body::Fault(f)),
-                }) => fault = Some(f),
-                Ok(ExecutorMessage {
-                    body: Some(Body::KernelTimeout(timeout)),
-                }) => {
-                    let count = link.kernel_timeouts.record(timeout.stream);
-                    tracing::warn!(device = link.index, generation = %link.generation,
-                        stream = timeout.stream, count, "a launch ran past its time budget");
-                }
-                Ok(_) => tracing::warn!(device = link.index, "unexpected message from executor"),
-                Err(e) => {
-                    break match fault.take() {
-                        Some(f) => DownCause::Fault {
-                            error_name: f.error_name,
-                            message: f.message,
-                        },
-                        None => DownCause::Exited {
-                            detail: e.to_string(),
-                        },
-                    }
-                }
+            let readable = tokio::select! {
+                readable = link.inbox.half.readable() => readable,
+                () = link.inbox.ended.notified() => Ok(()),
+            };
+            let mut state = link.lock_inbox();
+            if let Err(e) = readable {
+                break link.end(&mut state, ProtocolError::Io(e));
+            }
+            if let Some(cause) = link.pump(&mut state) {
+                break cause;
             }
         };
         let waiting = {
@@ -482,6 +499,123 @@ impl ExecutorLink {
         };
         tracing::info!(device = link.index, generation = %link.generation, %cause, status, "executor gone");
         let _ = deaths.send((link.index, link.generation, cause));
+    }
+
+    /// Reads every frame that has arrived, without blocking, and hands each
+    /// reply to its caller; `Some` once the stream has ended.
+    fn pump(&self, state: &mut InboxState) -> Option<DownCause> {
+        loop {
+            if let Some(cause) = &state.ended {
+                return Some(cause.clone());
+            }
+            loop {
+                match state.frames.next_frame::<ExecutorMessage>() {
+                    Ok(Some(message)) => self.dispatch(message, &mut state.fault),
+                    Ok(None) => break,
+                    Err(e) => return Some(self.end(state, e)),
+                }
+            }
+            match self.inbox.half.try_read(state.frames.spare()) {
+                Ok(0) => {
+                    let e = if state.frames.is_empty() {
+                        ProtocolError::Closed
+                    } else {
+                        ProtocolError::Io(std::io::ErrorKind::UnexpectedEof.into())
+                    };
+                    return Some(self.end(state, e));
+                }
+                Ok(n) => state.frames.filled(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Some(self.end(state, ProtocolError::Io(e))),
+            }
+        }
+    }
+
+    /// Records why the stream ended (a `Fault` the executor sent first is
+    /// the cause) and tells the reader task.
+    fn end(&self, state: &mut InboxState, error: ProtocolError) -> DownCause {
+        let cause = match state.fault.take() {
+            Some(f) => DownCause::Fault {
+                error_name: f.error_name,
+                message: f.message,
+            },
+            None => DownCause::Exited {
+                detail: error.to_string(),
+            },
+        };
+        let cause = state.ended.get_or_insert(cause).clone();
+        self.inbox.ended.notify_one();
+        cause
+    }
+
+    /// One message from the executor.
+    fn dispatch(&self, message: ExecutorMessage, fault: &mut Option<Fault>) {
+        match message.body {
+            Some(Body::Reply(reply)) => {
+                let sender = self.lock_pending().waiting.remove(&reply.id);
+                if let (Some(sender), Some(result)) = (sender, reply.result) {
+                    let _ = sender.send(Ok(result));
+                }
+            }
+            Some(Body::Fault(f)) => *fault = Some(f),
+            Some(Body::KernelTimeout(timeout)) => {
+                let count = self.kernel_timeouts.record(timeout.stream);
+                tracing::warn!(device = self.index, generation = %self.generation,
+                    stream = timeout.stream, count, "a launch ran past its time budget");
+            }
+            _ => tracing::warn!(device = self.index, "unexpected message from executor"),
+        }
+    }
+
+    fn lock_inbox(&self) -> std::sync::MutexGuard<'_, InboxState> {
+        // Poisoning: as for `lock_pending`.
+        self.inbox.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`ExecutorLink::pump`] when no one else holds the inbox; an end is
+    /// the reader task's to report.
+    fn pump_unless_busy(&self) {
+        let state = match self.inbox.state.try_lock() {
+            Ok(state) => Some(state),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        if let Some(mut state) = state {
+            let _ = self.pump(&mut state);
+        }
+    }
+
+    /// Polls for the reply on `rx` for up to the link's reply spin, reading
+    /// the channel whenever no one else is; `None` when the spin ended
+    /// first.
+    async fn spin_for_reply(
+        &self,
+        rx: &mut ReplyReceiver,
+    ) -> Option<Result<reply::Result, LinkError>> {
+        if self.reply_spin.is_zero() {
+            return None;
+        }
+        let until = Instant::now() + self.reply_spin;
+        loop {
+            self.pump_unless_busy();
+            match rx.try_recv() {
+                Ok(result) => return Some(result),
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    return Some(Err(LinkError::Down(DownCause::Exited {
+                        detail: "reply channel dropped".into(),
+                    })))
+                }
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            // The core too, to a thread waiting for one (the executor may
+            // be one on a machine with few cores).
+            std::thread::yield_now();
+            tokio::task::yield_now().await;
+        }
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
@@ -544,6 +678,9 @@ impl ExecutorLink {
     /// neither the call nor, after the timeout, a ping is killed.
     pub async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
         let (_entry, mut rx) = self.send(op)?;
+        if let Some(result) = self.spin_for_reply(&mut rx).await {
+            return result;
+        }
         loop {
             match tokio::time::timeout(self.timeout, &mut rx).await {
                 Ok(Ok(result)) => return result,

@@ -5,7 +5,7 @@
 #   bash run.sh                 tests, Python tests, cuda_launch bench, ptxd bench
 #   bash run.sh python          the Python client's GPU tests only
 #   bash run.sh bench           the cuda_launch benchmark only
-#   bash run.sh daemon-bench    ptxd bench against a CUDA daemon, executor spin off/on
+#   bash run.sh daemon-bench    ptxd bench against a CUDA daemon, front/reply spin off/on
 #   bash run.sh mps             the cuda_launch benchmark under MPS
 #   bash run.sh python-bench    the Python client's launch costs (bench_launch.py)
 #   bash run.sh python-bench-mps  the same under MPS
@@ -112,22 +112,27 @@ if [ "${1:-}" = python ]; then
   exit "${PIPESTATUS[0]}"
 fi
 
-# `ptxd bench` against a CUDA daemon, with the executor's channel spin off
-# and on (--executor-spin), in alternating rounds so that drift hits both.
+# `ptxd bench` against a CUDA daemon in alternating rounds (so that drift
+# hits every configuration): each entry of PTXD_BENCH_CONFIGS is
+# FRONT_SPIN:REPLY_SPIN, the daemon's --front-spin and the client's
+# --reply-spin (the executor's spin stays at its default). The default
+# compares both off (the previous release) with both at their defaults.
 daemon_bench() {
-  local sock="$HERE/bench.sock" spin round pid rc=0
+  local sock="$HERE/bench.sock" config front reply round pid rc=0
   for round in $(seq "${PTXD_BENCH_ROUNDS:-3}"); do
-    for spin in 0 ${PTXD_BENCH_SPINS:-200us}; do
+    for config in ${PTXD_BENCH_CONFIGS:-0:0 200us:200us}; do
+      front=${config%%:*}
+      reply=${config##*:}
       rm -f "$sock"
-      echo "== daemon: executor spin $spin, round $round" >>"$LOGS/bench-daemons.log"
-      ./ptxd serve --socket "$sock" --executor-spin "$spin" >>"$LOGS/bench-daemons.log" 2>&1 &
+      echo "== daemon: front spin $front, round $round" >>"$LOGS/bench-daemons.log"
+      ./ptxd serve --socket "$sock" --front-spin "$front" >>"$LOGS/bench-daemons.log" 2>&1 &
       pid=$!
       for _ in $(seq 300); do
         ./ptxd health --socket "$sock" >/dev/null 2>&1 && break
         sleep 0.1
       done
-      echo "== ptxd bench: executor spin $spin, round $round"
-      ./ptxd bench --socket "$sock" --json --iterations 3000 --n 4096 || rc=1
+      echo "== ptxd bench: front spin $front, reply spin $reply, round $round"
+      ./ptxd bench --socket "$sock" --json --iterations 3000 --n 4096 --reply-spin "$reply" || rc=1
       kill -TERM "$pid"
       wait "$pid"
     done

@@ -135,23 +135,8 @@ pub(crate) fn wait_until<E>(
     let start = Instant::now();
     // None: a deadline past what Instant can hold, i.e. no deadline.
     let deadline = start.checked_add(timeout);
-    let spin_until = start.checked_add(config.spin.min(timeout)).unwrap_or(start);
-    let mut spins: u32 = 0;
-    loop {
-        if ready()? {
-            return Ok(true);
-        }
-        if Instant::now() >= spin_until {
-            break;
-        }
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(YIELD_EVERY) {
-            // On a machine with more runnable threads than cores the peer
-            // may need this core to make the progress we are waiting for.
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
+    if spin(config.spin.min(timeout), &mut ready)? {
+        return Ok(true);
     }
     loop {
         let remaining = match deadline {
@@ -176,6 +161,33 @@ pub(crate) fn wait_until<E>(
         slept.map_err(&futex_error)?;
         if ready()? {
             return Ok(true);
+        }
+    }
+}
+
+/// Polls `ready` for up to `how_long` without sleeping (`spin_loop`,
+/// yielding the core every few microseconds); true once it was ready.
+pub(crate) fn spin<E>(
+    how_long: Duration,
+    mut ready: impl FnMut() -> Result<bool, E>,
+) -> Result<bool, E> {
+    let start = Instant::now();
+    let spin_until = start.checked_add(how_long).unwrap_or(start);
+    let mut spins: u32 = 0;
+    loop {
+        if ready()? {
+            return Ok(true);
+        }
+        if Instant::now() >= spin_until {
+            return Ok(false);
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(YIELD_EVERY) {
+            // On a machine with more runnable threads than cores the peer
+            // may need this core to make the progress we are waiting for.
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
     }
 }

@@ -330,6 +330,14 @@ impl Server {
         Ok(completion)
     }
 
+    /// Polls until [`poll`](Self::poll) has something, for up to the wait
+    /// configuration's spin, never sleeping. `Ok(false)`: nothing came.
+    pub fn spin(&mut self) -> Result<bool, RingError> {
+        let how_long = self.config.spin;
+        let ready = futex::spin(how_long, || self.ready());
+        self.poison(ready)
+    }
+
     /// Waits up to `timeout` until [`poll`](Self::poll) has something
     /// (spinning, then sleeping on the server's futex word). `Ok(false)`:
     /// timed out.

@@ -14,8 +14,8 @@
 //! - With `--max-kernel-time`, every ring launch with a kernel is watched
 //!   ([`super::watchdog`]): up to `RING_GROUP` launches share a marker and
 //!   an allowance of the budget per launch, a launch that waits on a
-//!   semaphore, a sync launch and the last launch before the ring goes idle
-//!   close their group at once; past the allowance the executor reports
+//!   semaphore, a sync launch and the last launch before the ring sleeps
+//!   (its spin found nothing more) close their group at once; past the allowance the executor reports
 //!   `KERNEL_TIMEOUT` against the session and restarts.
 
 use std::ffi::c_void;
@@ -243,8 +243,9 @@ impl RingBackend for CudaRing {
     }
 
     fn idle(&mut self) {
-        // The last launches get their marker as soon as the ring has nothing
-        // more to enqueue, so a kernel that never ends is always watched.
+        // The last launches get their marker once the ring's spin found
+        // nothing more to enqueue (tens of microseconds, against a budget
+        // of seconds), so a kernel that never ends is always watched.
         if let Err(e) = self.close_group() {
             tracing::warn!(error = %e, "cannot mark ring launches for the watchdog");
         }
