@@ -13,6 +13,7 @@
 //!   never serves another request in a poisoned context.
 
 use std::io::{BufReader, Write};
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 
 use ptxd_proto::executor::{
@@ -187,7 +188,17 @@ pub fn ignore_termination_signals() {
 /// The request loop polls its channel for up to `spin` before it sleeps
 /// ([`super::spin_input`]).
 pub fn serve_stdio(backend: &mut dyn Backend, spin: std::time::Duration) -> i32 {
-    let input = BufReader::new(super::spin_input::SpinInput::new(std::io::stdin(), spin));
+    // The channel is read through a duplicate of fd 0 as a plain file, not
+    // through `Stdin`: its own buffer would hold bytes that the spin's
+    // non-blocking `recv`s on the descriptor cannot see.
+    let channel = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot duplicate the executor's channel");
+            return 1;
+        }
+    };
+    let input = BufReader::new(super::spin_input::SpinInput::new(channel, spin));
     serve(backend, input, Box::new(std::io::stdout()))
 }
 

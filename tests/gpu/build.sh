@@ -3,6 +3,9 @@
 # and packs everything a GPU machine needs into .gpu/ (git-ignored):
 #
 #   bash tests/gpu/build.sh          # here: build, strip, pack
+#   PTXD_GPU_PERF=1 bash tests/gpu/build.sh   # the same, with this machine's perf and
+#                                    # its libraries, and ptxd's symbols, for
+#                                    # `bash .gpu/run.sh profile-ring`
 #   bash .gpu/run.sh                 # on the GPU machine: tests, Python tests, then the benchmark
 #   bash .gpu/run.sh python          # on the GPU machine: the Python client's tests only
 #
@@ -24,7 +27,20 @@ mkdir -p "$PACK/corpus"
 cp target/release/ptxd "$PACK/ptxd"
 cp "$test_exe" "$PACK/gpu-tests"
 cp "$bench_exe" "$PACK/cuda-launch-bench"
-strip "$PACK/ptxd" "$PACK/gpu-tests" "$PACK/cuda-launch-bench"
+strip "$PACK/gpu-tests" "$PACK/cuda-launch-bench"
+if [ "${PTXD_GPU_PERF:-0}" = 1 ]; then
+  # Symbols stay (perf names ptxd's functions); the debug info goes.
+  strip --strip-debug "$PACK/ptxd"
+  # perf and the libraries it needs beyond the C and C++ runtimes, which
+  # the GPU machine has in newer versions.
+  mkdir -p "$PACK/perf/lib"
+  cp "$(command -v perf)" "$PACK/perf/perf"
+  ldd "$(command -v perf)" | awk '/=>/ {print $3}' \
+    | grep -vE '/(libc|libm|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' \
+    | while read -r lib; do cp -L "$lib" "$PACK/perf/lib/"; done
+else
+  strip "$PACK/ptxd"
+fi
 # The corpus lives beside the repository (../shared/corpus) and does not
 # travel to the GPU machine on its own.
 cp "${PTXD_CORPUS:-../shared/corpus}"/*.ptx tests/gpu/store_to_null.ptx "$PACK/corpus/"
@@ -54,7 +70,9 @@ cp -r python/tests python/examples "$PACK/python/"
 find "$PACK/python" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$PACK"
 size=$(du -sb "$PACK" | cut -f1)
-if [ "$size" -gt $((48 * 1024 * 1024)) ]; then
+limit=$((48 * 1024 * 1024))
+[ "${PTXD_GPU_PERF:-0}" = 1 ] && limit=$((62 * 1024 * 1024))
+if [ "$size" -gt "$limit" ]; then
   echo "build.sh: the pack is $size bytes; the device tool carries at most 64 MiB" >&2
   exit 1
 fi

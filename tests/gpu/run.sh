@@ -9,6 +9,8 @@
 #   bash run.sh mps             the cuda_launch benchmark under MPS
 #   bash run.sh python-bench    the Python client's launch costs (bench_launch.py)
 #   bash run.sh python-bench-mps  the same under MPS
+#   bash run.sh profile-ring    perf profiles of the ring's executor thread and client
+#                               during `ptxd bench` (a pack built with PTXD_GPU_PERF=1)
 set -uo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -139,6 +141,57 @@ daemon_bench() {
   done
   return $rc
 }
+# Where a ring launch's time goes: `ptxd bench` against a CUDA daemon (the
+# defaults) with perf sampling the executor and the bench client; the
+# reports are per thread, so the ring's own threads (ptxd-ring-* in the
+# executor, the bench's ring client) can be read apart from the rest.
+profile_ring() {
+  local perf="$HERE/perf/perf" sock="$HERE/profile.sock" pid exec_pid bench_pid perf_pid
+  [ -x "$perf" ] || { echo "run.sh: no perf in the pack (PTXD_GPU_PERF=1 bash tests/gpu/build.sh)"; return 1; }
+  export LD_LIBRARY_PATH="$HERE/perf/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  "$perf" --version || return 1
+  rm -f "$sock"
+  ./ptxd serve --socket "$sock" >>"$LOGS/bench-daemons.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do
+    ./ptxd health --socket "$sock" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  exec_pid=$(pgrep -P "$pid" | head -1)
+  ./ptxd bench --socket "$sock" --json --iterations "${PTXD_PROFILE_ITERATIONS:-20000}" --n 4096 > "$LOGS/profile-bench.json" &
+  bench_pid=$!
+  sleep 0.3
+  echo "run.sh: daemon $pid, executor $exec_pid, bench $bench_pid"
+  "$perf" record -F "${PTXD_PERF_FREQ:-10000}" -o "$HERE/perf.data" -p "$exec_pid,$bench_pid" 2>&1 &
+  perf_pid=$!
+  wait "$bench_pid"
+  kill -INT "$perf_pid"
+  wait "$perf_pid"
+  cat "$LOGS/profile-bench.json"; echo
+  local who
+  for who in "executor:$exec_pid" "bench:$bench_pid"; do
+    echo "== ${who%%:*} (pid ${who##*:}): threads"
+    "$perf" report -i "$HERE/perf.data" --pid "${who##*:}" --no-children --sort comm --stdio 2>/dev/null \
+      | grep -v '^#' | grep -v '^$' | head -12
+    echo "== ${who%%:*} (pid ${who##*:}): symbols by thread"
+    "$perf" report -i "$HERE/perf.data" --pid "${who##*:}" --no-children --sort comm,dso,sym --stdio 2>/dev/null \
+      | grep -v '^#' | grep -v '^$' | head -50
+  done
+  local comm
+  for comm in $("$perf" report -i "$HERE/perf.data" --pid "$exec_pid" --no-children --sort comm --stdio 2>/dev/null \
+      | awk '$2 ~ /ring/ {print $2}' | head -2); do
+    echo "== executor thread $comm: symbols"
+    "$perf" report -i "$HERE/perf.data" --pid "$exec_pid" --comms "$comm" --no-children --sort dso,sym --stdio 2>/dev/null \
+      | grep -v '^#' | grep -v '^$' | head -40
+  done
+  kill -TERM "$pid"
+  wait "$pid"
+}
+if [ "${1:-}" = profile-ring ]; then
+  profile_ring 2>&1 | tee "$LOGS/profile-ring.log"
+  exit "${PIPESTATUS[0]}"
+fi
+
 # The benchmark under MPS (every process's work in one GPU context): is the
 # ordered pipeline's cost the time-slicing between the session's context
 # and ptxd's? MPS runs for this command only, from a private pipe directory.
