@@ -310,6 +310,62 @@ mod tests {
         assert!(recv_packet(b.as_fd(), false).unwrap().is_none());
     }
 
+    /// A packet sent during the spin, one sent after it (read by the
+    /// reactor), and the peer's close, each arrive intact; with no spin the
+    /// receive is the reactor's alone.
+    #[test]
+    fn a_spinning_receive_reads_packets_sent_during_and_after_the_spin() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            for spin in [
+                std::time::Duration::from_millis(20),
+                std::time::Duration::ZERO,
+            ] {
+                let (ours, theirs) = pair();
+                nix::fcntl::fcntl(
+                    &ours,
+                    nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+                )
+                .unwrap();
+                // SAFETY: the AsyncFd owns the socket until it drops.
+                let ours = unsafe { tokio::io::unix::AsyncFd::register(ours) }.unwrap();
+                let mut buffer = PacketBuffer::new();
+                let peer = std::thread::spawn(move || {
+                    let during: Vec<u8> = (0..200u8).collect();
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    send_packet(theirs.as_fd(), &during, None, false).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(60));
+                    let after = vec![7u8; 3000];
+                    send_packet(theirs.as_fd(), &after, None, false).unwrap();
+                    theirs
+                });
+                let spun = std::time::Instant::now();
+                let meta = recv_spinning_in(&ours, &mut buffer, spin)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(
+                    buffer.bytes(&meta),
+                    (0..200u8).collect::<Vec<u8>>().as_slice()
+                );
+                assert!(spun.elapsed() < std::time::Duration::from_millis(50));
+                let meta = recv_spinning_in(&ours, &mut buffer, spin)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(buffer.bytes(&meta), vec![7u8; 3000].as_slice());
+                drop(peer.join().unwrap());
+                assert!(recv_spinning_in(&ours, &mut buffer, spin)
+                    .await
+                    .unwrap()
+                    .is_none());
+            }
+        });
+    }
+
     fn tempfile_in_memory() -> std::fs::File {
         let fd = nix::sys::memfd::memfd_create(
             c"fd-passing-test",

@@ -41,8 +41,11 @@ pub fn take_reply(reply: &SharedReply) -> Option<Replier> {
     reply.lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 
-/// Marker events kept for reuse at most.
-const SPARE_EVENTS: usize = 256;
+/// Marker events kept for reuse at most, per stream: more than a ring at
+/// full speed (about 15,000 groups a second) retires between two polls
+/// (50 ms apart with the default budget), so a busy ring creates and
+/// destroys none.
+const SPARE_EVENTS: usize = 1024;
 
 /// One tracked launch.
 pub struct Watched {
@@ -110,14 +113,51 @@ impl StreamQueue {
     }
 
     /// Drops the completed heads; returns since when the head has been
-    /// running, if it is overdue at `now`.
+    /// running, if it is overdue at `now`. Marker events beyond the spare
+    /// ones are destroyed after the lock is released, so the stream's
+    /// launches (which take the lock to push) never wait on the driver's
+    /// event teardown.
     fn poll(&self, now: Instant, budget: Duration) -> Option<Instant> {
-        let mut queue = self.lock();
+        let mut retired: Vec<Event> = Vec::new();
+        let overdue = {
+            let mut queue = self.lock();
+            let overdue = Self::retire(&mut queue, now, budget, &mut retired);
+            let room = SPARE_EVENTS.saturating_sub(queue.spare.len());
+            let kept = retired.len().min(room);
+            queue.spare.extend(retired.drain(..kept));
+            overdue
+        };
+        drop(retired);
+        overdue
+    }
+
+    fn retire(
+        queue: &mut QueueState,
+        now: Instant,
+        budget: Duration,
+        retired: &mut Vec<Event>,
+    ) -> Option<Instant> {
         let QueueState {
             head_since,
             launches,
-            spare,
-        } = &mut *queue;
+            ..
+        } = queue;
+        // Markers complete in stream order, so when the newest is done every
+        // launch before it is: one query retires a whole queue (a busy ring
+        // queues hundreds of groups between two polls, and querying each
+        // took the driver's locks from under the ring's launches).
+        if launches.len() > 1
+            && launches
+                .back()
+                .is_some_and(|newest| matches!(newest.done.query(), Ok(true)))
+        {
+            for done in launches.drain(..) {
+                retired.extend(done.started);
+                retired.push(done.done);
+            }
+            *head_since = None;
+            return None;
+        }
         while let Some(head) = launches.front() {
             if head_since.is_none() {
                 match head.started.as_ref().map(Event::query) {
@@ -130,11 +170,8 @@ impl StreamQueue {
             match head.done.query() {
                 Ok(true) => {
                     if let Some(done) = launches.pop_front() {
-                        for event in done.started.into_iter().chain([done.done]) {
-                            if spare.len() < SPARE_EVENTS {
-                                spare.push(event);
-                            }
-                        }
+                        retired.extend(done.started);
+                        retired.push(done.done);
                     }
                     *head_since = None;
                 }
