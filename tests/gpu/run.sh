@@ -180,6 +180,9 @@ profile_ring() {
   local comm
   for comm in $("$perf" report -i "$HERE/perf.data" --pid "$exec_pid" --no-children --sort comm --stdio 2>/dev/null \
       | awk '$2 ~ /ring/ {print $2}' | head -2); do
+    echo "== executor thread $comm: by library"
+    "$perf" report -i "$HERE/perf.data" --pid "$exec_pid" --comms "$comm" --no-children --sort dso --stdio 2>/dev/null \
+      | grep -v '^#' | grep -v '^$' | head -10
     echo "== executor thread $comm: symbols"
     "$perf" report -i "$HERE/perf.data" --pid "$exec_pid" --comms "$comm" --no-children --sort dso,sym --stdio 2>/dev/null \
       | grep -v '^#' | grep -v '^$' | head -40
