@@ -19,6 +19,7 @@ pub mod fd_tokens;
 pub mod front;
 pub mod handles;
 pub mod launch;
+pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod ptx;

@@ -12,7 +12,6 @@ use std::time::Instant;
 
 use futures_util::{Stream, StreamExt};
 use ptxd_proto::v1::{self as api, ptxd_server::Ptxd};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{TcpConnectInfo, UdsConnectInfo};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -88,7 +87,7 @@ pub(crate) fn peer<T>(request: &Request<T>) -> Caller {
 /// The lease stream of a session: ends the session when dropped, which
 /// happens when the client cancels it, disconnects or dies.
 struct LeaseStream {
-    events: ReceiverStream<LeaseEvent>,
+    events: crate::lease::LeaseReceiver,
     lease: Option<(Arc<Front>, SessionId)>,
 }
 
@@ -142,7 +141,7 @@ impl Ptxd for PtxdService {
             Ok((id, events)) => {
                 tracing::debug!(rpc = "OpenSession", session = %id, ?peer, "ok");
                 let stream = LeaseStream {
-                    events: ReceiverStream::new(events),
+                    events,
                     lease: Some((self.front.clone(), id)),
                 };
                 Ok(Response::new(Box::pin(stream)))

@@ -22,8 +22,6 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use tokio::sync::mpsc;
-
 use crate::handles::{BootId, KernelHandle, SessionId, Tokens};
 
 /// A Unix-socket peer's credentials, from SO_PEERCRED (kernel-verified).
@@ -162,8 +160,8 @@ pub struct Session {
     /// Who opened it: the only caller that may act in it.
     pub opener: Caller,
     pub opened: Instant,
-    /// The lease stream's sender: events for the client.
-    pub events: mpsc::Sender<LeaseEvent>,
+    /// The lease stream's queue: events for the client.
+    pub events: crate::lease::LeaseSender,
     /// The executor stream id of this session (one per session and device).
     pub stream: u64,
     /// The session's kernel handles.
@@ -180,18 +178,11 @@ pub struct Session {
 }
 
 impl Session {
-    /// Queues `event` on the session's lease stream. The stream holds a
-    /// bounded backlog; a client that stopped reading its lease past it
-    /// loses the event, and that is logged (with the session) rather than
-    /// dropped silently.
+    /// Queues `event` on the session's lease stream ([`crate::lease`]: a
+    /// client that does not read its stream loses no restart or drain
+    /// notice, and its queue stays small).
     pub fn notify(&self, event: LeaseEvent) {
-        if let Err(mpsc::error::TrySendError::Full(event)) = self.events.try_send(event) {
-            tracing::warn!(
-                session = %self.id,
-                ?event,
-                "a lease event was dropped: the client is not reading its lease stream"
-            );
-        }
+        self.events.send(event);
     }
 
     pub fn tenant(&self) -> Tenant {
@@ -228,7 +219,7 @@ mod tests {
     use super::*;
 
     fn session(opener: Caller) -> Session {
-        let (events, _rx) = mpsc::channel(1);
+        let (events, _rx) = crate::lease::channel();
         Session {
             id: SessionId::random(),
             label: String::new(),

@@ -181,12 +181,10 @@ impl Front {
 
     /// Ends every session's lease stream (after the drain notice).
     pub fn end_leases(&self) {
-        let mut state = self.lock();
-        for session in state.sessions.values_mut() {
-            // Replace the sender: the lease stream ends once the queued
-            // events are read.
-            let (closed, _) = mpsc::channel(1);
-            session.events = closed;
+        let state = self.lock();
+        for session in state.sessions.values() {
+            // The lease stream ends once the queued events are read.
+            session.events.close();
         }
     }
 

@@ -11,19 +11,12 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ptxd_proto::executor::{self as exec, request::Op};
-use tokio::sync::mpsc;
 
 use super::effects::{queue_close_buffer, queue_close_event, queue_unload, run_cleanup, Cleanup};
 use super::Front;
 use crate::error::Error;
 use crate::handles::SessionId;
 use crate::sessions::{Caller, LeaseEvent, Session, SessionError};
-
-/// Capacity of a session's lease-event channel. Events are rare (restarts,
-/// drain); once a client leaves this many unread, newer events are dropped
-/// (never blocking the daemon). The state they report stays readable with
-/// GetInfo and ListKernels.
-const SESSION_EVENT_CAPACITY: usize = 16;
 
 /// What a session held when it was released.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +33,8 @@ impl Front {
         &self,
         label: &str,
         peer: Caller,
-    ) -> Result<(SessionId, mpsc::Receiver<LeaseEvent>), Error> {
-        let (tx, rx) = mpsc::channel(SESSION_EVENT_CAPACITY);
+    ) -> Result<(SessionId, crate::lease::LeaseReceiver), Error> {
+        let (tx, rx) = crate::lease::channel();
         let id = SessionId::random();
         {
             let mut state = self.lock();
@@ -64,8 +57,7 @@ impl Front {
                     value: self.limits.max_sessions_per_uid.into(),
                 });
             }
-            // The channel is fresh and has room: this cannot fail.
-            let _ = tx.try_send(LeaseEvent::Opened {
+            tx.send(LeaseEvent::Opened {
                 session: id.clone(),
                 boot: self.boot,
             });

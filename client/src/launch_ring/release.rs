@@ -431,8 +431,11 @@ impl RingShared {
 #[derive(Debug, Default)]
 struct Registry {
     rings: Vec<Weak<RingShared>>,
-    /// What the lease reported of each dead (device, generation).
-    dead: HashMap<(String, u64), OrphanCause>,
+    /// What the lease reported dead: a device's generations from an old
+    /// one up to (not including) a new one, and why. One event may span
+    /// several restarts (the daemon merges the restarts of a device that
+    /// its client has not read yet).
+    dead: Vec<(String, std::ops::Range<u64>, OrphanCause)>,
     /// Set once the lease ended.
     ended: Option<String>,
 }
@@ -457,8 +460,13 @@ impl RingRegistry {
             if let Some(why) = &registry.ended {
                 Some(OrphanCause::SessionEnded { why: why.clone() })
             } else {
-                let key = (ring.device_uuid.clone(), ring.generation);
-                registry.dead.get(&key).cloned()
+                registry
+                    .dead
+                    .iter()
+                    .find(|(device, died, _)| {
+                        *device == ring.device_uuid && died.contains(&ring.generation)
+                    })
+                    .map(|(_, _, cause)| cause.clone())
             }
         };
         if let Some(cause) = cause {
@@ -470,8 +478,8 @@ impl RingRegistry {
         self.lock().rings.iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// The executor of `device_uuid` in `old_generation` died: orphans the
-    /// rings it served.
+    /// The executors of `device_uuid` from `old_generation` up to (not
+    /// including) `new_generation` died: orphans the rings they served.
     pub(crate) fn executor_restarted(
         &self,
         device_uuid: &str,
@@ -485,12 +493,12 @@ impl RingRegistry {
             new_generation,
             cause: cause.to_owned(),
         };
-        self.lock().dead.insert(
-            (device_uuid.to_owned(), old_generation),
-            orphan_cause.clone(),
-        );
+        let died = old_generation..new_generation.max(old_generation.saturating_add(1));
+        self.lock()
+            .dead
+            .push((device_uuid.to_owned(), died.clone(), orphan_cause.clone()));
         for ring in self.live() {
-            if ring.device_uuid == device_uuid && ring.generation == old_generation {
+            if ring.device_uuid == device_uuid && died.contains(&ring.generation) {
                 ring.orphan(orphan_cause.clone());
             }
         }
@@ -588,6 +596,41 @@ mod tests {
             self.0.lock().unwrap().push((offset, value));
             Ok(())
         }
+    }
+
+    /// The daemon merges a device's unread restarts into one event from
+    /// the oldest generation to the newest: every ring of a generation in
+    /// between is orphaned too, whether it registered before the event or
+    /// after it.
+    #[test]
+    fn a_merged_restart_orphans_the_rings_of_every_generation_it_spans() {
+        let registry = RingRegistry::default();
+        let before = RingShared::new("HOST-0".into(), 4);
+        let last_alive = RingShared::new("HOST-0".into(), 9);
+        registry.register(&before);
+        registry.register(&last_alive);
+        registry.executor_restarted("HOST-0", 2, 9, "exited (merged)");
+        assert!(matches!(
+            before.lock().orphaned.as_ref().map(|o| &o.cause),
+            Some(OrphanCause::ExecutorRestarted {
+                old_generation: 2,
+                new_generation: 9,
+                ..
+            })
+        ));
+        assert!(last_alive.lock().orphaned.is_none(), "generation 9 lives");
+        for (generation, dead) in [(1, false), (2, true), (8, true), (9, false)] {
+            let late = RingShared::new("HOST-0".into(), generation);
+            registry.register(&late);
+            assert_eq!(
+                late.lock().orphaned.is_some(),
+                dead,
+                "generation {generation}"
+            );
+        }
+        let other = RingShared::new("HOST-1".into(), 5);
+        registry.register(&other);
+        assert!(other.lock().orphaned.is_none(), "another device");
     }
 
     #[test]
