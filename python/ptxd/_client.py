@@ -659,12 +659,20 @@ class Client:
     ``$PTXD_SOCKET``, else ``$XDG_RUNTIME_DIR/ptxd.sock``, else
     ``/run/ptxd/ptxd.sock`` for root, else ``$TMPDIR/ptxd-<uid>/ptxd.sock``.
 
+    ``reply_spin`` is how many seconds a launch or load on the fd socket
+    polls for its reply before its thread sleeps: ``None`` keeps the SDK's
+    default (200 µs), ``0`` sleeps at once. A reply within the spin costs no
+    wake-up (README, "The SDK"); the price is that thread's time until then.
+
     A client is a context manager; leaving it closes the sessions it opened.
     """
 
-    def __init__(self, socket: Optional[str] = None) -> None:
+    def __init__(self, socket: Optional[str] = None, *, reply_spin: Optional[float] = None) -> None:
         self.socket = socket
-        self._native: Any = _native.Client(None if socket is None else str(socket))
+        self._native: Any = _native.Client(
+            None if socket is None else str(socket),
+            None if reply_spin is None else float(reply_spin),
+        )
         self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
     def __enter__(self) -> "Client":

@@ -30,7 +30,7 @@ use ptxd_client::{
     Client, DaemonInfo, DeviceSelector, Error, FdBufferSpec, HostMemfd, HostShm, Kernel,
     KernelSignature, Launch, Operand, Session, SessionOptions,
 };
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -307,15 +307,31 @@ struct NativeClient {
 impl NativeClient {
     /// Connects to `socket` (a path, `unix:PATH`, `HOST:PORT` or
     /// `http://HOST:PORT`), or by the SDK's default rules when `None`.
+    /// `reply_spin`: seconds a call on the fd socket polls for its reply
+    /// before it sleeps (`None`: the SDK's default; 0: not at all).
     #[new]
-    #[pyo3(signature = (socket=None))]
-    fn new(py: Python<'_>, socket: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (socket=None, reply_spin=None))]
+    fn new(py: Python<'_>, socket: Option<String>, reply_spin: Option<f64>) -> PyResult<Self> {
+        let spin = match reply_spin {
+            None => None,
+            Some(seconds) => Some(std::time::Duration::try_from_secs_f64(seconds).map_err(
+                |_| {
+                    PyValueError::new_err(format!(
+                        "reply_spin must be a number of seconds, 0 or more; got {seconds}"
+                    ))
+                },
+            )?),
+        };
         let inner = call(py, async move {
             match socket {
                 Some(target) => Client::connect(&target).await,
                 None => Client::connect_default().await,
             }
         })?;
+        let inner = match spin {
+            Some(spin) => inner.with_reply_spin(spin),
+            None => inner,
+        };
         Ok(NativeClient { inner })
     }
 

@@ -69,6 +69,26 @@ def test_add_matches_numpy_on_random_inputs(session):
     np.testing.assert_array_equal(out, values_a + values_b)
 
 
+@pytest.mark.parametrize("reply_spin", [0, 0.001, None])
+def test_the_reply_spin_changes_timing_only(socket, reply_spin):
+    with ptxd.Client(socket, reply_spin=reply_spin) as client, client.session("spin") as session:
+        kernel = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
+        values_a, values_b = random_f32(3001), random_f32(3001)
+        a, b = filled(session, values_a), filled(session, values_b)
+        for _ in range(20):
+            out = filled(session, np.full(3001, np.nan, np.float32))
+            session.launch(kernel, [a, b], out)
+            np.testing.assert_array_equal(out, values_a + values_b)
+        with pytest.raises(ptxd.BufferTooSmall):
+            session.launch(kernel, [a, b], out, n=3002)
+
+
+@pytest.mark.parametrize("reply_spin", [-1.0, float("nan"), float("inf")])
+def test_a_reply_spin_that_is_no_duration_is_refused(socket, reply_spin):
+    with pytest.raises(ValueError, match="reply_spin"):
+        ptxd.Client(socket, reply_spin=reply_spin)
+
+
 def test_signature_and_kernel_state(session):
     kernel = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
     assert kernel.signature == ptxd.Signature(
