@@ -22,8 +22,9 @@
 //! - Whoever holds the inbox lock reads the channel, without blocking, and
 //!   hands every reply read to its caller, in order: the reader task when
 //!   the reactor says the channel is readable, and a call that spins for
-//!   its reply (`--front-spin`), which then needs no woken task to hand it
-//!   over. A call that ends the stream (end of file, a bad frame) records
+//!   its reply (`--front-spin`) with its own `recv`s on the descriptor,
+//!   which then sees the reply before any thread has been woken to report
+//!   it and needs no woken task to hand it over. A call that ends the stream (end of file, a bad frame) records
 //!   why and tells the reader task, which fails the waiters.
 //! - An executor that does not answer a call within the executor timeout is
 //!   pinged; if the ping is not answered within the timeout either (a hung
@@ -264,6 +265,19 @@ impl Outbox {
     }
 }
 
+/// How [`ExecutorLink::pump`] reads the channel.
+#[derive(Debug, Clone, Copy)]
+enum Read {
+    /// Through the reactor's readiness (the reader task): a read that finds
+    /// nothing clears it, so the task sleeps until the next reply.
+    Reactor,
+    /// A non-blocking `recv` on the descriptor itself (a spinning call):
+    /// it sees a reply as soon as the kernel has it, before the reactor's
+    /// thread has woken to report it. The reader task's readiness is left
+    /// as it is; its next read finds what is left, or nothing.
+    Direct,
+}
+
 /// The read side of the channel (see the module docs).
 struct Inbox {
     half: OwnedReadHalf,
@@ -472,7 +486,7 @@ impl ExecutorLink {
             if let Err(e) = readable {
                 break link.end(&mut state, ProtocolError::Io(e));
             }
-            if let Some(cause) = link.pump(&mut state) {
+            if let Some(cause) = link.pump(&mut state, Read::Reactor) {
                 break cause;
             }
         };
@@ -503,7 +517,7 @@ impl ExecutorLink {
 
     /// Reads every frame that has arrived, without blocking, and hands each
     /// reply to its caller; `Some` once the stream has ended.
-    fn pump(&self, state: &mut InboxState) -> Option<DownCause> {
+    fn pump(&self, state: &mut InboxState, read: Read) -> Option<DownCause> {
         loop {
             if let Some(cause) = &state.ended {
                 return Some(cause.clone());
@@ -515,7 +529,16 @@ impl ExecutorLink {
                     Err(e) => return Some(self.end(state, e)),
                 }
             }
-            match self.inbox.half.try_read(state.frames.spare()) {
+            let spare = state.frames.spare();
+            let got = match read {
+                Read::Reactor => self.inbox.half.try_read(spare),
+                Read::Direct => {
+                    let fd = self.inbox.half.as_ref().as_raw_fd();
+                    nix::sys::socket::recv(fd, spare, nix::sys::socket::MsgFlags::MSG_DONTWAIT)
+                        .map_err(std::io::Error::from)
+                }
+            };
+            match got {
                 Ok(0) => {
                     let e = if state.frames.is_empty() {
                         ProtocolError::Closed
@@ -582,7 +605,7 @@ impl ExecutorLink {
             Err(TryLockError::WouldBlock) => None,
         };
         if let Some(mut state) = state {
-            let _ = self.pump(&mut state);
+            let _ = self.pump(&mut state, Read::Direct);
         }
     }
 
