@@ -19,14 +19,19 @@ from pathlib import Path
 CORPUS = Path(os.environ.get("PTXD_CORPUS", Path(__file__).resolve().parents[2] / "tests" / "corpus"))
 
 
-def worker(socket, index, start, results):
+def worker(socket, index, ready, loaded, results):
     import ptxd  # imported in the child: a ptxd client does not survive fork
 
     ptx = (CORPUS / "add_f32_scalar.ptx").read_text()
     with ptxd.Client(socket) as client, client.session(f"worker-{index}") as session:
         backend = client.info()["backend"]
-        start.wait()
+        # Every worker connected before any loads, and every worker loaded
+        # before any leaves its session: the kernel is held throughout, so
+        # exactly one load compiles it (a worker that closed its session
+        # first would free it, and a late one would compile it again).
+        ready.wait()
         kernel = session.load_ptx(ptx, "add_f32_scalar")
+        loaded.wait()
         n = 4096 + index
         if backend == "cuda":
             import torch
@@ -59,13 +64,13 @@ def main() -> None:
 
     # 'spawn': each worker starts a fresh interpreter (and its own client).
     context = multiprocessing.get_context("spawn")
-    start, results = context.Event(), context.Queue()
-    processes = [context.Process(target=worker, args=(args.socket, i, start, results))
+    ready, loaded = context.Barrier(args.workers, timeout=120), context.Barrier(args.workers, timeout=120)
+    results = context.Queue()
+    processes = [context.Process(target=worker, args=(args.socket, i, ready, loaded, results))
                  for i in range(args.workers)]
+    began = time.monotonic()
     for p in processes:
         p.start()
-    began = time.monotonic()
-    start.set()
     reports = [results.get(timeout=300) for _ in processes]
     for p in processes:
         p.join(timeout=60)
