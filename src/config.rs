@@ -324,7 +324,9 @@ pub struct ServeConfig {
     /// to back then finds the front awake, and an executor reply is read by
     /// the call that waits for it, not handed over by a woken reader. Each
     /// wait spins at most this long, yielding its worker to other tasks
-    /// between polls, so an idle daemon costs nothing (BENCHMARKS.md).
+    /// between polls, and at most half as many waits as the machine has
+    /// cores spin at once (the rest sleep at once), so an idle daemon costs
+    /// nothing and a busy one keeps workers free (BENCHMARKS.md).
     #[arg(long, env = "PTXD_FRONT_SPIN", default_value = "200us", value_parser = parse_duration)]
     pub front_spin: Duration,
 

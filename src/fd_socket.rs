@@ -44,7 +44,9 @@ use nix::sys::socket::{
     UnixAddr,
 };
 use prost::Message;
-use ptxd_client::fd_passing::{recv_spinning_in, send_packet, PacketBuffer, PacketMeta};
+use ptxd_client::fd_passing::{recv_async_in, send_packet, spin_recv_in, PacketBuffer, PacketMeta};
+
+use crate::spin::Spinners;
 use ptxd_proto::v1 as api;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Semaphore;
@@ -91,12 +93,12 @@ pub fn bind_fd_socket(path: &Path, mode: u32) -> std::io::Result<OwnedFd> {
 }
 
 /// Serves the fd socket until `stop` resolves. After each reply a
-/// connection polls for its next packet for up to `spin` before its task
-/// sleeps (`--front-spin`).
+/// connection polls for its next packet for up to the daemon's spin
+/// (`--front-spin`), when `spinners` grants it, before its task sleeps.
 pub async fn serve(
     listener: OwnedFd,
     service: PtxdService,
-    spin: Duration,
+    spinners: Arc<Spinners>,
     stop: impl Future<Output = ()>,
 ) {
     // SAFETY: the AsyncFd owns the listening socket, which stays open and
@@ -163,8 +165,9 @@ pub async fn serve(
         };
         let service = service.clone();
         let stopped = stopped.clone();
+        let spinners = spinners.clone();
         connections.spawn(async move {
-            serve_connection(connection, peer, service, spin, stopped).await;
+            serve_connection(connection, peer, service, spinners, stopped).await;
             drop((permit, uid_slot));
         });
     }
@@ -255,7 +258,7 @@ async fn serve_connection(
     connection: OwnedFd,
     peer: Peer,
     service: PtxdService,
-    spin: Duration,
+    spinners: Arc<Spinners>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     // SAFETY: as for the listener: owned by the AsyncFd until it drops.
@@ -268,7 +271,7 @@ async fn serve_connection(
         let received = tokio::select! {
             biased;
             _ = stopped.wait_for(|stopped| *stopped) => return,
-            received = tokio::time::timeout(IDLE_TIMEOUT, recv_spinning_in(&connection, &mut buffer, spin)) => received,
+            received = tokio::time::timeout(IDLE_TIMEOUT, next_packet(&connection, &mut buffer, &spinners)) => received,
         };
         let packet = match received {
             Ok(Ok(Some(packet))) => packet,
@@ -308,6 +311,22 @@ async fn serve_connection(
             return;
         }
     }
+}
+
+/// The connection's next packet: polled for while `spinners` grants a
+/// spin (the permit goes back when the spin ends, not when the packet
+/// comes), then waited for.
+async fn next_packet(
+    connection: &AsyncFd<OwnedFd>,
+    buffer: &mut PacketBuffer,
+    spinners: &Arc<Spinners>,
+) -> nix::Result<Option<PacketMeta>> {
+    let (spin, permit) = spinners.take();
+    if let Some(received) = spin_recv_in(connection, buffer, spin).await {
+        return received;
+    }
+    drop(permit);
+    recv_async_in(connection, buffer).await
 }
 
 /// What a packet asks for, or why it is refused (every descriptor it

@@ -29,4 +29,5 @@ pub mod server;
 pub mod service;
 pub mod sessions;
 pub mod slots;
+pub mod spin;
 pub mod untrusted;

@@ -321,7 +321,7 @@ pub async fn serve(
     let fd_socket = crate::fd_socket::serve(
         fd_listener,
         PtxdService::new(front.clone(), observer),
-        config.front_spin,
+        front.spinners(),
         wait_for_stop(stop_rx.clone()),
     );
     servers.spawn(async move {

@@ -233,25 +233,38 @@ pub async fn recv_spinning_in(
     buffer: &mut PacketBuffer,
     spin: std::time::Duration,
 ) -> nix::Result<Option<PacketMeta>> {
-    use std::os::fd::AsFd;
-    if !spin.is_zero() {
-        let until = std::time::Instant::now() + spin;
-        loop {
-            match recv_packet_in(socket.get_ref().as_fd(), true, buffer) {
-                Err(Errno::EAGAIN | Errno::EINTR) => {}
-                other => return other,
-            }
-            if std::time::Instant::now() >= until {
-                break;
-            }
-            // The thread's core too, to any thread waiting for one: on a
-            // machine with fewer cores than spinners, the peer this spin
-            // waits for may be one of them.
-            std::thread::yield_now();
-            tokio::task::yield_now().await;
-        }
+    match spin_recv_in(socket, buffer, spin).await {
+        Some(received) => received,
+        None => recv_async_in(socket, buffer).await,
     }
-    recv_async_in(socket, buffer).await
+}
+
+/// The spinning half of [`recv_spinning_in`]: `None` when nothing came
+/// within `spin` (then wait with [`recv_async_in`]).
+pub async fn spin_recv_in(
+    socket: &tokio::io::unix::AsyncFd<OwnedFd>,
+    buffer: &mut PacketBuffer,
+    spin: std::time::Duration,
+) -> Option<nix::Result<Option<PacketMeta>>> {
+    use std::os::fd::AsFd;
+    if spin.is_zero() {
+        return None;
+    }
+    let until = std::time::Instant::now() + spin;
+    loop {
+        match recv_packet_in(socket.get_ref().as_fd(), true, buffer) {
+            Err(Errno::EAGAIN | Errno::EINTR) => {}
+            other => return Some(other),
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        // The thread's core too, to any thread waiting for one: on a
+        // machine with fewer cores than spinners, the peer this spin waits
+        // for may be one of them.
+        std::thread::yield_now();
+        tokio::task::yield_now().await;
+    }
 }
 
 fn io_errno(error: std::io::Error) -> Errno {

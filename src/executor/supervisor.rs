@@ -56,6 +56,7 @@ use super::kernel_timeouts::KernelTimeouts;
 use super::protocol::{encode_frame, read_frame_async, FrameBuffer, ProtocolError};
 use crate::config::ServeConfig;
 use crate::handles::DeviceGeneration;
+use crate::spin::Spinners;
 
 /// The reply reader's buffer: replies are a few bytes; a LoadModule reply
 /// with its log is larger and is read in several goes.
@@ -128,8 +129,9 @@ pub struct LinkConfig {
     pub kernel_timeouts: Arc<KernelTimeouts>,
     /// How long an executor polls its channel before it sleeps.
     pub channel_spin: Duration,
-    /// How long a call polls for its reply before its task sleeps.
-    pub reply_spin: Duration,
+    /// How long a call polls for its reply before its task sleeps, and
+    /// how many may at once (shared with the fd socket's connections).
+    pub spinners: Arc<Spinners>,
 }
 
 impl LinkConfig {
@@ -139,7 +141,7 @@ impl LinkConfig {
             max_kernel_time: (!config.max_kernel_time.is_zero()).then_some(config.max_kernel_time),
             kernel_timeouts: Arc::new(KernelTimeouts::new(config.max_kernel_timeouts_per_session)),
             channel_spin: config.executor_spin,
-            reply_spin: config.front_spin,
+            spinners: Spinners::for_this_machine(config.front_spin),
         }
     }
 }
@@ -199,7 +201,7 @@ pub struct ExecutorLink {
     /// Where replies are read.
     inbox: Inbox,
     /// How long a call polls for its reply before its task sleeps.
-    reply_spin: Duration,
+    spinners: Arc<Spinners>,
     timeout: Duration,
     kernel_timeouts: Arc<KernelTimeouts>,
     pending: Mutex<Pending>,
@@ -418,7 +420,7 @@ impl ExecutorLink {
             hello,
             outbox,
             inbox,
-            reply_spin: config.reply_spin,
+            spinners: config.spinners.clone(),
             timeout: config.timeout,
             kernel_timeouts: config.kernel_timeouts.clone(),
             pending: Mutex::new(Pending::default()),
@@ -616,10 +618,13 @@ impl ExecutorLink {
         &self,
         rx: &mut ReplyReceiver,
     ) -> Option<Result<reply::Result, LinkError>> {
-        if self.reply_spin.is_zero() {
+        // Held until this function returns: while the call spins, not
+        // while it then sleeps.
+        let (spin, _permit) = self.spinners.take();
+        if spin.is_zero() {
             return None;
         }
-        let until = Instant::now() + self.reply_spin;
+        let until = Instant::now() + spin;
         loop {
             self.pump_unless_busy();
             match rx.try_recv() {

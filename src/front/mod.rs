@@ -324,6 +324,12 @@ impl Front {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The daemon's spinning waits (`--front-spin`): the executor links'
+    /// and the fd socket's share one bound.
+    pub fn spinners(&self) -> std::sync::Arc<crate::spin::Spinners> {
+        self.executor.spinners.clone()
+    }
+
     /// A receiver that is true while every device's executor is up.
     pub fn availability(&self) -> watch::Receiver<bool> {
         self.available.subscribe()
