@@ -70,6 +70,21 @@ python_tests() {
     "$venv/bin/python" -m pytest -v -p no:cacheprovider -rs gpu)
 }
 
+# Starts `./ptxd serve --socket SOCK ARGS...` in the background, logging to
+# bench-daemons.log, and waits until it answers health checks (30 s at most);
+# its pid is left in $daemon_pid.
+start_daemon() {
+  local sock=$1
+  shift
+  rm -f "$sock"
+  ./ptxd serve --socket "$sock" "$@" >>"$LOGS/bench-daemons.log" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 300); do
+    ./ptxd health --socket "$sock" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+}
+
 # Runs "$@" with an MPS control daemon of its own (private pipe directory).
 under_mps() {
   export CUDA_MPS_PIPE_DIRECTORY="$HERE/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$HERE/mps/log"
@@ -86,13 +101,8 @@ under_mps() {
 python_bench() {
   python_venv >/dev/null || return 1
   local sock="$HERE/pybench.sock" pid rc=0 round
-  rm -f "$sock"
-  ./ptxd serve --socket "$sock" >>"$LOGS/bench-daemons.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 300); do
-    ./ptxd health --socket "$sock" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  start_daemon "$sock"
+  pid=$daemon_pid
   for round in 1 2; do
     PTXD_CORPUS="$HERE/corpus" "$HERE/pyenv/bin/python" "$HERE/python/examples/bench_launch.py" "$sock" 2000 || rc=1
   done
@@ -125,14 +135,9 @@ daemon_bench() {
     for config in ${PTXD_BENCH_CONFIGS:-0:0 200us:200us}; do
       front=${config%%:*}
       reply=${config##*:}
-      rm -f "$sock"
       echo "== daemon: front spin $front, round $round" >>"$LOGS/bench-daemons.log"
-      ./ptxd serve --socket "$sock" --front-spin "$front" >>"$LOGS/bench-daemons.log" 2>&1 &
-      pid=$!
-      for _ in $(seq 300); do
-        ./ptxd health --socket "$sock" >/dev/null 2>&1 && break
-        sleep 0.1
-      done
+      start_daemon "$sock" --front-spin "$front"
+      pid=$daemon_pid
       echo "== ptxd bench: front spin $front, reply spin $reply, round $round"
       ./ptxd bench --socket "$sock" --json --iterations 3000 --n 4096 --reply-spin "$reply" || rc=1
       kill -TERM "$pid"
@@ -150,13 +155,8 @@ profile_ring() {
   [ -x "$perf" ] || { echo "run.sh: no perf in the pack (PTXD_GPU_PERF=1 bash tests/gpu/build.sh)"; return 1; }
   export LD_LIBRARY_PATH="$HERE/perf/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   "$perf" --version || return 1
-  rm -f "$sock"
-  ./ptxd serve --socket "$sock" >>"$LOGS/bench-daemons.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 300); do
-    ./ptxd health --socket "$sock" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  start_daemon "$sock"
+  pid=$daemon_pid
   exec_pid=$(pgrep -P "$pid" | head -1)
   ./ptxd bench --socket "$sock" --json --iterations "${PTXD_PROFILE_ITERATIONS:-20000}" --n 4096 > "$LOGS/profile-bench.json" &
   bench_pid=$!
