@@ -758,16 +758,24 @@ pub trait DeviceWords: sealed::Sealed + crate::SemaphoreMemory {
     }
 }
 
-impl sealed::Sealed for DeviceAllocation {}
-impl DeviceWords for DeviceAllocation {
-    fn extent(&self) -> (u64, usize) {
-        (self.device_ptr(), self.size)
-    }
+/// The two allocation types hold their words the same way: a device
+/// pointer, a size, and the memory whose context they bind.
+macro_rules! allocation_words {
+    ($($allocation:ty),*) => {$(
+        impl sealed::Sealed for $allocation {}
+        impl DeviceWords for $allocation {
+            fn extent(&self) -> (u64, usize) {
+                (self.device_ptr(), self.size)
+            }
 
-    fn bind_context(&self) -> Result<(), CudaError> {
-        self.memory.bind().map(|_| ())
-    }
+            fn bind_context(&self) -> Result<(), CudaError> {
+                self.memory.bind().map(|_| ())
+            }
+        }
+    )*};
 }
+
+allocation_words!(DeviceAllocation, ExportableAllocation);
 
 /// Shared memory is the same memory: a `&Arc<DeviceAllocation>` is taken
 /// wherever a `&DeviceAllocation` is.
@@ -779,17 +787,6 @@ impl<T: DeviceWords + ?Sized> DeviceWords for Arc<T> {
 
     fn bind_context(&self) -> Result<(), CudaError> {
         (**self).bind_context()
-    }
-}
-
-impl sealed::Sealed for ExportableAllocation {}
-impl DeviceWords for ExportableAllocation {
-    fn extent(&self) -> (u64, usize) {
-        (self.device_ptr(), self.size)
-    }
-
-    fn bind_context(&self) -> Result<(), CudaError> {
-        self.memory.bind().map(|_| ())
     }
 }
 
