@@ -155,6 +155,7 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
     };
     init_logging(format);
     ptxd::executor::child::ignore_termination_signals();
+    args.install_spin_bound();
     let budget = (args.max_kernel_time_ms > 0)
         .then(|| std::time::Duration::from_millis(args.max_kernel_time_ms));
     let spin = args.channel_spin();

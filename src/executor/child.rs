@@ -198,7 +198,10 @@ pub fn serve_stdio(backend: &mut dyn Backend, spin: std::time::Duration) -> i32 
             return 1;
         }
     };
-    let input = BufReader::new(super::spin_input::SpinInput::new(channel, spin));
+    // Spins only under the daemon-wide bound (see `crate::spin`): the
+    // front's page, installed from the command line at start.
+    let spinners = crate::spin::executor_spinners().filter(|_| !spin.is_zero());
+    let input = BufReader::new(super::spin_input::SpinInput::new(channel, spinners));
     serve(backend, input, Box::new(std::io::stdout()))
 }
 
@@ -283,6 +286,10 @@ pub struct ExecutorArgs {
     /// microseconds (0: it sleeps at once).
     #[arg(long, default_value_t = 0)]
     pub channel_spin_us: u64,
+    /// This executor's slot in the front's spin page, inherited as fd 4
+    /// (see `crate::spin`); none: it never spins.
+    #[arg(long)]
+    pub spin_slot: Option<u32>,
 }
 
 impl ExecutorArgs {
@@ -301,6 +308,7 @@ impl ExecutorArgs {
             max_kernel_time_ms: 0,
             fd_inbox: false,
             channel_spin_us: 0,
+            spin_slot: None,
         }
     }
 
@@ -348,6 +356,21 @@ impl ExecutorArgs {
         std::time::Duration::from_micros(self.channel_spin_us)
     }
 
+    /// The same executor, told that fd 4 is the front's spin page and
+    /// which slot in it is its own.
+    pub fn with_spin_slot(self, slot: Option<u32>) -> Self {
+        ExecutorArgs {
+            spin_slot: slot,
+            ..self
+        }
+    }
+
+    /// Installs this executor's share of the daemon-wide spin bound (call
+    /// once, at start, before serving).
+    pub fn install_spin_bound(&self) {
+        crate::spin::install_inherited(self.spin_slot, self.channel_spin());
+    }
+
     /// The same executor, told that fd 3 is its fd inbox.
     pub fn with_fd_inbox(self) -> Self {
         ExecutorArgs {
@@ -372,6 +395,7 @@ impl ExecutorArgs {
             max_kernel_time_ms,
             fd_inbox,
             channel_spin_us,
+            spin_slot,
         } = self;
         let mut args = vec![Self::SUBCOMMAND.to_owned()];
         // Every variant has a value (none is `#[value(skip)]`).
@@ -392,6 +416,9 @@ impl ExecutorArgs {
             args.push("--fd-inbox".to_owned());
         }
         args.push(format!("--channel-spin-us={channel_spin_us}"));
+        if let Some(slot) = spin_slot {
+            args.push(format!("--spin-slot={slot}"));
+        }
         args
     }
 }
@@ -437,6 +464,7 @@ mod tests {
             ExecutorArgs::cuda_probe(),
             ExecutorArgs::cuda_probe().with_max_kernel_time(Some(std::time::Duration::MAX)),
             ExecutorArgs::host(2, 4, true).with_fd_inbox(),
+            ExecutorArgs::host(2, 4, true).with_spin_slot(Some(7)),
             ExecutorArgs::host(1, 1, true).with_channel_spin(std::time::Duration::MAX),
         ];
         for _ in 0..64 {

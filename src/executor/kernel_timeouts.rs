@@ -49,6 +49,11 @@ impl KernelTimeouts {
         *count
     }
 
+    /// The limit.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
     /// How many launches on `stream` timed out.
     pub fn count(&self, stream: u64) -> u32 {
         self.counts().get(&stream).copied().unwrap_or(0)
@@ -69,6 +74,50 @@ impl KernelTimeouts {
     /// Drops the count of a released session's stream.
     pub fn forget(&self, stream: u64) {
         self.counts().remove(&stream);
+    }
+}
+
+/// The executor's copy of one session's timeout count, for the launches
+/// that never pass through the front (its ring): seeded from the front's
+/// count when the ring opens, raised by every timeout of the session in
+/// this executor (ring or gRPC), refused at the same limit. A timeout in
+/// another executor reaches it when the ring is next opened.
+#[derive(Debug)]
+pub struct TimeoutAllowance {
+    limit: u32,
+    count: std::sync::atomic::AtomicU32,
+}
+
+impl TimeoutAllowance {
+    /// A session that has timed out `count` times, refused at `limit`
+    /// (0: no limit known, never refused here).
+    pub fn new(count: u32, limit: u32) -> TimeoutAllowance {
+        TimeoutAllowance {
+            limit,
+            count: count.into(),
+        }
+    }
+
+    /// Counts one timeout.
+    pub fn record(&self) {
+        let _ = self.count.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |c| c.checked_add(1),
+        );
+    }
+
+    /// Refuses a launch once the session reached the limit, as the front
+    /// refuses a gRPC launch ([`KernelTimeouts::check`]).
+    pub fn check(&self) -> Result<(), Error> {
+        let count = self.count.load(std::sync::atomic::Ordering::Acquire);
+        if self.limit > 0 && count >= self.limit {
+            return Err(Error::LimitExceeded {
+                limit: LIMIT_NAME,
+                value: u64::from(count),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -94,5 +143,24 @@ mod tests {
         assert!(timeouts.check(8).is_ok(), "other sessions are unaffected");
         timeouts.forget(7);
         assert!(timeouts.check(7).is_ok());
+    }
+
+    #[test]
+    fn an_allowance_refuses_at_the_same_limit_and_zero_is_unlimited() {
+        let allowance = TimeoutAllowance::new(1, 3);
+        assert!(allowance.check().is_ok());
+        allowance.record();
+        assert!(allowance.check().is_ok());
+        allowance.record();
+        assert_eq!(
+            allowance.check(),
+            Err(Error::LimitExceeded {
+                limit: LIMIT_NAME,
+                value: 3
+            })
+        );
+        let unlimited = TimeoutAllowance::new(u32::MAX, 0);
+        unlimited.record();
+        assert!(unlimited.check().is_ok());
     }
 }

@@ -11,10 +11,25 @@
 //! - A descriptor names only what the front granted this session's ring
 //!   (the [`RingTable`]); an index it was not granted is refused like a
 //!   handle another session holds.
-//! - The table is changed only by the request loop, under its lock, and the
-//!   ring thread holds the lock from its check until the backend has taken
-//!   the launch: after a revoke returns, no launch can still use the object,
-//!   so the front may close it.
+//! - The table is changed only by the request loop, under its lock. The
+//!   ring thread holds the lock only while it checks a descriptor and takes
+//!   what the launch needs (clones of the backend's handles), and the
+//!   backend releases it ([`TableHold`]) before anything that can wait on
+//!   client-controlled state (a semaphore, a stream synchronize): the
+//!   request loop never waits behind a ring. On the host a launch's clones
+//!   keep its mappings alive past a revoke; on CUDA the lock is kept until
+//!   the launch is enqueued, so after a revoke returns no enqueue can still
+//!   name the object, and a close drains the device first.
+//! - The request loop never joins a ring thread: a ring is stopped by a
+//!   flag, and a ring that replaces another waits for the old thread itself,
+//!   on its own thread, before it attaches to the object.
+//! - A ring launch that times out (its kernel or its semaphore wait) is
+//!   reported to the front (`KernelTimeout`) and counted against the
+//!   session's allowance ([`TimeoutAllowance`]); once the allowance is
+//!   spent, every further ring launch is refused `LIMIT_EXCEEDED`, as on
+//!   gRPC.
+//! - Every spin of the thread takes a permit of the daemon-wide spin bound
+//!   ([`crate::spin`]); without one it sleeps at once.
 //! - Every submission taken is answered, in order, even a malformed one or
 //!   one a dead executor left behind (an orphan, completed `Failed`).
 //! - A ring whose client breaks the protocol (a counter out of range) is
@@ -30,6 +45,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+pub use super::kernel_timeouts::TimeoutAllowance;
 
 use ptxd_client::ring::{CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server};
 use ptxd_proto::executor::{FailureKind, RingGrant};
@@ -217,35 +234,67 @@ impl<K, B> Capabilities for RingTable<K, B> {
     }
 }
 
-/// A semaphore operation whose word lies inside a granted buffer.
+/// A semaphore operation whose word lies inside a granted buffer (the
+/// buffer's registered size; the backend's accessor checks it again).
 #[derive(Debug)]
-pub struct CheckedSemaphore<'t, B> {
-    pub buffer: &'t B,
+pub struct CheckedSemaphore<B> {
+    pub buffer: B,
     pub op: SemaphoreOp,
 }
 
-/// A ring launch that passed the checks, in the backend's terms.
+/// A ring launch that passed the checks, in the backend's terms: clones of
+/// the handles it uses, so it needs the table no longer than the backend
+/// says ([`TableHold`]).
 #[derive(Debug)]
-pub struct RingLaunch<'t, K, B> {
-    pub kernel: &'t RingKernel<K>,
+pub struct RingLaunch<K, B> {
+    pub kernel: K,
     /// Inputs, then the output: (buffer, byte offset).
-    pub operands: Vec<(&'t B, u64)>,
+    pub operands: Vec<(B, u64)>,
     pub n: u64,
     pub scalars: Vec<f32>,
     pub sync: bool,
-    pub wait: Option<CheckedSemaphore<'t, B>>,
-    pub signal: Option<CheckedSemaphore<'t, B>>,
+    pub wait: Option<CheckedSemaphore<B>>,
+    pub signal: Option<CheckedSemaphore<B>>,
+}
+
+/// The ring's table lock, held from a descriptor's check until the backend
+/// no longer needs the table to keep the launch's objects alive. The
+/// backend must [`release`](TableHold::release) it before anything that
+/// waits on what a client controls; dropping it releases it too.
+pub struct TableHold<'a, K, B>(Option<MutexGuard<'a, RingTable<K, B>>>);
+
+impl<K, B> std::fmt::Debug for TableHold<'_, K, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TableHold").field(&self.0.is_some()).finish()
+    }
+}
+
+impl<K, B> TableHold<'_, K, B> {
+    /// Lets the request loop change the table (grant, revoke) again.
+    pub fn release(&mut self) {
+        self.0 = None;
+    }
 }
 
 /// What a backend does with ring launches.
 pub trait RingBackend: Send + 'static {
-    type Kernel: Send + 'static;
-    type Buffer: Send + 'static;
+    type Kernel: Clone + Send + 'static;
+    type Buffer: Clone + Send + 'static;
     /// Launches (an async launch: enqueues) and returns the outcome.
-    fn launch(&mut self, launch: RingLaunch<'_, Self::Kernel, Self::Buffer>) -> Result<(), Error>;
+    /// `stop` is set when the ring is closed: a wait in here ends early.
+    fn launch(
+        &mut self,
+        launch: RingLaunch<Self::Kernel, Self::Buffer>,
+        hold: TableHold<'_, Self::Kernel, Self::Buffer>,
+        stop: &AtomicBool,
+    ) -> Result<(), Error>;
     /// Releases the signal of a launch that did not run (refused, or an
     /// orphan), so a stream waiting on it is not blocked forever.
-    fn release_signal(&mut self, signal: CheckedSemaphore<'_, Self::Buffer>);
+    fn release_signal(
+        &mut self,
+        signal: CheckedSemaphore<Self::Buffer>,
+        hold: TableHold<'_, Self::Kernel, Self::Buffer>,
+    );
     /// Called when the ring's spin found no submission, before the thread
     /// sleeps (not after each launch: a ring launching back to back is
     /// not idle).
@@ -259,7 +308,18 @@ fn lock<K, B>(table: &Shared<K, B>) -> MutexGuard<'_, RingTable<K, B>> {
     table.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A ring being served; dropping it stops the thread and waits for it.
+/// What a ring thread reports to, and counts against: the session's
+/// stream, the channel to the front, the session's timeout allowance.
+#[derive(Debug, Clone)]
+pub struct RingSession {
+    pub stream: u64,
+    pub channel: super::child::Channel,
+    pub timeouts: Arc<TimeoutAllowance>,
+}
+
+/// A ring being served. Dropping it stops the thread without waiting for
+/// it (the thread ends after its current step; a ring that replaces it
+/// waits for it on its own thread).
 pub struct RingHandle<K, B> {
     table: Shared<K, B>,
     stop: Arc<AtomicBool>,
@@ -274,7 +334,15 @@ impl<K, B> std::fmt::Debug for RingHandle<K, B> {
 
 impl<K: Send + 'static, B: Send + 'static> RingHandle<K, B> {
     /// Starts serving `server` with `backend` on a thread of its own.
-    pub fn spawn<R>(server: Server, backend: R, name: String) -> std::io::Result<Self>
+    /// `previous` (the ring it replaces, if any) is stopped now and waited
+    /// for on the new thread, before it takes its first submission.
+    pub fn spawn<R>(
+        server: Server,
+        backend: R,
+        name: String,
+        session: RingSession,
+        previous: Option<RingHandle<K, B>>,
+    ) -> std::io::Result<Self>
     where
         R: RingBackend<Kernel = K, Buffer = B>,
     {
@@ -284,17 +352,26 @@ impl<K: Send + 'static, B: Send + 'static> RingHandle<K, B> {
         let control = Box::new(LaunchControl::new(None));
         let guard =
             super::sigbus::watch(&[server.mapping()], &control).map_err(std::io::Error::other)?;
+        let previous = previous.and_then(RingHandle::stop);
         let table: Shared<K, B> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s) = (table.clone(), stop.clone());
         let thread = std::thread::Builder::new().name(name).spawn(move || {
-            let mut server = server;
-            let shrunk = || guard.faulted().first().copied().unwrap_or(false);
-            serve(&mut server, backend, t, s, shrunk);
-            // Unwatch the mapping before it is unmapped, and free the
-            // control the watch points to last.
+            // The old thread may still be answering; its last completion
+            // must be in the object before this server reads the counters.
+            if let Some(previous) = previous {
+                let _ = previous.join();
+            }
+            match server.reattach() {
+                Ok(mut server) => {
+                    let shrunk = || guard.faulted().first().copied().unwrap_or(false);
+                    serve(&mut server, backend, t, &s, shrunk, &session);
+                }
+                Err(e) => tracing::warn!(error = %e, "the ring's object changed before it was served; the ring is dropped"),
+            }
+            // Unwatch the mapping before it is unmapped (the server went
+            // above), and free the control the watch points to last.
             drop(guard);
-            drop(server);
             drop(control);
         })?;
         Ok(RingHandle {
@@ -310,12 +387,21 @@ impl<K: Send + 'static, B: Send + 'static> RingHandle<K, B> {
     }
 }
 
+impl<K, B> RingHandle<K, B> {
+    /// Tells the thread to stop; returns it, to be joined off the request
+    /// loop.
+    fn stop(mut self) -> Option<JoinHandle<()>> {
+        self.stop.store(true, Ordering::Release);
+        self.thread.take()
+    }
+}
+
 impl<K, B> Drop for RingHandle<K, B> {
     fn drop(&mut self) {
+        // Not joined: the request loop must never wait on a ring. The
+        // thread holds what it uses (its server, the table's Arc, the
+        // launch's clones) and drops it when it ends.
         self.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -324,13 +410,19 @@ fn reason_of(error: &Error) -> u32 {
     error.refusal().reason as u32
 }
 
+fn dropped(e: &dyn std::fmt::Display) {
+    tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");
+}
+
 fn serve<R: RingBackend>(
     server: &mut Server,
     mut backend: R,
     table: Shared<R::Kernel, R::Buffer>,
-    stop: Arc<AtomicBool>,
+    stop: &AtomicBool,
     shrunk: impl Fn() -> bool,
+    session: &RingSession,
 ) {
+    let spinners = crate::spin::executor_spinners().map(|s| s.with_spin(RING_SPIN));
     while !stop.load(Ordering::Acquire) {
         if shrunk() {
             tracing::warn!(
@@ -344,44 +436,29 @@ fn serve<R: RingBackend>(
                 // A ring launching back to back is polled first, so its
                 // launches share markers; the backend hears the ring is idle
                 // only once the spin found nothing, before it may sleep.
-                match server.spin() {
+                // The spin takes a permit of the daemon-wide bound.
+                let (spin, permit) = spinners
+                    .as_ref()
+                    .map_or((Duration::ZERO, None), |s| s.take());
+                let spun = server.spin_for(spin);
+                drop(permit);
+                match spun {
                     Ok(true) => continue,
                     Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");
-                        return;
-                    }
+                    Err(e) => return dropped(&e),
                 }
                 backend.idle();
-                if let Err(e) = server.wait(POLL_SLICE) {
-                    tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");
-                    return;
+                if let Err(e) = server.sleep(POLL_SLICE) {
+                    return dropped(&e);
                 }
                 continue;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "the ring's client broke its protocol; the ring is dropped");
-                return;
-            }
+            Err(e) => return dropped(&e),
         };
         let status = match polled {
-            Polled::Launch(descriptor) => {
-                let table = lock(&table);
-                match run(&table, &mut backend, &descriptor) {
-                    Ok(()) => CompletionStatus::Ok,
-                    Err(Outcome::Refused(e)) => {
-                        release(&table, &mut backend, &descriptor);
-                        CompletionStatus::Refused {
-                            reason: reason_of(&e),
-                        }
-                    }
-                    Err(Outcome::Failed(e)) => CompletionStatus::Failed {
-                        reason: reason_of(&e),
-                    },
-                }
-            }
+            Polled::Launch(descriptor) => launch(&table, &mut backend, &descriptor, stop, session),
             Polled::Orphan(descriptor) => {
-                release(&lock(&table), &mut backend, &descriptor);
+                release(&table, &mut backend, &descriptor);
                 CompletionStatus::Failed {
                     reason: Reason::ExecutorUnavailable as u32,
                 }
@@ -397,19 +474,56 @@ fn serve<R: RingBackend>(
     }
 }
 
-enum Outcome {
-    /// The checks refused it: nothing ran.
-    Refused(Error),
-    /// It passed and the backend failed it.
-    Failed(Error),
+/// How long a ring thread spins for its next submission (under a permit)
+/// before it sleeps on its futex.
+pub const RING_SPIN: Duration = Duration::from_micros(30);
+
+/// Checks and runs one descriptor; the completion's status.
+fn launch<R: RingBackend>(
+    table: &Shared<R::Kernel, R::Buffer>,
+    backend: &mut R,
+    descriptor: &Descriptor,
+    stop: &AtomicBool,
+    session: &RingSession,
+) -> CompletionStatus {
+    let guard = lock(table);
+    let checked = session
+        .timeouts
+        .check()
+        .and_then(|()| checked_launch(&guard, descriptor));
+    let launch = match checked {
+        Ok(launch) => launch,
+        Err(e) => {
+            // The signal of a refused launch is still written.
+            if let Ok(Some(signal)) = semaphore(&guard, descriptor.signal()) {
+                backend.release_signal(signal, TableHold(Some(guard)));
+            }
+            return CompletionStatus::Refused {
+                reason: reason_of(&e),
+            };
+        }
+    };
+    match backend.launch(launch, TableHold(Some(guard)), stop) {
+        Ok(()) => CompletionStatus::Ok,
+        Err(e) => {
+            let reason = reason_of(&e);
+            if reason == Reason::KernelTimeout as u32 {
+                // Counted like a gRPC launch's timeout: by the front (for
+                // gRPC and later rings) and here (for this ring).
+                session.channel.kernel_timeout(session.stream);
+                session.timeouts.record();
+            }
+            CompletionStatus::Failed { reason }
+        }
+    }
 }
 
 /// Checks a semaphore word against the table: a granted buffer, the word
 /// inside it.
-fn semaphore<'t, K, B>(
-    table: &'t RingTable<K, B>,
+fn semaphore<K, B: Clone>(
+    table: &RingTable<K, B>,
     op: Option<SemaphoreOp>,
-) -> Result<Option<CheckedSemaphore<'t, B>>, Error> {
+) -> Result<Option<CheckedSemaphore<B>>, Error> {
     let Some(op) = op else {
         return Ok(None);
     };
@@ -426,20 +540,20 @@ fn semaphore<'t, K, B>(
         });
     }
     Ok(Some(CheckedSemaphore {
-        buffer: &buffer.buffer,
+        buffer: buffer.buffer.clone(),
         op,
     }))
 }
 
-fn run<R: RingBackend>(
-    table: &RingTable<R::Kernel, R::Buffer>,
-    backend: &mut R,
+/// Runs the launch checks on `descriptor` and takes what the launch needs.
+fn checked_launch<K: Clone, B: Clone>(
+    table: &RingTable<K, B>,
     descriptor: &Descriptor,
-) -> Result<(), Outcome> {
+) -> Result<RingLaunch<K, B>, Error> {
     let kernel = table
         .kernels
         .get(&descriptor.kernel)
-        .ok_or_else(|| Outcome::Refused(kernel_not_granted(descriptor.kernel)))?;
+        .ok_or_else(|| kernel_not_granted(descriptor.kernel))?;
     let shape = launch::LaunchShape {
         inputs: descriptor.inputs(),
         output: Some(&descriptor.output),
@@ -452,9 +566,9 @@ fn run<R: RingBackend>(
         signature: &kernel.signature,
         placement: HERE,
     };
-    let checked: CheckedLaunch = launch::check(table, cap, &shape).map_err(Outcome::Refused)?;
-    let wait = semaphore(table, descriptor.wait()).map_err(Outcome::Refused)?;
-    let signal = semaphore(table, descriptor.signal()).map_err(Outcome::Refused)?;
+    let checked: CheckedLaunch = launch::check(table, cap, &shape)?;
+    let wait = semaphore(table, descriptor.wait())?;
+    let signal = semaphore(table, descriptor.signal())?;
     // The checks passed, so each operand's index is granted; the offsets
     // are the checked ones.
     let mut operands = Vec::with_capacity(checked.inputs.len() + 1);
@@ -464,35 +578,32 @@ fn run<R: RingBackend>(
             .buffers
             .get(&operand.buffer)
             .filter(|b| b.buffer_id == checked.buffer_id)
-            .ok_or_else(|| {
-                Outcome::Refused(Error::Internal {
-                    message: "a checked ring operand is not in the table".into(),
-                })
+            .ok_or_else(|| Error::Internal {
+                message: "a checked ring operand is not in the table".into(),
             })?;
-        operands.push((&buffer.buffer, checked.offset));
+        operands.push((buffer.buffer.clone(), checked.offset));
     }
-    backend
-        .launch(RingLaunch {
-            kernel,
-            operands,
-            n: descriptor.n,
-            scalars: descriptor.scalars().collect(),
-            sync: descriptor.sync,
-            wait,
-            signal,
-        })
-        .map_err(Outcome::Failed)
+    Ok(RingLaunch {
+        kernel: kernel.kernel.clone(),
+        operands,
+        n: descriptor.n,
+        scalars: descriptor.scalars().collect(),
+        sync: descriptor.sync,
+        wait,
+        signal,
+    })
 }
 
 /// Releases the signal of a launch that will not run, if its word is one the
 /// ring may write.
 fn release<R: RingBackend>(
-    table: &RingTable<R::Kernel, R::Buffer>,
+    table: &Shared<R::Kernel, R::Buffer>,
     backend: &mut R,
     descriptor: &Descriptor,
 ) {
-    if let Ok(Some(signal)) = semaphore(table, descriptor.signal()) {
-        backend.release_signal(signal);
+    let guard = lock(table);
+    if let Ok(Some(signal)) = semaphore(&guard, descriptor.signal()) {
+        backend.release_signal(signal, TableHold(Some(guard)));
     }
 }
 

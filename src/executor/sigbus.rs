@@ -20,9 +20,11 @@
 //!   handler restores the default action and returns, so the access faults
 //!   again and the process dies as it would have without the handler.
 //!
-//! Invariants: a watched range is only touched by its own launch's threads,
-//! and it is unwatched (the [`Watch`] dropped) only after every one of them
-//! returned, so a handler that found a range can use its control pointer.
+//! Invariants: a watched range is only touched by threads that watch it (a
+//! launch's threads, a ring's semaphore access), and it is unwatched (the
+//! [`Watch`] dropped) only after every one of them returned, so a handler
+//! that found a range can use its control pointer. A fault marks every
+//! watch of the range.
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -172,6 +174,10 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
     // for SIGBUS si_addr is the faulting address.
     let addr = unsafe { (*info).si_addr() } as usize;
     let page = PAGE.load(Ordering::Relaxed);
+    // Every watch of the faulting range hears of it: a buffer can be
+    // watched by two threads at once (a session's launch and its ring's
+    // semaphore), and the one that did not fault must not trust it either.
+    let mut patched = false;
     for slot in &TABLE {
         let Some((start, len, control)) = read_slot(slot) else {
             continue;
@@ -179,16 +185,19 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
         if addr < start || addr - start >= len {
             continue;
         }
-        let from = addr & !(page - 1);
-        let end = (start + len).div_ceil(page) * page;
-        let mapped = NonZeroUsize::new(from).zip(NonZeroUsize::new(end - from));
-        if let Some((at, length)) = mapped {
+        if !patched {
+            let from = addr & !(page - 1);
+            let end = (start + len).div_ceil(page) * page;
+            let mapped = NonZeroUsize::new(from).zip(NonZeroUsize::new(end - from));
+            let Some((at, length)) = mapped else {
+                break;
+            };
             // SAFETY: [from, end) lies inside the watched mapping (start is
-            // page-aligned, as mmap returned it, and the mapping covers whole
-            // pages), which this process owns and no Rust reference covers:
-            // the engine reaches it through raw pointers only. Replacing its
-            // pages with zero pages changes what the launch reads, never the
-            // validity of any other memory.
+            // page-aligned, as mmap returned it, and the mapping covers
+            // whole pages), which this process owns and no Rust reference
+            // covers: every access goes through raw pointers or atomics
+            // under a watch. Replacing its pages with zero pages changes
+            // what the access reads, never the validity of other memory.
             let replaced = unsafe {
                 mmap_anonymous(
                     Some(at),
@@ -197,16 +206,27 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
                     MapFlags::MAP_PRIVATE | MapFlags::MAP_FIXED,
                 )
             };
-            if replaced.is_ok() {
-                slot.faulted.store(true, Ordering::Release);
-                // SAFETY: the faulting thread belongs to the launch that
-                // watches this range, which keeps `control` alive until its
-                // threads have returned (module invariants).
-                unsafe { &*control }.abort();
-                return;
+            if replaced.is_err() {
+                break;
             }
+            patched = true;
+            slot.faulted.store(true, Ordering::Release);
+            // SAFETY: the slot was busy and consistent when read, so its
+            // watch was alive; a watch keeps its control alive until it is
+            // dropped, and a watch covering the faulting address is, save
+            // the two-watch case (a launch and its ring's semaphore word on
+            // one buffer), the faulting access's own, which cannot be
+            // dropped while that access is in this handler.
+            unsafe { &*control }.abort();
+            continue;
         }
-        break;
+        // Another watch of the same range: told through its slot (static
+        // memory) only; its own access will see the zero pages or fault
+        // into this handler itself.
+        slot.faulted.store(true, Ordering::Release);
+    }
+    if patched {
+        return;
     }
     // Not a watched range (or it could not be patched): die as without the
     // handler, when the access is retried.

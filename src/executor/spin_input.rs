@@ -11,15 +11,20 @@
 //!
 //! The spin yields the core every few microseconds, so on a machine with
 //! more runnable threads than cores the front (which must run for the next
-//! request to come) is not starved by it. `spin` = 0 reads as before.
+//! request to come) is not starved by it. Each spin holds a permit of the
+//! daemon-wide spin bound ([`crate::spin`], shared with the front and every
+//! other executor): without one, or with a spin of 0, it reads as before.
 //! Anything that is not a socket (a pipe in a test) is read plainly.
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use nix::errno::Errno;
 use nix::sys::socket::{recv, MsgFlags};
+
+use crate::spin::Spinners;
 
 /// Spins between yields: about a microsecond of `spin_loop` hints.
 const YIELD_EVERY: u32 = 64;
@@ -28,18 +33,20 @@ const YIELD_EVERY: u32 = 64;
 #[derive(Debug)]
 pub struct SpinInput<R> {
     inner: R,
-    spin: Duration,
+    /// The spin and the bound it is taken under (none: never spins).
+    spinners: Option<Arc<Spinners>>,
     /// Cleared once a non-blocking `recv` says the descriptor is not a
     /// socket.
     socket: bool,
 }
 
 impl<R: Read + AsFd> SpinInput<R> {
-    /// Reads `inner`, polling for up to `spin` before each blocking read.
-    pub fn new(inner: R, spin: Duration) -> Self {
+    /// Reads `inner`, polling for up to the spinners' spin before each
+    /// blocking read, when they grant a permit.
+    pub fn new(inner: R, spinners: Option<Arc<Spinners>>) -> Self {
         SpinInput {
             inner,
-            spin,
+            spinners,
             socket: true,
         }
     }
@@ -59,8 +66,12 @@ impl<R: Read + AsFd> SpinInput<R> {
 
 impl<R: Read + AsFd> Read for SpinInput<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.socket && !self.spin.is_zero() && !buf.is_empty() {
-            let until = Instant::now() + self.spin;
+        let (spin, permit) = match &self.spinners {
+            Some(spinners) if self.socket && !buf.is_empty() => spinners.take(),
+            _ => (std::time::Duration::ZERO, None),
+        };
+        if permit.is_some() {
+            let until = Instant::now() + spin;
             let mut spins: u32 = 0;
             loop {
                 match Self::try_recv(self.inner.as_fd(), buf) {
@@ -83,6 +94,7 @@ impl<R: Read + AsFd> Read for SpinInput<R> {
                 }
             }
         }
+        drop(permit);
         self.inner.read(buf)
     }
 }
@@ -93,9 +105,15 @@ mod tests {
     use std::io::Write;
     use std::os::unix::net::UnixStream;
 
+    use std::time::Duration;
+
     use rand::Rng;
 
     use super::*;
+
+    fn spinners(spin: Duration) -> Option<Arc<Spinners>> {
+        Some(Spinners::new(spin, 4))
+    }
 
     fn bytes(len: usize) -> Vec<u8> {
         let mut rng = rand::rng();
@@ -105,7 +123,7 @@ mod tests {
     #[test]
     fn a_spinning_read_returns_bytes_written_before_and_during_the_spin() {
         let (mut front, executor) = UnixStream::pair().unwrap();
-        let mut input = SpinInput::new(executor, Duration::from_millis(50));
+        let mut input = SpinInput::new(executor, spinners(Duration::from_millis(50)));
         let first = bytes(300);
         front.write_all(&first).unwrap();
         let mut got = vec![0u8; first.len()];
@@ -130,7 +148,7 @@ mod tests {
     #[test]
     fn a_read_past_the_spin_blocks_until_the_bytes_come() {
         let (mut front, executor) = UnixStream::pair().unwrap();
-        let mut input = SpinInput::new(executor, Duration::from_micros(100));
+        let mut input = SpinInput::new(executor, spinners(Duration::from_micros(100)));
         let message = bytes(64);
         let sent = message.clone();
         let writer = std::thread::spawn(move || {
@@ -149,7 +167,7 @@ mod tests {
     #[test]
     fn a_pipe_is_read_plainly() {
         let (read, write) = nix::unistd::pipe().unwrap();
-        let mut input = SpinInput::new(std::fs::File::from(read), Duration::from_millis(10));
+        let mut input = SpinInput::new(std::fs::File::from(read), spinners(Duration::from_millis(10)));
         let message = bytes(32);
         std::fs::File::from(write).write_all(&message).unwrap();
         let mut got = vec![0u8; message.len()];

@@ -303,11 +303,15 @@ fn spawn_child(
     command: &ExecutorCommand,
     max_kernel_time: Option<Duration>,
     spin: Duration,
+    spin_page: Option<(BorrowedFd<'_>, u32)>,
 ) -> Result<(tokio::process::Child, tokio::net::UnixStream, FdOutbox), SpawnError> {
     let (front_end, child_end) = std::os::unix::net::UnixStream::pair()?;
     let child_out = child_end.try_clone()?;
     let (outbox, inbox) = fd_inbox::pair()?;
     let inbox_raw = inbox.as_raw_fd();
+    // The spin page goes to fd 4 (`crate::spin::INHERITED_FD`), with the
+    // executor's slot on its command line.
+    let page_raw = spin_page.map(|(fd, _)| fd.as_raw_fd());
     let exe = std::env::current_exe()?;
     let mut child = tokio::process::Command::new(exe);
     child
@@ -315,6 +319,7 @@ fn spawn_child(
             command
                 .executor_args(max_kernel_time, spin)
                 .with_fd_inbox()
+                .with_spin_slot(spin_page.map(|(_, slot)| slot))
                 .to_args(),
         )
         .stdin(Stdio::from(OwnedFd::from(child_end)))
@@ -322,18 +327,18 @@ fn spawn_child(
         .stderr(Stdio::inherit())
         .kill_on_drop(true);
     // SAFETY: the closure runs in the forked child before exec and makes only
-    // async-signal-safe calls (dup2, fcntl) on a descriptor that stays open
-    // in the parent until spawn returns (`inbox` is dropped after it).
+    // async-signal-safe calls (fcntl, dup2, close) on descriptors that stay
+    // open in the parent until spawn returns (`inbox` is dropped after it,
+    // the spin page lives in the front's spinners).
     unsafe {
         child.pre_exec(move || {
-            if inbox_raw == fd_inbox::INBOX_FD {
-                // Already in place: clear close-on-exec so it survives exec.
-                nix::fcntl::fcntl(
-                    BorrowedFd::borrow_raw(inbox_raw),
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-                )?;
-            } else if libc_dup2(inbox_raw, fd_inbox::INBOX_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
+            // Each source is first copied above the targets, so that
+            // installing one cannot close the other.
+            let inbox = park(inbox_raw)?;
+            let page = page_raw.map(park).transpose()?;
+            install(inbox, fd_inbox::INBOX_FD)?;
+            if let Some(page) = page {
+                install(page, crate::spin::INHERITED_FD)?;
             }
             Ok(())
         });
@@ -342,6 +347,29 @@ fn spawn_child(
     drop(inbox);
     front_end.set_nonblocking(true)?;
     Ok((child, tokio::net::UnixStream::from_std(front_end)?, outbox))
+}
+
+/// In a forked child: a copy of `fd` numbered above the fixed descriptors
+/// an executor inherits (not close-on-exec; [`install`] closes it).
+fn park(fd: std::os::fd::RawFd) -> std::io::Result<std::os::fd::RawFd> {
+    // SAFETY: F_DUPFD on integers has no memory effects; an invalid `fd`
+    // fails with EBADF.
+    let parked = unsafe { nix::libc::fcntl(fd, nix::libc::F_DUPFD, 10) };
+    if parked < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(parked)
+}
+
+/// In a forked child: moves a parked descriptor to `target` (inherited
+/// across exec) and closes the parked copy.
+fn install(parked: std::os::fd::RawFd, target: std::os::fd::RawFd) -> std::io::Result<()> {
+    if libc_dup2(parked, target) < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: closes the copy `park` made, which nothing else uses.
+    unsafe { nix::libc::close(parked) };
+    Ok(())
 }
 
 /// `dup2(2)`: the new descriptor is not close-on-exec.
@@ -365,7 +393,7 @@ async fn read_hello(stream: &mut tokio::net::unix::OwnedReadHalf) -> Result<Hell
 /// missing library can never take the front down) and returns its Hello.
 pub async fn probe_cuda() -> Result<Hello, SpawnError> {
     let (mut child, stream, _outbox) =
-        spawn_child(&ExecutorCommand::CudaProbe, None, Duration::ZERO)?;
+        spawn_child(&ExecutorCommand::CudaProbe, None, Duration::ZERO, None)?;
     let (mut read, _write) = stream.into_split();
     let hello = read_hello(&mut read).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -387,8 +415,16 @@ impl ExecutorLink {
         config: &LinkConfig,
         deaths: mpsc::UnboundedSender<DeathNotice>,
     ) -> Result<Arc<ExecutorLink>, SpawnError> {
-        let (child, stream, fd_outbox) =
-            spawn_child(command, config.max_kernel_time, config.channel_spin)?;
+        // Every spin of the executor is under the daemon-wide bound: it
+        // gets the front's spin page and a slot of its own, cleared now (a
+        // previous executor there may have died holding permits) and when
+        // it dies.
+        let (child, stream, fd_outbox) = spawn_child(
+            command,
+            config.max_kernel_time,
+            config.channel_spin,
+            config.spinners.inheritable(index),
+        )?;
         let (mut read, write) = stream.into_split();
         let hello = read_hello(&mut read).await?;
         if hello.devices.is_empty() {
@@ -514,6 +550,8 @@ impl ExecutorLink {
             None => "already reaped".to_string(),
         };
         tracing::info!(device = link.index, generation = %link.generation, %cause, status, "executor gone");
+        // It holds no spin permits now, whatever its slot says.
+        link.spinners.clear_executor(link.index);
         let _ = deaths.send((link.index, link.generation, cause));
     }
 

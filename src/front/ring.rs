@@ -12,6 +12,8 @@
 //!   redirected.
 //! - A ring lives in one executor generation; a restart ends it (the lease
 //!   stream says so) and the session opens a new one.
+//! - A ring opens with the session's kernel-timeout count and limit: a
+//!   session refused `LIMIT_EXCEEDED` on gRPC is refused on its ring too.
 
 use std::sync::Arc;
 
@@ -260,11 +262,17 @@ impl Front {
                 (String::new(), tag)
             }
         };
+        // The ring refuses launches over the session's timeout limit
+        // itself (its launches never pass through here): it starts from the
+        // count so far.
+        let timeouts = &self.executor.kernel_timeouts;
         let op = Op::OpenRing(exec::OpenRing {
             stream,
             shm_name,
             owner_uid: Some(credentials.uid),
             fd_tag,
+            kernel_timeouts: timeouts.count(stream),
+            max_kernel_timeouts: timeouts.limit(),
         });
         let undo = Op::CloseRing(exec::CloseRing { stream });
         let grant = side_effect(

@@ -159,6 +159,16 @@ impl Server {
         })
     }
 
+    /// The same object, its counters read again: for a server whose
+    /// predecessor on the object may have answered submissions since this
+    /// one was opened (it waited for that one to stop first).
+    pub fn reattach(self) -> Result<Self, OpenError> {
+        Self::attach(self.region).map(|server| Server {
+            config: self.config,
+            ..server
+        })
+    }
+
     /// Sets how [`wait`](Self::wait) spins and sleeps.
     pub fn with_wait_config(mut self, config: WaitConfig) -> Self {
         self.config = config;
@@ -336,6 +346,26 @@ impl Server {
         let how_long = self.config.spin;
         let ready = futex::spin(how_long, || self.ready());
         self.poison(ready)
+    }
+
+    /// As [`spin`](Self::spin), for `how_long` (a caller that budgets its
+    /// spins itself).
+    pub fn spin_for(&mut self, how_long: Duration) -> Result<bool, RingError> {
+        if how_long.is_zero() {
+            return self.ready();
+        }
+        let ready = futex::spin(how_long, || self.ready());
+        self.poison(ready)
+    }
+
+    /// As [`wait`](Self::wait), without spinning first: sleeps on the
+    /// server's futex word at once.
+    pub fn sleep(&mut self, timeout: Duration) -> Result<bool, RingError> {
+        let config = self.config;
+        self.config.spin = Duration::ZERO;
+        let slept = self.wait(timeout);
+        self.config = config;
+        slept
     }
 
     /// Waits up to `timeout` until [`poll`](Self::poll) has something

@@ -187,6 +187,7 @@ impl CudaBackend {
         if !launch.sync {
             if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
                 watchdog.push(Watched {
+                    wait_deadline: None,
                     started,
                     done,
                     reply: None,
@@ -205,6 +206,7 @@ impl CudaBackend {
         if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
             watchdog.push(Watched {
                 started,
+                wait_deadline: None,
                 done,
                 reply: Some(shared.clone()),
                 launches: 1,

@@ -28,7 +28,10 @@ use ptxd_proto::executor::FailureKind;
 use super::watchdog::{StreamQueue, Watched, RING_GROUP};
 use super::{fail_driver, CudaBackend, LoadedKernel, MAX_GRID_X};
 use crate::executor::child::{Channel, Replier};
-use crate::executor::ring::{self, CheckedSemaphore, RingBackend, RingHandle, RingLaunch};
+use crate::executor::kernel_timeouts::TimeoutAllowance;
+use crate::executor::ring::{
+    self, CheckedSemaphore, RingBackend, RingHandle, RingLaunch, RingSession, TableHold,
+};
 
 impl CudaBackend {
     pub(super) fn open_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
@@ -51,8 +54,21 @@ impl CudaBackend {
             channel: reply.channel().clone(),
             watch: watchdog.map(|w| w.queue(open.stream)),
             unwatched: 0,
+            wait_limit: self.budget,
         };
-        match RingHandle::spawn(server, backend, format!("ptxd-ring-{}", open.stream)) {
+        let session = RingSession {
+            stream: open.stream,
+            channel: reply.channel().clone(),
+            timeouts: Arc::new(TimeoutAllowance::new(
+                open.kernel_timeouts,
+                open.max_kernel_timeouts,
+            )),
+        };
+        // The ring it replaces is stopped now and waited for on the new
+        // ring's thread, never here.
+        let previous = self.rings.remove(&open.stream);
+        let name = format!("ptxd-ring-{}", open.stream);
+        match RingHandle::spawn(server, backend, name, session, previous) {
             Ok(ring) => {
                 self.rings.insert(open.stream, ring);
                 reply.ok()
@@ -80,6 +96,9 @@ struct CudaRing {
     watch: Option<Arc<StreamQueue>>,
     /// Kernels enqueued since the last watchdog marker.
     unwatched: u32,
+    /// How long a semaphore wait may stay unsatisfied on the stream before
+    /// the watchdog treats it as a kernel timeout (the per-launch budget).
+    wait_limit: Option<std::time::Duration>,
 }
 
 impl CudaRing {
@@ -98,10 +117,14 @@ impl CudaRing {
     /// Records a marker after the launches enqueued since the last one and
     /// hands them to the watchdog as one group.
     fn close_group(&mut self) -> Result<(), crate::error::Error> {
-        self.close_group_from(None)
+        self.close_group_from(None, None)
     }
 
-    fn close_group_from(&mut self, started: Option<Event>) -> Result<(), crate::error::Error> {
+    fn close_group_from(
+        &mut self,
+        started: Option<Event>,
+        wait_deadline: Option<std::time::Instant>,
+    ) -> Result<(), crate::error::Error> {
         let Some(watch) = self.watch.clone() else {
             return Ok(());
         };
@@ -117,6 +140,7 @@ impl CudaRing {
         // the stream's order up to that instant.
         watch.push(Watched {
             started,
+            wait_deadline,
             done,
             reply: None,
             launches: self.unwatched,
@@ -127,9 +151,13 @@ impl CudaRing {
 
     fn semaphore(
         &self,
-        semaphore: &CheckedSemaphore<'_, u64>,
+        semaphore: &CheckedSemaphore<u64>,
         wait: bool,
     ) -> Result<(), crate::error::Error> {
+        // Device memory: the word is checked against the buffer's
+        // registered size (the ring's checks), and a device allocation
+        // cannot shrink under the executor, so no host access and no
+        // SIGBUS is involved.
         let addr = semaphore.buffer + semaphore.op.offset;
         let wide = semaphore.op.width == SemaphoreWidth::Bits64;
         // SAFETY: the ring's checks put the word inside a granted buffer,
@@ -146,21 +174,39 @@ impl CudaRing {
     }
 }
 
+impl Drop for CudaRing {
+    fn drop(&mut self) {
+        // The ring's thread may drop the session stream's last handle (the
+        // request loop no longer waits for the thread): destroy it with the
+        // device's context current, as every other thread does.
+        if !self.current {
+            if let Err(e) = self.context.set_current() {
+                tracing::warn!(error = %e, "cannot bind the device's context to release a ring");
+            }
+        }
+    }
+}
+
 impl RingBackend for CudaRing {
     type Kernel = Arc<LoadedKernel>;
     type Buffer = u64;
 
     fn launch(
         &mut self,
-        launch: RingLaunch<'_, Arc<LoadedKernel>, u64>,
+        launch: RingLaunch<Arc<LoadedKernel>, u64>,
+        mut hold: TableHold<'_, Arc<LoadedKernel>, u64>,
+        _stop: &std::sync::atomic::AtomicBool,
     ) -> Result<(), crate::error::Error> {
+        // The table stays locked until the launch is enqueued: a buffer's
+        // address is unmapped only after its revoke (under this lock) and a
+        // drain, so nothing enqueued here can name an unmapped buffer.
         if !self.current {
             self.context
                 .set_current()
                 .map_err(|e| self.driver(e, "binding the device's context"))?;
             self.current = true;
         }
-        let kernel = &launch.kernel.kernel;
+        let kernel = &launch.kernel;
         let grid = launch.n.div_ceil(u64::from(kernel.block));
         if grid > MAX_GRID_X {
             if let Some(signal) = &launch.signal {
@@ -196,11 +242,17 @@ impl RingBackend for CudaRing {
             }
             _ => None,
         };
+        // A semaphore that never fires is a timeout too: the watchdog
+        // blames the wait once it has been pending for the budget.
+        let wait_deadline = started
+            .as_ref()
+            .and(self.wait_limit)
+            .map(|limit| std::time::Instant::now() + limit);
         if launch.n > 0 {
             let mut addresses: Vec<u64> = launch
                 .operands
                 .iter()
-                .map(|(base, offset)| **base + offset)
+                .map(|(base, offset)| base + offset)
                 .collect();
             let mut n = launch.n as i64;
             let mut scalars = launch.scalars.clone();
@@ -226,7 +278,7 @@ impl RingBackend for CudaRing {
         if self.watch.is_some() && launch.n > 0 {
             self.unwatched += 1;
             if started.is_some() || self.unwatched >= RING_GROUP || launch.sync {
-                self.close_group_from(started)?;
+                self.close_group_from(started, wait_deadline)?;
             }
         }
         // Written whatever the kernel does: a waiter on the client's stream
@@ -234,6 +286,9 @@ impl RingBackend for CudaRing {
         if let Some(signal) = &launch.signal {
             self.semaphore(signal, false)?;
         }
+        // Everything is enqueued: what follows waits on the stream, which
+        // a client's semaphore can hold up, so the table is let go first.
+        hold.release();
         if launch.sync {
             self.stream
                 .synchronize()
@@ -251,7 +306,12 @@ impl RingBackend for CudaRing {
         }
     }
 
-    fn release_signal(&mut self, signal: CheckedSemaphore<'_, u64>) {
+    fn release_signal(
+        &mut self,
+        signal: CheckedSemaphore<u64>,
+        _hold: TableHold<'_, Arc<LoadedKernel>, u64>,
+    ) {
+        // Enqueued under the table lock (see `launch`).
         if let Err(e) = self.semaphore(&signal, false) {
             tracing::warn!(error = %e, "cannot release a refused launch's semaphore");
         }

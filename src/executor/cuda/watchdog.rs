@@ -51,6 +51,10 @@ const SPARE_EVENTS: usize = 1024;
 pub struct Watched {
     /// Recorded after the launch's wait on a client event, if it has one.
     pub started: Option<Event>,
+    /// A ring semaphore wait (behind `started`) that has not fired by this
+    /// instant is blamed like a kernel that ran past the budget (none: a
+    /// wait on a client event, which may take as long as it likes).
+    pub wait_deadline: Option<Instant>,
     /// Recorded after the kernel (after the last kernel of a group).
     pub done: Event,
     /// The reply of a sync launch.
@@ -162,9 +166,14 @@ impl StreamQueue {
             if head_since.is_none() {
                 match head.started.as_ref().map(Event::query) {
                     None | Some(Ok(true)) => *head_since = Some(now),
-                    // Not started yet, or a device fault that the request
-                    // loop or a waiter will meet and report.
-                    Some(Ok(false) | Err(_)) => return None,
+                    // A ring semaphore that never fired: its stream (and
+                    // every drain of the device) would wait forever.
+                    Some(Ok(false)) => {
+                        return head.wait_deadline.filter(|deadline| now >= *deadline)
+                    }
+                    // A device fault that the request loop or a waiter will
+                    // meet and report.
+                    Some(Err(_)) => return None,
                 }
             }
             match head.done.query() {

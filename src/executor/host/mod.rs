@@ -22,18 +22,16 @@
 //!   executor goes on serving.
 
 mod launch_ring;
+mod memory;
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag};
-use nix::sys::mman::{mmap, munmap, shm_open, MapFlags, ProtFlags};
+use nix::sys::mman::shm_open;
 use nix::sys::stat::{fstat, Mode};
 use ptxd_proto::executor::{
     open_buffer::Source, reply, request::Op, ArtifactKind, DeviceDesc, FailureKind, Hello,
@@ -42,91 +40,16 @@ use ptxd_proto::executor::{
 
 use super::child::{Backend, Replier};
 use super::fd_inbox::FdInbox;
+use super::kernel_timeouts::TimeoutAllowance;
 use super::ring::RingHandle;
 use super::sigbus;
 use crate::ptx::host::exec::{LaunchControl, StopReason};
-use crate::ptx::{HostKernel, HostLaunch, HostSpan, PtxError};
+use crate::ptx::{HostKernel, HostLaunch, PtxError};
+use memory::Mapping;
 
 /// The UUID of host device `index`.
 pub fn host_device_uuid(index: u32) -> String {
     format!("HOST-{index}")
-}
-
-/// One shared-memory mapping, and the object's descriptor (to re-check its
-/// size before every launch and to map it again after a SIGBUS).
-struct Mapping {
-    base: NonNull<u8>,
-    len: usize,
-    fd: std::os::fd::OwnedFd,
-    /// Where the mapping starts in the object (page-aligned).
-    file_offset: u64,
-    /// Some pages are private zero pages that could not be replaced by the
-    /// object again: every launch on it is refused.
-    poisoned: AtomicBool,
-}
-
-// SAFETY: the mapping is plain shared memory reached only through raw
-// pointers by launches; the struct itself holds no thread-bound state.
-unsafe impl Send for Mapping {}
-// SAFETY: as above; `poisoned` is atomic and the rest is read-only.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// Fails when the object is now shorter than the mapping (or the mapping
-    /// could not be restored after a shrink).
-    fn usable(&self) -> Result<(), String> {
-        if self.poisoned.load(Ordering::Acquire) {
-            return Err(
-                "the shared-memory object shrank during an earlier launch and its mapping could not be restored; register it again".into(),
-            );
-        }
-        let size = fstat(self.fd.as_fd()).map(|st| st.st_size).unwrap_or(0);
-        if u64::try_from(size).unwrap_or(0) < self.file_offset.saturating_add(self.len as u64) {
-            return Err(format!(
-                "the shared-memory object shrank to {size} bytes after it was registered with {}",
-                self.len
-            ));
-        }
-        Ok(())
-    }
-
-    /// Maps the object again over the whole range, replacing the zero pages
-    /// the SIGBUS handler put in. Called by the worker that ran the faulted
-    /// launch, after it returned (a session's launches run one at a time, and
-    /// nothing else touches a mapping's contents).
-    fn restore(&self) {
-        let restored = NonZeroUsize::new(self.len).map(|len| {
-            // SAFETY: replaces exactly this mapping's own range (base and len
-            // as mmap returned them) with the same object, shared, as it was
-            // mapped at registration; no launch is using it now.
-            unsafe {
-                mmap(
-                    NonZeroUsize::new(self.base.as_ptr() as usize),
-                    len,
-                    ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                    MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
-                    &self.fd,
-                    i64::try_from(self.file_offset).unwrap_or(i64::MAX),
-                )
-            }
-        });
-        if !matches!(restored, Some(Ok(_))) {
-            tracing::warn!(
-                "cannot map a shrunk shared-memory object again; its buffer is refused from now on"
-            );
-            self.poisoned.store(true, Ordering::Release);
-        }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len` are exactly what mmap returned for this
-        // mapping, and it is unmapped only here, once (the last Arc).
-        if let Err(e) = unsafe { munmap(self.base.cast(), self.len) } {
-            tracing::warn!(error = %e, "munmap failed");
-        }
-    }
 }
 
 /// A failed open, as the executor replies it: kind, message, metadata.
@@ -164,7 +87,7 @@ fn map_shm(name: &str, size: u64, owner_uid: Option<u32>) -> Result<Mapping, Ope
             ));
         }
     }
-    map_fd(fd, 0, size, &format!("shared memory {name:?}"))
+    Mapping::map(fd, 0, size, &format!("shared memory {name:?}"))
 }
 
 /// A memfd a client passed by descriptor. Only a file that carries
@@ -204,66 +127,7 @@ fn map_memfd(fd: OwnedFd, offset: u64, size: u64) -> Result<Mapping, OpenFailure
             vec![("os_error", "EINVAL".into())],
         ));
     }
-    map_fd(fd, offset, size, "the memfd")
-}
-
-/// Maps `size` bytes of `fd` from `offset`, after checking that the file
-/// holds them (its size, never the client's word).
-fn map_fd(fd: OwnedFd, offset: u64, size: u64, what: &str) -> Result<Mapping, OpenFailure> {
-    let invalid = |call: &str, err: nix::Error| {
-        (
-            FailureKind::InvalidHandle,
-            format!("{what}: {call}: {err}"),
-            vec![("os_error", format!("{err:?}"))],
-        )
-    };
-    let stat = fstat(fd.as_fd()).map_err(|e| invalid("fstat", e))?;
-    let actual = u64::try_from(stat.st_size).unwrap_or(0);
-    let end = offset.saturating_add(size);
-    if actual < end {
-        return Err((
-            FailureKind::InvalidHandle,
-            format!("{what} holds {actual} bytes, fewer than the {end} registered (offset {offset} + size {size})"),
-            vec![("os_error", "ERANGE".into())],
-        ));
-    }
-    let len = usize::try_from(size)
-        .ok()
-        .and_then(NonZeroUsize::new)
-        .ok_or_else(|| {
-            (
-                FailureKind::InvalidHandle,
-                format!("cannot map {size} bytes"),
-                vec![("os_error", "EINVAL".into())],
-            )
-        })?;
-    let file_offset = i64::try_from(offset).map_err(|_| {
-        (
-            FailureKind::InvalidHandle,
-            format!("offset {offset} is too large"),
-            vec![("os_error", "EINVAL".into())],
-        )
-    })?;
-    // SAFETY: a fresh shared mapping of an fd we own; no existing Rust object
-    // aliases it.
-    let base = unsafe {
-        mmap(
-            None,
-            len,
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_SHARED,
-            &fd,
-            file_offset,
-        )
-    }
-    .map_err(|e| invalid("mmap", e))?;
-    Ok(Mapping {
-        base: base.cast(),
-        len: len.get(),
-        fd,
-        file_offset: offset,
-        poisoned: AtomicBool::new(false),
-    })
+    Mapping::map(fd, offset, size, "the memfd")
 }
 
 /// One launch, handed from the request loop to its session's worker.
@@ -274,6 +138,8 @@ struct Job {
     n: u64,
     params: Vec<f32>,
     stream: u64,
+    /// The session's ring allowance, if it has a ring here.
+    timeouts: Option<Arc<TimeoutAllowance>>,
     reply: Replier,
 }
 
@@ -299,6 +165,9 @@ pub struct HostBackend {
     streams: HashMap<u64, StreamWorker>,
     /// Session rings by stream.
     rings: HashMap<u64, RingHandle<Arc<HostKernel>, Arc<Mapping>>>,
+    /// The timeout allowance of each session with a ring, shared with the
+    /// ring's thread: a gRPC launch's timeout here counts against it too.
+    timeouts: HashMap<u64, Arc<TimeoutAllowance>>,
     /// Descriptors the front passed for fd buffers.
     fd_inbox: Option<FdInbox>,
 }
@@ -335,6 +204,7 @@ impl HostBackend {
             buffers: HashMap::new(),
             streams: HashMap::new(),
             rings: HashMap::new(),
+            timeouts: HashMap::new(),
             fd_inbox,
         })
     }
@@ -442,13 +312,13 @@ impl HostBackend {
             };
             let Some(offset) = usize::try_from(operand.offset)
                 .ok()
-                .filter(|o| *o <= mapping.len)
+                .filter(|o| *o <= mapping.len())
             else {
                 return reply.fail(
                     FailureKind::OutOfBounds,
                     format!(
                         "{name}: offset {} is past the end of buffer {} ({} bytes)",
-                        operand.offset, operand.buffer_id, mapping.len
+                        operand.offset, operand.buffer_id, mapping.len()
                     ),
                     &[("operand", name)],
                 );
@@ -461,6 +331,7 @@ impl HostBackend {
             n: launch.n,
             params: launch.params,
             stream: launch.stream,
+            timeouts: self.timeouts.get(&launch.stream).cloned(),
             reply,
         };
         let job = match self.worker(launch.stream) {
@@ -530,6 +401,7 @@ fn run_job(job: Job, run: RunConfig) {
         n,
         params,
         stream,
+        timeouts,
         reply,
     } = job;
     match execute(&kernel, &operands, n, &params, run) {
@@ -537,6 +409,9 @@ fn run_job(job: Job, run: RunConfig) {
         Err(failure) => {
             if failure.kind == FailureKind::KernelTimeout {
                 reply.channel().kernel_timeout(stream);
+                if let Some(timeouts) = timeouts {
+                    timeouts.record();
+                }
             }
             reply.fail(failure.kind, failure.message, &failure.metadata)
         }
@@ -552,73 +427,46 @@ fn execute(
     params: &[f32],
     run: RunConfig,
 ) -> Result<(), HostFailure> {
-    // A client may have shrunk its object since it registered it: refuse
-    // before touching it. (A shrink during the launch is caught by the
-    // SIGBUS handler.)
-    for (name, mapping, _) in operands {
-        if let Err(message) = mapping.usable() {
-            return Err(
-                HostFailure::new(FailureKind::OutOfBounds, format!("{name}: {message}"))
-                    .with("operand", name.clone())
-                    .with("why", "shm_shrank".into()),
-            );
-        }
-    }
-    let spans: Vec<HostSpan> = operands
-        .iter()
-        .map(|(_, mapping, offset)| HostSpan {
-            // SAFETY: offset <= len (checked when the job was made), so the
-            // result stays inside (or one past) the mapping.
-            ptr: unsafe { mapping.base.as_ptr().add(*offset) },
-            len: mapping.len - offset,
-        })
-        .collect();
-    let Some((output, inputs)) = spans.split_last() else {
-        return Err(HostFailure::new(
-            FailureKind::Internal,
-            "launch without operands",
-        ));
-    };
     let control = LaunchControl::new(run.budget.map(|b| Instant::now() + b));
-    let ranges: Vec<(usize, usize)> = operands
-        .iter()
-        .map(|(_, m, _)| (m.base.as_ptr() as usize, m.len))
-        .collect();
-    let watch = sigbus::watch(&ranges, &control)
-        .map_err(|e| HostFailure::new(FailureKind::Internal, e.to_string()))?;
-    let host_launch = HostLaunch {
-        inputs,
-        output: *output,
-        n,
-        params,
-        threads: run.threads,
-        checked: run.checked,
-        control: Some(&control),
-    };
-    // SAFETY: every span lies inside a live MAP_SHARED mapping that `operands`
-    // keeps mapped (an Arc each) until the launch returns. Pages that vanish
-    // because the client shrank its object are replaced by zero pages by the
-    // SIGBUS handler, which `watch` arms for exactly these ranges.
-    let result = unsafe { kernel.launch(&host_launch) };
-    let faulted = watch.faulted();
-    drop(watch);
-    let mut shrank = None;
-    for ((name, mapping, _), faulted) in operands.iter().zip(faulted) {
-        if faulted {
-            mapping.restore();
-            shrank.get_or_insert(name.clone());
+    // Checked against the object's size and run under the SIGBUS watch
+    // (see `memory`): a client that shrank its object loses this launch.
+    let result = memory::run_watched(operands, &control, |spans| {
+        let Some((output, inputs)) = spans.split_last() else {
+            return Err(None);
+        };
+        let host_launch = HostLaunch {
+            inputs,
+            output: *output,
+            n,
+            params,
+            threads: run.threads,
+            checked: run.checked,
+            control: Some(&control),
+        };
+        // SAFETY: every span lies inside a live MAP_SHARED mapping that
+        // `operands` keeps mapped (an Arc each) until the launch returns;
+        // pages that vanish because the client shrank its object are
+        // replaced by zero pages by the SIGBUS handler, which `run_watched`
+        // arms for exactly these ranges.
+        unsafe { kernel.launch(&host_launch) }.map_err(Some)
+    });
+    let result = match result {
+        Ok(Err(None)) => {
+            return Err(HostFailure::new(
+                FailureKind::Internal,
+                "launch without operands",
+            ))
         }
-    }
-    if let Some(name) = shrank {
-        return Err(HostFailure::new(
-            FailureKind::OutOfBounds,
-            format!(
-                "{name}: the shared-memory object shrank during the launch; the launch was stopped and its output is undefined"
-            ),
-        )
-        .with("operand", name)
-        .with("why", "shm_shrank_during_launch".into()));
-    }
+        Ok(result) => result,
+        Err((name, fault)) => {
+            let failure = HostFailure::new(fault.kind, fault.message).with("why", fault.why.into());
+            return Err(if name.is_empty() {
+                failure
+            } else {
+                failure.with("operand", name)
+            });
+        }
+    };
     match (result, control.stopped(), run.budget) {
         (Err(_), Some(StopReason::Deadline), Some(budget)) => Err(HostFailure::new(
             FailureKind::KernelTimeout,
@@ -628,7 +476,8 @@ fn execute(
         )
         .with("max_kernel_time_ms", budget.as_millis().to_string())),
         (Ok(()), _, _) => Ok(()),
-        (Err(fault), _, _) => Err(HostFailure::new(FailureKind::KernelFault, fault.to_string())
+        (Err(None), _, _) => Err(HostFailure::new(FailureKind::Internal, "launch without operands")),
+        (Err(Some(fault)), _, _) => Err(HostFailure::new(FailureKind::KernelFault, fault.to_string())
             .with("line", fault.line.to_string())),
     }
 }
@@ -703,8 +552,10 @@ impl Backend for HostBackend {
                 // The worker ends once its queue is empty (the front sends
                 // this after the session's last launch was answered).
                 self.streams.remove(&close.stream);
-                // Stops the ring's thread once its current launch is done.
+                // Stops the ring's thread once its current step is done
+                // (not waited for).
                 self.rings.remove(&close.stream);
+                self.timeouts.remove(&close.stream);
                 reply.ok()
             }
             Op::OpenRing(open) => self.open_ring(open, reply),
@@ -739,6 +590,7 @@ impl Backend for HostBackend {
         // and exit; the process exits without waiting for them.
         self.streams.clear();
         self.rings.clear();
+        self.timeouts.clear();
         self.kernels.clear();
         self.buffers.clear();
     }
@@ -748,6 +600,7 @@ impl Backend for HostBackend {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::ptx::HostSpan;
 
     #[test]
     fn a_loop_that_never_ends_stops_at_the_deadline() {
