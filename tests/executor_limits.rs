@@ -359,3 +359,55 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
         "the executor stopped"
     );
 }
+
+/// CPU time (user + system) a process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // utime and stime are fields 14 and 15: the 12th and 13th after the
+    // command's closing parenthesis and the state.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz.max(1))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_executors_spin_is_under_the_daemon_wide_bound() {
+    // Every executor request is followed by a 40 ms spin, if the bound
+    // grants one; the front's idle fd-socket connections each spin 20 s
+    // for their first packet, and as many of them as the bound allows
+    // (half the cores) hold every permit.
+    let daemon = Daemon::start(&["--executor-spin", "40ms", "--front-spin", "20s"]);
+    let client = connect(&daemon).await;
+    let bystander = client.open_session("bystander").await.unwrap();
+    let affine = load(&bystander, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
+    bystander_affine(&bystander, &affine, 500).await;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let bound = (cores / 2).max(1);
+    assert!(
+        bound <= 8,
+        "this test needs the bound ({bound}) within one uid's fd-socket connections (8)"
+    );
+    let fd_path = ptxd_client::fd_passing::fd_socket_path(&daemon.socket);
+    let idle: Vec<_> = (0..bound)
+        .map(|_| ptxd_client::fd_passing::connect_seqpacket(&fd_path, false).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Requests keep coming (a checked launch every 50 ms, four executor
+    // requests each): unbounded, the executor would spin most of the time.
+    let (_, pid) = device_state(&client).await;
+    let (cpu, wall) = (cpu_time(pid), Instant::now());
+    while wall.elapsed() < Duration::from_secs(2) {
+        bystander_affine(&bystander, &affine, 500).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (used, over) = (cpu_time(pid) - cpu, wall.elapsed());
+    assert!(
+        used < over / 5,
+        "the executor used {used:?} of CPU in {over:?} while the front held every spin permit"
+    );
+    drop(idle);
+}

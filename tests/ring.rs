@@ -731,3 +731,367 @@ async fn when_the_daemon_dies_the_sdk_releases_the_rings_waiters() {
     assert!(!session.is_open());
     daemon.wait(Duration::from_secs(5));
 }
+
+/// Another session, launching over gRPC throughout a test: every result is
+/// compared element by element with the reference.
+struct Bystander {
+    session: Session,
+    affine: Kernel,
+}
+
+impl Bystander {
+    async fn new(client: &Client) -> Bystander {
+        let session = client.open_session("bystander").await.unwrap();
+        let affine = load(&session, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
+        Bystander { session, affine }
+    }
+
+    /// One launch over fresh random data, checked; returns how long it took
+    /// from its registration to its release.
+    async fn check(&self) -> Duration {
+        let started = Instant::now();
+        let n = rand::rng().random_range(1..4097usize);
+        let x = random_f32(n);
+        let (_x_shm, x_buf) = f32_buffer(&self.session, Some(&x), n).await;
+        let (y_shm, y_buf) = f32_buffer(&self.session, None, n).await;
+        let (a, b) = (rand::random::<f32>() * 4.0 - 2.0, rand::random::<f32>());
+        self.session
+            .launch(
+                &self.affine,
+                &Launch::new([x_buf.operand()], y_buf.operand(), n as u64)
+                    .params([f64::from(a), f64::from(b)])
+                    .sync(true),
+            )
+            .await
+            .unwrap();
+        let y = y_shm.read_f32(0, n).unwrap();
+        for i in 0..n {
+            let (fused, plain) = (x[i].mul_add(a, b), x[i] * a + b);
+            assert!(
+                y[i].to_bits() == fused.to_bits() || y[i].to_bits() == plain.to_bits(),
+                "bystander element {i}: {} * {a} + {b} gave {}",
+                x[i],
+                y[i]
+            );
+        }
+        self.session.release_buffer(&x_buf).await.unwrap();
+        self.session.release_buffer(&y_buf).await.unwrap();
+        started.elapsed()
+    }
+}
+
+/// A ring with the add kernel, its operands, and a semaphore buffer of 64
+/// bytes bound to it, all zero.
+struct SemRing {
+    ring: LaunchRing,
+    add: Kernel,
+    sem_shm: Arc<HostShm>,
+    sem: Buffer,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    n: usize,
+    buffers: Vec<(HostShm, Buffer)>,
+}
+
+impl SemRing {
+    async fn open(session: &Session) -> SemRing {
+        let add = load(session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+        let n = 256;
+        let (a, b) = (random_f32(n), random_f32(n));
+        let a_buf = f32_buffer(session, Some(&a), n).await;
+        let b_buf = f32_buffer(session, Some(&b), n).await;
+        let out = f32_buffer(session, None, n).await;
+        let sem_shm = Arc::new(HostShm::create(64).unwrap());
+        let sem = session.register_shm(&sem_shm, None).await.unwrap();
+        let mut ring = session.open_ring(16, 0).await.unwrap();
+        ring.bind_semaphores(&sem, sem_shm.clone()).unwrap();
+        SemRing {
+            ring,
+            add,
+            sem_shm,
+            sem,
+            a,
+            b,
+            n,
+            buffers: vec![a_buf, b_buf, out],
+        }
+    }
+
+    fn word(&self, offset: u64, value: u64) -> SemaphoreOp {
+        SemaphoreOp {
+            buffer: self.sem.ring_index,
+            offset,
+            value,
+            width: SemaphoreWidth::Bits32,
+        }
+    }
+
+    /// Submits the add over every element, waiting on / signalling words.
+    fn submit(&mut self, wait: Option<SemaphoreOp>, signal: Option<SemaphoreOp>) -> u64 {
+        let inputs = [(&self.buffers[0].1, 0), (&self.buffers[1].1, 0)];
+        self.ring
+            .launch_ordered(
+                &self.add,
+                &inputs,
+                (&self.buffers[2].1, 0),
+                self.n as u64,
+                &[],
+                wait,
+                signal,
+            )
+            .unwrap()
+    }
+
+    /// The output is the sum, element by element (then poisoned again).
+    fn assert_sum(&mut self) {
+        let out = self.buffers[2].0.read_f32(0, self.n).unwrap();
+        for i in 0..self.n {
+            let want = self.a[i] + self.b[i];
+            assert_eq!(out[i].to_bits(), want.to_bits(), "element {i}");
+        }
+        self.buffers[2]
+            .0
+            .write_f32(0, &vec![f32::NAN; self.n])
+            .unwrap();
+    }
+
+    /// The semaphore object's length, set through its file (the test's own
+    /// mapping of it is not touched while it is short).
+    fn set_sem_len(&self, len: u64) {
+        let path = format!("/dev/shm{}", self.sem_shm.name());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
+}
+
+/// CPU time (user + system) a process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis: state is field 3, so
+    // utime (14) and stime (15) are the 12th and 13th after it.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz.max(1))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_semaphore_on_a_shrunk_buffer_fails_its_launch_not_the_executor() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let bystander = Bystander::new(&client).await;
+    let session = client.open_session("shrinker").await.unwrap();
+    let mut sem = SemRing::open(&session).await;
+    let before = executor_pid(&client, 0).await;
+    bystander.check().await;
+
+    // A launch waits on word 0, which nobody sets; the object is cut to
+    // nothing under the wait: the executor's next look at the word faults.
+    let waiting = sem.submit(Some(sem.word(0, 1)), None);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(sem.ring.poll().unwrap().is_none(), "the wait ended early");
+    sem.set_sem_len(0);
+    let done = next(&mut sem.ring);
+    assert_eq!(done.ticket, waiting);
+    assert_eq!(refusal(&done), "OUT_OF_BOUNDS", "{done:?}");
+    bystander.check().await;
+
+    // A launch that signals the shrunk object: the kernel runs, the signal
+    // is not written, and the launch says so.
+    let signalling = sem.submit(None, Some(sem.word(8, 5)));
+    let done = next(&mut sem.ring);
+    assert_eq!(done.ticket, signalling);
+    assert_eq!(refusal(&done), "OUT_OF_BOUNDS", "{done:?}");
+    sem.assert_sum();
+    // And a launch that waits on it is refused before it looks.
+    sem.submit(Some(sem.word(4, 1)), None);
+    assert_eq!(refusal(&next(&mut sem.ring)), "OUT_OF_BOUNDS");
+
+    // The executor lives: same process, the bystander's launches exact, and
+    // the shrinker's ring goes on once its object is whole again.
+    assert_eq!(executor_pid(&client, 0).await, before);
+    bystander.check().await;
+    sem.set_sem_len(64);
+    sem.sem_shm.store_word(0, SemaphoreWidth::Bits32, 1).unwrap();
+    let ticket = sem.submit(Some(sem.word(0, 1)), Some(sem.word(8, 9)));
+    let done = next(&mut sem.ring);
+    assert_eq!((done.ticket, done.outcome), (ticket, Ok(())));
+    assert_eq!(sem.sem_shm.load_word(8, SemaphoreWidth::Bits32).unwrap(), 9);
+    sem.assert_sum();
+    assert_eq!(executor_pid(&client, 0).await, before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ring_blocked_on_its_semaphore_holds_up_no_other_request() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let bystander = Bystander::new(&client).await;
+    let blocker = client.open_session("blocker").await.unwrap();
+    let mut blocked = SemRing::open(&blocker).await;
+    // Waits on a word nobody writes: up to 10 s.
+    blocked.submit(Some(blocked.word(0, 1)), None);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(blocked.ring.poll().unwrap().is_none());
+
+    let bound = Duration::from_secs(1);
+    let prompt = |what: &str, took: Duration| {
+        assert!(took < bound, "{what} took {took:?} behind a blocked ring");
+    };
+    // The bystander: launches (register, launch, release each time), a
+    // ring of its own, a kernel unloaded (its last reference), a buffer
+    // registered and released.
+    prompt("a bystander's launch", bystander.check().await);
+    let started = Instant::now();
+    let mut own = bystander.session.open_ring(8, 0).await.unwrap();
+    prompt("a bystander's OpenRing", started.elapsed());
+    let started = Instant::now();
+    let extra = load(&bystander.session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+    let scale = load(&bystander.session, "add_f32_strided.ptx", "add_f32_strided").await;
+    assert!(bystander.session.unload(&scale).await.unwrap(), "the slot was freed");
+    prompt("a bystander's load and unload", started.elapsed());
+    let n = 1000;
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a, a_buf) = f32_buffer(&bystander.session, Some(&a), n).await;
+    let (_b, b_buf) = f32_buffer(&bystander.session, Some(&b), n).await;
+    let (out_shm, out_buf) = f32_buffer(&bystander.session, None, n).await;
+    let ticket = own
+        .launch(&extra, &[(&a_buf, 0), (&b_buf, 0)], (&out_buf, 0), n as u64, &[])
+        .unwrap();
+    let done = next(&mut own);
+    assert_eq!((done.ticket, done.outcome), (ticket, Ok(())));
+    let out = out_shm.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+    }
+    let started = Instant::now();
+    bystander.session.release_buffer(&out_buf).await.unwrap();
+    prompt("a bystander's CloseBuffer", started.elapsed());
+    // The blocker itself: releasing a buffer its blocked ring holds, and
+    // opening a new ring in place of the blocked one.
+    let started = Instant::now();
+    let (_, out) = blocked.buffers.pop().unwrap();
+    blocker.release_buffer(&out).await.unwrap();
+    prompt("the blocker's CloseBuffer", started.elapsed());
+    let started = Instant::now();
+    let mut again = blocker.open_ring(8, 0).await.unwrap();
+    prompt("the blocker's second OpenRing", started.elapsed());
+    prompt("a bystander's launch", bystander.check().await);
+    // The new ring serves.
+    let (c, c_buf) = f32_buffer(&blocker, None, blocked.n).await;
+    let inputs = [(&blocked.buffers[0].1, 0), (&blocked.buffers[1].1, 0)];
+    again
+        .launch(&blocked.add, &inputs, (&c_buf, 0), blocked.n as u64, &[])
+        .unwrap();
+    assert_eq!(next(&mut again).outcome, Ok(()));
+    let got = c.read_f32(0, blocked.n).unwrap();
+    for i in 0..blocked.n {
+        let want = blocked.a[i] + blocked.b[i];
+        assert_eq!(got[i].to_bits(), want.to_bits(), "element {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rings_waiting_on_their_semaphores_cost_no_cpu() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let bystander = Bystander::new(&client).await;
+    let mut waiting = Vec::new();
+    for i in 0..8 {
+        let session = client.open_session(&format!("waiter-{i}")).await.unwrap();
+        let mut sem = SemRing::open(&session).await;
+        sem.submit(Some(sem.word(0, 1)), None);
+        waiting.push((session, sem));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = executor_pid(&client, 0).await;
+    let (cpu, wall) = (cpu_time(pid), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let (used, over) = (cpu_time(pid) - cpu, wall.elapsed());
+    assert!(
+        used < over / 10,
+        "8 rings waiting on their semaphores cost the executor {used:?} of CPU in {over:?}"
+    );
+    bystander.check().await;
+    // Each wait is still live, and ends when its word is written.
+    for (_, sem) in &mut waiting {
+        assert!(sem.ring.poll().unwrap().is_none());
+        sem.sem_shm.store_word(0, SemaphoreWidth::Bits32, 1).unwrap();
+        assert_eq!(next(&mut sem.ring).outcome, Ok(()));
+        sem.assert_sum();
+    }
+    bystander.check().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ring_timeouts_count_against_the_session_like_grpc_timeouts() {
+    let daemon = Daemon::start(&[
+        "--max-kernel-time",
+        "300ms",
+        "--max-kernel-timeouts-per-session",
+        "2",
+    ]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let bystander = Bystander::new(&client).await;
+    let before = executor_pid(&client, 0).await;
+
+    // Ring first: two semaphore waits that never end time out...
+    let session = client.open_session("ring-waiter").await.unwrap();
+    let mut sem = SemRing::open(&session).await;
+    for _ in 0..2 {
+        let started = Instant::now();
+        let ticket = sem.submit(Some(sem.word(0, 1)), Some(sem.word(8, 3)));
+        let done = next(&mut sem.ring);
+        assert_eq!(done.ticket, ticket);
+        assert_eq!(refusal(&done), "KERNEL_TIMEOUT", "{done:?}");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(3), "{took:?}");
+        // The signal was written all the same.
+        assert_eq!(sem.sem_shm.load_word(8, SemaphoreWidth::Bits32).unwrap(), 3);
+        sem.sem_shm.store_word(8, SemaphoreWidth::Bits32, 0).unwrap();
+        bystander.check().await;
+    }
+    // ...and the session is over its limit on the ring and on gRPC.
+    sem.submit(None, Some(sem.word(8, 4)));
+    let done = next(&mut sem.ring);
+    assert_eq!(refusal(&done), "LIMIT_EXCEEDED", "{done:?}");
+    assert_eq!(sem.sem_shm.load_word(8, SemaphoreWidth::Bits32).unwrap(), 4);
+    let x = &sem.buffers[0].1;
+    let err = session
+        .launch(
+            &sem.add,
+            &Launch::new([x.operand(), x.operand()], sem.buffers[2].1.operand(), 8),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason_name(), "LIMIT_EXCEEDED", "{err}");
+
+    // gRPC first: a session refused after two looping kernels is refused on
+    // a ring it opens afterwards too.
+    let looper = client.open_session("looper").await.unwrap();
+    let spin = load(&looper, "spin_f32.ptx", "spin_f32").await;
+    let (_x, x) = f32_buffer(&looper, Some(&[0.0; 64]), 64).await;
+    let (_y, y) = f32_buffer(&looper, None, 64).await;
+    for _ in 0..2 {
+        let err = looper
+            .launch(&spin, &Launch::new([x.operand()], y.operand(), 64).sync(true))
+            .await
+            .unwrap_err();
+        assert_eq!(err.reason_name(), "KERNEL_TIMEOUT", "{err}");
+    }
+    let mut ring = looper.open_ring(8, 0).await.unwrap();
+    let started = Instant::now();
+    ring.launch(&spin, &[(&x, 0)], (&y, 0), 64, &[]).unwrap();
+    let done = next(&mut ring);
+    assert_eq!(refusal(&done), "LIMIT_EXCEEDED", "{done:?}");
+    assert!(started.elapsed() < Duration::from_millis(250), "the looping kernel ran");
+
+    // Nothing restarted, and the bystander was never touched.
+    assert_eq!(executor_pid(&client, 0).await, before);
+    bystander.check().await;
+}
