@@ -456,7 +456,13 @@ fn serve<R: RingBackend>(
             Err(e) => return dropped(&e),
         };
         let status = match polled {
-            Polled::Launch(descriptor) => launch(&table, &mut backend, &descriptor, stop, session),
+            Polled::Launch(descriptor) => {
+                match launch(&table, &mut backend, &descriptor, stop, session) {
+                    Some(status) => status,
+                    // Stopping: left for the next server or the SDK.
+                    None => return,
+                }
+            }
             Polled::Orphan(descriptor) => {
                 release(&table, &mut backend, &descriptor);
                 CompletionStatus::Failed {
@@ -478,14 +484,15 @@ fn serve<R: RingBackend>(
 /// before it sleeps on its futex.
 pub const RING_SPIN: Duration = Duration::from_micros(30);
 
-/// Checks and runs one descriptor; the completion's status.
+/// Checks and runs one descriptor; the completion's status (none: the
+/// ring is stopping and the launch was abandoned unanswered).
 fn launch<R: RingBackend>(
     table: &Shared<R::Kernel, R::Buffer>,
     backend: &mut R,
     descriptor: &Descriptor,
     stop: &AtomicBool,
     session: &RingSession,
-) -> CompletionStatus {
+) -> Option<CompletionStatus> {
     let guard = lock(table);
     let checked = session
         .timeouts
@@ -498,13 +505,14 @@ fn launch<R: RingBackend>(
             if let Ok(Some(signal)) = semaphore(&guard, descriptor.signal()) {
                 backend.release_signal(signal, TableHold(Some(guard)));
             }
-            return CompletionStatus::Refused {
+            return Some(CompletionStatus::Refused {
                 reason: reason_of(&e),
-            };
+            });
         }
     };
-    match backend.launch(launch, TableHold(Some(guard)), stop) {
+    Some(match backend.launch(launch, TableHold(Some(guard)), stop) {
         Ok(()) => CompletionStatus::Ok,
+        Err(_) if stop.load(Ordering::Acquire) => return None,
         Err(e) => {
             let reason = reason_of(&e);
             if reason == Reason::KernelTimeout as u32 {
@@ -515,7 +523,7 @@ fn launch<R: RingBackend>(
             }
             CompletionStatus::Failed { reason }
         }
-    }
+    })
 }
 
 /// Checks a semaphore word against the table: a granted buffer, the word
@@ -605,6 +613,16 @@ fn release<R: RingBackend>(
     if let Ok(Some(signal)) = semaphore(&guard, descriptor.signal()) {
         backend.release_signal(signal, TableHold(Some(guard)));
     }
+}
+
+/// What a backend returns for a launch it gave up because the ring is
+/// stopping: the submission is left unanswered (an orphan for the next
+/// server, released by the SDK if the executor goes away).
+pub fn abandoned() -> Error {
+    failure(
+        FailureKind::Internal,
+        "the ring was closed while the launch waited",
+    )
 }
 
 /// A failure of the backend, as the completion's reason sees it.

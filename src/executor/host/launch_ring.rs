@@ -164,6 +164,12 @@ impl RingBackend for HostRing {
                     wait_for(&word, wait.op.value, semaphore_wait_limit(self.run.budget), stop)
                 });
             if let Err(end) = waited {
+                if matches!(end, WaitEnd::Stopped) {
+                    // Abandoned, not answered: whoever serves the ring next
+                    // (or the SDK, if the executor is going away) releases
+                    // its signal, with the values the client expects.
+                    return Err(ring::abandoned());
+                }
                 // Written whatever happened: a waiter must not block on it.
                 if let Some(semaphore) = &launch.signal {
                     let _ = signal(semaphore);
@@ -173,10 +179,7 @@ impl RingBackend for HostRing {
                         FailureKind::KernelTimeout,
                         format!("the launch's semaphore wait did not end within {limit:?}"),
                     ),
-                    WaitEnd::Stopped => ring::failure(
-                        FailureKind::Internal,
-                        "the ring was closed while the launch waited for its semaphore",
-                    ),
+                    WaitEnd::Stopped => ring::abandoned(),
                     WaitEnd::Fault(fault) => failure(fault),
                 });
             }
