@@ -167,7 +167,10 @@ mod tests {
     #[test]
     fn a_pipe_is_read_plainly() {
         let (read, write) = nix::unistd::pipe().unwrap();
-        let mut input = SpinInput::new(std::fs::File::from(read), spinners(Duration::from_millis(10)));
+        let mut input = SpinInput::new(
+            std::fs::File::from(read),
+            spinners(Duration::from_millis(10)),
+        );
         let message = bytes(32);
         std::fs::File::from(write).write_all(&message).unwrap();
         let mut got = vec![0u8; message.len()];

@@ -110,7 +110,12 @@ enum WaitEnd {
 
 /// Waits until the word holds at least `value`: spins while the
 /// daemon-wide bound grants a permit, then sleeps in growing slices.
-fn wait_for(word: &WatchedWord, value: u64, limit: Duration, stop: &AtomicBool) -> Result<(), WaitEnd> {
+fn wait_for(
+    word: &WatchedWord,
+    value: u64,
+    limit: Duration,
+    stop: &AtomicBool,
+) -> Result<(), WaitEnd> {
     let started = Instant::now();
     let deadline = started + limit;
     let spinners = crate::spin::executor_spinners().map(|s| s.with_spin(ring::RING_SPIN));
@@ -161,7 +166,12 @@ impl RingBackend for HostRing {
                 .word(wait.op.offset, wait.op.width)
                 .map_err(WaitEnd::Fault)
                 .and_then(|word| {
-                    wait_for(&word, wait.op.value, semaphore_wait_limit(self.run.budget), stop)
+                    wait_for(
+                        &word,
+                        wait.op.value,
+                        semaphore_wait_limit(self.run.budget),
+                        stop,
+                    )
                 });
             if let Err(end) = waited {
                 if matches!(end, WaitEnd::Stopped) {
@@ -200,7 +210,13 @@ impl RingBackend for HostRing {
                 (name, mapping, usize::try_from(offset).unwrap_or(usize::MAX))
             })
             .collect();
-        let result = execute(&launch.kernel, &operands, launch.n, &launch.scalars, self.run);
+        let result = execute(
+            &launch.kernel,
+            &operands,
+            launch.n,
+            &launch.scalars,
+            self.run,
+        );
         // The signal is written whatever the outcome: a waiter must not
         // block forever on a launch that failed.
         let signalled = launch.signal.as_ref().map_or(Ok(()), signal);

@@ -74,7 +74,12 @@ impl MemoryFault {
 impl Mapping {
     /// Maps `size` bytes of `fd` from `offset`, after checking that the
     /// file holds them (its size, never the client's word).
-    pub(super) fn map(fd: OwnedFd, offset: u64, size: u64, what: &str) -> Result<Self, OpenFailure> {
+    pub(super) fn map(
+        fd: OwnedFd,
+        offset: u64,
+        size: u64,
+        what: &str,
+    ) -> Result<Self, OpenFailure> {
         let invalid = |call: &str, err: nix::Error| {
             (
                 FailureKind::InvalidHandle,
@@ -198,7 +203,10 @@ impl Mapping {
         let inside = usize::try_from(offset)
             .ok()
             .filter(|o| o.is_multiple_of(bytes as usize))
-            .filter(|o| o.checked_add(bytes as usize).is_some_and(|end| end <= self.len));
+            .filter(|o| {
+                o.checked_add(bytes as usize)
+                    .is_some_and(|end| end <= self.len)
+            });
         let Some(offset) = inside else {
             return Err(MemoryFault::new(
                 FailureKind::OutOfBounds,
@@ -217,9 +225,8 @@ impl Mapping {
             )
         })?;
         let control = Box::new(LaunchControl::new(None));
-        let watch = sigbus::watch(&[self.range()], &control).map_err(|e| {
-            MemoryFault::new(FailureKind::Internal, "unwatchable", e.to_string())
-        })?;
+        let watch = sigbus::watch(&[self.range()], &control)
+            .map_err(|e| MemoryFault::new(FailureKind::Internal, "unwatchable", e.to_string()))?;
         Ok(WatchedWord {
             mapping: self.clone(),
             offset,
@@ -259,7 +266,11 @@ impl WatchedWord {
     }
 
     fn faulted(&self) -> Result<(), MemoryFault> {
-        if self.watch.as_ref().is_some_and(|w| w.faulted().contains(&true)) {
+        if self
+            .watch
+            .as_ref()
+            .is_some_and(|w| w.faulted().contains(&true))
+        {
             return Err(MemoryFault::new(
                 FailureKind::OutOfBounds,
                 "shm_shrank_during_launch",
@@ -281,7 +292,9 @@ impl WatchedWord {
                 u64::from((*word.cast::<AtomicU32>()).load(Ordering::Acquire))
             },
             // SAFETY: as above.
-            SemaphoreWidth::Bits64 => unsafe { (*word.cast::<AtomicU64>()).load(Ordering::Acquire) },
+            SemaphoreWidth::Bits64 => unsafe {
+                (*word.cast::<AtomicU64>()).load(Ordering::Acquire)
+            },
         };
         self.faulted()?;
         Ok(value)
@@ -386,7 +399,11 @@ pub(super) fn run_watched<R>(
         );
         return Err((
             name,
-            MemoryFault::new(FailureKind::OutOfBounds, "shm_shrank_during_launch", message),
+            MemoryFault::new(
+                FailureKind::OutOfBounds,
+                "shm_shrank_during_launch",
+                message,
+            ),
         ));
     }
     Ok(result)

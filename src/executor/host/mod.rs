@@ -318,7 +318,9 @@ impl HostBackend {
                     FailureKind::OutOfBounds,
                     format!(
                         "{name}: offset {} is past the end of buffer {} ({} bytes)",
-                        operand.offset, operand.buffer_id, mapping.len()
+                        operand.offset,
+                        operand.buffer_id,
+                        mapping.len()
                     ),
                     &[("operand", name)],
                 );
