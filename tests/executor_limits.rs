@@ -373,42 +373,103 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz.max(1))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_executors_spin_is_under_the_daemon_wide_bound() {
-    // Every executor request is followed by a 40 ms spin, if the bound
-    // grants one; the front's idle fd-socket connections each spin 20 s
-    // for their first packet, and as many of them as the bound allows
-    // (half the cores) hold every permit.
-    let daemon = Daemon::start(&["--executor-spin", "40ms", "--front-spin", "20s"]);
-    let client = connect(&daemon).await;
-    let bystander = client.open_session("bystander").await.unwrap();
-    let affine = load(&bystander, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
-    bystander_affine(&bystander, &affine, 500).await;
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let bound = (cores / 2).max(1);
-    assert!(
-        bound <= 8,
-        "this test needs the bound ({bound}) within one uid's fd-socket connections (8)"
-    );
-    let fd_path = ptxd_client::fd_passing::fd_socket_path(&daemon.socket);
-    let idle: Vec<_> = (0..bound)
-        .map(|_| ptxd_client::fd_passing::connect_seqpacket(&fd_path, false).unwrap())
-        .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-
-    // Requests keep coming (a checked launch every 50 ms, four executor
-    // requests each): unbounded, the executor would spin most of the time.
-    let (_, pid) = device_state(&client).await;
+/// Pings an executor every 50 ms for `over`; the executor's CPU time
+/// meanwhile.
+fn cpu_while_pinging(
+    pid: u32,
+    channel: &mut std::os::unix::net::UnixStream,
+    next_id: &mut u64,
+    over: Duration,
+) -> Duration {
+    use ptxd::executor::protocol::{read_frame, write_frame};
+    use ptxd_proto::executor::{executor_message::Body, request::Op, ExecutorMessage, Ping};
     let (cpu, wall) = (cpu_time(pid), Instant::now());
-    while wall.elapsed() < Duration::from_secs(2) {
-        bystander_affine(&bystander, &affine, 500).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    while wall.elapsed() < over {
+        *next_id += 1;
+        let request = ptxd_proto::executor::Request {
+            id: *next_id,
+            op: Some(Op::Ping(Ping {})),
+        };
+        write_frame(channel, &request).unwrap();
+        let reply: ExecutorMessage = read_frame(channel).unwrap();
+        match reply.body {
+            Some(Body::Reply(reply)) => assert_eq!(reply.id, *next_id),
+            other => panic!("expected the ping's reply, got {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let (used, over) = (cpu_time(pid) - cpu, wall.elapsed());
-    eprintln!("every permit held by the front: the executor used {used:?} of CPU in {over:?}");
+    cpu_time(pid) - cpu
+}
+
+#[test]
+fn the_executors_spin_is_under_the_daemon_wide_bound() {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    // The front's side of the bound: one permit, over the front and the
+    // executor below (its slot in the shared page).
+    let front = ptxd::spin::Spinners::new(Duration::from_millis(40), 1);
+    let (page, slot) = front.inheritable(0).expect("a shareable spin page");
+    let page = page.as_raw_fd();
+    let args = ptxd::executor::child::ExecutorArgs::host(0, 1, true)
+        .with_channel_spin(Duration::from_millis(40))
+        .with_spin_slot(Some(slot));
+    let (mut channel, child_end) = std::os::unix::net::UnixStream::pair().unwrap();
+    let child_out = child_end.try_clone().unwrap();
+    let mut command = std::process::Command::new(common::ptxd_bin());
+    command
+        .args(args.to_args())
+        .stdin(OwnedFd::from(child_end))
+        .stdout(OwnedFd::from(child_out));
+    // SAFETY: runs in the forked child before exec; fcntl, dup2 and close
+    // are async-signal-safe, and `page` stays open in this process.
+    unsafe {
+        command.pre_exec(move || {
+            let parked = nix::libc::fcntl(page, nix::libc::F_DUPFD, 10);
+            if parked < 0 || nix::libc::dup2(parked, ptxd::spin::INHERITED_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            nix::libc::close(parked);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let hello: ptxd_proto::executor::ExecutorMessage =
+        ptxd::executor::protocol::read_frame(&mut channel).unwrap();
+    assert!(matches!(
+        hello.body,
+        Some(ptxd_proto::executor::executor_message::Body::Hello(_))
+    ));
+    let pid = child.id();
+    let mut id = 0;
+    let over = Duration::from_secs(2);
+
+    // The front holds the only permit: the executor sleeps at once after
+    // each request, however long its own spin.
+    // (The executor may be spinning for its first request: wait it out.)
+    let started = Instant::now();
+    let held = loop {
+        if let (_, Some(permit)) = front.take() {
+            break permit;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the permit never came back"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let bounded = cpu_while_pinging(pid, &mut channel, &mut id, over);
+    // The permit back: the executor spins 40 ms after each request.
+    drop(held);
+    let free = cpu_while_pinging(pid, &mut channel, &mut id, over);
+    eprintln!("the executor used {bounded:?} of CPU in {over:?} with the bound taken, {free:?} with it free");
     assert!(
-        used < over / 5,
-        "the executor used {used:?} of CPU in {over:?} while the front held every spin permit"
+        bounded < over / 10,
+        "the executor spun ({bounded:?} of CPU in {over:?}) while the front held every permit"
     );
-    drop(idle);
+    assert!(
+        free > over / 4,
+        "control: with the permit free the executor spins ({free:?} in {over:?})"
+    );
+    drop(channel);
+    child.wait().unwrap();
 }

@@ -74,9 +74,10 @@ fn semaphore_wait_limit(budget: Option<Duration>) -> Duration {
 }
 
 /// The longest single sleep between two looks at a semaphore word: the
-/// latency a long wait adds, against about a thousand looks a second (a
-/// few microseconds of CPU each).
-const MAX_NAP: Duration = Duration::from_millis(1);
+/// latency a long wait adds, against 250 looks a second (a few
+/// microseconds of CPU each). Short waits are seen sooner: the sleeps grow
+/// from [`FIRST_NAP`].
+const MAX_NAP: Duration = Duration::from_millis(4);
 /// The first sleep after the spin.
 const FIRST_NAP: Duration = Duration::from_micros(20);
 
