@@ -858,3 +858,64 @@ fn measure_round_trips() {
         );
     }
 }
+
+#[test]
+fn a_server_opened_before_its_predecessor_stopped_reattaches_to_what_it_left() {
+    // The executor opens a replacement ring's server while the old ring's
+    // thread may still answer; the new one re-reads the counters once the
+    // old one is gone.
+    let mut client = Submitter::create(8).unwrap();
+    let mut old = Server::open(client.name(), None).unwrap();
+    let early = Server::open(client.name(), None).unwrap();
+    for ticket in 0..4 {
+        client.try_submit(&payload(ticket)).unwrap();
+    }
+    for _ in 0..3 {
+        expect_launch(old.poll().unwrap());
+    }
+    old.complete(CompletionStatus::Ok, 0).unwrap();
+    drop(old);
+    // Opened before: it would take ticket 0 again. Reattached: tickets 1
+    // and 2 are the old server's orphans, then 3 is new.
+    let mut new = early.reattach().unwrap();
+    assert_eq!(new.orphans_pending(), 2);
+    for ticket in 1..3 {
+        match new.poll().unwrap() {
+            Some(Polled::Orphan(descriptor)) => assert_eq!(descriptor.ticket, ticket),
+            other => panic!("{other:?}"),
+        }
+        new.complete(CompletionStatus::Failed { reason: 14 }, 0)
+            .unwrap();
+    }
+    assert_eq!(expect_launch(new.poll().unwrap()).ticket, 3);
+    new.complete(CompletionStatus::Ok, 0).unwrap();
+    let tickets: Vec<_> = std::iter::from_fn(|| client.poll_completion().unwrap())
+        .map(|c| c.ticket)
+        .collect();
+    assert_eq!(tickets, [0, 1, 2, 3]);
+}
+
+#[test]
+fn a_budgeted_spin_and_a_sleep_without_spin_see_a_submission() {
+    let mut client = Submitter::create(8).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    // Nothing there: a zero spin looks once, a sleep times out.
+    assert!(!server.spin_for(Duration::ZERO).unwrap());
+    let started = Instant::now();
+    assert!(!server.sleep(Duration::from_millis(30)).unwrap());
+    assert!(started.elapsed() >= Duration::from_millis(25));
+    client.try_submit(&payload(7)).unwrap();
+    assert!(server.spin_for(Duration::ZERO).unwrap());
+    assert!(server.sleep(Duration::from_millis(30)).unwrap());
+    assert_eq!(expect_launch(server.poll().unwrap()).ticket, 7);
+    // A submission during a sleep wakes it well before its timeout.
+    let waker = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(20));
+        client.try_submit(&payload(8)).unwrap();
+        client
+    });
+    let started = Instant::now();
+    assert!(server.sleep(Duration::from_secs(5)).unwrap());
+    assert!(started.elapsed() < Duration::from_secs(2));
+    drop(waker.join().unwrap());
+}
