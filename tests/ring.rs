@@ -995,6 +995,19 @@ async fn a_ring_blocked_on_its_semaphore_holds_up_no_other_request() {
     let mut again = blocker.open_ring(8, 0).await.unwrap();
     prompt("the blocker's second OpenRing", started.elapsed());
     prompt("a bystander's launch", bystander.check().await);
+    // Sessions that leave with their rings waiting (CloseStream for each)
+    // hold up nothing either.
+    for i in 0..4 {
+        let leaver = client.open_session(&format!("leaver-{i}")).await.unwrap();
+        let mut waiting = SemRing::open(&leaver).await;
+        waiting.submit(Some(waiting.word(0, 1)), None);
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
+        drop(waiting);
+        leaver.close().await.unwrap();
+        prompt("a session's close with its ring waiting", started.elapsed());
+    }
+    prompt("a bystander's launch", bystander.check().await);
     // The new ring serves.
     let (c, c_buf) = f32_buffer(&blocker, None, blocked.n).await;
     let inputs = [(&blocked.buffers[0].1, 0), (&blocked.buffers[1].1, 0)];

@@ -8,9 +8,12 @@
 //!   and no queued or running launch still uses it (an `Arc` each).
 //! - A mapping is never smaller than the size the front bounds-checks
 //!   launches against: registration refuses an object shorter than claimed,
-//!   each launch re-checks the object's size first, and a shrink during a
-//!   launch is caught by the SIGBUS handler ([`super::sigbus`]), which stops
+//!   each access re-checks the object's size first, and a shrink during an
+//!   access is caught by the SIGBUS handler ([`super::sigbus`]), which stops
 //!   that launch only; its mapping is then restored from the object.
+//! - Client memory is reached only through [`memory`] (a launch's operands,
+//!   a ring's semaphore words): a mapping's address never leaves it, so no
+//!   executor thread can touch a buffer unchecked or unwatched.
 //! - A launch only ever touches `[base + offset, base + size)` of each
 //!   operand; the front checked `offset + n × element size <= size`, and the
 //!   engine's checked mode re-checks every access.
