@@ -31,14 +31,19 @@
 //! - Every spin of the thread takes a permit of the daemon-wide spin bound
 //!   ([`crate::spin`]); without one it sleeps at once.
 //! - Every submission taken is answered, in order, even a malformed one or
-//!   one a dead executor left behind (an orphan, completed `Failed`).
+//!   one a dead executor left behind (an orphan, completed `Failed`), save
+//!   one abandoned because the ring is stopping ([`abandoned`]): it stays
+//!   taken and unanswered, an orphan for the next server, whose signal the
+//!   SDK or that server releases.
 //! - A ring whose client breaks the protocol (a counter out of range) is
 //!   dropped; the executor and every other ring go on.
 //! - A client that shrinks its ring object costs it the ring, not the
 //!   executor: the mapping is watched by the SIGBUS handler, which maps
 //!   zero pages over it, and the ring is dropped at its next step.
 //! - The thread never sleeps unbounded: it checks its stop flag at least
-//!   every [`POLL_SLICE`].
+//!   every [`POLL_SLICE`], and a host semaphore wait checks it between its
+//!   naps; only a running kernel (bounded by the budget) or, on CUDA, a
+//!   sync launch's stream synchronize delays a stop.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
