@@ -25,9 +25,9 @@
 //! - Every handle-owning type frees its driver object on drop, with its
 //!   device's context current, and keeps its [`CudaDevice`] (and so the
 //!   retained context) alive until then.
-//! - The driver calls themselves live in [`driver`], the layer this module
-//!   shares with ptxd's executor; this module adds binding, bounds checks and
-//!   the session-facing errors.
+//! - The driver calls themselves live in the `ptxd-cuda` crate, the layer
+//!   this module shares with ptxd's executor; this module adds binding,
+//!   bounds checks and the session-facing errors.
 
 use std::ffi::{c_void, CString};
 use std::mem::ManuallyDrop;
@@ -36,13 +36,13 @@ use std::sync::Arc;
 
 use crate::ring::SemaphoreWidth;
 
-pub mod driver;
-
-pub use driver::format_uuid;
+// The driver layer is its own crate (`ptxd-cuda`), below the SDK and the
+// daemon; the SDK's API shows only these two of its items.
+pub use driver::{format_uuid, DriverError};
 use driver::{
-    CUstream, DeviceMemory, DriverError, Event, ExportableMemory, Module, PrimaryContext,
-    SavedContext, Stream,
+    CUstream, DeviceMemory, Event, ExportableMemory, Module, PrimaryContext, SavedContext, Stream,
 };
+use ptxd_cuda as driver;
 
 /// A failure of the CUDA helpers.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -6,10 +6,9 @@
 
 use std::os::fd::OwnedFd;
 
-use ptxd_client::cuda::driver::{
-    self, ImportedMemory, PhysicalMemory, PrimaryContext, VirtualMapping,
-};
 use ptxd_client::cuda::{CudaDevice, CudaError};
+use ptxd_cuda as driver;
+use ptxd_cuda::{ImportedMemory, PhysicalMemory, PrimaryContext, VirtualMapping};
 use rand::Rng;
 
 use super::{device, rng};

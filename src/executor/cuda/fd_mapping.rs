@@ -22,7 +22,7 @@
 
 use std::os::fd::OwnedFd;
 
-use ptxd_client::cuda::driver::{DeviceInfo, DriverError, ImportedMemory, VirtualMapping};
+use ptxd_cuda::{DeviceInfo, DriverError, ImportedMemory, VirtualMapping};
 use ptxd_proto::executor::{reply, FailureKind, OpenBuffer, OpenBufferOk};
 
 use super::super::child::Replier;

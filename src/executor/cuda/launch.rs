@@ -7,7 +7,7 @@
 use std::ffi::c_void;
 use std::sync::{mpsc, Arc, Mutex};
 
-use ptxd_client::cuda::driver::{DriverError, Event};
+use ptxd_cuda::{DriverError, Event};
 use ptxd_proto::executor::{FailureKind, Launch};
 
 use super::watchdog::{take_reply, SharedReply, Watched};

@@ -1,6 +1,6 @@
 //! The CUDA executor backend: one process drives one device through the
-//! driver API, by way of [`driver`] (the SDK's layer over cudarc, shared with
-//! the SDK's own CUDA helpers).
+//! driver API, by way of [`driver`] (the `ptxd-cuda` crate: the one layer
+//! over cudarc, shared with the SDK's own CUDA helpers).
 //!
 //! The front has verified every artifact and checked every launch (owner,
 //! device, generation, bounds); this backend still re-checks what it can
@@ -76,8 +76,9 @@ use super::child::{serve_stdio, Backend, Replier};
 use super::fd_inbox::FdInbox;
 use super::ring::RingHandle;
 use images::{check_cubin, check_fatbin, choose_block, expected_param_sizes};
-use ptxd_client::cuda::driver::{
-    self, DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream,
+use ptxd_cuda as driver;
+use ptxd_cuda::{
+    DeviceInfo, DriverError, Event, Function, IpcMapping, Module, PrimaryContext, Stream,
 };
 use watchdog::{take_reply, SharedReply, Watchdog};
 

@@ -27,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ptxd_client::cuda::driver::{DriverError, Event, PrimaryContext};
+use ptxd_cuda::{DriverError, Event, PrimaryContext};
 use ptxd_proto::executor::FailureKind;
 
 use crate::executor::child::{Channel, Replier};

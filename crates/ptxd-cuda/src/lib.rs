@@ -1,9 +1,13 @@
-//! The one layer over the CUDA driver API, shared by the SDK's helpers
-//! ([`super`]) and ptxd's CUDA executor.
+//! ptxd-cuda: the one layer over the CUDA driver API, below both ptxd's
+//! CUDA executor and the SDK's CUDA helpers (`ptxd_client::cuda`, feature
+//! `cuda`).
 //!
 //! It follows cudarc's layering: `cudarc::driver::sys` is the raw FFI,
-//! `cudarc::driver::result` wraps one call each, and this module is the only
-//! place in ptxd that uses either. A call cudarc wraps goes through
+//! `cudarc::driver::result` wraps one call each, and this crate is the only
+//! place in ptxd that uses either (the RAII types here are ptxd's `safe`
+//! layer). A user of the SDK never names this crate: the SDK re-exports the
+//! one type its API shows ([`DriverError`], inside
+//! `ptxd_client::cuda::CudaError`). A call cudarc wraps goes through
 //! `result`; the few it lacks (legacy IPC handles, pointer attributes and
 //! address ranges, `cuFuncGetParamInfo`, `cuModuleLoadDataEx` with the JIT's
 //! logs, `cuMemsetD32Async`, `cuCtxSynchronize_v2`, `cuEventCreate`, whose
