@@ -371,7 +371,7 @@ impl ServeConfig {
     pub fn socket_path(&self) -> PathBuf {
         self.socket
             .clone()
-            .unwrap_or_else(ptxd_client::default_socket_path)
+            .unwrap_or_else(ptxd_ipc::socket_dir::default_socket_path)
     }
 }
 

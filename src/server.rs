@@ -51,7 +51,7 @@ pub enum ServeError {
     #[error("configuration: {0}")]
     Config(String),
     #[error(transparent)]
-    UnsafeSocketDir(#[from] ptxd_client::SocketDirError),
+    UnsafeSocketDir(#[from] ptxd_ipc::socket_dir::SocketDirError),
 }
 
 /// Binds the Unix socket, replacing a stale socket file.
@@ -103,7 +103,7 @@ fn prepare_default_socket_dir(socket: &Path) -> Result<(), ServeError> {
                 error,
             })?;
     }
-    ptxd_client::check_socket_dir(dir, nix::unistd::geteuid().as_raw())?;
+    ptxd_ipc::socket_dir::check_socket_dir(dir, nix::unistd::geteuid().as_raw())?;
     Ok(())
 }
 

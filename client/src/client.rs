@@ -8,8 +8,7 @@
 //! second HTTP/2 connection of their own, opened at the first launch (see
 //! `lane`).
 
-use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,44 +20,8 @@ use crate::error::Error;
 use crate::fd_lane::{FdLane, DEFAULT_REPLY_SPIN};
 use crate::lane::Lane;
 use crate::session::{Session, SessionOptions};
-use crate::socket_dir::{check_socket_dir, socket_dir, SocketDirError};
 use crate::types::DaemonInfo;
-
-/// The socket file name inside a runtime directory.
-const SOCKET_FILE: &str = "ptxd.sock";
-/// The system-wide socket of a daemon run as root without a runtime dir.
-const SYSTEM_SOCKET: &str = "/run/ptxd/ptxd.sock";
-
-/// The socket path ptxd listens on (and the SDK connects to) by default:
-/// `$XDG_RUNTIME_DIR/ptxd.sock` when that is set to an absolute path, else
-/// `/run/ptxd/ptxd.sock` for root, else `<temp dir>/ptxd-<euid>/ptxd.sock`.
-pub fn default_socket_path() -> PathBuf {
-    socket_path_for(
-        std::env::var_os("XDG_RUNTIME_DIR").as_deref(),
-        nix::unistd::geteuid().as_raw(),
-    )
-}
-
-/// [`default_socket_path`], refused when its directory is not safe to trust
-/// (see [`check_socket_dir`](crate::check_socket_dir)): another user could
-/// have created the directory first and put their own daemon's socket in it.
-pub fn checked_default_socket_path() -> Result<PathBuf, SocketDirError> {
-    let path = default_socket_path();
-    check_socket_dir(socket_dir(&path), nix::unistd::geteuid().as_raw())?;
-    Ok(path)
-}
-
-/// [`default_socket_path`] for a given `$XDG_RUNTIME_DIR` and effective uid.
-pub fn socket_path_for(xdg_runtime_dir: Option<&OsStr>, euid: u32) -> PathBuf {
-    // The XDG spec says a relative (or empty) value must be ignored.
-    match xdg_runtime_dir.map(Path::new) {
-        Some(dir) if dir.is_absolute() => dir.join(SOCKET_FILE),
-        _ if euid == 0 => PathBuf::from(SYSTEM_SOCKET),
-        _ => std::env::temp_dir()
-            .join(format!("ptxd-{euid}"))
-            .join(SOCKET_FILE),
-    }
-}
+use ptxd_ipc::socket_dir::checked_default_socket_path;
 
 /// Where a daemon listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,8 +99,8 @@ impl Client {
     }
 
     /// Connects to the daemon at `$PTXD_SOCKET` when set (as the daemon and
-    /// the `ptxd` CLI read it), else at [`default_socket_path`], whose
-    /// directory must pass [`check_socket_dir`](crate::check_socket_dir)
+    /// the `ptxd` CLI read it), else at [`default_socket_path`](crate::default_socket_path), whose
+    /// directory must pass [`check_socket_dir`](ptxd_ipc::socket_dir::check_socket_dir)
     /// ([`Error::UnsafeSocketDir`] otherwise).
     pub async fn connect_default() -> Result<Self, Error> {
         match std::env::var_os("PTXD_SOCKET").filter(|p| !p.is_empty()) {
@@ -260,34 +223,6 @@ impl Client {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn socket_path_follows_xdg_then_root_then_temp() {
-        assert_eq!(
-            socket_path_for(Some(OsStr::new("/run/user/1000")), 1000),
-            PathBuf::from("/run/user/1000/ptxd.sock")
-        );
-        assert_eq!(
-            socket_path_for(Some(OsStr::new("/run/user/0")), 0),
-            PathBuf::from("/run/user/0/ptxd.sock")
-        );
-        assert_eq!(
-            socket_path_for(None, 0),
-            PathBuf::from("/run/ptxd/ptxd.sock")
-        );
-        assert_eq!(
-            socket_path_for(Some(OsStr::new("relative/dir")), 0),
-            PathBuf::from("/run/ptxd/ptxd.sock")
-        );
-        assert_eq!(
-            socket_path_for(Some(OsStr::new("")), 1000),
-            std::env::temp_dir().join("ptxd-1000/ptxd.sock")
-        );
-        assert_eq!(
-            socket_path_for(None, 1000),
-            std::env::temp_dir().join("ptxd-1000/ptxd.sock")
-        );
-    }
 
     #[test]
     fn targets_parse() {

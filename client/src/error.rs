@@ -55,7 +55,7 @@ pub enum Error {
     /// The default socket's directory is not safe to trust (another user
     /// owns it or may write into it, or it is a symlink).
     #[error(transparent)]
-    UnsafeSocketDir(#[from] crate::socket_dir::SocketDirError),
+    UnsafeSocketDir(#[from] ptxd_ipc::socket_dir::SocketDirError),
     /// A CUDA call in this process failed (e.g. enqueueing a launch ring's
     /// semaphore operation on the session's own stream).
     #[cfg(feature = "cuda")]

@@ -57,12 +57,12 @@ pub use ordering::ORDERING_BYTES;
 pub use release::{OrphanCause, Orphaned, ReleasedWord, SemaphoreMemory, WordWriteError};
 pub(crate) use release::{ReleaseOnEnd, RingRegistry, RingShared};
 
-use crate::ring::{
-    Completion, CompletionStatus, Descriptor, OperandRef, SemaphoreOp, SubmitError, Submitter,
-};
 use crate::session::Kernel;
 use crate::types::Buffer;
 use crate::Error;
+use ptxd_ipc::ring::{
+    Completion, CompletionStatus, Descriptor, OperandRef, SemaphoreOp, SubmitError, Submitter,
+};
 
 /// Why a ring launch did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -38,8 +38,6 @@ mod fd_lane;
 mod lane;
 mod launch_ring;
 mod session;
-mod shm;
-mod socket_dir;
 mod types;
 
 #[cfg(feature = "cuda")]
@@ -47,9 +45,11 @@ pub mod cuda;
 pub mod fd_passing;
 pub mod ring;
 
-pub use client::{
-    checked_default_socket_path, default_socket_path, socket_path_for, Client, Target,
-};
+// Shared memory lives in `ptxd-ipc`, below the SDK and the daemon; the
+// SDK's own modules reach it as `crate::shm`.
+use ptxd_ipc::shm;
+
+pub use client::{Client, Target};
 pub use error::{Error, Refusal, RefusalDetails};
 pub use fd_buffers::{attach_fd, FdBufferSpec};
 pub use fd_lane::DEFAULT_REPLY_SPIN;
@@ -59,12 +59,14 @@ pub use launch_ring::{
     LaunchRing, OrphanCause, Orphaned, ReleasedWord, RingCompletion, RingRefusal, SemaphoreMemory,
     WordWriteError,
 };
+pub use ptxd_ipc::shm::{HostMemfd, HostShm, SharedBytes, ShmError};
+pub use ptxd_ipc::socket_dir::{
+    checked_default_socket_path, default_socket_path, socket_path_for, SocketDirError,
+};
 pub use session::{
     BufferSource, Kernel, KernelState, LaunchReceiver, LaunchSender, LaunchStream, Session,
     SessionOptions, StreamReply,
 };
-pub use shm::{validate_shm_name, HostMemfd, HostShm, SharedBytes, ShmError};
-pub use socket_dir::{check_socket_dir, SocketDirError};
 pub use types::{
     Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
     DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits, LoadOptions,

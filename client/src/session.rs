@@ -350,7 +350,7 @@ impl Session {
         slots: u32,
         device: impl Into<DeviceSelector>,
     ) -> Result<crate::LaunchRing, Error> {
-        let submitter = crate::ring::Submitter::create(slots)
+        let submitter = ptxd_ipc::ring::Submitter::create(slots)
             .map_err(|e| Error::InvalidInput(format!("cannot create the ring: {e}")))?;
         let request = pb::OpenRingRequest {
             session: self.id.clone(),
@@ -371,7 +371,7 @@ impl Session {
         device: impl Into<DeviceSelector>,
     ) -> Result<crate::LaunchRing, Error> {
         let fd_socket = self.fd_socket_path()?.to_owned();
-        let submitter = crate::ring::Submitter::create_memfd(slots)
+        let submitter = ptxd_ipc::ring::Submitter::create_memfd(slots)
             .map_err(|e| Error::InvalidInput(format!("cannot create the ring: {e}")))?;
         let request = pb::OpenRingRequest {
             session: self.id.clone(),
@@ -395,7 +395,7 @@ impl Session {
     /// Wraps a ring the daemon now serves.
     fn ring_opened(
         &self,
-        submitter: crate::ring::Submitter,
+        submitter: ptxd_ipc::ring::Submitter,
         response: pb::OpenRingResponse,
     ) -> Result<crate::LaunchRing, Error> {
         let shared = RingShared::new(response.device_uuid, response.generation);

@@ -10,7 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ptxd_client::ring::{
+use ptxd_ipc::ring::{
     Completion, Descriptor, RingLayout, COMPLETION_SIZE, DESCRIPTOR_SIZE, HEADER_LEN,
 };
 

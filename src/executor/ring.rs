@@ -2,7 +2,7 @@
 //! bypasses gRPC and the front.
 //!
 //! One thread per ring takes descriptors from the session's shared memory
-//! ([`ptxd_client::ring::Server`]), checks each against the session's
+//! ([`ptxd_ipc::ring::Server`]), checks each against the session's
 //! capability table with the same launch checks as the gRPC path
 //! ([`crate::launch::check`]), hands the checked launch to the backend, and
 //! posts a completion with the outcome: `Ok`, or the refusal's proto reason.
@@ -53,7 +53,7 @@ use std::time::Duration;
 
 pub use super::kernel_timeouts::TimeoutAllowance;
 
-use ptxd_client::ring::{CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server};
+use ptxd_ipc::ring::{CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server};
 use ptxd_proto::executor::{FailureKind, RingGrant};
 use ptxd_proto::v1::Reason;
 

@@ -198,7 +198,7 @@ impl Front {
                         resource: "host_shm",
                     });
                 }
-                ptxd_client::validate_shm_name(&name).map_err(|_| Error::InvalidArgument {
+                ptxd_ipc::shm::validate_shm_name(&name).map_err(|_| Error::InvalidArgument {
                     field: "host_shm.name",
                     message:
                         "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"

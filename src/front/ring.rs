@@ -194,11 +194,13 @@ impl Front {
                 self.issue_fd_token(&session_id, peer, super::fds::Awaiting::Ring(awaiting))?;
             return Ok(RingOpening::AwaitingFd { token, ttl });
         }
-        ptxd_client::validate_shm_name(&request.shm_name).map_err(|_| Error::InvalidArgument {
-            field: "shm_name",
-            message:
-                "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
-                    .into(),
+        ptxd_ipc::shm::validate_shm_name(&request.shm_name).map_err(|_| {
+            Error::InvalidArgument {
+                field: "shm_name",
+                message:
+                    "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
+                        .into(),
+            }
         })?;
         self.open_ring_from(
             &session_id,

@@ -21,8 +21,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use ptxd_client::ring::SemaphoreWidth;
 use ptxd_cuda::{DriverError, Event, PrimaryContext, Stream};
+use ptxd_ipc::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
 use super::watchdog::{StreamQueue, Watched, RING_GROUP};

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use nix::sys::stat::fstat;
-use ptxd_client::ring::SemaphoreWidth;
+use ptxd_ipc::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
 use super::OpenFailure;

@@ -1,4 +1,6 @@
-//! Is a directory safe to hold (or to find) ptxd's socket?
+//! Where ptxd's socket is by default ([`default_socket_path`]), and is a
+//! directory safe to hold (or to find) it ([`check_socket_dir`])? One
+//! answer for the daemon, which listens there, and the SDK, which connects.
 //!
 //! Without `$XDG_RUNTIME_DIR`, the default socket sits in
 //! `<temp dir>/ptxd-<euid>/`, a name any user can create first. If another
@@ -10,9 +12,53 @@
 //! - is not a directory;
 //! - is owned by neither the user nor root;
 //! - is group- or world-writable without the sticky bit.
+//!
+//! Invariants:
+//! - The daemon and the SDK compute the default path with the same
+//!   function, so they agree on it for the same `$XDG_RUNTIME_DIR` and uid.
+//! - The check never follows a symlink and never creates anything; a
+//!   directory that does not exist yet passes (there is nothing to trust,
+//!   and a connect into it fails on its own).
 
+use std::ffi::OsStr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+/// The socket file name inside a runtime directory.
+const SOCKET_FILE: &str = "ptxd.sock";
+/// The system-wide socket of a daemon run as root without a runtime dir.
+const SYSTEM_SOCKET: &str = "/run/ptxd/ptxd.sock";
+
+/// The socket path ptxd listens on (and the SDK connects to) by default:
+/// `$XDG_RUNTIME_DIR/ptxd.sock` when that is set to an absolute path, else
+/// `/run/ptxd/ptxd.sock` for root, else `<temp dir>/ptxd-<euid>/ptxd.sock`.
+pub fn default_socket_path() -> PathBuf {
+    socket_path_for(
+        std::env::var_os("XDG_RUNTIME_DIR").as_deref(),
+        nix::unistd::geteuid().as_raw(),
+    )
+}
+
+/// [`default_socket_path`], refused when its directory is not safe to trust
+/// (see [`check_socket_dir`]): another user could
+/// have created the directory first and put their own daemon's socket in it.
+pub fn checked_default_socket_path() -> Result<PathBuf, SocketDirError> {
+    let path = default_socket_path();
+    check_socket_dir(socket_dir(&path), nix::unistd::geteuid().as_raw())?;
+    Ok(path)
+}
+
+/// [`default_socket_path`] for a given `$XDG_RUNTIME_DIR` and effective uid.
+pub fn socket_path_for(xdg_runtime_dir: Option<&OsStr>, euid: u32) -> PathBuf {
+    // The XDG spec says a relative (or empty) value must be ignored.
+    match xdg_runtime_dir.map(Path::new) {
+        Some(dir) if dir.is_absolute() => dir.join(SOCKET_FILE),
+        _ if euid == 0 => PathBuf::from(SYSTEM_SOCKET),
+        _ => std::env::temp_dir()
+            .join(format!("ptxd-{euid}"))
+            .join(SOCKET_FILE),
+    }
+}
 
 /// Why a socket directory is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,7 +146,7 @@ pub fn check_socket_dir(dir: &Path, euid: u32) -> Result<(), SocketDirError> {
 }
 
 /// The directory of a socket path (`.` for a bare name).
-pub(crate) fn socket_dir(socket: &Path) -> &Path {
+pub fn socket_dir(socket: &Path) -> &Path {
     match socket.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
@@ -111,6 +157,34 @@ pub(crate) fn socket_dir(socket: &Path) -> &Path {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn socket_path_follows_xdg_then_root_then_temp() {
+        assert_eq!(
+            socket_path_for(Some(OsStr::new("/run/user/1000")), 1000),
+            PathBuf::from("/run/user/1000/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(Some(OsStr::new("/run/user/0")), 0),
+            PathBuf::from("/run/user/0/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(None, 0),
+            PathBuf::from("/run/ptxd/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(Some(OsStr::new("relative/dir")), 0),
+            PathBuf::from("/run/ptxd/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(Some(OsStr::new("")), 1000),
+            std::env::temp_dir().join("ptxd-1000/ptxd.sock")
+        );
+        assert_eq!(
+            socket_path_for(None, 1000),
+            std::env::temp_dir().join("ptxd-1000/ptxd.sock")
+        );
+    }
 
     fn chmod(path: &Path, mode: u32) {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();

@@ -503,7 +503,7 @@ fn opening_checks_the_object() {
     ));
 
     // A header that declares more slots than the object holds.
-    let small = crate::HostShm::create(4096).unwrap();
+    let small = crate::shm::HostShm::create(4096).unwrap();
     let layout = RingLayout::new(64).unwrap();
     let opened = std::fs::OpenOptions::new()
         .read(true)
@@ -515,13 +515,13 @@ fn opening_checks_the_object() {
         Server::from_fd(opened.into(), None),
         Err(OpenError::TooSmall { size: 4096, needed }) if needed == layout.total_len() as u64
     ));
-    let tiny = crate::HostShm::create(10).unwrap();
+    let tiny = crate::shm::HostShm::create(10).unwrap();
     assert!(matches!(
         Server::open(tiny.name(), None),
         Err(OpenError::TooSmall { size: 10, .. })
     ));
     // Garbage: a typed layout error.
-    let zeros = crate::HostShm::create(4096).unwrap();
+    let zeros = crate::shm::HostShm::create(4096).unwrap();
     assert!(matches!(
         Server::open(zeros.name(), None),
         Err(OpenError::Layout(LayoutError::BadMagic { found: 0 }))

@@ -151,7 +151,7 @@ impl Region {
         mut created: Created,
         name: Option<String>,
     ) -> Result<Self, CreateError> {
-        let bytes: &mut crate::SharedBytes = match &mut created {
+        let bytes: &mut crate::shm::SharedBytes = match &mut created {
             Created::Shm(shm) => shm,
             Created::Memfd(memfd) => memfd,
         };

@@ -4,7 +4,7 @@
 //! # Design
 //!
 //! One POSIX shared-memory object per session ring, created by the client
-//! ([`Submitter::create`], through the SDK's [`HostShm`](crate::HostShm)) and
+//! ([`Submitter::create`], in a [`HostShm`](crate::shm::HostShm)) and
 //! opened by the executor ([`Server::open`] by name, or [`Server::from_fd`]).
 //! The layout lives in this crate so that the SDK and the daemon share one
 //! definition ([`RingLayout`] has the byte table): a versioned header, seven
