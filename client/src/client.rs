@@ -99,9 +99,10 @@ impl Client {
     }
 
     /// Connects to the daemon at `$PTXD_SOCKET` when set (as the daemon and
-    /// the `ptxd` CLI read it), else at [`default_socket_path`](crate::default_socket_path), whose
-    /// directory must pass [`check_socket_dir`](ptxd_ipc::socket_dir::check_socket_dir)
-    /// ([`Error::UnsafeSocketDir`] otherwise).
+    /// the `ptxd` CLI read it), else at
+    /// [`checked_default_socket_path`](crate::checked_default_socket_path),
+    /// whose directory must be safe to trust ([`Error::UnsafeSocketDir`]
+    /// otherwise).
     pub async fn connect_default() -> Result<Self, Error> {
         match std::env::var_os("PTXD_SOCKET").filter(|p| !p.is_empty()) {
             Some(path) => Self::connect_unix(PathBuf::from(path)).await,

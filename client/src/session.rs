@@ -661,8 +661,9 @@ pub enum BufferSource {
     },
     /// A POSIX shared-memory object; `None` means the first host device.
     HostShm {
-        /// The object's name (`/…`, see [`crate::validate_shm_name`]), which
-        /// ptxd opens itself.
+        /// The object's name: `/` then 1 to 254 bytes, no other `/` and no
+        /// NUL (a portable POSIX shared-memory name), which ptxd opens
+        /// itself.
         name: String,
         /// The host-backend device to register it on.
         device_uuid: Option<String>,
