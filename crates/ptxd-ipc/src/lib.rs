@@ -12,10 +12,10 @@
 //! - [`socket_dir`]: where ptxd's socket is by default, and whether its
 //!   directory can be trusted.
 //!
-//! The SDK re-exports only what its users call (the descriptor types a
-//! [`LaunchRing`](https://docs.rs/ptxd-client) takes, the shared-memory
-//! buffers, the default socket path); the ring's server and the directory
-//! check are the daemon's.
+//! The SDK re-exports only what its users call (the records its
+//! `LaunchRing` takes, the shared-memory buffers, the default socket path);
+//! the ring's server, the shared-memory name check and the directory check
+//! are the daemon's.
 //!
 //! Invariants (each kept by the module named, whose doc states it in full):
 //! - In a ring, every byte the peer may write is read through an atomic
