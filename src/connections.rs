@@ -18,6 +18,9 @@
 //! - `accept` failing for want of descriptors or memory (EMFILE, ENFILE,
 //!   ENOBUFS, ENOMEM) never stops a listener: it pauses and retries, and says
 //!   so in the log at most once per burst.
+//! - Every log line a client can cause goes through a [`LogLimit`]: at most
+//!   one line per kind (per key) a second, which counts the events it
+//!   stands for. A flood of refusals is never a flood of log lines.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -179,11 +182,72 @@ struct Counts {
     per_peer: HashMap<Origin, usize>,
 }
 
-/// Refusals not yet logged, and when the last log line went out.
+/// A rate limit for log lines a client can cause: at most one line per
+/// key per [`LOG_INTERVAL`]. The line that goes out carries how many events
+/// it stands for (itself and those not logged since the previous one).
+/// Keys are static names from a closed set (kinds of line, refusal
+/// reasons), so the table stays small whatever clients do.
+#[derive(Debug, Default)]
+pub struct LogLimit {
+    lines: Mutex<HashMap<&'static str, LogLine>>,
+}
+
+/// One key's last line and the events not logged since.
 #[derive(Debug)]
-struct RefusalLog {
-    last: Option<Instant>,
+struct LogLine {
+    last: Instant,
     unlogged: u64,
+}
+
+/// The daemon's limit for the log lines requests cause (refusals), keyed
+/// by reason: one line a second per reason at most, over every transport.
+pub fn request_log() -> &'static LogLimit {
+    static LIMIT: std::sync::LazyLock<LogLimit> = std::sync::LazyLock::new(LogLimit::new);
+    &LIMIT
+}
+
+/// How often one kind of client-caused line may be written.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+impl LogLimit {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts one event of kind `key`: `Some(events)` when its line may go
+    /// out now (`events` it stands for, at least 1), `None` when it is
+    /// only counted.
+    pub fn admit(&self, key: &'static str) -> Option<u64> {
+        self.admit_at(key, Instant::now())
+    }
+
+    fn admit_at(&self, key: &'static str, now: Instant) -> Option<u64> {
+        // Plain counters: a panic while holding the lock cannot leave them
+        // inconsistent.
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        match lines.get_mut(key) {
+            Some(line) if now.duration_since(line.last) < LOG_INTERVAL => {
+                line.unlogged += 1;
+                None
+            }
+            Some(line) => {
+                let events = line.unlogged + 1;
+                line.last = now;
+                line.unlogged = 0;
+                Some(events)
+            }
+            None => {
+                lines.insert(
+                    key,
+                    LogLine {
+                        last: now,
+                        unlogged: 0,
+                    },
+                );
+                Some(1)
+            }
+        }
+    }
 }
 
 /// The live connections, counted in all and per peer.
@@ -191,7 +255,7 @@ struct RefusalLog {
 pub struct ConnectionTable {
     limits: ConnectionLimits,
     counts: Mutex<Counts>,
-    log: Mutex<RefusalLog>,
+    log: LogLimit,
 }
 
 impl ConnectionTable {
@@ -199,10 +263,7 @@ impl ConnectionTable {
         Arc::new(ConnectionTable {
             limits,
             counts: Mutex::new(Counts::default()),
-            log: Mutex::new(RefusalLog {
-                last: None,
-                unlogged: 0,
-            }),
+            log: LogLimit::new(),
         })
     }
 
@@ -246,20 +307,9 @@ impl ConnectionTable {
     /// Logs a refusal, at most one line a second (a flood of refused
     /// connections must not become a flood of log lines).
     fn log_refusal(&self, refused: Refused) {
-        let Ok(mut log) = self.log.lock() else {
-            return;
-        };
-        log.unlogged += 1;
-        let now = Instant::now();
-        if log
-            .last
-            .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
-        {
-            return;
+        if let Some(count) = self.log.admit("connections refused") {
+            tracing::warn!(refused = %refused, count, "connections refused");
         }
-        tracing::warn!(refused = %refused, count = log.unlogged, "connections refused");
-        log.last = Some(now);
-        log.unlogged = 0;
     }
 }
 
@@ -582,6 +632,22 @@ mod tests {
         assert!(!handshake.read(&[12, 4, 0, 0, 0, 0, 0]));
         assert!(!handshake.read(&[0; 11]));
         assert!(handshake.read(&[0]));
+    }
+
+    #[test]
+    fn a_log_limit_lets_one_line_a_second_per_key_and_counts_the_rest() {
+        let limit = LogLimit::new();
+        let start = Instant::now();
+        assert_eq!(limit.admit_at("a", start), Some(1));
+        for i in 1..1000 {
+            let now = start + Duration::from_micros(i);
+            assert_eq!(limit.admit_at("a", now), None);
+        }
+        // Another key has its own line.
+        assert_eq!(limit.admit_at("b", start), Some(1));
+        // A second on, the next line stands for itself and the 999 before.
+        assert_eq!(limit.admit_at("a", start + LOG_INTERVAL), Some(1000));
+        assert_eq!(limit.admit_at("a", start + LOG_INTERVAL), None);
     }
 
     #[test]

@@ -867,3 +867,89 @@ fn sigterm_to_the_process_group_drains_without_restarting_executors() {
         "an executor was restarted during shutdown:\n{log}"
     );
 }
+
+// ----- issue 24, finding 10: a foreign shm object's owner stays unnamed ----
+
+/// Runs only as the child process of
+/// `another_users_shm_object_is_refused_not_owner_without_its_uid`, under
+/// uid 65534: registers the object named in the environment and prints the
+/// refusal.
+#[tokio::test]
+async fn foreign_shm_process_main() {
+    let (Ok(target), Ok(name)) = (
+        std::env::var("PTXD_TEST_FOREIGN_SHM_TARGET"),
+        std::env::var("PTXD_TEST_FOREIGN_SHM_NAME"),
+    ) else {
+        return;
+    };
+    let client = Client::connect(&target).await.unwrap();
+    let session = client.open_session("foreign shm").await.unwrap();
+    match session.register_host_shm(&name, 4096, None).await {
+        Ok(_) => println!("REGISTERED"),
+        Err(err) => println!(
+            "REFUSED reason={} message={} metadata={:?}",
+            reason(&err),
+            err.refusal().map(|r| r.message().to_string()).unwrap_or_default(),
+            metadata(&err)
+        ),
+    }
+}
+
+#[tokio::test]
+async fn another_users_shm_object_is_refused_not_owner_without_its_uid() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::getuid().is_root() {
+        panic!("this test switches a child to another uid and must run as root");
+    }
+    let daemon = Daemon::start(&["--socket-mode", "666"]);
+    std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The object belongs to an unusual uid, so that any mention of it shows.
+    let owner: u32 = 40_000 + rand::random::<u32>() % 20_000;
+    let mut shm = HostShm::create(4096).unwrap();
+    let secret = random_f32(1024);
+    shm.write_f32(0, &secret).unwrap();
+    let path = format!("/dev/shm{}", shm.name());
+    std::os::unix::fs::chown(&path, Some(owner), Some(owner)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+
+    // A bystander registers and launches throughout.
+    let client = unix(&daemon).await;
+    let bystander = client.open_session("bystander").await.unwrap();
+    let add = load_add(&bystander, 24).await.unwrap();
+    add_runs(&bystander, &add).await.unwrap();
+
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "foreign_shm_process_main",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("PTXD_TEST_FOREIGN_SHM_TARGET", daemon.target())
+        .env("PTXD_TEST_FOREIGN_SHM_NAME", shm.name())
+        .env_remove("PTXD_TEST_LOG")
+        .current_dir("/")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("REFUSED") || l.starts_with("REGISTERED"))
+        .unwrap_or_else(|| {
+            panic!(
+                "the child did not answer: {stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+    assert!(line.starts_with("REFUSED reason=NOT_OWNER "), "{line}");
+    assert!(
+        !line.contains(&owner.to_string()),
+        "the refusal names the owner's uid: {line}"
+    );
+    assert!(line.contains(shm.name()), "it names the object: {line}");
+    assert_eq!(shm.read_f32(0, 1024).unwrap(), secret, "untouched");
+    add_runs(&bystander, &add).await.unwrap();
+}

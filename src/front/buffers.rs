@@ -148,6 +148,24 @@ pub(super) fn open_buffer_op(entry: &BufferEntry, link: &ExecutorLink) -> Result
     }))
 }
 
+/// Refuses a shared-memory object that `uid` does not own (root may map
+/// any), naming the object and never its owner. The executor checks again
+/// on the object it opens; this check answers first, with the front's
+/// words. An object that cannot be looked at here is left to the executor.
+fn check_shm_owner(name: &str, uid: u32) -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt;
+    if uid == 0 {
+        return Ok(());
+    }
+    // `name` is validated: '/' then a name without '/'.
+    match std::fs::symlink_metadata(format!("/dev/shm{name}")) {
+        Ok(meta) if meta.uid() != uid => Err(Error::ShmNotOwned {
+            name: name.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl Front {
     /// RegisterBuffer. A posix_fd source answers with a token; the
     /// descriptor then comes through [`Front::attach_fd`].
@@ -204,6 +222,9 @@ impl Front {
                         "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
                             .into(),
                 })?;
+                if let Some(credentials) = peer.credentials() {
+                    check_shm_owner(&name, credentials.uid)?;
+                }
                 let uuid = (!device_uuid.is_empty()).then_some(device_uuid);
                 (BufferSource::HostShm { name }, uuid)
             }
