@@ -349,6 +349,23 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_FD_TOKEN_TTL", default_value = "10s", value_parser = parse_duration)]
     pub fd_token_ttl: Duration,
 
+    /// Connections the fd socket serves at once. When all are taken, a uid
+    /// holding none still gets one: the idlest connection of the uid
+    /// holding the most is ended to make room (LIMIT_EXCEEDED,
+    /// limit=fd_socket_connections, in place of its next answer).
+    #[arg(long, env = "PTXD_FD_SOCKET_MAX_CONNECTIONS", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub fd_socket_max_connections: u64,
+
+    /// Connections one uid may hold on the fd socket at once (more are
+    /// refused LIMIT_EXCEEDED, limit=fd_socket_connections_per_uid).
+    #[arg(long, env = "PTXD_FD_SOCKET_MAX_CONNECTIONS_PER_UID", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub fd_socket_max_connections_per_uid: u64,
+
+    /// A fd socket connection without a packet for this long (or with a
+    /// reply it does not read) is closed.
+    #[arg(long, env = "PTXD_FD_SOCKET_IDLE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub fd_socket_idle_timeout: Duration,
+
     /// How long to wait for in-flight work on SIGTERM/SIGINT before failing it.
     #[arg(long, env = "PTXD_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub drain_timeout: Duration,

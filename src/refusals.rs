@@ -34,7 +34,7 @@ use tonic::body::Body;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-use crate::connections::Origin;
+use crate::connections::{request_log, Origin};
 use crate::observe::Observer;
 
 /// The layer that logs and counts the refusals of the services it wraps.

@@ -161,6 +161,16 @@ fn connection_limits(config: &ServeConfig, fd_limit: u64) -> ConnectionLimits {
     }
 }
 
+/// The fd socket's caps.
+fn fd_socket_limits(config: &ServeConfig) -> crate::fd_socket::FdSocketLimits {
+    let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    crate::fd_socket::FdSocketLimits {
+        max_connections: to_usize(config.fd_socket_max_connections),
+        max_per_uid: to_usize(config.fd_socket_max_connections_per_uid),
+        idle_timeout: config.fd_socket_idle_timeout,
+    }
+}
+
 async fn wait_for_stop(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
@@ -322,6 +332,8 @@ pub async fn serve(
         fd_listener,
         PtxdService::new(front.clone(), observer),
         front.spinners(),
+        fd_socket_limits(&config),
+        front.stream_drain_grace(),
         wait_for_stop(stop_rx.clone()),
     );
     servers.spawn(async move {
