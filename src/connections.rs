@@ -4,10 +4,13 @@
 //! Invariants:
 //! - At start the soft `RLIMIT_NOFILE` is raised to the hard limit.
 //! - Client connections never hold more than `max_connections` descriptors,
-//!   which by default is the descriptor limit minus [`FD_RESERVE`]: whatever
-//!   clients do, the front keeps descriptors for respawning an executor
-//!   (socketpair, pipes, the child's exec), its listeners, the metrics
-//!   endpoint and its logs.
+//!   buffers passed by descriptor never more than `max_fd_buffers`, and the
+//!   fd socket at most twice its connection cap; by default these shares
+//!   ([`fd_budget`]) add up to no more than the descriptor limit minus
+//!   [`FD_RESERVE`]: whatever clients do, the front keeps descriptors for
+//!   respawning an executor (socketpair, pipes, the child's exec), its
+//!   listeners, the metrics endpoint and its logs, and an executor (whose
+//!   limit is the front's) has room for every registration it re-opens.
 //! - One peer (a uid on the Unix socket, an IP address over TCP, where there
 //!   is no uid) holds at most `max_connections_per_uid` connections.
 //! - A connection over either cap is accepted and closed at once, after an
@@ -95,15 +98,44 @@ pub fn raise_fd_limit() -> FdLimit {
     }
 }
 
-/// The default connection cap for a descriptor limit: the limit less
-/// [`FD_RESERVE`], or half the limit when it is too small for that.
-pub fn default_max_connections(fd_limit: u64) -> usize {
-    let cap = if fd_limit > 2 * FD_RESERVE {
+/// How a descriptor limit is shared out by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdBudget {
+    /// Client connections over gRPC (all listeners).
+    pub connections: u64,
+    /// Buffers passed by descriptor (each holds one in the front and one in
+    /// its executor, whose limit is the same).
+    pub fd_buffers: u64,
+}
+
+/// The default shares of a descriptor limit: [`FD_RESERVE`] is kept (half
+/// the limit when it is too small for that); of the rest a quarter goes to
+/// buffers passed by descriptor, twice the fd socket's connection cap to
+/// the fd socket (connections it ends to make room may linger while they
+/// close), and what remains, but at least a quarter, to gRPC connections.
+pub fn fd_budget(fd_limit: u64, fd_socket_connections: u64) -> FdBudget {
+    let usable = if fd_limit > 2 * FD_RESERVE {
         fd_limit - FD_RESERVE
     } else {
         fd_limit / 2
     };
-    usize::try_from(cap.max(1)).unwrap_or(usize::MAX)
+    let fd_buffers = (usable / 4).max(1);
+    let connections = usable
+        .saturating_sub(fd_buffers)
+        .saturating_sub(fd_socket_connections.saturating_mul(2))
+        .max(usable / 4)
+        .max(1);
+    FdBudget {
+        connections,
+        fd_buffers,
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` in effect (1024 when it cannot be read).
+pub fn current_fd_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024)
 }
 
 /// Who is at the other end of a connection, for per-peer caps.
@@ -651,10 +683,14 @@ mod tests {
     }
 
     #[test]
-    fn the_default_cap_keeps_the_reserve() {
-        assert_eq!(default_max_connections(1024), 1024 - FD_RESERVE as usize);
-        assert_eq!(default_max_connections(300), 150);
-        assert_eq!(default_max_connections(0), 1);
+    fn the_default_shares_keep_the_reserve() {
+        let budget = fd_budget(1024, 64);
+        assert_eq!(budget.fd_buffers, 192);
+        assert_eq!(budget.connections, 1024 - 256 - 192 - 128);
+        assert!(budget.fd_buffers + budget.connections + 128 <= 1024 - FD_RESERVE);
+        let small = fd_budget(300, 64);
+        assert_eq!((small.fd_buffers, small.connections), (37, 37));
+        assert_eq!(fd_budget(0, 64), FdBudget { connections: 1, fd_buffers: 1 });
     }
 
     #[test]

@@ -154,7 +154,10 @@ fn connection_limits(config: &ServeConfig, fd_limit: u64) -> ConnectionLimits {
         max_connections: to_usize(
             config
                 .max_connections
-                .unwrap_or_else(|| crate::connections::default_max_connections(fd_limit) as u64),
+                .unwrap_or_else(|| {
+                    crate::connections::fd_budget(fd_limit, config.fd_socket_max_connections)
+                        .connections
+                }),
         ),
         max_per_peer: to_usize(config.max_connections_per_uid),
         handshake_timeout: config.handshake_timeout,

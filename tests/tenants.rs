@@ -935,9 +935,14 @@ async fn another_users_shm_object_is_refused_not_owner_without_its_uid() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
+    // The harness prints the test's name before its output.
     let line = stdout
         .lines()
-        .find(|l| l.starts_with("REFUSED") || l.starts_with("REGISTERED"))
+        .find_map(|l| {
+            l.find("REFUSED ")
+                .or_else(|| l.find("REGISTERED"))
+                .map(|at| &l[at..])
+        })
         .unwrap_or_else(|| {
             panic!(
                 "the child did not answer: {stdout}\n{}",
