@@ -8,7 +8,9 @@
 //! - TCP binds loopback only unless the operator allows remote explicitly.
 //! - On SIGTERM/SIGINT: refuse new work (DRAINING), tell every session, let
 //!   in-flight calls finish for up to the drain timeout, then release every
-//!   session, stop the executors and remove the socket file.
+//!   session, stop the executors and remove the socket file. A call the fd
+//!   socket read is answered even past the timeout (its connection outlives
+//!   the executors by up to a second), never cut off by a reset.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -339,10 +341,12 @@ pub async fn serve(
         front.stream_drain_grace(),
         wait_for_stop(stop_rx.clone()),
     );
-    servers.spawn(async move {
-        fd_socket.await;
-        Ok(())
-    });
+    // Apart from the gRPC servers: at the drain deadline these are cut
+    // off, while the fd socket's connections answer what they read until
+    // the executors have stopped (a connection reset under a call it read
+    // would tell the client it was never read).
+    let mut packets = tokio::task::JoinSet::new();
+    packets.spawn(fd_socket);
     if let (Some(listener), Some(metrics)) = (metrics_listener, metrics) {
         tracing::info!(addr = ?listener.local_addr().ok(), "serving metrics");
         let stop = wait_for_stop(stop_rx.clone());
@@ -372,6 +376,10 @@ pub async fn serve(
             tracing::error!(?ended, "a listener stopped unexpectedly");
             "listener failure"
         }
+        Some(ended) = packets.join_next() => {
+            tracing::error!(?ended, "the fd socket stopped unexpectedly");
+            "listener failure"
+        }
     };
     tracing::info!(signal, timeout = ?config.drain_timeout, "draining");
     front.begin_drain(signal);
@@ -388,6 +396,7 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(config.drain_timeout, async {
         while servers.join_next().await.is_some() {}
+        while packets.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
@@ -395,6 +404,15 @@ pub async fn serve(
         servers.abort_all();
     }
     front.shutdown(Duration::from_secs(5)).await;
+    // The executors are gone: every call the fd socket read has its answer
+    // (or its failure); give the connections a moment to send them.
+    let answered = tokio::time::timeout(Duration::from_secs(1), async {
+        while packets.join_next().await.is_some() {}
+    })
+    .await;
+    if answered.is_err() {
+        packets.abort_all();
+    }
     if owns_socket {
         if let Err(e) = std::fs::remove_file(&socket_path) {
             tracing::warn!(error = %e, "cannot remove the socket file");
