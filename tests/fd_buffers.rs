@@ -664,29 +664,25 @@ async fn one_uid_cannot_map_the_executors_address_space() {
     if !nix::unistd::geteuid().is_root() {
         panic!("this test switches a child to another uid and must run as root");
     }
-    // 4 TiB in all, a quarter (1 TiB) per uid, 1 TiB per session.
-    let daemon = Daemon::start(&[
-        "--socket-mode",
-        "666",
-        "--max-buffer-bytes",
-        &(4096 * GIB).to_string(),
-    ]);
+    // The defaults: 16 TiB in all, a quarter (4 TiB) per uid, 1 TiB per
+    // session: sixteen sparse 256 GiB memfds over five sessions.
+    let daemon = Daemon::start(&["--socket-mode", "666"]);
     let client = Client::connect(&daemon.target()).await.unwrap();
-    let sessions = [
-        client.open_session("sparse 1").await.unwrap(),
-        client.open_session("sparse 2").await.unwrap(),
-    ];
+    let mut sessions = Vec::new();
+    for i in 0..5 {
+        sessions.push(client.open_session(&format!("sparse {i}")).await.unwrap());
+    }
     let mut held = Vec::new();
     let refused = loop {
-        let session = &sessions[held.len() % 2];
+        let session = &sessions[held.len() % sessions.len()];
         let memfd = HostMemfd::create(256 * GIB).unwrap();
         match session.register_memfd(&memfd, None).await {
             Ok(buffer) => held.push((memfd, buffer)),
             Err(error) => break error,
         }
-        assert!(held.len() <= 4, "1.25 TiB registered by one uid");
+        assert!(held.len() <= 16, "more than 4 TiB registered by one uid");
     };
-    assert_eq!(held.len(), 4);
+    assert_eq!(held.len(), 16, "{refused}");
     assert_eq!(
         refused_limit(&refused),
         ("LIMIT_EXCEEDED", "max_buffer_bytes_per_uid".to_string())
@@ -694,7 +690,10 @@ async fn one_uid_cannot_map_the_executors_address_space() {
     bystander_as_another_uid(&daemon);
     // Released, the share is free again.
     let (_, buffer) = held.pop().unwrap();
-    sessions[held.len() % 2].release_buffer(&buffer).await.unwrap();
+    sessions[held.len() % sessions.len()]
+        .release_buffer(&buffer)
+        .await
+        .unwrap();
     let memfd = HostMemfd::create(256 * GIB).unwrap();
     sessions[1].register_memfd(&memfd, None).await.unwrap();
 }
