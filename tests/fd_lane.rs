@@ -572,7 +572,7 @@ async fn refusals_a_client_causes_write_a_bounded_number_of_log_lines() {
         .lines()
         .filter(|l| l.contains("fd socket connection") && l.contains("refused"))
         .count();
-    let launches = lines_with(&log, "refused") - caps;
+    let launches = log.lines().filter(|l| l.contains("refused")).count() - caps;
     eprintln!("{caps} cap lines and {launches} refusal lines in {seconds} s for {FLOOD} each");
     assert!(caps >= 1, "the refusals at the cap were never logged:\n{log}");
     assert!(caps <= seconds + 1, "{caps} lines in {seconds} s");
