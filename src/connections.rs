@@ -690,7 +690,13 @@ mod tests {
         assert!(budget.fd_buffers + budget.connections + 128 <= 1024 - FD_RESERVE);
         let small = fd_budget(300, 64);
         assert_eq!((small.fd_buffers, small.connections), (37, 37));
-        assert_eq!(fd_budget(0, 64), FdBudget { connections: 1, fd_buffers: 1 });
+        assert_eq!(
+            fd_budget(0, 64),
+            FdBudget {
+                connections: 1,
+                fd_buffers: 1
+            }
+        );
     }
 
     #[test]

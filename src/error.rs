@@ -218,11 +218,9 @@ impl Error {
                     Reason::ExecutorUnavailable,
                     meta([("device", device.clone()), ("cause", cause.clone())]),
                 ),
-                ExecutorError::Failed { metadata, .. } if is_foreign_object(metadata) => (
-                    Code::PermissionDenied,
-                    Reason::NotOwner,
-                    BTreeMap::new(),
-                ),
+                ExecutorError::Failed { metadata, .. } if is_foreign_object(metadata) => {
+                    (Code::PermissionDenied, Reason::NotOwner, BTreeMap::new())
+                }
                 ExecutorError::Failed { kind, metadata, .. } => {
                     let (code, reason) = match (kind, metadata.get("object").map(String::as_str)) {
                         // A buffer released (or lost in a restart) between

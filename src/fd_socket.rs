@@ -288,7 +288,13 @@ impl Logs {
     fn refused(&self, uid: u32, refused: Refused) {
         let (limit, value) = refused.limit();
         if let Some(count) = self.limit.admit(limit) {
-            tracing::warn!(uid, limit, value, count, "fd socket connections refused at a cap");
+            tracing::warn!(
+                uid,
+                limit,
+                value,
+                count,
+                "fd socket connections refused at a cap"
+            );
         }
     }
 

@@ -153,14 +153,9 @@ fn router(
 fn connection_limits(config: &ServeConfig, fd_limit: u64) -> ConnectionLimits {
     let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     ConnectionLimits {
-        max_connections: to_usize(
-            config
-                .max_connections
-                .unwrap_or_else(|| {
-                    crate::connections::fd_budget(fd_limit, config.fd_socket_max_connections)
-                        .connections
-                }),
-        ),
+        max_connections: to_usize(config.max_connections.unwrap_or_else(|| {
+            crate::connections::fd_budget(fd_limit, config.fd_socket_max_connections).connections
+        })),
         max_per_peer: to_usize(config.max_connections_per_uid),
         handshake_timeout: config.handshake_timeout,
     }

@@ -714,12 +714,8 @@ async fn one_uid_cannot_take_the_descriptors_a_respawn_and_others_need() {
         // async-signal-safe; nothing is allocated and no lock is taken.
         unsafe {
             command.pre_exec(|| {
-                nix::sys::resource::setrlimit(
-                    nix::sys::resource::Resource::RLIMIT_NOFILE,
-                    600,
-                    600,
-                )
-                .map_err(std::io::Error::from)
+                nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 600, 600)
+                    .map_err(std::io::Error::from)
             });
         }
     });
@@ -763,7 +759,11 @@ async fn one_uid_cannot_take_the_descriptors_a_respawn_and_others_need() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(respawned, "the executor was not respawned:\n{}", daemon.stderr());
+    assert!(
+        respawned,
+        "the executor was not respawned:\n{}",
+        daemon.stderr()
+    );
     let listed = sessions[0].list_buffers().await.unwrap();
     assert!(listed.iter().all(|b| b.live), "{listed:?}");
     bystander_as_another_uid(&daemon);

@@ -491,12 +491,8 @@ fn refusal_of(bytes: &[u8]) -> (String, String) {
 fn raw_connection(path: &Path) -> OwnedFd {
     let socket = connect_seqpacket(path, false).unwrap();
     let timeout = nix::sys::time::TimeVal::new(10, 0);
-    nix::sys::socket::setsockopt(
-        &socket,
-        nix::sys::socket::sockopt::ReceiveTimeout,
-        &timeout,
-    )
-    .unwrap();
+    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
+        .unwrap();
     socket
 }
 
@@ -574,9 +570,15 @@ async fn refusals_a_client_causes_write_a_bounded_number_of_log_lines() {
         .count();
     let launches = log.lines().filter(|l| l.contains("refused")).count() - caps;
     eprintln!("{caps} cap lines and {launches} refusal lines in {seconds} s for {FLOOD} each");
-    assert!(caps >= 1, "the refusals at the cap were never logged:\n{log}");
+    assert!(
+        caps >= 1,
+        "the refusals at the cap were never logged:\n{log}"
+    );
     assert!(caps <= seconds + 1, "{caps} lines in {seconds} s");
-    assert!(launches >= 1 && launches <= 2 * (seconds + 1), "{launches} lines in {seconds} s");
+    assert!(
+        launches >= 1 && launches <= 2 * (seconds + 1),
+        "{launches} lines in {seconds} s"
+    );
     bystander
         .launch(&job.kernel, &job.launch(1001).sync(true))
         .await
@@ -652,9 +654,11 @@ async fn a_uid_holding_every_fd_socket_connection_cannot_lock_out_another() {
         held.push(raw_connection(&path));
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    common::wait_until("four connections", std::time::Duration::from_secs(5), || {
-        accepted_on(&path) == 4
-    });
+    common::wait_until(
+        "four connections",
+        std::time::Duration::from_secs(5),
+        || accepted_on(&path) == 4,
+    );
     // Another uid is served.
     assert_eq!(probe_as_nobody(&path).0, "INVALID_ARGUMENT");
     // The idlest of root's was ended, with a refusal naming the cap.
@@ -664,7 +668,10 @@ async fn a_uid_holding_every_fd_socket_connection_cannot_lock_out_another() {
         .expect("the idlest connection was closed without a refusal");
     assert_eq!(
         refusal_of(&told.bytes),
-        ("LIMIT_EXCEEDED".to_string(), "fd_socket_connections".to_string())
+        (
+            "LIMIT_EXCEEDED".to_string(),
+            "fd_socket_connections".to_string()
+        )
     );
     assert!(recv_packet(first.as_fd(), false).unwrap().is_none());
     bystander
@@ -736,7 +743,10 @@ async fn fd_socket_clients_that_keep_sending_through_a_drain_end_with_a_draining
                 match recv_packet(socket.as_fd(), false) {
                     Ok(Some(reply)) => {
                         let (reason, _) = refusal_of(&reply.bytes);
-                        assert!(reason.is_empty() || reason == "DRAINING", "tag {tag}: {reason}");
+                        assert!(
+                            reason.is_empty() || reason == "DRAINING",
+                            "tag {tag}: {reason}"
+                        );
                         answers.push((tag, reason.is_empty(), std::time::Instant::now()));
                     }
                     Ok(None) => return (answers, format!("closed (send: {sent:?})")),
@@ -785,6 +795,9 @@ async fn fd_socket_clients_that_keep_sending_through_a_drain_end_with_a_draining
             }
         }
         let answered = answers.len();
-        assert!(out[answered + 1..].iter().all(|v| v.is_nan()), "client {index}");
+        assert!(
+            out[answered + 1..].iter().all(|v| v.is_nan()),
+            "client {index}"
+        );
     }
 }

@@ -889,7 +889,9 @@ async fn foreign_shm_process_main() {
         Err(err) => println!(
             "REFUSED reason={} message={} metadata={:?}",
             reason(&err),
-            err.refusal().map(|r| r.message().to_string()).unwrap_or_default(),
+            err.refusal()
+                .map(|r| r.message().to_string())
+                .unwrap_or_default(),
             metadata(&err)
         ),
     }

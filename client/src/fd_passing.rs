@@ -354,7 +354,10 @@ mod tests {
         send_packet(a.as_fd(), b"next", None, false).unwrap();
         let empty = recv_packet(b.as_fd(), false).unwrap().unwrap();
         assert!(empty.bytes.is_empty() && empty.fds.is_empty() && !empty.truncated);
-        assert_eq!(recv_packet(b.as_fd(), false).unwrap().unwrap().bytes, b"next");
+        assert_eq!(
+            recv_packet(b.as_fd(), false).unwrap().unwrap().bytes,
+            b"next"
+        );
         drop(a);
         assert!(recv_packet(b.as_fd(), false).unwrap().is_none());
     }

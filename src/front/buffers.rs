@@ -425,7 +425,10 @@ impl Front {
         if let Some(tenant) = tenant {
             let usage = state.tenant_holdings(tenant);
             if usage.buffers >= self.limits.max_buffers_per_uid {
-                return over("max_buffers_per_uid", self.limits.max_buffers_per_uid.into());
+                return over(
+                    "max_buffers_per_uid",
+                    self.limits.max_buffers_per_uid.into(),
+                );
             }
             if usage.buffer_bytes.saturating_add(size) > self.limits.max_buffer_bytes_per_uid {
                 return over(
