@@ -417,6 +417,9 @@ fn failure_code(kind: FailureKind) -> (Code, Reason) {
         FailureKind::OutOfBounds => (Code::OutOfRange, Reason::BufferTooSmall),
         FailureKind::KernelTimeout => (Code::DeadlineExceeded, Reason::KernelTimeout),
         FailureKind::FdNotSealed => (Code::FailedPrecondition, Reason::FdNotSealed),
+        // The executor stopped (the drain's deadline) before the launch
+        // started: DRAINING, whose promise is that the call did not run.
+        FailureKind::NotRun => (Code::Unavailable, Reason::Draining),
         FailureKind::Internal | FailureKind::Unspecified => (Code::Internal, Reason::Internal),
     }
 }
@@ -425,6 +428,39 @@ fn failure_code(kind: FailureKind) -> (Code, Reason) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_launch_the_executor_never_started_is_draining() {
+        let error = Error::Executor(ExecutorError::Failed {
+            kind: FailureKind::NotRun,
+            message: "stopped before it started".into(),
+            metadata: BTreeMap::new(),
+        });
+        let refusal = error.refusal();
+        assert_eq!(
+            (refusal.code, refusal.reason),
+            (Code::Unavailable, Reason::Draining)
+        );
+    }
+
+    #[test]
+    fn another_users_object_names_no_uid() {
+        let executor = Error::Executor(ExecutorError::Failed {
+            kind: FailureKind::InvalidHandle,
+            message: "shared memory \"/x\" belongs to uid 4242, not to the session's uid 7".into(),
+            metadata: [("os_error".to_string(), "EACCES".to_string())].into(),
+        });
+        let front = Error::ShmNotOwned { name: "/x".into() };
+        for error in [executor, front] {
+            let refusal = error.refusal();
+            assert_eq!(
+                (refusal.code, refusal.reason),
+                (Code::PermissionDenied, Reason::NotOwner)
+            );
+            assert!(!refusal.message.contains("4242") && !refusal.message.contains(" 7"));
+            assert!(refusal.metadata.values().all(|v| !v.contains("4242")));
+        }
+    }
 
     #[test]
     fn a_status_carries_error_info_with_the_reason_and_metadata() {
