@@ -42,9 +42,10 @@
 //!   without a packet (or with a reply it does not read), and a connection
 //!   handles one packet at a time, so a local user cannot make the daemon
 //!   hold more than one unregistered descriptor per connection.
-//! - Before a connection the daemon ends is closed, what the client queued
-//!   on it is read and dropped (a bounded number of packets), so that the
-//!   close does not reset the client's socket over the refusal it was sent.
+//! - Before a connection the daemon ends is closed, it is shut for reading
+//!   (the client's further sends fail) and what the client queued on it is
+//!   read and dropped (a bounded number of packets), so that the close does
+//!   not reset the client's socket over the refusal it was sent.
 //! - Every log line a client can cause here is rate-limited
 //!   ([`crate::connections::LogLimit`]).
 
@@ -349,6 +350,8 @@ pub async fn serve(
         entries: Mutex::new((0, HashMap::new())),
     });
     let logs = Logs::default();
+    // Room for what a turned-away connection queued, kept for the next.
+    let mut spare = PacketBuffer::new();
     let mut connections = tokio::task::JoinSet::new();
     let (cut_tx, cut) = tokio::sync::watch::channel(false);
     tokio::pin!(stop);
@@ -389,7 +392,7 @@ pub async fn serve(
             Err(refused) => {
                 logs.refused(peer.uid, refused);
                 let (limit, value) = refused.limit();
-                close_with(connection, limit_refusal(limit, value));
+                close_with(connection, limit_refusal(limit, value), &mut spare);
                 continue;
             }
         };
@@ -446,12 +449,16 @@ fn limit_refusal(limit: &'static str, value: usize) -> api::FdAttachReply {
 /// effort: a full queue drops it, the close still says enough), reads and
 /// drops what the client queued, so that the close does not reset the
 /// client's socket before it reads `reply`, and closes it.
-fn close_with(connection: OwnedFd, reply: api::FdAttachReply) {
+/// `buffer` is room for one packet the caller keeps (not a fresh 64 KiB
+/// for each connection turned away).
+fn close_with(connection: OwnedFd, reply: api::FdAttachReply, buffer: &mut PacketBuffer) {
     let _ = send_packet(connection.as_fd(), &reply.encode_to_vec(), None, true);
-    let mut buffer = PacketBuffer::new();
+    // No packet can come in after this (the client's sends fail with
+    // EPIPE), so once the queue is read the close resets nothing.
+    let _ = nix::sys::socket::shutdown(connection.as_raw_fd(), nix::sys::socket::Shutdown::Read);
     for _ in 0..DRAIN_PACKETS {
         // Descriptors it carried close as the packet drops.
-        match recv_packet_in(connection.as_fd(), true, &mut buffer) {
+        match recv_packet_in(connection.as_fd(), true, buffer) {
             Ok(Some(_)) | Err(Errno::EINTR) => {}
             Ok(None) | Err(_) => break,
         }
@@ -519,9 +526,15 @@ async fn serve_connection(
             Wait::Gone => return,
             Wait::Evicted => {
                 let limit = limit_refusal("fd_socket_connections", limits.max_connections);
-                return close_with(connection.into_inner(), limit);
+                return close_with(connection.into_inner(), limit, &mut buffer);
             }
-            Wait::Cut => return close_with(connection.into_inner(), refused(Error::Draining)),
+            Wait::Cut => {
+                return close_with(
+                    connection.into_inner(),
+                    refused(Error::Draining),
+                    &mut buffer,
+                )
+            }
         };
         place.set_idle(false);
         let (reply, keep_going) = match parse(buffer.bytes(&packet), packet) {
@@ -678,5 +691,60 @@ async fn send(connection: &AsyncFd<OwnedFd>, bytes: &[u8]) -> std::io::Result<()
             Err(e) => return Err(e.into()),
             Ok(()) => return Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn table(max_connections: usize, max_per_uid: usize) -> Arc<Table> {
+        Arc::new(Table {
+            limits: FdSocketLimits {
+                max_connections,
+                max_per_uid,
+                idle_timeout: IDLE_TIMEOUT,
+            },
+            entries: Mutex::new((0, HashMap::new())),
+        })
+    }
+
+    fn refusal(result: Result<Admitted, Refused>) -> Refused {
+        match result {
+            Ok(_) => panic!("admitted"),
+            Err(refused) => refused,
+        }
+    }
+
+    #[test]
+    fn a_uid_holding_none_gets_a_place_from_the_uid_holding_the_most() {
+        let table = table(3, 3);
+        let a: Vec<Place> = (0..3).map(|_| table.admit(1).unwrap().place).collect();
+        // The second is the idlest: the others answer a packet.
+        a[0].set_idle(false);
+        a[2].set_idle(false);
+        let b = table.admit(2).unwrap();
+        assert_eq!(b.evicted_uid, Some(1));
+        assert!(a[0].set_idle(false) && !a[1].set_idle(true) && a[2].set_idle(false));
+        // Uid 2 holds one, uid 1 two: not enough more to take another.
+        assert_eq!(refusal(table.admit(2)), Refused::Total(3));
+        // Nor may uid 1 take its place back, nor a third uid evict the last
+        // of uid 2 while uid 1 holds more.
+        assert_eq!(refusal(table.admit(1)), Refused::Total(3));
+        let c = table.admit(3).unwrap();
+        assert_eq!(c.evicted_uid, Some(1));
+        // A connection that left frees its place when it closes.
+        drop(a);
+        assert_eq!(table.lock().1.len(), 2);
+        assert!(table.admit(1).is_ok());
+    }
+
+    #[test]
+    fn the_per_uid_cap_holds_with_room_in_all() {
+        let table = table(8, 2);
+        let _held: Vec<Admitted> = (0..2).map(|_| table.admit(7).unwrap()).collect();
+        assert_eq!(refusal(table.admit(7)), Refused::PerUid(2));
+        assert!(table.admit(8).unwrap().evicted_uid.is_none());
     }
 }

@@ -489,7 +489,19 @@ fn refusal_of(bytes: &[u8]) -> (String, String) {
 
 /// A blocking raw connection to the fd socket with a receive timeout.
 fn raw_connection(path: &Path) -> OwnedFd {
-    let socket = connect_seqpacket(path, false).unwrap();
+    // The daemon answers on its gRPC socket a moment before the fd socket
+    // listens.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let socket = loop {
+        match connect_seqpacket(path, false) {
+            Ok(socket) => break socket,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("fd socket not ready: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("connecting to {}: {e}", path.display()),
+        }
+    };
     let timeout = nix::sys::time::TimeVal::new(10, 0);
     nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
         .unwrap();
