@@ -231,8 +231,9 @@ struct LogLine {
     unlogged: u64,
 }
 
-/// The daemon's limit for the log lines requests cause (refusals), keyed
-/// by reason: one line a second per reason at most, over every transport.
+/// The daemon's limit for the log lines requests cause, keyed by refusal
+/// reason (or by the kind of line, e.g. a failed clean-up): one line a
+/// second per key at most, over every transport.
 pub fn request_log() -> &'static LogLimit {
     static LIMIT: std::sync::LazyLock<LogLimit> = std::sync::LazyLock::new(LogLimit::new);
     &LIMIT
@@ -586,7 +587,9 @@ impl<L: Listener + Unpin> Stream for Incoming<L> {
             match ready!(this.listener.poll_accept_peer(cx)) {
                 Ok((io, peer)) => {
                     if let Some(since) = this.exhausted_since.take() {
-                        tracing::info!(after = ?since.elapsed(), "accepting connections again");
+                        if this.table.log.admit("accepting again").is_some() {
+                            tracing::info!(after = ?since.elapsed(), "accepting connections again");
+                        }
                     }
                     match this.table.admit(peer) {
                         Ok(guard) => {
@@ -601,7 +604,11 @@ impl<L: Listener + Unpin> Stream for Incoming<L> {
                 }
                 Err(error) if is_exhaustion(&error) => {
                     if this.exhausted_since.is_none() {
-                        tracing::error!(%error, open = this.table.open(), "accept: out of descriptors or memory; pausing");
+                        // Once per episode, and clients can start episodes:
+                        // at most one line a second too.
+                        if let Some(count) = this.table.log.admit("exhausted") {
+                            tracing::error!(%error, open = this.table.open(), episodes = count, "accept: out of descriptors or memory; pausing");
+                        }
                         this.exhausted_since = Some(Instant::now());
                     }
                     this.pause = Some(Box::pin(tokio::time::sleep(EXHAUSTED_PAUSE)));
