@@ -114,11 +114,7 @@ pub struct FdBudget {
 /// the fd socket (connections it ends to make room may linger while they
 /// close), and what remains, but at least a quarter, to gRPC connections.
 pub fn fd_budget(fd_limit: u64, fd_socket_connections: u64) -> FdBudget {
-    let usable = if fd_limit > 2 * FD_RESERVE {
-        fd_limit - FD_RESERVE
-    } else {
-        fd_limit / 2
-    };
+    let usable = usable_fds(fd_limit);
     let fd_buffers = (usable / 4).max(1);
     let connections = usable
         .saturating_sub(fd_buffers)
@@ -128,6 +124,16 @@ pub fn fd_budget(fd_limit: u64, fd_socket_connections: u64) -> FdBudget {
     FdBudget {
         connections,
         fd_buffers,
+    }
+}
+
+/// The descriptors clients may hold under `fd_limit`: all but
+/// [`FD_RESERVE`], or half when the limit is too small for that.
+pub fn usable_fds(fd_limit: u64) -> u64 {
+    if fd_limit > 2 * FD_RESERVE {
+        fd_limit - FD_RESERVE
+    } else {
+        fd_limit / 2
     }
 }
 

@@ -161,6 +161,27 @@ fn connection_limits(config: &ServeConfig, fd_limit: u64) -> ConnectionLimits {
     }
 }
 
+/// Says so when the limits let clients hold more descriptors than the
+/// limit leaves once the reserve is kept (the defaults do only under a
+/// descriptor limit of 512 or less, too small for every share).
+fn warn_if_over_the_fd_budget(config: &ServeConfig, fd_limit: u64, max_connections: usize) {
+    let budget = crate::connections::fd_budget(fd_limit, config.fd_socket_max_connections);
+    let fd_buffers = config.max_fd_buffers.unwrap_or(budget.fd_buffers);
+    let held = (max_connections as u64)
+        .saturating_add(fd_buffers)
+        .saturating_add(config.fd_socket_max_connections.saturating_mul(2));
+    if held > crate::connections::usable_fds(fd_limit) {
+        tracing::warn!(
+            fd_limit,
+            max_connections,
+            max_fd_buffers = fd_buffers,
+            fd_socket_max_connections = config.fd_socket_max_connections,
+            "clients may hold more descriptors than the limit leaves after the reserve for \
+             executor respawns: raise LimitNOFILE or lower these"
+        );
+    }
+}
+
 /// The fd socket's caps.
 fn fd_socket_limits(config: &ServeConfig) -> crate::fd_socket::FdSocketLimits {
     let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
@@ -207,8 +228,14 @@ pub async fn serve(
             config.max_buffered_request_bytes
         )));
     }
+    if config.fd_socket_idle_timeout.is_zero() {
+        return Err(ServeError::Config(
+            "--fd-socket-idle-timeout must be more than 0".into(),
+        ));
+    }
     let fd_limit = crate::connections::raise_fd_limit();
     let connections = ConnectionTable::new(connection_limits(&config, fd_limit.soft));
+    warn_if_over_the_fd_budget(&config, fd_limit.soft, connections.limits().max_connections);
     tracing::info!(
         fd_limit = fd_limit.soft,
         max_connections = connections.limits().max_connections,
