@@ -323,7 +323,19 @@ pub async fn serve(
     // An activated socket belongs to systemd: ptxd neither binds nor
     // removes it.
     let owns_socket = activated.is_none();
-    let listener = match activated {
+    let bind_fd_socket = |path: &Path| {
+        crate::fd_socket::bind_fd_socket(path, config.socket_mode).map_err(|error| {
+            ServeError::Bind {
+                path: path.display().to_string(),
+                error,
+            }
+        })
+    };
+    // The fd socket sits beside whichever socket serves gRPC (an activated
+    // one included), so that a client finds it from the path it dials. When
+    // ptxd binds both, the fd socket listens first: a client that reached
+    // the gRPC socket finds the fd socket listening too.
+    let (listener, fd_socket_path, fd_listener) = match activated {
         Some(listener) => {
             listener
                 .set_nonblocking(true)
@@ -331,26 +343,42 @@ pub async fn serve(
                     path: "LISTEN_FDS".into(),
                     error,
                 })?;
-            UnixListener::from_std(listener).map_err(|error| ServeError::Bind {
+            let listener = UnixListener::from_std(listener).map_err(|error| ServeError::Bind {
                 path: "LISTEN_FDS".into(),
                 error,
-            })?
+            })?;
+            let grpc_path = listener
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+                .unwrap_or_else(|| socket_path.clone());
+            let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&grpc_path);
+            let fd_listener = bind_fd_socket(&fd_socket_path)?;
+            (listener, fd_socket_path, fd_listener)
         }
-        None => bind_unix(&socket_path, config.socket_mode)?,
+        None => {
+            let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&socket_path);
+            if let Some(parent) = socket_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|error| ServeError::Bind {
+                    path: parent.display().to_string(),
+                    error,
+                })?;
+            }
+            // Checked again here (bind_unix checks too): the fd socket file
+            // is replaced when it binds, and must not be a live daemon's.
+            if std::os::unix::net::UnixStream::connect(&socket_path).is_ok() {
+                return Err(ServeError::AlreadyRunning(socket_path));
+            }
+            let fd_listener = bind_fd_socket(&fd_socket_path)?;
+            match bind_unix(&socket_path, config.socket_mode) {
+                Ok(listener) => (listener, fd_socket_path, fd_listener),
+                Err(error) => {
+                    let _ = std::fs::remove_file(&fd_socket_path);
+                    return Err(error);
+                }
+            }
+        }
     };
-    // The fd socket sits beside whichever socket serves gRPC (an activated
-    // one included), so that a client finds it from the path it dials.
-    let grpc_path = listener
-        .local_addr()
-        .ok()
-        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
-        .unwrap_or_else(|| socket_path.clone());
-    let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&grpc_path);
-    let fd_listener = crate::fd_socket::bind_fd_socket(&fd_socket_path, config.socket_mode)
-        .map_err(|error| ServeError::Bind {
-            path: fd_socket_path.display().to_string(),
-            error,
-        })?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     // Among the servers the drain waits for: on stop the fd socket takes no
