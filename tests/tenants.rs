@@ -702,19 +702,38 @@ async fn pipelined_client(
     tokio::task::JoinHandle<u64>,
     tokio::task::JoinHandle<(Vec<(u64, Result<(), String>)>, String)>,
 ) {
+    stream_client(session, affine, x, out, cap, false).await
+}
+
+/// [`pipelined_client`], which with `keep_sending` goes on sending after
+/// its first DRAINING answer, until a send fails.
+async fn stream_client(
+    session: &Session,
+    affine: &Kernel,
+    x: &Buffer,
+    out: &Buffer,
+    cap: u64,
+    keep_sending: bool,
+) -> (
+    tokio::task::JoinHandle<u64>,
+    tokio::task::JoinHandle<(Vec<(u64, Result<(), String>)>, String)>,
+) {
     const WINDOW: usize = 32;
     let (mut sender, mut receiver) = session.launch_stream().await.unwrap().split();
     let window = std::sync::Arc::new(tokio::sync::Semaphore::new(WINDOW));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let (affine, x, out) = (affine.clone(), x.clone(), out.clone());
-    let (send_window, send_stop) = (window.clone(), stop.clone());
+    let (send_window, send_stop, send_ended) = (window.clone(), stop.clone(), ended.clone());
     let send = tokio::spawn(async move {
         let mut sent = 0u64;
         for tag in 1..cap {
             let permit = send_window.acquire().await.unwrap();
             permit.forget();
-            if send_stop.load(std::sync::atomic::Ordering::SeqCst) {
+            if send_stop.load(std::sync::atomic::Ordering::SeqCst) && !keep_sending
+                || send_ended.load(std::sync::atomic::Ordering::SeqCst)
+            {
                 break;
             }
             let launch = Launch::new([x.operand()], out.at(tag * 4), 1)
@@ -753,6 +772,7 @@ async fn pipelined_client(
             }
         };
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        ended.store(true, std::sync::atomic::Ordering::SeqCst);
         window.add_permits(WINDOW);
         let _ = done_tx.send(());
         (answers, end)
@@ -832,6 +852,70 @@ async fn a_drain_answers_every_launch_stream_request_and_ends_the_streams_with_a
             }
         }
         assert!(out[sent as usize + 1..].iter().all(|v| v.is_nan()));
+    }
+}
+
+/// LaunchStream clients that keep sending after their first DRAINING
+/// answer: each stream still ends with a DRAINING status, not a reset or a
+/// broken pipe; what was answered done ran, what was refused did not, and
+/// nothing unanswered ran after the stream stopped reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn launch_streams_that_keep_sending_through_a_drain_end_with_a_status() {
+    const STREAMS: usize = 3;
+    const CAP: usize = 1 << 18;
+    let mut daemon = Daemon::start(&["--drain-timeout", "2s"]);
+    let client = unix(&daemon).await;
+    let session = client.open_session("drain").await.unwrap();
+    let affine = session
+        .load_ptx(
+            0,
+            corpus("affine_f32_scalar.ptx"),
+            "affine_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let (_x, x) = f32_buffer(&session, &[1.0]).await;
+    let mut outputs = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..STREAMS {
+        let (shm, out) = f32_buffer(&session, &vec![f32::NAN; CAP]).await;
+        outputs.push(shm);
+        tasks.push(stream_client(&session, &affine, &x, &out, CAP as u64, true).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = tokio::task::spawn_blocking(move || daemon.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    for (index, (send, receive)) in tasks.into_iter().enumerate() {
+        let (answers, end) = receive.await.unwrap();
+        let sent = send.await.unwrap();
+        let ran = answers.iter().filter(|(_, r)| r.is_ok()).count();
+        eprintln!(
+            "stream {index}: sent {sent}, answered {} ({ran} done), end: {end}",
+            answers.len()
+        );
+        assert!(
+            end.starts_with("DRAINING:"),
+            "stream {index} ended with {end}"
+        );
+        assert!(ran > 0 && ran < answers.len(), "stream {index}");
+        let out = outputs[index].read_f32(0, CAP).unwrap();
+        for (tag, outcome) in &answers {
+            let value = out[*tag as usize];
+            match outcome {
+                Ok(()) => assert_eq!(value, *tag as f32, "stream {index} tag {tag}"),
+                Err(reason) => {
+                    assert_eq!(reason, "DRAINING", "stream {index} tag {tag}");
+                    assert!(value.is_nan(), "stream {index}: refused tag {tag} ran");
+                }
+            }
+        }
+        assert!(
+            out[answers.len() + 1..].iter().all(|v| v.is_nan()),
+            "stream {index}: an unanswered launch ran"
+        );
     }
 }
 
