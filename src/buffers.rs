@@ -11,8 +11,10 @@
 //! - A registration's mapping is open in exactly the generation recorded in
 //!   `open_in`; after an executor restart it is re-opened in the new
 //!   generation, or marked dead (`open_in = None`) if that fails.
-//! - A session's registered bytes are the sum of its buffers' sizes, kept
-//!   with every register and release.
+//! - A session's registered bytes are the sum of its buffers' sizes, and
+//!   its descriptors the number of its buffers passed by descriptor (each
+//!   holds one in the front and one in its executor); both are kept with
+//!   every register and release, per session and daemon-wide.
 //! - Launch bounds are checked against `size`, which the executor verified
 //!   the mapping covers when it opened it.
 //! - A lookup answers alike for an id that was never registered, one that was
@@ -62,6 +64,12 @@ impl PartialEq for SharedFd {
 impl Eq for SharedFd {}
 
 impl BufferSource {
+    /// True for memory passed by descriptor: the front keeps the
+    /// descriptor, and its executor holds another, while it is registered.
+    pub fn holds_descriptor(&self) -> bool {
+        matches!(self, BufferSource::PosixFd { .. })
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             BufferSource::CudaIpc { .. } => "cuda_ipc",
@@ -365,6 +373,8 @@ pub struct Holdings {
     pub buffers: u32,
     pub events: u32,
     pub buffer_bytes: u64,
+    /// Buffers passed by descriptor.
+    pub descriptors: u32,
 }
 
 /// Every buffer and event registration of one daemon boot.
@@ -376,6 +386,11 @@ pub struct Registry {
     events: Table<EventEntry>,
     /// Registered buffer bytes per session.
     bytes: HashMap<SessionId, u64>,
+    /// Buffers passed by descriptor, per session.
+    descriptors: HashMap<SessionId, u32>,
+    /// The sums of `bytes` and `descriptors`.
+    total_bytes: u64,
+    total_descriptors: u64,
 }
 
 impl Registry {
@@ -386,6 +401,9 @@ impl Registry {
             buffers: Table::default(),
             events: Table::default(),
             bytes: HashMap::new(),
+            descriptors: HashMap::new(),
+            total_bytes: 0,
+            total_descriptors: 0,
         }
     }
 
@@ -399,6 +417,11 @@ impl Registry {
     /// Records an opened buffer and issues its session's handle.
     pub fn register_buffer(&mut self, entry: BufferEntry) -> BufferHandle {
         *self.bytes.entry(entry.session.clone()).or_default() += entry.size;
+        self.total_bytes = self.total_bytes.saturating_add(entry.size);
+        if entry.source.holds_descriptor() {
+            *self.descriptors.entry(entry.session.clone()).or_default() += 1;
+            self.total_descriptors += 1;
+        }
         let token = self.buffers.register(entry);
         BufferHandle {
             token,
@@ -467,18 +490,30 @@ impl Registry {
     /// Forgets everything `session` registered; returns it in registration
     /// order.
     pub fn release_session(&mut self, session: &SessionId) -> (Vec<BufferEntry>, Vec<EventEntry>) {
+        let buffers = self.buffers.release_session(session);
+        for entry in &buffers {
+            self.uncount(entry);
+        }
         self.bytes.remove(session);
-        (
-            self.buffers.release_session(session),
-            self.events.release_session(session),
-        )
+        self.descriptors.remove(session);
+        (buffers, self.events.release_session(session))
     }
 
     fn uncount(&mut self, entry: &BufferEntry) {
+        self.total_bytes = self.total_bytes.saturating_sub(entry.size);
         if let Some(bytes) = self.bytes.get_mut(&entry.session) {
             *bytes = bytes.saturating_sub(entry.size);
             if *bytes == 0 && self.buffers.count(&entry.session) == 0 {
                 self.bytes.remove(&entry.session);
+            }
+        }
+        if entry.source.holds_descriptor() {
+            self.total_descriptors = self.total_descriptors.saturating_sub(1);
+            if let Some(held) = self.descriptors.get_mut(&entry.session) {
+                *held = held.saturating_sub(1);
+                if *held == 0 {
+                    self.descriptors.remove(&entry.session);
+                }
             }
         }
     }
@@ -489,7 +524,14 @@ impl Registry {
             buffers: self.buffers.count(session) as u32,
             events: self.events.count(session) as u32,
             buffer_bytes: self.bytes.get(session).copied().unwrap_or(0),
+            descriptors: self.descriptors.get(session).copied().unwrap_or(0),
         }
+    }
+
+    /// Registered buffer bytes and buffers passed by descriptor,
+    /// daemon-wide (what the total limits count).
+    pub fn totals(&self) -> (u64, u64) {
+        (self.total_bytes, self.total_descriptors)
     }
 
     /// `session`'s buffers with their handles, in registration order.
@@ -617,7 +659,8 @@ mod tests {
             Holdings {
                 buffers: 1,
                 events: 0,
-                buffer_bytes: 64
+                buffer_bytes: 64,
+                descriptors: 0,
             }
         );
         // Released: stale forever, and ids are never reused.
@@ -627,5 +670,34 @@ mod tests {
         assert_eq!((buffers.len(), events.len()), (1, 0));
         assert_eq!(registry.holdings(&a), Holdings::default());
         assert_eq!(registry.buffer_totals(), (0, 0));
+        assert_eq!(registry.totals(), (0, 0));
+    }
+
+    #[test]
+    fn descriptors_and_bytes_are_counted_per_session_and_in_all() {
+        let (a, b) = (SessionId::random(), SessionId::random());
+        let mut registry = Registry::new(BootId::random());
+        let memfd = std::fs::File::open("/dev/null").unwrap();
+        let fd = SharedFd(std::sync::Arc::new(std::os::fd::OwnedFd::from(memfd)));
+        let mut by_fd = entry(&mut registry, &a, 1 << 40);
+        by_fd.source = BufferSource::PosixFd {
+            fd,
+            offset: 0,
+            allocation_size: 0,
+        };
+        let handle = registry.register_buffer(by_fd);
+        let plain = entry(&mut registry, &a, 10);
+        registry.register_buffer(plain);
+        let other = entry(&mut registry, &b, 5);
+        registry.register_buffer(other);
+        assert_eq!(registry.holdings(&a).descriptors, 1);
+        assert_eq!(registry.holdings(&b).descriptors, 0);
+        assert_eq!(registry.totals(), ((1 << 40) + 15, 1));
+        registry.release_buffer(&a, handle, "h").unwrap();
+        assert_eq!(registry.totals(), (15, 0));
+        assert_eq!(registry.holdings(&a).descriptors, 0);
+        registry.release_session(&a);
+        registry.release_session(&b);
+        assert_eq!(registry.totals(), (0, 0));
     }
 }

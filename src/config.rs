@@ -247,6 +247,31 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_BUFFER_BYTES_PER_SESSION", default_value_t = 1 << 40)]
     pub max_buffer_bytes_per_session: u64,
 
+    /// Registered buffer bytes in all sessions together at most: every
+    /// registration is mapped into its executor's address space (128 TiB
+    /// on x86-64), and a sparse memfd costs no memory, so without this a
+    /// few users could take the address space from everyone else.
+    #[arg(long, env = "PTXD_MAX_BUFFER_BYTES", default_value_t = 1 << 44)]
+    pub max_buffer_bytes: u64,
+
+    /// Registered buffer bytes one uid's sessions may hold: a count, or a
+    /// percentage of --max-buffer-bytes.
+    #[arg(long, env = "PTXD_MAX_BUFFER_BYTES_PER_UID", default_value = "25%", value_parser = parse_share)]
+    pub max_buffer_bytes_per_uid: Share,
+
+    /// Buffers passed by descriptor (posix_fd) in all sessions together at
+    /// most; each holds a descriptor in the front and one in its executor
+    /// [default: a quarter of the descriptor limit (raised to the hard
+    /// RLIMIT_NOFILE at start) less the 256 kept for executor respawns,
+    /// listeners and logs].
+    #[arg(long, env = "PTXD_MAX_FD_BUFFERS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_fd_buffers: Option<u64>,
+
+    /// Buffers passed by descriptor one uid's sessions may hold: a count, or
+    /// a percentage of --max-fd-buffers.
+    #[arg(long, env = "PTXD_MAX_FD_BUFFERS_PER_UID", default_value = "25%", value_parser = parse_share)]
+    pub max_fd_buffers_per_uid: Share,
+
     /// Registered events per session at most.
     #[arg(long, env = "PTXD_MAX_EVENTS_PER_SESSION", default_value_t = 1024)]
     pub max_events_per_session: u32,
@@ -349,6 +374,23 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_FD_TOKEN_TTL", default_value = "10s", value_parser = parse_duration)]
     pub fd_token_ttl: Duration,
 
+    /// Connections the fd socket serves at once. When all are taken, a uid
+    /// holding none still gets one: the idlest connection of the uid
+    /// holding the most is ended to make room (LIMIT_EXCEEDED,
+    /// limit=fd_socket_connections, in place of its next answer).
+    #[arg(long, env = "PTXD_FD_SOCKET_MAX_CONNECTIONS", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub fd_socket_max_connections: u64,
+
+    /// Connections one uid may hold on the fd socket at once (more are
+    /// refused LIMIT_EXCEEDED, limit=fd_socket_connections_per_uid).
+    #[arg(long, env = "PTXD_FD_SOCKET_MAX_CONNECTIONS_PER_UID", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub fd_socket_max_connections_per_uid: u64,
+
+    /// A fd socket connection without a packet for this long (or with a
+    /// reply it does not read) is closed.
+    #[arg(long, env = "PTXD_FD_SOCKET_IDLE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub fd_socket_idle_timeout: Duration,
+
     /// How long to wait for in-flight work on SIGTERM/SIGINT before failing it.
     #[arg(long, env = "PTXD_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -427,11 +469,21 @@ pub struct Limits {
     pub max_loaded_bytes_per_session: u64,
     /// How long an fd token waits for its descriptor.
     pub fd_token_ttl: Duration,
+    /// Registered buffer bytes, in all and per uid.
+    pub max_buffer_bytes: u64,
+    pub max_buffer_bytes_per_uid: u64,
+    /// Buffers passed by descriptor, in all and per uid.
+    pub max_fd_buffers: u64,
+    pub max_fd_buffers_per_uid: u64,
 }
 
 impl Limits {
     /// The limits `config` sets, with per-uid shares resolved.
     pub fn from_config(config: &ServeConfig) -> Limits {
+        let max_fd_buffers = config.max_fd_buffers.unwrap_or_else(|| {
+            let fd_limit = crate::connections::current_fd_limit();
+            crate::connections::fd_budget(fd_limit, config.fd_socket_max_connections).fd_buffers
+        });
         Limits {
             slots: config.slots,
             max_artifact_bytes: config.max_artifact_bytes,
@@ -461,6 +513,16 @@ impl Limits {
                 .min(config.max_loaded_bytes),
             max_loaded_bytes_per_session: config.max_loaded_bytes_per_session,
             fd_token_ttl: config.fd_token_ttl,
+            max_buffer_bytes: config.max_buffer_bytes,
+            max_buffer_bytes_per_uid: config
+                .max_buffer_bytes_per_uid
+                .of(config.max_buffer_bytes)
+                .min(config.max_buffer_bytes),
+            max_fd_buffers,
+            max_fd_buffers_per_uid: config
+                .max_fd_buffers_per_uid
+                .of(max_fd_buffers)
+                .min(max_fd_buffers),
         }
     }
 }

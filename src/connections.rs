@@ -4,10 +4,13 @@
 //! Invariants:
 //! - At start the soft `RLIMIT_NOFILE` is raised to the hard limit.
 //! - Client connections never hold more than `max_connections` descriptors,
-//!   which by default is the descriptor limit minus [`FD_RESERVE`]: whatever
-//!   clients do, the front keeps descriptors for respawning an executor
-//!   (socketpair, pipes, the child's exec), its listeners, the metrics
-//!   endpoint and its logs.
+//!   buffers passed by descriptor never more than `max_fd_buffers`, and the
+//!   fd socket at most twice its connection cap; by default these shares
+//!   ([`fd_budget`]) add up to no more than the descriptor limit minus
+//!   [`FD_RESERVE`]: whatever clients do, the front keeps descriptors for
+//!   respawning an executor (socketpair, pipes, the child's exec), its
+//!   listeners, the metrics endpoint and its logs, and an executor (whose
+//!   limit is the front's) has room for every registration it re-opens.
 //! - One peer (a uid on the Unix socket, an IP address over TCP, where there
 //!   is no uid) holds at most `max_connections_per_uid` connections.
 //! - A connection over either cap is accepted and closed at once, after an
@@ -18,6 +21,9 @@
 //! - `accept` failing for want of descriptors or memory (EMFILE, ENFILE,
 //!   ENOBUFS, ENOMEM) never stops a listener: it pauses and retries, and says
 //!   so in the log at most once per burst.
+//! - Every log line a client can cause goes through a [`LogLimit`]: at most
+//!   one line per kind (per key) a second, which counts the events it
+//!   stands for. A flood of refusals is never a flood of log lines.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -92,15 +98,50 @@ pub fn raise_fd_limit() -> FdLimit {
     }
 }
 
-/// The default connection cap for a descriptor limit: the limit less
-/// [`FD_RESERVE`], or half the limit when it is too small for that.
-pub fn default_max_connections(fd_limit: u64) -> usize {
-    let cap = if fd_limit > 2 * FD_RESERVE {
+/// How a descriptor limit is shared out by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdBudget {
+    /// Client connections over gRPC (all listeners).
+    pub connections: u64,
+    /// Buffers passed by descriptor (each holds one in the front and one in
+    /// its executor, whose limit is the same).
+    pub fd_buffers: u64,
+}
+
+/// The default shares of a descriptor limit: [`FD_RESERVE`] is kept (half
+/// the limit when it is too small for that); of the rest a quarter goes to
+/// buffers passed by descriptor, twice the fd socket's connection cap to
+/// the fd socket (connections it ends to make room may linger while they
+/// close), and what remains, but at least a quarter, to gRPC connections.
+pub fn fd_budget(fd_limit: u64, fd_socket_connections: u64) -> FdBudget {
+    let usable = usable_fds(fd_limit);
+    let fd_buffers = (usable / 4).max(1);
+    let connections = usable
+        .saturating_sub(fd_buffers)
+        .saturating_sub(fd_socket_connections.saturating_mul(2))
+        .max(usable / 4)
+        .max(1);
+    FdBudget {
+        connections,
+        fd_buffers,
+    }
+}
+
+/// The descriptors clients may hold under `fd_limit`: all but
+/// [`FD_RESERVE`], or half when the limit is too small for that.
+pub fn usable_fds(fd_limit: u64) -> u64 {
+    if fd_limit > 2 * FD_RESERVE {
         fd_limit - FD_RESERVE
     } else {
         fd_limit / 2
-    };
-    usize::try_from(cap.max(1)).unwrap_or(usize::MAX)
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` in effect (1024 when it cannot be read).
+pub fn current_fd_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024)
 }
 
 /// Who is at the other end of a connection, for per-peer caps.
@@ -179,11 +220,73 @@ struct Counts {
     per_peer: HashMap<Origin, usize>,
 }
 
-/// Refusals not yet logged, and when the last log line went out.
+/// A rate limit for log lines a client can cause: at most one line per
+/// key per [`LOG_INTERVAL`]. The line that goes out carries how many events
+/// it stands for (itself and those not logged since the previous one).
+/// Keys are static names from a closed set (kinds of line, refusal
+/// reasons), so the table stays small whatever clients do.
+#[derive(Debug, Default)]
+pub struct LogLimit {
+    lines: Mutex<HashMap<&'static str, LogLine>>,
+}
+
+/// One key's last line and the events not logged since.
 #[derive(Debug)]
-struct RefusalLog {
-    last: Option<Instant>,
+struct LogLine {
+    last: Instant,
     unlogged: u64,
+}
+
+/// The daemon's limit for the log lines requests cause, keyed by refusal
+/// reason (or by the kind of line, e.g. a failed clean-up): one line a
+/// second per key at most, over every transport.
+pub fn request_log() -> &'static LogLimit {
+    static LIMIT: std::sync::LazyLock<LogLimit> = std::sync::LazyLock::new(LogLimit::new);
+    &LIMIT
+}
+
+/// How often one kind of client-caused line may be written.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+impl LogLimit {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts one event of kind `key`: `Some(events)` when its line may go
+    /// out now (`events` it stands for, at least 1), `None` when it is
+    /// only counted.
+    pub fn admit(&self, key: &'static str) -> Option<u64> {
+        self.admit_at(key, Instant::now())
+    }
+
+    fn admit_at(&self, key: &'static str, now: Instant) -> Option<u64> {
+        // Plain counters: a panic while holding the lock cannot leave them
+        // inconsistent.
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        match lines.get_mut(key) {
+            Some(line) if now.duration_since(line.last) < LOG_INTERVAL => {
+                line.unlogged += 1;
+                None
+            }
+            Some(line) => {
+                let events = line.unlogged + 1;
+                line.last = now;
+                line.unlogged = 0;
+                Some(events)
+            }
+            None => {
+                lines.insert(
+                    key,
+                    LogLine {
+                        last: now,
+                        unlogged: 0,
+                    },
+                );
+                Some(1)
+            }
+        }
+    }
 }
 
 /// The live connections, counted in all and per peer.
@@ -191,7 +294,7 @@ struct RefusalLog {
 pub struct ConnectionTable {
     limits: ConnectionLimits,
     counts: Mutex<Counts>,
-    log: Mutex<RefusalLog>,
+    log: LogLimit,
 }
 
 impl ConnectionTable {
@@ -199,10 +302,7 @@ impl ConnectionTable {
         Arc::new(ConnectionTable {
             limits,
             counts: Mutex::new(Counts::default()),
-            log: Mutex::new(RefusalLog {
-                last: None,
-                unlogged: 0,
-            }),
+            log: LogLimit::new(),
         })
     }
 
@@ -246,20 +346,9 @@ impl ConnectionTable {
     /// Logs a refusal, at most one line a second (a flood of refused
     /// connections must not become a flood of log lines).
     fn log_refusal(&self, refused: Refused) {
-        let Ok(mut log) = self.log.lock() else {
-            return;
-        };
-        log.unlogged += 1;
-        let now = Instant::now();
-        if log
-            .last
-            .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
-        {
-            return;
+        if let Some(count) = self.log.admit("connections refused") {
+            tracing::warn!(refused = %refused, count, "connections refused");
         }
-        tracing::warn!(refused = %refused, count = log.unlogged, "connections refused");
-        log.last = Some(now);
-        log.unlogged = 0;
     }
 }
 
@@ -504,7 +593,9 @@ impl<L: Listener + Unpin> Stream for Incoming<L> {
             match ready!(this.listener.poll_accept_peer(cx)) {
                 Ok((io, peer)) => {
                     if let Some(since) = this.exhausted_since.take() {
-                        tracing::info!(after = ?since.elapsed(), "accepting connections again");
+                        if this.table.log.admit("accepting again").is_some() {
+                            tracing::info!(after = ?since.elapsed(), "accepting connections again");
+                        }
                     }
                     match this.table.admit(peer) {
                         Ok(guard) => {
@@ -519,7 +610,11 @@ impl<L: Listener + Unpin> Stream for Incoming<L> {
                 }
                 Err(error) if is_exhaustion(&error) => {
                     if this.exhausted_since.is_none() {
-                        tracing::error!(%error, open = this.table.open(), "accept: out of descriptors or memory; pausing");
+                        // Once per episode, and clients can start episodes:
+                        // at most one line a second too.
+                        if let Some(count) = this.table.log.admit("exhausted") {
+                            tracing::error!(%error, open = this.table.open(), episodes = count, "accept: out of descriptors or memory; pausing");
+                        }
                         this.exhausted_since = Some(Instant::now());
                     }
                     this.pause = Some(Box::pin(tokio::time::sleep(EXHAUSTED_PAUSE)));
@@ -585,10 +680,36 @@ mod tests {
     }
 
     #[test]
-    fn the_default_cap_keeps_the_reserve() {
-        assert_eq!(default_max_connections(1024), 1024 - FD_RESERVE as usize);
-        assert_eq!(default_max_connections(300), 150);
-        assert_eq!(default_max_connections(0), 1);
+    fn a_log_limit_lets_one_line_a_second_per_key_and_counts_the_rest() {
+        let limit = LogLimit::new();
+        let start = Instant::now();
+        assert_eq!(limit.admit_at("a", start), Some(1));
+        for i in 1..1000 {
+            let now = start + Duration::from_micros(i);
+            assert_eq!(limit.admit_at("a", now), None);
+        }
+        // Another key has its own line.
+        assert_eq!(limit.admit_at("b", start), Some(1));
+        // A second on, the next line stands for itself and the 999 before.
+        assert_eq!(limit.admit_at("a", start + LOG_INTERVAL), Some(1000));
+        assert_eq!(limit.admit_at("a", start + LOG_INTERVAL), None);
+    }
+
+    #[test]
+    fn the_default_shares_keep_the_reserve() {
+        let budget = fd_budget(1024, 64);
+        assert_eq!(budget.fd_buffers, 192);
+        assert_eq!(budget.connections, 1024 - 256 - 192 - 128);
+        assert!(budget.fd_buffers + budget.connections + 128 <= 1024 - FD_RESERVE);
+        let small = fd_budget(300, 64);
+        assert_eq!((small.fd_buffers, small.connections), (37, 37));
+        assert_eq!(
+            fd_budget(0, 64),
+            FdBudget {
+                connections: 1,
+                fd_buffers: 1
+            }
+        );
     }
 
     #[test]

@@ -86,6 +86,10 @@ pub enum Error {
     /// registered the token.
     #[error("the descriptor was sent by another user than the one that registered the buffer")]
     FdWrongPeer,
+    /// A host shared-memory object that the caller's uid does not own. The
+    /// refusal names the object, never its owner.
+    #[error("shared memory {name:?} belongs to another user than the session's")]
+    ShmNotOwned { name: String },
     #[error("ptxd is draining; reconnect to its successor")]
     Draining,
     #[error("internal error: {message}")]
@@ -119,6 +123,13 @@ impl std::fmt::Display for FdTokenState {
     }
 }
 
+/// True for the executor's refusal to map an object another uid owns
+/// (it opens with the daemon's rights, so it checks the owner itself and
+/// says EACCES).
+fn is_foreign_object(metadata: &BTreeMap<String, String>) -> bool {
+    metadata.get("os_error").map(String::as_str) == Some("EACCES")
+}
+
 /// A refusal as it goes on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -135,7 +146,17 @@ fn meta<const N: usize>(pairs: [(&str, String); N]) -> BTreeMap<String, String> 
 impl Error {
     /// The reason and code of this error: the one mapping to the wire.
     pub fn refusal(&self) -> Refusal {
-        let message = self.to_string();
+        let message = match self {
+            // The executor's own ownership check (the front checks first,
+            // so this answers only a race with a chown): its words name the
+            // owner's uid, which another user must not learn.
+            Error::Executor(ExecutorError::Failed { metadata, .. })
+                if is_foreign_object(metadata) =>
+            {
+                "the object belongs to another user than the session's".to_string()
+            }
+            _ => self.to_string(),
+        };
         let (code, reason, metadata) = match self {
             Error::Ptx(e) => {
                 let (code, reason) = match e {
@@ -197,6 +218,9 @@ impl Error {
                     Reason::ExecutorUnavailable,
                     meta([("device", device.clone()), ("cause", cause.clone())]),
                 ),
+                ExecutorError::Failed { metadata, .. } if is_foreign_object(metadata) => {
+                    (Code::PermissionDenied, Reason::NotOwner, BTreeMap::new())
+                }
                 ExecutorError::Failed { kind, metadata, .. } => {
                     let (code, reason) = match (kind, metadata.get("object").map(String::as_str)) {
                         // A buffer released (or lost in a restart) between
@@ -313,6 +337,12 @@ impl Error {
             ),
             // Names no uid, like NOT_OWNER for a session.
             Error::FdWrongPeer => (Code::PermissionDenied, Reason::NotOwner, BTreeMap::new()),
+            // Names the object, not its owner's uid.
+            Error::ShmNotOwned { name } => (
+                Code::PermissionDenied,
+                Reason::NotOwner,
+                meta([("host_shm", name.chars().take(256).collect())]),
+            ),
             Error::Draining => (Code::Unavailable, Reason::Draining, BTreeMap::new()),
             Error::Internal { .. } => (Code::Internal, Reason::Internal, BTreeMap::new()),
         };
@@ -387,6 +417,9 @@ fn failure_code(kind: FailureKind) -> (Code, Reason) {
         FailureKind::OutOfBounds => (Code::OutOfRange, Reason::BufferTooSmall),
         FailureKind::KernelTimeout => (Code::DeadlineExceeded, Reason::KernelTimeout),
         FailureKind::FdNotSealed => (Code::FailedPrecondition, Reason::FdNotSealed),
+        // The executor stopped (the drain's deadline) before the launch
+        // started: DRAINING, whose promise is that the call did not run.
+        FailureKind::NotRun => (Code::Unavailable, Reason::Draining),
         FailureKind::Internal | FailureKind::Unspecified => (Code::Internal, Reason::Internal),
     }
 }
@@ -395,6 +428,39 @@ fn failure_code(kind: FailureKind) -> (Code, Reason) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_launch_the_executor_never_started_is_draining() {
+        let error = Error::Executor(ExecutorError::Failed {
+            kind: FailureKind::NotRun,
+            message: "stopped before it started".into(),
+            metadata: BTreeMap::new(),
+        });
+        let refusal = error.refusal();
+        assert_eq!(
+            (refusal.code, refusal.reason),
+            (Code::Unavailable, Reason::Draining)
+        );
+    }
+
+    #[test]
+    fn another_users_object_names_no_uid() {
+        let executor = Error::Executor(ExecutorError::Failed {
+            kind: FailureKind::InvalidHandle,
+            message: "shared memory \"/x\" belongs to uid 4242, not to the session's uid 7".into(),
+            metadata: [("os_error".to_string(), "EACCES".to_string())].into(),
+        });
+        let front = Error::ShmNotOwned { name: "/x".into() };
+        for error in [executor, front] {
+            let refusal = error.refusal();
+            assert_eq!(
+                (refusal.code, refusal.reason),
+                (Code::PermissionDenied, Reason::NotOwner)
+            );
+            assert!(!refusal.message.contains("4242") && !refusal.message.contains(" 7"));
+            assert!(refusal.metadata.values().all(|v| !v.contains("4242")));
+        }
+    }
 
     #[test]
     fn a_status_carries_error_info_with_the_reason_and_metadata() {

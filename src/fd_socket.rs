@@ -20,23 +20,41 @@
 //! - A packet that is truncated or undecodable, a token without exactly one
 //!   descriptor, a call with any, or a packet with more than one or none of
 //!   them is refused (INVALID_ARGUMENT) and ends the connection.
-//! - On drain (`stop`), connections waiting for a packet are closed, and
-//!   a packet already read is answered first: the drain waits for it.
-//! - At most [`MAX_CONNECTIONS`] connections are served at once, and at
-//!   most [`MAX_CONNECTIONS_PER_UID`] of one uid; others get one refusal
-//!   (LIMIT_EXCEEDED) before anything they sent is read, and are closed, so
-//!   a client knows its packet was not run. Each is closed after
-//!   [`IDLE_TIMEOUT`] without a packet (or with a reply it does not read),
-//!   and a
-//!   connection handles one packet at a time, so a local user cannot make
-//!   the daemon hold more than one unregistered descriptor per connection.
+//! - On drain (`stop`) the socket takes no new connection, and those it
+//!   has keep being answered (DRAINING: nothing new runs) for the drain's
+//!   grace, as a `LaunchStream` is; then each ends with one unsolicited
+//!   DRAINING refusal, after the packet it was answering: a client that
+//!   kept sending reads a status, never just a closed socket. Every packet
+//!   answered DRAINING was not run.
+//! - At most [`FdSocketLimits::max_connections`] connections are served at
+//!   once, and at most [`FdSocketLimits::max_per_uid`] of one uid. When all
+//!   are taken, a uid holding none still gets one: the idlest connection of
+//!   the uid holding the most is ended to make room (it gets a
+//!   LIMIT_EXCEEDED refusal, limit `fd_socket_connections`, in place of its
+//!   next answer), so no set of uids can lock another out of descriptor
+//!   passing. A uid holding some gets one only from a uid holding at least
+//!   two more. Others get one refusal (LIMIT_EXCEEDED) before anything
+//!   they sent is read, and are closed, so a client knows its packet was
+//!   not run. A connection ended to make room closes within its current
+//!   answer, and ended ones never number more than the cap, so the socket
+//!   never holds more than twice the cap in descriptors.
+//! - Each connection is closed after [`FdSocketLimits::idle_timeout`]
+//!   without a packet (or with a reply it does not read), and a connection
+//!   handles one packet at a time, so a local user cannot make the daemon
+//!   hold more than one unregistered descriptor per connection.
+//! - Before a connection the daemon ends is closed, it is shut for reading
+//!   (the client's further sends fail) and what the client queued on it is
+//!   read and dropped (a bounded number of packets), so that the close does
+//!   not reset the client's socket over the refusal it was sent.
+//! - Every log line a client can cause here is rate-limited
+//!   ([`crate::connections::LogLimit`]).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::socket::{
@@ -44,27 +62,51 @@ use nix::sys::socket::{
     UnixAddr,
 };
 use prost::Message;
-use ptxd_client::fd_passing::{recv_async_in, send_packet, spin_recv_in, PacketBuffer, PacketMeta};
+use ptxd_client::fd_passing::{
+    recv_async_in, recv_packet_in, send_packet, spin_recv_in, PacketBuffer, PacketMeta,
+};
 
+use crate::connections::LogLimit;
 use crate::spin::Spinners;
 use ptxd_proto::v1 as api;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
 
 use crate::error::Error;
 use crate::front::Attached;
 use crate::service::PtxdService;
 use crate::sessions::{Caller, Peer};
 
-/// Connections served at once.
+/// Connections served at once, by default.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// Connections one uid may hold at once, so that one local user cannot
-/// take every connection from the others.
+/// Connections one uid may hold at once, by default, so that one local
+/// user cannot take every connection from the others.
 pub const MAX_CONNECTIONS_PER_UID: usize = 8;
 
-/// How long a connection may sit without sending a packet.
+/// How long a connection may sit without sending a packet, by default.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Packets of a connection being closed that are read and dropped first.
+const DRAIN_PACKETS: usize = 16;
+
+/// The fd socket's caps (`--fd-socket-*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdSocketLimits {
+    pub max_connections: usize,
+    pub max_per_uid: usize,
+    pub idle_timeout: Duration,
+}
+
+impl Default for FdSocketLimits {
+    fn default() -> Self {
+        FdSocketLimits {
+            max_connections: MAX_CONNECTIONS,
+            max_per_uid: MAX_CONNECTIONS_PER_UID,
+            idle_timeout: IDLE_TIMEOUT,
+        }
+    }
+}
 
 /// Binds the fd socket at `path` with `mode`, replacing a stale socket
 /// file (the caller has made sure no daemon serves the gRPC socket).
@@ -92,13 +134,206 @@ pub fn bind_fd_socket(path: &Path, mode: u32) -> std::io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Serves the fd socket until `stop` resolves. After each reply a
-/// connection polls for its next packet for up to the daemon's spin
-/// (`--front-spin`), when `spinners` grants it, before its task sleeps.
+/// Why a connection was turned away at the caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    Total(usize),
+    PerUid(usize),
+}
+
+impl Refused {
+    fn limit(self) -> (&'static str, usize) {
+        match self {
+            Refused::Total(value) => ("fd_socket_connections", value),
+            Refused::PerUid(value) => ("fd_socket_connections_per_uid", value),
+        }
+    }
+}
+
+/// One live connection, as the table sees it.
+#[derive(Debug)]
+struct Entry {
+    uid: u32,
+    /// Since when it waits for a packet; `None` while it answers one.
+    idle_since: Option<Instant>,
+    /// Ended to make room for another uid: it closes at its next wait.
+    leaving: bool,
+    evict: Arc<Notify>,
+}
+
+/// The live connections: who holds them, which are idle, which leave.
+#[derive(Debug)]
+struct Table {
+    limits: FdSocketLimits,
+    entries: Mutex<(u64, HashMap<u64, Entry>)>,
+}
+
+/// A connection's place in the table, given back on drop.
+struct Place {
+    table: Arc<Table>,
+    id: u64,
+    evict: Arc<Notify>,
+}
+
+/// Who was admitted, and whose connection was ended to make room.
+struct Admitted {
+    place: Place,
+    evicted_uid: Option<u32>,
+}
+
+impl Table {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, HashMap<u64, Entry>)> {
+        // Plain bookkeeping: a panic while holding the lock cannot leave it
+        // inconsistent.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for a connection of `uid`, ending another uid's idlest
+    /// connection when that is fair (see the module's invariants).
+    fn admit(self: &Arc<Self>, uid: u32) -> Result<Admitted, Refused> {
+        let limits = self.limits;
+        let mut guard = self.lock();
+        let (next_id, entries) = &mut *guard;
+        let mut held: HashMap<u32, usize> = HashMap::new();
+        let mut leaving = 0;
+        for entry in entries.values() {
+            if entry.leaving {
+                leaving += 1;
+            } else {
+                *held.entry(entry.uid).or_default() += 1;
+            }
+        }
+        let mine = held.get(&uid).copied().unwrap_or(0);
+        if mine >= limits.max_per_uid {
+            return Err(Refused::PerUid(limits.max_per_uid));
+        }
+        let live: usize = held.values().sum();
+        let mut evicted_uid = None;
+        if live >= limits.max_connections {
+            // The uid holding the most, if it holds enough more than this
+            // one: one more when this one holds none, else two more.
+            let needed = if mine == 0 { 1 } else { mine + 2 };
+            let victim_uid = held
+                .iter()
+                .filter(|(other, count)| **other != uid && **count >= needed)
+                .max_by_key(|(other, count)| (**count, std::cmp::Reverse(**other)))
+                .map(|(other, _)| *other);
+            let Some(victim_uid) = victim_uid.filter(|_| leaving < limits.max_connections) else {
+                return Err(Refused::Total(limits.max_connections));
+            };
+            // Its idlest connection; one answering a packet only if none
+            // waits (it then leaves after that answer).
+            let victim = entries
+                .iter_mut()
+                .filter(|(_, e)| e.uid == victim_uid && !e.leaving)
+                .min_by_key(|(id, e)| (e.idle_since.is_none(), e.idle_since, **id))
+                .map(|(_, e)| e);
+            let Some(victim) = victim else {
+                return Err(Refused::Total(limits.max_connections));
+            };
+            victim.leaving = true;
+            victim.evict.notify_one();
+            evicted_uid = Some(victim_uid);
+        }
+        *next_id += 1;
+        let id = *next_id;
+        let evict = Arc::new(Notify::new());
+        entries.insert(
+            id,
+            Entry {
+                uid,
+                idle_since: Some(Instant::now()),
+                leaving: false,
+                evict: evict.clone(),
+            },
+        );
+        Ok(Admitted {
+            place: Place {
+                table: self.clone(),
+                id,
+                evict,
+            },
+            evicted_uid,
+        })
+    }
+}
+
+impl Place {
+    /// Marks the connection waiting for a packet (`true`) or answering one;
+    /// false once it was ended to make room.
+    fn set_idle(&self, idle: bool) -> bool {
+        let mut guard = self.table.lock();
+        match guard.1.get_mut(&self.id) {
+            Some(entry) => {
+                entry.idle_since = idle.then(Instant::now);
+                !entry.leaving
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.table.lock().1.remove(&self.id);
+    }
+}
+
+/// The fd socket's log lines a client can cause, each rate-limited.
+#[derive(Debug, Default)]
+struct Logs {
+    limit: LogLimit,
+}
+
+impl Logs {
+    fn refused(&self, uid: u32, refused: Refused) {
+        let (limit, value) = refused.limit();
+        if let Some(count) = self.limit.admit(limit) {
+            tracing::warn!(
+                uid,
+                limit,
+                value,
+                count,
+                "fd socket connections refused at a cap"
+            );
+        }
+    }
+
+    fn evicted(&self, uid: u32, evicted_uid: u32) {
+        if let Some(count) = self.limit.admit("evicted") {
+            tracing::info!(
+                uid,
+                evicted_uid,
+                count,
+                "fd socket full: ended the idlest connection of the uid holding the most"
+            );
+        }
+    }
+
+    fn accept_failed(&self, error: &std::io::Error) {
+        if let Some(count) = self.limit.admit("accept failed") {
+            tracing::warn!(%error, count, "fd socket accept failed");
+        }
+    }
+
+    fn no_credentials(&self, error: Errno) {
+        if let Some(count) = self.limit.admit("no credentials") {
+            tracing::warn!(%error, count, "fd socket peer without credentials");
+        }
+    }
+}
+
+/// Serves the fd socket until `stop` resolves, then drains it (see the
+/// module's invariants): connections are answered (DRAINING) for `grace`,
+/// then end with a DRAINING refusal. After each reply a connection polls
+/// for its next packet for up to the daemon's spin (`--front-spin`), when
+/// `spinners` grants it, before its task sleeps.
 pub async fn serve(
     listener: OwnedFd,
     service: PtxdService,
     spinners: Arc<Spinners>,
+    limits: FdSocketLimits,
+    grace: Duration,
     stop: impl Future<Output = ()>,
 ) {
     // SAFETY: the AsyncFd owns the listening socket, which stays open and
@@ -110,10 +345,15 @@ pub async fn serve(
             return;
         }
     };
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let per_uid: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
+    let table = Arc::new(Table {
+        limits,
+        entries: Mutex::new((0, HashMap::new())),
+    });
+    let logs = Logs::default();
+    // Room for what a turned-away connection queued, kept for the next.
+    let mut spare = PacketBuffer::new();
     let mut connections = tokio::task::JoinSet::new();
-    let (stopping, stopped) = tokio::sync::watch::channel(false);
+    let (cut_tx, cut) = tokio::sync::watch::channel(false);
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -125,7 +365,7 @@ pub async fn serve(
         let connection = match accepted {
             Ok(connection) => connection,
             Err(e) => {
-                tracing::warn!(error = %e, "fd socket accept failed");
+                logs.accept_failed(&e);
                 // EMFILE and friends: back off instead of spinning.
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
@@ -138,44 +378,48 @@ pub async fn serve(
                 pid: Some(credentials.pid()),
             },
             Err(e) => {
-                tracing::warn!(error = %e, "fd socket peer without credentials");
+                logs.no_credentials(e);
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(
-                max = MAX_CONNECTIONS,
-                "fd socket connection refused: too many open"
-            );
-            turn_away(&connection, "fd_socket_connections", MAX_CONNECTIONS);
-            continue;
-        };
-        let Some(uid_slot) = UidSlot::take(&per_uid, peer.uid) else {
-            tracing::warn!(
-                uid = peer.uid,
-                max = MAX_CONNECTIONS_PER_UID,
-                "fd socket connection refused: too many open for this uid"
-            );
-            turn_away(
-                &connection,
-                "fd_socket_connections_per_uid",
-                MAX_CONNECTIONS_PER_UID,
-            );
-            continue;
+        let place = match table.admit(peer.uid) {
+            Ok(admitted) => {
+                if let Some(evicted_uid) = admitted.evicted_uid {
+                    logs.evicted(peer.uid, evicted_uid);
+                }
+                admitted.place
+            }
+            Err(refused) => {
+                logs.refused(peer.uid, refused);
+                let (limit, value) = refused.limit();
+                close_with(connection, limit_refusal(limit, value), &mut spare);
+                continue;
+            }
         };
         let service = service.clone();
-        let stopped = stopped.clone();
+        let cut = cut.clone();
         let spinners = spinners.clone();
         connections.spawn(async move {
-            serve_connection(connection, peer, service, spinners, stopped).await;
-            drop((permit, uid_slot));
+            serve_connection(connection, peer, service, spinners, limits, place, cut).await;
         });
     }
-    // Draining: connections waiting for a packet close; one whose packet
-    // was read answers it first, so nothing read is dropped (the caller
-    // bounds the wait by the drain timeout).
-    let _ = stopping.send(true);
-    while connections.join_next().await.is_some() {}
+    // Draining: no new connections; the open ones are answered (DRAINING,
+    // nothing new runs) for the grace, then end with a DRAINING refusal
+    // once their current answer is out. The caller bounds the wait by the
+    // drain timeout.
+    drop(listener);
+    let cut_after_grace = async {
+        tokio::time::sleep(grace).await;
+        let _ = cut_tx.send(true);
+        std::future::pending::<()>().await;
+    };
+    tokio::pin!(cut_after_grace);
+    loop {
+        tokio::select! {
+            () = &mut cut_after_grace => {}
+            joined = connections.join_next() => if joined.is_none() { break },
+        }
+    }
 }
 
 async fn accept(listener: &AsyncFd<OwnedFd>) -> std::io::Result<OwnedFd> {
@@ -193,53 +437,32 @@ async fn accept(listener: &AsyncFd<OwnedFd>) -> std::io::Result<OwnedFd> {
     }
 }
 
-/// One of a uid's connections, given back on drop.
-struct UidSlot {
-    table: Arc<Mutex<HashMap<u32, usize>>>,
-    uid: u32,
-}
-
-impl UidSlot {
-    fn lock(table: &Mutex<HashMap<u32, usize>>) -> std::sync::MutexGuard<'_, HashMap<u32, usize>> {
-        // Plain counters: a panic while holding the lock cannot leave them
-        // inconsistent.
-        table.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn take(table: &Arc<Mutex<HashMap<u32, usize>>>, uid: u32) -> Option<UidSlot> {
-        let mut counts = Self::lock(table);
-        let count = counts.entry(uid).or_default();
-        if *count >= MAX_CONNECTIONS_PER_UID {
-            return None;
-        }
-        *count += 1;
-        Some(UidSlot {
-            table: table.clone(),
-            uid,
-        })
-    }
-}
-
-impl Drop for UidSlot {
-    fn drop(&mut self) {
-        let mut counts = Self::lock(&self.table);
-        if let Some(count) = counts.get_mut(&self.uid) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                counts.remove(&self.uid);
-            }
-        }
-    }
-}
-
-/// Tells a connection turned away at a cap why, before closing it (best
-/// effort: a full queue drops the refusal, the close still says enough).
-fn turn_away(connection: &OwnedFd, limit: &'static str, value: usize) {
-    let refusal = refused(Error::LimitExceeded {
+/// The refusal of a connection at (or ended to make room under) a cap.
+fn limit_refusal(limit: &'static str, value: usize) -> api::FdAttachReply {
+    refused(Error::LimitExceeded {
         limit,
         value: value as u64,
-    });
-    let _ = send_packet(connection.as_fd(), &refusal.encode_to_vec(), None, true);
+    })
+}
+
+/// Ends a connection the daemon will not serve further: sends `reply` (best
+/// effort: a full queue drops it, the close still says enough), reads and
+/// drops what the client queued, so that the close does not reset the
+/// client's socket before it reads `reply`, and closes it.
+/// `buffer` is room for one packet the caller keeps (not a fresh 64 KiB
+/// for each connection turned away).
+fn close_with(connection: OwnedFd, reply: api::FdAttachReply, buffer: &mut PacketBuffer) {
+    let _ = send_packet(connection.as_fd(), &reply.encode_to_vec(), None, true);
+    // No packet can come in after this (the client's sends fail with
+    // EPIPE), so once the queue is read the close resets nothing.
+    let _ = nix::sys::socket::shutdown(connection.as_raw_fd(), nix::sys::socket::Shutdown::Read);
+    for _ in 0..DRAIN_PACKETS {
+        // Descriptors it carried close as the packet drops.
+        match recv_packet_in(connection.as_fd(), true, buffer) {
+            Ok(Some(_)) | Err(Errno::EINTR) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
 }
 
 /// What one packet asks for.
@@ -252,14 +475,28 @@ enum Ask {
     Load(api::LoadKernelRequest),
 }
 
+/// Why a connection stops waiting for its next packet.
+enum Wait {
+    Packet(PacketMeta),
+    /// The client closed it, broke it, or idled out.
+    Gone,
+    /// Ended to make room for another uid.
+    Evicted,
+    /// The drain's grace is over.
+    Cut,
+}
+
 /// One client connection of `peer`: packets in, replies out, until it
-/// closes, breaks the protocol or idles out.
+/// closes, breaks the protocol, idles out, is ended to make room or the
+/// drain ends it.
 async fn serve_connection(
     connection: OwnedFd,
     peer: Peer,
     service: PtxdService,
     spinners: Arc<Spinners>,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
+    limits: FdSocketLimits,
+    place: Place,
+    mut cut: tokio::sync::watch::Receiver<bool>,
 ) {
     // SAFETY: as for the listener: owned by the AsyncFd until it drops.
     let Ok(connection) = (unsafe { AsyncFd::register(connection) }) else {
@@ -268,15 +505,38 @@ async fn serve_connection(
     // One packet's room for the connection's life, not a fresh one each.
     let mut buffer = PacketBuffer::new();
     loop {
-        let received = tokio::select! {
-            biased;
-            _ = stopped.wait_for(|stopped| *stopped) => return,
-            received = tokio::time::timeout(IDLE_TIMEOUT, next_packet(&connection, &mut buffer, &spinners)) => received,
+        let staying = place.set_idle(true);
+        let wait = if !staying {
+            Wait::Evicted
+        } else if *cut.borrow() {
+            Wait::Cut
+        } else {
+            tokio::select! {
+                biased;
+                _ = cut.wait_for(|cut| *cut) => Wait::Cut,
+                () = place.evict.notified() => Wait::Evicted,
+                received = tokio::time::timeout(limits.idle_timeout, next_packet(&connection, &mut buffer, &spinners)) => match received {
+                    Ok(Ok(Some(packet))) => Wait::Packet(packet),
+                    Ok(Ok(None) | Err(_)) | Err(_) => Wait::Gone,
+                },
+            }
         };
-        let packet = match received {
-            Ok(Ok(Some(packet))) => packet,
-            Ok(Ok(None) | Err(_)) | Err(_) => return,
+        let packet = match wait {
+            Wait::Packet(packet) => packet,
+            Wait::Gone => return,
+            Wait::Evicted => {
+                let limit = limit_refusal("fd_socket_connections", limits.max_connections);
+                return close_with(connection.into_inner(), limit, &mut buffer);
+            }
+            Wait::Cut => {
+                return close_with(
+                    connection.into_inner(),
+                    refused(Error::Draining),
+                    &mut buffer,
+                )
+            }
         };
+        place.set_idle(false);
         let (reply, keep_going) = match parse(buffer.bytes(&packet), packet) {
             Ok(Ask::Attach { token, fd }) => {
                 let front = service.front().clone();
@@ -305,8 +565,11 @@ async fn serve_connection(
         // A client that stops reading its replies fills its queue; the
         // reply then waits at most the idle timeout, so such a client cannot
         // hold its connection slot (nor a drain) for good.
-        let sent =
-            tokio::time::timeout(IDLE_TIMEOUT, send(&connection, &reply.encode_to_vec())).await;
+        let sent = tokio::time::timeout(
+            limits.idle_timeout,
+            send(&connection, &reply.encode_to_vec()),
+        )
+        .await;
         if !matches!(sent, Ok(Ok(()))) || !keep_going {
             return;
         }
@@ -428,5 +691,60 @@ async fn send(connection: &AsyncFd<OwnedFd>, bytes: &[u8]) -> std::io::Result<()
             Err(e) => return Err(e.into()),
             Ok(()) => return Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn table(max_connections: usize, max_per_uid: usize) -> Arc<Table> {
+        Arc::new(Table {
+            limits: FdSocketLimits {
+                max_connections,
+                max_per_uid,
+                idle_timeout: IDLE_TIMEOUT,
+            },
+            entries: Mutex::new((0, HashMap::new())),
+        })
+    }
+
+    fn refusal(result: Result<Admitted, Refused>) -> Refused {
+        match result {
+            Ok(_) => panic!("admitted"),
+            Err(refused) => refused,
+        }
+    }
+
+    #[test]
+    fn a_uid_holding_none_gets_a_place_from_the_uid_holding_the_most() {
+        let table = table(3, 3);
+        let a: Vec<Place> = (0..3).map(|_| table.admit(1).unwrap().place).collect();
+        // The second is the idlest: the others answer a packet.
+        a[0].set_idle(false);
+        a[2].set_idle(false);
+        let b = table.admit(2).unwrap();
+        assert_eq!(b.evicted_uid, Some(1));
+        assert!(a[0].set_idle(false) && !a[1].set_idle(true) && a[2].set_idle(false));
+        // Uid 2 holds one, uid 1 two: not enough more to take another.
+        assert_eq!(refusal(table.admit(2)), Refused::Total(3));
+        // Nor may uid 1 take its place back, nor a third uid evict the last
+        // of uid 2 while uid 1 holds more.
+        assert_eq!(refusal(table.admit(1)), Refused::Total(3));
+        let c = table.admit(3).unwrap();
+        assert_eq!(c.evicted_uid, Some(1));
+        // A connection that left frees its place when it closes.
+        drop(a);
+        assert_eq!(table.lock().1.len(), 2);
+        assert!(table.admit(1).is_ok());
+    }
+
+    #[test]
+    fn the_per_uid_cap_holds_with_room_in_all() {
+        let table = table(8, 2);
+        let _held: Vec<Admitted> = (0..2).map(|_| table.admit(7).unwrap()).collect();
+        assert_eq!(refusal(table.admit(7)), Refused::PerUid(2));
+        assert!(table.admit(8).unwrap().evicted_uid.is_none());
     }
 }

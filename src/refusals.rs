@@ -34,7 +34,7 @@ use tonic::body::Body;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-use crate::connections::Origin;
+use crate::connections::{request_log, Origin};
 use crate::observe::Observer;
 
 /// The layer that logs and counts the refusals of the services it wraps.
@@ -144,15 +144,22 @@ impl Call {
         let Some(reason) = Reason::from_wire_name(&info.reason) else {
             // Every ptxd refusal is built from the closed list in
             // `error.rs`; this would be a bug there, not a client's doing.
-            tracing::warn!(rpc, %peer, reason = info.reason, message, "refused with a reason off the list");
+            if let Some(count) = request_log().admit("off the list") {
+                tracing::warn!(rpc, %peer, reason = info.reason, message, count, "refused with a reason off the list");
+            }
             return;
         };
         let reason = reason.wire_name();
         observer.refusal(reason);
+        // A client can cause any number of refusals: one line a second per
+        // reason, counting the ones it stands for (the metrics count each).
+        let Some(count) = request_log().admit(reason) else {
+            return;
+        };
         if status.code() == Code::Internal {
-            tracing::error!(rpc, %peer, reason, message, "internal error");
+            tracing::error!(rpc, %peer, reason, message, count, "internal error");
         } else {
-            tracing::info!(rpc, %peer, reason, message, "refused");
+            tracing::info!(rpc, %peer, reason, message, count, "refused");
         }
     }
 }

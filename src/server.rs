@@ -8,7 +8,9 @@
 //! - TCP binds loopback only unless the operator allows remote explicitly.
 //! - On SIGTERM/SIGINT: refuse new work (DRAINING), tell every session, let
 //!   in-flight calls finish for up to the drain timeout, then release every
-//!   session, stop the executors and remove the socket file.
+//!   session, stop the executors and remove the socket file. A call the fd
+//!   socket read is answered even past the timeout (its connection outlives
+//!   the executors by up to a second), never cut off by a reset.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -151,13 +153,42 @@ fn router(
 fn connection_limits(config: &ServeConfig, fd_limit: u64) -> ConnectionLimits {
     let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     ConnectionLimits {
-        max_connections: to_usize(
-            config
-                .max_connections
-                .unwrap_or_else(|| crate::connections::default_max_connections(fd_limit) as u64),
-        ),
+        max_connections: to_usize(config.max_connections.unwrap_or_else(|| {
+            crate::connections::fd_budget(fd_limit, config.fd_socket_max_connections).connections
+        })),
         max_per_peer: to_usize(config.max_connections_per_uid),
         handshake_timeout: config.handshake_timeout,
+    }
+}
+
+/// Says so when the limits let clients hold more descriptors than the
+/// limit leaves once the reserve is kept (the defaults do only under a
+/// descriptor limit of 512 or less, too small for every share).
+fn warn_if_over_the_fd_budget(config: &ServeConfig, fd_limit: u64, max_connections: usize) {
+    let budget = crate::connections::fd_budget(fd_limit, config.fd_socket_max_connections);
+    let fd_buffers = config.max_fd_buffers.unwrap_or(budget.fd_buffers);
+    let held = (max_connections as u64)
+        .saturating_add(fd_buffers)
+        .saturating_add(config.fd_socket_max_connections.saturating_mul(2));
+    if held > crate::connections::usable_fds(fd_limit) {
+        tracing::warn!(
+            fd_limit,
+            max_connections,
+            max_fd_buffers = fd_buffers,
+            fd_socket_max_connections = config.fd_socket_max_connections,
+            "clients may hold more descriptors than the limit leaves after the reserve for \
+             executor respawns: raise LimitNOFILE or lower these"
+        );
+    }
+}
+
+/// The fd socket's caps.
+fn fd_socket_limits(config: &ServeConfig) -> crate::fd_socket::FdSocketLimits {
+    let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    crate::fd_socket::FdSocketLimits {
+        max_connections: to_usize(config.fd_socket_max_connections),
+        max_per_uid: to_usize(config.fd_socket_max_connections_per_uid),
+        idle_timeout: config.fd_socket_idle_timeout,
     }
 }
 
@@ -197,8 +228,14 @@ pub async fn serve(
             config.max_buffered_request_bytes
         )));
     }
+    if config.fd_socket_idle_timeout.is_zero() {
+        return Err(ServeError::Config(
+            "--fd-socket-idle-timeout must be more than 0".into(),
+        ));
+    }
     let fd_limit = crate::connections::raise_fd_limit();
     let connections = ConnectionTable::new(connection_limits(&config, fd_limit.soft));
+    warn_if_over_the_fd_budget(&config, fd_limit.soft, connections.limits().max_connections);
     tracing::info!(
         fd_limit = fd_limit.soft,
         max_connections = connections.limits().max_connections,
@@ -286,7 +323,19 @@ pub async fn serve(
     // An activated socket belongs to systemd: ptxd neither binds nor
     // removes it.
     let owns_socket = activated.is_none();
-    let listener = match activated {
+    let bind_fd_socket = |path: &Path| {
+        crate::fd_socket::bind_fd_socket(path, config.socket_mode).map_err(|error| {
+            ServeError::Bind {
+                path: path.display().to_string(),
+                error,
+            }
+        })
+    };
+    // The fd socket sits beside whichever socket serves gRPC (an activated
+    // one included), so that a client finds it from the path it dials. When
+    // ptxd binds both, the fd socket listens first: a client that reached
+    // the gRPC socket finds the fd socket listening too.
+    let (listener, fd_socket_path, fd_listener) = match activated {
         Some(listener) => {
             listener
                 .set_nonblocking(true)
@@ -294,26 +343,42 @@ pub async fn serve(
                     path: "LISTEN_FDS".into(),
                     error,
                 })?;
-            UnixListener::from_std(listener).map_err(|error| ServeError::Bind {
+            let listener = UnixListener::from_std(listener).map_err(|error| ServeError::Bind {
                 path: "LISTEN_FDS".into(),
                 error,
-            })?
+            })?;
+            let grpc_path = listener
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+                .unwrap_or_else(|| socket_path.clone());
+            let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&grpc_path);
+            let fd_listener = bind_fd_socket(&fd_socket_path)?;
+            (listener, fd_socket_path, fd_listener)
         }
-        None => bind_unix(&socket_path, config.socket_mode)?,
+        None => {
+            let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&socket_path);
+            if let Some(parent) = socket_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|error| ServeError::Bind {
+                    path: parent.display().to_string(),
+                    error,
+                })?;
+            }
+            // Checked again here (bind_unix checks too): the fd socket file
+            // is replaced when it binds, and must not be a live daemon's.
+            if std::os::unix::net::UnixStream::connect(&socket_path).is_ok() {
+                return Err(ServeError::AlreadyRunning(socket_path));
+            }
+            let fd_listener = bind_fd_socket(&fd_socket_path)?;
+            match bind_unix(&socket_path, config.socket_mode) {
+                Ok(listener) => (listener, fd_socket_path, fd_listener),
+                Err(error) => {
+                    let _ = std::fs::remove_file(&fd_socket_path);
+                    return Err(error);
+                }
+            }
+        }
     };
-    // The fd socket sits beside whichever socket serves gRPC (an activated
-    // one included), so that a client finds it from the path it dials.
-    let grpc_path = listener
-        .local_addr()
-        .ok()
-        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
-        .unwrap_or_else(|| socket_path.clone());
-    let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&grpc_path);
-    let fd_listener = crate::fd_socket::bind_fd_socket(&fd_socket_path, config.socket_mode)
-        .map_err(|error| ServeError::Bind {
-            path: fd_socket_path.display().to_string(),
-            error,
-        })?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     // Among the servers the drain waits for: on stop the fd socket takes no
@@ -322,12 +387,16 @@ pub async fn serve(
         fd_listener,
         PtxdService::new(front.clone(), observer),
         front.spinners(),
+        fd_socket_limits(&config),
+        front.stream_drain_grace(),
         wait_for_stop(stop_rx.clone()),
     );
-    servers.spawn(async move {
-        fd_socket.await;
-        Ok(())
-    });
+    // Apart from the gRPC servers: at the drain deadline these are cut
+    // off, while the fd socket's connections answer what they read until
+    // the executors have stopped (a connection reset under a call it read
+    // would tell the client it was never read).
+    let mut packets = tokio::task::JoinSet::new();
+    packets.spawn(fd_socket);
     if let (Some(listener), Some(metrics)) = (metrics_listener, metrics) {
         tracing::info!(addr = ?listener.local_addr().ok(), "serving metrics");
         let stop = wait_for_stop(stop_rx.clone());
@@ -357,6 +426,10 @@ pub async fn serve(
             tracing::error!(?ended, "a listener stopped unexpectedly");
             "listener failure"
         }
+        Some(ended) = packets.join_next() => {
+            tracing::error!(?ended, "the fd socket stopped unexpectedly");
+            "listener failure"
+        }
     };
     tracing::info!(signal, timeout = ?config.drain_timeout, "draining");
     front.begin_drain(signal);
@@ -373,6 +446,7 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(config.drain_timeout, async {
         while servers.join_next().await.is_some() {}
+        while packets.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
@@ -380,6 +454,15 @@ pub async fn serve(
         servers.abort_all();
     }
     front.shutdown(Duration::from_secs(5)).await;
+    // The executors are gone: every call the fd socket read has its answer
+    // (or its failure); give the connections a moment to send them.
+    let answered = tokio::time::timeout(Duration::from_secs(1), async {
+        while packets.join_next().await.is_some() {}
+    })
+    .await;
+    if answered.is_err() {
+        packets.abort_all();
+    }
     if owns_socket {
         if let Err(e) = std::fs::remove_file(&socket_path) {
             tracing::warn!(error = %e, "cannot remove the socket file");

@@ -451,10 +451,14 @@ impl PtxdService {
         let refusal = error.refusal();
         let reason = refusal.reason.wire_name();
         self.observer.refusal(reason);
+        // As in the layer: one line a second per reason at most.
+        let Some(count) = crate::connections::request_log().admit(reason) else {
+            return;
+        };
         if refusal.reason == api::Reason::Internal {
-            tracing::error!(rpc, transport, ?peer, reason, message = %refusal.message, "internal error");
+            tracing::error!(rpc, transport, ?peer, reason, message = %refusal.message, count, "internal error");
         } else {
-            tracing::info!(rpc, transport, ?peer, reason, message = %refusal.message, "refused");
+            tracing::info!(rpc, transport, ?peer, reason, message = %refusal.message, count, "refused");
         }
     }
 

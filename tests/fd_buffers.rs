@@ -596,3 +596,175 @@ fn one_uid_holds_a_bounded_number_of_fd_socket_connections() {
     });
     drop(held);
 }
+
+// ----- issue 24: descriptors and registered bytes are budgeted per uid ------
+
+/// Runs only as the child process of the per-uid budget tests, under uid
+/// 65534: a bystander that registers memfds, launches and checks every
+/// element, printing `BYSTANDER OK` (a failure panics, and is in stderr).
+#[tokio::test]
+async fn memfd_bystander_process_main() {
+    let Ok(target) = std::env::var("PTXD_TEST_BYSTANDER_TARGET") else {
+        return;
+    };
+    let client = Client::connect(&target).await.unwrap();
+    let session = client.open_session("bystander").await.unwrap();
+    for n in [1, 4099] {
+        add_through_memfds(&session, n).await;
+    }
+    println!("BYSTANDER OK");
+}
+
+/// Runs the bystander as uid 65534 against `daemon`; panics unless it
+/// registered, launched and got exact results.
+fn bystander_as_another_uid(daemon: &Daemon) {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "memfd_bystander_process_main",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("PTXD_TEST_BYSTANDER_TARGET", daemon.target())
+        .env_remove("PTXD_TEST_LOG")
+        .current_dir("/")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("BYSTANDER OK"),
+        "the bystander of another uid was not served: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        daemon.stderr()
+    );
+}
+
+fn refused_limit(error: &ptxd_client::Error) -> (&'static str, String) {
+    (
+        error.reason_name(),
+        error
+            .refusal()
+            .and_then(|r| r.metadata().get("limit").cloned())
+            .unwrap_or_default(),
+    )
+}
+
+/// Registered bytes are bounded per uid: one uid's sparse memfds (which
+/// cost no memory, only the executor's address space) stop at its share,
+/// over several sessions, while another uid registers and launches.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_uid_cannot_map_the_executors_address_space() {
+    const GIB: u64 = 1 << 30;
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test switches a child to another uid and must run as root");
+    }
+    // The defaults: 16 TiB in all, a quarter (4 TiB) per uid, 1 TiB per
+    // session: sixteen sparse 256 GiB memfds over five sessions.
+    let daemon = Daemon::start(&["--socket-mode", "666"]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let mut sessions = Vec::new();
+    for i in 0..5 {
+        sessions.push(client.open_session(&format!("sparse {i}")).await.unwrap());
+    }
+    let mut held = Vec::new();
+    let refused = loop {
+        let session = &sessions[held.len() % sessions.len()];
+        let memfd = HostMemfd::create(256 * GIB).unwrap();
+        match session.register_memfd(&memfd, None).await {
+            Ok(buffer) => held.push((memfd, buffer)),
+            Err(error) => break error,
+        }
+        assert!(held.len() <= 16, "more than 4 TiB registered by one uid");
+    };
+    assert_eq!(held.len(), 16, "{refused}");
+    assert_eq!(
+        refused_limit(&refused),
+        ("LIMIT_EXCEEDED", "max_buffer_bytes_per_uid".to_string())
+    );
+    bystander_as_another_uid(&daemon);
+    // Released, the share is free again.
+    let (_, buffer) = held.pop().unwrap();
+    sessions[held.len() % sessions.len()]
+        .release_buffer(&buffer)
+        .await
+        .unwrap();
+    let memfd = HostMemfd::create(256 * GIB).unwrap();
+    sessions[1].register_memfd(&memfd, None).await.unwrap();
+}
+
+/// Descriptors are budgeted: under a descriptor limit of 600, one uid's
+/// memfd registrations (each a descriptor in the front and one in the
+/// executor) stop at its share of the default budget, with LIMIT_EXCEEDED
+/// naming the limit; the executor can still be respawned (re-opening every
+/// registration), and another uid still registers and launches.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_uid_cannot_take_the_descriptors_a_respawn_and_others_need() {
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test switches a child to another uid and must run as root");
+    }
+    let daemon = Daemon::start_with(&["--socket-mode", "666"], |command| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: between fork and exec only `setrlimit` runs, which is
+        // async-signal-safe; nothing is allocated and no lock is taken.
+        unsafe {
+            command.pre_exec(|| {
+                nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 600, 600)
+                    .map_err(std::io::Error::from)
+            });
+        }
+    });
+    // 600 - 256 kept = 344; a quarter (86) for buffers by descriptor; a
+    // quarter of that (21) per uid.
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let sessions = [
+        client.open_session("fds 1").await.unwrap(),
+        client.open_session("fds 2").await.unwrap(),
+    ];
+    let mut held = Vec::new();
+    let refused = loop {
+        let session = &sessions[held.len() % 2];
+        let memfd = HostMemfd::create(4096).unwrap();
+        match session.register_memfd(&memfd, None).await {
+            Ok(buffer) => held.push((memfd, buffer)),
+            Err(error) => break error,
+        }
+        assert!(held.len() <= 21, "one uid registered {} memfds", held.len());
+    };
+    assert_eq!(held.len(), 21, "{refused}");
+    assert_eq!(
+        refused_limit(&refused),
+        ("LIMIT_EXCEEDED", "max_fd_buffers_per_uid".to_string())
+    );
+    // The executor respawns and re-opens them.
+    let before = executor_pid(&client, 0).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(before as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut respawned = false;
+    for _ in 0..500 {
+        let info = client.info().await.unwrap();
+        let device = &info.devices[0];
+        // Counted once the new executor re-opened every registration.
+        if device.available && device.restarts >= 1 {
+            respawned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        respawned,
+        "the executor was not respawned:\n{}",
+        daemon.stderr()
+    );
+    let listed = sessions[0].list_buffers().await.unwrap();
+    assert!(listed.iter().all(|b| b.live), "{listed:?}");
+    bystander_as_another_uid(&daemon);
+}

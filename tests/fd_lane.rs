@@ -255,10 +255,12 @@ async fn a_launch_packet_with_a_descriptor_or_a_token_is_refused_and_runs_nothin
         assert!(text.contains(message), "{what}: {text}");
         assert!(closed, "{what}: the connection stays open");
     }
-    // An empty FdAttach is an empty packet, which reads as a hang-up: the
-    // connection is closed without a reply.
+    // An empty FdAttach is an empty packet: refused as one with neither a
+    // token nor a call (not taken as a hang-up), and the connection ends.
     let socket = connect_seqpacket(&path, false).unwrap();
     send_packet(socket.as_fd(), &packet("", None), None, false).unwrap();
+    let reply = recv_packet(socket.as_fd(), false).unwrap().unwrap();
+    assert_eq!(refusal_of(&reply.bytes).0, "INVALID_ARGUMENT");
     assert!(recv_packet(socket.as_fd(), false).unwrap().is_none());
     assert!(job.out.read_f32(0, n).unwrap().iter().all(|v| v.is_nan()));
     // The well-formed packet runs, with its tag, and the connection goes
@@ -467,5 +469,347 @@ async fn concurrent_calls_get_their_own_replies_with_and_without_the_spins() {
         while let Some(done) = tasks.join_next().await {
             done.unwrap();
         }
+    }
+}
+
+// ----- issue 24: the fd socket as a tenant-proof transport -------------------
+
+/// The refusal in a reply packet: (reason, limit metadata), or ("", "")
+/// for an answer.
+fn refusal_of(bytes: &[u8]) -> (String, String) {
+    let reply = <pb::FdAttachReply as prost::Message>::decode(bytes).unwrap();
+    match reply.result {
+        Some(pb::fd_attach_reply::Result::Refused(refused)) => (
+            refused.reason,
+            refused.metadata.get("limit").cloned().unwrap_or_default(),
+        ),
+        _ => (String::new(), String::new()),
+    }
+}
+
+/// A blocking raw connection to the fd socket with a receive timeout.
+fn raw_connection(path: &Path) -> OwnedFd {
+    // The daemon answers on its gRPC socket a moment before the fd socket
+    // listens.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let socket = loop {
+        match connect_seqpacket(path, false) {
+            Ok(socket) => break socket,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("fd socket not ready: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("connecting to {}: {e}", path.display()),
+        }
+    };
+    let timeout = nix::sys::time::TimeVal::new(10, 0);
+    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
+        .unwrap();
+    socket
+}
+
+/// An empty packet is refused as the proto says (INVALID_ARGUMENT, and the
+/// connection ends), not taken as the end of the stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_packet_is_refused_not_taken_as_the_end() {
+    let daemon = Daemon::start(&[]);
+    let path = fd_socket_path(&daemon.socket);
+    let socket = raw_connection(&path);
+    send_packet(socket.as_fd(), b"", None, false).unwrap();
+    let reply = recv_packet(socket.as_fd(), false)
+        .unwrap()
+        .expect("the daemon closed the connection without an answer");
+    assert_eq!(refusal_of(&reply.bytes).0, "INVALID_ARGUMENT");
+    assert!(recv_packet(socket.as_fd(), false).unwrap().is_none());
+    // A bystander is served throughout.
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("bystander").await.unwrap();
+    let job = add(&session, 333).await;
+    session
+        .launch(&job.kernel, &job.launch(333).sync(true))
+        .await
+        .unwrap();
+    job.check();
+}
+
+/// Thousands of connections turned away at the per-uid cap, and thousands
+/// of refused launches, write a bounded number of log lines (one a second
+/// per kind at most), while a bystander's launches stay exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_a_client_causes_write_a_bounded_number_of_log_lines() {
+    const FLOOD: usize = 3000;
+    let daemon = daemon();
+    let path = fd_socket_path(&daemon.socket);
+    // The bystander is the same uid (root) as the flood: over gRPC.
+    let client = Client::connect(&daemon.target())
+        .await
+        .unwrap()
+        .without_fd_lane();
+    let bystander = client.open_session("bystander").await.unwrap();
+    let job = add(&bystander, 1001).await;
+    let started = std::time::Instant::now();
+    // The uid's places (8 by default), one of them used for refused
+    // launches.
+    let held: Vec<OwnedFd> = (0..8).map(|_| raw_connection(&path)).collect();
+    let refused_launch = prost::Message::encode_to_vec(&pb::FdAttach {
+        launch: Some(pb::LaunchRequest {
+            session: "no-such-session".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    for i in 0..FLOOD {
+        let turned_away = connect_seqpacket(&path, false).unwrap();
+        drop(turned_away);
+        send_packet(held[0].as_fd(), &refused_launch, None, false).unwrap();
+        let reply = recv_packet(held[0].as_fd(), false).unwrap().unwrap();
+        assert_ne!(refusal_of(&reply.bytes).0, "", "launch {i} was not refused");
+        if i % 1000 == 0 {
+            bystander
+                .launch(&job.kernel, &job.launch(1001).sync(true))
+                .await
+                .unwrap();
+            job.check();
+        }
+    }
+    // The last turned-away connections and refusals reach the log.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let seconds = started.elapsed().as_secs() as usize + 1;
+    let log = daemon.stderr();
+    let caps = log
+        .lines()
+        .filter(|l| l.contains("fd socket connection") && l.contains("refused"))
+        .count();
+    let launches = log.lines().filter(|l| l.contains("refused")).count() - caps;
+    eprintln!("{caps} cap lines and {launches} refusal lines in {seconds} s for {FLOOD} each");
+    assert!(
+        caps >= 1,
+        "the refusals at the cap were never logged:\n{log}"
+    );
+    assert!(caps <= seconds + 1, "{caps} lines in {seconds} s");
+    assert!(
+        launches >= 1 && launches <= 2 * (seconds + 1),
+        "{launches} lines in {seconds} s"
+    );
+    bystander
+        .launch(&job.kernel, &job.launch(1001).sync(true))
+        .await
+        .unwrap();
+    job.check();
+    drop(held);
+}
+
+/// Connects to the fd socket as uid 65534 in a forked child, sends a probe
+/// (a packet without a token or call: refused INVALID_ARGUMENT when it is
+/// read) and returns the refusal's (reason, limit).
+fn probe_as_nobody(path: &Path) -> (String, String) {
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    let path = path.to_owned();
+    // SAFETY: the child makes only system calls (and allocations, which
+    // glibc's malloc keeps fork-safe) before it exits with _exit.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            let code = (|| {
+                nix::unistd::setgid(nix::unistd::Gid::from_raw(65534)).ok()?;
+                nix::unistd::setuid(nix::unistd::Uid::from_raw(65534)).ok()?;
+                let socket = connect_seqpacket(&path, false).ok()?;
+                send_packet(socket.as_fd(), b"probe", None, false).ok()?;
+                let reply = recv_packet(socket.as_fd(), false).ok()??;
+                nix::unistd::write(&write_end, &reply.bytes).ok()?;
+                Some(0)
+            })()
+            .unwrap_or(1);
+            // SAFETY: leaves the forked child without running the parent's
+            // destructors or test harness.
+            unsafe { nix::libc::_exit(code) };
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(write_end);
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            assert_eq!(status, nix::sys::wait::WaitStatus::Exited(child, 0));
+            let mut bytes = vec![0u8; 4096];
+            let len = nix::unistd::read(&read_end, &mut bytes).unwrap();
+            refusal_of(&bytes[..len])
+        }
+    }
+}
+
+/// One uid holding every connection of the fd socket does not lock another
+/// uid out: the newcomer is served, the idlest connection of the holder is
+/// ended with a LIMIT_EXCEEDED refusal in place of its next answer, and
+/// the holder cannot take the place back while the newcomer holds one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_uid_holding_every_fd_socket_connection_cannot_lock_out_another() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test switches a child to another uid and must run as root");
+    }
+    let daemon = Daemon::start(&[
+        "--socket-mode",
+        "666",
+        "--fd-socket-max-connections",
+        "4",
+        "--fd-socket-max-connections-per-uid",
+        "4",
+    ]);
+    std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = fd_socket_path(&daemon.socket);
+    let client = Client::connect(&daemon.target())
+        .await
+        .unwrap()
+        .without_fd_lane();
+    let bystander = client.open_session("bystander").await.unwrap();
+    let job = add(&bystander, 777).await;
+    // Root takes every place; the first is the idlest.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(raw_connection(&path));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    common::wait_until(
+        "four connections",
+        std::time::Duration::from_secs(5),
+        || accepted_on(&path) == 4,
+    );
+    // Another uid is served.
+    assert_eq!(probe_as_nobody(&path).0, "INVALID_ARGUMENT");
+    // The idlest of root's was ended, with a refusal naming the cap.
+    let first = held.remove(0);
+    let told = recv_packet(first.as_fd(), false)
+        .unwrap()
+        .expect("the idlest connection was closed without a refusal");
+    assert_eq!(
+        refusal_of(&told.bytes),
+        (
+            "LIMIT_EXCEEDED".to_string(),
+            "fd_socket_connections".to_string()
+        )
+    );
+    assert!(recv_packet(first.as_fd(), false).unwrap().is_none());
+    bystander
+        .launch(&job.kernel, &job.launch(777).sync(true))
+        .await
+        .unwrap();
+    job.check();
+    // The others of root's are still served (a probe ends each).
+    for socket in &held {
+        send_packet(socket.as_fd(), b"probe", None, false).unwrap();
+        let reply = recv_packet(socket.as_fd(), false).unwrap().unwrap();
+        assert_eq!(refusal_of(&reply.bytes).0, "INVALID_ARGUMENT");
+    }
+}
+
+/// Clients that keep sending launches over the fd socket through a drain:
+/// every packet is answered, launches run until the drain and are refused
+/// DRAINING (and not run) after it, answers go on through the drain's
+/// grace, and each connection ends with a DRAINING refusal, never a reset
+/// or a close without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fd_socket_clients_that_keep_sending_through_a_drain_end_with_a_draining_status() {
+    const CLIENTS: usize = 3;
+    const CAP: usize = 1 << 16;
+    let mut daemon = Daemon::start(&["--drain-timeout", "4s"]);
+    let path = fd_socket_path(&daemon.socket);
+    let client = Client::connect(&daemon.target())
+        .await
+        .unwrap()
+        .without_fd_lane();
+    let session = client.open_session("drain").await.unwrap();
+    let affine = session
+        .load_ptx(
+            0,
+            corpus("affine_f32_scalar.ptx"),
+            "affine_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let mut x = HostShm::create(4).unwrap();
+    x.write_f32(0, &[1.0]).unwrap();
+    let x = session.register_shm(&x, None).await.unwrap();
+    let mut outputs = Vec::new();
+    let mut threads = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut out = HostShm::create(CAP as u64 * 4).unwrap();
+        out.write_f32(0, &vec![f32::NAN; CAP]).unwrap();
+        let buffer = session.register_shm(&out, None).await.unwrap();
+        outputs.push(out);
+        let packets: Vec<Vec<u8>> = (1..CAP as u64)
+            .map(|tag| {
+                let launch = Launch::new([x.operand()], buffer.at(tag * 4), 1)
+                    .params([tag as f64, 0.0])
+                    .sync(true);
+                prost::Message::encode_to_vec(&pb::FdAttach {
+                    launch: Some(launch.to_proto(session.id(), affine.handle().to_owned(), tag)),
+                    ..Default::default()
+                })
+            })
+            .collect();
+        let socket = raw_connection(&path);
+        threads.push(std::thread::spawn(move || {
+            // (tag, ran?, when) for every answer, and how it ended.
+            let mut answers: Vec<(u64, bool, std::time::Instant)> = Vec::new();
+            for (i, packet) in packets.iter().enumerate() {
+                let tag = i as u64 + 1;
+                let sent = send_packet(socket.as_fd(), packet, None, false);
+                match recv_packet(socket.as_fd(), false) {
+                    Ok(Some(reply)) => {
+                        let (reason, _) = refusal_of(&reply.bytes);
+                        assert!(
+                            reason.is_empty() || reason == "DRAINING",
+                            "tag {tag}: {reason}"
+                        );
+                        answers.push((tag, reason.is_empty(), std::time::Instant::now()));
+                    }
+                    Ok(None) => return (answers, format!("closed (send: {sent:?})")),
+                    Err(e) => return (answers, format!("{e} (send: {sent:?})")),
+                }
+            }
+            (answers, "ran out of launches".to_string())
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let terminated = std::time::Instant::now();
+    let status = tokio::task::spawn_blocking(move || daemon.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    for (index, thread) in threads.into_iter().enumerate() {
+        let (answers, end) = thread.join().unwrap();
+        let ran = answers.iter().filter(|(_, ran, _)| *ran).count();
+        let refused: Vec<_> = answers.iter().filter(|(_, ran, _)| !ran).collect();
+        eprintln!(
+            "client {index}: {} answers ({ran} ran, {} DRAINING), end: {end}",
+            answers.len(),
+            refused.len()
+        );
+        assert!(ran > 0, "client {index}");
+        assert!(refused.len() > 1, "client {index}: no DRAINING answers");
+        // Once refused, never run again; the last answer is DRAINING.
+        let first_refused = answers.iter().position(|(_, ran, _)| !ran).unwrap();
+        assert!(answers[first_refused..].iter().all(|(_, ran, _)| !ran));
+        // The answers went on through the grace (half the drain timeout).
+        let last = refused.last().unwrap().2;
+        assert!(
+            last.duration_since(terminated) > std::time::Duration::from_millis(1500),
+            "client {index}: DRAINING answers stopped after {:?}",
+            last.duration_since(terminated)
+        );
+        assert!(end.starts_with("closed"), "client {index} ended with {end}");
+        // What ran is exactly what was answered done.
+        let out = outputs[index].read_f32(0, CAP).unwrap();
+        for (tag, ran, _) in &answers {
+            let value = out[*tag as usize];
+            if *ran {
+                assert_eq!(value, *tag as f32, "client {index} tag {tag}");
+            } else {
+                assert!(value.is_nan(), "client {index}: refused tag {tag} ran");
+            }
+        }
+        let answered = answers.len();
+        assert!(
+            out[answered + 1..].iter().all(|v| v.is_nan()),
+            "client {index}"
+        );
     }
 }

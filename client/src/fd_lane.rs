@@ -19,9 +19,12 @@
 //!   before the call is sent), or the connection was reset: a Unix socket
 //!   closed with unread data resets its peer, so a reset says the daemon
 //!   closed the connection (its caps, its idle timeout, its exit) without
-//!   reading the call. Anything else after a send (a close without a
-//!   reset, a broken reply) is returned as a broken gRPC call would be
-//!   (`Status` UNAVAILABLE).
+//!   reading the call, and a refusal at the caps on any connection (one
+//!   the daemon ended to make room for another uid). A connection the
+//!   daemon closed at the end of its drain leaves a DRAINING refusal
+//!   behind, which is the call's answer (it did not run). Anything else
+//!   after a send (a close without a reset, a broken reply) is returned as
+//!   a broken gRPC call would be (`Status` UNAVAILABLE).
 //! - A connection carries one exchange at a time; this client keeps at
 //!   most [`MAX_CONNECTIONS`] and drops one that idled [`IDLE_LIMIT`], well
 //!   before the daemon's own idle timeout (30 s) could close it under a
@@ -44,7 +47,7 @@ use tokio::io::unix::AsyncFd;
 use crate::error::Error;
 use crate::fd_buffers::decode_reply;
 use crate::fd_passing::{
-    connect_seqpacket, recv_spinning_in, send_async, PacketBuffer, MAX_PACKET,
+    connect_seqpacket, recv_packet_in, recv_spinning_in, send_async, PacketBuffer, MAX_PACKET,
 };
 use crate::lane::LaneError;
 
@@ -221,10 +224,12 @@ impl FdLane {
         let mut lent = self.borrow().ok_or(LaneError::NotSent)?;
         let conn = lent.conn.as_mut().ok_or(LaneError::NotSent)?;
         // A failed send was not read: the daemon closed the connection (a
-        // restart), or the socket broke. The connection is dropped.
-        send_async(&conn.socket, packet, None)
-            .await
-            .map_err(|_| LaneError::NotSent)?;
+        // restart, its drain, room for another uid), or the socket broke.
+        // The connection is dropped; a refusal the daemon left on it says
+        // why.
+        if send_async(&conn.socket, packet, None).await.is_err() {
+            return Err(self.left_behind(conn, lent.fresh));
+        }
         let broken = |what: String| {
             LaneError::Failed(Error::Status(tonic::Status::unavailable(format!(
                 "the fd socket connection broke during a call: {what}"
@@ -238,12 +243,7 @@ impl FdLane {
             // data): it never read the call. A fresh connection closed so
             // was turned away at the daemon's caps (its refusal packet is
             // hidden behind the reset).
-            Err(nix::errno::Errno::ECONNRESET) => {
-                if lent.fresh {
-                    self.lock().backoff_until = Some(Instant::now() + BACKOFF);
-                }
-                return Err(LaneError::NotSent);
-            }
+            Err(nix::errno::Errno::ECONNRESET) => return Err(self.left_behind(conn, lent.fresh)),
             Err(e) => return Err(broken(e.to_string())),
         };
         match reply {
@@ -251,14 +251,49 @@ impl FdLane {
                 lent.give_back();
                 Ok(result)
             }
-            Err(error) if lent.fresh && turned_away(&error) => {
-                self.lock().backoff_until = Some(Instant::now() + BACKOFF);
+            // Turned away at the caps (a fresh connection), or ended to make
+            // room for another uid: the call was not read.
+            Err(error) if turned_away(&error) => {
+                if lent.fresh {
+                    self.lock().backoff_until = Some(Instant::now() + BACKOFF);
+                }
                 Err(LaneError::NotSent)
             }
             Err(error) => {
                 // A refusal of the call: the connection goes on.
                 lent.give_back();
                 Err(LaneError::Failed(error))
+            }
+        }
+    }
+}
+
+impl FdLane {
+    /// What a connection the daemon closed before reading the call means:
+    /// its drain (a DRAINING refusal left on it: the call did not run, and
+    /// gRPC would say the same), or else a call to send by gRPC. A fresh
+    /// connection closed so was turned away at the caps: back off.
+    fn left_behind(&self, conn: &mut Conn, fresh: bool) -> LaneError {
+        use std::os::fd::AsFd;
+        let mut left = None;
+        // The kernel reports the reset first, then what was queued.
+        for _ in 0..2 {
+            match recv_packet_in(conn.socket.get_ref().as_fd(), true, &mut conn.buffer) {
+                Ok(Some(meta)) => {
+                    left = Some(decode_reply(conn.buffer.bytes(&meta), meta));
+                    break;
+                }
+                Err(nix::errno::Errno::ECONNRESET | nix::errno::Errno::EINTR) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        match left {
+            Some(Err(error)) if error.reason_name() == "DRAINING" => LaneError::Failed(error),
+            _ => {
+                if fresh {
+                    self.lock().backoff_until = Some(Instant::now() + BACKOFF);
+                }
+                LaneError::NotSent
             }
         }
     }

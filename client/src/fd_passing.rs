@@ -78,7 +78,8 @@ pub fn send_packet(
     Ok(())
 }
 
-/// Receives one packet. `Ok(None)`: the peer closed the connection.
+/// Receives one packet. `Ok(None)`: the peer closed the connection (an
+/// empty packet from a peer still connected is `Some`, with no bytes).
 /// `dont_wait`: `EAGAIN` instead of blocking when nothing is queued.
 pub fn recv_packet(socket: BorrowedFd<'_>, dont_wait: bool) -> nix::Result<Option<Packet>> {
     let mut buffer = PacketBuffer::new();
@@ -163,7 +164,12 @@ pub fn recv_packet_in(
         }
         (message.bytes, message.flags, fds)
     };
-    if len == 0 && fds.is_empty() {
+    // A SOCK_SEQPACKET receive of 0 bytes is either an empty packet or the
+    // end of the stream; only the peer's hang-up tells them apart (at end
+    // of stream the socket has RCV_SHUTDOWN, which poll reports as
+    // POLLRDHUP). An empty packet whose sender has since hung up is taken
+    // as the end: nobody is left to answer.
+    if len == 0 && fds.is_empty() && peer_hung_up(socket) {
         return Ok(None);
     }
     Ok(Some(PacketMeta {
@@ -171,6 +177,22 @@ pub fn recv_packet_in(
         fds,
         truncated: returned_flags.contains(MsgFlags::MSG_TRUNC),
     }))
+}
+
+/// True when the peer of `socket` has hung up (or its state cannot be
+/// read: then the connection is as good as ended).
+fn peer_hung_up(socket: BorrowedFd<'_>) -> bool {
+    use nix::libc::{poll, pollfd, POLLERR, POLLHUP, POLLRDHUP};
+    let mut watched = pollfd {
+        fd: socket.as_raw_fd(),
+        events: POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: `watched` is one valid pollfd for the call's duration, the
+    // count passed is 1, and a zero timeout never blocks; `socket` is
+    // borrowed, so the descriptor stays open throughout.
+    let ready = unsafe { poll(&mut watched, 1, 0) };
+    ready < 0 || watched.revents & (POLLRDHUP | POLLHUP | POLLERR) != 0
 }
 
 /// A connected, close-on-exec `SOCK_SEQPACKET` socket to `path`.
@@ -319,6 +341,23 @@ mod tests {
         assert!(packet.truncated);
         assert_eq!(packet.bytes.len(), MAX_PACKET);
         assert_eq!(recv_packet(b.as_fd(), true).unwrap_err(), Errno::EAGAIN);
+        drop(a);
+        assert!(recv_packet(b.as_fd(), false).unwrap().is_none());
+    }
+
+    /// An empty packet is a packet, not the end of the stream: the peer is
+    /// still there, and what it sends next still arrives.
+    #[test]
+    fn an_empty_packet_is_not_the_end_of_the_stream() {
+        let (a, b) = pair();
+        send_packet(a.as_fd(), b"", None, false).unwrap();
+        send_packet(a.as_fd(), b"next", None, false).unwrap();
+        let empty = recv_packet(b.as_fd(), false).unwrap().unwrap();
+        assert!(empty.bytes.is_empty() && empty.fds.is_empty() && !empty.truncated);
+        assert_eq!(
+            recv_packet(b.as_fd(), false).unwrap().unwrap().bytes,
+            b"next"
+        );
         drop(a);
         assert!(recv_packet(b.as_fd(), false).unwrap().is_none());
     }

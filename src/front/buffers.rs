@@ -13,8 +13,10 @@
 //!   it on the fd socket completes the same checks and open as any buffer.
 //!   The front keeps a reference to the descriptor until the registration
 //!   ends, to open it again after an executor restart.
-//! - Per-session and per-tenant limits are checked before the open and
-//!   again at the commit.
+//! - Per-session, per-tenant and daemon-wide limits (buffers, registered
+//!   bytes, buffers passed by descriptor) are checked before the open and
+//!   again at the commit; a buffer passed by descriptor is counted against
+//!   the descriptor limits already when its token is issued.
 
 use ptxd_proto::executor::{self as exec, open_buffer, reply, request::Op};
 
@@ -148,6 +150,24 @@ pub(super) fn open_buffer_op(entry: &BufferEntry, link: &ExecutorLink) -> Result
     }))
 }
 
+/// Refuses a shared-memory object that `uid` does not own (root may map
+/// any), naming the object and never its owner. The executor checks again
+/// on the object it opens; this check answers first, with the front's
+/// words. An object that cannot be looked at here is left to the executor.
+fn check_shm_owner(name: &str, uid: u32) -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt;
+    if uid == 0 {
+        return Ok(());
+    }
+    // `name` is validated: '/' then a name without '/'.
+    match std::fs::symlink_metadata(format!("/dev/shm{name}")) {
+        Ok(meta) if meta.uid() != uid => Err(Error::ShmNotOwned {
+            name: name.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl Front {
     /// RegisterBuffer. A posix_fd source answers with a token; the
     /// descriptor then comes through [`Front::attach_fd`].
@@ -204,6 +224,9 @@ impl Front {
                         "a POSIX shared-memory name is '/' then 1 to 254 characters without '/' or NUL"
                             .into(),
                 })?;
+                if let Some(credentials) = peer.credentials() {
+                    check_shm_owner(&name, credentials.uid)?;
+                }
                 let uuid = (!device_uuid.is_empty()).then_some(device_uuid);
                 (BufferSource::HostShm { name }, uuid)
             }
@@ -254,7 +277,7 @@ impl Front {
         {
             let state = self.lock();
             state.session(session_id, peer)?;
-            self.check_buffer_limits(&state, session_id, awaiting.size)?;
+            self.check_buffer_limits(&state, session_id, awaiting.size, true)?;
             if let Some(uuid) = &awaiting.device_uuid {
                 state.device_by_uuid(uuid)?;
             }
@@ -297,11 +320,12 @@ impl Front {
         claimed_uuid: Option<String>,
     ) -> Result<RegisteredBuffer, Error> {
         let session_id = session_id.clone();
+        let by_fd = source.holds_descriptor();
         let (id, index, link, generation, device_uuid) = {
             let mut state = self.lock();
             state.refuse_if_draining()?;
             state.session(&session_id, peer)?;
-            self.check_buffer_limits(&state, &session_id, size)?;
+            self.check_buffer_limits(&state, &session_id, size, by_fd)?;
             let index = match &claimed_uuid {
                 Some(uuid) => state.device_by_uuid(uuid)?,
                 None => 0,
@@ -348,7 +372,7 @@ impl Front {
                 let mut state = self.lock();
                 state.recheck(&session_id, index, generation, &device_uuid)?;
                 state.session(&session_id, peer)?;
-                self.check_buffer_limits(&state, &session_id, size)?;
+                self.check_buffer_limits(&state, &session_id, size, by_fd)?;
                 let mut entry = entry;
                 entry.ring_index = state
                     .sessions
@@ -381,27 +405,49 @@ impl Front {
         state: &State,
         session: &SessionId,
         size: u64,
+        by_fd: bool,
     ) -> Result<(), Error> {
         let holdings = state.registry.holdings(session);
         let tenant = state.sessions.get(session).map(|s| s.tenant());
+        let over = |limit: &'static str, value: u64| Err(Error::LimitExceeded { limit, value });
         if u64::from(holdings.buffers) >= u64::from(self.limits.max_buffers_per_session) {
-            return Err(Error::LimitExceeded {
-                limit: "max_buffers_per_session",
-                value: self.limits.max_buffers_per_session.into(),
-            });
+            return over(
+                "max_buffers_per_session",
+                self.limits.max_buffers_per_session.into(),
+            );
         }
         if holdings.buffer_bytes.saturating_add(size) > self.limits.max_buffer_bytes_per_session {
-            return Err(Error::LimitExceeded {
-                limit: "max_buffer_bytes_per_session",
-                value: self.limits.max_buffer_bytes_per_session,
-            });
+            return over(
+                "max_buffer_bytes_per_session",
+                self.limits.max_buffer_bytes_per_session,
+            );
         }
-        if tenant.is_some_and(|t| state.tenant_usage(t).buffers >= self.limits.max_buffers_per_uid)
-        {
-            return Err(Error::LimitExceeded {
-                limit: "max_buffers_per_uid",
-                value: self.limits.max_buffers_per_uid.into(),
-            });
+        if let Some(tenant) = tenant {
+            let usage = state.tenant_holdings(tenant);
+            if usage.buffers >= self.limits.max_buffers_per_uid {
+                return over(
+                    "max_buffers_per_uid",
+                    self.limits.max_buffers_per_uid.into(),
+                );
+            }
+            if usage.buffer_bytes.saturating_add(size) > self.limits.max_buffer_bytes_per_uid {
+                return over(
+                    "max_buffer_bytes_per_uid",
+                    self.limits.max_buffer_bytes_per_uid,
+                );
+            }
+            if by_fd && u64::from(usage.descriptors) >= self.limits.max_fd_buffers_per_uid {
+                return over("max_fd_buffers_per_uid", self.limits.max_fd_buffers_per_uid);
+            }
+        }
+        // The daemon-wide bounds, after the tenant's own: a tenant over its
+        // share is told so, not that the daemon is full.
+        let (total_bytes, total_fd_buffers) = state.registry.totals();
+        if total_bytes.saturating_add(size) > self.limits.max_buffer_bytes {
+            return over("max_buffer_bytes", self.limits.max_buffer_bytes);
+        }
+        if by_fd && total_fd_buffers >= self.limits.max_fd_buffers {
+            return over("max_fd_buffers", self.limits.max_fd_buffers);
         }
         Ok(())
     }

@@ -136,12 +136,21 @@ impl Executor for ExecutorLink {
 /// Sends a clean-up or undo request; failures are logged, never returned
 /// (the executor, or its death, releases the object anyway).
 async fn undo_in<E: Executor>(executor: &E, op: Op) {
+    // Clients decide how many clean-ups there are: the lines are
+    // rate-limited like a refusal's.
+    let log = crate::connections::request_log();
     match tokio::time::timeout(CLEANUP_TIMEOUT, executor.call(op)).await {
         Ok(Ok(reply::Result::Failure(f))) => {
-            tracing::warn!(message = %f.message, "executor clean-up failed")
+            if let Some(count) = log.admit("executor clean-up failed") {
+                tracing::warn!(message = %f.message, count, "executor clean-up failed")
+            }
         }
         Ok(Err(e)) => tracing::debug!(error = %e, "executor gone during clean-up"),
-        Err(_) => tracing::warn!("executor clean-up timed out"),
+        Err(_) => {
+            if let Some(count) = log.admit("executor clean-up timed out") {
+                tracing::warn!(count, "executor clean-up timed out")
+            }
+        }
         Ok(Ok(_)) => {}
     }
 }

@@ -32,7 +32,8 @@
 //! - Every refusal about a handle is the same for another session's live
 //!   handle and a never-issued one (handles are per-session tokens; the
 //!   registry and the slot table keep this).
-//! - Per-tenant quotas (sessions, slots, buffers, loaded artifact bytes) are
+//! - Per-tenant and daemon-wide quotas (sessions, slots, buffers, buffer
+//!   bytes, buffers passed by descriptor, loaded artifact bytes) are
 //!   checked at the check and again at the commit; a tenant over its share
 //!   loses its own dead and idle kernels first, never another tenant's.
 //! - A caller without credentials (TCP) never gets what depends on identity:
@@ -208,6 +209,20 @@ impl State {
             }
         }
         usage
+    }
+
+    /// What `tenant`'s sessions hold in the registry together: buffers,
+    /// their bytes, and how many were passed by descriptor.
+    fn tenant_holdings(&self, tenant: Tenant) -> crate::buffers::Holdings {
+        let mut held = crate::buffers::Holdings::default();
+        for session in self.sessions.values().filter(|s| s.tenant() == tenant) {
+            let holdings = self.registry.holdings(&session.id);
+            held.buffers += holdings.buffers;
+            held.events += holdings.events;
+            held.buffer_bytes = held.buffer_bytes.saturating_add(holdings.buffer_bytes);
+            held.descriptors += holdings.descriptors;
+        }
+        held
     }
 
     /// The device a request names: by uuid, by ordinal, or the first.

@@ -142,13 +142,21 @@ impl Front {
                     Ok(op) => matches!(link.call(op).await, Ok(reply::Result::OpenBuffer(_))),
                     Err(_) => false,
                 };
-                if !ok {
-                    tracing::warn!(
-                        buffer = buffer.id.0,
-                        "buffer could not be re-opened after restart; it is stale"
-                    );
-                }
                 reopened_buffers.push((buffer.id, ok));
+            }
+            // One line per restart, not one per buffer: clients decide how
+            // many of their buffers cannot be re-opened (a shrunk object).
+            let stale = reopened_buffers.iter().filter(|(_, ok)| !ok).count();
+            if stale > 0 {
+                let first = reopened_buffers
+                    .iter()
+                    .find(|(_, ok)| !ok)
+                    .map(|(id, _)| id.0);
+                tracing::warn!(
+                    count = stale,
+                    first,
+                    "buffers could not be re-opened after restart; they are stale"
+                );
             }
             let mut reopened_events = Vec::new();
             for event in &events {
