@@ -286,6 +286,12 @@ pub enum Stmt {
         line: u32,
     },
     Instr(Instr),
+    /// A directive in the body that changes how ptxas compiles the code
+    /// (`.pragma "nounroll";`) and that the canonical text does not keep.
+    Unkept {
+        directive: String,
+        line: u32,
+    },
     /// `{`
     Open,
     /// `}`
@@ -318,6 +324,9 @@ pub struct Function {
     /// `None` for a declaration without a body.
     pub body: Option<Vec<Stmt>>,
     pub line: u32,
+    /// Performance and cluster directives the canonical text does not keep
+    /// (`.maxclusterrank`, `.noreturn`, `.pragma`, ..), with their lines.
+    pub unkept: Vec<(String, u32)>,
 }
 
 /// A module-level variable.
@@ -337,6 +346,8 @@ pub struct Module {
     pub address_size: Option<u32>,
     pub functions: Vec<Function>,
     pub variables: Vec<Variable>,
+    /// Module-level `.pragma`s, which the canonical text does not keep.
+    pub unkept: Vec<(String, u32)>,
 }
 
 const TYPES: &[&str] = &[
@@ -551,6 +562,7 @@ impl<'a> Parser<'a> {
                 ".pragma" => {
                     self.pos += 1;
                     self.pragma()?;
+                    m.unkept.push((t.text.to_string(), t.line));
                 }
                 ".visible" | ".extern" | ".weak" | ".common" => self.pos += 1,
                 ".entry" | ".func" => {
@@ -614,6 +626,7 @@ impl<'a> Parser<'a> {
             maxnreg: None,
             body: None,
             line,
+            unkept: Vec::new(),
         };
         loop {
             let t = self.peek().ok_or_else(|| self.eof("a function body"))?;
@@ -642,15 +655,21 @@ impl<'a> Parser<'a> {
                 (TokKind::Word, ".maxclusterrank") => {
                     self.pos += 1;
                     self.u32_value()?;
+                    f.unkept.push((t.text.to_string(), t.line));
                 }
                 (TokKind::Word, ".reqnctapercluster") => {
                     self.pos += 1;
                     self.dims()?;
+                    f.unkept.push((t.text.to_string(), t.line));
                 }
-                (TokKind::Word, ".explicitcluster" | ".noreturn") => self.pos += 1,
+                (TokKind::Word, ".explicitcluster" | ".noreturn") => {
+                    self.pos += 1;
+                    f.unkept.push((t.text.to_string(), t.line));
+                }
                 (TokKind::Word, ".pragma") => {
                     self.pos += 1;
                     self.pragma()?;
+                    f.unkept.push((t.text.to_string(), t.line));
                 }
                 _ => return Err(Self::unexpected(t, "a performance directive or `{`")),
             }
@@ -768,6 +787,10 @@ impl<'a> Parser<'a> {
             ".pragma" => {
                 self.pos += 1;
                 self.pragma()?;
+                out.push(Stmt::Unkept {
+                    directive: t.text.to_string(),
+                    line: t.line,
+                });
             }
             ".reg" => {
                 self.pos += 1;

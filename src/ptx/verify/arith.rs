@@ -49,10 +49,12 @@ fn offset_by(base: V, off: V) -> Option<V> {
     match (base, off) {
         (Param(m), Scaled(s)) => Some(Addr(m, s)),
         (Param(m), Index) => Some(Addr(m, 1)),
-        (Param(m) | Addr(m, _) | Derived(m), Narrow) | (NarrowAddr(m), _) if off.params() == 0 => {
+        (Param(m) | Addr(m, _) | Derived(m), Narrow) | (NarrowAddr(m), _)
+            if off.params().is_empty() =>
+        {
             Some(NarrowAddr(m))
         }
-        (Param(m) | Addr(m, _) | Derived(m), y) if y.params() == 0 => Some(Derived(m)),
+        (Param(m) | Addr(m, _) | Derived(m), y) if y.params().is_empty() => Some(Derived(m)),
         _ => None,
     }
 }
@@ -117,16 +119,16 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
         ("add", None) if int_ty(inst, 64) => {
             if matches!((a, b), (Block64, S64(Sk::Tid)) | (S64(Sk::Tid), Block64)) {
                 Some(Index)
-            } else if a.params() != 0 {
+            } else if a.params().has_any() {
                 offset_by(a, b)
-            } else if b.params() != 0 {
+            } else if b.params().has_any() {
                 offset_by(b, a)
             } else {
                 None
             }
         }
         ("sub", None) if int_ty(inst, 64) => match (a, b) {
-            (Param(m) | Addr(m, _) | Derived(m), y) if y.params() == 0 => Some(Derived(m)),
+            (Param(m) | Addr(m, _) | Derived(m), y) if y.params().is_empty() => Some(Derived(m)),
             _ => None,
         },
         ("mad", Some(c)) if wide32(inst) => {
@@ -135,7 +137,7 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
             } else if matches!(a, Narrow | S32(_) | Block32)
                 || matches!(b, Narrow | S32(_) | Block32)
             {
-                Some(if c.params() != 0 {
+                Some(if c.params().has_any() {
                     NarrowAddr(c.params())
                 } else {
                     Narrow
@@ -151,7 +153,7 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
         ("mad", Some(c)) if int_ty(inst, 64) && inst.has("lo") => {
             if is_block(a, b, S64) && c == S64(Sk::Tid) {
                 Some(Index)
-            } else if c.params() != 0 {
+            } else if c.params().has_any() {
                 either(&scale_by).and_then(|sc| offset_by(c, sc))
             } else if a == Narrow || b == Narrow {
                 Some(Narrow)

@@ -23,6 +23,7 @@ use crate::ptx::parse::Imm;
 
 use super::arith::{arith, int_ty, is_int};
 use super::instructions::destinations;
+use super::SubReason;
 
 /// The special registers the index is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,17 +33,62 @@ pub(super) enum Sk {
     Ctaid,
 }
 
-/// A set of params, one bit per param index (pointer and count params
-/// come first, so at most `MAX_INPUTS + 2` bits are ever set).
-pub(super) type Mask = u128;
+/// A set of params: the params whose bits a value may carry.
+///
+/// Only the 64-bit integer params (the pointers and the count) ever join a
+/// set, and `layout` admits at most `MAX_INPUTS + 2` of them (checked at
+/// compile time below), well inside [`ParamSet::CAPACITY`]. The one way in
+/// is [`ParamSet::single`], which answers `None` past the capacity, so no
+/// param index can lose its bit unnoticed (the caller refuses it as
+/// `param_out_of_range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct ParamSet(u128);
 
-pub(super) fn bit(p: u16) -> Mask {
-    1u128.checked_shl(u32::from(p)).unwrap_or(0)
+const _: () = assert!(super::MAX_INPUTS + 2 <= ParamSet::CAPACITY as usize);
+
+impl ParamSet {
+    pub(super) const EMPTY: ParamSet = ParamSet(0);
+    /// The most params a set can name.
+    pub(super) const CAPACITY: u16 = 128;
+
+    /// The set holding param `p` alone, or `None` when `p` has no bit.
+    pub(super) fn single(p: u16) -> Option<ParamSet> {
+        1u128.checked_shl(u32::from(p)).map(ParamSet)
+    }
+
+    pub(super) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub(super) fn has_any(self) -> bool {
+        self.0 != 0
+    }
+
+    pub(super) fn len(self) -> u32 {
+        self.0.count_ones()
+    }
+
+    /// The lowest param of the set.
+    pub(super) fn first(self) -> Option<u16> {
+        (self.0 != 0).then(|| u16::try_from(self.0.trailing_zeros()).unwrap_or(u16::MAX))
+    }
+
+    /// The params of the set, lowest first.
+    pub(super) fn iter(self) -> impl Iterator<Item = u16> {
+        (0..Self::CAPACITY).filter(move |p| self.0 >> p & 1 == 1)
+    }
 }
 
-/// The lowest param of a mask, for messages.
-pub(super) fn first(m: Mask) -> Option<u16> {
-    (m != 0).then(|| u16::try_from(m.trailing_zeros()).unwrap_or(u16::MAX))
+impl std::ops::BitOr for ParamSet {
+    type Output = ParamSet;
+    fn bitor(self, other: ParamSet) -> ParamSet {
+        ParamSet(self.0 | other.0)
+    }
+}
+
+/// The lowest param of a set, for messages.
+pub(super) fn first(m: ParamSet) -> Option<u16> {
+    m.first()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +98,7 @@ pub(super) enum V {
     Const(i64),
     /// The raw value of one of these 64-bit integer params (a pointer or
     /// the count; more than one bit after a `selp` or a join).
-    Param(Mask),
+    Param(ParamSet),
     /// `%tid.x` etc. in 32 bits.
     S32(Sk),
     /// The same, zero-extended to 64 bits.
@@ -68,14 +114,14 @@ pub(super) enum V {
     /// `i × s` in 64 bits.
     Scaled(u32),
     /// `param + i × s` for one of the params of the mask.
-    Addr(Mask, u32),
+    Addr(ParamSet, u32),
     /// A param plus something that is not `i × s`.
-    Derived(Mask),
+    Derived(ParamSet),
     /// A param plus a 32-bit (wrapping) index times something.
-    NarrowAddr(Mask),
+    NarrowAddr(ParamSet),
     /// May carry the bits of one of these params (after a join of a pointer
     /// with something else). Never an address, never data.
-    Tainted(Mask),
+    Tainted(ParamSet),
     /// A predicate that is true when `i >= n` (`in_range == false`) or when
     /// `i < n` (`in_range == true`), `n` being param `count`.
     Guard {
@@ -86,10 +132,10 @@ pub(super) enum V {
 
 impl V {
     /// The params whose bits this value may carry.
-    pub(super) fn params(self) -> Mask {
+    pub(super) fn params(self) -> ParamSet {
         match self {
             V::Param(m) | V::Addr(m, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
-            _ => 0,
+            _ => ParamSet::EMPTY,
         }
     }
 
@@ -121,7 +167,7 @@ impl V {
         match (self, other) {
             (V::Param(a), V::Param(b)) => V::Param(a | b),
             (V::Addr(a, s), V::Addr(b, t)) if s == t => V::Addr(a | b, s),
-            _ if m != 0 => V::Tainted(m),
+            _ if !m.is_empty() => V::Tainted(m),
             _ => V::Top,
         }
     }
@@ -161,14 +207,14 @@ pub(super) enum AccessKind {
 #[derive(Debug, Clone)]
 pub(super) enum Event {
     Access {
-        params: Mask,
+        params: ParamSet,
         kind: AccessKind,
         width: u32,
         scale: u32,
         guarded: Option<u16>,
     },
     Bad {
-        sub_reason: &'static str,
+        sub_reason: SubReason,
         param: Option<u16>,
         explanation: String,
     },
@@ -217,7 +263,7 @@ pub(super) fn predicated(
             events.insert(
                 pc,
                 Event::Bad {
-                    sub_reason: "predicated_definition",
+                    sub_reason: SubReason::PredicatedDefinition,
                     param: first(old.params() | new.params()),
                     explanation: format!(
                         "`{}` is predicated: it may not run, and it defines an index, address, \
@@ -238,8 +284,10 @@ fn val(st: &State, o: &Opnd) -> V {
         // carries every part's pointer bits (a `.b128` pack holds two whole
         // 64-bit pointers), and is never a value ptxd relies on.
         Opnd::List(items) => {
-            let m = items.iter().fold(0, |m, it| m | val(st, it).params());
-            if m != 0 {
+            let m = items
+                .iter()
+                .fold(ParamSet::EMPTY, |m, it| m | val(st, it).params());
+            if !m.is_empty() {
                 V::Tainted(m)
             } else {
                 V::Top
@@ -247,7 +295,7 @@ fn val(st: &State, o: &Opnd) -> V {
         }
         Opnd::Pair(a, b) => {
             let m = val(st, &Opnd::Reg(*a)).params() | val(st, &Opnd::Reg(*b)).params();
-            if m != 0 {
+            if !m.is_empty() {
                 V::Tainted(m)
             } else {
                 V::Top
@@ -266,7 +314,7 @@ fn escape(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
         events.insert(
             pc,
             Event::Bad {
-                sub_reason: "pointer_escape",
+                sub_reason: SubReason::PointerEscape,
                 param: Some(p),
                 explanation: what,
             },
@@ -344,6 +392,104 @@ fn misuse(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
     }
 }
 
+/// `ld.param` of `width` bytes at `[param p + offset]`: the bytes must lie
+/// inside that param's own declared size (ptxas wraps an access past the
+/// param space onto other params), and only a whole 64-bit integer param
+/// is a pointer or the count.
+fn load_param(
+    k: &Kernel,
+    pc: usize,
+    inst: &Inst,
+    p: u16,
+    offset: i64,
+    events: &mut BTreeMap<usize, Event>,
+) -> V {
+    let pty = k.params.get(usize::from(p)).map(|x| x.ty.as_str());
+    // `layout` admits only these param types, and no arrays.
+    let size: u64 = match pty {
+        Some("u64" | "s64" | "b64") => 8,
+        Some("f32") => 4,
+        _ => 0,
+    };
+    let lty = inst.types().last().copied();
+    let width = u64::from(lty.map_or(0, |t| t.bytes()));
+    let inside = u64::try_from(offset)
+        .ok()
+        .and_then(|o| o.checked_add(width))
+        .is_some_and(|end| width > 0 && end <= size);
+    let out_of_range = |why: String| Event::Bad {
+        sub_reason: SubReason::ParamOutOfRange,
+        param: None,
+        explanation: why,
+    };
+    if !inside {
+        events.insert(
+            pc,
+            out_of_range(format!(
+                "`{}` reads {width} bytes at offset {offset} of param {p}, which holds {size}",
+                inst.opcode
+            )),
+        );
+        return V::Top;
+    }
+    if size == 4 {
+        // A float param: its bits are data; only a part of it is refused,
+        // as before.
+        return match (offset, lty) {
+            (0, Some(Ty::F32 | Ty::B32 | Ty::U32 | Ty::S32)) => V::Top,
+            (0, _) => {
+                events.entry(pc).or_insert(Event::Misuse {
+                    param: p,
+                    explanation: format!("`{}` loads the param at another width", inst.opcode),
+                });
+                V::Top
+            }
+            _ => {
+                events.insert(
+                    pc,
+                    Event::Bad {
+                        sub_reason: SubReason::PointerEscape,
+                        param: Some(p),
+                        explanation: format!("`{}` loads part of the param", inst.opcode),
+                    },
+                );
+                V::Top
+            }
+        };
+    }
+    let Some(set) = ParamSet::single(p) else {
+        events.insert(
+            pc,
+            out_of_range(format!(
+                "param {p} is past the {} params the model represents",
+                ParamSet::CAPACITY
+            )),
+        );
+        return V::Top;
+    };
+    match (offset, lty) {
+        (0, Some(Ty::U64 | Ty::S64 | Ty::B64)) => V::Param(set),
+        (0, _) => {
+            escape(
+                events,
+                pc,
+                V::Param(set),
+                format!("`{}` loads the pointer param at another width", inst.opcode),
+            );
+            V::Top
+        }
+        _ => {
+            escape(
+                events,
+                pc,
+                V::Param(set),
+                format!("`{}` loads part of the param", inst.opcode),
+            );
+            V::Top
+        }
+    }
+}
+
 /// Interprets one non-branch instruction.
 pub(super) fn step(
     k: &Kernel,
@@ -367,53 +513,11 @@ pub(super) fn step(
             let v = match ops.get(1) {
                 Some(Opnd::Addr {
                     base: Base::Param(p),
-                    offset: 0,
-                }) => {
-                    let pty = k.params.get(*p as usize).map(|x| x.ty.as_str());
-                    let lty = inst.types().first().copied();
-                    match (pty, lty) {
-                        (Some("u64" | "s64" | "b64"), Some(Ty::U64 | Ty::S64 | Ty::B64)) => {
-                            V::Param(bit(*p))
-                        }
-                        (Some("f32"), Some(Ty::F32 | Ty::B32 | Ty::U32 | Ty::S32)) => V::Top,
-                        (Some("u64" | "s64" | "b64"), _) => {
-                            escape(
-                                events,
-                                pc,
-                                V::Param(bit(*p)),
-                                format!(
-                                    "`{}` loads the pointer param at another width",
-                                    inst.opcode
-                                ),
-                            );
-                            V::Top
-                        }
-                        _ => {
-                            misuse(
-                                events,
-                                pc,
-                                V::Param(bit(*p)),
-                                format!("`{}` loads the param at another width", inst.opcode),
-                            );
-                            V::Top
-                        }
-                    }
-                }
-                Some(Opnd::Addr {
-                    base: Base::Param(p),
-                    ..
-                }) => {
-                    escape(
-                        events,
-                        pc,
-                        V::Param(bit(*p)),
-                        format!("`{}` loads part of the param", inst.opcode),
-                    );
-                    V::Top
-                }
+                    offset,
+                }) => load_param(k, pc, inst, *p, *offset, events),
                 _ => {
                     events.entry(pc).or_insert(Event::Bad {
-                        sub_reason: "param_misuse",
+                        sub_reason: SubReason::ParamMisuse,
                         param: None,
                         explanation: "a param-space load not from a named param".into(),
                     });
@@ -455,12 +559,12 @@ pub(super) fn step(
                         guarded,
                     },
                     (Some(V::NarrowAddr(m)), _) => Event::Bad {
-                        sub_reason: "index_not_64bit",
+                        sub_reason: SubReason::IndexNot64bit,
                         param: first(m),
                         explanation: "the element index is computed in 32 bits and wraps".into(),
                     },
-                    (Some(v), _) if v.params() != 0 => Event::Bad {
-                        sub_reason: "non_elementwise_address",
+                    (Some(v), _) if v.params().has_any() => Event::Bad {
+                        sub_reason: SubReason::NonElementwiseAddress,
                         param: v.pointer(),
                         explanation: format!(
                             "`{}` does not access element i of its operand (broadcast, offset, gather or strided)",
@@ -468,7 +572,7 @@ pub(super) fn step(
                         ),
                     },
                     _ => Event::Bad {
-                        sub_reason: "non_elementwise_address",
+                        sub_reason: SubReason::NonElementwiseAddress,
                         param: None,
                         explanation: format!(
                             "`{}` accesses an address not derived from a pointer param",
@@ -477,7 +581,7 @@ pub(super) fn step(
                     },
                 },
                 _ => Event::Bad {
-                    sub_reason: "non_elementwise_address",
+                    sub_reason: SubReason::NonElementwiseAddress,
                     param: None,
                     explanation: format!("`{}` uses an absolute or symbolic address", inst.opcode),
                 },
@@ -488,7 +592,7 @@ pub(super) fn step(
                     Some(Opnd::List(items)) => items
                         .iter()
                         .map(|o| val(st, o))
-                        .fold(V::Top, |acc, v| if v.params() != 0 { v } else { acc }),
+                        .fold(V::Top, |acc, v| if v.params().has_any() { v } else { acc }),
                     _ => src(data_i),
                 };
                 escape(
@@ -531,7 +635,7 @@ pub(super) fn step(
         }
         "cvta" => {
             let v = src(1);
-            let r = if v.params() != 0 && int_ty(inst, 64) {
+            let r = if v.params().has_any() && int_ty(inst, 64) {
                 v
             } else {
                 misuse(
@@ -572,12 +676,12 @@ pub(super) fn step(
         {
             let (a, b) = (src(1), src(2));
             let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
-            let single = |m: Mask| (m.count_ones() == 1).then(|| first(m)).flatten();
+            let single = |m: ParamSet| (m.len() == 1).then(|| first(m)).flatten();
             let r = match (a, b) {
                 _ if !is_int(inst) => {
-                    if a.params() | b.params() != 0 {
+                    if (a.params() | b.params()).has_any() {
                         events.entry(pc).or_insert(Event::Bad {
-                            sub_reason: "non_integer_arithmetic",
+                            sub_reason: SubReason::NonIntegerArithmetic,
                             param: first(a.params() | b.params()),
                             explanation: format!("`{}` compares a pointer as a float", inst.opcode),
                         });
@@ -623,7 +727,7 @@ pub(super) fn step(
                 }
                 (V::Narrow, V::Param(m)) | (V::Param(m), V::Narrow) => {
                     events.entry(pc).or_insert(Event::Bad {
-                        sub_reason: "index_not_64bit",
+                        sub_reason: SubReason::IndexNot64bit,
                         param: first(m),
                         explanation: "the bounds guard compares a 32-bit index".into(),
                     });
@@ -721,9 +825,9 @@ pub(super) fn step(
                     let float = inst.types().first().is_some_and(|t| !t.is_int());
                     for o in ops.iter().skip(1) {
                         let v = val(st, o);
-                        if float && v.params() != 0 {
+                        if float && v.params().has_any() {
                             events.entry(pc).or_insert(Event::Bad {
-                                sub_reason: "non_integer_arithmetic",
+                                sub_reason: SubReason::NonIntegerArithmetic,
                                 param: v.pointer(),
                                 explanation: format!(
                                     "`{}` computes with a pointer at a non-integer type",
