@@ -416,3 +416,248 @@ fn directives_that_change_code_generation_are_kept_or_refused() {
         assert_eq!(refusal(&text), "canonical_form", "{what}");
     }
 }
+
+// ---------------------------------------------------------------------
+// 5. Valid kernels accepted as classes: a constant block size under
+//    `.reqntid`, an `or` of disjoint bits, zero and folded constant offsets.
+// ---------------------------------------------------------------------
+
+/// `out[i] = 2 × in0[i]` with the index computed by `index` (into `%rd1`,
+/// from `%r1 = ctaid.x`, `%r3 = tid.x`, `%rd7 = (u64) tid.x`, `%rd17 =
+/// (u64) ctaid.x`), the input address by `load` (from `%rd8 = in0`, `%rd9
+/// = i × 4`, into the access `ld.global.f32 %f1, ..`) and the output
+/// address by `store` (from `%rd13 = out`, `%rd9`, storing `%f2`).
+fn doubling(launch_bounds: &str, index: &str, load: &str, store: &str) -> String {
+    format!(
+        ".version 8.3\n.target sm_90\n.address_size 64\n\
+         .visible .entry k(\n\t.param .u64 k_in0,\n\t.param .u64 k_out,\n\t.param .u64 k_n\n)\n{launch_bounds}\n{{\n\
+         \t.reg .pred %p<4>;\n\t.reg .f32 %f<8>;\n\t.reg .b32 %r<8>;\n\t.reg .b64 %rd<32>;\n\
+         \tld.param.u64 %rd2, [k_in0];\n\tld.param.u64 %rd4, [k_out];\n\tld.param.u64 %rd5, [k_n];\n\
+         \tmov.u32 %r1, %ctaid.x;\n\tmov.u32 %r3, %tid.x;\n\tcvt.u64.u32 %rd7, %r3;\n\tcvt.u64.u32 %rd17, %r1;\n\
+         \t{index}\n\
+         \tsetp.ge.s64 %p1, %rd1, %rd5;\n\t@%p1 bra DONE;\n\
+         \tcvta.to.global.u64 %rd8, %rd2;\n\tshl.b64 %rd9, %rd1, 2;\n\
+         \t{load}\n\
+         \tmul.f32 %f2, %f1, 0f40000000;\n\
+         \tcvta.to.global.u64 %rd13, %rd4;\n\
+         \t{store}\n\
+         DONE:\n\tret;\n}}\n"
+    )
+}
+
+const INDEX: &str =
+    "mov.u32 %r2, %ntid.x;\n\tmul.wide.u32 %rd6, %r1, %r2;\n\tadd.s64 %rd1, %rd6, %rd7;";
+const LOAD: &str = "add.s64 %rd10, %rd8, %rd9;\n\tld.global.f32 %f1, [%rd10];";
+const STORE: &str = "add.s64 %rd14, %rd13, %rd9;\n\tst.global.f32 [%rd14], %f2;";
+
+/// Accepts `text` and checks it doubles every element on the host engine.
+fn doubles(what: &str, text: &str) {
+    let c = ptx::canonicalize(text, "k", None).unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
+    assert_eq!(c.signature.element_sizes, vec![4, 4], "{what}");
+    let mut r = rng();
+    for n in [1usize, 255, 256, 1000, 2049] {
+        let a = rand_f32(&mut r, n);
+        let got = run_f32(text, "k", std::slice::from_ref(&a), &[], n);
+        for i in 0..n {
+            assert_eq!(
+                got[i].to_bits(),
+                (a[i] * 2.0).to_bits(),
+                "{what}: element {i} of {n}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_template_doubles() {
+    doubles("template", &doubling("", INDEX, LOAD, STORE));
+}
+
+#[test]
+fn a_constant_block_size_under_reqntid_is_ntid() {
+    let req = ".reqntid 256, 1, 1";
+    for (what, index) in [
+        (
+            "mul.wide 256",
+            "mul.wide.u32 %rd6, %r1, 256;\n\tadd.s64 %rd1, %rd6, %rd7;",
+        ),
+        (
+            "mul.wide 256 first",
+            "mul.wide.u32 %rd6, 256, %r1;\n\tadd.s64 %rd1, %rd7, %rd6;",
+        ),
+        ("mad.wide 256", "mad.wide.u32 %rd1, %r1, 256, %rd7;"),
+        (
+            "mul.lo.s64 256",
+            "mul.lo.s64 %rd6, %rd17, 256;\n\tadd.s64 %rd1, %rd6, %rd7;",
+        ),
+        (
+            "shl.b64 8",
+            "shl.b64 %rd6, %rd17, 8;\n\tadd.s64 %rd1, %rd6, %rd7;",
+        ),
+    ] {
+        doubles(what, &doubling(req, index, LOAD, STORE));
+        // The same constant under another block size, or none, is no ntid.
+        for other in ["", ".reqntid 128, 1, 1", ".maxntid 256, 1, 1"] {
+            let text = doubling(other, index, LOAD, STORE);
+            assert!(
+                ptx::canonicalize(&text, "k", None).is_err(),
+                "{what} under `{other}` accepted"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_or_of_disjoint_bits_is_an_add() {
+    let or = "shl.b64 %rd6, %rd17, 8;\n\tor.b64 %rd1, %rd6, %rd7;";
+    doubles(
+        "shl | tid",
+        &doubling(".reqntid 256, 1, 1", or, LOAD, STORE),
+    );
+    let or2 = "mul.wide.u32 %rd6, %r1, 256;\n\tor.b64 %rd1, %rd7, %rd6;";
+    doubles(
+        "mul | tid",
+        &doubling(".reqntid 256, 1, 1", or2, LOAD, STORE),
+    );
+    let or3 = "mov.u32 %r2, %ntid.x;\n\tmul.wide.u32 %rd6, %r1, %r2;\n\tor.b64 %rd1, %rd6, %rd7;";
+    doubles(
+        "ntid | tid",
+        &doubling(".reqntid 64, 1, 1", or3, LOAD, STORE),
+    );
+    // Bits that may overlap: no reqntid, or one that is no power of two.
+    for (what, bounds, index) in [
+        ("no reqntid", "", or3),
+        ("reqntid 192", ".reqntid 192, 1, 1", or3),
+        ("maxntid 256", ".maxntid 256, 1, 1", or3),
+    ] {
+        // No index, so no `i < n` guard.
+        assert_eq!(
+            refusal(&doubling(bounds, index, LOAD, STORE)),
+            "unguarded_access",
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn zero_and_folded_constant_offsets_are_element_i() {
+    for (what, load, store) in [
+        (
+            "address + 0",
+            "add.s64 %rd10, %rd8, %rd9;\n\tadd.s64 %rd11, %rd10, 0;\n\tld.global.f32 %f1, [%rd11];",
+            "add.s64 %rd14, %rd13, %rd9;\n\tadd.s64 %rd15, %rd14, 0;\n\tst.global.f32 [%rd15+0], %f2;",
+        ),
+        (
+            "param + 0",
+            "add.s64 %rd11, %rd8, 0;\n\tadd.s64 %rd10, %rd11, %rd9;\n\tld.global.f32 %f1, [%rd10];",
+            STORE,
+        ),
+        (
+            "base - 8, [+8]",
+            "add.s64 %rd11, %rd8, -8;\n\tadd.s64 %rd10, %rd11, %rd9;\n\tld.global.f32 %f1, [%rd10+8];",
+            "sub.s64 %rd15, %rd13, 4;\n\tadd.s64 %rd14, %rd9, %rd15;\n\tst.global.f32 [%rd14+4], %f2;",
+        ),
+        (
+            "base + i×s + 16, [-16]",
+            "add.s64 %rd10, %rd8, %rd9;\n\tadd.s64 %rd11, %rd10, 16;\n\tld.global.f32 %f1, [%rd11-16];",
+            "add.s64 %rd14, %rd13, %rd9;\n\tsub.s64 %rd15, %rd14, -12;\n\tadd.s64 %rd16, %rd15, -12;\n\tst.global.f32 [%rd16], %f2;",
+        ),
+    ] {
+        doubles(what, &doubling("", INDEX, load, store));
+    }
+    // Constants that do not cancel: element i+1, i-1, or a byte off.
+    for load in [
+        "add.s64 %rd10, %rd8, %rd9;\n\tld.global.f32 %f1, [%rd10+4];",
+        "add.s64 %rd11, %rd8, -8;\n\tadd.s64 %rd10, %rd11, %rd9;\n\tld.global.f32 %f1, [%rd10+4];",
+        "add.s64 %rd10, %rd8, %rd9;\n\tadd.s64 %rd11, %rd10, 1;\n\tld.global.f32 %f1, [%rd11];",
+        "add.s64 %rd11, %rd8, 9223372036854775807;\n\tadd.s64 %rd12, %rd11, 1;\n\tadd.s64 %rd10, %rd12, %rd9;\n\tld.global.f32 %f1, [%rd10];",
+    ] {
+        assert_eq!(
+            refusal(&doubling("", INDEX, load, STORE)),
+            "non_elementwise_address",
+            "{load}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------
+// 6. Bounded cost: a hostile kernel at the artifact size limit is refused
+//    as `too_complex` before it costs more than the caps allow.
+// ---------------------------------------------------------------------
+
+/// The daemon's default artifact limit (`--max-artifact-bytes`).
+const MAX_ARTIFACT_BYTES: usize = 16 << 20;
+
+/// `blocks` blocks over `regs` registers, each looping back to the top, in
+/// a valid scalar kernel (`out[i] = in0[i]`), padded to about `size` bytes
+/// with a comment when `size` is given.
+fn hostile(regs: usize, blocks: usize, per: usize) -> String {
+    let mut s = String::from(
+        ".version 8.3\n.target sm_90\n.address_size 64\n.visible .entry k(\n\t.param .u64 k_in0,\n\t.param .u64 k_out,\n\t.param .u64 k_n\n)\n{\n",
+    );
+    s += &format!(
+        "\t.reg .pred %p<3>;\n\t.reg .b32 %r<{regs}>;\n\t.reg .b64 %rd<20>;\n\t.reg .f32 %f<4>;\n"
+    );
+    s += "\tld.param.u64 %rd2, [k_in0];\n\tld.param.u64 %rd4, [k_out];\n\tld.param.u64 %rd5, [k_n];\n\tmov.u32 %r0, %ctaid.x;\n\tmov.u32 %r1, %ntid.x;\n\tmul.wide.u32 %rd6, %r0, %r1;\n\tmov.u32 %r2, %tid.x;\n\tcvt.u64.u32 %rd7, %r2;\n\tadd.s64 %rd1, %rd6, %rd7;\n\tsetp.ge.s64 %p2, %rd1, %rd5;\n\t@%p2 bra DONE;\n";
+    for r in 0..regs {
+        s += &format!("\tmov.b32 %r{r}, {r};\n");
+    }
+    s += "\tsetp.eq.s32 %p1, %r0, 1;\nTOP:\n";
+    for b in 0..blocks {
+        s += &format!("L{b}:\n");
+        for j in 0..per {
+            let d = (b * 7 + j) % regs;
+            let a = (b * 13 + j * 3) % regs;
+            s += &format!("\tadd.s32 %r{d}, %r{a}, %r{d};\n");
+        }
+        s += "\t@%p1 bra TOP;\n";
+    }
+    s += "\tcvta.to.global.u64 %rd8, %rd2;\n\tshl.b64 %rd9, %rd1, 2;\n\tadd.s64 %rd10, %rd8, %rd9;\n\tld.global.f32 %f1, [%rd10];\n\tcvta.to.global.u64 %rd13, %rd4;\n\tadd.s64 %rd14, %rd13, %rd9;\n\tst.global.f32 [%rd14], %f1;\nDONE:\n\tret;\n}\n";
+    s
+}
+
+#[test]
+fn hostile_kernels_at_the_size_limit_are_refused_as_too_complex() {
+    // Many blocks × many registers (the 2.1 GB kernel's shape).
+    let wide = hostile(3000, 3000, 1);
+    assert_eq!(refusal(&wide), "too_complex");
+    // Too many instructions, within the artifact limit.
+    let long = hostile(50, 1, 40_000);
+    assert!(long.len() < MAX_ARTIFACT_BYTES);
+    assert_eq!(refusal(&long), "too_complex");
+    // A token flood filling the artifact limit (a debug section of bytes).
+    let kernel = hostile(10, 1, 1);
+    let mut flood = String::from(".section .debug_info {\n.b8 1");
+    while flood.len() < MAX_ARTIFACT_BYTES - kernel.len() - 8 {
+        flood.push_str(",1");
+    }
+    flood.push_str("\n}\n");
+    let flood = flood + &kernel;
+    assert!(flood.len() <= MAX_ARTIFACT_BYTES);
+    let t = std::time::Instant::now();
+    assert_eq!(refusal(&flood), "too_complex");
+    // Generous: the release figure is about 0.04 s (see the note); this
+    // only catches a return to unbounded work.
+    assert!(t.elapsed().as_secs() < 20, "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_kernel_just_inside_the_bounds_verifies() {
+    // 600 registers × 200 blocks, about 9 000 instructions: analysed, and
+    // accepted (release: see the note for the figures at the caps).
+    let text = hostile(600, 200, 40);
+    let c = canonical(&text, "k");
+    assert_eq!(c.signature.element_sizes, vec![4, 4]);
+}
+
+/// The README's list of sub_reasons and the code cannot drift.
+#[test]
+fn the_readme_lists_every_sub_reason() {
+    let readme = include_str!("../README.md");
+    let missing: Vec<&str> = SubReason::ALL
+        .iter()
+        .map(|r| r.as_str())
+        .filter(|r| !readme.contains(&format!("`{r}`")))
+        .collect();
+    assert!(missing.is_empty(), "not in README.md: {missing:?}");
+}

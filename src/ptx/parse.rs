@@ -166,9 +166,35 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Tok<'_>>, PtxError> {
             return Err(err(line, col, format!("unexpected character {ch:?}")));
         }
         tok.text = &text[start..i];
+        if toks.len() >= MAX_TOKENS {
+            return Err(too_complex(
+                line,
+                format!("the text has more than {MAX_TOKENS} tokens"),
+            ));
+        }
         toks.push(tok);
     }
     Ok(toks)
+}
+
+/// The most tokens a module may have: with [`MAX_INSTRUCTIONS`], what
+/// bounds the memory and time parsing, lowering and verifying one module
+/// can take (the verifier's own work is bounded in `verify/cfg.rs`). The
+/// largest nvcc corpus module has about 10 000.
+pub const MAX_TOKENS: usize = 1 << 19;
+
+/// The most instructions a module may have, over all its functions.
+pub const MAX_INSTRUCTIONS: usize = 1 << 15;
+
+/// A module too large to analyse within the bounds: a `too_complex`
+/// refusal, like the verifier's own.
+fn too_complex(line: u32, explanation: String) -> PtxError {
+    PtxError::NonScalarAbi {
+        sub_reason: super::SubReason::TooComplex.as_str(),
+        param: None,
+        line: Some(line),
+        explanation,
+    }
 }
 
 /// At most 40 characters of `s`, for messages.
@@ -359,6 +385,8 @@ const TYPES: &[&str] = &[
 struct Parser<'a> {
     toks: Vec<Tok<'a>>,
     pos: usize,
+    /// Instructions parsed so far, in every function.
+    instructions: usize,
     /// Position reported at end of input.
     end: (u32, u32),
 }
@@ -370,6 +398,7 @@ pub fn parse(text: &str) -> Result<Module, PtxError> {
     let mut p = Parser {
         toks,
         pos: 0,
+        instructions: 0,
         end: (end_line, 1),
     };
     p.module()
@@ -867,6 +896,13 @@ impl<'a> Parser<'a> {
 
     fn instr(&mut self) -> Result<Instr, PtxError> {
         let first = self.peek().ok_or_else(|| self.eof("an instruction"))?;
+        self.instructions += 1;
+        if self.instructions > MAX_INSTRUCTIONS {
+            return Err(too_complex(
+                first.line,
+                format!("the module has more than {MAX_INSTRUCTIONS} instructions"),
+            ));
+        }
         let mut guard = None;
         if self.eat_punct(b'@') {
             let neg = self.eat_punct(b'!');

@@ -19,7 +19,7 @@ use super::dataflow::{guard_fact, predicated, step, Event, State, V};
 use super::{refuse, SubReason};
 
 /// Bound on the analysis work (blocks × registers) before refusing.
-const MAX_ANALYSIS_CELLS: usize = 1 << 26;
+const MAX_ANALYSIS_CELLS: usize = 1 << 19;
 
 /// Basic blocks: `(start, end)` instruction ranges.
 pub(super) fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {

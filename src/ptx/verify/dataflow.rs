@@ -42,47 +42,55 @@ pub(super) enum Sk {
 /// param index can lose its bit unnoticed (the caller refuses it as
 /// `param_out_of_range`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct ParamSet(u128);
+pub(super) struct ParamSet([u64; 2]);
 
 const _: () = assert!(super::MAX_INPUTS + 2 <= ParamSet::CAPACITY as usize);
 
 impl ParamSet {
-    pub(super) const EMPTY: ParamSet = ParamSet(0);
+    pub(super) const EMPTY: ParamSet = ParamSet([0; 2]);
     /// The most params a set can name.
     pub(super) const CAPACITY: u16 = 128;
 
     /// The set holding param `p` alone, or `None` when `p` has no bit.
     pub(super) fn single(p: u16) -> Option<ParamSet> {
-        1u128.checked_shl(u32::from(p)).map(ParamSet)
+        let mut words = [0u64; 2];
+        *words.get_mut(usize::from(p / 64))? = 1 << (p % 64);
+        Some(ParamSet(words))
+    }
+
+    pub(super) fn contains(self, p: u16) -> bool {
+        self.0
+            .get(usize::from(p / 64))
+            .is_some_and(|w| w >> (p % 64) & 1 == 1)
     }
 
     pub(super) fn is_empty(self) -> bool {
-        self.0 == 0
+        self.0 == [0; 2]
     }
 
     pub(super) fn has_any(self) -> bool {
-        self.0 != 0
+        !self.is_empty()
     }
 
     pub(super) fn len(self) -> u32 {
-        self.0.count_ones()
+        self.0.iter().map(|w| w.count_ones()).sum()
     }
 
     /// The lowest param of the set.
     pub(super) fn first(self) -> Option<u16> {
-        (self.0 != 0).then(|| u16::try_from(self.0.trailing_zeros()).unwrap_or(u16::MAX))
+        self.iter().next()
     }
 
     /// The params of the set, lowest first.
     pub(super) fn iter(self) -> impl Iterator<Item = u16> {
-        (0..Self::CAPACITY).filter(move |p| self.0 >> p & 1 == 1)
+        (0..Self::CAPACITY).filter(move |p| self.contains(*p))
     }
 }
 
 impl std::ops::BitOr for ParamSet {
     type Output = ParamSet;
     fn bitor(self, other: ParamSet) -> ParamSet {
-        ParamSet(self.0 | other.0)
+        ParamSet([self.0[0] | other.0[0], self.0[1] | other.0[1]])
     }
 }
 
@@ -113,8 +121,10 @@ pub(super) enum V {
     Narrow,
     /// `i × s` in 64 bits.
     Scaled(u32),
-    /// `param + i × s` for one of the params of the mask.
-    Addr(ParamSet, u32),
+    /// `param + i × s + c` for one of the params of the set (`s == 0`:
+    /// `param + c`, `c != 0`). An access through it at `[reg + o]` is
+    /// element i exactly when `c + o == 0`.
+    Addr(ParamSet, u32, i64),
     /// A param plus something that is not `i × s`.
     Derived(ParamSet),
     /// A param plus a 32-bit (wrapping) index times something.
@@ -134,7 +144,7 @@ impl V {
     /// The params whose bits this value may carry.
     pub(super) fn params(self) -> ParamSet {
         match self {
-            V::Param(m) | V::Addr(m, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
+            V::Param(m) | V::Addr(m, _, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
             _ => ParamSet::EMPTY,
         }
     }
@@ -166,7 +176,7 @@ impl V {
         let m = self.params() | other.params();
         match (self, other) {
             (V::Param(a), V::Param(b)) => V::Param(a | b),
-            (V::Addr(a, s), V::Addr(b, t)) if s == t => V::Addr(a | b, s),
+            (V::Addr(a, s, c), V::Addr(b, t, d)) if s == t && c == d => V::Addr(a | b, s, c),
             _ if !m.is_empty() => V::Tainted(m),
             _ => V::Top,
         }
@@ -490,6 +500,12 @@ fn load_param(
     }
 }
 
+/// The block size `.reqntid` fixes (`layout` checked it is `x,1,1`): under
+/// it `%ntid.x` is that constant, so the constant may stand for it.
+fn reqntid(k: &Kernel) -> Option<i64> {
+    k.reqntid.map(|[x, _, _]| i64::from(x))
+}
+
 /// Interprets one non-branch instruction.
 pub(super) fn step(
     k: &Kernel,
@@ -551,13 +567,19 @@ pub(super) fn step(
                     base: Base::Reg(r),
                     offset,
                 }) => match (st.regs.get(*r as usize).copied(), *offset) {
-                    (Some(V::Addr(m, scale)), 0) => Event::Access {
-                        params: m,
-                        kind,
-                        width,
-                        scale,
-                        guarded,
-                    },
+                    // `[reg + o]` with `reg = param + i × s + c`: element i
+                    // exactly when the constants cancel.
+                    (Some(V::Addr(m, scale, c)), o)
+                        if scale != 0 && c.checked_add(o) == Some(0) =>
+                    {
+                        Event::Access {
+                            params: m,
+                            kind,
+                            width,
+                            scale,
+                            guarded,
+                        }
+                    }
                     (Some(V::NarrowAddr(m)), _) => Event::Bad {
                         sub_reason: SubReason::IndexNot64bit,
                         param: first(m),
@@ -773,7 +795,9 @@ pub(super) fn step(
                     // `c ? in0 : in1`, then `[p + i × s]`: either operand's
                     // element i.
                     (V::Param(x), V::Param(y)) => V::Param(x | y),
-                    (V::Addr(x, s), V::Addr(y, t)) if s == t => V::Addr(x | y, s),
+                    (V::Addr(x, s, c), V::Addr(y, t, d)) if s == t && c == d => {
+                        V::Addr(x | y, s, c)
+                    }
                     _ => {
                         misuse(
                             events,
@@ -815,8 +839,8 @@ pub(super) fn step(
         _ => {
             let (a, b) = (src(1), src(2));
             let r = match ops.len() {
-                3 => arith(inst, a, b, None),
-                4 => arith(inst, a, b, Some(src(3))),
+                3 => arith(inst, a, b, None, reqntid(k)),
+                4 => arith(inst, a, b, Some(src(3)), reqntid(k)),
                 _ => None,
             };
             let r = match r {
