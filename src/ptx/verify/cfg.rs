@@ -18,7 +18,11 @@ use crate::ptx::PtxError;
 use super::dataflow::{guard_fact, predicated, step, Event, State, V};
 use super::{refuse, SubReason};
 
-/// Bound on the analysis work (blocks × registers) before refusing.
+/// Bound on the analysis state (blocks × registers) before refusing: one
+/// abstract value per register per block is at most this many cells (about
+/// 16 MiB), and the work at most 16 visits per block over them. With the
+/// parser's token and instruction caps this keeps any kernel under the
+/// artifact size limit within about 0.25 s and 64 MB (see the README).
 const MAX_ANALYSIS_CELLS: usize = 1 << 19;
 
 /// Basic blocks: `(start, end)` instruction ranges.

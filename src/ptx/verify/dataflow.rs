@@ -544,16 +544,8 @@ pub(super) fn step(
         }
         "ld" | "ldu" | "st" => {
             let (addr_i, data_i) = if op == "st" { (0, 1) } else { (1, 0) };
-            // A cache-policy operand (`.L2::cache_hint`) is no place for a
-            // pointer's bits either.
-            for o in ops.iter().skip(2) {
-                misuse(
-                    events,
-                    pc,
-                    val(st, o),
-                    format!("`{}` passes a pointer as an extra operand", inst.opcode),
-                );
-            }
+            // No third operand: the table admits `ld`/`st` with exactly an
+            // address and a value, and `ir` dropped any cache-policy one.
             let width = inst.types().last().map_or(0, |t| t.bytes());
             let pred_guard = inst.guard.and_then(|(neg, p)| guard_fact(st, p, neg, true));
             let guarded = st.guarded.or(pred_guard);
