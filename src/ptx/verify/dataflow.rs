@@ -865,3 +865,27 @@ pub(super) fn step(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ParamSet;
+
+    /// Every index the set admits keeps its own bit; every other index is
+    /// refused rather than silently dropped (the old `u128` mask gave index
+    /// 128 and up no bit at all).
+    #[test]
+    fn a_param_set_keeps_every_index_it_admits_and_refuses_the_rest() {
+        for p in 0..ParamSet::CAPACITY {
+            let s = ParamSet::single(p).unwrap_or_else(|| panic!("{p} has no bit"));
+            assert_eq!(s.iter().collect::<Vec<_>>(), vec![p]);
+            assert_eq!((s.first(), s.len(), s.contains(p)), (Some(p), 1, true));
+        }
+        for p in [ParamSet::CAPACITY, 129, 130, u16::MAX] {
+            assert!(ParamSet::single(p).is_none(), "{p}");
+        }
+        let both =
+            ParamSet::single(3).unwrap_or_default() | ParamSet::single(127).unwrap_or_default();
+        assert_eq!(both.iter().collect::<Vec<_>>(), vec![3, 127]);
+        assert!(ParamSet::EMPTY.is_empty() && both.has_any());
+    }
+}
