@@ -661,3 +661,21 @@ fn the_readme_lists_every_sub_reason() {
         .collect();
     assert!(missing.is_empty(), "not in README.md: {missing:?}");
 }
+
+/// Triton's scalar accesses write and read one register through a
+/// one-element list: a form of the table (not a vector access).
+#[test]
+fn one_element_lists_in_loads_and_stores_are_a_form() {
+    let load =
+        "add.s64 %rd10, %rd8, %rd9;\n\tld.global.b32 { %r5 }, [ %rd10 + 0 ];\n\tmov.b32 %f1, %r5;";
+    let store =
+        "add.s64 %rd14, %rd13, %rd9;\n\tmov.b32 %r6, %f2;\n\tst.global.b32 [ %rd14 + 0 ], { %r6 };";
+    doubles("one-element lists", &doubling("", INDEX, load, store));
+    // Two registers through a scalar access: no form.
+    let two =
+        "add.s64 %rd10, %rd8, %rd9;\n\tld.global.b32 { %r5, %r6 }, [ %rd10 ];\n\tmov.b32 %f1, %r5;";
+    assert_eq!(
+        refusal(&doubling("", INDEX, two, STORE)),
+        "unmodelled_operand"
+    );
+}

@@ -7,6 +7,8 @@
 //! - Every `Opnd::Reg(id)` satisfies `id < Kernel::reg_types.len()`.
 //! - Every `Opnd::Label(pc)` satisfies `pc <= Kernel::insts.len()` (a label
 //!   at the very end points one past the last instruction).
+//! - An `ld`/`ldu`/`st` operand is never a one-element list: `{ %r }` there
+//!   is `%r`.
 //! - No instruction carries `.L2::cache_hint` with its policy operand: both
 //!   are dropped here, so no client value can reach ptxas as a policy.
 //! - `{ }` scopes are honoured: a register declared in a scope shadows an
@@ -492,7 +494,20 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
                 }
                 let mut ops = Vec::with_capacity(operands.len());
                 for o in operands {
-                    ops.push(operand(o, i, &mut r, &labels, &param_index)?);
+                    let o = operand(o, i, &mut r, &labels, &param_index)?;
+                    // A scalar access through a one-element list (Triton's
+                    // `ld.global.b32 { %r1 }, [..]`) is the access through the
+                    // register itself; a wider list is a vector access.
+                    let o = match o {
+                        Opnd::List(items)
+                            if matches!(base.as_str(), "ld" | "ldu" | "st")
+                                && matches!(items.as_slice(), [Opnd::Reg(_)]) =>
+                        {
+                            items.into_iter().next().unwrap_or(Opnd::Sink)
+                        }
+                        o => o,
+                    };
+                    ops.push(o);
                 }
                 insts.push(Inst {
                     opcode,

@@ -12,6 +12,9 @@
 //!   new one; defining anything but data that way is an event.
 //! - A value written to a register narrower than its class is data there,
 //!   and a pointer so cut is an escape.
+//! - The transfer function is an exhaustive `match` on `table::Opcode`: an
+//!   opcode added to the table gets no transfer function by default, the
+//!   compiler asks for one.
 //! - Each instruction has at most one [`Event`], keyed by its pc, which
 //!   `decision.rs` turns into the verdict; this module refuses nothing
 //!   itself.
@@ -23,6 +26,7 @@ use crate::ptx::parse::Imm;
 
 use super::arith::{arith, int_ty, is_int};
 use super::instructions::destinations;
+use super::table::Opcode as O;
 use super::SubReason;
 
 /// The special registers the index is made of.
@@ -514,8 +518,11 @@ pub(super) fn step(
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
 ) {
-    let op = inst.base.as_str();
     let ops = &inst.ops;
+    // Past `instructions::structure` every instruction is a table form.
+    let Some(op) = O::from_name(&inst.base) else {
+        return compute(k, pc, inst, st, events);
+    };
     // An integer literal is that integer only in an integer-typed
     // instruction; in `mov.f32 %f, 4` it is the float 4.0, whose bits are
     // anything but 4.
@@ -525,7 +532,7 @@ pub(super) fn step(
         v => v,
     };
     match op {
-        "ld" | "ldu" if inst.has("param") => {
+        O::Ld | O::Ldu if inst.has("param") => {
             let v = match ops.get(1) {
                 Some(Opnd::Addr {
                     base: Base::Param(p),
@@ -542,14 +549,14 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), v, events);
         }
-        "ld" | "ldu" | "st" => {
-            let (addr_i, data_i) = if op == "st" { (0, 1) } else { (1, 0) };
+        O::Ld | O::Ldu | O::St => {
+            let (addr_i, data_i) = if op == O::St { (0, 1) } else { (1, 0) };
             // No third operand: the table admits `ld`/`st` with exactly an
             // address and a value, and `ir` dropped any cache-policy one.
             let width = inst.types().last().map_or(0, |t| t.bytes());
             let pred_guard = inst.guard.and_then(|(neg, p)| guard_fact(st, p, neg, true));
             let guarded = st.guarded.or(pred_guard);
-            let kind = if op == "st" {
+            let kind = if op == O::St {
                 AccessKind::Store
             } else {
                 AccessKind::Load
@@ -601,7 +608,7 @@ pub(super) fn step(
                 },
             };
             events.entry(pc).or_insert(ev);
-            if op == "st" {
+            if op == O::St {
                 let data = match ops.get(data_i) {
                     Some(Opnd::List(items)) => items
                         .iter()
@@ -619,7 +626,7 @@ pub(super) fn step(
                 set(k, pc, st, ops.first(), V::Top, events);
             }
         }
-        "mov" => {
+        O::Mov => {
             let v = src(1);
             let r = if v.width() != 0 && !int_ty(inst, v.width()) {
                 escape(
@@ -647,7 +654,7 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), r, events);
         }
-        "cvta" => {
+        O::Cvta => {
             let v = src(1);
             let r = if v.params().has_any() && int_ty(inst, 64) {
                 v
@@ -662,7 +669,7 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), r, events);
         }
-        "cvt" => {
+        O::Cvt => {
             let tys = inst.types();
             let v = src(1);
             let widen = matches!(tys.as_slice(), [Ty::U64 | Ty::S64, Ty::U32 | Ty::S32]);
@@ -682,7 +689,7 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), r, events);
         }
-        "setp"
+        O::Setp
             if !inst
                 .mods
                 .iter()
@@ -768,7 +775,7 @@ pub(super) fn step(
             }
             set(k, pc, st, ops.first(), r, events);
         }
-        "not" if inst.has("pred") => {
+        O::Not if inst.has("pred") => {
             let r = match src(1) {
                 V::Guard { count, in_range } => V::Guard {
                     count,
@@ -778,7 +785,7 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), r, events);
         }
-        "selp" if ops.len() == 4 => {
+        O::Selp if ops.len() == 4 => {
             let (a, b) = (src(1), src(2));
             let r = if a == b {
                 a
@@ -828,42 +835,108 @@ pub(super) fn step(
             }
             set(k, pc, st, ops.first(), r, events);
         }
-        _ => {
-            let (a, b) = (src(1), src(2));
-            let r = match ops.len() {
-                3 => arith(inst, a, b, None, reqntid(k)),
-                4 => arith(inst, a, b, Some(src(3)), reqntid(k)),
-                _ => None,
-            };
-            let r = match r {
-                Some(v) => v,
-                None => {
-                    let float = inst.types().first().is_some_and(|t| !t.is_int());
-                    for o in ops.iter().skip(1) {
-                        let v = val(st, o);
-                        if float && v.params().has_any() {
-                            events.entry(pc).or_insert(Event::Bad {
-                                sub_reason: SubReason::NonIntegerArithmetic,
-                                param: v.pointer(),
-                                explanation: format!(
-                                    "`{}` computes with a pointer at a non-integer type",
-                                    inst.opcode
-                                ),
-                            });
-                        }
-                        misuse(
-                            events,
-                            pc,
-                            v,
-                            format!("`{}` computes with a pointer or count param", inst.opcode),
-                        );
-                    }
-                    V::Top
-                }
-            };
-            set(k, pc, st, ops.first(), r, events);
-        }
+        // Control flow is interpreted by `cfg.rs`; it defines nothing.
+        O::Bra | O::Ret | O::Exit => {}
+        // Every other opcode of the table computes: `arith` says what it
+        // proves, anything else is data (and a pointer operand a misuse).
+        O::Add
+        | O::Sub
+        | O::Mul
+        | O::Mad
+        | O::Fma
+        | O::Div
+        | O::Rem
+        | O::Neg
+        | O::Abs
+        | O::Min
+        | O::Max
+        | O::Copysign
+        | O::And
+        | O::Or
+        | O::Xor
+        | O::Not
+        | O::Cnot
+        | O::Shl
+        | O::Shr
+        | O::Setp
+        | O::Selp
+        | O::Set
+        | O::Slct
+        | O::Ex2
+        | O::Lg2
+        | O::Rcp
+        | O::Sqrt
+        | O::Rsqrt
+        | O::Sin
+        | O::Cos
+        | O::Tanh
+        | O::Popc
+        | O::Clz
+        | O::Brev
+        | O::Bfe
+        | O::Bfi
+        | O::Bfind
+        | O::Prmt
+        | O::Lop3
+        | O::Shf
+        | O::Testp
+        | O::Mul24
+        | O::Mad24
+        | O::Sad
+        | O::Fns
+        | O::Dp4a
+        | O::Dp2a => compute(k, pc, inst, st, events),
     }
+}
+
+/// An ALU instruction: the index and address arithmetic `arith` models,
+/// else data, with every pointer operand a misuse.
+fn compute(
+    k: &Kernel,
+    pc: usize,
+    inst: &Inst,
+    st: &mut State,
+    events: &mut BTreeMap<usize, Event>,
+) {
+    let ops = &inst.ops;
+    let int_inst = is_int(inst);
+    let src = |i: usize| match ops.get(i).map_or(V::Top, |o| val(st, o)) {
+        V::Const(_) if !int_inst => V::Top,
+        v => v,
+    };
+    let (a, b) = (src(1), src(2));
+    let r = match ops.len() {
+        3 => arith(inst, a, b, None, reqntid(k)),
+        4 => arith(inst, a, b, Some(src(3)), reqntid(k)),
+        _ => None,
+    };
+    let r = match r {
+        Some(v) => v,
+        None => {
+            let float = inst.types().first().is_some_and(|t| !t.is_int());
+            for o in ops.iter().skip(1) {
+                let v = val(st, o);
+                if float && v.params().has_any() {
+                    events.entry(pc).or_insert(Event::Bad {
+                        sub_reason: SubReason::NonIntegerArithmetic,
+                        param: v.pointer(),
+                        explanation: format!(
+                            "`{}` computes with a pointer at a non-integer type",
+                            inst.opcode
+                        ),
+                    });
+                }
+                misuse(
+                    events,
+                    pc,
+                    v,
+                    format!("`{}` computes with a pointer or count param", inst.opcode),
+                );
+            }
+            V::Top
+        }
+    };
+    set(k, pc, st, ops.first(), r, events);
 }
 
 #[cfg(test)]
