@@ -76,10 +76,13 @@
 //!    match no form of the opcode role for role (data, address, guard,
 //!    target, immediate, destination) (`unmodelled_operand`). A
 //!    `.L2::cache_hint` and its policy operand were dropped by the IR.
-//! 4. Control flow (`cfg.rs`): a branch to anything but a label
-//!    (`unsupported_instruction`); a kernel too large, or whose fixpoint does
-//!    not settle in bounded work (`too_complex`); unreachable code holding
-//!    anything but `ret`/`exit` (`unreachable_code`).
+//! 4. Control flow (`cfg.rs`): a kernel whose blocks × registers exceed the
+//!    analysis bound, or whose fixpoint does not settle in bounded work
+//!    (`too_complex`; the parser refuses a module of more than
+//!    `parse::MAX_TOKENS` tokens or `parse::MAX_INSTRUCTIONS` instructions
+//!    the same way, before building anything large); unreachable code
+//!    holding anything but `ret`/`exit` (`unreachable_code`). (A branch to
+//!    anything but a label has no form in the table: `unmodelled_operand`.)
 //! 5. Dataflow (`dataflow.rs`, `arith.rs`), reported at the first
 //!    instruction in program order by `decision.rs`: a param load whose
 //!    bytes are not inside that param's own declared size, or a param the
