@@ -679,3 +679,30 @@ fn one_element_lists_in_loads_and_stores_are_a_form() {
         "unmodelled_operand"
     );
 }
+
+/// A modifier of the table is still refused on an opcode it does not
+/// belong to: memory modifiers on arithmetic, arithmetic ones on memory.
+#[test]
+fn a_modifier_on_the_wrong_opcode_is_refused() {
+    for (body, named) in [
+        ("add.global.s32 %r4, %r1, %r2;", ".global"),
+        (
+            "ld.global.rn.f32 %f4, [%rd10];\n\tadd.f32 %f3, %f3, %f4;",
+            ".rn",
+        ),
+        ("mov.uni.b32 %r4, %r1;", ".uni"),
+        ("cvta.to.global.ftz.u64 %rd21, %rd2;", ".ftz"),
+    ] {
+        match ptx::canonicalize(&with_store(body), "k", None) {
+            Err(PtxError::NonScalarAbi {
+                sub_reason,
+                explanation,
+                ..
+            }) => {
+                assert_eq!(sub_reason, "unsupported_instruction", "{body}");
+                assert!(explanation.contains(named), "{body}: {explanation}");
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+}

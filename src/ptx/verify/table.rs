@@ -501,6 +501,65 @@ impl Modifier {
     }
 }
 
+/// Which opcodes a modifier may appear on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ModifierClass {
+    /// A type: any opcode.
+    Type,
+    /// A state space, vector width, cache operator, ordering, scope or
+    /// eviction priority: loads and stores (`.global` also on `cvta`).
+    Memory,
+    /// `.to`: `cvta` only.
+    Conversion,
+    /// `.uni`: branches and returns only.
+    Control,
+    /// Rounding, comparisons, and every other ALU modifier.
+    Alu,
+}
+
+impl Modifier {
+    fn class(self) -> ModifierClass {
+        use Modifier::*;
+        match self {
+            B8 | B16 | B32 | B64 | B128 | U8 | U16 | U32 | U64 | S8 | S16 | S32 | S64 | F16
+            | F16x2 | Bf16 | Bf16x2 | F32 | F64 | Pred | Tf32 | E4m3 | E5m2 | E4m3x2 | E5m2x2 => {
+                ModifierClass::Type
+            }
+            Global | Param | Local | Shared | Const | SharedCta | SharedCluster | V2 | V4 | V8
+            | Ca | Cg | Cs | Lu | Cv | Wb | Wt | Nc | Volatile | Relaxed | Acquire | Release
+            | Weak | Mmio | Cta | Gpu | Sys | Cluster | L1EvictNormal | L1EvictUnchanged
+            | L1EvictFirst | L1EvictLast | L1NoAllocate | L2EvictNormal | L2EvictFirst
+            | L2EvictLast | L2Prefetch64B | L2Prefetch128B | L2Prefetch256B => {
+                ModifierClass::Memory
+            }
+            To => ModifierClass::Conversion,
+            Uni => ModifierClass::Control,
+            Rn | Rz | Rm | Rp | Rna | Rni | Rzi | Rmi | Rpi | Ftz | Sat | Satfinite | Approx
+            | Full | Hi | Lo | Wide | Relu | NaN | Xorsign | Abs | Eq | Ne | Lt | Le | Gt | Ge
+            | Ls | Hs | Equ | Neu | Ltu | Leu | Gtu | Geu | Num | Nan | And | Or | Xor | L | R
+            | Wrap | Clamp | F4e | B4e | Rc8 | Ecl | Ecr | Rc16 | Shiftamt | Finite | Infinite
+            | Number | Notanumber | Normal | Subnormal | Pack => ModifierClass::Alu,
+        }
+    }
+}
+
+impl Opcode {
+    /// Whether `m` is a modifier of this opcode at all (ptxas checks the
+    /// combinations; the table keeps a memory modifier off arithmetic and
+    /// arithmetic ones off memory).
+    fn admits(self, m: Modifier) -> bool {
+        match (self, m.class()) {
+            (_, ModifierClass::Type) => true,
+            (Opcode::Ld | Opcode::Ldu | Opcode::St, class) => class == ModifierClass::Memory,
+            (Opcode::Cvta, ModifierClass::Conversion) => true,
+            (Opcode::Cvta, ModifierClass::Memory) => m == Modifier::Global,
+            (Opcode::Bra | Opcode::Ret | Opcode::Exit, class) => class == ModifierClass::Control,
+            (Opcode::Cvta, _) => false,
+            (_, class) => class == ModifierClass::Alu,
+        }
+    }
+}
+
 /// An instruction as the table reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Typed {
@@ -543,14 +602,19 @@ pub(crate) fn classify(k: &Kernel, inst: &Inst) -> Result<Typed, PtxError> {
     })?;
     let mut modifiers = Vec::with_capacity(inst.mods.len());
     for m in &inst.mods {
-        modifiers.push(Modifier::from_name(m).ok_or_else(|| {
+        let unmodelled = |why: &str| {
             refuse(
                 SubReason::UnsupportedInstruction,
                 None,
                 line,
-                format!("`{}`: the modifier `.{m}` is not modelled", inst.opcode),
+                format!("`{}`: the modifier `.{m}` {why}", inst.opcode),
             )
-        })?);
+        };
+        let modifier = Modifier::from_name(m).ok_or_else(|| unmodelled("is not modelled"))?;
+        if !opcode.admits(modifier) {
+            return Err(unmodelled("is not modelled on this opcode"));
+        }
+        modifiers.push(modifier);
     }
     let fits = |form: &&[OperandRole]| {
         form.len() == inst.ops.len() && form.iter().zip(&inst.ops).all(|(r, o)| plays(k, *r, o))
