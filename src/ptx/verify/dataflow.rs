@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - Joins are sound for pointers: a value that may carry a param's bits
-//!   keeps them in its mask (`Tainted` at worst); only `Top` and constants
+//!   keeps them in its `ParamSet` (`Tainted` at worst); only `Top` and constants
 //!   are data, and nothing becomes data by a join.
 //! - `guarded` survives a join only when every incoming path has it, so at
 //!   an access it means the guard dominates the access.

@@ -5,7 +5,7 @@
 //! input pointer, the output pointer, then the count) followed by `floats`
 //! `.f32` params and nothing else, with `2 <= ints <= MAX_INPUTS + 2` and
 //! `floats <= MAX_SCALAR_PARAMS`; so a param's index alone says which
-//! integer it may be, and a `u128` param mask always has room. A launch
+//! integer it may be, and every one has a bit in a `ParamSet`. A launch
 //! bound, when present, is one-dimensional and one a 1-D launch can honour.
 
 use crate::ptx::ir::Kernel;
