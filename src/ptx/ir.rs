@@ -7,13 +7,17 @@
 //! - Every `Opnd::Reg(id)` satisfies `id < Kernel::reg_types.len()`.
 //! - Every `Opnd::Label(pc)` satisfies `pc <= Kernel::insts.len()` (a label
 //!   at the very end points one past the last instruction).
+//! - An `ld`/`ldu`/`st` operand is never a one-element list: `{ %r }` there
+//!   is `%r`.
+//! - No instruction carries `.L2::cache_hint` with its policy operand: both
+//!   are dropped here, so no client value can reach ptxas as a policy.
 //! - `{ }` scopes are honoured: a register declared in a scope shadows an
 //!   outer one of the same name and is gone after the scope's `}`.
 
 use std::collections::HashMap;
 
 use super::parse::{self, AddrBase, Imm, Operand, Stmt};
-use super::PtxError;
+use super::{PtxError, SubReason};
 
 /// A PTX fundamental type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -254,6 +258,10 @@ pub struct Kernel {
     pub reg_names: Vec<String>,
     /// Variables of the module and of the body.
     pub vars: Vec<Var>,
+    /// Directives that change how ptxas compiles the kernel and that the
+    /// canonical text does not keep (module, entry or body `.pragma`s,
+    /// cluster directives), with their lines: `canonicalize` refuses them.
+    pub unkept: Vec<(String, u32)>,
 }
 
 /// A declaration in a scope: a range `%r<N>` or a single name.
@@ -328,6 +336,9 @@ impl Resolver {
     }
 }
 
+/// The modifier whose policy operand `lower` drops (see there).
+const CACHE_HINT: &str = "L2::cache_hint";
+
 /// Resolves entry `symbol` of `module`.
 pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
     let Some(f) = module
@@ -381,7 +392,7 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
         match s {
             Stmt::Label { name, line } if labels.insert(name.as_str(), count).is_some() => {
                 return Err(PtxError::NonScalarAbi {
-                    sub_reason: "duplicate_label",
+                    sub_reason: SubReason::DuplicateLabel.as_str(),
                     param: None,
                     line: Some(*line),
                     explanation: format!(
@@ -404,6 +415,7 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
         reg_names: Vec::new(),
     };
     let mut insts = Vec::new();
+    let mut unkept: Vec<(String, u32)> = module.unkept.iter().chain(&f.unkept).cloned().collect();
     for s in body {
         match s {
             Stmt::Open => r.scopes.push(Scope::default()),
@@ -453,21 +465,54 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
                 line: *line,
             }),
             Stmt::Label { .. } => {}
+            Stmt::Unkept { directive, line } => unkept.push((directive.clone(), *line)),
             Stmt::Instr(i) => {
                 let guard = match &i.guard {
                     Some((neg, name)) => Some((*neg, r.reg(name, i.line, i.col)?)),
                     None => None,
                 };
-                let mut ops = Vec::with_capacity(i.operands.len());
-                for o in &i.operands {
-                    ops.push(operand(o, i, &mut r, &labels, &param_index)?);
-                }
                 let mut parts = i.opcode.split('.');
                 let base = parts.next().unwrap_or_default().to_string();
+                let mut mods: Vec<String> = parts.map(str::to_string).collect();
+                let mut opcode = i.opcode.clone();
+                let mut operands = &i.operands[..];
+                // `ld`/`st` `.L2::cache_hint` takes a cache-policy operand
+                // that ptxas uses as the access's memory descriptor (a data
+                // value there faults the GPU). The hint never changes what
+                // is computed, so the IR, and so the canonical text, drops
+                // it and its operand; nothing downstream ever sees one.
+                if matches!(base.as_str(), "ld" | "ldu" | "st")
+                    && i.operands.len() == 3
+                    && mods.iter().any(|m| m == CACHE_HINT)
+                {
+                    mods.retain(|m| m != CACHE_HINT);
+                    operands = &i.operands[..2];
+                    opcode = std::iter::once(base.as_str())
+                        .chain(mods.iter().map(String::as_str))
+                        .collect::<Vec<_>>()
+                        .join(".");
+                }
+                let mut ops = Vec::with_capacity(operands.len());
+                for o in operands {
+                    let o = operand(o, i, &mut r, &labels, &param_index)?;
+                    // A scalar access through a one-element list (Triton's
+                    // `ld.global.b32 { %r1 }, [..]`) is the access through the
+                    // register itself; a wider list is a vector access.
+                    let o = match o {
+                        Opnd::List(items)
+                            if matches!(base.as_str(), "ld" | "ldu" | "st")
+                                && matches!(items.as_slice(), [Opnd::Reg(_)]) =>
+                        {
+                            items.into_iter().next().unwrap_or(Opnd::Sink)
+                        }
+                        o => o,
+                    };
+                    ops.push(o);
+                }
                 insts.push(Inst {
-                    opcode: i.opcode.clone(),
+                    opcode,
                     base,
-                    mods: parts.map(str::to_string).collect(),
+                    mods,
                     guard,
                     ops,
                     line: i.line,
@@ -503,6 +548,7 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
         reg_type_names: r.reg_type_names,
         reg_names: r.reg_names,
         vars,
+        unkept,
     })
 }
 

@@ -17,8 +17,10 @@ pub mod ir;
 pub mod memo;
 pub mod parse;
 pub mod print;
+pub mod reason;
 pub mod verify;
 
+pub use reason::SubReason;
 pub use verify::{MAX_INPUTS, MAX_SCALAR_PARAMS};
 
 /// The block size used when a kernel names none (no `.reqntid`) and the
@@ -69,7 +71,8 @@ pub enum PtxError {
     /// The kernel is not the scalar ABI.
     #[error("not the scalar ABI ({sub_reason}): {explanation}")]
     NonScalarAbi {
-        /// A stable snake_case sub-reason, e.g. `vectorized_access`.
+        /// A stable snake_case sub-reason, e.g. `vectorized_access`: always
+        /// [`SubReason::as_str`] of the variant that refused.
         sub_reason: &'static str,
         /// The offending param's name, when one is to blame.
         param: Option<String>,
@@ -165,16 +168,43 @@ pub fn canonicalize(
 ) -> Result<Canonical, PtxError> {
     let (kernel, verified) = verify_kernel(text, symbol, declared)?;
     let refuse = |why: &str| PtxError::NonScalarAbi {
-        sub_reason: "canonical_form",
+        sub_reason: SubReason::CanonicalForm.as_str(),
         param: None,
         line: Some(kernel.line),
         explanation: why.to_string(),
     };
-    if kernel.version.is_none() || !kernel.target.iter().any(|t| t.starts_with("sm_")) {
-        return Err(refuse("the module needs `.version` and a `.target sm_XX`"));
+    if kernel.version.is_none()
+        || kernel
+            .target
+            .iter()
+            .filter(|t| t.starts_with("sm_"))
+            .count()
+            != 1
+    {
+        return Err(refuse(
+            "the module needs `.version` and one `.target sm_XX`",
+        ));
+    }
+    // The canonical text keeps every `.target` option (`debug` turns off
+    // ptxas's fma contraction, `map_f64_to_f32` changes results), so each
+    // must be one ptxd knows to mean nothing else.
+    if let Some(t) = kernel.target.iter().find(|t| !print::known_target(t)) {
+        return Err(refuse(&format!(
+            "the `.target` option `{t}` is not one ptxd keeps"
+        )));
     }
     if kernel.address_size.is_some_and(|a| a != 64) {
         return Err(refuse("the scalar ABI needs `.address_size 64`"));
+    }
+    if let Some((directive, line)) = kernel.unkept.first() {
+        return Err(PtxError::NonScalarAbi {
+            sub_reason: SubReason::CanonicalForm.as_str(),
+            param: None,
+            line: Some(*line),
+            explanation: format!(
+                "`{directive}` changes how ptxas compiles the kernel, and the canonical text does not keep it"
+            ),
+        });
     }
     let printed = print::print(&kernel);
     let (again, reverified) = verify_kernel(&printed, symbol, declared)

@@ -166,9 +166,35 @@ pub(crate) fn lex(text: &str) -> Result<Vec<Tok<'_>>, PtxError> {
             return Err(err(line, col, format!("unexpected character {ch:?}")));
         }
         tok.text = &text[start..i];
+        if toks.len() >= MAX_TOKENS {
+            return Err(too_complex(
+                line,
+                format!("the text has more than {MAX_TOKENS} tokens"),
+            ));
+        }
         toks.push(tok);
     }
     Ok(toks)
+}
+
+/// The most tokens a module may have: with [`MAX_INSTRUCTIONS`], what
+/// bounds the memory and time parsing, lowering and verifying one module
+/// can take (the verifier's own work is bounded in `verify/cfg.rs`). The
+/// largest nvcc corpus module has about 10 000.
+pub const MAX_TOKENS: usize = 1 << 19;
+
+/// The most instructions a module may have, over all its functions.
+pub const MAX_INSTRUCTIONS: usize = 1 << 15;
+
+/// A module too large to analyse within the bounds: a `too_complex`
+/// refusal, like the verifier's own.
+fn too_complex(line: u32, explanation: String) -> PtxError {
+    PtxError::NonScalarAbi {
+        sub_reason: super::SubReason::TooComplex.as_str(),
+        param: None,
+        line: Some(line),
+        explanation,
+    }
 }
 
 /// At most 40 characters of `s`, for messages.
@@ -286,6 +312,12 @@ pub enum Stmt {
         line: u32,
     },
     Instr(Instr),
+    /// A directive in the body that changes how ptxas compiles the code
+    /// (`.pragma "nounroll";`) and that the canonical text does not keep.
+    Unkept {
+        directive: String,
+        line: u32,
+    },
     /// `{`
     Open,
     /// `}`
@@ -318,6 +350,9 @@ pub struct Function {
     /// `None` for a declaration without a body.
     pub body: Option<Vec<Stmt>>,
     pub line: u32,
+    /// Performance and cluster directives the canonical text does not keep
+    /// (`.maxclusterrank`, `.noreturn`, `.pragma`, ..), with their lines.
+    pub unkept: Vec<(String, u32)>,
 }
 
 /// A module-level variable.
@@ -337,6 +372,8 @@ pub struct Module {
     pub address_size: Option<u32>,
     pub functions: Vec<Function>,
     pub variables: Vec<Variable>,
+    /// Module-level `.pragma`s, which the canonical text does not keep.
+    pub unkept: Vec<(String, u32)>,
 }
 
 const TYPES: &[&str] = &[
@@ -348,6 +385,8 @@ const TYPES: &[&str] = &[
 struct Parser<'a> {
     toks: Vec<Tok<'a>>,
     pos: usize,
+    /// Instructions parsed so far, in every function.
+    instructions: usize,
     /// Position reported at end of input.
     end: (u32, u32),
 }
@@ -359,6 +398,7 @@ pub fn parse(text: &str) -> Result<Module, PtxError> {
     let mut p = Parser {
         toks,
         pos: 0,
+        instructions: 0,
         end: (end_line, 1),
     };
     p.module()
@@ -551,6 +591,7 @@ impl<'a> Parser<'a> {
                 ".pragma" => {
                     self.pos += 1;
                     self.pragma()?;
+                    m.unkept.push((t.text.to_string(), t.line));
                 }
                 ".visible" | ".extern" | ".weak" | ".common" => self.pos += 1,
                 ".entry" | ".func" => {
@@ -614,6 +655,7 @@ impl<'a> Parser<'a> {
             maxnreg: None,
             body: None,
             line,
+            unkept: Vec::new(),
         };
         loop {
             let t = self.peek().ok_or_else(|| self.eof("a function body"))?;
@@ -642,15 +684,21 @@ impl<'a> Parser<'a> {
                 (TokKind::Word, ".maxclusterrank") => {
                     self.pos += 1;
                     self.u32_value()?;
+                    f.unkept.push((t.text.to_string(), t.line));
                 }
                 (TokKind::Word, ".reqnctapercluster") => {
                     self.pos += 1;
                     self.dims()?;
+                    f.unkept.push((t.text.to_string(), t.line));
                 }
-                (TokKind::Word, ".explicitcluster" | ".noreturn") => self.pos += 1,
+                (TokKind::Word, ".explicitcluster" | ".noreturn") => {
+                    self.pos += 1;
+                    f.unkept.push((t.text.to_string(), t.line));
+                }
                 (TokKind::Word, ".pragma") => {
                     self.pos += 1;
                     self.pragma()?;
+                    f.unkept.push((t.text.to_string(), t.line));
                 }
                 _ => return Err(Self::unexpected(t, "a performance directive or `{`")),
             }
@@ -768,6 +816,10 @@ impl<'a> Parser<'a> {
             ".pragma" => {
                 self.pos += 1;
                 self.pragma()?;
+                out.push(Stmt::Unkept {
+                    directive: t.text.to_string(),
+                    line: t.line,
+                });
             }
             ".reg" => {
                 self.pos += 1;
@@ -844,6 +896,13 @@ impl<'a> Parser<'a> {
 
     fn instr(&mut self) -> Result<Instr, PtxError> {
         let first = self.peek().ok_or_else(|| self.eof("an instruction"))?;
+        self.instructions += 1;
+        if self.instructions > MAX_INSTRUCTIONS {
+            return Err(too_complex(
+                first.line,
+                format!("the module has more than {MAX_INSTRUCTIONS} instructions"),
+            ));
+        }
         let mut guard = None;
         if self.eat_punct(b'@') {
             let neg = self.eat_punct(b'!');

@@ -9,7 +9,11 @@
 //!   declaration, every param `<entry>_param_<k>` and every branch target
 //!   `$L<pc>`: no scopes, no shadowing, no name that can mean two things.
 //! - Nothing but the entry is printed: no other function, no variable, no
-//!   debug section, no `.loc`/`.file`, no pragma.
+//!   debug section, no `.loc`/`.file`. Every `.target` option and every
+//!   entry directive that changes code generation (`.maxnreg`,
+//!   `.minnctapersm`, the launch bounds) is printed as written; the
+//!   directives it cannot keep (`.pragma`, cluster directives) are refused by
+//!   [`super::canonicalize`], never dropped.
 //! - `parse(print(k))` lowers to `k` up to source positions and names
 //!   ([`same_program`]); [`super::canonicalize`] checks this on every load.
 
@@ -119,10 +123,10 @@ pub fn print(k: &Kernel) -> String {
     if let Some(v) = &k.version {
         let _ = writeln!(out, ".version {v}");
     }
-    // Only the architecture: options such as `debug` need the debug
-    // sections this text does not carry.
-    if let Some(arch) = k.target.iter().find(|t| t.starts_with("sm_")) {
-        let _ = writeln!(out, ".target {arch}");
+    // Every option, as the client wrote it: `debug` changes what ptxas
+    // generates (no fma contraction), so dropping it would change results.
+    if !k.target.is_empty() {
+        let _ = writeln!(out, ".target {}", k.target.join(", "));
     }
     out.push_str(".address_size 64\n\n");
     let _ = write!(out, ".visible .entry {}(", k.name);
@@ -166,6 +170,26 @@ pub fn print(k: &Kernel) -> String {
     out
 }
 
+/// Whether `t` is a `.target` entry ptxd prints back unchanged: an
+/// architecture, or an option whose meaning is known (`debug` keeps ptxas
+/// from contracting `mul`+`add`; `map_f64_to_f32` and the texture modes
+/// change nothing a scalar kernel can reach, but are kept all the same).
+pub fn known_target(t: &str) -> bool {
+    let arch = |p: &str| {
+        t.strip_prefix(p).is_some_and(|rest| {
+            let digits = rest.trim_end_matches(['a', 'f']);
+            !digits.is_empty()
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && rest.len() <= digits.len() + 1
+        })
+    };
+    arch("sm_")
+        || matches!(
+            t,
+            "debug" | "map_f64_to_f32" | "texmode_unified" | "texmode_independent"
+        )
+}
+
 /// Whether `a` and `b` are the same program: equal in everything but source
 /// lines, register names and param names (which printing renames).
 pub fn same_program(a: &Kernel, b: &Kernel) -> bool {
@@ -174,8 +198,8 @@ pub fn same_program(a: &Kernel, b: &Kernel) -> bool {
         k.line = 0;
         k.reg_names.clear();
         k.vars.clear();
-        k.target.retain(|t| t.starts_with("sm_"));
-        k.target.truncate(1);
+        // Refused by `canonicalize` before it prints; never printed.
+        k.unkept.clear();
         k.address_size = Some(64);
         for (j, p) in k.params.iter_mut().enumerate() {
             p.line = 0;

@@ -108,9 +108,56 @@ pub fn mutate(text: &str, r: &mut impl Rng) -> String {
         let Some(&at) = inst.choose(r) else {
             break;
         };
-        match r.random_range(0..10) {
+        match r.random_range(0..14) {
             0 => {
                 lines.remove(at);
+            }
+            10 => {
+                // Declare (or change) `.reqntid`: the block size the index
+                // proof may read a constant as.
+                let x = [32u32, 64, 128, 192, 256, 1024]
+                    .choose(r)
+                    .copied()
+                    .unwrap_or(256);
+                let decl = format!(".reqntid {x}, 1, 1");
+                if let Some(i) = lines.iter().position(|l| l.starts_with(".reqntid")) {
+                    lines[i] = decl;
+                } else if let Some(i) = lines.iter().position(|l| l == ")") {
+                    lines.insert(i + 1, decl);
+                }
+            }
+            11 => {
+                // Fold a constant between the address register and the
+                // access: `add r, r, c` before, `[r + k]` in the access, `k`
+                // cancelling `c` or not.
+                let line = lines[at].clone();
+                let base = line
+                    .split_once('[')
+                    .and_then(|(_, rest)| rest.split_once(']'))
+                    .map(|(b, _)| b.to_string())
+                    .filter(|b| b.starts_with('%') && !b.contains(['+', '-']));
+                if let Some(b) = base {
+                    let c = [8i64, -8, 4, 16, 1 << 33].choose(r).copied().unwrap_or(8);
+                    let k = [-c, -c, -c + 4, -c - 4, 0].choose(r).copied().unwrap_or(-c);
+                    lines[at] = line
+                        .replacen(&format!("[{b}]"), &format!("[{b}+{k}]"), 1)
+                        .replace("+-", "-");
+                    lines.insert(at, format!("	add.s64 {b}, {b}, {c};"));
+                }
+            }
+            12 => {
+                // A constant where `%ntid.x` was: a proof only under a
+                // matching `.reqntid`.
+                let c = [64i64, 128, 256].choose(r).copied().unwrap_or(256);
+                if let Some(i) = lines.iter().position(|l| l.contains("%ntid.x")) {
+                    lines[i] = lines[i].replace("%ntid.x", &c.to_string());
+                }
+            }
+            13 => {
+                // `or` for `add`: the same only when no bit is in both.
+                if lines[at].contains("add.s64") {
+                    lines[at] = lines[at].replacen("add.s64", "or.b64", 1);
+                }
             }
             1 => {
                 let copy = lines[at].clone();

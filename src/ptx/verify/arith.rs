@@ -1,5 +1,12 @@
 //! The integer arithmetic the index and address proofs are built from:
-//! `i = ctaid.x × ntid.x + tid.x` in 64 bits, `i × s`, `param + i × s`.
+//! `i = ctaid.x × ntid.x + tid.x` in 64 bits, `i × s`, `param + i × s + c`.
+//!
+//! Proofs of a class, not patterns: under `.reqntid N` the constant `N` is
+//! `ntid.x` (and `ctaid << k` is `ctaid × N` when `N = 2^k`); `a | b` is
+//! `a + b` when no bit can be set in both (`ctaid × 2^k` has its low k bits
+//! clear, `tid < 2^k` has no others); a constant added to an address moves
+//! with it (`+ 0` changes nothing), and an access `[reg + o]` through
+//! `param + i × s + c` is element i exactly when `c + o == 0`.
 //!
 //! Invariants: only integer instructions of the exact widths count (a
 //! pointer in a float instruction is never an address); a product or sum
@@ -28,9 +35,30 @@ fn wide32(inst: &Inst) -> bool {
     inst.has("wide") && int_ty(inst, 32)
 }
 
-/// `ctaid.x × ntid.x`, either order.
-fn is_block(a: V, b: V, s: fn(Sk) -> V) -> bool {
-    (a == s(Sk::Ctaid) && b == s(Sk::Ntid)) || (a == s(Sk::Ntid) && b == s(Sk::Ctaid))
+/// `ctaid.x × ntid.x`, either order; under `.reqntid` the constant block
+/// size is `ntid.x` (a launch with another block size fails).
+fn is_block(a: V, b: V, s: fn(Sk) -> V, ntid: Option<i64>) -> bool {
+    let is_ntid = |v: V| v == s(Sk::Ntid) || matches!((v, ntid), (V::Const(c), Some(n)) if c == n);
+    (a == s(Sk::Ctaid) && is_ntid(b)) || (is_ntid(a) && b == s(Sk::Ctaid))
+}
+
+/// `param + i × s + c` + `d`: the constant moves with the address; `None`
+/// when it would overflow (the caller falls back to `Derived`).
+fn plus_const(base: V, d: i64) -> Option<V> {
+    use V::*;
+    let with = |m, s, c: i64| {
+        let c = c.checked_add(d)?;
+        Some(if s == 0 && c == 0 {
+            Param(m)
+        } else {
+            Addr(m, s, c)
+        })
+    };
+    match base {
+        Param(m) => with(m, 0, 0),
+        Addr(m, s, c) => with(m, s, c),
+        _ => None,
+    }
 }
 
 fn scale_by(x: V, c: V) -> Option<V> {
@@ -47,12 +75,18 @@ fn scale_by(x: V, c: V) -> Option<V> {
 fn offset_by(base: V, off: V) -> Option<V> {
     use V::*;
     match (base, off) {
-        (Param(m), Scaled(s)) => Some(Addr(m, s)),
-        (Param(m), Index) => Some(Addr(m, 1)),
-        (Param(m) | Addr(m, _) | Derived(m), Narrow) | (NarrowAddr(m), _) if off.params() == 0 => {
+        (Param(m), Scaled(s)) => Some(Addr(m, s, 0)),
+        (Param(m), Index) => Some(Addr(m, 1, 0)),
+        // `param + c`, then `+ i × s`: the constant stays.
+        (Addr(m, 0, c), Scaled(s)) => Some(Addr(m, s, c)),
+        (Addr(m, 0, c), Index) => Some(Addr(m, 1, c)),
+        (Param(_) | Addr(..), Const(d)) if plus_const(base, d).is_some() => plus_const(base, d),
+        (Param(m) | Addr(m, _, _) | Derived(m), Narrow) | (NarrowAddr(m), _)
+            if off.params().is_empty() =>
+        {
             Some(NarrowAddr(m))
         }
-        (Param(m) | Addr(m, _) | Derived(m), y) if y.params() == 0 => Some(Derived(m)),
+        (Param(m) | Addr(m, _, _) | Derived(m), y) if y.params().is_empty() => Some(Derived(m)),
         _ => None,
     }
 }
@@ -60,13 +94,13 @@ fn offset_by(base: V, off: V) -> Option<V> {
 /// The abstract result of an integer instruction over `a`, `b` (and `c`
 /// for `mad`), or `None` when it is not one ptxd models (then a pointer
 /// operand is a misuse and the result is data).
-pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
+pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>, ntid: Option<i64>) -> Option<V> {
     use V::*;
     let op = inst.base.as_str();
     let either = |f: &dyn Fn(V, V) -> Option<V>| f(a, b).or_else(|| f(b, a));
     match (op, c) {
         ("mul", None) if wide32(inst) => {
-            if is_block(a, b, S32) {
+            if is_block(a, b, S32, ntid) {
                 Some(Block64)
             } else if matches!(a, Narrow | S32(_) | Block32)
                 || matches!(b, Narrow | S32(_) | Block32)
@@ -77,7 +111,7 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
             }
         }
         ("mul", None) if int_ty(inst, 32) && !inst.has("wide") => {
-            if is_block(a, b, S32) {
+            if is_block(a, b, S32, ntid) {
                 Some(Block32)
             } else if a == Narrow || b == Narrow {
                 Some(Narrow)
@@ -86,7 +120,7 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
             }
         }
         ("mul", None) if int_ty(inst, 64) && inst.has("lo") => {
-            if is_block(a, b, S64) {
+            if is_block(a, b, S64, ntid) {
                 Some(Block64)
             } else if a == Narrow || b == Narrow {
                 Some(Narrow)
@@ -95,6 +129,10 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
             }
         }
         ("shl", None) if int_ty(inst, 64) => match (a, b) {
+            // `ctaid << k` is `ctaid × ntid` when `.reqntid` is `2^k`.
+            (S64(Sk::Ctaid), Const(c)) if (0..11).contains(&c) && ntid == Some(1 << c) => {
+                Some(Block64)
+            }
             (Index, Const(c)) if (0..7).contains(&c) => Some(Scaled(1 << c)),
             (Scaled(s), Const(c)) if (0..7).contains(&c) => Some(Scaled(s.saturating_mul(1 << c))),
             (Narrow, _) => Some(Narrow),
@@ -117,25 +155,39 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
         ("add", None) if int_ty(inst, 64) => {
             if matches!((a, b), (Block64, S64(Sk::Tid)) | (S64(Sk::Tid), Block64)) {
                 Some(Index)
-            } else if a.params() != 0 {
+            } else if a.params().has_any() {
                 offset_by(a, b)
-            } else if b.params() != 0 {
+            } else if b.params().has_any() {
                 offset_by(b, a)
             } else {
                 None
             }
         }
+        // `block | tid` is `block + tid` when no bit is set in both: under a
+        // `.reqntid` of `2^k`, `block = ctaid × 2^k` has its low k bits
+        // clear and `tid < 2^k` has no other bit.
+        ("or", None) if int_ty(inst, 64) => {
+            let pow2 = ntid.is_some_and(|n| n > 0 && n.count_ones() == 1);
+            matches!((a, b), (Block64, S64(Sk::Tid)) | (S64(Sk::Tid), Block64))
+                .then_some(Index)
+                .filter(|_| pow2)
+        }
         ("sub", None) if int_ty(inst, 64) => match (a, b) {
-            (Param(m) | Addr(m, _) | Derived(m), y) if y.params() == 0 => Some(Derived(m)),
+            (Param(_) | Addr(..), Const(d))
+                if d.checked_neg().and_then(|d| plus_const(a, d)).is_some() =>
+            {
+                d.checked_neg().and_then(|d| plus_const(a, d))
+            }
+            (Param(m) | Addr(m, _, _) | Derived(m), y) if y.params().is_empty() => Some(Derived(m)),
             _ => None,
         },
         ("mad", Some(c)) if wide32(inst) => {
-            if is_block(a, b, S32) && c == S64(Sk::Tid) {
+            if is_block(a, b, S32, ntid) && c == S64(Sk::Tid) {
                 Some(Index)
             } else if matches!(a, Narrow | S32(_) | Block32)
                 || matches!(b, Narrow | S32(_) | Block32)
             {
-                Some(if c.params() != 0 {
+                Some(if c.params().has_any() {
                     NarrowAddr(c.params())
                 } else {
                     Narrow
@@ -145,13 +197,13 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>) -> Option<V> {
             }
         }
         ("mad", Some(c)) if int_ty(inst, 32) && inst.has("lo") => {
-            let index32 = is_block(a, b, S32) && c == S32(Sk::Tid);
+            let index32 = is_block(a, b, S32, ntid) && c == S32(Sk::Tid);
             (index32 || a == Narrow || b == Narrow).then_some(Narrow)
         }
         ("mad", Some(c)) if int_ty(inst, 64) && inst.has("lo") => {
-            if is_block(a, b, S64) && c == S64(Sk::Tid) {
+            if is_block(a, b, S64, ntid) && c == S64(Sk::Tid) {
                 Some(Index)
-            } else if c.params() != 0 {
+            } else if c.params().has_any() {
                 either(&scale_by).and_then(|sc| offset_by(c, sc))
             } else if a == Narrow || b == Narrow {
                 Some(Narrow)

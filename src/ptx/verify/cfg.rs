@@ -16,13 +16,17 @@ use crate::ptx::ir::{Kernel, Opnd};
 use crate::ptx::PtxError;
 
 use super::dataflow::{guard_fact, predicated, step, Event, State, V};
-use super::refuse;
+use super::{refuse, SubReason};
 
-/// Bound on the analysis work (blocks × registers) before refusing.
-const MAX_ANALYSIS_CELLS: usize = 1 << 26;
+/// Bound on the analysis state (blocks × registers) before refusing: one
+/// abstract value per register per block is at most this many cells (about
+/// 16 MiB), and the work at most 16 visits per block over them. With the
+/// parser's token and instruction caps this keeps any kernel under the
+/// artifact size limit within about 0.25 s and 64 MB (see the README).
+const MAX_ANALYSIS_CELLS: usize = 1 << 19;
 
 /// Basic blocks: `(start, end)` instruction ranges.
-fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {
+pub(super) fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {
     let n = k.insts.len();
     let mut leader = vec![false; n + 1];
     leader[0] = true;
@@ -39,7 +43,7 @@ fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {
                 }
                 _ => {
                     return Err(refuse(
-                        "unsupported_instruction",
+                        SubReason::UnsupportedInstruction,
                         None,
                         Some(inst.line),
                         "a branch whose target is not a label",
@@ -64,7 +68,7 @@ pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
     let nregs = k.reg_types.len();
     if blocks.len().saturating_mul(nregs.max(1)) > MAX_ANALYSIS_CELLS {
         return Err(refuse(
-            "too_complex",
+            SubReason::TooComplex,
             None,
             Some(k.line),
             "the kernel is too large to analyse",
@@ -86,7 +90,7 @@ pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
         visits += 1;
         if visits > limit {
             return Err(refuse(
-                "too_complex",
+                SubReason::TooComplex,
                 None,
                 Some(k.line),
                 "the control flow did not settle",
@@ -128,7 +132,7 @@ pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
             .find(|i| !matches!(i.base.as_str(), "ret" | "exit"))
         {
             return Err(refuse(
-                "unreachable_code",
+                SubReason::UnreachableCode,
                 None,
                 Some(inst.line),
                 format!(

@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - Joins are sound for pointers: a value that may carry a param's bits
-//!   keeps them in its mask (`Tainted` at worst); only `Top` and constants
+//!   keeps them in its `ParamSet` (`Tainted` at worst); only `Top` and constants
 //!   are data, and nothing becomes data by a join.
 //! - `guarded` survives a join only when every incoming path has it, so at
 //!   an access it means the guard dominates the access.
@@ -12,6 +12,9 @@
 //!   new one; defining anything but data that way is an event.
 //! - A value written to a register narrower than its class is data there,
 //!   and a pointer so cut is an escape.
+//! - The transfer function is an exhaustive `match` on `table::Opcode`: an
+//!   opcode added to the table gets no transfer function by default, the
+//!   compiler asks for one.
 //! - Each instruction has at most one [`Event`], keyed by its pc, which
 //!   `decision.rs` turns into the verdict; this module refuses nothing
 //!   itself.
@@ -23,6 +26,8 @@ use crate::ptx::parse::Imm;
 
 use super::arith::{arith, int_ty, is_int};
 use super::instructions::destinations;
+use super::table::Opcode as O;
+use super::SubReason;
 
 /// The special registers the index is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,17 +37,70 @@ pub(super) enum Sk {
     Ctaid,
 }
 
-/// A set of params, one bit per param index (pointer and count params
-/// come first, so at most `MAX_INPUTS + 2` bits are ever set).
-pub(super) type Mask = u128;
+/// A set of params: the params whose bits a value may carry.
+///
+/// Only the 64-bit integer params (the pointers and the count) ever join a
+/// set, and `layout` admits at most `MAX_INPUTS + 2` of them (checked at
+/// compile time below), well inside [`ParamSet::CAPACITY`]. The one way in
+/// is [`ParamSet::single`], which answers `None` past the capacity, so no
+/// param index can lose its bit unnoticed (the caller refuses it as
+/// `param_out_of_range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct ParamSet([u64; 2]);
 
-pub(super) fn bit(p: u16) -> Mask {
-    1u128.checked_shl(u32::from(p)).unwrap_or(0)
+const _: () = assert!(super::MAX_INPUTS + 2 <= ParamSet::CAPACITY as usize);
+
+impl ParamSet {
+    pub(super) const EMPTY: ParamSet = ParamSet([0; 2]);
+    /// The most params a set can name.
+    pub(super) const CAPACITY: u16 = 128;
+
+    /// The set holding param `p` alone, or `None` when `p` has no bit.
+    pub(super) fn single(p: u16) -> Option<ParamSet> {
+        let mut words = [0u64; 2];
+        *words.get_mut(usize::from(p / 64))? = 1 << (p % 64);
+        Some(ParamSet(words))
+    }
+
+    pub(super) fn contains(self, p: u16) -> bool {
+        self.0
+            .get(usize::from(p / 64))
+            .is_some_and(|w| w >> (p % 64) & 1 == 1)
+    }
+
+    pub(super) fn is_empty(self) -> bool {
+        self.0 == [0; 2]
+    }
+
+    pub(super) fn has_any(self) -> bool {
+        !self.is_empty()
+    }
+
+    pub(super) fn len(self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// The lowest param of the set.
+    pub(super) fn first(self) -> Option<u16> {
+        self.iter().next()
+    }
+
+    /// The params of the set, lowest first.
+    pub(super) fn iter(self) -> impl Iterator<Item = u16> {
+        (0..Self::CAPACITY).filter(move |p| self.contains(*p))
+    }
 }
 
-/// The lowest param of a mask, for messages.
-pub(super) fn first(m: Mask) -> Option<u16> {
-    (m != 0).then(|| u16::try_from(m.trailing_zeros()).unwrap_or(u16::MAX))
+impl std::ops::BitOr for ParamSet {
+    type Output = ParamSet;
+    fn bitor(self, other: ParamSet) -> ParamSet {
+        ParamSet([self.0[0] | other.0[0], self.0[1] | other.0[1]])
+    }
+}
+
+/// The lowest param of a set, for messages.
+pub(super) fn first(m: ParamSet) -> Option<u16> {
+    m.first()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +110,7 @@ pub(super) enum V {
     Const(i64),
     /// The raw value of one of these 64-bit integer params (a pointer or
     /// the count; more than one bit after a `selp` or a join).
-    Param(Mask),
+    Param(ParamSet),
     /// `%tid.x` etc. in 32 bits.
     S32(Sk),
     /// The same, zero-extended to 64 bits.
@@ -67,15 +125,17 @@ pub(super) enum V {
     Narrow,
     /// `i × s` in 64 bits.
     Scaled(u32),
-    /// `param + i × s` for one of the params of the mask.
-    Addr(Mask, u32),
+    /// `param + i × s + c` for one of the params of the set (`s == 0`:
+    /// `param + c`, `c != 0`). An access through it at `[reg + o]` is
+    /// element i exactly when `c + o == 0`.
+    Addr(ParamSet, u32, i64),
     /// A param plus something that is not `i × s`.
-    Derived(Mask),
+    Derived(ParamSet),
     /// A param plus a 32-bit (wrapping) index times something.
-    NarrowAddr(Mask),
+    NarrowAddr(ParamSet),
     /// May carry the bits of one of these params (after a join of a pointer
     /// with something else). Never an address, never data.
-    Tainted(Mask),
+    Tainted(ParamSet),
     /// A predicate that is true when `i >= n` (`in_range == false`) or when
     /// `i < n` (`in_range == true`), `n` being param `count`.
     Guard {
@@ -86,10 +146,10 @@ pub(super) enum V {
 
 impl V {
     /// The params whose bits this value may carry.
-    pub(super) fn params(self) -> Mask {
+    pub(super) fn params(self) -> ParamSet {
         match self {
-            V::Param(m) | V::Addr(m, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
-            _ => 0,
+            V::Param(m) | V::Addr(m, _, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
+            _ => ParamSet::EMPTY,
         }
     }
 
@@ -120,8 +180,8 @@ impl V {
         let m = self.params() | other.params();
         match (self, other) {
             (V::Param(a), V::Param(b)) => V::Param(a | b),
-            (V::Addr(a, s), V::Addr(b, t)) if s == t => V::Addr(a | b, s),
-            _ if m != 0 => V::Tainted(m),
+            (V::Addr(a, s, c), V::Addr(b, t, d)) if s == t && c == d => V::Addr(a | b, s, c),
+            _ if !m.is_empty() => V::Tainted(m),
             _ => V::Top,
         }
     }
@@ -161,14 +221,14 @@ pub(super) enum AccessKind {
 #[derive(Debug, Clone)]
 pub(super) enum Event {
     Access {
-        params: Mask,
+        params: ParamSet,
         kind: AccessKind,
         width: u32,
         scale: u32,
         guarded: Option<u16>,
     },
     Bad {
-        sub_reason: &'static str,
+        sub_reason: SubReason,
         param: Option<u16>,
         explanation: String,
     },
@@ -217,7 +277,7 @@ pub(super) fn predicated(
             events.insert(
                 pc,
                 Event::Bad {
-                    sub_reason: "predicated_definition",
+                    sub_reason: SubReason::PredicatedDefinition,
                     param: first(old.params() | new.params()),
                     explanation: format!(
                         "`{}` is predicated: it may not run, and it defines an index, address, \
@@ -238,8 +298,10 @@ fn val(st: &State, o: &Opnd) -> V {
         // carries every part's pointer bits (a `.b128` pack holds two whole
         // 64-bit pointers), and is never a value ptxd relies on.
         Opnd::List(items) => {
-            let m = items.iter().fold(0, |m, it| m | val(st, it).params());
-            if m != 0 {
+            let m = items
+                .iter()
+                .fold(ParamSet::EMPTY, |m, it| m | val(st, it).params());
+            if !m.is_empty() {
                 V::Tainted(m)
             } else {
                 V::Top
@@ -247,7 +309,7 @@ fn val(st: &State, o: &Opnd) -> V {
         }
         Opnd::Pair(a, b) => {
             let m = val(st, &Opnd::Reg(*a)).params() | val(st, &Opnd::Reg(*b)).params();
-            if m != 0 {
+            if !m.is_empty() {
                 V::Tainted(m)
             } else {
                 V::Top
@@ -266,7 +328,7 @@ fn escape(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
         events.insert(
             pc,
             Event::Bad {
-                sub_reason: "pointer_escape",
+                sub_reason: SubReason::PointerEscape,
                 param: Some(p),
                 explanation: what,
             },
@@ -344,6 +406,110 @@ fn misuse(events: &mut BTreeMap<usize, Event>, pc: usize, v: V, what: String) {
     }
 }
 
+/// `ld.param` of `width` bytes at `[param p + offset]`: the bytes must lie
+/// inside that param's own declared size (ptxas wraps an access past the
+/// param space onto other params), and only a whole 64-bit integer param
+/// is a pointer or the count.
+fn load_param(
+    k: &Kernel,
+    pc: usize,
+    inst: &Inst,
+    p: u16,
+    offset: i64,
+    events: &mut BTreeMap<usize, Event>,
+) -> V {
+    let pty = k.params.get(usize::from(p)).map(|x| x.ty.as_str());
+    // `layout` admits only these param types, and no arrays.
+    let size: u64 = match pty {
+        Some("u64" | "s64" | "b64") => 8,
+        Some("f32") => 4,
+        _ => 0,
+    };
+    let lty = inst.types().last().copied();
+    let width = u64::from(lty.map_or(0, |t| t.bytes()));
+    let inside = u64::try_from(offset)
+        .ok()
+        .and_then(|o| o.checked_add(width))
+        .is_some_and(|end| width > 0 && end <= size);
+    let out_of_range = |why: String| Event::Bad {
+        sub_reason: SubReason::ParamOutOfRange,
+        param: None,
+        explanation: why,
+    };
+    if !inside {
+        events.insert(
+            pc,
+            out_of_range(format!(
+                "`{}` reads {width} bytes at offset {offset} of param {p}, which holds {size}",
+                inst.opcode
+            )),
+        );
+        return V::Top;
+    }
+    if size == 4 {
+        // A float param: its bits are data; only a part of it is refused,
+        // as before.
+        return match (offset, lty) {
+            (0, Some(Ty::F32 | Ty::B32 | Ty::U32 | Ty::S32)) => V::Top,
+            (0, _) => {
+                events.entry(pc).or_insert(Event::Misuse {
+                    param: p,
+                    explanation: format!("`{}` loads the param at another width", inst.opcode),
+                });
+                V::Top
+            }
+            _ => {
+                events.insert(
+                    pc,
+                    Event::Bad {
+                        sub_reason: SubReason::PointerEscape,
+                        param: Some(p),
+                        explanation: format!("`{}` loads part of the param", inst.opcode),
+                    },
+                );
+                V::Top
+            }
+        };
+    }
+    let Some(set) = ParamSet::single(p) else {
+        events.insert(
+            pc,
+            out_of_range(format!(
+                "param {p} is past the {} params the model represents",
+                ParamSet::CAPACITY
+            )),
+        );
+        return V::Top;
+    };
+    match (offset, lty) {
+        (0, Some(Ty::U64 | Ty::S64 | Ty::B64)) => V::Param(set),
+        (0, _) => {
+            escape(
+                events,
+                pc,
+                V::Param(set),
+                format!("`{}` loads the pointer param at another width", inst.opcode),
+            );
+            V::Top
+        }
+        _ => {
+            escape(
+                events,
+                pc,
+                V::Param(set),
+                format!("`{}` loads part of the param", inst.opcode),
+            );
+            V::Top
+        }
+    }
+}
+
+/// The block size `.reqntid` fixes (`layout` checked it is `x,1,1`): under
+/// it `%ntid.x` is that constant, so the constant may stand for it.
+fn reqntid(k: &Kernel) -> Option<i64> {
+    k.reqntid.map(|[x, _, _]| i64::from(x))
+}
+
 /// Interprets one non-branch instruction.
 pub(super) fn step(
     k: &Kernel,
@@ -352,8 +518,11 @@ pub(super) fn step(
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
 ) {
-    let op = inst.base.as_str();
     let ops = &inst.ops;
+    // Past `instructions::structure` every instruction is a table form.
+    let Some(op) = O::from_name(&inst.base) else {
+        return compute(k, pc, inst, st, events);
+    };
     // An integer literal is that integer only in an integer-typed
     // instruction; in `mov.f32 %f, 4` it is the float 4.0, whose bits are
     // anything but 4.
@@ -363,57 +532,15 @@ pub(super) fn step(
         v => v,
     };
     match op {
-        "ld" | "ldu" if inst.has("param") => {
+        O::Ld | O::Ldu if inst.has("param") => {
             let v = match ops.get(1) {
                 Some(Opnd::Addr {
                     base: Base::Param(p),
-                    offset: 0,
-                }) => {
-                    let pty = k.params.get(*p as usize).map(|x| x.ty.as_str());
-                    let lty = inst.types().first().copied();
-                    match (pty, lty) {
-                        (Some("u64" | "s64" | "b64"), Some(Ty::U64 | Ty::S64 | Ty::B64)) => {
-                            V::Param(bit(*p))
-                        }
-                        (Some("f32"), Some(Ty::F32 | Ty::B32 | Ty::U32 | Ty::S32)) => V::Top,
-                        (Some("u64" | "s64" | "b64"), _) => {
-                            escape(
-                                events,
-                                pc,
-                                V::Param(bit(*p)),
-                                format!(
-                                    "`{}` loads the pointer param at another width",
-                                    inst.opcode
-                                ),
-                            );
-                            V::Top
-                        }
-                        _ => {
-                            misuse(
-                                events,
-                                pc,
-                                V::Param(bit(*p)),
-                                format!("`{}` loads the param at another width", inst.opcode),
-                            );
-                            V::Top
-                        }
-                    }
-                }
-                Some(Opnd::Addr {
-                    base: Base::Param(p),
-                    ..
-                }) => {
-                    escape(
-                        events,
-                        pc,
-                        V::Param(bit(*p)),
-                        format!("`{}` loads part of the param", inst.opcode),
-                    );
-                    V::Top
-                }
+                    offset,
+                }) => load_param(k, pc, inst, *p, *offset, events),
                 _ => {
                     events.entry(pc).or_insert(Event::Bad {
-                        sub_reason: "param_misuse",
+                        sub_reason: SubReason::ParamMisuse,
                         param: None,
                         explanation: "a param-space load not from a named param".into(),
                     });
@@ -422,22 +549,14 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), v, events);
         }
-        "ld" | "ldu" | "st" => {
-            let (addr_i, data_i) = if op == "st" { (0, 1) } else { (1, 0) };
-            // A cache-policy operand (`.L2::cache_hint`) is no place for a
-            // pointer's bits either.
-            for o in ops.iter().skip(2) {
-                misuse(
-                    events,
-                    pc,
-                    val(st, o),
-                    format!("`{}` passes a pointer as an extra operand", inst.opcode),
-                );
-            }
+        O::Ld | O::Ldu | O::St => {
+            let (addr_i, data_i) = if op == O::St { (0, 1) } else { (1, 0) };
+            // No third operand: the table admits `ld`/`st` with exactly an
+            // address and a value, and `ir` dropped any cache-policy one.
             let width = inst.types().last().map_or(0, |t| t.bytes());
             let pred_guard = inst.guard.and_then(|(neg, p)| guard_fact(st, p, neg, true));
             let guarded = st.guarded.or(pred_guard);
-            let kind = if op == "st" {
+            let kind = if op == O::St {
                 AccessKind::Store
             } else {
                 AccessKind::Load
@@ -447,20 +566,26 @@ pub(super) fn step(
                     base: Base::Reg(r),
                     offset,
                 }) => match (st.regs.get(*r as usize).copied(), *offset) {
-                    (Some(V::Addr(m, scale)), 0) => Event::Access {
-                        params: m,
-                        kind,
-                        width,
-                        scale,
-                        guarded,
-                    },
+                    // `[reg + o]` with `reg = param + i × s + c`: element i
+                    // exactly when the constants cancel.
+                    (Some(V::Addr(m, scale, c)), o)
+                        if scale != 0 && c.checked_add(o) == Some(0) =>
+                    {
+                        Event::Access {
+                            params: m,
+                            kind,
+                            width,
+                            scale,
+                            guarded,
+                        }
+                    }
                     (Some(V::NarrowAddr(m)), _) => Event::Bad {
-                        sub_reason: "index_not_64bit",
+                        sub_reason: SubReason::IndexNot64bit,
                         param: first(m),
                         explanation: "the element index is computed in 32 bits and wraps".into(),
                     },
-                    (Some(v), _) if v.params() != 0 => Event::Bad {
-                        sub_reason: "non_elementwise_address",
+                    (Some(v), _) if v.params().has_any() => Event::Bad {
+                        sub_reason: SubReason::NonElementwiseAddress,
                         param: v.pointer(),
                         explanation: format!(
                             "`{}` does not access element i of its operand (broadcast, offset, gather or strided)",
@@ -468,7 +593,7 @@ pub(super) fn step(
                         ),
                     },
                     _ => Event::Bad {
-                        sub_reason: "non_elementwise_address",
+                        sub_reason: SubReason::NonElementwiseAddress,
                         param: None,
                         explanation: format!(
                             "`{}` accesses an address not derived from a pointer param",
@@ -477,18 +602,18 @@ pub(super) fn step(
                     },
                 },
                 _ => Event::Bad {
-                    sub_reason: "non_elementwise_address",
+                    sub_reason: SubReason::NonElementwiseAddress,
                     param: None,
                     explanation: format!("`{}` uses an absolute or symbolic address", inst.opcode),
                 },
             };
             events.entry(pc).or_insert(ev);
-            if op == "st" {
+            if op == O::St {
                 let data = match ops.get(data_i) {
                     Some(Opnd::List(items)) => items
                         .iter()
                         .map(|o| val(st, o))
-                        .fold(V::Top, |acc, v| if v.params() != 0 { v } else { acc }),
+                        .fold(V::Top, |acc, v| if v.params().has_any() { v } else { acc }),
                     _ => src(data_i),
                 };
                 escape(
@@ -501,7 +626,7 @@ pub(super) fn step(
                 set(k, pc, st, ops.first(), V::Top, events);
             }
         }
-        "mov" => {
+        O::Mov => {
             let v = src(1);
             let r = if v.width() != 0 && !int_ty(inst, v.width()) {
                 escape(
@@ -529,9 +654,9 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), r, events);
         }
-        "cvta" => {
+        O::Cvta => {
             let v = src(1);
-            let r = if v.params() != 0 && int_ty(inst, 64) {
+            let r = if v.params().has_any() && int_ty(inst, 64) {
                 v
             } else {
                 misuse(
@@ -544,7 +669,7 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), r, events);
         }
-        "cvt" => {
+        O::Cvt => {
             let tys = inst.types();
             let v = src(1);
             let widen = matches!(tys.as_slice(), [Ty::U64 | Ty::S64, Ty::U32 | Ty::S32]);
@@ -564,7 +689,7 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), r, events);
         }
-        "setp"
+        O::Setp
             if !inst
                 .mods
                 .iter()
@@ -572,12 +697,12 @@ pub(super) fn step(
         {
             let (a, b) = (src(1), src(2));
             let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
-            let single = |m: Mask| (m.count_ones() == 1).then(|| first(m)).flatten();
+            let single = |m: ParamSet| (m.len() == 1).then(|| first(m)).flatten();
             let r = match (a, b) {
                 _ if !is_int(inst) => {
-                    if a.params() | b.params() != 0 {
+                    if (a.params() | b.params()).has_any() {
                         events.entry(pc).or_insert(Event::Bad {
-                            sub_reason: "non_integer_arithmetic",
+                            sub_reason: SubReason::NonIntegerArithmetic,
                             param: first(a.params() | b.params()),
                             explanation: format!("`{}` compares a pointer as a float", inst.opcode),
                         });
@@ -623,7 +748,7 @@ pub(super) fn step(
                 }
                 (V::Narrow, V::Param(m)) | (V::Param(m), V::Narrow) => {
                     events.entry(pc).or_insert(Event::Bad {
-                        sub_reason: "index_not_64bit",
+                        sub_reason: SubReason::IndexNot64bit,
                         param: first(m),
                         explanation: "the bounds guard compares a 32-bit index".into(),
                     });
@@ -650,7 +775,7 @@ pub(super) fn step(
             }
             set(k, pc, st, ops.first(), r, events);
         }
-        "not" if inst.has("pred") => {
+        O::Not if inst.has("pred") => {
             let r = match src(1) {
                 V::Guard { count, in_range } => V::Guard {
                     count,
@@ -660,7 +785,7 @@ pub(super) fn step(
             };
             set(k, pc, st, ops.first(), r, events);
         }
-        "selp" if ops.len() == 4 => {
+        O::Selp if ops.len() == 4 => {
             let (a, b) = (src(1), src(2));
             let r = if a == b {
                 a
@@ -669,7 +794,9 @@ pub(super) fn step(
                     // `c ? in0 : in1`, then `[p + i × s]`: either operand's
                     // element i.
                     (V::Param(x), V::Param(y)) => V::Param(x | y),
-                    (V::Addr(x, s), V::Addr(y, t)) if s == t => V::Addr(x | y, s),
+                    (V::Addr(x, s, c), V::Addr(y, t, d)) if s == t && c == d => {
+                        V::Addr(x | y, s, c)
+                    }
                     _ => {
                         misuse(
                             events,
@@ -708,40 +835,130 @@ pub(super) fn step(
             }
             set(k, pc, st, ops.first(), r, events);
         }
-        _ => {
-            let (a, b) = (src(1), src(2));
-            let r = match ops.len() {
-                3 => arith(inst, a, b, None),
-                4 => arith(inst, a, b, Some(src(3))),
-                _ => None,
-            };
-            let r = match r {
-                Some(v) => v,
-                None => {
-                    let float = inst.types().first().is_some_and(|t| !t.is_int());
-                    for o in ops.iter().skip(1) {
-                        let v = val(st, o);
-                        if float && v.params() != 0 {
-                            events.entry(pc).or_insert(Event::Bad {
-                                sub_reason: "non_integer_arithmetic",
-                                param: v.pointer(),
-                                explanation: format!(
-                                    "`{}` computes with a pointer at a non-integer type",
-                                    inst.opcode
-                                ),
-                            });
-                        }
-                        misuse(
-                            events,
-                            pc,
-                            v,
-                            format!("`{}` computes with a pointer or count param", inst.opcode),
-                        );
-                    }
-                    V::Top
+        // Control flow is interpreted by `cfg.rs`; it defines nothing.
+        O::Bra | O::Ret | O::Exit => {}
+        // Every other opcode of the table computes: `arith` says what it
+        // proves, anything else is data (and a pointer operand a misuse).
+        O::Add
+        | O::Sub
+        | O::Mul
+        | O::Mad
+        | O::Fma
+        | O::Div
+        | O::Rem
+        | O::Neg
+        | O::Abs
+        | O::Min
+        | O::Max
+        | O::Copysign
+        | O::And
+        | O::Or
+        | O::Xor
+        | O::Not
+        | O::Cnot
+        | O::Shl
+        | O::Shr
+        | O::Setp
+        | O::Selp
+        | O::Set
+        | O::Slct
+        | O::Ex2
+        | O::Lg2
+        | O::Rcp
+        | O::Sqrt
+        | O::Rsqrt
+        | O::Sin
+        | O::Cos
+        | O::Tanh
+        | O::Popc
+        | O::Clz
+        | O::Brev
+        | O::Bfe
+        | O::Bfi
+        | O::Bfind
+        | O::Prmt
+        | O::Lop3
+        | O::Shf
+        | O::Testp
+        | O::Mul24
+        | O::Mad24
+        | O::Sad
+        | O::Fns
+        | O::Dp4a
+        | O::Dp2a => compute(k, pc, inst, st, events),
+    }
+}
+
+/// An ALU instruction: the index and address arithmetic `arith` models,
+/// else data, with every pointer operand a misuse.
+fn compute(
+    k: &Kernel,
+    pc: usize,
+    inst: &Inst,
+    st: &mut State,
+    events: &mut BTreeMap<usize, Event>,
+) {
+    let ops = &inst.ops;
+    let int_inst = is_int(inst);
+    let src = |i: usize| match ops.get(i).map_or(V::Top, |o| val(st, o)) {
+        V::Const(_) if !int_inst => V::Top,
+        v => v,
+    };
+    let (a, b) = (src(1), src(2));
+    let r = match ops.len() {
+        3 => arith(inst, a, b, None, reqntid(k)),
+        4 => arith(inst, a, b, Some(src(3)), reqntid(k)),
+        _ => None,
+    };
+    let r = match r {
+        Some(v) => v,
+        None => {
+            let float = inst.types().first().is_some_and(|t| !t.is_int());
+            for o in ops.iter().skip(1) {
+                let v = val(st, o);
+                if float && v.params().has_any() {
+                    events.entry(pc).or_insert(Event::Bad {
+                        sub_reason: SubReason::NonIntegerArithmetic,
+                        param: v.pointer(),
+                        explanation: format!(
+                            "`{}` computes with a pointer at a non-integer type",
+                            inst.opcode
+                        ),
+                    });
                 }
-            };
-            set(k, pc, st, ops.first(), r, events);
+                misuse(
+                    events,
+                    pc,
+                    v,
+                    format!("`{}` computes with a pointer or count param", inst.opcode),
+                );
+            }
+            V::Top
         }
+    };
+    set(k, pc, st, ops.first(), r, events);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ParamSet;
+
+    /// Every index the set admits keeps its own bit; every other index is
+    /// refused rather than silently dropped (the old `u128` mask gave index
+    /// 128 and up no bit at all).
+    #[test]
+    fn a_param_set_keeps_every_index_it_admits_and_refuses_the_rest() {
+        for p in 0..ParamSet::CAPACITY {
+            let s = ParamSet::single(p).unwrap_or_else(|| panic!("{p} has no bit"));
+            assert_eq!(s.iter().collect::<Vec<_>>(), vec![p]);
+            assert_eq!((s.first(), s.len(), s.contains(p)), (Some(p), 1, true));
+        }
+        for p in [ParamSet::CAPACITY, 129, 130, u16::MAX] {
+            assert!(ParamSet::single(p).is_none(), "{p}");
+        }
+        let both =
+            ParamSet::single(3).unwrap_or_default() | ParamSet::single(127).unwrap_or_default();
+        assert_eq!(both.iter().collect::<Vec<_>>(), vec![3, 127]);
+        assert!(ParamSet::EMPTY.is_empty() && both.has_any());
     }
 }

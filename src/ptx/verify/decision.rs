@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use crate::ptx::ir::Kernel;
 use crate::ptx::{PtxError, Signature};
 
-use super::dataflow::{bit, AccessKind, Event};
+use super::dataflow::{AccessKind, Event};
 use super::layout::Layout;
-use super::{refuse, Role, Verified};
+use super::{refuse, Role, SubReason, Verified};
 
 /// The verdict from the settled events: the first refusal in instruction
 /// order, or the signature and every param's role.
@@ -52,16 +52,16 @@ pub(super) fn decide(
                 matches!(
                     e,
                     Event::Bad {
-                        sub_reason: "index_not_64bit"
-                            | "predicated_definition"
-                            | "non_integer_arithmetic"
-                            | "duplicate_destination",
+                        sub_reason: SubReason::IndexNot64bit
+                            | SubReason::PredicatedDefinition
+                            | SubReason::NonIntegerArithmetic
+                            | SubReason::DuplicateDestination,
                         ..
                     }
                 )
             }) {
                 return Err(refuse(
-                    sub_reason,
+                    *sub_reason,
                     param.and_then(name),
                     line_of(*pc),
                     explanation.clone(),
@@ -72,7 +72,7 @@ pub(super) fn decide(
                 .find(|(_, e)| matches!(e, Event::Access { .. }))
                 .map(|(pc, _)| *pc);
             return Err(refuse(
-                "unguarded_access",
+                SubReason::UnguardedAccess,
                 None,
                 at.and_then(line_of).or(Some(k.line)),
                 "no `i < n` bounds guard against the global thread index",
@@ -82,7 +82,7 @@ pub(super) fn decide(
     if count < expected_count {
         let extra = count + 1;
         return Err(refuse(
-            "extra_params",
+            SubReason::ExtraParams,
             name(extra),
             k.params.get(extra as usize).map(|p| p.line),
             format!(
@@ -98,7 +98,7 @@ pub(super) fn decide(
         match e {
             Event::Guard { count: c } if *c != count => {
                 return Err(refuse(
-                    "param_misuse",
+                    SubReason::ParamMisuse,
                     name(*c),
                     line,
                     "a second bounds guard against another param",
@@ -113,7 +113,7 @@ pub(super) fn decide(
                 // The count's bits are no secret: using them is a misuse of
                 // the count, not a pointer escape.
                 let sub_reason = match (*sub_reason, *param) {
-                    ("pointer_escape", Some(p)) if p == count => "param_misuse",
+                    (SubReason::PointerEscape, Some(p)) if p == count => SubReason::ParamMisuse,
                     (s, _) => s,
                 };
                 return Err(refuse(
@@ -125,9 +125,9 @@ pub(super) fn decide(
             }
             Event::Misuse { param, explanation } => {
                 let sub = if *param == count {
-                    "param_misuse"
+                    SubReason::ParamMisuse
                 } else {
-                    "pointer_misuse"
+                    SubReason::PointerMisuse
                 };
                 return Err(refuse(sub, name(*param), line, explanation.clone()));
             }
@@ -138,14 +138,11 @@ pub(super) fn decide(
                 scale,
                 guarded,
             } => {
-                for p in 0..128u16 {
-                    if params & bit(p) == 0 {
-                        continue;
-                    }
+                for p in params.iter() {
                     let param = &p;
                     if *guarded != Some(count) {
                         return Err(refuse(
-                            "unguarded_access",
+                            SubReason::UnguardedAccess,
                             name(*param),
                             line,
                             "a global access not dominated by the `i < n` guard",
@@ -153,7 +150,7 @@ pub(super) fn decide(
                     }
                     if *param >= expected_count {
                         return Err(refuse(
-                            "pointer_misuse",
+                            SubReason::PointerMisuse,
                             name(*param),
                             line,
                             "the count is used as a pointer",
@@ -162,7 +159,7 @@ pub(super) fn decide(
                     match (kind, *param == output) {
                         (AccessKind::Store, false) => {
                             return Err(refuse(
-                                "pointer_misuse",
+                                SubReason::PointerMisuse,
                                 name(*param),
                                 line,
                                 "a store through an input pointer",
@@ -170,7 +167,7 @@ pub(super) fn decide(
                         }
                         (AccessKind::Load, true) => {
                             return Err(refuse(
-                                "pointer_misuse",
+                                SubReason::PointerMisuse,
                                 name(*param),
                                 line,
                                 "a load through the output pointer",
@@ -180,7 +177,7 @@ pub(super) fn decide(
                     }
                     if width != scale || !matches!(width, 1 | 2 | 4 | 8) {
                         return Err(refuse(
-                            "non_elementwise_address",
+                            SubReason::NonElementwiseAddress,
                             name(*param),
                             line,
                             format!("a {width}-byte access at a stride of {scale} bytes"),
@@ -189,7 +186,7 @@ pub(super) fn decide(
                     let slot = &mut sizes[*param as usize];
                     if slot.is_some_and(|s| s != *width) {
                         return Err(refuse(
-                            "non_elementwise_address",
+                            SubReason::NonElementwiseAddress,
                             name(*param),
                             line,
                             "accesses of different element sizes through one pointer",
@@ -207,7 +204,7 @@ pub(super) fn decide(
             Some(s) => element_sizes.push(*s),
             None if p16 == output => {
                 return Err(refuse(
-                    "no_output_store",
+                    SubReason::NoOutputStore,
                     name(p16),
                     None,
                     "the output pointer is never stored through",
@@ -215,7 +212,7 @@ pub(super) fn decide(
             }
             None => {
                 return Err(refuse(
-                    "unused_input",
+                    SubReason::UnusedInput,
                     name(p16),
                     None,
                     "an input pointer is never read",

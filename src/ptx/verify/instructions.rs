@@ -1,115 +1,26 @@
 //! Which instructions, state spaces and modifiers the verifier models at
 //! all: the refusals visible from one instruction, without dataflow.
 //!
-//! Invariant: past [`structure`], every instruction is an `ld`/`ldu`/`st`
-//! in the global or param space with only allow-listed modifiers, a
+//! Invariant: past [`structure`], every instruction is a form of the typed
+//! table in `table.rs` (an [`Opcode`], only [`Modifier`]s, every operand in
+//! a modelled role): an `ld`/`ldu`/`st` in the global or param space, a
 //! `cvta` to global, a branch or return, or a pure ALU opcode with no
 //! memory or control effect; none names a variable, synchronizes threads,
 //! or writes one register twice. The dataflow relies on this: an opcode it
 //! does not model can only compute data.
 
-use crate::ptx::ir::{Base, Inst, Kernel, Opnd, Ty};
+use crate::ptx::ir::{Base, Inst, Kernel, Opnd};
 use crate::ptx::PtxError;
 
-use super::refuse;
-
-/// ALU opcodes with no memory or control effect; their results are data.
-const PURE: &[&str] = &[
-    "add", "sub", "mul", "mad", "fma", "div", "rem", "neg", "abs", "min", "max", "copysign", "and",
-    "or", "xor", "not", "cnot", "shl", "shr", "cvt", "mov", "setp", "selp", "set", "slct", "ex2",
-    "lg2", "rcp", "sqrt", "rsqrt", "sin", "cos", "tanh", "popc", "clz", "brev", "bfe", "bfi",
-    "bfind", "prmt", "lop3", "shf", "testp", "mul24", "mad24", "sad", "fns", "cvt.pack", "mad.lo",
-    "dp4a", "dp2a",
-];
-
-/// The modifiers of `ld`/`ldu`/`st` besides types: state spaces (other
-/// spaces and vectors are refused by their own checks first), cache
-/// operators, memory-ordering semantics and scopes, and cache hints. None
-/// changes which bytes an access touches.
-const LD_ST_MODIFIERS: &[&str] = &[
-    "global",
-    "param",
-    "local",
-    "shared",
-    "const",
-    "shared::cta",
-    "shared::cluster",
-    "v2",
-    "v4",
-    "v8",
-    "ca",
-    "cg",
-    "cs",
-    "lu",
-    "cv",
-    "wb",
-    "wt",
-    "nc",
-    "volatile",
-    "relaxed",
-    "acquire",
-    "release",
-    "weak",
-    "mmio",
-    "cta",
-    "gpu",
-    "sys",
-    "cluster",
-    "L1::evict_normal",
-    "L1::evict_unchanged",
-    "L1::evict_first",
-    "L1::evict_last",
-    "L1::no_allocate",
-    "L2::evict_normal",
-    "L2::evict_first",
-    "L2::evict_last",
-    "L2::64B",
-    "L2::128B",
-    "L2::256B",
-    "L2::cache_hint",
-];
-
-fn is_memory(base: &str) -> bool {
-    matches!(
-        base,
-        "ld" | "st"
-            | "ldu"
-            | "atom"
-            | "red"
-            | "cp"
-            | "prefetch"
-            | "prefetchu"
-            | "tex"
-            | "tld4"
-            | "suld"
-            | "sust"
-            | "sured"
-            | "ldmatrix"
-            | "stmatrix"
-            | "mbarrier"
-            | "cvta"
-            | "isspacep"
-            | "multimem"
-            | "wgmma"
-            | "tensormap"
-            | "discard"
-            | "applypriority"
-            | "createpolicy"
-            | "st.async"
-            | "red.async"
-            | "cp.async"
-            | "alloca"
-            | "stackrestore"
-            | "stacksave"
-    )
-}
+use super::table::{classify, Modifier, Opcode};
+use super::{refuse, SubReason};
 
 /// Refusals visible without dataflow, in instruction order.
 pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
     for v in &k.vars {
         let (sub, what) = match v.space.as_str() {
-            "shared" => ("shared_memory", "a .shared variable"),
-            "local" => ("local_memory", "a .local variable"),
+            "shared" => (SubReason::SharedMemory, "a .shared variable"),
+            "local" => (SubReason::LocalMemory, "a .local variable"),
             _ => continue,
         };
         return Err(refuse(
@@ -122,7 +33,12 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
     // A call first: the parameter passing around it (`st.param`) would
     // otherwise be what is reported.
     if let Some(inst) = k.insts.iter().find(|i| i.base == "call") {
-        return Err(refuse("call", None, Some(inst.line), "a function call"));
+        return Err(refuse(
+            SubReason::Call,
+            None,
+            Some(inst.line),
+            "a function call",
+        ));
     }
     for inst in &k.insts {
         let line = Some(inst.line);
@@ -132,13 +48,9 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         // ptxd does not model (`.bulk` writes a range, `.async` completes
         // elsewhere, ..), rather than trust ptxas to reject it.
         if matches!(b, "ld" | "ldu" | "st") {
-            if let Some(m) = inst
-                .mods
-                .iter()
-                .find(|m| Ty::from_name(m).is_none() && !LD_ST_MODIFIERS.contains(&m.as_str()))
-            {
+            if let Some(m) = inst.mods.iter().find(|m| Modifier::from_name(m).is_none()) {
                 return Err(refuse(
-                    "unsupported_instruction",
+                    SubReason::UnsupportedInstruction,
                     None,
                     line,
                     format!("`{}`: the modifier `.{m}` is not modelled", inst.opcode),
@@ -150,7 +62,7 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         // and the branch undefined. Compilers emit `.uni` only unpredicated.
         if matches!(b, "bra" | "ret" | "exit") && inst.has("uni") && inst.guard.is_some() {
             return Err(refuse(
-                "uniform_branch",
+                SubReason::UniformBranch,
                 None,
                 line,
                 format!(
@@ -162,7 +74,7 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         let written = destinations(inst);
         if (1..written.len()).any(|j| written[..j].contains(&written[j])) {
             return Err(refuse(
-                "duplicate_destination",
+                SubReason::DuplicateDestination,
                 None,
                 line,
                 format!(
@@ -173,7 +85,7 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         }
         if space("shared") || space("shared::cta") || space("shared::cluster") {
             return Err(refuse(
-                "shared_memory",
+                SubReason::SharedMemory,
                 None,
                 line,
                 format!("`{}` uses shared memory", inst.opcode),
@@ -181,7 +93,7 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         }
         if matches!(b, "bar" | "barrier" | "membar" | "fence" | "bar.warp") {
             return Err(refuse(
-                "barrier",
+                SubReason::Barrier,
                 None,
                 line,
                 format!("`{}` synchronizes threads", inst.opcode),
@@ -189,7 +101,7 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         }
         if matches!(b, "ld" | "st" | "ldu") && (space("v2") || space("v4") || space("v8")) {
             return Err(refuse(
-                "vectorized_access",
+                SubReason::VectorizedAccess,
                 None,
                 line,
                 format!(
@@ -200,7 +112,7 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         }
         if matches!(b, "atom" | "red") {
             return Err(refuse(
-                "atomic",
+                SubReason::Atomic,
                 None,
                 line,
                 format!("`{}` is an atomic", inst.opcode),
@@ -208,7 +120,7 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         }
         if matches!(b, "ld" | "st") && space("local") {
             return Err(refuse(
-                "local_memory",
+                SubReason::LocalMemory,
                 None,
                 line,
                 format!("`{}` uses local memory", inst.opcode),
@@ -216,7 +128,7 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         }
         if matches!(b, "ld" | "st") && space("const") {
             return Err(refuse(
-                "const_memory",
+                SubReason::ConstMemory,
                 None,
                 line,
                 format!("`{}` reads constant memory", inst.opcode),
@@ -224,28 +136,26 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
         }
         if b == "st" && space("param") {
             return Err(refuse(
-                "param_misuse",
+                SubReason::ParamMisuse,
                 None,
                 line,
                 "a store to the param space",
             ));
         }
         if matches!(b, "call") {
-            return Err(refuse("call", None, line, "a function call"));
+            return Err(refuse(SubReason::Call, None, line, "a function call"));
         }
         if b == "cvta" && !(space("to") && space("global")) && !space("global") {
             return Err(refuse(
-                "non_global_memory",
+                SubReason::NonGlobalMemory,
                 None,
                 line,
                 format!("`{}` converts a non-global address", inst.opcode),
             ));
         }
-        let known = matches!(b, "ld" | "st" | "ldu" | "cvta" | "bra" | "ret" | "exit")
-            || (PURE.contains(&b) && !is_memory(b));
-        if !known {
+        if Opcode::from_name(b).is_none() {
             return Err(refuse(
-                "unsupported_instruction",
+                SubReason::UnsupportedInstruction,
                 None,
                 line,
                 format!("`{}` is not an elementwise instruction", inst.opcode),
@@ -261,13 +171,15 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
             };
             if let (Some(s), false) = (syms, b == "bra") {
                 return Err(refuse(
-                    "global_variable",
+                    SubReason::GlobalVariable,
                     None,
                     line,
                     format!("`{}` names the variable `{s}`", inst.opcode),
                 ));
             }
         }
+        // Last, the whole table: every modifier and every operand's role.
+        classify(k, inst)?;
     }
     Ok(())
 }

@@ -5,13 +5,13 @@
 //! input pointer, the output pointer, then the count) followed by `floats`
 //! `.f32` params and nothing else, with `2 <= ints <= MAX_INPUTS + 2` and
 //! `floats <= MAX_SCALAR_PARAMS`; so a param's index alone says which
-//! integer it may be, and a `u128` param mask always has room. A launch
+//! integer it may be, and every one has a bit in a `ParamSet`. A launch
 //! bound, when present, is one-dimensional and one a 1-D launch can honour.
 
 use crate::ptx::ir::Kernel;
 use crate::ptx::PtxError;
 
-use super::{refuse, MAX_INPUTS, MAX_SCALAR_PARAMS};
+use super::{refuse, SubReason, MAX_INPUTS, MAX_SCALAR_PARAMS};
 
 /// The largest `.reqntid`/`.maxntid` x-extent a CUDA block can have.
 const MAX_BLOCK: u32 = 1024;
@@ -21,7 +21,7 @@ pub(super) fn launch_bounds(k: &Kernel) -> Result<(Option<u32>, Option<u32>), Pt
     if let Some([x, y, z]) = k.reqntid {
         if y != 1 || z != 1 || x == 0 || x > MAX_BLOCK {
             return Err(refuse(
-                "reqntid_conflict",
+                SubReason::ReqntidConflict,
                 None,
                 line,
                 format!(".reqntid {x},{y},{z} cannot be honoured by a 1-D launch of one thread per element"),
@@ -31,7 +31,7 @@ pub(super) fn launch_bounds(k: &Kernel) -> Result<(Option<u32>, Option<u32>), Pt
     if let Some([x, y, z]) = k.maxntid {
         if y != 1 || z != 1 || x == 0 {
             return Err(refuse(
-                "maxntid",
+                SubReason::Maxntid,
                 None,
                 line,
                 format!(".maxntid {x},{y},{z} cannot be honoured by a 1-D launch"),
@@ -55,7 +55,7 @@ pub(super) fn param_layout(k: &Kernel) -> Result<Layout, PtxError> {
         let line = Some(p.line);
         if p.array.is_some() {
             return Err(refuse(
-                "param_type",
+                SubReason::ParamType,
                 name,
                 line,
                 "a by-value aggregate param is not part of the scalar ABI",
@@ -65,7 +65,7 @@ pub(super) fn param_layout(k: &Kernel) -> Result<Layout, PtxError> {
             "u64" | "s64" | "b64" if floats == 0 => ints += 1,
             "u64" | "s64" | "b64" => {
                 return Err(refuse(
-                    "extra_params",
+                    SubReason::ExtraParams,
                     name,
                     line,
                     "an integer param after the float params",
@@ -74,7 +74,7 @@ pub(super) fn param_layout(k: &Kernel) -> Result<Layout, PtxError> {
             "f32" => floats += 1,
             "u32" | "s32" | "b32" | "u16" | "s16" | "b16" | "u8" | "s8" | "b8" => {
                 return Err(refuse(
-                    "count_not_64bit",
+                    SubReason::CountNot64bit,
                     name,
                     line,
                     format!(
@@ -85,7 +85,7 @@ pub(super) fn param_layout(k: &Kernel) -> Result<Layout, PtxError> {
             }
             other => {
                 return Err(refuse(
-                    "param_type",
+                    SubReason::ParamType,
                     name,
                     line,
                     format!("a .{other} param is not part of the scalar ABI"),
@@ -95,7 +95,7 @@ pub(super) fn param_layout(k: &Kernel) -> Result<Layout, PtxError> {
     }
     if ints < 2 {
         return Err(refuse(
-            "missing_params",
+            SubReason::MissingParams,
             None,
             Some(k.line),
             format!("{ints} pointer/count params; the scalar ABI needs at least an output pointer and a count"),
@@ -103,7 +103,7 @@ pub(super) fn param_layout(k: &Kernel) -> Result<Layout, PtxError> {
     }
     if ints - 2 > MAX_INPUTS || floats > MAX_SCALAR_PARAMS {
         return Err(refuse(
-            "param_count",
+            SubReason::ParamCount,
             None,
             Some(k.line),
             format!(

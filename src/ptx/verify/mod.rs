@@ -21,6 +21,12 @@
 //! - Index, address and guard arithmetic counts only at integer types of
 //!   the exact widths (`non_integer_arithmetic` for a pointer in a float
 //!   instruction).
+//! - A register is read only after it is written on every path from the
+//!   entry (`undefined_register`): a GPU register holds what the previous
+//!   kernel on that SM left there.
+//! - Every operand of every instruction has a role in the typed table
+//!   (`table.rs`); a param access stays inside its own param
+//!   (`param_out_of_range`).
 //! - A pointer's bits may not leave as data: stored, unpacked
 //!   (`mov.b64 {lo, hi}`), narrowed (`cvt`, a narrower register or param
 //!   load) — `pointer_escape`.
@@ -53,23 +59,34 @@
 //!    `long long` (`count_not_64bit`); fewer than two integer params
 //!    (`missing_params`); more than [`MAX_INPUTS`] inputs or
 //!    [`MAX_SCALAR_PARAMS`] floats (`param_count`).
-//! 3. Instructions, without dataflow (`instructions.rs`): `.shared`/`.local`
-//!    variables and accesses (`shared_memory`, `local_memory`); a call
-//!    (`call`); an `ld`/`ldu`/`st` modifier outside the allow-list, an opcode
-//!    that is not elementwise ALU, memory or control (`unsupported_instruction`);
-//!    a predicated `.uni` branch or return (`uniform_branch`); a destination
-//!    list naming one register twice (`duplicate_destination`); barriers and
-//!    fences (`barrier`); `.v2`/`.v4`/`.v8` accesses (`vectorized_access`);
-//!    atomics (`atomic`); `.const` loads (`const_memory`); a store to the
-//!    param space (`param_misuse`); a `cvta` of a non-global address
+//! 3. Instructions, without dataflow (`instructions.rs`, against the typed
+//!    table in `table.rs`): `.shared`/`.local` variables and accesses
+//!    (`shared_memory`, `local_memory`); a call (`call`); an `ld`/`ldu`/`st`
+//!    modifier that is no `table::Modifier`, an opcode that is no
+//!    `table::Opcode` (elementwise ALU, memory or control)
+//!    (`unsupported_instruction`); a predicated `.uni` branch or return
+//!    (`uniform_branch`); a destination list naming one register twice
+//!    (`duplicate_destination`); barriers and fences (`barrier`);
+//!    `.v2`/`.v4`/`.v8` accesses (`vectorized_access`); atomics (`atomic`);
+//!    `.const` loads (`const_memory`); a store to the param space
+//!    (`param_misuse`); a `cvta` of a non-global address
 //!    (`non_global_memory`); a named variable as an operand
-//!    (`global_variable`).
-//! 4. Control flow (`cfg.rs`): a branch to anything but a label
-//!    (`unsupported_instruction`); a kernel too large, or whose fixpoint does
-//!    not settle in bounded work (`too_complex`); unreachable code holding
-//!    anything but `ret`/`exit` (`unreachable_code`).
+//!    (`global_variable`); then the whole table: any other modifier that is
+//!    no `table::Modifier` (`unsupported_instruction`), and operands that
+//!    match no form of the opcode role for role (data, address, guard,
+//!    target, immediate, destination) (`unmodelled_operand`). A
+//!    `.L2::cache_hint` and its policy operand were dropped by the IR.
+//! 4. Control flow (`cfg.rs`): a kernel whose blocks × registers exceed the
+//!    analysis bound, or whose fixpoint does not settle in bounded work
+//!    (`too_complex`; the parser refuses a module of more than
+//!    `parse::MAX_TOKENS` tokens or `parse::MAX_INSTRUCTIONS` instructions
+//!    the same way, before building anything large); unreachable code
+//!    holding anything but `ret`/`exit` (`unreachable_code`). (A branch to
+//!    anything but a label has no form in the table: `unmodelled_operand`.)
 //! 5. Dataflow (`dataflow.rs`, `arith.rs`), reported at the first
-//!    instruction in program order by `decision.rs`: a predicated definition
+//!    instruction in program order by `decision.rs`: a param load whose
+//!    bytes are not inside that param's own declared size, or a param the
+//!    `dataflow::ParamSet` cannot name (`param_out_of_range`); a predicated definition
 //!    of non-data (`predicated_definition`); a pointer's bits leaving as data
 //!    (`pointer_escape`, or `param_misuse` for the count's); an index or guard
 //!    computed in 32 bits (`index_not_64bit`); a pointer in a float
@@ -84,21 +101,32 @@
 //!    its stride, or two widths through one pointer
 //!    (`non_elementwise_address`); an output never stored (`no_output_store`)
 //!    or an input never read (`unused_input`).
-//! 7. The declared ABI, when the client gave one ([`verify`]): a different
+//! 7. Defined before use (`defined.rs`), on a kernel that passed every rule
+//!    above: a register read (a source, an address base, a guard, a part of
+//!    a vector or pair) that is not written on every path from the entry,
+//!    a predicated write counting for nothing (`undefined_register`).
+//! 8. The declared ABI, when the client gave one ([`verify`]): a different
 //!    input or float-param count is [`PtxError::AbiMismatch`].
 //!
 //! Two more sub_reasons come from outside this module: `duplicate_label`
-//! (the IR, [`super::ir`]) and `canonical_form` (the round trip through the
-//! printer, in [`super`]).
+//! (the IR, [`super::ir`]) and `canonical_form` (in [`super`]: a module
+//! without `.version` and one `.target sm_XX`, a `.target` option ptxd does
+//! not know, a directive the canonical text cannot keep (`.pragma`, cluster
+//! directives, `.noreturn`), or a round trip through the printer that does
+//! not give back the verified program). Every sub_reason is a
+//! [`SubReason`] variant; the test below checks this list names them all.
 
 mod arith;
 mod cfg;
 mod dataflow;
 mod decision;
+mod defined;
 mod instructions;
 mod layout;
+mod table;
 
 use super::ir::Kernel;
+pub use super::reason::SubReason;
 use super::{DeclaredAbi, PtxError, Signature};
 
 /// The most input pointers a scalar kernel may take.
@@ -126,13 +154,13 @@ pub struct Verified {
 
 /// The one constructor of a `NonScalarAbi` refusal, shared by every pass.
 fn refuse(
-    sub_reason: &'static str,
+    sub_reason: SubReason,
     param: Option<&str>,
     line: Option<u32>,
     explanation: impl Into<String>,
 ) -> PtxError {
     PtxError::NonScalarAbi {
-        sub_reason,
+        sub_reason: sub_reason.as_str(),
         param: param.map(str::to_string),
         line,
         explanation: explanation.into(),
@@ -146,6 +174,7 @@ pub fn verify(kernel: &Kernel, declared: Option<DeclaredAbi>) -> Result<Verified
     instructions::structure(kernel)?;
     let events = cfg::dataflow(kernel)?;
     let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
+    defined::check(kernel)?;
     if let Some(d) = declared {
         if d.inputs != verified.signature.inputs {
             return Err(PtxError::AbiMismatch {
@@ -167,56 +196,35 @@ pub fn verify(kernel: &Kernel, declared: Option<DeclaredAbi>) -> Result<Verified
 
 #[cfg(test)]
 mod tests {
-    /// Every file of the verifier, for the test below.
-    const SOURCES: &[&str] = &[
-        include_str!("mod.rs"),
-        include_str!("layout.rs"),
-        include_str!("instructions.rs"),
-        include_str!("cfg.rs"),
-        include_str!("dataflow.rs"),
-        include_str!("arith.rs"),
-        include_str!("decision.rs"),
-    ];
-
-    /// The snake_case string literals that follow `refuse(` or
-    /// `sub_reason: ` in `text`.
-    fn sub_reasons(text: &str) -> Vec<&str> {
-        let mut found = Vec::new();
-        for marker in ["refuse(", "sub_reason: "] {
-            for (at, _) in text.match_indices(marker) {
-                let rest = text[at + marker.len()..].trim_start();
-                if let Some(lit) = rest.strip_prefix('"') {
-                    let name = lit.split('"').next().unwrap_or("");
-                    if !name.is_empty()
-                        && name
-                            .bytes()
-                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-                    {
-                        found.push(name);
-                    }
-                }
-            }
-        }
-        found
-    }
+    use super::SubReason;
 
     /// The module doc claims to list every rule: each sub_reason the
     /// verifier can return is named there.
     #[test]
     fn module_doc_names_every_sub_reason() {
-        let doc: String = SOURCES[0]
+        let doc: String = include_str!("mod.rs")
             .lines()
             .filter_map(|l| l.strip_prefix("//!"))
             .collect::<Vec<_>>()
             .join("\n");
-        let mut all: Vec<&str> = SOURCES.iter().flat_map(|s| sub_reasons(s)).collect();
-        all.sort_unstable();
-        all.dedup();
-        assert!(all.len() > 20, "the scan found only {all:?}");
-        let missing: Vec<&&str> = all
+        let missing: Vec<&str> = SubReason::ALL
             .iter()
+            .map(|r| r.as_str())
             .filter(|r| !doc.contains(&format!("`{r}`")))
             .collect();
         assert!(missing.is_empty(), "not in the module doc: {missing:?}");
+    }
+
+    /// The wire strings are distinct and snake_case, so a client can match
+    /// on them.
+    #[test]
+    fn sub_reason_strings_are_distinct_snake_case() {
+        let mut all: Vec<&str> = SubReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert!(all.iter().all(|s| !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')));
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), SubReason::ALL.len());
     }
 }
