@@ -1,0 +1,174 @@
+//! The verifier inside the daemon (host backend): a refusal is remembered by
+//! content and a second identical load is answered from the memo with the
+//! same refusal; concurrent verifications are bounded per uid; the large
+//! generated kernels of the verify benchmark get the verdicts they are built
+//! to get.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+#[path = "support/big_kernels.rs"]
+mod big_kernels;
+
+use common::{corpus, Daemon};
+use ptxd_client::{Client, Error, LoadOptions, Session};
+
+async fn session(daemon: &Daemon) -> (Client, Session) {
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("verification").await.unwrap();
+    (client, session)
+}
+
+fn meta<'a>(error: &'a Error, key: &str) -> &'a str {
+    error
+        .refusal()
+        .and_then(|r| r.metadata().get(key))
+        .map(String::as_str)
+        .unwrap_or("")
+}
+
+/// The daemon's debug lines saying a refusal was served from the memo.
+fn served_from_memo(daemon: &Daemon) -> usize {
+    daemon
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("PTX refused again") && l.contains("served=\"memo\""))
+        .count()
+}
+
+/// The log filter that shows the LoadKernel path's debug lines.
+const KERNELS_DEBUG: &str = "warn,ptxd::front::kernels=debug";
+
+#[tokio::test]
+async fn a_second_identical_refused_load_is_answered_from_the_memo() {
+    let daemon = Daemon::start_with(&[], |c| {
+        c.env("RUST_LOG", KERNELS_DEBUG);
+    });
+    let (_client, session) = session(&daemon).await;
+    for (text, symbol) in [
+        (corpus("add_f32_vec4.ptx"), "add_f32_vec4"),
+        (big_kernels::refused(64 << 10), "big_hostile"),
+    ] {
+        let served_before = served_from_memo(&daemon);
+        let first = session
+            .load_ptx(0, text.clone(), symbol, LoadOptions::default())
+            .await
+            .unwrap_err();
+        assert_eq!(first.reason_name(), "NON_SCALAR_ABI", "{first}");
+        assert_eq!(
+            served_from_memo(&daemon),
+            served_before,
+            "the first load is verified"
+        );
+        let second = session
+            .load_ptx(0, text.clone(), symbol, LoadOptions::default())
+            .await
+            .unwrap_err();
+        // The identical refusal: code, reason and every metadata value
+        // (sub_reason, line, explanation).
+        let (a, b) = (first.refusal().unwrap(), second.refusal().unwrap());
+        assert_eq!(a.code(), b.code());
+        assert_eq!(a.wire_name(), b.wire_name());
+        assert_eq!(a.metadata(), b.metadata());
+        assert!(!meta(&second, "sub_reason").is_empty());
+        assert_eq!(
+            served_from_memo(&daemon),
+            served_before + 1,
+            "the second load was not answered from the memo:\n{}",
+            daemon.stderr()
+        );
+        // One byte more is another text, verified again.
+        let other = session
+            .load_ptx(0, format!("{text}\n"), symbol, LoadOptions::default())
+            .await
+            .unwrap_err();
+        assert_eq!(other.reason_name(), "NON_SCALAR_ABI");
+        assert_eq!(served_from_memo(&daemon), served_before + 1);
+    }
+    // Accepted kernels still load (and their repeat is a cache hit).
+    let add = corpus("add_f32_scalar.ptx");
+    session
+        .load_ptx(0, add.clone(), "add_f32_scalar", LoadOptions::default())
+        .await
+        .unwrap();
+    let again = session
+        .load_ptx(0, add, "add_f32_scalar", LoadOptions::default())
+        .await
+        .unwrap();
+    assert!(again.state().cache_hit);
+}
+
+#[tokio::test]
+async fn concurrent_verifications_over_a_uids_share_are_refused_limit_exceeded() {
+    let daemon = Daemon::start(&["--max-concurrent-verifications-per-uid", "1"]);
+    let (_client, session) = session(&daemon).await;
+    // Distinct texts (none in the memo), each slow enough to verify that
+    // the others arrive while it runs.
+    let session = &session;
+    let loads = (0..8).map(|k| {
+        let text = format!("{}\n// {k}\n", big_kernels::accepted(512 << 10));
+        async move {
+            session
+                .load_ptx(0, text, "big_add", LoadOptions::default())
+                .await
+        }
+    });
+    let results = futures_util::future::join_all(loads).await;
+    let mut loaded = 0;
+    let mut over = 0;
+    for result in &results {
+        match result {
+            Ok(_) => loaded += 1,
+            Err(e) => {
+                assert_eq!(e.reason_name(), "LIMIT_EXCEEDED", "{e}");
+                assert_eq!(
+                    e.refusal().unwrap().code(),
+                    tonic::Code::ResourceExhausted
+                );
+                assert_eq!(meta(e, "limit"), "max_concurrent_verifications_per_uid");
+                assert_eq!(meta(e, "value"), "1");
+                over += 1;
+            }
+        }
+    }
+    assert!(loaded >= 1, "{loaded} loaded, {over} over the share");
+    assert!(over >= 1, "{loaded} loaded, {over} over the share");
+    // The places are given back: a load after them is verified and loads.
+    session
+        .load_ptx(
+            0,
+            big_kernels::accepted(4 << 10),
+            "big_add",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+}
+
+#[test]
+fn the_generated_kernels_get_the_verdicts_they_are_built_for() {
+    for bytes in [1 << 10, 16 << 10, 64 << 10] {
+        let accepted = big_kernels::accepted(bytes);
+        assert!(accepted.len() >= bytes && accepted.len() < bytes + 1024);
+        let canonical = ptxd::ptx::canonicalize(&accepted, "big_add", None)
+            .unwrap_or_else(|e| panic!("{bytes}: {e}"));
+        assert_eq!(canonical.signature.inputs, 2);
+        let refused = big_kernels::refused(bytes);
+        assert!(refused.len() >= bytes && refused.len() < bytes + 1024);
+        match ptxd::ptx::canonicalize(&refused, "big_hostile", None) {
+            Err(ptxd::ptx::PtxError::NonScalarAbi { line, .. }) => {
+                // Refused at the data-addressed store, after the chain.
+                let stored = refused
+                    .lines()
+                    .position(|l| l.contains("st.global.f32 [%rd14]"))
+                    .unwrap()
+                    + 1;
+                assert!(
+                    line.is_some_and(|l| l as usize >= stored - 3),
+                    "{bytes}: refused at line {line:?}, the store is at {stored}"
+                );
+            }
+            other => panic!("{bytes}: {other:?}"),
+        }
+    }
+}
