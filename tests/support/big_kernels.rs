@@ -13,8 +13,8 @@
 //! - [`refused`] differs from a valid kernel only in its last store, whose
 //!   address is data (a value loaded from `in0`): a verifier refuses it
 //!   only after it walked the whole chain.
-//! - Both are at least `bytes` long and at most one copy (a few hundred
-//!   bytes) longer.
+//! - Both are at least `bytes` long and at most one copy and the epilogue
+//!   (a few hundred bytes) longer.
 #![allow(dead_code)]
 
 use std::fmt::Write as _;
@@ -54,21 +54,19 @@ fn prologue(symbol: &str, regs: (usize, usize, usize, usize)) -> String {
     )
 }
 
-/// Bytes of one body copy, roughly (to size the register file up front).
-const COPY_BYTES: usize = 300;
-
 /// `out[i] = in0[i] + in1[i]`, the guarded body replicated until the text
 /// is at least `bytes` long (each copy with registers of its own, as an
 /// unrolled loop compiles).
 pub fn accepted(bytes: usize) -> String {
-    let copies = bytes / COPY_BYTES + 1;
     let rd = |k: usize, j: usize| 16 + 4 * k + j;
     let f = |k: usize, j: usize| 1 + 3 * k + j;
-    let mut text = prologue("big_add", (2, 3 * copies + 4, 4, 4 * copies + 20));
+    // Sized with the shortest prologue, so the text is at least `bytes`.
+    let head = prologue("big_add", (2, 1, 4, 1)).len();
+    let mut body = String::new();
     let mut k = 0;
-    while text.len() < bytes || k == 0 {
+    while head + body.len() < bytes || k == 0 {
         let _ = write!(
-            text,
+            body,
             "\t@%p1 bra $L__C{k};\n\
              \tshl.b64 %rd{a}, %rd1, 2;\n\
              \tadd.s64 %rd{b}, %rd8, %rd{a};\n\
@@ -88,36 +86,33 @@ pub fn accepted(bytes: usize) -> String {
             f2 = f(k, 2),
         );
         k += 1;
-        if k >= copies {
-            break;
-        }
     }
+    let mut text = prologue("big_add", (2, f(k, 0), 4, rd(k, 0)));
+    text.push_str(&body);
     text.push_str("\tret;\n}\n");
     text
 }
-
-/// Bytes of one link of the hostile chain, roughly.
-const LINK_BYTES: usize = 60;
 
 /// A long forward branch chain: each link is its own block that writes a
 /// register of its own (so a verifier that keeps a full register state per
 /// block holds blocks × registers; every read is of a register the entry
 /// block wrote), then a guarded store whose address is data.
 pub fn refused(bytes: usize) -> String {
-    let links = bytes / LINK_BYTES + 1;
-    let mut text = prologue("big_hostile", (2, 4, links + 8, 20));
+    // Sized with the shortest prologue, so the text is at least `bytes`.
+    let head = prologue("big_hostile", (2, 4, 1, 20)).len();
+    let mut body = String::new();
     let mut k = 0;
-    while text.len() < bytes || k == 0 {
+    while head + body.len() < bytes || k == 0 {
         let _ = write!(
-            text,
+            body,
             "\t@%p1 bra $L__H{k};\n\tadd.s32 %r{next}, %r1, {k};\n$L__H{k}:\n",
             next = k + 4,
         );
         k += 1;
-        if k >= links {
-            break;
-        }
     }
+    let data = k + 4;
+    let mut text = prologue("big_hostile", (2, 4, data + 1, 20));
+    text.push_str(&body);
     let _ = write!(
         text,
         "\t@%p1 bra $L__END;\n\
@@ -130,7 +125,6 @@ pub fn refused(bytes: usize) -> String {
          \tst.global.f32 [%rd14], %f1;\n\
          $L__END:\n\
          \tret;\n}}\n",
-        data = links + 4,
     );
     text
 }
