@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use ptxd::ptx;
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
-use rand::{Rng, RngCore};
+use rand::Rng;
 
 use super::nvcc_ref::{self, make_case};
 use super::{device, rng};
