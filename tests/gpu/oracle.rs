@@ -22,11 +22,15 @@
 //!   outside an allocation.
 //! - **Faults.** A launch error (illegal address, misaligned access,
 //!   illegal instruction) of an accepted kernel is a finding; the context is
-//!   lost with it, so the oracle stops there.
+//!   lost with it, so the oracle stops there. An accepted text the driver's
+//!   JIT refuses (a load error, which leaves the context usable) is counted
+//!   and reported apart: ptxd's model of the text and ptxas's disagree.
 //!
-//! The kernels: a hand-written attacker that stores a register it never
-//! wrote (accepted by the verifier of 2026-12-01), then accepted mutants of
-//! the corpus (`tests/support/mutants.rs`, `$PTXD_MUTANTS` tries, seed
+//! The kernels: three hand-written attackers that store a value built from
+//! a register no instruction that runs wrote (never written; never written
+//! but added to an input; written only under the guard's predicate, false
+//! where it runs), then accepted mutants of the corpus
+//! (`tests/support/mutants.rs`, `$PTXD_MUTANTS` tries, seed
 //! `$PTXD_MUTANT_SEED`). Findings are printed; the first few kernels with a
 //! finding are written to `$PTXD_ORACLE_OUT` when set. The test fails when
 //! anything is found.
@@ -80,27 +84,58 @@ fn victim_ptx() -> String {
     text
 }
 
-/// The attacker of issue 20: `add_f32_scalar` whose store reads `%f4`,
-/// declared and never written.
-fn attacker_ptx() -> String {
-    ".version 9.0\n.target sm_90\n.address_size 64\n\n\
-     .visible .entry leak(\n\
-     \t.param .u64 leak_param_0,\n\t.param .u64 leak_param_1,\n\
-     \t.param .u64 leak_param_2,\n\t.param .u64 leak_param_3\n)\n{\n\
-     \t.reg .pred %p<2>;\n\t.reg .f32 %f<5>;\n\t.reg .b32 %r<4>;\n\t.reg .b64 %rd<15>;\n\
-     \tld.param.u64 %rd2, [leak_param_0];\n\tld.param.u64 %rd3, [leak_param_1];\n\
-     \tld.param.u64 %rd4, [leak_param_2];\n\tld.param.u64 %rd5, [leak_param_3];\n\
-     \tmov.u32 %r1, %ctaid.x;\n\tmov.u32 %r2, %ntid.x;\n\tmul.wide.u32 %rd6, %r1, %r2;\n\
-     \tmov.u32 %r3, %tid.x;\n\tcvt.u64.u32 %rd7, %r3;\n\tadd.s64 %rd1, %rd6, %rd7;\n\
-     \tsetp.ge.s64 %p1, %rd1, %rd5;\n\t@%p1 bra $L__BB0_2;\n\
-     \tcvta.to.global.u64 %rd8, %rd2;\n\tshl.b64 %rd9, %rd1, 2;\n\tadd.s64 %rd10, %rd8, %rd9;\n\
-     \tcvta.to.global.u64 %rd11, %rd3;\n\tadd.s64 %rd12, %rd11, %rd9;\n\
-     \tld.global.f32 %f1, [%rd12];\n\tld.global.f32 %f2, [%rd10];\n\
-     \tadd.f32 %f3, %f2, %f1;\n\
-     \tcvta.to.global.u64 %rd13, %rd4;\n\tadd.s64 %rd14, %rd13, %rd9;\n\
-     \tst.global.f32 [%rd14], %f4;\n\
-     $L__BB0_2:\n\tret;\n}\n"
-        .to_string()
+/// `add_f32_scalar` with the body between the guard and the store
+/// replaced by `body`, under the entry name `symbol`; `%f1`..`%f4` are
+/// declared, `%p1` is the guard (`i >= n`, false in the body), `%rd10` and
+/// `%rd12` the two inputs' element addresses and `%rd14` the output's.
+fn attacker_ptx(symbol: &str, body: &str) -> String {
+    format!(
+        ".version 9.0\n.target sm_90\n.address_size 64\n\n\
+         .visible .entry {symbol}(\n\
+         \t.param .u64 {symbol}_param_0,\n\t.param .u64 {symbol}_param_1,\n\
+         \t.param .u64 {symbol}_param_2,\n\t.param .u64 {symbol}_param_3\n)\n{{\n\
+         \t.reg .pred %p<2>;\n\t.reg .f32 %f<5>;\n\t.reg .b32 %r<4>;\n\t.reg .b64 %rd<15>;\n\
+         \tld.param.u64 %rd2, [{symbol}_param_0];\n\tld.param.u64 %rd3, [{symbol}_param_1];\n\
+         \tld.param.u64 %rd4, [{symbol}_param_2];\n\tld.param.u64 %rd5, [{symbol}_param_3];\n\
+         \tmov.u32 %r1, %ctaid.x;\n\tmov.u32 %r2, %ntid.x;\n\tmul.wide.u32 %rd6, %r1, %r2;\n\
+         \tmov.u32 %r3, %tid.x;\n\tcvt.u64.u32 %rd7, %r3;\n\tadd.s64 %rd1, %rd6, %rd7;\n\
+         \tsetp.ge.s64 %p1, %rd1, %rd5;\n\t@%p1 bra $L__BB0_2;\n\
+         \tcvta.to.global.u64 %rd8, %rd2;\n\tshl.b64 %rd9, %rd1, 2;\n\tadd.s64 %rd10, %rd8, %rd9;\n\
+         \tcvta.to.global.u64 %rd11, %rd3;\n\tadd.s64 %rd12, %rd11, %rd9;\n\
+         \tcvta.to.global.u64 %rd13, %rd4;\n\tadd.s64 %rd14, %rd13, %rd9;\n\
+         {body}\
+         $L__BB0_2:\n\tret;\n}}\n"
+    )
+}
+
+/// The hand-written attackers of issue 20's first class: each stores a
+/// value built from a register that no instruction that runs wrote.
+fn attackers() -> Vec<(&'static str, String)> {
+    vec![
+        // Stores a register no instruction writes.
+        (
+            "never_written",
+            attacker_ptx("never_written", "\tst.global.f32 [%rd14], %f4;\n"),
+        ),
+        // Adds one to an input, so the store cannot be dropped.
+        (
+            "never_written_sum",
+            attacker_ptx(
+                "never_written_sum",
+                "\tld.global.f32 %f1, [%rd12];\n\tadd.f32 %f3, %f1, %f4;\n\
+                 \tst.global.f32 [%rd14], %f3;\n",
+            ),
+        ),
+        // The only write is predicated on the guard, false where it runs.
+        (
+            "predicated_write",
+            attacker_ptx(
+                "predicated_write",
+                "\t@%p1 ld.global.f32 %f1, [%rd12];\n\tld.global.f32 %f2, [%rd10];\n\
+                 \tadd.f32 %f3, %f2, %f1;\n\tst.global.f32 [%rd14], %f3;\n",
+            ),
+        ),
+    ]
 }
 
 /// Accepted kernels of both corpora, canonical, with their entry names
@@ -158,6 +193,20 @@ fn clean_random(len: usize, r: &mut impl Rng) -> Vec<u8> {
         }
     }
     bytes
+}
+
+/// What the oracle made of one kernel.
+enum Verdict {
+    /// The verifier refused it: nothing to run.
+    Refused(String),
+    /// Accepted, but the driver's JIT refuses the canonical text.
+    JitRefused(String),
+    /// Accepted, and ran clean after both victims.
+    Clean,
+    /// Accepted, and ran with these findings.
+    Found(Vec<String>),
+    /// A launch failed (a fault): the context is lost.
+    Lost(String),
 }
 
 struct Oracle {
@@ -333,15 +382,35 @@ impl Oracle {
         Ok(got)
     }
 
-    /// Runs one accepted kernel after each victim; its findings (empty:
-    /// clean). `Err`: the launch failed, the context is gone.
-    fn check(&self, text: &str, symbol: &str, r: &mut impl Rng) -> Result<Vec<String>, String> {
-        let canonical = ptx::canonicalize(text, symbol, None).map_err(|e| e.to_string())?;
-        let signature = canonical.signature.clone();
-        let module = self
-            .dev
-            .load_module(canonical.text.as_bytes())
-            .map_err(|e| format!("the canonical text does not load: {e}"))?;
+    /// Runs one accepted kernel after each victim.
+    fn check(&self, text: &str, symbol: &str, r: &mut impl Rng) -> Verdict {
+        let canonical = match ptx::canonicalize(text, symbol, None) {
+            Ok(c) => c,
+            Err(e) => return Verdict::Refused(e.to_string()),
+        };
+        // A text the driver's JIT refuses is refused INVALID_ARTIFACT at
+        // load: the context stays usable.
+        let module = match self.dev.load_module(canonical.text.as_bytes()) {
+            Ok(m) => m,
+            Err(e) => return Verdict::JitRefused(e.to_string()),
+        };
+        match self.run(&module, symbol, &canonical.signature, r) {
+            Ok(findings) if findings.is_empty() => Verdict::Clean,
+            Ok(findings) => Verdict::Found(findings),
+            Err(e) => Verdict::Lost(e),
+        }
+    }
+
+    /// Launches `module`'s `symbol` after each victim on the same random
+    /// operands; the findings. `Err`: a launch failed, the context is gone.
+    fn run(
+        &self,
+        module: &ptxd_client::cuda::LocalModule,
+        symbol: &str,
+        signature: &ptx::Signature,
+        r: &mut impl Rng,
+    ) -> Result<Vec<String>, String> {
+        let signature = signature.clone();
         let sizes = &signature.element_sizes;
         let mut n = r.random_range(1..40_000usize);
         if n % 256 == 0 {
@@ -355,8 +424,8 @@ impl Oracle {
             .map(|_| r.random_range(-4.0f32..4.0))
             .collect();
         let mut findings = Vec::new();
-        let a = self.launch(&module, symbol, &signature, &inputs, n, &params, 0, &mut findings)?;
-        let b = self.launch(&module, symbol, &signature, &inputs, n, &params, 1, &mut findings)?;
+        let a = self.launch(module, symbol, &signature, &inputs, n, &params, 0, &mut findings)?;
+        let b = self.launch(module, symbol, &signature, &inputs, n, &params, 1, &mut findings)?;
         let element = *sizes.last().unwrap() as usize;
         let differ = (0..n)
             .filter(|i| a[i * element..(i + 1) * element] != b[i * element..(i + 1) * element])
@@ -394,23 +463,24 @@ fn accepted_kernels_neither_leak_registers_nor_touch_memory_outside_their_operan
     );
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     let mut report: Vec<String> = Vec::new();
+    let mut jit_refused: Vec<String> = Vec::new();
     let mut saved = 0;
-    // The hand-written attacker first.
-    let attacker = attacker_ptx();
-    match ptx::canonicalize(&attacker, "leak", None) {
-        Err(e) => eprintln!("oracle: the never-written-register attacker is refused: {e}"),
-        Ok(_) => match oracle.check(&attacker, "leak", &mut r) {
-            Ok(f) if f.is_empty() => eprintln!("oracle: the attacker is accepted and ran clean"),
-            Ok(f) => {
-                eprintln!("oracle: FOUND with the attacker: {}", f.join("; "));
-                report.push(format!("attacker `leak`: {}", f.join("; ")));
-                save("finding-attacker.ptx", &attacker);
-            }
-            Err(e) => {
-                report.push(format!("attacker `leak`: {e}"));
-                save("finding-attacker.ptx", &attacker);
-            }
-        },
+    // The hand-written attackers first.
+    for (symbol, text) in attackers() {
+        let verdict = oracle.check(&text, symbol, &mut r);
+        let what = match &verdict {
+            Verdict::Refused(e) => format!("refused: {e}"),
+            Verdict::JitRefused(e) => format!("accepted, the JIT refuses it: {e}"),
+            Verdict::Clean => "accepted, ran clean".into(),
+            Verdict::Found(f) => format!("accepted, FOUND: {}", f.join("; ")),
+            Verdict::Lost(e) => format!("accepted, FAULTED: {e}"),
+        };
+        eprintln!("oracle: attacker {symbol}: {what}");
+        if matches!(verdict, Verdict::Found(_) | Verdict::Lost(_)) {
+            report.push(format!("attacker {symbol}: {what}"));
+            save(&format!("attacker-{symbol}.ptx"), &text);
+        }
+        assert!(!matches!(verdict, Verdict::Lost(_)), "the context is lost");
     }
     let seeds = seeds();
     assert!(seeds.len() > 50, "{} seeds", seeds.len());
@@ -419,32 +489,41 @@ fn accepted_kernels_neither_leak_registers_nor_touch_memory_outside_their_operan
     for attempt in 0..tries {
         let (text, symbol) = &seeds[r.random_range(0..seeds.len())];
         let mutant = mutants::mutate(text, &mut r);
-        if ptx::canonicalize(&mutant, symbol, None).is_err() {
-            refused += 1;
-            continue;
-        }
-        ran += 1;
-        match oracle.check(&mutant, symbol, &mut r) {
-            Ok(f) if f.is_empty() => clean += 1,
-            Ok(f) => {
-                report.push(format!("mutant {attempt} of {symbol}: {}", f.join("; ")));
-                if saved < 5 {
-                    saved += 1;
-                    save(&format!("finding-{attempt}-{symbol}.ptx"), &mutant);
-                }
+        let mut keep = |kind: &str| {
+            if saved < 6 {
+                saved += 1;
+                save(&format!("{kind}-{attempt}-{symbol}.ptx"), &mutant);
             }
-            Err(e) => {
+        };
+        match oracle.check(&mutant, symbol, &mut r) {
+            Verdict::Refused(_) => refused += 1,
+            Verdict::JitRefused(e) => {
+                jit_refused.push(format!("mutant {attempt} of {symbol}: {e}"));
+                keep("jit-refused");
+            }
+            Verdict::Clean => {
+                ran += 1;
+                clean += 1;
+            }
+            Verdict::Found(f) => {
+                ran += 1;
+                report.push(format!("mutant {attempt} of {symbol}: {}", f.join("; ")));
+                keep("finding");
+            }
+            Verdict::Lost(e) => {
+                ran += 1;
                 report.push(format!("mutant {attempt} of {symbol}: {e}"));
-                save(&format!("finding-{attempt}-{symbol}.ptx"), &mutant);
+                keep("fault");
                 lost = Some(attempt);
                 break;
             }
         }
     }
     eprintln!(
-        "oracle: {ran} accepted mutants ran on the GPU ({clean} clean), {refused} refused; \
-         {} findings{}",
+        "oracle: {ran} accepted mutants ran on the GPU ({clean} clean, {} with findings), \
+         {refused} refused, {} accepted but refused by the driver's JIT{}",
         report.len(),
+        jit_refused.len(),
         lost.map_or(String::new(), |a| format!(
             "; stopped at mutant {a}: the context is lost"
         ))
@@ -452,6 +531,16 @@ fn accepted_kernels_neither_leak_registers_nor_touch_memory_outside_their_operan
     for line in &report {
         eprintln!("  FINDING {line}");
     }
+    for line in &jit_refused {
+        eprintln!("  JIT-REFUSED {line}");
+    }
     assert!(ran > 0, "no mutant was accepted");
-    assert!(report.is_empty(), "{} findings:\n{}", report.len(), report.join("\n"));
+    assert!(
+        report.is_empty() && jit_refused.is_empty(),
+        "{} findings, {} accepted texts the JIT refuses:\n{}\n{}",
+        report.len(),
+        jit_refused.len(),
+        report.join("\n"),
+        jit_refused.join("\n")
+    );
 }
