@@ -172,3 +172,53 @@ fn the_generated_kernels_get_the_verdicts_they_are_built_for() {
         }
     }
 }
+
+/// The options of a text's `.target` directive (`sm_90`, `debug`, ...).
+fn target_options(text: &str) -> Vec<String> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(".target"))
+        .map(|rest| {
+            rest.split(',')
+                .map(|o| o.trim().trim_end_matches(';').to_string())
+                .filter(|o| !o.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 20: the canonical text of a `-G` build dropped `, debug`, and
+/// ptxas then contracted `mul` + `add` into `fma` where the client's text
+/// does not (4 kernels of `tests/corpus/nvcc_g` differ on the H200). Fails
+/// until the printer keeps every `.target` option.
+#[test]
+fn canonical_text_of_debug_builds_keeps_every_target_option() {
+    let dir = std::path::Path::new(common::CORPUS).join("nvcc_g/ptx");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 20, "{}", dir.display());
+    let (mut accepted, mut lost) = (0, Vec::new());
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let want = target_options(&text);
+        assert!(want.iter().any(|o| o == "debug"), "{}", file.display());
+        for function in ptxd::ptx::parse::parse(&text).unwrap().functions {
+            let Ok(canonical) = ptxd::ptx::canonicalize(&text, &function.name, None) else {
+                continue;
+            };
+            accepted += 1;
+            let got = target_options(&canonical.text);
+            if got != want {
+                lost.push(format!(
+                    "{} {}: {got:?} instead of {want:?}",
+                    file.file_name().unwrap().to_string_lossy(),
+                    function.name
+                ));
+            }
+        }
+    }
+    assert!(accepted >= 100, "{accepted} accepted entries");
+    assert!(lost.is_empty(), "{} of {accepted}:\n{}", lost.len(), lost.join("\n"));
+}

@@ -112,17 +112,23 @@ fn attacker_ptx(symbol: &str, body: &str) -> String {
 /// value built from a register that no instruction that runs wrote.
 fn attackers() -> Vec<(&'static str, String)> {
     vec![
-        // Stores a register no instruction writes.
+        // Reads both inputs (the ABI asks for it), stores a register no
+        // instruction writes.
         (
             "never_written",
-            attacker_ptx("never_written", "\tst.global.f32 [%rd14], %f4;\n"),
+            attacker_ptx(
+                "never_written",
+                "\tld.global.f32 %f1, [%rd12];\n\tld.global.f32 %f2, [%rd10];\n\
+                 \tadd.f32 %f3, %f2, %f1;\n\tst.global.f32 [%rd14], %f4;\n",
+            ),
         ),
-        // Adds one to an input, so the store cannot be dropped.
+        // The same, added to the inputs' sum, so the store cannot be dropped.
         (
             "never_written_sum",
             attacker_ptx(
                 "never_written_sum",
-                "\tld.global.f32 %f1, [%rd12];\n\tadd.f32 %f3, %f1, %f4;\n\
+                "\tld.global.f32 %f1, [%rd12];\n\tld.global.f32 %f2, [%rd10];\n\
+                 \tadd.f32 %f3, %f2, %f1;\n\tadd.f32 %f3, %f3, %f4;\n\
                  \tst.global.f32 [%rd14], %f3;\n",
             ),
         ),
