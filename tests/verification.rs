@@ -121,10 +121,7 @@ async fn concurrent_verifications_over_a_uids_share_are_refused_limit_exceeded()
             Ok(_) => loaded += 1,
             Err(e) => {
                 assert_eq!(e.reason_name(), "LIMIT_EXCEEDED", "{e}");
-                assert_eq!(
-                    e.refusal().unwrap().code(),
-                    tonic::Code::ResourceExhausted
-                );
+                assert_eq!(e.refusal().unwrap().code(), tonic::Code::ResourceExhausted);
                 assert_eq!(meta(e, "limit"), "max_concurrent_verifications_per_uid");
                 assert_eq!(meta(e, "value"), "1");
                 over += 1;
@@ -220,5 +217,10 @@ fn canonical_text_of_debug_builds_keeps_every_target_option() {
         }
     }
     assert!(accepted >= 100, "{accepted} accepted entries");
-    assert!(lost.is_empty(), "{} of {accepted}:\n{}", lost.len(), lost.join("\n"));
+    assert!(
+        lost.is_empty(),
+        "{} of {accepted}:\n{}",
+        lost.len(),
+        lost.join("\n")
+    );
 }

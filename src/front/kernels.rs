@@ -831,14 +831,14 @@ impl VerificationGate {
         verify: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Error> {
         let place = self.enter(tenant)?;
-        let thread =
-            self.threads
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|e| Error::Internal {
-                    message: format!("verifier threads closed: {e}"),
-                })?;
+        let thread = self
+            .threads
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| Error::Internal {
+                message: format!("verifier threads closed: {e}"),
+            })?;
         tokio::task::spawn_blocking(move || {
             let _held = (place, thread);
             verify()

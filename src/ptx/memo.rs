@@ -117,12 +117,7 @@ impl<V: Clone> Table<V> {
             self.bytes -= old.bytes;
         }
         while self.map.len() >= self.bounds.entries || self.bytes + bytes > self.bounds.bytes {
-            let Some(oldest) = self
-                .map
-                .iter()
-                .min_by_key(|(_, e)| e.used)
-                .map(|(k, _)| *k)
-            else {
+            let Some(oldest) = self.map.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| *k) else {
                 break;
             };
             if let Some(e) = self.map.remove(&oldest) {
@@ -288,7 +283,9 @@ impl CanonicalMemo {
             }
             Err(refusal) => {
                 let bytes = refusal_bytes(&refusal);
-                inner.refused.insert(k, Arc::new(refusal.clone()), bytes, tick);
+                inner
+                    .refused
+                    .insert(k, Arc::new(refusal.clone()), bytes, tick);
                 Err(refusal)
             }
         }
@@ -409,7 +406,10 @@ mod tests {
             assert_eq!(after_first.refused_entries, before.refused_entries + 1);
             // The second identical load: the same refusal (reason,
             // sub_reason, line, explanation), and the verifier did not run.
-            assert_eq!(memo.lookup(&text, symbol, None).unwrap().unwrap_err(), first);
+            assert_eq!(
+                memo.lookup(&text, symbol, None).unwrap().unwrap_err(),
+                first
+            );
             let second = memo.canonicalize_bytes(&text, symbol, None).unwrap_err();
             assert_eq!(second, first);
             assert_eq!(second.metadata(), first.metadata());
@@ -434,8 +434,7 @@ mod tests {
     fn a_flood_of_refusals_never_evicts_an_accepted_kernel() {
         let accepted = corpus("add_f32_scalar");
         let refused = corpus("add_f32_vec4");
-        let one_refusal =
-            refusal_bytes(&canonicalize(&refused, "add_f32_vec4", None).unwrap_err());
+        let one_refusal = refusal_bytes(&canonicalize(&refused, "add_f32_vec4", None).unwrap_err());
         let memo = CanonicalMemo::new(bounds(4, 1 << 20), bounds(3, 3 * one_refusal + 64));
         memo.canonicalize(&accepted, "add_f32_scalar", None)
             .unwrap();
@@ -455,9 +454,13 @@ mod tests {
         // The most recent refusals are kept, the oldest went first.
         let variant = |k: usize| format!("{refused}\n// {k:04}\n");
         let verified = memo.stats().verifications;
-        assert!(memo.canonicalize(&variant(49), "add_f32_vec4", None).is_err());
+        assert!(memo
+            .canonicalize(&variant(49), "add_f32_vec4", None)
+            .is_err());
         assert_eq!(memo.stats().verifications, verified);
-        assert!(memo.canonicalize(&variant(0), "add_f32_vec4", None).is_err());
+        assert!(memo
+            .canonicalize(&variant(0), "add_f32_vec4", None)
+            .is_err());
         assert_eq!(memo.stats().verifications, verified + 1);
     }
 
@@ -498,7 +501,9 @@ mod tests {
         // A result larger than the table is returned and not kept.
         let tiny = CanonicalMemo::new(bounds(3, 16), bounds(3, 16));
         assert!(!tiny.canonicalize(&text, "add_f32_scalar", None).unwrap().1);
-        assert!(tiny.canonicalize(&corpus("add_f32_vec4"), "add_f32_vec4", None).is_err());
+        assert!(tiny
+            .canonicalize(&corpus("add_f32_vec4"), "add_f32_vec4", None)
+            .is_err());
         let stats = tiny.stats();
         assert_eq!((stats.accepted_entries, stats.refused_entries), (0, 0));
     }

@@ -30,7 +30,9 @@ const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 fn g_corpus_root() -> PathBuf {
     std::env::var_os("PTXD_NVCC_G_CORPUS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus/nvcc_g")))
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus/nvcc_g"))
+        })
 }
 
 /// Every `.ptx` file of `dir` whose name names an architecture of [`ARCHS`].
@@ -154,7 +156,9 @@ fn run_text(
 fn differs(client: &[u8], canonical: &[u8], element: usize) -> Option<String> {
     let elements = client.len() / element;
     let diff: Vec<usize> = (0..elements)
-        .filter(|i| client[i * element..(i + 1) * element] != canonical[i * element..(i + 1) * element])
+        .filter(|i| {
+            client[i * element..(i + 1) * element] != canonical[i * element..(i + 1) * element]
+        })
         .collect();
     let first = *diff.first()?;
     let word = |b: &[u8]| {
@@ -237,5 +241,10 @@ fn canonical_text_computes_bit_for_bit_what_the_clients_text_computes() {
         eprintln!("  DIFFERS {row}");
     }
     assert!(compared > 100, "only {compared} kernels compared");
-    assert!(rows.is_empty(), "{} kernels differ:\n{}", rows.len(), rows.join("\n"));
+    assert!(
+        rows.is_empty(),
+        "{} kernels differ:\n{}",
+        rows.len(),
+        rows.join("\n")
+    );
 }

@@ -256,10 +256,8 @@ impl Oracle {
         let function = self.victim.function("victim").map_err(|e| e.to_string())?;
         let mut src = self.victim_src[which].device_ptr();
         let mut dst = self.victim_dst.device_ptr();
-        let mut params: Vec<*mut c_void> = vec![
-            (&mut src as *mut u64).cast(),
-            (&mut dst as *mut u64).cast(),
-        ];
+        let mut params: Vec<*mut c_void> =
+            vec![(&mut src as *mut u64).cast(), (&mut dst as *mut u64).cast()];
         let stream = self.dev.stream().map_err(|e| e.to_string())?;
         // SAFETY: two u64 params, the victim's (src, dst); src holds
         // VICTIM_REGISTERS words and dst one word per launched thread.
@@ -366,7 +364,9 @@ impl Oracle {
             .map_err(|e| e.to_string())?;
         let touched = other.iter().filter(|w| **w != OTHER_TENANT).count();
         if touched > 0 {
-            findings.push(format!("the other tenant's allocation: {touched} words changed"));
+            findings.push(format!(
+                "the other tenant's allocation: {touched} words changed"
+            ));
         }
         let mut got = vec![0u8; out.len];
         out.mem
@@ -430,8 +430,26 @@ impl Oracle {
             .map(|_| r.random_range(-4.0f32..4.0))
             .collect();
         let mut findings = Vec::new();
-        let a = self.launch(module, symbol, &signature, &inputs, n, &params, 0, &mut findings)?;
-        let b = self.launch(module, symbol, &signature, &inputs, n, &params, 1, &mut findings)?;
+        let a = self.launch(
+            module,
+            symbol,
+            &signature,
+            &inputs,
+            n,
+            &params,
+            0,
+            &mut findings,
+        )?;
+        let b = self.launch(
+            module,
+            symbol,
+            &signature,
+            &inputs,
+            n,
+            &params,
+            1,
+            &mut findings,
+        )?;
         let element = *sizes.last().unwrap() as usize;
         let differ = (0..n)
             .filter(|i| a[i * element..(i + 1) * element] != b[i * element..(i + 1) * element])
@@ -465,7 +483,11 @@ fn accepted_kernels_neither_leak_registers_nor_touch_memory_outside_their_operan
         .unwrap_or(2000);
     eprintln!(
         "oracle: mutant seed {seed}, {tries} tries, operands {}",
-        if exact { "exact (for memcheck)" } else { "between canaries" }
+        if exact {
+            "exact (for memcheck)"
+        } else {
+            "between canaries"
+        }
     );
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     let mut report: Vec<String> = Vec::new();
