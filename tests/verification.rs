@@ -224,3 +224,29 @@ fn canonical_text_of_debug_builds_keeps_every_target_option() {
         lost.join("\n")
     );
 }
+
+/// Issue 20's first class, as the GPU oracle found it on the H200
+/// (`tests/corpus/oracle_findings`): each of these reads a register whose
+/// only write is predicated on the guard, false where the read runs, and
+/// its output held the previous kernel's registers. Fails until the
+/// verifier asks whether every register read was written on every path.
+#[test]
+fn kernels_the_gpu_oracle_caught_leaking_registers_are_refused() {
+    let dir = std::path::Path::new(common::CORPUS).join("oracle_findings");
+    for (file, symbol) in [
+        ("attacker-predicated_write.ptx", "predicated_write"),
+        ("finding-246-add_i64.ptx", "add_i64"),
+        (
+            "finding-92-add_f32_asm_st_evict_first.ptx",
+            "add_f32_asm_st_evict_first",
+        ),
+    ] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        match ptxd::ptx::canonicalize(&text, symbol, None) {
+            Err(ptxd::ptx::PtxError::NonScalarAbi { sub_reason, .. }) => {
+                eprintln!("{file}: refused ({sub_reason})");
+            }
+            other => panic!("{file}: {other:?}"),
+        }
+    }
+}
