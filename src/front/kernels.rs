@@ -768,7 +768,15 @@ pub(super) struct VerificationGate {
     per_tenant: u32,
     running: Arc<Mutex<HashMap<Tenant, u32>>>,
     threads: Arc<tokio::sync::Semaphore>,
+    /// Added to every verification: zero unless the daemon's environment
+    /// sets [`TEST_DELAY_ENV`] (for the integration test that needs
+    /// verifications to overlap whatever the verifier's speed; clients
+    /// cannot set it).
+    delay: Duration,
 }
+
+/// Milliseconds added to every verification, for tests only.
+const TEST_DELAY_ENV: &str = "PTXD_TEST_VERIFICATION_DELAY_MS";
 
 /// A tenant's place at the gate; given back on drop.
 #[derive(Debug)]
@@ -801,10 +809,15 @@ impl VerificationGate {
     }
 
     fn with_threads(per_tenant: u32, threads: usize) -> VerificationGate {
+        let delay = std::env::var(TEST_DELAY_ENV)
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map_or(Duration::ZERO, Duration::from_millis);
         VerificationGate {
             per_tenant,
             running: Arc::default(),
             threads: Arc::new(tokio::sync::Semaphore::new(threads)),
+            delay,
         }
     }
 
@@ -839,8 +852,12 @@ impl VerificationGate {
             .map_err(|e| Error::Internal {
                 message: format!("verifier threads closed: {e}"),
             })?;
+        let delay = self.delay;
         tokio::task::spawn_blocking(move || {
             let _held = (place, thread);
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
             verify()
         })
         .await
