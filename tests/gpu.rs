@@ -49,6 +49,15 @@ mod nvcc_ref;
 #[path = "gpu/nvcc.rs"]
 mod nvcc;
 
+#[path = "support/mutants.rs"]
+mod mutants;
+
+#[path = "gpu/canonical.rs"]
+mod canonical;
+
+#[path = "gpu/oracle.rs"]
+mod oracle;
+
 use executor_client::*;
 use half::f16;
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};

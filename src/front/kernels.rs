@@ -14,8 +14,9 @@
 //!   tenant's own idle kernels (least recently used), never another
 //!   tenant's; otherwise it is refused with the limit it would break.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ptxd_proto::executor::{self as exec, reply, request::Op, ArtifactKind as ExecArtifactKind};
@@ -282,31 +283,26 @@ impl Front {
                     inputs: d.inputs,
                     scalar_params: d.scalar_params,
                 });
-                // Bytes accepted before are looked up here, on this thread,
-                // before any UTF-8 check: a cache hit then costs one hash,
-                // not a verification or a hop to a blocking thread and back.
-                // Only new text is checked and verified, off the async
-                // workers.
+                // Bytes seen before are looked up here, on this thread,
+                // before any UTF-8 check: a repeat, accepted or refused,
+                // costs one hash, not a verification or a hop to a blocking
+                // thread and back. Only new text is verified, off the async
+                // workers, under the tenant's share of the verifier threads.
                 let accepted = match self.canonical.lookup(&artifact, &symbol, declared_abi) {
-                    Some(accepted) => accepted,
+                    Some(Ok(accepted)) => accepted,
+                    Some(Err(refusal)) => {
+                        tracing::debug!(%symbol, served = "memo", "PTX refused again");
+                        return Err(refusal.into());
+                    }
                     None => {
-                        let text = String::from_utf8(artifact).map_err(|e| {
-                            Error::Ptx(ptx::PtxError::Parse {
-                                line: 0,
-                                column: 0,
-                                message: format!("PTX is not UTF-8: {e}"),
-                            })
-                        })?;
                         let memo = self.canonical.clone();
                         let verified_symbol = symbol.clone();
-                        tokio::task::spawn_blocking(move || {
-                            memo.canonicalize(&text, &verified_symbol, declared_abi)
-                        })
-                        .await
-                        .map_err(|e| Error::Internal {
-                            message: format!("verifier task failed: {e}"),
-                        })??
-                        .0
+                        self.verifications
+                            .run(peer.tenant(), move || {
+                                memo.canonicalize_bytes(&artifact, &verified_symbol, declared_abi)
+                            })
+                            .await??
+                            .0
                     }
                 };
                 // From here on the artifact is the canonical text: it is what
@@ -753,6 +749,124 @@ impl Front {
     }
 }
 
+/// PTX verifications in flight, bounded per tenant and in total, so a few
+/// concurrent hostile loads cannot take every core of the daemon.
+///
+/// Invariants:
+/// - A tenant has at most `per_tenant` verifications running or waiting;
+///   one more is refused `LIMIT_EXCEEDED`
+///   (`limit=max_concurrent_verifications_per_uid`) before it waits for
+///   anything.
+/// - At most `threads` (the machine's cores) run at once, on blocking
+///   threads, never on the async workers; the rest wait in arrival order
+///   (tokio's semaphore is fair), so with the per-tenant bound no tenant
+///   waits behind more than `per_tenant` of any other tenant's.
+/// - Both places are held by the blocking task itself, so a caller that
+///   goes away does not free them while its verification still runs.
+#[derive(Debug)]
+pub(super) struct VerificationGate {
+    per_tenant: u32,
+    running: Arc<Mutex<HashMap<Tenant, u32>>>,
+    threads: Arc<tokio::sync::Semaphore>,
+    /// Added to every verification: zero unless the daemon's environment
+    /// sets [`TEST_DELAY_ENV`] (for the integration test that needs
+    /// verifications to overlap whatever the verifier's speed; clients
+    /// cannot set it).
+    delay: Duration,
+}
+
+/// Milliseconds added to every verification, for tests only.
+const TEST_DELAY_ENV: &str = "PTXD_TEST_VERIFICATION_DELAY_MS";
+
+/// A tenant's place at the gate; given back on drop.
+#[derive(Debug)]
+struct TenantPlace {
+    tenant: Tenant,
+    running: Arc<Mutex<HashMap<Tenant, u32>>>,
+}
+
+impl Drop for TenantPlace {
+    fn drop(&mut self) {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = running.get_mut(&self.tenant) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                running.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// The limit a tenant over its share of the verifier is refused with.
+pub const VERIFICATIONS_LIMIT: &str = "max_concurrent_verifications_per_uid";
+
+impl VerificationGate {
+    /// A gate of `per_tenant` places per tenant and one verifier thread
+    /// per core.
+    pub(super) fn new(per_tenant: u32) -> VerificationGate {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        VerificationGate::with_threads(per_tenant, cores)
+    }
+
+    fn with_threads(per_tenant: u32, threads: usize) -> VerificationGate {
+        let delay = std::env::var(TEST_DELAY_ENV)
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map_or(Duration::ZERO, Duration::from_millis);
+        VerificationGate {
+            per_tenant,
+            running: Arc::default(),
+            threads: Arc::new(tokio::sync::Semaphore::new(threads)),
+            delay,
+        }
+    }
+
+    fn enter(&self, tenant: Tenant) -> Result<TenantPlace, Error> {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let count = running.entry(tenant).or_insert(0);
+        if *count >= self.per_tenant {
+            return Err(Error::LimitExceeded {
+                limit: VERIFICATIONS_LIMIT,
+                value: self.per_tenant.into(),
+            });
+        }
+        *count += 1;
+        Ok(TenantPlace {
+            tenant,
+            running: self.running.clone(),
+        })
+    }
+
+    /// Runs `verify` for `tenant` on a blocking thread, within the bounds.
+    async fn run<T: Send + 'static>(
+        &self,
+        tenant: Tenant,
+        verify: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        let place = self.enter(tenant)?;
+        let thread = self
+            .threads
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| Error::Internal {
+                message: format!("verifier threads closed: {e}"),
+            })?;
+        let delay = self.delay;
+        tokio::task::spawn_blocking(move || {
+            let _held = (place, thread);
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+            verify()
+        })
+        .await
+        .map_err(|e| Error::Internal {
+            message: format!("verifier task failed: {e}"),
+        })
+    }
+}
+
 /// The operand cap: a kernel takes at most [`ptx::MAX_INPUTS`] inputs and
 /// [`ptx::MAX_SCALAR_PARAMS`] scalars.
 fn check_operand_cap(inputs: u32, scalar_params: u32) -> Result<(), Error> {
@@ -822,8 +936,90 @@ fn loaded_info(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A verification that runs until `release` is sent (or dropped).
+    fn held(release: std::sync::mpsc::Receiver<()>) -> impl FnOnce() -> u32 + Send + 'static {
+        move || {
+            let _ = release.recv();
+            7
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn verifications_over_a_tenants_share_are_refused_and_others_go_on() {
+        let gate = Arc::new(VerificationGate::with_threads(2, 4));
+        let alice = Tenant::Uid(1000);
+        let mut releases = Vec::new();
+        let mut running = Vec::new();
+        for _ in 0..2 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            releases.push(tx);
+            let gate = gate.clone();
+            running.push(tokio::spawn(async move { gate.run(alice, held(rx)).await }));
+        }
+        // Both places are taken once both calls entered.
+        let full = || gate.running.lock().unwrap().get(&alice).copied() == Some(2);
+        while !full() {
+            tokio::task::yield_now().await;
+        }
+        match gate.run(alice, || 1).await {
+            Err(Error::LimitExceeded { limit, value }) => {
+                assert_eq!(limit, "max_concurrent_verifications_per_uid");
+                assert_eq!(value, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Another tenant, and callers without credentials, are served.
+        assert_eq!(gate.run(Tenant::Uid(1001), || 3).await.unwrap(), 3);
+        assert_eq!(gate.run(Tenant::Anonymous, || 4).await.unwrap(), 4);
+        // A caller that goes away keeps its place until its verification
+        // ends: the work still runs.
+        running.remove(0).abort();
+        tokio::task::yield_now().await;
+        assert!(matches!(
+            gate.run(alice, || 1).await,
+            Err(Error::LimitExceeded { .. })
+        ));
+        for tx in releases {
+            tx.send(()).unwrap();
+        }
+        for task in running {
+            assert_eq!(task.await.unwrap().unwrap(), 7);
+        }
+        // Every place is given back once the work ended.
+        let empty = || gate.running.lock().unwrap().is_empty();
+        while !empty() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(gate.run(alice, || 5).await.unwrap(), 5);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn past_the_verifier_threads_verifications_wait_their_turn() {
+        let gate = Arc::new(VerificationGate::with_threads(1, 1));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let first = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.run(Tenant::Uid(1), held(rx)).await })
+        };
+        while gate.threads.available_permits() != 0 {
+            tokio::task::yield_now().await;
+        }
+        // Another tenant is within its share: it waits for the one thread
+        // rather than being refused, and runs once the first is done.
+        let second = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.run(Tenant::Uid(2), || 9).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!second.is_finished());
+        tx.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), 7);
+        assert_eq!(second.await.unwrap().unwrap(), 9);
+    }
 
     #[test]
     fn symbols_are_validated() {

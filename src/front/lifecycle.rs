@@ -15,7 +15,10 @@ use std::time::Duration;
 use ptxd_proto::executor::DeviceDesc;
 use tokio::sync::{mpsc, watch};
 
-use super::{DeviceState, Front, State, Usage, CANONICAL_MEMO_BYTES, CANONICAL_MEMO_ENTRIES};
+use super::{
+    kernels, DeviceState, Front, State, Usage, CANONICAL_MEMO_BYTES, CANONICAL_MEMO_ENTRIES,
+    REFUSAL_MEMO_BYTES, REFUSAL_MEMO_ENTRIES,
+};
 use crate::buffers::Registry;
 use crate::config::{BackendChoice, CacheScope, Limits, ServeConfig};
 use crate::executor::supervisor::{probe_cuda, ExecutorCommand, ExecutorLink, LinkConfig};
@@ -124,9 +127,18 @@ impl Front {
             drain: watch::Sender::new(false),
             drain_timeout: config.drain_timeout,
             canonical: Arc::new(ptx::memo::CanonicalMemo::new(
-                CANONICAL_MEMO_ENTRIES,
-                CANONICAL_MEMO_BYTES,
+                ptx::memo::Bounds {
+                    entries: CANONICAL_MEMO_ENTRIES,
+                    bytes: CANONICAL_MEMO_BYTES,
+                },
+                ptx::memo::Bounds {
+                    entries: REFUSAL_MEMO_ENTRIES,
+                    bytes: REFUSAL_MEMO_BYTES,
+                },
             )),
+            verifications: kernels::VerificationGate::new(
+                config.max_concurrent_verifications_per_uid,
+            ),
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
         Ok(front)

@@ -289,6 +289,11 @@ type LoadKey = (usize, [u8; 32], i32, String, Signature);
 /// [`ptx::memo`]), and the bytes of client plus canonical text they may hold.
 const CANONICAL_MEMO_ENTRIES: usize = 4096;
 const CANONICAL_MEMO_BYTES: usize = 64 << 20;
+/// Refused PTX texts whose refusal is remembered, in a table of their own
+/// (a flood of hostile texts never evicts an accepted one): a refusal is a
+/// few hundred bytes, so the byte bound is rarely the one that binds.
+const REFUSAL_MEMO_ENTRIES: usize = 4096;
+const REFUSAL_MEMO_BYTES: usize = 8 << 20;
 
 /// The front.
 #[derive(Debug)]
@@ -313,9 +318,11 @@ pub struct Front {
     /// True once the drain began (ends open LaunchStreams).
     drain: watch::Sender<bool>,
     drain_timeout: Duration,
-    /// Canonical texts of PTX accepted before, so a cache hit does not
-    /// parse and verify the same text again.
+    /// Canonical texts of PTX accepted before, and refusals of PTX refused
+    /// before, so a repeat does not parse and verify the same text again.
     canonical: Arc<ptx::memo::CanonicalMemo>,
+    /// Verifications running or waiting, per tenant and in total.
+    verifications: kernels::VerificationGate,
 }
 
 /// Gauges for metrics.
