@@ -62,7 +62,7 @@ use nix::sys::socket::{
     UnixAddr,
 };
 use prost::Message;
-use ptxd_client::fd_passing::{
+use ptxd_ipc::packet::{
     recv_async_in, recv_packet_in, send_packet, spin_recv_in, PacketBuffer, PacketMeta,
 };
 
@@ -602,7 +602,7 @@ fn parse(bytes: &[u8], packet: PacketMeta) -> Result<Ask, Error> {
     if packet.truncated {
         return Err(invalid(&format!(
             "a packet is at most {} bytes",
-            ptxd_client::fd_passing::MAX_PACKET
+            ptxd_ipc::packet::MAX_PACKET
         )));
     }
     let attach =

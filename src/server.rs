@@ -352,12 +352,12 @@ pub async fn serve(
                 .ok()
                 .and_then(|a| a.as_pathname().map(Path::to_path_buf))
                 .unwrap_or_else(|| socket_path.clone());
-            let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&grpc_path);
+            let fd_socket_path = ptxd_ipc::packet::fd_socket_path(&grpc_path);
             let fd_listener = bind_fd_socket(&fd_socket_path)?;
             (listener, fd_socket_path, fd_listener)
         }
         None => {
-            let fd_socket_path = ptxd_client::fd_passing::fd_socket_path(&socket_path);
+            let fd_socket_path = ptxd_ipc::packet::fd_socket_path(&socket_path);
             if let Some(parent) = socket_path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(|error| ServeError::Bind {
                     path: parent.display().to_string(),

@@ -14,7 +14,7 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use common::{corpus, executor_pid, random_f32, wait_until, Daemon};
-use ptxd_client::fd_passing::fd_socket_path;
+use ptxd_ipc::packet::fd_socket_path;
 use ptxd_client::{
     attach_fd, Buffer, Client, FdBufferSpec, HostMemfd, HostShm, Launch, LoadOptions, Refusal,
     Session,
@@ -364,9 +364,9 @@ async fn a_token_takes_one_descriptor_in_time() {
     assert_eq!(session.list_buffers().await.unwrap().len(), 1);
 
     // A packet without a descriptor is refused and ends the connection.
-    let socket = ptxd_client::fd_passing::connect_seqpacket(&path, false).unwrap();
-    ptxd_client::fd_passing::send_packet(socket.as_fd(), b"junk", None, false).unwrap();
-    let reply = ptxd_client::fd_passing::recv_packet(socket.as_fd(), false)
+    let socket = ptxd_ipc::packet::connect_seqpacket(&path, false).unwrap();
+    ptxd_ipc::packet::send_packet(socket.as_fd(), b"junk", None, false).unwrap();
+    let reply = ptxd_ipc::packet::recv_packet(socket.as_fd(), false)
         .unwrap()
         .unwrap();
     let reply = <pb::FdAttachReply as prost::Message>::decode(reply.bytes.as_slice()).unwrap();
@@ -374,7 +374,7 @@ async fn a_token_takes_one_descriptor_in_time() {
         panic!("expected a refusal, got {reply:?}");
     };
     assert_eq!(refused.reason, "INVALID_ARGUMENT");
-    assert!(ptxd_client::fd_passing::recv_packet(socket.as_fd(), false)
+    assert!(ptxd_ipc::packet::recv_packet(socket.as_fd(), false)
         .unwrap()
         .is_none());
 }
@@ -407,15 +407,15 @@ async fn a_descriptor_from_another_uid_is_refused_and_burns_the_token() {
             let code = (|| {
                 nix::unistd::setgid(nix::unistd::Gid::from_raw(65534)).ok()?;
                 nix::unistd::setuid(nix::unistd::Uid::from_raw(65534)).ok()?;
-                let socket = ptxd_client::fd_passing::connect_seqpacket(&path, false).ok()?;
-                ptxd_client::fd_passing::send_packet(
+                let socket = ptxd_ipc::packet::connect_seqpacket(&path, false).ok()?;
+                ptxd_ipc::packet::send_packet(
                     socket.as_fd(),
                     &packet,
                     Some(memfd.as_fd()),
                     false,
                 )
                 .ok()?;
-                let reply = ptxd_client::fd_passing::recv_packet(socket.as_fd(), false).ok()??;
+                let reply = ptxd_ipc::packet::recv_packet(socket.as_fd(), false).ok()??;
                 nix::unistd::write(&write_end, &reply.bytes).ok()?;
                 Some(0)
             })()
@@ -541,7 +541,7 @@ async fn memfd_buffers_survive_an_executor_restart() {
 /// refused INVALID_ARGUMENT, where a connection turned away at the caps
 /// gets LIMIT_EXCEEDED (or a reset, its probe unread).
 fn answers(socket: &std::os::fd::OwnedFd) -> bool {
-    use ptxd_client::fd_passing::{recv_packet, send_packet};
+    use ptxd_ipc::packet::{recv_packet, send_packet};
     if send_packet(socket.as_fd(), b"probe", None, false).is_err() {
         return false;
     }
@@ -561,7 +561,7 @@ fn packet_refusal(bytes: &[u8]) -> String {
 
 #[test]
 fn one_uid_holds_a_bounded_number_of_fd_socket_connections() {
-    use ptxd_client::fd_passing::{connect_seqpacket, recv_packet};
+    use ptxd_ipc::packet::{connect_seqpacket, recv_packet};
     use std::time::Instant;
     let daemon = Daemon::start(&[]);
     let path = fd_socket_path(&daemon.socket);

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use common::{corpus, random_f32, Daemon};
-use ptxd_client::fd_passing::{connect_seqpacket, fd_socket_path, recv_packet, send_packet};
+use ptxd_ipc::packet::{connect_seqpacket, fd_socket_path, recv_packet, send_packet};
 use ptxd_client::{Client, Error, HostShm, Kernel, Launch, LoadOptions, Operand, Session};
 use ptxd_proto::v1 as pb;
 
@@ -410,7 +410,7 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
 
     // An artifact past one packet (64 KiB) goes by gRPC, and loads.
     let mut big = corpus("add_f32_scalar.ptx");
-    while big.len() <= ptxd_client::fd_passing::MAX_PACKET {
+    while big.len() <= ptxd_ipc::packet::MAX_PACKET {
         big.push_str("// padding past one fd socket packet\n");
     }
     let padded = second

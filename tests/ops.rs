@@ -732,7 +732,7 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_only_th
     // The fd socket is ptxd's own, beside the activated socket (where a
     // client looks for it), never beside --socket; ptxd.service gives ptxd
     // the directory for it (RuntimeDirectory=).
-    let fd_socket = ptxd_client::fd_passing::fd_socket_path(&activated);
+    let fd_socket = ptxd_ipc::packet::fd_socket_path(&activated);
     assert!(
         std::fs::symlink_metadata(&fd_socket).is_ok_and(|m| {
             use std::os::unix::fs::FileTypeExt;
@@ -741,7 +741,7 @@ async fn under_socket_activation_ptxd_serves_the_passed_socket_and_binds_only_th
         "no fd socket at {}",
         fd_socket.display()
     );
-    assert!(!ptxd_client::fd_passing::fd_socket_path(&ignored).exists());
+    assert!(!ptxd_ipc::packet::fd_socket_path(&ignored).exists());
     // systemd-socket-activate execs ptxd in its own process: fd 3 is the
     // listener, and no executor child inherited it (close-on-exec) or the
     // LISTEN_* variables.

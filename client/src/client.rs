@@ -113,7 +113,7 @@ impl Client {
     /// Connects over a Unix socket.
     pub async fn connect_unix(path: impl Into<PathBuf>) -> Result<Self, Error> {
         let path = path.into();
-        let fd_socket = crate::fd_passing::fd_socket_path(&path);
+        let fd_socket = ptxd_ipc::packet::fd_socket_path(&path);
         let lane = Arc::new(Lane::new(path.clone()));
         let fd_lane = Arc::new(FdLane::new(fd_socket.clone(), DEFAULT_REPLY_SPIN));
         // The authority is a placeholder: it must be a plain host name, since

@@ -20,7 +20,7 @@ use ptxd_proto::v1 as pb;
 use tokio::io::unix::AsyncFd;
 
 use crate::error::{from_launch_error, Error};
-use crate::fd_passing::{
+use ptxd_ipc::packet::{
     connect_seqpacket, recv_async_in, send_async, PacketBuffer, PacketMeta, MAX_PACKET,
 };
 use crate::session::Session;

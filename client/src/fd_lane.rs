@@ -46,7 +46,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::error::Error;
 use crate::fd_buffers::decode_reply;
-use crate::fd_passing::{
+use ptxd_ipc::packet::{
     connect_seqpacket, recv_packet_in, recv_spinning_in, send_async, PacketBuffer, MAX_PACKET,
 };
 use crate::lane::LaneError;

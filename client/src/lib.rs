@@ -42,7 +42,6 @@ mod types;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod fd_passing;
 pub mod ring;
 
 // Shared memory lives in `ptxd-ipc`, below the SDK and the daemon; the

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::errno::Errno;
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
-use ptxd_client::fd_passing::{recv_packet, send_packet};
+use ptxd_ipc::packet::{recv_packet, send_packet};
 
 /// The descriptor number of the inbox in an executor process.
 pub const INBOX_FD: RawFd = 3;

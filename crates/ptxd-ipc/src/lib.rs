@@ -9,6 +9,9 @@
 //! - [`shm`]: shared memory a session creates (named POSIX objects and
 //!   sealed memfds) and the portable-name check the daemon applies to a
 //!   name it is given.
+//! - [`packet`]: the packet socket's I/O (`SOCK_SEQPACKET` datagrams with
+//!   at most one descriptor each), used by the SDK's fd lane, the daemon's
+//!   fd socket and the executor's fd inbox alike.
 //! - [`socket_dir`]: where ptxd's socket is by default, and whether its
 //!   directory can be trusted.
 //!
@@ -39,8 +42,6 @@
 #![warn(missing_docs)]
 
 pub mod ring;
-// The file stays in the SDK's folder until the lead moves it (another
-// change is editing it); it is compiled here, and only here.
-#[path = "../../../client/src/shm.rs"]
+pub mod packet;
 pub mod shm;
 pub mod socket_dir;

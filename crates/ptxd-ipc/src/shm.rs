@@ -419,7 +419,7 @@ impl Drop for HostShm {
 
 /// An anonymous shared file (`memfd_create`) sealed against shrinking, and
 /// mapped by this process: the host backend's buffer passed by file
-/// descriptor ([`Session::register_memfd`](crate::Session::register_memfd)).
+/// descriptor (the SDK's `Session::register_memfd`).
 /// It has no name, so it needs no shared `/dev/shm` or IPC namespace with
 /// the daemon; ptxd refuses a memfd without `F_SEAL_SHRINK`, because the
 /// owner of an unsealed one could shrink it under a launch.
