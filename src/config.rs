@@ -369,11 +369,11 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_MAX_KERNEL_TIMEOUTS_PER_SESSION", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_kernel_timeouts_per_session: u32,
 
-    /// PTX verifications one uid may have running or waiting at once (TCP
-    /// callers together are one tenant). One more is refused LIMIT_EXCEEDED
-    /// (limit=max_concurrent_verifications_per_uid) at once; the others wait
-    /// in arrival order for one of as many verifier threads as the machine
-    /// has cores. A load answered from the verifier's memo (a text seen
+    /// PTX verifications one uid may have running at once (TCP callers
+    /// together are one tenant). Up to 16 times as many more wait in arrival
+    /// order; one past that is refused LIMIT_EXCEEDED
+    /// (limit=max_concurrent_verifications_per_uid) at once. Running ones
+    /// share as many verifier threads as the machine has cores. A load answered from the verifier's memo (a text seen
     /// before, accepted or refused) does not count.
     #[arg(long, env = "PTXD_MAX_CONCURRENT_VERIFICATIONS_PER_UID", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_verifications_per_uid: u32,

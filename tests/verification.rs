@@ -99,16 +99,18 @@ async fn a_second_identical_refused_load_is_answered_from_the_memo() {
 }
 
 #[tokio::test]
-async fn concurrent_verifications_over_a_uids_share_are_refused_limit_exceeded() {
-    // Each verification takes at least 1.5 s (the daemon's test hook),
-    // so the loads below overlap whatever the verifier's speed.
-    let daemon = Daemon::start_with(&["--max-concurrent-verifications-per-uid", "2"], |c| {
-        c.env("PTXD_TEST_VERIFICATION_DELAY_MS", "1500");
+async fn a_uids_burst_of_verifications_waits_and_only_past_its_queue_is_refused() {
+    // Each verification takes at least 300 ms (the daemon's test hook), so
+    // the loads below all arrive while the first still runs.
+    let daemon = Daemon::start_with(&["--max-concurrent-verifications-per-uid", "1"], |c| {
+        c.env("PTXD_TEST_VERIFICATION_DELAY_MS", "300");
     });
     let (_client, session) = session(&daemon).await;
-    // Distinct texts (none in the memo).
+    // Distinct texts (none in the memo): one place to run, so a queue of
+    // 16 (the gate's queue factor) runs or waits and the rest are refused.
     let session = &session;
-    let loads = (0..6).map(|k| {
+    let queue = ptxd_queue_factor();
+    let loads = (0..queue + 4).map(|k| {
         let text = format!("{}\n// {k}\n", corpus("add_f32_scalar.ptx"));
         async move {
             session
@@ -126,14 +128,14 @@ async fn concurrent_verifications_over_a_uids_share_are_refused_limit_exceeded()
                 assert_eq!(e.reason_name(), "LIMIT_EXCEEDED", "{e}");
                 assert_eq!(e.refusal().unwrap().code(), tonic::Code::ResourceExhausted);
                 assert_eq!(meta(e, "limit"), "max_concurrent_verifications_per_uid");
-                assert_eq!(meta(e, "value"), "2");
+                assert_eq!(meta(e, "value"), "1");
                 over += 1;
             }
         }
     }
-    // Two places: two verify, the four that came while they ran are
-    // refused at once.
-    assert_eq!((loaded, over), (2, 4));
+    // A burst within the queue waits its turn and loads; only what came
+    // past it was refused, at once.
+    assert_eq!((loaded, over), (queue, 4));
     // The places are given back: the next loads are verified and load, and
     // a repeat of an accepted text is answered from the memo (no place).
     for k in 0..2 {
@@ -143,6 +145,12 @@ async fn concurrent_verifications_over_a_uids_share_are_refused_limit_exceeded()
             .await
             .unwrap();
     }
+}
+
+/// The gate's queue: running or waiting verifications per uid, as a
+/// multiple of `--max-concurrent-verifications-per-uid`.
+fn ptxd_queue_factor() -> usize {
+    ptxd::front::VERIFICATION_QUEUE_FACTOR as usize
 }
 
 #[test]

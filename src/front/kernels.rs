@@ -750,23 +750,28 @@ impl Front {
 }
 
 /// PTX verifications in flight, bounded per tenant and in total, so a few
-/// concurrent hostile loads cannot take every core of the daemon.
+/// concurrent hostile loads cannot take every core of the daemon, while a
+/// tenant's burst of legitimate loads (many workers of one server loading
+/// their kernels at start) waits its turn instead of failing.
 ///
 /// Invariants:
-/// - A tenant has at most `per_tenant` verifications running or waiting;
-///   one more is refused `LIMIT_EXCEEDED`
-///   (`limit=max_concurrent_verifications_per_uid`) before it waits for
-///   anything.
+/// - A tenant has at most `per_tenant` verifications running at once; more
+///   wait in arrival order (each tenant's own fair semaphore), up to
+///   [`QUEUE_FACTOR`] × `per_tenant` running or waiting; one more is refused
+///   `LIMIT_EXCEEDED` (`limit=max_concurrent_verifications_per_uid`) before
+///   it waits for anything.
 /// - At most `threads` (the machine's cores) run at once, on blocking
-///   threads, never on the async workers; the rest wait in arrival order
-///   (tokio's semaphore is fair), so with the per-tenant bound no tenant
-///   waits behind more than `per_tenant` of any other tenant's.
-/// - Both places are held by the blocking task itself, so a caller that
-///   goes away does not free them while its verification still runs.
+///   threads, never on the async workers; a tenant's running ones wait for
+///   them in arrival order (tokio's semaphore is fair), so no tenant waits
+///   behind more than `per_tenant` of any other tenant's.
+/// - A tenant's entry lives exactly while it has a verification running or
+///   waiting, so the table holds at most one entry per active tenant.
+/// - Every place is held by the blocking task itself, so a caller that goes
+///   away does not free it while its verification still runs.
 #[derive(Debug)]
 pub(super) struct VerificationGate {
     per_tenant: u32,
-    running: Arc<Mutex<HashMap<Tenant, u32>>>,
+    tenants: Arc<Mutex<HashMap<Tenant, TenantQueue>>>,
     threads: Arc<tokio::sync::Semaphore>,
     /// Added to every verification: zero unless the daemon's environment
     /// sets [`TEST_DELAY_ENV`] (for the integration test that needs
@@ -775,23 +780,34 @@ pub(super) struct VerificationGate {
     delay: Duration,
 }
 
+/// How many verifications a tenant may have running or waiting, as a
+/// multiple of the ones it may run at once.
+pub const QUEUE_FACTOR: u32 = 16;
+
 /// Milliseconds added to every verification, for tests only.
 const TEST_DELAY_ENV: &str = "PTXD_TEST_VERIFICATION_DELAY_MS";
 
-/// A tenant's place at the gate; given back on drop.
+/// One tenant's verifications: how many run or wait, and the places to run.
+#[derive(Debug)]
+struct TenantQueue {
+    admitted: u32,
+    running: Arc<tokio::sync::Semaphore>,
+}
+
+/// A tenant's place at the gate (running or waiting); given back on drop.
 #[derive(Debug)]
 struct TenantPlace {
     tenant: Tenant,
-    running: Arc<Mutex<HashMap<Tenant, u32>>>,
+    tenants: Arc<Mutex<HashMap<Tenant, TenantQueue>>>,
 }
 
 impl Drop for TenantPlace {
     fn drop(&mut self) {
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = running.get_mut(&self.tenant) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                running.remove(&self.tenant);
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(queue) = tenants.get_mut(&self.tenant) {
+            queue.admitted = queue.admitted.saturating_sub(1);
+            if queue.admitted == 0 {
+                tenants.remove(&self.tenant);
             }
         }
     }
@@ -801,8 +817,8 @@ impl Drop for TenantPlace {
 pub const VERIFICATIONS_LIMIT: &str = "max_concurrent_verifications_per_uid";
 
 impl VerificationGate {
-    /// A gate of `per_tenant` places per tenant and one verifier thread
-    /// per core.
+    /// A gate of `per_tenant` running places per tenant and one verifier
+    /// thread per core.
     pub(super) fn new(per_tenant: u32) -> VerificationGate {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         VerificationGate::with_threads(per_tenant, cores)
@@ -814,27 +830,38 @@ impl VerificationGate {
             .and_then(|ms| ms.parse().ok())
             .map_or(Duration::ZERO, Duration::from_millis);
         VerificationGate {
-            per_tenant,
-            running: Arc::default(),
+            per_tenant: per_tenant.max(1),
+            tenants: Arc::default(),
             threads: Arc::new(tokio::sync::Semaphore::new(threads)),
             delay,
         }
     }
 
-    fn enter(&self, tenant: Tenant) -> Result<TenantPlace, Error> {
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        let count = running.entry(tenant).or_insert(0);
-        if *count >= self.per_tenant {
+    /// Admits one more verification of `tenant`, or refuses it when the
+    /// tenant's queue is full; returns its place and the tenant's running
+    /// places to wait on.
+    fn enter(&self, tenant: Tenant) -> Result<(TenantPlace, Arc<tokio::sync::Semaphore>), Error> {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        let per_tenant = self.per_tenant;
+        let queue = tenants.entry(tenant).or_insert_with(|| TenantQueue {
+            admitted: 0,
+            running: Arc::new(tokio::sync::Semaphore::new(per_tenant as usize)),
+        });
+        if queue.admitted >= per_tenant.saturating_mul(QUEUE_FACTOR) {
             return Err(Error::LimitExceeded {
                 limit: VERIFICATIONS_LIMIT,
                 value: self.per_tenant.into(),
             });
         }
-        *count += 1;
-        Ok(TenantPlace {
-            tenant,
-            running: self.running.clone(),
-        })
+        queue.admitted += 1;
+        let running = queue.running.clone();
+        Ok((
+            TenantPlace {
+                tenant,
+                tenants: self.tenants.clone(),
+            },
+            running,
+        ))
     }
 
     /// Runs `verify` for `tenant` on a blocking thread, within the bounds.
@@ -843,18 +870,17 @@ impl VerificationGate {
         tenant: Tenant,
         verify: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Error> {
-        let place = self.enter(tenant)?;
-        let thread = self
-            .threads
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| Error::Internal {
-                message: format!("verifier threads closed: {e}"),
-            })?;
+        let (place, running) = self.enter(tenant)?;
+        let closed = |e: tokio::sync::AcquireError| Error::Internal {
+            message: format!("verifier places closed: {e}"),
+        };
+        // The tenant's own place first, so that a tenant's queue waits on
+        // its own semaphore, not in the shared one ahead of other tenants.
+        let turn = running.acquire_owned().await.map_err(closed)?;
+        let thread = self.threads.clone().acquire_owned().await.map_err(closed)?;
         let delay = self.delay;
         tokio::task::spawn_blocking(move || {
-            let _held = (place, thread);
+            let _held = (place, turn, thread);
             if !delay.is_zero() {
                 std::thread::sleep(delay);
             }
@@ -949,49 +975,59 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn verifications_over_a_tenants_share_are_refused_and_others_go_on() {
-        let gate = Arc::new(VerificationGate::with_threads(2, 4));
+    async fn a_tenants_burst_waits_its_turn_and_only_past_its_queue_is_refused() {
+        let gate = Arc::new(VerificationGate::with_threads(1, 4));
         let alice = Tenant::Uid(1000);
-        let mut releases = Vec::new();
-        let mut running = Vec::new();
-        for _ in 0..2 {
-            let (tx, rx) = std::sync::mpsc::channel();
-            releases.push(tx);
+        let admitted = |gate: &VerificationGate| {
+            gate.tenants
+                .lock()
+                .unwrap()
+                .get(&alice)
+                .map_or(0, |q| q.admitted)
+        };
+        // One of alice's runs and holds her only running place.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let first = {
             let gate = gate.clone();
-            running.push(tokio::spawn(async move { gate.run(alice, held(rx)).await }));
-        }
-        // Both places are taken once both calls entered.
-        let full = || gate.running.lock().unwrap().get(&alice).copied() == Some(2);
-        while !full() {
+            tokio::spawn(async move { gate.run(alice, held(rx)).await })
+        };
+        while admitted(&gate) != 1 {
             tokio::task::yield_now().await;
         }
-        match gate.run(alice, || 1).await {
+        // The rest of her queue waits, in arrival order, rather than failing.
+        let mut waiting = Vec::new();
+        for k in 1..QUEUE_FACTOR {
+            let gate = gate.clone();
+            waiting.push(tokio::spawn(async move { gate.run(alice, move || k).await }));
+            while admitted(&gate) != k + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(waiting.iter().all(|t| !t.is_finished()));
+        // One more than her queue holds is refused at once, naming the limit.
+        match gate.run(alice, || 0).await {
             Err(Error::LimitExceeded { limit, value }) => {
                 assert_eq!(limit, "max_concurrent_verifications_per_uid");
-                assert_eq!(value, 2);
+                assert_eq!(value, 1);
             }
             other => panic!("{other:?}"),
         }
-        // Another tenant, and callers without credentials, are served.
+        // Another tenant, and callers without credentials, are served meanwhile.
         assert_eq!(gate.run(Tenant::Uid(1001), || 3).await.unwrap(), 3);
         assert_eq!(gate.run(Tenant::Anonymous, || 4).await.unwrap(), 4);
-        // A caller that goes away keeps its place until its verification
-        // ends: the work still runs.
-        running.remove(0).abort();
-        tokio::task::yield_now().await;
-        assert!(matches!(
-            gate.run(alice, || 1).await,
-            Err(Error::LimitExceeded { .. })
-        ));
-        for tx in releases {
-            tx.send(()).unwrap();
+        // A waiting caller that goes away gives its place back.
+        waiting.remove(0).abort();
+        while admitted(&gate) != QUEUE_FACTOR - 1 {
+            tokio::task::yield_now().await;
         }
-        for task in running {
-            assert_eq!(task.await.unwrap().unwrap(), 7);
+        tx.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), 7);
+        for (k, task) in (2..QUEUE_FACTOR).zip(waiting) {
+            assert_eq!(task.await.unwrap().unwrap(), k);
         }
         // Every place is given back once the work ended.
-        let empty = || gate.running.lock().unwrap().is_empty();
-        while !empty() {
+        while !gate.tenants.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;
         }
         assert_eq!(gate.run(alice, || 5).await.unwrap(), 5);

@@ -76,6 +76,7 @@ pub use buffers::{
 pub use fds::Attached;
 pub use kernels::{
     ArtifactKind, DeclaredArtifactAbi, KernelListing, LoadRequest, LoadedKernelInfo,
+    QUEUE_FACTOR as VERIFICATION_QUEUE_FACTOR,
 };
 pub use launch::{LaunchRequest, OperandRef};
 pub use lifecycle::{DeviceReport, Info, StartError};
