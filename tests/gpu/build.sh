@@ -51,6 +51,10 @@ mkdir -p "$PACK/nvcc"
 cp -r tests/corpus/nvcc/manifest.json tests/corpus/nvcc/ptx tests/corpus/nvcc/refused-ptx \
   tests/corpus/nvcc/src tests/corpus/nvcc/refused "$PACK/nvcc/"
 chmod -R u+w "$PACK/nvcc"
+# Its -G (debug) builds, for the canonical-vs-client comparison
+# (tests/gpu/canonical.rs).
+cp -r tests/corpus/nvcc_g "$PACK/nvcc_g"
+chmod -R u+w "$PACK/nvcc_g"
 cp tests/gpu/run.sh "$PACK/run.sh"
 
 # The Python client: an abi3 wheel (maturin from PyPI), its tests and examples,

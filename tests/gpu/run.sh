@@ -4,6 +4,8 @@
 #
 #   bash run.sh                 tests, Python tests, cuda_launch bench, ptxd bench
 #   bash run.sh python          the Python client's GPU tests only
+#   bash run.sh tests           tests, Python tests, then the soundness oracle under
+#                               compute-sanitizer memcheck (no benchmarks)
 #   bash run.sh bench           the cuda_launch benchmark only
 #   bash run.sh daemon-bench    ptxd bench against a CUDA daemon, front/reply spin off/on
 #   bash run.sh mps             the cuda_launch benchmark under MPS
@@ -16,6 +18,7 @@ cd "$(dirname "$0")"
 HERE=$(pwd)
 LOGS=${OUT:-$HERE}
 export PTXD_BIN="$HERE/ptxd" PTXD_CORPUS="$HERE/corpus" PTXD_NVCC_CORPUS="$HERE/nvcc" RUST_BACKTRACE=1
+export PTXD_NVCC_G_CORPUS="$HERE/nvcc_g"
 
 date -u
 nvidia-smi -L
@@ -218,6 +221,18 @@ echo "gpu-tests exit code: $tests_rc"
 python_tests 2>&1 | tee "$LOGS/python-gpu-tests.log"
 python_rc=${PIPESTATUS[0]}
 echo "python gpu tests exit code: $python_rc"
+
+if [ "${1:-}" = tests ]; then
+  # The soundness oracle again, operands exact-size, under memcheck: an
+  # accepted kernel's access past its operands is an error there.
+  PTXD_ORACLE_EXACT=1 PTXD_MUTANTS=${PTXD_MEMCHECK_MUTANTS:-400} \
+    timeout "${PTXD_MEMCHECK_TIMEOUT:-240}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+    ./gpu-tests oracle:: --nocapture 2>&1 | tee "$LOGS/memcheck.log"
+  memcheck_rc=${PIPESTATUS[0]}
+  echo "memcheck oracle exit code: $memcheck_rc"
+  [ "$tests_rc" -eq 0 ] && [ "$python_rc" -eq 0 ] && [ "$memcheck_rc" -eq 0 ]
+  exit
+fi
 
 ./cuda-launch-bench --bench 2>&1 | tee "$LOGS/bench.log"
 bench_rc=${PIPESTATUS[0]}
