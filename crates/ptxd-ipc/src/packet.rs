@@ -210,7 +210,7 @@ pub fn connect_seqpacket(path: &Path, nonblocking: bool) -> nix::Result<OwnedFd>
 
 /// Sends one packet on a non-blocking socket the reactor watches, waiting
 /// while the peer's queue is full.
-pub(crate) async fn send_async(
+pub async fn send_async(
     socket: &tokio::io::unix::AsyncFd<OwnedFd>,
     bytes: &[u8],
     fd: Option<BorrowedFd<'_>>,
