@@ -997,8 +997,8 @@ mod tests {
         // The rest of her queue waits, in arrival order, rather than failing.
         let mut waiting = Vec::new();
         for k in 1..QUEUE_FACTOR {
-            let gate = gate.clone();
-            waiting.push(tokio::spawn(async move { gate.run(alice, move || k).await }));
+            let queued = gate.clone();
+            waiting.push(tokio::spawn(async move { queued.run(alice, move || k).await }));
             while admitted(&gate) != k + 1 {
                 tokio::task::yield_now().await;
             }
