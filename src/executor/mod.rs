@@ -2,6 +2,7 @@
 //! the front's side of them.
 //!
 //! - [`protocol`]: the framing of the internal protocol.
+//! - [`link`]: the front's typed calls, one per executor operation.
 //! - [`child`]: the executor process's request loop and the [`child::Backend`]
 //!   trait that a device backend implements.
 //! - [`host`]: the host (CPU) backend over POSIX shared memory.
@@ -18,6 +19,7 @@ pub mod cuda;
 pub mod fd_inbox;
 pub mod host;
 pub mod kernel_timeouts;
+pub mod link;
 pub mod protocol;
 pub mod ring;
 pub mod sigbus;
