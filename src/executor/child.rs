@@ -12,31 +12,106 @@
 //! - After a sticky device fault the process exits ([`Channel::fatal`]); it
 //!   never serves another request in a poisoned context.
 
+use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 
 use ptxd_proto::executor::{
     executor_message::Body, reply, request::Op, Empty, ExecutorMessage, Failure, FailureKind,
-    Fault, Hello, KernelTimeout, Reply, Request,
+    Fault, Hello, KernelTimeout, Launch, LoadModule, OpenBuffer, OpenEvent, OpenRing, Reply,
+    Request,
 };
 
 use super::protocol::{read_frame, write_frame, ProtocolError};
+use super::ring::RingHandle;
 
 /// Exit status of an executor that stopped because of a sticky device fault.
 pub const EXIT_FAULT: i32 = 3;
 
-/// A device backend inside an executor process.
+/// A device backend inside an executor process: one method per executor
+/// operation, each replying through its [`Replier`], now or later (from
+/// another thread, e.g. after a stream synchronization). What every backend
+/// does alike (Ping, Shutdown, a ring's close and grants, the unmapped
+/// buffer's removal from every ring's table) is [`dispatch`]'s, once.
 pub trait Backend {
+    /// What a ring's capability table holds for a granted kernel.
+    type RingKernel: Send + 'static;
+    /// What a ring's capability table holds for a granted buffer.
+    type RingBuffer: Send + 'static;
+
     /// What the executor tells the front first: its backend and devices.
     fn hello(&self) -> Hello;
 
-    /// Handles one request; replies through `reply`, now or later (from
-    /// another thread, e.g. after a stream synchronization).
-    fn handle(&mut self, op: Op, reply: Replier);
+    /// Compiles or loads a module.
+    fn load_module(&mut self, load: LoadModule, reply: Replier);
+    /// Unloads a module (and forgets it in every ring's table).
+    fn unload_module(&mut self, module_id: u64, reply: Replier);
+    /// Maps a client's buffer.
+    fn open_buffer(&mut self, open: OpenBuffer, reply: Replier);
+    /// Unmaps a buffer, already gone from every ring's table.
+    fn close_buffer(&mut self, buffer_id: u64, reply: Replier);
+    /// Opens a client's IPC event.
+    fn open_event(&mut self, open: OpenEvent, reply: Replier);
+    /// Closes an event.
+    fn close_event(&mut self, event_id: u64, reply: Replier);
+    /// Runs a launch the front checked.
+    fn launch(&mut self, launch: Launch, reply: Replier);
+    /// Ends a session's stream (and its ring) once its queued work is done.
+    fn close_stream(&mut self, stream: u64, reply: Replier);
+    /// Starts serving a session's launch ring.
+    fn open_ring(&mut self, open: OpenRing, reply: Replier);
+
+    /// The session rings this backend serves, by stream.
+    fn rings(&self) -> &HashMap<u64, RingHandle<Self::RingKernel, Self::RingBuffer>>;
+    fn rings_mut(&mut self) -> &mut HashMap<u64, RingHandle<Self::RingKernel, Self::RingBuffer>>;
+    /// A loaded module as a ring's table holds it.
+    fn ring_kernel(&self, module_id: u64) -> Option<Self::RingKernel>;
+    /// An open buffer as a ring's table holds it.
+    fn ring_buffer(&self, buffer_id: u64) -> Option<Self::RingBuffer>;
 
     /// Releases every mapping, module and stream, before the process exits.
     fn shutdown(&mut self);
+}
+
+/// The one dispatch of a request to its backend's typed operation.
+pub fn dispatch<B: Backend + ?Sized>(backend: &mut B, op: Op, reply: Replier) {
+    match op {
+        Op::LoadModule(load) => backend.load_module(load, reply),
+        Op::UnloadModule(unload) => backend.unload_module(unload.module_id, reply),
+        Op::OpenBuffer(open) => backend.open_buffer(open, reply),
+        Op::CloseBuffer(close) => {
+            for ring in backend.rings().values() {
+                ring.table().forget_buffer(close.buffer_id);
+            }
+            backend.close_buffer(close.buffer_id, reply)
+        }
+        Op::OpenEvent(open) => backend.open_event(open, reply),
+        Op::CloseEvent(close) => backend.close_event(close.event_id, reply),
+        Op::Launch(launch) => backend.launch(launch, reply),
+        Op::CloseStream(close) => backend.close_stream(close.stream, reply),
+        Op::OpenRing(open) => backend.open_ring(open, reply),
+        Op::CloseRing(close) => {
+            backend.rings_mut().remove(&close.stream);
+            reply.ok()
+        }
+        Op::RingGrant(grant) => match backend.rings().get(&grant.stream) {
+            Some(ring) => {
+                ring.table().apply(
+                    &grant,
+                    |id| backend.ring_kernel(id),
+                    |id| backend.ring_buffer(id),
+                );
+                reply.ok()
+            }
+            None => reply.fail(
+                FailureKind::UnknownObject,
+                format!("stream {} has no ring", grant.stream),
+                &[("object", "ring".into())],
+            ),
+        },
+        Op::Shutdown(_) | Op::Ping(_) => reply.ok(),
+    }
 }
 
 /// The write half of the channel to the front, shared by every replier.
@@ -187,7 +262,7 @@ pub fn ignore_termination_signals() {
 /// Returns the process exit code.
 /// The request loop polls its channel for up to `spin` before it sleeps
 /// ([`super::spin_input`]).
-pub fn serve_stdio(backend: &mut dyn Backend, spin: std::time::Duration) -> i32 {
+pub fn serve_stdio<B: Backend>(backend: &mut B, spin: std::time::Duration) -> i32 {
     // The channel is read through a duplicate of fd 0 as a plain file, not
     // through `Stdin`: its own buffer would hold bytes that the spin's
     // non-blocking `recv`s on the descriptor cannot see.
@@ -206,8 +281,8 @@ pub fn serve_stdio(backend: &mut dyn Backend, spin: std::time::Duration) -> i32 
 }
 
 /// Serves requests read from `input`, replying on `output`.
-pub fn serve(
-    backend: &mut dyn Backend,
+pub fn serve<B: Backend>(
+    backend: &mut B,
     mut input: impl std::io::Read,
     output: Box<dyn Write + Send>,
 ) -> i32 {
@@ -237,7 +312,7 @@ pub fn serve(
                 return 0;
             }
             Some(Op::Ping(_)) => replier.ok(),
-            Some(op) => backend.handle(op, replier),
+            Some(op) => dispatch(backend, op, replier),
             None => replier.fail(FailureKind::Internal, "request without an operation", &[]),
         }
     }

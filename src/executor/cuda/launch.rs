@@ -59,7 +59,7 @@ impl CudaBackend {
         Ok(buffer.base + offset)
     }
 
-    pub(super) fn launch(&mut self, launch: Launch, reply: Replier) {
+    pub(super) fn launch_on_stream(&mut self, launch: Launch, reply: Replier) {
         let Some(kernel) = self.kernels.get(&launch.module_id) else {
             return reply.fail(
                 FailureKind::UnknownObject,
