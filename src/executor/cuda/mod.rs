@@ -59,6 +59,7 @@ mod fd_mapping;
 mod images;
 mod launch;
 mod launch_ring;
+mod params;
 mod watchdog;
 
 use std::collections::HashMap;
