@@ -60,6 +60,7 @@ struct SessionView<'a> {
 impl Capabilities for SessionView<'_> {
     type Operand = OperandRef;
     type Event = str;
+    type Error = Error;
 
     fn operand(&self, operand: &OperandRef) -> Result<(BufferCap, u64), Error> {
         let handle = BufferHandle::parse(&operand.buffer)?;
