@@ -264,7 +264,7 @@ mod tests {
         };
         assert_eq!(grant.clone().into_op(), Op::RingGrant(grant));
         let close = exec::CloseRing { stream: 3 };
-        assert_eq!(close.clone().into_op(), Op::CloseRing(close));
+        assert_eq!(close.into_op(), Op::CloseRing(close));
         let load = exec::LoadModule {
             module_id: 5,
             ..Default::default()
