@@ -574,4 +574,196 @@ mod tests {
         let ms = Some(std::time::Duration::from_millis(2500));
         assert_eq!(args(ms).max_kernel_time_ms, 2500);
     }
+
+    /// A backend that records which typed operation each request reached.
+    #[derive(Default)]
+    struct Recording {
+        calls: Vec<String>,
+        rings: HashMap<u64, RingHandle<(), ()>>,
+    }
+
+    impl Backend for Recording {
+        type RingKernel = ();
+        type RingBuffer = ();
+        fn hello(&self) -> Hello {
+            Hello::default()
+        }
+        fn load_module(&mut self, load: LoadModule, reply: Replier) {
+            self.calls.push(format!("load_module {}", load.module_id));
+            reply.send(reply::Result::LoadModule(
+                ptxd_proto::executor::LoadModuleOk {
+                    block_size: load.module_id as u32,
+                    info_log: String::new(),
+                },
+            ))
+        }
+        fn unload_module(&mut self, module_id: u64, reply: Replier) {
+            self.calls.push(format!("unload_module {module_id}"));
+            reply.ok()
+        }
+        fn open_buffer(&mut self, open: OpenBuffer, reply: Replier) {
+            self.calls.push(format!("open_buffer {}", open.buffer_id));
+            reply.ok()
+        }
+        fn close_buffer(&mut self, buffer_id: u64, reply: Replier) {
+            self.calls.push(format!("close_buffer {buffer_id}"));
+            reply.ok()
+        }
+        fn open_event(&mut self, open: OpenEvent, reply: Replier) {
+            self.calls.push(format!("open_event {}", open.event_id));
+            reply.ok()
+        }
+        fn close_event(&mut self, event_id: u64, reply: Replier) {
+            self.calls.push(format!("close_event {event_id}"));
+            reply.ok()
+        }
+        fn launch(&mut self, launch: Launch, reply: Replier) {
+            self.calls.push(format!("launch {}", launch.module_id));
+            reply.ok()
+        }
+        fn close_stream(&mut self, stream: u64, reply: Replier) {
+            self.calls.push(format!("close_stream {stream}"));
+            reply.ok()
+        }
+        fn open_ring(&mut self, open: OpenRing, reply: Replier) {
+            self.calls.push(format!("open_ring {}", open.stream));
+            reply.ok()
+        }
+        fn rings(&self) -> &HashMap<u64, RingHandle<(), ()>> {
+            &self.rings
+        }
+        fn rings_mut(&mut self) -> &mut HashMap<u64, RingHandle<(), ()>> {
+            &mut self.rings
+        }
+        fn ring_kernel(&self, _: u64) -> Option<()> {
+            None
+        }
+        fn ring_buffer(&self, _: u64) -> Option<()> {
+            None
+        }
+        fn shutdown(&mut self) {
+            self.calls.push("shutdown".into());
+        }
+    }
+
+    /// What the loop writes, kept for the test to read back.
+    #[derive(Clone, Default)]
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Written {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn each_request_reaches_its_typed_operation_and_gets_one_reply() {
+        use ptxd_proto::executor as exec;
+        let mut rng = rand::rng();
+        let (module, buffer, event, stream): (u64, u64, u64, u64) =
+            (rng.random(), rng.random(), rng.random(), rng.random());
+        let ops = vec![
+            Op::LoadModule(LoadModule {
+                module_id: module & 0xffff,
+                ..Default::default()
+            }),
+            Op::UnloadModule(exec::UnloadModule { module_id: module }),
+            Op::OpenBuffer(OpenBuffer {
+                buffer_id: buffer,
+                ..Default::default()
+            }),
+            Op::CloseBuffer(exec::CloseBuffer { buffer_id: buffer }),
+            Op::OpenEvent(OpenEvent {
+                event_id: event,
+                ..Default::default()
+            }),
+            Op::CloseEvent(exec::CloseEvent { event_id: event }),
+            Op::Launch(Launch {
+                module_id: module,
+                ..Default::default()
+            }),
+            Op::CloseStream(exec::CloseStream { stream }),
+            Op::OpenRing(OpenRing {
+                stream,
+                ..Default::default()
+            }),
+            Op::CloseRing(exec::CloseRing { stream }),
+            Op::RingGrant(exec::RingGrant {
+                stream,
+                ..Default::default()
+            }),
+            Op::Ping(exec::Ping {}),
+            Op::Shutdown(exec::Shutdown {}),
+        ];
+        let mut input = Vec::new();
+        for (id, op) in ops.iter().enumerate() {
+            let request = Request {
+                id: 1000 + id as u64,
+                op: Some(op.clone()),
+            };
+            write_frame(&mut input, &request).unwrap();
+        }
+        let mut backend = Recording::default();
+        let written = Written::default();
+        assert_eq!(
+            serve(&mut backend, input.as_slice(), Box::new(written.clone())),
+            0
+        );
+        assert_eq!(
+            backend.calls,
+            vec![
+                format!("load_module {}", module & 0xffff),
+                format!("unload_module {module}"),
+                format!("open_buffer {buffer}"),
+                format!("close_buffer {buffer}"),
+                format!("open_event {event}"),
+                format!("close_event {event}"),
+                format!("launch {module}"),
+                format!("close_stream {stream}"),
+                format!("open_ring {stream}"),
+                "shutdown".to_string(),
+            ]
+        );
+        let bytes = written.0.lock().unwrap().clone();
+        let mut out = bytes.as_slice();
+        let hello: ExecutorMessage = read_frame(&mut out).unwrap();
+        assert!(matches!(hello.body, Some(Body::Hello(_))));
+        let mut replies = Vec::new();
+        while let Ok(message) = read_frame::<ExecutorMessage>(&mut out) {
+            match message.body {
+                Some(Body::Reply(reply)) => replies.push(reply),
+                other => panic!("not a reply: {other:?}"),
+            }
+        }
+        let ids: Vec<u64> = replies.iter().map(|r| r.id).collect();
+        assert_eq!(ids, (1000..1000 + ops.len() as u64).collect::<Vec<_>>());
+        assert_eq!(
+            replies[0].result,
+            Some(reply::Result::LoadModule(
+                ptxd_proto::executor::LoadModuleOk {
+                    block_size: (module & 0xffff) as u32,
+                    info_log: String::new(),
+                }
+            ))
+        );
+        // A grant for a stream without a ring is refused by the dispatcher.
+        let Some(reply::Result::Failure(refused)) = &replies[10].result else {
+            panic!("the grant was not refused: {:?}", replies[10]);
+        };
+        assert_eq!(refused.kind, FailureKind::UnknownObject as i32);
+        assert_eq!(refused.message, format!("stream {stream} has no ring"));
+        assert_eq!(
+            refused.metadata.get("object").map(String::as_str),
+            Some("ring")
+        );
+        for (index, reply) in replies.iter().enumerate() {
+            if index != 0 && index != 10 {
+                assert_eq!(reply.result, Some(reply::Result::Ok(Empty {})), "{index}");
+            }
+        }
+    }
 }
