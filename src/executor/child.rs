@@ -1,5 +1,6 @@
 //! The executor child process: the loop that reads requests from the front,
-//! hands them to a [`Backend`], and writes replies back.
+//! hands each to its [`Backend`]'s typed operation ([`dispatch`]), and
+//! writes replies back.
 //!
 //! The child's stdin and stdout are the two ends of one socket to the front
 //! (see `supervisor`), so nothing else may ever write to stdout here; logs go
@@ -11,6 +12,9 @@
 //!   replying, and a dropped one replies INTERNAL).
 //! - After a sticky device fault the process exits ([`Channel::fatal`]); it
 //!   never serves another request in a poisoned context.
+//! - [`dispatch`] is the one match from a request to an operation; what every
+//!   backend does alike (a ring's close and grants, a closed buffer leaving
+//!   every ring's table first) is done there, so backends cannot drift.
 
 use std::collections::HashMap;
 use std::io::{BufReader, Write};

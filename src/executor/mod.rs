@@ -3,8 +3,9 @@
 //!
 //! - [`protocol`]: the framing of the internal protocol.
 //! - [`link`]: the front's typed calls, one per executor operation.
-//! - [`child`]: the executor process's request loop and the [`child::Backend`]
-//!   trait that a device backend implements.
+//! - [`child`]: the executor process's request loop, its one dispatcher, and
+//!   the [`child::Backend`] trait (one method per operation) that a device
+//!   backend implements.
 //! - [`host`]: the host (CPU) backend over POSIX shared memory.
 //! - [`fd_inbox`]: how a descriptor a client passed reaches its executor.
 //! - [`sigbus`]: the SIGBUS handler that lets a host launch survive a client

@@ -42,6 +42,8 @@
 //!   cannot be stopped, so its launch is answered `KERNEL_TIMEOUT` (after
 //!   the front was told, to count it against the session) and the process
 //!   exits; the front restarts the device with a new generation.
+//! - Both launch paths (the protocol's, the ring's) enqueue a kernel through
+//!   `params`, the one place the scalar ABI's parameters are packed.
 //!
 //! Block size: `.reqntid` when the kernel declares one (refused at load if
 //! the compiled kernel cannot run that many threads); otherwise
