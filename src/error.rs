@@ -424,6 +424,59 @@ fn failure_code(kind: FailureKind) -> (Code, Reason) {
     }
 }
 
+/// The launch checks' refusals, as the daemon's errors: the same variants
+/// (and so the same reasons on the wire) the checks returned before they had
+/// an enum of their own.
+impl From<crate::launch::LaunchRefusal> for Error {
+    fn from(refusal: crate::launch::LaunchRefusal) -> Self {
+        use crate::launch::LaunchRefusal;
+        match refusal {
+            LaunchRefusal::Arity {
+                what,
+                expected,
+                found,
+            } => Error::LaunchArity {
+                what,
+                expected,
+                found,
+            },
+            LaunchRefusal::NoOutput => Error::InvalidArgument {
+                field: "output",
+                message: refusal.to_string(),
+            },
+            LaunchRefusal::CountTooLarge => Error::InvalidArgument {
+                field: "n",
+                message: refusal.to_string(),
+            },
+            LaunchRefusal::Misaligned { .. } => Error::InvalidArgument {
+                field: "offset",
+                message: refusal.to_string(),
+            },
+            LaunchRefusal::BufferTooSmall {
+                operand,
+                needed_bytes,
+                buffer_bytes,
+            } => Error::BufferTooSmall {
+                operand,
+                needed_bytes,
+                buffer_bytes,
+            },
+            LaunchRefusal::DeviceMismatch {
+                operand,
+                kernel_device,
+                operand_device,
+            } => Error::DeviceMismatch {
+                operand,
+                kernel_device,
+                operand_device,
+            },
+            LaunchRefusal::Internal(message) => Error::Internal {
+                message: message.into(),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -16,10 +16,11 @@
 //! - every operand's offset is a multiple of its element size, and
 //!   `offset + n * element_size` fits its buffer, computed without overflow.
 //!
-//! The refusals are the daemon's typed errors, so both paths report the same
-//! reason for the same mistake.
+//! The checks' own refusals are [`LaunchRefusal`], which knows nothing of
+//! the wire; each path's view names its error type, into which a refusal
+//! converts (the daemon's error funnel maps both to the same reason for the
+//! same mistake).
 
-use crate::error::Error;
 use crate::handles::DeviceGeneration;
 use crate::ptx::Signature;
 
@@ -63,9 +64,11 @@ pub trait Capabilities {
     type Operand;
     /// An event as the path's request names it.
     type Event: ?Sized;
+    /// The path's refusals: its own lookups' and the checks'.
+    type Error: From<LaunchRefusal>;
     /// The operand's buffer, and its byte offset.
-    fn operand(&self, operand: &Self::Operand) -> Result<(BufferCap, u64), Error>;
-    fn event(&self, event: &Self::Event) -> Result<EventCap, Error>;
+    fn operand(&self, operand: &Self::Operand) -> Result<(BufferCap, u64), Self::Error>;
+    fn event(&self, event: &Self::Event) -> Result<EventCap, Self::Error>;
     /// A placement as refusals name it (`<device uuid>@<generation>`).
     fn describe(&self, placement: Placement) -> String;
 }
@@ -99,43 +102,81 @@ pub struct CheckedLaunch {
     pub signal_event: Option<u64>,
 }
 
+/// Why the launch checks refuse a launch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchRefusal {
+    /// The launch passes another number of inputs or scalars than the
+    /// kernel's verified signature takes.
+    #[error("the kernel takes {expected} {what}, the launch gives {found}")]
+    Arity {
+        what: &'static str,
+        expected: u32,
+        found: u32,
+    },
+    #[error("a launch needs an output")]
+    NoOutput,
+    #[error("n must fit a long long")]
+    CountTooLarge,
+    /// An operand's offset is not a multiple of its element size.
+    #[error("{operand}: offset {offset} is not a multiple of the element size {element_size}")]
+    Misaligned {
+        operand: String,
+        offset: u64,
+        element_size: u32,
+    },
+    #[error("operand {operand} needs {needed_bytes} bytes but its buffer holds {buffer_bytes}")]
+    BufferTooSmall {
+        operand: String,
+        needed_bytes: u128,
+        buffer_bytes: u64,
+    },
+    /// An operand or event lives on another device or generation than the
+    /// kernel.
+    #[error("operand {operand} is on {operand_device}, the kernel on {kernel_device}")]
+    DeviceMismatch {
+        operand: String,
+        kernel_device: String,
+        operand_device: String,
+    },
+    /// The signature is not one the verifier produces (a bug, not a
+    /// caller's mistake).
+    #[error("{0}")]
+    Internal(&'static str),
+}
+
 /// Checks a launch of `kernel` against the session's `view`.
 pub fn check<C: Capabilities>(
     view: &C,
     kernel: KernelCap<'_>,
     launch: &LaunchShape<'_, C::Operand, C::Event>,
-) -> Result<CheckedLaunch, Error> {
+) -> Result<CheckedLaunch, C::Error> {
     let signature = kernel.signature;
     if launch.inputs.len() != signature.inputs as usize {
-        return Err(Error::LaunchArity {
+        return Err(LaunchRefusal::Arity {
             what: "inputs",
             expected: signature.inputs,
             found: clamp(launch.inputs.len()),
-        });
+        }
+        .into());
     }
     if launch.scalars != signature.scalar_params as usize {
-        return Err(Error::LaunchArity {
+        return Err(LaunchRefusal::Arity {
             what: "scalar params",
             expected: signature.scalar_params,
             found: clamp(launch.scalars),
-        });
+        }
+        .into());
     }
-    let output = launch.output.ok_or_else(|| Error::InvalidArgument {
-        field: "output",
-        message: "a launch needs an output".into(),
-    })?;
+    let output = launch.output.ok_or(LaunchRefusal::NoOutput)?;
     if launch.n > i64::MAX as u64 {
-        return Err(Error::InvalidArgument {
-            field: "n",
-            message: "n must fit a long long".into(),
-        });
+        return Err(LaunchRefusal::CountTooLarge.into());
     }
     if signature.element_sizes.len() != launch.inputs.len() + 1 {
-        return Err(Error::Internal {
-            message: "signature element sizes do not cover every operand".into(),
-        });
+        return Err(
+            LaunchRefusal::Internal("signature element sizes do not cover every operand").into(),
+        );
     }
-    let mismatch = |operand: String, placement: Placement| Error::DeviceMismatch {
+    let mismatch = |operand: String, placement: Placement| LaunchRefusal::DeviceMismatch {
         operand,
         kernel_device: view.describe(kernel.placement),
         operand_device: view.describe(placement),
@@ -152,40 +193,40 @@ pub fn check<C: Capabilities>(
         };
         let (buffer, offset) = view.operand(operand)?;
         if buffer.placement != kernel.placement {
-            return Err(mismatch(name(), buffer.placement));
+            return Err(mismatch(name(), buffer.placement).into());
         }
         if element_size > 1 && offset % u64::from(element_size) != 0 {
-            return Err(Error::InvalidArgument {
-                field: "offset",
-                message: format!(
-                    "{}: offset {offset} is not a multiple of the element size {element_size}",
-                    name()
-                ),
-            });
+            return Err(LaunchRefusal::Misaligned {
+                operand: name(),
+                offset,
+                element_size,
+            }
+            .into());
         }
         let needed = u128::from(offset) + u128::from(launch.n) * u128::from(element_size);
         if needed > u128::from(buffer.size) {
-            return Err(Error::BufferTooSmall {
+            return Err(LaunchRefusal::BufferTooSmall {
                 operand: name(),
                 needed_bytes: needed,
                 buffer_bytes: buffer.size,
-            });
+            }
+            .into());
         }
         inputs.push(CheckedOperand {
             buffer_id: buffer.id,
             offset,
         });
     }
-    let output = inputs.pop().ok_or_else(|| Error::Internal {
-        message: "signature without an output".into(),
-    })?;
-    let event = |event: Option<&C::Event>, field: &str| -> Result<Option<u64>, Error> {
+    let output = inputs
+        .pop()
+        .ok_or(LaunchRefusal::Internal("signature without an output"))?;
+    let event = |event: Option<&C::Event>, field: &str| -> Result<Option<u64>, C::Error> {
         let Some(event) = event else {
             return Ok(None);
         };
         let event = view.event(event)?;
         if event.placement != kernel.placement {
-            return Err(mismatch(field.to_string(), event.placement));
+            return Err(mismatch(field.to_string(), event.placement).into());
         }
         Ok(Some(event.id))
     };
@@ -208,6 +249,7 @@ fn clamp(count: usize) -> u32 {
 mod tests {
     use super::*;
     use crate::buffers::{ObjectKind, RegistryError};
+    use crate::error::Error;
     use ptxd_proto::v1::Reason;
     use rand::Rng;
 
@@ -226,6 +268,7 @@ mod tests {
     impl Capabilities for Table {
         type Operand = (usize, u64);
         type Event = usize;
+        type Error = Error;
         fn operand(&self, &(index, offset): &(usize, u64)) -> Result<(BufferCap, u64), Error> {
             let buffer = self.buffers.get(index).ok_or(RegistryError::Unknown {
                 kind: ObjectKind::Buffer,
@@ -454,6 +497,148 @@ mod tests {
                 fits,
                 "{sizes:?} {buffers:?} {offsets:?} n={n}"
             );
+        }
+    }
+
+    /// The table's view without the daemon's error: lookups it cannot
+    /// answer are a refusal too.
+    struct Bare(Table);
+
+    impl Capabilities for Bare {
+        type Operand = (usize, u64);
+        type Event = usize;
+        type Error = LaunchRefusal;
+        fn operand(
+            &self,
+            &(index, offset): &(usize, u64),
+        ) -> Result<(BufferCap, u64), LaunchRefusal> {
+            let buffer = self
+                .0
+                .buffers
+                .get(index)
+                .ok_or(LaunchRefusal::Internal("not held"))?;
+            Ok((*buffer, offset))
+        }
+        fn event(&self, &index: &usize) -> Result<EventCap, LaunchRefusal> {
+            self.0
+                .events
+                .get(index)
+                .copied()
+                .ok_or(LaunchRefusal::Internal("not held"))
+        }
+        fn describe(&self, p: Placement) -> String {
+            self.0.describe(p)
+        }
+    }
+
+    #[test]
+    fn the_checks_refuse_with_their_own_enum_without_the_daemons_error() {
+        let sig = signature(vec![4, 4], 0);
+        let view = Bare(table(&[400, 400]));
+        let kernel = KernelCap {
+            signature: &sig,
+            placement: HERE,
+        };
+        let one = [(0, 0)];
+        assert_eq!(
+            check(&view, kernel, &shape(&[], &(1, 0), 1, 0)),
+            Err(LaunchRefusal::Arity {
+                what: "inputs",
+                expected: 1,
+                found: 0
+            })
+        );
+        assert_eq!(
+            check(&view, kernel, &shape(&one, &(1, 0), u64::MAX, 0)),
+            Err(LaunchRefusal::CountTooLarge)
+        );
+        assert_eq!(
+            check(&view, kernel, &shape(&[(0, 2)], &(1, 0), 1, 0)),
+            Err(LaunchRefusal::Misaligned {
+                operand: "input 0".into(),
+                offset: 2,
+                element_size: 4
+            })
+        );
+        assert_eq!(
+            check(&view, kernel, &shape(&one, &(1, 4), 100, 0)),
+            Err(LaunchRefusal::BufferTooSmall {
+                operand: "output".into(),
+                needed_bytes: 404,
+                buffer_bytes: 400
+            })
+        );
+        let mut elsewhere = table(&[400, 400]);
+        elsewhere.buffers[0].placement.generation = DeviceGeneration(8);
+        assert_eq!(
+            check(&Bare(elsewhere), kernel, &shape(&one, &(1, 0), 1, 0)),
+            Err(LaunchRefusal::DeviceMismatch {
+                operand: "input 0".into(),
+                kernel_device: "DEV-0@7".into(),
+                operand_device: "DEV-0@8".into(),
+            })
+        );
+    }
+
+    #[test]
+    fn each_refusal_becomes_the_daemons_error_it_always_was() {
+        let cases = [
+            (
+                LaunchRefusal::NoOutput,
+                "invalid output: a launch needs an output",
+                Reason::InvalidArgument,
+            ),
+            (
+                LaunchRefusal::CountTooLarge,
+                "invalid n: n must fit a long long",
+                Reason::InvalidArgument,
+            ),
+            (
+                LaunchRefusal::Misaligned {
+                    operand: "input 0".into(),
+                    offset: 2,
+                    element_size: 4,
+                },
+                "invalid offset: input 0: offset 2 is not a multiple of the element size 4",
+                Reason::InvalidArgument,
+            ),
+            (
+                LaunchRefusal::Arity {
+                    what: "scalar params",
+                    expected: 2,
+                    found: 1,
+                },
+                "the kernel takes 2 scalar params, the launch gives 1",
+                Reason::AbiMismatch,
+            ),
+            (
+                LaunchRefusal::BufferTooSmall {
+                    operand: "output".into(),
+                    needed_bytes: 404,
+                    buffer_bytes: 400,
+                },
+                "operand output needs 404 bytes but its buffer holds 400",
+                Reason::BufferTooSmall,
+            ),
+            (
+                LaunchRefusal::DeviceMismatch {
+                    operand: "input 0".into(),
+                    kernel_device: "A@1".into(),
+                    operand_device: "B@2".into(),
+                },
+                "operand input 0 is on B@2, the kernel on A@1",
+                Reason::DeviceMismatch,
+            ),
+            (
+                LaunchRefusal::Internal("signature without an output"),
+                "internal error: signature without an output",
+                Reason::Internal,
+            ),
+        ];
+        for (refusal, text, reason) in cases {
+            let error = Error::from(refusal.clone());
+            assert_eq!(error.to_string(), text, "{refusal:?}");
+            assert_eq!(error.refusal().reason, reason, "{refusal:?}");
         }
     }
 }

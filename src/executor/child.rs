@@ -1,5 +1,6 @@
 //! The executor child process: the loop that reads requests from the front,
-//! hands them to a [`Backend`], and writes replies back.
+//! hands each to its [`Backend`]'s typed operation ([`dispatch`]), and
+//! writes replies back.
 //!
 //! The child's stdin and stdout are the two ends of one socket to the front
 //! (see `supervisor`), so nothing else may ever write to stdout here; logs go
@@ -11,32 +12,110 @@
 //!   replying, and a dropped one replies INTERNAL).
 //! - After a sticky device fault the process exits ([`Channel::fatal`]); it
 //!   never serves another request in a poisoned context.
+//! - [`dispatch`] is the one match from a request to an operation; what every
+//!   backend does alike (a ring's close and grants, a closed buffer leaving
+//!   every ring's table first) is done there, so backends cannot drift.
 
+use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 
 use ptxd_proto::executor::{
     executor_message::Body, reply, request::Op, Empty, ExecutorMessage, Failure, FailureKind,
-    Fault, Hello, KernelTimeout, Reply, Request,
+    Fault, Hello, KernelTimeout, Launch, LoadModule, OpenBuffer, OpenEvent, OpenRing, Reply,
+    Request,
 };
 
 use super::protocol::{read_frame, write_frame, ProtocolError};
+use super::ring::RingHandle;
 
 /// Exit status of an executor that stopped because of a sticky device fault.
 pub const EXIT_FAULT: i32 = 3;
 
-/// A device backend inside an executor process.
+/// A device backend inside an executor process: one method per executor
+/// operation, each replying through its [`Replier`], now or later (from
+/// another thread, e.g. after a stream synchronization). What every backend
+/// does alike (Ping, Shutdown, a ring's close and grants, the unmapped
+/// buffer's removal from every ring's table) is [`dispatch`]'s, once.
 pub trait Backend {
+    /// What a ring's capability table holds for a granted kernel.
+    type RingKernel: Send + 'static;
+    /// What a ring's capability table holds for a granted buffer.
+    type RingBuffer: Send + 'static;
+
     /// What the executor tells the front first: its backend and devices.
     fn hello(&self) -> Hello;
 
-    /// Handles one request; replies through `reply`, now or later (from
-    /// another thread, e.g. after a stream synchronization).
-    fn handle(&mut self, op: Op, reply: Replier);
+    /// Compiles or loads a module.
+    fn load_module(&mut self, load: LoadModule, reply: Replier);
+    /// Unloads a module (and forgets it in every ring's table).
+    fn unload_module(&mut self, module_id: u64, reply: Replier);
+    /// Maps a client's buffer.
+    fn open_buffer(&mut self, open: OpenBuffer, reply: Replier);
+    /// Unmaps a buffer, already gone from every ring's table.
+    fn close_buffer(&mut self, buffer_id: u64, reply: Replier);
+    /// Opens a client's IPC event.
+    fn open_event(&mut self, open: OpenEvent, reply: Replier);
+    /// Closes an event.
+    fn close_event(&mut self, event_id: u64, reply: Replier);
+    /// Runs a launch the front checked.
+    fn launch(&mut self, launch: Launch, reply: Replier);
+    /// Ends a session's stream (and its ring) once its queued work is done.
+    fn close_stream(&mut self, stream: u64, reply: Replier);
+    /// Starts serving a session's launch ring.
+    fn open_ring(&mut self, open: OpenRing, reply: Replier);
+
+    /// The session rings this backend serves, by stream.
+    fn rings(&self) -> &HashMap<u64, RingHandle<Self::RingKernel, Self::RingBuffer>>;
+    fn rings_mut(&mut self) -> &mut HashMap<u64, RingHandle<Self::RingKernel, Self::RingBuffer>>;
+    /// A loaded module as a ring's table holds it.
+    fn ring_kernel(&self, module_id: u64) -> Option<Self::RingKernel>;
+    /// An open buffer as a ring's table holds it.
+    fn ring_buffer(&self, buffer_id: u64) -> Option<Self::RingBuffer>;
 
     /// Releases every mapping, module and stream, before the process exits.
     fn shutdown(&mut self);
+}
+
+/// The one dispatch of a request to its backend's typed operation.
+pub fn dispatch<B: Backend + ?Sized>(backend: &mut B, op: Op, reply: Replier) {
+    match op {
+        Op::LoadModule(load) => backend.load_module(load, reply),
+        Op::UnloadModule(unload) => backend.unload_module(unload.module_id, reply),
+        Op::OpenBuffer(open) => backend.open_buffer(open, reply),
+        Op::CloseBuffer(close) => {
+            for ring in backend.rings().values() {
+                ring.table().forget_buffer(close.buffer_id);
+            }
+            backend.close_buffer(close.buffer_id, reply)
+        }
+        Op::OpenEvent(open) => backend.open_event(open, reply),
+        Op::CloseEvent(close) => backend.close_event(close.event_id, reply),
+        Op::Launch(launch) => backend.launch(launch, reply),
+        Op::CloseStream(close) => backend.close_stream(close.stream, reply),
+        Op::OpenRing(open) => backend.open_ring(open, reply),
+        Op::CloseRing(close) => {
+            backend.rings_mut().remove(&close.stream);
+            reply.ok()
+        }
+        Op::RingGrant(grant) => match backend.rings().get(&grant.stream) {
+            Some(ring) => {
+                ring.table().apply(
+                    &grant,
+                    |id| backend.ring_kernel(id),
+                    |id| backend.ring_buffer(id),
+                );
+                reply.ok()
+            }
+            None => reply.fail(
+                FailureKind::UnknownObject,
+                format!("stream {} has no ring", grant.stream),
+                &[("object", "ring".into())],
+            ),
+        },
+        Op::Shutdown(_) | Op::Ping(_) => reply.ok(),
+    }
 }
 
 /// The write half of the channel to the front, shared by every replier.
@@ -187,7 +266,7 @@ pub fn ignore_termination_signals() {
 /// Returns the process exit code.
 /// The request loop polls its channel for up to `spin` before it sleeps
 /// ([`super::spin_input`]).
-pub fn serve_stdio(backend: &mut dyn Backend, spin: std::time::Duration) -> i32 {
+pub fn serve_stdio<B: Backend>(backend: &mut B, spin: std::time::Duration) -> i32 {
     // The channel is read through a duplicate of fd 0 as a plain file, not
     // through `Stdin`: its own buffer would hold bytes that the spin's
     // non-blocking `recv`s on the descriptor cannot see.
@@ -206,8 +285,8 @@ pub fn serve_stdio(backend: &mut dyn Backend, spin: std::time::Duration) -> i32 
 }
 
 /// Serves requests read from `input`, replying on `output`.
-pub fn serve(
-    backend: &mut dyn Backend,
+pub fn serve<B: Backend>(
+    backend: &mut B,
     mut input: impl std::io::Read,
     output: Box<dyn Write + Send>,
 ) -> i32 {
@@ -237,7 +316,7 @@ pub fn serve(
                 return 0;
             }
             Some(Op::Ping(_)) => replier.ok(),
-            Some(op) => backend.handle(op, replier),
+            Some(op) => dispatch(backend, op, replier),
             None => replier.fail(FailureKind::Internal, "request without an operation", &[]),
         }
     }
@@ -498,5 +577,197 @@ mod tests {
         assert_eq!(args(sub_ms).max_kernel_time_ms, 1);
         let ms = Some(std::time::Duration::from_millis(2500));
         assert_eq!(args(ms).max_kernel_time_ms, 2500);
+    }
+
+    /// A backend that records which typed operation each request reached.
+    #[derive(Default)]
+    struct Recording {
+        calls: Vec<String>,
+        rings: HashMap<u64, RingHandle<(), ()>>,
+    }
+
+    impl Backend for Recording {
+        type RingKernel = ();
+        type RingBuffer = ();
+        fn hello(&self) -> Hello {
+            Hello::default()
+        }
+        fn load_module(&mut self, load: LoadModule, reply: Replier) {
+            self.calls.push(format!("load_module {}", load.module_id));
+            reply.send(reply::Result::LoadModule(
+                ptxd_proto::executor::LoadModuleOk {
+                    block_size: load.module_id as u32,
+                    info_log: String::new(),
+                },
+            ))
+        }
+        fn unload_module(&mut self, module_id: u64, reply: Replier) {
+            self.calls.push(format!("unload_module {module_id}"));
+            reply.ok()
+        }
+        fn open_buffer(&mut self, open: OpenBuffer, reply: Replier) {
+            self.calls.push(format!("open_buffer {}", open.buffer_id));
+            reply.ok()
+        }
+        fn close_buffer(&mut self, buffer_id: u64, reply: Replier) {
+            self.calls.push(format!("close_buffer {buffer_id}"));
+            reply.ok()
+        }
+        fn open_event(&mut self, open: OpenEvent, reply: Replier) {
+            self.calls.push(format!("open_event {}", open.event_id));
+            reply.ok()
+        }
+        fn close_event(&mut self, event_id: u64, reply: Replier) {
+            self.calls.push(format!("close_event {event_id}"));
+            reply.ok()
+        }
+        fn launch(&mut self, launch: Launch, reply: Replier) {
+            self.calls.push(format!("launch {}", launch.module_id));
+            reply.ok()
+        }
+        fn close_stream(&mut self, stream: u64, reply: Replier) {
+            self.calls.push(format!("close_stream {stream}"));
+            reply.ok()
+        }
+        fn open_ring(&mut self, open: OpenRing, reply: Replier) {
+            self.calls.push(format!("open_ring {}", open.stream));
+            reply.ok()
+        }
+        fn rings(&self) -> &HashMap<u64, RingHandle<(), ()>> {
+            &self.rings
+        }
+        fn rings_mut(&mut self) -> &mut HashMap<u64, RingHandle<(), ()>> {
+            &mut self.rings
+        }
+        fn ring_kernel(&self, _: u64) -> Option<()> {
+            None
+        }
+        fn ring_buffer(&self, _: u64) -> Option<()> {
+            None
+        }
+        fn shutdown(&mut self) {
+            self.calls.push("shutdown".into());
+        }
+    }
+
+    /// What the loop writes, kept for the test to read back.
+    #[derive(Clone, Default)]
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Written {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn each_request_reaches_its_typed_operation_and_gets_one_reply() {
+        use ptxd_proto::executor as exec;
+        let mut rng = rand::rng();
+        let (module, buffer, event, stream): (u64, u64, u64, u64) =
+            (rng.random(), rng.random(), rng.random(), rng.random());
+        let ops = vec![
+            Op::LoadModule(LoadModule {
+                module_id: module & 0xffff,
+                ..Default::default()
+            }),
+            Op::UnloadModule(exec::UnloadModule { module_id: module }),
+            Op::OpenBuffer(OpenBuffer {
+                buffer_id: buffer,
+                ..Default::default()
+            }),
+            Op::CloseBuffer(exec::CloseBuffer { buffer_id: buffer }),
+            Op::OpenEvent(OpenEvent {
+                event_id: event,
+                ..Default::default()
+            }),
+            Op::CloseEvent(exec::CloseEvent { event_id: event }),
+            Op::Launch(Launch {
+                module_id: module,
+                ..Default::default()
+            }),
+            Op::CloseStream(exec::CloseStream { stream }),
+            Op::OpenRing(OpenRing {
+                stream,
+                ..Default::default()
+            }),
+            Op::CloseRing(exec::CloseRing { stream }),
+            Op::RingGrant(exec::RingGrant {
+                stream,
+                ..Default::default()
+            }),
+            Op::Ping(exec::Ping {}),
+            Op::Shutdown(exec::Shutdown {}),
+        ];
+        let mut input = Vec::new();
+        for (id, op) in ops.iter().enumerate() {
+            let request = Request {
+                id: 1000 + id as u64,
+                op: Some(op.clone()),
+            };
+            write_frame(&mut input, &request).unwrap();
+        }
+        let mut backend = Recording::default();
+        let written = Written::default();
+        assert_eq!(
+            serve(&mut backend, input.as_slice(), Box::new(written.clone())),
+            0
+        );
+        assert_eq!(
+            backend.calls,
+            vec![
+                format!("load_module {}", module & 0xffff),
+                format!("unload_module {module}"),
+                format!("open_buffer {buffer}"),
+                format!("close_buffer {buffer}"),
+                format!("open_event {event}"),
+                format!("close_event {event}"),
+                format!("launch {module}"),
+                format!("close_stream {stream}"),
+                format!("open_ring {stream}"),
+                "shutdown".to_string(),
+            ]
+        );
+        let bytes = written.0.lock().unwrap().clone();
+        let mut out = bytes.as_slice();
+        let hello: ExecutorMessage = read_frame(&mut out).unwrap();
+        assert!(matches!(hello.body, Some(Body::Hello(_))));
+        let mut replies = Vec::new();
+        while let Ok(message) = read_frame::<ExecutorMessage>(&mut out) {
+            match message.body {
+                Some(Body::Reply(reply)) => replies.push(reply),
+                other => panic!("not a reply: {other:?}"),
+            }
+        }
+        let ids: Vec<u64> = replies.iter().map(|r| r.id).collect();
+        assert_eq!(ids, (1000..1000 + ops.len() as u64).collect::<Vec<_>>());
+        assert_eq!(
+            replies[0].result,
+            Some(reply::Result::LoadModule(
+                ptxd_proto::executor::LoadModuleOk {
+                    block_size: (module & 0xffff) as u32,
+                    info_log: String::new(),
+                }
+            ))
+        );
+        // A grant for a stream without a ring is refused by the dispatcher.
+        let Some(reply::Result::Failure(refused)) = &replies[10].result else {
+            panic!("the grant was not refused: {:?}", replies[10]);
+        };
+        assert_eq!(refused.kind, FailureKind::UnknownObject as i32);
+        assert_eq!(refused.message, format!("stream {stream} has no ring"));
+        assert_eq!(
+            refused.metadata.get("object").map(String::as_str),
+            Some("ring")
+        );
+        for (index, reply) in replies.iter().enumerate() {
+            if index != 0 && index != 10 {
+                assert_eq!(reply.result, Some(reply::Result::Ok(Empty {})), "{index}");
+            }
+        }
     }
 }

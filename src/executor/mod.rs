@@ -2,8 +2,10 @@
 //! the front's side of them.
 //!
 //! - [`protocol`]: the framing of the internal protocol.
-//! - [`child`]: the executor process's request loop and the [`child::Backend`]
-//!   trait that a device backend implements.
+//! - [`link`]: the front's typed calls, one per executor operation.
+//! - [`child`]: the executor process's request loop, its one dispatcher, and
+//!   the [`child::Backend`] trait (one method per operation) that a device
+//!   backend implements.
 //! - [`host`]: the host (CPU) backend over POSIX shared memory.
 //! - [`fd_inbox`]: how a descriptor a client passed reaches its executor.
 //! - [`sigbus`]: the SIGBUS handler that lets a host launch survive a client
@@ -18,6 +20,7 @@ pub mod cuda;
 pub mod fd_inbox;
 pub mod host;
 pub mod kernel_timeouts;
+pub mod link;
 pub mod protocol;
 pub mod ring;
 pub mod sigbus;

@@ -211,6 +211,7 @@ impl<K, B> Capabilities for RingTable<K, B> {
     type Operand = OperandRef;
     /// A ring has no events (it orders with semaphores).
     type Event = ();
+    type Error = Error;
 
     fn operand(&self, operand: &OperandRef) -> Result<(BufferCap, u64), Error> {
         let buffer = self

@@ -11,9 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ptxd_proto::executor::{self as exec, reply, request::Op};
+use ptxd_proto::executor as exec;
 
-use super::effects::down_to_error;
 use super::kernels::stale_kernel;
 use super::{parse_session, Front, State};
 use crate::error::Error;
@@ -61,6 +60,7 @@ struct SessionView<'a> {
 impl Capabilities for SessionView<'_> {
     type Operand = OperandRef;
     type Event = str;
+    type Error = Error;
 
     fn operand(&self, operand: &OperandRef) -> Result<(BufferCap, u64), Error> {
         let handle = BufferHandle::parse(&operand.buffer)?;
@@ -114,16 +114,8 @@ impl Front {
     /// Returns how long the daemon took.
     pub async fn launch(&self, request: &LaunchRequest, peer: Caller) -> Result<Duration, Error> {
         let started = Instant::now();
-        let (link, op, device_uuid, _inflight) = self.check_launch(request, peer)?;
-        match link
-            .call(op)
-            .await
-            .map_err(|e| down_to_error(&device_uuid, e))?
-        {
-            reply::Result::Ok(_) => {}
-            reply::Result::Failure(failure) => return Err(ExecutorError::from(failure).into()),
-            _ => return Err(ExecutorError::UnexpectedReply("Launch").into()),
-        }
+        let (link, launch, _inflight) = self.check_launch(request, peer)?;
+        link.launch(launch).await?;
         Ok(started.elapsed())
     }
 
@@ -131,7 +123,7 @@ impl Front {
         &self,
         request: &LaunchRequest,
         peer: Caller,
-    ) -> Result<(Arc<ExecutorLink>, Op, String, InflightLaunch), Error> {
+    ) -> Result<(Arc<ExecutorLink>, exec::Launch, InflightLaunch), Error> {
         let session_id = parse_session(&request.session)?;
         let handle = KernelRef::parse(&request.kernel)?;
         let state = self.lock();
@@ -190,7 +182,7 @@ impl Front {
             buffer_id: o.buffer_id,
             offset: o.offset,
         };
-        let op = Op::Launch(exec::Launch {
+        let launch = exec::Launch {
             module_id: kernel.module_id,
             inputs: checked.inputs.into_iter().map(operand).collect(),
             output: Some(operand(checked.output)),
@@ -202,7 +194,7 @@ impl Front {
             wait_event: checked.wait_event.unwrap_or(0),
             signal_event: checked.signal_event.unwrap_or(0),
             sync: request.sync,
-        });
+        };
         let inflight =
             session
                 .inflight
@@ -211,6 +203,6 @@ impl Front {
                 .map_err(|_| SessionError::Unknown {
                     session: session_id.to_string(),
                 })?;
-        Ok((link, op, device.desc.uuid.clone(), inflight))
+        Ok((link, launch, inflight))
     }
 }

@@ -17,18 +17,19 @@
 
 use std::sync::Arc;
 
-use ptxd_proto::executor::{self as exec, reply, request::Op};
+use ptxd_proto::executor as exec;
 
 use super::effects::{run_cleanup, side_effect, Cleanup};
 use super::{parse_session, DeviceChoice, Front, State};
 use crate::error::Error;
+use crate::executor::link::Operation;
 use crate::executor::supervisor::ExecutorLink;
 use crate::executor::ExecutorError;
 use crate::handles::{DeviceGeneration, KernelHandle, SessionId};
 use crate::sessions::Caller;
 
 /// A grant to send to a ring's executor once the state lock is released.
-pub(super) type Grant = Option<(Arc<ExecutorLink>, Op)>;
+pub(super) type Grant = Option<(Arc<ExecutorLink>, exec::RingGrant)>;
 
 /// OpenRing.
 #[derive(Debug, Clone)]
@@ -124,7 +125,7 @@ impl State {
                 revoke_kernels: kernels,
                 ..Default::default()
             };
-            cleanup.insert(0, (link, Op::RingGrant(grant)));
+            cleanup.insert(0, (link, grant.into_op()));
         }
     }
 
@@ -153,7 +154,7 @@ impl State {
             kernels,
             ..Default::default()
         };
-        Some((link, Op::RingGrant(grant)))
+        Some((link, grant))
     }
 }
 
@@ -162,10 +163,9 @@ impl Front {
     /// grant that fails leaves the object out of the ring's table: ring
     /// launches naming it are refused, gRPC launches still work.
     pub(super) async fn send_grant(&self, grant: Grant) {
-        if let Some((link, op)) = grant {
-            match link.call(op).await {
-                Ok(reply::Result::Ok(_)) => {}
-                other => tracing::warn!(?other, "a ring grant failed"),
+        if let Some((link, grant)) = grant {
+            if let Err(error) = link.ring_grant(grant).await {
+                tracing::warn!(%error, "a ring grant failed");
             }
         }
     }
@@ -268,24 +268,21 @@ impl Front {
         // itself (its launches never pass through here): it starts from the
         // count so far.
         let timeouts = &self.executor.kernel_timeouts;
-        let op = Op::OpenRing(exec::OpenRing {
+        let open = exec::OpenRing {
             stream,
             shm_name,
             owner_uid: Some(credentials.uid),
             fd_tag,
             kernel_timeouts: timeouts.count(stream),
             max_kernel_timeouts: timeouts.limit(),
-        });
-        let undo = Op::CloseRing(exec::CloseRing { stream });
+        };
+        let undo = exec::CloseRing { stream };
         let grant = side_effect(
             &*link,
             &device_uuid,
-            op,
-            undo,
-            |reply| match reply {
-                reply::Result::Ok(_) => Ok(()),
-                _ => Err(ExecutorError::UnexpectedReply("OpenRing").into()),
-            },
+            open.into_op(),
+            undo.into_op(),
+            |reply| exec::OpenRing::accept(reply).map_err(Error::from),
             |()| {
                 let mut state = self.lock();
                 state.recheck(&session_id, index, generation, &device_uuid)?;
@@ -327,17 +324,16 @@ impl Front {
         // The first grant goes before the reply: the client may submit as
         // soon as it has it.
         let mut cleanup: Cleanup = Vec::new();
-        match link.call(Op::RingGrant(grant)).await {
-            Ok(reply::Result::Ok(_)) => {}
-            other => {
-                tracing::warn!(?other, "the ring's first grant failed; closing it");
-                if let Some(session) = self.lock().sessions.get_mut(&session_id) {
-                    session.ring = None;
-                }
-                cleanup.push((link.clone(), Op::CloseRing(exec::CloseRing { stream })));
-                run_cleanup(cleanup).await;
-                return Err(ExecutorError::UnexpectedReply("RingGrant").into());
+        if let Err(error) = link.ring_grant(grant).await {
+            tracing::warn!(%error, "the ring's first grant failed; closing it");
+            if let Some(session) = self.lock().sessions.get_mut(&session_id) {
+                session.ring = None;
             }
+            cleanup.push((link.clone(), exec::CloseRing { stream }.into_op()));
+            run_cleanup(cleanup).await;
+            // Whatever the grant's failure, the client hears one reason:
+            // the ring did not come up as OpenRing promised.
+            return Err(ExecutorError::UnexpectedReply("RingGrant").into());
         }
         Ok(OpenedRing {
             device_uuid,

@@ -10,11 +10,12 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use ptxd_proto::executor::{self as exec, request::Op};
+use ptxd_proto::executor as exec;
 
 use super::effects::{queue_close_buffer, queue_close_event, queue_unload, run_cleanup, Cleanup};
 use super::Front;
 use crate::error::Error;
+use crate::executor::link::Operation;
 use crate::handles::SessionId;
 use crate::sessions::{Caller, LeaseEvent, Session, SessionError};
 
@@ -119,9 +120,10 @@ impl Front {
                 if let Some(link) = device.live_link() {
                     cleanup.push((
                         link.clone(),
-                        Op::CloseStream(exec::CloseStream {
+                        exec::CloseStream {
                             stream: session.stream,
-                        }),
+                        }
+                        .into_op(),
                     ));
                 }
             }

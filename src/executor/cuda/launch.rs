@@ -4,7 +4,6 @@
 //! between its event wait and signal and the watchdog's markers, and
 //! answers at once (async) or once the stream is synchronized (sync).
 
-use std::ffi::c_void;
 use std::sync::{mpsc, Arc, Mutex};
 
 use ptxd_cuda::{DriverError, Event};
@@ -59,8 +58,8 @@ impl CudaBackend {
         Ok(buffer.base + offset)
     }
 
-    pub(super) fn launch(&mut self, launch: Launch, reply: Replier) {
-        let Some(kernel) = self.kernels.get(&launch.module_id) else {
+    pub(super) fn launch_on_stream(&mut self, launch: Launch, reply: Replier) {
+        let Some(kernel) = self.kernels.get(&launch.module_id).cloned() else {
             return reply.fail(
                 FailureKind::UnknownObject,
                 format!("module {} is not loaded", launch.module_id),
@@ -85,7 +84,7 @@ impl CudaBackend {
         let Some(output) = launch.output.as_ref() else {
             return reply.fail(FailureKind::AbiMismatch, "the launch has no output", &[]);
         };
-        let (function, block) = (kernel.function, kernel.block);
+        let block = kernel.block;
         let mut addresses = Vec::with_capacity(launch.inputs.len() + 1);
         for (index, operand) in launch.inputs.iter().chain([output]).enumerate() {
             let element_size = kernel.element_sizes.get(index).copied();
@@ -151,23 +150,12 @@ impl CudaBackend {
             }
         }
         if launch.n > 0 {
-            // Each kernel parameter is passed as a pointer to its value; the
-            // values live in these locals until cuLaunchKernel returns (the
-            // driver copies them during the call).
-            let mut n = launch.n as i64;
-            let mut scalars = launch.params.clone();
-            let mut params: Vec<*mut c_void> = addresses
-                .iter_mut()
-                .map(|a| (a as *mut u64).cast())
-                .collect();
-            params.push((&mut n as *mut i64).cast());
-            params.extend(scalars.iter_mut().map(|p| (p as *mut f32).cast::<c_void>()));
-            // SAFETY: `params` holds one pointer per kernel parameter, whose
-            // sizes were checked at load against the scalar ABI (8-byte
-            // pointers and n, 4-byte floats); every address lies inside an
-            // open IPC mapping with room for n elements (checked above, and by
-            // the front), and mappings are only closed after draining.
-            let launched = unsafe { function.launch(grid as u32, block, &stream, &mut params) };
+            // SAFETY: every address lies inside an open IPC mapping with
+            // room for n elements (checked above, and by the front), and
+            // mappings are only closed after draining.
+            let launched = unsafe {
+                kernel.enqueue(&stream, grid as u32, &addresses, launch.n, &launch.params)
+            };
             if let Err(e) = launched {
                 return fail_driver(reply, &e, "launching the kernel");
             }

@@ -18,7 +18,6 @@
 //!   (its spin found nothing more) close their group at once; past the allowance the executor reports
 //!   `KERNEL_TIMEOUT` against the session and restarts.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use ptxd_cuda::{DriverError, Event, PrimaryContext, Stream};
@@ -34,7 +33,7 @@ use crate::executor::ring::{
 };
 
 impl CudaBackend {
-    pub(super) fn open_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
+    pub(super) fn start_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
         let server = match ring::open_server(&open, self.fd_inbox.as_mut()) {
             Ok(server) => server,
             Err(message) => return reply.fail(FailureKind::InvalidHandle, message, &[]),
@@ -249,27 +248,22 @@ impl RingBackend for CudaRing {
             .and(self.wait_limit)
             .map(|limit| std::time::Instant::now() + limit);
         if launch.n > 0 {
-            let mut addresses: Vec<u64> = launch
+            let addresses: Vec<u64> = launch
                 .operands
                 .iter()
                 .map(|(base, offset)| base + offset)
                 .collect();
-            let mut n = launch.n as i64;
-            let mut scalars = launch.scalars.clone();
-            let mut params: Vec<*mut c_void> = addresses
-                .iter_mut()
-                .map(|a| (a as *mut u64).cast())
-                .collect();
-            params.push((&mut n as *mut i64).cast());
-            params.extend(scalars.iter_mut().map(|p| (p as *mut f32).cast::<c_void>()));
-            // SAFETY: one pointer per kernel parameter, sizes checked at
-            // load against the scalar ABI; every address lies in a granted
-            // buffer with room for n elements (the launch checks), and a
-            // buffer is unmapped only after its revoke and a drain.
+            // SAFETY: every address lies in a granted buffer with room for
+            // n elements (the launch checks), and a buffer is unmapped only
+            // after its revoke and a drain.
             let launched = unsafe {
-                kernel
-                    .function
-                    .launch(grid as u32, kernel.block, &self.stream, &mut params)
+                kernel.enqueue(
+                    &self.stream,
+                    grid as u32,
+                    &addresses,
+                    launch.n,
+                    &launch.scalars,
+                )
             };
             if let Err(e) = launched {
                 return Err(self.driver(e, "launching the kernel"));

@@ -42,6 +42,8 @@
 //!   cannot be stopped, so its launch is answered `KERNEL_TIMEOUT` (after
 //!   the front was told, to count it against the session) and the process
 //!   exits; the front restarts the device with a new generation.
+//! - Both launch paths (the protocol's, the ring's) enqueue a kernel through
+//!   `params`, the one place the scalar ABI's parameters are packed.
 //!
 //! Block size: `.reqntid` when the kernel declares one (refused at load if
 //! the compiled kernel cannot run that many threads); otherwise
@@ -59,6 +61,7 @@ mod fd_mapping;
 mod images;
 mod launch;
 mod launch_ring;
+mod params;
 mod watchdog;
 
 use std::collections::HashMap;
@@ -68,8 +71,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ptxd_proto::executor::{
-    open_buffer::Source, reply, request::Op, ArtifactKind, DeviceDesc, FailureKind, Hello,
-    LoadModule, LoadModuleOk, OpenBuffer, OpenBufferOk,
+    open_buffer::Source, reply, ArtifactKind, DeviceDesc, FailureKind, Hello, Launch, LoadModule,
+    LoadModuleOk, OpenBuffer, OpenBufferOk, OpenEvent, OpenRing,
 };
 
 use super::child::{serve_stdio, Backend, Replier};
@@ -167,7 +170,7 @@ pub fn run_executor(
 }
 
 /// A loaded kernel and the ABI it was loaded with.
-struct LoadedKernel {
+pub struct LoadedKernel {
     function: Function,
     block: u32,
     inputs: u32,
@@ -176,6 +179,16 @@ struct LoadedKernel {
     element_sizes: Vec<u32>,
     // Dropped after `function`, which points into it.
     _module: Module,
+}
+
+impl std::fmt::Debug for LoadedKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedKernel")
+            .field("block", &self.block)
+            .field("inputs", &self.inputs)
+            .field("scalar_params", &self.scalar_params)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One registration of a buffer: a window onto a mapping.
@@ -268,6 +281,9 @@ fn stream_waiter(stream: Arc<Stream>, context: Arc<PrimaryContext>, jobs: mpsc::
     }
 }
 
+/// A session ring served by the CUDA backend.
+type CudaRingHandle = RingHandle<Arc<LoadedKernel>, u64>;
+
 /// The CUDA backend for one device.
 pub struct CudaBackend {
     device: DeviceInfo,
@@ -278,7 +294,7 @@ pub struct CudaBackend {
     buffers: HashMap<u64, OpenedBuffer>,
     /// Session rings by stream: kernels by Arc (a ring's table keeps its
     /// module loaded until the revoke), buffers by device address.
-    rings: HashMap<u64, RingHandle<Arc<LoadedKernel>, u64>>,
+    rings: HashMap<u64, CudaRingHandle>,
     mappings: HashMap<[u8; 64], SharedMapping>,
     events: HashMap<u64, Event>,
     streams: HashMap<u64, SessionStream>,
@@ -487,7 +503,7 @@ impl CudaBackend {
         }
     }
 
-    fn unload(&mut self, module_id: u64, reply: Replier) {
+    fn unload_loaded(&mut self, module_id: u64, reply: Replier) {
         if !self.kernels.contains_key(&module_id) {
             return reply.fail(
                 FailureKind::UnknownObject,
@@ -513,7 +529,7 @@ impl CudaBackend {
             .unwrap_or_else(|| format!("ordinal {ordinal}"))
     }
 
-    fn open_buffer(&mut self, open: OpenBuffer, reply: Replier) {
+    fn map_buffer(&mut self, open: OpenBuffer, reply: Replier) {
         let handle = match open.source {
             Some(Source::CudaIpc(bytes)) => bytes,
             Some(Source::ShmName(_)) => {
@@ -617,10 +633,9 @@ impl CudaBackend {
         reply.send(reply::Result::OpenBuffer(OpenBufferOk { device_uuid }))
     }
 
-    fn close_buffer(&mut self, buffer_id: u64, reply: Replier) {
-        for ring in self.rings.values() {
-            ring.table().forget_buffer(buffer_id);
-        }
+    /// Unmaps a buffer (the dispatcher took it out of every ring's table
+    /// first).
+    fn unmap_buffer(&mut self, buffer_id: u64, reply: Replier) {
         let Some(buffer) = self.buffers.remove(&buffer_id) else {
             return reply.fail(
                 FailureKind::UnknownObject,
@@ -656,7 +671,7 @@ impl CudaBackend {
         reply.ok()
     }
 
-    fn open_event(&mut self, event_id: u64, handle: &[u8], reply: Replier) {
+    fn open_ipc_event(&mut self, event_id: u64, handle: &[u8], reply: Replier) {
         let Ok(key) = <[u8; 64]>::try_from(handle) else {
             return reply.fail(
                 FailureKind::InvalidHandle,
@@ -710,7 +725,7 @@ impl CudaBackend {
         Ok(stream)
     }
 
-    fn close_stream(&mut self, id: u64, reply: Replier) {
+    fn end_stream(&mut self, id: u64, reply: Replier) {
         // Stops the ring (after its current launch), which drops its hold
         // on the stream, so the waiter below destroys it.
         self.rings.remove(&id);
@@ -734,6 +749,9 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    type RingKernel = Arc<LoadedKernel>;
+    type RingBuffer = u64;
+
     fn hello(&self) -> Hello {
         Hello {
             backend: "cuda".into(),
@@ -742,46 +760,63 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn handle(&mut self, op: Op, reply: Replier) {
-        match op {
-            Op::LoadModule(load) => self.load(load, reply),
-            Op::UnloadModule(unload) => self.unload(unload.module_id, reply),
-            Op::OpenBuffer(open) => self.open_buffer(open, reply),
-            Op::CloseBuffer(close) => self.close_buffer(close.buffer_id, reply),
-            Op::OpenEvent(open) => self.open_event(open.event_id, &open.handle, reply),
-            Op::CloseEvent(close) => match self.events.remove(&close.event_id) {
-                Some(_) => reply.ok(),
-                None => reply.fail(
-                    FailureKind::UnknownObject,
-                    format!("event {} is not open", close.event_id),
-                    &[],
-                ),
-            },
-            Op::Launch(launch) => self.launch(launch, reply),
-            Op::CloseStream(close) => self.close_stream(close.stream, reply),
-            Op::OpenRing(open) => self.open_ring(open, reply),
-            Op::CloseRing(close) => {
-                self.rings.remove(&close.stream);
-                reply.ok()
-            }
-            Op::RingGrant(grant) => match self.rings.get(&grant.stream) {
-                Some(ring) => {
-                    let (kernels, buffers) = (&self.kernels, &self.buffers);
-                    ring.table().apply(
-                        &grant,
-                        |id| kernels.get(&id).cloned(),
-                        |id| buffers.get(&id).map(|b| b.base),
-                    );
-                    reply.ok()
-                }
-                None => reply.fail(
-                    FailureKind::UnknownObject,
-                    format!("stream {} has no ring", grant.stream),
-                    &[("object", "ring".into())],
-                ),
-            },
-            Op::Shutdown(_) | Op::Ping(_) => reply.ok(),
+    fn load_module(&mut self, load: LoadModule, reply: Replier) {
+        self.load(load, reply)
+    }
+
+    fn unload_module(&mut self, module_id: u64, reply: Replier) {
+        self.unload_loaded(module_id, reply)
+    }
+
+    fn open_buffer(&mut self, open: OpenBuffer, reply: Replier) {
+        self.map_buffer(open, reply)
+    }
+
+    fn close_buffer(&mut self, buffer_id: u64, reply: Replier) {
+        self.unmap_buffer(buffer_id, reply)
+    }
+
+    fn open_event(&mut self, open: OpenEvent, reply: Replier) {
+        self.open_ipc_event(open.event_id, &open.handle, reply)
+    }
+
+    fn close_event(&mut self, event_id: u64, reply: Replier) {
+        match self.events.remove(&event_id) {
+            Some(_) => reply.ok(),
+            None => reply.fail(
+                FailureKind::UnknownObject,
+                format!("event {event_id} is not open"),
+                &[],
+            ),
         }
+    }
+
+    fn launch(&mut self, launch: Launch, reply: Replier) {
+        self.launch_on_stream(launch, reply)
+    }
+
+    fn close_stream(&mut self, stream: u64, reply: Replier) {
+        self.end_stream(stream, reply)
+    }
+
+    fn open_ring(&mut self, open: OpenRing, reply: Replier) {
+        self.start_ring(open, reply)
+    }
+
+    fn rings(&self) -> &HashMap<u64, CudaRingHandle> {
+        &self.rings
+    }
+
+    fn rings_mut(&mut self) -> &mut HashMap<u64, CudaRingHandle> {
+        &mut self.rings
+    }
+
+    fn ring_kernel(&self, module_id: u64) -> Option<Arc<LoadedKernel>> {
+        self.kernels.get(&module_id).cloned()
+    }
+
+    fn ring_buffer(&self, buffer_id: u64) -> Option<u64> {
+        self.buffers.get(&buffer_id).map(|b| b.base)
     }
 
     fn shutdown(&mut self) {

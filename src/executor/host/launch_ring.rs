@@ -33,7 +33,7 @@ use crate::executor::ring::{
 };
 
 impl HostBackend {
-    pub(super) fn open_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
+    pub(super) fn start_ring(&mut self, open: ptxd_proto::executor::OpenRing, reply: Replier) {
         let server = match ring::open_server(&open, self.fd_inbox.as_mut()) {
             Ok(server) => server,
             Err(message) => return reply.fail(FailureKind::InvalidHandle, message, &[]),

@@ -38,7 +38,7 @@ use crate::ptx::HostSpan;
 /// One shared-memory mapping of a client's object, and the object's
 /// descriptor (to re-check its size before every access and to map it
 /// again after a SIGBUS).
-pub(super) struct Mapping {
+pub struct Mapping {
     base: NonNull<u8>,
     len: usize,
     fd: OwnedFd,
@@ -47,6 +47,15 @@ pub(super) struct Mapping {
     /// Some pages are private zero pages that could not be replaced by the
     /// object again: every access to it is refused.
     poisoned: AtomicBool,
+}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping")
+            .field("len", &self.len)
+            .field("file_offset", &self.file_offset)
+            .finish_non_exhaustive()
+    }
 }
 
 // SAFETY: the mapping is plain shared memory reached only through this

@@ -37,8 +37,8 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag};
 use nix::sys::mman::shm_open;
 use nix::sys::stat::{fstat, Mode};
 use ptxd_proto::executor::{
-    open_buffer::Source, reply, request::Op, ArtifactKind, DeviceDesc, FailureKind, Hello,
-    LoadModuleOk, OpenBufferOk,
+    open_buffer::Source, reply, ArtifactKind, DeviceDesc, FailureKind, Hello, Launch, LoadModule,
+    LoadModuleOk, OpenBuffer, OpenBufferOk, OpenEvent, OpenRing,
 };
 
 use super::child::{Backend, Replier};
@@ -159,6 +159,9 @@ struct StreamWorker {
     jobs: mpsc::Sender<Job>,
 }
 
+/// A session ring served by the host backend.
+type HostRingHandle = RingHandle<Arc<HostKernel>, Arc<Mapping>>;
+
 /// The host backend for one host device.
 pub struct HostBackend {
     index: u32,
@@ -167,7 +170,7 @@ pub struct HostBackend {
     buffers: HashMap<u64, Arc<Mapping>>,
     streams: HashMap<u64, StreamWorker>,
     /// Session rings by stream.
-    rings: HashMap<u64, RingHandle<Arc<HostKernel>, Arc<Mapping>>>,
+    rings: HashMap<u64, HostRingHandle>,
     /// The timeout allowance of each session with a ring, shared with the
     /// ring's thread: a gRPC launch's timeout here counts against it too.
     timeouts: HashMap<u64, Arc<TimeoutAllowance>>,
@@ -287,7 +290,7 @@ impl HostBackend {
     /// Resolves the launch's objects here, in request order (a close that
     /// follows it cannot overtake it), and queues it on its session's
     /// worker, so a long launch never holds up another session's requests.
-    fn launch(&mut self, launch: ptxd_proto::executor::Launch, reply: Replier) {
+    fn launch_on_worker(&mut self, launch: ptxd_proto::executor::Launch, reply: Replier) {
         let Some(kernel) = self.kernels.get(&launch.module_id).cloned() else {
             return reply.fail(
                 FailureKind::UnknownObject,
@@ -507,6 +510,9 @@ fn leak_key(key: &str) -> &'static str {
 }
 
 impl Backend for HostBackend {
+    type RingKernel = Arc<HostKernel>;
+    type RingBuffer = Arc<Mapping>;
+
     fn hello(&self) -> Hello {
         Hello {
             backend: "host".into(),
@@ -522,72 +528,80 @@ impl Backend for HostBackend {
         }
     }
 
-    fn handle(&mut self, op: Op, reply: Replier) {
-        match op {
-            Op::LoadModule(load) => self.load(load, reply),
-            Op::UnloadModule(unload) => {
-                for ring in self.rings.values() {
-                    ring.table().forget_module(unload.module_id);
-                }
-                self.kernels.remove(&unload.module_id);
-                reply.ok()
-            }
-            Op::OpenBuffer(open) => match self.open_mapping(&open) {
-                Ok(mapping) => {
-                    self.buffers.insert(open.buffer_id, Arc::new(mapping));
-                    reply.send(reply::Result::OpenBuffer(OpenBufferOk {
-                        device_uuid: host_device_uuid(self.index),
-                    }))
-                }
-                Err((kind, message, metadata)) => reply.fail(kind, message, &metadata),
-            },
-            Op::CloseBuffer(close) => {
-                for ring in self.rings.values() {
-                    ring.table().forget_buffer(close.buffer_id);
-                }
-                self.buffers.remove(&close.buffer_id);
-                reply.ok()
-            }
-            Op::OpenEvent(_) => reply.fail(
-                FailureKind::UnsupportedOnHost,
-                "the host backend has no IPC events",
-                &[],
-            ),
-            Op::CloseStream(close) => {
-                // The worker ends once its queue is empty (the front sends
-                // this after the session's last launch was answered).
-                self.streams.remove(&close.stream);
-                // Stops the ring's thread once its current step is done
-                // (not waited for).
-                self.rings.remove(&close.stream);
-                self.timeouts.remove(&close.stream);
-                reply.ok()
-            }
-            Op::OpenRing(open) => self.open_ring(open, reply),
-            Op::CloseRing(close) => {
-                self.rings.remove(&close.stream);
-                reply.ok()
-            }
-            Op::RingGrant(grant) => match self.rings.get(&grant.stream) {
-                Some(ring) => {
-                    let (kernels, buffers) = (&self.kernels, &self.buffers);
-                    ring.table().apply(
-                        &grant,
-                        |id| kernels.get(&id).cloned(),
-                        |id| buffers.get(&id).cloned(),
-                    );
-                    reply.ok()
-                }
-                None => reply.fail(
-                    FailureKind::UnknownObject,
-                    format!("stream {} has no ring", grant.stream),
-                    &[("object", "ring".into())],
-                ),
-            },
-            Op::CloseEvent(_) => reply.ok(),
-            Op::Launch(launch) => self.launch(launch, reply),
-            Op::Shutdown(_) | Op::Ping(_) => reply.ok(),
+    fn load_module(&mut self, load: LoadModule, reply: Replier) {
+        self.load(load, reply)
+    }
+
+    fn unload_module(&mut self, module_id: u64, reply: Replier) {
+        for ring in self.rings.values() {
+            ring.table().forget_module(module_id);
         }
+        self.kernels.remove(&module_id);
+        reply.ok()
+    }
+
+    fn open_buffer(&mut self, open: OpenBuffer, reply: Replier) {
+        match self.open_mapping(&open) {
+            Ok(mapping) => {
+                self.buffers.insert(open.buffer_id, Arc::new(mapping));
+                reply.send(reply::Result::OpenBuffer(OpenBufferOk {
+                    device_uuid: host_device_uuid(self.index),
+                }))
+            }
+            Err((kind, message, metadata)) => reply.fail(kind, message, &metadata),
+        }
+    }
+
+    fn close_buffer(&mut self, buffer_id: u64, reply: Replier) {
+        self.buffers.remove(&buffer_id);
+        reply.ok()
+    }
+
+    fn open_event(&mut self, _: OpenEvent, reply: Replier) {
+        reply.fail(
+            FailureKind::UnsupportedOnHost,
+            "the host backend has no IPC events",
+            &[],
+        )
+    }
+
+    fn close_event(&mut self, _: u64, reply: Replier) {
+        reply.ok()
+    }
+
+    fn launch(&mut self, launch: Launch, reply: Replier) {
+        self.launch_on_worker(launch, reply)
+    }
+
+    fn close_stream(&mut self, stream: u64, reply: Replier) {
+        // The worker ends once its queue is empty (the front sends this
+        // after the session's last launch was answered).
+        self.streams.remove(&stream);
+        // Stops the ring's thread once its current step is done (not
+        // waited for).
+        self.rings.remove(&stream);
+        self.timeouts.remove(&stream);
+        reply.ok()
+    }
+
+    fn open_ring(&mut self, open: OpenRing, reply: Replier) {
+        self.start_ring(open, reply)
+    }
+
+    fn rings(&self) -> &HashMap<u64, HostRingHandle> {
+        &self.rings
+    }
+
+    fn rings_mut(&mut self) -> &mut HashMap<u64, HostRingHandle> {
+        &mut self.rings
+    }
+
+    fn ring_kernel(&self, module_id: u64) -> Option<Arc<HostKernel>> {
+        self.kernels.get(&module_id).cloned()
+    }
+
+    fn ring_buffer(&self, buffer_id: u64) -> Option<Arc<Mapping>> {
+        self.buffers.get(&buffer_id).cloned()
     }
 
     fn shutdown(&mut self) {
