@@ -8,9 +8,12 @@
 //! - TCP binds loopback only unless the operator allows remote explicitly.
 //! - On SIGTERM/SIGINT: refuse new work (DRAINING), tell every session, let
 //!   in-flight calls finish for up to the drain timeout, then release every
-//!   session, stop the executors and remove the socket file. A call the fd
-//!   socket read is answered even past the timeout (its connection outlives
-//!   the executors by up to a second), never cut off by a reset.
+//!   session, stop the executors and remove the socket file. A call read on
+//!   any transport is answered even past the timeout: the executors stop
+//!   while every connection is still open (a launch that never started is
+//!   answered DRAINING, one that was running fails), and the connections
+//!   outlive them by up to a second to send those answers, never cut off
+//!   by a reset.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -450,17 +453,23 @@ pub async fn serve(
     })
     .await;
     if drained.is_err() {
-        tracing::warn!("in-flight calls outlived the drain timeout; failing them");
-        servers.abort_all();
+        tracing::warn!("in-flight calls outlived the drain timeout; stopping the executors under them");
     }
+    // The executors stop first, with every listener's connections still
+    // open: a launch that never started is answered NOT_RUN (the client
+    // sees DRAINING), one that was running fails, and each answer can
+    // still reach its caller. Cutting the connections first would turn
+    // those answers into broken pipes, which tell a client nothing.
     front.shutdown(Duration::from_secs(5)).await;
-    // The executors are gone: every call the fd socket read has its answer
-    // (or its failure); give the connections a moment to send them.
+    // The executors are gone: every call read on any transport has its
+    // answer (or its failure); give the connections a moment to send them.
     let answered = tokio::time::timeout(Duration::from_secs(1), async {
+        while servers.join_next().await.is_some() {}
         while packets.join_next().await.is_some() {}
     })
     .await;
     if answered.is_err() {
+        servers.abort_all();
         packets.abort_all();
     }
     if owns_socket {

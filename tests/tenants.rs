@@ -1053,9 +1053,6 @@ async fn another_users_shm_object_is_refused_not_owner_without_its_uid() {
 /// running launch may get either `KERNEL_TIMEOUT` or `EXECUTOR_UNAVAILABLE`.
 /// A bystander session's launches before the drain are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs the executor to answer the launches it never started with \
-            FAILURE_KIND_NOT_RUN when told to stop (the front maps it to DRAINING); \
-            see the w24b notes"]
 async fn launches_queued_at_the_drain_deadline_are_answered_draining() {
     const QUEUED: u64 = 64;
     let mut daemon = Daemon::start(&["--drain-timeout", "1s", "--max-kernel-time", "8s"]);

@@ -30,7 +30,8 @@ mod memory;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{mpsc, Arc};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag};
@@ -82,10 +83,8 @@ fn map_shm(name: &str, size: u64, owner_uid: Option<u32>) -> Result<Mapping, Ope
         if uid != 0 && stat.st_uid != uid {
             return Err((
                 FailureKind::InvalidHandle,
-                format!(
-                    "shared memory {name:?} belongs to uid {}, not to the session's uid {uid}",
-                    stat.st_uid
-                ),
+                // The owner's uid is another tenant's fact: not named.
+                format!("shared memory {name:?} is not owned by the session's user"),
                 vec![("os_error", "EACCES".into())],
             ));
         }
@@ -155,8 +154,76 @@ struct RunConfig {
 }
 
 /// A session stream's worker: runs its launches in order, one at a time.
+///
+/// Its queue is shared with the request loop rather than owned by the
+/// worker's thread, so a stop can answer what waits in it (`NOT_RUN`) while
+/// the worker is busy with a long launch. Dropping the worker closes its
+/// queue: the thread runs what is queued, then exits.
 struct StreamWorker {
-    jobs: mpsc::Sender<Job>,
+    queue: Arc<JobQueue>,
+}
+
+/// A stream's launches not yet started, and whether more may come.
+#[derive(Default)]
+struct JobQueue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+impl JobQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `job`, or gives it back when the queue is closed.
+    fn push(&self, job: Job) -> Result<(), Job> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(job);
+        }
+        state.jobs.push_back(job);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The next job, waiting for one; `None` once closed and empty.
+    fn next(&self) -> Option<Job> {
+        let mut state = self.lock();
+        loop {
+            if let Some(job) = state.jobs.pop_front() {
+                return Some(job);
+            }
+            if state.closed {
+                return None;
+            }
+            state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Closes the queue; with `take`, also removes what waits in it and
+    /// returns it (those launches never start).
+    fn close(&self, take: bool) -> Vec<Job> {
+        let mut state = self.lock();
+        state.closed = true;
+        self.ready.notify_all();
+        if take {
+            state.jobs.drain(..).collect()
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+impl Drop for StreamWorker {
+    fn drop(&mut self) {
+        self.queue.close(false);
+    }
 }
 
 /// A session ring served by the host backend.
@@ -343,9 +410,9 @@ impl HostBackend {
             reply,
         };
         let job = match self.worker(launch.stream) {
-            Ok(worker) => match worker.jobs.send(job) {
+            Ok(worker) => match worker.queue.push(job) {
                 Ok(()) => return,
-                Err(mpsc::SendError(job)) => job,
+                Err(job) => job,
             },
             Err(e) => {
                 return job.reply.fail(
@@ -362,16 +429,17 @@ impl HostBackend {
 
     fn worker(&mut self, stream: u64) -> std::io::Result<&StreamWorker> {
         if !self.streams.contains_key(&stream) {
-            let (jobs, queue) = mpsc::channel::<Job>();
+            let queue = Arc::new(JobQueue::default());
             let run = self.run;
+            let jobs = queue.clone();
             std::thread::Builder::new()
                 .name(format!("ptxd-host-{stream}"))
                 .spawn(move || {
-                    for job in queue {
+                    while let Some(job) = jobs.next() {
                         run_job(job, run);
                     }
                 })?;
-            self.streams.insert(stream, StreamWorker { jobs });
+            self.streams.insert(stream, StreamWorker { queue });
         }
         self.streams
             .get(&stream)
@@ -605,8 +673,21 @@ impl Backend for HostBackend {
     }
 
     fn shutdown(&mut self) {
-        // Workers finish their queues (each launch bounded by the budget)
-        // and exit; the process exits without waiting for them.
+        // What waits in a queue never starts: it is answered NOT_RUN here,
+        // before the Shutdown reply (the front answers the client DRAINING,
+        // whose promise is that the call did not run). A launch a worker
+        // already started is not waited for: the process exits after the
+        // reply, and the front answers it EXECUTOR_UNAVAILABLE (it may have
+        // run in part).
+        for worker in self.streams.values() {
+            for job in worker.queue.close(true) {
+                job.reply.fail(
+                    FailureKind::NotRun,
+                    "the executor stopped (drain deadline) before this launch started; it did not run",
+                    &[],
+                );
+            }
+        }
         self.streams.clear();
         self.rings.clear();
         self.timeouts.clear();
