@@ -1072,8 +1072,8 @@ fn the_dockerfile_passes_hadolint_and_builds_what_the_docs_run() {
         }
     }
     // The documented run line carries the namespace flags CUDA IPC needs.
-    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
-    let run_line = readme
+    let operations = std::fs::read_to_string(Path::new(ROOT).join("docs/operations.md")).unwrap();
+    let run_line = operations
         .lines()
         .skip_while(|l| !l.contains("docker run"))
         .take_while(|l| !l.trim().is_empty() && !l.starts_with("```"))

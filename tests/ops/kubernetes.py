@@ -8,7 +8,7 @@ pss_level() is a subset of the Pod Security Standards: the controls these
 manifests touch (host namespaces, hostPath and other volume types,
 privileged, capabilities, host ports, seccomp, privilege escalation,
 non-root). It is not the admission controller; it is here so that what the
-manifests and the README say about the level each deployment needs is held
+manifests and docs/operations.md say about the level each deployment needs is held
 to the fields.
 """
 
