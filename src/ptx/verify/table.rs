@@ -11,6 +11,13 @@
 //! - `.L2::cache_hint` and its policy operand never get here: `ir` drops
 //!   both from the IR (the hint does not change results), so the canonical
 //!   text carries no policy operand at all.
+//! - Past [`classify`], every operand also has the type PTX's type-checking
+//!   rules give its position ([`check_types`]): the opcode takes the
+//!   instruction types it carries, and each register (by its declared type),
+//!   special register, immediate, `mov` part, guard and address base agrees
+//!   with its position's type, the relaxed rule of `ld`/`st`/`cvt` kept to
+//!   wider integer registers. So the text ptxd models is one ptxas accepts
+//!   and reads at the widths the model reads (`operand_type`).
 //! - A modifier's meaning for the proof is the opcode's: the table says
 //!   which spellings exist, the dataflow says what they compute.
 
