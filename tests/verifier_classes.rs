@@ -799,9 +799,12 @@ fn operands_whose_type_disagrees_with_the_instruction_are_refused() {
             "mov.b64 {%r4, %r5, %r6}, %rd9;",
             "cannot split `.b64` into 3 parts",
         ),
-        ("mov.u16 %rs1, %tid.x;", "`%tid.x` is `.u32`"),
+        ("mov.u64 %rd21, %tid.x;", "`%tid.x` is `.u32`"),
+        ("add.u16 %rs1, %rs1, %tid.x;", "`%tid.x` is `.u32`"),
+        ("mov.u16 %rs1, %laneid;", "`%laneid` is `.u32`"),
         ("mov.u32 %r4, 0f3F800000;", "is no `.u32` constant"),
-        ("add.f32 %f4, %f1, 1;", "is no `.f32` constant"),
+        ("add.f16 %rs1, %rs1, 1;", "is no `.f16` constant"),
+        ("mov.pred %p2, 1;", "is no `.pred` constant"),
         ("cvt.rn.f32.f64 %f4, %f1;", "`%f1` is declared `.f32`"),
         ("cvt.u64.u32 %rd21, %f1;", "`%f1` is declared `.f32`"),
         // Floating widths of `ld`/`st` are exact here (PTX's zero-extension
@@ -844,6 +847,10 @@ fn operands_whose_type_agrees_are_accepted() {
         "add.s32 %r4, %r1, 1;",
         "add.f32 %f4, %f1, 0f3F800000;",
         "add.f32 %f4, %f1, 0d3FF0000000000000;",
+        // An integer literal in a float position is that number as a float.
+        "add.f32 %f4, %f1, 1;",
+        // PTX's legacy 16-bit reads of the dimensioned special registers.
+        "mov.u16 %rs1, %tid.x;\n\tcvt.u32.u16 %r4, %rs1;",
         "shl.b32 %r4, %r1, %r2;",
         "setp.lt.f32 %p2, %f1, %f2;",
         "selp.b32 %r4, %r1, %r2, %p1;",

@@ -1011,7 +1011,10 @@ fn modifier_name(m: Modifier) -> &'static str {
 }
 
 /// Why operand `o` does not have type `want` (`None`: it has).
-fn mismatch(k: &Kernel, want: PtxType, relaxed: bool, o: &Opnd) -> Option<String> {
+///
+/// `legacy16`: the instruction is a `mov` or `cvt`, which may read a
+/// dimensioned special register at 16 bits.
+fn mismatch(k: &Kernel, want: PtxType, relaxed: bool, legacy16: bool, o: &Opnd) -> Option<String> {
     let agree = |have: PtxType| {
         if relaxed {
             want.agrees_relaxed(have)
@@ -1035,6 +1038,13 @@ fn mismatch(k: &Kernel, want: PtxType, relaxed: bool, o: &Opnd) -> Option<String
                 )),
             }
         }
+        // PTX keeps the legacy 16-bit `mov`/`cvt` of `%tid`, `%ntid`,
+        // `%ctaid` and `%nctaid` (the low 16 bits).
+        Opnd::Sreg(Sreg::Tid(_) | Sreg::Ntid(_) | Sreg::Ctaid(_) | Sreg::Nctaid(_))
+            if legacy16 && want.is_integer() && want.bits == 16 =>
+        {
+            None
+        }
         Opnd::Sreg(s) => (!agree(sreg_type(*s))).then(|| {
             format!(
                 "`{}` is `.{}`, which does not agree with `.{wanted}`",
@@ -1044,7 +1054,11 @@ fn mismatch(k: &Kernel, want: PtxType, relaxed: bool, o: &Opnd) -> Option<String
         }),
         Opnd::Imm(imm) => {
             let fits = match imm {
-                Imm::Int(_) => want.is_integer(),
+                // An integer literal in a float position is that number as
+                // a float (`mov.f32 %f, 4` is 4.0); kept to `.f32`/`.f64`.
+                Imm::Int(_) => {
+                    want.is_integer() || matches!(want.name, Modifier::F32 | Modifier::F64)
+                }
                 Imm::F32(_) => {
                     want.bits == 32 && matches!(want.name, Modifier::F32 | Modifier::B32)
                 }
@@ -1070,24 +1084,25 @@ fn check_types(k: &Kernel, inst: &Inst, t: &Typed) -> Result<(), PtxError> {
         )
     };
     let slots = slots(t.opcode, &t.modifiers, &inst.ops).map_err(refusal)?;
+    let legacy16 = matches!(t.opcode, Opcode::Mov | Opcode::Cvt);
     for (j, (slot, o)) in slots.iter().zip(&inst.ops).enumerate() {
         let why = match (slot, o) {
             (Slot::Untyped, _) => None,
             (Slot::Value(want, relaxed), Opnd::Pair(a, b)) => [a, b]
                 .into_iter()
-                .find_map(|r| mismatch(k, *want, *relaxed, &Opnd::Reg(*r))),
-            (Slot::Value(want, relaxed), o) => mismatch(k, *want, *relaxed, o),
-            (Slot::Parts(want), Opnd::List(items)) => {
-                items.iter().find_map(|it| mismatch(k, *want, false, it))
-            }
-            (Slot::Parts(want), o) => mismatch(k, *want, false, o),
+                .find_map(|r| mismatch(k, *want, *relaxed, false, &Opnd::Reg(*r))),
+            (Slot::Value(want, relaxed), o) => mismatch(k, *want, *relaxed, legacy16, o),
+            (Slot::Parts(want), Opnd::List(items)) => items
+                .iter()
+                .find_map(|it| mismatch(k, *want, false, false, it)),
+            (Slot::Parts(want), o) => mismatch(k, *want, false, false, o),
         };
         if let Some(why) = why {
             return Err(refusal(format!("operand {}: {why}", j + 1)));
         }
     }
     if let Some((_, g)) = inst.guard {
-        if let Some(why) = mismatch(k, PtxType::PRED, false, &Opnd::Reg(g)) {
+        if let Some(why) = mismatch(k, PtxType::PRED, false, false, &Opnd::Reg(g)) {
             return Err(refusal(format!("guard: {why}")));
         }
     }
@@ -1097,7 +1112,7 @@ fn check_types(k: &Kernel, inst: &Inst, t: &Typed) -> Result<(), PtxError> {
             base: Base::Reg(r), ..
         } = o
         {
-            if let Some(why) = mismatch(k, PtxType::U64, false, &Opnd::Reg(*r)) {
+            if let Some(why) = mismatch(k, PtxType::U64, false, false, &Opnd::Reg(*r)) {
                 return Err(refusal(format!("address: {why}")));
             }
         }
