@@ -792,54 +792,49 @@ fn types(mods: &[Modifier]) -> Vec<PtxType> {
     mods.iter().filter_map(|m| PtxType::of(*m)).collect()
 }
 
-/// Which kinds of instruction type an opcode takes (PTX ISA, each
-/// instruction's type list; narrower where ptxd's compilers never go).
-fn admits_type(op: Opcode, t: PtxType) -> bool {
-    use Kind::*;
-    let k = t.kind;
-    let int = matches!(k, Unsigned | Signed);
+/// Whether an opcode takes `t` as its instruction type number `index`
+/// (PTX ISA, each instruction's `.type` list; narrower where ptxd's
+/// compilers never go).
+fn admits_type(op: Opcode, index: usize, t: PtxType) -> bool {
+    use Modifier as M;
+    let b = t.bits;
+    let int = matches!(t.kind, Kind::Unsigned | Kind::Signed);
+    let bit = t.kind == Kind::Bit;
+    let int16_64 = int && matches!(b, 16 | 32 | 64);
+    let bit16_64 = bit && matches!(b, 16 | 32 | 64);
+    let signed16_64 = t.kind == Kind::Signed && matches!(b, 16 | 32 | 64);
+    let f32_64 = matches!(t.name, M::F32 | M::F64);
+    let half = matches!(t.name, M::F16 | M::F16x2 | M::Bf16 | M::Bf16x2);
     match op {
-        Opcode::Add
-        | Opcode::Sub
-        | Opcode::Mul
-        | Opcode::Mad
-        | Opcode::Min
-        | Opcode::Max
-        | Opcode::Neg
-        | Opcode::Abs
-        | Opcode::Div => int || k == Float,
-        Opcode::Rem | Opcode::Mul24 | Opcode::Mad24 | Opcode::Sad | Opcode::Bfe | Opcode::Bfind => {
-            int
+        Opcode::Add | Opcode::Sub | Opcode::Mul | Opcode::Mad | Opcode::Min | Opcode::Max => {
+            int16_64 || f32_64 || half
         }
-        Opcode::Fma
-        | Opcode::Copysign
-        | Opcode::Ex2
-        | Opcode::Lg2
-        | Opcode::Rcp
-        | Opcode::Sqrt
-        | Opcode::Rsqrt
-        | Opcode::Sin
-        | Opcode::Cos
-        | Opcode::Tanh
-        | Opcode::Testp => k == Float,
-        Opcode::And | Opcode::Or | Opcode::Xor | Opcode::Not => matches!(k, Bit | Pred),
-        Opcode::Cnot
-        | Opcode::Shl
-        | Opcode::Popc
-        | Opcode::Clz
-        | Opcode::Brev
-        | Opcode::Bfi
-        | Opcode::Prmt
-        | Opcode::Lop3
-        | Opcode::Shf
-        | Opcode::Fns => k == Bit,
-        Opcode::Shr => int || k == Bit,
-        Opcode::Cvt => int || k == Float,
-        Opcode::Mov => true,
-        Opcode::Setp | Opcode::Selp | Opcode::Set | Opcode::Slct => k != Pred,
-        Opcode::Dp4a | Opcode::Dp2a => int && t.bits == 32,
-        Opcode::Ld | Opcode::Ldu | Opcode::St => k != Pred,
-        Opcode::Cvta => matches!(k, Unsigned) && matches!(t.bits, 32 | 64),
+        Opcode::Neg | Opcode::Abs => signed16_64 || f32_64 || half,
+        Opcode::Div => int16_64 || f32_64,
+        Opcode::Rem | Opcode::Sad => int16_64,
+        Opcode::Mul24 | Opcode::Mad24 => int && b == 32,
+        Opcode::Fma => f32_64 || half,
+        Opcode::Copysign | Opcode::Testp | Opcode::Rcp | Opcode::Sqrt | Opcode::Rsqrt => f32_64,
+        Opcode::Ex2 | Opcode::Tanh => t.name == M::F32 || half,
+        Opcode::Lg2 | Opcode::Sin | Opcode::Cos => t.name == M::F32,
+        Opcode::And | Opcode::Or | Opcode::Xor | Opcode::Not => t.kind == Kind::Pred || bit16_64,
+        Opcode::Cnot | Opcode::Shl => bit16_64,
+        Opcode::Shr => bit16_64 || int16_64,
+        Opcode::Popc | Opcode::Clz | Opcode::Brev | Opcode::Bfi => bit && matches!(b, 32 | 64),
+        Opcode::Bfe | Opcode::Bfind => int && matches!(b, 32 | 64),
+        Opcode::Prmt | Opcode::Lop3 | Opcode::Shf | Opcode::Fns => bit && b == 32,
+        Opcode::Cvt => int || t.kind == Kind::Float,
+        Opcode::Mov => t.kind == Kind::Pred || (bit && b >= 16) || int16_64 || f32_64,
+        Opcode::Selp => bit16_64 || int16_64 || f32_64,
+        Opcode::Slct if index == 0 => bit16_64 || int16_64 || f32_64,
+        Opcode::Slct => matches!(t.name, M::S32 | M::F32),
+        Opcode::Setp => bit16_64 || int16_64 || f32_64 || half,
+        // `set`'s destination: `.u32`, `.s32`, `.f32` and the half forms.
+        Opcode::Set if index == 0 => matches!(t.name, M::U32 | M::S32 | M::F32) || half,
+        Opcode::Set => bit16_64 || int16_64 || f32_64 || half,
+        Opcode::Dp4a | Opcode::Dp2a => int && b == 32,
+        Opcode::Ld | Opcode::Ldu | Opcode::St => (bit && b <= 128) || int || f32_64,
+        Opcode::Cvta => t.kind == Kind::Unsigned && matches!(b, 32 | 64),
         Opcode::Bra | Opcode::Ret | Opcode::Exit => false,
     }
 }
@@ -864,7 +859,11 @@ fn slots(op: Opcode, mods: &[Modifier], ops: &[Opnd]) -> Result<Vec<Slot>, Strin
             tys.len()
         ));
     }
-    if let Some(t) = tys.iter().find(|t| !admits_type(op, **t)) {
+    if let Some((_, t)) = tys
+        .iter()
+        .enumerate()
+        .find(|(j, t)| !admits_type(op, *j, **t))
+    {
         return Err(format!("has no `.{}` form", modifier_name(t.name)));
     }
     let Some(&t) = tys.first() else {
