@@ -1118,3 +1118,92 @@ fn check_types(k: &Kernel, inst: &Inst, t: &Typed) -> Result<(), PtxError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ty(name: &str) -> PtxType {
+        Modifier::from_name(name)
+            .and_then(PtxType::of)
+            .unwrap_or(PtxType::PRED)
+    }
+
+    /// The PTX ISA's "Type Checking Rules" table, row (instruction type) by
+    /// column (operand type), at 32 bits, spelled out; and nothing agrees
+    /// across sizes or with `.pred` but `.pred`.
+    #[test]
+    fn the_standard_rule_is_the_isa_table() {
+        let cols = ["b32", "s32", "u32", "f32"];
+        for (row, want) in [
+            ("b32", [true, true, true, true]),
+            ("s32", [true, true, true, false]),
+            ("u32", [true, true, true, false]),
+            ("f32", [true, false, false, true]),
+        ] {
+            for (col, w) in cols.iter().zip(want) {
+                assert_eq!(ty(row).agrees(ty(col)), w, "{row} with {col}");
+                assert_eq!(ty(row).agrees_relaxed(ty(col)), w, "{row} with {col}");
+            }
+        }
+        let all = [
+            "b16", "b32", "b64", "u16", "u32", "u64", "s16", "s32", "s64", "f16", "f32", "f64",
+            "f16x2", "bf16", "pred",
+        ];
+        for a in all {
+            for b in all {
+                let (ta, tb) = (ty(a), ty(b));
+                if ta.bits != tb.bits || (ta.kind == Kind::Pred) != (tb.kind == Kind::Pred) {
+                    assert!(!ta.agrees(tb), "{a} with {b}");
+                }
+            }
+        }
+        // Same size, two float types: no.
+        assert!(!ty("f16x2").agrees(ty("f32")));
+        assert!(!ty("bf16").agrees(ty("f16")));
+        assert!(ty("f16x2").agrees(ty("b32")));
+    }
+
+    /// The relaxed rule of `ld`/`st`/`cvt`, as ptxd keeps it: an integer or
+    /// bit register wider than an integer or bit type; never narrower, and
+    /// never across floats.
+    #[test]
+    fn the_relaxed_rule_widens_integers_only() {
+        assert!(ty("u8").agrees_relaxed(ty("b16")));
+        assert!(ty("s8").agrees_relaxed(ty("b64")));
+        assert!(ty("b16").agrees_relaxed(ty("u32")));
+        assert!(!ty("u32").agrees_relaxed(ty("b16")));
+        assert!(!ty("u8").agrees_relaxed(ty("f32")));
+        assert!(!ty("f32").agrees_relaxed(ty("b64")));
+        assert!(!ty("f16").agrees_relaxed(ty("f32")));
+        assert!(!ty("u32").agrees_relaxed(ty("pred")));
+    }
+
+    /// Every opcode with types takes at least one, and none takes `.pred`
+    /// unless PTX gives it one (`and`/`or`/`xor`/`not`/`mov`).
+    #[test]
+    fn pred_is_an_instruction_type_of_logic_and_mov_only() {
+        for op in [
+            Opcode::Add,
+            Opcode::Mul,
+            Opcode::Cvt,
+            Opcode::Setp,
+            Opcode::Selp,
+            Opcode::Ld,
+            Opcode::St,
+            Opcode::Cvta,
+            Opcode::Shl,
+        ] {
+            assert!(!admits_type(op, 0, PtxType::PRED), "{op:?}");
+        }
+        for op in [
+            Opcode::And,
+            Opcode::Or,
+            Opcode::Xor,
+            Opcode::Not,
+            Opcode::Mov,
+        ] {
+            assert!(admits_type(op, 0, PtxType::PRED), "{op:?}");
+        }
+    }
+}
