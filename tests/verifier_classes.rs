@@ -706,3 +706,176 @@ fn a_modifier_on_the_wrong_opcode_is_refused() {
         }
     }
 }
+
+/// The GPU oracle's texts that ptxd accepted and the driver's JIT refused
+/// (`CUDA_ERROR_INVALID_PTX`, `tests/corpus/oracle_findings/jit-refused-*`):
+/// each has an instruction whose type its operands' declared register
+/// types do not agree with. ptxd's model and ptxas's disagreed on them;
+/// they are refused `operand_type`, naming the instruction.
+#[test]
+fn texts_the_drivers_jit_refused_are_refused_as_operand_type() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/oracle_findings");
+    let mut seen = 0;
+    for (file, symbol, named) in [
+        (
+            "jit-refused-297-cast_i8_to_i64.ptx",
+            "cast_i8_to_i64",
+            "cvt.b64.u16",
+        ),
+        (
+            "jit-refused-42-exp_f16.ptx",
+            "exp_f16",
+            "ex2.approx.ftz.f32",
+        ),
+        (
+            "jit-refused-483-fma_f64_ldca_ldcg_stwb.ptx",
+            "fma_f64_ldca_ldcg_stwb",
+            "mov.u32",
+        ),
+        ("jit-refused-184-axpb_f32.ptx", "axpb_f32", "fma.rn.f32"),
+    ] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        match ptx::canonicalize(&text, symbol, None) {
+            Err(PtxError::NonScalarAbi {
+                sub_reason,
+                explanation,
+                ..
+            }) => {
+                assert_eq!(sub_reason, "operand_type", "{file}: {explanation}");
+                assert!(explanation.contains(named), "{file}: {explanation}");
+            }
+            other => panic!("{file}: {other:?}"),
+        }
+        seen += 1;
+    }
+    // Every fixture of the class is covered here.
+    let fixtures = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("jit-refused-")
+        })
+        .count();
+    assert_eq!(seen, fixtures);
+}
+
+/// PTX's type-checking rules, as a class: every operand agrees with the type
+/// its position has under the instruction's types (`.bX` with any register
+/// of X bits, `.uX`/`.sX` with bit or integer registers of X bits, a float
+/// type with itself or `.bX` of its size, `.pred` with `.pred`), the wider
+/// integer registers of `ld`/`st`/`cvt`, the fixed types of shift amounts,
+/// `setp`/`selp` predicates, `mul.wide` results, `mov` parts, special
+/// registers (`.u32`), immediates and address bases (64-bit integers); and
+/// each opcode only with the instruction types PTX gives it.
+#[test]
+fn operands_whose_type_disagrees_with_the_instruction_are_refused() {
+    for (body, named) in [
+        ("mov.u32 %rd21, %r1;", "`%rd21` is declared `.b64`"),
+        (
+            "ex2.approx.ftz.f32 %rd21, %f1;",
+            "`%rd21` is declared `.b64`",
+        ),
+        (
+            "cvt.u16.u32 %rs1, %r1;\n\tcvt.b64.u16 %rd21, %rs1;",
+            "no `.b64` form",
+        ),
+        ("add.s32 %r4, %r1, %f1;", "`%f1` is declared `.f32`"),
+        ("add.f32 %f4, %f1, %fd1;", "`%fd1` is declared `.f64`"),
+        ("add.b32 %r4, %r1, %r2;", "no `.b32` form"),
+        ("and.u32 %r4, %r1, %r2;", "no `.u32` form"),
+        ("fma.rn.s32 %r4, %r1, %r2, %r3;", "no `.s32` form"),
+        ("neg.u32 %r4, %r1;", "no `.u32` form"),
+        ("shl.u32 %r4, %r1, 2;", "no `.u32` form"),
+        ("add.u8 %rs1, %rs1, 1;", "no `.u8` form"),
+        ("popc.b16 %r4, %rs1;", "no `.b16` form"),
+        ("lg2.approx.f64 %fd1, %fd1;", "no `.f64` form"),
+        ("slct.f32.u32 %f4, %f1, %f2, %r1;", "no `.u32` form"),
+        ("ld.global.f16 %rs1, [%rd10];", "no `.f16` form"),
+        ("mov.pred %p2, %r1;", "`%r1` is declared `.b32`"),
+        ("cvt.f32 %f4, %f1;", "takes 2 instruction type(s), not 1"),
+        (
+            "add.f32.f32 %f4, %f1, %f2;",
+            "takes 1 instruction type(s), not 2",
+        ),
+        ("setp.lt.f32 %r4, %f1, %f2;", "`%r4` is declared `.b32`"),
+        ("shl.b32 %r4, %r1, %f1;", "`%f1` is declared `.f32`"),
+        ("selp.s32 %r4, %r1, %f2, %p1;", "`%f2` is declared `.f32`"),
+        ("mul.wide.u32 %r4, %r1, %r2;", "`%r4` is declared `.b32`"),
+        ("mul.wide.u64 %rd21, %rd9, %rd9;", "`.wide` of `.u64`"),
+        ("mov.b64 %rd21, {%rs1, %rs2};", "`%rs1` is declared `.b16`"),
+        (
+            "mov.b64 {%r4, %r5, %r6}, %rd9;",
+            "cannot split `.b64` into 3 parts",
+        ),
+        ("mov.u64 %rd21, %tid.x;", "`%tid.x` is `.u32`"),
+        ("add.u16 %rs1, %rs1, %tid.x;", "`%tid.x` is `.u32`"),
+        ("mov.u16 %rs1, %laneid;", "`%laneid` is `.u32`"),
+        ("mov.u32 %r4, 0f3F800000;", "is no `.u32` constant"),
+        ("add.f16 %rs1, %rs1, 1;", "is no `.f16` constant"),
+        ("mov.pred %p2, 1;", "is no `.pred` constant"),
+        ("cvt.rn.f32.f64 %f4, %f1;", "`%f1` is declared `.f32`"),
+        ("cvt.u64.u32 %rd21, %f1;", "`%f1` is declared `.f32`"),
+        // Floating widths of `ld`/`st` are exact here (PTX's zero-extension
+        // into a wider `.bX` register is refused: no compiler emits it).
+        (
+            "ld.global.f32 %rd21, [%rd10];",
+            "`%rd21` is declared `.b64`",
+        ),
+        (
+            "ld.global.f32 %f4, [%r1];",
+            "address: `%r1` is declared `.b32`",
+        ),
+        (
+            "@%r1 add.f32 %f4, %f1, %f2;",
+            "guard: `%r1` is declared `.b32`",
+        ),
+    ] {
+        let text = with_store(body);
+        match ptx::canonicalize(&text, "k", None) {
+            Err(PtxError::NonScalarAbi {
+                sub_reason,
+                explanation,
+                ..
+            }) => {
+                assert_eq!(sub_reason, "operand_type", "{body}: {explanation}");
+                assert!(explanation.contains(named), "{body}: {explanation}");
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+}
+
+/// The same rules accept what PTX accepts in the forms compilers emit, so
+/// the refusals above are the type rule and not a pattern.
+#[test]
+fn operands_whose_type_agrees_are_accepted() {
+    for body in [
+        "mov.b32 %r4, %f1;",
+        "mov.u32 %r4, %tid.x;",
+        "add.s32 %r4, %r1, 1;",
+        "add.f32 %f4, %f1, 0f3F800000;",
+        "add.f32 %f4, %f1, 0d3FF0000000000000;",
+        // An integer literal in a float position is that number as a float.
+        "add.f32 %f4, %f1, 1;",
+        // PTX's legacy 16-bit reads of the dimensioned special registers.
+        "mov.u16 %rs1, %tid.x;\n\tcvt.u32.u16 %r4, %rs1;",
+        "shl.b32 %r4, %r1, %r2;",
+        "setp.lt.f32 %p2, %f1, %f2;",
+        "selp.b32 %r4, %r1, %r2, %p1;",
+        "selp.f32 %f4, %f1, %r2, %p1;",
+        "mov.b64 %rd21, {%r1, %r2};",
+        "mov.b32 {%rs1, %rs2}, %r1;",
+        "cvt.f64.f32 %fd1, %f1;",
+        "cvt.s64.s8 %rd21, %r1;",
+        "cvt.u16.u32 %rs1, %r1;\n\tcvt.u32.u16 %r4, %rs1;",
+        "cvt.rn.f16.f32 %rs1, %f1;",
+        "mul.wide.s32 %rd21, %r1, %r2;",
+        "popc.b64 %r4, %rd9;",
+        "and.pred %p2, %p1, %p1;",
+    ] {
+        let text = with_store(body);
+        if let Err(e) = ptx::canonicalize(&text, "k", None) {
+            panic!("{body}: {e}");
+        }
+    }
+}

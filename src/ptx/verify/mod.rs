@@ -25,7 +25,9 @@
 //!   entry (`undefined_register`): a GPU register holds what the previous
 //!   kernel on that SM left there.
 //! - Every operand of every instruction has a role in the typed table
-//!   (`table.rs`); a param access stays inside its own param
+//!   (`table.rs`) and the type ptxas gives that position (`operand_type`):
+//!   the model never reads a text the driver's compiler would refuse or
+//!   read at another width; a param access stays inside its own param
 //!   (`param_out_of_range`).
 //! - A pointer's bits may not leave as data: stored, unpacked
 //!   (`mov.b64 {lo, hi}`), narrowed (`cvt`, a narrower register or param
@@ -74,7 +76,11 @@
 //!    (`global_variable`); then the whole table: any other modifier that is
 //!    no `table::Modifier` (`unsupported_instruction`), and operands that
 //!    match no form of the opcode role for role (data, address, guard,
-//!    target, immediate, destination) (`unmodelled_operand`). A
+//!    target, immediate, destination) (`unmodelled_operand`); then PTX's
+//!    type-checking rules: an instruction type the opcode does not take
+//!    (`cvt.b64.u16`, `add.b32`), or an operand (register by its declared
+//!    type, special register, immediate, `mov` part, guard, address base)
+//!    whose type does not agree with its position's (`operand_type`). A
 //!    `.L2::cache_hint` and its policy operand were dropped by the IR.
 //! 4. Control flow (`cfg.rs`): a kernel whose blocks × registers exceed the
 //!    analysis bound, or whose fixpoint does not settle in bounded work

@@ -11,10 +11,18 @@
 //! - `.L2::cache_hint` and its policy operand never get here: `ir` drops
 //!   both from the IR (the hint does not change results), so the canonical
 //!   text carries no policy operand at all.
+//! - Past [`classify`], every operand also has the type PTX's type-checking
+//!   rules give its position ([`check_types`]): the opcode takes the
+//!   instruction types it carries, and each register (by its declared type),
+//!   special register, immediate, `mov` part, guard and address base agrees
+//!   with its position's type, the relaxed rule of `ld`/`st`/`cvt` kept to
+//!   wider integer registers. So the text ptxd models is one ptxas accepts
+//!   and reads at the widths the model reads (`operand_type`).
 //! - A modifier's meaning for the proof is the opcode's: the table says
 //!   which spellings exist, the dataflow says what they compute.
 
-use crate::ptx::ir::{Inst, Kernel, Opnd, Ty};
+use crate::ptx::ir::{Base, Inst, Kernel, Opnd, Sreg, Ty};
+use crate::ptx::parse::Imm;
 use crate::ptx::PtxError;
 
 use super::{refuse, SubReason};
@@ -631,5 +639,571 @@ pub(crate) fn classify(k: &Kernel, inst: &Inst) -> Result<Typed, PtxError> {
             ),
         ));
     }
-    Ok(Typed { opcode, modifiers })
+    let typed = Typed { opcode, modifiers };
+    check_types(k, inst, &typed)?;
+    Ok(typed)
+}
+
+/// What kind of value a PTX type holds, for the type-checking rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `.bX`: raw bits.
+    Bit,
+    Unsigned,
+    Signed,
+    /// A floating-point or packed type; which one is the type's [`Modifier`]
+    /// (`.f32` and `.f16x2` both have 32 bits and still do not agree).
+    Float,
+    Pred,
+}
+
+/// A PTX type as the type-checking rules read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PtxType {
+    kind: Kind,
+    bits: u32,
+    /// The type itself (`Modifier::F32`, `Modifier::B64`, ..).
+    name: Modifier,
+}
+
+impl PtxType {
+    fn of(m: Modifier) -> Option<PtxType> {
+        use Modifier::*;
+        let (kind, bits) = match m {
+            B8 => (Kind::Bit, 8),
+            B16 => (Kind::Bit, 16),
+            B32 => (Kind::Bit, 32),
+            B64 => (Kind::Bit, 64),
+            B128 => (Kind::Bit, 128),
+            U8 => (Kind::Unsigned, 8),
+            U16 => (Kind::Unsigned, 16),
+            U32 => (Kind::Unsigned, 32),
+            U64 => (Kind::Unsigned, 64),
+            S8 => (Kind::Signed, 8),
+            S16 => (Kind::Signed, 16),
+            S32 => (Kind::Signed, 32),
+            S64 => (Kind::Signed, 64),
+            E4m3 | E5m2 => (Kind::Float, 8),
+            F16 | Bf16 | E4m3x2 | E5m2x2 => (Kind::Float, 16),
+            F16x2 | Bf16x2 | F32 | Tf32 => (Kind::Float, 32),
+            F64 => (Kind::Float, 64),
+            Pred => (Kind::Pred, 1),
+            _ => return None,
+        };
+        Some(PtxType {
+            kind,
+            bits,
+            name: m,
+        })
+    }
+
+    fn int(kind: Kind, bits: u32) -> PtxType {
+        let name = match (kind, bits) {
+            (Kind::Signed, 8) => Modifier::S8,
+            (Kind::Signed, 16) => Modifier::S16,
+            (Kind::Signed, 32) => Modifier::S32,
+            (Kind::Signed, 64) => Modifier::S64,
+            (Kind::Unsigned, 8) => Modifier::U8,
+            (Kind::Unsigned, 16) => Modifier::U16,
+            (Kind::Unsigned, 64) => Modifier::U64,
+            (Kind::Bit, 8) => Modifier::B8,
+            (Kind::Bit, 16) => Modifier::B16,
+            (Kind::Bit, 32) => Modifier::B32,
+            (Kind::Bit, 64) => Modifier::B64,
+            (Kind::Bit, 128) => Modifier::B128,
+            _ => Modifier::U32,
+        };
+        PtxType { kind, bits, name }
+    }
+
+    const U32: PtxType = PtxType {
+        kind: Kind::Unsigned,
+        bits: 32,
+        name: Modifier::U32,
+    };
+    const U64: PtxType = PtxType {
+        kind: Kind::Unsigned,
+        bits: 64,
+        name: Modifier::U64,
+    };
+    const S32: PtxType = PtxType {
+        kind: Kind::Signed,
+        bits: 32,
+        name: Modifier::S32,
+    };
+    const PRED: PtxType = PtxType {
+        kind: Kind::Pred,
+        bits: 1,
+        name: Modifier::Pred,
+    };
+
+    fn is_integer(self) -> bool {
+        matches!(self.kind, Kind::Bit | Kind::Unsigned | Kind::Signed)
+    }
+
+    /// The standard rule (PTX ISA, "Type Checking Rules"): a `.bX`
+    /// instruction type agrees with any register type of X bits; `.uX`/`.sX`
+    /// with any bit or integer type of X bits; a floating type only with
+    /// itself or `.bX` of its size; `.pred` only with `.pred`.
+    fn agrees(self, reg: PtxType) -> bool {
+        match (self.kind, reg.kind) {
+            (Kind::Pred, k) | (k, Kind::Pred) => k == Kind::Pred && self.kind == reg.kind,
+            (Kind::Bit, _) => self.bits == reg.bits,
+            (Kind::Unsigned | Kind::Signed, Kind::Float) => false,
+            (Kind::Unsigned | Kind::Signed, _) => self.bits == reg.bits,
+            (Kind::Float, Kind::Bit) => self.bits == reg.bits,
+            (Kind::Float, _) => self.name == reg.name,
+        }
+    }
+
+    /// The relaxed rule of `ld`, `st` and `cvt` ("Operand Size Exceeding
+    /// Instruction-Type Size"), kept to its integer half: a bit or integer
+    /// register wider than a bit or integer instruction type (the value is
+    /// chopped on the way in, zero- or sign-extended on the way out). The
+    /// floating cases PTX also allows (a `.bX` register wider than an `.fY`
+    /// type, a float register with a narrower `.bX` type) are refused: no
+    /// compiler ptxd serves emits them.
+    fn agrees_relaxed(self, reg: PtxType) -> bool {
+        self.agrees(reg) || (self.is_integer() && reg.is_integer() && reg.bits > self.bits)
+    }
+}
+
+/// The type of a special register (PTX ISA, "Special Registers").
+fn sreg_type(s: Sreg) -> PtxType {
+    match s {
+        Sreg::Other("%gridid" | "%clock64" | "%globaltimer") => PtxType::U64,
+        _ => PtxType::U32,
+    }
+}
+
+/// What one operand must be.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// A value of this type; `relaxed` under the `ld`/`st`/`cvt` rule.
+    Value(PtxType, bool),
+    /// A list of parts of this type (`mov` pack or unpack).
+    Parts(PtxType),
+    /// No type to check (an address, a label, a `lop3` table).
+    Untyped,
+}
+
+/// The instruction types among `mods`, in order.
+fn types(mods: &[Modifier]) -> Vec<PtxType> {
+    mods.iter().filter_map(|m| PtxType::of(*m)).collect()
+}
+
+/// Whether an opcode takes `t` as its instruction type number `index`
+/// (PTX ISA, each instruction's `.type` list; narrower where ptxd's
+/// compilers never go).
+fn admits_type(op: Opcode, index: usize, t: PtxType) -> bool {
+    use Modifier as M;
+    let b = t.bits;
+    let int = matches!(t.kind, Kind::Unsigned | Kind::Signed);
+    let bit = t.kind == Kind::Bit;
+    let int16_64 = int && matches!(b, 16 | 32 | 64);
+    let bit16_64 = bit && matches!(b, 16 | 32 | 64);
+    let signed16_64 = t.kind == Kind::Signed && matches!(b, 16 | 32 | 64);
+    let f32_64 = matches!(t.name, M::F32 | M::F64);
+    let half = matches!(t.name, M::F16 | M::F16x2 | M::Bf16 | M::Bf16x2);
+    match op {
+        Opcode::Add | Opcode::Sub | Opcode::Mul | Opcode::Mad | Opcode::Min | Opcode::Max => {
+            int16_64 || f32_64 || half
+        }
+        Opcode::Neg | Opcode::Abs => signed16_64 || f32_64 || half,
+        Opcode::Div => int16_64 || f32_64,
+        Opcode::Rem | Opcode::Sad => int16_64,
+        Opcode::Mul24 | Opcode::Mad24 => int && b == 32,
+        Opcode::Fma => f32_64 || half,
+        Opcode::Copysign | Opcode::Testp | Opcode::Rcp | Opcode::Sqrt | Opcode::Rsqrt => f32_64,
+        Opcode::Ex2 | Opcode::Tanh => t.name == M::F32 || half,
+        Opcode::Lg2 | Opcode::Sin | Opcode::Cos => t.name == M::F32,
+        Opcode::And | Opcode::Or | Opcode::Xor | Opcode::Not => t.kind == Kind::Pred || bit16_64,
+        Opcode::Cnot | Opcode::Shl => bit16_64,
+        Opcode::Shr => bit16_64 || int16_64,
+        Opcode::Popc | Opcode::Clz | Opcode::Brev | Opcode::Bfi => bit && matches!(b, 32 | 64),
+        Opcode::Bfe | Opcode::Bfind => int && matches!(b, 32 | 64),
+        Opcode::Prmt | Opcode::Lop3 | Opcode::Shf | Opcode::Fns => bit && b == 32,
+        Opcode::Cvt => int || t.kind == Kind::Float,
+        Opcode::Mov => t.kind == Kind::Pred || (bit && b >= 16) || int16_64 || f32_64,
+        Opcode::Selp => bit16_64 || int16_64 || f32_64,
+        Opcode::Slct if index == 0 => bit16_64 || int16_64 || f32_64,
+        Opcode::Slct => matches!(t.name, M::S32 | M::F32),
+        Opcode::Setp => bit16_64 || int16_64 || f32_64 || half,
+        // `set`'s destination: `.u32`, `.s32`, `.f32` and the half forms.
+        Opcode::Set if index == 0 => matches!(t.name, M::U32 | M::S32 | M::F32) || half,
+        Opcode::Set => bit16_64 || int16_64 || f32_64 || half,
+        Opcode::Dp4a | Opcode::Dp2a => int && b == 32,
+        Opcode::Ld | Opcode::Ldu | Opcode::St => (bit && b <= 128) || int || f32_64,
+        Opcode::Cvta => t.kind == Kind::Unsigned && matches!(b, 32 | 64),
+        Opcode::Bra | Opcode::Ret | Opcode::Exit => false,
+    }
+}
+
+/// How many instruction types an opcode carries.
+fn type_count(op: Opcode) -> usize {
+    match op {
+        Opcode::Cvt | Opcode::Set | Opcode::Slct | Opcode::Dp4a | Opcode::Dp2a => 2,
+        Opcode::Bra | Opcode::Ret | Opcode::Exit => 0,
+        _ => 1,
+    }
+}
+
+/// The slot of each operand of `inst`, from its opcode and types; `Err` with
+/// why when the types themselves are not a form of the opcode.
+fn slots(op: Opcode, mods: &[Modifier], ops: &[Opnd]) -> Result<Vec<Slot>, String> {
+    let tys = types(mods);
+    if tys.len() != type_count(op) {
+        return Err(format!(
+            "takes {} instruction type(s), not {}",
+            type_count(op),
+            tys.len()
+        ));
+    }
+    if let Some((_, t)) = tys
+        .iter()
+        .enumerate()
+        .find(|(j, t)| !admits_type(op, *j, **t))
+    {
+        return Err(format!("has no `.{}` form", modifier_name(t.name)));
+    }
+    let Some(&t) = tys.first() else {
+        return Ok(vec![Slot::Untyped; ops.len()]);
+    };
+    let u = tys.get(1).copied().unwrap_or(t);
+    let v = |t: PtxType| Slot::Value(t, false);
+    let pred = v(PtxType::PRED);
+    let wide = || {
+        if !t.is_integer() || t.bits > 32 {
+            return Err(format!(
+                "`.wide` of `.{}` has no double-width type",
+                modifier_name(t.name)
+            ));
+        }
+        Ok(PtxType::int(t.kind, t.bits * 2))
+    };
+    let n = ops.len();
+    let mut s = vec![v(t); n];
+    match op {
+        Opcode::Mul | Opcode::Mad if mods.contains(&Modifier::Wide) => {
+            let w = v(wide()?);
+            s[0] = w;
+            if op == Opcode::Mad && n == 4 {
+                s[3] = w;
+            }
+        }
+        Opcode::Shl | Opcode::Shr if n == 3 => s[2] = v(PtxType::U32),
+        Opcode::Popc | Opcode::Clz | Opcode::Bfind if n == 2 => s[0] = v(PtxType::U32),
+        Opcode::Bfe if n == 4 => {
+            s[2] = v(PtxType::U32);
+            s[3] = v(PtxType::U32);
+        }
+        Opcode::Bfi if n == 5 => {
+            s[3] = v(PtxType::U32);
+            s[4] = v(PtxType::U32);
+        }
+        Opcode::Lop3 if n == 5 => s[4] = Slot::Untyped,
+        Opcode::Shf if n == 4 => s[3] = v(PtxType::U32),
+        Opcode::Fns if n == 4 => {
+            s[2] = v(PtxType::U32);
+            s[3] = v(PtxType::S32);
+        }
+        Opcode::Testp if n == 2 => s[0] = pred,
+        Opcode::Setp => {
+            s[0] = pred;
+            if n == 4 {
+                s[3] = pred;
+            }
+        }
+        Opcode::Selp if n == 4 => s[3] = pred,
+        Opcode::Set => {
+            s = vec![v(u); n];
+            s[0] = v(t);
+            if n == 4 {
+                s[3] = pred;
+            }
+        }
+        Opcode::Slct if n == 4 => s[3] = v(u),
+        Opcode::Dp4a | Opcode::Dp2a if n == 4 => {
+            let acc = if t.kind == Kind::Signed || u.kind == Kind::Signed {
+                PtxType::S32
+            } else {
+                PtxType::U32
+            };
+            s = vec![v(acc), v(t), v(u), v(acc)];
+        }
+        Opcode::Cvt => {
+            if n == 2 {
+                s = vec![Slot::Value(t, true), Slot::Value(u, true)];
+            } else {
+                // Two sources packed into one destination (`cvt.rn.f16x2.f32
+                // d, a, b`), and `cvt.rs`'s random bits last.
+                s = vec![v(u); n];
+                s[0] = v(t);
+                if n == 4 {
+                    s[3] = v(PtxType::U32);
+                }
+            }
+        }
+        Opcode::Mov => {
+            for (slot, o) in s.iter_mut().zip(ops) {
+                if let Opnd::List(items) = o {
+                    let parts = u32::try_from(items.len()).unwrap_or(0);
+                    if t.kind != Kind::Bit
+                        || !matches!(parts, 2 | 4)
+                        || t.bits % parts != 0
+                        || t.bits / parts < 8
+                    {
+                        return Err(format!(
+                            "cannot split `.{}` into {} parts",
+                            modifier_name(t.name),
+                            items.len()
+                        ));
+                    }
+                    *slot = Slot::Parts(PtxType::int(Kind::Bit, t.bits / parts));
+                }
+            }
+        }
+        Opcode::Ld | Opcode::Ldu | Opcode::St => {
+            for (slot, o) in s.iter_mut().zip(ops) {
+                *slot = match o {
+                    Opnd::Addr { .. } => Slot::Untyped,
+                    _ => Slot::Value(t, true),
+                };
+            }
+        }
+        _ => {}
+    }
+    Ok(s)
+}
+
+/// The name PTX spells a type modifier with.
+fn modifier_name(m: Modifier) -> &'static str {
+    use Modifier::*;
+    match m {
+        B8 => "b8",
+        B16 => "b16",
+        B32 => "b32",
+        B64 => "b64",
+        B128 => "b128",
+        U8 => "u8",
+        U16 => "u16",
+        U32 => "u32",
+        U64 => "u64",
+        S8 => "s8",
+        S16 => "s16",
+        S32 => "s32",
+        S64 => "s64",
+        F16 => "f16",
+        F16x2 => "f16x2",
+        Bf16 => "bf16",
+        Bf16x2 => "bf16x2",
+        F32 => "f32",
+        F64 => "f64",
+        Pred => "pred",
+        Tf32 => "tf32",
+        E4m3 => "e4m3",
+        E5m2 => "e5m2",
+        E4m3x2 => "e4m3x2",
+        E5m2x2 => "e5m2x2",
+        _ => "?",
+    }
+}
+
+/// Why operand `o` does not have type `want` (`None`: it has).
+///
+/// `legacy16`: the instruction is a `mov` or `cvt`, which may read a
+/// dimensioned special register at 16 bits.
+fn mismatch(k: &Kernel, want: PtxType, relaxed: bool, legacy16: bool, o: &Opnd) -> Option<String> {
+    let agree = |have: PtxType| {
+        if relaxed {
+            want.agrees_relaxed(have)
+        } else {
+            want.agrees(have)
+        }
+    };
+    let wanted = modifier_name(want.name);
+    match o {
+        Opnd::Reg(r) | Opnd::Not(r) => {
+            let declared = k
+                .reg_type_names
+                .get(*r as usize)
+                .map_or("?", String::as_str);
+            let name = k.reg_names.get(*r as usize).map_or("?", String::as_str);
+            let have = Modifier::from_name(declared).and_then(PtxType::of);
+            match have {
+                Some(h) if agree(h) => None,
+                _ => Some(format!(
+                    "`{name}` is declared `.{declared}`, which does not agree with `.{wanted}`"
+                )),
+            }
+        }
+        // PTX keeps the legacy 16-bit `mov`/`cvt` of `%tid`, `%ntid`,
+        // `%ctaid` and `%nctaid` (the low 16 bits).
+        Opnd::Sreg(Sreg::Tid(_) | Sreg::Ntid(_) | Sreg::Ctaid(_) | Sreg::Nctaid(_))
+            if legacy16 && want.is_integer() && want.bits == 16 =>
+        {
+            None
+        }
+        Opnd::Sreg(s) => (!agree(sreg_type(*s))).then(|| {
+            format!(
+                "`{}` is `.{}`, which does not agree with `.{wanted}`",
+                s.name(),
+                modifier_name(sreg_type(*s).name)
+            )
+        }),
+        Opnd::Imm(imm) => {
+            let fits = match imm {
+                // An integer literal in a float position is that number as
+                // a float (`mov.f32 %f, 4` is 4.0); kept to `.f32`/`.f64`.
+                Imm::Int(_) => {
+                    want.is_integer() || matches!(want.name, Modifier::F32 | Modifier::F64)
+                }
+                Imm::F32(_) => {
+                    want.bits == 32 && matches!(want.name, Modifier::F32 | Modifier::B32)
+                }
+                Imm::F64(_) => matches!(want.name, Modifier::F64 | Modifier::B64 | Modifier::F32),
+            };
+            (!fits).then(|| format!("the immediate {imm:?} is no `.{wanted}` constant"))
+        }
+        Opnd::Sink => None,
+        // Roles were checked first: nothing else reaches a value slot.
+        _ => Some(format!("the operand is no `.{wanted}` value")),
+    }
+}
+
+/// The type rule of PTX: every operand of `inst` agrees with the type its
+/// position has under the instruction's types (`operand_type`).
+fn check_types(k: &Kernel, inst: &Inst, t: &Typed) -> Result<(), PtxError> {
+    let refusal = |why: String| {
+        refuse(
+            SubReason::OperandType,
+            None,
+            Some(inst.line),
+            format!("`{}` {why}", inst.opcode),
+        )
+    };
+    let slots = slots(t.opcode, &t.modifiers, &inst.ops).map_err(refusal)?;
+    let legacy16 = matches!(t.opcode, Opcode::Mov | Opcode::Cvt);
+    for (j, (slot, o)) in slots.iter().zip(&inst.ops).enumerate() {
+        let why = match (slot, o) {
+            (Slot::Untyped, _) => None,
+            (Slot::Value(want, relaxed), Opnd::Pair(a, b)) => [a, b]
+                .into_iter()
+                .find_map(|r| mismatch(k, *want, *relaxed, false, &Opnd::Reg(*r))),
+            (Slot::Value(want, relaxed), o) => mismatch(k, *want, *relaxed, legacy16, o),
+            (Slot::Parts(want), Opnd::List(items)) => items
+                .iter()
+                .find_map(|it| mismatch(k, *want, false, false, it)),
+            (Slot::Parts(want), o) => mismatch(k, *want, false, false, o),
+        };
+        if let Some(why) = why {
+            return Err(refusal(format!("operand {}: {why}", j + 1)));
+        }
+    }
+    if let Some((_, g)) = inst.guard {
+        if let Some(why) = mismatch(k, PtxType::PRED, false, false, &Opnd::Reg(g)) {
+            return Err(refusal(format!("guard: {why}")));
+        }
+    }
+    // The address base of a load or store is a 64-bit integer register.
+    for o in &inst.ops {
+        if let Opnd::Addr {
+            base: Base::Reg(r), ..
+        } = o
+        {
+            if let Some(why) = mismatch(k, PtxType::U64, false, false, &Opnd::Reg(*r)) {
+                return Err(refusal(format!("address: {why}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ty(name: &str) -> PtxType {
+        Modifier::from_name(name)
+            .and_then(PtxType::of)
+            .unwrap_or(PtxType::PRED)
+    }
+
+    /// The PTX ISA's "Type Checking Rules" table, row (instruction type) by
+    /// column (operand type), at 32 bits, spelled out; and nothing agrees
+    /// across sizes or with `.pred` but `.pred`.
+    #[test]
+    fn the_standard_rule_is_the_isa_table() {
+        let cols = ["b32", "s32", "u32", "f32"];
+        for (row, want) in [
+            ("b32", [true, true, true, true]),
+            ("s32", [true, true, true, false]),
+            ("u32", [true, true, true, false]),
+            ("f32", [true, false, false, true]),
+        ] {
+            for (col, w) in cols.iter().zip(want) {
+                assert_eq!(ty(row).agrees(ty(col)), w, "{row} with {col}");
+                assert_eq!(ty(row).agrees_relaxed(ty(col)), w, "{row} with {col}");
+            }
+        }
+        let all = [
+            "b16", "b32", "b64", "u16", "u32", "u64", "s16", "s32", "s64", "f16", "f32", "f64",
+            "f16x2", "bf16", "pred",
+        ];
+        for a in all {
+            for b in all {
+                let (ta, tb) = (ty(a), ty(b));
+                if ta.bits != tb.bits || (ta.kind == Kind::Pred) != (tb.kind == Kind::Pred) {
+                    assert!(!ta.agrees(tb), "{a} with {b}");
+                }
+            }
+        }
+        // Same size, two float types: no.
+        assert!(!ty("f16x2").agrees(ty("f32")));
+        assert!(!ty("bf16").agrees(ty("f16")));
+        assert!(ty("f16x2").agrees(ty("b32")));
+    }
+
+    /// The relaxed rule of `ld`/`st`/`cvt`, as ptxd keeps it: an integer or
+    /// bit register wider than an integer or bit type; never narrower, and
+    /// never across floats.
+    #[test]
+    fn the_relaxed_rule_widens_integers_only() {
+        assert!(ty("u8").agrees_relaxed(ty("b16")));
+        assert!(ty("s8").agrees_relaxed(ty("b64")));
+        assert!(ty("b16").agrees_relaxed(ty("u32")));
+        assert!(!ty("u32").agrees_relaxed(ty("b16")));
+        assert!(!ty("u8").agrees_relaxed(ty("f32")));
+        assert!(!ty("f32").agrees_relaxed(ty("b64")));
+        assert!(!ty("f16").agrees_relaxed(ty("f32")));
+        assert!(!ty("u32").agrees_relaxed(ty("pred")));
+    }
+
+    /// Every opcode with types takes at least one, and none takes `.pred`
+    /// unless PTX gives it one (`and`/`or`/`xor`/`not`/`mov`).
+    #[test]
+    fn pred_is_an_instruction_type_of_logic_and_mov_only() {
+        for op in [
+            Opcode::Add,
+            Opcode::Mul,
+            Opcode::Cvt,
+            Opcode::Setp,
+            Opcode::Selp,
+            Opcode::Ld,
+            Opcode::St,
+            Opcode::Cvta,
+            Opcode::Shl,
+        ] {
+            assert!(!admits_type(op, 0, PtxType::PRED), "{op:?}");
+        }
+        for op in [
+            Opcode::And,
+            Opcode::Or,
+            Opcode::Xor,
+            Opcode::Not,
+            Opcode::Mov,
+        ] {
+            assert!(admits_type(op, 0, PtxType::PRED), "{op:?}");
+        }
+    }
 }
