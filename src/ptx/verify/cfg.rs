@@ -4,11 +4,18 @@
 //! Invariants: a block ends after every `bra`/`ret`/`exit` and starts at
 //! every branch target, so a branch is always a block's last instruction and
 //! its edges are the only ones besides fall-through. A branch on a bounds
-//! guard gives each edge the guard fact that outcome implies. The work is
-//! bounded (blocks × registers, and visits per block) and refused as
-//! `too_complex` past the bound, so no kernel can stall the front. Every
-//! block the analysis does not reach holds only `ret`/`exit`, so nothing
+//! guard gives each edge the guard fact that outcome implies. Every block
+//! the analysis does not reach holds only `ret`/`exit`, so nothing
 //! unchecked could run if ptxd's idea of the control flow were wrong.
+//!
+//! Cost: the per-block states share structure (`regs.rs`), so memory is the
+//! registers the instructions write, not blocks × registers. The work (each
+//! instruction interpreted, each register-file node a join visits, each
+//! block visited) is bounded linearly in the kernel's size ([`work_budget`])
+//! and the visits to 16 per block; past either the kernel is refused as
+//! `too_complex`, so no kernel can stall the front. A kernel a compiler
+//! emits settles in a few passes and uses a small part of the budget (see
+//! BENCHMARKS.md, "Verification cost").
 
 use std::collections::BTreeMap;
 
@@ -16,14 +23,31 @@ use crate::ptx::ir::{Kernel, Opnd};
 use crate::ptx::PtxError;
 
 use super::dataflow::{guard_fact, predicated, step, Event, State, V};
+use super::regs::Regs;
 use super::{refuse, SubReason};
 
-/// Bound on the analysis state (blocks × registers) before refusing: one
-/// abstract value per register per block is at most this many cells (about
-/// 16 MiB), and the work at most 16 visits per block over them. With the
-/// parser's token and instruction caps this keeps any kernel under the
-/// artifact size limit within about 0.25 s and 64 MB (see the README).
-const MAX_ANALYSIS_CELLS: usize = 1 << 19;
+/// Work allowed per instruction, block and register (in instructions
+/// interpreted plus register-file nodes visited by joins). A compiler's
+/// kernel uses at most a few units per instruction (BENCHMARKS.md); a
+/// kernel built so that many joins meet states differing in many
+/// registers runs out and is refused.
+const WORK_PER_ITEM: usize = 128;
+
+/// The work an analysis of `k` over `blocks` blocks may do: linear in the
+/// kernel's size, with a floor for small kernels.
+pub(super) fn work_budget(k: &Kernel, blocks: usize) -> usize {
+    k.insts
+        .len()
+        .saturating_add(blocks)
+        .saturating_add(k.reg_types.len())
+        .saturating_mul(WORK_PER_ITEM)
+        .saturating_add(1 << 16)
+}
+
+/// The refusal for a kernel whose analysis ran past its budget.
+pub(super) fn too_complex(k: &Kernel, why: &str) -> PtxError {
+    refuse(SubReason::TooComplex, None, Some(k.line), why)
+}
 
 /// Basic blocks: `(start, end)` instruction ranges.
 pub(super) fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {
@@ -66,40 +90,30 @@ pub(super) fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {
 pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
     let blocks = blocks(k)?;
     let nregs = k.reg_types.len();
-    if blocks.len().saturating_mul(nregs.max(1)) > MAX_ANALYSIS_CELLS {
-        return Err(refuse(
-            SubReason::TooComplex,
-            None,
-            Some(k.line),
-            "the kernel is too large to analyse",
-        ));
-    }
     let block_of_pc = |pc: usize| blocks.partition_point(|(s, _)| *s <= pc).checked_sub(1);
     let mut entry: Vec<Option<State>> = vec![None; blocks.len()];
     if !blocks.is_empty() {
         entry[0] = Some(State {
-            regs: vec![V::Top; nregs],
+            regs: Regs::new(nregs, V::Top),
             guarded: None,
         });
     }
     let mut work: Vec<usize> = vec![0];
     let mut visits = 0usize;
     let limit = blocks.len().saturating_mul(16).saturating_add(64);
+    let budget = work_budget(k, blocks.len());
+    let mut spent = 0usize;
     let mut scratch = BTreeMap::new();
     while let Some(b) = work.pop() {
         visits += 1;
         if visits > limit {
-            return Err(refuse(
-                SubReason::TooComplex,
-                None,
-                Some(k.line),
-                "the control flow did not settle",
-            ));
+            return Err(too_complex(k, "the control flow did not settle"));
         }
         let Some(mut st) = entry.get(b).cloned().flatten() else {
             continue;
         };
         let (s, e) = blocks[b];
+        spent = spent.saturating_add(e - s + 1);
         let outs = run_block(k, s, e, &mut st, &mut scratch);
         scratch.clear();
         for (pc, out) in outs {
@@ -113,11 +127,14 @@ pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
                     work.push(t);
                 }
                 Some(cur) => {
-                    if cur.join(&out) {
+                    if cur.join(&out, &mut spent) {
                         work.push(t);
                     }
                 }
             }
+        }
+        if spent > budget {
+            return Err(too_complex(k, "the kernel is too large to analyse"));
         }
     }
     // Code the control flow never reaches is not checked below, so it may

@@ -123,6 +123,7 @@ mod decision;
 mod defined;
 mod instructions;
 mod layout;
+mod regs;
 mod table;
 
 use super::ir::Kernel;
