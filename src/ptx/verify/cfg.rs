@@ -23,7 +23,7 @@ use crate::ptx::ir::{Kernel, Opnd};
 use crate::ptx::PtxError;
 
 use super::dataflow::{guard_fact, predicated, step, Event, State, V};
-use super::regs::Regs;
+use super::regs::{JoinMemo, Regs};
 use super::{refuse, SubReason};
 
 /// Work allowed per instruction, block and register (in instructions
@@ -103,6 +103,7 @@ pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
     let limit = blocks.len().saturating_mul(16).saturating_add(64);
     let budget = work_budget(k, blocks.len());
     let mut spent = 0usize;
+    let mut memo = JoinMemo::new();
     let mut scratch = BTreeMap::new();
     while let Some(b) = work.pop() {
         visits += 1;
@@ -127,13 +128,13 @@ pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
                     work.push(t);
                 }
                 Some(cur) => {
-                    if cur.join(&out, &mut spent) {
+                    if cur.join(&out, &mut memo) {
                         work.push(t);
                     }
                 }
             }
         }
-        if spent > budget {
+        if spent.saturating_add(memo.work) > budget {
             return Err(too_complex(k, "the kernel is too large to analyse"));
         }
     }

@@ -26,7 +26,7 @@ use crate::ptx::parse::Imm;
 
 use super::arith::{arith, int_ty, is_int};
 use super::instructions::destinations;
-use super::regs::Regs;
+use super::regs::{JoinMemo, Regs};
 use super::table::Opcode as O;
 use super::SubReason;
 
@@ -198,10 +198,10 @@ pub(super) struct State {
 }
 
 impl State {
-    /// Joins `other` in; whether anything changed. `work` counts the
+    /// Joins `other` in; whether anything changed. `memo` counts the
     /// register-file nodes visited (see `regs.rs`), which the caller bounds.
-    pub(super) fn join(&mut self, other: &State, work: &mut usize) -> bool {
-        let mut changed = self.regs.join_with(&other.regs, V::join, work);
+    pub(super) fn join(&mut self, other: &State, memo: &mut JoinMemo<V>) -> bool {
+        let mut changed = self.regs.join_with(&other.regs, V::join, memo);
         if self.guarded != other.guarded && self.guarded.is_some() {
             self.guarded = None;
             changed = true;

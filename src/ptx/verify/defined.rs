@@ -25,7 +25,7 @@ use crate::ptx::ir::{Base, Inst, Kernel, Opnd};
 use crate::ptx::PtxError;
 
 use super::cfg::{blocks, too_complex, work_budget};
-use super::regs::Regs;
+use super::regs::{JoinMemo, Regs};
 use super::instructions::destinations;
 use super::{refuse, SubReason};
 
@@ -50,10 +50,10 @@ impl Defined {
         }
     }
 
-    /// Keeps only what `other` has too; whether anything changed. `work`
+    /// Keeps only what `other` has too; whether anything changed. `memo`
     /// counts the nodes visited.
-    fn meet(&mut self, other: &Defined, work: &mut usize) -> bool {
-        self.0.join_with(&other.0, |a, b| a & b, work)
+    fn meet(&mut self, other: &Defined, memo: &mut JoinMemo<u64>) -> bool {
+        self.0.join_with(&other.0, |a, b| a & b, memo)
     }
 }
 
@@ -117,8 +117,9 @@ pub(super) fn check(k: &Kernel) -> Result<(), PtxError> {
     let mut work = vec![0usize];
     let budget = work_budget(k, blocks.len());
     let mut spent = 0usize;
+    let mut memo = JoinMemo::new();
     while let Some(b) = work.pop() {
-        if spent > budget {
+        if spent.saturating_add(memo.work) > budget {
             return Err(too_complex(k, "the kernel is too large to analyse"));
         }
         let Some(mut d) = entry[b].clone() else {
@@ -139,7 +140,7 @@ pub(super) fn check(k: &Kernel) -> Result<(), PtxError> {
                     work.push(t);
                 }
                 Some(cur) => {
-                    if cur.meet(&d, &mut spent) {
+                    if cur.meet(&d, &mut memo) {
                         work.push(t);
                     }
                 }

@@ -76,9 +76,9 @@
 //!    match no form of the opcode role for role (data, address, guard,
 //!    target, immediate, destination) (`unmodelled_operand`). A
 //!    `.L2::cache_hint` and its policy operand were dropped by the IR.
-//! 4. Control flow (`cfg.rs`): a kernel whose blocks × registers exceed the
-//!    analysis bound, or whose fixpoint does not settle in bounded work
-//!    (`too_complex`; the parser refuses a module of more than
+//! 4. Control flow (`cfg.rs`): a kernel whose analysis does not settle
+//!    within work linear in its size, or within 16 visits per block
+//!    (`too_complex`, also from `defined.rs`; the parser refuses a module of more than
 //!    `parse::MAX_TOKENS` tokens or `parse::MAX_INSTRUCTIONS` instructions
 //!    the same way, before building anything large); unreachable code
 //!    holding anything but `ret`/`exit` (`unreachable_code`). (A branch to

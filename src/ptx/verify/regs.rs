@@ -24,6 +24,7 @@
 //! - Recursion is bounded by the depth, at most 5 for any register count a
 //!   `u32` index can name.
 
+use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Children per inner node, values per leaf.
@@ -104,20 +105,50 @@ impl<T: Copy + PartialEq> Regs<T> {
     }
 
     /// `self[i] = f(self[i], other[i])` for every `i`; whether anything
-    /// changed. `f` must be idempotent (see the module doc). `work` counts
+    /// changed. `f` must be idempotent (see the module doc). `memo` counts
     /// the nodes visited, which the callers bound.
     pub(super) fn join_with(
         &mut self,
         other: &Regs<T>,
         f: impl Fn(T, T) -> T,
-        work: &mut usize,
+        memo: &mut JoinMemo<T>,
     ) -> bool {
         if self.len != other.len || self.depth != other.depth {
             // Files of one analysis always have one length; joining others
             // would be meaningless, so refuse to change anything.
             return false;
         }
-        join_node(&mut self.root, &other.root, &f, work)
+        join_node(&mut self.root, &other.root, &f, memo)
+    }
+}
+
+/// The joins of node pairs already computed, by the nodes' addresses, and
+/// the work done. One memo serves one analysis (one `f`): a kernel that
+/// makes many blocks meet the same two differing states (or states that
+/// differ from those in a few registers) pays for each distinct pair of
+/// subtrees once, in time and in memory. Each entry holds both nodes, so
+/// neither address can be reused by another node while the memo lives,
+/// and no node it holds can be changed in place (`Rc::make_mut` copies a
+/// node that has another owner).
+pub(super) struct JoinMemo<T> {
+    seen: HashMap<(usize, usize), Joined<T>>,
+    /// Nodes visited and not answered from `seen`: the work the analyses
+    /// bound.
+    pub(super) work: usize,
+}
+
+struct Joined<T> {
+    _inputs: (Rc<Node<T>>, Rc<Node<T>>),
+    result: Rc<Node<T>>,
+    changed: bool,
+}
+
+impl<T> JoinMemo<T> {
+    pub(super) fn new() -> JoinMemo<T> {
+        JoinMemo {
+            seen: HashMap::new(),
+            work: 0,
+        }
     }
 }
 
@@ -125,42 +156,133 @@ fn join_node<T: Copy + PartialEq>(
     a: &mut Rc<Node<T>>,
     b: &Rc<Node<T>>,
     f: &impl Fn(T, T) -> T,
-    work: &mut usize,
+    memo: &mut JoinMemo<T>,
 ) -> bool {
     if Rc::ptr_eq(a, b) {
         return false;
     }
-    *work = work.saturating_add(1);
-    match (&**a, &**b) {
+    let key = (Rc::as_ptr(a) as usize, Rc::as_ptr(b) as usize);
+    if let Some(done) = memo.seen.get(&key) {
+        *a = done.result.clone();
+        return done.changed;
+    }
+    memo.work = memo.work.saturating_add(1);
+    let inputs = (a.clone(), b.clone());
+    let changed = match (&**a, &**b) {
         (Node::Leaf(x), Node::Leaf(y)) => {
             let joined: [T; FAN] = std::array::from_fn(|j| f(x[j], y[j]));
             if joined == *x {
-                return false;
-            }
-            *a = if joined == *y {
-                b.clone()
+                false
             } else {
-                Rc::new(Node::Leaf(joined))
-            };
-            true
+                *a = if joined == *y {
+                    b.clone()
+                } else {
+                    Rc::new(Node::Leaf(joined))
+                };
+                true
+            }
         }
         (Node::Inner(x), Node::Inner(y)) => {
             let mut children = x.clone();
             let mut changed = false;
             for (c, d) in children.iter_mut().zip(y.iter()) {
-                changed |= join_node(c, d, f, work);
+                changed |= join_node(c, d, f, memo);
             }
-            if !changed {
-                return false;
+            if changed {
+                *a = if children.iter().zip(y.iter()).all(|(c, d)| Rc::ptr_eq(c, d)) {
+                    b.clone()
+                } else {
+                    Rc::new(Node::Inner(children))
+                };
             }
-            *a = if children.iter().zip(y.iter()).all(|(c, d)| Rc::ptr_eq(c, d)) {
-                b.clone()
-            } else {
-                Rc::new(Node::Inner(children))
-            };
-            true
+            changed
         }
         // One shape per length: never two different node kinds.
         _ => false,
+    };
+    memo.seen.insert(
+        key,
+        Joined {
+            _inputs: inputs,
+            result: a.clone(),
+            changed,
+        },
+    );
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::{JoinMemo, Regs};
+
+    /// Files built by random writes, copies and joins read exactly like
+    /// plain vectors put through the same steps, at lengths around every
+    /// depth boundary (so padding slots and shared subtrees are covered),
+    /// with a join that is idempotent but not a plain max on the bits.
+    #[test]
+    fn shared_files_read_like_plain_vectors() {
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        // A small lattice: 0 bottom-ish values, joins of unequal values go
+        // to 255 (as `V::join` sends unequal data to `Top`).
+        let join = |a: u8, b: u8| if a == b { a } else { 255 };
+        for len in [0, 1, 15, 16, 17, 255, 256, 257, 4097, 70_000] {
+            let mut files: Vec<(Regs<u8>, Vec<u8>)> = vec![(Regs::new(len, 7), vec![7; len])];
+            let mut memo = JoinMemo::new();
+            for _ in 0..400 {
+                let at = rng.random_range(0..files.len());
+                match rng.random_range(0..4) {
+                    0 | 1 if len > 0 => {
+                        let (i, v) = (rng.random_range(0..len), rng.random_range(0..4u8));
+                        files[at].0.set(i, v);
+                        files[at].1[i] = v;
+                    }
+                    2 => {
+                        let copy = files[at].clone();
+                        files.push(copy);
+                    }
+                    _ => {
+                        let other = rng.random_range(0..files.len());
+                        let (theirs, plain) = files[other].clone();
+                        let before = files[at].1.clone();
+                        let changed = files[at].0.join_with(&theirs, join, &mut memo);
+                        for (a, b) in files[at].1.iter_mut().zip(&plain) {
+                            *a = join(*a, *b);
+                        }
+                        assert_eq!(changed, files[at].1 != before, "seed {seed} len {len}");
+                    }
+                }
+            }
+            for (shared, plain) in &files {
+                for (i, v) in plain.iter().enumerate() {
+                    assert_eq!(shared.get(i), Some(*v), "seed {seed} len {len} at {i}");
+                }
+                assert_eq!(shared.get(len), None);
+            }
+        }
+    }
+
+    /// Many joins of the same two differing files cost one walk: the
+    /// second and later are answered from the memo.
+    #[test]
+    fn a_repeated_join_is_answered_from_the_memo() {
+        let a = Regs::new(100_000, 0u8);
+        let mut b = a.clone();
+        for i in (0..100_000).step_by(3) {
+            b.set(i, 1);
+        }
+        let mut memo = JoinMemo::new();
+        let mut first = a.clone();
+        assert!(first.join_with(&b, |x, y| x.max(y), &mut memo));
+        let once = memo.work;
+        assert!(once > 6000, "{once}");
+        for _ in 0..1000 {
+            let mut again = a.clone();
+            assert!(again.join_with(&b, |x, y| x.max(y), &mut memo));
+            assert_eq!(again.get(99_999), Some(1));
+        }
+        assert_eq!(memo.work, once);
     }
 }
