@@ -107,10 +107,6 @@ const MIB: f64 = 1024.0 * 1024.0;
 fn main() {
     let max_seconds = env_f64("PTXD_VERIFY_BENCH_MAX_SECONDS", 5.0);
     let max_mib = env_f64("PTXD_VERIFY_BENCH_MAX_MIB", 512.0);
-    println!(
-        "| kernel | text | lines | verify | peak heap | heap / text byte | memo repeat | verdict |"
-    );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     type Generate = fn(usize) -> String;
     // The verdict column shows what the verifier made of each: a valid
     // kernel past the verifier's own caps is refused `too_complex`.
@@ -121,7 +117,9 @@ fn main() {
         ("joins", "big_joins", big_kernels::joins),
     ];
     if let Ok(only) = std::env::var("PTXD_VERIFY_BENCH_ONLY") {
-        let (kind, bytes) = only.split_once(':').expect("PTXD_VERIFY_BENCH_ONLY=series:bytes");
+        let (kind, bytes) = only
+            .split_once(':')
+            .expect("PTXD_VERIFY_BENCH_ONLY=series:bytes");
         let bytes: usize = bytes.parse().expect("a byte count");
         let (_, symbol, generate) = series
             .iter()
@@ -141,6 +139,10 @@ fn main() {
         );
         return;
     }
+    println!(
+        "| kernel | text | lines | verify | peak heap | heap / text byte | memo repeat | verdict |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     for (kind, symbol, generate) in series {
         let mut bytes = 1usize << 10;
         while bytes <= 16 << 20 {

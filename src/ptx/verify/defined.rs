@@ -25,8 +25,8 @@ use crate::ptx::ir::{Base, Inst, Kernel, Opnd};
 use crate::ptx::PtxError;
 
 use super::cfg::{blocks, too_complex, work_budget};
-use super::regs::{JoinMemo, Regs};
 use super::instructions::destinations;
+use super::regs::{JoinMemo, Regs};
 use super::{refuse, SubReason};
 
 /// One bit per register: set when the register is written on every path.
