@@ -88,7 +88,17 @@ pub(super) fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {
 /// unreachable code, and returns each instruction's event from the settled
 /// states.
 pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
+    dataflow_within(k, work_budget)
+}
+
+/// [`dataflow`] within the work `budget` gives for the kernel and its
+/// number of blocks.
+fn dataflow_within(
+    k: &Kernel,
+    budget: fn(&Kernel, usize) -> usize,
+) -> Result<BTreeMap<usize, Event>, PtxError> {
     let blocks = blocks(k)?;
+    let budget = budget(k, blocks.len());
     let nregs = k.reg_types.len();
     let block_of_pc = |pc: usize| blocks.partition_point(|(s, _)| *s <= pc).checked_sub(1);
     let mut entry: Vec<Option<State>> = vec![None; blocks.len()];
@@ -101,7 +111,6 @@ pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
     let mut work: Vec<usize> = vec![0];
     let mut visits = 0usize;
     let limit = blocks.len().saturating_mul(16).saturating_add(64);
-    let budget = work_budget(k, blocks.len());
     let mut spent = 0usize;
     let mut memo = JoinMemo::new();
     let mut scratch = BTreeMap::new();
@@ -213,4 +222,64 @@ fn run_block(
         }
     }
     vec![(e, st.clone())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{dataflow_within, work_budget};
+    use crate::ptx::PtxError;
+
+    /// A replicated guarded body (32 copies, each a block joining its
+    /// guard's two edges).
+    fn replicated() -> String {
+        let mut s = String::from(
+            ".version 8.3\n.target sm_90\n.address_size 64\n.visible .entry k(\n\t.param .u64 k_in0,\n\t.param .u64 k_out,\n\t.param .u64 k_n\n)\n{\n\t.reg .pred %p<2>;\n\t.reg .b32 %r<4>;\n\t.reg .b64 %rd<200>;\n\t.reg .f32 %f<40>;\n\tld.param.u64 %rd1, [k_in0];\n\tld.param.u64 %rd2, [k_out];\n\tld.param.u64 %rd3, [k_n];\n\tmov.u32 %r1, %ctaid.x;\n\tmov.u32 %r2, %ntid.x;\n\tmul.wide.u32 %rd4, %r1, %r2;\n\tmov.u32 %r3, %tid.x;\n\tcvt.u64.u32 %rd5, %r3;\n\tadd.s64 %rd6, %rd4, %rd5;\n\tsetp.ge.s64 %p1, %rd6, %rd3;\n",
+        );
+        for c in 0..32 {
+            let r = 10 + 4 * c;
+            s += &format!(
+                "\t@%p1 bra L{c};\n\tshl.b64 %rd{r}, %rd6, 2;\n\tadd.s64 %rd{}, %rd1, %rd{r};\n\tld.global.f32 %f{c}, [%rd{}];\n\tadd.s64 %rd{}, %rd2, %rd{r};\n\tst.global.f32 [%rd{}], %f{c};\nL{c}:\n",
+                r + 1,
+                r + 1,
+                r + 2,
+                r + 2
+            );
+        }
+        s + "\tret;\n}\n"
+    }
+
+    /// The budget is what bounds the analysis: the kernel settles well
+    /// inside the real one, using a few units per instruction, and a
+    /// budget just below the work it needs refuses it `too_complex`.
+    #[test]
+    fn the_work_budget_bounds_the_analysis() {
+        let k = crate::ptx::lower(&replicated(), "k").unwrap_or_else(|e| panic!("{e}"));
+        assert!(dataflow_within(&k, work_budget).is_ok());
+        // A fixed budget, through the `fn` the analysis takes.
+        thread_local!(static BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(0) });
+        let within = |b: usize| {
+            BUDGET.with(|c| c.set(b));
+            dataflow_within(&k, |_, _| BUDGET.with(|c| c.get()))
+        };
+        // The least budget that lets it settle, by bisection.
+        let (mut lo, mut hi) = (0usize, work_budget(&k, 1));
+        while lo + 1 < hi {
+            let mid = (lo + hi) / 2;
+            if within(mid).is_ok() {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        let needed = hi;
+        // At least one visit of every block, and linear: a few units per
+        // instruction, far inside the real budget.
+        let once = k.insts.len() + super::blocks(&k).map_or(0, |b| b.len());
+        assert!(needed >= once, "{needed} for {once}");
+        assert!(needed < 8 * k.insts.len(), "{needed} for {}", k.insts.len());
+        match within(needed - 1) {
+            Err(PtxError::NonScalarAbi { sub_reason, .. }) => assert_eq!(sub_reason, "too_complex"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
