@@ -4,7 +4,10 @@
 //! default (16 MiB), for an accepted kernel (the guarded elementwise body
 //! replicated, registers of its own per copy) and a hostile one (a long
 //! forward branch chain, one block and one register per link, refused at
-//! its last store); and what a repeat costs when the memo answers it.
+//! its last store), a valid loop of many blocks branching back over many
+//! registers, and a hostile kernel whose many join blocks each meet two
+//! states differing in every register (see `tests/support/big_kernels.rs`);
+//! and what a repeat costs when the memo answers it.
 //!
 //! Peak memory is measured by this binary's global allocator, which counts
 //! live heap bytes. A series stops once one size took more than
@@ -12,7 +15,9 @@
 //! (512) of heap: the next size would cost about twice as much, or four
 //! times where the cost is quadratic.
 //!
-//! Run: `cargo bench --bench verify`.
+//! Run: `cargo bench --bench verify`. `PTXD_VERIFY_BENCH_ONLY=loops:1048576`
+//! verifies that one kernel (series, bytes) once, so that
+//! `/usr/bin/time -v` of the binary gives its peak RSS.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 #[path = "../tests/support/big_kernels.rs"]
@@ -102,17 +107,42 @@ const MIB: f64 = 1024.0 * 1024.0;
 fn main() {
     let max_seconds = env_f64("PTXD_VERIFY_BENCH_MAX_SECONDS", 5.0);
     let max_mib = env_f64("PTXD_VERIFY_BENCH_MAX_MIB", 512.0);
+    type Generate = fn(usize) -> String;
+    // The verdict column shows what the verifier made of each: a valid
+    // kernel past the verifier's own caps is refused `too_complex`.
+    let series: [(&str, &str, Generate); 4] = [
+        ("accepted", "big_add", big_kernels::accepted),
+        ("hostile", "big_hostile", big_kernels::refused),
+        ("loops", "big_loops", big_kernels::loops),
+        ("joins", "big_joins", big_kernels::joins),
+    ];
+    if let Ok(only) = std::env::var("PTXD_VERIFY_BENCH_ONLY") {
+        let (kind, bytes) = only
+            .split_once(':')
+            .expect("PTXD_VERIFY_BENCH_ONLY=series:bytes");
+        let bytes: usize = bytes.parse().expect("a byte count");
+        let (_, symbol, generate) = series
+            .iter()
+            .find(|(k, _, _)| *k == kind)
+            .expect("a series name");
+        let text = generate(bytes);
+        let t = Instant::now();
+        let result = ptx::canonicalize(&text, symbol, None);
+        println!(
+            "{kind} {} bytes: {:.1} ms, {}",
+            text.len(),
+            t.elapsed().as_secs_f64() * 1e3,
+            match result {
+                Ok(_) => "accepted".to_string(),
+                Err(e) => format!("refused: {e}"),
+            }
+        );
+        return;
+    }
     println!(
         "| kernel | text | lines | verify | peak heap | heap / text byte | memo repeat | verdict |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
-    type Generate = fn(usize) -> String;
-    // The verdict column shows what the verifier made of each: a valid
-    // kernel past the verifier's own caps is refused `too_complex`.
-    let series: [(&str, &str, Generate); 2] = [
-        ("accepted", "big_add", big_kernels::accepted),
-        ("hostile", "big_hostile", big_kernels::refused),
-    ];
     for (kind, symbol, generate) in series {
         let mut bytes = 1usize << 10;
         while bytes <= 16 << 20 {

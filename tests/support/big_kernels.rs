@@ -1,6 +1,9 @@
 //! Large generated PTX for the verifier's cost: an accepted kernel of
-//! replicated elementwise bodies and a hostile one of many blocks and many
-//! registers in one long branch chain, each grown to a byte size.
+//! replicated elementwise bodies, a hostile one of many blocks and many
+//! registers in one long branch chain, a valid loop of many blocks each
+//! branching back over many registers, and a hostile one where many blocks
+//! join two states that differ in every register; each grown to a byte
+//! size.
 //!
 //! Included with `#[path]` by `benches/verify.rs` and `tests/verification.rs`.
 //!
@@ -13,8 +16,17 @@
 //! - [`refused`] differs from a valid kernel only in its last store, whose
 //!   address is data (a value loaded from `in0`): a verifier refuses it
 //!   only after it walked the whole chain.
-//! - Both are at least `bytes` long and at most one copy and the epilogue
-//!   (a few hundred bytes) longer.
+//! - [`loops`] is `out[i] = in0[i] + in1[i]` after a loop of `m` blocks over `m`
+//!   registers, each block writing one and branching back to the top (so
+//!   the top joins `m` back edges, each state differing from the top's in
+//!   the registers written on its way); it is valid and accepted.
+//! - [`joins`] has two arms that write the same `m` registers with
+//!   different constants, then `m` blocks each reached from both arms (so
+//!   each joins two states that differ in all `m` registers); it is
+//!   refused at the same data-addressed store as [`refused`].
+//! - [`accepted`] and [`refused`] are at least `bytes` long and at most one
+//!   copy and the epilogue (a few hundred bytes) longer; [`loops`] and
+//!   [`joins`] at least `bytes` and at most about an eighth longer.
 #![allow(dead_code)]
 
 use std::fmt::Write as _;
@@ -127,4 +139,98 @@ pub fn refused(bytes: usize) -> String {
          \tret;\n}}\n",
     );
     text
+}
+
+/// The data-addressed store [`refused`] and [`joins`] end with (after the
+/// guard), reading the data from `%r{data}`.
+fn data_store(text: &mut String, data: usize) {
+    let _ = write!(
+        text,
+        "\t@%p1 bra $L__END;\n\
+         \tshl.b64 %rd9, %rd1, 2;\n\
+         \tadd.s64 %rd10, %rd8, %rd9;\n\
+         \tld.global.u32 %r{data}, [%rd10];\n\
+         \tcvt.u64.u32 %rd12, %r{data};\n\
+         \tadd.s64 %rd14, %rd13, %rd12;\n\
+         \tmov.f32 %f1, 0f00000000;\n\
+         \tst.global.f32 [%rd14], %f1;\n\
+         $L__END:\n\
+         \tret;\n}}\n",
+    );
+}
+
+/// The smallest `m` (grown by eighths) for which `make(m)` is at least
+/// `bytes` long.
+fn grown(bytes: usize, make: impl Fn(usize) -> String) -> String {
+    let mut m = (bytes / 128).max(1);
+    loop {
+        let text = make(m);
+        if text.len() >= bytes {
+            return text;
+        }
+        m += m / 8 + 1;
+    }
+}
+
+/// `m` registers set in the entry, then `m` blocks, each writing one
+/// register from another and branching back to the top while `%p2`
+/// (`ctaid.x == 1`, data) holds; then `out[i] = in0[i] + in1[i]`.
+pub fn loops(bytes: usize) -> String {
+    grown(bytes, |m| {
+        let mut text = prologue("big_loops", (3, 4, m + 4, 16));
+        text.push_str("\t@%p1 bra $L__END;\n");
+        for r in 4..m + 4 {
+            let _ = writeln!(text, "\tmov.b32 %r{r}, {r};");
+        }
+        text.push_str("\tsetp.eq.s32 %p2, %r1, 1;\n$L__TOP:\n");
+        for b in 0..m {
+            let d = 4 + (b * 7) % m;
+            let a = 4 + (b * 13) % m;
+            let _ = write!(
+                text,
+                "\tadd.s32 %r{d}, %r{a}, %r{d};\n\t@%p2 bra $L__TOP;\n"
+            );
+        }
+        text.push_str(
+            "\tshl.b64 %rd9, %rd1, 2;\n\
+             \tadd.s64 %rd10, %rd8, %rd9;\n\
+             \tld.global.f32 %f1, [%rd10];\n\
+             \tadd.s64 %rd12, %rd11, %rd9;\n\
+             \tld.global.f32 %f2, [%rd12];\n\
+             \tadd.f32 %f3, %f1, %f2;\n\
+             \tadd.s64 %rd14, %rd13, %rd9;\n\
+             \tst.global.f32 [%rd14], %f3;\n\
+             $L__END:\n\
+             \tret;\n}\n",
+        );
+        text
+    })
+}
+
+/// Two arms writing the same `m` registers with different constants, each
+/// then branching to every one of `m` join blocks, which fall through
+/// into each other; then the data-addressed store.
+pub fn joins(bytes: usize) -> String {
+    grown(bytes, |m| {
+        let data = m + 4;
+        let mut text = prologue("big_joins", (3, 2, data + 1, 16));
+        text.push_str("\tsetp.eq.s32 %p2, %r1, 1;\n\t@%p2 bra $L__ARM;\n");
+        for arm in 0..2 {
+            if arm == 1 {
+                text.push_str("$L__ARM:\n");
+            }
+            for r in 4..m + 4 {
+                let _ = writeln!(text, "\tmov.b32 %r{r}, {};", r + arm);
+            }
+            for j in 0..m {
+                let _ = writeln!(text, "\t@%p2 bra $L__J{j};");
+            }
+            let _ = writeln!(text, "\tbra.uni $L__J0;");
+        }
+        for j in 0..m {
+            let _ = writeln!(text, "$L__J{j}:\n\tadd.s32 %r3, %r{}, 1;", 4 + j);
+        }
+        data_store(&mut text, data);
+        text
+    })
 }

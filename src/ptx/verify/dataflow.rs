@@ -26,6 +26,7 @@ use crate::ptx::parse::Imm;
 
 use super::arith::{arith, int_ty, is_int};
 use super::instructions::destinations;
+use super::regs::{JoinMemo, Regs};
 use super::table::Opcode as O;
 use super::SubReason;
 
@@ -187,23 +188,20 @@ impl V {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// What the registers hold at one point, and the guard fact there.
+#[derive(Clone)]
 pub(super) struct State {
-    pub(super) regs: Vec<V>,
+    /// One value per register, shared with the states it came from.
+    pub(super) regs: Regs<V>,
     /// `Some(n)`: every path here passed the guard `i < param n`.
     pub(super) guarded: Option<u16>,
 }
 
 impl State {
-    pub(super) fn join(&mut self, other: &State) -> bool {
-        let mut changed = false;
-        for (a, b) in self.regs.iter_mut().zip(&other.regs) {
-            let j = a.join(*b);
-            if j != *a {
-                *a = j;
-                changed = true;
-            }
-        }
+    /// Joins `other` in; whether anything changed. `memo` counts the
+    /// register-file nodes visited (see `regs.rs`), which the caller bounds.
+    pub(super) fn join(&mut self, other: &State, memo: &mut JoinMemo<V>) -> bool {
+        let mut changed = self.regs.join_with(&other.regs, V::join, memo);
         if self.guarded != other.guarded && self.guarded.is_some() {
             self.guarded = None;
             changed = true;
@@ -245,7 +243,7 @@ pub(super) enum Event {
 /// `Some(count)` when that outcome implies `i < count`.
 pub(super) fn guard_fact(st: &State, p: u32, negated: bool, when_true: bool) -> Option<u16> {
     match st.regs.get(p as usize) {
-        Some(V::Guard { count, in_range }) if (*in_range != negated) == when_true => Some(*count),
+        Some(V::Guard { count, in_range }) if (in_range != negated) == when_true => Some(count),
         _ => None,
     }
 }
@@ -262,14 +260,13 @@ pub(super) fn predicated(
     let dests = destinations(inst);
     let before: Vec<V> = dests
         .iter()
-        .map(|r| st.regs.get(*r as usize).copied().unwrap_or(V::Top))
+        .map(|r| st.regs.get(*r as usize).unwrap_or(V::Top))
         .collect();
     step(k, pc, inst, st, events);
     for (r, old) in dests.iter().zip(before) {
-        let Some(slot) = st.regs.get_mut(*r as usize) else {
+        let Some(new) = st.regs.get(*r as usize) else {
             continue;
         };
-        let new = *slot;
         if new == old {
             continue;
         }
@@ -287,13 +284,13 @@ pub(super) fn predicated(
                 },
             );
         }
-        *slot = old.join(new);
+        st.regs.set(*r as usize, old.join(new));
     }
 }
 
 fn val(st: &State, o: &Opnd) -> V {
     match o {
-        Opnd::Reg(r) => st.regs.get(*r as usize).copied().unwrap_or(V::Top),
+        Opnd::Reg(r) => st.regs.get(*r as usize).unwrap_or(V::Top),
         // A vector or pair source (`{%a, %b}`, `%a|%b`) packs its parts: it
         // carries every part's pointer bits (a `.b128` pack holds two whole
         // 64-bit pointers), and is never a value ptxd relies on.
@@ -367,9 +364,7 @@ fn set(
                 );
                 V::Top
             };
-            if let Some(slot) = st.regs.get_mut(*r as usize) {
-                *slot = v;
-            }
+            st.regs.set(*r as usize, v);
         }
         Some(Opnd::Pair(a, b)) => {
             let negated = match v {
@@ -565,7 +560,7 @@ pub(super) fn step(
                 Some(Opnd::Addr {
                     base: Base::Reg(r),
                     offset,
-                }) => match (st.regs.get(*r as usize).copied(), *offset) {
+                }) => match (st.regs.get(*r as usize), *offset) {
                     // `[reg + o]` with `reg = param + i × s + c`: element i
                     // exactly when the constants cancel.
                     (Some(V::Addr(m, scale, c)), o)

@@ -14,25 +14,28 @@
 //! - Joins intersect: a register is defined at a block's entry only when it
 //!   is defined at the end of every reachable predecessor, so "defined" at a
 //!   read means written on every path to it.
-//! - The state is one bit per register per block, inside the same work
-//!   bound as the dataflow (`cfg.rs` refuses larger kernels as
-//!   `too_complex` before this runs), and the fixpoint only ever clears
-//!   bits, so it settles after at most blocks × registers changes.
+//! - The state is one bit per register per block, in a register file whose
+//!   copies share structure (`regs.rs`, words of 64 bits), so the states
+//!   hold only the words the blocks change. The fixpoint only ever clears
+//!   bits, and its work (instructions interpreted, nodes visited by meets)
+//!   is bounded by the same linear budget as the dataflow
+//!   (`cfg::work_budget`), past which the kernel is `too_complex`.
 
 use crate::ptx::ir::{Base, Inst, Kernel, Opnd};
 use crate::ptx::PtxError;
 
-use super::cfg::blocks;
+use super::cfg::{blocks, too_complex, work_budget};
 use super::instructions::destinations;
+use super::regs::{JoinMemo, Regs};
 use super::{refuse, SubReason};
 
 /// One bit per register: set when the register is written on every path.
-#[derive(Clone, PartialEq)]
-struct Defined(Vec<u64>);
+#[derive(Clone)]
+struct Defined(Regs<u64>);
 
 impl Defined {
     fn none(nregs: usize) -> Defined {
-        Defined(vec![0; nregs.div_ceil(64)])
+        Defined(Regs::new(nregs.div_ceil(64), 0))
     }
 
     fn has(&self, r: u32) -> bool {
@@ -42,20 +45,15 @@ impl Defined {
 
     fn add(&mut self, r: u32) {
         let r = r as usize;
-        if let Some(w) = self.0.get_mut(r / 64) {
-            *w |= 1 << (r % 64);
+        if let Some(w) = self.0.get(r / 64) {
+            self.0.set(r / 64, w | 1 << (r % 64));
         }
     }
 
-    /// Keeps only what `other` has too; whether anything changed.
-    fn meet(&mut self, other: &Defined) -> bool {
-        let mut changed = false;
-        for (a, b) in self.0.iter_mut().zip(&other.0) {
-            let m = *a & *b;
-            changed |= m != *a;
-            *a = m;
-        }
-        changed
+    /// Keeps only what `other` has too; whether anything changed. `memo`
+    /// counts the nodes visited.
+    fn meet(&mut self, other: &Defined, memo: &mut JoinMemo<u64>) -> bool {
+        self.0.join_with(&other.0, |a, b| a & b, memo)
     }
 }
 
@@ -117,11 +115,18 @@ pub(super) fn check(k: &Kernel) -> Result<(), PtxError> {
     let mut entry: Vec<Option<Defined>> = vec![None; blocks.len()];
     entry[0] = Some(Defined::none(nregs));
     let mut work = vec![0usize];
+    let budget = work_budget(k, blocks.len());
+    let mut spent = 0usize;
+    let mut memo = JoinMemo::new();
     while let Some(b) = work.pop() {
+        if spent.saturating_add(memo.work) > budget {
+            return Err(too_complex(k, "the kernel is too large to analyse"));
+        }
         let Some(mut d) = entry[b].clone() else {
             continue;
         };
         let (s, e) = blocks[b];
+        spent = spent.saturating_add(e - s + 1);
         for inst in &k.insts[s..e] {
             step(inst, &mut d);
         }
@@ -135,7 +140,7 @@ pub(super) fn check(k: &Kernel) -> Result<(), PtxError> {
                     work.push(t);
                 }
                 Some(cur) => {
-                    if cur.meet(&d) {
+                    if cur.meet(&d, &mut memo) {
                         work.push(t);
                     }
                 }

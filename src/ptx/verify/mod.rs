@@ -82,9 +82,9 @@
 //!    type, special register, immediate, `mov` part, guard, address base)
 //!    whose type does not agree with its position's (`operand_type`). A
 //!    `.L2::cache_hint` and its policy operand were dropped by the IR.
-//! 4. Control flow (`cfg.rs`): a kernel whose blocks × registers exceed the
-//!    analysis bound, or whose fixpoint does not settle in bounded work
-//!    (`too_complex`; the parser refuses a module of more than
+//! 4. Control flow (`cfg.rs`): a kernel whose analysis does not settle
+//!    within work linear in its size, or within 16 visits per block
+//!    (`too_complex`, also from `defined.rs`; the parser refuses a module of more than
 //!    `parse::MAX_TOKENS` tokens or `parse::MAX_INSTRUCTIONS` instructions
 //!    the same way, before building anything large); unreachable code
 //!    holding anything but `ret`/`exit` (`unreachable_code`). (A branch to
@@ -129,6 +129,7 @@ mod decision;
 mod defined;
 mod instructions;
 mod layout;
+mod regs;
 mod table;
 
 use super::ir::Kernel;
