@@ -22,7 +22,7 @@ use ptxd_proto::executor as exec;
 use super::effects::{run_cleanup, side_effect, Cleanup};
 use super::{parse_session, DeviceChoice, Front, State};
 use crate::error::Error;
-use crate::executor::link::Operation;
+use crate::executor::link::CleanUp;
 use crate::executor::supervisor::ExecutorLink;
 use crate::executor::ExecutorError;
 use crate::handles::{DeviceGeneration, KernelHandle, SessionId};
@@ -125,7 +125,7 @@ impl State {
                 revoke_kernels: kernels,
                 ..Default::default()
             };
-            cleanup.insert(0, (link, grant.into_op()));
+            cleanup.insert(0, (link, CleanUp::new(grant)));
         }
     }
 
@@ -277,49 +277,42 @@ impl Front {
             max_kernel_timeouts: timeouts.limit(),
         };
         let undo = exec::CloseRing { stream };
-        let grant = side_effect(
-            &*link,
-            &device_uuid,
-            open.into_op(),
-            undo.into_op(),
-            |reply| exec::OpenRing::accept(reply).map_err(Error::from),
-            |()| {
-                let mut state = self.lock();
-                state.recheck(&session_id, index, generation, &device_uuid)?;
-                state.session(&session_id, peer)?;
-                let buffers = state
-                    .registry
-                    .buffers_of(&session_id)
-                    .into_iter()
-                    .filter(|(_, e)| e.device_index == index && e.open_in == Some(generation))
-                    .map(|(_, e)| exec::RingBuffer {
-                        ring_index: e.ring_index,
-                        buffer_id: e.id.0,
-                        size: e.size,
-                    })
-                    .collect();
-                let session = state
-                    .sessions
-                    .get(&session_id)
-                    .ok_or_else(|| Error::Internal {
-                        message: "session vanished under the lock".into(),
-                    })?;
-                let kernels = session
-                    .ring_indices
-                    .kernels()
-                    .filter_map(|(h, i)| kernel_grant(&state, h, i, index, generation))
-                    .collect();
-                if let Some(session) = state.sessions.get_mut(&session_id) {
-                    session.ring = Some((index, generation));
-                }
-                Ok(exec::RingGrant {
-                    stream,
-                    buffers,
-                    kernels,
-                    ..Default::default()
+        let grant = side_effect(&*link, open, undo, |()| {
+            let mut state = self.lock();
+            state.recheck(&session_id, index, generation, &device_uuid)?;
+            state.session(&session_id, peer)?;
+            let buffers = state
+                .registry
+                .buffers_of(&session_id)
+                .into_iter()
+                .filter(|(_, e)| e.device_index == index && e.open_in == Some(generation))
+                .map(|(_, e)| exec::RingBuffer {
+                    ring_index: e.ring_index,
+                    buffer_id: e.id.0,
+                    size: e.size,
                 })
-            },
-        )
+                .collect();
+            let session = state
+                .sessions
+                .get(&session_id)
+                .ok_or_else(|| Error::Internal {
+                    message: "session vanished under the lock".into(),
+                })?;
+            let kernels = session
+                .ring_indices
+                .kernels()
+                .filter_map(|(h, i)| kernel_grant(&state, h, i, index, generation))
+                .collect();
+            if let Some(session) = state.sessions.get_mut(&session_id) {
+                session.ring = Some((index, generation));
+            }
+            Ok(exec::RingGrant {
+                stream,
+                buffers,
+                kernels,
+                ..Default::default()
+            })
+        })
         .await?;
         // The first grant goes before the reply: the client may submit as
         // soon as it has it.
@@ -329,7 +322,7 @@ impl Front {
             if let Some(session) = self.lock().sessions.get_mut(&session_id) {
                 session.ring = None;
             }
-            cleanup.push((link.clone(), exec::CloseRing { stream }.into_op()));
+            cleanup.push((link.clone(), CleanUp::new(exec::CloseRing { stream })));
             run_cleanup(cleanup).await;
             // Whatever the grant's failure, the client hears one reason:
             // the ring did not come up as OpenRing promised.
