@@ -23,7 +23,7 @@ use ptxd_proto::executor::{self as exec, open_buffer};
 use super::effects::{queue_close_buffer, queue_close_event, run_cleanup, side_effect, Cleanup};
 use std::os::fd::AsFd;
 
-use super::fds::Awaiting;
+use super::awaiting::{Awaiting, AwaitingFd};
 use super::{parse_session, Front, State};
 use crate::buffers::{BufferEntry, BufferSource, EventEntry, SharedFd};
 use crate::error::Error;
@@ -62,17 +62,6 @@ pub enum Registration {
         token: String,
         ttl: std::time::Duration,
     },
-}
-
-/// A posix_fd registration waiting for its descriptor.
-#[derive(Debug)]
-pub struct AwaitingFd {
-    caller: Caller,
-    label: String,
-    size: u64,
-    offset: u64,
-    allocation_size: u64,
-    device_uuid: Option<String>,
 }
 
 /// RegisterBuffer.

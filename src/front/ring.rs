@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use ptxd_proto::executor as exec;
 
+use super::awaiting::{Awaiting, AwaitingRing};
 use super::effects::{run_cleanup, side_effect, Cleanup};
 use super::{parse_session, DeviceChoice, Front, State};
 use crate::error::Error;
@@ -50,13 +51,6 @@ pub enum RingOpening {
         token: String,
         ttl: std::time::Duration,
     },
-}
-
-/// An OpenRing (by_fd) waiting for its memfd.
-#[derive(Debug)]
-pub struct AwaitingRing {
-    caller: Caller,
-    device: DeviceChoice,
 }
 
 /// Where a ring's memory comes from.
@@ -190,8 +184,7 @@ impl Front {
                 caller: peer,
                 device: request.device,
             };
-            let (token, ttl) =
-                self.issue_fd_token(&session_id, peer, super::fds::Awaiting::Ring(awaiting))?;
+            let (token, ttl) = self.issue_fd_token(&session_id, peer, Awaiting::Ring(awaiting))?;
             return Ok(RingOpening::AwaitingFd { token, ttl });
         }
         ptxd_ipc::shm::validate_shm_name(&request.shm_name).map_err(|_| {
