@@ -319,7 +319,7 @@ fn lock<K, B>(table: &Shared<K, B>) -> MutexGuard<'_, RingTable<K, B>> {
 #[derive(Debug, Clone)]
 pub struct RingSession {
     pub stream: u64,
-    pub channel: super::child::Channel,
+    pub channel: super::channel::Channel,
     pub timeouts: Arc<TimeoutAllowance>,
 }
 
