@@ -18,6 +18,8 @@ pub mod fd_socket;
 pub mod fd_tokens;
 pub mod front;
 pub mod handles;
+#[cfg(test)]
+mod import_circles;
 pub mod launch;
 pub mod lease;
 pub mod metrics;
