@@ -13,7 +13,7 @@
 //! - A dead executor is [`ExecutorError::Unavailable`] naming the link's own
 //!   device (the uuid its Hello reported, the one the front knows it by).
 //! - Only this module sends a protocol `Op` on a link
-//!   ([`ExecutorLink::call`] is private to the executor module): a request
+//!   (`ExecutorLink::call` is private to the executor module): a request
 //!   reaches an executor only as a typed [`Operation`] or a [`CleanUp`] made
 //!   from one.
 
