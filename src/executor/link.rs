@@ -12,7 +12,7 @@
 //!   reply of the wrong shape into [`ExecutorError::UnexpectedReply`].
 //! - A dead executor is [`ExecutorError::Unavailable`] naming the link's own
 //!   device (the uuid its Hello reported, the one the front knows it by).
-//! - Only this module sends a protocol `Op` on a link
+//! - Only the executor module sends a protocol `Op` on a link
 //!   (`ExecutorLink::call` is private to the executor module): a request
 //!   reaches an executor only as a typed [`Operation`] or a [`CleanUp`] made
 //!   from one.
