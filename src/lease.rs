@@ -26,7 +26,24 @@ use std::task::{Context, Poll, Waker};
 
 use tokio_stream::Stream;
 
-use crate::sessions::LeaseEvent;
+use crate::handles::{BootId, SessionId};
+
+/// What a session's lease stream tells its client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// The first event: the session's id and the daemon's boot.
+    Opened { session: SessionId, boot: BootId },
+    /// A device's executor was replaced; the session's kernels on it are
+    /// stale and must be loaded again.
+    ExecutorRestarted {
+        device_uuid: String,
+        old_generation: u64,
+        new_generation: u64,
+        cause: String,
+    },
+    /// The daemon is draining: finish up, no new work is accepted.
+    Draining { reason: String },
+}
 
 #[derive(Debug, Default)]
 struct Queue {

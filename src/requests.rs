@@ -42,7 +42,7 @@ use tonic::{Code, Status};
 
 use crate::connections::Origin;
 use crate::error::Error;
-use crate::service::PtxdService;
+use crate::service::{DecodedLaunch, PtxdService};
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
 
@@ -394,10 +394,6 @@ fn salvage_tag(mut bytes: &[u8]) -> u64 {
     }
     0
 }
-
-/// A `LaunchStream` request as decoded: the request, or why it did not
-/// decode and the tag to answer it with.
-pub type DecodedLaunch = Result<api::LaunchRequest, (Error, u64)>;
 
 /// The `LaunchStream` codec: a message that does not decode becomes an
 /// item of the stream instead of ending it.

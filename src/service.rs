@@ -31,6 +31,11 @@ use crate::sessions::{Caller, LeaseEvent, Peer};
 /// Responses still come back in request order.
 pub const LAUNCH_STREAM_WINDOW: usize = 64;
 
+/// A `LaunchStream` request as decoded: the request, or why it did not
+/// decode and the tag to answer it with. (`requests`' codec, above this
+/// module, produces it.)
+pub type DecodedLaunch = Result<api::LaunchRequest, (Error, u64)>;
+
 /// The `ptxd.v1.Ptxd` service.
 #[derive(Debug, Clone)]
 pub struct PtxdService {
@@ -344,7 +349,7 @@ impl PtxdService {
     pub(crate) fn answer_launches(
         &self,
         peer: Caller,
-        requests: impl Stream<Item = Result<crate::requests::DecodedLaunch, Status>> + Send + 'static,
+        requests: impl Stream<Item = Result<DecodedLaunch, Status>> + Send + 'static,
     ) -> BoxStream<api::LaunchResponse> {
         let service = self.clone();
         // On drain, requests keep being answered (with DRAINING) for a grace

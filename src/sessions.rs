@@ -22,7 +22,10 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use crate::handles::{BootId, KernelHandle, SessionId, Tokens};
+use crate::handles::{KernelHandle, SessionId, Tokens};
+/// Lives in `lease` (below this module); named here for the callers that
+/// notify sessions.
+pub use crate::lease::LeaseEvent;
 
 /// A Unix-socket peer's credentials, from SO_PEERCRED (kernel-verified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,23 +99,6 @@ pub enum SessionError {
         "session {session} was opened by another caller (another uid, transport or connection)"
     )]
     WrongPeer { session: String },
-}
-
-/// What a session's lease stream tells its client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseEvent {
-    /// The first event: the session's id and the daemon's boot.
-    Opened { session: SessionId, boot: BootId },
-    /// A device's executor was replaced; the session's kernels on it are
-    /// stale and must be loaded again.
-    ExecutorRestarted {
-        device_uuid: String,
-        old_generation: u64,
-        new_generation: u64,
-        cause: String,
-    },
-    /// The daemon is draining: finish up, no new work is accepted.
-    Draining { reason: String },
 }
 
 /// Ring indices: how a session's ring descriptors name its kernels and

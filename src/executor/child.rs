@@ -19,19 +19,15 @@
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex};
 
 use ptxd_proto::executor::{
-    executor_message::Body, reply, request::Op, Empty, ExecutorMessage, Failure, FailureKind,
-    Fault, Hello, KernelTimeout, Launch, LoadModule, OpenBuffer, OpenEvent, OpenRing, Reply,
-    Request,
+    executor_message::Body, reply, request::Op, Empty, Failure, FailureKind, Hello, Launch,
+    LoadModule, OpenBuffer, OpenEvent, OpenRing, Reply, Request,
 };
 
-use super::protocol::{read_frame, write_frame, ProtocolError};
+pub use super::channel::{Channel, EXIT_FAULT};
+use super::protocol::{read_frame, ProtocolError};
 use super::ring::RingHandle;
-
-/// Exit status of an executor that stopped because of a sticky device fault.
-pub const EXIT_FAULT: i32 = 3;
 
 /// A device backend inside an executor process: one method per executor
 /// operation, each replying through its [`Replier`], now or later (from
@@ -115,74 +111,6 @@ pub fn dispatch<B: Backend + ?Sized>(backend: &mut B, op: Op, reply: Replier) {
             ),
         },
         Op::Shutdown(_) | Op::Ping(_) => reply.ok(),
-    }
-}
-
-/// The write half of the channel to the front, shared by every replier.
-#[derive(Clone)]
-pub struct Channel {
-    out: Arc<Mutex<Box<dyn Write + Send>>>,
-}
-
-impl std::fmt::Debug for Channel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Channel")
-    }
-}
-
-impl Channel {
-    fn new(out: Box<dyn Write + Send>) -> Self {
-        Channel {
-            out: Arc::new(Mutex::new(out)),
-        }
-    }
-
-    fn send(&self, body: Body) -> Result<(), ProtocolError> {
-        let message = ExecutorMessage { body: Some(body) };
-        // A poisoned lock only means another replier panicked mid-write; the
-        // stream is then unusable and the front will see the process exit.
-        let mut out = self.out.lock().map_err(|_| ProtocolError::Closed)?;
-        write_frame(&mut *out, &message)
-    }
-
-    /// Tells the front that a launch on `stream` ran past its budget (sent
-    /// before that launch's reply, so the front has counted it by the time
-    /// the client hears of it).
-    pub fn kernel_timeout(&self, stream: u64) {
-        if let Err(e) = self.send(Body::KernelTimeout(KernelTimeout { stream })) {
-            tracing::warn!(error = %e, "cannot report a kernel timeout to the front");
-        }
-    }
-
-    /// Reports a sticky device fault to the front and exits the process: a
-    /// poisoned CUDA context cannot be recovered inside this process.
-    pub fn fatal(&self, error_name: &str, message: &str) -> ! {
-        tracing::error!(error_name, message, "sticky device fault; executor exits");
-        let _ = self.send(Body::Fault(Fault {
-            error_name: error_name.to_string(),
-            message: message.to_string(),
-        }));
-        std::process::exit(EXIT_FAULT)
-    }
-}
-
-impl Channel {
-    /// As [`Channel::fatal`], but exits without running exit handlers:
-    /// for when a kernel still runs on the device and a driver's exit-time
-    /// clean-up might wait for it. The kernel driver reclaims the device's
-    /// resources when the process is gone.
-    pub fn fatal_now(&self, error_name: &str, message: &str) -> ! {
-        tracing::error!(
-            error_name,
-            message,
-            "unrecoverable device state; executor exits"
-        );
-        let _ = self.send(Body::Fault(Fault {
-            error_name: error_name.to_string(),
-            message: message.to_string(),
-        }));
-        // SAFETY: _exit has no preconditions; nothing after this runs.
-        unsafe { nix::libc::_exit(EXIT_FAULT) }
     }
 }
 
@@ -509,6 +437,9 @@ mod tests {
     use rand::Rng;
 
     use super::*;
+    use crate::executor::protocol::write_frame;
+    use ptxd_proto::executor::ExecutorMessage;
+    use std::sync::{Arc, Mutex};
 
     /// The shape of the `ptxd` binary's command line, reduced to the
     /// executor subcommand (the binary's own test parses with its real one).

@@ -12,6 +12,10 @@
 //!   reply of the wrong shape into [`ExecutorError::UnexpectedReply`].
 //! - A dead executor is [`ExecutorError::Unavailable`] naming the link's own
 //!   device (the uuid its Hello reported, the one the front knows it by).
+//! - Only the executor module sends a protocol `Op` on a link
+//!   (`ExecutorLink::call` is private to the executor module): a request
+//!   reaches an executor only as a typed [`Operation`] or a [`CleanUp`] made
+//!   from one.
 
 use ptxd_proto::executor::{self as exec, reply, request::Op};
 
@@ -20,9 +24,9 @@ use super::ExecutorError;
 
 /// One executor operation: its request message, the `Op` it travels as and
 /// the reply that answers it.
-pub trait Operation {
+pub trait Operation: Send {
     /// What a success answers with.
-    type Reply;
+    type Reply: Send;
     /// The operation's name, as an unexpected reply names it.
     const NAME: &'static str;
     /// The request as it travels on the wire.
@@ -97,6 +101,36 @@ impl Operation for exec::OpenBuffer {
         match reply {
             reply::Result::OpenBuffer(opened) => Ok(opened),
             other => Err(refused(Self::NAME, other)),
+        }
+    }
+}
+
+/// A clean-up request: the close, unload or revoke of something an
+/// executor holds, sent after the front let go of it. Made only from an
+/// operation that answers with no payload, so a list of clean-ups can hold
+/// several kinds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CleanUp(Op);
+
+impl CleanUp {
+    /// The clean-up that sends `operation`.
+    pub fn new<O: Operation<Reply = ()>>(operation: O) -> Self {
+        CleanUp(operation.into_op())
+    }
+}
+
+impl Operation for CleanUp {
+    type Reply = ();
+    const NAME: &'static str = "clean-up";
+    fn into_op(self) -> Op {
+        self.0
+    }
+    /// A clean-up asks only whether the executor refused it: any other
+    /// reply is taken as done.
+    fn accept(reply: reply::Result) -> Result<(), ExecutorError> {
+        match reply {
+            reply::Result::Failure(failure) => Err(ExecutorError::from(failure)),
+            _ => Ok(()),
         }
     }
 }

@@ -15,6 +15,7 @@
 //! - [`supervisor`]: spawns executors, assigns device generations, notices
 //!   death, respawns and re-opens buffers.
 
+pub mod channel;
 pub mod child;
 pub mod cuda;
 pub mod fd_inbox;

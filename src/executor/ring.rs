@@ -64,6 +64,19 @@ use crate::launch::{self, BufferCap, Capabilities, CheckedLaunch, EventCap, Kern
 use crate::ptx::host::exec::LaunchControl;
 use crate::ptx::Signature;
 
+// One operand cap, two layers: a descriptor holds exactly as many inputs
+// and scalars as the verifier lets a kernel declare, so every kernel that
+// loads can be launched through the ring and no descriptor names more
+// operands than a kernel can take.
+const _: () = assert!(
+    crate::ptx::MAX_INPUTS == ptxd_ipc::ring::MAX_INPUTS,
+    "the ring's descriptor and the verifier disagree on a kernel's inputs"
+);
+const _: () = assert!(
+    crate::ptx::MAX_SCALAR_PARAMS == ptxd_ipc::ring::MAX_SCALARS,
+    "the ring's descriptor and the verifier disagree on a kernel's scalars"
+);
+
 /// Opens the ring object an `OpenRing` names: the memfd the front sent on
 /// the fd inbox (`fd_tag`), or the shared-memory name. Either way the
 /// session's uid must own it. The error is the refusal's message.
@@ -319,7 +332,7 @@ fn lock<K, B>(table: &Shared<K, B>) -> MutexGuard<'_, RingTable<K, B>> {
 #[derive(Debug, Clone)]
 pub struct RingSession {
     pub stream: u64,
-    pub channel: super::child::Channel,
+    pub channel: super::channel::Channel,
     pub timeouts: Arc<TimeoutAllowance>,
 }
 

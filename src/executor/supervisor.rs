@@ -743,12 +743,10 @@ impl ExecutorLink {
     /// Sends one request and waits for its reply. An executor that answers
     /// neither the call nor, after the timeout, a ping is killed.
     ///
-    /// The raw path under the typed calls of [`super::link`]. To remove from
-    /// the front: its last callers there (`front/effects.rs`'s `Executor`
-    /// seam, through which buffers, kernels, events and clean-ups still send
-    /// hand-built `Op`s) move to [`super::link::Operation`]; then this is
-    /// `pub(super)`.
-    pub async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
+    /// The raw path under the typed calls of [`super::link`], private to
+    /// the executor module: the rest of the crate sends only typed
+    /// operations ([`super::link::Operation`]).
+    pub(super) async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
         let (_entry, mut rx) = self.send(op)?;
         if let Some(result) = self.spin_for_reply(&mut rx).await {
             return result;

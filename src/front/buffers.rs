@@ -18,12 +18,12 @@
 //!   again at the commit; a buffer passed by descriptor is counted against
 //!   the descriptor limits already when its token is issued.
 
-use ptxd_proto::executor::{self as exec, open_buffer, reply, request::Op};
+use ptxd_proto::executor::{self as exec, open_buffer};
 
 use super::effects::{queue_close_buffer, queue_close_event, run_cleanup, side_effect, Cleanup};
 use std::os::fd::AsFd;
 
-use super::fds::Awaiting;
+use super::awaiting::{Awaiting, AwaitingFd};
 use super::{parse_session, Front, State};
 use crate::buffers::{BufferEntry, BufferSource, EventEntry, SharedFd};
 use crate::error::Error;
@@ -62,17 +62,6 @@ pub enum Registration {
         token: String,
         ttl: std::time::Duration,
     },
-}
-
-/// A posix_fd registration waiting for its descriptor.
-#[derive(Debug)]
-pub struct AwaitingFd {
-    caller: Caller,
-    label: String,
-    size: u64,
-    offset: u64,
-    allocation_size: u64,
-    device_uuid: Option<String>,
 }
 
 /// RegisterBuffer.
@@ -121,7 +110,10 @@ pub struct EventRequest {
 /// The executor request that opens a registered buffer (at registration,
 /// and again after a restart). A descriptor goes to `link`'s fd inbox first,
 /// so send the request on that same link, right after.
-pub(super) fn open_buffer_op(entry: &BufferEntry, link: &ExecutorLink) -> Result<Op, Error> {
+pub(super) fn open_buffer_request(
+    entry: &BufferEntry,
+    link: &ExecutorLink,
+) -> Result<exec::OpenBuffer, Error> {
     let (source, offset, allocation_size) = match &entry.source {
         BufferSource::CudaIpc { handle } => (open_buffer::Source::CudaIpc(handle.clone()), 0, 0),
         BufferSource::HostShm { name } => (open_buffer::Source::ShmName(name.clone()), 0, 0),
@@ -139,7 +131,7 @@ pub(super) fn open_buffer_op(entry: &BufferEntry, link: &ExecutorLink) -> Result
             (open_buffer::Source::FdTag(tag), *offset, *allocation_size)
         }
     };
-    Ok(Op::OpenBuffer(exec::OpenBuffer {
+    Ok(exec::OpenBuffer {
         buffer_id: entry.id.0,
         source: Some(source),
         size: entry.size,
@@ -147,7 +139,7 @@ pub(super) fn open_buffer_op(entry: &BufferEntry, link: &ExecutorLink) -> Result
         owner_uid: entry.owner_uid,
         offset,
         allocation_size,
-    }))
+    })
 }
 
 /// Refuses a shared-memory object that `uid` does not own (root may map
@@ -352,44 +344,36 @@ impl Front {
             owner_uid: peer.credentials().map(|p| p.uid),
             ring_index: 0,
         };
-        let op = open_buffer_op(&entry, &link)?;
-        let undo = Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 });
-        let (handle, ring_index, grant) = side_effect(
-            &*link,
-            &device_uuid,
-            op,
-            undo,
-            |reply| match reply {
-                reply::Result::OpenBuffer(ok) if ok.device_uuid == device_uuid => Ok(()),
-                reply::Result::OpenBuffer(ok) => Err(Error::DeviceMismatch {
+        let open = open_buffer_request(&entry, &link)?;
+        let undo = exec::CloseBuffer { buffer_id: id.0 };
+        let (handle, ring_index, grant) = side_effect(&*link, open, undo, |opened| {
+            if opened.device_uuid != device_uuid {
+                return Err(Error::DeviceMismatch {
                     operand: "buffer".into(),
                     kernel_device: device_uuid.clone(),
-                    operand_device: ok.device_uuid,
-                }),
-                _ => Err(ExecutorError::UnexpectedReply("OpenBuffer").into()),
-            },
-            |()| {
-                let mut state = self.lock();
-                state.recheck(&session_id, index, generation, &device_uuid)?;
-                state.session(&session_id, peer)?;
-                self.check_buffer_limits(&state, &session_id, size, by_fd)?;
-                let mut entry = entry;
-                entry.ring_index = state
-                    .sessions
-                    .get_mut(&session_id)
-                    .map(|s| s.ring_indices.fresh())
-                    .unwrap_or(0);
-                let ring = exec::RingBuffer {
-                    ring_index: entry.ring_index,
-                    buffer_id: entry.id.0,
-                    size: entry.size,
-                };
-                let ring_index = entry.ring_index;
-                let handle = state.registry.register_buffer(entry);
-                let grant = state.ring_grant(&session_id, index, generation, Some(ring), None);
-                Ok((handle, ring_index, grant))
-            },
-        )
+                    operand_device: opened.device_uuid,
+                });
+            }
+            let mut state = self.lock();
+            state.recheck(&session_id, index, generation, &device_uuid)?;
+            state.session(&session_id, peer)?;
+            self.check_buffer_limits(&state, &session_id, size, by_fd)?;
+            let mut entry = entry;
+            entry.ring_index = state
+                .sessions
+                .get_mut(&session_id)
+                .map(|s| s.ring_indices.fresh())
+                .unwrap_or(0);
+            let ring = exec::RingBuffer {
+                ring_index: entry.ring_index,
+                buffer_id: entry.id.0,
+                size: entry.size,
+            };
+            let ring_index = entry.ring_index;
+            let handle = state.registry.register_buffer(entry);
+            let grant = state.ring_grant(&session_id, index, generation, Some(ring), None);
+            Ok((handle, ring_index, grant))
+        })
         .await?;
         self.send_grant(grant).await;
         Ok(RegisteredBuffer {
@@ -551,11 +535,11 @@ impl Front {
                 uuid,
             )
         };
-        let op = Op::OpenEvent(exec::OpenEvent {
+        let open = exec::OpenEvent {
             event_id: id.0,
             handle: request.handle.clone(),
-        });
-        let undo = Op::CloseEvent(exec::CloseEvent { event_id: id.0 });
+        };
+        let undo = exec::CloseEvent { event_id: id.0 };
         let entry = EventEntry {
             id,
             session: session_id.clone(),
@@ -565,23 +549,13 @@ impl Front {
             device_uuid: device_uuid.clone(),
             open_in: Some(generation),
         };
-        let handle: EventHandle = side_effect(
-            &*link,
-            &device_uuid,
-            op,
-            undo,
-            |reply| match reply {
-                reply::Result::Ok(_) => Ok(()),
-                _ => Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
-            },
-            |()| {
-                let mut state = self.lock();
-                state.recheck(&session_id, index, generation, &device_uuid)?;
-                state.session(&session_id, peer)?;
-                self.check_event_limit(&state, &session_id)?;
-                Ok(state.registry.register_event(entry))
-            },
-        )
+        let handle: EventHandle = side_effect(&*link, open, undo, |()| {
+            let mut state = self.lock();
+            state.recheck(&session_id, index, generation, &device_uuid)?;
+            state.session(&session_id, peer)?;
+            self.check_event_limit(&state, &session_id)?;
+            Ok(state.registry.register_event(entry))
+        })
         .await?;
         Ok(handle.to_string())
     }

@@ -10,12 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ptxd_proto::executor::{self as exec, reply, request::Op};
+use ptxd_proto::executor as exec;
 
 use super::DeviceState;
 use crate::buffers::{BufferEntry, EventEntry};
 use crate::error::Error;
-use crate::executor::supervisor::{DownCause, ExecutorLink, LinkError};
+use crate::executor::link::{CleanUp, Operation};
+use crate::executor::supervisor::ExecutorLink;
 use crate::executor::ExecutorError;
 use crate::handles::DeviceGeneration;
 
@@ -23,21 +24,7 @@ use crate::handles::DeviceGeneration;
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Work to send to executors after the state lock is released.
-pub(super) type Cleanup = Vec<(Arc<ExecutorLink>, Op)>;
-
-/// The refusal for a call to an executor that is down.
-pub(super) fn down_to_error(device: &str, error: LinkError) -> Error {
-    let LinkError::Down(cause) = error;
-    let cause = match cause {
-        DownCause::Fault { error_name, .. } => format!("device fault {error_name}"),
-        other => other.to_string(),
-    };
-    ExecutorError::Unavailable {
-        device: device.to_string(),
-        cause,
-    }
-    .into()
-}
+pub(super) type Cleanup = Vec<(Arc<ExecutorLink>, CleanUp)>;
 
 /// The live executor that holds a mapping opened in `open_in`, if any.
 pub(super) fn close_target(
@@ -50,17 +37,17 @@ pub(super) fn close_target(
     (Some(link.generation) == open_in).then(|| link.clone())
 }
 
-/// Queues `op` (a close) for the executor that holds an object opened in
+/// Queues `close` for the executor that holds an object opened in
 /// `open_in` on device `index`; nothing when that generation is dead.
 pub(super) fn queue_close(
     devices: &[DeviceState],
     index: usize,
     open_in: Option<DeviceGeneration>,
-    op: Op,
+    close: impl Operation<Reply = ()>,
     cleanup: &mut Cleanup,
 ) {
     if let Some(link) = close_target(devices, index, open_in) {
-        cleanup.push((link, op));
+        cleanup.push((link, CleanUp::new(close)));
     }
 }
 
@@ -71,10 +58,10 @@ pub(super) fn queue_close_buffer(
     entry: &BufferEntry,
     cleanup: &mut Cleanup,
 ) {
-    let op = Op::CloseBuffer(exec::CloseBuffer {
+    let close = exec::CloseBuffer {
         buffer_id: entry.id.0,
-    });
-    queue_close(devices, entry.device_index, entry.open_in, op, cleanup);
+    };
+    queue_close(devices, entry.device_index, entry.open_in, close, cleanup);
 }
 
 /// Queues the close of a released event, as [`queue_close_buffer`].
@@ -83,10 +70,10 @@ pub(super) fn queue_close_event(
     entry: &EventEntry,
     cleanup: &mut Cleanup,
 ) {
-    let op = Op::CloseEvent(exec::CloseEvent {
+    let close = exec::CloseEvent {
         event_id: entry.id.0,
-    });
-    queue_close(devices, entry.device_index, entry.open_in, op, cleanup);
+    };
+    queue_close(devices, entry.device_index, entry.open_in, close, cleanup);
 }
 
 /// Queues the unload of a kernel whose last hold was just released, in the
@@ -101,85 +88,87 @@ pub(super) fn queue_unload(
             devices,
             kernel.device_index,
             Some(kernel.generation),
-            Op::UnloadModule(exec::UnloadModule {
+            exec::UnloadModule {
                 module_id: kernel.module_id,
-            }),
+            },
             cleanup,
         );
     }
 }
 
 pub(super) async fn run_cleanup(cleanup: Cleanup) {
-    for (link, op) in cleanup {
-        undo_in(&*link, op).await;
+    for (link, close) in cleanup {
+        undo_in(&*link, close).await;
     }
 }
 
 /// What the front needs of an executor for a side effect (a seam for
 /// testing [`side_effect`] without a child process).
 pub(crate) trait Executor {
-    fn call(
+    fn request<O: Operation>(
         &self,
-        op: Op,
-    ) -> impl std::future::Future<Output = Result<reply::Result, LinkError>> + Send;
+        operation: O,
+    ) -> impl std::future::Future<Output = Result<O::Reply, ExecutorError>> + Send;
 }
 
 impl Executor for ExecutorLink {
-    fn call(
+    fn request<O: Operation>(
         &self,
-        op: Op,
-    ) -> impl std::future::Future<Output = Result<reply::Result, LinkError>> + Send {
-        ExecutorLink::call(self, op)
+        operation: O,
+    ) -> impl std::future::Future<Output = Result<O::Reply, ExecutorError>> + Send {
+        ExecutorLink::request(self, operation)
     }
 }
 
 /// Sends a clean-up or undo request; failures are logged, never returned
 /// (the executor, or its death, releases the object anyway).
-async fn undo_in<E: Executor>(executor: &E, op: Op) {
+async fn undo_in<E: Executor>(executor: &E, undo: impl Operation<Reply = ()>) {
     // Clients decide how many clean-ups there are: the lines are
     // rate-limited like a refusal's.
     let log = crate::connections::request_log();
-    match tokio::time::timeout(CLEANUP_TIMEOUT, executor.call(op)).await {
-        Ok(Ok(reply::Result::Failure(f))) => {
+    match tokio::time::timeout(CLEANUP_TIMEOUT, executor.request(undo)).await {
+        Ok(Err(ExecutorError::Failed { message, .. })) => {
             if let Some(count) = log.admit("executor clean-up failed") {
-                tracing::warn!(message = %f.message, count, "executor clean-up failed")
+                tracing::warn!(%message, count, "executor clean-up failed")
             }
         }
-        Ok(Err(e)) => tracing::debug!(error = %e, "executor gone during clean-up"),
+        Ok(Err(e @ ExecutorError::Unavailable { .. })) => {
+            tracing::debug!(error = %e, "executor gone during clean-up")
+        }
         Err(_) => {
             if let Some(count) = log.admit("executor clean-up timed out") {
                 tracing::warn!(count, "executor clean-up timed out")
             }
         }
-        Ok(Ok(_)) => {}
+        // Done, or answered with some other shape: nothing to report.
+        Ok(_) => {}
     }
 }
 
 /// The one path for a side effect in an executor: the caller has checked
-/// under the state lock; this sends `op` (unlocked), reads a success reply
-/// with `accept`, then `commit` re-checks and records under the lock. When
-/// `accept` or `commit` refuses, `undo` goes to the executor before the
-/// refusal is returned, so the executor never keeps an object the front did
-/// not record (two registrations racing for the last place under a limit:
-/// both pass the check, both open, the second's commit fails and is undone).
-/// A failure reply or a dead executor needs no undo: nothing was opened, or
-/// everything the executor held is gone with it.
-pub(super) async fn side_effect<E: Executor, R, T>(
+/// under the state lock; this sends `operation` (unlocked), reads its own
+/// success reply, then `commit` re-checks and records under the lock. When
+/// the reply has the wrong shape or `commit` refuses, `undo` goes to the
+/// executor before the refusal is returned, so the executor never keeps an
+/// object the front did not record (two registrations racing for the last
+/// place under a limit: both pass the check, both open, the second's commit
+/// fails and is undone). A failure reply or a dead executor needs no undo:
+/// nothing was opened, or everything the executor held is gone with it.
+pub(super) async fn side_effect<E: Executor, O: Operation, T>(
     executor: &E,
-    device_uuid: &str,
-    op: Op,
-    undo: Op,
-    accept: impl FnOnce(reply::Result) -> Result<R, Error>,
-    commit: impl FnOnce(R) -> Result<T, Error>,
+    operation: O,
+    undo: impl Operation<Reply = ()>,
+    commit: impl FnOnce(O::Reply) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    let reply = executor
-        .call(op)
-        .await
-        .map_err(|e| down_to_error(device_uuid, e))?;
-    if let reply::Result::Failure(failure) = reply {
-        return Err(ExecutorError::from(failure).into());
-    }
-    let outcome = accept(reply).and_then(commit);
+    let outcome = match executor.request(operation).await {
+        Ok(reply) => commit(reply),
+        // Nothing opened, or nothing left: no undo.
+        Err(nothing @ (ExecutorError::Failed { .. } | ExecutorError::Unavailable { .. })) => {
+            return Err(nothing.into())
+        }
+        // Any other answer may have opened what was asked: undo it.
+        Err(answered) => Err(answered.into()),
+    };
     if outcome.is_err() {
         undo_in(executor, undo).await;
     }
@@ -204,18 +193,25 @@ mod tests {
         open: Mutex<BTreeSet<u64>>,
         closes: AtomicU64,
         fail_opens: bool,
+        /// Opens the event, then answers with another operation's reply.
+        misanswer_opens: bool,
     }
 
     impl Executor for FakeExecutor {
-        async fn call(&self, op: Op) -> Result<reply::Result, LinkError> {
+        async fn request<O: Operation>(&self, operation: O) -> Result<O::Reply, ExecutorError> {
+            use ptxd_proto::executor::{reply, request::Op};
             tokio::task::yield_now().await;
             let mut open = self.open.lock().unwrap();
-            Ok(match op {
+            O::accept(match operation.into_op() {
                 Op::OpenEvent(_) if self.fail_opens => reply::Result::Failure(exec::Failure {
                     kind: exec::FailureKind::InvalidHandle as i32,
                     message: "no such event".into(),
                     ..Default::default()
                 }),
+                Op::OpenEvent(e) if self.misanswer_opens => {
+                    open.insert(e.event_id);
+                    reply::Result::OpenBuffer(exec::OpenBufferOk::default())
+                }
                 Op::OpenEvent(e) => {
                     open.insert(e.event_id);
                     reply::Result::Ok(exec::Empty {})
@@ -247,16 +243,11 @@ mod tests {
         }
         side_effect(
             executor,
-            "HOST-0",
-            Op::OpenEvent(exec::OpenEvent {
+            exec::OpenEvent {
                 event_id: id,
                 handle: vec![0; 64],
-            }),
-            Op::CloseEvent(exec::CloseEvent { event_id: id }),
-            |reply| match reply {
-                reply::Result::Ok(_) => Ok(()),
-                _ => Err(ExecutorError::UnexpectedReply("OpenEvent").into()),
             },
+            exec::CloseEvent { event_id: id },
             |()| {
                 let mut registered = registered.lock().unwrap();
                 if registered.len() >= limit {
@@ -313,24 +304,43 @@ mod tests {
         let executor = FakeExecutor::default();
         let result: Result<(), Error> = side_effect(
             &executor,
-            "HOST-0",
-            Op::OpenEvent(exec::OpenEvent {
+            exec::OpenEvent {
                 event_id: 9,
                 handle: vec![0; 64],
-            }),
-            Op::CloseEvent(exec::CloseEvent { event_id: 9 }),
-            |_| {
+            },
+            exec::CloseEvent { event_id: 9 },
+            |()| {
                 Err(Error::DeviceMismatch {
                     operand: "buffer".into(),
                     kernel_device: "HOST-0".into(),
                     operand_device: "HOST-1".into(),
                 })
             },
-            |()| Ok(()),
         )
         .await;
         assert!(result.is_err());
         assert!(executor.open.lock().unwrap().is_empty());
+        assert_eq!(executor.closes.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_reply_of_the_wrong_shape_is_refused_and_undone() {
+        let executor = FakeExecutor {
+            misanswer_opens: true,
+            ..Default::default()
+        };
+        let registered = Mutex::new(Vec::new());
+        let err = register(&executor, &registered, 4, 11).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            Error::from(ExecutorError::UnexpectedReply("OpenEvent")).to_string()
+        );
+        assert_eq!(err.refusal().reason, api::Reason::Internal);
+        assert!(registered.lock().unwrap().is_empty(), "nothing recorded");
+        assert!(
+            executor.open.lock().unwrap().is_empty(),
+            "the open was undone"
+        );
         assert_eq!(executor.closes.load(Ordering::SeqCst), 1);
     }
 }

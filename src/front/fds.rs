@@ -13,19 +13,11 @@
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use super::buffers::AwaitingFd;
-use super::ring::AwaitingRing;
+use super::awaiting::Awaiting;
 use super::{Front, OpenedRing, RegisteredBuffer};
 use crate::error::Error;
 use crate::handles::SessionId;
 use crate::sessions::Caller;
-
-/// What a token was issued for.
-#[derive(Debug)]
-pub enum Awaiting {
-    Buffer(AwaitingFd),
-    Ring(AwaitingRing),
-}
 
 /// What a descriptor completed.
 #[derive(Debug, Clone, PartialEq, Eq)]

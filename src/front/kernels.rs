@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ptxd_proto::executor::{self as exec, reply, request::Op, ArtifactKind as ExecArtifactKind};
+use ptxd_proto::executor::{self as exec, ArtifactKind as ExecArtifactKind};
 
 use super::effects::{queue_unload, run_cleanup, side_effect, Cleanup};
 use super::ring::Grant;
@@ -27,7 +27,6 @@ use super::{parse_session, DeviceChoice, Front, State};
 use crate::config::CacheScope;
 use crate::error::Error;
 use crate::executor::supervisor::ExecutorLink;
-use crate::executor::ExecutorError;
 use crate::handles::{BootId, DeviceGeneration, HandleToken, KernelHandle, KernelRef, SessionId};
 use crate::ptx::memo::Accepted;
 use crate::ptx::{self, DeclaredAbi, Signature};
@@ -492,7 +491,7 @@ impl Front {
 
         let module_id = self.next_module.fetch_add(1, Ordering::Relaxed);
         let signature = &load.signature;
-        let op = Op::LoadModule(exec::LoadModule {
+        let load_module = exec::LoadModule {
             module_id,
             kind: load.kind as i32,
             artifact: load.artifact.bytes().to_vec(),
@@ -502,80 +501,66 @@ impl Front {
             element_sizes: signature.element_sizes.clone(),
             reqntid: signature.reqntid.unwrap_or(0),
             maxntid: signature.maxntid.unwrap_or(0),
-        });
-        let device_uuid = link
-            .hello
-            .devices
-            .first()
-            .map(|d| d.uuid.clone())
-            .unwrap_or_default();
-        let undo = Op::UnloadModule(exec::UnloadModule { module_id });
+        };
+        let device_uuid = link.device_uuid().to_string();
+        let undo = exec::UnloadModule { module_id };
         let session_id = &load.session;
-        let result = side_effect(
-            &*link,
-            &device_uuid,
-            op,
-            undo,
-            |reply| match reply {
-                reply::Result::LoadModule(ok) => Ok(ok.block_size),
-                _ => Err(ExecutorError::UnexpectedReply("LoadModule").into()),
-            },
-            |block_size| {
-                let block_size = if block_size > 0 {
-                    block_size
-                } else {
-                    signature.reqntid.unwrap_or(ptx::DEFAULT_BLOCK)
-                };
-                let kernel = LoadedKernel {
-                    module_id,
-                    device_index: load.device_index,
-                    device_uuid: device_uuid.clone(),
-                    generation,
-                    artifact_hash: load.hash,
-                    kind: load.kind as i32,
-                    symbol: load.symbol.clone(),
-                    label: load.label.chars().take(256).collect(),
-                    signature: signature.clone(),
-                    block_size,
-                    artifact_bytes: bytes,
-                    scope,
-                };
-                let mut state = self.lock();
-                state.recheck(session_id, load.device_index, generation, &device_uuid)?;
-                // Quotas again: another load may have taken the room.
-                self.make_room(&mut state, session_id, tenant, None, bytes, &mut evicted)?;
-                let State {
-                    slots,
-                    devices,
-                    sessions,
-                    ..
-                } = &mut *state;
-                let (handle, kernel) = slots.insert(kernel, session_id, State::is_live(devices))?;
-                let session = sessions
-                    .get_mut(session_id)
-                    .ok_or_else(|| Error::Internal {
-                        message: "session vanished under the lock".into(),
-                    })?;
-                let token = session.kernels.issue(handle);
-                let ring_index = session.ring_indices.kernel(handle);
-                let info = loaded_info(
-                    (token, ring_index),
-                    &handle,
-                    &kernel,
-                    false,
-                    started,
-                    self.boot,
-                );
-                let grant = state.ring_grant(
-                    session_id,
-                    load.device_index,
-                    generation,
-                    None,
-                    Some((handle, ring_index)),
-                );
-                Ok((info, grant))
-            },
-        )
+        let result = side_effect(&*link, load_module, undo, |loaded| {
+            let block_size = loaded.block_size;
+            let block_size = if block_size > 0 {
+                block_size
+            } else {
+                signature.reqntid.unwrap_or(ptx::DEFAULT_BLOCK)
+            };
+            let kernel = LoadedKernel {
+                module_id,
+                device_index: load.device_index,
+                device_uuid: device_uuid.clone(),
+                generation,
+                artifact_hash: load.hash,
+                kind: load.kind as i32,
+                symbol: load.symbol.clone(),
+                label: load.label.chars().take(256).collect(),
+                signature: signature.clone(),
+                block_size,
+                artifact_bytes: bytes,
+                scope,
+            };
+            let mut state = self.lock();
+            state.recheck(session_id, load.device_index, generation, &device_uuid)?;
+            // Quotas again: another load may have taken the room.
+            self.make_room(&mut state, session_id, tenant, None, bytes, &mut evicted)?;
+            let State {
+                slots,
+                devices,
+                sessions,
+                ..
+            } = &mut *state;
+            let (handle, kernel) = slots.insert(kernel, session_id, State::is_live(devices))?;
+            let session = sessions
+                .get_mut(session_id)
+                .ok_or_else(|| Error::Internal {
+                    message: "session vanished under the lock".into(),
+                })?;
+            let token = session.kernels.issue(handle);
+            let ring_index = session.ring_indices.kernel(handle);
+            let info = loaded_info(
+                (token, ring_index),
+                &handle,
+                &kernel,
+                false,
+                started,
+                self.boot,
+            );
+            let grant = state.ring_grant(
+                session_id,
+                load.device_index,
+                generation,
+                None,
+                Some((handle, ring_index)),
+            );
+            Ok((info, grant))
+        })
         .await;
         let result = match result {
             Ok((info, grant)) => {
@@ -998,7 +983,9 @@ mod tests {
         let mut waiting = Vec::new();
         for k in 1..QUEUE_FACTOR {
             let queued = gate.clone();
-            waiting.push(tokio::spawn(async move { queued.run(alice, move || k).await }));
+            waiting.push(tokio::spawn(
+                async move { queued.run(alice, move || k).await },
+            ));
             while admitted(&gate) != k + 1 {
                 tokio::task::yield_now().await;
             }

@@ -40,6 +40,7 @@
 //!   host shared memory, memory passed by descriptor, trust for unverified
 //!   machine code.
 
+mod awaiting;
 mod buffers;
 mod effects;
 mod fds;
@@ -125,7 +126,7 @@ struct State {
     devices: Vec<DeviceState>,
     draining: bool,
     /// RegisterBuffer (posix_fd) calls waiting for their descriptor.
-    fd_tokens: FdTokens<fds::Awaiting>,
+    fd_tokens: FdTokens<awaiting::Awaiting>,
 }
 
 impl State {

@@ -19,10 +19,11 @@ use std::sync::Arc;
 
 use ptxd_proto::executor as exec;
 
+use super::awaiting::{Awaiting, AwaitingRing};
 use super::effects::{run_cleanup, side_effect, Cleanup};
 use super::{parse_session, DeviceChoice, Front, State};
 use crate::error::Error;
-use crate::executor::link::Operation;
+use crate::executor::link::CleanUp;
 use crate::executor::supervisor::ExecutorLink;
 use crate::executor::ExecutorError;
 use crate::handles::{DeviceGeneration, KernelHandle, SessionId};
@@ -50,13 +51,6 @@ pub enum RingOpening {
         token: String,
         ttl: std::time::Duration,
     },
-}
-
-/// An OpenRing (by_fd) waiting for its memfd.
-#[derive(Debug)]
-pub struct AwaitingRing {
-    caller: Caller,
-    device: DeviceChoice,
 }
 
 /// Where a ring's memory comes from.
@@ -125,7 +119,7 @@ impl State {
                 revoke_kernels: kernels,
                 ..Default::default()
             };
-            cleanup.insert(0, (link, grant.into_op()));
+            cleanup.insert(0, (link, CleanUp::new(grant)));
         }
     }
 
@@ -190,8 +184,7 @@ impl Front {
                 caller: peer,
                 device: request.device,
             };
-            let (token, ttl) =
-                self.issue_fd_token(&session_id, peer, super::fds::Awaiting::Ring(awaiting))?;
+            let (token, ttl) = self.issue_fd_token(&session_id, peer, Awaiting::Ring(awaiting))?;
             return Ok(RingOpening::AwaitingFd { token, ttl });
         }
         ptxd_ipc::shm::validate_shm_name(&request.shm_name).map_err(|_| {
@@ -277,49 +270,42 @@ impl Front {
             max_kernel_timeouts: timeouts.limit(),
         };
         let undo = exec::CloseRing { stream };
-        let grant = side_effect(
-            &*link,
-            &device_uuid,
-            open.into_op(),
-            undo.into_op(),
-            |reply| exec::OpenRing::accept(reply).map_err(Error::from),
-            |()| {
-                let mut state = self.lock();
-                state.recheck(&session_id, index, generation, &device_uuid)?;
-                state.session(&session_id, peer)?;
-                let buffers = state
-                    .registry
-                    .buffers_of(&session_id)
-                    .into_iter()
-                    .filter(|(_, e)| e.device_index == index && e.open_in == Some(generation))
-                    .map(|(_, e)| exec::RingBuffer {
-                        ring_index: e.ring_index,
-                        buffer_id: e.id.0,
-                        size: e.size,
-                    })
-                    .collect();
-                let session = state
-                    .sessions
-                    .get(&session_id)
-                    .ok_or_else(|| Error::Internal {
-                        message: "session vanished under the lock".into(),
-                    })?;
-                let kernels = session
-                    .ring_indices
-                    .kernels()
-                    .filter_map(|(h, i)| kernel_grant(&state, h, i, index, generation))
-                    .collect();
-                if let Some(session) = state.sessions.get_mut(&session_id) {
-                    session.ring = Some((index, generation));
-                }
-                Ok(exec::RingGrant {
-                    stream,
-                    buffers,
-                    kernels,
-                    ..Default::default()
+        let grant = side_effect(&*link, open, undo, |()| {
+            let mut state = self.lock();
+            state.recheck(&session_id, index, generation, &device_uuid)?;
+            state.session(&session_id, peer)?;
+            let buffers = state
+                .registry
+                .buffers_of(&session_id)
+                .into_iter()
+                .filter(|(_, e)| e.device_index == index && e.open_in == Some(generation))
+                .map(|(_, e)| exec::RingBuffer {
+                    ring_index: e.ring_index,
+                    buffer_id: e.id.0,
+                    size: e.size,
                 })
-            },
-        )
+                .collect();
+            let session = state
+                .sessions
+                .get(&session_id)
+                .ok_or_else(|| Error::Internal {
+                    message: "session vanished under the lock".into(),
+                })?;
+            let kernels = session
+                .ring_indices
+                .kernels()
+                .filter_map(|(h, i)| kernel_grant(&state, h, i, index, generation))
+                .collect();
+            if let Some(session) = state.sessions.get_mut(&session_id) {
+                session.ring = Some((index, generation));
+            }
+            Ok(exec::RingGrant {
+                stream,
+                buffers,
+                kernels,
+                ..Default::default()
+            })
+        })
         .await?;
         // The first grant goes before the reply: the client may submit as
         // soon as it has it.
@@ -329,7 +315,7 @@ impl Front {
             if let Some(session) = self.lock().sessions.get_mut(&session_id) {
                 session.ring = None;
             }
-            cleanup.push((link.clone(), exec::CloseRing { stream }.into_op()));
+            cleanup.push((link.clone(), CleanUp::new(exec::CloseRing { stream })));
             run_cleanup(cleanup).await;
             // Whatever the grant's failure, the client hears one reason:
             // the ring did not come up as OpenRing promised.

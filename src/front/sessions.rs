@@ -15,7 +15,7 @@ use ptxd_proto::executor as exec;
 use super::effects::{queue_close_buffer, queue_close_event, queue_unload, run_cleanup, Cleanup};
 use super::Front;
 use crate::error::Error;
-use crate::executor::link::Operation;
+use crate::executor::link::CleanUp;
 use crate::handles::SessionId;
 use crate::sessions::{Caller, LeaseEvent, Session, SessionError};
 
@@ -120,10 +120,9 @@ impl Front {
                 if let Some(link) = device.live_link() {
                     cleanup.push((
                         link.clone(),
-                        exec::CloseStream {
+                        CleanUp::new(exec::CloseStream {
                             stream: session.stream,
-                        }
-                        .into_op(),
+                        }),
                     ));
                 }
             }

@@ -13,12 +13,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ptxd_proto::executor::{self as exec, reply, request::Op};
+use ptxd_proto::executor as exec;
 use tokio::sync::mpsc;
 
-use super::buffers::open_buffer_op;
+use super::buffers::open_buffer_request;
 use super::effects::{run_cleanup, Cleanup};
 use super::Front;
+use crate::executor::link::CleanUp;
 use crate::executor::supervisor::{DeathNotice, DownCause, ExecutorLink};
 use crate::handles::DeviceGeneration;
 use crate::sessions::LeaseEvent;
@@ -138,8 +139,8 @@ impl Front {
             };
             let mut reopened_buffers = Vec::new();
             for buffer in &buffers {
-                let ok = match open_buffer_op(buffer, &link) {
-                    Ok(op) => matches!(link.call(op).await, Ok(reply::Result::OpenBuffer(_))),
+                let ok = match open_buffer_request(buffer, &link) {
+                    Ok(open) => link.open_buffer(open).await.is_ok(),
                     Err(_) => false,
                 };
                 reopened_buffers.push((buffer.id, ok));
@@ -160,11 +161,11 @@ impl Front {
             }
             let mut reopened_events = Vec::new();
             for event in &events {
-                let op = Op::OpenEvent(exec::OpenEvent {
+                let open = exec::OpenEvent {
                     event_id: event.id.0,
                     handle: event.handle.clone(),
-                });
-                let ok = matches!(link.call(op).await, Ok(reply::Result::Ok(_)));
+                };
+                let ok = link.open_event(open).await.is_ok();
                 reopened_events.push((event.id, ok));
             }
             if link.is_down() {
@@ -186,7 +187,7 @@ impl Front {
                     {
                         late_closes.push((
                             link.clone(),
-                            Op::CloseBuffer(exec::CloseBuffer { buffer_id: id.0 }),
+                            CleanUp::new(exec::CloseBuffer { buffer_id: id.0 }),
                         ));
                     }
                 }
@@ -198,7 +199,7 @@ impl Front {
                     {
                         late_closes.push((
                             link.clone(),
-                            Op::CloseEvent(exec::CloseEvent { event_id: id.0 }),
+                            CleanUp::new(exec::CloseEvent { event_id: id.0 }),
                         ));
                     }
                 }
