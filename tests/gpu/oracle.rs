@@ -148,7 +148,11 @@ fn attackers() -> Vec<(&'static str, String)> {
 /// (the seeds of `tests/ptx_mutants.rs`).
 fn seeds() -> Vec<(String, String)> {
     let nvcc = nvcc_ref::corpus_root();
-    let root = nvcc.parent().unwrap().to_path_buf();
+    // The seed kernels: `$PTXD_CORPUS` where the GPU pack puts them (its
+    // nvcc corpus is not beside them), else the source tree's corpus.
+    let root = std::env::var_os("PTXD_CORPUS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| nvcc.parent().unwrap().to_path_buf());
     let mut files = vec![
         root.join("add_f32_scalar.ptx"),
         root.join("affine_f32_scalar.ptx"),
