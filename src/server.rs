@@ -453,7 +453,9 @@ pub async fn serve(
     })
     .await;
     if drained.is_err() {
-        tracing::warn!("in-flight calls outlived the drain timeout; stopping the executors under them");
+        tracing::warn!(
+            "in-flight calls outlived the drain timeout; stopping the executors under them"
+        );
     }
     // The executors stop first, with every listener's connections still
     // open: a launch that never started is answered NOT_RUN (the client

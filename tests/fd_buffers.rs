@@ -14,11 +14,11 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use common::{corpus, executor_pid, random_f32, wait_until, Daemon};
-use ptxd_ipc::packet::fd_socket_path;
 use ptxd_client::{
     attach_fd, Buffer, Client, FdBufferSpec, HostMemfd, HostShm, Launch, LoadOptions, Refusal,
     Session,
 };
+use ptxd_ipc::packet::fd_socket_path;
 use ptxd_proto::v1 as pb;
 
 /// A memfd of `n` f32 values (poison when `values` is `None`), registered.
@@ -408,13 +408,8 @@ async fn a_descriptor_from_another_uid_is_refused_and_burns_the_token() {
                 nix::unistd::setgid(nix::unistd::Gid::from_raw(65534)).ok()?;
                 nix::unistd::setuid(nix::unistd::Uid::from_raw(65534)).ok()?;
                 let socket = ptxd_ipc::packet::connect_seqpacket(&path, false).ok()?;
-                ptxd_ipc::packet::send_packet(
-                    socket.as_fd(),
-                    &packet,
-                    Some(memfd.as_fd()),
-                    false,
-                )
-                .ok()?;
+                ptxd_ipc::packet::send_packet(socket.as_fd(), &packet, Some(memfd.as_fd()), false)
+                    .ok()?;
                 let reply = ptxd_ipc::packet::recv_packet(socket.as_fd(), false).ok()??;
                 nix::unistd::write(&write_end, &reply.bytes).ok()?;
                 Some(0)

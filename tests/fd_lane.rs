@@ -11,8 +11,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use common::{corpus, random_f32, Daemon};
-use ptxd_ipc::packet::{connect_seqpacket, fd_socket_path, recv_packet, send_packet};
 use ptxd_client::{Client, Error, HostShm, Kernel, Launch, LoadOptions, Operand, Session};
+use ptxd_ipc::packet::{connect_seqpacket, fd_socket_path, recv_packet, send_packet};
 use ptxd_proto::v1 as pb;
 
 /// Connected `SOCK_SEQPACKET` sockets the daemon accepted on `path` (from

@@ -202,10 +202,12 @@ fn target_options(text: &str) -> Vec<String> {
 
 /// Issue 20: the canonical text of a `-G` build dropped `, debug`, and
 /// ptxas then contracted `mul` + `add` into `fma` where the client's text
-/// does not (4 kernels of `tests/corpus/nvcc_g` differ on the H200). Fails
-/// until the printer keeps every `.target` option.
+/// does not (4 kernels of `tests/corpus/nvcc_g` differ on the H200); and
+/// keeping `debug` without debug sections is refused by the driver's JIT.
+/// So every other option is kept, `debug` goes, and no float add/sub/mul is
+/// left that ptxas could contract.
 #[test]
-fn canonical_text_of_debug_builds_keeps_every_target_option() {
+fn canonical_text_of_debug_builds_keeps_what_debug_means() {
     let dir = std::path::Path::new(common::CORPUS).join("nvcc_g/ptx");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
@@ -216,17 +218,29 @@ fn canonical_text_of_debug_builds_keeps_every_target_option() {
     let (mut accepted, mut lost) = (0, Vec::new());
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        let want = target_options(&text);
+        let mut want = target_options(&text);
         assert!(want.iter().any(|o| o == "debug"), "{}", file.display());
+        want.retain(|o| o != "debug");
         for function in ptxd::ptx::parse::parse(&text).unwrap().functions {
             let Ok(canonical) = ptxd::ptx::canonicalize(&text, &function.name, None) else {
                 continue;
             };
             accepted += 1;
             let got = target_options(&canonical.text);
-            if got != want {
+            let contractible = canonical.text.lines().find(|l| {
+                let op = l.trim().split_whitespace().next().unwrap_or("");
+                let mut parts = op.split('.');
+                let base = parts.next().unwrap_or("");
+                let mods: Vec<&str> = parts.collect();
+                ["add", "sub", "mul"].contains(&base)
+                    && mods
+                        .iter()
+                        .any(|m| m.starts_with('f') || m.starts_with("bf"))
+                    && !mods.iter().any(|m| ["rn", "rz", "rm", "rp"].contains(m))
+            });
+            if got != want || contractible.is_some() {
                 lost.push(format!(
-                    "{} {}: {got:?} instead of {want:?}",
+                    "{} {}: {got:?} instead of {want:?}; {contractible:?}",
                     file.file_name().unwrap().to_string_lossy(),
                     function.name
                 ));

@@ -20,12 +20,12 @@ use ptxd_proto::v1 as pb;
 use tokio::io::unix::AsyncFd;
 
 use crate::error::{from_launch_error, Error};
-use ptxd_ipc::packet::{
-    connect_seqpacket, recv_async_in, send_async, PacketBuffer, PacketMeta, MAX_PACKET,
-};
 use crate::session::Session;
 use crate::shm::HostMemfd;
 use crate::types::Buffer;
+use ptxd_ipc::packet::{
+    connect_seqpacket, recv_async_in, send_async, PacketBuffer, PacketMeta, MAX_PACKET,
+};
 
 /// Where a buffer passed by descriptor lives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -46,10 +46,10 @@ use tokio::io::unix::AsyncFd;
 
 use crate::error::Error;
 use crate::fd_buffers::decode_reply;
+use crate::lane::LaneError;
 use ptxd_ipc::packet::{
     connect_seqpacket, recv_packet_in, recv_spinning_in, send_async, PacketBuffer, MAX_PACKET,
 };
-use crate::lane::LaneError;
 
 /// Connections one client keeps to the fd socket for launches (the daemon
 /// serves 8 per uid, and registrations by descriptor need one too).

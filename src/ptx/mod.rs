@@ -185,9 +185,10 @@ pub fn canonicalize(
             "the module needs `.version` and one `.target sm_XX`",
         ));
     }
-    // The canonical text keeps every `.target` option (`debug` turns off
-    // ptxas's fma contraction, `map_f64_to_f32` changes results), so each
-    // must be one ptxd knows to mean nothing else.
+    // The canonical text keeps every `.target` option but `debug`, whose
+    // one effect on results (no fma contraction) it keeps by pinning the
+    // rounding of float add/sub/mul instead ([`print::without_debug_target`]);
+    // each option must be one ptxd knows to mean nothing else.
     if let Some(t) = kernel.target.iter().find(|t| !print::known_target(t)) {
         return Err(refuse(&format!(
             "the `.target` option `{t}` is not one ptxd keeps"
@@ -206,6 +207,7 @@ pub fn canonicalize(
             ),
         });
     }
+    let kernel = print::without_debug_target(kernel);
     let printed = print::print(&kernel);
     let (again, reverified) = verify_kernel(&printed, symbol, declared)
         .map_err(|e| refuse(&format!("the canonical text does not verify: {e}")))?;

@@ -9,7 +9,12 @@
 //!   declaration, every param `<entry>_param_<k>` and every branch target
 //!   `$L<pc>`: no scopes, no shadowing, no name that can mean two things.
 //! - Nothing but the entry is printed: no other function, no variable, no
-//!   debug section, no `.loc`/`.file`. Every `.target` option and every
+//!   debug section, no `.loc`/`.file`. A `debug` target cannot be printed
+//!   without the debug sections ptxas then requires (the driver's JIT
+//!   refuses it), so its one effect on results, no `mul`+`add` contracted
+//!   into `fma`, is kept by pinning every float `add`/`sub`/`mul` to `.rn`
+//!   (which ptxas never contracts) and the option is dropped
+//!   ([`without_debug_target`]). Every other `.target` option and every
 //!   entry directive that changes code generation (`.maxnreg`,
 //!   `.minnctapersm`, the launch bounds) is printed as written; the
 //!   directives it cannot keep (`.pragma`, cluster directives) are refused by
@@ -123,8 +128,8 @@ pub fn print(k: &Kernel) -> String {
     if let Some(v) = &k.version {
         let _ = writeln!(out, ".version {v}");
     }
-    // Every option, as the client wrote it: `debug` changes what ptxas
-    // generates (no fma contraction), so dropping it would change results.
+    // Every option, as the client wrote it (`debug` is gone by now: see
+    // `without_debug_target`).
     if !k.target.is_empty() {
         let _ = writeln!(out, ".target {}", k.target.join(", "));
     }
@@ -170,9 +175,46 @@ pub fn print(k: &Kernel) -> String {
     out
 }
 
+/// Float types of `add`/`sub`/`mul` whose rounding can be pinned.
+const FLOAT_ARITH_TYPES: [&str; 6] = ["f32", "f64", "f16", "f16x2", "bf16", "bf16x2"];
+
+/// Rounding modifiers of float arithmetic.
+const ROUNDINGS: [&str; 4] = ["rn", "rz", "rm", "rp"];
+
+/// `k` without a `debug` target option, computing what it computed with
+/// it: a `debug` target makes ptxas compile without contracting `mul` and
+/// `add` into `fma`, and the canonical text cannot keep the option (ptxas
+/// then wants debug sections, which ptxd never prints), so every float
+/// `add`/`sub`/`mul` without a rounding modifier gets `.rn`: the same
+/// rounding (round to nearest even is the default), and an instruction
+/// with an explicit rounding is never contracted. A kernel without `debug`
+/// is returned unchanged.
+pub fn without_debug_target(mut k: Kernel) -> Kernel {
+    if !k.target.iter().any(|t| t == "debug") {
+        return k;
+    }
+    k.target.retain(|t| t != "debug");
+    for inst in &mut k.insts {
+        let arith = matches!(inst.base.as_str(), "add" | "sub" | "mul");
+        let float = inst
+            .mods
+            .iter()
+            .any(|m| FLOAT_ARITH_TYPES.contains(&m.as_str()));
+        let rounded = inst.mods.iter().any(|m| ROUNDINGS.contains(&m.as_str()));
+        if arith && float && !rounded {
+            inst.mods.insert(0, "rn".to_string());
+            inst.opcode = std::iter::once(inst.base.as_str())
+                .chain(inst.mods.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(".");
+        }
+    }
+    k
+}
+
 /// Whether `t` is a `.target` entry ptxd prints back unchanged: an
-/// architecture, or an option whose meaning is known (`debug` keeps ptxas
-/// from contracting `mul`+`add`; `map_f64_to_f32` and the texture modes
+/// architecture, or an option whose meaning is known (`debug`, printed as
+/// pinned roundings by [`without_debug_target`]; `map_f64_to_f32` and the texture modes
 /// change nothing a scalar kernel can reach, but are kept all the same).
 pub fn known_target(t: &str) -> bool {
     let arch = |p: &str| {

@@ -41,7 +41,7 @@
 
 #![warn(missing_docs)]
 
-pub mod ring;
 pub mod packet;
+pub mod ring;
 pub mod shm;
 pub mod socket_dir;

@@ -28,9 +28,9 @@ mod launch_ring;
 mod memory;
 
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
-use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
