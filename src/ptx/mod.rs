@@ -167,10 +167,11 @@ pub fn canonicalize(
     declared: Option<DeclaredAbi>,
 ) -> Result<Canonical, PtxError> {
     let (kernel, verified) = verify_kernel(text, symbol, declared)?;
+    let entry_line = kernel.line;
     let refuse = |why: &str| PtxError::NonScalarAbi {
         sub_reason: SubReason::CanonicalForm.as_str(),
         param: None,
-        line: Some(kernel.line),
+        line: Some(entry_line),
         explanation: why.to_string(),
     };
     if kernel.version.is_none()
