@@ -228,7 +228,7 @@ fn canonical_text_of_debug_builds_keeps_what_debug_means() {
             accepted += 1;
             let got = target_options(&canonical.text);
             let contractible = canonical.text.lines().find(|l| {
-                let op = l.trim().split_whitespace().next().unwrap_or("");
+                let op = l.split_whitespace().next().unwrap_or("");
                 let mut parts = op.split('.');
                 let base = parts.next().unwrap_or("");
                 let mods: Vec<&str> = parts.collect();
