@@ -910,3 +910,55 @@ fn operands_whose_type_agrees_are_accepted() {
         }
     }
 }
+
+/// The second GPU oracle run (after the operand-type rules) found three
+/// more texts the verifier accepted and ptxas refused, each a class: two
+/// launch-bound directives ptxas will not take together, `.nc` on a generic
+/// address, and an address offset printed or sized in a way ptxas cannot
+/// read (`[%r-4]` instead of nvcc's `[%r+-4]`; an offset past 32 bits).
+#[test]
+fn the_second_oracle_runs_jit_refusals_are_refused_or_printed_as_ptxas_reads() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/oracle_findings");
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    for (file, symbol, sub_reason, named) in [
+        (
+            "jit2-reqntid-maxntid-max_f32_lb128_4.ptx",
+            "max_f32_lb128_4",
+            "reqntid_conflict",
+            ".maxntid",
+        ),
+        (
+            "jit2-generic-nc-mul_u8_i16_to_i32.ptx",
+            "mul_u8_i16_to_i32",
+            "unsupported_instruction",
+            ".nc",
+        ),
+        (
+            "jit2-wide-offset-relu_f32.ptx",
+            "relu_f32",
+            "unmodelled_operand",
+            "st.global.f32",
+        ),
+    ] {
+        match ptx::canonicalize(&read(file), symbol, None) {
+            Err(PtxError::NonScalarAbi {
+                sub_reason: got,
+                explanation,
+                ..
+            }) => {
+                assert_eq!(got, sub_reason, "{file}: {explanation}");
+                assert!(explanation.contains(named), "{file}: {explanation}");
+            }
+            other => panic!("{file}: {other:?}"),
+        }
+    }
+    // A negative constant offset stays accepted, printed as nvcc writes it.
+    let c = canonical(&read("jit2-negative-offset-mulhi_u32.ptx"), "mulhi_u32");
+    assert!(c.text.contains("+-4]"), "{}", c.text);
+    let bare_minus = c.text.lines().find(|l| {
+        l.split('[').nth(1).is_some_and(|rest| {
+            rest.split(']').next().unwrap_or("").contains("-") && !rest.contains("+-")
+        })
+    });
+    assert!(bare_minus.is_none(), "{bare_minus:?}");
+}

@@ -67,14 +67,9 @@ fn operand(k: &Kernel, o: &Opnd, out: &mut String) {
                     let _ = write!(out, "{}", *v as u64);
                 }
             }
-            match offset {
-                0 => {}
-                o if *o < 0 => {
-                    let _ = write!(out, "-{}", o.unsigned_abs());
-                }
-                o => {
-                    let _ = write!(out, "+{o}");
-                }
+            // `[%r+-8]`, as nvcc writes it: ptxas reads no `[%r-8]`.
+            if *offset != 0 {
+                let _ = write!(out, "+{offset}");
             }
             out.push(']');
         }

@@ -38,6 +38,14 @@ pub(super) fn launch_bounds(k: &Kernel) -> Result<(Option<u32>, Option<u32>), Pt
             ));
         }
     }
+    if k.reqntid.is_some() && k.maxntid.is_some() {
+        return Err(refuse(
+            SubReason::ReqntidConflict,
+            None,
+            line,
+            "`.reqntid` and `.maxntid` together: ptxas refuses a kernel that names both",
+        ));
+    }
     Ok((k.reqntid.map(|d| d[0]), k.maxntid.map(|d| d[0])))
 }
 

@@ -589,7 +589,9 @@ fn plays(k: &Kernel, role: OperandRole, o: &Opnd) -> bool {
             .iter()
             .all(|it| matches!(it, Opnd::Reg(_) | Opnd::Imm(_))),
         (Guard, Opnd::Reg(r) | Opnd::Not(r)) => is_pred(r),
-        (Address, Opnd::Addr { .. }) => true,
+        // ptxas reads an address's constant offset as a 32-bit signed
+        // number; a wider one is no address it accepts.
+        (Address, Opnd::Addr { offset, .. }) => i32::try_from(*offset).is_ok(),
         (Target, Opnd::Label(_)) => true,
         (Immediate, Opnd::Imm(crate::ptx::parse::Imm::Int(_))) => true,
         _ => false,
@@ -623,6 +625,19 @@ pub(crate) fn classify(k: &Kernel, inst: &Inst) -> Result<Typed, PtxError> {
             return Err(unmodelled("is not modelled on this opcode"));
         }
         modifiers.push(modifier);
+    }
+    // `.nc` (the non-coherent read-only path) exists only in the global
+    // state space named as such: ptxas refuses it on a generic address.
+    if modifiers.contains(&Modifier::Nc) && !modifiers.contains(&Modifier::Global) {
+        return Err(refuse(
+            SubReason::UnsupportedInstruction,
+            None,
+            line,
+            format!(
+                "`{}`: the modifier `.nc` needs `.global` (ptxas refuses it on a generic address)",
+                inst.opcode
+            ),
+        ));
     }
     let fits = |form: &&[OperandRole]| {
         form.len() == inst.ops.len() && form.iter().zip(&inst.ops).all(|(r, o)| plays(k, *r, o))
