@@ -952,6 +952,28 @@ fn the_second_oracle_runs_jit_refusals_are_refused_or_printed_as_ptxas_reads() {
             other => panic!("{file}: {other:?}"),
         }
     }
+    // A comparison PTX does not define for the type (`setp.hs.s64`: `hs`
+    // is unsigned-only) is refused; the same kernel with a comparison that
+    // fits its type is accepted.
+    let compare = read("jit2-compare-hs-s64-add_bf16.ptx");
+    match ptx::canonicalize(&compare, "add_bf16", None) {
+        Err(PtxError::NonScalarAbi {
+            sub_reason,
+            explanation,
+            ..
+        }) => {
+            assert_eq!(sub_reason, "operand_type", "{explanation}");
+            assert!(explanation.contains(".hs"), "{explanation}");
+        }
+        other => panic!("{other:?}"),
+    }
+    for fits in ["setp.hs.u64", "setp.ge.s64", "setp.ge.u64"] {
+        canonical(&compare.replace("setp.hs.s64", fits), "add_bf16");
+    }
+    for wrong in ["setp.lo.s64", "setp.gtu.s64", "setp.lt.b64", "setp.hi.f32"] {
+        let text = compare.replace("setp.hs.s64", wrong);
+        assert_eq!(refusal_of(&text, "add_bf16"), "operand_type", "{wrong}");
+    }
     // A negative constant offset stays accepted, printed as nvcc writes it.
     let c = canonical(&read("jit2-negative-offset-mulhi_u32.ptx"), "mulhi_u32");
     assert!(c.text.contains("+-4]"), "{}", c.text);

@@ -1088,6 +1088,46 @@ fn mismatch(k: &Kernel, want: PtxType, relaxed: bool, legacy16: bool, o: &Opnd) 
 
 /// The type rule of PTX: every operand of `inst` agrees with the type its
 /// position has under the instruction's types (`operand_type`).
+/// Why a `setp`/`set` comparison is not one PTX defines for the type it
+/// compares, if it is not: `lo`/`ls`/`hi`/`hs` compare unsigned integers
+/// only; the unordered float comparisons (`equ` .. `geu`, `num`, `nan`)
+/// floats only; the ordered `lt`/`le`/`gt`/`ge` numbers, not bit types;
+/// `eq`/`ne` anything. ptxas refuses the rest ("mismatch between
+/// instruction type and comparison qualifier").
+fn comparison_mismatch(inst: &Inst) -> Option<String> {
+    const UNSIGNED_ONLY: [&str; 4] = ["lo", "ls", "hi", "hs"];
+    const FLOAT_ONLY: [&str; 8] = ["equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan"];
+    const ORDERED: [&str; 4] = ["lt", "le", "gt", "ge"];
+    let cmp = inst.mods.iter().map(String::as_str).find(|m| {
+        UNSIGNED_ONLY.contains(m)
+            || FLOAT_ONLY.contains(m)
+            || ORDERED.contains(m)
+            || ["eq", "ne"].contains(m)
+    })?;
+    // The compared type is the last type of the instruction (`setp.lt.s32`,
+    // `set.lt.u32.f32`).
+    let ty = inst
+        .mods
+        .iter()
+        .rev()
+        .map(String::as_str)
+        .find(|m| Ty::from_name(m).is_some() || m.ends_with("x2"))?;
+    let float = ty.starts_with('f') || ty.starts_with("bf");
+    let unsigned = ty.starts_with('u');
+    let signed = ty.starts_with('s');
+    let fits = if UNSIGNED_ONLY.contains(&cmp) {
+        unsigned
+    } else if FLOAT_ONLY.contains(&cmp) {
+        float
+    } else if ORDERED.contains(&cmp) {
+        float || unsigned || signed
+    } else {
+        true
+    };
+    (!fits)
+        .then(|| format!("compares `.{ty}` with `.{cmp}`, which PTX does not define for that type"))
+}
+
 fn check_types(k: &Kernel, inst: &Inst, t: &Typed) -> Result<(), PtxError> {
     let refusal = |why: String| {
         refuse(
@@ -1097,6 +1137,11 @@ fn check_types(k: &Kernel, inst: &Inst, t: &Typed) -> Result<(), PtxError> {
             format!("`{}` {why}", inst.opcode),
         )
     };
+    if matches!(t.opcode, Opcode::Setp | Opcode::Set) {
+        if let Some(why) = comparison_mismatch(inst) {
+            return Err(refusal(why));
+        }
+    }
     let slots = slots(t.opcode, &t.modifiers, &inst.ops).map_err(refusal)?;
     let legacy16 = matches!(t.opcode, Opcode::Mov | Opcode::Cvt);
     for (j, (slot, o)) in slots.iter().zip(&inst.ops).enumerate() {
