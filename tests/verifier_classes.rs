@@ -974,6 +974,11 @@ fn the_second_oracle_runs_jit_refusals_are_refused_or_printed_as_ptxas_reads() {
         let text = compare.replace("setp.hs.s64", wrong);
         assert_eq!(refusal_of(&text, "add_bf16"), "operand_type", "{wrong}");
     }
+    // `.lo` (or `.hi`, `.wide`) on a float multiply: ptxas refuses it.
+    let text = compare
+        .replace("setp.hs.s64", "setp.hs.u64")
+        .replace("add.bf16 %r18, %r14, %r17", "mul.lo.bf16 %r18, %r14, %r17");
+    assert_eq!(refusal_of(&text, "add_bf16"), "operand_type");
     // A negative constant offset stays accepted, printed as nvcc writes it.
     let c = canonical(&read("jit2-negative-offset-mulhi_u32.ptx"), "mulhi_u32");
     assert!(c.text.contains("+-4]"), "{}", c.text);

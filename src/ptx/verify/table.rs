@@ -1137,6 +1137,25 @@ fn check_types(k: &Kernel, inst: &Inst, t: &Typed) -> Result<(), PtxError> {
             format!("`{}` {why}", inst.opcode),
         )
     };
+    // `.lo`/`.hi`/`.wide` pick half or all of an integer product: ptxas
+    // refuses them on a float `mul`/`mad`.
+    if matches!(t.opcode, Opcode::Mul | Opcode::Mad)
+        && inst
+            .mods
+            .iter()
+            .any(|m| ["lo", "hi", "wide"].contains(&m.as_str()))
+    {
+        if let Some(ty) = inst
+            .mods
+            .iter()
+            .map(String::as_str)
+            .find(|m| m.starts_with('f') || m.starts_with("bf"))
+        {
+            return Err(refusal(format!(
+                "takes `.lo`/`.hi`/`.wide` with `.{ty}`: they select an integer product's bits"
+            )));
+        }
+    }
     if matches!(t.opcode, Opcode::Setp | Opcode::Set) {
         if let Some(why) = comparison_mismatch(inst) {
             return Err(refusal(why));
