@@ -466,9 +466,12 @@ fn the_executors_spin_is_under_the_daemon_wide_bound() {
         bounded < over / 10,
         "the executor spun ({bounded:?} of CPU in {over:?}) while the front held every permit"
     );
+    // The control is relative: on a loaded machine (CI's two cores run
+    // tests side by side) a spinning executor gets less than a core, but
+    // still far more than none.
     assert!(
-        free > over / 4,
-        "control: with the permit free the executor spins ({free:?} in {over:?})"
+        free > over / 20 && free > bounded * 4,
+        "control: with the permit free the executor spins ({free:?} in {over:?}, {bounded:?} bounded)"
     );
     drop(channel);
     child.wait().unwrap();
