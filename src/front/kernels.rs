@@ -530,36 +530,11 @@ impl Front {
             state.recheck(session_id, load.device_index, generation, &device_uuid)?;
             // Quotas again: another load may have taken the room.
             self.make_room(&mut state, session_id, tenant, None, bytes, &mut evicted)?;
-            let State {
-                slots,
-                devices,
-                sessions,
-                ..
-            } = &mut *state;
+            let State { slots, devices, .. } = &mut *state;
             let (handle, kernel) = slots.insert(kernel, session_id, State::is_live(devices))?;
-            let session = sessions
-                .get_mut(session_id)
-                .ok_or_else(|| Error::Internal {
-                    message: "session vanished under the lock".into(),
-                })?;
-            let token = session.kernels.issue(handle);
-            let ring_index = session.ring_indices.kernel(handle);
-            let info = loaded_info(
-                (token, ring_index),
-                &handle,
-                &kernel,
-                false,
-                started,
-                self.boot,
-            );
-            let grant = state.ring_grant(
-                session_id,
-                load.device_index,
-                generation,
-                None,
-                Some((handle, ring_index)),
-            );
-            Ok((info, grant))
+            issue_to_session(
+                &mut state, session_id, handle, &kernel, false, started, self.boot,
+            )
         })
         .await;
         let result = match result {
@@ -609,38 +584,13 @@ impl Front {
             if already.is_none() {
                 self.make_room(state, session_id, tenant, Some(&handle), bytes, evicted)?;
             }
-            let State {
-                slots,
-                devices,
-                sessions,
-                ..
-            } = &mut *state;
+            let State { slots, devices, .. } = &mut *state;
             if let Some((handle, kernel)) =
                 slots.hold_cached(&key, session_id, State::is_live(devices))
             {
-                let session = sessions
-                    .get_mut(session_id)
-                    .ok_or_else(|| Error::Internal {
-                        message: "session vanished under the lock".into(),
-                    })?;
-                let token = session.kernels.issue(handle);
-                let ring_index = session.ring_indices.kernel(handle);
-                let info = loaded_info(
-                    (token, ring_index),
-                    &handle,
-                    &kernel,
-                    true,
-                    started,
-                    self.boot,
-                );
-                let grant = state.ring_grant(
-                    session_id,
-                    kernel.device_index,
-                    kernel.generation,
-                    None,
-                    Some((handle, ring_index)),
-                );
-                return Ok(LoadCheck::Cached(Box::new((info, grant))));
+                let issued =
+                    issue_to_session(state, session_id, handle, &kernel, true, started, self.boot)?;
+                return Ok(LoadCheck::Cached(Box::new(issued)));
             }
         }
         self.make_room(state, session_id, tenant, None, bytes, evicted)?;
@@ -919,6 +869,44 @@ pub(super) fn stale_kernel(text: &str, boot: BootId, handle: &KernelRef) -> Erro
         },
     }
     .into()
+}
+
+/// Gives the session its handle to a kernel it now holds in a slot (a
+/// cache hit or a fresh load): its token, its ring index, the answer, and
+/// the grant that tells its ring.
+fn issue_to_session(
+    state: &mut State,
+    session_id: &SessionId,
+    handle: KernelHandle,
+    kernel: &LoadedKernel,
+    cache_hit: bool,
+    started: Instant,
+    boot: BootId,
+) -> Result<(LoadedKernelInfo, Grant), Error> {
+    let session = state
+        .sessions
+        .get_mut(session_id)
+        .ok_or_else(|| Error::Internal {
+            message: "session vanished under the lock".into(),
+        })?;
+    let token = session.kernels.issue(handle);
+    let ring_index = session.ring_indices.kernel(handle);
+    let info = loaded_info(
+        (token, ring_index),
+        &handle,
+        kernel,
+        cache_hit,
+        started,
+        boot,
+    );
+    let grant = state.ring_grant(
+        session_id,
+        kernel.device_index,
+        kernel.generation,
+        None,
+        Some((handle, ring_index)),
+    );
+    Ok((info, grant))
 }
 
 fn loaded_info(
