@@ -5,12 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use common::{corpus, random_f32, Daemon};
+use crate::support::{corpus, random_f32, Daemon};
 use ptxd_client::{Client, Error, HostShm, Kernel, Launch, LoadOptions, Operand, Session};
 use ptxd_ipc::packet::{connect_seqpacket, fd_socket_path, recv_packet, send_packet};
 use ptxd_proto::v1 as pb;
@@ -170,7 +168,7 @@ async fn refusals_over_the_fd_socket_are_the_ones_grpc_gives() {
         (4 * (n + 1)).to_string()
     );
     // Refused over the fd socket, logged as such, once.
-    common::wait_until(
+    crate::support::wait_until(
         "the refusal's log line",
         std::time::Duration::from_secs(5),
         || daemon.stderr().contains(FD_REFUSAL),
@@ -293,7 +291,7 @@ async fn past_the_per_uid_cap_a_connection_is_told_and_launches_fall_back_to_htt
     let held: Vec<OwnedFd> = (0..8)
         .map(|_| connect_seqpacket(&path, false).unwrap())
         .collect();
-    common::wait_until(
+    crate::support::wait_until(
         "8 accepted connections",
         std::time::Duration::from_secs(5),
         || accepted_on(&path) == 8,
@@ -325,7 +323,7 @@ async fn past_the_per_uid_cap_a_connection_is_told_and_launches_fall_back_to_htt
     // Once a connection is free again (after the SDK's back-off), the fd
     // socket is used again.
     drop(held);
-    common::wait_until(
+    crate::support::wait_until(
         "the held connections closed",
         std::time::Duration::from_secs(5),
         || accepted_on(&path) == 0,
@@ -396,7 +394,7 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     assert_eq!(fd.code(), grpc.code());
     assert_eq!(fd.message(), grpc.message());
     assert_eq!(fd.metadata(), grpc.metadata());
-    common::wait_until(
+    crate::support::wait_until(
         "the refusal's log line",
         std::time::Duration::from_secs(5),
         || {
@@ -666,7 +664,7 @@ async fn a_uid_holding_every_fd_socket_connection_cannot_lock_out_another() {
         held.push(raw_connection(&path));
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    common::wait_until(
+    crate::support::wait_until(
         "four connections",
         std::time::Duration::from_secs(5),
         || accepted_on(&path) == 4,

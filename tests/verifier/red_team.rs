@@ -3,13 +3,12 @@
 //! refused by `canonicalize`. It found three holes, now closed: pointers
 //! packed into `.b128` or one-element vectors, and integer literals in
 //! float-typed `mov`/`selp` taken as integer constants.
-//! `tests/ptx_attacks.rs` asserts the exact sub_reason for each class.
+//! `tests/verifier/attacks.rs` asserts the exact sub_reason for each class.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 use ptxd::ptx;
 
-#[path = "support/attack_kernels.rs"]
-mod attack_kernels;
+use crate::support::attack_kernels;
 
 use attack_kernels::*;
 

@@ -1,16 +1,22 @@
-//! What the host integration suites share: the daemon (from
-//! `tests/support/daemon.rs`), the corpus, and small waits and probes.
+//! What every integration suite shares, in one place: the real daemon
+//! ([`daemon`]), the corpus, random inputs, small waits and probes, and the
+//! kernels and references several suites use. Each suite includes it as
+//! `mod support;` and uses its own part of it (hence `dead_code` allowed).
+//! `benches/` and `fuzz/` include single files of it by `#[path]`.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../support/daemon.rs"]
-mod daemon_support;
+pub mod attack_kernels;
+pub mod big_kernels;
+pub mod daemon;
+pub mod mutants;
+pub mod nvcc_ref;
+pub mod ring_completions;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-// Each suite uses its own part of the helper.
-#[allow(unused_imports)]
-pub use daemon_support::{executor_pid, ptxd_bin, run_to_exit, serve_command, Daemon};
+#[allow(unused_imports)] // each suite uses its own part
+pub use daemon::{executor_pid, ptxd_bin, run_to_exit, serve_command, Daemon};
 
 pub const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus");
 
@@ -52,4 +58,14 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// The harness name of test `name` in the module whose `module_path!()` is
+/// `module` (the crate's own name dropped), for a test that re-runs its own
+/// binary with `--exact` to get a child process.
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_crate, path)) => format!("{path}::{name}"),
+        None => name.to_string(),
+    }
 }

@@ -4,9 +4,7 @@
 //! really runs with.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::{corpus, random_f32, Daemon};
+use crate::support::{corpus, random_f32, Daemon};
 use ptxd_client::{Client, HostShm, Launch, LoadOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,12 +5,9 @@
 //! to get.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::support::big_kernels;
 
-#[path = "support/big_kernels.rs"]
-mod big_kernels;
-
-use common::{corpus, Daemon};
+use crate::support::{corpus, Daemon};
 use ptxd_client::{Client, Error, LoadOptions, Session};
 
 async fn session(daemon: &Daemon) -> (Client, Session) {
@@ -208,7 +205,7 @@ fn target_options(text: &str) -> Vec<String> {
 /// left that ptxas could contract.
 #[test]
 fn canonical_text_of_debug_builds_keeps_what_debug_means() {
-    let dir = std::path::Path::new(common::CORPUS).join("nvcc_g/ptx");
+    let dir = std::path::Path::new(crate::support::CORPUS).join("nvcc_g/ptx");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -263,7 +260,7 @@ fn canonical_text_of_debug_builds_keeps_what_debug_means() {
 /// verifier asks whether every register read was written on every path.
 #[test]
 fn kernels_the_gpu_oracle_caught_leaking_registers_are_refused() {
-    let dir = std::path::Path::new(common::CORPUS).join("oracle_findings");
+    let dir = std::path::Path::new(crate::support::CORPUS).join("oracle_findings");
     for (file, symbol) in [
         ("attacker-predicated_write.ptx", "predicated_write"),
         ("finding-246-add_i64.ptx", "add_i64"),

@@ -6,12 +6,10 @@
 //! executor restart.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{corpus, random_f32, Daemon};
+use crate::support::{corpus, random_f32, Daemon};
 use ptxd_client::{Buffer, Client, Error, HostShm, Kernel, Launch, LoadOptions, Session};
 
 async fn connect(daemon: &Daemon) -> Client {
@@ -269,7 +267,7 @@ async fn a_client_shrinking_its_buffer_under_its_launch_gets_a_typed_refusal() {
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "shrinking_client_process_main",
+            crate::support::test_name(module_path!(), "shrinking_client_process_main").as_str(),
             "--nocapture",
             "--test-threads",
             "1",
@@ -355,7 +353,7 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
         "an executor was restarted during the drain:\n{text}"
     );
     assert!(
-        !common::process_alive(executor as i32),
+        !crate::support::process_alive(executor as i32),
         "the executor stopped"
     );
 }
@@ -415,7 +413,7 @@ fn the_executors_spin_is_under_the_daemon_wide_bound() {
         .with_spin_slot(Some(slot));
     let (mut channel, child_end) = std::os::unix::net::UnixStream::pair().unwrap();
     let child_out = child_end.try_clone().unwrap();
-    let mut command = std::process::Command::new(common::ptxd_bin());
+    let mut command = std::process::Command::new(crate::support::ptxd_bin());
     command
         .args(args.to_args())
         .stdin(OwnedFd::from(child_end))

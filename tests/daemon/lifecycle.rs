@@ -4,11 +4,9 @@
 //! reclamation, client SIGKILL clean-up, drain, and many sessions at once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::{corpus, executor_pid, random_f32, Daemon};
+use crate::support::{corpus, executor_pid, random_f32, Daemon};
 use half::f16;
 use ptxd_client::{
     Buffer, Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session,
@@ -230,7 +228,7 @@ async fn one_compile_is_shared_between_sessions_and_freed_by_the_last() {
 #[tokio::test]
 async fn load_refusals_carry_their_exact_reasons() {
     // Trusted with machine code, so that the host executor's own refusal of
-    // a cubin shows (tests/tenants.rs covers the untrusted refusal).
+    // a cubin shows (tests/daemon/tenants.rs covers the untrusted refusal).
     let trust = format!("uid:{}", nix::unistd::getuid());
     let daemon = Daemon::start(&[
         "--max-artifact-bytes",
@@ -527,7 +525,7 @@ async fn an_executor_killed_is_restarted_with_a_new_generation_and_old_kernels_a
     let before = client.info().await.unwrap().devices[0].clone();
     let pid = executor_pid(&client, 0).await;
     assert!(
-        common::shm_mappings(pid, "ptxd") >= 3,
+        crate::support::shm_mappings(pid, "ptxd") >= 3,
         "the executor maps the registered buffers"
     );
 
@@ -577,7 +575,7 @@ async fn an_executor_killed_is_restarted_with_a_new_generation_and_old_kernels_a
     }
     let new_pid = executor_pid(&client, 0).await;
     assert_ne!(new_pid, pid);
-    assert_eq!(common::shm_mappings(new_pid, "ptxd"), 3);
+    assert_eq!(crate::support::shm_mappings(new_pid, "ptxd"), 3);
 }
 
 #[tokio::test]
@@ -700,11 +698,11 @@ async fn a_killed_client_leaves_nothing_behind() {
     let daemon = Daemon::start(&[]);
     let client = connect(&daemon).await;
     let pid = executor_pid(&client, 0).await;
-    let baseline = common::shm_mappings(pid, "ptxd-doomed");
+    let baseline = crate::support::shm_mappings(pid, "ptxd-doomed");
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "client_process_main",
+            crate::support::test_name(module_path!(), "client_process_main").as_str(),
             "--nocapture",
             "--test-threads",
             "1",
@@ -720,7 +718,10 @@ async fn a_killed_client_leaves_nothing_behind() {
     assert!(ready, "the client process did not get ready");
     let info = client.info().await.unwrap();
     assert_eq!((info.sessions, info.slots_used), (1, 1));
-    assert_eq!(common::shm_mappings(pid, "ptxd-doomed"), baseline + 3);
+    assert_eq!(
+        crate::support::shm_mappings(pid, "ptxd-doomed"),
+        baseline + 3
+    );
 
     let client_pid = child.id();
     child.kill().unwrap();
@@ -735,7 +736,7 @@ async fn a_killed_client_leaves_nothing_behind() {
         let info = client.info().await.unwrap();
         if info.sessions == 0
             && info.slots_used == 0
-            && common::shm_mappings(pid, "ptxd-doomed") == baseline
+            && crate::support::shm_mappings(pid, "ptxd-doomed") == baseline
         {
             break;
         }
@@ -875,14 +876,17 @@ async fn sigterm_drains_sessions_and_removes_the_socket() {
     .unwrap_or(false);
     assert!(drained, "the session was told about the drain");
     assert!(!daemon.socket.exists(), "the socket file is removed");
-    assert!(!common::process_alive(pid as i32), "the executor stopped");
+    assert!(
+        !crate::support::process_alive(pid as i32),
+        "the executor stopped"
+    );
 }
 
 #[test]
 fn a_second_daemon_refuses_a_live_socket() {
     let daemon = Daemon::start(&[]);
-    let second = common::run_to_exit(
-        common::serve_command("host", &daemon.socket, &[]),
+    let second = crate::support::run_to_exit(
+        crate::support::serve_command("host", &daemon.socket, &[]),
         Duration::from_secs(15),
     );
     assert!(!second.status.success());

@@ -7,15 +7,13 @@
 //! the exact values the lost launches would have written.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-#[path = "support/ring_completions.rs"]
-mod ring_completions;
+use crate::support::ring_completions;
 
 use std::io::{Seek, SeekFrom, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{corpus, executor_pid, random_f32, Daemon};
+use crate::support::{corpus, executor_pid, random_f32, Daemon};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
 use ptxd_client::{
     Buffer, Client, Error, HostShm, Kernel, Launch, LaunchRing, LoadOptions, OrphanCause,

@@ -6,8 +6,6 @@
 //! directory.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -15,8 +13,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{corpus, random_f32, run_to_exit, wait_until, Daemon};
 use bytes::Bytes;
-use common::{corpus, random_f32, run_to_exit, wait_until, Daemon};
 use prost::Message;
 use ptxd_client::{Client, HostShm, Launch, LoadOptions};
 use ptxd_proto::v1 as api;
@@ -772,7 +770,7 @@ async fn control_characters_from_clients_are_escaped_in_refusals_and_logs() {
 /// `ptxd` with the default socket resolution: no `XDG_RUNTIME_DIR`, the
 /// temp dir `tmp`, no `--socket`.
 fn default_socket_command(tmp: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(common::ptxd_bin());
+    let mut command = Command::new(crate::support::ptxd_bin());
     command
         .args(args)
         .env_remove("XDG_RUNTIME_DIR")

@@ -8,12 +8,10 @@
 //! request they read when the daemon drains.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{corpus, random_f32, Daemon};
+use crate::support::{corpus, random_f32, Daemon};
 use ptxd_client::{
     Artifact, Buffer, Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session,
 };
@@ -315,7 +313,7 @@ async fn one_uid_cannot_take_every_session_or_slot() {
         let output = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "other_uid_process_main",
+                crate::support::test_name(module_path!(), "other_uid_process_main").as_str(),
                 "--nocapture",
                 "--test-threads",
                 "1",
@@ -680,8 +678,8 @@ async fn racing_registrations_at_the_limit_leave_nothing_open_in_the_executor() 
         assert_eq!(meta(err, "limit"), "max_buffers_per_session", "{err}");
     }
     // Every registration that lost the race was undone in the executor.
-    common::wait_until("undone mappings", Duration::from_secs(5), || {
-        common::shm_mappings(pid, &tag) == 3
+    crate::support::wait_until("undone mappings", Duration::from_secs(5), || {
+        crate::support::shm_mappings(pid, &tag) == 3
     });
     assert_eq!(session.list_buffers().await.unwrap().len(), 3);
 }
@@ -1007,7 +1005,7 @@ async fn another_users_shm_object_is_refused_not_owner_without_its_uid() {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "foreign_shm_process_main",
+            crate::support::test_name(module_path!(), "foreign_shm_process_main").as_str(),
             "--nocapture",
             "--test-threads",
             "1",

@@ -8,8 +8,7 @@
 //! output.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-#[path = "support/attack_kernels.rs"]
-mod attack_kernels;
+use crate::support::attack_kernels;
 
 use attack_kernels::{kernel64, with_guard, with_store};
 use ptxd::ptx::{self, HostKernel, HostLaunch, HostSpan, PtxError, SubReason};
@@ -684,7 +683,7 @@ fn a_kernel_just_inside_the_bounds_verifies() {
 /// The verifier page's list of sub_reasons and the code cannot drift.
 #[test]
 fn the_verifier_doc_lists_every_sub_reason() {
-    let doc = include_str!("../docs/verifier.md");
+    let doc = include_str!("../../docs/verifier.md");
     let missing: Vec<&str> = SubReason::ALL
         .iter()
         .map(|r| r.as_str())

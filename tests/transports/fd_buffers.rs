@@ -6,14 +6,12 @@
 //! names.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-#[path = "support/ring_completions.rs"]
-mod ring_completions;
+use crate::support::ring_completions;
 
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use common::{corpus, executor_pid, random_f32, wait_until, Daemon};
+use crate::support::{corpus, executor_pid, random_f32, wait_until, Daemon};
 use ptxd_client::{
     attach_fd, Buffer, Client, FdBufferSpec, HostMemfd, HostShm, Launch, LoadOptions, Refusal,
     Session,
@@ -473,8 +471,9 @@ fn a_client_in_its_own_pid_and_mount_namespaces_uses_memfds_not_shm_names() {
     let daemon = Daemon::start(&[]);
     let test_binary = std::env::current_exe().unwrap();
     let script = format!(
-        "mount -t tmpfs tmpfs /dev/shm && exec {} --exact {IN_NAMESPACE} --ignored --nocapture",
-        test_binary.display()
+        "mount -t tmpfs tmpfs /dev/shm && exec {} --exact {} --ignored --nocapture",
+        test_binary.display(),
+        crate::support::test_name(module_path!(), IN_NAMESPACE)
     );
     let output = std::process::Command::new("unshare")
         .args([
@@ -619,7 +618,7 @@ fn bystander_as_another_uid(daemon: &Daemon) {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "memfd_bystander_process_main",
+            crate::support::test_name(module_path!(), "memfd_bystander_process_main").as_str(),
             "--nocapture",
             "--test-threads",
             "1",

