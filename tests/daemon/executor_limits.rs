@@ -9,36 +9,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::{corpus, random_f32, Daemon};
-use ptxd_client::{Buffer, Client, Error, HostShm, Kernel, Launch, LoadOptions, Session};
+use crate::support::{f32_buffer, load, meta, random_f32, Daemon};
+use ptxd_client::{Client, HostShm, Kernel, Launch, Session};
 
 async fn connect(daemon: &Daemon) -> Client {
     Client::connect(&daemon.target()).await.unwrap()
-}
-
-fn meta<'a>(error: &'a Error, key: &str) -> &'a str {
-    error
-        .refusal()
-        .and_then(|r| r.metadata().get(key))
-        .map(String::as_str)
-        .unwrap_or("")
-}
-
-async fn load(session: &Session, file: &str, symbol: &str) -> Kernel {
-    session
-        .load_ptx(0, corpus(file), symbol, LoadOptions::default())
-        .await
-        .unwrap()
-}
-
-async fn f32_buffer(session: &Session, values: Option<&[f32]>, n: usize) -> (HostShm, Buffer) {
-    let mut shm = HostShm::create((n * 4) as u64).unwrap();
-    match values {
-        Some(v) => shm.write_f32(0, v).unwrap(),
-        None => shm.write_f32(0, &vec![f32::NAN; n]).unwrap(),
-    }
-    let buffer = session.register_shm(&shm, None).await.unwrap();
-    (shm, buffer)
 }
 
 /// (generation, executor pid) of device 0.

@@ -6,45 +6,14 @@
 
 use std::time::Duration;
 
-use crate::support::{corpus, executor_pid, random_f32, Daemon};
+use crate::support::{corpus, executor_pid, f32_buffer, load, meta, random_f32, reason, Daemon};
 use half::f16;
 use ptxd_client::{
-    Buffer, Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session,
-    SessionEvent, SessionOptions,
+    Client, DeclaredAbi, HostShm, Launch, LoadOptions, SessionEvent, SessionOptions,
 };
 
 async fn connect(daemon: &Daemon) -> Client {
     Client::connect(&daemon.target()).await.unwrap()
-}
-
-fn reason(error: &Error) -> &'static str {
-    error.reason_name()
-}
-
-fn meta<'a>(error: &'a Error, key: &str) -> &'a str {
-    error
-        .refusal()
-        .and_then(|r| r.metadata().get(key))
-        .map(String::as_str)
-        .unwrap_or("")
-}
-
-async fn load(session: &Session, file: &str, symbol: &str) -> Kernel {
-    session
-        .load_ptx(0, corpus(file), symbol, LoadOptions::default())
-        .await
-        .unwrap()
-}
-
-/// A poisoned f32 shm buffer of `n` elements, registered.
-async fn f32_buffer(session: &Session, values: Option<&[f32]>, n: usize) -> (HostShm, Buffer) {
-    let mut shm = HostShm::create((n * 4) as u64).unwrap();
-    match values {
-        Some(v) => shm.write_f32(0, v).unwrap(),
-        None => shm.write_f32(0, &vec![f32::NAN; n]).unwrap(),
-    }
-    let buffer = session.register_shm(&shm, None).await.unwrap();
-    (shm, buffer)
 }
 
 /// Waits (up to 5 s) until device 0 is available in a generation other than

@@ -12,21 +12,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::support::{corpus, random_f32, Daemon};
+use crate::support::{meta, reason};
 use ptxd_client::{
     Artifact, Buffer, Client, DeclaredAbi, Error, HostShm, Kernel, Launch, LoadOptions, Session,
 };
-
-fn reason(error: &Error) -> &'static str {
-    error.reason_name()
-}
-
-fn meta<'a>(error: &'a Error, key: &str) -> &'a str {
-    error
-        .refusal()
-        .and_then(|r| r.metadata().get(key))
-        .map(String::as_str)
-        .unwrap_or("")
-}
 
 fn metadata(error: &Error) -> BTreeMap<String, String> {
     error

@@ -69,3 +69,41 @@ pub fn test_name(module: &str, name: &str) -> String {
         None => name.to_string(),
     }
 }
+
+/// The refusal's reason name (`BUFFER_TOO_SMALL`, ...).
+pub fn reason(error: &ptxd_client::Error) -> &'static str {
+    error.reason_name()
+}
+
+/// One key of the refusal's metadata, or "" when there is none.
+pub fn meta<'a>(error: &'a ptxd_client::Error, key: &str) -> &'a str {
+    error
+        .refusal()
+        .and_then(|r| r.metadata().get(key))
+        .map(String::as_str)
+        .unwrap_or("")
+}
+
+/// Loads corpus file `file`'s entry `symbol` on device 0.
+pub async fn load(session: &ptxd_client::Session, file: &str, symbol: &str) -> ptxd_client::Kernel {
+    session
+        .load_ptx(0, corpus(file), symbol, ptxd_client::LoadOptions::default())
+        .await
+        .unwrap()
+}
+
+/// An f32 shm buffer of `n` elements holding `values`, or poisoned (NaN)
+/// when there are none, registered in `session`.
+pub async fn f32_buffer(
+    session: &ptxd_client::Session,
+    values: Option<&[f32]>,
+    n: usize,
+) -> (ptxd_client::HostShm, ptxd_client::Buffer) {
+    let mut shm = ptxd_client::HostShm::create((n * 4) as u64).unwrap();
+    match values {
+        Some(v) => shm.write_f32(0, v).unwrap(),
+        None => shm.write_f32(0, &vec![f32::NAN; n]).unwrap(),
+    }
+    let buffer = session.register_shm(&shm, None).await.unwrap();
+    (shm, buffer)
+}

@@ -13,31 +13,14 @@ use std::io::{Seek, SeekFrom, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::{corpus, executor_pid, random_f32, Daemon};
+use crate::support::{executor_pid, f32_buffer, load, random_f32, Daemon};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
 use ptxd_client::{
-    Buffer, Client, Error, HostShm, Kernel, Launch, LaunchRing, LoadOptions, OrphanCause,
-    ReleasedWord, Session, SessionEvent,
+    Buffer, Client, Error, HostShm, Kernel, Launch, LaunchRing, OrphanCause, ReleasedWord, Session,
+    SessionEvent,
 };
 use rand::Rng;
 use ring_completions::{next, refusal};
-
-async fn load(session: &Session, file: &str, symbol: &str) -> Kernel {
-    session
-        .load_ptx(0, corpus(file), symbol, LoadOptions::default())
-        .await
-        .unwrap()
-}
-
-async fn f32_buffer(session: &Session, values: Option<&[f32]>, n: usize) -> (HostShm, Buffer) {
-    let mut shm = HostShm::create((n * 4) as u64).unwrap();
-    match values {
-        Some(v) => shm.write_f32(0, v).unwrap(),
-        None => shm.write_f32(0, &vec![f32::NAN; n]).unwrap(),
-    }
-    let buffer = session.register_shm(&shm, None).await.unwrap();
-    (shm, buffer)
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ring_launches_match_the_reference_and_refusals_match_unary_launch() {

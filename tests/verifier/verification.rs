@@ -5,23 +5,13 @@
 //! to get.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::support::big_kernels;
-
-use crate::support::{corpus, Daemon};
-use ptxd_client::{Client, Error, LoadOptions, Session};
+use crate::support::{big_kernels, corpus, meta, Daemon};
+use ptxd_client::{Client, LoadOptions, Session};
 
 async fn session(daemon: &Daemon) -> (Client, Session) {
     let client = Client::connect(&daemon.target()).await.unwrap();
     let session = client.open_session("verification").await.unwrap();
     (client, session)
-}
-
-fn meta<'a>(error: &'a Error, key: &str) -> &'a str {
-    error
-        .refusal()
-        .and_then(|r| r.metadata().get(key))
-        .map(String::as_str)
-        .unwrap_or("")
 }
 
 /// The daemon's debug lines saying a refusal was served from the memo.
