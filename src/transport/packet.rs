@@ -743,6 +743,62 @@ mod tests {
         assert!(table.admit(1).is_ok());
     }
 
+    /// What `parse` makes of a packet holding `body` and `fds` descriptors:
+    /// the ask's name, or the refusal's message.
+    fn parsed(body: Option<Body>, fds: usize) -> Result<&'static str, String> {
+        let bytes = api::FdAttach { body }.encode_to_vec();
+        let fds = (0..fds)
+            .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
+            .collect();
+        let meta = PacketMeta {
+            len: bytes.len(),
+            fds,
+            truncated: false,
+        };
+        match parse(&bytes, meta) {
+            Ok(Ask::Attach { .. }) => Ok("attach"),
+            Ok(Ask::Launch(_)) => Ok("launch"),
+            Ok(Ask::Load(_)) => Ok("load"),
+            Err(Error::InvalidArgument { field, message }) => {
+                assert_eq!(field, "packet");
+                Err(message)
+            }
+            Err(other) => panic!("refused otherwise: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_packet_asks_for_its_one_body_with_the_descriptors_that_body_takes() {
+        let token = || Some(Body::Token(format!("fdt-{:x}", rand::random::<u64>())));
+        let launch = || Some(Body::Launch(api::LaunchRequest::default()));
+        let load = || Some(Body::Load(api::LoadKernelRequest::default()));
+        assert_eq!(parsed(token(), 1), Ok("attach"));
+        assert_eq!(parsed(launch(), 0), Ok("launch"));
+        assert_eq!(parsed(load(), 0), Ok("load"));
+        let refused = |body, fds| parsed(body, fds).unwrap_err();
+        assert!(refused(None, 0).contains("a token, a launch or a load"));
+        assert!(refused(None, 1).contains("a token, a launch or a load"));
+        assert!(refused(Some(Body::Token(String::new())), 1).contains("a token is not empty"));
+        for fds in [0, 2] {
+            let message = refused(token(), fds);
+            assert!(
+                message.contains(&format!("exactly one descriptor, not {fds}")),
+                "{message}"
+            );
+        }
+        assert!(refused(launch(), 1).contains("a call carries no descriptor, not 1"));
+        assert!(refused(load(), 3).contains("a call carries no descriptor, not 3"));
+        let truncated = PacketMeta {
+            len: 0,
+            fds: Vec::new(),
+            truncated: true,
+        };
+        assert!(matches!(
+            parse(&[], truncated),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+
     #[test]
     fn the_per_uid_cap_holds_with_room_in_all() {
         let table = table(8, 2);

@@ -407,6 +407,31 @@ mod tests {
         assert_eq!(metrics.render(), before);
     }
 
+    #[tokio::test]
+    async fn a_refusal_outside_a_status_counts_as_the_same_refusal_in_one() {
+        // Through the layer, as gRPC sends it...
+        let metrics = Metrics::new(8);
+        let error = || Error::LimitExceeded {
+            limit: "fd_socket_connections",
+            value: rand::random::<u64>() % 1000,
+        };
+        exchange(&metrics, move || error().to_status().into_http()).await;
+        let through_the_layer = metrics.render();
+        // ...and recorded directly, as the packet socket and a
+        // `LaunchStream` message do: the same counter, the same label.
+        let direct = Metrics::new(8);
+        let observer = Observer::new(Some(Arc::clone(&direct)));
+        record_error(
+            &observer,
+            "Launch",
+            Carrier::Packet,
+            Origin::Uid(7),
+            &error(),
+        );
+        assert_eq!(direct.render(), through_the_layer);
+        assert_eq!(refusals(&direct, "LIMIT_EXCEEDED"), 1);
+    }
+
     #[test]
     fn the_rpc_is_the_last_path_segment() {
         assert_eq!(rpc_name("/ptxd.v1.Ptxd/LoadKernel"), "LoadKernel");
