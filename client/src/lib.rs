@@ -38,6 +38,7 @@ mod fd_lane;
 mod lane;
 mod launch_ring;
 mod session;
+mod transport;
 mod types;
 
 #[cfg(feature = "cuda")]

@@ -35,9 +35,10 @@ use tonic::transport::Channel;
 
 use crate::error::{from_launch_error, Error, Refusal};
 use crate::fd_lane::FdLane;
-use crate::lane::{Lane, LaneError};
+use crate::lane::Lane;
 use crate::launch_ring::{ReleaseOnEnd, RingRegistry, RingShared};
 use crate::shm::HostShm;
+use crate::transport::Transports;
 use crate::types::{
     Artifact, Buffer, BufferListing, CloseReport, DeclaredAbi, DeviceSelector, Event,
     KernelListing, KernelSignature, Launch, Launched, LoadOptions, SessionEvent,
@@ -240,6 +241,16 @@ impl Session {
         }
     }
 
+    /// The transports this session's unary calls may take
+    /// ([`crate::transport`] decides which).
+    fn transports(&self) -> Result<Transports<'_>, Error> {
+        Ok(Transports {
+            packet: self.fd_lane.as_deref(),
+            h2_lane: self.lane.as_deref(),
+            channel: self.grpc()?,
+        })
+    }
+
     /// Ends the session and reports what the daemon released.
     pub async fn close(self) -> Result<CloseReport, Error> {
         let request = pb::CloseSessionRequest {
@@ -316,16 +327,7 @@ impl Session {
             label: source.options.label.clone(),
             declared: source.options.declared.map(DeclaredAbi::to_proto),
         };
-        // The fd socket first (when the artifact fits a packet), else gRPC.
-        let loaded = match &self.fd_lane {
-            Some(fd_lane) => fd_lane.load(&request).await,
-            None => Err(LaneError::NotSent),
-        };
-        let response = match loaded {
-            Ok(response) => response,
-            Err(LaneError::Failed(error)) => return Err(error),
-            Err(LaneError::NotSent) => self.grpc()?.load_kernel(request).await?.into_inner(),
-        };
+        let response = self.transports()?.load(request).await?;
         if response.kernel.is_empty() {
             return Err(Error::Protocol("a kernel load returned no handle".into()));
         }
@@ -597,23 +599,8 @@ impl Session {
     }
 
     async fn launch_once(&self, kernel: String, launch: &Launch) -> Result<Launched, Error> {
-        let mut grpc = self.grpc()?;
         let request = launch.to_proto(&self.id, kernel, 0);
-        // The fd socket first, then the h2 lane, then the channel; each is
-        // tried only when the one before cannot have sent the launch.
-        let lane = match &self.fd_lane {
-            Some(fd_lane) => fd_lane.launch(&request).await,
-            None => Err(LaneError::NotSent),
-        };
-        let lane = match (lane, &self.lane) {
-            (Err(LaneError::NotSent), Some(lane)) => lane.launch(&request).await,
-            (lane, _) => lane,
-        };
-        let response = match lane {
-            Ok(response) => response,
-            Err(LaneError::Failed(error)) => return Err(error),
-            Err(LaneError::NotSent) => grpc.launch(request).await?.into_inner(),
-        };
+        let response = self.transports()?.launch(request).await?;
         Ok(Launched {
             tag: response.tag,
             micros: response.micros,
