@@ -5,41 +5,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use common::{corpus, Daemon};
+use crate::support::{corpus, free_port, get_metrics, wait_for_port, Daemon};
 use ptxd_client::{Client, HostShm, Launch, LoadOptions};
 use ptxd_ipc::packet::{connect_seqpacket, fd_socket_path, recv_packet, send_packet};
 use ptxd_proto::v1 as pb;
 use rand::Rng;
 
-/// A free loopback port (there is a short race until the daemon binds it).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `ptxd_refusals_total` by reason, from one scrape of `/metrics`.
 async fn refusals(port: u16) -> BTreeMap<String, u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    let (_, body) = get_metrics(port).await;
     body.lines()
         .filter_map(|line| line.strip_prefix("ptxd_refusals_total{reason=\""))
         .map(|rest| {
@@ -47,14 +25,6 @@ async fn refusals(port: u16) -> BTreeMap<String, u64> {
             (reason.to_owned(), value.trim().parse().unwrap())
         })
         .collect()
-}
-
-fn wait_for_port(port: u16) {
-    common::wait_until(
-        "the metrics port",
-        std::time::Duration::from_secs(10),
-        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-    );
 }
 
 /// One packet out (with `fd`) on a fresh connection, its refusal's reason
