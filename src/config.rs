@@ -1,5 +1,8 @@
 //! The daemon's configuration: every `ptxd serve` flag, its `PTXD_*`
 //! environment variable and its default.
+// The doc comments of the clap types below are also the `--help` text,
+// where `<uid>` and `<n>` are placeholders, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

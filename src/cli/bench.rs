@@ -10,6 +10,9 @@
 //!
 //! Adding a figure is one [`Report::add`] line: its JSON key, the table's
 //! words for it and its value.
+// The doc comments of the clap types below are also the `--help` text,
+// where `<uid>` and `<n>` are placeholders, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::time::{Duration, Instant};
 

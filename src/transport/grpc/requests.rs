@@ -431,7 +431,7 @@ impl Codec for LaunchCodec {
 }
 
 /// The `ptxd.v1.Ptxd` service as served: the generated server, with
-/// `LaunchStream` decoded by [`LaunchCodec`] and the statuses tonic gives a
+/// `LaunchStream` decoded by `LaunchCodec` and the statuses tonic gives a
 /// request that does not decode turned into typed refusals.
 #[derive(Debug, Clone)]
 pub struct PtxdRoutes {
