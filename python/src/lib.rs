@@ -24,7 +24,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ptxd_client::cuda::{
-    preserving_current_context, AllocationRange, CudaDevice, CudaError, DeviceAllocation, IpcEvent,
+    preserving_current_context, AllocationRange, CudaDevice, CudaError, DeviceAllocation,
+    ExportableAllocation, IpcEvent,
 };
 use ptxd_client::ring::OperandRef;
 use ptxd_client::{
@@ -625,7 +626,9 @@ impl NativeSession {
 
     /// Opens a launch ring on `device`'s executor, ordered on this
     /// process's streams through two words of a fresh 16-byte allocation of
-    /// `device` registered by CUDA IPC handle (see `Ring`). The ring's
+    /// `device` (see `Ring`): `cuMemAlloc` memory registered by CUDA IPC
+    /// handle, or, where ptxd cannot open that (no common IPC namespace),
+    /// `cuMemCreate` memory registered by file descriptor. The ring's
     /// shared memory goes by name, or by descriptor when the name does not
     /// open (no common `/dev/shm`).
     fn open_ordered_ring(
@@ -636,39 +639,77 @@ impl NativeSession {
     ) -> PyResult<NativeRing> {
         let session = self.session(py)?;
         let device = device.inner.clone();
-        let (words, handle) = py
-            .detach(|| {
-                preserving_current_context(|| {
-                    let words = Arc::new(device.alloc(ORDERING_BYTES)?);
-                    let handle = words.ipc_handle()?;
-                    Ok::<_, CudaError>((words, handle))
-                })
-            })
-            .map_err(|e| cuda_err(py, e))?;
         let uuid = device.uuid().to_owned();
-        let (ring, words_buffer) = call(py, async move {
-            let source = ptxd_client::BufferSource::CudaIpc {
-                handle,
-                device_uuid: uuid.clone(),
-            };
-            let words_buffer = session
-                .register_buffer(source, ORDERING_BYTES as u64, RING_WORDS_LABEL)
-                .await?;
-            let ring = match session.open_ring(slots, uuid.as_str()).await {
-                Ok(ring) => ring,
-                Err(_) => session.open_ring_fd(slots, uuid.as_str()).await?,
-            };
-            Ok((ring, words_buffer))
+        let words = py
+            .detach(|| preserving_current_context(|| device.alloc(ORDERING_BYTES)))
+            .map(Arc::new)
+            .map_err(|e| cuda_err(py, e))?;
+        let handle = py
+            .detach(|| preserving_current_context(|| words.ipc_handle()))
+            .map_err(|e| cuda_err(py, e))?;
+        let registered = call(py, {
+            let session = session.clone();
+            let uuid = uuid.clone();
+            async move {
+                let source = ptxd_client::BufferSource::CudaIpc {
+                    handle,
+                    device_uuid: uuid,
+                };
+                session
+                    .register_buffer(source, ORDERING_BYTES as u64, RING_WORDS_LABEL)
+                    .await
+            }
+        });
+        let (ring_words, words_buffer): (RingWords, ptxd_client::Buffer) = match registered {
+            Ok(buffer) => (RingWords::Ipc(words), buffer),
+            Err(ipc_error) => {
+                // The words by descriptor instead (memory passed by fd works
+                // as semaphore words as well: `cuda::DeviceWords`).
+                let exportable = py
+                    .detach(|| {
+                        preserving_current_context(|| {
+                            let memory = device.alloc_exportable(ORDERING_BYTES)?;
+                            let fd = memory.export_fd()?;
+                            Ok::<_, CudaError>((Arc::new(memory), fd))
+                        })
+                    })
+                    .map_err(|_| ipc_error)?;
+                let (memory, fd) = exportable;
+                let spec = FdBufferSpec {
+                    device_uuid: Some(uuid.clone()),
+                    offset: 0,
+                    label: RING_WORDS_LABEL.to_owned(),
+                    allocation_size: Some(memory.allocation_size()),
+                };
+                let session = session.clone();
+                let buffer = call(py, async move {
+                    session
+                        .register_fd_buffer(fd.as_fd(), ORDERING_BYTES as u64, spec)
+                        .await
+                })?;
+                (RingWords::Fd(memory), buffer)
+            }
+        };
+        let mut ring = call(py, {
+            let uuid = uuid.clone();
+            async move {
+                match session.open_ring(slots, uuid.as_str()).await {
+                    Ok(ring) => Ok(ring),
+                    Err(_) => session.open_ring_fd(slots, uuid.as_str()).await,
+                }
+            }
         })?;
-        let mut ring = ring;
         let ordered = py.detach(|| {
-            preserving_current_context(|| ring.order_with(&words_buffer, words.clone()))
+            preserving_current_context(|| match &ring_words {
+                RingWords::Ipc(words) => ring.order_with(&words_buffer, words.clone()),
+                RingWords::Fd(words) => ring.order_with(&words_buffer, words.clone()),
+            })
         });
         ordered.map_err(|e| to_pyerr(py, e))?;
         Ok(NativeRing {
             ring: Mutex::new(ring),
             device,
-            _words: words,
+            _words: ring_words,
             words_handle: words_buffer.handle,
         })
     }
@@ -794,6 +835,13 @@ fn ring_refusal(py: Python<'_>, refusal: &RingRefusal) -> PyErr {
     )
 }
 
+/// A ring's ordering words: memory registered by CUDA IPC handle, or by
+/// file descriptor.
+enum RingWords {
+    Ipc(Arc<DeviceAllocation>),
+    Fd(Arc<ExportableAllocation>),
+}
+
 /// A session's launch ring on one device, ordered on a framework's stream
 /// by two GPU words (`LaunchRing::launch_on_raw_stream`). One per stream:
 /// its words order one stream's work (see the SDK's ordering docs).
@@ -802,7 +850,7 @@ struct NativeRing {
     ring: Mutex<LaunchRing>,
     device: CudaDevice,
     /// The ordering words; ptxd maps them, the ring writes them.
-    _words: Arc<DeviceAllocation>,
+    _words: RingWords,
     words_handle: String,
 }
 
