@@ -801,11 +801,11 @@ class Session:
         with self._lock:
             self._events.setdefault(ordinal, []).append(pair)
 
-    def _resolve(self, obj: Any) -> Tuple[Buffer, Optional[int], Any]:
-        """The Buffer of a launch operand, the stream of the framework it
-        comes from (``None`` for Buffers and host arrays), and for a CUDA
-        tensor or array its operand-cache key and address (``None``
-        otherwise) with whether it came from the cache."""
+    def _resolve(self, obj: Any) -> Tuple[Buffer, Optional[ops.CudaView], Any]:
+        """The Buffer of a launch operand, its CUDA view (``None`` for
+        Buffers and host arrays), and for a CUDA tensor or array its
+        operand-cache key and address (``None`` otherwise) with whether it
+        came from the cache."""
         if isinstance(obj, Buffer):
             return obj, None, None
         view = ops.cuda_view(obj)
@@ -818,7 +818,7 @@ class Session:
                 buffer = Buffer(registered._registration, registered.offset, view.nbytes,
                                 view.itemsize, view.numel)
                 self._operands.put(key, buffer)
-            return buffer, ops.current_raw_stream(view), (key, view.ptr, cached)
+            return buffer, view, (key, view.ptr, cached)
         return self.register(obj), None, None
 
     def _prepare(self, kernel: Kernel, inputs: Sequence[Any], output: Any,
@@ -840,7 +840,10 @@ class Session:
                     memo[id(obj)] = hit
             resolved.append(hit)
         buffers = [buffer for buffer, _, _ in resolved]
-        default_stream = next((stream for _, stream, _ in resolved if stream is not None), None)
+        # The stream of the framework the operands come from: asked once
+        # per launch, of the first CUDA operand's framework.
+        first_view = next((view for _, view, _ in resolved if view is not None), None)
+        default_stream = ops.current_raw_stream(first_view) if first_view is not None else None
         cuda = [found for _, _, found in resolved]
         out = buffers[-1]
         if n is None and not out.itemsize:
@@ -851,8 +854,9 @@ class Session:
         if count < 0:
             raise ValueError(f"n must not be negative, got {count}")
         sizes = kernel._element_sizes()
-        names = [f"input {i}" for i in range(len(buffers) - 1)] + ["output"]
-        for name, buffer, element_size in zip(names, buffers, sizes):
+        last = len(buffers) - 1
+        for index, (buffer, element_size) in enumerate(zip(buffers, sizes)):
+            name = "output" if index == last else f"input {index}"
             if element_size and buffer.itemsize and element_size != buffer.itemsize:
                 raise DtypeMismatch(
                     f"{name}: the kernel takes {element_size}-byte elements, the operand has "

@@ -105,7 +105,9 @@ def cuda_view(obj: Any) -> Optional[CudaView]:
             nbytes=obj.numel() * itemsize,
             itemsize=itemsize,
             numel=obj.numel(),
-            ordinal=obj.device.index if obj.device.index is not None else 0,
+            # get_device() is the index as an int, without building a
+            # torch.device (this runs once per operand per launch).
+            ordinal=obj.get_device(),
             stream=None,
             framework="torch",
         )
