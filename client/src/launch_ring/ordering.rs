@@ -320,9 +320,10 @@ impl LaunchRing {
                     wide: true,
                 };
                 let ops: &[MemOp] = if batched { &[write, wait] } else { &[wait] };
-                memory.bind_context()?;
-                // SAFETY: as above.
-                unsafe { batch_mem_ops_raw(stream, ops) }.map_err(CudaError::from)
+                memory.bind_context().and_then(|()| {
+                    // SAFETY: as above.
+                    unsafe { batch_mem_ops_raw(stream, ops) }.map_err(CudaError::from)
+                })
             }
             None => {
                 // Nothing was submitted: no launch takes the wait.
@@ -338,7 +339,11 @@ impl LaunchRing {
             // blocked for good. Their order against `stream` is lost; the
             // error says so.
             if batched {
-                memory.store_word(AFTER_WORD as usize, SemaphoreWidth::Bits64, count)?;
+                if let Err(store) =
+                    memory.store_word(AFTER_WORD as usize, SemaphoreWidth::Bits64, count)
+                {
+                    tracing::warn!(error = %store, "releasing a ring's launches after a failed stream operation");
+                }
             }
             return Err(e.into());
         }
