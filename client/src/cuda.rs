@@ -876,6 +876,13 @@ impl ClientStream {
         Ok(self.stream.bind()?.synchronize()?)
     }
 
+    /// The stream's `CUstream` address, as a framework's stream is handed
+    /// to [`LaunchRing::launch_on_raw_stream`](crate::LaunchRing::launch_on_raw_stream);
+    /// valid while this value lives.
+    pub fn raw_handle(&self) -> usize {
+        self.stream.object.raw() as usize
+    }
+
     /// Makes later work on this stream wait until the 32-bit word at byte
     /// `offset` of `memory` is at least `value` (`cuStreamWaitValue32`).
     /// A launch ring's semaphore: ptxd's stream writes the word when its

@@ -1007,6 +1007,12 @@ impl Stream {
         Ok(Stream { raw })
     }
 
+    /// The stream's `CUstream` handle, for calls that take a raw stream
+    /// (e.g. [`batch_mem_ops_raw`]); valid while this value lives.
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
     /// Waits for everything enqueued so far; reports the first error of a
     /// kernel on it (or a sticky error of the context).
     pub fn synchronize(&self) -> Result<(), DriverError> {
