@@ -35,7 +35,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _native
 from . import _operands as ops
-from ._errors import DtypeMismatch, Error, NotExportable, refused
+from ._errors import CudaError, DtypeMismatch, Error, NotExportable, refused
 
 __all__ = ["Client", "Session", "Kernel", "Buffer", "Signature", "Launched", "cuda_available"]
 
@@ -744,6 +744,13 @@ class Session:
             checks.update(dict.fromkeys(p.checks))
         try:
             outcomes = ring.launch(raw_stream, wire, list(checks), sync, RING_TIMEOUT)
+        except CudaError:
+            # A stream operation failed (e.g. a driver without stream memory
+            # operations): this stream's later launches take the unary path.
+            with self._lock:
+                if self._rings.get((ordinal, raw_stream)) is ring:
+                    self._rings[(ordinal, raw_stream)] = False
+            raise
         except Error as error:
             if error.reason != "RING_ORPHANED":
                 raise

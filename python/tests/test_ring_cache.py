@@ -361,3 +361,18 @@ def test_operand_cache_misses_released_registrations_and_starts_over_when_full()
     for i in range(4):
         cache.put((0, 0x2000 + 4 * i, 4, 4), _client.Buffer(live, 4 * i, 4, 4, 1))
     assert len(cache) == 1 and cache.get((0, 0x200C, 4, 4)) is not None
+
+
+def test_a_failed_stream_operation_sends_the_stream_to_the_unary_path(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, arrays[:2], arrays[2])
+    native.rings[0].error = ptxd.CudaError("cuStreamBatchMemOp failed: CUDA_ERROR_NOT_SUPPORTED",
+                                           reason="CUDA")
+    with pytest.raises(ptxd.CudaError):
+        session.launch(kernel, arrays[:2], arrays[2])
+    session.launch(kernel, arrays[:2], arrays[2])
+    assert len(native.rings) == 1 and len(native.unary) == 1
