@@ -29,6 +29,7 @@ state the SDK has no notion of:
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -582,6 +583,9 @@ class Session:
         complete before this returns, since the caller reads them from the
         CPU next.
         """
+        fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
+        if fast is not None:
+            return fast
         for _ in range(3):
             prepared = self._prepare(kernel, inputs, output, n, params)
             raw_stream = self._stream_for(prepared, stream)
@@ -600,6 +604,79 @@ class Session:
             return self._launch_unary(kernel, prepared, raw_stream, sync)
         raise Error("the operands' memory kept changing while the launch resolved them",
                     reason="OPERANDS_CHANGED")
+
+    def _launch_cached_tensors(self, kernel: Kernel, inputs: Sequence[Any], output: Any,
+                               n: Optional[int], params: Sequence[float], stream: Any,
+                               sync: bool) -> Optional[Launched]:
+        """The common case, lean: torch tensors the operand cache already
+        holds, through the ring. ``None`` whenever anything is otherwise (an
+        operand that is not a cached contiguous CUDA tensor, a check that
+        would refuse, no ring, a stale entry): :meth:`launch`'s general path
+        then decides, and raises what it raises."""
+        torch = sys.modules.get("torch")
+        if torch is None or type(inputs) not in (list, tuple) or not isinstance(kernel, Kernel):
+            return None
+        tensor = torch.Tensor
+        get = self._operands.get
+        ordinal = -1
+        resolved = []
+        for obj in (*inputs, output):
+            if not isinstance(obj, tensor) or not obj.is_cuda or not obj.is_contiguous():
+                return None
+            device = obj.get_device()
+            if device != ordinal:
+                if ordinal != -1:
+                    return None
+                ordinal = device
+            itemsize = obj.element_size()
+            ptr = obj.data_ptr()
+            key = (device, ptr, obj.numel() * itemsize, itemsize)
+            buffer = get(key)
+            if buffer is None:
+                return None
+            resolved.append((buffer, ptr, key))
+        out = resolved[-1][0]
+        count = out.numel if n is None else int(n)
+        if count < 0:
+            return None
+        for (buffer, _, _), size in zip(resolved, kernel._element_sizes()):
+            if size and size != buffer.itemsize:
+                return None
+            if (count * size > buffer.nbytes
+                    and buffer.offset + buffer.nbytes < buffer._registration.size):
+                return None
+        if stream is not None:
+            raw_stream = ops.stream_handle(stream)
+        else:
+            current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if current is None:
+                return None
+            raw_stream = int(current(ordinal))
+        ring = self._ring(ordinal, raw_stream)
+        if ring is None:
+            return None
+        wire = [(
+            kernel._native,
+            [(b._registration.ring_index, b.offset) for b, _, _ in resolved[:-1]],
+            (out._registration.ring_index, out.offset),
+            count,
+            [float(p) for p in params],
+        )]
+        # One address per registration is enough: while the allocation a
+        # registration was made of lives (same id at one of its addresses),
+        # every address cached in it is still inside it.
+        checks = list({b._registration.buffer_id: (ptr, b._registration.buffer_id)
+                       for b, ptr, _ in resolved}.values())
+        keys = [key for _, _, key in resolved]
+        outcomes = self._ring_call(ring, ordinal, raw_stream, wire, checks, keys, sync)
+        if outcomes is None or outcomes is _STALE:
+            return None
+        outcome = outcomes[0]
+        if outcome is None:
+            return Launched(0, False)
+        if self._retry_unary(outcome):
+            return None
+        raise outcome
 
     def _launch_unary(self, kernel: Kernel, prepared: _Prepared, raw_stream: Optional[int],
                       sync: bool) -> Launched:
@@ -737,13 +814,23 @@ class Session:
         if ring is None:
             return None
         wire = []
-        checks: Dict[Tuple[int, int], None] = {}
+        # One address per registration (see _launch_cached_tensors).
+        checks: Dict[int, Tuple[int, int]] = {}
+        keys = []
         for kernel, p in launches:
             assert p.ring is not None
             wire.append((kernel._native, p.ring[0], p.ring[1], p.n, p.params))
-            checks.update(dict.fromkeys(p.checks))
+            checks.update((buffer_id, (ptr, buffer_id)) for ptr, buffer_id in p.checks)
+            keys.extend(p.keys)
+        return self._ring_call(ring, ordinal, raw_stream, wire, list(checks.values()), keys, sync)
+
+    def _ring_call(self, ring: Any, ordinal: int, raw_stream: int, wire: List[Any],
+                   checks: List[Tuple[int, int]], keys: List[Tuple[int, int, int, int]],
+                   sync: bool) -> Any:
+        """``ring.launch`` and what its answers mean to the session (see
+        :meth:`_via_ring`)."""
         try:
-            outcomes = ring.launch(raw_stream, wire, list(checks), sync, RING_TIMEOUT)
+            outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
         except CudaError:
             # A stream operation failed (e.g. a driver without stream memory
             # operations): this stream's later launches take the unary path.
@@ -763,9 +850,8 @@ class Session:
                 return None  # the unary path reloads the kernel
             raise
         if outcomes is None:
-            for _, p in launches:
-                for key in p.keys:
-                    self._operands.forget(key)
+            for key in keys:
+                self._operands.forget(key)
             return _STALE
         return outcomes
 

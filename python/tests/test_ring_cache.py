@@ -376,3 +376,109 @@ def test_a_failed_stream_operation_sends_the_stream_to_the_unary_path(fake):
         session.launch(kernel, arrays[:2], arrays[2])
     session.launch(kernel, arrays[:2], arrays[2])
     assert len(native.rings) == 1 and len(native.unary) == 1
+
+
+class FakeTensor:
+    """What the client reads of a contiguous CUDA float32 torch.Tensor."""
+
+    is_cuda = True
+
+    def __init__(self, ptr: int, count: int) -> None:
+        self._ptr, self._count = ptr, count
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def get_device(self) -> int:
+        return 0
+
+    def element_size(self) -> int:
+        return 4
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def numel(self) -> int:
+        return self._count
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    import sys
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.Tensor = FakeTensor
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda ordinal: 0x7700)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return torch
+
+
+def counting_prepare(session):
+    calls = []
+    general = session._prepare
+
+    def prepare(*args, **kwargs):
+        calls.append(1)
+        return general(*args, **kwargs)
+
+    session._prepare = prepare
+    return calls
+
+
+def test_cached_torch_tensors_take_the_lean_path(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    prepares = counting_prepare(session)
+    session.launch(kernel, [a, b], out)
+    assert prepares == [1] and allocator.locates == 3
+    for _ in range(4):
+        assert session.launch(kernel, [a, b], out, params=(2,)) == ptxd.Launched(0, False)
+    assert prepares == [1], "cached tensors skip the general path"
+    ring = native.rings[0]
+    index = next(iter(native.registered.values()))
+    assert [launch[0] for launch in ring.launches] == [0x7700] * 5
+    assert ring.launches[-1][1][1:] == (
+        [(index, 0), (index, 4 * count)], (index, 8 * count), count, [2.0]
+    )
+    # A check the client makes (here: n past the tensor) sends the launch to
+    # the general path, which raises.
+    with pytest.raises(ptxd.BufferTooSmall):
+        session.launch(kernel, [a, b], out, n=count + 1)
+    assert prepares == [1, 1]
+
+
+def test_the_lean_path_never_launches_on_a_reused_segment(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])
+    session.launch(kernel, tensors[:2], tensors[2])
+    (old_handle, old_index), = native.registered.items()
+    allocator.free(base)
+    allocator.allocate(base, 1 << 23)
+    session.launch(kernel, tensors[:2], tensors[2])
+    ring = native.rings[0]
+    assert ring.stale_answers == 1 and native.released == [old_handle]
+    _, (_, inputs, output, _, _) = ring.launches[-1]
+    assert old_index not in {index for index, _ in inputs + [output]}
+    assert len(ring.launches) == 3
+
+
+def test_a_refusal_on_the_lean_path_raises_its_class(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])
+    native.rings[0].outcomes = [_from_native(
+        "refused", "ABI_MISMATCH", "ring launch 2 was refused: ABI_MISMATCH", "INVALID_ARGUMENT",
+        3, {"path": "ring"})]
+    with pytest.raises(ptxd.AbiMismatch):
+        session.launch(kernel, tensors[:2], tensors[2])
