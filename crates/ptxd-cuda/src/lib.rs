@@ -1007,6 +1007,12 @@ impl Stream {
         Ok(Stream { raw })
     }
 
+    /// The stream's `CUstream` handle, for calls that take a raw stream
+    /// (e.g. [`batch_mem_ops_raw`]); valid while this value lives.
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
     /// Waits for everything enqueued so far; reports the first error of a
     /// kernel on it (or a sticky error of the context).
     pub fn synchronize(&self) -> Result<(), DriverError> {
@@ -1083,6 +1089,108 @@ impl Stream {
             })
         }
     }
+}
+
+/// One stream memory operation of a [`batch_mem_ops_raw`] batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemOp {
+    /// Write `value` to the word at `addr` once the work before it is done
+    /// (as `cuStreamWriteValue32/64`).
+    Write {
+        /// The word's device address, aligned to its width.
+        addr: u64,
+        /// The value (a 32-bit word takes the low 32 bits).
+        value: u64,
+        /// A 64-bit word when true, else a 32-bit one.
+        wide: bool,
+    },
+    /// Block later work until the word at `addr` is at least `value` (as
+    /// `cuStreamWaitValue32/64` with GEQ).
+    WaitGeq {
+        /// The word's device address, aligned to its width.
+        addr: u64,
+        /// The value waited for.
+        value: u64,
+        /// A 64-bit word when true, else a 32-bit one.
+        wide: bool,
+    },
+}
+
+/// The driver's parameters of one batch operation.
+fn mem_op_params(op: MemOp) -> sys::CUstreamBatchMemOpParams {
+    use sys::CUstreamBatchMemOpType as Op;
+    // SAFETY: the params are a C union of plain integers, for which all-zero
+    // bytes are valid (and what the driver expects in the fields an
+    // operation does not use).
+    let mut param: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+    match op {
+        MemOp::Write { addr, value, wide } => {
+            let operation = if wide {
+                Op::CU_STREAM_MEM_OP_WRITE_VALUE_64
+            } else {
+                Op::CU_STREAM_MEM_OP_WRITE_VALUE_32
+            };
+            param.writeValue.operation = operation;
+            param.writeValue.address = addr;
+            if wide {
+                param.writeValue.__bindgen_anon_1.value64 = value;
+            } else {
+                param.writeValue.__bindgen_anon_1.value = value as u32;
+            }
+            param.writeValue.flags =
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        }
+        MemOp::WaitGeq { addr, value, wide } => {
+            let operation = if wide {
+                Op::CU_STREAM_MEM_OP_WAIT_VALUE_64
+            } else {
+                Op::CU_STREAM_MEM_OP_WAIT_VALUE_32
+            };
+            param.waitValue.operation = operation;
+            param.waitValue.address = addr;
+            if wide {
+                param.waitValue.__bindgen_anon_1.value64 = value;
+            } else {
+                param.waitValue.__bindgen_anon_1.value = value as u32;
+            }
+            param.waitValue.flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        }
+    }
+    param
+}
+
+/// The most operations one [`batch_mem_ops_raw`] call takes (the driver's
+/// documented limit is 256).
+pub const MAX_BATCH_MEM_OPS: usize = 256;
+
+/// Enqueues `ops` in order on `stream` with one `cuStreamBatchMemOp` call:
+/// the same work as one `cuStreamWriteValue`/`cuStreamWaitValue` call per
+/// operation, for one driver entry.
+///
+/// # Safety
+/// `stream` must be 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD` (2)
+/// or a live stream of the current context, and every operation's `addr`
+/// an aligned word of device memory (or memory mapped for the device) that
+/// stays allocated until the stream has passed the operation.
+pub unsafe fn batch_mem_ops_raw(stream: sys::CUstream, ops: &[MemOp]) -> Result<(), DriverError> {
+    if ops.is_empty() {
+        return Ok(());
+    }
+    if ops.len() > MAX_BATCH_MEM_OPS {
+        return Err(DriverError::from_code(
+            "cuStreamBatchMemOp",
+            sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE,
+        ));
+    }
+    let params: Vec<sys::CUstreamBatchMemOpParams> =
+        ops.iter().map(|op| mem_op_params(*op)).collect();
+    let count = ops.len() as c_uint; // at most MAX_BATCH_MEM_OPS (checked)
+                                     // SAFETY: `params` holds `count` initialized operations and lives across
+                                     // the call (the driver copies them); the stream and addresses are the
+                                     // caller's contract.
+    check("cuStreamBatchMemOp", unsafe {
+        sys::cuStreamBatchMemOp_v2(stream, count, params.as_ptr().cast_mut(), 0)
+    })
 }
 
 impl Drop for Stream {
@@ -1446,5 +1554,44 @@ mod tests {
             error("CUDA_ERROR_INVALID_VALUE").to_string(),
             "cuStreamSynchronize failed: CUDA_ERROR_INVALID_VALUE"
         );
+    }
+
+    #[test]
+    fn batch_operations_fill_the_drivers_union_as_the_single_calls_would() {
+        use sys::CUstreamBatchMemOpType as Op;
+        let write = mem_op_params(MemOp::Write {
+            addr: 0x7f00_0000_1008,
+            value: 0x1_0000_0002,
+            wide: true,
+        });
+        let wait = mem_op_params(MemOp::WaitGeq {
+            addr: 0x7f00_0000_1000,
+            value: 0xdead_beef_0000_0007,
+            wide: false,
+        });
+        // SAFETY: reading the variants `mem_op_params` wrote (every field is
+        // a plain integer, and the union was zeroed first).
+        unsafe {
+            assert_eq!(
+                write.writeValue.operation,
+                Op::CU_STREAM_MEM_OP_WRITE_VALUE_64
+            );
+            assert_eq!(write.writeValue.address, 0x7f00_0000_1008);
+            assert_eq!(write.writeValue.__bindgen_anon_1.value64, 0x1_0000_0002);
+            assert_eq!(write.writeValue.flags, 0);
+            assert_eq!(write.writeValue.alias, 0);
+            assert_eq!(wait.waitValue.operation, Op::CU_STREAM_MEM_OP_WAIT_VALUE_32);
+            assert_eq!(wait.waitValue.address, 0x7f00_0000_1000);
+            // A 32-bit wait takes the low word, and leaves the high one zero.
+            assert_eq!(wait.waitValue.__bindgen_anon_1.value64, 7);
+            assert_eq!(
+                wait.waitValue.flags,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32
+            );
+        }
+        // Nothing to enqueue is not a driver call (this machine may have no
+        // driver at all).
+        // SAFETY: no operation, so neither the stream nor an address is used.
+        assert!(unsafe { batch_mem_ops_raw(std::ptr::null_mut(), &[]) }.is_ok());
     }
 }
