@@ -50,7 +50,7 @@ use ptxd_proto::executor::{
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::child::ExecutorArgs;
+use super::child::{ExecutorArgs, EXIT_FAULT};
 use super::fd_inbox::{self, FdOutbox};
 use super::kernel_timeouts::KernelTimeouts;
 use super::protocol::{encode_frame, read_frame_async, FrameBuffer, ProtocolError};
@@ -132,6 +132,9 @@ pub struct LinkConfig {
     /// How long a call polls for its reply before its task sleeps, and
     /// how many may at once (shared with the fd socket's connections).
     pub spinners: Arc<Spinners>,
+    /// The persistent compiled-kernel cache CUDA executors keep (its
+    /// directory and size bound); none: none.
+    pub kernel_cache: Option<(std::path::PathBuf, u64)>,
 }
 
 impl LinkConfig {
@@ -142,6 +145,10 @@ impl LinkConfig {
             kernel_timeouts: Arc::new(KernelTimeouts::new(config.max_kernel_timeouts_per_session)),
             channel_spin: config.executor_spin,
             spinners: Spinners::for_this_machine(config.front_spin),
+            kernel_cache: config
+                .kernel_cache_dir
+                .clone()
+                .map(|dir| (dir, config.kernel_cache_max_bytes)),
         }
     }
 }
@@ -163,7 +170,12 @@ pub enum ExecutorCommand {
 impl ExecutorCommand {
     /// The child's command line, with the per-launch budget and the
     /// channel spin (never given to the probe, which launches nothing).
-    fn executor_args(&self, max_kernel_time: Option<Duration>, spin: Duration) -> ExecutorArgs {
+    fn executor_args(
+        &self,
+        max_kernel_time: Option<Duration>,
+        spin: Duration,
+        kernel_cache: Option<&(std::path::PathBuf, u64)>,
+    ) -> ExecutorArgs {
         let args = match self {
             ExecutorCommand::Host {
                 index,
@@ -172,9 +184,11 @@ impl ExecutorCommand {
             } => {
                 ExecutorArgs::host(*index, *threads, *checked).with_max_kernel_time(max_kernel_time)
             }
-            ExecutorCommand::Cuda { uuid } => {
-                ExecutorArgs::cuda(uuid).with_max_kernel_time(max_kernel_time)
-            }
+            // The host backend's "compiled" form is its decoded program,
+            // which takes less to make again than to read back.
+            ExecutorCommand::Cuda { uuid } => ExecutorArgs::cuda(uuid)
+                .with_max_kernel_time(max_kernel_time)
+                .with_kernel_cache(kernel_cache.cloned()),
             ExecutorCommand::CudaProbe => return ExecutorArgs::cuda_probe(),
         };
         args.with_channel_spin(spin)
@@ -296,6 +310,19 @@ struct InboxState {
     ended: Option<DownCause>,
 }
 
+/// An executor that exited with [`EXIT_FAULT`] met a sticky device fault,
+/// even when its `Fault` report was lost with the channel: it restarts as a
+/// fault does (at once, with the fault counted), not as an exit.
+fn fault_by_status(cause: DownCause, code: Option<i32>) -> DownCause {
+    match cause {
+        DownCause::Exited { detail } if code == Some(EXIT_FAULT) => DownCause::Fault {
+            error_name: "UNREPORTED_FAULT".into(),
+            message: format!("the executor exited with the fault status {EXIT_FAULT} ({detail})"),
+        },
+        cause => cause,
+    }
+}
+
 /// A death notice: device index, the generation that died, and why.
 pub type DeathNotice = (usize, DeviceGeneration, DownCause);
 
@@ -304,6 +331,7 @@ fn spawn_child(
     max_kernel_time: Option<Duration>,
     spin: Duration,
     spin_page: Option<(BorrowedFd<'_>, u32)>,
+    kernel_cache: Option<&(std::path::PathBuf, u64)>,
 ) -> Result<(tokio::process::Child, tokio::net::UnixStream, FdOutbox), SpawnError> {
     let (front_end, child_end) = std::os::unix::net::UnixStream::pair()?;
     let child_out = child_end.try_clone()?;
@@ -317,7 +345,7 @@ fn spawn_child(
     child
         .args(
             command
-                .executor_args(max_kernel_time, spin)
+                .executor_args(max_kernel_time, spin, kernel_cache)
                 .with_fd_inbox()
                 .with_spin_slot(spin_page.map(|(_, slot)| slot))
                 .to_args(),
@@ -392,8 +420,13 @@ async fn read_hello(stream: &mut tokio::net::unix::OwnedReadHalf) -> Result<Hell
 /// Runs the CUDA probe in a child process (so that a driver fault or a
 /// missing library can never take the front down) and returns its Hello.
 pub async fn probe_cuda() -> Result<Hello, SpawnError> {
-    let (mut child, stream, _outbox) =
-        spawn_child(&ExecutorCommand::CudaProbe, None, Duration::ZERO, None)?;
+    let (mut child, stream, _outbox) = spawn_child(
+        &ExecutorCommand::CudaProbe,
+        None,
+        Duration::ZERO,
+        None,
+        None,
+    )?;
     let (mut read, _write) = stream.into_split();
     let hello = read_hello(&mut read).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -424,6 +457,7 @@ impl ExecutorLink {
             config.max_kernel_time,
             config.channel_spin,
             config.spinners.inheritable(index),
+            config.kernel_cache.as_ref(),
         )?;
         let (mut read, write) = stream.into_split();
         let hello = read_hello(&mut read).await?;
@@ -537,10 +571,14 @@ impl ExecutorLink {
             let _ = sender.send(Err(LinkError::Down(cause.clone())));
         }
         let child = link.child.lock().ok().and_then(|mut c| c.take());
+        let mut cause = cause;
         let status = match child {
             Some(mut child) => {
                 match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
-                    Ok(Ok(status)) => status.to_string(),
+                    Ok(Ok(status)) => {
+                        cause = fault_by_status(cause, status.code());
+                        status.to_string()
+                    }
                     _ => {
                         let _ = child.start_kill();
                         "killed after its channel closed".to_string()
@@ -795,5 +833,43 @@ impl ExecutorLink {
                 let _ = child.start_kill();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_fault_status_turns_an_exit_into_a_fault() {
+        let exited = || DownCause::Exited {
+            detail: "channel closed".into(),
+        };
+        match fault_by_status(exited(), Some(EXIT_FAULT)) {
+            DownCause::Fault {
+                error_name,
+                message,
+            } => {
+                assert_eq!(error_name, "UNREPORTED_FAULT");
+                assert!(message.contains("channel closed"), "{message}");
+            }
+            other => panic!("not a fault: {other:?}"),
+        }
+        for code in [None, Some(0), Some(1), Some(2), Some(EXIT_FAULT + 1)] {
+            assert_eq!(fault_by_status(exited(), code), exited(), "{code:?}");
+        }
+        // A reported fault keeps its own name; a hang stays a hang.
+        let reported = DownCause::Fault {
+            error_name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            message: "m".into(),
+        };
+        assert_eq!(
+            fault_by_status(reported.clone(), Some(EXIT_FAULT)),
+            reported
+        );
+        let hung = DownCause::Unresponsive {
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(fault_by_status(hung.clone(), Some(EXIT_FAULT)), hung);
     }
 }
