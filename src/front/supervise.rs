@@ -9,6 +9,12 @@
 //! - Every buffer and event of the device is re-opened in the new
 //!   generation or marked dead; one released meanwhile is closed again.
 //! - No executor is restarted once the drain began.
+//! - Every failed restart attempt tells every session so
+//!   ([`LeaseEvent::ExecutorDown`], naming the dead generation) before the
+//!   back-off; the restart that succeeds is announced
+//!   ([`LeaseEvent::ExecutorRestarted`]), which supersedes an unread down
+//!   notice. A client is never left without word while its device has no
+//!   executor for longer than one spawn attempt.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +34,11 @@ use crate::sessions::LeaseEvent;
 /// be replaced, in case the exit came from a signal to the whole process
 /// group that is about to start the drain.
 const EXIT_GRACE: Duration = Duration::from_millis(100);
+
+/// The wait after a device's first failed restart attempt; each further
+/// failure doubles it, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 impl Front {
     pub(super) async fn supervise(
@@ -78,7 +89,8 @@ impl Front {
             }
         }
         tracing::warn!(device = index, generation = %old, %cause, "executor died; restarting");
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = FIRST_BACKOFF;
+        let mut failed_restarts = 0u32;
         let cause_text = match &cause {
             DownCause::Fault { error_name, .. } => format!("KERNEL_FAULT {error_name}"),
             DownCause::Exited { .. } => "exited".to_string(),
@@ -115,14 +127,30 @@ impl Front {
                 Ok(link) => {
                     tracing::error!(device = %uuid, "restarted executor drives another device; retrying");
                     link.shutdown(Duration::from_secs(1)).await;
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    let error = "the restarted executor drives another device";
+                    self.restart_failed(
+                        &uuid,
+                        old,
+                        &cause_text,
+                        error,
+                        &mut failed_restarts,
+                        &mut backoff,
+                    )
+                    .await;
                     continue;
                 }
                 Err(e) => {
                     tracing::error!(device = %uuid, error = %e, "executor restart failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    let error = e.to_string();
+                    self.restart_failed(
+                        &uuid,
+                        old,
+                        &cause_text,
+                        &error,
+                        &mut failed_restarts,
+                        &mut backoff,
+                    )
+                    .await;
                     continue;
                 }
             };
@@ -170,8 +198,16 @@ impl Front {
             }
             if link.is_down() {
                 tracing::error!(device = %uuid, "restarted executor died while re-opening; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                let error = "the restarted executor died while re-opening the device's buffers";
+                self.restart_failed(
+                    &uuid,
+                    old,
+                    &cause_text,
+                    error,
+                    &mut failed_restarts,
+                    &mut backoff,
+                )
+                .await;
                 continue;
             }
             let mut late_closes: Cleanup = Vec::new();
@@ -235,8 +271,16 @@ impl Front {
             }
             if died_before_publishing {
                 tracing::error!(device = %uuid, "restarted executor died before it was published; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                let error = "the restarted executor died before it served";
+                self.restart_failed(
+                    &uuid,
+                    old,
+                    &cause_text,
+                    error,
+                    &mut failed_restarts,
+                    &mut backoff,
+                )
+                .await;
                 continue;
             }
             run_cleanup(late_closes).await;
@@ -244,6 +288,37 @@ impl Front {
             tracing::info!(device = %uuid, old = %old, new = %generation, pid = link.pid(), "executor restarted");
             return;
         }
+    }
+
+    /// A restart attempt failed: tells every session that the device has
+    /// no executor (the generation `old` is gone and the next attempt is
+    /// `backoff` away), then waits that long, doubling the next wait.
+    async fn restart_failed(
+        &self,
+        uuid: &str,
+        old: DeviceGeneration,
+        cause: &str,
+        error: &str,
+        failed_restarts: &mut u32,
+        backoff: &mut Duration,
+    ) {
+        *failed_restarts = failed_restarts.saturating_add(1);
+        let event = LeaseEvent::ExecutorDown {
+            device_uuid: uuid.to_owned(),
+            generation: old.0,
+            cause: cause.to_owned(),
+            failed_restarts: *failed_restarts,
+            restart_error: error.to_owned(),
+            retry_in: *backoff,
+        };
+        {
+            let state = self.lock();
+            for session in state.sessions.values() {
+                session.notify(event.clone());
+            }
+        }
+        tokio::time::sleep(*backoff).await;
+        *backoff = (*backoff * 2).min(MAX_BACKOFF);
     }
 
     /// Kills the executor of device `index` (fault injection for tests and
