@@ -429,6 +429,14 @@ pub struct ServeConfig {
     /// entries are deleted beyond it.
     #[arg(long, env = "PTXD_KERNEL_CACHE_MAX_BYTES", default_value_t = 1 << 30)]
     pub kernel_cache_max_bytes: u64,
+
+    /// Keep a second executor started per device (a hot spare), promoted
+    /// at once when the serving one dies, so that a device recovers
+    /// without starting a process (and, on CUDA, a context); the next
+    /// spare then starts in the background. Costs one idle process per
+    /// device (on CUDA, a context's device memory).
+    #[arg(long, env = "PTXD_SPARE_EXECUTOR", default_value_t = false)]
+    pub spare_executor: bool,
 }
 
 impl ServeConfig {

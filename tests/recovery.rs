@@ -270,3 +270,293 @@ async fn while_restarts_fail_sessions_hear_the_device_is_down_and_then_that_it_i
         Err(Error::RingOrphaned(_))
     ));
 }
+
+/// The live child processes of `pid` (its executors, serving and spare).
+fn children(pid: i32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return found;
+    };
+    for task in tasks.flatten() {
+        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        found.extend(
+            listed
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    found.sort_unstable();
+    found.dedup();
+    found.retain(|p| common::process_alive(*p as i32));
+    found
+}
+
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// A daemon with spare executors, logging when each spare is ready.
+fn spare_daemon() -> Daemon {
+    Daemon::start_with(&["--spare-executor"], |command| {
+        command.env("RUST_LOG", "warn,ptxd::front::supervise=info");
+    })
+}
+
+/// Waits until the daemon has its serving executor and a spare ready
+/// beside it (started, and said so in the log); returns the spare's pid.
+async fn spare_ready(daemon: &Daemon, client: &Client) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let serving = executor_pid(client, 0).await;
+        let kids = children(daemon.pid());
+        if kids.len() == 2 && kids.contains(&serving) {
+            let spare = kids.iter().copied().find(|p| *p != serving).unwrap();
+            let ready = format!("spare executor ready device=HOST-0 pid={spare} ");
+            if daemon.stderr().contains(&ready) {
+                return spare;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no spare beside {serving}: children {kids:?}\n{}",
+            daemon.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn restarted(events: &mut tokio::sync::broadcast::Receiver<SessionEvent>) -> (u64, u64) {
+    next_event(events, Duration::from_secs(20), |e| match e {
+        SessionEvent::ExecutorRestarted {
+            old_generation,
+            new_generation,
+            ..
+        } => Some((old_generation, new_generation)),
+        _ => None,
+    })
+    .await
+}
+
+/// A session's add over fresh random data on registered buffers.
+struct AddCase {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    _a: HostShm,
+    _b: HostShm,
+    out: HostShm,
+    launch: Launch,
+}
+
+impl AddCase {
+    async fn new(session: &Session, n: usize) -> AddCase {
+        let (a, b) = (random_f32(n), random_f32(n));
+        let (a_shm, a_buf) = f32_buffer(session, &a).await;
+        let (b_shm, b_buf) = f32_buffer(session, &b).await;
+        let (out, out_buf) = f32_buffer(session, &vec![f32::NAN; a.len()]).await;
+        let launch = Launch::new(
+            [a_buf.operand(), b_buf.operand()],
+            out_buf.operand(),
+            n as u64,
+        )
+        .sync(true);
+        AddCase {
+            a,
+            b,
+            _a: a_shm,
+            _b: b_shm,
+            out,
+            launch,
+        }
+    }
+
+    /// Launches over a poisoned output and compares every element.
+    async fn check(&mut self, session: &Session, kernel: &Kernel, when: &str) {
+        let n = self.a.len();
+        self.out.write_f32(0, &vec![f32::NAN; n]).unwrap();
+        session.launch(kernel, &self.launch).await.unwrap();
+        let out = self.out.read_f32(0, n).unwrap();
+        for (i, (got, (a, b))) in out.iter().zip(self.a.iter().zip(&self.b)).enumerate() {
+            assert_eq!(got.to_bits(), (a + b).to_bits(), "element {i} {when}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spare_is_promoted_when_the_executor_dies_and_the_next_spare_starts() {
+    let daemon = spare_daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("spare").await.unwrap();
+    let mut events = session.events();
+    let add = load_add(&session).await;
+    let mut case = AddCase::new(&session, 4096).await;
+    case.check(&session, &add, "before").await;
+    let spare = spare_ready(&daemon, &client).await;
+    let serving = executor_pid(&client, 0).await;
+    let before = client.info().await.unwrap().devices[0].clone();
+
+    kill(serving);
+    let (old, new) = restarted(&mut events).await;
+    assert_eq!(old, before.generation);
+    // The spare serves now, in a new generation, with the same guarantees:
+    // the old kernel is stale and the buffers were re-opened in it.
+    assert_eq!(
+        executor_pid(&client, 0).await,
+        spare,
+        "the spare was promoted"
+    );
+    let after = client.info().await.unwrap().devices[0].clone();
+    assert_eq!(after.generation, new);
+    assert_ne!(new, old);
+    assert!(after.available);
+    let stale = session.launch(&add, &case.launch).await.unwrap_err();
+    assert_eq!(stale.reason_name(), "STALE_KERNEL", "{stale}");
+    let fresh = load_add(&session).await;
+    case.check(&session, &fresh, "on the promoted spare").await;
+    assert_eq!(common::shm_mappings(spare, "ptxd"), 3);
+
+    // The next spare starts in the background, and is promoted in turn.
+    let next = spare_ready(&daemon, &client).await;
+    assert!(next != spare && next != serving);
+    kill(spare);
+    restarted(&mut events).await;
+    assert_eq!(executor_pid(&client, 0).await, next);
+    let again = load_add(&session).await;
+    case.check(&session, &again, "on the second spare").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spare_that_dies_during_its_promotion_is_replaced_by_a_fresh_executor() {
+    let daemon = spare_daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("spare-fault").await.unwrap();
+    let mut events = session.events();
+    let mut case = AddCase::new(&session, 1000).await;
+    // Buffers to re-open make the promotion take a while.
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(f32_buffer(&session, &random_f32(16)).await);
+    }
+    for round in 0..3 {
+        let spare = spare_ready(&daemon, &client).await;
+        let serving = executor_pid(&client, 0).await;
+        // Both at once: the spare dies before or while it is promoted.
+        kill(serving);
+        kill(spare);
+        restarted(&mut events).await;
+        let now = executor_pid(&client, 0).await;
+        assert!(now != serving && now != spare, "round {round}");
+        let add = load_add(&session).await;
+        case.check(&session, &add, &format!("after round {round}"))
+            .await;
+        assert_eq!(
+            common::shm_mappings(now, "ptxd"),
+            3 + held.len(),
+            "every buffer re-opened in round {round}"
+        );
+    }
+    spare_ready(&daemon, &client).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn descriptors_and_processes_stay_flat_over_many_promotions() {
+    let daemon = spare_daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("flat").await.unwrap();
+    let mut events = session.events();
+    let mut case = AddCase::new(&session, 256).await;
+    let mut baseline = None;
+    for round in 0..30 {
+        spare_ready(&daemon, &client).await;
+        if round == 1 {
+            baseline = Some(open_fds(daemon.pid()));
+        }
+        kill(executor_pid(&client, 0).await);
+        restarted(&mut events).await;
+        let add = load_add(&session).await;
+        case.check(&session, &add, &format!("after kill {round}"))
+            .await;
+        session.unload(&add).await.unwrap();
+    }
+    spare_ready(&daemon, &client).await;
+    let kids = children(daemon.pid());
+    assert_eq!(kids.len(), 2, "serving and spare only: {kids:?}");
+    let fds = open_fds(daemon.pid());
+    let baseline = baseline.unwrap();
+    assert!(
+        fds <= baseline,
+        "the daemon's descriptors grew from {baseline} to {fds} over 29 promotions"
+    );
+}
+
+/// Kill → first successful launch of a surviving session, with and without
+/// a spare, on the host backend: a measurement, not a timed test. Run with
+/// `cargo test --release --test recovery -- --ignored --nocapture recovery_time`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement; run by hand"]
+async fn recovery_time_with_and_without_a_spare() {
+    const ROUNDS: usize = 15;
+    const BUFFERS: usize = 64;
+    const KERNELS: usize = 32;
+    for spare in [false, true] {
+        let daemon = if spare {
+            spare_daemon()
+        } else {
+            Daemon::start(&[])
+        };
+        let client = Client::connect(&daemon.target()).await.unwrap();
+        let session = client.open_session("measure").await.unwrap();
+        let mut case = AddCase::new(&session, 4096).await;
+        let mut held = Vec::new();
+        for _ in 0..BUFFERS - 3 {
+            held.push(f32_buffer(&session, &random_f32(1024)).await);
+        }
+        let mut times = Vec::new();
+        for _ in 0..ROUNDS {
+            if spare {
+                spare_ready(&daemon, &client).await;
+            }
+            let mut kernels = Vec::new();
+            for _ in 0..KERNELS {
+                kernels.push(load_add(&session).await);
+            }
+            case.check(&session, &kernels[0], "before the kill").await;
+            let killed = Instant::now();
+            kill(executor_pid(&client, 0).await);
+            // The session's first launch that succeeds, reloading its
+            // kernel when it is stale.
+            let mut kernel = kernels[0].clone();
+            loop {
+                match session.launch(&kernel, &case.launch).await {
+                    Ok(_) => break,
+                    Err(e) if e.reason_name() == "STALE_KERNEL" => {
+                        if let Ok(fresh) = session
+                            .load_ptx(
+                                0,
+                                corpus("add_f32_scalar.ptx"),
+                                "add_f32_scalar",
+                                LoadOptions::default(),
+                            )
+                            .await
+                        {
+                            kernel = fresh;
+                        }
+                    }
+                    Err(_) => {}
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            times.push(killed.elapsed());
+            case.check(&session, &kernel, "after the kill").await;
+        }
+        times.sort();
+        println!(
+            "host backend, spare {spare}: kill -> first successful launch over {ROUNDS} kills \
+             ({BUFFERS} buffers, {KERNELS} kernels): min {:?} p50 {:?} max {:?}",
+            times[0],
+            times[ROUNDS / 2],
+            times[ROUNDS - 1]
+        );
+    }
+}

@@ -135,6 +135,9 @@ pub struct LinkConfig {
     /// The persistent compiled-kernel cache CUDA executors keep (its
     /// directory and size bound); none: none.
     pub kernel_cache: Option<(std::path::PathBuf, u64)>,
+    /// Whether each device keeps a hot spare executor started, promoted
+    /// when the serving one dies (`--spare-executor`).
+    pub spare: bool,
 }
 
 impl LinkConfig {
@@ -149,6 +152,7 @@ impl LinkConfig {
                 .kernel_cache_dir
                 .clone()
                 .map(|dir| (dir, config.kernel_cache_max_bytes)),
+            spare: config.spare_executor,
         }
     }
 }
@@ -208,6 +212,11 @@ struct Pending {
 pub struct ExecutorLink {
     /// The device index this executor serves.
     pub index: usize,
+    /// Its lane in the front's spin page ([`crate::spin::executor_slot`]):
+    /// the device index, or the device's second lane for a hot spare, so
+    /// that a spare's start or death never clears the permits of the
+    /// executor serving beside it.
+    pub spin_index: usize,
     pub generation: DeviceGeneration,
     pub hello: Hello,
     /// Where requests are written.
@@ -438,11 +447,38 @@ pub async fn probe_cuda() -> Result<Hello, SpawnError> {
     Ok(hello)
 }
 
+/// How far a device's second spin lane is from its first: the page's
+/// executor slots are split in two halves.
+const SECOND_SPIN_LANE: usize = 254;
+
+/// The spin lane a new executor of device `index` takes beside one on
+/// `beside` (the lane the other one does not use).
+pub fn other_spin_lane(index: usize, beside: usize) -> usize {
+    if beside == index {
+        index.saturating_add(SECOND_SPIN_LANE)
+    } else {
+        index
+    }
+}
+
 impl ExecutorLink {
     /// Starts an executor for device `index` as `generation`. Its death is
     /// reported once on `deaths`.
     pub async fn spawn(
         index: usize,
+        generation: DeviceGeneration,
+        command: &ExecutorCommand,
+        config: &LinkConfig,
+        deaths: mpsc::UnboundedSender<DeathNotice>,
+    ) -> Result<Arc<ExecutorLink>, SpawnError> {
+        Self::spawn_on_lane(index, index, generation, command, config, deaths).await
+    }
+
+    /// [`ExecutorLink::spawn`], spinning on lane `spin_index` (see
+    /// [`other_spin_lane`]).
+    pub async fn spawn_on_lane(
+        index: usize,
+        spin_index: usize,
         generation: DeviceGeneration,
         command: &ExecutorCommand,
         config: &LinkConfig,
@@ -456,7 +492,7 @@ impl ExecutorLink {
             command,
             config.max_kernel_time,
             config.channel_spin,
-            config.spinners.inheritable(index),
+            config.spinners.inheritable(spin_index),
             config.kernel_cache.as_ref(),
         )?;
         let (mut read, write) = stream.into_split();
@@ -486,6 +522,7 @@ impl ExecutorLink {
         };
         let link = Arc::new(ExecutorLink {
             index,
+            spin_index,
             generation,
             hello,
             outbox,
@@ -589,7 +626,7 @@ impl ExecutorLink {
         };
         tracing::info!(device = link.index, generation = %link.generation, %cause, status, "executor gone");
         // It holds no spin permits now, whatever its slot says.
-        link.spinners.clear_executor(link.index);
+        link.spinners.clear_executor(link.spin_index);
         let _ = deaths.send((link.index, link.generation, cause));
     }
 

@@ -139,8 +139,12 @@ impl Front {
             verifications: kernels::VerificationGate::new(
                 config.max_concurrent_verifications_per_uid,
             ),
+            spares: super::supervise::Spares::new(config.spare_executor),
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
+        for index in 0..front.lock().devices.len() {
+            tokio::spawn(front.clone().keep_spare(index));
+        }
         Ok(front)
     }
 
@@ -221,7 +225,15 @@ impl Front {
                 .filter_map(|d| d.link.take())
                 .collect()
         };
+        // A spare still starting sees the drain and stops itself.
+        let links: Vec<Arc<ExecutorLink>> =
+            links.into_iter().chain(self.spares.take_all()).collect();
         futures_util::future::join_all(links.iter().map(|l| l.shutdown(grace))).await;
+    }
+
+    /// The process ids of the devices' waiting spare executors.
+    pub fn spare_pids(&self) -> Vec<u32> {
+        self.spares.pids()
     }
 }
 

@@ -26,7 +26,8 @@ use super::buffers::open_buffer_request;
 use super::effects::{run_cleanup, Cleanup};
 use super::Front;
 use crate::executor::link::CleanUp;
-use crate::executor::supervisor::{DeathNotice, DownCause, ExecutorLink};
+use crate::executor::supervisor::{other_spin_lane, DeathNotice, DownCause, ExecutorLink};
+use crate::executor::ExecutorError;
 use crate::handles::DeviceGeneration;
 use crate::sessions::LeaseEvent;
 
@@ -40,12 +41,147 @@ const EXIT_GRACE: Duration = Duration::from_millis(100);
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// How long after a spare's death the next one starts (a device whose
+/// spares die at once is not restarted in a tight loop).
+const SPARE_RESTART_DELAY: Duration = Duration::from_millis(100);
+
+/// What a device's spare slot holds.
+#[derive(Debug)]
+enum Spare {
+    /// A spare is being started on this spin lane.
+    Starting { lane: usize },
+    /// A started spare, waiting to be promoted.
+    Ready(Arc<ExecutorLink>),
+}
+
+impl Spare {
+    fn lane(&self) -> usize {
+        match self {
+            Spare::Starting { lane } => *lane,
+            Spare::Ready(link) => link.spin_index,
+        }
+    }
+}
+
+/// The hot spare executors, at most one per device (`--spare-executor`).
+///
+/// Invariants:
+/// - A device's slot is claimed before its spare is spawned, so at most one
+///   spare per device is ever starting or waiting.
+/// - A spare is taken out of its slot before it is promoted, and a death
+///   notice of a generation still in a slot is the spare's: it is never
+///   taken for a death of the device.
+#[derive(Debug)]
+pub struct Spares {
+    enabled: bool,
+    slots: std::sync::Mutex<std::collections::HashMap<usize, Spare>>,
+}
+
+impl Spares {
+    pub fn new(enabled: bool) -> Spares {
+        Spares {
+            enabled,
+            slots: Default::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, Spare>> {
+        // A map of plain values: a panic cannot leave it half changed.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Claims device `index`'s slot for a spare to start on the lane
+    /// `lane` chooses; none when spares are off or the slot is taken.
+    fn claim(&self, index: usize, lane: impl FnOnce(usize) -> usize) -> Option<usize> {
+        if !self.enabled {
+            return None;
+        }
+        let mut slots = self.lock();
+        if slots.contains_key(&index) {
+            return None;
+        }
+        let lane = lane(index);
+        slots.insert(index, Spare::Starting { lane });
+        Some(lane)
+    }
+
+    fn unclaim(&self, index: usize) {
+        self.lock().remove(&index);
+    }
+
+    fn fill(&self, index: usize, link: Arc<ExecutorLink>) {
+        self.lock().insert(index, Spare::Ready(link));
+    }
+
+    /// The spin lane for a new serving executor of device `index`: the one
+    /// its spare does not use.
+    fn lane_beside(&self, index: usize) -> usize {
+        match self.lock().get(&index) {
+            Some(spare) => other_spin_lane(index, spare.lane()),
+            None => index,
+        }
+    }
+
+    /// Takes device `index`'s started spare out, for promotion.
+    fn take_ready(&self, index: usize) -> Option<Arc<ExecutorLink>> {
+        let mut slots = self.lock();
+        match slots.remove(&index) {
+            Some(Spare::Ready(link)) => Some(link),
+            Some(starting) => {
+                slots.insert(index, starting);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// True (and the slot emptied) when `generation` is device `index`'s
+    /// waiting spare.
+    fn forget(&self, index: usize, generation: DeviceGeneration) -> bool {
+        let mut slots = self.lock();
+        let spare =
+            matches!(slots.get(&index), Some(Spare::Ready(link)) if link.generation == generation);
+        if spare {
+            slots.remove(&index);
+        }
+        spare
+    }
+
+    /// Every waiting spare, taken out (the drain stops them).
+    pub fn take_all(&self) -> Vec<Arc<ExecutorLink>> {
+        self.lock()
+            .drain()
+            .filter_map(|(_, spare)| match spare {
+                Spare::Ready(link) => Some(link),
+                Spare::Starting { .. } => None,
+            })
+            .collect()
+    }
+
+    /// The process ids of the waiting spares (tests, diagnostics).
+    pub fn pids(&self) -> Vec<u32> {
+        self.lock()
+            .values()
+            .filter_map(|spare| match spare {
+                Spare::Ready(link) => Some(link.pid()),
+                Spare::Starting { .. } => None,
+            })
+            .collect()
+    }
+}
+
 impl Front {
     pub(super) async fn supervise(
         self: Arc<Self>,
         mut deaths: mpsc::UnboundedReceiver<DeathNotice>,
     ) {
         while let Some((index, generation, cause)) = deaths.recv().await {
+            if self.spares.forget(index, generation) {
+                // A spare that died unpromoted: nothing served on it.
+                tracing::warn!(device = index, %generation, %cause, "spare executor died; starting another");
+                tokio::spawn(self.clone().keep_spare_after(index, SPARE_RESTART_DELAY));
+                continue;
+            }
             let start = {
                 let mut state = self.lock();
                 let draining = state.draining;
@@ -75,7 +211,11 @@ impl Front {
     }
 
     async fn restart(self: Arc<Self>, index: usize, old: DeviceGeneration, cause: DownCause) {
-        if matches!(cause, DownCause::Exited { .. }) {
+        let mut spare = self.spares.take_ready(index);
+        // With a spare there is no process to start, so no reason to wait:
+        // if the drain begins after all, it stops the promoted spare as it
+        // would have stopped the executor.
+        if spare.is_none() && matches!(cause, DownCause::Exited { .. }) {
             // A SIGTERM sent to the whole process group (systemd, a
             // terminal's ^C) reaches the executors as it reaches the daemon,
             // and their exit can be seen before the drain begins: give the
@@ -108,16 +248,25 @@ impl Front {
                 };
                 (device.command.clone(), device.desc.uuid.clone())
             };
-            let generation = self.generations.next();
-            let link = match ExecutorLink::spawn(
-                index,
-                generation,
-                &command,
-                &self.executor,
-                self.deaths.clone(),
-            )
-            .await
-            {
+            let next = match spare.take().filter(|link| !link.is_down()) {
+                Some(link) => {
+                    tracing::info!(device = %uuid, pid = link.pid(), "promoting the spare executor");
+                    Ok(link)
+                }
+                None => {
+                    let lane = self.spares.lane_beside(index);
+                    ExecutorLink::spawn_on_lane(
+                        index,
+                        lane,
+                        self.generations.next(),
+                        &command,
+                        &self.executor,
+                        self.deaths.clone(),
+                    )
+                    .await
+                }
+            };
+            let link = match next {
                 Ok(link)
                     if link.hello.devices.first().map(|d| d.uuid.as_str())
                         == Some(uuid.as_str()) =>
@@ -154,6 +303,7 @@ impl Front {
                     continue;
                 }
             };
+            let generation = link.generation;
             // Publish the generation first so a death of the new executor
             // during the re-open is attributed to it, not dropped as stale.
             let (buffers, events) = {
@@ -165,10 +315,21 @@ impl Front {
                 let (buffers, events) = state.registry.on_device(index);
                 (buffers, events)
             };
+            // A call the new executor could not answer (it died, or its
+            // channel broke) says nothing about the buffer: the attempt is
+            // lost, not the buffer, which must never be marked dead for it.
+            let mut lost = false;
             let mut reopened_buffers = Vec::new();
             for buffer in &buffers {
                 let ok = match open_buffer_request(buffer, &link) {
-                    Ok(open) => link.open_buffer(open).await.is_ok(),
+                    Ok(open) => match link.open_buffer(open).await {
+                        Ok(_) => true,
+                        Err(ExecutorError::Unavailable { .. }) => {
+                            lost = true;
+                            break;
+                        }
+                        Err(_) => false,
+                    },
                     Err(_) => false,
                 };
                 reopened_buffers.push((buffer.id, ok));
@@ -176,7 +337,7 @@ impl Front {
             // One line per restart, not one per buffer: clients decide how
             // many of their buffers cannot be re-opened (a shrunk object).
             let stale = reopened_buffers.iter().filter(|(_, ok)| !ok).count();
-            if stale > 0 {
+            if stale > 0 && !lost {
                 let first = reopened_buffers
                     .iter()
                     .find(|(_, ok)| !ok)
@@ -188,15 +349,24 @@ impl Front {
                 );
             }
             let mut reopened_events = Vec::new();
-            for event in &events {
+            for event in events.iter().take_while(|_| !lost) {
                 let open = exec::OpenEvent {
                     event_id: event.id.0,
                     handle: event.handle.clone(),
                 };
-                let ok = link.open_event(open).await.is_ok();
+                let ok = match link.open_event(open).await {
+                    Ok(()) => true,
+                    Err(ExecutorError::Unavailable { .. }) => {
+                        lost = true;
+                        break;
+                    }
+                    Err(_) => false,
+                };
                 reopened_events.push((event.id, ok));
             }
-            if link.is_down() {
+            if lost || link.is_down() {
+                // Whatever is left of it serves nothing.
+                link.kill();
                 tracing::error!(device = %uuid, "restarted executor died while re-opening; retrying");
                 let error = "the restarted executor died while re-opening the device's buffers";
                 self.restart_failed(
@@ -284,10 +454,80 @@ impl Front {
                 continue;
             }
             run_cleanup(late_closes).await;
+            tokio::spawn(self.clone().keep_spare(index));
             self.observer.executor_restart(&uuid);
             tracing::info!(device = %uuid, old = %old, new = %generation, pid = link.pid(), "executor restarted");
             return;
         }
+    }
+
+    /// Starts device `index`'s hot spare, unless spares are off, one is
+    /// there or starting, or the drain began; retries a failed start with
+    /// the restarts' back-off.
+    pub(super) async fn keep_spare(self: Arc<Self>, index: usize) {
+        let Some(lane) = self.spares.claim(index, |index| {
+            let state = self.lock();
+            let serving = state.devices.get(index).and_then(|d| d.link.as_ref());
+            other_spin_lane(index, serving.map_or(index, |link| link.spin_index))
+        }) else {
+            return;
+        };
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let (command, uuid) = {
+                let state = self.lock();
+                let device = state.devices.get(index).filter(|_| !state.draining);
+                match device {
+                    Some(device) => (device.command.clone(), device.desc.uuid.clone()),
+                    None => {
+                        self.spares.unclaim(index);
+                        return;
+                    }
+                }
+            };
+            let spawned = ExecutorLink::spawn_on_lane(
+                index,
+                lane,
+                self.generations.next(),
+                &command,
+                &self.executor,
+                self.deaths.clone(),
+            )
+            .await;
+            match spawned {
+                Ok(link)
+                    if link.hello.devices.first().map(|d| d.uuid.as_str())
+                        == Some(uuid.as_str()) =>
+                {
+                    if self.lock().draining {
+                        self.spares.unclaim(index);
+                        link.shutdown(Duration::from_secs(1)).await;
+                        return;
+                    }
+                    // One that died while starting was reported before it
+                    // was a spare: it is not kept.
+                    if !link.is_down() {
+                        tracing::info!(device = %uuid, pid = link.pid(), generation = %link.generation, "spare executor ready");
+                        self.spares.fill(index, link);
+                        return;
+                    }
+                }
+                Ok(link) => {
+                    tracing::error!(device = %uuid, "a spare executor drives another device");
+                    link.shutdown(Duration::from_secs(1)).await;
+                }
+                Err(e) => {
+                    tracing::error!(device = %uuid, error = %e, "cannot start a spare executor")
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    async fn keep_spare_after(self: Arc<Self>, index: usize, delay: Duration) {
+        tokio::time::sleep(delay).await;
+        self.keep_spare(index).await
     }
 
     /// A restart attempt failed: tells every session that the device has
