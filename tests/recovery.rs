@@ -560,3 +560,43 @@ async fn recovery_time_with_and_without_a_spare() {
         );
     }
 }
+
+#[test]
+fn a_kernel_cache_directory_that_is_not_the_daemons_stops_it_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    for (bad, why) in [(&link, "a symbolic link"), (&file, "not a directory")] {
+        let socket = dir.path().join("ptxd.sock");
+        let mut command = common::serve_command("host", &socket, &["--kernel-cache-dir"]);
+        command.arg(bad);
+        let output = common::run_to_exit(command, Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "kernel cache directory {} is not a directory of this user ({why})",
+                bad.display()
+            )),
+            "{stderr}"
+        );
+    }
+    // A fresh path is created, private.
+    let fresh = dir.path().join("a/b/kernels");
+    let socket = dir.path().join("fresh.sock");
+    let mut command = Command::new(ptxd_bin());
+    command
+        .args(["serve", "--backend", "host", "--socket"])
+        .arg(&socket)
+        .arg("--kernel-cache-dir")
+        .arg(&fresh)
+        .stdin(Stdio::null());
+    let daemon = Daemon::spawn(command, socket, tempfile::tempdir().unwrap());
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    drop(daemon);
+}

@@ -38,6 +38,8 @@ pub enum StartError {
     NoMatchingDevice(String),
     #[error("executor for device {device} did not start: {error}")]
     Executor { device: String, error: String },
+    #[error(transparent)]
+    KernelCache(#[from] crate::executor::kernel_cache::CacheError),
 }
 
 /// One device, as GetInfo reports it.
@@ -73,6 +75,12 @@ pub struct Info {
 impl Front {
     /// Chooses the backend, starts an executor per device and the supervisor.
     pub async fn start(config: &ServeConfig, observer: Observer) -> Result<Arc<Front>, StartError> {
+        // The kernel cache's directory is created and checked once, here,
+        // so that a bad one stops the daemon rather than every executor
+        // quietly compiling without it.
+        if let Some(dir) = &config.kernel_cache_dir {
+            crate::executor::kernel_cache::KernelCache::open(dir, config.kernel_cache_max_bytes)?;
+        }
         let boot = BootId::random();
         let generations = GenerationCounter::new(boot);
         let (backend, devices) = choose_devices(config).await?;
