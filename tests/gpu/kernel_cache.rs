@@ -84,12 +84,8 @@ async fn check_add(session: &Session, kernel: &Kernel, ops: &Operands, when: &st
     session.launch(kernel, &ops.launch).await.unwrap();
     let mut out = vec![0f32; n];
     ops.out_mem.download(0, &mut out).unwrap();
-    for i in 0..n {
-        assert_eq!(
-            out[i].to_bits(),
-            (ops.a[i] + ops.b[i]).to_bits(),
-            "element {i} {when}"
-        );
+    for (i, (got, (a, b))) in out.iter().zip(ops.a.iter().zip(&ops.b)).enumerate() {
+        assert_eq!(got.to_bits(), (a + b).to_bits(), "element {i} {when}");
     }
 }
 
