@@ -395,6 +395,23 @@ async fn a_spare_is_promoted_when_the_executor_dies_and_the_next_spare_starts() 
     let spare = spare_ready(&daemon, &client).await;
     let serving = executor_pid(&client, 0).await;
     let before = client.info().await.unwrap().devices[0].clone();
+    // The spare is kept in step with the registrations: it maps what is
+    // registered, and unmaps what is released, while it waits.
+    let mapped = |pid: u32, count: usize, what: &str| {
+        common::wait_until(what, Duration::from_secs(10), || {
+            common::shm_mappings(pid, "ptxd") == count
+        })
+    };
+    mapped(spare, 3, "the spare to map the three buffers");
+    let (_extra, extra_buf) = f32_buffer(&session, &random_f32(64)).await;
+    mapped(
+        spare,
+        4,
+        "the spare to map a buffer registered after it started",
+    );
+    session.release_buffer(&extra_buf).await.unwrap();
+    mapped(spare, 3, "the spare to unmap a released buffer");
+    let (_late, late_buf) = f32_buffer(&session, &random_f32(64)).await;
 
     kill(serving);
     let (old, new) = restarted(&mut events).await;
@@ -414,7 +431,23 @@ async fn a_spare_is_promoted_when_the_executor_dies_and_the_next_spare_starts() 
     assert_eq!(stale.reason_name(), "STALE_KERNEL", "{stale}");
     let fresh = load_add(&session).await;
     case.check(&session, &fresh, "on the promoted spare").await;
-    assert_eq!(common::shm_mappings(spare, "ptxd"), 3);
+    // Whether or not the spare had mapped the last buffer before it was
+    // promoted, it maps it now.
+    assert_eq!(common::shm_mappings(spare, "ptxd"), 4);
+    let late = client
+        .raw()
+        .list_buffers(ptxd_proto::v1::ListBuffersRequest {
+            session: session.id().to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        late.buffers
+            .iter()
+            .any(|b| b.buffer == late_buf.handle && b.generation == new && b.live),
+        "the late buffer lives in the new generation: {late:?}"
+    );
 
     // The next spare starts in the background, and is promoted in turn.
     let next = spare_ready(&daemon, &client).await;
@@ -482,8 +515,16 @@ async fn descriptors_and_processes_stay_flat_over_many_promotions() {
     spare_ready(&daemon, &client).await;
     let kids = children(daemon.pid());
     assert_eq!(kids.len(), 2, "serving and spare only: {kids:?}");
-    let fds = open_fds(daemon.pid());
+    // A dead executor's channel is closed once the last task holding its
+    // link lets go (a spare's sync task wakes every 100 ms): give them a
+    // moment, then nothing may be left over.
     let baseline = baseline.unwrap();
+    let settled = Instant::now() + Duration::from_secs(3);
+    let mut fds = open_fds(daemon.pid());
+    while fds > baseline && Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        fds = open_fds(daemon.pid());
+    }
     assert!(
         fds <= baseline,
         "the daemon's descriptors grew from {baseline} to {fds} over 29 promotions"

@@ -815,6 +815,13 @@ impl ExecutorLink {
         matches!(tokio::time::timeout(self.timeout, rx).await, Ok(Ok(Ok(_))))
     }
 
+    /// True when the executor answers a ping within the link's timeout:
+    /// its process is alive and serving (e.g. a spare about to be
+    /// promoted, which may have died without its death being seen yet).
+    pub async fn answers(&self) -> bool {
+        self.answers_ping().await
+    }
+
     /// Sends one request and waits for its reply. An executor that answers
     /// neither the call nor, after the timeout, a ping is killed.
     ///

@@ -16,6 +16,7 @@
 //!   notice. A client is never left without word while its device has no
 //!   executor for longer than one spawn attempt.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,10 +26,11 @@ use tokio::sync::mpsc;
 use super::buffers::open_buffer_request;
 use super::effects::{run_cleanup, Cleanup};
 use super::Front;
+use crate::buffers::{BufferEntry, EventEntry};
 use crate::executor::link::CleanUp;
 use crate::executor::supervisor::{other_spin_lane, DeathNotice, DownCause, ExecutorLink};
 use crate::executor::ExecutorError;
-use crate::handles::DeviceGeneration;
+use crate::handles::{BufferId, DeviceGeneration, EventId};
 use crate::sessions::LeaseEvent;
 
 /// How long an executor that exited (rather than faulted or hung) waits to
@@ -41,6 +43,11 @@ const EXIT_GRACE: Duration = Duration::from_millis(100);
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// How often a waiting spare is brought in step with its device's
+/// registrations (what a promotion has left to open is what was registered
+/// in the last period).
+const SPARE_SYNC: Duration = Duration::from_millis(100);
+
 /// How long after a spare's death the next one starts (a device whose
 /// spares die at once is not restarted in a tight loop).
 const SPARE_RESTART_DELAY: Duration = Duration::from_millis(100);
@@ -50,15 +57,111 @@ const SPARE_RESTART_DELAY: Duration = Duration::from_millis(100);
 enum Spare {
     /// A spare is being started on this spin lane.
     Starting { lane: usize },
-    /// A started spare, waiting to be promoted.
-    Ready(Arc<ExecutorLink>),
+    /// A started spare, waiting to be promoted, and what it has opened of
+    /// its device's registrations (kept in step by `Front::mirror_spare`).
+    Ready {
+        link: Arc<ExecutorLink>,
+        mirror: SharedMirror,
+    },
+}
+
+/// What an executor has opened of its device's registrations: each buffer
+/// and event it was asked to open, and whether that worked.
+#[derive(Debug, Default)]
+struct Mirror {
+    buffers: HashMap<BufferId, bool>,
+    events: HashMap<EventId, bool>,
+}
+
+/// A spare's mirror, locked by whoever opens or closes in the spare: its
+/// sync task, or the promotion, which takes it over.
+type SharedMirror = Arc<tokio::sync::Mutex<Mirror>>;
+
+/// The executor did not answer a call (it died, or its channel broke): the
+/// attempt is lost, and says nothing about the registration.
+#[derive(Debug)]
+struct Lost;
+
+/// Opens in `link` every registration of `buffers` and `events` that
+/// `mirror` does not hold open (every one it holds no outcome for, and,
+/// with `retry_failed`, every one it failed to open), recording each
+/// outcome.
+async fn open_registrations(
+    link: &ExecutorLink,
+    mirror: &mut Mirror,
+    buffers: &[BufferEntry],
+    events: &[EventEntry],
+    retry_failed: bool,
+) -> Result<(), Lost> {
+    let wanted = |opened: Option<&bool>| match opened {
+        None => true,
+        Some(ok) => !ok && retry_failed,
+    };
+    for buffer in buffers {
+        if !wanted(mirror.buffers.get(&buffer.id)) {
+            continue;
+        }
+        let ok = match open_buffer_request(buffer, link) {
+            Ok(open) => match link.open_buffer(open).await {
+                Ok(_) => true,
+                Err(ExecutorError::Unavailable { .. }) => return Err(Lost),
+                Err(_) => false,
+            },
+            Err(_) => false,
+        };
+        mirror.buffers.insert(buffer.id, ok);
+    }
+    for event in events {
+        if !wanted(mirror.events.get(&event.id)) {
+            continue;
+        }
+        let open = exec::OpenEvent {
+            event_id: event.id.0,
+            handle: event.handle.clone(),
+        };
+        let ok = match link.open_event(open).await {
+            Ok(()) => true,
+            Err(ExecutorError::Unavailable { .. }) => return Err(Lost),
+            Err(_) => false,
+        };
+        mirror.events.insert(event.id, ok);
+    }
+    Ok(())
+}
+
+/// The registrations `mirror` holds open that are no longer among
+/// `buffers` and `events` (released since), taken out of it: they are to
+/// be closed in its executor.
+fn released_since(
+    mirror: &mut Mirror,
+    buffers: &[BufferEntry],
+    events: &[EventEntry],
+) -> Vec<CleanUp> {
+    let live_buffers: HashSet<BufferId> = buffers.iter().map(|b| b.id).collect();
+    let live_events: HashSet<EventId> = events.iter().map(|e| e.id).collect();
+    let mut closes = Vec::new();
+    mirror.buffers.retain(|id, ok| {
+        let live = live_buffers.contains(id);
+        if !live && *ok {
+            closes.push(CleanUp::new(exec::CloseBuffer { buffer_id: id.0 }));
+        }
+        live
+    });
+    mirror.events.retain(|id, ok| {
+        let live = live_events.contains(id);
+        if !live && *ok {
+            closes.push(CleanUp::new(exec::CloseEvent { event_id: id.0 }));
+        }
+        live
+    });
+    closes
 }
 
 impl Spare {
     fn lane(&self) -> usize {
         match self {
             Spare::Starting { lane } => *lane,
-            Spare::Ready(link) => link.spin_index,
+            Spare::Ready { link, .. } => link.spin_index,
         }
     }
 }
@@ -109,8 +212,13 @@ impl Spares {
         self.lock().remove(&index);
     }
 
-    fn fill(&self, index: usize, link: Arc<ExecutorLink>) {
-        self.lock().insert(index, Spare::Ready(link));
+    fn fill(&self, index: usize, link: Arc<ExecutorLink>, mirror: SharedMirror) {
+        self.lock().insert(index, Spare::Ready { link, mirror });
+    }
+
+    /// True while `generation` is device `index`'s waiting spare.
+    fn is_waiting(&self, index: usize, generation: DeviceGeneration) -> bool {
+        matches!(self.lock().get(&index), Some(Spare::Ready { link, .. }) if link.generation == generation)
     }
 
     /// The spin lane for a new serving executor of device `index`: the one
@@ -123,10 +231,10 @@ impl Spares {
     }
 
     /// Takes device `index`'s started spare out, for promotion.
-    fn take_ready(&self, index: usize) -> Option<Arc<ExecutorLink>> {
+    fn take_ready(&self, index: usize) -> Option<(Arc<ExecutorLink>, SharedMirror)> {
         let mut slots = self.lock();
         match slots.remove(&index) {
-            Some(Spare::Ready(link)) => Some(link),
+            Some(Spare::Ready { link, mirror }) => Some((link, mirror)),
             Some(starting) => {
                 slots.insert(index, starting);
                 None
@@ -139,8 +247,7 @@ impl Spares {
     /// waiting spare.
     fn forget(&self, index: usize, generation: DeviceGeneration) -> bool {
         let mut slots = self.lock();
-        let spare =
-            matches!(slots.get(&index), Some(Spare::Ready(link)) if link.generation == generation);
+        let spare = matches!(slots.get(&index), Some(Spare::Ready { link, .. }) if link.generation == generation);
         if spare {
             slots.remove(&index);
         }
@@ -152,7 +259,7 @@ impl Spares {
         self.lock()
             .drain()
             .filter_map(|(_, spare)| match spare {
-                Spare::Ready(link) => Some(link),
+                Spare::Ready { link, .. } => Some(link),
                 Spare::Starting { .. } => None,
             })
             .collect()
@@ -163,7 +270,7 @@ impl Spares {
         self.lock()
             .values()
             .filter_map(|spare| match spare {
-                Spare::Ready(link) => Some(link.pid()),
+                Spare::Ready { link, .. } => Some(link.pid()),
                 Spare::Starting { .. } => None,
             })
             .collect()
@@ -248,9 +355,13 @@ impl Front {
                 };
                 (device.command.clone(), device.desc.uuid.clone())
             };
-            let next = match spare.take().filter(|link| !link.is_down()) {
-                Some(link) => {
+            // What the new executor has opened already (a spare kept in
+            // step), taken over from the spare's sync task.
+            let mut mirror = Mirror::default();
+            let next = match spare.take().filter(|(link, _)| !link.is_down()) {
+                Some((link, shared)) => {
                     tracing::info!(device = %uuid, pid = link.pid(), "promoting the spare executor");
+                    mirror = std::mem::take(&mut *shared.lock().await);
                     Ok(link)
                 }
                 None => {
@@ -318,22 +429,23 @@ impl Front {
             // A call the new executor could not answer (it died, or its
             // channel broke) says nothing about the buffer: the attempt is
             // lost, not the buffer, which must never be marked dead for it.
-            let mut lost = false;
-            let mut reopened_buffers = Vec::new();
-            for buffer in &buffers {
-                let ok = match open_buffer_request(buffer, &link) {
-                    Ok(open) => match link.open_buffer(open).await {
-                        Ok(_) => true,
-                        Err(ExecutorError::Unavailable { .. }) => {
-                            lost = true;
-                            break;
-                        }
-                        Err(_) => false,
-                    },
-                    Err(_) => false,
-                };
-                reopened_buffers.push((buffer.id, ok));
-            }
+            // What a promoted spare failed to open is tried once more.
+            // The last call: a spare may have died unseen, with nothing
+            // left to open in it, and must not be published.
+            let lost = open_registrations(&link, &mut mirror, &buffers, &events, true)
+                .await
+                .is_err()
+                || !link.answers().await;
+            // Opened by the spare and released since: closed once it serves.
+            let released = released_since(&mut mirror, &buffers, &events);
+            let reopened_buffers: Vec<(BufferId, bool)> = buffers
+                .iter()
+                .map(|b| (b.id, mirror.buffers.get(&b.id).copied().unwrap_or(false)))
+                .collect();
+            let reopened_events: Vec<(EventId, bool)> = events
+                .iter()
+                .map(|e| (e.id, mirror.events.get(&e.id).copied().unwrap_or(false)))
+                .collect();
             // One line per restart, not one per buffer: clients decide how
             // many of their buffers cannot be re-opened (a shrunk object).
             let stale = reopened_buffers.iter().filter(|(_, ok)| !ok).count();
@@ -347,22 +459,6 @@ impl Front {
                     first,
                     "buffers could not be re-opened after restart; they are stale"
                 );
-            }
-            let mut reopened_events = Vec::new();
-            for event in events.iter().take_while(|_| !lost) {
-                let open = exec::OpenEvent {
-                    event_id: event.id.0,
-                    handle: event.handle.clone(),
-                };
-                let ok = match link.open_event(open).await {
-                    Ok(()) => true,
-                    Err(ExecutorError::Unavailable { .. }) => {
-                        lost = true;
-                        break;
-                    }
-                    Err(_) => false,
-                };
-                reopened_events.push((event.id, ok));
             }
             if lost || link.is_down() {
                 // Whatever is left of it serves nothing.
@@ -380,7 +476,10 @@ impl Front {
                 .await;
                 continue;
             }
-            let mut late_closes: Cleanup = Vec::new();
+            let mut late_closes: Cleanup = released
+                .into_iter()
+                .map(|close| (link.clone(), close))
+                .collect();
             let mut died_before_publishing = false;
             {
                 let mut state = self.lock();
@@ -508,7 +607,9 @@ impl Front {
                     // was a spare: it is not kept.
                     if !link.is_down() {
                         tracing::info!(device = %uuid, pid = link.pid(), generation = %link.generation, "spare executor ready");
-                        self.spares.fill(index, link);
+                        let mirror = SharedMirror::default();
+                        self.spares.fill(index, link.clone(), mirror.clone());
+                        tokio::spawn(self.clone().mirror_spare(index, link, mirror));
                         return;
                     }
                 }
@@ -522,6 +623,46 @@ impl Front {
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Keeps device `index`'s waiting spare in step with the device's
+    /// registrations: every [`SPARE_SYNC`], opens in it what was
+    /// registered and closes what was released since, until it is promoted
+    /// (the promotion takes the mirror over, and opens what this did not
+    /// yet) or dies.
+    async fn mirror_spare(
+        self: Arc<Self>,
+        index: usize,
+        link: Arc<ExecutorLink>,
+        mirror: SharedMirror,
+    ) {
+        loop {
+            if !self.spares.is_waiting(index, link.generation) {
+                return;
+            }
+            {
+                let mut mirror = mirror.lock().await;
+                // Checked again under the mirror's lock, which a promotion
+                // takes after taking the spare out of its slot.
+                if !self.spares.is_waiting(index, link.generation) {
+                    return;
+                }
+                let (buffers, events) = self.lock().registry.on_device(index);
+                for close in released_since(&mut mirror, &buffers, &events) {
+                    if let Err(ExecutorError::Unavailable { .. }) = link.request(close).await {
+                        return;
+                    }
+                }
+                if open_registrations(&link, &mut mirror, &buffers, &events, false)
+                    .await
+                    .is_err()
+                {
+                    // Its death notice makes `supervise` start another.
+                    return;
+                }
+            }
+            tokio::time::sleep(SPARE_SYNC).await;
         }
     }
 
