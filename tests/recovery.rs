@@ -554,6 +554,18 @@ async fn recovery_time_with_and_without_a_spare() {
             held.push(f32_buffer(&session, &random_f32(1024)).await);
         }
         let mut times = Vec::new();
+        let mut told = Vec::new();
+        // When each restart reached the session, stamped as it arrives.
+        let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+        let mut events = session.events();
+        let stamping = arrivals.clone();
+        let stamper = tokio::spawn(async move {
+            while let Ok(event) = events.recv().await {
+                if let SessionEvent::ExecutorRestarted { .. } = event {
+                    stamping.lock().unwrap().push(Instant::now());
+                }
+            }
+        });
         for _ in 0..ROUNDS {
             if spare {
                 spare_ready(&daemon, &client).await;
@@ -589,9 +601,22 @@ async fn recovery_time_with_and_without_a_spare() {
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
             times.push(killed.elapsed());
+            let announced = arrivals.lock().unwrap().last().copied();
+            if let Some(at) = announced.filter(|at| *at > killed) {
+                told.push(at - killed);
+            }
             case.check(&session, &kernel, "after the kill").await;
         }
+        stamper.abort();
         times.sort();
+        told.sort();
+        println!(
+            "host backend, spare {spare}: kill -> ExecutorRestarted at the session: min {:?} p50 {:?} max {:?} ({} rounds)",
+            told[0],
+            told[told.len() / 2],
+            told[told.len() - 1],
+            told.len()
+        );
         println!(
             "host backend, spare {spare}: kill -> first successful launch over {ROUNDS} kills \
              ({BUFFERS} buffers, {KERNELS} kernels): min {:?} p50 {:?} max {:?}",
