@@ -593,7 +593,9 @@ async fn recovery_time_with_and_without_a_spare() {
                             )
                             .await
                         {
+                            // Launched again at once, not after the pause.
                             kernel = fresh;
+                            continue;
                         }
                     }
                     Err(_) => {}
