@@ -668,3 +668,39 @@ fn a_kernel_cache_directory_that_is_not_the_daemons_stops_it_at_start() {
     assert_eq!(mode, 0o700);
     drop(daemon);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spare_that_dies_while_waiting_is_replaced_and_the_device_serves_on() {
+    let daemon = spare_daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("spare-dies").await.unwrap();
+    let mut events = session.events();
+    let add = load_add(&session).await;
+    let mut case = AddCase::new(&session, 512).await;
+    let serving = executor_pid(&client, 0).await;
+    let generation = client.info().await.unwrap().devices[0].generation;
+    let mut spares = vec![spare_ready(&daemon, &client).await];
+    for round in 0..5 {
+        let dying = *spares.last().unwrap();
+        kill(dying);
+        common::wait_until("the spare to die", Duration::from_secs(10), || {
+            !common::process_alive(dying as i32)
+        });
+        let next = spare_ready(&daemon, &client).await;
+        assert!(!spares.contains(&next), "round {round}: {next} again");
+        spares.push(next);
+        // The serving executor and its generation are untouched: the
+        // session's kernel is not stale and nothing was announced.
+        assert_eq!(executor_pid(&client, 0).await, serving);
+        case.check(&session, &add, &format!("after spare {round} died"))
+            .await;
+    }
+    assert_eq!(
+        client.info().await.unwrap().devices[0].generation,
+        generation
+    );
+    assert!(
+        events.try_recv().is_err(),
+        "no lease event for a spare's death"
+    );
+}

@@ -649,16 +649,25 @@ impl Front {
                     return;
                 }
                 let (buffers, events) = self.lock().registry.on_device(index);
+                let mut lost = false;
                 for close in released_since(&mut mirror, &buffers, &events) {
                     if let Err(ExecutorError::Unavailable { .. }) = link.request(close).await {
-                        return;
+                        lost = true;
+                        break;
                     }
                 }
-                if open_registrations(&link, &mut mirror, &buffers, &events, false)
-                    .await
-                    .is_err()
-                {
-                    // Its death notice makes `supervise` start another.
+                lost = lost
+                    || open_registrations(&link, &mut mirror, &buffers, &events, false)
+                        .await
+                        .is_err();
+                if lost {
+                    // The spare is gone (its death notice may have come
+                    // before it was a spare, and started nothing): another
+                    // one starts.
+                    link.kill();
+                    if self.spares.forget(index, link.generation) {
+                        tokio::spawn(self.clone().keep_spare_after(index, SPARE_RESTART_DELAY));
+                    }
                     return;
                 }
             }
@@ -666,9 +675,19 @@ impl Front {
         }
     }
 
-    async fn keep_spare_after(self: Arc<Self>, index: usize, delay: Duration) {
-        tokio::time::sleep(delay).await;
-        self.keep_spare(index).await
+    /// [`Front::keep_spare`] after `delay`. Boxed and `Send` by signature:
+    /// the spare's sync task calls it, and `keep_spare` spawns that task,
+    /// so the compiler cannot infer either future's `Send` through the
+    /// other.
+    fn keep_spare_after(
+        self: Arc<Self>,
+        index: usize,
+        delay: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            self.keep_spare(index).await
+        })
     }
 
     /// A restart attempt failed: tells every session that the device has
