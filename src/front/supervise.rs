@@ -319,6 +319,17 @@ impl Front {
 
     async fn restart(self: Arc<Self>, index: usize, old: DeviceGeneration, cause: DownCause) {
         let mut spare = self.spares.take_ready(index);
+        // Generations only grow: a spare started before the executor that
+        // just died (which then replaced a spare still starting) is older
+        // than it, and is not promoted.
+        if let Some((stale, _)) = spare.take_if(|(link, _)| link.generation <= old) {
+            tracing::info!(
+                device = index,
+                pid = stale.pid(),
+                "a spare older than the dead executor is not promoted"
+            );
+            stale.kill();
+        }
         // With a spare there is no process to start, so no reason to wait:
         // if the drain begins after all, it stops the promoted spare as it
         // would have stopped the executor.
