@@ -127,6 +127,7 @@ impl StreamQueue {
     /// ones are destroyed after the lock is released, so the stream's
     /// launches (which take the lock to push) never wait on the driver's
     /// event teardown.
+    ///
     /// A sticky error from a marker's query (the device faulted) is
     /// returned as it is.
     fn poll(&self, now: Instant, budget: Duration) -> Result<Option<Instant>, DriverError> {
