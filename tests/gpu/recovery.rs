@@ -285,6 +285,23 @@ async fn a_fault_is_recovered_faster_with_a_spare_and_the_kernel_cache() {
             check_add(&session, &kernels[0], &ops, "before the fault").await;
             if spare {
                 spare_ready(&daemon, &client).await;
+                if round == 0 {
+                    // What the spare costs on the GPU: its context, and the
+                    // mappings of the bystander's buffers it holds open.
+                    let apps = std::process::Command::new("nvidia-smi")
+                        .args([
+                            "--query-compute-apps=pid,used_memory",
+                            "--format=csv,noheader",
+                        ])
+                        .output()
+                        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                        .unwrap_or_else(|e| format!("nvidia-smi: {e}"));
+                    eprintln!(
+                        "GPU memory per process (serving executor {}, daemon {}; the other ptxd one is the spare):\n{apps}",
+                        executor_pid(&client, 0).await,
+                        daemon.pid()
+                    );
+                }
             }
             let faulted = Instant::now();
             fault(&client, &dev).await;
