@@ -1,5 +1,12 @@
 //! Recovery from a lost executor, on the host backend: the executor-down
-//! lease event while restarts fail, and the device coming back.
+//! lease event while restarts fail and the device coming back; the hot
+//! spare (`--spare-executor`) kept in step with the registrations, promoted
+//! when the serving executor dies (also when it dies itself during the
+//! promotion), replaced when it dies waiting, with descriptors and
+//! processes flat over many promotions; a kernel cache directory that is
+//! not the daemon's; and a measurement of kill → first successful launch
+//! with and without a spare (`recovery_time_with_and_without_a_spare`,
+//! ignored: run it by hand, in release).
 //!
 //! Restarts are made to fail without a hook in the daemon: the daemon runs
 //! from a private copy of the `ptxd` binary, and an executor is spawned
