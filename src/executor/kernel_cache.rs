@@ -463,6 +463,92 @@ mod tests {
         assert!(!stale.exists());
     }
 
+    /// The directory a [`writer_process`] run works on (set by
+    /// [`concurrent_writer_processes_never_see_a_partial_entry`]).
+    const WRITER_DIR: &str = "PTXD_KERNEL_CACHE_TEST_DIR";
+
+    /// The shared keys and payloads of the cross-process test: the same in
+    /// every process (derived from the key, as compiled code is).
+    fn shared_entry(i: usize) -> (CacheKey, Vec<u8>) {
+        let k = key(&format!("cross-process {i}"));
+        let mut payload = Vec::new();
+        while payload.len() < 30_000 + i * 4099 {
+            payload.extend_from_slice(blake3::hash(&payload.len().to_le_bytes()).as_bytes());
+        }
+        (k, payload)
+    }
+
+    /// Writes and reads the shared entries at random; run as a child
+    /// process by the test below (ignored on its own: it needs the
+    /// directory it is given).
+    #[test]
+    #[ignore = "a child process of concurrent_writer_processes_never_see_a_partial_entry"]
+    fn writer_process() {
+        // Run on its own (`--include-ignored`), it has no directory and
+        // nothing to do.
+        if let Some(dir) = std::env::var_os(WRITER_DIR) {
+            write_and_read(Path::new(&dir));
+        }
+    }
+
+    fn write_and_read(dir: &Path) {
+        let cache = KernelCache::open(dir, 1 << 22).unwrap();
+        let entries: Vec<(CacheKey, Vec<u8>)> = (0..4).map(shared_entry).collect();
+        let mut rng = rand::rng();
+        for _ in 0..300 {
+            let (k, payload) = &entries[rng.random_range(0..entries.len())];
+            if rng.random_bool(0.5) {
+                cache.put(k, payload);
+            } else {
+                match cache.get(k) {
+                    Lookup::Hit(found) => assert!(found == *payload, "a wrong payload"),
+                    Lookup::Miss => {}
+                    Lookup::Discarded(why) => panic!("a partial or foreign entry: {why}"),
+                }
+            }
+        }
+    }
+
+    /// Three processes (two children running [`writer_process`] and this
+    /// one) share one directory, as daemons do: none ever reads a partial
+    /// entry, and every entry is whole at the end.
+    #[test]
+    fn concurrent_writer_processes_never_see_a_partial_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let children: Vec<std::process::Child> = (0..2)
+            .map(|_| {
+                std::process::Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "executor::kernel_cache::tests::writer_process",
+                        "--ignored",
+                        "--quiet",
+                    ])
+                    .env(WRITER_DIR, dir.path())
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        write_and_read(dir.path());
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "a writer process failed: {said}");
+            // The filter found the test: a writer that ran nothing proves
+            // nothing.
+            assert!(said.contains("1 passed"), "{said}");
+        }
+        let cache = KernelCache::open(dir.path(), 1 << 22).unwrap();
+        for (k, payload) in (0..4).map(shared_entry) {
+            match cache.get(&k) {
+                Lookup::Hit(found) => assert!(found == payload),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
     /// Writers in two processes' worth of threads, each with its own
     /// `KernelCache` on the same directory (as two daemons have), writing
     /// and reading the same keys at once: every read is a miss or the
