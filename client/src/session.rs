@@ -174,6 +174,25 @@ impl Session {
                         }
                     }
                     WireEvent::Draining(d) => SessionEvent::Draining { reason: d.reason },
+                    WireEvent::ExecutorDown(d) => {
+                        // The rings of the dead generation will never be
+                        // served again: their waiters are released now,
+                        // not when (if ever) a restart succeeds.
+                        release.registry.executor_restarted(
+                            &d.device_uuid,
+                            d.generation,
+                            d.generation.saturating_add(1),
+                            &format!("executor down ({}): {}", d.cause, d.restart_error),
+                        );
+                        SessionEvent::ExecutorDown {
+                            device_uuid: d.device_uuid,
+                            generation: d.generation,
+                            cause: d.cause,
+                            failed_restarts: d.failed_restarts,
+                            restart_error: d.restart_error,
+                            retry_in: std::time::Duration::from_millis(d.retry_in_ms),
+                        }
+                    }
                 };
                 tracing::debug!(?event, "session event");
                 // No receiver is not an error: nobody asked to watch.

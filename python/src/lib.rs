@@ -31,7 +31,7 @@ use ptxd_client::ring::OperandRef;
 use ptxd_client::{
     Client, DaemonInfo, DeviceSelector, Error, FdBufferSpec, HostMemfd, HostShm, Kernel,
     KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RingRefusal, Session,
-    SessionOptions, ORDERING_BYTES,
+    SessionEvent, SessionOptions, ORDERING_BYTES,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -356,8 +356,11 @@ impl NativeClient {
         let client = self.inner.clone();
         let options = SessionOptions::new(label).auto_reload_stale(auto_reload);
         let session = call(py, async move { client.open_session_with(options).await })?;
+        // Subscribed at once, so no event after the open is missed.
+        let events = session.events();
         Ok(NativeSession {
             inner: Mutex::new(Some(Arc::new(session))),
+            events: tokio::sync::Mutex::new(events),
         })
     }
 }
@@ -366,6 +369,59 @@ impl NativeClient {
 #[pyclass(module = "ptxd._native", name = "Session", frozen)]
 struct NativeSession {
     inner: Mutex<Option<Arc<Session>>>,
+    /// The session's lease events since it opened, for `next_event`.
+    events: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<SessionEvent>>,
+}
+
+/// A lease event as the Python half sees it: a dict with `kind` and the
+/// event's fields (durations in seconds).
+fn event_dict<'py>(py: Python<'py>, event: &SessionEvent) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    match event {
+        SessionEvent::ExecutorRestarted {
+            device_uuid,
+            old_generation,
+            new_generation,
+            cause,
+        } => {
+            dict.set_item("kind", "executor_restarted")?;
+            dict.set_item("device_uuid", device_uuid)?;
+            dict.set_item("old_generation", old_generation)?;
+            dict.set_item("new_generation", new_generation)?;
+            dict.set_item("cause", cause)?;
+        }
+        SessionEvent::ExecutorDown {
+            device_uuid,
+            generation,
+            cause,
+            failed_restarts,
+            restart_error,
+            retry_in,
+        } => {
+            dict.set_item("kind", "executor_down")?;
+            dict.set_item("device_uuid", device_uuid)?;
+            dict.set_item("generation", generation)?;
+            dict.set_item("cause", cause)?;
+            dict.set_item("failed_restarts", failed_restarts)?;
+            dict.set_item("restart_error", restart_error)?;
+            dict.set_item("retry_in", retry_in.as_secs_f64())?;
+        }
+        SessionEvent::Draining { reason } => {
+            dict.set_item("kind", "draining")?;
+            dict.set_item("reason", reason)?;
+        }
+        SessionEvent::Ended { why } => {
+            dict.set_item("kind", "ended")?;
+            dict.set_item("why", why)?;
+        }
+        // The SDK's enum is non-exhaustive: a kind this build does not know
+        // is still reported, by name.
+        other => {
+            dict.set_item("kind", "other")?;
+            dict.set_item("debug", format!("{other:?}"))?;
+        }
+    }
+    Ok(dict)
 }
 
 impl NativeSession {
@@ -425,6 +481,45 @@ fn to_launch(args: &LaunchArgs) -> (Kernel, Launch) {
 
 #[pymethods]
 impl NativeSession {
+    /// The next lease event since the session opened (a dict, see
+    /// `event_dict`), waiting up to `timeout` seconds (none: until one
+    /// comes); `None` when none came in time or none will come. Events a
+    /// caller left unread for long may be skipped (the SDK keeps a backlog).
+    #[pyo3(signature = (timeout=None))]
+    fn next_event<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let limit = match timeout {
+            Some(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout must be a finite number of seconds >= 0, not {t}"
+                )))
+            }
+            Some(t) => Some(std::time::Duration::from_secs_f64(t)),
+            None => None,
+        };
+        let events = &self.events;
+        let next = async move {
+            let mut events = events.lock().await;
+            loop {
+                match events.recv().await {
+                    Ok(event) => return Some(event),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        };
+        let event = block(py, async move {
+            match limit {
+                Some(limit) => tokio::time::timeout(limit, next).await.ok().flatten(),
+                None => next.await,
+            }
+        })?;
+        event.map(|e| event_dict(py, &e)).transpose()
+    }
+
     /// True while the lease is open.
     fn is_open(&self) -> bool {
         self.inner

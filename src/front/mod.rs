@@ -325,6 +325,8 @@ pub struct Front {
     canonical: Arc<ptx::memo::CanonicalMemo>,
     /// Verifications running or waiting, per tenant and in total.
     verifications: kernels::VerificationGate,
+    /// The devices' hot spare executors (`--spare-executor`).
+    spares: supervise::Spares,
 }
 
 /// Gauges for metrics.

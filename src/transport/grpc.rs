@@ -487,6 +487,21 @@ fn lease_event(event: LeaseEvent) -> api::SessionEvent {
             cause,
         }),
         LeaseEvent::Draining { reason } => Event::Draining(api::Draining { reason }),
+        LeaseEvent::ExecutorDown {
+            device_uuid,
+            generation,
+            cause,
+            failed_restarts,
+            restart_error,
+            retry_in,
+        } => Event::ExecutorDown(api::ExecutorDown {
+            device_uuid,
+            generation,
+            cause,
+            failed_restarts,
+            restart_error,
+            retry_in_ms: u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX),
+        }),
     };
     api::SessionEvent { event: Some(event) }
 }
