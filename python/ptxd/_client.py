@@ -341,6 +341,25 @@ class Session:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def next_event(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
+        """The session's next lease event, waiting up to ``timeout`` seconds
+        (forever when ``None``); ``None`` when none came in time or the lease
+        ended. Each event is a dict with ``kind``:
+
+        - ``"executor_restarted"``: a device's executor was replaced
+          (``device_uuid``, ``old_generation``, ``new_generation``, ``cause``);
+          the session's kernels on it are stale (reload them, or use
+          ``auto_reload``), its buffers are open in the new generation.
+        - ``"executor_down"``: a restart of the device's executor failed and
+          the device has none for now (``device_uuid``, ``generation``,
+          ``cause``, ``failed_restarts``, ``restart_error``, ``retry_in``
+          seconds); launches on it are refused until an
+          ``"executor_restarted"`` says it is back.
+        - ``"draining"``: the daemon is shutting down (``reason``).
+        - ``"ended"``: the lease ended (``why``).
+        """
+        return self._native.next_event(timeout)
+
     def close(self) -> Optional[Dict[str, int]]:
         """Ends the session. Returns what ptxd released (``None`` when it was
         already closed)."""

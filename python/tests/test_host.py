@@ -7,6 +7,7 @@ import gc
 import mmap
 import os
 import re
+import signal
 import threading
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import ptxd
-from support import read_ptx
+from support import Daemon, read_ptx
 from kernels import add_kernel
 
 RNG = np.random.default_rng()
@@ -563,3 +564,42 @@ def test_a_client_used_after_fork_raises_instead_of_hanging(client):
             os._exit(3)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _children(pid: int) -> list:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+def test_a_killed_executor_is_a_lease_event_and_its_kernels_go_stale(corpus):
+    """The executor's death reaches the session as an ``executor_restarted``
+    event (new generation), and a kernel loaded before it is refused
+    STALE_KERNEL until it is loaded again."""
+    daemon = Daemon("host", "events")
+    try:
+        with ptxd.Client(daemon.socket) as client, client.session("events") as s:
+            kernel = s.load_ptx((corpus / "add_f32_scalar.ptx").read_text(), "add_f32_scalar")
+            assert s.next_event(timeout=0.05) is None
+            executors = _children(daemon.process.pid)
+            assert executors, "the daemon has no executor child"
+            for pid in executors:
+                os.kill(pid, signal.SIGKILL)
+            event = s.next_event(timeout=20)
+            assert event is not None and event["kind"] == "executor_restarted", event
+            assert event["new_generation"] > event["old_generation"]
+            n = 1000
+            x, y, out = (s.shm_array(n, np.float32) for _ in range(3))
+            x[:] = np.random.rand(n).astype(np.float32)
+            y[:] = np.random.rand(n).astype(np.float32)
+            out[:] = np.nan
+            with pytest.raises(ptxd.Refused) as refused:
+                s.launch(kernel, [x, y], out, n, sync=True)
+            assert refused.value.reason == "STALE_KERNEL"
+            again = s.load_ptx((corpus / "add_f32_scalar.ptx").read_text(), "add_f32_scalar")
+            s.launch(again, [x, y], out, n, sync=True)
+            np.testing.assert_array_equal(out, x + y)
+    finally:
+        daemon.stop()
