@@ -54,6 +54,7 @@ chmod -R u+w "$PACK/nvcc"
 # Its -G (debug) builds, for the canonical-vs-client comparison
 # (tests/gpu/canonical.rs).
 cp -r tests/corpus/nvcc_g "$PACK/nvcc_g"
+cp -r tests/corpus/jit "$PACK/jit"
 chmod -R u+w "$PACK/nvcc_g"
 cp tests/gpu/run.sh "$PACK/run.sh"
 

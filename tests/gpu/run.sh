@@ -18,7 +18,7 @@ cd "$(dirname "$0")"
 HERE=$(pwd)
 LOGS=${OUT:-$HERE}
 export PTXD_BIN="$HERE/ptxd" PTXD_CORPUS="$HERE/corpus" PTXD_NVCC_CORPUS="$HERE/nvcc" RUST_BACKTRACE=1
-export PTXD_NVCC_G_CORPUS="$HERE/nvcc_g"
+export PTXD_NVCC_G_CORPUS="$HERE/nvcc_g" PTXD_JIT_CORPUS="$HERE/jit"
 
 date -u
 nvidia-smi -L

@@ -1,0 +1,129 @@
+"""The JIT corpus on the GPU (tests/corpus/jit/nvrtc, generated on an H200
+by NVRTC 13.0): every kernel ptxd accepts is launched through ptxd and, on
+the same fresh random inputs, in this process from the client's own PTX text
+(``cuModuleLoadData`` + ``cuLaunchKernel``, the geometry ptxd reports); the
+two outputs must be equal bit for bit. ptxd runs its canonical text, so this
+checks that the text ptxd compiles computes what the client's text computes.
+
+The corpus folder is ``$PTXD_JIT_CORPUS`` (the GPU pack's ``jit/``) or the
+repository's ``tests/corpus/jit``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import ptxd
+from support import REPO
+
+CORPUS = Path(os.environ.get("PTXD_JIT_CORPUS", REPO / "tests" / "corpus" / "jit"))
+
+# Pointee type -> (torch dtype name, lanes).
+POINTEE = {
+    "float": ("float32", 1), "double": ("float64", 1), "__half": ("float16", 1),
+    "__nv_bfloat16": ("bfloat16", 1), "int": ("int32", 1),
+    "float4": ("float32", 4), "float2": ("float32", 2), "__half2": ("float16", 2),
+}
+
+
+def params_of(source: str):
+    """The kernel's parameters as (C type, name) from its CUDA C source."""
+    args = re.search(r"void \w+\(([^)]*)\)", source).group(1)
+    out = []
+    for arg in args.split(","):
+        ctype, name = arg.strip().rsplit(" ", 1)
+        out.append((ctype.strip(), name))
+    return out
+
+
+class InProcess:
+    """The client's PTX, loaded and launched in this process on torch's
+    primary context and current stream."""
+
+    def __init__(self, torch) -> None:
+        self.torch = torch
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.check(self.cuda.cuInit(0), "cuInit")
+        torch.cuda.synchronize()
+        self.modules = []
+
+    @staticmethod
+    def check(code: int, call: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"{call} failed: CUresult {code}")
+
+    def launch(self, ptx: str, entry: str, args, grid: int, block: int) -> None:
+        module = ctypes.c_void_p()
+        self.check(self.cuda.cuModuleLoadData(ctypes.byref(module), ptx.encode() + b"\0"), "cuModuleLoadData")
+        self.modules.append(module)
+        function = ctypes.c_void_p()
+        self.check(self.cuda.cuModuleGetFunction(ctypes.byref(function), module, entry.encode()),
+                   "cuModuleGetFunction")
+        params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+        stream = ctypes.c_void_p(self.torch._C._cuda_getCurrentRawStream(0))
+        self.check(self.cuda.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, params, None),
+                   "cuLaunchKernel")
+        self.torch.cuda.synchronize()
+
+
+def random_tensor(torch, dtype_name: str, count: int, gen):
+    dtype = getattr(torch, dtype_name)
+    if dtype_name == "int32":
+        return torch.randint(-(1 << 20), 1 << 20, (count,), dtype=dtype, device="cuda", generator=gen)
+    return (torch.rand(count, device="cuda", generator=gen, dtype=torch.float32) * 8 - 4).to(dtype)
+
+
+def test_every_accepted_nvrtc_kernel_computes_bit_for_bit_what_its_own_text_computes(torch, gpu_session):
+    manifest = json.loads((CORPUS / "nvrtc" / "manifest.json").read_text())
+    here = InProcess(torch)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    accepted, refused, differ = [], {}, []
+    for entry in manifest["kernels"]:
+        ptx = (CORPUS / entry["file"]).read_text()
+        try:
+            kernel = gpu_session.load_ptx(ptx, entry["entry"], 0)
+        except ptxd.Refused as refusal:
+            key = refusal.metadata.get("sub_reason", refusal.reason)
+            refused[key] = refused.get(key, 0) + 1
+            continue
+        block = kernel.signature[3]
+        params = params_of(entry["source"])
+        pointers = [(t, n) for t, n in params if t.endswith("*")]
+        scalars = [(t, n) for t, n in params if not t.endswith("*")]
+        if len(scalars) != 1 + entry["params"]:
+            refused["test: by-value args beyond n"] = refused.get("test: by-value args beyond n", 0) + 1
+            continue
+        count = 100_003  # elements (vectors for a vector type): not a multiple of any block
+        tensors = []
+        for ctype, _ in pointers:
+            dtype_name, lanes = POINTEE[ctype.replace("const ", "").rstrip("*").strip()]
+            tensors.append(random_tensor(torch, dtype_name, count * lanes, gen))
+        out_ptxd = torch.full_like(tensors[-1], float("nan")) if tensors[-1].is_floating_point() \
+            else torch.full_like(tensors[-1], -7)
+        out_here = out_ptxd.clone()
+        floats = [float(torch.rand(1, generator=torch.Generator().manual_seed(len(accepted) + i)) * 2 - 1)
+                  for i in range(entry["params"])]
+        # Through ptxd, on registered buffers (the kernel's own element size).
+        buffers = [gpu_session.register(t) for t in tensors[:-1]] + [gpu_session.register(out_ptxd)]
+        gpu_session.launch(kernel, buffers[:-1], buffers[-1], count, params=floats, sync=True)
+        # In this process, from the client's text.
+        args = [ctypes.c_uint64(t.data_ptr()) for t in tensors[:-1]] + [ctypes.c_uint64(out_here.data_ptr())]
+        count_type = scalars[0][0]
+        args.append(ctypes.c_int32(count) if count_type == "int" else ctypes.c_int64(count))
+        args += [ctypes.c_float(f) for f in floats]
+        here.launch(ptx, entry["entry"], args, (count + block - 1) // block, block)
+        torch.cuda.synchronize()
+        if not torch.equal(out_ptxd.view(torch.uint8), out_here.view(torch.uint8)):
+            differ.append(entry["file"])
+        accepted.append(entry["file"])
+    print(f"\njit corpus (nvrtc): {len(accepted)} accepted and launched, {len(differ)} different; "
+          f"refused {refused}")
+    assert accepted, "ptxd accepted no kernel of the corpus"
+    assert not differ, f"ptxd's result differs from the client's text for {differ}"
