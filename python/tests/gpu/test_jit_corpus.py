@@ -112,6 +112,10 @@ def test_every_accepted_nvrtc_kernel_computes_bit_for_bit_what_its_own_text_comp
                   for i in range(entry["params"])]
         # Through ptxd, on registered buffers (the kernel's own element size).
         buffers = [gpu_session.register(t) for t in tensors[:-1]] + [gpu_session.register(out_ptxd)]
+        for buffer, (ctype, _) in zip(buffers, pointers):
+            # A vector pointee (float4, __half2, ...): the buffer holds
+            # vectors, `lanes` of the tensor's elements each.
+            buffer.itemsize *= POINTEE[ctype.replace("const ", "").rstrip("*").strip()][1]
         gpu_session.launch(kernel, buffers[:-1], buffers[-1], count, params=floats, sync=True)
         # In this process, from the client's text.
         args = [ctypes.c_uint64(t.data_ptr()) for t in tensors[:-1]] + [ctypes.c_uint64(out_here.data_ptr())]
@@ -123,7 +127,11 @@ def test_every_accepted_nvrtc_kernel_computes_bit_for_bit_what_its_own_text_comp
         if not torch.equal(out_ptxd.view(torch.uint8), out_here.view(torch.uint8)):
             differ.append(entry["file"])
         accepted.append(entry["file"])
-    print(f"\njit corpus (nvrtc): {len(accepted)} accepted and launched, {len(differ)} different; "
-          f"refused {refused}")
+    summary = (f"jit corpus (nvrtc): {len(accepted)} accepted and launched, {len(differ)} different; "
+               f"refused {refused}")
+    print("\n" + summary)
+    logs = os.environ.get("PTXD_TEST_LOGS")
+    if logs:
+        Path(logs, "jit-corpus.txt").write_text(summary + "\n" + "\n".join(accepted) + "\n")
     assert accepted, "ptxd accepted no kernel of the corpus"
     assert not differ, f"ptxd's result differs from the client's text for {differ}"
