@@ -13,7 +13,7 @@
 //!   raises instead of blocking forever on worker threads that did not
 //!   survive the fork.
 //! - Every SDK error becomes a Python exception through one function,
-//!   [`to_pyerr`], which hands the parts to `ptxd._errors._from_native`; a
+//!   `to_pyerr`, which hands the parts to `ptxd._errors._from_native`; a
 //!   refusal keeps its wire reason, message, gRPC code and metadata.
 //! - A session's lease ends when its `Session` object is closed or
 //!   collected (the SDK ends the lease when its `Session` drops).
