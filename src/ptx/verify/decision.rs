@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use crate::ptx::ir::Kernel;
-use crate::ptx::{PtxError, Signature};
+use crate::ptx::{LaunchContract, PtxError, Signature};
 
 use super::dataflow::{AccessKind, Event};
 use super::layout::Layout;
@@ -135,6 +135,7 @@ pub(super) fn decide(
                 params,
                 kind,
                 width,
+                lanes,
                 scale,
                 guarded,
             } => {
@@ -175,7 +176,21 @@ pub(super) fn decide(
                         }
                         _ => {}
                     }
-                    if width != scale || !matches!(width, 1 | 2 | 4 | 8) {
+                    // A vector access is one element of the Vectorized
+                    // family only when the vector is the whole element: a
+                    // power of two of at most 16 bytes at its own stride.
+                    if *lanes > 1 && (width != scale || !width.is_power_of_two() || *width > 16) {
+                        return Err(refuse(
+                            SubReason::VectorizedAccess,
+                            name(*param),
+                            line,
+                            format!(
+                                "a {lanes}-lane {width}-byte access at a stride of {scale} bytes: \
+                                 not one whole vector per thread"
+                            ),
+                        ));
+                    }
+                    if width != scale || (*lanes == 1 && !matches!(width, 1 | 2 | 4 | 8)) {
                         return Err(refuse(
                             SubReason::NonElementwiseAddress,
                             name(*param),
@@ -234,14 +249,18 @@ pub(super) fn decide(
             Role::Scalar(u32::from(p - count - 1))
         });
     }
+    let signature = Signature {
+        inputs,
+        element_sizes,
+        scalar_params: u32::try_from(layout.floats).unwrap_or(u32::MAX),
+        reqntid,
+        maxntid,
+    };
+    let names: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
+    let contract = LaunchContract::scalar(&signature, &names);
     Ok(Verified {
-        signature: Signature {
-            inputs,
-            element_sizes,
-            scalar_params: u32::try_from(layout.floats).unwrap_or(u32::MAX),
-            reqntid,
-            maxntid,
-        },
+        signature,
         roles,
+        contract,
     })
 }
