@@ -221,7 +221,10 @@ pub(super) enum Event {
     Access {
         params: ParamSet,
         kind: AccessKind,
+        /// Bytes the access moves: its type's size times `lanes`.
         width: u32,
+        /// Registers a `.v2`/`.v4` access moves (1 for a scalar access).
+        lanes: u32,
         scale: u32,
         guarded: Option<u16>,
     },
@@ -548,7 +551,17 @@ pub(super) fn step(
             let (addr_i, data_i) = if op == O::St { (0, 1) } else { (1, 0) };
             // No third operand: the table admits `ld`/`st` with exactly an
             // address and a value, and `ir` dropped any cache-policy one.
-            let width = inst.types().last().map_or(0, |t| t.bytes());
+            // A `.v2`/`.v4` access moves one value per register of its list
+            // (the table ties the list's length to the vector modifier).
+            let lanes = match ops.get(data_i) {
+                Some(Opnd::List(items)) => u32::try_from(items.len()).unwrap_or(u32::MAX),
+                _ => 1,
+            };
+            let width = inst
+                .types()
+                .last()
+                .map_or(0, |t| t.bytes())
+                .saturating_mul(lanes);
             let pred_guard = inst.guard.and_then(|(neg, p)| guard_fact(st, p, neg, true));
             let guarded = st.guarded.or(pred_guard);
             let kind = if op == O::St {
@@ -570,6 +583,7 @@ pub(super) fn step(
                             params: m,
                             kind,
                             width,
+                            lanes,
                             scale,
                             guarded,
                         }

@@ -134,7 +134,7 @@ mod table;
 
 use super::ir::Kernel;
 pub use super::reason::SubReason;
-use super::{DeclaredAbi, PtxError, Signature};
+use super::{DeclaredAbi, Families, LaunchContract, PtxError, Signature};
 
 /// The most input pointers a scalar kernel may take.
 pub const MAX_INPUTS: usize = 64;
@@ -152,11 +152,13 @@ pub enum Role {
     Scalar(u32),
 }
 
-/// A verified kernel: its signature and each param's role.
+/// A verified kernel: its signature, each param's role, and the launch
+/// contract the proof gives (see [`super::contract`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verified {
     pub signature: Signature,
     pub roles: Vec<Role>,
+    pub contract: LaunchContract,
 }
 
 /// The one constructor of a `NonScalarAbi` refusal, shared by every pass.
@@ -175,10 +177,14 @@ fn refuse(
 }
 
 /// Verifies `kernel` against the scalar ABI and `declared`.
-pub fn verify(kernel: &Kernel, declared: Option<DeclaredAbi>) -> Result<Verified, PtxError> {
+pub fn verify(
+    kernel: &Kernel,
+    declared: Option<DeclaredAbi>,
+    families: Families,
+) -> Result<Verified, PtxError> {
     let (reqntid, maxntid) = layout::launch_bounds(kernel)?;
     let layout = layout::param_layout(kernel)?;
-    instructions::structure(kernel)?;
+    instructions::structure(kernel, families)?;
     let events = cfg::dataflow(kernel)?;
     let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
     defined::check(kernel)?;
