@@ -1,0 +1,381 @@
+//! Launch contracts by proof (issue 21): what the verifier proves for each
+//! kernel family, as the contract the launch check evaluates, run on the
+//! host engine against a Rust reference (every element compared, outputs
+//! poisoned first, fresh random inputs), and the attacks each family must
+//! refuse with its exact reason, at load or at launch.
+//!
+//! Families beyond the scalar ABI are verified with [`Families::ALL`]; the
+//! daemon's loads use [`ptx::DAEMON_FAMILIES`] (see `docs/verifier.md`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use ptxd::handles::DeviceGeneration;
+use ptxd::launch::{
+    self, BoundContract, BufferCap, Capabilities, CheckedLaunch, EventCap, KernelCap,
+    LaunchRefusal, LaunchShape, Placement,
+};
+use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan, LaunchContract, PtxError};
+use rand::Rng;
+
+fn corpus(name: &str) -> String {
+    let path = format!("{}/tests/corpus/{name}.ptx", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(path).unwrap()
+}
+
+fn sub_reason<T: std::fmt::Debug>(r: Result<T, PtxError>) -> &'static str {
+    match r {
+        Err(PtxError::NonScalarAbi { sub_reason, .. }) => sub_reason,
+        other => panic!("expected NonScalarAbi, got {other:?}"),
+    }
+}
+
+fn contract_of(text: &str, symbol: &str) -> LaunchContract {
+    ptx::canonicalize_with(text, symbol, None, Families::ALL)
+        .unwrap()
+        .contract
+}
+
+const HERE: Placement = Placement {
+    device_index: 0,
+    generation: DeviceGeneration(1),
+};
+
+/// Buffers by index, of the given sizes.
+struct Table(Vec<u64>);
+
+impl Capabilities for Table {
+    type Operand = (usize, u64);
+    type Event = usize;
+    type Error = LaunchRefusal;
+    fn operand(&self, &(i, offset): &(usize, u64)) -> Result<(BufferCap, u64), LaunchRefusal> {
+        let size = *self.0.get(i).ok_or(LaunchRefusal::Internal("not held"))?;
+        Ok((
+            BufferCap {
+                id: i as u64,
+                size,
+                placement: HERE,
+            },
+            offset,
+        ))
+    }
+    fn event(&self, _: &usize) -> Result<EventCap, LaunchRefusal> {
+        Err(LaunchRefusal::Internal("no events"))
+    }
+    fn describe(&self, _: Placement) -> String {
+        "HOST-0@1".into()
+    }
+}
+
+/// The launch check of `contract` (block `block`) over buffers of `sizes`,
+/// the inputs at `offsets` and the output last.
+fn check(
+    contract: &LaunchContract,
+    block: u32,
+    sizes: &[u64],
+    offsets: &[u64],
+    n: u64,
+) -> Result<CheckedLaunch, LaunchRefusal> {
+    let operands: Vec<(usize, u64)> = offsets.iter().copied().enumerate().collect();
+    let (output, inputs) = operands.split_last().unwrap();
+    let bound = BoundContract { contract, block };
+    launch::check(
+        &Table(sizes.to_vec()),
+        KernelCap {
+            signature: &bound,
+            placement: HERE,
+        },
+        &LaunchShape {
+            inputs,
+            output: Some(output),
+            n,
+            scalars: contract.scalar_params(),
+            wait: None,
+            signal: None,
+        },
+    )
+}
+
+/// Runs `kernel` over `n` elements of `inputs` into a poisoned output of
+/// `out_len` bytes; the output's bytes.
+fn run_host(kernel: &HostKernel, inputs: &[Vec<u8>], out_len: usize, n: u64) -> Vec<u8> {
+    let mut out = vec![0xA5u8; out_len];
+    let spans: Vec<HostSpan> = inputs
+        .iter()
+        .map(|b| HostSpan {
+            ptr: b.as_ptr() as *mut u8,
+            len: b.len(),
+        })
+        .collect();
+    for threads in [1, 3] {
+        out.fill(0xA5);
+        let l = HostLaunch {
+            inputs: &spans,
+            output: HostSpan {
+                ptr: out.as_mut_ptr(),
+                len: out.len(),
+            },
+            n,
+            params: &[],
+            threads,
+            checked: threads == 3,
+            control: None,
+        };
+        // SAFETY: every span is a live Vec of exactly `len` bytes; inputs
+        // are only read.
+        unsafe { kernel.launch(&l) }.unwrap();
+    }
+    out
+}
+
+fn random_f32s(rng: &mut impl Rng, count: usize) -> Vec<f32> {
+    (0..count).map(|_| rng.random_range(-1e3f32..1e3)).collect()
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+// ---- the scalar ABI: exactly today's contract --------------------------
+
+#[test]
+fn the_scalar_abi_comes_out_as_todays_contract() {
+    let text = corpus("add_f32_scalar");
+    let (signature, contract) =
+        ptx::verify_contract(&text, "add_f32_scalar", None, Families::ALL).unwrap();
+    assert_eq!(
+        contract,
+        LaunchContract::scalar(
+            &signature,
+            &contract
+                .params
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+        )
+    );
+    assert_eq!(
+        contract.to_string(),
+        "params(add_f32_scalar_param_0: ptr read, add_f32_scalar_param_1: ptr read, \
+         add_f32_scalar_param_2: ptr written, add_f32_scalar_param_3: count .s64); \
+         block <= 256; grid ceil(n / block); add_f32_scalar_param_0[n × 4] align 4; \
+         add_f32_scalar_param_1[n × 4] align 4; add_f32_scalar_param_2[n × 4] align 4; \
+         requires count_fits_i64: n <= 9223372036854775807"
+    );
+    // The daemon's families give the very same contract.
+    assert_eq!(
+        ptx::canonicalize(&text, "add_f32_scalar", None)
+            .unwrap()
+            .contract,
+        contract
+    );
+}
+
+// ---- (b) the seed's Vectorized{2,4} ---------------------------------
+
+/// The seed's Vectorized{2} schedule of `out = in0 + in1` on `float2`, as
+/// nvcc writes it (the `float4` one is `tests/corpus/add_f32_vec4.ptx`).
+const ADD_F32_VEC2: &str = r#"
+.version 9.0
+.target sm_90
+.address_size 64
+
+.visible .entry add_f32_vec2(
+	.param .u64 add_f32_vec2_param_0,
+	.param .u64 add_f32_vec2_param_1,
+	.param .u64 add_f32_vec2_param_2,
+	.param .u64 add_f32_vec2_param_3
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .f32 	%f<9>;
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<15>;
+
+	ld.param.u64 	%rd2, [add_f32_vec2_param_0];
+	ld.param.u64 	%rd3, [add_f32_vec2_param_1];
+	ld.param.u64 	%rd4, [add_f32_vec2_param_2];
+	ld.param.u64 	%rd5, [add_f32_vec2_param_3];
+	mov.u32 	%r1, %ctaid.x;
+	mov.u32 	%r2, %ntid.x;
+	mul.wide.u32 	%rd6, %r1, %r2;
+	mov.u32 	%r3, %tid.x;
+	cvt.u64.u32 	%rd7, %r3;
+	add.s64 	%rd1, %rd6, %rd7;
+	setp.ge.s64 	%p1, %rd1, %rd5;
+	@%p1 bra 	$L__BB0_2;
+
+	cvta.to.global.u64 	%rd8, %rd2;
+	shl.b64 	%rd9, %rd1, 3;
+	add.s64 	%rd10, %rd8, %rd9;
+	ld.global.v2.f32 	{%f1, %f2}, [%rd10];
+	cvta.to.global.u64 	%rd11, %rd3;
+	add.s64 	%rd12, %rd11, %rd9;
+	ld.global.v2.f32 	{%f3, %f4}, [%rd12];
+	cvta.to.global.u64 	%rd13, %rd4;
+	add.s64 	%rd14, %rd13, %rd9;
+	add.f32 	%f5, %f1, %f3;
+	add.f32 	%f6, %f2, %f4;
+	st.global.v2.f32 	[%rd14], {%f5, %f6};
+
+$L__BB0_2:
+	ret;
+
+}
+"#;
+
+fn vectorized_kernels() -> Vec<(String, &'static str, usize)> {
+    vec![
+        (corpus("add_f32_vec4"), "add_f32_vec4", 4),
+        (ADD_F32_VEC2.to_string(), "add_f32_vec2", 2),
+    ]
+}
+
+#[test]
+fn vectorized_kernels_get_a_contract_in_vectors_and_run_on_the_host() {
+    let mut rng = rand::rng();
+    for (text, symbol, lanes) in vectorized_kernels() {
+        let vector = 4 * lanes as u64;
+        let contract = contract_of(&text, symbol);
+        let sizes: Vec<u32> = contract.footprints.iter().map(|f| f.alignment).collect();
+        assert_eq!(sizes, vec![vector as u32; 3], "{symbol}");
+        assert!(
+            contract
+                .to_string()
+                .contains(&format!("[n × {vector}] align {vector}")),
+            "{contract}"
+        );
+        let kernel = HostKernel::compile_with(&text, symbol, Families::ALL).unwrap();
+        for n in [1usize, 255, 256, 257, 1000 + rng.random_range(0..100)] {
+            let a = random_f32s(&mut rng, n * lanes);
+            let b = random_f32s(&mut rng, n * lanes);
+            let out = run_host(&kernel, &[bytes(&a), bytes(&b)], n * lanes * 4, n as u64);
+            let got = floats(&out);
+            for (j, g) in got.iter().enumerate() {
+                assert_eq!(g.to_bits(), (a[j] + b[j]).to_bits(), "{symbol} n={n} [{j}]");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_daemon_still_refuses_the_vectorized_family_until_it_is_switched_on() {
+    assert_eq!(ptx::DAEMON_FAMILIES, Families::SCALAR);
+    for (text, symbol, _) in vectorized_kernels() {
+        assert_eq!(
+            sub_reason(ptx::verify(&text, symbol, None)),
+            "vectorized_access"
+        );
+    }
+}
+
+#[test]
+fn a_vectorized_launch_one_vector_over_its_buffer_or_misaligned_is_refused() {
+    for (text, symbol, lanes) in vectorized_kernels() {
+        let contract = contract_of(&text, symbol);
+        let vector = 4 * lanes as u64;
+        let n = 1000u64;
+        let fits = n * vector;
+        assert!(check(&contract, 256, &[fits, fits, fits], &[0, 0, 0], n).is_ok());
+        // One vector over: the output's footprint passes its buffer.
+        assert_eq!(
+            check(&contract, 256, &[fits, fits, fits], &[0, 0, 0], n + 1),
+            Err(LaunchRefusal::BufferTooSmall {
+                operand: "input 0".into(),
+                needed_bytes: u128::from(fits + vector),
+                buffer_bytes: fits,
+            })
+        );
+        // An offset of one float: the vector access would be misaligned.
+        let big = fits + vector;
+        assert_eq!(
+            check(&contract, 256, &[big, big, big], &[0, 4, 0], n),
+            Err(LaunchRefusal::Misaligned {
+                operand: "input 1".into(),
+                offset: 4,
+                element_size: vector as u32,
+            })
+        );
+    }
+}
+
+/// Attacks on the vectorized family, each refused at load with its exact
+/// sub_reason.
+#[test]
+fn vectorized_attacks_are_refused_at_load() {
+    let vec4 = corpus("add_f32_vec4");
+    let load = |text: &str| ptx::verify_contract(text, "add_f32_vec4", None, Families::ALL);
+    let cases: Vec<(&str, String, &str)> = vec![
+        // A float4 access at a float stride: vectors overlap between threads.
+        (
+            "v4 at stride 4",
+            vec4.replace("shl.b64 \t%rd9, %rd1, 4;", "shl.b64 \t%rd9, %rd1, 2;"),
+            "vectorized_access",
+        ),
+        // A float4 access at a stride of two vectors: a footprint of 2n.
+        (
+            "v4 at stride 32",
+            vec4.replace("shl.b64 \t%rd9, %rd1, 4;", "shl.b64 \t%rd9, %rd1, 5;"),
+            "vectorized_access",
+        ),
+        // A float4 store one vector past element i.
+        (
+            "v4 store at i+1",
+            vec4.replace(
+                "st.global.v4.f32 \t[%rd14]",
+                "st.global.v4.f32 \t[%rd14+16]",
+            ),
+            "non_elementwise_address",
+        ),
+        // A list that does not match its vector width.
+        (
+            "v4 with two registers",
+            vec4.replace(
+                "ld.global.v4.f32 \t{%f1, %f2, %f3, %f4}, [%rd10];",
+                "ld.global.v4.f32 \t{%f1, %f2}, [%rd10];",
+            ),
+            "operand_type",
+        ),
+        // A vector of the param space reads past its param.
+        (
+            "ld.param.v2",
+            vec4.replace(
+                "ld.param.u64 \t%rd2, [add_f32_vec4_param_0];",
+                "ld.param.v2.u64 \t{%rd2, %rd14}, [add_f32_vec4_param_0];",
+            ),
+            "vectorized_access",
+        ),
+        // Eight lanes are never the family's.
+        (
+            "v8",
+            vec4.replace(
+                "ld.global.v4.f32 \t{%f1, %f2, %f3, %f4}, [%rd10];",
+                "ld.global.v8.f32 \t{%f1, %f2, %f3, %f4, %f5, %f6, %f7, %f8}, [%rd10];",
+            ),
+            "vectorized_access",
+        ),
+        // A store through an input pointer, as a vector.
+        (
+            "v4 store through an input",
+            vec4.replace("st.global.v4.f32 \t[%rd14]", "st.global.v4.f32 \t[%rd10]"),
+            "pointer_misuse",
+        ),
+        // A vector load of the output's pointer bits stored as data.
+        (
+            "pointer stored in a vector",
+            vec4.replace(
+                "st.global.v4.f32 \t[%rd14], {%f20, %f19, %f18, %f17};",
+                "st.global.v2.u64 \t[%rd14], {%rd2, %rd2};",
+            ),
+            "pointer_escape",
+        ),
+    ];
+    for (what, text, want) in cases {
+        assert_ne!(text, vec4, "{what}: the mutation did not apply");
+        assert_eq!(sub_reason(load(&text)), want, "{what}");
+    }
+}
