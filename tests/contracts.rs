@@ -379,3 +379,270 @@ fn vectorized_attacks_are_refused_at_load() {
         assert_eq!(sub_reason(load(&text)), want, "{what}");
     }
 }
+
+// ---- (a) the 32-bit index ------------------------------------------------
+
+/// `int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] =
+/// a[i] + b[i];` with `long long n`, as nvcc writes it; `INDEX` and `SCALE`
+/// are the lines that compute `i` and `i × 4`.
+const ADD_I32_TEMPLATE: &str = r#"
+.version 9.0
+.target sm_90
+.address_size 64
+
+.visible .entry add_i32(
+	.param .u64 add_i32_param_0,
+	.param .u64 add_i32_param_1,
+	.param .u64 add_i32_param_2,
+	.param .u64 add_i32_param_3
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .f32 	%f<4>;
+	.reg .b32 	%r<6>;
+	.reg .b64 	%rd<15>;
+
+	ld.param.u64 	%rd2, [add_i32_param_0];
+	ld.param.u64 	%rd3, [add_i32_param_1];
+	ld.param.u64 	%rd4, [add_i32_param_2];
+	ld.param.u64 	%rd5, [add_i32_param_3];
+	mov.u32 	%r2, %ntid.x;
+	mov.u32 	%r3, %ctaid.x;
+	mov.u32 	%r4, %tid.x;
+INDEX
+	setp.ge.s64 	%p1, %rd6, %rd5;
+	@%p1 bra 	$L__BB0_2;
+
+	cvta.to.global.u64 	%rd7, %rd2;
+SCALE
+	add.s64 	%rd9, %rd7, %rd8;
+	cvta.to.global.u64 	%rd10, %rd3;
+	add.s64 	%rd11, %rd10, %rd8;
+	ld.global.f32 	%f1, [%rd11];
+	ld.global.f32 	%f2, [%rd9];
+	add.f32 	%f3, %f2, %f1;
+	cvta.to.global.u64 	%rd12, %rd4;
+	add.s64 	%rd13, %rd12, %rd8;
+	st.global.f32 	[%rd13], %f3;
+
+$L__BB0_2:
+	ret;
+
+}
+"#;
+
+const SIGNED_INDEX: &str = "\tmad.lo.s32 \t%r1, %r3, %r2, %r4;\n\tcvt.s64.s32 \t%rd6, %r1;";
+const SIGNED_SCALE: &str = "\tmul.wide.s32 \t%rd8, %r1, 4;";
+
+fn add_i32(index: &str, scale: &str) -> String {
+    ADD_I32_TEMPLATE
+        .replace("INDEX", index)
+        .replace("SCALE", scale)
+}
+
+/// The forms nvcc gives a 32-bit index: `int` and `unsigned`, `mad` or
+/// `mul` + `add`, the scale by `mul.wide` (`i` widened once or twice).
+fn index32_kernels() -> Vec<(&'static str, String)> {
+    vec![
+        ("int, mad", add_i32(SIGNED_INDEX, SIGNED_SCALE)),
+        (
+            "unsigned, mad",
+            add_i32(
+                "\tmad.lo.s32 \t%r1, %r3, %r2, %r4;\n\tcvt.u64.u32 \t%rd6, %r1;",
+                "\tmul.wide.u32 \t%rd8, %r1, 4;",
+            ),
+        ),
+        (
+            "int, mul + add",
+            add_i32(
+                "\tmul.lo.s32 \t%r5, %r3, %r2;\n\tadd.s32 \t%r1, %r5, %r4;\n\tcvt.s64.s32 \t%rd6, %r1;",
+                SIGNED_SCALE,
+            ),
+        ),
+        (
+            "int, widened once",
+            add_i32(
+                "\tmad.lo.s32 \t%r1, %r3, %r2, %r4;\n\tcvt.s64.s32 \t%rd6, %r1;",
+                "\tshl.b64 \t%rd8, %rd6, 2;",
+            ),
+        ),
+        (
+            "block in 32 bits, index in 64",
+            add_i32(
+                "\tmul.lo.s32 \t%r5, %r3, %r2;\n\tcvt.s64.s32 \t%rd14, %r5;\n\tcvt.u64.u32 \t%rd1, %r4;\n\tadd.s64 \t%rd6, %rd14, %rd1;",
+                "\tshl.b64 \t%rd8, %rd6, 2;",
+            ),
+        ),
+    ]
+}
+
+#[test]
+fn a_32_bit_index_is_accepted_with_the_precondition_that_makes_it_exact() {
+    for (what, text) in index32_kernels() {
+        let contract = contract_of(&text, "add_i32");
+        assert_eq!(
+            contract.preconditions.last().map(|p| p.to_string()),
+            Some("index_fits_i32: grid × block <= 2^31".to_string()),
+            "{what}"
+        );
+        let sizes: Vec<u32> = contract.footprints.iter().map(|f| f.alignment).collect();
+        assert_eq!(sizes, vec![4, 4, 4], "{what}");
+        // Without the family it is refused as before (a 32-bit block
+        // offset widened before `tid` is added has no guard at all then).
+        let before = if what.starts_with("block in 32 bits") {
+            "unguarded_access"
+        } else {
+            "index_not_64bit"
+        };
+        assert_eq!(
+            sub_reason(ptx::verify(&text, "add_i32", None)),
+            before,
+            "{what}"
+        );
+    }
+    // The 64-bit index needs no such precondition.
+    let scalar = contract_of(&corpus("add_f32_scalar"), "add_f32_scalar");
+    assert!(scalar
+        .preconditions
+        .iter()
+        .all(|p| p.name != "index_fits_i32"));
+}
+
+#[test]
+fn a_32_bit_index_runs_on_the_host_against_a_reference() {
+    let mut rng = rand::rng();
+    for (what, text) in index32_kernels() {
+        let kernel = HostKernel::compile_with(&text, "add_i32", Families::ALL).unwrap();
+        for n in [1usize, 255, 256, 257, 3000 + rng.random_range(0..100)] {
+            let a = random_f32s(&mut rng, n);
+            let b = random_f32s(&mut rng, n);
+            let out = floats(&run_host(&kernel, &[bytes(&a), bytes(&b)], n * 4, n as u64));
+            for j in 0..n {
+                assert_eq!(
+                    out[j].to_bits(),
+                    (a[j] + b[j]).to_bits(),
+                    "{what} n={n} [{j}]"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_launch_whose_index_would_wrap_is_refused_naming_the_precondition() {
+    let contract = contract_of(&add_i32(SIGNED_INDEX, SIGNED_SCALE), "add_i32");
+    let big = 1u64 << 40;
+    let sizes = [big, big, big];
+    // The last block ends exactly at 2^31 threads: every index fits.
+    let at_limit = (1u64 << 31) - 1000;
+    assert!(check(&contract, 1024, &sizes, &[0, 0, 0], at_limit).is_ok());
+    assert!(check(&contract, 256, &sizes, &[0, 0, 0], 1 << 31).is_ok());
+    // One element more: the last block's threads reach 2^31.
+    assert_eq!(
+        check(&contract, 256, &sizes, &[0, 0, 0], (1 << 31) + 1),
+        Err(LaunchRefusal::PreconditionFailed {
+            precondition: "index_fits_i32",
+            condition: "index_fits_i32: grid × block <= 2^31".into(),
+            values: "grid=8388609,block=256".into(),
+        })
+    );
+    // The block size is the executor's: 1024-thread blocks reach 2^31
+    // threads sooner.
+    assert!(matches!(
+        check(&contract, 1024, &sizes, &[0, 0, 0], 1 << 31 | 1),
+        Err(LaunchRefusal::PreconditionFailed { .. })
+    ));
+    // One element over its buffer is today's refusal.
+    assert_eq!(
+        check(&contract, 256, &[400, 400, 400], &[0, 0, 4], 100),
+        Err(LaunchRefusal::BufferTooSmall {
+            operand: "output".into(),
+            needed_bytes: 404,
+            buffer_bytes: 400,
+        })
+    );
+    // The host engine holds its launches to the precondition too, before
+    // it looks at a span.
+    let kernel = HostKernel::compile_with(
+        &add_i32(SIGNED_INDEX, SIGNED_SCALE),
+        "add_i32",
+        Families::ALL,
+    )
+    .unwrap();
+    let mut one = [0u8; 4];
+    let span = HostSpan {
+        ptr: one.as_mut_ptr(),
+        len: 4,
+    };
+    let l = HostLaunch {
+        inputs: &[span, span],
+        output: span,
+        n: (1 << 31) + 1,
+        params: &[],
+        threads: 1,
+        checked: true,
+        control: None,
+    };
+    // SAFETY: the spans are a live 4-byte array; the launch is refused
+    // before any thread runs.
+    let fault = unsafe { kernel.launch(&l) }.unwrap_err();
+    assert!(
+        fault.message.contains("index_fits_i32"),
+        "{}",
+        fault.message
+    );
+}
+
+/// Attacks on the 32-bit index, each refused at load with its exact
+/// sub_reason: 32-bit arithmetic after the index is no longer exact.
+#[test]
+fn index32_attacks_are_refused_at_load() {
+    let load = |text: &str| ptx::verify_contract(text, "add_i32", None, Families::ALL);
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "i + 1 in 32 bits",
+            add_i32(
+                "\tmad.lo.s32 \t%r1, %r3, %r2, %r4;\n\tadd.s32 \t%r1, %r1, 1;\n\tcvt.s64.s32 \t%rd6, %r1;",
+                SIGNED_SCALE,
+            ),
+            "index_not_64bit",
+        ),
+        (
+            "i × 4 in 32 bits",
+            add_i32(
+                SIGNED_INDEX,
+                "\tshl.b32 \t%r5, %r1, 2;\n\tcvt.s64.s32 \t%rd8, %r5;",
+            ),
+            "index_not_64bit",
+        ),
+        (
+            "a float at a stride of 8",
+            add_i32(SIGNED_INDEX, "\tmul.wide.s32 \t%rd8, %r1, 8;"),
+            "non_elementwise_address",
+        ),
+        (
+            "ctaid × ctaid",
+            add_i32(
+                "\tmad.lo.s32 \t%r1, %r3, %r3, %r4;\n\tcvt.s64.s32 \t%rd6, %r1;",
+                SIGNED_SCALE,
+            ),
+            "unguarded_access",
+        ),
+        (
+            "tid twice",
+            add_i32(
+                "\tmad.lo.s32 \t%r1, %r3, %r2, %r4;\n\tadd.s32 \t%r1, %r1, %r4;\n\tcvt.s64.s32 \t%rd6, %r1;",
+                SIGNED_SCALE,
+            ),
+            "index_not_64bit",
+        ),
+        (
+            "the guard on the 64-bit index, the access on another",
+            add_i32(SIGNED_INDEX, "\tmul.wide.s32 \t%rd8, %r4, 4;"),
+            "index_not_64bit",
+        ),
+    ];
+    for (what, text, want) in cases {
+        assert_eq!(sub_reason(load(&text)), want, "{what}");
+    }
+}

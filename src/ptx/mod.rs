@@ -39,13 +39,23 @@ pub struct Families {
     /// one vector per thread, `n` counted in vectors, each operand's element
     /// the whole vector (its offset aligned to it).
     pub vectorized: bool,
+    /// A 32-bit index (`int i = blockIdx.x * blockDim.x + threadIdx.x`),
+    /// exact under the precondition `index_fits_i32` (grid × block <=
+    /// 2^31), which the contract then carries.
+    pub index32: bool,
 }
 
 impl Families {
     /// The scalar ABI only: what ptxd accepted before contracts.
-    pub const SCALAR: Families = Families { vectorized: false };
+    pub const SCALAR: Families = Families {
+        vectorized: false,
+        index32: false,
+    };
     /// Every family the verifier can prove.
-    pub const ALL: Families = Families { vectorized: true };
+    pub const ALL: Families = Families {
+        vectorized: true,
+        index32: true,
+    };
 }
 
 /// The families the daemon's loads (and [`verify`], [`canonicalize`],
@@ -372,6 +382,20 @@ impl HostKernel {
     /// Each span must be valid for reads (inputs) or writes (output) of
     /// `len` bytes for the duration of the call.
     pub unsafe fn launch(&self, launch: &HostLaunch<'_>) -> Result<(), HostFault> {
+        // The contract's preconditions hold here too, whoever launches: the
+        // proof of a 32-bit index assumed them.
+        let values = self.contract.values(launch.n, self.block_size());
+        if let Some(p) = self
+            .contract
+            .preconditions
+            .iter()
+            .find(|p| !p.holds(&values))
+        {
+            return Err(HostFault {
+                line: 0,
+                message: format!("precondition {p} does not hold at {}", p.values(&values)),
+            });
+        }
         // SAFETY: the caller upholds the span validity `host::run` needs.
         unsafe { host::run(&self.program, &self.signature, launch) }
     }

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 
 use crate::ptx::ir::{Base, Inst, Kernel, Opnd, Sreg, Ty};
 use crate::ptx::parse::Imm;
+use crate::ptx::Families;
 
 use super::arith::{arith, int_ty, is_int};
 use super::instructions::destinations;
@@ -124,6 +125,13 @@ pub(super) enum V {
     Index,
     /// Anything derived from an index computed in 32 bits (wraps).
     Narrow,
+    /// `ctaid.x × ntid.x + tid.x` computed in 32 bits, only with the
+    /// 32-bit-index family: every thread's value is its global index, in
+    /// `[0, grid × block)`, so it is exact (no wrap, non-negative as `.s32`)
+    /// exactly when `grid × block <= 2^31` — the `index_fits_i32`
+    /// precondition, which a use of it as a 64-bit index records
+    /// ([`Event::Assume`]). Anything else computed from it is `Narrow`.
+    Index32,
     /// `i × s` in 64 bits.
     Scaled(u32),
     /// `param + i × s + c` for one of the params of the set (`s == 0`:
@@ -168,7 +176,7 @@ impl V {
         match self {
             // A wrapped index is never trusted, at any width.
             V::Top | V::Const(_) | V::Guard { .. } | V::Narrow => 0,
-            V::S32(_) | V::Block32 => 32,
+            V::S32(_) | V::Block32 | V::Index32 => 32,
             _ => 64,
         }
     }
@@ -240,6 +248,9 @@ pub(super) enum Event {
     Guard {
         count: u16,
     },
+    /// The proof used a 32-bit index (or block offset) as exact: the
+    /// contract needs `index_fits_i32`.
+    Assume,
 }
 
 /// The guard fact a predicate gives when it holds (`when_true`) or not:
@@ -259,13 +270,14 @@ pub(super) fn predicated(
     inst: &Inst,
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
+    families: Families,
 ) {
     let dests = destinations(inst);
     let before: Vec<V> = dests
         .iter()
         .map(|r| st.regs.get(*r as usize).unwrap_or(V::Top))
         .collect();
-    step(k, pc, inst, st, events);
+    step(k, pc, inst, st, events, families);
     for (r, old) in dests.iter().zip(before) {
         let Some(new) = st.regs.get(*r as usize) else {
             continue;
@@ -515,11 +527,12 @@ pub(super) fn step(
     inst: &Inst,
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
+    families: Families,
 ) {
     let ops = &inst.ops;
     // Past `instructions::structure` every instruction is a table form.
     let Some(op) = O::from_name(&inst.base) else {
-        return compute(k, pc, inst, st, events);
+        return compute(k, pc, inst, st, events, families);
     };
     // An integer literal is that integer only in an integer-typed
     // instruction; in `mov.f32 %f, 4` it is the float 4.0, whose bits are
@@ -684,7 +697,17 @@ pub(super) fn step(
             let widen = matches!(tys.as_slice(), [Ty::U64 | Ty::S64, Ty::U32 | Ty::S32]);
             let r = match v {
                 V::S32(sk) if widen => V::S64(sk),
-                V::Narrow | V::Block32 if widen => V::Narrow,
+                // Under `index_fits_i32` both are below 2^31: sign- and
+                // zero-extension give the same, exact, value.
+                V::Index32 if widen && families.index32 => {
+                    events.entry(pc).or_insert(Event::Assume);
+                    V::Index
+                }
+                V::Block32 if widen && families.index32 => {
+                    events.entry(pc).or_insert(Event::Assume);
+                    V::Block64
+                }
+                V::Narrow | V::Block32 | V::Index32 if widen => V::Narrow,
                 V::Const(c) if widen => V::Const(c),
                 other => {
                     escape(
@@ -755,7 +778,7 @@ pub(super) fn step(
                         }
                     }
                 }
-                (V::Narrow, V::Param(m)) | (V::Param(m), V::Narrow) => {
+                (V::Narrow | V::Index32, V::Param(m)) | (V::Param(m), V::Narrow | V::Index32) => {
                     events.entry(pc).or_insert(Event::Bad {
                         sub_reason: SubReason::IndexNot64bit,
                         param: first(m),
@@ -894,7 +917,7 @@ pub(super) fn step(
         | O::Sad
         | O::Fns
         | O::Dp4a
-        | O::Dp2a => compute(k, pc, inst, st, events),
+        | O::Dp2a => compute(k, pc, inst, st, events, families),
     }
 }
 
@@ -906,6 +929,7 @@ fn compute(
     inst: &Inst,
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
+    families: Families,
 ) {
     let ops = &inst.ops;
     let int_inst = is_int(inst);
@@ -915,10 +939,19 @@ fn compute(
     };
     let (a, b) = (src(1), src(2));
     let r = match ops.len() {
-        3 => arith(inst, a, b, None, reqntid(k)),
-        4 => arith(inst, a, b, Some(src(3)), reqntid(k)),
+        3 => arith(inst, a, b, None, reqntid(k), families.index32),
+        4 => arith(inst, a, b, Some(src(3)), reqntid(k), families.index32),
         _ => None,
     };
+    // A 64-bit index or offset computed from the 32-bit index is exact only
+    // under `index_fits_i32`.
+    let exact64 = matches!(r, Some(V::Index | V::Block64 | V::Scaled(_) | V::Addr(..)));
+    let from32 = [a, b, src(3)]
+        .iter()
+        .any(|v| matches!(v, V::Index32 | V::Block32));
+    if families.index32 && exact64 && from32 {
+        events.entry(pc).or_insert(Event::Assume);
+    }
     let r = match r {
         Some(v) => v,
         None => {

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::ptx::contract::{Condition, Expr, Precondition, INDEX_FITS_I32};
 use crate::ptx::ir::Kernel;
 use crate::ptx::{LaunchContract, PtxError, Signature};
 
@@ -104,7 +105,7 @@ pub(super) fn decide(
                     "a second bounds guard against another param",
                 ))
             }
-            Event::Guard { .. } => {}
+            Event::Guard { .. } | Event::Assume => {}
             Event::Bad {
                 sub_reason,
                 param,
@@ -257,7 +258,14 @@ pub(super) fn decide(
         maxntid,
     };
     let names: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
-    let contract = LaunchContract::scalar(&signature, &names);
+    let mut contract = LaunchContract::scalar(&signature, &names);
+    // A 32-bit index was used as exact: every thread's index must fit.
+    if events.values().any(|e| matches!(e, Event::Assume)) {
+        contract = contract.assuming(Precondition {
+            name: INDEX_FITS_I32,
+            condition: Condition::AtMost(Expr::mul(Expr::Grid, Expr::Block), 1 << 31),
+        });
+    }
     Ok(Verified {
         signature,
         roles,

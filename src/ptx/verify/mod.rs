@@ -185,7 +185,7 @@ pub fn verify(
     let (reqntid, maxntid) = layout::launch_bounds(kernel)?;
     let layout = layout::param_layout(kernel)?;
     instructions::structure(kernel, families)?;
-    let events = cfg::dataflow(kernel)?;
+    let events = cfg::dataflow(kernel, families)?;
     let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
     defined::check(kernel)?;
     if let Some(d) = declared {
