@@ -350,6 +350,20 @@ impl LaunchContract {
         self
     }
 
+    /// Whether `other` is the same contract but for the params' names
+    /// (the canonical text renames every param).
+    pub fn same_terms(&self, other: &LaunchContract) -> bool {
+        self.geometry == other.geometry
+            && self.footprints == other.footprints
+            && self.preconditions == other.preconditions
+            && self.params.len() == other.params.len()
+            && self
+                .params
+                .iter()
+                .zip(&other.params)
+                .all(|(a, b)| a.kind == b.kind)
+    }
+
     /// How many launch inputs (read pointers) the contract takes.
     pub fn inputs(&self) -> usize {
         self.footprints.len().saturating_sub(1)

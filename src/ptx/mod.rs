@@ -261,16 +261,18 @@ pub fn canonicalize_with(
         .map_err(|e| refuse(&format!("the canonical text does not verify: {e}")))?;
     if !print::same_program(&kernel, &again)
         || reverified.signature != verified.signature
-        || reverified.contract != verified.contract
+        || !reverified.contract.same_terms(&verified.contract)
     {
         return Err(refuse(
             "the canonical text does not parse back to the verified program",
         ));
     }
+    // The contract names the params as the canonical text does: it is the
+    // text that runs.
     Ok(Canonical {
         text: printed,
         signature: verified.signature,
-        contract: verified.contract,
+        contract: reverified.contract,
     })
 }
 

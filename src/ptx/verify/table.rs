@@ -641,8 +641,16 @@ pub(crate) fn classify(k: &Kernel, inst: &Inst) -> Result<Typed, PtxError> {
             ),
         ));
     }
+    // A load or store's list forms are its vector forms: they fit only a
+    // `.v2`/`.v4`/`.v8` access, and the scalar forms only a scalar one.
+    let vector = modifiers
+        .iter()
+        .any(|m| matches!(m, Modifier::V2 | Modifier::V4 | Modifier::V8));
+    let memory = matches!(opcode, Opcode::Ld | Opcode::Ldu | Opcode::St);
     let fits = |form: &&[OperandRole]| {
-        form.len() == inst.ops.len() && form.iter().zip(&inst.ops).all(|(r, o)| plays(k, *r, o))
+        form.len() == inst.ops.len()
+            && form.iter().zip(&inst.ops).all(|(r, o)| plays(k, *r, o))
+            && (!memory || form.iter().any(|r| matches!(r, Unpack | Pack)) == vector)
     };
     if !opcode.forms().iter().any(fits) {
         return Err(refuse(
