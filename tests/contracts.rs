@@ -646,3 +646,108 @@ fn index32_attacks_are_refused_at_load() {
         assert_eq!(sub_reason(load(&text)), want, "{what}");
     }
 }
+
+// ---- the corpora: families only add acceptance ------------------------
+
+/// Every `.ptx` under `dir`, recursively.
+fn ptx_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            ptx_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "ptx") {
+            out.push(path);
+        }
+    }
+}
+
+/// The names of a module's `.entry` functions.
+fn entries(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.split(".entry").nth(1))
+        .filter_map(|rest| {
+            let name = rest.trim().split(['(', ' ', '\t']).next()?;
+            (!name.is_empty()).then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// Over every kernel of `tests/corpus/` (the lead's `jit/` corpus
+/// included, when present): a kernel the scalar ABI accepts is accepted
+/// with every family and the very same contract, and whatever the
+/// families accept, the host engine can decode. Prints the acceptance per
+/// folder, with the first refusals' sub_reasons.
+#[test]
+fn families_only_add_acceptance_and_keep_every_scalar_contract() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut files = Vec::new();
+    ptx_files(&root, &mut files);
+    assert!(
+        files.len() > 50,
+        "the corpus is missing ({} files)",
+        files.len()
+    );
+    let mut table: std::collections::BTreeMap<String, (u32, u32, u32, Vec<&'static str>)> =
+        Default::default();
+    for path in files {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let folder = path
+            .parent()
+            .and_then(|p| p.strip_prefix(&root).ok())
+            .map_or(String::new(), |p| p.display().to_string());
+        for symbol in entries(&text) {
+            let scalar = ptx::canonicalize_with(&text, &symbol, None, Families::SCALAR);
+            let all = ptx::canonicalize_with(&text, &symbol, None, Families::ALL);
+            let row = table.entry(folder.clone()).or_default();
+            row.0 += 1;
+            if let Ok(s) = &scalar {
+                let a = all
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("{}:{symbol}: {e}", path.display()));
+                assert_eq!(a.contract, s.contract, "{}:{symbol}", path.display());
+                assert_eq!(a.text, s.text, "{}:{symbol}", path.display());
+                row.1 += 1;
+            }
+            match &all {
+                Ok(c) => {
+                    row.2 += 1;
+                    if let Err(e) = HostKernel::compile_with(&c.text, &symbol, Families::ALL) {
+                        // The host engine may lack an instruction; never the
+                        // verifier's verdict.
+                        assert!(
+                            matches!(e, PtxError::UnsupportedOnHost { .. }),
+                            "{}:{symbol}: {e}",
+                            path.display()
+                        );
+                    }
+                }
+                Err(PtxError::NonScalarAbi { sub_reason, .. }) => {
+                    if !row.3.contains(sub_reason) {
+                        row.3.push(sub_reason);
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    for (folder, (kernels, scalar, all, reasons)) in &table {
+        eprintln!(
+            "{folder:>24}: {kernels:4} kernels, scalar ABI {scalar:4}, with the families {all:4}; refused: {reasons:?}"
+        );
+    }
+    // The samples the issue names.
+    let verdict = |name: &str, families| {
+        ptx::verify_contract(&corpus(name), name, None, families).map(|_| ())
+    };
+    assert!(verdict("add_f32_vec4", Families::ALL).is_ok());
+    assert_eq!(
+        sub_reason(verdict("add_f32_strided", Families::ALL)),
+        "extra_params"
+    );
+}
