@@ -4,9 +4,9 @@
 //! and, when it names a `#section`, a heading of that file (GitHub's slugs).
 //!
 //! What the pages say is checked where the code lives: the verifier's
-//! `sub_reason` list in `tests/verifier_classes.rs`, the documented
+//! `sub_reason` list in `tests/verifier/classes.rs`, the documented
 //! `docker run` line in `tests/ops.rs`, the grpcurl walkthrough's flags in
-//! `tests/grpcurl.rs`.
+//! `tests/daemon/grpcurl.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;

@@ -8,9 +8,9 @@
 //! command that installs it (`bash deploy/ci-tools.sh`), it never skips.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
 #[path = "ops/exposition.rs"]
 mod exposition;
+mod support;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{corpus, random_f32, Daemon};
 use exposition::Exposition;
 use ptxd::metrics::Metrics;
 use ptxd_client::{Client, HostShm, Launch, LoadOptions};
 use rand::Rng;
+use support::{corpus, random_f32, Daemon};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const PTXD: &str = env!("CARGO_BIN_EXE_ptxd");
@@ -513,8 +513,8 @@ async fn every_refusal_is_counted_once_however_it_reaches_the_client() {
 fn a_remote_metrics_address_is_refused_without_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     // A daemon that does not refuse would serve forever: bound the wait.
-    let output = common::run_to_exit(
-        common::serve_command(
+    let output = support::run_to_exit(
+        support::serve_command(
             "host",
             &dir.path().join("ptxd.sock"),
             &["--metrics", "0.0.0.0:9464"],

@@ -1,5 +1,5 @@
 //! The soundness oracle's GPU half. The mutant oracle of
-//! `tests/ptx_mutants.rs` runs accepted mutants on the host engine; this
+//! `tests/verifier/mutants.rs` runs accepted mutants on the host engine; this
 //! runs them on the GPU, the way the CUDA executor runs the canonical text
 //! (`cuModuleLoadData`, its parameter layout, a 1-D grid), and checks what
 //! the host engine cannot see:
@@ -145,7 +145,7 @@ fn attackers() -> Vec<(&'static str, String)> {
 }
 
 /// Accepted kernels of both corpora, canonical, with their entry names
-/// (the seeds of `tests/ptx_mutants.rs`).
+/// (the seeds of `tests/verifier/mutants.rs`).
 fn seeds() -> Vec<(String, String)> {
     let nvcc = nvcc_ref::corpus_root();
     // The seed kernels: `$PTXD_CORPUS` where the GPU pack puts them (its

@@ -1,5 +1,5 @@
 //! The attack-kernel template shared by the red-team sweeps
-//! (`tests/ptx_red_team.rs`, `tests/ptx_red_team2.rs`): `out[i] = in0[i] +
+//! (`tests/verifier/red_team.rs`, `tests/verifier/red_team2.rs`): `out[i] = in0[i] +
 //! in1[i]` with its prologue, guard, output address and the code before the
 //! store replaceable, and a u64-output variant for pointer-escape attacks.
 #![allow(dead_code)]

@@ -5,7 +5,7 @@
 //! join two states that differ in every register; each grown to a byte
 //! size.
 //!
-//! Included with `#[path]` by `benches/verify.rs` and `tests/verification.rs`.
+//! Included with `#[path]` by `benches/verify.rs` and `tests/verifier/verification.rs`.
 //!
 //! Invariants:
 //! - [`accepted`] is the scalar ABI `add_f32(in0, in1, out, n)`: every

@@ -2,9 +2,9 @@
 //! it on a fresh temporary socket, waits until the socket answers, and stops
 //! and reaps it on drop.
 //!
-//! Included with `#[path]` (it is not a crate): `tests/common` re-exports it
-//! for the host suites, `tests/gpu.rs` and `benches/cuda_launch.rs` include
-//! it directly. Tests may panic, so every failure here is a panic that says
+//! A module of `tests/support` (which re-exports its main items for the host
+//! suites); `tests/gpu.rs` and `benches/cuda_launch.rs` include it directly
+//! by `#[path]`. Tests may panic, so every failure here is a panic that says
 //! what the daemon wrote.
 //!
 //! Invariants:

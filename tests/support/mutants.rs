@@ -1,7 +1,7 @@
 //! Random mutants of accepted kernels and the memory-safety oracle they
 //! must pass: whatever the verifier accepts must, run on the host engine in
 //! checked mode over operands of exactly `n` elements, touch nothing else.
-//! Shared by `tests/ptx_mutants.rs` (bounded, in CI) and the fuzz target
+//! Shared by `tests/verifier/mutants.rs` (bounded, in CI) and the fuzz target
 //! `fuzz/fuzz_targets/verify_oracle.rs` (long runs).
 //!
 //! Mutations work on canonical text (one statement per line). They never

@@ -2,7 +2,7 @@
 //! PTX files of every variant, input domains, and an independent Rust
 //! reference of every manifest op with the C conversion rules.
 //!
-//! Shared by `tests/nvcc_corpus.rs` (verifier verdicts, host engine) and
+//! Shared by `tests/verifier/nvcc_corpus.rs` (verifier verdicts, host engine) and
 //! `tests/gpu/nvcc.rs` (the CUDA executor), `#[path]`-included.
 //!
 //! Values are modelled exactly: every float of f16/bf16/f32/f64 is an `f64`,

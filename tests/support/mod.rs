@@ -1,0 +1,109 @@
+//! What every integration suite shares, in one place: the real daemon
+//! ([`daemon`]), the corpus, random inputs, small waits and probes, and the
+//! kernels and references several suites use. Each suite includes it as
+//! `mod support;` and uses its own part of it (hence `dead_code` allowed).
+//! `benches/` and `fuzz/` include single files of it by `#[path]`.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod attack_kernels;
+pub mod big_kernels;
+pub mod daemon;
+pub mod mutants;
+pub mod nvcc_ref;
+pub mod ring_completions;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+#[allow(unused_imports)] // each suite uses its own part
+pub use daemon::{executor_pid, ptxd_bin, run_to_exit, serve_command, Daemon};
+
+pub const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus");
+
+pub fn corpus(name: &str) -> String {
+    std::fs::read_to_string(Path::new(CORPUS).join(name)).unwrap()
+}
+
+/// Random f32 values in [-4, 4).
+pub fn random_f32(n: usize) -> Vec<f32> {
+    (0..n).map(|_| rand::random::<f32>() * 8.0 - 4.0).collect()
+}
+
+/// Is `pid` a live process (not a zombie)?
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.split_whitespace().nth(2).is_some_and(|s| s != "Z"),
+        Err(_) => false,
+    }
+}
+
+/// Number of mappings of `/dev/shm` objects whose name contains `needle` in
+/// process `pid`.
+pub fn shm_mappings(pid: u32, needle: &str) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|maps| {
+            maps.lines()
+                .filter(|l| l.contains("/dev/shm/") && l.contains(needle))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if condition() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// The harness name of test `name` in the module whose `module_path!()` is
+/// `module` (the crate's own name dropped), for a test that re-runs its own
+/// binary with `--exact` to get a child process.
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_crate, path)) => format!("{path}::{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// The refusal's reason name (`BUFFER_TOO_SMALL`, ...).
+pub fn reason(error: &ptxd_client::Error) -> &'static str {
+    error.reason_name()
+}
+
+/// One key of the refusal's metadata, or "" when there is none.
+pub fn meta<'a>(error: &'a ptxd_client::Error, key: &str) -> &'a str {
+    error
+        .refusal()
+        .and_then(|r| r.metadata().get(key))
+        .map(String::as_str)
+        .unwrap_or("")
+}
+
+/// Loads corpus file `file`'s entry `symbol` on device 0.
+pub async fn load(session: &ptxd_client::Session, file: &str, symbol: &str) -> ptxd_client::Kernel {
+    session
+        .load_ptx(0, corpus(file), symbol, ptxd_client::LoadOptions::default())
+        .await
+        .unwrap()
+}
+
+/// An f32 shm buffer of `n` elements holding `values`, or poisoned (NaN)
+/// when there are none, registered in `session`.
+pub async fn f32_buffer(
+    session: &ptxd_client::Session,
+    values: Option<&[f32]>,
+    n: usize,
+) -> (ptxd_client::HostShm, ptxd_client::Buffer) {
+    let mut shm = ptxd_client::HostShm::create((n * 4) as u64).unwrap();
+    match values {
+        Some(v) => shm.write_f32(0, v).unwrap(),
+        None => shm.write_f32(0, &vec![f32::NAN; n]).unwrap(),
+    }
+    let buffer = session.register_shm(&shm, None).await.unwrap();
+    (shm, buffer)
+}

@@ -1,0 +1,18 @@
+//! The verifier's suites, one module per subject: what it refuses (attacks,
+//! red-team sweeps, the closed classes, mutants), what it accepts from real
+//! compilers (the corpora, with the host engine against a reference), the
+//! canonical text that runs, and the verifier inside the daemon.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod attacks;
+mod canonical;
+mod canonical_daemon;
+mod classes;
+mod corpus;
+mod mutants;
+mod nvcc_corpus;
+mod red_team;
+mod red_team2;
+mod verification;

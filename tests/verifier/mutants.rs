@@ -1,0 +1,64 @@
+//! Property: any mutant of an accepted kernel that the verifier still
+//! accepts never touches memory outside its operands on the host engine in
+//! checked mode (random n). The fuzz target `verify_oracle` runs the same
+//! oracle for as long as one likes; this test runs a bounded sample of it.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use crate::support::mutants;
+
+use rand::{Rng, SeedableRng};
+
+/// Accepted kernels of both corpora, canonical, with their entry names.
+fn seeds() -> Vec<(String, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut files = vec![
+        root.join("add_f32_scalar.ptx"),
+        root.join("affine_f32_scalar.ptx"),
+        root.join("silu_mul_f16_scalar.ptx"),
+    ];
+    for stem in ["f32_basic", "ints", "casts", "f16_bf16", "hints"] {
+        files.push(root.join(format!("nvcc/ptx/{stem}.sm_90.ptx")));
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for func in ptxd::ptx::parse::parse(&text).unwrap().functions {
+            if let Ok(c) = ptxd::ptx::canonicalize(&text, &func.name, None) {
+                out.push((c.text, func.name));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn accepted_mutants_stay_inside_their_operands() {
+    let seed: u64 = std::env::var("PTXD_MUTANT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("mutant seed {seed} (PTXD_MUTANT_SEED to repeat)");
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let seeds = seeds();
+    assert!(seeds.len() > 50, "{} seeds", seeds.len());
+    let rounds: usize = std::env::var("PTXD_MUTANTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1500);
+    let (mut accepted, mut refused) = (0, 0);
+    for _ in 0..rounds {
+        let (text, symbol) = &seeds[r.random_range(0..seeds.len())];
+        let mutant = mutants::mutate(text, &mut r);
+        match mutants::oracle(&mutant, symbol, &mut r) {
+            Ok(true) => accepted += 1,
+            Ok(false) => refused += 1,
+            Err(e) => panic!("{e}\n--- mutant of {symbol} ---\n{mutant}"),
+        }
+    }
+    eprintln!("{accepted} mutants accepted and ran in bounds, {refused} refused");
+    // The sample must exercise both sides of the verifier.
+    assert!(
+        accepted > rounds / 20 && refused > rounds / 20,
+        "{accepted} / {refused}"
+    );
+}
