@@ -737,7 +737,7 @@ mod tests {
         use crate::ptx::contract::{Condition, Expr, Precondition, INDEX_FITS_I32};
         LaunchContract::scalar(&signature(vec![4, 4], 0), &[]).assuming(Precondition {
             name: INDEX_FITS_I32,
-            condition: Condition::AtMost(Expr::mul(Expr::Grid, Expr::Block), 1 << 31),
+            condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),
         })
     }
 
@@ -795,9 +795,9 @@ mod tests {
     fn an_overflowing_footprint_is_buffer_too_small() {
         use crate::ptx::contract::Expr;
         let mut contract = LaunchContract::scalar(&signature(vec![4, 4], 0), &[]);
-        contract.footprints[1].bytes = Expr::mul(
-            Expr::mul(Expr::Count, Expr::Const(u64::MAX)),
-            Expr::mul(Expr::Count, Expr::Const(u64::MAX)),
+        contract.footprints[1].bytes = Expr::product(
+            Expr::product(Expr::Count, Expr::Const(u64::MAX)),
+            Expr::product(Expr::Count, Expr::Const(u64::MAX)),
         );
         let bound = BoundContract {
             contract: &contract,

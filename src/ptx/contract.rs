@@ -46,11 +46,11 @@ pub struct LaunchValues {
 }
 
 impl Expr {
-    pub fn mul(a: Expr, b: Expr) -> Expr {
+    pub fn product(a: Expr, b: Expr) -> Expr {
         Expr::Mul(Box::new(a), Box::new(b))
     }
 
-    pub fn add(a: Expr, b: Expr) -> Expr {
+    pub fn sum(a: Expr, b: Expr) -> Expr {
         Expr::Add(Box::new(a), Box::new(b))
     }
 
@@ -315,7 +315,7 @@ impl LaunchContract {
             .map(|(k, &size)| Footprint {
                 param: u16::try_from(k).unwrap_or(u16::MAX),
                 alignment: size,
-                bytes: Expr::mul(Expr::Count, Expr::Const(u64::from(size))),
+                bytes: Expr::product(Expr::Count, Expr::Const(u64::from(size))),
             })
             .collect();
         let block = match (signature.reqntid, signature.maxntid) {
@@ -484,7 +484,7 @@ mod tests {
         let c = LaunchContract::scalar(&sig(vec![4, 4], 1, Some(128)), &["a", "b", "n", "s"]);
         let c = c.assuming(Precondition {
             name: INDEX_FITS_I32,
-            condition: Condition::AtMost(Expr::mul(Expr::Grid, Expr::Block), 1 << 31),
+            condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),
         });
         assert_eq!(
             c.to_string(),
@@ -498,16 +498,16 @@ mod tests {
 
     #[test]
     fn an_overflowing_expression_is_none_and_its_precondition_false() {
-        let big = Expr::mul(Expr::Count, Expr::Const(u64::MAX));
+        let big = Expr::product(Expr::Count, Expr::Const(u64::MAX));
         let v = LaunchValues {
             count: u64::MAX,
             grid: 1,
             block: 1,
         };
-        assert!(Expr::mul(big.clone(), big.clone()).eval(&v).is_none());
+        assert!(Expr::product(big.clone(), big.clone()).eval(&v).is_none());
         let p = Precondition {
             name: "x",
-            condition: Condition::AtMost(Expr::mul(big.clone(), big), u128::MAX),
+            condition: Condition::AtMost(Expr::product(big.clone(), big), u128::MAX),
         };
         assert!(!p.holds(&v));
         assert_eq!(p.values(&v), format!("n={}", u64::MAX));

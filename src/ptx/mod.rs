@@ -7,8 +7,9 @@
 //! [`HostKernel::launch`]). Nothing here touches CUDA.
 //!
 //! Pipeline: [`parse`] (text → module) → [`ir`] (one entry, names resolved)
-//! → [`verify`] (the scalar-ABI proof) → [`host`] (decode and run on the
-//! CPU). The kernel's name is never trusted: only its body decides.
+//! → [`verify`] (the proof, whose result is a [`contract::LaunchContract`])
+//! → [`host`] (decode and run on the CPU). The kernel's name is never
+//! trusted: only its body decides.
 
 use std::collections::BTreeMap;
 

@@ -263,7 +263,7 @@ pub(super) fn decide(
     if events.values().any(|e| matches!(e, Event::Assume)) {
         contract = contract.assuming(Precondition {
             name: INDEX_FITS_I32,
-            condition: Condition::AtMost(Expr::mul(Expr::Grid, Expr::Block), 1 << 31),
+            condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),
         });
     }
     Ok(Verified {

@@ -45,6 +45,20 @@
 //! a path where `i < n` holds; so `offset + n × element size <= size` for
 //! every operand makes every access of every thread in bounds.
 //!
+//! The result is a launch contract ([`super::contract`]): the scalar ABI's
+//! footprints (`n × element size` per operand), geometry and the
+//! preconditions the proof assumed. With [`super::Families`] two more
+//! proofs are made (off for the daemon, [`super::DAEMON_FAMILIES`]):
+//! - `vectorized`: a `.v2`/`.v4` global access is one element whose size is
+//!   the whole vector, at `param + i × vector size` (rule 3 lets it through,
+//!   `decision.rs` holds it to one whole vector per thread, else
+//!   `vectorized_access`);
+//! - `index32`: `ctaid.x × ntid.x + tid.x` computed in 32 bits is exact when
+//!   `grid × block <= 2^31` (every thread's value lies in `[0, grid ×
+//!   block)`); widening it into the 64-bit index or `i × s` records that
+//!   assumption, and the contract carries it as `index_fits_i32`. Any other
+//!   32-bit arithmetic on it stays `Narrow` (`index_not_64bit`).
+//!
 //! # The rules, in the order they are checked
 //!
 //! Every refusal is a [`PtxError::NonScalarAbi`] whose `sub_reason` is one of
