@@ -14,7 +14,10 @@ use ptxd::launch::{
     LaunchRefusal, LaunchShape, Placement,
 };
 use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan, LaunchContract, PtxError};
-use rand::Rng;
+use rand::{Rng, SeedableRng};
+
+#[path = "support/mutants.rs"]
+mod mutants;
 
 fn corpus(name: &str) -> String {
     let path = format!("{}/tests/corpus/{name}.ptx", env!("CARGO_MANIFEST_DIR"));
@@ -898,4 +901,121 @@ fn the_jit_vectorized_and_index32_kernels_run_on_the_host_against_a_reference() 
         }
     }
     assert_eq!(ran, 12);
+}
+
+/// The families' own mutant oracle: random mutants of the vectorized and
+/// 32-bit-index kernels (the shared mutator of `tests/support/mutants.rs`);
+/// whatever the verifier still accepts with the families must, on the host
+/// engine in checked mode, touch nothing outside operands of exactly its
+/// contract's footprints (random `n`, every precondition holding).
+#[test]
+fn accepted_mutants_of_the_families_stay_inside_their_contract() {
+    let seed: u64 = std::env::var("PTXD_MUTANT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("mutant seed {seed} (PTXD_MUTANT_SEED to repeat)");
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut seeds: Vec<(String, String)> = vec![
+        (corpus("add_f32_vec4"), "add_f32_vec4".into()),
+        (ADD_F32_VEC2.into(), "add_f32_vec2".into()),
+    ];
+    seeds.extend(
+        index32_kernels()
+            .into_iter()
+            .map(|(_, text)| (text, "add_i32".to_string())),
+    );
+    let jit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/jit/nvrtc");
+    for entry in [
+        "add_f32_vec4",
+        "affine_f32_vec4",
+        "add_f32_vec2",
+        "add_f16_vec2",
+        "add_f32_idx32",
+        "affine_f32_idx32",
+    ] {
+        if let Ok(text) = std::fs::read_to_string(jit.join(format!("{entry}_O3.ptx"))) {
+            seeds.push((text, entry.into()));
+        }
+    }
+    let seeds: Vec<(String, String)> = seeds
+        .into_iter()
+        .map(|(text, symbol)| {
+            let c = ptx::canonicalize_with(&text, &symbol, None, Families::ALL).unwrap();
+            (c.text, symbol)
+        })
+        .collect();
+    let rounds: usize = std::env::var("PTXD_MUTANTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1500);
+    let (mut accepted, mut refused) = (0, 0);
+    for _ in 0..rounds {
+        let (text, symbol) = &seeds[r.random_range(0..seeds.len())];
+        let mutant = mutants::mutate(text, &mut r);
+        let Ok(c) = ptx::canonicalize_with(&mutant, symbol, None, Families::ALL) else {
+            refused += 1;
+            continue;
+        };
+        let kernel = match HostKernel::compile_with(&c.text, symbol, Families::ALL) {
+            Ok(k) => k,
+            Err(PtxError::UnsupportedOnHost { .. }) => continue,
+            Err(e) => panic!("accepted but the host engine refuses it: {e}\n{mutant}"),
+        };
+        let n: u64 = r.random_range(0..3000);
+        let values = c.contract.values(n, kernel.block_size());
+        assert!(
+            c.contract.preconditions.iter().all(|p| p.holds(&values)),
+            "{}",
+            c.contract
+        );
+        let lens: Vec<usize> = c
+            .contract
+            .footprints
+            .iter()
+            .map(|f| usize::try_from(f.bytes.eval(&values).unwrap()).unwrap())
+            .collect();
+        let (out_len, in_lens) = lens.split_last().unwrap();
+        let inputs: Vec<Vec<u8>> = in_lens
+            .iter()
+            .map(|&len| (0..len).map(|_| r.random()).collect())
+            .collect();
+        let mut out = vec![0xA5u8; *out_len];
+        let spans: Vec<HostSpan> = inputs
+            .iter()
+            .map(|b| HostSpan {
+                ptr: b.as_ptr() as *mut u8,
+                len: b.len(),
+            })
+            .collect();
+        let params: Vec<f32> = (0..c.contract.scalar_params())
+            .map(|_| r.random_range(-4.0..4.0))
+            .collect();
+        let launch = HostLaunch {
+            inputs: &spans,
+            output: HostSpan {
+                ptr: out.as_mut_ptr(),
+                len: out.len(),
+            },
+            n,
+            params: &params,
+            threads: 1,
+            checked: true,
+            control: None,
+        };
+        // SAFETY: every span is a live Vec of exactly `len` bytes; inputs
+        // are only read (checked mode faults on any other access).
+        if let Err(f) = unsafe { kernel.launch(&launch) } {
+            panic!(
+                "an accepted mutant left its contract ({}) with n = {n}: {f}\n{mutant}",
+                c.contract
+            );
+        }
+        accepted += 1;
+    }
+    eprintln!("{accepted} mutants accepted and ran inside their contract, {refused} refused");
+    assert!(
+        accepted > rounds / 20 && refused > rounds / 20,
+        "{accepted} accepted, {refused} refused"
+    );
 }
