@@ -1019,3 +1019,21 @@ fn accepted_mutants_of_the_families_stay_inside_their_contract() {
         "{accepted} accepted, {refused} refused"
     );
 }
+
+/// What a path that knows only the signature (the launch ring) may launch:
+/// the scalar ABI and the vectorized family (its element is the vector),
+/// never a kernel whose contract has a precondition the signature lacks.
+#[test]
+fn only_contracts_the_signature_states_whole_are_checked_by_it() {
+    let check = |text: &str, symbol: &str| {
+        let (signature, contract) =
+            ptx::verify_contract(text, symbol, None, Families::ALL).unwrap();
+        contract.checked_by_signature(&signature)
+    };
+    assert!(check(&corpus("add_f32_scalar"), "add_f32_scalar"));
+    assert!(check(&corpus("add_f32_vec4"), "add_f32_vec4"));
+    assert!(check(ADD_F32_VEC2, "add_f32_vec2"));
+    for (what, text) in index32_kernels() {
+        assert!(!check(&text, "add_i32"), "{what}");
+    }
+}

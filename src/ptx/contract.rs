@@ -364,6 +364,15 @@ impl LaunchContract {
                 .all(|(a, b)| a.kind == b.kind)
     }
 
+    /// Whether a check against `signature` alone (the [`Signature`] terms
+    /// the launch ring evaluates, which carry no preconditions beyond the
+    /// count's) checks exactly this contract. A kernel for which it does
+    /// not (a 32-bit index's `index_fits_i32`) must not be launched through
+    /// a path that knows only its signature.
+    pub fn checked_by_signature(&self, signature: &Signature) -> bool {
+        self.same_terms(&LaunchContract::scalar(signature, &[]))
+    }
+
     /// How many launch inputs (read pointers) the contract takes.
     pub fn inputs(&self) -> usize {
         self.footprints.len().saturating_sub(1)
