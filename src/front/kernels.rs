@@ -89,6 +89,9 @@ pub struct KernelListing {
     pub device_uuid: String,
     pub generation: u64,
     pub signature: Signature,
+    /// The launch contract launches are checked against (its text form is
+    /// what ListKernels will show).
+    pub contract: Arc<LaunchContract>,
     pub block_size: u32,
     /// False once its generation died: it must be loaded again.
     pub live: bool,
@@ -677,6 +680,7 @@ impl Front {
                     device_uuid: held.kernel.device_uuid.clone(),
                     generation: held.kernel.generation.0,
                     signature: held.kernel.signature.clone(),
+                    contract: held.kernel.contract.clone(),
                     block_size: held.kernel.block_size,
                     live: is_live(held.kernel.generation),
                     artifact_hash: held.kernel.artifact_hash,
