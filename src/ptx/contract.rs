@@ -56,13 +56,25 @@ impl Expr {
 
     /// The value at `v`, or `None` when a step overflows `u128`.
     pub fn eval(&self, v: &LaunchValues) -> Option<u128> {
+        // Leaves are read in place: a footprint such as `n × 4` is one
+        // call, not three (the launch check runs this per operand).
+        let operand = |e: &Expr| e.leaf(v).or_else(|| e.eval(v));
+        match self {
+            Expr::Add(a, b) => operand(a)?.checked_add(operand(b)?),
+            Expr::Mul(a, b) => operand(a)?.checked_mul(operand(b)?),
+            leaf => leaf.leaf(v),
+        }
+    }
+
+    /// A leaf's value; `None` for an operation.
+    #[inline]
+    fn leaf(&self, v: &LaunchValues) -> Option<u128> {
         match self {
             Expr::Const(c) => Some(u128::from(*c)),
             Expr::Count => Some(u128::from(v.count)),
             Expr::Grid => Some(u128::from(v.grid)),
             Expr::Block => Some(u128::from(v.block)),
-            Expr::Add(a, b) => a.eval(v)?.checked_add(b.eval(v)?),
-            Expr::Mul(a, b) => a.eval(v)?.checked_mul(b.eval(v)?),
+            Expr::Add(..) | Expr::Mul(..) => None,
         }
     }
 }
