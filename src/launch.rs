@@ -868,6 +868,16 @@ mod tests {
                 Reason::DeviceMismatch,
             ),
             (
+                LaunchRefusal::PreconditionFailed {
+                    precondition: "index_fits_i32",
+                    condition: "index_fits_i32: grid × block <= 2^31".into(),
+                    values: "grid=8388609,block=256".into(),
+                },
+                "invalid launch: precondition index_fits_i32 (index_fits_i32: grid × block <= 2^31) \
+                 does not hold at grid=8388609,block=256",
+                Reason::InvalidArgument,
+            ),
+            (
                 LaunchRefusal::Internal("signature without an output"),
                 "internal error: signature without an output",
                 Reason::Internal,
