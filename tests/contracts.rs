@@ -1037,3 +1037,39 @@ fn only_contracts_the_signature_states_whole_are_checked_by_it() {
         assert!(!check(&text, "add_i32"), "{what}");
     }
 }
+
+/// The host engine holds a launch to its contract's footprints itself: a
+/// span one vector short is refused before any thread runs, naming the
+/// footprint.
+#[test]
+fn the_host_engine_refuses_a_span_short_of_its_footprint() {
+    let kernel =
+        HostKernel::compile_with(&corpus("add_f32_vec4"), "add_f32_vec4", Families::ALL).unwrap();
+    let n = 64usize;
+    let a = vec![0u8; n * 16];
+    let short = vec![0u8; n * 16 - 16];
+    let mut out = vec![0u8; n * 16];
+    let span = |b: &Vec<u8>| HostSpan {
+        ptr: b.as_ptr() as *mut u8,
+        len: b.len(),
+    };
+    let l = HostLaunch {
+        inputs: &[span(&a), span(&short)],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads: 1,
+        checked: false,
+        control: None,
+    };
+    // SAFETY: every span is a live Vec of exactly `len` bytes; the launch
+    // is refused before any thread runs.
+    let fault = unsafe { kernel.launch(&l) }.unwrap_err();
+    assert_eq!(
+        fault.message,
+        "operand 1 holds 1008 bytes, fewer than its footprint n × 16 at n = 64"
+    );
+}

@@ -401,12 +401,15 @@ impl LaunchContract {
     /// The launch values for `count` elements with blocks of `block`
     /// threads: the grid is `ceil(count / (block × elements per thread))`.
     pub fn values(&self, count: u64, block: u32) -> LaunchValues {
-        let per_block = u64::from(block) * u64::from(self.geometry.elements_per_thread.max(1));
-        LaunchValues {
-            count,
-            grid: count.div_ceil(per_block.max(1)),
-            block,
-        }
+        let per_block = (u64::from(block) * u64::from(self.geometry.elements_per_thread)).max(1);
+        // Blocks are nearly always a power of two: a shift, not a division,
+        // on the launch path.
+        let grid = if per_block.is_power_of_two() {
+            (count >> per_block.trailing_zeros()) + u64::from(count & (per_block - 1) != 0)
+        } else {
+            count.div_ceil(per_block)
+        };
+        LaunchValues { count, grid, block }
     }
 
     /// The param an operand is passed as, by name.
@@ -498,6 +501,26 @@ mod tests {
         assert_eq!(c.preconditions.len(), 1);
         assert!(c.preconditions[0].holds(&c.values(i64::MAX as u64, 256)));
         assert!(!c.preconditions[0].holds(&c.values(i64::MAX as u64 + 1, 256)));
+    }
+
+    /// The grid is `ceil(n / (block × elements per thread))` for every
+    /// block, a power of two or not.
+    #[test]
+    fn the_grid_is_the_ceiling_of_n_over_a_block() {
+        let mut c = LaunchContract::scalar(&sig(vec![4, 4], 0, None), &[]);
+        for ept in [1, 2, 3, 8] {
+            c.geometry.elements_per_thread = ept;
+            for block in [1, 3, 32, 96, 256, 1000, 1024] {
+                for n in [0u64, 1, 255, 256, 257, 1 << 40, u64::MAX - 1, u64::MAX] {
+                    let per = u64::from(block) * u64::from(ept);
+                    assert_eq!(
+                        c.values(n, block).grid,
+                        n.div_ceil(per),
+                        "{n} {block} {ept}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -399,6 +399,27 @@ impl HostKernel {
                 message: format!("precondition {p} does not hold at {}", p.values(&values)),
             });
         }
+        // Each span holds its operand's whole footprint (the scalar ABI's
+        // `n × element size`, which `host::run` checks again).
+        // (A launch of another arity is `host::run`'s refusal.)
+        let spans = launch.inputs.iter().chain(std::iter::once(&launch.output));
+        let arity = launch.inputs.len() + 1 == self.contract.footprints.len();
+        for (k, (span, footprint)) in spans
+            .zip(&self.contract.footprints)
+            .enumerate()
+            .filter(|_| arity)
+        {
+            let bytes = footprint.bytes.eval(&values);
+            if bytes.is_none_or(|b| b > span.len as u128) {
+                return Err(HostFault {
+                    line: 0,
+                    message: format!(
+                        "operand {k} holds {} bytes, fewer than its footprint {} at n = {}",
+                        span.len, footprint.bytes, launch.n
+                    ),
+                });
+            }
+        }
         // SAFETY: the caller upholds the span validity `host::run` needs.
         unsafe { host::run(&self.program, &self.signature, launch) }
     }
