@@ -855,6 +855,7 @@ fn the_jit_vectorized_and_index32_kernels_run_on_the_host_against_a_reference() 
         ("affine_f32_vec2", 2),
         ("add_f32_idx32", 1),
         ("affine_f32_idx32", 1),
+        ("add_f32_idx32_n32", 1),
     ] {
         for build in ["O3", "fast"] {
             let text = std::fs::read_to_string(root.join(format!("{entry}_{build}.ptx"))).unwrap();
@@ -900,7 +901,7 @@ fn the_jit_vectorized_and_index32_kernels_run_on_the_host_against_a_reference() 
             ran += 1;
         }
     }
-    assert_eq!(ran, 12);
+    assert_eq!(ran, 14);
 }
 
 /// The families' own mutant oracle: random mutants of the vectorized and
@@ -933,6 +934,7 @@ fn accepted_mutants_of_the_families_stay_inside_their_contract() {
         "add_f16_vec2",
         "add_f32_idx32",
         "affine_f32_idx32",
+        "add_f32_idx32_n32",
     ] {
         if let Ok(text) = std::fs::read_to_string(jit.join(format!("{entry}_O3.ptx"))) {
             seeds.push((text, entry.into()));
@@ -1072,4 +1074,95 @@ fn the_host_engine_refuses_a_span_short_of_its_footprint() {
         fault.message,
         "operand 1 holds 1008 bytes, fewer than its footprint n × 16 at n = 64"
     );
+}
+
+/// `int i` with `int n` (nvrtc's `add_f32_idx32_n32`): the count is a
+/// 32-bit param, the guard a 32-bit comparison; the contract names the
+/// count's type and both preconditions, and a count past `int` is refused
+/// by name. Misuses of the 32-bit count are refused at load.
+#[test]
+fn an_int_count_is_accepted_with_the_preconditions_it_needs() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/corpus/jit/nvrtc/add_f32_idx32_n32_O3.ptx");
+    let Ok(text) = std::fs::read_to_string(path) else {
+        eprintln!("no tests/corpus/jit: nothing to check");
+        return;
+    };
+    let entry = "add_f32_idx32_n32";
+    let contract = contract_of(&text, entry);
+    let shown = contract.to_string();
+    assert!(
+        shown.contains("add_f32_idx32_n32_param_3: count .u32"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("requires count_fits_i32: n <= 2147483647"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("requires index_fits_i32: grid × block <= 2^31"),
+        "{shown}"
+    );
+    // Without the family: refused as before.
+    assert_eq!(
+        sub_reason(ptx::verify(&text, entry, None)),
+        "count_not_64bit"
+    );
+    let big = 1u64 << 40;
+    let sizes = [big, big, big];
+    assert!(check(&contract, 128, &sizes, &[0, 0, 0], (1 << 31) - 1).is_ok());
+    assert_eq!(
+        check(&contract, 128, &sizes, &[0, 0, 0], 1 << 31),
+        Err(LaunchRefusal::PreconditionFailed {
+            precondition: "count_fits_i32",
+            condition: "count_fits_i32: n <= 2147483647".into(),
+            values: "n=2147483648".into(),
+        })
+    );
+    let load = |t: &str| ptx::verify_contract(t, entry, None, Families::ALL);
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "the count widened and compared in 64 bits",
+            text.replace(
+                "setp.ge.s32 \t%p1, %r1, %r2;",
+                "cvt.s64.s32 \t%rd9, %r2;\n\tcvt.s64.s32 \t%rd10, %r1;\n\tsetp.ge.s64 \t%p1, %rd10, %rd9;",
+            ),
+            // No guard is left: what the verdict reports first.
+            "unguarded_access",
+        ),
+        (
+            "the count as an index bound other than i < n",
+            text.replace("setp.ge.s32 \t%p1, %r1, %r2;", "setp.gt.s32 \t%p1, %r1, %r2;"),
+            "unguarded_access",
+        ),
+        (
+            "a wrapped index against the count",
+            text.replace(
+                "setp.ge.s32 \t%p1, %r1, %r2;",
+                "add.s32 \t%r5, %r1, 1;\n\tsetp.ge.s32 \t%p1, %r5, %r2;",
+            ),
+            "index_not_64bit",
+        ),
+        (
+            "the count read as 16 bits",
+            text.replace(
+                "ld.param.u32 \t%r2, [add_f32_idx32_n32_param_3];",
+                "ld.param.u16 \t%rs1, [add_f32_idx32_n32_param_3];\n\tcvt.u32.u16 \t%r2, %rs1;",
+            )
+            .replace(".reg .pred \t%p<2>;", ".reg .pred \t%p<2>;\n\t.reg .b16 \t%rs<2>;"),
+            "unguarded_access",
+        ),
+        (
+            "a 32-bit count before the output",
+            text.replace(
+                ".param .u64 add_f32_idx32_n32_param_2,\n\t.param .u32 add_f32_idx32_n32_param_3",
+                ".param .u32 add_f32_idx32_n32_param_2,\n\t.param .u64 add_f32_idx32_n32_param_3",
+            ),
+            "count_not_64bit",
+        ),
+    ];
+    for (what, mutated, want) in cases {
+        assert_ne!(mutated, text, "{what}: the mutation did not apply");
+        assert_eq!(sub_reason(load(&mutated)), want, "{what}");
+    }
 }

@@ -224,6 +224,8 @@ pub struct Precondition {
 
 /// The count must fit the kernel's `long long` (today's `CountTooLarge`).
 pub const COUNT_FITS_I64: &str = "count_fits_i64";
+/// A 32-bit count (`int n`) holds the launch's count: `n <= 2^31 - 1`.
+pub const COUNT_FITS_I32: &str = "count_fits_i32";
 /// Every thread's 32-bit index is exact: `grid × block <= 2^31`.
 pub const INDEX_FITS_I32: &str = "index_fits_i32";
 

@@ -145,6 +145,10 @@ pub(super) enum V {
     /// May carry the bits of one of these params (after a join of a pointer
     /// with something else). Never an address, never data.
     Tainted(ParamSet),
+    /// The whole 32-bit count param `p` (the 32-bit index family's `int
+    /// n`): compared with the 32-bit index it is a guard, anything else is
+    /// a misuse of the count.
+    Count32(u16),
     /// A predicate that is true when `i >= n` (`in_range == false`) or when
     /// `i < n` (`in_range == true`), `n` being param `count`.
     Guard {
@@ -158,6 +162,7 @@ impl V {
     pub(super) fn params(self) -> ParamSet {
         match self {
             V::Param(m) | V::Addr(m, _, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
+            V::Count32(p) => ParamSet::single(p).unwrap_or(ParamSet::EMPTY),
             _ => ParamSet::EMPTY,
         }
     }
@@ -176,7 +181,7 @@ impl V {
         match self {
             // A wrapped index is never trusted, at any width.
             V::Top | V::Const(_) | V::Guard { .. } | V::Narrow => 0,
-            V::S32(_) | V::Block32 | V::Index32 => 32,
+            V::S32(_) | V::Block32 | V::Index32 | V::Count32(_) => 32,
             _ => 64,
         }
     }
@@ -247,6 +252,8 @@ pub(super) enum Event {
     },
     Guard {
         count: u16,
+        /// Against the 32-bit index: the guard assumes `index_fits_i32`.
+        index32: bool,
     },
     /// The proof used a 32-bit index (or block offset) as exact: the
     /// contract needs `index_fits_i32`.
@@ -300,6 +307,49 @@ pub(super) fn predicated(
             );
         }
         st.regs.set(*r as usize, old.join(new));
+    }
+}
+
+/// A comparison of the index with the count `count` (`index_first`: the
+/// index is the first operand): the guard `i < n` or its negation, or a
+/// misuse of the count when it is another comparison.
+fn guard(
+    events: &mut BTreeMap<usize, Event>,
+    pc: usize,
+    inst: &Inst,
+    count: Option<u16>,
+    index_first: bool,
+    count_value: V,
+) -> V {
+    let count = count.unwrap_or(u16::MAX);
+    let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
+    // `n > i` is `i < n`: read the comparison with the index first.
+    let cmp = match (index_first, cmp) {
+        (true, c) => c,
+        (false, "le") => "ge",
+        (false, "ls") => "hs",
+        (false, "gt") => "lt",
+        (false, "hi") => "lo",
+        (false, _) => "",
+    };
+    match cmp {
+        "ge" | "hs" => V::Guard {
+            count,
+            in_range: false,
+        },
+        "lt" | "lo" => V::Guard {
+            count,
+            in_range: true,
+        },
+        _ => {
+            misuse(
+                events,
+                pc,
+                count_value,
+                format!("`{}` compares the count other than as `i < n`", inst.opcode),
+            );
+            V::Top
+        }
     }
 }
 
@@ -432,7 +482,8 @@ fn load_param(
     // `layout` admits only these param types, and no arrays.
     let size: u64 = match pty {
         Some("u64" | "s64" | "b64") => 8,
-        Some("f32") => 4,
+        // A 32-bit integer param passes `layout` only as the 32-bit count.
+        Some("f32" | "u32" | "s32" | "b32") => 4,
         _ => 0,
     };
     let lty = inst.types().last().copied();
@@ -455,6 +506,19 @@ fn load_param(
             )),
         );
         return V::Top;
+    }
+    if size == 4 && pty != Some("f32") {
+        // The 32-bit count, read whole at a 32-bit integer type.
+        return match (offset, lty) {
+            (0, Some(Ty::U32 | Ty::S32 | Ty::B32)) => V::Count32(p),
+            _ => {
+                events.entry(pc).or_insert(Event::Misuse {
+                    param: p,
+                    explanation: format!("`{}` loads the count at another width", inst.opcode),
+                });
+                V::Top
+            }
+        };
     }
     if size == 4 {
         // A float param: its bits are data; only a part of it is refused,
@@ -728,7 +792,6 @@ pub(super) fn step(
                 .any(|m| matches!(m.as_str(), "and" | "or" | "xor")) =>
         {
             let (a, b) = (src(1), src(2));
-            let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
             let single = |m: ParamSet| (m.len() == 1).then(|| first(m)).flatten();
             let r = match (a, b) {
                 _ if !is_int(inst) => {
@@ -741,47 +804,22 @@ pub(super) fn step(
                     }
                     V::Top
                 }
+                // `i < n` with the 64-bit index and count, or (the 32-bit
+                // index family) the exact 32-bit index and a 32-bit count.
                 (V::Index, V::Param(m)) | (V::Param(m), V::Index)
                     if int_ty(inst, 64) && single(m).is_some() =>
                 {
-                    let count = single(m).unwrap_or(u16::MAX);
-                    // `n > i` is `i < n`: read the comparison with the index first.
-                    let index_first = a == V::Index;
-                    let cmp = match (index_first, cmp) {
-                        (true, c) => c,
-                        (false, "le") => "ge",
-                        (false, "ls") => "hs",
-                        (false, "gt") => "lt",
-                        (false, "hi") => "lo",
-                        (false, _) => "",
-                    };
-                    match cmp {
-                        "ge" | "hs" => V::Guard {
-                            count,
-                            in_range: false,
-                        },
-                        "lt" | "lo" => V::Guard {
-                            count,
-                            in_range: true,
-                        },
-                        _ => {
-                            misuse(
-                                events,
-                                pc,
-                                V::Param(m),
-                                format!(
-                                    "`{}` compares the count other than as `i < n`",
-                                    inst.opcode
-                                ),
-                            );
-                            V::Top
-                        }
-                    }
+                    guard(events, pc, inst, single(m), a == V::Index, V::Param(m))
                 }
-                (V::Narrow | V::Index32, V::Param(m)) | (V::Param(m), V::Narrow | V::Index32) => {
+                (V::Index32, V::Count32(p)) | (V::Count32(p), V::Index32) if int_ty(inst, 32) => {
+                    guard(events, pc, inst, Some(p), a == V::Index32, V::Count32(p))
+                }
+                (V::Narrow | V::Index32, o) | (o, V::Narrow | V::Index32)
+                    if matches!(o, V::Param(_) | V::Count32(_)) =>
+                {
                     events.entry(pc).or_insert(Event::Bad {
                         sub_reason: SubReason::IndexNot64bit,
-                        param: first(m),
+                        param: o.pointer(),
                         explanation: "the bounds guard compares a 32-bit index".into(),
                     });
                     V::Top
@@ -803,7 +841,10 @@ pub(super) fn step(
                 }
             };
             if let V::Guard { count, .. } = r {
-                events.entry(pc).or_insert(Event::Guard { count });
+                // A guard on the 32-bit index is `i < n` only while that
+                // index is exact.
+                let index32 = a == V::Index32 || b == V::Index32;
+                events.entry(pc).or_insert(Event::Guard { count, index32 });
             }
             set(k, pc, st, ops.first(), r, events);
         }

@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::ptx::contract::{Condition, Expr, Precondition, INDEX_FITS_I32};
+use crate::ptx::contract::{
+    Condition, Expr, ParamKind, Precondition, ScalarType, COUNT_FITS_I32, INDEX_FITS_I32,
+};
 use crate::ptx::ir::Kernel;
 use crate::ptx::{LaunchContract, PtxError, Signature};
 
@@ -34,7 +36,7 @@ pub(super) fn decide(
     let output = expected_count - 1;
 
     let guard = events.iter().find_map(|(pc, e)| match e {
-        Event::Guard { count } => Some((*pc, *count)),
+        Event::Guard { count, .. } => Some((*pc, *count)),
         _ => None,
     });
     let count = match guard {
@@ -97,7 +99,7 @@ pub(super) fn decide(
     for (pc, e) in events {
         let line = line_of(*pc);
         match e {
-            Event::Guard { count: c } if *c != count => {
+            Event::Guard { count: c, .. } if *c != count => {
                 return Err(refuse(
                     SubReason::ParamMisuse,
                     name(*c),
@@ -259,8 +261,27 @@ pub(super) fn decide(
     };
     let names: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
     let mut contract = LaunchContract::scalar(&signature, &names);
-    // A 32-bit index was used as exact: every thread's index must fit.
-    if events.values().any(|e| matches!(e, Event::Assume)) {
+    // An `int n`: the contract names its type, and a launch's count must
+    // fit it (the kernel would read a cut count).
+    if let Some(ty) = layout.count32 {
+        if let Some(param) = contract.params.get_mut(usize::from(count)) {
+            param.kind = ParamKind::Count(if ty == "s32" {
+                ScalarType::S32
+            } else {
+                ScalarType::U32
+            });
+        }
+        contract = contract.assuming(Precondition {
+            name: COUNT_FITS_I32,
+            condition: Condition::AtMost(Expr::Count, (1 << 31) - 1),
+        });
+    }
+    // A 32-bit index was used as exact (widened, or compared with a 32-bit
+    // count): every thread's index must fit.
+    if events
+        .values()
+        .any(|e| matches!(e, Event::Assume | Event::Guard { index32: true, .. }))
+    {
         contract = contract.assuming(Precondition {
             name: INDEX_FITS_I32,
             condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),

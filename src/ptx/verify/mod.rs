@@ -197,7 +197,7 @@ pub fn verify(
     families: Families,
 ) -> Result<Verified, PtxError> {
     let (reqntid, maxntid) = layout::launch_bounds(kernel)?;
-    let layout = layout::param_layout(kernel)?;
+    let layout = layout::param_layout(kernel, families)?;
     instructions::structure(kernel, families)?;
     let events = cfg::dataflow(kernel, families)?;
     let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
