@@ -42,7 +42,8 @@ pub struct Families {
     pub vectorized: bool,
     /// A 32-bit index (`int i = blockIdx.x * blockDim.x + threadIdx.x`),
     /// exact under the precondition `index_fits_i32` (grid × block <=
-    /// 2^31), which the contract then carries.
+    /// 2^31), which the contract then carries; and an `int n` count
+    /// compared with it (`count_fits_i32`).
     pub index32: bool,
 }
 

@@ -57,7 +57,10 @@
 //!   `grid × block <= 2^31` (every thread's value lies in `[0, grid ×
 //!   block)`); widening it into the 64-bit index or `i × s` records that
 //!   assumption, and the contract carries it as `index_fits_i32`. Any other
-//!   32-bit arithmetic on it stays `Narrow` (`index_not_64bit`).
+//!   32-bit arithmetic on it stays `Narrow` (`index_not_64bit`). A 32-bit
+//!   count (`int n`, the last integer param) is `Count32`; compared with the
+//!   exact 32-bit index it is the guard (assuming `index_fits_i32` too), and
+//!   the contract adds `count_fits_i32`.
 //!
 //! # The rules, in the order they are checked
 //!
