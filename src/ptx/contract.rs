@@ -61,7 +61,15 @@ impl Expr {
         let operand = |e: &Expr| e.leaf(v).or_else(|| e.eval(v));
         match self {
             Expr::Add(a, b) => operand(a)?.checked_add(operand(b)?),
-            Expr::Mul(a, b) => operand(a)?.checked_mul(operand(b)?),
+            Expr::Mul(a, b) => {
+                let (x, y) = (operand(a)?, operand(b)?);
+                // Two values of 64 bits cannot overflow 128: the common case
+                // skips the checked 128-bit product.
+                match (u64::try_from(x), u64::try_from(y)) {
+                    (Ok(x), Ok(y)) => Some(u128::from(x) * u128::from(y)),
+                    _ => x.checked_mul(y),
+                }
+            }
             leaf => leaf.leaf(v),
         }
     }
