@@ -164,6 +164,7 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
     } else {
         None
     };
+    let kernel_cache = args.kernel_cache();
     let code = match (args.backend, args.probe, args.device) {
         (ExecutorBackend::Host, _, _) => {
             match ptxd::executor::host::HostBackend::new(
@@ -182,7 +183,7 @@ fn run_executor(args: ExecutorArgs) -> ExitCode {
         }
         (ExecutorBackend::Cuda, true, _) => ptxd::executor::cuda::probe_stdio(),
         (ExecutorBackend::Cuda, false, Some(uuid)) => {
-            ptxd::executor::cuda::run_executor(&uuid, budget, fd_inbox, spin)
+            ptxd::executor::cuda::run_executor(&uuid, budget, fd_inbox, spin, kernel_cache)
         }
         (ExecutorBackend::Cuda, false, None) => {
             eprintln!("ptxd executor --backend cuda needs --device UUID or --probe");

@@ -5,6 +5,9 @@
 //! Every failure prints one line, `REASON: message`, to stderr and exits
 //! non-zero; REASON is the daemon's refusal reason (e.g. `STALE_KERNEL`) or
 //! the kind of local failure (`TRANSPORT`, `IO`, `USAGE`, ...).
+// The doc comments of the clap types below are also the `--help` text,
+// where `<uid>` and `<n>` are placeholders, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

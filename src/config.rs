@@ -1,5 +1,8 @@
 //! The daemon's configuration: every `ptxd serve` flag, its `PTXD_*`
 //! environment variable and its default.
+// The doc comments of the clap types below are also the `--help` text,
+// where `<uid>` and `<n>` are placeholders, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -415,6 +418,28 @@ pub struct ServeConfig {
     /// Log format.
     #[arg(long, env = "PTXD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Keep the machine code the CUDA driver's JIT compiles in this
+    /// directory (created mode 0700; refused if another user owns it), so
+    /// that a restarted executor or daemon loads a known kernel without
+    /// compiling it again. Entries are keyed by the kernel text's hash, the
+    /// device's architecture and the driver's version, and checked on read.
+    /// Several daemons may share it. None: no persistent cache.
+    #[arg(long, env = "PTXD_KERNEL_CACHE_DIR")]
+    pub kernel_cache_dir: Option<PathBuf>,
+
+    /// The kernel cache directory's size bound; the least recently used
+    /// entries are deleted beyond it.
+    #[arg(long, env = "PTXD_KERNEL_CACHE_MAX_BYTES", default_value_t = 1 << 30)]
+    pub kernel_cache_max_bytes: u64,
+
+    /// Keep a second executor started per device (a hot spare), promoted
+    /// at once when the serving one dies, so that a device recovers
+    /// without starting a process (and, on CUDA, a context); the next
+    /// spare then starts in the background. Costs one idle process per
+    /// device (on CUDA, a context's device memory).
+    #[arg(long, env = "PTXD_SPARE_EXECUTOR", default_value_t = false)]
+    pub spare_executor: bool,
 }
 
 impl ServeConfig {

@@ -174,6 +174,19 @@ impl Origin {
     }
 }
 
+impl From<crate::sessions::Caller> for Origin {
+    /// A caller as the peer its connection came from.
+    fn from(caller: crate::sessions::Caller) -> Origin {
+        match caller {
+            crate::sessions::Caller::Local(peer) => Origin::Uid(peer.uid),
+            crate::sessions::Caller::Remote {
+                connection: Some(address),
+            } => Origin::Ip(address.ip()),
+            crate::sessions::Caller::Remote { connection: None } => Origin::Unknown,
+        }
+    }
+}
+
 impl std::fmt::Display for Origin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

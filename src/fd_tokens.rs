@@ -9,7 +9,7 @@
 //!   ("expired"); a used or expired token is remembered for [`REMEMBER`] so
 //!   that a retry learns why, then forgotten ("unknown").
 //! - The table is bounded: at most [`MAX_WAITING_PER_SESSION`] tokens wait
-//!   per session, and at most [`MAX_REMEMBERED`] spent tokens are kept.
+//!   per session, and at most `MAX_REMEMBERED` spent tokens are kept.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -14,8 +14,13 @@
 //!   in its place: from the older event's old generation to the newer
 //!   event's new generation, with the newer cause. A second drain notice
 //!   while one is unread is dropped (the first one's reason stands).
-//! - So the queue holds at most the opening event, one restart per device
-//!   and one drain notice.
+//! - A device-down notice replaces an unread one of the same device and goes
+//!   to the end of the queue (the latest state of the device is what the
+//!   client must see last); a restart of a device drops its unread down
+//!   notice, since the device is back. So the last event about a device
+//!   in the queue always says what the device is now.
+//! - So the queue holds at most the opening event, one restart and one
+//!   down notice per device, and one drain notice.
 //! - The stream ends once the sender is closed or dropped and every queued
 //!   event has been read.
 
@@ -43,6 +48,31 @@ pub enum LeaseEvent {
     },
     /// The daemon is draining: finish up, no new work is accepted.
     Draining { reason: String },
+    /// A device's executor died and its restart failed: the device has no
+    /// executor until an [`LeaseEvent::ExecutorRestarted`] says otherwise.
+    ExecutorDown {
+        device_uuid: String,
+        /// The generation that died.
+        generation: u64,
+        /// Why it died.
+        cause: String,
+        /// Restart attempts that failed so far.
+        failed_restarts: u32,
+        /// Why the last one failed.
+        restart_error: String,
+        /// How long until the next attempt.
+        retry_in: std::time::Duration,
+    },
+}
+
+impl LeaseEvent {
+    /// The device of a down notice.
+    fn down_device(&self) -> Option<&str> {
+        match self {
+            LeaseEvent::ExecutorDown { device_uuid, .. } => Some(device_uuid),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -86,12 +116,22 @@ impl LeaseSender {
                 return;
             }
             match event {
+                LeaseEvent::ExecutorDown { .. } => {
+                    let device = event.down_device().map(str::to_owned);
+                    queue
+                        .events
+                        .retain(|e| e.down_device() != device.as_deref());
+                    queue.events.push_back(event);
+                }
                 LeaseEvent::ExecutorRestarted {
                     device_uuid,
                     new_generation,
                     cause,
                     old_generation,
                 } => {
+                    queue
+                        .events
+                        .retain(|e| e.down_device() != Some(device_uuid.as_str()));
                     let unread = queue.events.iter_mut().find_map(|e| match e {
                         LeaseEvent::ExecutorRestarted {
                             device_uuid: d,
@@ -248,6 +288,71 @@ mod tests {
         // Closed: queued events are still read, later ones are not queued.
         sender.send(restart("GPU-a", 2, 3));
         assert_eq!(drain(&mut receiver).await, vec![draining("SIGTERM")]);
+    }
+
+    fn down(device: &str, generation: u64, failed_restarts: u32) -> LeaseEvent {
+        LeaseEvent::ExecutorDown {
+            device_uuid: device.into(),
+            generation,
+            cause: "exited".into(),
+            failed_restarts,
+            restart_error: format!("attempt {failed_restarts} failed"),
+            retry_in: std::time::Duration::from_millis(50 << failed_restarts.min(8)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_down_notice_is_the_last_word_on_its_device_until_a_restart_supersedes_it() {
+        let (sender, mut receiver) = channel();
+        sender.send(restart("GPU-a", 0, 1));
+        sender.send(down("GPU-a", 1, 1));
+        sender.send(down("GPU-b", 7, 1));
+        // A client that does not read while restarts keep failing: one
+        // notice per device, the latest, after the device's restart.
+        for attempt in 2..1000 {
+            sender.send(down("GPU-a", 1, attempt));
+        }
+        assert_eq!(sender.unread(), 3);
+        assert_eq!(
+            receiver.next().await,
+            Some(restart("GPU-a", 0, 1)),
+            "the earlier restart stays first"
+        );
+        assert_eq!(receiver.next().await, Some(down("GPU-b", 7, 1)));
+        assert_eq!(receiver.next().await, Some(down("GPU-a", 1, 999)));
+        // Down, then back before the client read: only the restart is
+        // left, so the device's last word says it serves.
+        sender.send(down("GPU-a", 1, 1000));
+        sender.send(restart("GPU-a", 1, 2));
+        sender.send(down("GPU-b", 7, 2));
+        sender.send(restart("GPU-b", 7, 8));
+        drop(sender);
+        assert_eq!(
+            drain(&mut receiver).await,
+            vec![restart("GPU-a", 1, 2), restart("GPU-b", 7, 8)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_restart_merged_into_an_older_one_leaves_no_down_notice_after_it() {
+        let (sender, mut receiver) = channel();
+        sender.send(restart("GPU-a", 0, 1));
+        sender.send(down("GPU-a", 1, 1));
+        sender.send(restart("GPU-a", 1, 2));
+        sender.send(down("GPU-a", 2, 3));
+        drop(sender);
+        assert_eq!(
+            drain(&mut receiver).await,
+            vec![
+                LeaseEvent::ExecutorRestarted {
+                    device_uuid: "GPU-a".into(),
+                    old_generation: 0,
+                    new_generation: 2,
+                    cause: "cause 2".into(),
+                },
+                down("GPU-a", 2, 3),
+            ]
+        );
     }
 
     #[tokio::test]

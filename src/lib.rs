@@ -15,15 +15,24 @@
 //! test reads `src/` and fails on any circle).
 //!
 //! **Transport**: how requests arrive and answers leave.
+//! - [`transport`]: one module per transport, each converting its wire
+//!   messages into the front's requests and answering through one refusal
+//!   path:
+//!   - [`transport::grpc`]: every RPC as gRPC over HTTP/2 (decode, call the
+//!     front, map the result), and [`transport::grpc::requests`]: what a
+//!     request may hold before it is whole (sizes, budgets, the
+//!     `LaunchStream` codec);
+//!   - [`transport::packet`]: the packet socket, which carries descriptors
+//!     and unary launches and loads;
+//!   - [`transport::calls`]: the calls both carry, converted and run one
+//!     way;
+//!   - [`transport::refusals`]: the one place a refusal is counted and
+//!     logged, and the tower layer that feeds it gRPC's statuses;
+//!   - the launch ring, the third transport, is served in the executor
+//!     child ([`executor::ring`], on `ptxd_ipc::ring`'s layout).
 //! - [`server`]: the running daemon: listeners, the gRPC router, the drain.
 //! - [`activation`]: systemd socket activation.
 //! - [`connections`]: connection and descriptor limits per peer.
-//! - [`requests`]: what a request may hold before it is whole (sizes,
-//!   budgets, the `LaunchStream` codec).
-//! - [`refusals`]: the tower layer that counts and logs every refusal.
-//! - [`service`]: the gRPC surface: decode, call the front, map the result.
-//! - [`fd_socket`]: the packet socket that carries descriptors (and unary
-//!   launches and loads).
 //! - [`metrics`]: the Prometheus counters and their HTTP endpoint.
 //!
 //! **State**: what the daemon holds, owned by one place.
@@ -62,7 +71,6 @@ pub mod config;
 pub mod connections;
 pub mod error;
 pub mod executor;
-pub mod fd_socket;
 pub mod fd_tokens;
 pub mod front;
 pub mod handles;
@@ -73,11 +81,9 @@ pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod ptx;
-pub mod refusals;
-pub mod requests;
 pub mod server;
-pub mod service;
 pub mod sessions;
 pub mod slots;
 pub mod spin;
+pub mod transport;
 pub mod untrusted;

@@ -30,9 +30,10 @@ use crate::config::ServeConfig;
 use crate::connections::{ConnectionLimits, ConnectionTable, Incoming};
 use crate::front::{Front, StartError};
 use crate::observe::Observer;
-use crate::refusals::RefusalLayer;
-use crate::requests::{BudgetLayer, BudgetLimits, PtxdRoutes, RequestBudget};
-use crate::service::PtxdService;
+use crate::transport::calls::Calls;
+use crate::transport::grpc::requests::{BudgetLayer, BudgetLimits, PtxdRoutes, RequestBudget};
+use crate::transport::grpc::PtxdService;
+use crate::transport::refusals::RefusalLayer;
 
 /// Why the daemon could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -186,9 +187,9 @@ fn warn_if_over_the_fd_budget(config: &ServeConfig, fd_limit: u64, max_connectio
 }
 
 /// The fd socket's caps.
-fn fd_socket_limits(config: &ServeConfig) -> crate::fd_socket::FdSocketLimits {
+fn fd_socket_limits(config: &ServeConfig) -> crate::transport::packet::FdSocketLimits {
     let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-    crate::fd_socket::FdSocketLimits {
+    crate::transport::packet::FdSocketLimits {
         max_connections: to_usize(config.fd_socket_max_connections),
         max_per_uid: to_usize(config.fd_socket_max_connections_per_uid),
         idle_timeout: config.fd_socket_idle_timeout,
@@ -327,7 +328,7 @@ pub async fn serve(
     // removes it.
     let owns_socket = activated.is_none();
     let bind_fd_socket = |path: &Path| {
-        crate::fd_socket::bind_fd_socket(path, config.socket_mode).map_err(|error| {
+        crate::transport::packet::bind_fd_socket(path, config.socket_mode).map_err(|error| {
             ServeError::Bind {
                 path: path.display().to_string(),
                 error,
@@ -386,9 +387,9 @@ pub async fn serve(
     let mut servers = tokio::task::JoinSet::new();
     // Among the servers the drain waits for: on stop the fd socket takes no
     // more packets and ends once the exchanges it read are answered.
-    let fd_socket = crate::fd_socket::serve(
+    let fd_socket = crate::transport::packet::serve(
         fd_listener,
-        PtxdService::new(front.clone(), observer),
+        Calls::new(front.clone(), observer),
         front.spinners(),
         fd_socket_limits(&config),
         front.stream_drain_grace(),

@@ -58,6 +58,12 @@ mod canonical;
 #[path = "gpu/oracle.rs"]
 mod oracle;
 
+#[path = "gpu/raw_stream.rs"]
+mod raw_stream;
+
+#[path = "gpu/recovery.rs"]
+mod recovery;
+
 use executor_client::*;
 use half::f16;
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};

@@ -17,7 +17,7 @@ use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use exposition::Exposition;
 use ptxd::metrics::Metrics;
@@ -140,49 +140,17 @@ fn every_series_passes_promtool_with_values_in_it() {
     Exposition::parse(&rendered).unwrap();
 }
 
-/// A free loopback port (there is a short race until the daemon binds it).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One scrape of `/metrics`: checks the status and content type, runs
 /// promtool on the body and returns it parsed.
 async fn scrape(port: u16) -> Exposition {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: ptxd-ops-test\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let response = String::from_utf8(response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    let (head, body) = support::get_metrics(port).await;
     assert!(
         head.to_ascii_lowercase()
             .contains("\r\ncontent-type: text/plain; version=0.0.4"),
         "{head}"
     );
-    promtool_check(body);
-    Exposition::parse(body).unwrap_or_else(|e| panic!("{e}\n{body}"))
-}
-
-fn wait_for_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "metrics port {port} never opened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    promtool_check(&body);
+    Exposition::parse(&body).unwrap_or_else(|e| panic!("{e}\n{body}"))
 }
 
 /// The value of a series, 0 when it is absent.
@@ -192,10 +160,10 @@ fn value(scrape: &Exposition, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
-    let port = free_port();
+    let port = support::free_port();
     let metrics_addr = format!("127.0.0.1:{port}");
     let daemon = Daemon::start(&["--metrics", &metrics_addr, "--slots", "64"]);
-    wait_for_port(port);
+    support::wait_for_port(port);
 
     let before = scrape(port).await;
     assert_eq!(before.value("ptxd_slots_capacity", &[]), Some(64.0));
@@ -421,7 +389,7 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
 /// was still being read (the request budget, before any handler ran).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_is_counted_once_however_it_reaches_the_client() {
-    let port = free_port();
+    let port = support::free_port();
     let metrics_addr = format!("127.0.0.1:{port}");
     let max_request_bytes = 1 << 20;
     let daemon = Daemon::start(&[
@@ -430,7 +398,7 @@ async fn every_refusal_is_counted_once_however_it_reaches_the_client() {
         "--max-request-bytes",
         &max_request_bytes.to_string(),
     ]);
-    wait_for_port(port);
+    support::wait_for_port(port);
     let before = scrape(port).await;
 
     let client = Client::connect_unix(&daemon.socket).await.unwrap();

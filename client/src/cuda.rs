@@ -376,6 +376,25 @@ impl CudaDevice {
         })
     }
 
+    /// The driver's id of the allocation holding device address `ptr`
+    /// (`CU_POINTER_ATTRIBUTE_BUFFER_ID`, unique over the process's
+    /// lifetime: memory freed and allocated again at the same address gets
+    /// a new id), as [`locate`](Self::locate) reports it, for one driver
+    /// call instead of its five: a cache of registrations keyed by address
+    /// checks with it that the memory behind an address is still the one it
+    /// registered. VMM memory whose id the driver does not report answers
+    /// with its physical allocation's base, as in `locate`.
+    pub fn allocation_id(&self, ptr: u64) -> Result<u64, CudaError> {
+        self.bind()?;
+        match driver::pointer_attribute(ptr, driver::BUFFER_ID) {
+            Ok(id) => Ok(id),
+            Err(e) => match driver::address_range(ptr) {
+                Ok((base, _)) => Ok(base),
+                Err(_) => Err(e.into()),
+            },
+        }
+    }
+
     /// Refuses an address that is not device memory of this device (the
     /// context must be bound).
     fn check_own_memory(&self, ptr: u64) -> Result<(), CudaError> {
@@ -855,6 +874,13 @@ impl ClientStream {
     /// Blocks until the stream's work is done.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         Ok(self.stream.bind()?.synchronize()?)
+    }
+
+    /// The stream's `CUstream` address, as a framework's stream is handed
+    /// to [`LaunchRing::launch_on_raw_stream`](crate::LaunchRing::launch_on_raw_stream);
+    /// valid while this value lives.
+    pub fn raw_handle(&self) -> usize {
+        self.stream.object.raw() as usize
     }
 
     /// Makes later work on this stream wait until the 32-bit word at byte

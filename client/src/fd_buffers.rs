@@ -161,8 +161,7 @@ async fn exchange(
     let socket = unsafe { AsyncFd::register(socket) }
         .map_err(|e| Error::Protocol(format!("fd socket: {e}")))?;
     let packet = pb::FdAttach {
-        token: token.to_owned(),
-        ..Default::default()
+        body: Some(pb::fd_attach::Body::Token(token.to_owned())),
     }
     .encode_to_vec();
     send_async(&socket, &packet, Some(fd))

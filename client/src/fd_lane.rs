@@ -1,5 +1,6 @@
-//! Unary launches and kernel loads over the fd socket: one
-//! `SOCK_SEQPACKET` packet out, one back, no HTTP/2 on either side.
+//! Unary launches and kernel loads over the packet socket (the fd
+//! socket): one `SOCK_SEQPACKET` packet out, one back, no HTTP/2 on either
+//! side. The first of a unary call's transports ([`crate::transport`]).
 //!
 //! Why: on a Unix socket a call through HTTP/2 (even on the h2 lane of
 //! [`crate::lane`]) passes hyper's connection and stream tasks in the
@@ -46,7 +47,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::error::Error;
 use crate::fd_buffers::decode_reply;
-use crate::lane::LaneError;
+use crate::transport::LaneError;
 use ptxd_ipc::packet::{
     connect_seqpacket, recv_packet_in, recv_spinning_in, send_async, PacketBuffer, MAX_PACKET,
 };
@@ -299,11 +300,12 @@ impl FdLane {
     }
 }
 
-/// `FdAttach`'s field numbers of the calls (ptxd.proto).
+/// The field numbers of `FdAttach.body`'s calls (ptxd.proto).
 const LAUNCH_FIELD: u32 = 2;
 const LOAD_FIELD: u32 = 3;
 
-/// An `FdAttach` holding `call` in field `field`, encoded from a borrow:
+/// An `FdAttach` whose body is `call`, in field `field`, encoded from a
+/// borrow (prost would need the request owned, in the oneof's variant):
 /// the request is not cloned (a load's artifact is up to 64 KiB).
 fn encode_call(field: u32, call: &impl Message) -> Vec<u8> {
     let mut packet = Vec::with_capacity(call.encoded_len() + 8);
@@ -341,8 +343,7 @@ mod tests {
         assert_eq!(
             decoded,
             pb::FdAttach {
-                launch: Some(launch),
-                ..Default::default()
+                body: Some(pb::fd_attach::Body::Launch(launch)),
             }
         );
         let load = pb::LoadKernelRequest {
@@ -355,8 +356,7 @@ mod tests {
         assert_eq!(
             decoded,
             pb::FdAttach {
-                load: Some(load),
-                ..Default::default()
+                body: Some(pb::fd_attach::Body::Load(load)),
             }
         );
     }

@@ -1,5 +1,6 @@
-//! The launch lane: unary `Launch` calls on an HTTP/2 connection of their
+//! The h2 lane: unary `Launch` calls on an HTTP/2 connection of their
 //! own, spoken with `h2` directly rather than through tonic's `Channel`.
+//! The second of a launch's transports ([`crate::transport`]).
 //!
 //! Why: a call through a `Channel` passes a buffer task, hyper's dispatch,
 //! a send task and a body-pipe task, and goes out in two writes (h2 gives a
@@ -42,6 +43,7 @@ use prost::Message;
 use ptxd_proto::v1 as pb;
 
 use crate::error::Error;
+use crate::transport::LaneError;
 
 /// The `Launch` method (the path the generated client sends; the authority
 /// is a placeholder, as on the channel: a socket path is not a host name).
@@ -71,15 +73,6 @@ enum State {
 pub(crate) struct Lane {
     socket: PathBuf,
     state: Mutex<State>,
-}
-
-/// Why a call did not go through the lane.
-#[derive(Debug)]
-pub(crate) enum LaneError {
-    /// The daemon cannot have seen the request: send it on the channel.
-    NotSent,
-    /// The call failed; the daemon may have run it.
-    Failed(Error),
 }
 
 impl Lane {

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use ptxd_proto::v1::Reason;
 
 #[cfg(feature = "cuda")]
-pub use ordering::ORDERING_BYTES;
+pub use ordering::{RawStreamLaunch, ORDERING_BYTES};
 pub use release::{OrphanCause, Orphaned, ReleasedWord, SemaphoreMemory, WordWriteError};
 pub(crate) use release::{ReleaseOnEnd, RingRegistry, RingShared};
 
@@ -242,17 +242,25 @@ impl LaunchRing {
             offset,
         };
         let inputs: Vec<OperandRef> = inputs.iter().copied().map(operand).collect();
+        self.indexed_descriptor(kernel, &inputs, operand(output), n, scalars)
+    }
+
+    /// As [`descriptor`](Self::descriptor), with the operands already as
+    /// the ring names them (a buffer's [`Buffer::ring_index`] and a byte
+    /// offset).
+    pub fn indexed_descriptor(
+        &mut self,
+        kernel: &Kernel,
+        inputs: &[OperandRef],
+        output: OperandRef,
+        n: u64,
+        scalars: &[f32],
+    ) -> Result<Descriptor, Error> {
         let ticket = self.next_ticket;
         self.next_ticket = self.next_ticket.wrapping_add(1);
-        Descriptor::new(
-            ticket,
-            kernel.state().ring_index,
-            &inputs,
-            operand(output),
-            n,
-        )
-        .and_then(|d| d.with_scalars(scalars))
-        .map_err(|e| Error::InvalidInput(e.to_string()))
+        Descriptor::new(ticket, kernel.state().ring_index, inputs, output, n)
+            .and_then(|d| d.with_scalars(scalars))
+            .map_err(|e| Error::InvalidInput(e.to_string()))
     }
 
     /// Launches `kernel` and returns its ticket as soon as the descriptor

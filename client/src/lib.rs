@@ -38,6 +38,7 @@ mod fd_lane;
 mod lane;
 mod launch_ring;
 mod session;
+mod transport;
 mod types;
 
 #[cfg(feature = "cuda")]
@@ -52,12 +53,12 @@ pub use client::{Client, Target};
 pub use error::{Error, Refusal, RefusalDetails};
 pub use fd_buffers::{attach_fd, FdBufferSpec};
 pub use fd_lane::DEFAULT_REPLY_SPIN;
-#[cfg(feature = "cuda")]
-pub use launch_ring::ORDERING_BYTES;
 pub use launch_ring::{
     LaunchRing, OrphanCause, Orphaned, ReleasedWord, RingCompletion, RingRefusal, SemaphoreMemory,
     WordWriteError,
 };
+#[cfg(feature = "cuda")]
+pub use launch_ring::{RawStreamLaunch, ORDERING_BYTES};
 pub use ptxd_ipc::shm::{HostMemfd, HostShm, SharedBytes, ShmError};
 pub use ptxd_ipc::socket_dir::{
     checked_default_socket_path, default_socket_path, socket_path_for, SocketDirError,

@@ -35,9 +35,10 @@ use tonic::transport::Channel;
 
 use crate::error::{from_launch_error, Error, Refusal};
 use crate::fd_lane::FdLane;
-use crate::lane::{Lane, LaneError};
+use crate::lane::Lane;
 use crate::launch_ring::{ReleaseOnEnd, RingRegistry, RingShared};
 use crate::shm::HostShm;
+use crate::transport::Transports;
 use crate::types::{
     Artifact, Buffer, BufferListing, CloseReport, DeclaredAbi, DeviceSelector, Event,
     KernelListing, KernelSignature, Launch, Launched, LoadOptions, SessionEvent,
@@ -173,6 +174,25 @@ impl Session {
                         }
                     }
                     WireEvent::Draining(d) => SessionEvent::Draining { reason: d.reason },
+                    WireEvent::ExecutorDown(d) => {
+                        // The rings of the dead generation will never be
+                        // served again: their waiters are released now,
+                        // not when (if ever) a restart succeeds.
+                        release.registry.executor_restarted(
+                            &d.device_uuid,
+                            d.generation,
+                            d.generation.saturating_add(1),
+                            &format!("executor down ({}): {}", d.cause, d.restart_error),
+                        );
+                        SessionEvent::ExecutorDown {
+                            device_uuid: d.device_uuid,
+                            generation: d.generation,
+                            cause: d.cause,
+                            failed_restarts: d.failed_restarts,
+                            restart_error: d.restart_error,
+                            retry_in: std::time::Duration::from_millis(d.retry_in_ms),
+                        }
+                    }
                 };
                 tracing::debug!(?event, "session event");
                 // No receiver is not an error: nobody asked to watch.
@@ -238,6 +258,16 @@ impl Session {
         } else {
             Err(Error::SessionClosed)
         }
+    }
+
+    /// The transports this session's unary calls may take
+    /// ([`crate::transport`] decides which).
+    fn transports(&self) -> Result<Transports<'_>, Error> {
+        Ok(Transports {
+            packet: self.fd_lane.as_deref(),
+            h2_lane: self.lane.as_deref(),
+            channel: self.grpc()?,
+        })
     }
 
     /// Ends the session and reports what the daemon released.
@@ -316,16 +346,7 @@ impl Session {
             label: source.options.label.clone(),
             declared: source.options.declared.map(DeclaredAbi::to_proto),
         };
-        // The fd socket first (when the artifact fits a packet), else gRPC.
-        let loaded = match &self.fd_lane {
-            Some(fd_lane) => fd_lane.load(&request).await,
-            None => Err(LaneError::NotSent),
-        };
-        let response = match loaded {
-            Ok(response) => response,
-            Err(LaneError::Failed(error)) => return Err(error),
-            Err(LaneError::NotSent) => self.grpc()?.load_kernel(request).await?.into_inner(),
-        };
+        let response = self.transports()?.load(request).await?;
         if response.kernel.is_empty() {
             return Err(Error::Protocol("a kernel load returned no handle".into()));
         }
@@ -597,23 +618,8 @@ impl Session {
     }
 
     async fn launch_once(&self, kernel: String, launch: &Launch) -> Result<Launched, Error> {
-        let mut grpc = self.grpc()?;
         let request = launch.to_proto(&self.id, kernel, 0);
-        // The fd socket first, then the h2 lane, then the channel; each is
-        // tried only when the one before cannot have sent the launch.
-        let lane = match &self.fd_lane {
-            Some(fd_lane) => fd_lane.launch(&request).await,
-            None => Err(LaneError::NotSent),
-        };
-        let lane = match (lane, &self.lane) {
-            (Err(LaneError::NotSent), Some(lane)) => lane.launch(&request).await,
-            (lane, _) => lane,
-        };
-        let response = match lane {
-            Ok(response) => response,
-            Err(LaneError::Failed(error)) => return Err(error),
-            Err(LaneError::NotSent) => grpc.launch(request).await?.into_inner(),
-        };
+        let response = self.transports()?.launch(request).await?;
         Ok(Launched {
             tag: response.tag,
             micros: response.micros,

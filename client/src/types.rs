@@ -587,6 +587,24 @@ pub enum SessionEvent {
         /// Why it restarted, e.g. `KERNEL_FAULT` or `exited`.
         cause: String,
     },
+    /// A device has no executor: its executor died (the rings and kernels
+    /// of `generation` are gone) and restarting it has failed so far.
+    /// Launches on the device are refused `EXECUTOR_UNAVAILABLE` until an
+    /// [`SessionEvent::ExecutorRestarted`] says it serves again.
+    ExecutorDown {
+        /// The device.
+        device_uuid: String,
+        /// The generation that died.
+        generation: u64,
+        /// Why it died, as in `ExecutorRestarted`.
+        cause: String,
+        /// Restart attempts that failed so far.
+        failed_restarts: u32,
+        /// Why the last attempt failed.
+        restart_error: String,
+        /// How long until the daemon tries again.
+        retry_in: std::time::Duration,
+    },
     /// The daemon is draining; reconnect elsewhere.
     Draining {
         /// The daemon's reason, for logs.

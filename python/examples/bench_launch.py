@@ -4,10 +4,13 @@
     python python/examples/bench_launch.py [SOCKET] [LAUNCHES]
 
 Prints the p50/p99 of `session.launch` on registered Buffers (async and
-sync), on torch tensors with `stream=` (registration lookups and the two
-event operations included), and the mean per launch of `launch_many` with a
-stream. Every variant's output is checked against torch afterwards, so a
-wrong result fails the run instead of printing a figure.
+sync, the unary path), on torch tensors with `stream=` and on the current
+stream (the launch ring, ordered by GPU words), the same on torch tensors
+with the ring turned off (`PTXD_PYTHON_RING=0`: the unary path with IPC
+events), `torch.add(x, y, out=z)` side by side as the in-process
+reference, and the mean per launch of `launch_many` with a stream. Every
+variant's output is checked against torch afterwards, so a wrong result
+fails the run instead of printing a figure.
 """
 
 import os
@@ -61,10 +64,28 @@ def main() -> None:
         torch.cuda.synchronize(device)
         torch.testing.assert_close(out, x + y, rtol=0, atol=0)
         out.fill_(float("nan"))
+        p50, p99 = timed(launches, lambda: torch.add(x, y, out=out))
+        rows.append(("torch.add(x, y, out=z) (in-process reference)", p50, p99))
+        out.fill_(float("nan"))
         p50, p99 = timed(launches, lambda: session.launch(add, [x, y], out, stream=stream))
-        rows.append(("launch on torch tensors, stream=", p50, p99))
+        rows.append(("launch on torch tensors, stream= (ring)", p50, p99))
         torch.cuda.synchronize(device)
         torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+        out.fill_(float("nan"))
+        p50, p99 = timed(launches, lambda: session.launch(add, [x, y], out))
+        rows.append(("launch on torch tensors, current stream (ring)", p50, p99))
+        torch.cuda.synchronize(device)
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+        out.fill_(float("nan"))
+        os.environ["PTXD_PYTHON_RING"] = "0"
+        with client.session("bench-launch-unary") as unary:
+            add_unary = unary.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar",
+                                       device=device)
+            p50, p99 = timed(launches, lambda: unary.launch(add_unary, [x, y], out, stream=stream))
+            rows.append(("launch on torch tensors, stream= (unary, IPC events)", p50, p99))
+            torch.cuda.synchronize(device)
+            torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+        del os.environ["PTXD_PYTHON_RING"]
         out.fill_(float("nan"))
         torch.cuda.synchronize(device)
         batch = [(add, [x, y], out)] * launches

@@ -12,22 +12,46 @@ state the SDK has no notion of:
   ptxd never keeps freed memory mapped;
 - the session's **host arrays** (``shm_array`` and ``memfd_array``), found
   again by address;
-- a pool of registered **IPC event pairs** per device, for ordering launches
-  against the caller's stream.
+- the session's **operand cache**: a launch operand's (device, address,
+  length, element size) maps to its Buffer, so a launch on tensors it saw
+  before makes no driver query to find them. An entry is used only while
+  the driver still reports the allocation id it was registered with (the
+  launch ring checks that in Rust before it submits, the unary path here),
+  so a caching-allocator segment freed and allocated again at the same
+  address is registered again, never launched against the old mapping;
+- the session's **launch rings**, one per (device, stream), opened lazily:
+  launches on torch or CuPy operands go through them, ordered on the
+  framework's stream by two GPU words (``Ring.launch``);
+- a pool of registered **IPC event pairs** per device, for ordering unary
+  launches (the fallback) against the caller's stream.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _native
 from . import _operands as ops
-from ._errors import DtypeMismatch, Error, NotExportable, refused
+from ._errors import CudaError, DtypeMismatch, Error, NotExportable, refused
 
 __all__ = ["Client", "Session", "Kernel", "Buffer", "Signature", "Launched", "cuda_available"]
+
+#: Slots of each launch ring a session opens.
+RING_SLOTS = 256
+#: Launch rings one session opens at most (one per device and stream); a
+#: launch on a further stream takes the unary path.
+MAX_RINGS = 8
+#: Seconds a ring launch waits for its completion (ptxd's answer that it
+#: enqueued the kernel; with ``sync=True``, that it ran).
+RING_TIMEOUT = 60.0
+#: Operands the operand cache holds before it starts over.
+OPERAND_CACHE_LIMIT = 4096
+#: Set to ``0`` to send every launch through the unary path.
+RING_ENV = "PTXD_PYTHON_RING"
 
 
 def cuda_available() -> bool:
@@ -78,10 +102,17 @@ class Launched(NamedTuple):
 class Kernel:
     """A kernel loaded into a session (from :meth:`Session.load_ptx`)."""
 
-    __slots__ = ("_native",)
+    __slots__ = ("_native", "_sizes")
 
     def __init__(self, native: Any) -> None:
         self._native = native
+        self._sizes: Optional[Tuple[int, ...]] = None
+
+    def _element_sizes(self) -> Tuple[int, ...]:
+        # Fixed for the kernel's PTX (a reload verifies the same text).
+        if self._sizes is None:
+            self._sizes = tuple(self._native.signature()[1])
+        return self._sizes
 
     @property
     def signature(self) -> Signature:
@@ -129,7 +160,7 @@ class _Registration:
     caller registered (``base`` 0: no mapping here)."""
 
     __slots__ = ("handle", "size", "device_uuid", "generation", "kind", "base", "ordinal",
-                 "buffer_id", "mapping", "released")
+                 "buffer_id", "mapping", "released", "ring_index")
 
     def __init__(self, reply: Dict[str, Any], kind: str, base: int, ordinal: Optional[int],
                  buffer_id: Optional[int] = None, mapping: Any = None) -> None:
@@ -137,6 +168,8 @@ class _Registration:
         self.size: int = int(reply["size"])
         self.device_uuid: str = reply["device_uuid"]
         self.generation: int = int(reply["generation"])
+        #: How the session's launch rings name the registration.
+        self.ring_index: int = int(reply.get("ring_index", 0))
         self.kind = kind
         self.base = base
         self.ordinal = ordinal
@@ -219,6 +252,47 @@ class _EventPair:
         self.signal_handle = session.register_event(self.signal.handle(), device.uuid)
 
 
+class _OperandCache:
+    """Launch operands already resolved, by (device ordinal, address, length
+    in bytes, element size): the Buffer (registration and offset) an
+    operand there resolved to.
+
+    An entry is only a guess: the memory at an address may have been freed
+    and allocated again since (torch's caching allocator frees a segment on
+    ``empty_cache()`` or under memory pressure, and the driver may place the
+    next one at the same address). Whoever uses an entry checks first that
+    the driver's allocation id at the address is still the registration's
+    ``buffer_id`` (ids are never reused) and calls :meth:`forget` when not;
+    an entry whose registration was released is a miss."""
+
+    __slots__ = ("_entries", "limit")
+
+    def __init__(self, limit: int = OPERAND_CACHE_LIMIT) -> None:
+        self._entries: Dict[Tuple[int, int, int, int], Buffer] = {}
+        self.limit = limit
+
+    def get(self, key: Tuple[int, int, int, int]) -> Optional[Buffer]:
+        buffer = self._entries.get(key)
+        if buffer is not None and buffer._registration.released:
+            del self._entries[key]
+            return None
+        return buffer
+
+    def put(self, key: Tuple[int, int, int, int], buffer: Buffer) -> None:
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        self._entries[key] = buffer
+
+    def forget(self, key: Tuple[int, int, int, int]) -> None:
+        self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class _Prepared(NamedTuple):
     inputs: List[Tuple[str, int]]
     output: Tuple[str, int]
@@ -228,6 +302,15 @@ class _Prepared(NamedTuple):
     ordinal: Optional[int]
     #: The stream of the framework the operands come from, if any.
     default_stream: Optional[int]
+    #: The operands as a launch ring names them (ring index, offset), when
+    #: every one is a CUDA tensor or array; ``None`` when any is a Buffer or
+    #: host memory (those take the unary path).
+    ring: Optional[Tuple[List[Tuple[int, int]], Tuple[int, int]]]
+    #: ``(address, allocation id)`` of each operand resolved from the
+    #: operand cache: still valid only while the driver reports that id.
+    checks: List[Tuple[int, int]]
+    #: The cache keys of those operands (forgotten when a check fails).
+    keys: List[Tuple[int, int, int, int]]
 
 
 class Session:
@@ -236,14 +319,19 @@ class Session:
     when the object is collected; ptxd then releases everything the session
     held."""
 
-    def __init__(self, native: Any, label: str) -> None:
+    def __init__(self, native: Any, label: str, auto_reload: bool = False) -> None:
         self._native = native
         self.label = label
+        self.auto_reload = auto_reload
         self._lock = threading.RLock()
         self._cuda: Dict[Tuple[int, int], _Registration] = {}
         # Registrations of host memory this process maps, found by address.
         self._host: List[_Registration] = []
         self._events: Dict[int, List[_EventPair]] = {}
+        self._operands = _OperandCache()
+        # (device ordinal, raw stream) -> native Ring, or False where none
+        # could be opened (that stream's launches take the unary path).
+        self._rings: Dict[Tuple[int, int], Any] = {}
 
     # -- lifetime -----------------------------------------------------------
 
@@ -256,10 +344,13 @@ class Session:
     def close(self) -> Optional[Dict[str, int]]:
         """Ends the session. Returns what ptxd released (``None`` when it was
         already closed)."""
+        with self._lock:
+            self._rings.clear()
         report = self._native.close()
         with self._lock:
             self._cuda.clear()
             self._events.clear()
+            self._operands.clear()
         return report
 
     @property
@@ -474,19 +565,121 @@ class Session:
 
         Ordering: with ``stream`` (a torch or CuPy stream), ptxd's kernel runs
         after the work already on that stream, and the stream's later work
-        after ptxd's kernel, through IPC events, with no host
-        synchronization. Without ``stream``, torch tensors are ordered
-        against ``torch.cuda.current_stream()`` and CuPy arrays against
-        CuPy's current stream, as the framework's own operations are;
-        Buffers alone are not ordered against anything.
+        after ptxd's kernel, with no host synchronization. Without
+        ``stream``, torch tensors are ordered against torch's current stream
+        and CuPy arrays against CuPy's current stream, as the framework's
+        own operations are; Buffers alone are not ordered against anything.
+
+        The path: when every operand is a CUDA tensor or array (not a
+        Buffer) and there is a stream to order on, the launch goes through
+        the session's launch ring for that device and stream (opened on
+        first use), ordered by two GPU words, and returns once ptxd has
+        enqueued it (``micros`` is then 0: the ring reports no time).
+        Otherwise, or when no ring can be opened, it is a unary call ordered
+        by a pair of IPC events. docs/python.md has the details.
 
         ``sync=True`` returns once the kernel completed. Launches on host
         memory (``shm_array`` and ``memfd_array`` arrays, descriptors) always
         complete before this returns, since the caller reads them from the
         CPU next.
         """
-        prepared = self._prepare(kernel, inputs, output, n, params)
-        raw_stream = self._stream_for(prepared, stream)
+        fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
+        if fast is not None:
+            return fast
+        for _ in range(3):
+            prepared = self._prepare(kernel, inputs, output, n, params)
+            raw_stream = self._stream_for(prepared, stream)
+            if raw_stream is not None and prepared.ring is not None:
+                results = self._via_ring(raw_stream, [(kernel, prepared)], sync)
+                if results is _STALE:
+                    continue
+                if results is not None:
+                    outcome = results[0]
+                    if outcome is None:
+                        return Launched(0, False)
+                    if not self._retry_unary(outcome):
+                        raise outcome
+            if self._forget_stale(prepared):
+                continue
+            return self._launch_unary(kernel, prepared, raw_stream, sync)
+        raise Error("the operands' memory kept changing while the launch resolved them",
+                    reason="OPERANDS_CHANGED")
+
+    def _launch_cached_tensors(self, kernel: Kernel, inputs: Sequence[Any], output: Any,
+                               n: Optional[int], params: Sequence[float], stream: Any,
+                               sync: bool) -> Optional[Launched]:
+        """The common case, lean: torch tensors the operand cache already
+        holds, through the ring. ``None`` whenever anything is otherwise (an
+        operand that is not a cached contiguous CUDA tensor, a check that
+        would refuse, no ring, a stale entry): :meth:`launch`'s general path
+        then decides, and raises what it raises."""
+        torch = sys.modules.get("torch")
+        if torch is None or type(inputs) not in (list, tuple) or not isinstance(kernel, Kernel):
+            return None
+        tensor = torch.Tensor
+        get = self._operands.get
+        ordinal = -1
+        resolved = []
+        for obj in (*inputs, output):
+            if not isinstance(obj, tensor) or not obj.is_cuda or not obj.is_contiguous():
+                return None
+            device = obj.get_device()
+            if device != ordinal:
+                if ordinal != -1:
+                    return None
+                ordinal = device
+            itemsize = obj.element_size()
+            ptr = obj.data_ptr()
+            key = (device, ptr, obj.numel() * itemsize, itemsize)
+            buffer = get(key)
+            if buffer is None:
+                return None
+            resolved.append((buffer, ptr, key))
+        out = resolved[-1][0]
+        count = out.numel if n is None else int(n)
+        if count < 0:
+            return None
+        for (buffer, _, _), size in zip(resolved, kernel._element_sizes()):
+            if size and size != buffer.itemsize:
+                return None
+            if (count * size > buffer.nbytes
+                    and buffer.offset + buffer.nbytes < buffer._registration.size):
+                return None
+        if stream is not None:
+            raw_stream = ops.stream_handle(stream)
+        else:
+            current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if current is None:
+                return None
+            raw_stream = int(current(ordinal))
+        ring = self._ring(ordinal, raw_stream)
+        if ring is None:
+            return None
+        wire = [(
+            kernel._native,
+            [(b._registration.ring_index, b.offset) for b, _, _ in resolved[:-1]],
+            (out._registration.ring_index, out.offset),
+            count,
+            [float(p) for p in params],
+        )]
+        # One address per registration is enough: while the allocation a
+        # registration was made of lives (same id at one of its addresses),
+        # every address cached in it is still inside it.
+        checks = list({b._registration.buffer_id: (ptr, b._registration.buffer_id)
+                       for b, ptr, _ in resolved}.values())
+        keys = [key for _, _, key in resolved]
+        outcomes = self._ring_call(ring, ordinal, raw_stream, wire, checks, keys, sync)
+        if outcomes is None or outcomes is _STALE:
+            return None
+        outcome = outcomes[0]
+        if outcome is None:
+            return Launched(0, False)
+        if self._retry_unary(outcome):
+            return None
+        raise outcome
+
+    def _launch_unary(self, kernel: Kernel, prepared: _Prepared, raw_stream: Optional[int],
+                      sync: bool) -> Launched:
         if raw_stream is None:
             micros, reloaded = self._native.launch(
                 kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
@@ -513,31 +706,57 @@ class Session:
         stream: Any = None,
         sync: bool = False,
     ) -> List[int]:
-        """Pipelines many launches on one launch stream (one round trip's
-        latency for all of them, not one each).
+        """Pipelines many launches (one round trip's latency for all of
+        them, not one each).
 
         Each item is ``(kernel, inputs, output)``, optionally followed by
         ``n`` and ``params``, or a dict with those keys. ptxd runs a session's
         launches in order; with a stream (or the framework's current one, as
         in :meth:`launch`) the first waits for the stream's earlier work and
-        the stream's later work waits for the last.
+        the stream's later work waits for the last. As in :meth:`launch`,
+        a batch whose operands are all CUDA tensors or arrays goes through
+        the launch ring (one pair of stream operations for the batch),
+        except in a session with ``auto_reload``; otherwise it goes on one
+        ``LaunchStream``.
 
-        Returns each launch's time inside ptxd in microseconds. When any is
-        refused, every launch is still answered, then the first failure is
-        raised with ``.index`` (its position) and ``.results`` (the list,
-        holding the exception at each refused position).
+        Returns each launch's time inside ptxd in microseconds (0 for ring
+        launches). When any is refused, every launch is still answered, then
+        the first failure is raised with ``.index`` (its position) and
+        ``.results`` (the list, holding the exception at each refused
+        position).
         """
         items = [_launch_item(item) for item in launches]
         if not items:
             return []
-        # Operands and kernels repeat across a batch: resolve each once.
-        memo: Dict[int, Any] = {}
-        prepared = [self._prepare(*item, memo=memo) for item in items]
-        ordinals = {p.ordinal for p in prepared}
-        if len(ordinals) != 1:
-            raise ValueError("launch_many takes launches on one device (or all on host memory)")
+        for _ in range(3):
+            # Operands and kernels repeat across a batch: resolve each once.
+            memo: Dict[int, Any] = {}
+            prepared = [self._prepare(*item, memo=memo) for item in items]
+            ordinals = {p.ordinal for p in prepared}
+            if len(ordinals) != 1:
+                raise ValueError("launch_many takes launches on one device (or all on host memory)")
+            raw_stream = self._stream_for(prepared[0], stream)
+            # A session with auto_reload sends batches the unary way, which
+            # reloads a stale kernel and retries only the launch refused.
+            ringable = not self.auto_reload and all(p.ring is not None for p in prepared)
+            if raw_stream is not None and ringable:
+                outcomes = self._via_ring(
+                    raw_stream, [(item[0], p) for item, p in zip(items, prepared)], sync
+                )
+                if outcomes is _STALE:
+                    continue
+                if outcomes is not None:
+                    results: List[Any] = [0 if o is None else o for o in outcomes]
+                    return _raise_first(results)
+            if any(self._forget_stale(p) for p in prepared):
+                continue
+            return _raise_first(self._launch_many_unary(items, prepared, raw_stream, sync))
+        raise Error("the operands' memory kept changing while the launch resolved them",
+                    reason="OPERANDS_CHANGED")
+
+    def _launch_many_unary(self, items: List[Any], prepared: List[_Prepared],
+                           raw_stream: Optional[int], sync: bool) -> List[Any]:
         ordinal = prepared[0].ordinal
-        raw_stream = self._stream_for(prepared[0], stream)
         pair = self._take_events(ordinal) if raw_stream is not None else None
         try:
             wire = []
@@ -554,12 +773,108 @@ class Session:
         finally:
             if pair is not None:
                 self._put_events(ordinal, pair)
-        for index, result in enumerate(results):
-            if isinstance(result, BaseException):
-                result.index = index
-                result.results = results
-                raise result
-        return results
+        return list(results)
+
+    # -- the launch ring ------------------------------------------------------
+
+    def _ring(self, ordinal: int, raw_stream: int) -> Any:
+        """The launch ring of (device, stream), opened on first use; ``None``
+        when none can be (the unary path serves that stream then)."""
+        key = (ordinal, raw_stream)
+        ring = self._rings.get(key)
+        if ring is not None:
+            return ring or None
+        if os.environ.get(RING_ENV, "1") == "0":
+            return None
+        with self._lock:
+            ring = self._rings.get(key)
+            if ring is not None:
+                return ring or None
+            if len(self._rings) >= MAX_RINGS:
+                return None
+            try:
+                ring = self._native.open_ordered_ring(_device(ordinal), RING_SLOTS)
+            except Error:
+                # A daemon without rings on this device (the host backend,
+                # an older daemon, a ring limit): the unary path.
+                ring = False
+            self._rings[key] = ring
+        return ring or None
+
+    def _via_ring(self, raw_stream: int, launches: List[Tuple[Kernel, _Prepared]],
+                  sync: bool) -> Any:
+        """Launches through the ring of (device, ``raw_stream``). Returns
+        one outcome per launch (``None``, or the exception it was refused
+        with), ``_STALE`` when a cached operand's memory changed (its entry
+        is forgotten: prepare again), or ``None`` when no ring serves the
+        stream."""
+        ordinal = launches[0][1].ordinal
+        assert ordinal is not None
+        ring = self._ring(ordinal, raw_stream)
+        if ring is None:
+            return None
+        wire = []
+        # One address per registration (see _launch_cached_tensors).
+        checks: Dict[int, Tuple[int, int]] = {}
+        keys = []
+        for kernel, p in launches:
+            assert p.ring is not None
+            wire.append((kernel._native, p.ring[0], p.ring[1], p.n, p.params))
+            checks.update((buffer_id, (ptr, buffer_id)) for ptr, buffer_id in p.checks)
+            keys.extend(p.keys)
+        return self._ring_call(ring, ordinal, raw_stream, wire, list(checks.values()), keys, sync)
+
+    def _ring_call(self, ring: Any, ordinal: int, raw_stream: int, wire: List[Any],
+                   checks: List[Tuple[int, int]], keys: List[Tuple[int, int, int, int]],
+                   sync: bool) -> Any:
+        """``ring.launch`` and what its answers mean to the session (see
+        :meth:`_via_ring`)."""
+        try:
+            outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
+        except CudaError:
+            # A stream operation failed (e.g. a driver without stream memory
+            # operations): this stream's later launches take the unary path.
+            with self._lock:
+                if self._rings.get((ordinal, raw_stream)) is ring:
+                    self._rings[(ordinal, raw_stream)] = False
+            raise
+        except Error as error:
+            if error.reason != "RING_ORPHANED":
+                raise
+            # The executor serving the ring was lost (restart) or the lease
+            # ended: the next launch opens a new ring.
+            with self._lock:
+                if self._rings.get((ordinal, raw_stream)) is ring:
+                    del self._rings[(ordinal, raw_stream)]
+            if self.auto_reload:
+                return None  # the unary path reloads the kernel
+            raise
+        if outcomes is None:
+            for key in keys:
+                self._operands.forget(key)
+            return _STALE
+        return outcomes
+
+    def _retry_unary(self, outcome: Any) -> bool:
+        """Whether a ring launch's refusal is one the unary path recovers
+        from: a stale kernel in a session with ``auto_reload``."""
+        return (self.auto_reload and isinstance(outcome, BaseException)
+                and getattr(outcome, "reason", None) == "STALE_KERNEL")
+
+    def _forget_stale(self, prepared: _Prepared) -> bool:
+        """For the unary path: True (and the entries forgotten) when an
+        operand resolved from the cache now lies in another allocation than
+        the one it was registered in."""
+        if not prepared.checks:
+            return False
+        assert prepared.ordinal is not None
+        device = _device(prepared.ordinal)
+        for ptr, buffer_id in prepared.checks:
+            if device.allocation_id(ptr) != buffer_id:
+                for key in prepared.keys:
+                    self._operands.forget(key)
+                return True
+        return False
 
     def _stream_for(self, prepared: _Prepared, stream: Any) -> Optional[int]:
         if stream is not None:
@@ -579,15 +894,25 @@ class Session:
         with self._lock:
             self._events.setdefault(ordinal, []).append(pair)
 
-    def _resolve(self, obj: Any) -> Tuple[Buffer, Optional[int]]:
-        """The Buffer of a launch operand and the stream of the framework it
-        comes from (``None`` for Buffers and host arrays)."""
+    def _resolve(self, obj: Any) -> Tuple[Buffer, Optional[ops.CudaView], Any]:
+        """The Buffer of a launch operand, its CUDA view (``None`` for
+        Buffers and host arrays), and for a CUDA tensor or array its
+        operand-cache key and address (``None`` otherwise) with whether it
+        came from the cache."""
         if isinstance(obj, Buffer):
-            return obj, None
+            return obj, None, None
         view = ops.cuda_view(obj)
         if view is not None:
-            return self._register_cuda(obj, view), ops.current_stream(view)
-        return self.register(obj), None
+            key = (view.ordinal, view.ptr, view.nbytes, view.itemsize)
+            buffer = self._operands.get(key)
+            cached = buffer is not None
+            if buffer is None:
+                registered = self._register_cuda(obj, view)
+                buffer = Buffer(registered._registration, registered.offset, view.nbytes,
+                                view.itemsize, view.numel)
+                self._operands.put(key, buffer)
+            return buffer, view, (key, view.ptr, cached)
+        return self.register(obj), None, None
 
     def _prepare(self, kernel: Kernel, inputs: Sequence[Any], output: Any,
                  n: Optional[int], params: Sequence[float],
@@ -607,8 +932,12 @@ class Session:
                 if memo is not None:
                     memo[id(obj)] = hit
             resolved.append(hit)
-        buffers = [buffer for buffer, _ in resolved]
-        default_stream = next((stream for _, stream in resolved if stream is not None), None)
+        buffers = [buffer for buffer, _, _ in resolved]
+        # The stream of the framework the operands come from: asked once
+        # per launch, of the first CUDA operand's framework.
+        first_view = next((view for _, view, _ in resolved if view is not None), None)
+        default_stream = ops.current_raw_stream(first_view) if first_view is not None else None
+        cuda = [found for _, _, found in resolved]
         out = buffers[-1]
         if n is None and not out.itemsize:
             raise ValueError(
@@ -617,9 +946,10 @@ class Session:
         count = out.numel if n is None else int(n)
         if count < 0:
             raise ValueError(f"n must not be negative, got {count}")
-        sizes = kernel.signature.element_sizes
-        names = [f"input {i}" for i in range(len(buffers) - 1)] + ["output"]
-        for name, buffer, element_size in zip(names, buffers, sizes):
+        sizes = kernel._element_sizes()
+        last = len(buffers) - 1
+        for index, (buffer, element_size) in enumerate(zip(buffers, sizes)):
+            name = "output" if index == last else f"input {index}"
             if element_size and buffer.itemsize and element_size != buffer.itemsize:
                 raise DtypeMismatch(
                     f"{name}: the kernel takes {element_size}-byte elements, the operand has "
@@ -641,6 +971,16 @@ class Session:
                 )
         ordinals = {b._ordinal() for b in buffers}
         ordinal = next(iter(ordinals)) if len(ordinals) == 1 else next(o for o in ordinals if o is not None)
+        ring = None
+        checks: List[Tuple[int, int]] = []
+        keys: List[Tuple[int, int, int, int]] = []
+        if all(found is not None for found in cuda) and len(ordinals) == 1:
+            ring = ([(b._registration.ring_index, b.offset) for b in buffers[:-1]],
+                    (out._registration.ring_index, out.offset))
+        for buffer, found in zip(buffers, cuda):
+            if found is not None and found[2]:
+                keys.append(found[0])
+                checks.append((found[1], buffer._registration.buffer_id))
         return _Prepared(
             inputs=[(b.handle, b.offset) for b in buffers[:-1]],
             output=(out.handle, out.offset),
@@ -648,7 +988,25 @@ class Session:
             params=[float(p) for p in params],
             ordinal=ordinal,
             default_stream=default_stream,
+            ring=ring,
+            checks=checks,
+            keys=keys,
         )
+
+
+#: What ``Session._via_ring`` returns when a cached operand went stale.
+_STALE = object()
+
+
+def _raise_first(results: List[Any]) -> List[Any]:
+    """``results``, or the first exception in it raised with ``.index`` and
+    ``.results``."""
+    for index, result in enumerate(results):
+        if isinstance(result, BaseException):
+            result.index = index
+            result.results = results
+            raise result
+    return results
 
 
 class Client:
@@ -704,7 +1062,7 @@ class Client:
         """Opens a session labelled ``label``. With ``auto_reload``, a launch
         refused as STALE_KERNEL (e.g. after an executor restart) reloads the
         kernel and retries once."""
-        session = Session(self._client().open_session(label, auto_reload), label)
+        session = Session(self._client().open_session(label, auto_reload), label, auto_reload)
         self._sessions.add(session)
         return session
 

@@ -105,7 +105,9 @@ def cuda_view(obj: Any) -> Optional[CudaView]:
             nbytes=obj.numel() * itemsize,
             itemsize=itemsize,
             numel=obj.numel(),
-            ordinal=obj.device.index if obj.device.index is not None else 0,
+            # get_device() is the index as an int, without building a
+            # torch.device (this runs once per operand per launch).
+            ordinal=obj.get_device(),
             stream=None,
             framework="torch",
         )
@@ -194,3 +196,19 @@ def current_stream(view: CudaView) -> Optional[int]:
         with cupy.cuda.Device(view.ordinal):
             return int(cupy.cuda.get_current_stream().ptr)
     return None
+
+
+def current_raw_stream(view: CudaView) -> Optional[int]:
+    """As :func:`current_stream`, without building a stream object where
+    the framework can say the address alone: torch's
+    ``torch._C._cuda_getCurrentRawStream`` (what Triton's launcher uses)
+    costs well under a microsecond, ``torch.cuda.current_stream()`` several,
+    since it makes a Python ``Stream`` on every call."""
+    if view.stream is not None:
+        return view.stream
+    if view.framework == "torch":
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return int(raw(view.ordinal))
+    return current_stream(view)

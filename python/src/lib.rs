@@ -24,11 +24,14 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ptxd_client::cuda::{
-    preserving_current_context, AllocationRange, CudaDevice, CudaError, IpcEvent,
+    preserving_current_context, AllocationRange, CudaDevice, CudaError, DeviceAllocation,
+    ExportableAllocation, IpcEvent,
 };
+use ptxd_client::ring::OperandRef;
 use ptxd_client::{
     Client, DaemonInfo, DeviceSelector, Error, FdBufferSpec, HostMemfd, HostShm, Kernel,
-    KernelSignature, Launch, Operand, Session, SessionOptions,
+    KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RingRefusal, Session,
+    SessionEvent, SessionOptions, ORDERING_BYTES,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -353,8 +356,11 @@ impl NativeClient {
         let client = self.inner.clone();
         let options = SessionOptions::new(label).auto_reload_stale(auto_reload);
         let session = call(py, async move { client.open_session_with(options).await })?;
+        // Subscribed at once, so no event after the open is missed.
+        let events = session.events();
         Ok(NativeSession {
             inner: Mutex::new(Some(Arc::new(session))),
+            events: tokio::sync::Mutex::new(events),
         })
     }
 }
@@ -363,6 +369,59 @@ impl NativeClient {
 #[pyclass(module = "ptxd._native", name = "Session", frozen)]
 struct NativeSession {
     inner: Mutex<Option<Arc<Session>>>,
+    /// The session's lease events since it opened, for `next_event`.
+    events: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<SessionEvent>>,
+}
+
+/// A lease event as the Python half sees it: a dict with `kind` and the
+/// event's fields (durations in seconds).
+fn event_dict<'py>(py: Python<'py>, event: &SessionEvent) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    match event {
+        SessionEvent::ExecutorRestarted {
+            device_uuid,
+            old_generation,
+            new_generation,
+            cause,
+        } => {
+            dict.set_item("kind", "executor_restarted")?;
+            dict.set_item("device_uuid", device_uuid)?;
+            dict.set_item("old_generation", old_generation)?;
+            dict.set_item("new_generation", new_generation)?;
+            dict.set_item("cause", cause)?;
+        }
+        SessionEvent::ExecutorDown {
+            device_uuid,
+            generation,
+            cause,
+            failed_restarts,
+            restart_error,
+            retry_in,
+        } => {
+            dict.set_item("kind", "executor_down")?;
+            dict.set_item("device_uuid", device_uuid)?;
+            dict.set_item("generation", generation)?;
+            dict.set_item("cause", cause)?;
+            dict.set_item("failed_restarts", failed_restarts)?;
+            dict.set_item("restart_error", restart_error)?;
+            dict.set_item("retry_in", retry_in.as_secs_f64())?;
+        }
+        SessionEvent::Draining { reason } => {
+            dict.set_item("kind", "draining")?;
+            dict.set_item("reason", reason)?;
+        }
+        SessionEvent::Ended { why } => {
+            dict.set_item("kind", "ended")?;
+            dict.set_item("why", why)?;
+        }
+        // The SDK's enum is non-exhaustive: a kind this build does not know
+        // is still reported, by name.
+        other => {
+            dict.set_item("kind", "other")?;
+            dict.set_item("debug", format!("{other:?}"))?;
+        }
+    }
+    Ok(dict)
 }
 
 impl NativeSession {
@@ -389,6 +448,7 @@ fn buffer_dict<'py>(py: Python<'py>, buffer: &ptxd_client::Buffer) -> PyResult<B
     dict.set_item("size", buffer.size)?;
     dict.set_item("device_uuid", &buffer.device_uuid)?;
     dict.set_item("generation", buffer.generation)?;
+    dict.set_item("ring_index", buffer.ring_index)?;
     Ok(dict)
 }
 
@@ -421,6 +481,45 @@ fn to_launch(args: &LaunchArgs) -> (Kernel, Launch) {
 
 #[pymethods]
 impl NativeSession {
+    /// The next lease event since the session opened (a dict, see
+    /// `event_dict`), waiting up to `timeout` seconds (none: until one
+    /// comes); `None` when none came in time or none will come. Events a
+    /// caller left unread for long may be skipped (the SDK keeps a backlog).
+    #[pyo3(signature = (timeout=None))]
+    fn next_event<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let limit = match timeout {
+            Some(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout must be a finite number of seconds >= 0, not {t}"
+                )))
+            }
+            Some(t) => Some(std::time::Duration::from_secs_f64(t)),
+            None => None,
+        };
+        let events = &self.events;
+        let next = async move {
+            let mut events = events.lock().await;
+            loop {
+                match events.recv().await {
+                    Ok(event) => return Some(event),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        };
+        let event = block(py, async move {
+            match limit {
+                Some(limit) => tokio::time::timeout(limit, next).await.ok().flatten(),
+                None => next.await,
+            }
+        })?;
+        event.map(|e| event_dict(py, &e)).transpose()
+    }
+
     /// True while the lease is open.
     fn is_open(&self) -> bool {
         self.inner
@@ -620,6 +719,96 @@ impl NativeSession {
         Ok(event.handle)
     }
 
+    /// Opens a launch ring on `device`'s executor, ordered on this
+    /// process's streams through two words of a fresh 16-byte allocation of
+    /// `device` (see `Ring`): `cuMemAlloc` memory registered by CUDA IPC
+    /// handle, or, where ptxd cannot open that (no common IPC namespace),
+    /// `cuMemCreate` memory registered by file descriptor. The ring's
+    /// shared memory goes by name, or by descriptor when the name does not
+    /// open (no common `/dev/shm`).
+    fn open_ordered_ring(
+        &self,
+        py: Python<'_>,
+        device: PyRef<'_, NativeCudaDevice>,
+        slots: u32,
+    ) -> PyResult<NativeRing> {
+        let session = self.session(py)?;
+        let device = device.inner.clone();
+        let uuid = device.uuid().to_owned();
+        let words = py
+            .detach(|| preserving_current_context(|| device.alloc(ORDERING_BYTES)))
+            .map(Arc::new)
+            .map_err(|e| cuda_err(py, e))?;
+        let handle = py
+            .detach(|| preserving_current_context(|| words.ipc_handle()))
+            .map_err(|e| cuda_err(py, e))?;
+        let registered = call(py, {
+            let session = session.clone();
+            let uuid = uuid.clone();
+            async move {
+                let source = ptxd_client::BufferSource::CudaIpc {
+                    handle,
+                    device_uuid: uuid,
+                };
+                session
+                    .register_buffer(source, ORDERING_BYTES as u64, RING_WORDS_LABEL)
+                    .await
+            }
+        });
+        let (ring_words, words_buffer): (RingWords, ptxd_client::Buffer) = match registered {
+            Ok(buffer) => (RingWords::Ipc(words), buffer),
+            Err(ipc_error) => {
+                // The words by descriptor instead (memory passed by fd works
+                // as semaphore words as well: `cuda::DeviceWords`).
+                let exportable = py
+                    .detach(|| {
+                        preserving_current_context(|| {
+                            let memory = device.alloc_exportable(ORDERING_BYTES)?;
+                            let fd = memory.export_fd()?;
+                            Ok::<_, CudaError>((Arc::new(memory), fd))
+                        })
+                    })
+                    .map_err(|_| ipc_error)?;
+                let (memory, fd) = exportable;
+                let spec = FdBufferSpec {
+                    device_uuid: Some(uuid.clone()),
+                    offset: 0,
+                    label: RING_WORDS_LABEL.to_owned(),
+                    allocation_size: Some(memory.allocation_size()),
+                };
+                let session = session.clone();
+                let buffer = call(py, async move {
+                    session
+                        .register_fd_buffer(fd.as_fd(), ORDERING_BYTES as u64, spec)
+                        .await
+                })?;
+                (RingWords::Fd(memory), buffer)
+            }
+        };
+        let mut ring = call(py, {
+            let uuid = uuid.clone();
+            async move {
+                match session.open_ring(slots, uuid.as_str()).await {
+                    Ok(ring) => Ok(ring),
+                    Err(_) => session.open_ring_fd(slots, uuid.as_str()).await,
+                }
+            }
+        })?;
+        let ordered = py.detach(|| {
+            preserving_current_context(|| match &ring_words {
+                RingWords::Ipc(words) => ring.order_with(&words_buffer, words.clone()),
+                RingWords::Fd(words) => ring.order_with(&words_buffer, words.clone()),
+            })
+        });
+        ordered.map_err(|e| to_pyerr(py, e))?;
+        Ok(NativeRing {
+            ring: Mutex::new(ring),
+            device,
+            _words: ring_words,
+            words_handle: words_buffer.handle,
+        })
+    }
+
     /// Launches one kernel; returns `(micros, reloaded)`.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (kernel, inputs, output, n, params, sync, wait_event=None, signal_event=None))]
@@ -695,6 +884,148 @@ impl NativeSession {
             }
         }
         Ok(list.unbind())
+    }
+}
+
+/// The label of a ring's ordering words in `Session.list_buffers`.
+const RING_WORDS_LABEL: &str = "ptxd:ring-order";
+
+/// One launch as `Ring.launch` takes it: kernel, inputs and output as
+/// (ring index, byte offset), n, params.
+type RingLaunchArgs = (Py<NativeKernel>, Vec<(u32, u64)>, (u32, u64), u64, Vec<f32>);
+
+/// The gRPC code a unary launch refused for `reason` comes with (the
+/// daemon's own table), so that a refusal through the ring raises the same
+/// exception, code included.
+fn ring_code(reason: &str) -> (&'static str, i32) {
+    match reason {
+        "BUFFER_TOO_SMALL" => ("OUT_OF_RANGE", 11),
+        "ABI_MISMATCH" | "INVALID_ARGUMENT" | "INVALID_HANDLE" | "NON_SCALAR_ABI" => {
+            ("INVALID_ARGUMENT", 3)
+        }
+        "KERNEL_FAULT" => ("ABORTED", 10),
+        "KERNEL_TIMEOUT" => ("DEADLINE_EXCEEDED", 4),
+        "LIMIT_EXCEEDED" | "SLOT_BANK_FULL" => ("RESOURCE_EXHAUSTED", 8),
+        "EXECUTOR_UNAVAILABLE" | "DRAINING" => ("UNAVAILABLE", 14),
+        "INTERNAL" => ("INTERNAL", 13),
+        "UNKNOWN_SESSION" => ("NOT_FOUND", 5),
+        _ => ("FAILED_PRECONDITION", 9),
+    }
+}
+
+/// The exception a refused or failed ring launch raises: the class of its
+/// reason, as for a unary launch.
+fn ring_refusal(py: Python<'_>, refusal: &RingRefusal) -> PyErr {
+    let metadata = BTreeMap::from([
+        ("path".to_owned(), "ring".to_owned()),
+        ("ticket".to_owned(), refusal.ticket.to_string()),
+    ]);
+    make_error(
+        py,
+        "refused",
+        &refusal.reason,
+        refusal.to_string(),
+        ring_code(&refusal.reason),
+        &metadata,
+    )
+}
+
+/// A ring's ordering words: memory registered by CUDA IPC handle, or by
+/// file descriptor.
+enum RingWords {
+    Ipc(Arc<DeviceAllocation>),
+    Fd(Arc<ExportableAllocation>),
+}
+
+/// A session's launch ring on one device, ordered on a framework's stream
+/// by two GPU words (`LaunchRing::launch_on_raw_stream`). One per stream:
+/// its words order one stream's work (see the SDK's ordering docs).
+#[pyclass(module = "ptxd._native", name = "Ring", frozen)]
+struct NativeRing {
+    ring: Mutex<LaunchRing>,
+    device: CudaDevice,
+    /// The ordering words; ptxd maps them, the ring writes them.
+    _words: RingWords,
+    words_handle: String,
+}
+
+#[pymethods]
+impl NativeRing {
+    /// The registration handle of the ordering words.
+    #[getter]
+    fn words_handle(&self) -> String {
+        self.words_handle.clone()
+    }
+
+    /// Launches `launches` in order on the ring, ordered on the stream at
+    /// address `stream`: the first waits on the GPU for the stream's earlier
+    /// work, the stream's later work for the last. `checks` are `(address,
+    /// allocation id)` pairs the caller's registration cache resolved the
+    /// operands with; when the allocation at an address has another id now
+    /// (the memory was freed and allocated again), nothing is launched and
+    /// `None` comes back: resolve again. Otherwise returns one entry per
+    /// launch: `None`, or the exception it was refused with.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (stream, launches, checks, sync, timeout))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        stream: usize,
+        launches: Vec<RingLaunchArgs>,
+        checks: Vec<(u64, u64)>,
+        sync: bool,
+        timeout: f64,
+    ) -> PyResult<Option<Py<PyList>>> {
+        let timeout = std::time::Duration::try_from_secs_f64(timeout)
+            .map_err(|_| PyValueError::new_err(format!("bad timeout {timeout}")))?;
+        let kernels: Vec<Kernel> = launches.iter().map(|l| l.0.get().inner.clone()).collect();
+        let operand = |(buffer, offset): (u32, u64)| OperandRef { buffer, offset };
+        let inputs: Vec<Vec<OperandRef>> = launches
+            .iter()
+            .map(|l| l.1.iter().copied().map(operand).collect())
+            .collect();
+        let outcome = py.detach(|| {
+            preserving_current_context(|| {
+                for (ptr, id) in &checks {
+                    if self.device.allocation_id(*ptr)? != *id {
+                        return Ok(None);
+                    }
+                }
+                let raw: Vec<RawStreamLaunch<'_>> = launches
+                    .iter()
+                    .zip(&kernels)
+                    .zip(&inputs)
+                    .map(|((l, kernel), inputs)| RawStreamLaunch {
+                        kernel,
+                        inputs,
+                        output: operand(l.2),
+                        n: l.3,
+                        scalars: &l.4,
+                    })
+                    .collect();
+                let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+                // SAFETY: `stream` is the `CUstream` of the framework's stream
+                // on this ring's device, resolved by `ptxd._client` from the
+                // framework itself (its current raw stream, or the stream
+                // object the caller passed); the Python half keeps one ring
+                // per stream, and the lock above serializes its callers.
+                unsafe { ring.launch_on_raw_stream(stream, &raw, sync, timeout) }.map(Some)
+            })
+        });
+        let completions = match outcome {
+            Ok(Some(completions)) => completions,
+            Ok(None) => return Ok(None),
+            Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
+            Err(e) => return Err(to_pyerr(py, e)),
+        };
+        let list = PyList::empty(py);
+        for completion in completions {
+            match completion.outcome {
+                Ok(()) => list.append(py.None())?,
+                Err(refusal) => list.append(ring_refusal(py, &refusal).value(py))?,
+            }
+        }
+        Ok(Some(list.unbind()))
     }
 }
 
@@ -862,6 +1193,13 @@ impl NativeCudaDevice {
         Ok((fd, exported.offset, exported.allocation_size))
     }
 
+    /// The driver's id of the allocation holding `ptr` (one driver call;
+    /// see `locate` for the whole range).
+    fn allocation_id(&self, py: Python<'_>, ptr: u64) -> PyResult<u64> {
+        py.detach(|| preserving_current_context(|| self.inner.allocation_id(ptr)))
+            .map_err(|e| cuda_err(py, e))
+    }
+
     /// A new interprocess event of this device.
     fn ipc_event(&self, py: Python<'_>) -> PyResult<NativeIpcEvent> {
         let event = py
@@ -935,8 +1273,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeMemfd>()?;
     m.add_class::<NativeCudaDevice>()?;
     m.add_class::<NativeIpcEvent>()?;
+    m.add_class::<NativeRing>()?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add("REASONS", reasons())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    m.add("RING_WORDS_LABEL", RING_WORDS_LABEL)?;
     Ok(())
 }

@@ -10,6 +10,9 @@
 //!
 //! Adding a figure is one [`Report::add`] line: its JSON key, the table's
 //! words for it and its value.
+// The doc comments of the clap types below are also the `--help` text,
+// where `<uid>` and `<n>` are placeholders, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::time::{Duration, Instant};
 
@@ -23,7 +26,7 @@ const ADD_PTX: &str = include_str!("../../tests/corpus/add_f32_scalar.ptx");
 const ADD_SYMBOL: &str = "add_f32_scalar";
 
 /// Launches in flight on the `LaunchStream` (the daemon runs up to
-/// `service::LAUNCH_STREAM_WINDOW` of them at once; the rest wait queued).
+/// `transport::grpc::LAUNCH_STREAM_WINDOW` of them at once; the rest wait queued).
 const STREAM_WINDOW: usize = 256;
 /// The stream figure is a mean over this many times `--iterations`
 /// launches: filling and draining the window must be small beside it.

@@ -297,6 +297,13 @@ pub struct ExecutorArgs {
     /// (see `crate::spin`); none: it never spins.
     #[arg(long)]
     pub spin_slot: Option<u32>,
+    /// The persistent compiled-kernel cache's directory (see
+    /// `kernel_cache`); none: no cache.
+    #[arg(long)]
+    pub kernel_cache_dir: Option<std::path::PathBuf>,
+    /// The kernel cache's size bound in bytes.
+    #[arg(long, default_value_t = 0)]
+    pub kernel_cache_max_bytes: u64,
 }
 
 impl ExecutorArgs {
@@ -316,6 +323,8 @@ impl ExecutorArgs {
             fd_inbox: false,
             channel_spin_us: 0,
             spin_slot: None,
+            kernel_cache_dir: None,
+            kernel_cache_max_bytes: 0,
         }
     }
 
@@ -378,6 +387,34 @@ impl ExecutorArgs {
         crate::spin::install_inherited(self.spin_slot, self.channel_spin());
     }
 
+    /// The same executor, keeping compiled kernels in `cache` (a directory
+    /// and its size bound; none: no cache).
+    pub fn with_kernel_cache(self, cache: Option<(std::path::PathBuf, u64)>) -> Self {
+        let (kernel_cache_dir, kernel_cache_max_bytes) = match cache {
+            Some((dir, max_bytes)) => (Some(dir), max_bytes),
+            None => (None, 0),
+        };
+        ExecutorArgs {
+            kernel_cache_dir,
+            kernel_cache_max_bytes,
+            ..self
+        }
+    }
+
+    /// The kernel cache this executor was given, opened; none when it was
+    /// given none or the directory cannot be used (logged: the executor
+    /// then compiles every kernel, as without a cache).
+    pub fn kernel_cache(&self) -> Option<super::kernel_cache::KernelCache> {
+        let dir = self.kernel_cache_dir.as_ref()?;
+        match super::kernel_cache::KernelCache::open(dir, self.kernel_cache_max_bytes) {
+            Ok(cache) => Some(cache),
+            Err(e) => {
+                tracing::warn!(error = %e, "the kernel cache is not used");
+                None
+            }
+        }
+    }
+
     /// The same executor, told that fd 3 is its fd inbox.
     pub fn with_fd_inbox(self) -> Self {
         ExecutorArgs {
@@ -403,6 +440,8 @@ impl ExecutorArgs {
             fd_inbox,
             channel_spin_us,
             spin_slot,
+            kernel_cache_dir,
+            kernel_cache_max_bytes,
         } = self;
         let mut args = vec![Self::SUBCOMMAND.to_owned()];
         // Every variant has a value (none is `#[value(skip)]`).
@@ -426,6 +465,18 @@ impl ExecutorArgs {
         if let Some(slot) = spin_slot {
             args.push(format!("--spin-slot={slot}"));
         }
+        if let Some(dir) = kernel_cache_dir {
+            // A path is not always UTF-8: as an OsString argument it would
+            // be exact, but the command line here is strings; a lossy one
+            // names another directory, so such a cache is not passed.
+            match dir.to_str() {
+                Some(dir) => args.push(format!("--kernel-cache-dir={dir}")),
+                None => {
+                    tracing::warn!(dir = %dir.display(), "a kernel cache directory that is not UTF-8 is not used")
+                }
+            }
+        }
+        args.push(format!("--kernel-cache-max-bytes={kernel_cache_max_bytes}"));
         args
     }
 }
@@ -476,6 +527,9 @@ mod tests {
             ExecutorArgs::host(2, 4, true).with_fd_inbox(),
             ExecutorArgs::host(2, 4, true).with_spin_slot(Some(7)),
             ExecutorArgs::host(1, 1, true).with_channel_spin(std::time::Duration::MAX),
+            ExecutorArgs::cuda("GPU-x")
+                .with_kernel_cache(Some(("/var/cache/ptxd kernels".into(), u64::MAX))),
+            ExecutorArgs::cuda("GPU-x").with_kernel_cache(Some(("--probe".into(), 1))),
         ];
         for _ in 0..64 {
             let budget = rng

@@ -14,7 +14,7 @@
 //!   when its mapping no longer needs it, and a packet that is not a tag
 //!   and exactly one descriptor is dropped with everything it carried.
 //! - Descriptors waiting for their request are few (the front sends one
-//!   just before its request); the inbox holds at most [`MAX_WAITING`] and
+//!   just before its request); the inbox holds at most `MAX_WAITING` and
 //!   drops the oldest beyond that.
 
 use std::collections::{BTreeMap, VecDeque};

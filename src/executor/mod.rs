@@ -20,6 +20,7 @@ pub mod child;
 pub mod cuda;
 pub mod fd_inbox;
 pub mod host;
+pub mod kernel_cache;
 pub mod kernel_timeouts;
 pub mod link;
 pub mod protocol;

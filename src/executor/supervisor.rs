@@ -50,7 +50,7 @@ use ptxd_proto::executor::{
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::child::ExecutorArgs;
+use super::child::{ExecutorArgs, EXIT_FAULT};
 use super::fd_inbox::{self, FdOutbox};
 use super::kernel_timeouts::KernelTimeouts;
 use super::protocol::{encode_frame, read_frame_async, FrameBuffer, ProtocolError};
@@ -132,6 +132,12 @@ pub struct LinkConfig {
     /// How long a call polls for its reply before its task sleeps, and
     /// how many may at once (shared with the fd socket's connections).
     pub spinners: Arc<Spinners>,
+    /// The persistent compiled-kernel cache CUDA executors keep (its
+    /// directory and size bound); none: none.
+    pub kernel_cache: Option<(std::path::PathBuf, u64)>,
+    /// Whether each device keeps a hot spare executor started, promoted
+    /// when the serving one dies (`--spare-executor`).
+    pub spare: bool,
 }
 
 impl LinkConfig {
@@ -142,6 +148,11 @@ impl LinkConfig {
             kernel_timeouts: Arc::new(KernelTimeouts::new(config.max_kernel_timeouts_per_session)),
             channel_spin: config.executor_spin,
             spinners: Spinners::for_this_machine(config.front_spin),
+            kernel_cache: config
+                .kernel_cache_dir
+                .clone()
+                .map(|dir| (dir, config.kernel_cache_max_bytes)),
+            spare: config.spare_executor,
         }
     }
 }
@@ -163,7 +174,12 @@ pub enum ExecutorCommand {
 impl ExecutorCommand {
     /// The child's command line, with the per-launch budget and the
     /// channel spin (never given to the probe, which launches nothing).
-    fn executor_args(&self, max_kernel_time: Option<Duration>, spin: Duration) -> ExecutorArgs {
+    fn executor_args(
+        &self,
+        max_kernel_time: Option<Duration>,
+        spin: Duration,
+        kernel_cache: Option<&(std::path::PathBuf, u64)>,
+    ) -> ExecutorArgs {
         let args = match self {
             ExecutorCommand::Host {
                 index,
@@ -172,9 +188,11 @@ impl ExecutorCommand {
             } => {
                 ExecutorArgs::host(*index, *threads, *checked).with_max_kernel_time(max_kernel_time)
             }
-            ExecutorCommand::Cuda { uuid } => {
-                ExecutorArgs::cuda(uuid).with_max_kernel_time(max_kernel_time)
-            }
+            // The host backend's "compiled" form is its decoded program,
+            // which takes less to make again than to read back.
+            ExecutorCommand::Cuda { uuid } => ExecutorArgs::cuda(uuid)
+                .with_max_kernel_time(max_kernel_time)
+                .with_kernel_cache(kernel_cache.cloned()),
             ExecutorCommand::CudaProbe => return ExecutorArgs::cuda_probe(),
         };
         args.with_channel_spin(spin)
@@ -194,6 +212,11 @@ struct Pending {
 pub struct ExecutorLink {
     /// The device index this executor serves.
     pub index: usize,
+    /// Its lane in the front's spin page ([`crate::spin::executor_slot`]):
+    /// the device index, or the device's second lane for a hot spare, so
+    /// that a spare's start or death never clears the permits of the
+    /// executor serving beside it.
+    pub spin_index: usize,
     pub generation: DeviceGeneration,
     pub hello: Hello,
     /// Where requests are written.
@@ -296,6 +319,19 @@ struct InboxState {
     ended: Option<DownCause>,
 }
 
+/// An executor that exited with [`EXIT_FAULT`] met a sticky device fault,
+/// even when its `Fault` report was lost with the channel: it restarts as a
+/// fault does (at once, with the fault counted), not as an exit.
+fn fault_by_status(cause: DownCause, code: Option<i32>) -> DownCause {
+    match cause {
+        DownCause::Exited { detail } if code == Some(EXIT_FAULT) => DownCause::Fault {
+            error_name: "UNREPORTED_FAULT".into(),
+            message: format!("the executor exited with the fault status {EXIT_FAULT} ({detail})"),
+        },
+        cause => cause,
+    }
+}
+
 /// A death notice: device index, the generation that died, and why.
 pub type DeathNotice = (usize, DeviceGeneration, DownCause);
 
@@ -304,6 +340,7 @@ fn spawn_child(
     max_kernel_time: Option<Duration>,
     spin: Duration,
     spin_page: Option<(BorrowedFd<'_>, u32)>,
+    kernel_cache: Option<&(std::path::PathBuf, u64)>,
 ) -> Result<(tokio::process::Child, tokio::net::UnixStream, FdOutbox), SpawnError> {
     let (front_end, child_end) = std::os::unix::net::UnixStream::pair()?;
     let child_out = child_end.try_clone()?;
@@ -317,7 +354,7 @@ fn spawn_child(
     child
         .args(
             command
-                .executor_args(max_kernel_time, spin)
+                .executor_args(max_kernel_time, spin, kernel_cache)
                 .with_fd_inbox()
                 .with_spin_slot(spin_page.map(|(_, slot)| slot))
                 .to_args(),
@@ -392,8 +429,13 @@ async fn read_hello(stream: &mut tokio::net::unix::OwnedReadHalf) -> Result<Hell
 /// Runs the CUDA probe in a child process (so that a driver fault or a
 /// missing library can never take the front down) and returns its Hello.
 pub async fn probe_cuda() -> Result<Hello, SpawnError> {
-    let (mut child, stream, _outbox) =
-        spawn_child(&ExecutorCommand::CudaProbe, None, Duration::ZERO, None)?;
+    let (mut child, stream, _outbox) = spawn_child(
+        &ExecutorCommand::CudaProbe,
+        None,
+        Duration::ZERO,
+        None,
+        None,
+    )?;
     let (mut read, _write) = stream.into_split();
     let hello = read_hello(&mut read).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -405,11 +447,38 @@ pub async fn probe_cuda() -> Result<Hello, SpawnError> {
     Ok(hello)
 }
 
+/// How far a device's second spin lane is from its first: the page's
+/// executor slots are split in two halves.
+const SECOND_SPIN_LANE: usize = 254;
+
+/// The spin lane a new executor of device `index` takes beside one on
+/// `beside` (the lane the other one does not use).
+pub fn other_spin_lane(index: usize, beside: usize) -> usize {
+    if beside == index {
+        index.saturating_add(SECOND_SPIN_LANE)
+    } else {
+        index
+    }
+}
+
 impl ExecutorLink {
     /// Starts an executor for device `index` as `generation`. Its death is
     /// reported once on `deaths`.
     pub async fn spawn(
         index: usize,
+        generation: DeviceGeneration,
+        command: &ExecutorCommand,
+        config: &LinkConfig,
+        deaths: mpsc::UnboundedSender<DeathNotice>,
+    ) -> Result<Arc<ExecutorLink>, SpawnError> {
+        Self::spawn_on_lane(index, index, generation, command, config, deaths).await
+    }
+
+    /// [`ExecutorLink::spawn`], spinning on lane `spin_index` (see
+    /// [`other_spin_lane`]).
+    pub async fn spawn_on_lane(
+        index: usize,
+        spin_index: usize,
         generation: DeviceGeneration,
         command: &ExecutorCommand,
         config: &LinkConfig,
@@ -423,7 +492,8 @@ impl ExecutorLink {
             command,
             config.max_kernel_time,
             config.channel_spin,
-            config.spinners.inheritable(index),
+            config.spinners.inheritable(spin_index),
+            config.kernel_cache.as_ref(),
         )?;
         let (mut read, write) = stream.into_split();
         let hello = read_hello(&mut read).await?;
@@ -452,6 +522,7 @@ impl ExecutorLink {
         };
         let link = Arc::new(ExecutorLink {
             index,
+            spin_index,
             generation,
             hello,
             outbox,
@@ -537,10 +608,14 @@ impl ExecutorLink {
             let _ = sender.send(Err(LinkError::Down(cause.clone())));
         }
         let child = link.child.lock().ok().and_then(|mut c| c.take());
+        let mut cause = cause;
         let status = match child {
             Some(mut child) => {
                 match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
-                    Ok(Ok(status)) => status.to_string(),
+                    Ok(Ok(status)) => {
+                        cause = fault_by_status(cause, status.code());
+                        status.to_string()
+                    }
                     _ => {
                         let _ = child.start_kill();
                         "killed after its channel closed".to_string()
@@ -551,7 +626,7 @@ impl ExecutorLink {
         };
         tracing::info!(device = link.index, generation = %link.generation, %cause, status, "executor gone");
         // It holds no spin permits now, whatever its slot says.
-        link.spinners.clear_executor(link.index);
+        link.spinners.clear_executor(link.spin_index);
         let _ = deaths.send((link.index, link.generation, cause));
     }
 
@@ -740,6 +815,13 @@ impl ExecutorLink {
         matches!(tokio::time::timeout(self.timeout, rx).await, Ok(Ok(Ok(_))))
     }
 
+    /// True when the executor answers a ping within the link's timeout:
+    /// its process is alive and serving (e.g. a spare about to be
+    /// promoted, which may have died without its death being seen yet).
+    pub async fn answers(&self) -> bool {
+        self.answers_ping().await
+    }
+
     /// Sends one request and waits for its reply. An executor that answers
     /// neither the call nor, after the timeout, a ping is killed.
     ///
@@ -795,5 +877,43 @@ impl ExecutorLink {
                 let _ = child.start_kill();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_fault_status_turns_an_exit_into_a_fault() {
+        let exited = || DownCause::Exited {
+            detail: "channel closed".into(),
+        };
+        match fault_by_status(exited(), Some(EXIT_FAULT)) {
+            DownCause::Fault {
+                error_name,
+                message,
+            } => {
+                assert_eq!(error_name, "UNREPORTED_FAULT");
+                assert!(message.contains("channel closed"), "{message}");
+            }
+            other => panic!("not a fault: {other:?}"),
+        }
+        for code in [None, Some(0), Some(1), Some(2), Some(EXIT_FAULT + 1)] {
+            assert_eq!(fault_by_status(exited(), code), exited(), "{code:?}");
+        }
+        // A reported fault keeps its own name; a hang stays a hang.
+        let reported = DownCause::Fault {
+            error_name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            message: "m".into(),
+        };
+        assert_eq!(
+            fault_by_status(reported.clone(), Some(EXIT_FAULT)),
+            reported
+        );
+        let hung = DownCause::Unresponsive {
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(fault_by_status(hung.clone(), Some(EXIT_FAULT)), hung);
     }
 }

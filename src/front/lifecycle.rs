@@ -38,6 +38,8 @@ pub enum StartError {
     NoMatchingDevice(String),
     #[error("executor for device {device} did not start: {error}")]
     Executor { device: String, error: String },
+    #[error(transparent)]
+    KernelCache(#[from] crate::executor::kernel_cache::CacheError),
 }
 
 /// One device, as GetInfo reports it.
@@ -73,6 +75,12 @@ pub struct Info {
 impl Front {
     /// Chooses the backend, starts an executor per device and the supervisor.
     pub async fn start(config: &ServeConfig, observer: Observer) -> Result<Arc<Front>, StartError> {
+        // The kernel cache's directory is created and checked once, here,
+        // so that a bad one stops the daemon rather than every executor
+        // quietly compiling without it.
+        if let Some(dir) = &config.kernel_cache_dir {
+            crate::executor::kernel_cache::KernelCache::open(dir, config.kernel_cache_max_bytes)?;
+        }
         let boot = BootId::random();
         let generations = GenerationCounter::new(boot);
         let (backend, devices) = choose_devices(config).await?;
@@ -139,8 +147,12 @@ impl Front {
             verifications: kernels::VerificationGate::new(
                 config.max_concurrent_verifications_per_uid,
             ),
+            spares: super::supervise::Spares::new(config.spare_executor),
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
+        for index in 0..front.lock().devices.len() {
+            tokio::spawn(front.clone().keep_spare(index));
+        }
         Ok(front)
     }
 
@@ -221,7 +233,15 @@ impl Front {
                 .filter_map(|d| d.link.take())
                 .collect()
         };
+        // A spare still starting sees the drain and stops itself.
+        let links: Vec<Arc<ExecutorLink>> =
+            links.into_iter().chain(self.spares.take_all()).collect();
         futures_util::future::join_all(links.iter().map(|l| l.shutdown(grace))).await;
+    }
+
+    /// The process ids of the devices' waiting spare executors.
+    pub fn spare_pids(&self) -> Vec<u32> {
+        self.spares.pids()
     }
 }
 

@@ -18,7 +18,7 @@
 //! - The state lock is never held across an `.await`: a verb checks under
 //!   the lock, sends to the executor unlocked, and re-checks under the lock
 //!   before it records the result (a session can close, or an executor die,
-//!   in between). [`State::recheck`] is that re-check.
+//!   in between). `State::recheck` is that re-check.
 //! - A launch reaches an executor only after [`crate::launch::check`] passed
 //!   it (`launch`).
 //! - A device's generation changes only in `supervise::restart`, before the
@@ -325,6 +325,8 @@ pub struct Front {
     canonical: Arc<ptx::memo::CanonicalMemo>,
     /// Verifications running or waiting, per tenant and in total.
     verifications: kernels::VerificationGate,
+    /// The devices' hot spare executors (`--spare-executor`).
+    spares: supervise::Spares,
 }
 
 /// Gauges for metrics.

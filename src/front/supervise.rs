@@ -9,7 +9,14 @@
 //! - Every buffer and event of the device is re-opened in the new
 //!   generation or marked dead; one released meanwhile is closed again.
 //! - No executor is restarted once the drain began.
+//! - Every failed restart attempt tells every session so
+//!   ([`LeaseEvent::ExecutorDown`], naming the dead generation) before the
+//!   back-off; the restart that succeeds is announced
+//!   ([`LeaseEvent::ExecutorRestarted`]), which supersedes an unread down
+//!   notice. A client is never left without word while its device has no
+//!   executor for longer than one spawn attempt.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,9 +26,11 @@ use tokio::sync::mpsc;
 use super::buffers::open_buffer_request;
 use super::effects::{run_cleanup, Cleanup};
 use super::Front;
+use crate::buffers::{BufferEntry, EventEntry};
 use crate::executor::link::CleanUp;
-use crate::executor::supervisor::{DeathNotice, DownCause, ExecutorLink};
-use crate::handles::DeviceGeneration;
+use crate::executor::supervisor::{other_spin_lane, DeathNotice, DownCause, ExecutorLink};
+use crate::executor::ExecutorError;
+use crate::handles::{BufferId, DeviceGeneration, EventId};
 use crate::sessions::LeaseEvent;
 
 /// How long an executor that exited (rather than faulted or hung) waits to
@@ -29,12 +38,257 @@ use crate::sessions::LeaseEvent;
 /// group that is about to start the drain.
 const EXIT_GRACE: Duration = Duration::from_millis(100);
 
+/// The wait after a device's first failed restart attempt; each further
+/// failure doubles it, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// How often a waiting spare is brought in step with its device's
+/// registrations (what a promotion has left to open is what was registered
+/// in the last period).
+const SPARE_SYNC: Duration = Duration::from_millis(100);
+
+/// How long after a spare's death the next one starts (a device whose
+/// spares die at once is not restarted in a tight loop).
+const SPARE_RESTART_DELAY: Duration = Duration::from_millis(100);
+
+/// What a device's spare slot holds.
+#[derive(Debug)]
+enum Spare {
+    /// A spare is being started on this spin lane.
+    Starting { lane: usize },
+    /// A started spare, waiting to be promoted, and what it has opened of
+    /// its device's registrations (kept in step by `Front::mirror_spare`).
+    Ready {
+        link: Arc<ExecutorLink>,
+        mirror: SharedMirror,
+    },
+}
+
+/// What an executor has opened of its device's registrations: each buffer
+/// and event it was asked to open, and whether that worked.
+#[derive(Debug, Default)]
+struct Mirror {
+    buffers: HashMap<BufferId, bool>,
+    events: HashMap<EventId, bool>,
+}
+
+/// A spare's mirror, locked by whoever opens or closes in the spare: its
+/// sync task, or the promotion, which takes it over.
+type SharedMirror = Arc<tokio::sync::Mutex<Mirror>>;
+
+/// The executor did not answer a call (it died, or its channel broke): the
+/// attempt is lost, and says nothing about the registration.
+#[derive(Debug)]
+struct Lost;
+
+/// Opens in `link` every registration of `buffers` and `events` that
+/// `mirror` does not hold open (every one it holds no outcome for, and,
+/// with `retry_failed`, every one it failed to open), recording each
+/// outcome.
+async fn open_registrations(
+    link: &ExecutorLink,
+    mirror: &mut Mirror,
+    buffers: &[BufferEntry],
+    events: &[EventEntry],
+    retry_failed: bool,
+) -> Result<(), Lost> {
+    let wanted = |opened: Option<&bool>| match opened {
+        None => true,
+        Some(ok) => !ok && retry_failed,
+    };
+    for buffer in buffers {
+        if !wanted(mirror.buffers.get(&buffer.id)) {
+            continue;
+        }
+        let ok = match open_buffer_request(buffer, link) {
+            Ok(open) => match link.open_buffer(open).await {
+                Ok(_) => true,
+                Err(ExecutorError::Unavailable { .. }) => return Err(Lost),
+                Err(_) => false,
+            },
+            Err(_) => false,
+        };
+        mirror.buffers.insert(buffer.id, ok);
+    }
+    for event in events {
+        if !wanted(mirror.events.get(&event.id)) {
+            continue;
+        }
+        let open = exec::OpenEvent {
+            event_id: event.id.0,
+            handle: event.handle.clone(),
+        };
+        let ok = match link.open_event(open).await {
+            Ok(()) => true,
+            Err(ExecutorError::Unavailable { .. }) => return Err(Lost),
+            Err(_) => false,
+        };
+        mirror.events.insert(event.id, ok);
+    }
+    Ok(())
+}
+
+/// The registrations `mirror` holds open that are no longer among
+/// `buffers` and `events` (released since), taken out of it: they are to
+/// be closed in its executor.
+fn released_since(
+    mirror: &mut Mirror,
+    buffers: &[BufferEntry],
+    events: &[EventEntry],
+) -> Vec<CleanUp> {
+    let live_buffers: HashSet<BufferId> = buffers.iter().map(|b| b.id).collect();
+    let live_events: HashSet<EventId> = events.iter().map(|e| e.id).collect();
+    let mut closes = Vec::new();
+    mirror.buffers.retain(|id, ok| {
+        let live = live_buffers.contains(id);
+        if !live && *ok {
+            closes.push(CleanUp::new(exec::CloseBuffer { buffer_id: id.0 }));
+        }
+        live
+    });
+    mirror.events.retain(|id, ok| {
+        let live = live_events.contains(id);
+        if !live && *ok {
+            closes.push(CleanUp::new(exec::CloseEvent { event_id: id.0 }));
+        }
+        live
+    });
+    closes
+}
+
+impl Spare {
+    fn lane(&self) -> usize {
+        match self {
+            Spare::Starting { lane } => *lane,
+            Spare::Ready { link, .. } => link.spin_index,
+        }
+    }
+}
+
+/// The hot spare executors, at most one per device (`--spare-executor`).
+///
+/// Invariants:
+/// - A device's slot is claimed before its spare is spawned, so at most one
+///   spare per device is ever starting or waiting.
+/// - A spare is taken out of its slot before it is promoted, and a death
+///   notice of a generation still in a slot is the spare's: it is never
+///   taken for a death of the device.
+#[derive(Debug)]
+pub struct Spares {
+    enabled: bool,
+    slots: std::sync::Mutex<std::collections::HashMap<usize, Spare>>,
+}
+
+impl Spares {
+    pub fn new(enabled: bool) -> Spares {
+        Spares {
+            enabled,
+            slots: Default::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, Spare>> {
+        // A map of plain values: a panic cannot leave it half changed.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Claims device `index`'s slot for a spare to start on the lane
+    /// `lane` chooses; none when spares are off or the slot is taken.
+    fn claim(&self, index: usize, lane: impl FnOnce(usize) -> usize) -> Option<usize> {
+        if !self.enabled {
+            return None;
+        }
+        let mut slots = self.lock();
+        if slots.contains_key(&index) {
+            return None;
+        }
+        let lane = lane(index);
+        slots.insert(index, Spare::Starting { lane });
+        Some(lane)
+    }
+
+    fn unclaim(&self, index: usize) {
+        self.lock().remove(&index);
+    }
+
+    fn fill(&self, index: usize, link: Arc<ExecutorLink>, mirror: SharedMirror) {
+        self.lock().insert(index, Spare::Ready { link, mirror });
+    }
+
+    /// True while `generation` is device `index`'s waiting spare.
+    fn is_waiting(&self, index: usize, generation: DeviceGeneration) -> bool {
+        matches!(self.lock().get(&index), Some(Spare::Ready { link, .. }) if link.generation == generation)
+    }
+
+    /// The spin lane for a new serving executor of device `index`: the one
+    /// its spare does not use.
+    fn lane_beside(&self, index: usize) -> usize {
+        match self.lock().get(&index) {
+            Some(spare) => other_spin_lane(index, spare.lane()),
+            None => index,
+        }
+    }
+
+    /// Takes device `index`'s started spare out, for promotion.
+    fn take_ready(&self, index: usize) -> Option<(Arc<ExecutorLink>, SharedMirror)> {
+        let mut slots = self.lock();
+        match slots.remove(&index) {
+            Some(Spare::Ready { link, mirror }) => Some((link, mirror)),
+            Some(starting) => {
+                slots.insert(index, starting);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// True (and the slot emptied) when `generation` is device `index`'s
+    /// waiting spare.
+    fn forget(&self, index: usize, generation: DeviceGeneration) -> bool {
+        let mut slots = self.lock();
+        let spare = matches!(slots.get(&index), Some(Spare::Ready { link, .. }) if link.generation == generation);
+        if spare {
+            slots.remove(&index);
+        }
+        spare
+    }
+
+    /// Every waiting spare, taken out (the drain stops them).
+    pub fn take_all(&self) -> Vec<Arc<ExecutorLink>> {
+        self.lock()
+            .drain()
+            .filter_map(|(_, spare)| match spare {
+                Spare::Ready { link, .. } => Some(link),
+                Spare::Starting { .. } => None,
+            })
+            .collect()
+    }
+
+    /// The process ids of the waiting spares (tests, diagnostics).
+    pub fn pids(&self) -> Vec<u32> {
+        self.lock()
+            .values()
+            .filter_map(|spare| match spare {
+                Spare::Ready { link, .. } => Some(link.pid()),
+                Spare::Starting { .. } => None,
+            })
+            .collect()
+    }
+}
+
 impl Front {
     pub(super) async fn supervise(
         self: Arc<Self>,
         mut deaths: mpsc::UnboundedReceiver<DeathNotice>,
     ) {
         while let Some((index, generation, cause)) = deaths.recv().await {
+            if self.spares.forget(index, generation) {
+                // A spare that died unpromoted: nothing served on it.
+                tracing::warn!(device = index, %generation, %cause, "spare executor died; starting another");
+                tokio::spawn(self.clone().keep_spare_after(index, SPARE_RESTART_DELAY));
+                continue;
+            }
             let start = {
                 let mut state = self.lock();
                 let draining = state.draining;
@@ -64,7 +318,22 @@ impl Front {
     }
 
     async fn restart(self: Arc<Self>, index: usize, old: DeviceGeneration, cause: DownCause) {
-        if matches!(cause, DownCause::Exited { .. }) {
+        let mut spare = self.spares.take_ready(index);
+        // Generations only grow: a spare started before the executor that
+        // just died (which then replaced a spare still starting) is older
+        // than it, and is not promoted.
+        if let Some((stale, _)) = spare.take_if(|(link, _)| link.generation <= old) {
+            tracing::info!(
+                device = index,
+                pid = stale.pid(),
+                "a spare older than the dead executor is not promoted"
+            );
+            stale.kill();
+        }
+        // With a spare there is no process to start, so no reason to wait:
+        // if the drain begins after all, it stops the promoted spare as it
+        // would have stopped the executor.
+        if spare.is_none() && matches!(cause, DownCause::Exited { .. }) {
             // A SIGTERM sent to the whole process group (systemd, a
             // terminal's ^C) reaches the executors as it reaches the daemon,
             // and their exit can be seen before the drain begins: give the
@@ -78,7 +347,8 @@ impl Front {
             }
         }
         tracing::warn!(device = index, generation = %old, %cause, "executor died; restarting");
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = FIRST_BACKOFF;
+        let mut failed_restarts = 0u32;
         let cause_text = match &cause {
             DownCause::Fault { error_name, .. } => format!("KERNEL_FAULT {error_name}"),
             DownCause::Exited { .. } => "exited".to_string(),
@@ -96,16 +366,29 @@ impl Front {
                 };
                 (device.command.clone(), device.desc.uuid.clone())
             };
-            let generation = self.generations.next();
-            let link = match ExecutorLink::spawn(
-                index,
-                generation,
-                &command,
-                &self.executor,
-                self.deaths.clone(),
-            )
-            .await
-            {
+            // What the new executor has opened already (a spare kept in
+            // step), taken over from the spare's sync task.
+            let mut mirror = Mirror::default();
+            let next = match spare.take().filter(|(link, _)| !link.is_down()) {
+                Some((link, shared)) => {
+                    tracing::info!(device = %uuid, pid = link.pid(), "promoting the spare executor");
+                    mirror = std::mem::take(&mut *shared.lock().await);
+                    Ok(link)
+                }
+                None => {
+                    let lane = self.spares.lane_beside(index);
+                    ExecutorLink::spawn_on_lane(
+                        index,
+                        lane,
+                        self.generations.next(),
+                        &command,
+                        &self.executor,
+                        self.deaths.clone(),
+                    )
+                    .await
+                }
+            };
+            let link = match next {
                 Ok(link)
                     if link.hello.devices.first().map(|d| d.uuid.as_str())
                         == Some(uuid.as_str()) =>
@@ -115,17 +398,34 @@ impl Front {
                 Ok(link) => {
                     tracing::error!(device = %uuid, "restarted executor drives another device; retrying");
                     link.shutdown(Duration::from_secs(1)).await;
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    let error = "the restarted executor drives another device";
+                    self.restart_failed(
+                        &uuid,
+                        old,
+                        &cause_text,
+                        error,
+                        &mut failed_restarts,
+                        &mut backoff,
+                    )
+                    .await;
                     continue;
                 }
                 Err(e) => {
                     tracing::error!(device = %uuid, error = %e, "executor restart failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    let error = e.to_string();
+                    self.restart_failed(
+                        &uuid,
+                        old,
+                        &cause_text,
+                        &error,
+                        &mut failed_restarts,
+                        &mut backoff,
+                    )
+                    .await;
                     continue;
                 }
             };
+            let generation = link.generation;
             // Publish the generation first so a death of the new executor
             // during the re-open is attributed to it, not dropped as stale.
             let (buffers, events) = {
@@ -137,18 +437,30 @@ impl Front {
                 let (buffers, events) = state.registry.on_device(index);
                 (buffers, events)
             };
-            let mut reopened_buffers = Vec::new();
-            for buffer in &buffers {
-                let ok = match open_buffer_request(buffer, &link) {
-                    Ok(open) => link.open_buffer(open).await.is_ok(),
-                    Err(_) => false,
-                };
-                reopened_buffers.push((buffer.id, ok));
-            }
+            // A call the new executor could not answer (it died, or its
+            // channel broke) says nothing about the buffer: the attempt is
+            // lost, not the buffer, which must never be marked dead for it.
+            // What a promoted spare failed to open is tried once more.
+            // The last call: a spare may have died unseen, with nothing
+            // left to open in it, and must not be published.
+            let lost = open_registrations(&link, &mut mirror, &buffers, &events, true)
+                .await
+                .is_err()
+                || !link.answers().await;
+            // Opened by the spare and released since: closed once it serves.
+            let released = released_since(&mut mirror, &buffers, &events);
+            let reopened_buffers: Vec<(BufferId, bool)> = buffers
+                .iter()
+                .map(|b| (b.id, mirror.buffers.get(&b.id).copied().unwrap_or(false)))
+                .collect();
+            let reopened_events: Vec<(EventId, bool)> = events
+                .iter()
+                .map(|e| (e.id, mirror.events.get(&e.id).copied().unwrap_or(false)))
+                .collect();
             // One line per restart, not one per buffer: clients decide how
             // many of their buffers cannot be re-opened (a shrunk object).
             let stale = reopened_buffers.iter().filter(|(_, ok)| !ok).count();
-            if stale > 0 {
+            if stale > 0 && !lost {
                 let first = reopened_buffers
                     .iter()
                     .find(|(_, ok)| !ok)
@@ -159,22 +471,26 @@ impl Front {
                     "buffers could not be re-opened after restart; they are stale"
                 );
             }
-            let mut reopened_events = Vec::new();
-            for event in &events {
-                let open = exec::OpenEvent {
-                    event_id: event.id.0,
-                    handle: event.handle.clone(),
-                };
-                let ok = link.open_event(open).await.is_ok();
-                reopened_events.push((event.id, ok));
-            }
-            if link.is_down() {
+            if lost || link.is_down() {
+                // Whatever is left of it serves nothing.
+                link.kill();
                 tracing::error!(device = %uuid, "restarted executor died while re-opening; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                let error = "the restarted executor died while re-opening the device's buffers";
+                self.restart_failed(
+                    &uuid,
+                    old,
+                    &cause_text,
+                    error,
+                    &mut failed_restarts,
+                    &mut backoff,
+                )
+                .await;
                 continue;
             }
-            let mut late_closes: Cleanup = Vec::new();
+            let mut late_closes: Cleanup = released
+                .into_iter()
+                .map(|close| (link.clone(), close))
+                .collect();
             let mut died_before_publishing = false;
             {
                 let mut state = self.lock();
@@ -235,15 +551,185 @@ impl Front {
             }
             if died_before_publishing {
                 tracing::error!(device = %uuid, "restarted executor died before it was published; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                let error = "the restarted executor died before it served";
+                self.restart_failed(
+                    &uuid,
+                    old,
+                    &cause_text,
+                    error,
+                    &mut failed_restarts,
+                    &mut backoff,
+                )
+                .await;
                 continue;
             }
             run_cleanup(late_closes).await;
+            tokio::spawn(self.clone().keep_spare(index));
             self.observer.executor_restart(&uuid);
             tracing::info!(device = %uuid, old = %old, new = %generation, pid = link.pid(), "executor restarted");
             return;
         }
+    }
+
+    /// Starts device `index`'s hot spare, unless spares are off, one is
+    /// there or starting, or the drain began; retries a failed start with
+    /// the restarts' back-off.
+    pub(super) async fn keep_spare(self: Arc<Self>, index: usize) {
+        let Some(lane) = self.spares.claim(index, |index| {
+            let state = self.lock();
+            let serving = state.devices.get(index).and_then(|d| d.link.as_ref());
+            other_spin_lane(index, serving.map_or(index, |link| link.spin_index))
+        }) else {
+            return;
+        };
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let (command, uuid) = {
+                let state = self.lock();
+                let device = state.devices.get(index).filter(|_| !state.draining);
+                match device {
+                    Some(device) => (device.command.clone(), device.desc.uuid.clone()),
+                    None => {
+                        self.spares.unclaim(index);
+                        return;
+                    }
+                }
+            };
+            let spawned = ExecutorLink::spawn_on_lane(
+                index,
+                lane,
+                self.generations.next(),
+                &command,
+                &self.executor,
+                self.deaths.clone(),
+            )
+            .await;
+            match spawned {
+                Ok(link)
+                    if link.hello.devices.first().map(|d| d.uuid.as_str())
+                        == Some(uuid.as_str()) =>
+                {
+                    if self.lock().draining {
+                        self.spares.unclaim(index);
+                        link.shutdown(Duration::from_secs(1)).await;
+                        return;
+                    }
+                    // One that died while starting was reported before it
+                    // was a spare: it is not kept.
+                    if !link.is_down() {
+                        tracing::info!(device = %uuid, pid = link.pid(), generation = %link.generation, "spare executor ready");
+                        let mirror = SharedMirror::default();
+                        self.spares.fill(index, link.clone(), mirror.clone());
+                        tokio::spawn(self.clone().mirror_spare(index, link, mirror));
+                        return;
+                    }
+                }
+                Ok(link) => {
+                    tracing::error!(device = %uuid, "a spare executor drives another device");
+                    link.shutdown(Duration::from_secs(1)).await;
+                }
+                Err(e) => {
+                    tracing::error!(device = %uuid, error = %e, "cannot start a spare executor")
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Keeps device `index`'s waiting spare in step with the device's
+    /// registrations: every [`SPARE_SYNC`], opens in it what was
+    /// registered and closes what was released since, until it is promoted
+    /// (the promotion takes the mirror over, and opens what this did not
+    /// yet) or dies.
+    async fn mirror_spare(
+        self: Arc<Self>,
+        index: usize,
+        link: Arc<ExecutorLink>,
+        mirror: SharedMirror,
+    ) {
+        loop {
+            if !self.spares.is_waiting(index, link.generation) {
+                return;
+            }
+            {
+                let mut mirror = mirror.lock().await;
+                // Checked again under the mirror's lock, which a promotion
+                // takes after taking the spare out of its slot.
+                if !self.spares.is_waiting(index, link.generation) {
+                    return;
+                }
+                let (buffers, events) = self.lock().registry.on_device(index);
+                let mut lost = false;
+                for close in released_since(&mut mirror, &buffers, &events) {
+                    if let Err(ExecutorError::Unavailable { .. }) = link.request(close).await {
+                        lost = true;
+                        break;
+                    }
+                }
+                lost = lost
+                    || open_registrations(&link, &mut mirror, &buffers, &events, false)
+                        .await
+                        .is_err();
+                if lost {
+                    // The spare is gone (its death notice may have come
+                    // before it was a spare, and started nothing): another
+                    // one starts.
+                    link.kill();
+                    if self.spares.forget(index, link.generation) {
+                        tokio::spawn(self.clone().keep_spare_after(index, SPARE_RESTART_DELAY));
+                    }
+                    return;
+                }
+            }
+            tokio::time::sleep(SPARE_SYNC).await;
+        }
+    }
+
+    /// [`Front::keep_spare`] after `delay`. Boxed and `Send` by signature:
+    /// the spare's sync task calls it, and `keep_spare` spawns that task,
+    /// so the compiler cannot infer either future's `Send` through the
+    /// other.
+    fn keep_spare_after(
+        self: Arc<Self>,
+        index: usize,
+        delay: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            self.keep_spare(index).await
+        })
+    }
+
+    /// A restart attempt failed: tells every session that the device has
+    /// no executor (the generation `old` is gone and the next attempt is
+    /// `backoff` away), then waits that long, doubling the next wait.
+    async fn restart_failed(
+        &self,
+        uuid: &str,
+        old: DeviceGeneration,
+        cause: &str,
+        error: &str,
+        failed_restarts: &mut u32,
+        backoff: &mut Duration,
+    ) {
+        *failed_restarts = failed_restarts.saturating_add(1);
+        let event = LeaseEvent::ExecutorDown {
+            device_uuid: uuid.to_owned(),
+            generation: old.0,
+            cause: cause.to_owned(),
+            failed_restarts: *failed_restarts,
+            restart_error: error.to_owned(),
+            retry_in: *backoff,
+        };
+        {
+            let state = self.lock();
+            for session in state.sessions.values() {
+                session.notify(event.clone());
+            }
+        }
+        tokio::time::sleep(*backoff).await;
+        *backoff = (*backoff * 2).min(MAX_BACKOFF);
     }
 
     /// Kills the executor of device `index` (fault injection for tests and

@@ -9,4 +9,5 @@ mod bench;
 mod executor_limits;
 mod grpcurl;
 mod lifecycle;
+mod recovery;
 mod tenants;

@@ -107,3 +107,40 @@ pub async fn f32_buffer(
     let buffer = session.register_shm(&shm, None).await.unwrap();
     (shm, buffer)
 }
+
+/// A free loopback port (there is a short race until the daemon binds it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (up to 10 s) until something listens on loopback `port`.
+pub fn wait_for_port(port: u16) {
+    wait_until(
+        &format!("port {port} to open"),
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
+}
+
+/// One `GET /metrics` on loopback `port` (HTTP/1.1, connection closed by
+/// the server): the response's head and body, the status asserted 200.
+pub async fn get_metrics(port: u16) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: ptxd-tests\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    (head.to_owned(), body.to_owned())
+}

@@ -394,8 +394,7 @@ async fn a_descriptor_from_another_uid_is_refused_and_burns_the_token() {
     // A child as uid 65534 sends the memfd with the token; its reply comes
     // back through a pipe. Everything it needs is built before the fork.
     let packet = prost::Message::encode_to_vec(&pb::FdAttach {
-        token: stolen.clone(),
-        ..Default::default()
+        body: Some(pb::fd_attach::Body::Token(stolen.clone())),
     });
     let (read_end, write_end) = nix::unistd::pipe().unwrap();
     // SAFETY: the child makes only system calls (and allocations, which
@@ -559,7 +558,7 @@ fn one_uid_holds_a_bounded_number_of_fd_socket_connections() {
     use std::time::Instant;
     let daemon = Daemon::start(&[]);
     let path = fd_socket_path(&daemon.socket);
-    let max = ptxd::fd_socket::MAX_CONNECTIONS_PER_UID;
+    let max = ptxd::transport::packet::MAX_CONNECTIONS_PER_UID;
     let held: Vec<_> = (0..max)
         .map(|_| connect_seqpacket(&path, false).unwrap())
         .collect();

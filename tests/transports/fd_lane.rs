@@ -219,32 +219,28 @@ async fn a_launch_packet_with_a_descriptor_or_a_token_is_refused_and_runs_nothin
         job.launch(n as u64)
             .sync(true)
             .to_proto(session.id(), job.kernel.handle().to_owned(), 7);
-    let packet = |token: &str, launch: Option<pb::LaunchRequest>| {
-        prost::Message::encode_to_vec(&pb::FdAttach {
-            token: token.to_owned(),
-            launch,
-            ..Default::default()
-        })
-    };
+    let packet =
+        |body: Option<pb::fd_attach::Body>| prost::Message::encode_to_vec(&pb::FdAttach { body });
+    let launch = |request: pb::LaunchRequest| Some(pb::fd_attach::Body::Launch(request));
     let memfd = OwnedFd::from(tempfile::tempfile().unwrap());
     for (what, bytes, fd, message) in [
         (
             "a launch with a descriptor",
-            packet("", Some(request.clone())),
+            packet(launch(request.clone())),
             Some(&memfd),
             "a call carries no descriptor",
         ),
         (
-            "a token and a launch",
-            packet("t", Some(request.clone())),
-            None,
-            "a token or a call, not both",
+            "an empty token, with a descriptor",
+            packet(Some(pb::fd_attach::Body::Token(String::new()))),
+            Some(&memfd),
+            "a token is not empty",
         ),
         (
-            "neither, with a descriptor",
-            packet("", None),
+            "no body, with a descriptor",
+            packet(None),
             Some(&memfd),
-            "a token or a call",
+            "a token, a launch or a load",
         ),
     ] {
         let (reply, closed) = exchange(&path, &bytes, fd);
@@ -253,10 +249,10 @@ async fn a_launch_packet_with_a_descriptor_or_a_token_is_refused_and_runs_nothin
         assert!(text.contains(message), "{what}: {text}");
         assert!(closed, "{what}: the connection stays open");
     }
-    // An empty FdAttach is an empty packet: refused as one with neither a
-    // token nor a call (not taken as a hang-up), and the connection ends.
+    // An empty FdAttach is an empty packet: refused as one without a body
+    // (not taken as a hang-up), and the connection ends.
     let socket = connect_seqpacket(&path, false).unwrap();
-    send_packet(socket.as_fd(), &packet("", None), None, false).unwrap();
+    send_packet(socket.as_fd(), &packet(None), None, false).unwrap();
     let reply = recv_packet(socket.as_fd(), false).unwrap().unwrap();
     assert_eq!(refusal_of(&reply.bytes).0, "INVALID_ARGUMENT");
     assert!(recv_packet(socket.as_fd(), false).unwrap().is_none());
@@ -269,7 +265,7 @@ async fn a_launch_packet_with_a_descriptor_or_a_token_is_refused_and_runs_nothin
             tag,
             ..request.clone()
         };
-        send_packet(socket.as_fd(), &packet("", Some(request)), None, false).unwrap();
+        send_packet(socket.as_fd(), &packet(launch(request)), None, false).unwrap();
         let reply = recv_packet(socket.as_fd(), false).unwrap().unwrap();
         let reply = <pb::FdAttachReply as prost::Message>::decode(reply.bytes.as_slice()).unwrap();
         match reply.result {
@@ -550,11 +546,10 @@ async fn refusals_a_client_causes_write_a_bounded_number_of_log_lines() {
     // launches.
     let held: Vec<OwnedFd> = (0..8).map(|_| raw_connection(&path)).collect();
     let refused_launch = prost::Message::encode_to_vec(&pb::FdAttach {
-        launch: Some(pb::LaunchRequest {
+        body: Some(pb::fd_attach::Body::Launch(pb::LaunchRequest {
             session: "no-such-session".into(),
             ..Default::default()
-        }),
-        ..Default::default()
+        })),
     });
     for i in 0..FLOOD {
         let turned_away = connect_seqpacket(&path, false).unwrap();
@@ -738,8 +733,11 @@ async fn fd_socket_clients_that_keep_sending_through_a_drain_end_with_a_draining
                     .params([tag as f64, 0.0])
                     .sync(true);
                 prost::Message::encode_to_vec(&pb::FdAttach {
-                    launch: Some(launch.to_proto(session.id(), affine.handle().to_owned(), tag)),
-                    ..Default::default()
+                    body: Some(pb::fd_attach::Body::Launch(launch.to_proto(
+                        session.id(),
+                        affine.handle().to_owned(),
+                        tag,
+                    ))),
                 })
             })
             .collect();

@@ -10,4 +10,5 @@ mod fd_buffers;
 mod fd_lane;
 mod grpc;
 mod launch_lane;
+mod refusals;
 mod ring;

@@ -36,13 +36,17 @@
 //! would overwrite each other's tickets.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::cuda::{ClientStream, DeviceWords};
-use crate::ring::{Descriptor, SemaphoreOp, SemaphoreWidth};
+use ptxd_cuda::{batch_mem_ops_raw, CUstream, MemOp};
+
+use crate::cuda::{ClientStream, CudaError, DeviceWords};
+use crate::ring::{Descriptor, OperandRef, SemaphoreOp, SemaphoreWidth};
+use crate::session::Kernel;
 use crate::types::Buffer;
 use crate::Error;
 
-use super::LaunchRing;
+use super::{LaunchRing, RingCompletion};
 
 /// Bytes of the semaphore buffer [`LaunchRing::order_with`] needs: the
 /// `done` and `after` words.
@@ -191,4 +195,190 @@ impl LaunchRing {
         }
         Ok(())
     }
+}
+
+/// One launch of [`LaunchRing::launch_on_raw_stream`]: operands by the
+/// session's ring indices (what [`Buffer::ring_index`] holds) and byte
+/// offsets.
+#[derive(Debug, Clone, Copy)]
+pub struct RawStreamLaunch<'a> {
+    /// The kernel.
+    pub kernel: &'a Kernel,
+    /// The inputs.
+    pub inputs: &'a [OperandRef],
+    /// The output.
+    pub output: OperandRef,
+    /// The element count.
+    pub n: u64,
+    /// The trailing f32 parameters.
+    pub scalars: &'a [f32],
+}
+
+impl LaunchRing {
+    /// Launches `launches`, in order, ordered on a stream this SDK did not
+    /// create (a framework's, given as its `CUstream` address) by the
+    /// ring's words (see the module docs): the first launch waits on the
+    /// GPU for the work enqueued on `stream` so far, and the work enqueued
+    /// on `stream` after this call waits for the last launch. Returns each
+    /// launch's completion, in order, once all came back (an async launch
+    /// completes once ptxd enqueued it; with `sync`, once it ran).
+    ///
+    /// The stream operations are one `cuStreamBatchMemOp` (write the
+    /// `after` count, then wait for `done` to reach the last ticket),
+    /// enqueued once every launch is submitted, when the launches are async
+    /// and fit in the ring's free slots; otherwise the write is enqueued
+    /// before the first submission (a sync launch, or a wait for a free
+    /// slot, needs the launches before it to run) and the wait after the
+    /// last. Should a launch not be submitted (the ring was orphaned), the
+    /// stream still waits for the ones that were, and the error is
+    /// returned.
+    ///
+    /// # Safety
+    /// `stream` must be 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD`
+    /// (2) or a live stream of the primary context of the ring's device, as
+    /// the ordering memory's context is (e.g. `torch.cuda.current_stream()`
+    /// of that device); and no other thread enqueues work on the ring's
+    /// words meanwhile (one ring per stream: two streams writing one
+    /// `after` word could let a launch pass the other stream's work).
+    pub unsafe fn launch_on_raw_stream(
+        &mut self,
+        stream: usize,
+        launches: &[RawStreamLaunch<'_>],
+        sync: bool,
+        timeout: Duration,
+    ) -> Result<Vec<RingCompletion>, Error> {
+        self.ordering()?;
+        if launches.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Completions an earlier call left (it failed midway) are not this
+        // call's: read them first.
+        while self.outstanding() > 0 {
+            if self.wait(timeout)?.is_none() {
+                return Err(completion_timeout(timeout));
+            }
+        }
+        let ordering = self.ordering()?;
+        let memory = ordering.memory.clone();
+        let after_addr = memory.word_address(AFTER_WORD as usize, SemaphoreWidth::Bits64)?;
+        let done_addr = memory.word_address(DONE_WORD as usize, SemaphoreWidth::Bits64)?;
+        let count = ordering.after + 1;
+        let free = u64::from(self.submitter.layout().slots()).saturating_sub(self.outstanding());
+        let batched = !sync && (launches.len() as u64) <= free;
+        let stream = stream as CUstream;
+        let write = MemOp::Write {
+            addr: after_addr,
+            value: count,
+            wide: true,
+        };
+        memory.bind_context()?;
+        if !batched {
+            // SAFETY: the word lies in the ordering memory (checked by
+            // `word_address`), which the ring keeps alive; the stream is the
+            // caller's contract and the memory's context is bound.
+            unsafe { batch_mem_ops_raw(stream, &[write]) }.map_err(CudaError::from)?;
+        }
+        if let Some(ordering) = self.ordering.as_mut() {
+            ordering.after = count;
+            ordering.pending = Some(count);
+        }
+        let mut completions = Vec::with_capacity(launches.len());
+        let mut last = None;
+        let mut failure = None;
+        for launch in launches {
+            if self.outstanding() >= u64::from(self.submitter.layout().slots()) {
+                match self.wait(timeout) {
+                    Ok(Some(completion)) => completions.push(completion),
+                    Ok(None) => {
+                        failure = Some(completion_timeout(timeout));
+                        break;
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            match self.submit_indexed(launch, sync) {
+                Ok(ticket) => {
+                    if let Some(ordering) = self.ordering.as_mut() {
+                        ordering.submitted();
+                    }
+                    last = Some(ticket);
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let enqueued = match last {
+            Some(ticket) => {
+                let wait = MemOp::WaitGeq {
+                    addr: done_addr,
+                    value: ticket,
+                    wide: true,
+                };
+                let ops: &[MemOp] = if batched { &[write, wait] } else { &[wait] };
+                memory.bind_context().and_then(|()| {
+                    // SAFETY: as above.
+                    unsafe { batch_mem_ops_raw(stream, ops) }.map_err(CudaError::from)
+                })
+            }
+            None => {
+                // Nothing was submitted: no launch takes the wait.
+                if let Some(ordering) = self.ordering.as_mut() {
+                    ordering.pending = None;
+                }
+                Ok(())
+            }
+        };
+        if let Err(e) = enqueued {
+            // The submitted launches wait on the GPU for a count the stream
+            // will not write: write it from here, so ptxd's stream is not
+            // blocked for good. Their order against `stream` is lost; the
+            // error says so.
+            if batched {
+                if let Err(store) =
+                    memory.store_word(AFTER_WORD as usize, SemaphoreWidth::Bits64, count)
+                {
+                    tracing::warn!(error = %store, "releasing a ring's launches after a failed stream operation");
+                }
+            }
+            return Err(e.into());
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        while completions.len() < launches.len() {
+            match self.wait(timeout)? {
+                Some(completion) => completions.push(completion),
+                None => return Err(completion_timeout(timeout)),
+            }
+        }
+        Ok(completions)
+    }
+}
+
+impl LaunchRing {
+    /// Submits one launch of [`launch_on_raw_stream`](Self::launch_on_raw_stream)
+    /// with the ordering's wait and signal; returns its ticket.
+    fn submit_indexed(&mut self, launch: &RawStreamLaunch<'_>, sync: bool) -> Result<u64, Error> {
+        let descriptor = self.indexed_descriptor(
+            launch.kernel,
+            launch.inputs,
+            launch.output,
+            launch.n,
+            launch.scalars,
+        )?;
+        let descriptor = self.ordering()?.apply(descriptor.with_sync(sync))?;
+        self.submit(&descriptor)?;
+        Ok(descriptor.ticket)
+    }
+}
+
+fn completion_timeout(timeout: Duration) -> Error {
+    Error::Protocol(format!(
+        "launch ring: no completion within {timeout:?} (the executor is stalled, or a sync launch is still running)"
+    ))
 }

@@ -66,10 +66,11 @@ pub struct DriverError {
 }
 
 /// Errors after which the process's every context is unusable (measured on
-/// an H200: even `cuCtxCreate` fails afterwards). Matched by name so that
-/// codes added in newer headers (e.g. `CUDA_ERROR_CONTAINED`) need no
-/// feature gate.
+/// an H200: even `cuCtxCreate` fails afterwards), and the errors that say the
+/// context is gone for good. Matched by name so that codes added in newer
+/// headers (e.g. `CUDA_ERROR_CONTAINED`) need no feature gate.
 const STICKY_ERRORS: &[&str] = &[
+    // A kernel faulted: the context is poisoned.
     "CUDA_ERROR_ILLEGAL_ADDRESS",
     "CUDA_ERROR_LAUNCH_TIMEOUT",
     "CUDA_ERROR_ASSERT",
@@ -79,11 +80,25 @@ const STICKY_ERRORS: &[&str] = &[
     "CUDA_ERROR_INVALID_ADDRESS_SPACE",
     "CUDA_ERROR_INVALID_PC",
     "CUDA_ERROR_LAUNCH_FAILED",
-    "CUDA_ERROR_ECC_UNCORRECTABLE",
-    "CUDA_ERROR_CONTAINED",
     "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+    // The hardware reported an error the context cannot survive.
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+    "CUDA_ERROR_CONTAINED",
     "CUDA_ERROR_EXTERNAL_DEVICE",
+    // The context or the driver is gone: nothing later can succeed.
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+    "CUDA_ERROR_DEINITIALIZED",
 ];
+
+/// Whether the driver error named `name` (its `cuGetErrorName`, e.g.
+/// `CUDA_ERROR_ILLEGAL_ADDRESS`) leaves the process's contexts unusable: a
+/// process that meets one must serve nothing more and exit, so that a new
+/// process (a new context) takes over. The one classification of sticky
+/// errors; every other error is the failed call's own.
+pub fn is_sticky_error(name: &str) -> bool {
+    STICKY_ERRORS.contains(&name)
+}
 
 impl DriverError {
     fn from_code(call: &'static str, code: sys::CUresult) -> Self {
@@ -95,9 +110,10 @@ impl DriverError {
     }
 
     /// Whether this error poisoned the process's contexts for good: the
-    /// process must exit before the device can be used again.
+    /// process must exit before the device can be used again
+    /// ([`is_sticky_error`]).
     pub fn is_sticky(&self) -> bool {
-        STICKY_ERRORS.contains(&self.name.as_str())
+        is_sticky_error(&self.name)
     }
 }
 
@@ -136,6 +152,16 @@ pub fn library_present() -> bool {
 /// [`library_present`] returned true.
 pub fn init() -> Result<(), DriverError> {
     result::init().named("cuInit")
+}
+
+/// The driver's version, e.g. 12080 for 12.8 (`cuDriverGetVersion`).
+pub fn driver_version() -> Result<i32, DriverError> {
+    let mut version: c_int = 0;
+    // SAFETY: writes one int through a pointer to a live local.
+    check("cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut version)
+    })?;
+    Ok(version)
 }
 
 /// Formats a device UUID the way `nvidia-smi -L` prints it, which is how
@@ -1007,6 +1033,12 @@ impl Stream {
         Ok(Stream { raw })
     }
 
+    /// The stream's `CUstream` handle, for calls that take a raw stream
+    /// (e.g. [`batch_mem_ops_raw`]); valid while this value lives.
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
     /// Waits for everything enqueued so far; reports the first error of a
     /// kernel on it (or a sticky error of the context).
     pub fn synchronize(&self) -> Result<(), DriverError> {
@@ -1083,6 +1115,108 @@ impl Stream {
             })
         }
     }
+}
+
+/// One stream memory operation of a [`batch_mem_ops_raw`] batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemOp {
+    /// Write `value` to the word at `addr` once the work before it is done
+    /// (as `cuStreamWriteValue32/64`).
+    Write {
+        /// The word's device address, aligned to its width.
+        addr: u64,
+        /// The value (a 32-bit word takes the low 32 bits).
+        value: u64,
+        /// A 64-bit word when true, else a 32-bit one.
+        wide: bool,
+    },
+    /// Block later work until the word at `addr` is at least `value` (as
+    /// `cuStreamWaitValue32/64` with GEQ).
+    WaitGeq {
+        /// The word's device address, aligned to its width.
+        addr: u64,
+        /// The value waited for.
+        value: u64,
+        /// A 64-bit word when true, else a 32-bit one.
+        wide: bool,
+    },
+}
+
+/// The driver's parameters of one batch operation.
+fn mem_op_params(op: MemOp) -> sys::CUstreamBatchMemOpParams {
+    use sys::CUstreamBatchMemOpType as Op;
+    // SAFETY: the params are a C union of plain integers, for which all-zero
+    // bytes are valid (and what the driver expects in the fields an
+    // operation does not use).
+    let mut param: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+    match op {
+        MemOp::Write { addr, value, wide } => {
+            let operation = if wide {
+                Op::CU_STREAM_MEM_OP_WRITE_VALUE_64
+            } else {
+                Op::CU_STREAM_MEM_OP_WRITE_VALUE_32
+            };
+            param.writeValue.operation = operation;
+            param.writeValue.address = addr;
+            if wide {
+                param.writeValue.__bindgen_anon_1.value64 = value;
+            } else {
+                param.writeValue.__bindgen_anon_1.value = value as u32;
+            }
+            param.writeValue.flags =
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        }
+        MemOp::WaitGeq { addr, value, wide } => {
+            let operation = if wide {
+                Op::CU_STREAM_MEM_OP_WAIT_VALUE_64
+            } else {
+                Op::CU_STREAM_MEM_OP_WAIT_VALUE_32
+            };
+            param.waitValue.operation = operation;
+            param.waitValue.address = addr;
+            if wide {
+                param.waitValue.__bindgen_anon_1.value64 = value;
+            } else {
+                param.waitValue.__bindgen_anon_1.value = value as u32;
+            }
+            param.waitValue.flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        }
+    }
+    param
+}
+
+/// The most operations one [`batch_mem_ops_raw`] call takes (the driver's
+/// documented limit is 256).
+pub const MAX_BATCH_MEM_OPS: usize = 256;
+
+/// Enqueues `ops` in order on `stream` with one `cuStreamBatchMemOp` call:
+/// the same work as one `cuStreamWriteValue`/`cuStreamWaitValue` call per
+/// operation, for one driver entry.
+///
+/// # Safety
+/// `stream` must be 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD` (2)
+/// or a live stream of the current context, and every operation's `addr`
+/// an aligned word of device memory (or memory mapped for the device) that
+/// stays allocated until the stream has passed the operation.
+pub unsafe fn batch_mem_ops_raw(stream: sys::CUstream, ops: &[MemOp]) -> Result<(), DriverError> {
+    if ops.is_empty() {
+        return Ok(());
+    }
+    if ops.len() > MAX_BATCH_MEM_OPS {
+        return Err(DriverError::from_code(
+            "cuStreamBatchMemOp",
+            sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE,
+        ));
+    }
+    let params: Vec<sys::CUstreamBatchMemOpParams> =
+        ops.iter().map(|op| mem_op_params(*op)).collect();
+    let count = ops.len() as c_uint; // at most MAX_BATCH_MEM_OPS (checked)
+                                     // SAFETY: `params` holds `count` initialized operations and lives across
+                                     // the call (the driver copies them); the stream and addresses are the
+                                     // caller's contract.
+    check("cuStreamBatchMemOp", unsafe {
+        sys::cuStreamBatchMemOp_v2(stream, count, params.as_ptr().cast_mut(), 0)
+    })
 }
 
 impl Drop for Stream {
@@ -1226,6 +1360,104 @@ fn log_text(buffer: &[u8], written: usize) -> String {
     String::from_utf8_lossy(&bytes[..end])
         .trim_end()
         .to_string()
+}
+
+/// Compiles a PTX image to the current context's device's machine code
+/// (a cubin) with the driver's JIT, through the linker (`cuLinkCreate`,
+/// `cuLinkAddData`, `cuLinkComplete`), which, unlike `cuModuleLoadDataEx`,
+/// hands the code back: it can be kept and loaded later with
+/// [`Module::load_with_logs`] without compiling again. Returns the cubin
+/// and the JIT's info log; a failure carries both logs as
+/// [`Module::load_with_logs`]'s does.
+///
+/// # Safety
+/// `ptx` must end in a NUL byte (the JIT reads up to it).
+pub unsafe fn compile_ptx(ptx: &[u8]) -> Result<(Vec<u8>, String), LoadFailure> {
+    let mut error_log = vec![0u8; JIT_LOG_BYTES];
+    let mut info_log = vec![0u8; JIT_LOG_BYTES];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        sys::CUjit_option::CU_JIT_LOG_VERBOSE,
+    ];
+    // As in `Module::load_with_logs`: sizes are integers in pointer slots.
+    let mut values: [*mut c_void; 5] = [
+        error_log.as_mut_ptr().cast(),
+        std::ptr::without_provenance_mut(JIT_LOG_BYTES),
+        info_log.as_mut_ptr().cast(),
+        std::ptr::without_provenance_mut(JIT_LOG_BYTES),
+        std::ptr::without_provenance_mut(1),
+    ];
+    let mut state: sys::CUlinkState = std::ptr::null_mut();
+    let fail =
+        |error: DriverError, values: &[*mut c_void; 5], error_log: &[u8], info_log: &[u8]| {
+            LoadFailure {
+                error,
+                error_log: log_text(error_log, values[1].addr()),
+                info_log: log_text(info_log, values[3].addr()),
+            }
+        };
+    // SAFETY: options and values have the same length, passed as the
+    // count; the log buffers hold JIT_LOG_BYTES each and outlive the link
+    // state (destroyed below, on every path, before they are dropped).
+    let created = check("cuLinkCreate", unsafe {
+        sys::cuLinkCreate_v2(
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+            &mut state,
+        )
+    });
+    if let Err(error) = created {
+        return Err(fail(error, &values, &error_log, &info_log));
+    }
+    let name = c"kernel.ptx";
+    // SAFETY: `state` was created above; the caller's contract puts a NUL
+    // at the end of `ptx`, which outlives the call; no per-input options.
+    let added = check("cuLinkAddData", unsafe {
+        sys::cuLinkAddData_v2(
+            state,
+            sys::CUjitInputType::CU_JIT_INPUT_PTX,
+            ptx.as_ptr().cast_mut().cast(),
+            ptx.len(),
+            name.as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    });
+    let mut cubin: *mut c_void = std::ptr::null_mut();
+    let mut size: usize = 0;
+    let completed = added.and_then(|()| {
+        // SAFETY: `state` is live; the outputs are live locals. The cubin
+        // the driver returns lives in `state` until it is destroyed, so it
+        // is copied out before that.
+        let code = unsafe { sys::cuLinkComplete(state, &mut cubin, &mut size) };
+        check("cuLinkComplete", code)
+    });
+    let code = completed.and_then(|()| {
+        if cubin.is_null() || size == 0 {
+            return Err(DriverError {
+                call: "cuLinkComplete",
+                name: "an empty image".into(),
+            });
+        }
+        // SAFETY: the driver wrote `size` bytes at `cubin`, owned by
+        // `state`, which is still live.
+        Ok(unsafe { std::slice::from_raw_parts(cubin.cast::<u8>(), size) }.to_vec())
+    });
+    // SAFETY: `state` was created above and is destroyed once, here; the
+    // cubin it owned has been copied.
+    log_release(
+        check("cuLinkDestroy", unsafe { sys::cuLinkDestroy(state) }),
+        "cannot destroy a JIT link state",
+    );
+    match code {
+        Ok(code) => Ok((code, log_text(&info_log, values[3].addr()))),
+        Err(error) => Err(fail(error, &values, &error_log, &info_log)),
+    }
 }
 
 /// A loaded module; unloaded on drop.
@@ -1446,5 +1678,103 @@ mod tests {
             error("CUDA_ERROR_INVALID_VALUE").to_string(),
             "cuStreamSynchronize failed: CUDA_ERROR_INVALID_VALUE"
         );
+    }
+
+    #[test]
+    fn batch_operations_fill_the_drivers_union_as_the_single_calls_would() {
+        use sys::CUstreamBatchMemOpType as Op;
+        let write = mem_op_params(MemOp::Write {
+            addr: 0x7f00_0000_1008,
+            value: 0x1_0000_0002,
+            wide: true,
+        });
+        let wait = mem_op_params(MemOp::WaitGeq {
+            addr: 0x7f00_0000_1000,
+            value: 0xdead_beef_0000_0007,
+            wide: false,
+        });
+        // SAFETY: reading the variants `mem_op_params` wrote (every field is
+        // a plain integer, and the union was zeroed first).
+        unsafe {
+            assert_eq!(
+                write.writeValue.operation,
+                Op::CU_STREAM_MEM_OP_WRITE_VALUE_64
+            );
+            assert_eq!(write.writeValue.address, 0x7f00_0000_1008);
+            assert_eq!(write.writeValue.__bindgen_anon_1.value64, 0x1_0000_0002);
+            assert_eq!(write.writeValue.flags, 0);
+            assert_eq!(write.writeValue.alias, 0);
+            assert_eq!(wait.waitValue.operation, Op::CU_STREAM_MEM_OP_WAIT_VALUE_32);
+            assert_eq!(wait.waitValue.address, 0x7f00_0000_1000);
+            // A 32-bit wait takes the low word, and leaves the high one zero.
+            assert_eq!(wait.waitValue.__bindgen_anon_1.value64, 7);
+            assert_eq!(
+                wait.waitValue.flags,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32
+            );
+        }
+        // Nothing to enqueue is not a driver call (this machine may have no
+        // driver at all).
+        // SAFETY: no operation, so neither the stream nor an address is used.
+        assert!(unsafe { batch_mem_ops_raw(std::ptr::null_mut(), &[]) }.is_ok());
+    }
+
+    /// Every error a faulting kernel or failing hardware reports is sticky;
+    /// the errors of a call the client or the front got wrong are not (the
+    /// executor answers those and serves on). Each name is also checked to
+    /// be a code of the driver's headers, so a misspelt entry cannot hide.
+    #[test]
+    fn the_classification_covers_every_kernel_fault_and_no_call_error() {
+        use sys::CUresult as R;
+        let named = |code: R| format!("{code:?}");
+        let sticky = [
+            R::CUDA_ERROR_ILLEGAL_ADDRESS,
+            R::CUDA_ERROR_LAUNCH_FAILED,
+            R::CUDA_ERROR_MISALIGNED_ADDRESS,
+            R::CUDA_ERROR_HARDWARE_STACK_ERROR,
+            R::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+            R::CUDA_ERROR_INVALID_PC,
+            R::CUDA_ERROR_ASSERT,
+            R::CUDA_ERROR_INVALID_ADDRESS_SPACE,
+            R::CUDA_ERROR_LAUNCH_TIMEOUT,
+            R::CUDA_ERROR_ECC_UNCORRECTABLE,
+            R::CUDA_ERROR_NVLINK_UNCORRECTABLE,
+            R::CUDA_ERROR_CONTEXT_IS_DESTROYED,
+            R::CUDA_ERROR_DEINITIALIZED,
+        ];
+        for code in sticky {
+            assert!(is_sticky_error(&named(code)), "{code:?} is not sticky");
+        }
+        let recoverable = [
+            R::CUDA_SUCCESS,
+            R::CUDA_ERROR_INVALID_VALUE,
+            R::CUDA_ERROR_OUT_OF_MEMORY,
+            R::CUDA_ERROR_NOT_READY,
+            R::CUDA_ERROR_NOT_FOUND,
+            R::CUDA_ERROR_INVALID_HANDLE,
+            R::CUDA_ERROR_INVALID_IMAGE,
+            R::CUDA_ERROR_INVALID_PTX,
+            R::CUDA_ERROR_NO_BINARY_FOR_GPU,
+            R::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+            R::CUDA_ERROR_ALREADY_MAPPED,
+            R::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+            R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+            R::CUDA_ERROR_NOT_SUPPORTED,
+        ];
+        for code in recoverable {
+            assert!(!is_sticky_error(&named(code)), "{code:?} is sticky");
+        }
+        // Names from newer headers than cudarc's are matched by name too.
+        for name in [
+            "CUDA_ERROR_CONTAINED",
+            "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+            "CUDA_ERROR_EXTERNAL_DEVICE",
+        ] {
+            assert!(is_sticky_error(name), "{name}");
+        }
+        // A name the driver could not give is never sticky by accident.
+        assert!(!is_sticky_error("CUresult(719)"));
+        assert!(!is_sticky_error("cuda_error_illegal_address"));
+        assert!(!is_sticky_error(""));
     }
 }

@@ -16,8 +16,8 @@
 //!   daemon writes the object too: read it only while no launch on it is in
 //!   flight (a sync launch has completed when its reply arrives).
 //! - Semaphore words (a launch ring's waits and signals) are read and
-//!   written only with atomic operations ([`HostShm::load_word`],
-//!   [`HostShm::store_word`]) on naturally aligned words, since ptxd's
+//!   written only with atomic operations ([`SharedBytes::load_word`],
+//!   [`SharedBytes::store_word`]) on naturally aligned words, since ptxd's
 //!   executor writes them while this process reads them.
 
 use std::ffi::CString;

@@ -77,6 +77,7 @@ use ptxd_proto::executor::{
 
 use super::child::{serve_stdio, Backend, Replier};
 use super::fd_inbox::FdInbox;
+use super::kernel_cache::{CacheKey, KernelCache, Lookup};
 use super::ring::RingHandle;
 use images::{check_cubin, check_fatbin, choose_block, expected_param_sizes};
 use ptxd_cuda as driver;
@@ -156,10 +157,12 @@ pub fn run_executor(
     max_kernel_time: Option<Duration>,
     fd_inbox: Option<FdInbox>,
     channel_spin: Duration,
+    kernel_cache: Option<KernelCache>,
 ) -> i32 {
     match CudaBackend::open(uuid, max_kernel_time) {
         Ok(mut backend) => {
             backend.fd_inbox = fd_inbox;
+            backend.use_kernel_cache(kernel_cache);
             serve_stdio(&mut backend, channel_spin)
         }
         Err(e) => {
@@ -304,6 +307,9 @@ pub struct CudaBackend {
     watchdog: Option<Arc<Watchdog>>,
     /// Descriptors the front passed for fd buffers.
     fd_inbox: Option<FdInbox>,
+    /// The persistent compiled-kernel cache, and what its entries of this
+    /// executor are compiled for (see [`CudaBackend::use_kernel_cache`]).
+    kernel_cache: Option<(KernelCache, String)>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -346,7 +352,61 @@ impl CudaBackend {
             budget,
             watchdog: None,
             fd_inbox: None,
+            kernel_cache: None,
         })
+    }
+
+    /// Keeps the machine code of the PTX this executor loads in `cache`,
+    /// keyed by the text's hash, the device's architecture and the
+    /// driver's version (code from another driver or for another
+    /// architecture is never looked up). Without the driver's version no
+    /// cache is used.
+    fn use_kernel_cache(&mut self, cache: Option<KernelCache>) {
+        let Some(cache) = cache else {
+            return;
+        };
+        match driver::driver_version() {
+            Ok(version) => {
+                let target = format!(
+                    "cuda sm_{}{} driver {version}",
+                    self.device.compute_major, self.device.compute_minor
+                );
+                tracing::debug!(dir = %cache.dir().display(), target, "kernel cache in use");
+                self.kernel_cache = Some((cache, target));
+            }
+            Err(e) => tracing::warn!(error = %e, "no driver version: the kernel cache is not used"),
+        }
+    }
+
+    /// Loads PTX (`image` ends in a NUL byte; `text` is the same without
+    /// it) through the kernel cache: the cached machine code when there is
+    /// a sound entry, else the JIT's, which is then cached. A cached entry
+    /// the driver refuses (not sticky) is discarded and compiled again.
+    fn load_ptx_cached(
+        &self,
+        cache: &KernelCache,
+        target: &str,
+        image: &[u8],
+        text: &[u8],
+    ) -> Result<(Module, String), driver::LoadFailure> {
+        let key = CacheKey::new(text, target);
+        if let Lookup::Hit(cubin) = cache.get(&key) {
+            // SAFETY: the entry passed its integrity check, so it is the
+            // complete cubin the driver's JIT produced for this key.
+            match unsafe { Module::load_with_logs(&cubin) } {
+                Ok(loaded) => return Ok(loaded),
+                Err(failure) if failure.error.is_sticky() => return Err(failure),
+                Err(failure) => {
+                    tracing::warn!(error = %failure.error, "the driver refused a cached kernel; compiling it again");
+                }
+            }
+        }
+        // SAFETY: `image` ends in the NUL the caller pushed.
+        let (cubin, info_log) = unsafe { driver::compile_ptx(image) }?;
+        cache.put(&key, &cubin);
+        // SAFETY: the driver's JIT just produced this complete cubin.
+        let (module, _) = unsafe { Module::load_with_logs(&cubin) }?;
+        Ok((module, info_log))
     }
 
     /// The watchdog, started on first use; none without a budget.
@@ -403,9 +463,20 @@ impl CudaBackend {
                 &[],
             );
         };
-        // SAFETY: a PTX image ends in the NUL pushed above; a cubin's or
-        // fatbin's headers were checked against its length.
-        let (module, info_log) = match unsafe { Module::load_with_logs(&image) } {
+        let cache = match &self.kernel_cache {
+            Some((cache, target)) if load.kind == ArtifactKind::Ptx as i32 => Some((cache, target)),
+            _ => None,
+        };
+        let loaded = match cache {
+            Some((cache, target)) => {
+                let text = image.strip_suffix(&[0]).unwrap_or(&image);
+                self.load_ptx_cached(cache, target, &image, text)
+            }
+            // SAFETY: a PTX image ends in the NUL pushed above; a cubin's or
+            // fatbin's headers were checked against its length.
+            None => unsafe { Module::load_with_logs(&image) },
+        };
+        let (module, info_log) = match loaded {
             Ok(loaded) => loaded,
             Err(failure) if failure.error.is_sticky() => {
                 return fail_driver(reply, &failure.error, "loading a module")

@@ -18,6 +18,12 @@
 //! answered `EXECUTOR_UNAVAILABLE`, and every session's kernels on this
 //! device go stale.
 //!
+//! The watchdog is also where an async launch's fault is met when no
+//! request follows it: a marker query that returns a sticky error (see
+//! [`ptxd_cuda::is_sticky_error`]) ends the process within one poll
+//! interval (budget/20, at most 50 ms), after a short grace in which a
+//! stream waiter may answer its sync launch with the fault it met.
+//!
 //! The budget counts from when a launch could start on its stream, so time
 //! spent waiting for SMs held by other sessions' kernels counts too; the
 //! earliest-started overdue launch is blamed, which on a device busy with
@@ -121,7 +127,10 @@ impl StreamQueue {
     /// ones are destroyed after the lock is released, so the stream's
     /// launches (which take the lock to push) never wait on the driver's
     /// event teardown.
-    fn poll(&self, now: Instant, budget: Duration) -> Option<Instant> {
+    ///
+    /// A sticky error from a marker's query (the device faulted) is
+    /// returned as it is.
+    fn poll(&self, now: Instant, budget: Duration) -> Result<Option<Instant>, DriverError> {
         let mut retired: Vec<Event> = Vec::new();
         let overdue = {
             let mut queue = self.lock();
@@ -140,7 +149,7 @@ impl StreamQueue {
         now: Instant,
         budget: Duration,
         retired: &mut Vec<Event>,
-    ) -> Option<Instant> {
+    ) -> Result<Option<Instant>, DriverError> {
         let QueueState {
             head_since,
             launches,
@@ -150,17 +159,20 @@ impl StreamQueue {
         // launch before it is: one query retires a whole queue (a busy ring
         // queues hundreds of groups between two polls, and querying each
         // took the driver's locks from under the ring's launches).
-        if launches.len() > 1
-            && launches
-                .back()
-                .is_some_and(|newest| matches!(newest.done.query(), Ok(true)))
-        {
-            for done in launches.drain(..) {
-                retired.extend(done.started);
-                retired.push(done.done);
+        if launches.len() > 1 {
+            let newest_done = match launches.back().map(|newest| newest.done.query()) {
+                Some(Ok(done)) => done,
+                Some(Err(e)) => return sticky(e).map(|()| None),
+                None => false,
+            };
+            if newest_done {
+                for done in launches.drain(..) {
+                    retired.extend(done.started);
+                    retired.push(done.done);
+                }
+                *head_since = None;
+                return Ok(None);
             }
-            *head_since = None;
-            return None;
         }
         while let Some(head) = launches.front() {
             if head_since.is_none() {
@@ -169,11 +181,9 @@ impl StreamQueue {
                     // A ring semaphore that never fired: its stream (and
                     // every drain of the device) would wait forever.
                     Some(Ok(false)) => {
-                        return head.wait_deadline.filter(|deadline| now >= *deadline)
+                        return Ok(head.wait_deadline.filter(|deadline| now >= *deadline))
                     }
-                    // A device fault that the request loop or a waiter will
-                    // meet and report.
-                    Some(Err(_)) => return None,
+                    Some(Err(e)) => return sticky(e).map(|()| None),
                 }
             }
             match head.done.query() {
@@ -185,14 +195,16 @@ impl StreamQueue {
                     *head_since = None;
                 }
                 Ok(false) => {
-                    let since = (*head_since)?;
+                    let Some(since) = *head_since else {
+                        return Ok(None);
+                    };
                     let allowance = budget.saturating_mul(head.launches.max(1));
-                    return (now.saturating_duration_since(since) >= allowance).then_some(since);
+                    return Ok((now.saturating_duration_since(since) >= allowance).then_some(since));
                 }
-                Err(_) => return None,
+                Err(e) => return sticky(e).map(|()| None),
             }
         }
-        None
+        Ok(None)
     }
 
     /// The reply of the head launch, for the culprit's answer.
@@ -203,6 +215,24 @@ impl StreamQueue {
             .and_then(|head| head.reply.take())
     }
 }
+
+/// A marker query's failure: a sticky error (the device faulted, perhaps in
+/// an async launch nobody waits for) is returned, for the watchdog to end
+/// the process at once; any other is left to the next call that touches
+/// the device (`Ok`).
+fn sticky(error: DriverError) -> Result<(), DriverError> {
+    if error.is_sticky() {
+        return Err(error);
+    }
+    tracing::debug!(error = %error, "a watchdog marker's query failed");
+    Ok(())
+}
+
+/// How long the watchdog lets a stream waiter answer its sync launch with
+/// the fault it met, before it ends the process itself (the waiter's
+/// answer names the fault to the launch that caused it; the watchdog's
+/// exit answers every call `EXECUTOR_UNAVAILABLE`).
+const FAULT_GRACE: Duration = Duration::from_millis(10);
 
 /// The launches in flight on one device, against the budget.
 pub struct Watchdog {
@@ -255,7 +285,9 @@ impl Watchdog {
 
     /// Drops the completed heads; returns the culprit, if a head is overdue
     /// (the one overdue for longest).
-    fn poll(&self) -> Option<Culprit> {
+    ///
+    /// A sticky error from any stream's markers is returned at once.
+    fn poll(&self) -> Result<Option<Culprit>, DriverError> {
         let now = Instant::now();
         let queues: Vec<(u64, Arc<StreamQueue>)> = {
             let mut streams = self.streams();
@@ -268,17 +300,19 @@ impl Watchdog {
         };
         let mut overdue: Option<(Instant, u64, Arc<StreamQueue>)> = None;
         for (id, queue) in queues {
-            if let Some(since) = queue.poll(now, self.budget) {
+            if let Some(since) = queue.poll(now, self.budget)? {
                 if overdue.as_ref().is_none_or(|(first, _, _)| since < *first) {
                     overdue = Some((since, id, queue));
                 }
             }
         }
-        let (_, stream, queue) = overdue?;
-        Some(Culprit {
+        let Some((_, stream, queue)) = overdue else {
+            return Ok(None);
+        };
+        Ok(Some(Culprit {
             stream,
             reply: queue.take_head_reply(),
-        })
+        }))
     }
 
     fn run(&self, context: &PrimaryContext, channel: &Channel) {
@@ -289,8 +323,21 @@ impl Watchdog {
             (self.budget / 20).clamp(Duration::from_millis(1), Duration::from_millis(50));
         loop {
             std::thread::sleep(interval);
-            let Some(culprit) = self.poll() else {
-                continue;
+            let culprit = match self.poll() {
+                Ok(Some(culprit)) => culprit,
+                Ok(None) => continue,
+                Err(fault) => {
+                    // The context is poisoned: nothing more may be served
+                    // from it, whether or not a request would meet the
+                    // fault soon.
+                    std::thread::sleep(FAULT_GRACE);
+                    channel.fatal_now(
+                        &fault.name,
+                        &format!(
+                            "the device faulted ({fault}, seen by the watchdog); the executor restarts"
+                        ),
+                    );
+                }
             };
             let message = format!(
                 "a kernel ran past the {:?} budget (--max-kernel-time); a running CUDA kernel cannot be stopped, so the device's executor restarts",

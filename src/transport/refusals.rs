@@ -1,9 +1,18 @@
-//! Refusals as the operator sees them: one tower layer around every gRPC
-//! service that reads each call's final status, and for a refusal logs one
-//! line and counts it by reason. Handlers and request decoding only build
-//! statuses; none of them logs or counts a refusal it returns.
+//! Refusals as the operator sees them, whichever transport sent them: one
+//! function, [`record`], logs one line for a refusal and counts it by
+//! reason. Over gRPC it is called by one tower layer around every gRPC
+//! service, which reads each call's final status; handlers and request
+//! decoding only build statuses, and none of them records a refusal it
+//! returns. A refusal no status carries (a `LaunchStream` message, a packet
+//! on the packet socket) is recorded where the transport makes it, through
+//! [`record_error`].
 //!
 //! Invariants:
+//! - Every refusal a transport sends is recorded once, by [`record`]: the
+//!   same counter and label (`ptxd_refusals_total{reason}`), the same log
+//!   line (rpc, transport, peer, reason, message), INTERNAL at error level,
+//!   every other refusal at info level, one line a second per reason at
+//!   most.
 //! - Each call's status is observed at most once, where it goes on the
 //!   wire: in the response headers of a trailers-only response (every unary
 //!   refusal, and a streaming call refused before its first message), or in
@@ -15,12 +24,11 @@
 //!   counted under that reason, the one label `ptxd_refusals_total` has. A
 //!   status without one (made by tonic itself, or by the health and
 //!   reflection services) is logged at debug level and not counted.
-//! - INTERNAL is logged at error level, every other refusal at info level.
 //! - Observing changes nothing: headers, frames and trailers pass through
 //!   as the service produced them.
 //! - A `LaunchStream` refuses one request inside an OK message
 //!   (`LaunchResponse.error`), not with a status: the stream goes on, so
-//!   this layer never sees it. `service` logs and counts those where it
+//!   this layer never sees it. [`super::grpc`] records those where it
 //!   makes them.
 
 use std::future::Future;
@@ -35,7 +43,68 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 use crate::connections::{request_log, Origin};
+use crate::error::Error;
 use crate::observe::Observer;
+
+/// The transport a refusal went out on, as its log line names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// gRPC over HTTP/2 ([`super::grpc`]).
+    Http2,
+    /// The packet socket ([`super::packet`]).
+    Packet,
+}
+
+impl Carrier {
+    fn name(self) -> &'static str {
+        match self {
+            Carrier::Http2 => "http2",
+            Carrier::Packet => "fd socket",
+        }
+    }
+}
+
+/// Records one refusal: counts it under its reason and logs it (see the
+/// module's invariants). `rpc` names the call (`Launch`), `peer` who made
+/// it.
+pub fn record(
+    observer: &Observer,
+    rpc: &str,
+    carrier: Carrier,
+    peer: Origin,
+    code: Code,
+    reason: Reason,
+    message: &str,
+) {
+    let reason = reason.wire_name();
+    observer.refusal(reason);
+    // A client can cause any number of refusals: one line a second per
+    // reason, counting the ones it stands for (the metrics count each).
+    let Some(count) = request_log().admit(reason) else {
+        return;
+    };
+    let transport = carrier.name();
+    if code == Code::Internal {
+        tracing::error!(rpc, transport, %peer, reason, message, count, "internal error");
+    } else {
+        tracing::info!(rpc, transport, %peer, reason, message, count, "refused");
+    }
+}
+
+/// Records the refusal `error` is, for a transport that sends it without
+/// a status the layer could read.
+pub fn record_error(observer: &Observer, rpc: &str, carrier: Carrier, peer: Origin, error: &Error) {
+    let refusal = error.refusal();
+    record(
+        observer,
+        rpc,
+        carrier,
+        peer,
+        refusal.code,
+        refusal.reason,
+        &refusal.message,
+    );
+}
 
 /// The layer that logs and counts the refusals of the services it wraps.
 #[derive(Debug, Clone)]
@@ -149,18 +218,15 @@ impl Call {
             }
             return;
         };
-        let reason = reason.wire_name();
-        observer.refusal(reason);
-        // A client can cause any number of refusals: one line a second per
-        // reason, counting the ones it stands for (the metrics count each).
-        let Some(count) = request_log().admit(reason) else {
-            return;
-        };
-        if status.code() == Code::Internal {
-            tracing::error!(rpc, %peer, reason, message, count, "internal error");
-        } else {
-            tracing::info!(rpc, %peer, reason, message, count, "refused");
-        }
+        record(
+            &observer,
+            &rpc,
+            Carrier::Http2,
+            peer,
+            status.code(),
+            reason,
+            message,
+        );
     }
 }
 
@@ -339,6 +405,31 @@ mod tests {
         };
         exchange(&metrics, foreign).await;
         assert_eq!(metrics.render(), before);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_outside_a_status_counts_as_the_same_refusal_in_one() {
+        // Through the layer, as gRPC sends it...
+        let metrics = Metrics::new(8);
+        let error = || Error::LimitExceeded {
+            limit: "fd_socket_connections",
+            value: rand::random::<u64>() % 1000,
+        };
+        exchange(&metrics, move || error().to_status().into_http()).await;
+        let through_the_layer = metrics.render();
+        // ...and recorded directly, as the packet socket and a
+        // `LaunchStream` message do: the same counter, the same label.
+        let direct = Metrics::new(8);
+        let observer = Observer::new(Some(Arc::clone(&direct)));
+        record_error(
+            &observer,
+            "Launch",
+            Carrier::Packet,
+            Origin::Uid(7),
+            &error(),
+        );
+        assert_eq!(direct.render(), through_the_layer);
+        assert_eq!(refusals(&direct, "LIMIT_EXCEEDED"), 1);
     }
 
     #[test]

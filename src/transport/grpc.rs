@@ -1,14 +1,17 @@
-//! The gRPC surface: decode, call the front, map the result. Nothing here
-//! decides anything; every rule lives in the front and its modules, and
-//! every error becomes a status in `error.rs` alone. A refused call is
-//! logged and counted by the layer in `refusals`, from the status it
-//! returns; only a `LaunchStream`'s per-request refusals, which travel
-//! inside OK messages, are logged and counted here.
+//! The gRPC transport: every `ptxd.v1.Ptxd` RPC over HTTP/2. Decode, call
+//! the front, map the result. Nothing here decides anything; every rule
+//! lives in the front and its modules, and every error becomes a status in
+//! `error.rs` alone. The calls the packet socket carries too run through
+//! [`super::calls`]. A refused call is recorded by the layer in
+//! [`super::refusals`], from the status it returns; only a
+//! `LaunchStream`'s per-request refusals, which travel inside OK messages,
+//! are recorded here, through the same function.
+
+pub mod requests;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use futures_util::{Stream, StreamExt};
 use ptxd_proto::v1::{self as api, ptxd_server::Ptxd};
@@ -18,34 +21,38 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::config::{CacheScope, Limits};
 use crate::error::Error;
 use crate::front::{
-    ArtifactKind, BufferListing, BufferOrigin, BufferRequest, DeclaredArtifactAbi, DeviceChoice,
-    EventRequest, Front, Info, KernelListing, LaunchRequest, LoadRequest, LoadedKernelInfo,
-    OpenedRing, OperandRef, RegisteredBuffer, Registration, RingOpening, RingRequest,
+    BufferListing, BufferOrigin, BufferRequest, EventRequest, Front, Info, KernelListing,
+    Registration, RingOpening, RingRequest,
 };
 use crate::handles::SessionId;
 use crate::observe::Observer;
-use crate::ptx::Signature;
 use crate::sessions::{Caller, LeaseEvent, Peer};
+
+use super::calls::{device_choice, opened_ring, registered_buffer, signature_proto, Calls};
+use super::refusals::{self, Carrier};
 
 /// How many launches of one `LaunchStream` may be in flight at once.
 /// Responses still come back in request order.
 pub const LAUNCH_STREAM_WINDOW: usize = 64;
 
 /// A `LaunchStream` request as decoded: the request, or why it did not
-/// decode and the tag to answer it with. (`requests`' codec, above this
-/// module, produces it.)
+/// decode and the tag to answer it with. ([`requests`]' codec produces
+/// it.)
 pub type DecodedLaunch = Result<api::LaunchRequest, (Error, u64)>;
 
 /// The `ptxd.v1.Ptxd` service.
 #[derive(Debug, Clone)]
 pub struct PtxdService {
     front: Arc<Front>,
-    observer: Observer,
+    calls: Calls,
 }
 
 impl PtxdService {
     pub fn new(front: Arc<Front>, observer: Observer) -> Self {
-        PtxdService { front, observer }
+        PtxdService {
+            calls: Calls::new(front.clone(), observer),
+            front,
+        }
     }
 }
 
@@ -182,14 +189,9 @@ impl Ptxd for PtxdService {
         request: Request<api::LoadKernelRequest>,
     ) -> Result<Response<api::LoadKernelResponse>, Status> {
         let peer = peer(&request);
-        let started = Instant::now();
-        let front = self.front.clone();
-        let request = load_request(request.into_inner());
-        let result = detached(async move { front.load_kernel(request, peer).await }).await;
-        if let Ok(loaded) = &result {
-            self.observer.load(loaded.cache_hit, started.elapsed());
-        }
-        reply(result.map(load_response))
+        let calls = self.calls.clone();
+        let request = request.into_inner();
+        reply(detached(async move { calls.load(peer, request).await }).await)
     }
 
     async fn unload_kernel(
@@ -295,13 +297,7 @@ impl Ptxd for PtxdService {
         request: Request<api::LaunchRequest>,
     ) -> Result<Response<api::LaunchResponse>, Status> {
         let peer = peer(&request);
-        let request = request.into_inner();
-        let tag = request.tag;
-        let request = launch_request(request);
-        let started = Instant::now();
-        let result = self.front.launch(&request, peer).await;
-        self.observe_launch(&request, &result, started);
-        reply(result.map(|took| launch_response(tag, took)))
+        reply(self.calls.launch(peer, request.into_inner()).await)
     }
 
     async fn open_ring(
@@ -379,16 +375,12 @@ impl PtxdService {
                 async move {
                     let request = match item? {
                         Ok(request) => request,
-                        Err((error, tag)) => return Ok(service.stream_refusal(tag, error)),
+                        Err((error, tag)) => return Ok(service.stream_refusal(peer, tag, error)),
                     };
                     let tag = request.tag;
-                    let request = launch_request(request);
-                    let started = Instant::now();
-                    let result = service.front.launch(&request, peer).await;
-                    service.observe_launch(&request, &result, started);
-                    Ok(match result {
-                        Ok(took) => launch_response(tag, took),
-                        Err(error) => service.stream_refusal(tag, error),
+                    Ok(match service.calls.launch(peer, request).await {
+                        Ok(response) => response,
+                        Err(error) => service.stream_refusal(peer, tag, error),
                     })
                 }
             })
@@ -397,99 +389,22 @@ impl PtxdService {
         Box::pin(responses)
     }
 
-    /// A unary launch that came over the fd socket instead of HTTP/2: the
-    /// same front call and launch metrics as `Launch`. No tower layer sees
-    /// its answer, so a refusal is logged and counted here, once.
-    pub(crate) async fn fd_socket_launch(
-        &self,
-        peer: Caller,
-        request: api::LaunchRequest,
-    ) -> Result<api::LaunchResponse, Error> {
-        let tag = request.tag;
-        let request = launch_request(request);
-        let started = Instant::now();
-        let result = self.front.launch(&request, peer).await;
-        self.observe_launch(&request, &result, started);
-        result
-            .map(|took| launch_response(tag, took))
-            .inspect_err(|error| self.fd_socket_refused("Launch", peer, error))
-    }
-
-    /// A `LoadKernel` that came over the fd socket: the same front call and
-    /// load metrics as the RPC; a refusal is logged and counted here, once.
-    pub(crate) async fn fd_socket_load(
-        &self,
-        peer: Caller,
-        request: api::LoadKernelRequest,
-    ) -> Result<api::LoadKernelResponse, Error> {
-        let started = Instant::now();
-        let request = load_request(request);
-        // Not detached, unlike the RPC: a client hanging up does not drop
-        // the fd socket's connection task (it is seen only at the reply) and
-        // the drain waits for it, so the load is not cut half-way; only a
-        // drain past its timeout aborts it, and then the daemon is exiting.
-        // A cache hit so pays no task hand-over.
-        let result = self.front.load_kernel(request, peer).await;
-        if let Ok(loaded) = &result {
-            self.observer.load(loaded.cache_hit, started.elapsed());
-        }
-        result
-            .map(load_response)
-            .inspect_err(|error| self.fd_socket_refused("LoadKernel", peer, error))
-    }
-
-    /// Logs and counts a refusal made on the fd socket.
-    fn fd_socket_refused(&self, rpc: &'static str, peer: Caller, error: &Error) {
-        self.refused_outside_the_layer(rpc, "fd socket", Some(peer), error);
-    }
-
-    /// Logs and counts a refusal the refusal layer cannot see (one inside
-    /// a `LaunchStream` message, or one made on the fd socket), as that
-    /// layer would: INTERNAL at error level, the rest at info.
-    fn refused_outside_the_layer(
-        &self,
-        rpc: &'static str,
-        transport: &'static str,
-        peer: Option<Caller>,
-        error: &Error,
-    ) {
-        let refusal = error.refusal();
-        let reason = refusal.reason.wire_name();
-        self.observer.refusal(reason);
-        // As in the layer: one line a second per reason at most.
-        let Some(count) = crate::connections::request_log().admit(reason) else {
-            return;
-        };
-        if refusal.reason == api::Reason::Internal {
-            tracing::error!(rpc, transport, ?peer, reason, message = %refusal.message, count, "internal error");
-        } else {
-            tracing::info!(rpc, transport, ?peer, reason, message = %refusal.message, count, "refused");
-        }
-    }
-
-    /// The front, for the fd socket's attachments.
-    pub(crate) fn front(&self) -> &Arc<Front> {
-        &self.front
-    }
-
-    /// A `LaunchStream` answer that refuses one request.
-    fn stream_refusal(&self, tag: u64, error: Error) -> api::LaunchResponse {
-        self.refused_outside_the_layer("LaunchStream", "http2", None, &error);
+    /// A `LaunchStream` answer that refuses one request, recorded here:
+    /// it travels inside an OK message, which the refusal layer does not
+    /// read.
+    fn stream_refusal(&self, peer: Caller, tag: u64, error: Error) -> api::LaunchResponse {
+        let observer = self.calls.observer();
+        refusals::record_error(
+            observer,
+            "LaunchStream",
+            Carrier::Http2,
+            peer.into(),
+            &error,
+        );
         api::LaunchResponse {
             tag,
             micros: 0,
             error: Some(error.to_launch_error()),
-        }
-    }
-
-    fn observe_launch(
-        &self,
-        request: &LaunchRequest,
-        result: &Result<std::time::Duration, Error>,
-        started: Instant,
-    ) {
-        if result.is_ok() {
-            self.observer.launch(request.sync, started.elapsed());
         }
     }
 }
@@ -572,62 +487,23 @@ fn lease_event(event: LeaseEvent) -> api::SessionEvent {
             cause,
         }),
         LeaseEvent::Draining { reason } => Event::Draining(api::Draining { reason }),
+        LeaseEvent::ExecutorDown {
+            device_uuid,
+            generation,
+            cause,
+            failed_restarts,
+            restart_error,
+            retry_in,
+        } => Event::ExecutorDown(api::ExecutorDown {
+            device_uuid,
+            generation,
+            cause,
+            failed_restarts,
+            restart_error,
+            retry_in_ms: u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX),
+        }),
     };
     api::SessionEvent { event: Some(event) }
-}
-
-fn device_choice(selector: Option<api::DeviceSelector>) -> DeviceChoice {
-    use api::device_selector::Selector;
-    match selector.and_then(|s| s.selector) {
-        None => DeviceChoice::First,
-        Some(Selector::Uuid(uuid)) => DeviceChoice::Uuid(uuid),
-        Some(Selector::Ordinal(ordinal)) => DeviceChoice::Ordinal(ordinal),
-    }
-}
-
-fn load_request(request: api::LoadKernelRequest) -> LoadRequest {
-    let kind = match api::ArtifactKind::try_from(request.kind) {
-        Ok(api::ArtifactKind::Ptx) => ArtifactKind::Ptx,
-        Ok(api::ArtifactKind::Cubin) => ArtifactKind::Cubin,
-        Ok(api::ArtifactKind::Fatbin) => ArtifactKind::Fatbin,
-        Ok(api::ArtifactKind::Unspecified) | Err(_) => ArtifactKind::Unspecified,
-    };
-    LoadRequest {
-        session: request.session,
-        artifact: request.artifact,
-        kind,
-        symbol: request.symbol,
-        label: request.label,
-        declared: request.declared.map(|d| DeclaredArtifactAbi {
-            inputs: d.inputs,
-            scalar_params: d.scalar_params,
-            element_size: d.element_size,
-        }),
-        device: device_choice(request.device),
-    }
-}
-
-fn signature_proto(signature: &Signature, block_size: u32) -> api::KernelSignature {
-    api::KernelSignature {
-        inputs: signature.inputs,
-        element_sizes: signature.element_sizes.clone(),
-        scalar_params: signature.scalar_params,
-        block_size,
-        reqntid: signature.reqntid.unwrap_or(0),
-        maxntid: signature.maxntid.unwrap_or(0),
-    }
-}
-
-fn load_response(loaded: LoadedKernelInfo) -> api::LoadKernelResponse {
-    api::LoadKernelResponse {
-        signature: Some(signature_proto(&loaded.signature, loaded.block_size)),
-        kernel: loaded.kernel,
-        cache_hit: loaded.cache_hit,
-        load_micros: loaded.load_micros,
-        device_uuid: loaded.device_uuid,
-        generation: loaded.generation,
-        ring_index: loaded.ring_index,
-    }
 }
 
 fn kernel_info(kernel: KernelListing) -> api::KernelInfo {
@@ -683,28 +559,6 @@ fn register_buffer_response(registration: Registration) -> api::RegisterBufferRe
     }
 }
 
-/// An opened ring, as OpenRing and the fd socket answer it.
-pub fn opened_ring(ring: OpenedRing) -> api::OpenRingResponse {
-    api::OpenRingResponse {
-        device_uuid: ring.device_uuid,
-        generation: ring.generation,
-        fd_token: String::new(),
-        fd_token_ttl_ms: 0,
-    }
-}
-
-/// A registered buffer, as RegisterBuffer and the fd socket answer it.
-pub fn registered_buffer(buffer: RegisteredBuffer) -> api::RegisterBufferResponse {
-    api::RegisterBufferResponse {
-        buffer: buffer.buffer,
-        device_uuid: buffer.device_uuid,
-        generation: buffer.generation,
-        ring_index: buffer.ring_index,
-        fd_token: String::new(),
-        fd_token_ttl_ms: 0,
-    }
-}
-
 fn buffer_info(buffer: BufferListing) -> api::BufferInfo {
     api::BufferInfo {
         buffer: buffer.buffer,
@@ -723,31 +577,5 @@ fn event_request(request: api::RegisterEventRequest) -> EventRequest {
         label: request.label,
         handle: request.handle,
         device_uuid: request.device_uuid,
-    }
-}
-
-fn launch_request(request: api::LaunchRequest) -> LaunchRequest {
-    let operand = |o: api::Operand| OperandRef {
-        buffer: o.buffer,
-        offset: o.offset,
-    };
-    LaunchRequest {
-        session: request.session,
-        kernel: request.kernel,
-        inputs: request.inputs.into_iter().map(operand).collect(),
-        output: request.output.map(operand),
-        n: request.n,
-        params: request.params,
-        wait_event: request.wait_event,
-        signal_event: request.signal_event,
-        sync: request.sync,
-    }
-}
-
-fn launch_response(tag: u64, took: std::time::Duration) -> api::LaunchResponse {
-    api::LaunchResponse {
-        tag,
-        micros: took.as_micros() as u64,
-        error: None,
     }
 }

@@ -1,25 +1,26 @@
-//! The fd socket: where clients send the descriptors of buffers they
-//! register by file descriptor (`RegisterBuffer` with source `posix_fd`).
+//! The packet transport (the "fd socket"): descriptors, and unary launches
+//! and loads, one `SOCK_SEQPACKET` packet each way.
 //!
-//! A `SOCK_SEQPACKET` Unix socket beside the gRPC socket, named after it
-//! with `.fds` appended, with the same mode. One exchange per packet: the
-//! client sends an encoded `FdAttach` (the token `RegisterBuffer` returned)
-//! with exactly one descriptor (`SCM_RIGHTS`); ptxd answers with one
-//! encoded `FdAttachReply`. The peer's uid comes from the kernel
-//! (`SO_PEERCRED`), never from the packet.
+//! A Unix socket beside the gRPC socket, named after it with `.fds`
+//! appended, with the same mode. One exchange per packet: the client sends
+//! an encoded `FdAttach` whose body is one of
+//! - a token (`RegisterBuffer` with source `posix_fd`, or `OpenRing` with
+//!   `by_fd`, returned it), with exactly one descriptor (`SCM_RIGHTS`);
+//! - a `LaunchRequest`, run as the `Launch` RPC runs it;
+//! - a `LoadKernelRequest`, run as the `LoadKernel` RPC runs it;
 //!
-//! The same socket carries the hot unary calls without HTTP/2: an
-//! `FdAttach` with `launch` (or `load`) set and no descriptor is run as the
-//! `Launch` (or `LoadKernel`) RPC would run it (`PtxdService::fd_socket_*`:
-//! the same front call, metrics and refusal accounting), with the socket's
-//! peer as the caller.
+//! and ptxd answers with one encoded `FdAttachReply`. The calls run through
+//! [`super::calls`] (the same front call, conversions and metrics as over
+//! gRPC) and every refusal sent here is recorded by
+//! [`super::refusals::record`], as the gRPC layer records its own. The
+//! peer's uid comes from the kernel (`SO_PEERCRED`), never from the packet.
 //!
 //! Invariants:
 //! - A descriptor is owned from the moment it is received: one that does
 //!   not complete a registration is closed before the reply is sent.
-//! - A packet that is truncated or undecodable, a token without exactly one
-//!   descriptor, a call with any, or a packet with more than one or none of
-//!   them is refused (INVALID_ARGUMENT) and ends the connection.
+//! - A packet that is truncated or undecodable, has no body or an empty
+//!   token, a token without exactly one descriptor, or a call with any, is
+//!   refused (INVALID_ARGUMENT) and ends the connection.
 //! - On drain (`stop`) the socket takes no new connection, and those it
 //!   has keep being answered (DRAINING: nothing new runs) for the drain's
 //!   grace, as a `LaunchStream` is; then each ends with one unsolicited
@@ -46,6 +47,12 @@
 //!   (the client's further sends fail) and what the client queued on it is
 //!   read and dropped (a bounded number of packets), so that the close does
 //!   not reset the client's socket over the refusal it was sent.
+//! - Every refusal that answers a packet is recorded once
+//!   ([`super::refusals::record`]: `ptxd_refusals_total{reason}` and one
+//!   rate-limited log line, transport `fd socket`), as a gRPC call's status
+//!   is. A connection refused or ended at the caps, or at the drain's end,
+//!   is not a call: like a gRPC connection turned away, it is logged
+//!   (rate-limited) and not counted as a refusal.
 //! - Every log line a client can cause here is rate-limited
 //!   ([`crate::connections::LogLimit`]).
 
@@ -69,13 +76,18 @@ use ptxd_ipc::packet::{
 use crate::connections::LogLimit;
 use crate::spin::Spinners;
 use ptxd_proto::v1 as api;
+use ptxd_proto::v1::fd_attach::Body;
+use ptxd_proto::v1::fd_attach_reply::Result as Answer;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
+use crate::connections::Origin;
 use crate::error::Error;
-use crate::front::Attached;
-use crate::service::PtxdService;
+use crate::front::{Attached, Front};
 use crate::sessions::{Caller, Peer};
+
+use super::calls::{opened_ring, registered_buffer, Calls};
+use super::refusals::{record_error, Carrier};
 
 /// Connections served at once, by default.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -330,7 +342,7 @@ impl Logs {
 /// `spinners` grants it, before its task sleeps.
 pub async fn serve(
     listener: OwnedFd,
-    service: PtxdService,
+    calls: Calls,
     spinners: Arc<Spinners>,
     limits: FdSocketLimits,
     grace: Duration,
@@ -396,11 +408,11 @@ pub async fn serve(
                 continue;
             }
         };
-        let service = service.clone();
+        let calls = calls.clone();
         let cut = cut.clone();
         let spinners = spinners.clone();
         connections.spawn(async move {
-            serve_connection(connection, peer, service, spinners, limits, place, cut).await;
+            serve_connection(connection, peer, calls, spinners, limits, place, cut).await;
         });
     }
     // Draining: no new connections; the open ones are answered (DRAINING,
@@ -492,7 +504,7 @@ enum Wait {
 async fn serve_connection(
     connection: OwnedFd,
     peer: Peer,
-    service: PtxdService,
+    calls: Calls,
     spinners: Arc<Spinners>,
     limits: FdSocketLimits,
     place: Place,
@@ -537,30 +549,33 @@ async fn serve_connection(
             }
         };
         place.set_idle(false);
-        let (reply, keep_going) = match parse(buffer.bytes(&packet), packet) {
+        let caller = Caller::Local(peer);
+        // A packet that does not parse ends the connection; a refusal of
+        // what it asks does not.
+        let (rpc, result, keep_going) = match parse(buffer.bytes(&packet), packet) {
             Ok(Ask::Attach { token, fd }) => {
-                let front = service.front().clone();
-                // Spawned, so that a client that hangs up mid-open cannot
-                // cancel the open half-way (the open commits or undoes).
-                let result =
-                    tokio::spawn(async move { front.attach_fd(&token, fd, peer.uid).await })
-                        .await
-                        .unwrap_or_else(|e| {
-                            Err(Error::Internal {
-                                message: format!("the fd registration task failed: {e}"),
-                            })
-                        });
-                (attached(result), true)
+                let result = attach(calls.front(), token, fd, peer.uid).await;
+                ("FdAttach", result, true)
             }
             Ok(Ask::Launch(request)) => {
-                let result = service.fd_socket_launch(Caller::Local(peer), request).await;
-                (answer(result, api::fd_attach_reply::Result::Launched), true)
+                let result = calls.launch(caller, request).await;
+                ("Launch", result.map(Answer::Launched), true)
             }
             Ok(Ask::Load(request)) => {
-                let result = service.fd_socket_load(Caller::Local(peer), request).await;
-                (answer(result, api::fd_attach_reply::Result::Loaded), true)
+                let result = calls.load(caller, request).await;
+                ("LoadKernel", result.map(Answer::Loaded), true)
             }
-            Err(refusal) => (refused(refusal), false),
+            Err(refusal) => ("FdAttach", Err(refusal), false),
+        };
+        let reply = match result {
+            Ok(answer) => api::FdAttachReply {
+                result: Some(answer),
+            },
+            Err(error) => {
+                let peer = Origin::Uid(peer.uid);
+                record_error(calls.observer(), rpc, Carrier::Packet, peer, &error);
+                refused(error)
+            }
         };
         // A client that stops reading its replies fills its queue; the
         // reply then waits at most the idle timeout, so such a client cannot
@@ -608,24 +623,12 @@ fn parse(bytes: &[u8], packet: PacketMeta) -> Result<Ask, Error> {
     let attach =
         api::FdAttach::decode(bytes).map_err(|e| invalid(&format!("not an FdAttach: {e}")))?;
     let mut fds = packet.fds;
-    let token = (!attach.token.is_empty()).then_some(attach.token);
-    let call = match (attach.launch, attach.load) {
-        (Some(launch), None) => Some(Ask::Launch(launch)),
-        (None, Some(load)) => Some(Ask::Load(load)),
-        (None, None) => None,
-        (Some(_), Some(_)) => return Err(invalid("a packet holds one call, not two")),
-    };
-    match (token, call) {
-        (None, Some(call)) => {
-            if !fds.is_empty() {
-                return Err(invalid(&format!(
-                    "a call carries no descriptor, not {}",
-                    fds.len()
-                )));
+    let call = match attach.body {
+        None => return Err(invalid("a packet holds a token, a launch or a load")),
+        Some(Body::Token(token)) => {
+            if token.is_empty() {
+                return Err(invalid("a token is not empty"));
             }
-            Ok(call)
-        }
-        (Some(token), None) => {
             if fds.len() != 1 {
                 return Err(invalid(&format!(
                     "a token's packet carries exactly one descriptor, not {}",
@@ -633,43 +636,43 @@ fn parse(bytes: &[u8], packet: PacketMeta) -> Result<Ask, Error> {
                 )));
             }
             let fd = fds.pop().ok_or_else(|| invalid("no descriptor"))?;
-            Ok(Ask::Attach { token, fd })
+            return Ok(Ask::Attach { token, fd });
         }
-        (Some(_), Some(_)) => Err(invalid("a packet holds a token or a call, not both")),
-        (None, None) => Err(invalid("a packet holds a token or a call")),
-    }
-}
-
-fn attached(result: Result<Attached, Error>) -> api::FdAttachReply {
-    let result = match result {
-        Ok(Attached::Buffer(buffer)) => {
-            api::fd_attach_reply::Result::Registered(crate::service::registered_buffer(buffer))
-        }
-        Ok(Attached::Ring(ring)) => {
-            api::fd_attach_reply::Result::Ring(crate::service::opened_ring(ring))
-        }
-        Err(error) => return refused(error),
+        Some(Body::Launch(launch)) => Ask::Launch(launch),
+        Some(Body::Load(load)) => Ask::Load(load),
     };
-    api::FdAttachReply {
-        result: Some(result),
+    if !fds.is_empty() {
+        return Err(invalid(&format!(
+            "a call carries no descriptor, not {}",
+            fds.len()
+        )));
     }
+    Ok(call)
 }
 
-/// The reply to a call: its answer, or its refusal.
-fn answer<T>(
-    result: Result<T, Error>,
-    answered: impl FnOnce(T) -> api::fd_attach_reply::Result,
-) -> api::FdAttachReply {
-    match result {
-        Ok(response) => api::FdAttachReply {
-            result: Some(answered(response)),
-        },
-        Err(error) => refused(error),
-    }
+/// A descriptor for `token`, registered (a buffer) or opened (a ring) by
+/// the front for `uid`.
+async fn attach(front: &Arc<Front>, token: String, fd: OwnedFd, uid: u32) -> Result<Answer, Error> {
+    let front = front.clone();
+    // Spawned, so that a client that hangs up mid-open cannot cancel the
+    // open half-way (the open commits or undoes).
+    let attached = tokio::spawn(async move { front.attach_fd(&token, fd, uid).await })
+        .await
+        .unwrap_or_else(|e| {
+            Err(Error::Internal {
+                message: format!("the fd registration task failed: {e}"),
+            })
+        })?;
+    Ok(match attached {
+        Attached::Buffer(buffer) => Answer::Registered(registered_buffer(buffer)),
+        Attached::Ring(ring) => Answer::Ring(opened_ring(ring)),
+    })
 }
 
 /// The refusal packet for `error`: the code, reason and metadata a gRPC
-/// status would carry.
+/// status would carry. (Recording it is the sender's: a packet's refusal is
+/// recorded where it is answered; a connection's, at a cap or the drain's
+/// end, is logged by [`Logs`] as the gRPC listener logs its own.)
 fn refused(error: Error) -> api::FdAttachReply {
     let refusal = error.to_launch_error();
     api::FdAttachReply {
@@ -738,6 +741,62 @@ mod tests {
         drop(a);
         assert_eq!(table.lock().1.len(), 2);
         assert!(table.admit(1).is_ok());
+    }
+
+    /// What `parse` makes of a packet holding `body` and `fds` descriptors:
+    /// the ask's name, or the refusal's message.
+    fn parsed(body: Option<Body>, fds: usize) -> Result<&'static str, String> {
+        let bytes = api::FdAttach { body }.encode_to_vec();
+        let fds = (0..fds)
+            .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
+            .collect();
+        let meta = PacketMeta {
+            len: bytes.len(),
+            fds,
+            truncated: false,
+        };
+        match parse(&bytes, meta) {
+            Ok(Ask::Attach { .. }) => Ok("attach"),
+            Ok(Ask::Launch(_)) => Ok("launch"),
+            Ok(Ask::Load(_)) => Ok("load"),
+            Err(Error::InvalidArgument { field, message }) => {
+                assert_eq!(field, "packet");
+                Err(message)
+            }
+            Err(other) => panic!("refused otherwise: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_packet_asks_for_its_one_body_with_the_descriptors_that_body_takes() {
+        let token = || Some(Body::Token(format!("fdt-{:x}", rand::random::<u64>())));
+        let launch = || Some(Body::Launch(api::LaunchRequest::default()));
+        let load = || Some(Body::Load(api::LoadKernelRequest::default()));
+        assert_eq!(parsed(token(), 1), Ok("attach"));
+        assert_eq!(parsed(launch(), 0), Ok("launch"));
+        assert_eq!(parsed(load(), 0), Ok("load"));
+        let refused = |body, fds| parsed(body, fds).unwrap_err();
+        assert!(refused(None, 0).contains("a token, a launch or a load"));
+        assert!(refused(None, 1).contains("a token, a launch or a load"));
+        assert!(refused(Some(Body::Token(String::new())), 1).contains("a token is not empty"));
+        for fds in [0, 2] {
+            let message = refused(token(), fds);
+            assert!(
+                message.contains(&format!("exactly one descriptor, not {fds}")),
+                "{message}"
+            );
+        }
+        assert!(refused(launch(), 1).contains("a call carries no descriptor, not 1"));
+        assert!(refused(load(), 3).contains("a call carries no descriptor, not 3"));
+        let truncated = PacketMeta {
+            len: 0,
+            fds: Vec::new(),
+            truncated: true,
+        };
+        assert!(matches!(
+            parse(&[], truncated),
+            Err(Error::InvalidArgument { .. })
+        ));
     }
 
     #[test]

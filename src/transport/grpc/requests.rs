@@ -40,9 +40,9 @@ use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::server::NamedService;
 use tonic::{Code, Status};
 
+use super::{DecodedLaunch, PtxdService};
 use crate::connections::Origin;
 use crate::error::Error;
-use crate::service::{DecodedLaunch, PtxdService};
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
 
@@ -431,7 +431,7 @@ impl Codec for LaunchCodec {
 }
 
 /// The `ptxd.v1.Ptxd` service as served: the generated server, with
-/// `LaunchStream` decoded by [`LaunchCodec`] and the statuses tonic gives a
+/// `LaunchStream` decoded by `LaunchCodec` and the statuses tonic gives a
 /// request that does not decode turned into typed refusals.
 #[derive(Debug, Clone)]
 pub struct PtxdRoutes {
@@ -508,7 +508,7 @@ impl tower::Service<http::Request<Body>> for PtxdRoutes {
                     move |request: tonic::Request<tonic::Streaming<DecodedLaunch>>| {
                         let service = service.clone();
                         async move {
-                            let peer = crate::service::peer(&request);
+                            let peer = super::peer(&request);
                             Ok::<_, Status>(tonic::Response::new(
                                 service.answer_launches(peer, request.into_inner()),
                             ))

@@ -1,0 +1,187 @@
+"""Launches on torch tensors through the session's launch ring: ordering on
+the framework's stream by GPU words, a caching-allocator segment freed and
+allocated again at the same address, and refusals.
+
+Run with PTXD_GPU_TESTS=1 (tests/gpu/run.sh does); otherwise every test here
+is reported as skipped.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+import ptxd
+from support import read_ptx
+
+#: ~50 ms of GPU time before each producer: a launch that does not wait for
+#: the stream reads the poisoned inputs long before the producer writes.
+SLEEP_CYCLES = 50_000_000
+
+
+def add_f32(session, device):
+    return session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar", device=device)
+
+
+def ring_keys(session):
+    return [key for key, ring in session._rings.items() if ring]
+
+
+def test_producer_ptxd_consumer_on_one_stream_through_the_ring(torch, gpu_session, device):
+    kernel = add_f32(gpu_session, device)
+    count = (1 << 20) + 3
+    rounds = 40
+    stream = torch.cuda.Stream(device=device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(torch.seed())
+    with torch.cuda.stream(stream):
+        a = torch.full((count,), float("nan"), device=device)
+        b = torch.full((count,), float("nan"), device=device)
+        out = torch.full((count,), float("nan"), device=device)
+        values = [torch.randn(count, device=device, generator=generator) for _ in range(2)]
+        results = []
+        for round_ in range(rounds):
+            # Producer (torch): a sleep on some rounds, then the inputs.
+            if round_ % 4 == 0:
+                torch.cuda._sleep(SLEEP_CYCLES)
+            a.copy_(values[0] * (round_ + 1))
+            b.copy_(values[1] - round_)
+            # ptxd's kernel, on the current stream (no stream= given).
+            gpu_session.launch(kernel, [a, b], out)
+            # Consumer (torch): reads ptxd's output, then poisons everything,
+            # which must wait for ptxd's kernel too.
+            results.append(out * 2)
+            a.fill_(float("nan"))
+            b.fill_(float("nan"))
+            out.fill_(float("nan"))
+    stream.synchronize()
+    for round_, result in enumerate(results):
+        expected = (values[0] * (round_ + 1) + (values[1] - round_)) * 2
+        assert torch.equal(result, expected), (
+            f"round {round_}: {(result != expected).sum().item()} of {count} elements differ"
+        )
+    # The launches took the ring ordered on this stream, not the IPC events.
+    assert ring_keys(gpu_session) == [(device.index, stream.cuda_stream)]
+    assert not any(gpu_session._events.values())
+
+
+def test_without_ordering_the_same_sequence_reads_stale_inputs(torch, gpu_session, device):
+    """The control: the sequence above with ptxd's launch unordered (Buffers,
+    no stream) reads the producer's inputs before they are written, so the
+    ordering test can fail."""
+    kernel = add_f32(gpu_session, device)
+    count = 1 << 20
+    stream = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(stream):
+        a = torch.full((count,), float("nan"), device=device)
+        b = torch.zeros(count, device=device)
+        out = torch.zeros(count, device=device)
+        stream.synchronize()
+        buffers = [gpu_session.register(t) for t in (a, b, out)]
+        torch.cuda._sleep(SLEEP_CYCLES)
+        a.fill_(1.0)
+        gpu_session.launch(kernel, buffers[:2], buffers[2], sync=True)
+    stream.synchronize()
+    assert torch.isnan(out).all(), "the unordered launch ran after the producer: no race shown"
+
+
+def test_launch_many_chain_through_the_ring(torch, gpu_session, device):
+    kernel = add_f32(gpu_session, device)
+    count = 1 << 18
+    steps = 300  # more than the ring's slots would not fit one batch: the 256-slot path too
+    stream = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(stream):
+        x = torch.full((count,), float("nan"), device=device)
+        one = torch.ones(count, device=device)
+        start = torch.randn(count, device=device)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        x.copy_(start)
+        # x += 1, `steps` times, each launch reading the previous one's output.
+        times = gpu_session.launch_many([(kernel, [x, one], x)] * steps)
+        result = x.clone()
+        x.fill_(float("nan"))
+    stream.synchronize()
+    assert times == [0] * steps
+    expected = start.clone()
+    for _ in range(steps):
+        expected += 1  # the same f32 additions, in the same order
+    assert torch.equal(result, expected), f"{(result != expected).sum().item()} elements differ"
+
+
+def test_a_reused_segment_never_launches_against_the_stale_registration(torch, gpu_session, device):
+    kernel = add_f32(gpu_session, device)
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    count = 4 << 20  # 16 MiB per operand: one large-pool segment for the three
+    whole = torch.randn(3 * count, device=device)
+    a, b, out = whole[:count], whole[count : 2 * count], whole[2 * count :]
+    gpu_session.launch(kernel, [a, b], out)
+    torch.cuda.synchronize(device)
+    assert torch.equal(out, a + b)
+    old = gpu_session.register(a)._registration
+    base = whole.data_ptr()
+    del whole, a, b, out
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()  # cudaFree: the segment is gone
+
+    # Ask for segments of other sizes (torch rounds large ones to 2 MiB)
+    # until the driver places one at the old address (it usually does at
+    # once). Tensors at the old addresses with the old lengths are then the
+    # operand cache's exact keys, over other memory.
+    mib2 = (2 << 20) // 4
+    kept = []
+    reused = None
+    for delta in (mib2, -mib2, 2 * mib2, -2 * mib2, 4 * mib2, -4 * mib2):
+        candidate = torch.empty(3 * count + delta, device=device)
+        if candidate.data_ptr() == base:
+            reused = candidate
+            break
+        kept.append(candidate)
+    if reused is None:
+        pytest.skip("the driver never placed a new segment at the freed address")
+    a2, b2 = reused[:count], reused[count : 2 * count]
+    out2 = reused[2 * count : min(3 * count, reused.numel())]
+    a2.copy_(torch.randn(count, device=device))
+    b2.copy_(torch.randn(count, device=device))
+    out2.fill_(float("nan"))
+    gpu_session.launch(kernel, [a2, b2], out2)
+    torch.cuda.synchronize(device)
+    n = out2.numel()
+    assert torch.equal(out2, a2[:n] + b2[:n]), "the launch used the freed segment's registration"
+    assert old.released, "the freed segment's registration was not released"
+    new = gpu_session.register(a2)._registration
+    assert new is not old and new.buffer_id != old.buffer_id
+    live = {bu["handle"] for bu in gpu_session.buffers()}
+    assert old.handle not in live and new.handle in live
+
+
+def test_a_refusal_through_the_ring_raises_what_the_unary_path_raises(torch, gpu_session, device):
+    affine = gpu_session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar", device=device)
+    count = 1 << 12
+    a = torch.randn(count, device=device)
+    out = torch.full((count,), float("nan"), device=device)
+    stream = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(stream):
+        with pytest.raises(ptxd.AbiMismatch) as ring:
+            gpu_session.launch(affine, [a], out, params=(1.0,))  # it takes two
+        after = out + 1  # the stream is not left waiting on the refused launch
+    stream.synchronize()
+    assert torch.isnan(after).all()
+    assert ring.value.metadata.get("path") == "ring"
+    buffers = [gpu_session.register(t) for t in (a, out)]
+    with pytest.raises(ptxd.AbiMismatch) as unary:
+        gpu_session.launch(affine, buffers[:1], buffers[1], params=(1.0,))
+    assert "path" not in unary.value.metadata
+    assert type(ring.value) is type(unary.value)
+    assert (ring.value.reason, ring.value.code, ring.value.code_value) == (
+        unary.value.reason, unary.value.code, unary.value.code_value
+    )
+    # A good launch after both, through the same ring.
+    with torch.cuda.stream(stream):
+        gpu_session.launch(affine, [a], out, params=(2.0, 0.5))
+        result = out.clone()
+    stream.synchronize()
+    assert not torch.isnan(result).any()

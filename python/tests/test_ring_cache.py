@@ -1,0 +1,484 @@
+"""The launch path a torch or CuPy operand takes, without a GPU or a daemon:
+which path a launch takes, the operand cache, and what happens when a
+caching allocator's segment is freed and allocated again at the same
+address. The native session, device and ring are fakes with the native
+module's interface; the GPU tests (gpu/test_ring.py) run the real ones."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+import ptxd
+from ptxd import _client
+from ptxd._errors import _from_native
+
+RNG = random.Random()
+
+
+class FakeAllocator:
+    """Device memory as the driver reports it: allocations with ids that
+    are never reused, at addresses that are."""
+
+    def __init__(self) -> None:
+        self.allocations: Dict[int, Tuple[int, int]] = {}  # base -> (size, id)
+        self.next_id = RNG.randrange(1, 1 << 30)
+        self.locates = 0
+
+    def allocate(self, base: int, size: int) -> int:
+        self.next_id += 1
+        self.allocations[base] = (size, self.next_id)
+        return self.next_id
+
+    def free(self, base: int) -> None:
+        del self.allocations[base]
+
+    def find(self, ptr: int) -> Tuple[int, int, int]:
+        for base, (size, buffer_id) in self.allocations.items():
+            if base <= ptr < base + size:
+                return base, size, buffer_id
+        raise AssertionError(f"{ptr:#x} is in no allocation")
+
+
+class FakeDevice:
+    uuid = "GPU-fake"
+    ordinal = 0
+
+    def __init__(self, allocator: FakeAllocator) -> None:
+        self.allocator = allocator
+
+    def locate(self, ptr: int) -> Tuple[int, int, int, bool]:
+        self.allocator.locates += 1
+        base, size, buffer_id = self.allocator.find(ptr)
+        return base, size, buffer_id, True
+
+    def export(self, located: Tuple[int, int, int, bool]) -> bytes:
+        return located[0].to_bytes(8, "little") * 8
+
+    def allocation_id(self, ptr: int) -> int:
+        return self.allocator.find(ptr)[2]
+
+
+class FakeArray:
+    """A contiguous float32 array on the fake device (``__cuda_array_interface__``
+    v3, naming its stream as CuPy does)."""
+
+    def __init__(self, ptr: int, count: int, stream: int = 0x5000) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (count,),
+            "typestr": "<f4",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": stream,
+        }
+
+
+class FakeKernel:
+    def signature(self) -> Tuple[int, List[int], int, int, int, int]:
+        return (2, [4, 4, 4], 0, 256, 0, 0)
+
+
+class FakeRing:
+    """The native Ring: checks the operand cache's guesses as the real one
+    does (before anything is submitted), then records the launches."""
+
+    def __init__(self, device: FakeDevice, outcomes: Optional[List[Any]] = None) -> None:
+        self.device = device
+        self.launches: List[Tuple[int, Any]] = []
+        self.stale_answers = 0
+        self.outcomes = outcomes
+        self.error: Optional[BaseException] = None
+
+    def launch(self, stream: int, wire: List[Any], checks: List[Tuple[int, int]], sync: bool,
+               timeout: float) -> Optional[List[Any]]:
+        if self.error is not None:
+            raise self.error
+        for ptr, buffer_id in checks:
+            if self.device.allocation_id(ptr) != buffer_id:
+                self.stale_answers += 1
+                return None
+        for item in wire:
+            self.launches.append((stream, item))
+        if self.outcomes is not None:
+            return self.outcomes
+        return [None] * len(wire)
+
+
+class FakeNativeSession:
+    def __init__(self, device: FakeDevice, ring_fails: bool = False) -> None:
+        self.device = device
+        self.registered: Dict[str, int] = {}  # handle -> ring index
+        self.released: List[str] = []
+        self.unary: List[Any] = []
+        self.rings: List[FakeRing] = []
+        self.ring_fails = ring_fails
+        self.next_index = RNG.randrange(1, 1000)
+
+    def register_cuda_ipc(self, handle: bytes, uuid: str, size: int) -> Dict[str, Any]:
+        self.next_index += 1
+        name = f"buf-{self.next_index}"
+        self.registered[name] = self.next_index
+        return {"handle": name, "size": size, "device_uuid": uuid, "generation": 1,
+                "ring_index": self.next_index}
+
+    def release_buffer(self, handle: str) -> None:
+        self.released.append(handle)
+
+    def open_ordered_ring(self, device: FakeDevice, slots: int) -> FakeRing:
+        if self.ring_fails:
+            raise ptxd.Error("no ring here", reason="UNSUPPORTED_ON_HOST")
+        ring = FakeRing(device)
+        self.rings.append(ring)
+        return ring
+
+    def launch(self, kernel: Any, inputs: Any, output: Any, n: int, params: Any, sync: bool,
+               wait: Any = None, signal: Any = None) -> Tuple[int, bool]:
+        self.unary.append((inputs, output, n, wait, signal))
+        return (5, False)
+
+    def close(self) -> None:
+        return None
+
+
+class FakeEvent:
+    def __init__(self) -> None:
+        self.records: List[int] = []
+        self.waits: List[int] = []
+
+    def handle(self) -> bytes:
+        return bytes(64)
+
+    def record(self, stream: int) -> None:
+        self.records.append(stream)
+
+    def wait(self, stream: int) -> None:
+        self.waits.append(stream)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    allocator = FakeAllocator()
+    device = FakeDevice(allocator)
+    device.ipc_event = lambda: FakeEvent()
+    monkeypatch.setattr(_client, "_device", lambda ordinal: device)
+    monkeypatch.delenv(_client.RING_ENV, raising=False)
+    native = FakeNativeSession(device)
+    native.register_event = lambda handle, uuid: f"event-{RNG.random()}"
+    session = _client.Session(native, "fake")
+    return session, native, allocator
+
+
+def segment(allocator: FakeAllocator, size: int = 1 << 21) -> int:
+    base = RNG.randrange(1 << 20, 1 << 30) << 21
+    allocator.allocate(base, size)
+    return base
+
+
+def test_cuda_arrays_launch_through_the_ring_and_resolve_once(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(1, 4096)
+    offsets = [0, 4 * count, 8 * count]
+    a, b, out = (FakeArray(base + offset, count) for offset in offsets)
+    kernel = _client.Kernel(FakeKernel())
+
+    assert session.launch(kernel, [a, b], out) == ptxd.Launched(0, False)
+    assert allocator.locates == 3, "each operand is located once"
+    assert len(native.rings) == 1 and native.unary == []
+    ring = native.rings[0]
+    index = native.registered[next(iter(native.registered))]
+    assert len(native.registered) == 1, "one segment, one registration"
+    stream, (_, inputs, output, n, params) = ring.launches[0]
+    assert stream == 0x5000
+    assert inputs == [(index, 0), (index, 4 * count)] and output == (index, 8 * count)
+    assert n == count and params == []
+
+    for _ in range(5):
+        session.launch(kernel, [a, b], out)
+    assert allocator.locates == 3, "later launches take the operands from the cache"
+    assert len(ring.launches) == 6 and len(native.rings) == 1
+
+
+def test_a_reused_segment_never_launches_against_the_old_registration(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeArray(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], out)
+    (old_handle, old_index), = native.registered.items()
+
+    # The caching allocator frees the segment; the driver gives the next one
+    # (another size) the same address. Tensors there have the same addresses
+    # and lengths as before: the cache's keys match, the memory does not.
+    allocator.free(base)
+    allocator.allocate(base, 1 << 22)
+    a2, b2, out2 = (FakeArray(base + i * 4 * count, count) for i in range(3))
+    session.launch(kernel, [a2, b2], out2)
+
+    ring = native.rings[0]
+    assert ring.stale_answers == 1, "the ring refused the stale guess before submitting"
+    assert native.released == [old_handle], "the freed segment's registration was released"
+    new_index = native.registered[next(h for h in native.registered if h != old_handle)]
+    assert new_index != old_index
+    _, (_, inputs, output, _, _) = ring.launches[-1]
+    assert {index for index, _ in inputs + [output]} == {new_index}
+    for _, (_, inputs, output, _, _) in ring.launches[1:]:
+        assert old_index not in {index for index, _ in inputs + [output]}
+
+
+def test_the_unary_path_checks_the_cache_too(fake, monkeypatch):
+    session, native, allocator = fake
+    monkeypatch.setenv(_client.RING_ENV, "0")
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeArray(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], out)
+    assert native.rings == [] and len(native.unary) == 1
+    (old_handle, _), = native.registered.items()
+    allocator.free(base)
+    allocator.allocate(base, 1 << 20)
+    session.launch(kernel, [FakeArray(base + i * 4 * count, count) for i in range(3)][:2],
+                   FakeArray(base + 8 * count, count))
+    assert native.released == [old_handle]
+    inputs, output, _, wait, signal = native.unary[-1]
+    assert {handle for handle, _ in inputs + [output]} == set(native.registered) - {old_handle}
+    assert wait is not None and signal is not None, "ordered by the IPC event pair"
+
+
+def test_buffers_take_the_unary_path(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    buffers = [session.register(x) for x in arrays]
+    kernel = _client.Kernel(FakeKernel())
+    assert session.launch(kernel, buffers[:2], buffers[2]) == ptxd.Launched(5, False)
+    assert native.rings == [] and len(native.unary) == 1
+    # One Buffer among tensors is enough to take the unary path.
+    session.launch(kernel, [arrays[0], buffers[1]], arrays[2])
+    assert native.rings == [] and len(native.unary) == 2
+
+
+def test_a_ring_that_cannot_open_is_not_asked_for_again(fake):
+    session, native, allocator = fake
+    native.ring_fails = True
+    opened = []
+    real_open = native.open_ordered_ring
+    native.open_ordered_ring = lambda *args: opened.append(1) or real_open(*args)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    for _ in range(3):
+        session.launch(kernel, arrays[:2], arrays[2])
+    assert opened == [1] and len(native.unary) == 3
+
+
+def test_one_ring_per_stream(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    kernel = _client.Kernel(FakeKernel())
+    for stream in (0x100, 0x200, 0x100):
+        arrays = [FakeArray(base + i * 4 * count, count, stream) for i in range(3)]
+        session.launch(kernel, arrays[:2], arrays[2])
+    assert len(native.rings) == 2
+    assert [s for s, _ in native.rings[0].launches] == [0x100, 0x100]
+    # An explicit stream= wins over the arrays' own.
+    arrays = [FakeArray(base + i * 4 * count, count, 0x100) for i in range(3)]
+    session.launch(kernel, arrays[:2], arrays[2], stream=0x300)
+    assert len(native.rings) == 3 and native.rings[2].launches[0][0] == 0x300
+
+
+def test_ring_refusals_raise_the_typed_exception(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, arrays[:2], arrays[2])
+    refusal = _from_native("refused", "STALE_BUFFER", "ring launch 2 was refused: STALE_BUFFER",
+                           "FAILED_PRECONDITION", 9, {"path": "ring"})
+    native.rings[0].outcomes = [refusal]
+    with pytest.raises(ptxd.StaleBuffer) as raised:
+        session.launch(kernel, arrays[:2], arrays[2])
+    assert raised.value.reason == "STALE_BUFFER" and raised.value.metadata["path"] == "ring"
+    # launch_many: every launch answered, the first refusal raised with its index.
+    native.rings[0].outcomes = [None, refusal, None]
+    with pytest.raises(ptxd.StaleBuffer) as raised:
+        session.launch_many([(kernel, arrays[:2], arrays[2])] * 3)
+    assert raised.value.index == 1 and raised.value.results[0] == 0
+    assert native.unary == []
+
+
+def test_an_orphaned_ring_is_replaced(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, arrays[:2], arrays[2])
+    native.rings[0].error = ptxd.Error("the executor was lost", reason="RING_ORPHANED")
+    with pytest.raises(ptxd.Error) as raised:
+        session.launch(kernel, arrays[:2], arrays[2])
+    assert raised.value.reason == "RING_ORPHANED"
+    session.launch(kernel, arrays[:2], arrays[2])
+    assert len(native.rings) == 2 and len(native.rings[1].launches) == 1
+
+
+def test_the_client_checks_still_apply_on_the_ring_path(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    with pytest.raises(ptxd.BufferTooSmall) as raised:
+        session.launch(kernel, arrays[:2], arrays[2], n=count + 1)
+    assert raised.value.metadata["checked_by"] == "client"
+    assert native.rings == [] or native.rings[0].launches == []
+
+
+def test_operand_cache_misses_released_registrations_and_starts_over_when_full():
+    cache = _client._OperandCache(limit=3)
+    registration = _client._Registration(
+        {"handle": "h", "size": 64, "device_uuid": "GPU-x", "generation": 1, "ring_index": 4},
+        "cuda_ipc", 0x1000, 0, 77,
+    )
+    buffer = _client.Buffer(registration, 0, 16, 4, 4)
+    cache.put((0, 0x1000, 16, 4), buffer)
+    assert cache.get((0, 0x1000, 16, 4)) is buffer
+    registration.released = True
+    assert cache.get((0, 0x1000, 16, 4)) is None and len(cache) == 0
+    live = _client._Registration(
+        {"handle": "g", "size": 64, "device_uuid": "GPU-x", "generation": 1}, "cuda_ipc",
+        0x2000, 0, 78,
+    )
+    for i in range(4):
+        cache.put((0, 0x2000 + 4 * i, 4, 4), _client.Buffer(live, 4 * i, 4, 4, 1))
+    assert len(cache) == 1 and cache.get((0, 0x200C, 4, 4)) is not None
+
+
+def test_a_failed_stream_operation_sends_the_stream_to_the_unary_path(fake):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, arrays[:2], arrays[2])
+    native.rings[0].error = ptxd.CudaError("cuStreamBatchMemOp failed: CUDA_ERROR_NOT_SUPPORTED",
+                                           reason="CUDA")
+    with pytest.raises(ptxd.CudaError):
+        session.launch(kernel, arrays[:2], arrays[2])
+    session.launch(kernel, arrays[:2], arrays[2])
+    assert len(native.rings) == 1 and len(native.unary) == 1
+
+
+class FakeTensor:
+    """What the client reads of a contiguous CUDA float32 torch.Tensor."""
+
+    is_cuda = True
+
+    def __init__(self, ptr: int, count: int) -> None:
+        self._ptr, self._count = ptr, count
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def get_device(self) -> int:
+        return 0
+
+    def element_size(self) -> int:
+        return 4
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def numel(self) -> int:
+        return self._count
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    import sys
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.Tensor = FakeTensor
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda ordinal: 0x7700)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return torch
+
+
+def counting_prepare(session):
+    calls = []
+    general = session._prepare
+
+    def prepare(*args, **kwargs):
+        calls.append(1)
+        return general(*args, **kwargs)
+
+    session._prepare = prepare
+    return calls
+
+
+def test_cached_torch_tensors_take_the_lean_path(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    prepares = counting_prepare(session)
+    session.launch(kernel, [a, b], out)
+    assert prepares == [1] and allocator.locates == 3
+    for _ in range(4):
+        assert session.launch(kernel, [a, b], out, params=(2,)) == ptxd.Launched(0, False)
+    assert prepares == [1], "cached tensors skip the general path"
+    ring = native.rings[0]
+    index = next(iter(native.registered.values()))
+    assert [launch[0] for launch in ring.launches] == [0x7700] * 5
+    assert ring.launches[-1][1][1:] == (
+        [(index, 0), (index, 4 * count)], (index, 8 * count), count, [2.0]
+    )
+    # A check the client makes (here: n past the tensor) sends the launch to
+    # the general path, which raises.
+    with pytest.raises(ptxd.BufferTooSmall):
+        session.launch(kernel, [a, b], out, n=count + 1)
+    assert prepares == [1, 1]
+
+
+def test_the_lean_path_never_launches_on_a_reused_segment(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])
+    session.launch(kernel, tensors[:2], tensors[2])
+    (old_handle, old_index), = native.registered.items()
+    allocator.free(base)
+    allocator.allocate(base, 1 << 23)
+    session.launch(kernel, tensors[:2], tensors[2])
+    ring = native.rings[0]
+    assert ring.stale_answers == 1 and native.released == [old_handle]
+    _, (_, inputs, output, _, _) = ring.launches[-1]
+    assert old_index not in {index for index, _ in inputs + [output]}
+    assert len(ring.launches) == 3
+
+
+def test_a_refusal_on_the_lean_path_raises_its_class(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])
+    native.rings[0].outcomes = [_from_native(
+        "refused", "ABI_MISMATCH", "ring launch 2 was refused: ABI_MISMATCH", "INVALID_ARGUMENT",
+        3, {"path": "ring"})]
+    with pytest.raises(ptxd.AbiMismatch):
+        session.launch(kernel, tensors[:2], tensors[2])

@@ -1,0 +1,711 @@
+//! Recovery from a lost executor, on the host backend: the executor-down
+//! lease event while restarts fail and the device coming back; the hot
+//! spare (`--spare-executor`) kept in step with the registrations, promoted
+//! when the serving executor dies (also when it dies itself during the
+//! promotion), replaced when it dies waiting, with descriptors and
+//! processes flat over many promotions; a kernel cache directory that is
+//! not the daemon's; and a measurement of kill → first successful launch
+//! with and without a spare (`recovery_time_with_and_without_a_spare`,
+//! ignored: run it by hand, in release).
+//!
+//! Restarts are made to fail without a hook in the daemon: the daemon runs
+//! from a private copy of the `ptxd` binary, and an executor is spawned
+//! from the daemon's own executable, so taking the copy's execute
+//! permission away makes every spawn fail (EACCES, even as root) and giving
+//! it back lets the next attempt succeed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{corpus, executor_pid, ptxd_bin, random_f32, Daemon};
+use ptxd_client::{
+    Buffer, Client, Error, HostShm, Kernel, Launch, LoadOptions, OrphanCause, Session, SessionEvent,
+};
+
+/// A daemon started from its own copy of the binary, whose execute
+/// permission the test controls.
+struct PrivateDaemon {
+    daemon: Daemon,
+    binary: PathBuf,
+}
+
+impl PrivateDaemon {
+    fn start(extra: &[&str]) -> PrivateDaemon {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("ptxd");
+        std::fs::copy(ptxd_bin(), &binary).unwrap();
+        set_executable(&binary, true);
+        let socket = dir.path().join("ptxd.sock");
+        let mut command = Command::new(&binary);
+        command
+            .args(["serve", "--backend", "host", "--socket"])
+            .arg(&socket)
+            .args(["--drain-timeout", "1s"])
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("PTXD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null());
+        PrivateDaemon {
+            daemon: Daemon::spawn(command, socket, dir),
+            binary,
+        }
+    }
+
+    /// Makes every executor spawn fail (`false`) or succeed again.
+    fn allow_executors(&self, allowed: bool) {
+        set_executable(&self.binary, allowed);
+    }
+}
+
+fn set_executable(path: &Path, executable: bool) {
+    let mode = if executable { 0o755 } else { 0o644 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn kill(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+async fn f32_buffer(session: &Session, values: &[f32]) -> (HostShm, Buffer) {
+    let mut shm = HostShm::create((values.len() * 4) as u64).unwrap();
+    shm.write_f32(0, values).unwrap();
+    let buffer = session.register_shm(&shm, None).await.unwrap();
+    (shm, buffer)
+}
+
+async fn load_add(session: &Session) -> Kernel {
+    session
+        .load_ptx(
+            0,
+            corpus("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap()
+}
+
+/// The next event that `pick` accepts, within `bound`.
+async fn next_event<T>(
+    events: &mut tokio::sync::broadcast::Receiver<SessionEvent>,
+    bound: Duration,
+    mut pick: impl FnMut(SessionEvent) -> Option<T>,
+) -> T {
+    tokio::time::timeout(bound, async {
+        loop {
+            match events.recv().await {
+                Ok(event) => {
+                    if let Some(picked) = pick(event) {
+                        return picked;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("the lease's events ended: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the event did not come in time")
+}
+
+/// What an `ExecutorDown` event says.
+#[derive(Debug)]
+struct Down {
+    device_uuid: String,
+    generation: u64,
+    cause: String,
+    failed_restarts: u32,
+    restart_error: String,
+    retry_in: Duration,
+}
+
+fn down(event: SessionEvent) -> Option<Down> {
+    match event {
+        SessionEvent::ExecutorDown {
+            device_uuid,
+            generation,
+            cause,
+            failed_restarts,
+            restart_error,
+            retry_in,
+        } => Some(Down {
+            device_uuid,
+            generation,
+            cause,
+            failed_restarts,
+            restart_error,
+            retry_in,
+        }),
+        SessionEvent::ExecutorRestarted { .. } => panic!("restarted while spawns must fail"),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn while_restarts_fail_sessions_hear_the_device_is_down_and_then_that_it_is_back() {
+    let private = PrivateDaemon::start(&[]);
+    let client = Client::connect(&private.daemon.target()).await.unwrap();
+    let session = client.open_session("down").await.unwrap();
+    let bystander = client.open_session("bystander").await.unwrap();
+    let mut events = session.events();
+    let mut bystander_events = bystander.events();
+    let add = load_add(&session).await;
+    let n = 4096;
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a, a_buf) = f32_buffer(&session, &a).await;
+    let (_b, b_buf) = f32_buffer(&session, &b).await;
+    let (out_shm, out_buf) = f32_buffer(&session, &vec![f32::NAN; n]).await;
+    let mut ring = session.open_ring(16, 0).await.unwrap();
+    let before = client.info().await.unwrap().devices[0].clone();
+    assert_eq!(ring.generation(), before.generation);
+
+    private.allow_executors(false);
+    kill(executor_pid(&client, 0).await);
+    let killed = Instant::now();
+
+    // The first failed attempt is reported at once (it fails fast), naming
+    // the generation that died, why, and when the next attempt comes.
+    let first = next_event(&mut events, Duration::from_secs(10), down).await;
+    let told_after = killed.elapsed();
+    assert_eq!(first.device_uuid, before.uuid);
+    assert_eq!(first.generation, before.generation);
+    assert_eq!(first.cause, "exited");
+    assert_eq!(first.failed_restarts, 1);
+    assert!(
+        first.restart_error.contains("Permission denied"),
+        "{first:?}"
+    );
+    assert_eq!(first.retry_in, Duration::from_millis(50));
+    assert!(
+        told_after < Duration::from_secs(2),
+        "told {told_after:?} after the kill"
+    );
+    // Every session hears it, not only the one with work on the device.
+    let told = next_event(&mut bystander_events, Duration::from_secs(10), down).await;
+    assert_eq!(told.generation, before.generation);
+
+    // The SDK orphaned the ring of the dead generation on the down event:
+    // its waiters are released now, not after a restart that may never come.
+    let orphaned = ring
+        .orphaned()
+        .expect("the ring is orphaned on the down event");
+    match &orphaned.cause {
+        OrphanCause::ExecutorRestarted {
+            device_uuid,
+            old_generation,
+            cause,
+            ..
+        } => {
+            assert_eq!(device_uuid, &before.uuid);
+            assert_eq!(*old_generation, before.generation);
+            assert!(cause.contains("executor down"), "{cause}");
+        }
+        other => panic!("orphaned for another cause: {other:?}"),
+    }
+
+    // Restarts go on failing, each reported, with the back-off doubling.
+    let second = next_event(&mut events, Duration::from_secs(10), down).await;
+    assert_eq!(second.failed_restarts, 2);
+    assert_eq!(second.retry_in, Duration::from_millis(100));
+    assert_eq!(second.generation, before.generation);
+
+    // Meanwhile the device refuses work with typed reasons: the dead
+    // generation's kernel is stale, and nothing can be loaded.
+    let launch = Launch::new(
+        [a_buf.operand(), b_buf.operand()],
+        out_buf.operand(),
+        n as u64,
+    )
+    .sync(true);
+    let stale = session.launch(&add, &launch).await.unwrap_err();
+    assert_eq!(stale.reason_name(), "STALE_KERNEL", "{stale}");
+    let unavailable = session
+        .load_ptx(
+            0,
+            corpus("add_f32_scalar.ptx"),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        unavailable.reason_name(),
+        "EXECUTOR_UNAVAILABLE",
+        "{unavailable}"
+    );
+    let info = client.info().await.unwrap().devices[0].clone();
+    assert!(!info.available);
+
+    // Back: the next attempt succeeds and says so.
+    private.allow_executors(true);
+    let (old, new) = next_event(&mut events, Duration::from_secs(10), |e| match e {
+        SessionEvent::ExecutorRestarted {
+            old_generation,
+            new_generation,
+            ..
+        } => Some((old_generation, new_generation)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(old, before.generation);
+    let after = client.info().await.unwrap().devices[0].clone();
+    assert!(after.available);
+    assert_eq!(after.generation, new);
+    assert_ne!(new, old);
+
+    // Reloaded, the kernel computes exact results on the buffers the new
+    // executor re-opened.
+    let fresh = load_add(&session).await;
+    session.launch(&fresh, &launch).await.unwrap();
+    let out = out_shm.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+    }
+    assert!(matches!(
+        ring.launch(&add, &[(&a_buf, 0), (&b_buf, 0)], (&out_buf, 0), 8, &[]),
+        Err(Error::RingOrphaned(_))
+    ));
+}
+
+/// The live child processes of `pid` (its executors, serving and spare).
+fn children(pid: i32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return found;
+    };
+    for task in tasks.flatten() {
+        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        found.extend(
+            listed
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    found.sort_unstable();
+    found.dedup();
+    found.retain(|p| crate::support::process_alive(*p as i32));
+    found
+}
+
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// A daemon with spare executors, logging when each spare is ready.
+fn spare_daemon() -> Daemon {
+    Daemon::start_with(&["--spare-executor"], |command| {
+        command.env("RUST_LOG", "warn,ptxd::front::supervise=info");
+    })
+}
+
+/// Waits until the daemon has its serving executor and a spare ready
+/// beside it (started, and said so in the log); returns the spare's pid.
+async fn spare_ready(daemon: &Daemon, client: &Client) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let serving = executor_pid(client, 0).await;
+        let kids = children(daemon.pid());
+        if kids.len() == 2 && kids.contains(&serving) {
+            let spare = kids.iter().copied().find(|p| *p != serving).unwrap();
+            let ready = format!("spare executor ready device=HOST-0 pid={spare} ");
+            if daemon.stderr().contains(&ready) {
+                return spare;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no spare beside {serving}: children {kids:?}\n{}",
+            daemon.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn restarted(events: &mut tokio::sync::broadcast::Receiver<SessionEvent>) -> (u64, u64) {
+    next_event(events, Duration::from_secs(20), |e| match e {
+        SessionEvent::ExecutorRestarted {
+            old_generation,
+            new_generation,
+            ..
+        } => Some((old_generation, new_generation)),
+        _ => None,
+    })
+    .await
+}
+
+/// A session's add over fresh random data on registered buffers.
+struct AddCase {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    _a: HostShm,
+    _b: HostShm,
+    out: HostShm,
+    launch: Launch,
+}
+
+impl AddCase {
+    async fn new(session: &Session, n: usize) -> AddCase {
+        let (a, b) = (random_f32(n), random_f32(n));
+        let (a_shm, a_buf) = f32_buffer(session, &a).await;
+        let (b_shm, b_buf) = f32_buffer(session, &b).await;
+        let (out, out_buf) = f32_buffer(session, &vec![f32::NAN; a.len()]).await;
+        let launch = Launch::new(
+            [a_buf.operand(), b_buf.operand()],
+            out_buf.operand(),
+            n as u64,
+        )
+        .sync(true);
+        AddCase {
+            a,
+            b,
+            _a: a_shm,
+            _b: b_shm,
+            out,
+            launch,
+        }
+    }
+
+    /// Launches over a poisoned output and compares every element.
+    async fn check(&mut self, session: &Session, kernel: &Kernel, when: &str) {
+        let n = self.a.len();
+        self.out.write_f32(0, &vec![f32::NAN; n]).unwrap();
+        session.launch(kernel, &self.launch).await.unwrap();
+        let out = self.out.read_f32(0, n).unwrap();
+        for (i, (got, (a, b))) in out.iter().zip(self.a.iter().zip(&self.b)).enumerate() {
+            assert_eq!(got.to_bits(), (a + b).to_bits(), "element {i} {when}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spare_is_promoted_when_the_executor_dies_and_the_next_spare_starts() {
+    let daemon = spare_daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("spare").await.unwrap();
+    let mut events = session.events();
+    let add = load_add(&session).await;
+    let mut case = AddCase::new(&session, 4096).await;
+    case.check(&session, &add, "before").await;
+    let spare = spare_ready(&daemon, &client).await;
+    let serving = executor_pid(&client, 0).await;
+    let before = client.info().await.unwrap().devices[0].clone();
+    // The spare is kept in step with the registrations: it maps what is
+    // registered, and unmaps what is released, while it waits.
+    let mapped = |pid: u32, count: usize, what: &str| {
+        crate::support::wait_until(what, Duration::from_secs(10), || {
+            crate::support::shm_mappings(pid, "ptxd") == count
+        })
+    };
+    mapped(spare, 3, "the spare to map the three buffers");
+    let (_extra, extra_buf) = f32_buffer(&session, &random_f32(64)).await;
+    mapped(
+        spare,
+        4,
+        "the spare to map a buffer registered after it started",
+    );
+    session.release_buffer(&extra_buf).await.unwrap();
+    mapped(spare, 3, "the spare to unmap a released buffer");
+    let (_late, late_buf) = f32_buffer(&session, &random_f32(64)).await;
+
+    kill(serving);
+    let (old, new) = restarted(&mut events).await;
+    assert_eq!(old, before.generation);
+    // The spare serves now, in a new generation, with the same guarantees:
+    // the old kernel is stale and the buffers were re-opened in it.
+    assert_eq!(
+        executor_pid(&client, 0).await,
+        spare,
+        "the spare was promoted"
+    );
+    let after = client.info().await.unwrap().devices[0].clone();
+    assert_eq!(after.generation, new);
+    assert_ne!(new, old);
+    assert!(after.available);
+    let stale = session.launch(&add, &case.launch).await.unwrap_err();
+    assert_eq!(stale.reason_name(), "STALE_KERNEL", "{stale}");
+    let fresh = load_add(&session).await;
+    case.check(&session, &fresh, "on the promoted spare").await;
+    // Whether or not the spare had mapped the last buffer before it was
+    // promoted, it maps it now.
+    assert_eq!(crate::support::shm_mappings(spare, "ptxd"), 4);
+    let late = client
+        .raw()
+        .list_buffers(ptxd_proto::v1::ListBuffersRequest {
+            session: session.id().to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        late.buffers
+            .iter()
+            .any(|b| b.buffer == late_buf.handle && b.generation == new && b.live),
+        "the late buffer lives in the new generation: {late:?}"
+    );
+
+    // The next spare starts in the background, and is promoted in turn.
+    let next = spare_ready(&daemon, &client).await;
+    assert!(next != spare && next != serving);
+    kill(spare);
+    restarted(&mut events).await;
+    assert_eq!(executor_pid(&client, 0).await, next);
+    let again = load_add(&session).await;
+    case.check(&session, &again, "on the second spare").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spare_that_dies_during_its_promotion_is_replaced_by_a_fresh_executor() {
+    let daemon = spare_daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("spare-fault").await.unwrap();
+    let mut events = session.events();
+    let mut case = AddCase::new(&session, 1000).await;
+    // Buffers to re-open make the promotion take a while.
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(f32_buffer(&session, &random_f32(16)).await);
+    }
+    for round in 0..3 {
+        let spare = spare_ready(&daemon, &client).await;
+        let serving = executor_pid(&client, 0).await;
+        // Both at once: the spare dies before or while it is promoted.
+        kill(serving);
+        kill(spare);
+        restarted(&mut events).await;
+        let now = executor_pid(&client, 0).await;
+        assert!(now != serving && now != spare, "round {round}");
+        let add = load_add(&session).await;
+        case.check(&session, &add, &format!("after round {round}"))
+            .await;
+        assert_eq!(
+            crate::support::shm_mappings(now, "ptxd"),
+            3 + held.len(),
+            "every buffer re-opened in round {round}"
+        );
+    }
+    spare_ready(&daemon, &client).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn descriptors_and_processes_stay_flat_over_many_promotions() {
+    let daemon = spare_daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("flat").await.unwrap();
+    let mut events = session.events();
+    let mut case = AddCase::new(&session, 256).await;
+    let mut baseline = None;
+    for round in 0..30 {
+        spare_ready(&daemon, &client).await;
+        if round == 1 {
+            baseline = Some(open_fds(daemon.pid()));
+        }
+        kill(executor_pid(&client, 0).await);
+        restarted(&mut events).await;
+        let add = load_add(&session).await;
+        case.check(&session, &add, &format!("after kill {round}"))
+            .await;
+        session.unload(&add).await.unwrap();
+    }
+    spare_ready(&daemon, &client).await;
+    let kids = children(daemon.pid());
+    assert_eq!(kids.len(), 2, "serving and spare only: {kids:?}");
+    // A dead executor's channel is closed once the last task holding its
+    // link lets go (a spare's sync task wakes every 100 ms): give them a
+    // moment, then nothing may be left over.
+    let baseline = baseline.unwrap();
+    let settled = Instant::now() + Duration::from_secs(3);
+    let mut fds = open_fds(daemon.pid());
+    while fds > baseline && Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        fds = open_fds(daemon.pid());
+    }
+    assert!(
+        fds <= baseline,
+        "the daemon's descriptors grew from {baseline} to {fds} over 29 promotions"
+    );
+}
+
+/// Kill → first successful launch of a surviving session, with and without
+/// a spare, on the host backend: a measurement, not a timed test. Run with
+/// `cargo test --release --test recovery -- --ignored --nocapture recovery_time`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement; run by hand"]
+async fn recovery_time_with_and_without_a_spare() {
+    const ROUNDS: usize = 15;
+    const BUFFERS: usize = 64;
+    const KERNELS: usize = 32;
+    for spare in [false, true] {
+        let daemon = if spare {
+            spare_daemon()
+        } else {
+            Daemon::start(&[])
+        };
+        let client = Client::connect(&daemon.target()).await.unwrap();
+        let session = client.open_session("measure").await.unwrap();
+        let mut case = AddCase::new(&session, 4096).await;
+        let mut held = Vec::new();
+        for _ in 0..BUFFERS - 3 {
+            held.push(f32_buffer(&session, &random_f32(1024)).await);
+        }
+        let mut times = Vec::new();
+        let mut told = Vec::new();
+        // When each restart reached the session, stamped as it arrives.
+        let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+        let mut events = session.events();
+        let stamping = arrivals.clone();
+        let stamper = tokio::spawn(async move {
+            while let Ok(event) = events.recv().await {
+                if let SessionEvent::ExecutorRestarted { .. } = event {
+                    stamping.lock().unwrap().push(Instant::now());
+                }
+            }
+        });
+        for _ in 0..ROUNDS {
+            if spare {
+                spare_ready(&daemon, &client).await;
+            }
+            let mut kernels = Vec::new();
+            for _ in 0..KERNELS {
+                kernels.push(load_add(&session).await);
+            }
+            case.check(&session, &kernels[0], "before the kill").await;
+            let killed = Instant::now();
+            kill(executor_pid(&client, 0).await);
+            // The session's first launch that succeeds, reloading its
+            // kernel when it is stale.
+            let mut kernel = kernels[0].clone();
+            loop {
+                match session.launch(&kernel, &case.launch).await {
+                    Ok(_) => break,
+                    Err(e) if e.reason_name() == "STALE_KERNEL" => {
+                        if let Ok(fresh) = session
+                            .load_ptx(
+                                0,
+                                corpus("add_f32_scalar.ptx"),
+                                "add_f32_scalar",
+                                LoadOptions::default(),
+                            )
+                            .await
+                        {
+                            // Launched again at once, not after the pause.
+                            kernel = fresh;
+                            continue;
+                        }
+                    }
+                    Err(_) => {}
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            times.push(killed.elapsed());
+            let announced = arrivals.lock().unwrap().last().copied();
+            if let Some(at) = announced.filter(|at| *at > killed) {
+                told.push(at - killed);
+            }
+            case.check(&session, &kernel, "after the kill").await;
+        }
+        stamper.abort();
+        times.sort();
+        told.sort();
+        println!(
+            "host backend, spare {spare}: kill -> ExecutorRestarted at the session: min {:?} p50 {:?} max {:?} ({} rounds)",
+            told[0],
+            told[told.len() / 2],
+            told[told.len() - 1],
+            told.len()
+        );
+        println!(
+            "host backend, spare {spare}: kill -> first successful launch over {ROUNDS} kills \
+             ({BUFFERS} buffers, {KERNELS} kernels): min {:?} p50 {:?} max {:?}",
+            times[0],
+            times[ROUNDS / 2],
+            times[ROUNDS - 1]
+        );
+    }
+}
+
+#[test]
+fn a_kernel_cache_directory_that_is_not_the_daemons_stops_it_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    for (bad, why) in [(&link, "a symbolic link"), (&file, "not a directory")] {
+        let socket = dir.path().join("ptxd.sock");
+        let mut command = crate::support::serve_command("host", &socket, &["--kernel-cache-dir"]);
+        command.arg(bad);
+        let output = crate::support::run_to_exit(command, Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "kernel cache directory {} is not a directory of this user ({why})",
+                bad.display()
+            )),
+            "{stderr}"
+        );
+    }
+    // A fresh path is created, private.
+    let fresh = dir.path().join("a/b/kernels");
+    let socket = dir.path().join("fresh.sock");
+    let mut command = Command::new(ptxd_bin());
+    command
+        .args(["serve", "--backend", "host", "--socket"])
+        .arg(&socket)
+        .arg("--kernel-cache-dir")
+        .arg(&fresh)
+        .stdin(Stdio::null());
+    let daemon = Daemon::spawn(command, socket, tempfile::tempdir().unwrap());
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    drop(daemon);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spare_that_dies_while_waiting_is_replaced_and_the_device_serves_on() {
+    let daemon = spare_daemon();
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("spare-dies").await.unwrap();
+    let mut events = session.events();
+    let add = load_add(&session).await;
+    let mut case = AddCase::new(&session, 512).await;
+    let serving = executor_pid(&client, 0).await;
+    let generation = client.info().await.unwrap().devices[0].generation;
+    let mut spares = vec![spare_ready(&daemon, &client).await];
+    for round in 0..5 {
+        let dying = *spares.last().unwrap();
+        kill(dying);
+        crate::support::wait_until("the spare to die", Duration::from_secs(10), || {
+            !crate::support::process_alive(dying as i32)
+        });
+        let next = spare_ready(&daemon, &client).await;
+        assert!(!spares.contains(&next), "round {round}: {next} again");
+        spares.push(next);
+        // The serving executor and its generation are untouched: the
+        // session's kernel is not stale and nothing was announced.
+        assert_eq!(executor_pid(&client, 0).await, serving);
+        case.check(&session, &add, &format!("after spare {round} died"))
+            .await;
+    }
+    assert_eq!(
+        client.info().await.unwrap().devices[0].generation,
+        generation
+    );
+    assert!(
+        events.try_recv().is_err(),
+        "no lease event for a spare's death"
+    );
+}
