@@ -62,6 +62,14 @@ pub enum Error {
         needed_bytes: u128,
         buffer_bytes: u64,
     },
+    /// A precondition of the kernel's launch contract is false at the
+    /// launch's values (see `crate::launch::LaunchRefusal::PreconditionFailed`).
+    #[error("invalid launch: precondition {precondition} ({condition}) does not hold at {values}")]
+    LaunchPrecondition {
+        precondition: &'static str,
+        condition: String,
+        values: String,
+    },
     #[error("the kernel takes {expected} {what}, the launch gives {found}")]
     LaunchArity {
         what: &'static str,
@@ -271,6 +279,20 @@ impl Error {
                 Reason::LimitExceeded,
                 meta([("limit", limit.to_string()), ("value", value.to_string())]),
             ),
+            Error::LaunchPrecondition {
+                precondition,
+                condition,
+                values,
+            } => (
+                Code::InvalidArgument,
+                Reason::InvalidArgument,
+                meta([
+                    ("field", "launch".to_string()),
+                    ("precondition", precondition.to_string()),
+                    ("condition", condition.clone()),
+                    ("values", values.clone()),
+                ]),
+            ),
             Error::UnknownDevice { device } => (
                 Code::NotFound,
                 Reason::UnknownDevice,
@@ -469,6 +491,15 @@ impl From<crate::launch::LaunchRefusal> for Error {
                 operand,
                 kernel_device,
                 operand_device,
+            },
+            LaunchRefusal::PreconditionFailed {
+                precondition,
+                condition,
+                values,
+            } => Error::LaunchPrecondition {
+                precondition,
+                condition,
+                values,
             },
             LaunchRefusal::Internal(message) => Error::Internal {
                 message: message.into(),

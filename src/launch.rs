@@ -4,17 +4,22 @@
 //! (against the capability table the front pushes there).
 //!
 //! [`check`] is a pure function of a session's view of its capabilities and
-//! the request. It keeps these invariants for every launch it passes:
+//! the request. It evaluates the kernel's launch contract
+//! ([`crate::ptx::contract`]) and keeps these invariants for every launch it
+//! passes:
 //! - the launch passes exactly the kernel's verified number of inputs and
 //!   scalar params, and has an output;
-//! - `n` fits the kernel's `long long` element count;
+//! - every precondition of the contract holds at the launch's values (`n`
+//!   fits the kernel's `long long` count, and whatever else the proof
+//!   assumed, e.g. a 32-bit index that cannot wrap);
 //! - every operand and event belongs to the session (the view refuses one
 //!   that does not, alike for another session's and a made-up handle);
 //! - every operand and event lives on the kernel's device, in the executor
 //!   generation the kernel was loaded in (a mapping from a dead generation
 //!   is not the memory the kernel would address);
-//! - every operand's offset is a multiple of its element size, and
-//!   `offset + n * element_size` fits its buffer, computed without overflow.
+//! - every operand's offset is a multiple of its alignment, and `offset +
+//!   footprint` fits its buffer, computed in `u128` without overflow (the
+//!   scalar ABI's footprint is `n × element_size`).
 //!
 //! The checks' own refusals are [`LaunchRefusal`], which knows nothing of
 //! the wire; each path's view names its error type, into which a refusal
@@ -22,7 +27,8 @@
 //! same mistake).
 
 use crate::handles::DeviceGeneration;
-use crate::ptx::Signature;
+use crate::ptx::contract::{LaunchValues, COUNT_FITS_I64};
+use crate::ptx::{LaunchContract, Signature};
 
 /// Where an object lives: one of the daemon's devices, and the executor
 /// generation its mapping (or module) is open in.
@@ -32,12 +38,99 @@ pub struct Placement {
     pub generation: DeviceGeneration,
 }
 
-/// The kernel a launch names, as its verified signature and placement.
+/// What the check reads of a kernel: its arity, and for a launch of `n`
+/// elements the contract's preconditions and each operand's footprint.
+/// Implemented by [`Signature`] (the scalar ABI, evaluated directly: the
+/// ring's path) and by [`BoundContract`] (any verified contract).
+pub trait LaunchTerms {
+    /// Input pointers the launch passes.
+    fn inputs(&self) -> u32;
+    /// By-value scalar arguments the launch passes.
+    fn scalar_params(&self) -> u32;
+    /// The launch values for `n`, once every precondition holds at them.
+    fn values(&self, n: u64) -> Result<LaunchValues, LaunchRefusal>;
+    /// Operand `k`'s (inputs, then the output) alignment and footprint in
+    /// bytes (`None`: past `u128`), or `None` when there is no operand `k`.
+    fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)>;
+}
+
+impl LaunchTerms for Signature {
+    fn inputs(&self) -> u32 {
+        self.inputs
+    }
+    fn scalar_params(&self) -> u32 {
+        self.scalar_params
+    }
+    fn values(&self, n: u64) -> Result<LaunchValues, LaunchRefusal> {
+        if n > i64::MAX as u64 {
+            return Err(LaunchRefusal::CountTooLarge);
+        }
+        // The scalar ABI's footprints read only `n`.
+        Ok(LaunchValues {
+            count: n,
+            grid: 0,
+            block: 0,
+        })
+    }
+    fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)> {
+        let size = *self.element_sizes.get(k)?;
+        Some((size, Some(u128::from(values.count) * u128::from(size))))
+    }
+}
+
+/// A verified contract bound to the block size its executor launches with.
 #[derive(Debug, Clone, Copy)]
-pub struct KernelCap<'a> {
-    pub signature: &'a Signature,
+pub struct BoundContract<'a> {
+    pub contract: &'a LaunchContract,
+    pub block: u32,
+}
+
+impl LaunchTerms for BoundContract<'_> {
+    fn inputs(&self) -> u32 {
+        clamp(self.contract.inputs())
+    }
+    fn scalar_params(&self) -> u32 {
+        clamp(self.contract.scalar_params())
+    }
+    fn values(&self, n: u64) -> Result<LaunchValues, LaunchRefusal> {
+        let values = self.contract.values(n, self.block);
+        for p in &self.contract.preconditions {
+            if !p.holds(&values) {
+                return Err(if p.name == COUNT_FITS_I64 {
+                    LaunchRefusal::CountTooLarge
+                } else {
+                    LaunchRefusal::PreconditionFailed {
+                        precondition: p.name,
+                        condition: p.to_string(),
+                        values: p.values(&values),
+                    }
+                });
+            }
+        }
+        Ok(values)
+    }
+    fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)> {
+        let f = self.contract.footprints.get(k)?;
+        Some((f.alignment, f.bytes.eval(values)))
+    }
+}
+
+/// The kernel a launch names: what its launches are checked against (its
+/// verified signature, or its contract bound to its block size) and its
+/// placement.
+#[derive(Debug)]
+pub struct KernelCap<'a, K: ?Sized = Signature> {
+    pub signature: &'a K,
     pub placement: Placement,
 }
+
+impl<K: ?Sized> Clone for KernelCap<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K: ?Sized> Copy for KernelCap<'_, K> {}
 
 /// A live buffer the session holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +231,15 @@ pub enum LaunchRefusal {
         kernel_device: String,
         operand_device: String,
     },
+    /// A precondition of the kernel's contract is false at this launch's
+    /// values: `precondition` is its stable name, `condition` its text,
+    /// `values` the launch values it read (`n=..,grid=..,block=..`).
+    #[error("precondition {precondition} ({condition}) does not hold at {values}")]
+    PreconditionFailed {
+        precondition: &'static str,
+        condition: String,
+        values: String,
+    },
     /// The signature is not one the verifier produces (a bug, not a
     /// caller's mistake).
     #[error("{0}")]
@@ -145,37 +247,30 @@ pub enum LaunchRefusal {
 }
 
 /// Checks a launch of `kernel` against the session's `view`.
-pub fn check<C: Capabilities>(
+pub fn check<C: Capabilities, K: LaunchTerms + ?Sized>(
     view: &C,
-    kernel: KernelCap<'_>,
+    kernel: KernelCap<'_, K>,
     launch: &LaunchShape<'_, C::Operand, C::Event>,
 ) -> Result<CheckedLaunch, C::Error> {
-    let signature = kernel.signature;
-    if launch.inputs.len() != signature.inputs as usize {
+    let terms = kernel.signature;
+    if launch.inputs.len() != terms.inputs() as usize {
         return Err(LaunchRefusal::Arity {
             what: "inputs",
-            expected: signature.inputs,
+            expected: terms.inputs(),
             found: clamp(launch.inputs.len()),
         }
         .into());
     }
-    if launch.scalars != signature.scalar_params as usize {
+    if launch.scalars != terms.scalar_params() as usize {
         return Err(LaunchRefusal::Arity {
             what: "scalar params",
-            expected: signature.scalar_params,
+            expected: terms.scalar_params(),
             found: clamp(launch.scalars),
         }
         .into());
     }
     let output = launch.output.ok_or(LaunchRefusal::NoOutput)?;
-    if launch.n > i64::MAX as u64 {
-        return Err(LaunchRefusal::CountTooLarge.into());
-    }
-    if signature.element_sizes.len() != launch.inputs.len() + 1 {
-        return Err(
-            LaunchRefusal::Internal("signature element sizes do not cover every operand").into(),
-        );
-    }
+    let values = terms.values(launch.n)?;
     let mismatch = |operand: String, placement: Placement| LaunchRefusal::DeviceMismatch {
         operand,
         kernel_device: view.describe(kernel.placement),
@@ -183,7 +278,7 @@ pub fn check<C: Capabilities>(
     };
     let mut inputs = Vec::with_capacity(launch.inputs.len());
     let operands = launch.inputs.iter().chain([output]);
-    for (index, (operand, &element_size)) in operands.zip(&signature.element_sizes).enumerate() {
+    for (index, operand) in operands.enumerate() {
         let name = || {
             if index < launch.inputs.len() {
                 format!("input {index}")
@@ -191,23 +286,29 @@ pub fn check<C: Capabilities>(
                 "output".to_string()
             }
         };
+        let (alignment, footprint) =
+            terms
+                .footprint(index, &values)
+                .ok_or(LaunchRefusal::Internal(
+                    "the kernel's terms do not cover every operand",
+                ))?;
         let (buffer, offset) = view.operand(operand)?;
         if buffer.placement != kernel.placement {
             return Err(mismatch(name(), buffer.placement).into());
         }
-        if element_size > 1 && offset % u64::from(element_size) != 0 {
+        if alignment > 1 && offset % u64::from(alignment) != 0 {
             return Err(LaunchRefusal::Misaligned {
                 operand: name(),
                 offset,
-                element_size,
+                element_size: alignment,
             }
             .into());
         }
-        let needed = u128::from(offset) + u128::from(launch.n) * u128::from(element_size);
-        if needed > u128::from(buffer.size) {
+        let needed = footprint.and_then(|f| f.checked_add(u128::from(offset)));
+        if needed.is_none_or(|needed| needed > u128::from(buffer.size)) {
             return Err(LaunchRefusal::BufferTooSmall {
                 operand: name(),
-                needed_bytes: needed,
+                needed_bytes: needed.unwrap_or(u128::MAX),
                 buffer_bytes: buffer.size,
             }
             .into());
@@ -250,6 +351,7 @@ mod tests {
     use super::*;
     use crate::buffers::{ObjectKind, RegistryError};
     use crate::error::Error;
+    use crate::ptx::LaunchContract;
     use ptxd_proto::v1::Reason;
     use rand::Rng;
 
@@ -580,6 +682,142 @@ mod tests {
         );
     }
 
+    /// The scalar ABI's contract, bound to any block, decides every launch
+    /// exactly as the signature (today's check) does, with the same refusal.
+    #[test]
+    fn the_scalar_contract_refuses_exactly_what_the_signature_refuses() {
+        let mut rng = rand::rng();
+        for _ in 0..20_000 {
+            let sizes: Vec<u32> = (0..3)
+                .map(|_| [1, 2, 4, 8][rng.random_range(0..4)])
+                .collect();
+            let sig = signature(sizes, rng.random_range(0..2));
+            let contract = LaunchContract::scalar(&sig, &[]);
+            let bound = BoundContract {
+                contract: &contract,
+                block: [1, 32, 256, 1024][rng.random_range(0..4)],
+            };
+            let buffers: Vec<u64> = (0..3).map(|_| rng.random_range(0..4096)).collect();
+            let offsets: Vec<u64> = (0..3).map(|_| rng.random_range(0..4096)).collect();
+            let n = match rng.random_range(0..100) {
+                0 => rng.random_range(0..=u64::MAX),
+                1 => i64::MAX as u64 + rng.random_range(0..2),
+                _ => rng.random_range(0..1024),
+            };
+            let view = Bare(table(&buffers));
+            let inputs = [(0, offsets[0]), (1, offsets[1])];
+            let inputs = &inputs[..rng.random_range(1..3)];
+            let scalars = rng.random_range(0..2);
+            let output = (2, offsets[2]);
+            let launch = shape(inputs, &output, n, scalars);
+            let by_signature = check(
+                &view,
+                KernelCap {
+                    signature: &sig,
+                    placement: HERE,
+                },
+                &launch,
+            );
+            let by_contract = check(
+                &view,
+                KernelCap {
+                    signature: &bound,
+                    placement: HERE,
+                },
+                &launch,
+            );
+            assert_eq!(
+                by_signature, by_contract,
+                "{sig:?} {buffers:?} {offsets:?} n={n}"
+            );
+        }
+    }
+
+    fn narrow_index_contract() -> LaunchContract {
+        use crate::ptx::contract::{Condition, Expr, Precondition, INDEX_FITS_I32};
+        LaunchContract::scalar(&signature(vec![4, 4], 0), &[]).assuming(Precondition {
+            name: INDEX_FITS_I32,
+            condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),
+        })
+    }
+
+    /// A precondition false at the launch's values is refused naming it and
+    /// the values it read; one element less passes.
+    #[test]
+    fn a_false_precondition_is_refused_by_name_with_its_values() {
+        let contract = narrow_index_contract();
+        let bound = BoundContract {
+            contract: &contract,
+            block: 256,
+        };
+        let kernel = KernelCap {
+            signature: &bound,
+            placement: HERE,
+        };
+        let big = 1u64 << 40;
+        let view = Bare(table(&[big, big]));
+        let one = [(0, 0)];
+        // grid × block = 2^31 exactly: the last index is 2^31 - 1.
+        let fits = 1u64 << 31;
+        assert!(check(&view, kernel, &shape(&one, &(1, 0), fits, 0)).is_ok());
+        let refused = check(&view, kernel, &shape(&one, &(1, 0), fits + 1, 0));
+        assert_eq!(
+            refused,
+            Err(LaunchRefusal::PreconditionFailed {
+                precondition: "index_fits_i32",
+                condition: "index_fits_i32: grid × block <= 2^31".into(),
+                values: "grid=8388609,block=256".into(),
+            })
+        );
+        // The daemon's error names it on the wire.
+        let view = table(&[big, big]);
+        let refusal = check(&view, kernel, &shape(&one, &(1, 0), fits + 1, 0))
+            .unwrap_err()
+            .refusal();
+        assert_eq!(refusal.reason, Reason::InvalidArgument);
+        assert_eq!(refusal.metadata["precondition"], "index_fits_i32");
+        assert_eq!(refusal.metadata["values"], "grid=8388609,block=256");
+        assert_eq!(refusal.metadata["field"], "launch");
+        // A count past `long long` is still today's refusal, first.
+        assert_eq!(
+            check(
+                &Bare(table(&[big, big])),
+                kernel,
+                &shape(&one, &(1, 0), u64::MAX, 0)
+            ),
+            Err(LaunchRefusal::CountTooLarge)
+        );
+    }
+
+    /// A footprint past `u128` is refused as too large for any buffer,
+    /// never wrapped.
+    #[test]
+    fn an_overflowing_footprint_is_buffer_too_small() {
+        use crate::ptx::contract::Expr;
+        let mut contract = LaunchContract::scalar(&signature(vec![4, 4], 0), &[]);
+        contract.footprints[1].bytes = Expr::product(
+            Expr::product(Expr::Count, Expr::Const(u64::MAX)),
+            Expr::product(Expr::Count, Expr::Const(u64::MAX)),
+        );
+        let bound = BoundContract {
+            contract: &contract,
+            block: 256,
+        };
+        let kernel = KernelCap {
+            signature: &bound,
+            placement: HERE,
+        };
+        let view = Bare(table(&[u64::MAX, u64::MAX]));
+        assert_eq!(
+            check(&view, kernel, &shape(&[(0, 0)], &(1, 0), 1 << 40, 0)),
+            Err(LaunchRefusal::BufferTooSmall {
+                operand: "output".into(),
+                needed_bytes: u128::MAX,
+                buffer_bytes: u64::MAX,
+            })
+        );
+    }
+
     #[test]
     fn each_refusal_becomes_the_daemons_error_it_always_was() {
         let cases = [
@@ -628,6 +866,16 @@ mod tests {
                 },
                 "operand input 0 is on B@2, the kernel on A@1",
                 Reason::DeviceMismatch,
+            ),
+            (
+                LaunchRefusal::PreconditionFailed {
+                    precondition: "index_fits_i32",
+                    condition: "index_fits_i32: grid × block <= 2^31".into(),
+                    values: "grid=8388609,block=256".into(),
+                },
+                "invalid launch: precondition index_fits_i32 (index_fits_i32: grid × block <= 2^31) \
+                 does not hold at grid=8388609,block=256",
+                Reason::InvalidArgument,
             ),
             (
                 LaunchRefusal::Internal("signature without an output"),

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::handles::{BootId, DeviceGeneration, KernelHandle, SessionId, SlotEpoch, SlotIndex};
-use crate::ptx::Signature;
+use crate::ptx::{LaunchContract, Signature};
 use crate::sessions::Tenant;
 
 /// What identifies a compiled kernel for sharing: the device generation it
@@ -74,6 +74,10 @@ pub struct LoadedKernel {
     pub symbol: String,
     pub label: String,
     pub signature: Signature,
+    /// The launch contract the verifier proved (the scalar ABI's for
+    /// machine code taken at its declared ABI); launches are checked
+    /// against it, bound to `block_size`.
+    pub contract: Arc<LaunchContract>,
     pub block_size: u32,
     /// The artifact's size: what the executor holds for it.
     pub artifact_bytes: u64,
@@ -416,7 +420,15 @@ mod tests {
     use super::*;
 
     fn kernel(module_id: u64, generation: u64, content: u8) -> LoadedKernel {
+        let signature = Signature {
+            inputs: 1,
+            element_sizes: vec![4, 4],
+            scalar_params: 0,
+            reqntid: None,
+            maxntid: None,
+        };
         LoadedKernel {
+            contract: Arc::new(LaunchContract::scalar(&signature, &[])),
             module_id,
             device_index: 0,
             device_uuid: "HOST-0".into(),

@@ -29,7 +29,7 @@ use crate::error::Error;
 use crate::executor::supervisor::ExecutorLink;
 use crate::handles::{BootId, DeviceGeneration, HandleToken, KernelHandle, KernelRef, SessionId};
 use crate::ptx::memo::Accepted;
-use crate::ptx::{self, DeclaredAbi, Signature};
+use crate::ptx::{self, DeclaredAbi, LaunchContract, Signature};
 use crate::sessions::{Caller, Session, SessionError, Tenant};
 use crate::slots::{ContentKey, LoadedKernel, SlotError, StaleWhy};
 
@@ -69,6 +69,8 @@ pub struct LoadedKernelInfo {
     /// The session's handle for it.
     pub kernel: String,
     pub signature: Signature,
+    /// The launch contract launches are checked against.
+    pub contract: Arc<LaunchContract>,
     pub block_size: u32,
     pub cache_hit: bool,
     pub load_micros: u64,
@@ -87,6 +89,9 @@ pub struct KernelListing {
     pub device_uuid: String,
     pub generation: u64,
     pub signature: Signature,
+    /// The launch contract launches are checked against (its text form is
+    /// what ListKernels will show).
+    pub contract: Arc<LaunchContract>,
     pub block_size: u32,
     /// False once its generation died: it must be loaded again.
     pub live: bool,
@@ -119,6 +124,7 @@ struct Prepared {
     symbol: String,
     label: String,
     signature: Signature,
+    contract: Arc<LaunchContract>,
 }
 
 /// The final bytes of a load: PTX's canonical text, shared with the memo
@@ -276,7 +282,7 @@ impl Front {
             declared,
             ..
         } = request;
-        let (artifact, signature, kind) = match kind {
+        let (artifact, signature, contract, kind) = match kind {
             ArtifactKind::Ptx => {
                 let declared_abi = declared.map(|d| DeclaredAbi {
                     inputs: d.inputs,
@@ -307,7 +313,13 @@ impl Front {
                 // From here on the artifact is the canonical text: it is what
                 // the executor compiles and what the cache key hashes.
                 let signature = accepted.canonical.signature.clone();
-                (Artifact::Ptx(accepted), signature, ExecArtifactKind::Ptx)
+                let contract = Arc::new(accepted.canonical.contract.clone());
+                (
+                    Artifact::Ptx(accepted),
+                    signature,
+                    contract,
+                    ExecArtifactKind::Ptx,
+                )
             }
             ArtifactKind::Cubin | ArtifactKind::Fatbin => {
                 let (exec_kind, name) = if kind == ArtifactKind::Cubin {
@@ -349,7 +361,9 @@ impl Front {
                     reqntid: None,
                     maxntid: None,
                 };
-                (Artifact::Machine(artifact), signature, exec_kind)
+                // Machine code is taken on trust at its declared scalar ABI.
+                let contract = Arc::new(LaunchContract::scalar(&signature, &[]));
+                (Artifact::Machine(artifact), signature, contract, exec_kind)
             }
             ArtifactKind::Unspecified => {
                 return Err(Error::InvalidArgument {
@@ -372,6 +386,7 @@ impl Front {
             symbol,
             label,
             signature,
+            contract,
         })
     }
 
@@ -522,6 +537,7 @@ impl Front {
                 symbol: load.symbol.clone(),
                 label: load.label.chars().take(256).collect(),
                 signature: signature.clone(),
+                contract: load.contract.clone(),
                 block_size,
                 artifact_bytes: bytes,
                 scope,
@@ -664,6 +680,7 @@ impl Front {
                     device_uuid: held.kernel.device_uuid.clone(),
                     generation: held.kernel.generation.0,
                     signature: held.kernel.signature.clone(),
+                    contract: held.kernel.contract.clone(),
                     block_size: held.kernel.block_size,
                     live: is_live(held.kernel.generation),
                     artifact_hash: held.kernel.artifact_hash,
@@ -925,6 +942,7 @@ fn loaded_info(
         }
         .to_string(),
         signature: kernel.signature.clone(),
+        contract: kernel.contract.clone(),
         block_size: kernel.block_size,
         cache_hit,
         load_micros: started.elapsed().as_micros() as u64,

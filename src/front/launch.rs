@@ -158,7 +158,10 @@ impl Front {
             generation: kernel.generation,
         };
         let cap = KernelCap {
-            signature: &kernel.signature,
+            signature: &launch::BoundContract {
+                contract: &kernel.contract,
+                block: kernel.block_size,
+            },
             placement,
         };
         let checked = launch::check(&view, cap, &shape)?;

@@ -7,11 +7,13 @@
 //! [`HostKernel::launch`]). Nothing here touches CUDA.
 //!
 //! Pipeline: [`parse`] (text → module) → [`ir`] (one entry, names resolved)
-//! → [`verify`] (the scalar-ABI proof) → [`host`] (decode and run on the
-//! CPU). The kernel's name is never trusted: only its body decides.
+//! → [`verify`] (the proof, whose result is a [`contract::LaunchContract`])
+//! → [`host`] (decode and run on the CPU). The kernel's name is never
+//! trusted: only its body decides.
 
 use std::collections::BTreeMap;
 
+pub mod contract;
 pub mod host;
 pub mod ir;
 pub mod memo;
@@ -20,6 +22,7 @@ pub mod print;
 pub mod reason;
 pub mod verify;
 
+pub use contract::LaunchContract;
 pub use reason::SubReason;
 pub use verify::{MAX_INPUTS, MAX_SCALAR_PARAMS};
 
@@ -27,6 +30,41 @@ pub use verify::{MAX_INPUTS, MAX_SCALAR_PARAMS};
 /// executor reports none: the host engine's default, and the CUDA
 /// executor's cap on a block chosen from the kernel's limits.
 pub const DEFAULT_BLOCK: u32 = 256;
+
+/// Which kernel families beyond the one-element-per-thread scalar ABI the
+/// verifier accepts. Each is a proof the verifier can make, with the launch
+/// contract (and preconditions) that proof needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Families {
+    /// The seed's Vectorized{2,4} schedule: `.v2`/`.v4` global accesses of
+    /// one vector per thread, `n` counted in vectors, each operand's element
+    /// the whole vector (its offset aligned to it).
+    pub vectorized: bool,
+    /// A 32-bit index (`int i = blockIdx.x * blockDim.x + threadIdx.x`),
+    /// exact under the precondition `index_fits_i32` (grid × block <=
+    /// 2^31), which the contract then carries; and an `int n` count
+    /// compared with it (`count_fits_i32`).
+    pub index32: bool,
+}
+
+impl Families {
+    /// The scalar ABI only: what ptxd accepted before contracts.
+    pub const SCALAR: Families = Families {
+        vectorized: false,
+        index32: false,
+    };
+    /// Every family the verifier can prove.
+    pub const ALL: Families = Families {
+        vectorized: true,
+        index32: true,
+    };
+}
+
+/// The families the daemon's loads (and [`verify`], [`canonicalize`],
+/// [`HostKernel::compile`]) accept. The scalar ABI until the suites that
+/// name a vectorized kernel as refused are moved to the contract tests
+/// (the lead's switch; see `docs/verifier.md`).
+pub const DAEMON_FAMILIES: Families = Families::SCALAR;
 
 /// The ABI a client declares for a kernel (optional on PTX, required for
 /// cubin/fatbin).
@@ -146,15 +184,16 @@ pub fn verify(
     symbol: &str,
     declared: Option<DeclaredAbi>,
 ) -> Result<Signature, PtxError> {
-    verify_kernel(text, symbol, declared).map(|(_, v)| v.signature)
+    verify_kernel(text, symbol, declared, DAEMON_FAMILIES).map(|(_, v)| v.signature)
 }
 
 /// A verified kernel in the form that runs: canonical PTX printed from the
-/// verified IR (see [`print`]), and its signature.
+/// verified IR (see [`print`]), its signature and its launch contract.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Canonical {
     pub text: String,
     pub signature: Signature,
+    pub contract: LaunchContract,
 }
 
 /// Parses and verifies `symbol` in `text`, then prints it as canonical PTX
@@ -166,7 +205,17 @@ pub fn canonicalize(
     symbol: &str,
     declared: Option<DeclaredAbi>,
 ) -> Result<Canonical, PtxError> {
-    let (kernel, verified) = verify_kernel(text, symbol, declared)?;
+    canonicalize_with(text, symbol, declared, DAEMON_FAMILIES)
+}
+
+/// [`canonicalize`], accepting `families`.
+pub fn canonicalize_with(
+    text: &str,
+    symbol: &str,
+    declared: Option<DeclaredAbi>,
+    families: Families,
+) -> Result<Canonical, PtxError> {
+    let (kernel, verified) = verify_kernel(text, symbol, declared, families)?;
     let entry_line = kernel.line;
     let refuse = |why: &str| PtxError::NonScalarAbi {
         sub_reason: SubReason::CanonicalForm.as_str(),
@@ -210,17 +259,34 @@ pub fn canonicalize(
     }
     let kernel = print::without_debug_target(kernel);
     let printed = print::print(&kernel);
-    let (again, reverified) = verify_kernel(&printed, symbol, declared)
+    let (again, reverified) = verify_kernel(&printed, symbol, declared, families)
         .map_err(|e| refuse(&format!("the canonical text does not verify: {e}")))?;
-    if !print::same_program(&kernel, &again) || reverified.signature != verified.signature {
+    if !print::same_program(&kernel, &again)
+        || reverified.signature != verified.signature
+        || !reverified.contract.same_terms(&verified.contract)
+    {
         return Err(refuse(
             "the canonical text does not parse back to the verified program",
         ));
     }
+    // The contract names the params as the canonical text does: it is the
+    // text that runs.
     Ok(Canonical {
         text: printed,
         signature: verified.signature,
+        contract: reverified.contract,
     })
+}
+
+/// Parses `text` and verifies entry `symbol`: its launch contract (and the
+/// signature derived from it, for callers that take the scalar ABI only).
+pub fn verify_contract(
+    text: &str,
+    symbol: &str,
+    declared: Option<DeclaredAbi>,
+    families: Families,
+) -> Result<(Signature, LaunchContract), PtxError> {
+    verify_kernel(text, symbol, declared, families).map(|(_, v)| (v.signature, v.contract))
 }
 
 /// Parses and lowers `symbol` (no verification): for tools and tests that
@@ -233,10 +299,11 @@ fn verify_kernel(
     text: &str,
     symbol: &str,
     declared: Option<DeclaredAbi>,
+    families: Families,
 ) -> Result<(ir::Kernel, verify::Verified), PtxError> {
     let module = parse::parse(text)?;
     let kernel = ir::lower(&module, symbol)?;
-    let verified = verify::verify(&kernel, declared)?;
+    let verified = verify::verify(&kernel, declared, families)?;
     Ok((kernel, verified))
 }
 
@@ -277,6 +344,7 @@ pub struct HostFault {
 #[derive(Debug)]
 pub struct HostKernel {
     signature: Signature,
+    contract: LaunchContract,
     program: host::decode::Program,
 }
 
@@ -284,10 +352,20 @@ impl HostKernel {
     /// Parses, verifies and decodes `symbol` from `text`. Every instruction
     /// the engine cannot run is found here, never during a launch.
     pub fn compile(text: &str, symbol: &str) -> Result<HostKernel, PtxError> {
-        let (kernel, verified) = verify_kernel(text, symbol, None)?;
+        HostKernel::compile_with(text, symbol, DAEMON_FAMILIES)
+    }
+
+    /// [`HostKernel::compile`], accepting `families`.
+    pub fn compile_with(
+        text: &str,
+        symbol: &str,
+        families: Families,
+    ) -> Result<HostKernel, PtxError> {
+        let (kernel, verified) = verify_kernel(text, symbol, None, families)?;
         let program = host::decode::decode(&kernel, &verified)?;
         Ok(HostKernel {
             signature: verified.signature,
+            contract: verified.contract,
             program,
         })
     }
@@ -297,12 +375,52 @@ impl HostKernel {
         &self.signature
     }
 
+    /// The kernel's launch contract.
+    pub fn contract(&self) -> &LaunchContract {
+        &self.contract
+    }
+
     /// Runs the kernel over `n` elements with the CUDA launch geometry.
     ///
     /// # Safety
     /// Each span must be valid for reads (inputs) or writes (output) of
     /// `len` bytes for the duration of the call.
     pub unsafe fn launch(&self, launch: &HostLaunch<'_>) -> Result<(), HostFault> {
+        // The contract's preconditions hold here too, whoever launches: the
+        // proof of a 32-bit index assumed them.
+        let values = self.contract.values(launch.n, self.block_size());
+        if let Some(p) = self
+            .contract
+            .preconditions
+            .iter()
+            .find(|p| !p.holds(&values))
+        {
+            return Err(HostFault {
+                line: 0,
+                message: format!("precondition {p} does not hold at {}", p.values(&values)),
+            });
+        }
+        // Each span holds its operand's whole footprint (the scalar ABI's
+        // `n × element size`, which `host::run` checks again).
+        // (A launch of another arity is `host::run`'s refusal.)
+        let spans = launch.inputs.iter().chain(std::iter::once(&launch.output));
+        let arity = launch.inputs.len() + 1 == self.contract.footprints.len();
+        for (k, (span, footprint)) in spans
+            .zip(&self.contract.footprints)
+            .enumerate()
+            .filter(|_| arity)
+        {
+            let bytes = footprint.bytes.eval(&values);
+            if bytes.is_none_or(|b| b > span.len as u128) {
+                return Err(HostFault {
+                    line: 0,
+                    message: format!(
+                        "operand {k} holds {} bytes, fewer than its footprint {} at n = {}",
+                        span.len, footprint.bytes, launch.n
+                    ),
+                });
+            }
+        }
         // SAFETY: the caller upholds the span validity `host::run` needs.
         unsafe { host::run(&self.program, &self.signature, launch) }
     }

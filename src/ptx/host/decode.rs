@@ -407,30 +407,56 @@ impl Decoder<'_> {
                 else {
                     return Err(unsupported(inst));
                 };
+                // A `.v2`/`.v4` access is one scalar access per register of
+                // its list, lane j at `offset + j × width`.
+                let lanes: Vec<&Opnd> = match ops.get(vi) {
+                    Some(Opnd::List(items)) => items.iter().collect(),
+                    Some(o) => vec![o],
+                    None => return Err(unsupported(inst)),
+                };
+                let lane_offset = |j: usize| {
+                    i64::try_from(j)
+                        .ok()
+                        .and_then(|j| j.checked_mul(i64::from(width)))
+                        .and_then(|d| offset.checked_add(d))
+                        .ok_or_else(|| unsupported(inst))
+                };
                 if b == "st" {
-                    let v = self.src(inst, ops.get(vi), lty)?;
-                    emit(
-                        Op::St {
-                            a: *a,
-                            off: *offset,
-                            v,
-                            width,
-                        },
-                        out,
-                    );
+                    for (j, o) in lanes.iter().enumerate() {
+                        let v = self.src(inst, Some(o), lty)?;
+                        emit(
+                            Op::St {
+                                a: *a,
+                                off: lane_offset(j)?,
+                                v,
+                                width,
+                            },
+                            out,
+                        );
+                    }
                 } else {
-                    let (d, mask) = self.dst(inst, ops.first())?;
-                    emit(
-                        Op::Ld {
-                            d,
-                            a: *a,
-                            off: *offset,
-                            width,
-                            signed: lty.is_signed(),
-                            mask,
-                        },
-                        out,
-                    );
+                    // The lane that overwrites the address register loads
+                    // last, so every lane reads through the address as the
+                    // instruction found it (the list names no register twice).
+                    let mut order: Vec<usize> = (0..lanes.len()).collect();
+                    order.sort_by_key(|j| matches!(lanes[*j], Opnd::Reg(r) if r == a));
+                    for j in order {
+                        if matches!(lanes[j], Opnd::Sink) {
+                            continue;
+                        }
+                        let (d, mask) = self.dst(inst, Some(lanes[j]))?;
+                        emit(
+                            Op::Ld {
+                                d,
+                                a: *a,
+                                off: lane_offset(j)?,
+                                width,
+                                signed: lty.is_signed(),
+                                mask,
+                            },
+                            out,
+                        );
+                    }
                 }
             }
             // `mov.b64 {lo, hi}, x`: split into equal parts, low first.

@@ -783,10 +783,12 @@ fn exec(
                 }
                 // SAFETY: in checked mode `addr..addr+width` lies inside an
                 // input span (checked just above). In unchecked mode the
-                // verifier proved the address is `input k + i × width` with
-                // `i < n`, and the launch checked `n × width <= len` of every
-                // span; the caller of `launch` guarantees each span is
-                // readable for its `len`.
+                // verifier proved the address is `input k + i × size + j ×
+                // width` with `i < n`, `size` the operand's element size
+                // and `j × width < size` (one lane of a `.v2`/`.v4` element,
+                // `j = 0` for a scalar one), and the launch checked `n × size
+                // <= len` of every span; the caller of `launch` guarantees
+                // each span is readable for its `len`.
                 let raw = unsafe { load(addr, width) };
                 let v = if signed {
                     sext(raw, u32::from(width) * 8) as u64

@@ -11,8 +11,10 @@
 //!
 //! Soundness: before any thread runs, the launch checks that it passes one
 //! span per input, the declared number of float params, and that
-//! `n × element size <= len` for every operand. With the verifier's proof
-//! that every access is `operand + i × element size` under `i < n`, no
+//! `n × element size <= len` for every operand (and [`super::HostKernel`]
+//! that the contract's preconditions hold). With the verifier's proof that
+//! every access is element `i` of its operand under `i < n` (a `.v2`/`.v4`
+//! element decoded as one scalar access per lane, inside the element), no
 //! access leaves its span; checked mode re-checks each access anyway and
 //! turns a miss into a [`HostFault`].
 

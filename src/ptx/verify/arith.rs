@@ -94,16 +94,39 @@ fn offset_by(base: V, off: V) -> Option<V> {
 /// The abstract result of an integer instruction over `a`, `b` (and `c`
 /// for `mad`), or `None` when it is not one ptxd models (then a pointer
 /// operand is a misuse and the result is data).
-pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>, ntid: Option<i64>) -> Option<V> {
+///
+/// With `index32` (the 32-bit-index family), `ctaid × ntid + tid` computed
+/// in 32 bits is `Index32`, and `Index32 × s` widened by `mul.wide` is
+/// `i × s`: exact under `index_fits_i32`, which the caller records.
+/// Without it, every rule is the 64-bit-only one.
+pub(super) fn arith(
+    inst: &Inst,
+    a: V,
+    b: V,
+    c: Option<V>,
+    ntid: Option<i64>,
+    index32: bool,
+) -> Option<V> {
     use V::*;
     let op = inst.base.as_str();
     let either = |f: &dyn Fn(V, V) -> Option<V>| f(a, b).or_else(|| f(b, a));
+    let narrow = |v: V| matches!(v, Narrow | Index32);
+    let index32_of = |x: V, y: V| {
+        (index32 && matches!((x, y), (Block32, S32(Sk::Tid)) | (S32(Sk::Tid), Block32)))
+            .then_some(Index32)
+    };
+    let widened_scale = |x: V, c: V| match (x, c) {
+        (Index32, Const(c)) if index32 && (1..=64).contains(&c) => Some(Scaled(c as u32)),
+        _ => None,
+    };
     match (op, c) {
         ("mul", None) if wide32(inst) => {
             if is_block(a, b, S32, ntid) {
                 Some(Block64)
-            } else if matches!(a, Narrow | S32(_) | Block32)
-                || matches!(b, Narrow | S32(_) | Block32)
+            } else if let Some(scaled) = either(&widened_scale) {
+                Some(scaled)
+            } else if matches!(a, Narrow | S32(_) | Block32 | Index32)
+                || matches!(b, Narrow | S32(_) | Block32 | Index32)
             {
                 Some(Narrow)
             } else {
@@ -113,7 +136,7 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>, ntid: Option<i64>) ->
         ("mul", None) if int_ty(inst, 32) && !inst.has("wide") => {
             if is_block(a, b, S32, ntid) {
                 Some(Block32)
-            } else if a == Narrow || b == Narrow {
+            } else if narrow(a) || narrow(b) {
                 Some(Narrow)
             } else {
                 None
@@ -139,13 +162,15 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>, ntid: Option<i64>) ->
             _ => None,
         },
         ("shl", None) if int_ty(inst, 32) => match a {
-            Narrow | S32(_) | Block32 => Some(Narrow),
+            Narrow | S32(_) | Block32 | Index32 => Some(Narrow),
             _ => None,
         },
         ("add", None) if int_ty(inst, 32) => {
-            if matches!((a, b), (Block32, S32(Sk::Tid)) | (S32(Sk::Tid), Block32))
-                || a == Narrow
-                || b == Narrow
+            if let Some(i) = index32_of(a, b) {
+                Some(i)
+            } else if matches!((a, b), (Block32, S32(Sk::Tid)) | (S32(Sk::Tid), Block32))
+                || narrow(a)
+                || narrow(b)
             {
                 Some(Narrow)
             } else {
@@ -184,8 +209,8 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>, ntid: Option<i64>) ->
         ("mad", Some(c)) if wide32(inst) => {
             if is_block(a, b, S32, ntid) && c == S64(Sk::Tid) {
                 Some(Index)
-            } else if matches!(a, Narrow | S32(_) | Block32)
-                || matches!(b, Narrow | S32(_) | Block32)
+            } else if matches!(a, Narrow | S32(_) | Block32 | Index32)
+                || matches!(b, Narrow | S32(_) | Block32 | Index32)
             {
                 Some(if c.params().has_any() {
                     NarrowAddr(c.params())
@@ -197,8 +222,12 @@ pub(super) fn arith(inst: &Inst, a: V, b: V, c: Option<V>, ntid: Option<i64>) ->
             }
         }
         ("mad", Some(c)) if int_ty(inst, 32) && inst.has("lo") => {
-            let index32 = is_block(a, b, S32, ntid) && c == S32(Sk::Tid);
-            (index32 || a == Narrow || b == Narrow).then_some(Narrow)
+            let index = is_block(a, b, S32, ntid) && c == S32(Sk::Tid);
+            if index && index32 {
+                Some(Index32)
+            } else {
+                (index || narrow(a) || narrow(b)).then_some(Narrow)
+            }
         }
         ("mad", Some(c)) if int_ty(inst, 64) && inst.has("lo") => {
             if is_block(a, b, S64, ntid) && c == S64(Sk::Tid) {

@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use crate::ptx::ir::{Kernel, Opnd};
-use crate::ptx::PtxError;
+use crate::ptx::{Families, PtxError};
 
 use super::dataflow::{guard_fact, predicated, step, Event, State, V};
 use super::regs::{JoinMemo, Regs};
@@ -87,8 +87,8 @@ pub(super) fn blocks(k: &Kernel) -> Result<Vec<(usize, usize)>, PtxError> {
 /// Runs the abstract interpretation to a fixpoint over the blocks, refuses
 /// unreachable code, and returns each instruction's event from the settled
 /// states.
-pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
-    dataflow_within(k, work_budget)
+pub(super) fn dataflow(k: &Kernel, families: Families) -> Result<BTreeMap<usize, Event>, PtxError> {
+    dataflow_within(k, work_budget, families)
 }
 
 /// [`dataflow`] within the work `budget` gives for the kernel and its
@@ -96,6 +96,7 @@ pub(super) fn dataflow(k: &Kernel) -> Result<BTreeMap<usize, Event>, PtxError> {
 fn dataflow_within(
     k: &Kernel,
     budget: fn(&Kernel, usize) -> usize,
+    families: Families,
 ) -> Result<BTreeMap<usize, Event>, PtxError> {
     let blocks = blocks(k)?;
     let budget = budget(k, blocks.len());
@@ -124,7 +125,7 @@ fn dataflow_within(
         };
         let (s, e) = blocks[b];
         spent = spent.saturating_add(e - s + 1);
-        let outs = run_block(k, s, e, &mut st, &mut scratch);
+        let outs = run_block(k, s, e, &mut st, &mut scratch, families);
         scratch.clear();
         for (pc, out) in outs {
             if pc >= k.insts.len() {
@@ -173,7 +174,7 @@ fn dataflow_within(
     let mut events = BTreeMap::new();
     for (b, (s, e)) in blocks.iter().enumerate() {
         if let Some(mut st) = entry[b].clone() {
-            run_block(k, *s, *e, &mut st, &mut events);
+            run_block(k, *s, *e, &mut st, &mut events, families);
         }
     }
     Ok(events)
@@ -186,6 +187,7 @@ fn run_block(
     e: usize,
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
+    families: Families,
 ) -> Vec<(usize, State)> {
     for pc in s..e {
         let inst = &k.insts[pc];
@@ -217,8 +219,8 @@ fn run_block(
                     }
                 }
             },
-            _ if inst.guard.is_some() => predicated(k, pc, inst, st, events),
-            _ => step(k, pc, inst, st, events),
+            _ if inst.guard.is_some() => predicated(k, pc, inst, st, events, families),
+            _ => step(k, pc, inst, st, events, families),
         }
     }
     vec![(e, st.clone())]
@@ -254,12 +256,16 @@ mod tests {
     #[test]
     fn the_work_budget_bounds_the_analysis() {
         let k = crate::ptx::lower(&replicated(), "k").unwrap_or_else(|e| panic!("{e}"));
-        assert!(dataflow_within(&k, work_budget).is_ok());
+        assert!(dataflow_within(&k, work_budget, crate::ptx::Families::SCALAR).is_ok());
         // A fixed budget, through the `fn` the analysis takes.
         thread_local!(static BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(0) });
         let within = |b: usize| {
             BUDGET.with(|c| c.set(b));
-            dataflow_within(&k, |_, _| BUDGET.with(|c| c.get()))
+            dataflow_within(
+                &k,
+                |_, _| BUDGET.with(|c| c.get()),
+                crate::ptx::Families::SCALAR,
+            )
         };
         // The least budget that lets it settle, by bisection.
         let (mut lo, mut hi) = (0usize, work_budget(&k, 1));

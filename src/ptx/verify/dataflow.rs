@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 
 use crate::ptx::ir::{Base, Inst, Kernel, Opnd, Sreg, Ty};
 use crate::ptx::parse::Imm;
+use crate::ptx::Families;
 
 use super::arith::{arith, int_ty, is_int};
 use super::instructions::destinations;
@@ -124,6 +125,13 @@ pub(super) enum V {
     Index,
     /// Anything derived from an index computed in 32 bits (wraps).
     Narrow,
+    /// `ctaid.x × ntid.x + tid.x` computed in 32 bits, only with the
+    /// 32-bit-index family: every thread's value is its global index, in
+    /// `[0, grid × block)`, so it is exact (no wrap, non-negative as `.s32`)
+    /// exactly when `grid × block <= 2^31` — the `index_fits_i32`
+    /// precondition, which a use of it as a 64-bit index records
+    /// ([`Event::Assume`]). Anything else computed from it is `Narrow`.
+    Index32,
     /// `i × s` in 64 bits.
     Scaled(u32),
     /// `param + i × s + c` for one of the params of the set (`s == 0`:
@@ -137,6 +145,10 @@ pub(super) enum V {
     /// May carry the bits of one of these params (after a join of a pointer
     /// with something else). Never an address, never data.
     Tainted(ParamSet),
+    /// The whole 32-bit count param `p` (the 32-bit index family's `int
+    /// n`): compared with the 32-bit index it is a guard, anything else is
+    /// a misuse of the count.
+    Count32(u16),
     /// A predicate that is true when `i >= n` (`in_range == false`) or when
     /// `i < n` (`in_range == true`), `n` being param `count`.
     Guard {
@@ -150,6 +162,7 @@ impl V {
     pub(super) fn params(self) -> ParamSet {
         match self {
             V::Param(m) | V::Addr(m, _, _) | V::Derived(m) | V::NarrowAddr(m) | V::Tainted(m) => m,
+            V::Count32(p) => ParamSet::single(p).unwrap_or(ParamSet::EMPTY),
             _ => ParamSet::EMPTY,
         }
     }
@@ -168,7 +181,7 @@ impl V {
         match self {
             // A wrapped index is never trusted, at any width.
             V::Top | V::Const(_) | V::Guard { .. } | V::Narrow => 0,
-            V::S32(_) | V::Block32 => 32,
+            V::S32(_) | V::Block32 | V::Index32 | V::Count32(_) => 32,
             _ => 64,
         }
     }
@@ -221,7 +234,10 @@ pub(super) enum Event {
     Access {
         params: ParamSet,
         kind: AccessKind,
+        /// Bytes the access moves: its type's size times `lanes`.
         width: u32,
+        /// Registers a `.v2`/`.v4` access moves (1 for a scalar access).
+        lanes: u32,
         scale: u32,
         guarded: Option<u16>,
     },
@@ -236,7 +252,12 @@ pub(super) enum Event {
     },
     Guard {
         count: u16,
+        /// Against the 32-bit index: the guard assumes `index_fits_i32`.
+        index32: bool,
     },
+    /// The proof used a 32-bit index (or block offset) as exact: the
+    /// contract needs `index_fits_i32`.
+    Assume,
 }
 
 /// The guard fact a predicate gives when it holds (`when_true`) or not:
@@ -256,13 +277,14 @@ pub(super) fn predicated(
     inst: &Inst,
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
+    families: Families,
 ) {
     let dests = destinations(inst);
     let before: Vec<V> = dests
         .iter()
         .map(|r| st.regs.get(*r as usize).unwrap_or(V::Top))
         .collect();
-    step(k, pc, inst, st, events);
+    step(k, pc, inst, st, events, families);
     for (r, old) in dests.iter().zip(before) {
         let Some(new) = st.regs.get(*r as usize) else {
             continue;
@@ -285,6 +307,49 @@ pub(super) fn predicated(
             );
         }
         st.regs.set(*r as usize, old.join(new));
+    }
+}
+
+/// A comparison of the index with the count `count` (`index_first`: the
+/// index is the first operand): the guard `i < n` or its negation, or a
+/// misuse of the count when it is another comparison.
+fn guard(
+    events: &mut BTreeMap<usize, Event>,
+    pc: usize,
+    inst: &Inst,
+    count: Option<u16>,
+    index_first: bool,
+    count_value: V,
+) -> V {
+    let count = count.unwrap_or(u16::MAX);
+    let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
+    // `n > i` is `i < n`: read the comparison with the index first.
+    let cmp = match (index_first, cmp) {
+        (true, c) => c,
+        (false, "le") => "ge",
+        (false, "ls") => "hs",
+        (false, "gt") => "lt",
+        (false, "hi") => "lo",
+        (false, _) => "",
+    };
+    match cmp {
+        "ge" | "hs" => V::Guard {
+            count,
+            in_range: false,
+        },
+        "lt" | "lo" => V::Guard {
+            count,
+            in_range: true,
+        },
+        _ => {
+            misuse(
+                events,
+                pc,
+                count_value,
+                format!("`{}` compares the count other than as `i < n`", inst.opcode),
+            );
+            V::Top
+        }
     }
 }
 
@@ -417,7 +482,8 @@ fn load_param(
     // `layout` admits only these param types, and no arrays.
     let size: u64 = match pty {
         Some("u64" | "s64" | "b64") => 8,
-        Some("f32") => 4,
+        // A 32-bit integer param passes `layout` only as the 32-bit count.
+        Some("f32" | "u32" | "s32" | "b32") => 4,
         _ => 0,
     };
     let lty = inst.types().last().copied();
@@ -440,6 +506,19 @@ fn load_param(
             )),
         );
         return V::Top;
+    }
+    if size == 4 && pty != Some("f32") {
+        // The 32-bit count, read whole at a 32-bit integer type.
+        return match (offset, lty) {
+            (0, Some(Ty::U32 | Ty::S32 | Ty::B32)) => V::Count32(p),
+            _ => {
+                events.entry(pc).or_insert(Event::Misuse {
+                    param: p,
+                    explanation: format!("`{}` loads the count at another width", inst.opcode),
+                });
+                V::Top
+            }
+        };
     }
     if size == 4 {
         // A float param: its bits are data; only a part of it is refused,
@@ -512,11 +591,12 @@ pub(super) fn step(
     inst: &Inst,
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
+    families: Families,
 ) {
     let ops = &inst.ops;
     // Past `instructions::structure` every instruction is a table form.
     let Some(op) = O::from_name(&inst.base) else {
-        return compute(k, pc, inst, st, events);
+        return compute(k, pc, inst, st, events, families);
     };
     // An integer literal is that integer only in an integer-typed
     // instruction; in `mov.f32 %f, 4` it is the float 4.0, whose bits are
@@ -548,7 +628,17 @@ pub(super) fn step(
             let (addr_i, data_i) = if op == O::St { (0, 1) } else { (1, 0) };
             // No third operand: the table admits `ld`/`st` with exactly an
             // address and a value, and `ir` dropped any cache-policy one.
-            let width = inst.types().last().map_or(0, |t| t.bytes());
+            // A `.v2`/`.v4` access moves one value per register of its list
+            // (the table ties the list's length to the vector modifier).
+            let lanes = match ops.get(data_i) {
+                Some(Opnd::List(items)) => u32::try_from(items.len()).unwrap_or(u32::MAX),
+                _ => 1,
+            };
+            let width = inst
+                .types()
+                .last()
+                .map_or(0, |t| t.bytes())
+                .saturating_mul(lanes);
             let pred_guard = inst.guard.and_then(|(neg, p)| guard_fact(st, p, neg, true));
             let guarded = st.guarded.or(pred_guard);
             let kind = if op == O::St {
@@ -570,6 +660,7 @@ pub(super) fn step(
                             params: m,
                             kind,
                             width,
+                            lanes,
                             scale,
                             guarded,
                         }
@@ -670,7 +761,17 @@ pub(super) fn step(
             let widen = matches!(tys.as_slice(), [Ty::U64 | Ty::S64, Ty::U32 | Ty::S32]);
             let r = match v {
                 V::S32(sk) if widen => V::S64(sk),
-                V::Narrow | V::Block32 if widen => V::Narrow,
+                // Under `index_fits_i32` both are below 2^31: sign- and
+                // zero-extension give the same, exact, value.
+                V::Index32 if widen && families.index32 => {
+                    events.entry(pc).or_insert(Event::Assume);
+                    V::Index
+                }
+                V::Block32 if widen && families.index32 => {
+                    events.entry(pc).or_insert(Event::Assume);
+                    V::Block64
+                }
+                V::Narrow | V::Block32 | V::Index32 if widen => V::Narrow,
                 V::Const(c) if widen => V::Const(c),
                 other => {
                     escape(
@@ -691,7 +792,6 @@ pub(super) fn step(
                 .any(|m| matches!(m.as_str(), "and" | "or" | "xor")) =>
         {
             let (a, b) = (src(1), src(2));
-            let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
             let single = |m: ParamSet| (m.len() == 1).then(|| first(m)).flatten();
             let r = match (a, b) {
                 _ if !is_int(inst) => {
@@ -704,47 +804,22 @@ pub(super) fn step(
                     }
                     V::Top
                 }
+                // `i < n` with the 64-bit index and count, or (the 32-bit
+                // index family) the exact 32-bit index and a 32-bit count.
                 (V::Index, V::Param(m)) | (V::Param(m), V::Index)
                     if int_ty(inst, 64) && single(m).is_some() =>
                 {
-                    let count = single(m).unwrap_or(u16::MAX);
-                    // `n > i` is `i < n`: read the comparison with the index first.
-                    let index_first = a == V::Index;
-                    let cmp = match (index_first, cmp) {
-                        (true, c) => c,
-                        (false, "le") => "ge",
-                        (false, "ls") => "hs",
-                        (false, "gt") => "lt",
-                        (false, "hi") => "lo",
-                        (false, _) => "",
-                    };
-                    match cmp {
-                        "ge" | "hs" => V::Guard {
-                            count,
-                            in_range: false,
-                        },
-                        "lt" | "lo" => V::Guard {
-                            count,
-                            in_range: true,
-                        },
-                        _ => {
-                            misuse(
-                                events,
-                                pc,
-                                V::Param(m),
-                                format!(
-                                    "`{}` compares the count other than as `i < n`",
-                                    inst.opcode
-                                ),
-                            );
-                            V::Top
-                        }
-                    }
+                    guard(events, pc, inst, single(m), a == V::Index, V::Param(m))
                 }
-                (V::Narrow, V::Param(m)) | (V::Param(m), V::Narrow) => {
+                (V::Index32, V::Count32(p)) | (V::Count32(p), V::Index32) if int_ty(inst, 32) => {
+                    guard(events, pc, inst, Some(p), a == V::Index32, V::Count32(p))
+                }
+                (V::Narrow | V::Index32, o) | (o, V::Narrow | V::Index32)
+                    if matches!(o, V::Param(_) | V::Count32(_)) =>
+                {
                     events.entry(pc).or_insert(Event::Bad {
                         sub_reason: SubReason::IndexNot64bit,
-                        param: first(m),
+                        param: o.pointer(),
                         explanation: "the bounds guard compares a 32-bit index".into(),
                     });
                     V::Top
@@ -766,7 +841,10 @@ pub(super) fn step(
                 }
             };
             if let V::Guard { count, .. } = r {
-                events.entry(pc).or_insert(Event::Guard { count });
+                // A guard on the 32-bit index is `i < n` only while that
+                // index is exact.
+                let index32 = a == V::Index32 || b == V::Index32;
+                events.entry(pc).or_insert(Event::Guard { count, index32 });
             }
             set(k, pc, st, ops.first(), r, events);
         }
@@ -880,7 +958,7 @@ pub(super) fn step(
         | O::Sad
         | O::Fns
         | O::Dp4a
-        | O::Dp2a => compute(k, pc, inst, st, events),
+        | O::Dp2a => compute(k, pc, inst, st, events, families),
     }
 }
 
@@ -892,6 +970,7 @@ fn compute(
     inst: &Inst,
     st: &mut State,
     events: &mut BTreeMap<usize, Event>,
+    families: Families,
 ) {
     let ops = &inst.ops;
     let int_inst = is_int(inst);
@@ -901,10 +980,19 @@ fn compute(
     };
     let (a, b) = (src(1), src(2));
     let r = match ops.len() {
-        3 => arith(inst, a, b, None, reqntid(k)),
-        4 => arith(inst, a, b, Some(src(3)), reqntid(k)),
+        3 => arith(inst, a, b, None, reqntid(k), families.index32),
+        4 => arith(inst, a, b, Some(src(3)), reqntid(k), families.index32),
         _ => None,
     };
+    // A 64-bit index or offset computed from the 32-bit index is exact only
+    // under `index_fits_i32`.
+    let exact64 = matches!(r, Some(V::Index | V::Block64 | V::Scaled(_) | V::Addr(..)));
+    let from32 = [a, b, src(3)]
+        .iter()
+        .any(|v| matches!(v, V::Index32 | V::Block32));
+    if families.index32 && exact64 && from32 {
+        events.entry(pc).or_insert(Event::Assume);
+    }
     let r = match r {
         Some(v) => v,
         None => {

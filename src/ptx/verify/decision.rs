@@ -11,8 +11,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::ptx::contract::{
+    Condition, Expr, ParamKind, Precondition, ScalarType, COUNT_FITS_I32, INDEX_FITS_I32,
+};
 use crate::ptx::ir::Kernel;
-use crate::ptx::{PtxError, Signature};
+use crate::ptx::{LaunchContract, PtxError, Signature};
 
 use super::dataflow::{AccessKind, Event};
 use super::layout::Layout;
@@ -33,7 +36,7 @@ pub(super) fn decide(
     let output = expected_count - 1;
 
     let guard = events.iter().find_map(|(pc, e)| match e {
-        Event::Guard { count } => Some((*pc, *count)),
+        Event::Guard { count, .. } => Some((*pc, *count)),
         _ => None,
     });
     let count = match guard {
@@ -96,7 +99,7 @@ pub(super) fn decide(
     for (pc, e) in events {
         let line = line_of(*pc);
         match e {
-            Event::Guard { count: c } if *c != count => {
+            Event::Guard { count: c, .. } if *c != count => {
                 return Err(refuse(
                     SubReason::ParamMisuse,
                     name(*c),
@@ -104,7 +107,7 @@ pub(super) fn decide(
                     "a second bounds guard against another param",
                 ))
             }
-            Event::Guard { .. } => {}
+            Event::Guard { .. } | Event::Assume => {}
             Event::Bad {
                 sub_reason,
                 param,
@@ -135,6 +138,7 @@ pub(super) fn decide(
                 params,
                 kind,
                 width,
+                lanes,
                 scale,
                 guarded,
             } => {
@@ -175,7 +179,21 @@ pub(super) fn decide(
                         }
                         _ => {}
                     }
-                    if width != scale || !matches!(width, 1 | 2 | 4 | 8) {
+                    // A vector access is one element of the Vectorized
+                    // family only when the vector is the whole element: a
+                    // power of two of at most 16 bytes at its own stride.
+                    if *lanes > 1 && (width != scale || !width.is_power_of_two() || *width > 16) {
+                        return Err(refuse(
+                            SubReason::VectorizedAccess,
+                            name(*param),
+                            line,
+                            format!(
+                                "a {lanes}-lane {width}-byte access at a stride of {scale} bytes: \
+                                 not one whole vector per thread"
+                            ),
+                        ));
+                    }
+                    if width != scale || (*lanes == 1 && !matches!(width, 1 | 2 | 4 | 8)) {
                         return Err(refuse(
                             SubReason::NonElementwiseAddress,
                             name(*param),
@@ -234,14 +252,44 @@ pub(super) fn decide(
             Role::Scalar(u32::from(p - count - 1))
         });
     }
+    let signature = Signature {
+        inputs,
+        element_sizes,
+        scalar_params: u32::try_from(layout.floats).unwrap_or(u32::MAX),
+        reqntid,
+        maxntid,
+    };
+    let names: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
+    let mut contract = LaunchContract::scalar(&signature, &names);
+    // An `int n`: the contract names its type, and a launch's count must
+    // fit it (the kernel would read a cut count).
+    if let Some(ty) = layout.count32 {
+        if let Some(param) = contract.params.get_mut(usize::from(count)) {
+            param.kind = ParamKind::Count(if ty == "s32" {
+                ScalarType::S32
+            } else {
+                ScalarType::U32
+            });
+        }
+        contract = contract.assuming(Precondition {
+            name: COUNT_FITS_I32,
+            condition: Condition::AtMost(Expr::Count, (1 << 31) - 1),
+        });
+    }
+    // A 32-bit index was used as exact (widened, or compared with a 32-bit
+    // count): every thread's index must fit.
+    if events
+        .values()
+        .any(|e| matches!(e, Event::Assume | Event::Guard { index32: true, .. }))
+    {
+        contract = contract.assuming(Precondition {
+            name: INDEX_FITS_I32,
+            condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),
+        });
+    }
     Ok(Verified {
-        signature: Signature {
-            inputs,
-            element_sizes,
-            scalar_params: u32::try_from(layout.floats).unwrap_or(u32::MAX),
-            reqntid,
-            maxntid,
-        },
+        signature,
         roles,
+        contract,
     })
 }

@@ -10,13 +10,13 @@
 //! does not model can only compute data.
 
 use crate::ptx::ir::{Base, Inst, Kernel, Opnd};
-use crate::ptx::PtxError;
+use crate::ptx::{Families, PtxError};
 
 use super::table::{classify, Modifier, Opcode};
 use super::{refuse, SubReason};
 
 /// Refusals visible without dataflow, in instruction order.
-pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
+pub(super) fn structure(k: &Kernel, families: Families) -> Result<(), PtxError> {
     for v in &k.vars {
         let (sub, what) = match v.space.as_str() {
             "shared" => (SubReason::SharedMemory, "a .shared variable"),
@@ -99,7 +99,14 @@ pub(super) fn structure(k: &Kernel) -> Result<(), PtxError> {
                 format!("`{}` synchronizes threads", inst.opcode),
             ));
         }
-        if matches!(b, "ld" | "st" | "ldu") && (space("v2") || space("v4") || space("v8")) {
+        // `.v2`/`.v4` global accesses are the Vectorized family's, proven
+        // element-wise by the dataflow (one vector per thread); `.v8`, and a
+        // vector in any other space (a param read past its param), never are.
+        let vector_family = families.vectorized && !space("v8") && space("global");
+        if matches!(b, "ld" | "st" | "ldu")
+            && (space("v2") || space("v4") || space("v8"))
+            && !vector_family
+        {
             return Err(refuse(
                 SubReason::VectorizedAccess,
                 None,

@@ -2,14 +2,15 @@
 //! list.
 //!
 //! Invariants: an accepted kernel's params are `ints` 64-bit integers (every
-//! input pointer, the output pointer, then the count) followed by `floats`
-//! `.f32` params and nothing else, with `2 <= ints <= MAX_INPUTS + 2` and
+//! input pointer, the output pointer, then the count; with the 32-bit index
+//! family the count may be a 32-bit integer) followed by `floats` `.f32`
+//! params and nothing else, with `2 <= ints <= MAX_INPUTS + 2` and
 //! `floats <= MAX_SCALAR_PARAMS`; so a param's index alone says which
 //! integer it may be, and every one has a bit in a `ParamSet`. A launch
 //! bound, when present, is one-dimensional and one a 1-D launch can honour.
 
 use crate::ptx::ir::Kernel;
-use crate::ptx::PtxError;
+use crate::ptx::{Families, PtxError};
 
 use super::{refuse, SubReason, MAX_INPUTS, MAX_SCALAR_PARAMS};
 
@@ -49,16 +50,39 @@ pub(super) fn launch_bounds(k: &Kernel) -> Result<(Option<u32>, Option<u32>), Pt
     Ok((k.reqntid.map(|d| d[0]), k.maxntid.map(|d| d[0])))
 }
 
-/// The param shape: `ints` 64-bit integer params, then `floats` f32 params.
+/// The param shape: `ints` integer params (64-bit, but for a 32-bit count
+/// last), then `floats` f32 params.
 pub(super) struct Layout {
     pub(super) ints: usize,
     pub(super) floats: usize,
+    /// The count's PTX type when it is 32 bits (`int n`, the 32-bit index
+    /// family only).
+    pub(super) count32: Option<&'static str>,
 }
 
-pub(super) fn param_layout(k: &Kernel) -> Result<Layout, PtxError> {
+pub(super) fn param_layout(k: &Kernel, families: Families) -> Result<Layout, PtxError> {
     let mut ints = 0usize;
     let mut floats = 0usize;
-    for p in &k.params {
+    let mut count32 = None;
+    for (j, p) in k.params.iter().enumerate() {
+        // The 32-bit index family takes an `int n`: a 32-bit integer as the
+        // last integer param, only floats after it.
+        let last_int = k
+            .params
+            .get(j + 1..)
+            .is_some_and(|rest| rest.iter().all(|q| q.ty == "f32" && q.array.is_none()));
+        if families.index32 && floats == 0 && last_int && p.array.is_none() {
+            let ty = match p.ty.as_str() {
+                "u32" | "b32" => Some("u32"),
+                "s32" => Some("s32"),
+                _ => None,
+            };
+            if let Some(ty) = ty {
+                ints += 1;
+                count32 = Some(ty);
+                continue;
+            }
+        }
         let name = Some(p.name.as_str());
         let line = Some(p.line);
         if p.array.is_some() {
@@ -120,5 +144,9 @@ pub(super) fn param_layout(k: &Kernel) -> Result<Layout, PtxError> {
             ),
         ));
     }
-    Ok(Layout { ints, floats })
+    Ok(Layout {
+        ints,
+        floats,
+        count32,
+    })
 }

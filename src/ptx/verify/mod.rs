@@ -45,6 +45,23 @@
 //! a path where `i < n` holds; so `offset + n × element size <= size` for
 //! every operand makes every access of every thread in bounds.
 //!
+//! The result is a launch contract ([`super::contract`]): the scalar ABI's
+//! footprints (`n × element size` per operand), geometry and the
+//! preconditions the proof assumed. With [`super::Families`] two more
+//! proofs are made (off for the daemon, [`super::DAEMON_FAMILIES`]):
+//! - `vectorized`: a `.v2`/`.v4` global access is one element whose size is
+//!   the whole vector, at `param + i × vector size` (rule 3 lets it through,
+//!   `decision.rs` holds it to one whole vector per thread, else
+//!   `vectorized_access`);
+//! - `index32`: `ctaid.x × ntid.x + tid.x` computed in 32 bits is exact when
+//!   `grid × block <= 2^31` (every thread's value lies in `[0, grid ×
+//!   block)`); widening it into the 64-bit index or `i × s` records that
+//!   assumption, and the contract carries it as `index_fits_i32`. Any other
+//!   32-bit arithmetic on it stays `Narrow` (`index_not_64bit`). A 32-bit
+//!   count (`int n`, the last integer param) is `Count32`; compared with the
+//!   exact 32-bit index it is the guard (assuming `index_fits_i32` too), and
+//!   the contract adds `count_fits_i32`.
+//!
 //! # The rules, in the order they are checked
 //!
 //! Every refusal is a [`PtxError::NonScalarAbi`] whose `sub_reason` is one of
@@ -134,7 +151,7 @@ mod table;
 
 use super::ir::Kernel;
 pub use super::reason::SubReason;
-use super::{DeclaredAbi, PtxError, Signature};
+use super::{DeclaredAbi, Families, LaunchContract, PtxError, Signature};
 
 /// The most input pointers a scalar kernel may take.
 pub const MAX_INPUTS: usize = 64;
@@ -152,11 +169,13 @@ pub enum Role {
     Scalar(u32),
 }
 
-/// A verified kernel: its signature and each param's role.
+/// A verified kernel: its signature, each param's role, and the launch
+/// contract the proof gives (see [`super::contract`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verified {
     pub signature: Signature,
     pub roles: Vec<Role>,
+    pub contract: LaunchContract,
 }
 
 /// The one constructor of a `NonScalarAbi` refusal, shared by every pass.
@@ -175,11 +194,15 @@ fn refuse(
 }
 
 /// Verifies `kernel` against the scalar ABI and `declared`.
-pub fn verify(kernel: &Kernel, declared: Option<DeclaredAbi>) -> Result<Verified, PtxError> {
+pub fn verify(
+    kernel: &Kernel,
+    declared: Option<DeclaredAbi>,
+    families: Families,
+) -> Result<Verified, PtxError> {
     let (reqntid, maxntid) = layout::launch_bounds(kernel)?;
-    let layout = layout::param_layout(kernel)?;
-    instructions::structure(kernel)?;
-    let events = cfg::dataflow(kernel)?;
+    let layout = layout::param_layout(kernel, families)?;
+    instructions::structure(kernel, families)?;
+    let events = cfg::dataflow(kernel, families)?;
     let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
     defined::check(kernel)?;
     if let Some(d) = declared {

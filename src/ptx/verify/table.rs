@@ -237,9 +237,11 @@ impl Opcode {
             Opcode::Fns => &[&[Dest, Data, Data, Data]],
             Opcode::Dp4a => &[&[Dest, Data, Data, Data]],
             Opcode::Dp2a => &[&[Dest, Data, Data, Data]],
-            Opcode::Ld => &[&[Dest, Address]],
-            Opcode::Ldu => &[&[Dest, Address]],
-            Opcode::St => &[&[Address, Data]],
+            // The list forms are `.v2`/`.v4` accesses: `slots` ties the
+            // list's length to the vector modifier.
+            Opcode::Ld => &[&[Dest, Address], &[Unpack, Address]],
+            Opcode::Ldu => &[&[Dest, Address], &[Unpack, Address]],
+            Opcode::St => &[&[Address, Data], &[Address, Pack]],
             Opcode::Cvta => &[&[Dest, Data]],
             Opcode::Bra => &[&[Target]],
             Opcode::Ret => &[&[]],
@@ -639,8 +641,16 @@ pub(crate) fn classify(k: &Kernel, inst: &Inst) -> Result<Typed, PtxError> {
             ),
         ));
     }
+    // A load or store's list forms are its vector forms: they fit only a
+    // `.v2`/`.v4`/`.v8` access, and the scalar forms only a scalar one.
+    let vector = modifiers
+        .iter()
+        .any(|m| matches!(m, Modifier::V2 | Modifier::V4 | Modifier::V8));
+    let memory = matches!(opcode, Opcode::Ld | Opcode::Ldu | Opcode::St);
     let fits = |form: &&[OperandRole]| {
-        form.len() == inst.ops.len() && form.iter().zip(&inst.ops).all(|(r, o)| plays(k, *r, o))
+        form.len() == inst.ops.len()
+            && form.iter().zip(&inst.ops).all(|(r, o)| plays(k, *r, o))
+            && (!memory || form.iter().any(|r| matches!(r, Unpack | Pack)) == vector)
     };
     if !opcode.forms().iter().any(fits) {
         return Err(refuse(
@@ -979,9 +989,28 @@ fn slots(op: Opcode, mods: &[Modifier], ops: &[Opnd]) -> Result<Vec<Slot>, Strin
             }
         }
         Opcode::Ld | Opcode::Ldu | Opcode::St => {
+            let lanes = if mods.contains(&Modifier::V2) {
+                2
+            } else if mods.contains(&Modifier::V4) {
+                4
+            } else if mods.contains(&Modifier::V8) {
+                8
+            } else {
+                1
+            };
             for (slot, o) in s.iter_mut().zip(ops) {
                 *slot = match o {
                     Opnd::Addr { .. } => Slot::Untyped,
+                    Opnd::List(items) if items.len() != lanes => {
+                        return Err(format!(
+                            "a list of {} registers for a {lanes}-lane access",
+                            items.len()
+                        ))
+                    }
+                    Opnd::List(_) => Slot::Value(t, true),
+                    _ if lanes > 1 => {
+                        return Err(format!("a {lanes}-lane access needs a list of registers"))
+                    }
                     _ => Slot::Value(t, true),
                 };
             }
@@ -1169,6 +1198,10 @@ fn check_types(k: &Kernel, inst: &Inst, t: &Typed) -> Result<(), PtxError> {
             (Slot::Value(want, relaxed), Opnd::Pair(a, b)) => [a, b]
                 .into_iter()
                 .find_map(|r| mismatch(k, *want, *relaxed, false, &Opnd::Reg(*r))),
+            // A `.v2`/`.v4` access: each lane as a scalar access's value.
+            (Slot::Value(want, relaxed), Opnd::List(items)) => items
+                .iter()
+                .find_map(|it| mismatch(k, *want, *relaxed, legacy16, it)),
             (Slot::Value(want, relaxed), o) => mismatch(k, *want, *relaxed, legacy16, o),
             (Slot::Parts(want), Opnd::List(items)) => items
                 .iter()

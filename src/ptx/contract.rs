@@ -1,0 +1,569 @@
+//! The launch contract: what the verifier proved about a kernel, as data the
+//! launch check evaluates before every launch.
+//!
+//! A contract names, in the kernel's param order, what each param is (a
+//! pointer read, written or never dereferenced; the element count; a
+//! scalar of a PTX type), the launch geometry (block size, elements per
+//! block, grid), for each launch operand the bytes it may touch as a
+//! closed-form [`Expr`] of launch values, and the [`Precondition`]s the
+//! proof assumed, each with a stable name.
+//!
+//! Invariants:
+//! - A contract comes only from the verifier ([`LaunchContract::scalar`]
+//!   over a verified signature, with the preconditions the proof needed);
+//!   nothing here widens one to make a launch fit.
+//! - Every footprint and precondition is evaluated with checked arithmetic
+//!   in `u128`: an overflow is a refusal, never a wrapped bound.
+//! - The scalar ABI's contract is exactly the check ptxd always made:
+//!   operand k touches `n × element_size(k)` bytes from its offset, its
+//!   offset is a multiple of its element size, `n < 2^63`, and the grid is
+//!   `ceil(n / block)`.
+
+use std::fmt;
+
+use super::{Signature, DEFAULT_BLOCK};
+
+/// A closed-form expression of launch values, in bytes or elements.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Expr {
+    Const(u64),
+    /// The launch's element count `n`.
+    Count,
+    /// The number of blocks the launch runs (`ceil(n / elements per block)`).
+    Grid,
+    /// The block size the launch runs with.
+    Block,
+    Add(Box<Expr>, Box<Expr>),
+    Mul(Box<Expr>, Box<Expr>),
+}
+
+/// The launch values an [`Expr`] is evaluated over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchValues {
+    pub count: u64,
+    pub grid: u64,
+    pub block: u32,
+}
+
+impl Expr {
+    pub fn product(a: Expr, b: Expr) -> Expr {
+        Expr::Mul(Box::new(a), Box::new(b))
+    }
+
+    pub fn sum(a: Expr, b: Expr) -> Expr {
+        Expr::Add(Box::new(a), Box::new(b))
+    }
+
+    /// The value at `v`, or `None` when a step overflows `u128`.
+    pub fn eval(&self, v: &LaunchValues) -> Option<u128> {
+        // Leaves are read in place: a footprint such as `n × 4` is one
+        // call, not three (the launch check runs this per operand).
+        let operand = |e: &Expr| e.leaf(v).or_else(|| e.eval(v));
+        match self {
+            Expr::Add(a, b) => operand(a)?.checked_add(operand(b)?),
+            Expr::Mul(a, b) => {
+                let (x, y) = (operand(a)?, operand(b)?);
+                // Two values of 64 bits cannot overflow 128: the common case
+                // skips the checked 128-bit product.
+                match (u64::try_from(x), u64::try_from(y)) {
+                    (Ok(x), Ok(y)) => Some(u128::from(x) * u128::from(y)),
+                    _ => x.checked_mul(y),
+                }
+            }
+            leaf => leaf.leaf(v),
+        }
+    }
+
+    /// A leaf's value; `None` for an operation.
+    #[inline]
+    fn leaf(&self, v: &LaunchValues) -> Option<u128> {
+        match self {
+            Expr::Const(c) => Some(u128::from(*c)),
+            Expr::Count => Some(u128::from(v.count)),
+            Expr::Grid => Some(u128::from(v.grid)),
+            Expr::Block => Some(u128::from(v.block)),
+            Expr::Add(..) | Expr::Mul(..) => None,
+        }
+    }
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expr::Const(c) if *c >= 1 << 20 && c.is_power_of_two() => {
+                write!(f, "2^{}", c.trailing_zeros())
+            }
+            Expr::Const(c) => write!(f, "{c}"),
+            Expr::Count => f.write_str("n"),
+            Expr::Grid => f.write_str("grid"),
+            Expr::Block => f.write_str("block"),
+            Expr::Add(a, b) => write!(f, "({a} + {b})"),
+            Expr::Mul(a, b) => write!(f, "{a} × {b}"),
+        }
+    }
+}
+
+/// What the kernel may do through a pointer param.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PointerAccess {
+    /// Loads only: a launch input.
+    Read,
+    /// Stores only: the launch output.
+    Written,
+    /// Never dereferenced: ptxd passes null.
+    UnusedNull,
+}
+
+/// A param's PTX type, for the scalars and the count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScalarType {
+    U32,
+    S32,
+    U64,
+    S64,
+    F32,
+    F64,
+}
+
+impl ScalarType {
+    /// The type of a param declared `.{ptx}`, if it is one a contract names.
+    pub fn from_ptx(ptx: &str) -> Option<ScalarType> {
+        Some(match ptx {
+            "u32" | "b32" => ScalarType::U32,
+            "s32" => ScalarType::S32,
+            "u64" | "b64" => ScalarType::U64,
+            "s64" => ScalarType::S64,
+            "f32" => ScalarType::F32,
+            "f64" => ScalarType::F64,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScalarType::U32 => "u32",
+            ScalarType::S32 => "s32",
+            ScalarType::U64 => "u64",
+            ScalarType::S64 => "s64",
+            ScalarType::F32 => "f32",
+            ScalarType::F64 => "f64",
+        }
+    }
+}
+
+/// What one param of the kernel is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ParamKind {
+    /// A pointer. `operand` is its place in the launch's operand list
+    /// (inputs in order, then the output); `None` for a null-only pointer.
+    Pointer {
+        access: PointerAccess,
+        operand: Option<u32>,
+    },
+    /// The element count `n`.
+    Count(ScalarType),
+    /// A by-value scalar argument.
+    Scalar(ScalarType),
+}
+
+/// One param: its PTX name and what it is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ContractParam {
+    pub name: String,
+    pub kind: ParamKind,
+}
+
+/// Where the block size comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockRule {
+    /// `.reqntid x`: exactly x, or the launch fails.
+    Required(u32),
+    /// `.maxntid x`: `min(x, DEFAULT_BLOCK)` on the host; the executor may
+    /// choose less on a GPU.
+    AtMost(u32),
+    /// Neither: ptxd's [`DEFAULT_BLOCK`] (or less, as the executor chooses).
+    Default,
+}
+
+impl BlockRule {
+    /// The block size the host engine launches with.
+    pub fn host_block(self) -> u32 {
+        match self {
+            BlockRule::Required(x) => x,
+            BlockRule::AtMost(x) => x.min(DEFAULT_BLOCK),
+            BlockRule::Default => DEFAULT_BLOCK,
+        }
+    }
+}
+
+/// The launch geometry: block size, and how many elements each thread
+/// covers, so `grid = ceil(n / (block × elements_per_thread))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    pub block: BlockRule,
+    pub elements_per_thread: u32,
+}
+
+/// One launch operand's bytes: an alignment its offset must honour and
+/// the bytes it may touch from its offset.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Footprint {
+    /// The contract param the operand is passed as.
+    pub param: u16,
+    /// The element size, which the operand's offset must be a multiple of.
+    pub alignment: u32,
+    pub bytes: Expr,
+}
+
+/// A fact about launch values the proof assumed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Condition {
+    /// `expr <= bound`.
+    AtMost(Expr, u128),
+}
+
+/// A named precondition: a launch where it is false is refused, naming it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Precondition {
+    /// Stable, snake_case: what a refusal's metadata names.
+    pub name: &'static str,
+    pub condition: Condition,
+}
+
+/// The count must fit the kernel's `long long` (today's `CountTooLarge`).
+pub const COUNT_FITS_I64: &str = "count_fits_i64";
+/// A 32-bit count (`int n`) holds the launch's count: `n <= 2^31 - 1`.
+pub const COUNT_FITS_I32: &str = "count_fits_i32";
+/// Every thread's 32-bit index is exact: `grid × block <= 2^31`.
+pub const INDEX_FITS_I32: &str = "index_fits_i32";
+
+impl Precondition {
+    /// Whether it holds at `v`; an overflow is "does not hold".
+    pub fn holds(&self, v: &LaunchValues) -> bool {
+        match &self.condition {
+            Condition::AtMost(e, bound) => e.eval(v).is_some_and(|x| x <= *bound),
+        }
+    }
+
+    /// `name=value` for every launch value the condition reads, for a
+    /// refusal's metadata.
+    pub fn values(&self, v: &LaunchValues) -> String {
+        let Condition::AtMost(e, _) = &self.condition;
+        let mut out = Vec::new();
+        e.visit(&mut |e| match e {
+            Expr::Count => out.push(format!("n={}", v.count)),
+            Expr::Grid => out.push(format!("grid={}", v.grid)),
+            Expr::Block => out.push(format!("block={}", v.block)),
+            _ => {}
+        });
+        out.dedup();
+        out.join(",")
+    }
+}
+
+impl Expr {
+    fn visit(&self, f: &mut impl FnMut(&Expr)) {
+        f(self);
+        if let Expr::Add(a, b) | Expr::Mul(a, b) = self {
+            a.visit(f);
+            b.visit(f);
+        }
+    }
+}
+
+impl fmt::Display for Precondition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.condition {
+            Condition::AtMost(e, bound) => {
+                let bound = match u64::try_from(*bound) {
+                    Ok(b) => Expr::Const(b).to_string(),
+                    Err(_) => bound.to_string(),
+                };
+                write!(f, "{}: {e} <= {bound}", self.name)
+            }
+        }
+    }
+}
+
+/// What the verifier proved about a kernel, as the launch check reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LaunchContract {
+    /// Every param, in the kernel's order.
+    pub params: Vec<ContractParam>,
+    pub geometry: Geometry,
+    /// One per launch operand: the inputs in order, then the output.
+    pub footprints: Vec<Footprint>,
+    pub preconditions: Vec<Precondition>,
+}
+
+impl LaunchContract {
+    /// The scalar ABI's contract for a verified `signature` with params
+    /// named `names` (`inputs + 2 + scalar_params` of them; missing names
+    /// are made up): exactly the check ptxd made before contracts existed.
+    pub fn scalar(signature: &Signature, names: &[&str]) -> LaunchContract {
+        let name = |i: usize, fallback: String| names.get(i).map_or(fallback, |n| (*n).to_string());
+        let inputs = signature.inputs as usize;
+        let mut params = Vec::with_capacity(inputs + 2 + signature.scalar_params as usize);
+        for k in 0..inputs {
+            params.push(ContractParam {
+                name: name(k, format!("in{k}")),
+                kind: ParamKind::Pointer {
+                    access: PointerAccess::Read,
+                    operand: Some(k as u32),
+                },
+            });
+        }
+        params.push(ContractParam {
+            name: name(inputs, "out".into()),
+            kind: ParamKind::Pointer {
+                access: PointerAccess::Written,
+                operand: Some(signature.inputs),
+            },
+        });
+        params.push(ContractParam {
+            name: name(inputs + 1, "n".into()),
+            kind: ParamKind::Count(ScalarType::S64),
+        });
+        for k in 0..signature.scalar_params as usize {
+            params.push(ContractParam {
+                name: name(inputs + 2 + k, format!("p{k}")),
+                kind: ParamKind::Scalar(ScalarType::F32),
+            });
+        }
+        let footprints = signature
+            .element_sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &size)| Footprint {
+                param: u16::try_from(k).unwrap_or(u16::MAX),
+                alignment: size,
+                bytes: Expr::product(Expr::Count, Expr::Const(u64::from(size))),
+            })
+            .collect();
+        let block = match (signature.reqntid, signature.maxntid) {
+            (Some(x), _) => BlockRule::Required(x),
+            (None, Some(x)) => BlockRule::AtMost(x),
+            (None, None) => BlockRule::Default,
+        };
+        LaunchContract {
+            params,
+            geometry: Geometry {
+                block,
+                elements_per_thread: 1,
+            },
+            footprints,
+            preconditions: vec![Precondition {
+                name: COUNT_FITS_I64,
+                condition: Condition::AtMost(Expr::Count, i64::MAX as u128),
+            }],
+        }
+    }
+
+    /// The same contract with one more precondition (the verifier adds
+    /// what its proof assumed).
+    pub fn assuming(mut self, precondition: Precondition) -> LaunchContract {
+        if !self
+            .preconditions
+            .iter()
+            .any(|p| p.name == precondition.name)
+        {
+            self.preconditions.push(precondition);
+        }
+        self
+    }
+
+    /// Whether `other` is the same contract but for the params' names
+    /// (the canonical text renames every param).
+    pub fn same_terms(&self, other: &LaunchContract) -> bool {
+        self.geometry == other.geometry
+            && self.footprints == other.footprints
+            && self.preconditions == other.preconditions
+            && self.params.len() == other.params.len()
+            && self
+                .params
+                .iter()
+                .zip(&other.params)
+                .all(|(a, b)| a.kind == b.kind)
+    }
+
+    /// Whether a check against `signature` alone (the [`Signature`] terms
+    /// the launch ring evaluates, which carry no preconditions beyond the
+    /// count's) checks exactly this contract. A kernel for which it does
+    /// not (a 32-bit index's `index_fits_i32`) must not be launched through
+    /// a path that knows only its signature.
+    pub fn checked_by_signature(&self, signature: &Signature) -> bool {
+        self.same_terms(&LaunchContract::scalar(signature, &[]))
+    }
+
+    /// How many launch inputs (read pointers) the contract takes.
+    pub fn inputs(&self) -> usize {
+        self.footprints.len().saturating_sub(1)
+    }
+
+    /// How many by-value scalar arguments the launch passes.
+    pub fn scalar_params(&self) -> usize {
+        self.params
+            .iter()
+            .filter(|p| matches!(p.kind, ParamKind::Scalar(_)))
+            .count()
+    }
+
+    /// The launch values for `count` elements with blocks of `block`
+    /// threads: the grid is `ceil(count / (block × elements per thread))`.
+    pub fn values(&self, count: u64, block: u32) -> LaunchValues {
+        let per_block = (u64::from(block) * u64::from(self.geometry.elements_per_thread)).max(1);
+        // Blocks are nearly always a power of two: a shift, not a division,
+        // on the launch path.
+        let grid = if per_block.is_power_of_two() {
+            (count >> per_block.trailing_zeros()) + u64::from(count & (per_block - 1) != 0)
+        } else {
+            count.div_ceil(per_block)
+        };
+        LaunchValues { count, grid, block }
+    }
+
+    /// The param an operand is passed as, by name.
+    pub fn operand_name(&self, operand: usize) -> &str {
+        self.footprints
+            .get(operand)
+            .and_then(|f| self.params.get(usize::from(f.param)))
+            .map_or("?", |p| p.name.as_str())
+    }
+}
+
+impl fmt::Display for LaunchContract {
+    /// One readable text: `params; geometry; footprints; preconditions`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("params(")?;
+        for (i, p) in self.params.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            match &p.kind {
+                ParamKind::Pointer { access, .. } => {
+                    let a = match access {
+                        PointerAccess::Read => "read",
+                        PointerAccess::Written => "written",
+                        PointerAccess::UnusedNull => "null",
+                    };
+                    write!(f, "{}: ptr {a}", p.name)?;
+                }
+                ParamKind::Count(t) => write!(f, "{}: count .{}", p.name, t.as_str())?,
+                ParamKind::Scalar(t) => write!(f, "{}: .{}", p.name, t.as_str())?,
+            }
+        }
+        let block = match self.geometry.block {
+            BlockRule::Required(x) => format!("{x} (.reqntid)"),
+            BlockRule::AtMost(x) => format!("<= {} (.maxntid {x})", x.min(DEFAULT_BLOCK)),
+            BlockRule::Default => format!("<= {DEFAULT_BLOCK}"),
+        };
+        let ept = self.geometry.elements_per_thread;
+        let per_block = if ept == 1 {
+            "block".to_string()
+        } else {
+            format!("block × {ept}")
+        };
+        write!(f, "); block {block}; grid ceil(n / {per_block})")?;
+        for fp in &self.footprints {
+            let name = self
+                .params
+                .get(usize::from(fp.param))
+                .map_or("?", |p| p.name.as_str());
+            write!(f, "; {name}[{}] align {}", fp.bytes, fp.alignment)?;
+        }
+        for p in &self.preconditions {
+            write!(f, "; requires {p}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn sig(element_sizes: Vec<u32>, scalar_params: u32, reqntid: Option<u32>) -> Signature {
+        Signature {
+            inputs: element_sizes.len() as u32 - 1,
+            element_sizes,
+            scalar_params,
+            reqntid,
+            maxntid: None,
+        }
+    }
+
+    #[test]
+    fn the_scalar_contract_is_todays_check() {
+        let c = LaunchContract::scalar(&sig(vec![4, 2, 8], 1, None), &[]);
+        assert_eq!(c.inputs(), 2);
+        assert_eq!(c.scalar_params(), 1);
+        let v = c.values(1000, 256);
+        assert_eq!(v.grid, 4);
+        let bytes: Vec<u128> = c
+            .footprints
+            .iter()
+            .map(|f| f.bytes.eval(&v).unwrap())
+            .collect();
+        assert_eq!(bytes, vec![4000, 2000, 8000]);
+        let aligns: Vec<u32> = c.footprints.iter().map(|f| f.alignment).collect();
+        assert_eq!(aligns, vec![4, 2, 8]);
+        assert_eq!(c.preconditions.len(), 1);
+        assert!(c.preconditions[0].holds(&c.values(i64::MAX as u64, 256)));
+        assert!(!c.preconditions[0].holds(&c.values(i64::MAX as u64 + 1, 256)));
+    }
+
+    /// The grid is `ceil(n / (block × elements per thread))` for every
+    /// block, a power of two or not.
+    #[test]
+    fn the_grid_is_the_ceiling_of_n_over_a_block() {
+        let mut c = LaunchContract::scalar(&sig(vec![4, 4], 0, None), &[]);
+        for ept in [1, 2, 3, 8] {
+            c.geometry.elements_per_thread = ept;
+            for block in [1, 3, 32, 96, 256, 1000, 1024] {
+                for n in [0u64, 1, 255, 256, 257, 1 << 40, u64::MAX - 1, u64::MAX] {
+                    let per = u64::from(block) * u64::from(ept);
+                    assert_eq!(
+                        c.values(n, block).grid,
+                        n.div_ceil(per),
+                        "{n} {block} {ept}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_text_form_names_every_part() {
+        let c = LaunchContract::scalar(&sig(vec![4, 4], 1, Some(128)), &["a", "b", "n", "s"]);
+        let c = c.assuming(Precondition {
+            name: INDEX_FITS_I32,
+            condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),
+        });
+        assert_eq!(
+            c.to_string(),
+            "params(a: ptr read, b: ptr written, n: count .s64, s: .f32); \
+             block 128 (.reqntid); grid ceil(n / block); a[n × 4] align 4; b[n × 4] align 4; \
+             requires count_fits_i64: n <= 9223372036854775807; \
+             requires index_fits_i32: grid × block <= 2^31"
+        );
+        assert_eq!(c.operand_name(1), "b");
+    }
+
+    #[test]
+    fn an_overflowing_expression_is_none_and_its_precondition_false() {
+        let big = Expr::product(Expr::Count, Expr::Const(u64::MAX));
+        let v = LaunchValues {
+            count: u64::MAX,
+            grid: 1,
+            block: 1,
+        };
+        assert!(Expr::product(big.clone(), big.clone()).eval(&v).is_none());
+        let p = Precondition {
+            name: "x",
+            condition: Condition::AtMost(Expr::product(big.clone(), big), u128::MAX),
+        };
+        assert!(!p.holds(&v));
+        assert_eq!(p.values(&v), format!("n={}", u64::MAX));
+    }
+}
