@@ -10,6 +10,7 @@ mod attacks;
 mod canonical;
 mod canonical_daemon;
 mod classes;
+mod contracts;
 mod corpus;
 mod mutants;
 mod nvcc_corpus;

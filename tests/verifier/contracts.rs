@@ -16,8 +16,7 @@ use ptxd::launch::{
 use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan, LaunchContract, PtxError};
 use rand::{Rng, SeedableRng};
 
-#[path = "support/mutants.rs"]
-mod mutants;
+use crate::support::mutants;
 
 fn corpus(name: &str) -> String {
     let path = format!("{}/tests/corpus/{name}.ptx", env!("CARGO_MANIFEST_DIR"));
