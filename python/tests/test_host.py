@@ -212,9 +212,10 @@ def test_each_refusal_is_its_own_class(session):
     assert missing.value.reason == "SYMBOL_NOT_FOUND"
     with pytest.raises(ptxd.InvalidArtifact):
         session.load_ptx("this is not PTX", "add_f32_scalar")
-    with pytest.raises(ptxd.NonScalarAbi) as vec4:
-        session.load_ptx(read_ptx("add_f32_vec4"), "add_f32_vec4")
-    assert isinstance(vec4.value, ptxd.Refused)
+    with pytest.raises(ptxd.NonScalarAbi) as triton:
+        session.load_ptx(read_ptx("triton_add"), "add_kernel")
+    assert isinstance(triton.value, ptxd.Refused)
+    assert triton.value.metadata["sub_reason"] == "count_not_64bit"
     with pytest.raises(ptxd.UnknownDevice):
         session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar", device=99)
 

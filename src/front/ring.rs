@@ -76,12 +76,18 @@ fn kernel_grant(
     generation: DeviceGeneration,
 ) -> Option<exec::RingKernel> {
     let kernel = state.slots.occupant_of(handle)?;
-    (kernel.device_index == device && kernel.generation == generation).then(|| exec::RingKernel {
-        ring_index: index,
-        module_id: kernel.module_id,
-        inputs: kernel.signature.inputs,
-        scalar_params: kernel.signature.scalar_params,
-        element_sizes: kernel.signature.element_sizes.clone(),
+    // The ring checks launches against the signature alone: a kernel whose
+    // contract carries more (a 32-bit index's `index_fits_i32`) is not
+    // granted, and launches on the unary paths, which check the contract.
+    let checked = kernel.contract.checked_by_signature(&kernel.signature);
+    (checked && kernel.device_index == device && kernel.generation == generation).then(|| {
+        exec::RingKernel {
+            ring_index: index,
+            module_id: kernel.module_id,
+            inputs: kernel.signature.inputs,
+            scalar_params: kernel.signature.scalar_params,
+            element_sizes: kernel.signature.element_sizes.clone(),
+        }
     })
 }
 

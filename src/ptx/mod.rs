@@ -61,10 +61,10 @@ impl Families {
 }
 
 /// The families the daemon's loads (and [`verify`], [`canonicalize`],
-/// [`HostKernel::compile`]) accept. The scalar ABI until the suites that
-/// name a vectorized kernel as refused are moved to the contract tests
-/// (the lead's switch; see `docs/verifier.md`).
-pub const DAEMON_FAMILIES: Families = Families::SCALAR;
+/// [`HostKernel::compile`]) accept: every family the verifier proves (see
+/// `docs/verifier.md`; a kernel with a precondition the ring cannot check
+/// is not granted to rings, `front::ring`).
+pub const DAEMON_FAMILIES: Families = Families::ALL;
 
 /// The ABI a client declares for a kernel (optional on PTX, required for
 /// cubin/fatbin).

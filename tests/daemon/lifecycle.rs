@@ -209,12 +209,18 @@ async fn load_refusals_carry_their_exact_reasons() {
     let session = client.open_session("refusals").await.unwrap();
     let opts = LoadOptions::default;
 
+    // The Vectorized family loads (elements of 16 bytes, n in vectors).
     let vec4 = session
         .load_ptx(0, corpus("add_f32_vec4.ptx"), "add_f32_vec4", opts())
         .await
+        .unwrap();
+    assert_eq!(vec4.state().signature.element_sizes, vec![16, 16, 16]);
+    let triton = session
+        .load_ptx(0, corpus("triton_add.ptx"), "add_kernel", opts())
+        .await
         .unwrap_err();
-    assert_eq!(reason(&vec4), "NON_SCALAR_ABI");
-    assert_eq!(meta(&vec4, "sub_reason"), "vectorized_access");
+    assert_eq!(reason(&triton), "NON_SCALAR_ABI");
+    assert_eq!(meta(&triton, "sub_reason"), "count_not_64bit");
     for (file, symbol) in [
         ("add_f32_strided.ptx", "add_f32_strided"),
         ("triton_add.ptx", "add_kernel"),

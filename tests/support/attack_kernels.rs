@@ -72,3 +72,22 @@ pub fn run_all(cases: &[(&str, String)]) -> Vec<String> {
     }
     accepted
 }
+
+/// The cases the daemon accepts only with precondition `name` in their
+/// contract (the 32-bit index's `index_fits_i32`, say): an attack on the
+/// 64-bit index that is a valid kernel once the launch check holds it to
+/// that precondition. Panics on an accepted case without it.
+pub fn accepted_only_under(cases: &[(&str, String)], name: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (case, text) in cases {
+        if let Ok(c) = ptx::canonicalize(text, "k", None) {
+            let names: Vec<&str> = c.contract.preconditions.iter().map(|p| p.name).collect();
+            assert!(
+                names.contains(&name),
+                "{case} is accepted without {name}: {names:?}"
+            );
+            found.push((*case).to_string());
+        }
+    }
+    found
+}

@@ -365,8 +365,8 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     let refused_fd = second
         .load_ptx(
             0,
-            corpus("add_f32_vec4.ptx"),
-            "add_f32_vec4",
+            corpus("triton_add.ptx"),
+            "add_kernel",
             LoadOptions::default(),
         )
         .await
@@ -375,8 +375,8 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     let refused_grpc = over_http2
         .load_ptx(
             0,
-            corpus("add_f32_vec4.ptx"),
-            "add_f32_vec4",
+            corpus("triton_add.ptx"),
+            "add_kernel",
             LoadOptions::default(),
         )
         .await

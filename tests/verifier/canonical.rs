@@ -112,9 +112,9 @@ fn ptxd_verify_prints_the_verdict_and_the_canonical_text() {
     let ok = run("add_f32_scalar.ptx", "add_f32_scalar", false);
     assert!(ok.status.success());
     assert!(String::from_utf8_lossy(&ok.stdout).starts_with("accepted: add_f32_scalar: 2 inputs"));
-    let refused = run("add_f32_vec4.ptx", "add_f32_vec4", false);
+    let refused = run("triton_add.ptx", "add_kernel", false);
     assert_eq!(refused.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&refused.stdout).contains("sub_reason: vectorized_access"));
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("sub_reason: count_not_64bit"));
     let printed = run("add_f32_scalar.ptx", "add_f32_scalar", true);
     let text = String::from_utf8(printed.stdout).unwrap();
     let canonical = ptx::canonicalize(

@@ -276,11 +276,17 @@ fn vectorized_kernels_get_a_contract_in_vectors_and_run_on_the_host() {
 }
 
 #[test]
-fn the_daemon_still_refuses_the_vectorized_family_until_it_is_switched_on() {
-    assert_eq!(ptx::DAEMON_FAMILIES, Families::SCALAR);
+fn the_daemon_accepts_the_families_and_the_scalar_abi_alone_refuses_them() {
+    assert_eq!(ptx::DAEMON_FAMILIES, Families::ALL);
     for (text, symbol, _) in vectorized_kernels() {
+        assert!(ptx::verify(&text, symbol, None).is_ok(), "{symbol}");
         assert_eq!(
-            sub_reason(ptx::verify(&text, symbol, None)),
+            sub_reason(ptx::canonicalize_with(
+                &text,
+                symbol,
+                None,
+                Families::SCALAR
+            )),
             "vectorized_access"
         );
     }
@@ -508,7 +514,12 @@ fn a_32_bit_index_is_accepted_with_the_precondition_that_makes_it_exact() {
             "index_not_64bit"
         };
         assert_eq!(
-            sub_reason(ptx::verify(&text, "add_i32", None)),
+            sub_reason(ptx::canonicalize_with(
+                &text,
+                "add_i32",
+                None,
+                Families::SCALAR
+            )),
             before,
             "{what}"
         );
@@ -1104,7 +1115,7 @@ fn an_int_count_is_accepted_with_the_preconditions_it_needs() {
     );
     // Without the family: refused as before.
     assert_eq!(
-        sub_reason(ptx::verify(&text, entry, None)),
+        sub_reason(ptx::canonicalize_with(&text, entry, None, Families::SCALAR)),
         "count_not_64bit"
     );
     let big = 1u64 << 40;

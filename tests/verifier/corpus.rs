@@ -56,8 +56,24 @@ fn corpus_verdicts() {
             maxntid: None
         }
     );
+    // The Vectorized family: one float4 per thread, n counted in vectors.
     assert_eq!(
-        sub_reason(ptx::verify(&corpus("add_f32_vec4"), "add_f32_vec4", None)).0,
+        ptx::verify(&corpus("add_f32_vec4"), "add_f32_vec4", None)
+            .unwrap()
+            .element_sizes,
+        vec![16, 16, 16]
+    );
+    assert_eq!(
+        sub_reason(
+            ptx::canonicalize_with(
+                &corpus("add_f32_vec4"),
+                "add_f32_vec4",
+                None,
+                ptx::Families::SCALAR
+            )
+            .map(|c| c.signature)
+        )
+        .0,
         "vectorized_access"
     );
     assert_eq!(
@@ -452,12 +468,17 @@ fn hand_made_variants() {
     assert_eq!(reason_of(&shared_var, "sv").0, "shared_memory");
     let bar = add_variant("b", GUARD, &format!("\tbar.sync \t0;\n{LOAD1}"), STORE);
     assert_eq!(reason_of(&bar, "b").0, "barrier");
-    // A 32-bit count.
+    // A 32-bit count: the scalar ABI refuses it by name; with the 32-bit
+    // index family it may be an `int n`, which a kernel that never guards
+    // with it does not make safe.
     let c32 = nvcc("c", &["u64", "u64", "u64", "u32"], "", "\tret;");
     assert_eq!(
-        reason_of(&c32, "c"),
+        sub_reason(
+            ptx::canonicalize_with(&c32, "c", None, ptx::Families::SCALAR).map(|c| c.signature)
+        ),
         ("count_not_64bit", Some("c_param_3".into()))
     );
+    assert_eq!(reason_of(&c32, "c").0, "unguarded_access");
     // Extra and missing params.
     let extra = add_variant("x", GUARD, LOAD1, STORE).replace(
         "\t.param .u64 x_param_3\n",
@@ -487,7 +508,20 @@ fn hand_made_variants() {
         ("param_misuse", Some("cd_param_3".into()))
     );
     let narrow = add_variant("n", "\tmad.lo.s32 \t%r4, %r1, %r2, %r3;\n\tcvt.s64.s32 \t%rd1, %r4;\n\tsetp.ge.s64 \t%p1, %rd1, %rd5;\n\t@%p1 bra \t$L__BB0_2;", LOAD1, STORE);
-    assert_eq!(reason_of(&narrow, "n").0, "index_not_64bit");
+    // A 32-bit index: the scalar ABI refuses it; the 32-bit index family
+    // accepts it under `index_fits_i32`, which its contract carries.
+    assert_eq!(
+        sub_reason(
+            ptx::canonicalize_with(&narrow, "n", None, ptx::Families::SCALAR).map(|c| c.signature)
+        )
+        .0,
+        "index_not_64bit"
+    );
+    let contract = ptx::canonicalize(&narrow, "n", None).unwrap().contract;
+    assert!(contract
+        .preconditions
+        .iter()
+        .any(|p| p.name == "index_fits_i32"));
     // A vectorized store.
     let v2 = add_variant(
         "v",

@@ -133,7 +133,9 @@ pub(super) fn arith(
                 None
             }
         }
-        ("mul", None) if int_ty(inst, 32) && !inst.has("wide") => {
+        // Only the low half is the product: `mul.hi` of the block is
+        // another value (0 while the product fits), never `Block32`.
+        ("mul", None) if int_ty(inst, 32) && inst.has("lo") => {
             if is_block(a, b, S32, ntid) {
                 Some(Block32)
             } else if narrow(a) || narrow(b) {

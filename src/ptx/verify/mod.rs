@@ -48,7 +48,7 @@
 //! The result is a launch contract ([`super::contract`]): the scalar ABI's
 //! footprints (`n × element size` per operand), geometry and the
 //! preconditions the proof assumed. With [`super::Families`] two more
-//! proofs are made (off for the daemon, [`super::DAEMON_FAMILIES`]):
+//! proofs are made (the daemon's loads make them, [`super::DAEMON_FAMILIES`]):
 //! - `vectorized`: a `.v2`/`.v4` global access is one element whose size is
 //!   the whole vector, at `param + i × vector size` (rule 3 lets it through,
 //!   `decision.rs` holds it to one whole vector per thread, else
