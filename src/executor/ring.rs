@@ -30,6 +30,12 @@
 //!   gRPC.
 //! - Every spin of the thread takes a permit of the daemon-wide spin bound
 //!   ([`crate::spin`]); without one it sleeps at once.
+//! - A wake-up drains the ring: the thread takes every submission
+//!   published before it looks for more, posts each answer, and publishes
+//!   the answers together (one store of each counter, at most one wake)
+//!   when nothing more is ready, every [`FLUSH_EVERY`] answers or
+//!   [`FLUSH_AFTER`] after the oldest, before a
+//!   launch that may wait, and when it stops.
 //! - Every submission taken is answered, in order, even a malformed one or
 //!   one a dead executor left behind (an orphan, completed `Failed`), save
 //!   one abandoned because the ring is stopping ([`abandoned`]): it stays
@@ -49,7 +55,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use super::kernel_timeouts::TimeoutAllowance;
 
@@ -435,6 +441,36 @@ fn dropped(e: &dyn std::fmt::Display) {
 
 fn serve<R: RingBackend>(
     server: &mut Server,
+    backend: R,
+    table: Shared<R::Kernel, R::Buffer>,
+    stop: &AtomicBool,
+    shrunk: impl Fn() -> bool,
+    session: &RingSession,
+) {
+    drain(server, backend, table, stop, shrunk, session);
+    // Whatever ended the loop, the answers it posted reach the client (a
+    // poisoned ring's client reads them or not; a stopping ring's
+    // successor must not take them for orphans).
+    server.flush();
+}
+
+/// The most answers posted before they are published, when submissions
+/// keep coming: bounds how long the first answer of a long burst waits.
+pub const FLUSH_EVERY: u64 = 32;
+
+/// The longest an answer stays posted and unpublished while submissions
+/// keep coming (checked after each launch, so a slow launch, such as a
+/// host kernel, publishes the answers before it once it ends).
+pub const FLUSH_AFTER: Duration = Duration::from_micros(20);
+
+/// The ring thread's loop: every submission published is taken and run in
+/// turn (a wake-up drains the ring, not one slot), each answer is posted,
+/// and the answers are published together once the ring has nothing more
+/// ready, every [`FLUSH_EVERY`] answers or [`FLUSH_AFTER`] after the
+/// oldest, and before a launch that may wait (a sync launch, a semaphore
+/// wait).
+fn drain<R: RingBackend>(
+    server: &mut Server,
     mut backend: R,
     table: Shared<R::Kernel, R::Buffer>,
     stop: &AtomicBool,
@@ -442,6 +478,8 @@ fn serve<R: RingBackend>(
     session: &RingSession,
 ) {
     let spinners = crate::spin::executor_spinners().map(|s| s.with_spin(RING_SPIN));
+    // When the oldest unpublished answer was posted.
+    let mut oldest: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
         if shrunk() {
             tracing::warn!(
@@ -452,6 +490,10 @@ fn serve<R: RingBackend>(
         let polled = match server.poll() {
             Ok(Some(polled)) => polled,
             Ok(None) => {
+                // Drained: the client sees every answer before this thread
+                // spins or sleeps.
+                server.flush();
+                oldest = None;
                 // A ring launching back to back is polled first, so its
                 // launches share markers; the backend hears the ring is idle
                 // only once the spin found nothing, before it may sleep.
@@ -476,6 +518,12 @@ fn serve<R: RingBackend>(
         };
         let status = match polled {
             Polled::Launch(descriptor) => {
+                if descriptor.sync || descriptor.wait().is_some() {
+                    // It may wait on the stream or on the client: what is
+                    // answered already is published first.
+                    server.flush();
+                    oldest = None;
+                }
                 match launch(&table, &mut backend, &descriptor, stop, session) {
                     Some(status) => status,
                     // Stopping: left for the next server or the SDK.
@@ -492,9 +540,15 @@ fn serve<R: RingBackend>(
                 reason: Reason::InvalidArgument as u32,
             },
         };
-        if let Err(e) = server.complete(status, 0) {
+        if let Err(e) = server.post(status, 0) {
             tracing::warn!(error = %e, "cannot complete a ring submission; the ring is dropped");
             return;
+        }
+        let now = Instant::now();
+        let since = *oldest.get_or_insert(now);
+        if server.unpublished() >= FLUSH_EVERY || now.duration_since(since) >= FLUSH_AFTER {
+            server.flush();
+            oldest = None;
         }
     }
 }

@@ -919,3 +919,85 @@ fn a_budgeted_spin_and_a_sleep_without_spin_see_a_submission() {
     assert!(started.elapsed() < Duration::from_secs(2));
     drop(waker.join().unwrap());
 }
+
+/// Answers posted without a flush are invisible to the client (no
+/// completion, no freed slot, no wake); one flush publishes all of them,
+/// in order, under their tickets.
+#[test]
+fn posted_answers_are_published_together_by_one_flush() {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut client = Submitter::create(8).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    for round in 0..50u64 {
+        let count = rng.random_range(1..=8u64);
+        let sent: Vec<u64> = (0..count).map(|i| round * 100 + i).collect();
+        for ticket in &sent {
+            client.try_submit(&payload(*ticket)).unwrap();
+        }
+        let mut posted = Vec::new();
+        for ticket in &sent {
+            assert_eq!(expect_launch(server.poll().unwrap()).ticket, *ticket);
+            let detail = rng.random::<u64>();
+            posted.push(server.post(CompletionStatus::Ok, detail).unwrap());
+            assert_eq!(client.poll_completion().unwrap(), None);
+        }
+        assert_eq!(server.unpublished(), count);
+        assert_eq!(server.in_flight(), 0);
+        // The client's slots are not free until the flush: a full ring
+        // stays full.
+        if count == 8 {
+            assert!(matches!(
+                client.try_submit(&payload(9999)),
+                Err(SubmitError::Full)
+            ));
+        }
+        server.flush();
+        assert_eq!(server.unpublished(), 0);
+        let got: Vec<Completion> =
+            std::iter::from_fn(|| client.poll_completion().unwrap()).collect();
+        assert_eq!(got, posted);
+        assert_eq!(client.outstanding(), 0);
+        // A second flush publishes nothing.
+        server.flush();
+        assert_eq!(client.poll_completion().unwrap(), None);
+    }
+}
+
+/// The client cannot claim to have read an answer the server has posted
+/// but not published.
+#[test]
+fn a_completion_tail_past_the_published_head_is_refused() {
+    let mut client = Submitter::create(4).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    for ticket in 0..4 {
+        client.try_submit(&payload(ticket)).unwrap();
+    }
+    for _ in 0..2 {
+        expect_launch(server.poll().unwrap());
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+    }
+    for _ in 0..2 {
+        expect_launch(server.poll().unwrap());
+        server.post(CompletionStatus::Ok, 0).unwrap();
+    }
+    // Published head 2, posted 4: a tail of 3 reads an unpublished answer.
+    client
+        .region()
+        .counter(ControlWord::CompletionTail)
+        .store(3, Ordering::Release);
+    // The credit is spent (4 unread of 4 slots), so the next poll reads the
+    // tail.
+    client
+        .region()
+        .counter(ControlWord::SubmissionHead)
+        .store(5, Ordering::Release);
+    assert_eq!(
+        server.poll(),
+        Err(RingError::CounterOutOfRange {
+            counter: Counter::CompletionTail,
+            value: 3,
+            low: 0,
+            high: 2
+        })
+    );
+}
