@@ -707,3 +707,128 @@ pub fn failure(kind: FailureKind, message: impl Into<String>) -> Error {
     }
     .into()
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use ptxd_ipc::ring::{SemaphoreWidth, Submitter};
+
+    /// Refused launches whose signal it releases; it watches what the
+    /// client sees at each release and stops the ring at the `stop_at`-th.
+    struct Watcher {
+        client: Arc<Mutex<Submitter>>,
+        /// Completions the client could read at each release.
+        seen: Arc<Mutex<Vec<u64>>>,
+        stop: Arc<AtomicBool>,
+        stop_at: usize,
+    }
+
+    impl RingBackend for Watcher {
+        type Kernel = ();
+        type Buffer = u64;
+        fn launch(
+            &mut self,
+            _: RingLaunch<(), u64>,
+            _: TableHold<'_, (), u64>,
+            _: &AtomicBool,
+        ) -> Result<(), Error> {
+            panic!("no kernel is granted: every launch is refused");
+        }
+        fn release_signal(&mut self, _: CheckedSemaphore<u64>, _: TableHold<'_, (), u64>) {
+            let mut client = self.client.lock().unwrap();
+            let mut visible = 0;
+            while client.poll_completion().unwrap().is_some() {
+                visible += 1;
+            }
+            let mut seen = self.seen.lock().unwrap();
+            seen.push(visible);
+            if seen.len() == self.stop_at {
+                self.stop.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    fn session() -> RingSession {
+        RingSession {
+            stream: 1,
+            channel: super::super::channel::Channel::new(Box::new(std::io::sink())),
+            timeouts: Arc::new(TimeoutAllowance::new(0, 0)),
+        }
+    }
+
+    /// A ring stopped in the middle of a drain still publishes every answer
+    /// it posted: the client reads exactly the submissions the server took,
+    /// in order, each refused under its ticket; the rest stay unanswered
+    /// for the next server.
+    #[test]
+    fn a_stopping_ring_publishes_every_answer_it_posted() {
+        for stop_at in [1usize, 3, 7, 20] {
+            let client = Submitter::create(64).unwrap();
+            let mut server = Server::open(client.name(), None).unwrap();
+            let client = Arc::new(Mutex::new(client));
+            let signal = SemaphoreOp {
+                buffer: 1,
+                offset: 0,
+                value: 1,
+                width: SemaphoreWidth::Bits32,
+            };
+            for ticket in 0..40u64 {
+                let output = OperandRef {
+                    buffer: 1,
+                    offset: 0,
+                };
+                let descriptor = Descriptor::new(ticket, 7, &[], output, 16)
+                    .unwrap()
+                    .with_signal(signal)
+                    .unwrap();
+                client.lock().unwrap().try_submit(&descriptor).unwrap();
+            }
+            let table: Shared<(), u64> = Arc::default();
+            let grant = RingGrant {
+                stream: 1,
+                buffers: vec![ptxd_proto::executor::RingBuffer {
+                    ring_index: 1,
+                    buffer_id: 10,
+                    size: 64,
+                }],
+                ..Default::default()
+            };
+            lock(&table).apply(&grant, |_| None, Some);
+            let stop = Arc::new(AtomicBool::new(false));
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let backend = Watcher {
+                client: Arc::clone(&client),
+                seen: Arc::clone(&seen),
+                stop: Arc::clone(&stop),
+                stop_at,
+            };
+            serve(&mut server, backend, table, &stop, || false, &session());
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), stop_at);
+            let read_during: u64 = seen.iter().sum();
+            let mut client = client.lock().unwrap();
+            let mut tickets = Vec::new();
+            while let Some(completion) = client.poll_completion().unwrap() {
+                assert_eq!(
+                    completion.status,
+                    CompletionStatus::Refused {
+                        reason: reason_of(&kernel_not_granted(7))
+                    }
+                );
+                tickets.push(completion.ticket);
+            }
+            assert_eq!(
+                read_during + tickets.len() as u64,
+                stop_at as u64,
+                "answers published by the stopped ring"
+            );
+            assert_eq!(
+                tickets,
+                (read_during..stop_at as u64).collect::<Vec<_>>(),
+                "in order, under their tickets"
+            );
+            assert_eq!(client.outstanding(), 40 - stop_at as u64);
+        }
+    }
+}
