@@ -26,7 +26,9 @@
 //!   the slot then publishes `head` (Release); the client loads `head`
 //!   (Acquire), copies the slot out, then publishes `tail` (Release). The
 //!   server answers submissions in the order it took them
-//!   ([`Server::complete`] always answers the oldest one), and takes a
+//!   ([`Server::complete`] always answers the oldest one), may post several
+//!   answers and publish them with one store of each counter
+//!   ([`Server::post`], [`Server::flush`]), and takes a
 //!   submission only while `in flight + unread completions < slots`, so a
 //!   completion always has room: the server never buffers or blocks on a
 //!   client that stops reading completions; it stops taking its launches.
