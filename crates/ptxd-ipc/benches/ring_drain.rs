@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use ptxd_ipc::ring::{CompletionStatus, Descriptor, OperandRef, Server, Submitter};
 
-const LAUNCHES: u64 = 400_000;
+const LAUNCHES: u64 = 200_000;
 const SLOTS: u32 = 64;
 const FLUSH_EVERY: u64 = 32;
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 7;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -108,31 +108,47 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn main() {
-    let mut best = [f64::INFINITY; 2];
-    let mut trips: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..ROUNDS {
-        for (i, mode) in [Mode::PerLaunch, Mode::Drained].into_iter().enumerate() {
-            let (elapsed, _) = run(mode, u64::from(SLOTS));
-            best[i] = best[i].min(elapsed.as_secs_f64());
+    // Each round runs both ways back to back, so a machine busy with other
+    // work slows both; the median of the per-round ratios is the figure.
+    let mut ratios = Vec::new();
+    let mut rates = [Vec::new(), Vec::new()];
+    for round in 0..ROUNDS {
+        let mut seconds = [0.0; 2];
+        // Alternate which way goes first.
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let mode = [Mode::PerLaunch, Mode::Drained][i];
+            seconds[i] = run(mode, u64::from(SLOTS)).0.as_secs_f64();
         }
-    }
-    for (i, mode) in [Mode::PerLaunch, Mode::Drained].into_iter().enumerate() {
-        let (_, mut t) = run(mode, 1);
-        t.sort();
-        trips[i] = t;
-    }
-    let rate = |s: f64| LAUNCHES as f64 / s;
-    println!(
-        "ring_drain: {LAUNCHES} launches, {SLOTS} outstanding, best of {ROUNDS}: per-launch {:.0}/s, drained {:.0}/s, drained/per-launch throughput {:.2}x",
-        rate(best[0]),
-        rate(best[1]),
-        best[0] / best[1]
-    );
-    for (i, name) in ["per-launch", "drained"].into_iter().enumerate() {
+        let rate = |s: f64| LAUNCHES as f64 / s;
         println!(
-            "ring_drain: round trip, one outstanding, {name}: p50 {:.2} us, p99 {:.2} us",
-            percentile(&trips[i], 0.50),
-            percentile(&trips[i], 0.99)
+            "ring_drain: round {round}: per-launch {:.0}/s, drained {:.0}/s, ratio {:.2}x",
+            rate(seconds[0]),
+            rate(seconds[1]),
+            seconds[0] / seconds[1]
+        );
+        ratios.push(seconds[0] / seconds[1]);
+        rates[0].push(rate(seconds[0]));
+        rates[1].push(rate(seconds[1]));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "ring_drain: {LAUNCHES} launches, {SLOTS} outstanding, median of {ROUNDS} rounds: per-launch {:.0}/s, drained {:.0}/s, drained/per-launch throughput {:.2}x",
+        median(&mut rates[0]),
+        median(&mut rates[1]),
+        median(&mut ratios)
+    );
+    for (i, mode) in [Mode::PerLaunch, Mode::Drained].into_iter().enumerate() {
+        let (_, mut trips) = run(mode, 1);
+        trips.sort();
+        println!(
+            "ring_drain: round trip, one outstanding, {}: p50 {:.2} us, p99 {:.2} us",
+            ["per-launch", "drained"][i],
+            percentile(&trips, 0.50),
+            percentile(&trips, 0.99)
         );
     }
 }
