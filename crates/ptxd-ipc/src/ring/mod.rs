@@ -63,6 +63,12 @@
 //! - A malformed descriptor is not a ring error: [`Server::poll`] returns it
 //!   as [`Polled::Malformed`] with its raw ticket, and the server refuses it
 //!   through [`Server::complete`] like any other refusal.
+//! - The client stores only the words of a submission slot that differ
+//!   from what it last wrote there (a local shadow of its slots), so the
+//!   lines a launch does not change stay cached on the server's core. The
+//!   slots are the client's alone to write: another process of its uid that
+//!   scribbles on one can spoil the client's later descriptors in that
+//!   slot, which the server decodes and checks like any other bytes.
 //! - Every sleep is bounded ([`WaitConfig::max_sleep`] and the caller's
 //!   timeout): a peer that never wakes us costs latency, never a hang.
 //!
