@@ -1032,3 +1032,68 @@ fn a_slot_rewritten_with_only_its_changed_words_reads_back_exactly() {
         }
     }
 }
+
+/// A writer thread stores a slot and a reader thread copies it out, in
+/// turn, over and over: storing only the changed words (the submitter's
+/// way) against storing all 2048 bytes (the way before), in one run.
+/// `cargo test -p ptxd-ipc --release ring::tests::measure_changed -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement: run with --release --ignored --nocapture"]
+fn measure_changed_word_stores_against_full_stores() {
+    let rounds = if cfg!(debug_assertions) {
+        2_000u64
+    } else {
+        200_000
+    };
+    let run = |changed_only: bool| {
+        let client = Submitter::create(1).unwrap();
+        let region = Arc::clone(client.region());
+        let turn = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (reader_region, reader_turn) = (Arc::clone(&region), Arc::clone(&turn));
+        let reader = thread::spawn(move || {
+            let mut out = [0u8; DESCRIPTOR_SIZE];
+            let mut sum = 0u64;
+            for round in 0..rounds {
+                while reader_turn.load(Ordering::Acquire) != 2 * round + 1 {
+                    std::hint::spin_loop();
+                }
+                reader_region.load_submission(0, &mut out);
+                sum = sum.wrapping_add(Descriptor::ticket_of(&out));
+                reader_turn.store(2 * round + 2, Ordering::Release);
+            }
+            sum
+        });
+        let mut shadow = [0u8; DESCRIPTOR_SIZE];
+        let mut bytes = [0u8; DESCRIPTOR_SIZE];
+        let mut descriptor = payload(10);
+        let start = Instant::now();
+        for round in 0..rounds {
+            while turn.load(Ordering::Acquire) != 2 * round {
+                std::hint::spin_loop();
+            }
+            descriptor.ticket = round;
+            descriptor.encode_into(&mut bytes);
+            if changed_only {
+                region.store_submission_changed(0, &bytes, &mut shadow);
+            } else {
+                region.store_submission(0, &bytes);
+            }
+            turn.store(2 * round + 1, Ordering::Release);
+        }
+        let sum = reader.join().unwrap();
+        assert_eq!(sum, (0..rounds).sum::<u64>());
+        start.elapsed() / u32::try_from(rounds).unwrap()
+    };
+    let (mut full, mut changed) = (Duration::MAX, Duration::MAX);
+    for _ in 0..5 {
+        full = full.min(run(false));
+        changed = changed.min(run(true));
+    }
+    println!(
+        "slot hand-over between two threads ({} inputs, {} scalars), best of 5: \
+         all words {full:?}, changed words {changed:?}, ratio {:.2}x",
+        payload(10).inputs().len(),
+        payload(10).scalar_bits().len(),
+        full.as_secs_f64() / changed.as_secs_f64()
+    );
+}
