@@ -294,6 +294,9 @@ pub async fn serve(
                 for (uuid, generation, _) in &gauges.devices {
                     m.set_generation(uuid, *generation);
                 }
+                for (uuid, enabled) in &gauges.mps {
+                    m.set_mps_enabled(uuid, *enabled);
+                }
             }
         });
     }

@@ -358,6 +358,9 @@ pub struct DeviceInfo {
     /// How often the device's executor has been restarted (after a fault,
     /// a timeout or an exit); each restart makes its kernels stale.
     pub restarts: u64,
+    /// Whether the device's executor runs as a CUDA MPS client (false on
+    /// the host backend).
+    pub mps_enabled: bool,
 }
 
 impl From<pb::Device> for DeviceInfo {
@@ -372,6 +375,7 @@ impl From<pb::Device> for DeviceInfo {
             total_memory: d.total_memory,
             available: d.available,
             restarts: d.restarts,
+            mps_enabled: d.mps_enabled,
         }
     }
 }

@@ -69,6 +69,8 @@ pub struct Figure {
 pub struct Report {
     pub backend: String,
     pub device: String,
+    /// Whether the device's executor runs as a CUDA MPS client (GetInfo).
+    pub mps: bool,
     pub n: u64,
     pub iterations: u32,
     pub figures: Vec<Figure>,
@@ -85,8 +87,12 @@ impl Report {
     /// measured yet.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "ptxd bench: backend {}, device {}, n {}, {} iterations\n",
-            self.backend, self.device, self.n, self.iterations
+            "ptxd bench: backend {}, device {}, mps {}, n {}, {} iterations\n",
+            self.backend,
+            self.device,
+            if self.mps { "on" } else { "off" },
+            self.n,
+            self.iterations
         );
         let width = self.figures.iter().map(|f| f.what.len()).max().unwrap_or(0);
         for figure in &self.figures {
@@ -105,12 +111,13 @@ impl Report {
         out
     }
 
-    /// One JSON object: `backend`, `device`, `n`, `iterations` and every
+    /// One JSON object: `backend`, `device`, `mps`, `n`, `iterations` and every
     /// figure under its key.
     pub fn json(&self) -> String {
         let mut object = serde_json::Map::new();
         object.insert("backend".into(), self.backend.clone().into());
         object.insert("device".into(), self.device.clone().into());
+        object.insert("mps".into(), self.mps.into());
         object.insert("n".into(), self.n.into());
         object.insert("iterations".into(), self.iterations.into());
         for figure in &self.figures {
@@ -308,9 +315,14 @@ async fn measure(client: &Client, args: &BenchArgs) -> Result<Report, CliError> 
     let buffers = operands.register(&session, &device_uuid).await?;
     let launch = add_launch(&buffers, args.n);
 
+    let mps = info
+        .devices
+        .iter()
+        .any(|d| d.uuid == device_uuid && d.mps_enabled);
     let mut report = Report {
         backend: info.backend,
         device: device_uuid.clone(),
+        mps,
         n: args.n,
         iterations: args.iterations,
         figures: Vec::new(),
@@ -574,6 +586,7 @@ mod tests {
         let mut report = Report {
             backend: "host".into(),
             device: "HOST-0".into(),
+            mps: false,
             n: 4096,
             iterations: 200,
             figures: Vec::new(),
@@ -587,6 +600,7 @@ mod tests {
     fn json_has_every_figure_under_its_key() {
         let value: serde_json::Value = serde_json::from_str(&report().json()).unwrap();
         assert_eq!(value["backend"], "host");
+        assert_eq!(value["mps"], false);
         assert_eq!(value["n"], 4096);
         assert_eq!(value["unary_p50_us"], 41.23);
         assert_eq!(value["stream_per_launch_us"], 7.0);
@@ -599,6 +613,16 @@ mod tests {
         assert!(table.contains("41.2 µs"), "{table}");
         assert!(table.contains("stream_per_launch_us"), "{table}");
         assert_eq!(table.lines().count(), 3, "{table}");
+        assert!(table.contains("mps off"), "{table}");
+        let on = Report {
+            mps: true,
+            ..report()
+        };
+        assert!(on.table().contains("mps on"), "{}", on.table());
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&on.json()).unwrap()["mps"],
+            true
+        );
     }
 
     #[test]

@@ -30,6 +30,12 @@
 //!   gRPC.
 //! - Every spin of the thread takes a permit of the daemon-wide spin bound
 //!   ([`crate::spin`]); without one it sleeps at once.
+//! - A wake-up drains the ring: the thread takes every submission
+//!   published before it looks for more, posts each answer, and publishes
+//!   the answers together (one store of each counter, at most one wake)
+//!   when nothing more is ready, every [`FLUSH_EVERY`] answers or
+//!   [`FLUSH_AFTER`] after the oldest, before a
+//!   launch that may wait, and when it stops.
 //! - Every submission taken is answered, in order, even a malformed one or
 //!   one a dead executor left behind (an orphan, completed `Failed`), save
 //!   one abandoned because the ring is stopping ([`abandoned`]): it stays
@@ -49,7 +55,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use super::kernel_timeouts::TimeoutAllowance;
 
@@ -435,6 +441,36 @@ fn dropped(e: &dyn std::fmt::Display) {
 
 fn serve<R: RingBackend>(
     server: &mut Server,
+    backend: R,
+    table: Shared<R::Kernel, R::Buffer>,
+    stop: &AtomicBool,
+    shrunk: impl Fn() -> bool,
+    session: &RingSession,
+) {
+    drain(server, backend, table, stop, shrunk, session);
+    // Whatever ended the loop, the answers it posted reach the client (a
+    // poisoned ring's client reads them or not; a stopping ring's
+    // successor must not take them for orphans).
+    server.flush();
+}
+
+/// The most answers posted before they are published, when submissions
+/// keep coming: bounds how long the first answer of a long burst waits.
+pub const FLUSH_EVERY: u64 = 32;
+
+/// The longest an answer stays posted and unpublished while submissions
+/// keep coming (checked after each launch, so a slow launch, such as a
+/// host kernel, publishes the answers before it once it ends).
+pub const FLUSH_AFTER: Duration = Duration::from_micros(20);
+
+/// The ring thread's loop: every submission published is taken and run in
+/// turn (a wake-up drains the ring, not one slot), each answer is posted,
+/// and the answers are published together once the ring has nothing more
+/// ready, every [`FLUSH_EVERY`] answers or [`FLUSH_AFTER`] after the
+/// oldest, and before a launch that may wait (a sync launch, a semaphore
+/// wait).
+fn drain<R: RingBackend>(
+    server: &mut Server,
     mut backend: R,
     table: Shared<R::Kernel, R::Buffer>,
     stop: &AtomicBool,
@@ -442,6 +478,8 @@ fn serve<R: RingBackend>(
     session: &RingSession,
 ) {
     let spinners = crate::spin::executor_spinners().map(|s| s.with_spin(RING_SPIN));
+    // When the oldest unpublished answer was posted.
+    let mut oldest: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
         if shrunk() {
             tracing::warn!(
@@ -452,6 +490,10 @@ fn serve<R: RingBackend>(
         let polled = match server.poll() {
             Ok(Some(polled)) => polled,
             Ok(None) => {
+                // Drained: the client sees every answer before this thread
+                // spins or sleeps.
+                server.flush();
+                oldest = None;
                 // A ring launching back to back is polled first, so its
                 // launches share markers; the backend hears the ring is idle
                 // only once the spin found nothing, before it may sleep.
@@ -476,6 +518,12 @@ fn serve<R: RingBackend>(
         };
         let status = match polled {
             Polled::Launch(descriptor) => {
+                if descriptor.sync || descriptor.wait().is_some() {
+                    // It may wait on the stream or on the client: what is
+                    // answered already is published first.
+                    server.flush();
+                    oldest = None;
+                }
                 match launch(&table, &mut backend, &descriptor, stop, session) {
                     Some(status) => status,
                     // Stopping: left for the next server or the SDK.
@@ -492,9 +540,15 @@ fn serve<R: RingBackend>(
                 reason: Reason::InvalidArgument as u32,
             },
         };
-        if let Err(e) = server.complete(status, 0) {
+        if let Err(e) = server.post(status, 0) {
             tracing::warn!(error = %e, "cannot complete a ring submission; the ring is dropped");
             return;
+        }
+        let now = Instant::now();
+        let since = *oldest.get_or_insert(now);
+        if server.unpublished() >= FLUSH_EVERY || now.duration_since(since) >= FLUSH_AFTER {
+            server.flush();
+            oldest = None;
         }
     }
 }
@@ -652,4 +706,129 @@ pub fn failure(kind: FailureKind, message: impl Into<String>) -> Error {
         metadata: Default::default(),
     }
     .into()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use ptxd_ipc::ring::{SemaphoreWidth, Submitter};
+
+    /// Refused launches whose signal it releases; it watches what the
+    /// client sees at each release and stops the ring at the `stop_at`-th.
+    struct Watcher {
+        client: Arc<Mutex<Submitter>>,
+        /// Completions the client could read at each release.
+        seen: Arc<Mutex<Vec<u64>>>,
+        stop: Arc<AtomicBool>,
+        stop_at: usize,
+    }
+
+    impl RingBackend for Watcher {
+        type Kernel = ();
+        type Buffer = u64;
+        fn launch(
+            &mut self,
+            _: RingLaunch<(), u64>,
+            _: TableHold<'_, (), u64>,
+            _: &AtomicBool,
+        ) -> Result<(), Error> {
+            panic!("no kernel is granted: every launch is refused");
+        }
+        fn release_signal(&mut self, _: CheckedSemaphore<u64>, _: TableHold<'_, (), u64>) {
+            let mut client = self.client.lock().unwrap();
+            let mut visible = 0;
+            while client.poll_completion().unwrap().is_some() {
+                visible += 1;
+            }
+            let mut seen = self.seen.lock().unwrap();
+            seen.push(visible);
+            if seen.len() == self.stop_at {
+                self.stop.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    fn session() -> RingSession {
+        RingSession {
+            stream: 1,
+            channel: super::super::channel::Channel::new(Box::new(std::io::sink())),
+            timeouts: Arc::new(TimeoutAllowance::new(0, 0)),
+        }
+    }
+
+    /// A ring stopped in the middle of a drain still publishes every answer
+    /// it posted: the client reads exactly the submissions the server took,
+    /// in order, each refused under its ticket; the rest stay unanswered
+    /// for the next server.
+    #[test]
+    fn a_stopping_ring_publishes_every_answer_it_posted() {
+        for stop_at in [1usize, 3, 7, 20] {
+            let client = Submitter::create(64).unwrap();
+            let mut server = Server::open(client.name(), None).unwrap();
+            let client = Arc::new(Mutex::new(client));
+            let signal = SemaphoreOp {
+                buffer: 1,
+                offset: 0,
+                value: 1,
+                width: SemaphoreWidth::Bits32,
+            };
+            for ticket in 0..40u64 {
+                let output = OperandRef {
+                    buffer: 1,
+                    offset: 0,
+                };
+                let descriptor = Descriptor::new(ticket, 7, &[], output, 16)
+                    .unwrap()
+                    .with_signal(signal)
+                    .unwrap();
+                client.lock().unwrap().try_submit(&descriptor).unwrap();
+            }
+            let table: Shared<(), u64> = Arc::default();
+            let grant = RingGrant {
+                stream: 1,
+                buffers: vec![ptxd_proto::executor::RingBuffer {
+                    ring_index: 1,
+                    buffer_id: 10,
+                    size: 64,
+                }],
+                ..Default::default()
+            };
+            lock(&table).apply(&grant, |_| None, Some);
+            let stop = Arc::new(AtomicBool::new(false));
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let backend = Watcher {
+                client: Arc::clone(&client),
+                seen: Arc::clone(&seen),
+                stop: Arc::clone(&stop),
+                stop_at,
+            };
+            serve(&mut server, backend, table, &stop, || false, &session());
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), stop_at);
+            let read_during: u64 = seen.iter().sum();
+            let mut client = client.lock().unwrap();
+            let mut tickets = Vec::new();
+            while let Some(completion) = client.poll_completion().unwrap() {
+                assert_eq!(
+                    completion.status,
+                    CompletionStatus::Refused {
+                        reason: reason_of(&kernel_not_granted(7))
+                    }
+                );
+                tickets.push(completion.ticket);
+            }
+            assert_eq!(
+                read_during + tickets.len() as u64,
+                stop_at as u64,
+                "answers published by the stopped ring"
+            );
+            assert_eq!(
+                tickets,
+                (read_during..stop_at as u64).collect::<Vec<_>>(),
+                "in order, under their tickets"
+            );
+            assert_eq!(client.outstanding(), 40 - stop_at as u64);
+        }
+    }
 }

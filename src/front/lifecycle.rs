@@ -56,6 +56,9 @@ pub struct DeviceReport {
     pub restarts: u64,
     /// 0 while no executor is up.
     pub executor_pid: u32,
+    /// Whether the executor runs as an MPS client, as its latest hello
+    /// said.
+    pub mps_enabled: bool,
 }
 
 /// GetInfo: the daemon, its limits, and what the caller's tenant holds.
@@ -70,6 +73,16 @@ pub struct Info {
     pub loaded_bytes: u64,
     pub caller_usage: Usage,
     pub kernel_cache_scope: CacheScope,
+}
+
+impl super::DeviceState {
+    /// Whether the device's executor runs as a CUDA MPS client: as the
+    /// live executor's hello said, else as the first one's did.
+    pub(super) fn mps_enabled(&self) -> bool {
+        self.live_link()
+            .and_then(|l| l.hello.devices.first())
+            .map_or(self.desc.mps_enabled, |h| h.mps_enabled)
+    }
 }
 
 impl Front {
@@ -177,6 +190,7 @@ impl Front {
                     available: d.live_link().is_some(),
                     restarts: d.restarts,
                     executor_pid: d.live_link().map(|l| l.pid()).unwrap_or(0),
+                    mps_enabled: d.mps_enabled(),
                 })
                 .collect(),
             slots_used: state.slots.used(),

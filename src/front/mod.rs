@@ -341,6 +341,8 @@ pub struct Gauges {
     pub loaded_bytes_limit: u64,
     /// (uuid, generation, restarts)
     pub devices: Vec<(String, u64, u64)>,
+    /// (uuid, whether its executor runs as a CUDA MPS client)
+    pub mps: Vec<(String, bool)>,
 }
 
 impl Front {
@@ -394,6 +396,11 @@ impl Front {
                 .devices
                 .iter()
                 .map(|d| (d.desc.uuid.clone(), d.generation.0, d.restarts))
+                .collect(),
+            mps: state
+                .devices
+                .iter()
+                .map(|d| (d.desc.uuid.clone(), d.mps_enabled()))
                 .collect(),
         }
     }

@@ -122,6 +122,8 @@ struct DeviceSeries {
     restarts: u64,
     generation: u64,
     kernel_faults: u64,
+    /// 1 while the device's executor runs as a CUDA MPS client.
+    mps_enabled: u64,
 }
 
 /// A per-device family: name, type, help, and which number it shows.
@@ -263,6 +265,14 @@ impl Metrics {
         self.with_device(device_uuid, |series| series.generation = generation);
     }
 
+    /// Whether a device's executor runs as a CUDA MPS client (from its
+    /// hello, at every executor start).
+    pub fn set_mps_enabled(&self, device_uuid: &str, enabled: bool) {
+        self.with_device(device_uuid, |series| {
+            series.mps_enabled = u64::from(enabled)
+        });
+    }
+
     /// A kernel faulted on a device.
     pub fn record_kernel_fault(&self, device_uuid: &str) {
         self.with_device(device_uuid, |series| series.kernel_faults += 1);
@@ -382,7 +392,7 @@ impl Metrics {
         }
 
         let devices = lock(&self.devices).clone();
-        let per_device: [DeviceFamily; 3] = [
+        let per_device: [DeviceFamily; 4] = [
             (
                 "ptxd_executor_restarts_total",
                 "counter",
@@ -400,6 +410,12 @@ impl Metrics {
                 "counter",
                 "Kernels that faulted on the device, by device UUID.",
                 |series| series.kernel_faults,
+            ),
+            (
+                "ptxd_device_mps_enabled",
+                "gauge",
+                "1 while the device's executor runs as a CUDA MPS client, by device UUID.",
+                |series| series.mps_enabled,
             ),
         ];
         for (name, kind, help, value) in per_device {
@@ -454,6 +470,7 @@ mod tests {
             ("ptxd_executor_restarts_total", "counter"),
             ("ptxd_device_generation", "gauge"),
             ("ptxd_kernel_faults_total", "counter"),
+            ("ptxd_device_mps_enabled", "gauge"),
         ] {
             assert_eq!(parsed.kind(family), Some(kind), "{family}");
         }
@@ -649,6 +666,30 @@ mod tests {
                 parsed.value("ptxd_device_generation", &[("device", "GPU-77")]),
                 Some((100 + n) as f64)
             );
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod mps_tests {
+    use super::*;
+
+    #[test]
+    fn the_mps_gauge_follows_each_device() {
+        let metrics = Metrics::new(8);
+        let parse = |metrics: &Metrics| tests::parse(metrics);
+        for (a, b) in [(true, false), (false, true), (true, true), (false, false)] {
+            metrics.set_mps_enabled("GPU-a", a);
+            metrics.set_mps_enabled("GPU-b", b);
+            let parsed = parse(&metrics);
+            for (device, on) in [("GPU-a", a), ("GPU-b", b)] {
+                assert_eq!(
+                    parsed.value("ptxd_device_mps_enabled", &[("device", device)]),
+                    Some(if on { 1.0 } else { 0.0 }),
+                    "{device}"
+                );
+            }
         }
     }
 }

@@ -448,6 +448,7 @@ fn info_response(info: Info) -> api::GetInfoResponse {
                 available: d.available,
                 restarts: d.restarts,
                 executor_pid: d.executor_pid,
+                mps_enabled: d.mps_enabled,
             })
             .collect(),
         slots_used: info.slots_used,

@@ -196,6 +196,10 @@ pub struct DeviceInfo {
     pub compute_minor: u32,
     /// Device memory in bytes.
     pub total_memory: u64,
+    /// Whether this process reaches the device as a client of the MPS
+    /// control daemon (`CU_DEVICE_ATTRIBUTE_MPS_ENABLED`, 133; false on a
+    /// driver too old to know the attribute).
+    pub mps_enabled: bool,
 }
 
 /// The device with this ordinal (as this process numbers them).
@@ -221,6 +225,9 @@ pub fn device(ordinal: u32) -> Result<DeviceInfo, DriverError> {
         compute_major: attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
         compute_minor: attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         total_memory: total_memory as u64,
+        // A driver that does not know the attribute predates it: no MPS
+        // report, not an unusable device.
+        mps_enabled: attribute(CU_DEVICE_ATTRIBUTE_MPS_ENABLED).is_ok_and(|on| on != 0),
     })
 }
 

@@ -54,6 +54,7 @@ impl CudaBackend {
             watch: watchdog.map(|w| w.queue(open.stream)),
             unwatched: 0,
             wait_limit: self.budget,
+            addresses: Vec::with_capacity(crate::ptx::MAX_INPUTS + 1),
         };
         let session = RingSession {
             stream: open.stream,
@@ -98,6 +99,9 @@ struct CudaRing {
     /// How long a semaphore wait may stay unsatisfied on the stream before
     /// the watchdog treats it as a kernel timeout (the per-launch budget).
     wait_limit: Option<std::time::Duration>,
+    /// The operands' device addresses of the launch being enqueued, kept
+    /// for the next one (at most `MAX_INPUTS + 1`).
+    addresses: Vec<u64>,
 }
 
 impl CudaRing {
@@ -248,11 +252,10 @@ impl RingBackend for CudaRing {
             .and(self.wait_limit)
             .map(|limit| std::time::Instant::now() + limit);
         if launch.n > 0 {
-            let addresses: Vec<u64> = launch
-                .operands
-                .iter()
-                .map(|(base, offset)| base + offset)
-                .collect();
+            // Reused from launch to launch: no allocation of its own here.
+            let mut addresses = std::mem::take(&mut self.addresses);
+            addresses.clear();
+            addresses.extend(launch.operands.iter().map(|(base, offset)| base + offset));
             // SAFETY: every address lies in a granted buffer with room for
             // n elements (the launch checks), and a buffer is unmapped only
             // after its revoke and a drain.
@@ -265,6 +268,7 @@ impl RingBackend for CudaRing {
                     &launch.scalars,
                 )
             };
+            self.addresses = addresses;
             if let Err(e) = launched {
                 return Err(self.driver(e, "launching the kernel"));
             }

@@ -116,6 +116,7 @@ fn describe(device: &DeviceInfo) -> DeviceDesc {
         compute_major: device.compute_major,
         compute_minor: device.compute_minor,
         total_memory: device.total_memory,
+        mps_enabled: device.mps_enabled,
     }
 }
 

@@ -591,6 +591,7 @@ impl Backend for HostBackend {
                 compute_major: 0,
                 compute_minor: 0,
                 total_memory: 0,
+                mps_enabled: false,
             }],
             pid: std::process::id(),
         }

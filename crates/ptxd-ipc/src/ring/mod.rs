@@ -26,7 +26,9 @@
 //!   the slot then publishes `head` (Release); the client loads `head`
 //!   (Acquire), copies the slot out, then publishes `tail` (Release). The
 //!   server answers submissions in the order it took them
-//!   ([`Server::complete`] always answers the oldest one), and takes a
+//!   ([`Server::complete`] always answers the oldest one), may post several
+//!   answers and publish them with one store of each counter
+//!   ([`Server::post`], [`Server::flush`]), and takes a
 //!   submission only while `in flight + unread completions < slots`, so a
 //!   completion always has room: the server never buffers or blocks on a
 //!   client that stops reading completions; it stops taking its launches.
@@ -61,6 +63,12 @@
 //! - A malformed descriptor is not a ring error: [`Server::poll`] returns it
 //!   as [`Polled::Malformed`] with its raw ticket, and the server refuses it
 //!   through [`Server::complete`] like any other refusal.
+//! - The client stores only the words of a submission slot that differ
+//!   from what it last wrote there (a local shadow of its slots), so the
+//!   lines a launch does not change stay cached on the server's core. The
+//!   slots are the client's alone to write: another process of its uid that
+//!   scribbles on one can spoil the client's later descriptors in that
+//!   slot, which the server decodes and checks like any other bytes.
 //! - Every sleep is bounded ([`WaitConfig::max_sleep`] and the caller's
 //!   timeout): a peer that never wakes us costs latency, never a hang.
 //!

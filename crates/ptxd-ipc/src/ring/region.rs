@@ -298,8 +298,35 @@ impl Region {
     }
 
     /// Writes submission slot `position`, word by word.
+    #[cfg(test)]
     pub(crate) fn store_submission(&self, position: u64, bytes: &[u8; DESCRIPTOR_SIZE]) {
         self.store_bytes(self.layout.submission_slot(position), bytes);
+    }
+
+    /// Writes submission slot `position`, only the words that differ from
+    /// `shadow` (what this side last wrote there), and brings `shadow` up
+    /// to date. A word left alone keeps its cache line shared with the
+    /// reader, which then reads it from its own cache: a launch that names
+    /// two inputs and one scalar moves two or three lines between the
+    /// cores, not the slot's 32.
+    pub(crate) fn store_submission_changed(
+        &self,
+        position: u64,
+        bytes: &[u8; DESCRIPTOR_SIZE],
+        shadow: &mut [u8; DESCRIPTOR_SIZE],
+    ) {
+        let offset = self.layout.submission_slot(position);
+        for index in 0..DESCRIPTOR_SIZE / 8 {
+            let word = 8 * index..8 * index + 8;
+            if bytes[word.clone()] == shadow[word.clone()] {
+                continue;
+            }
+            let mut value = [0u8; 8];
+            value.copy_from_slice(&bytes[word.clone()]);
+            self.word::<DESCRIPTOR_SIZE>(offset, index)
+                .store(u64::from_ne_bytes(value), Ordering::Relaxed);
+            shadow[word].copy_from_slice(&value);
+        }
     }
 
     /// Copies completion slot `position` out, word by word.

@@ -4,12 +4,18 @@
 //! - `released <= next <= head_seen <= released + slots`: submissions
 //!   `[released, next)` are in flight (taken, not answered), their tickets
 //!   in `tickets[position & mask]`; `head_seen` is the last submission head
-//!   validated in `[head_seen, released + slots]`.
+//!   validated in `[head_seen, released - (cq_head - cq_published) +
+//!   slots]` (the submission tail the client was shown, plus `slots`).
 //! - Credit: `(next - released) + (cq_head - cq_tail_seen) <= slots`. A
 //!   submission is taken only while the sum is below `slots`, and
 //!   `cq_tail_seen` only moves forward (validated in `[cq_tail_seen,
-//!   cq_head]`), so answering an in-flight submission always finds a free
+//!   cq_published]`), so answering an in-flight submission always finds a free
 //!   completion slot.
+//! - `cq_published <= cq_head`: answers `[cq_published, cq_head)` are
+//!   posted (slots written, `released` moved past them) but their counters
+//!   are not yet stored in the object; [`Server::flush`] publishes them.
+//!   The object's submission tail therefore lags `released` by the same
+//!   count, so the client never reuses a slot whose answer it cannot see.
 //! - The first `orphans` submissions taken after attaching were taken by a
 //!   previous server (the object's `claimed` count) that never answered
 //!   them: they come out as [`Polled::Orphan`], and `claimed` is published
@@ -79,6 +85,9 @@ pub struct Server {
     head_seen: u64,
     orphans: u64,
     cq_head: u64,
+    /// The completion head last published (`cq_head` less the answers
+    /// posted since the last flush).
+    cq_published: u64,
     cq_tail_seen: u64,
     tickets: Box<[u64]>,
     scratch: Box<[u8; DESCRIPTOR_SIZE]>,
@@ -149,6 +158,7 @@ impl Server {
             head_seen: head,
             orphans: claimed.wrapping_sub(released),
             cq_head,
+            cq_published: cq_head,
             cq_tail_seen: cq_tail,
             // At most MAX_SLOTS entries: bounded by the validated layout.
             tickets: vec![0; layout.slots() as usize].into_boxed_slice(),
@@ -230,7 +240,8 @@ impl Server {
             Counter::CompletionTail,
             tail,
             self.cq_tail_seen,
-            self.cq_head,
+            // The client cannot have read an answer not yet published.
+            self.cq_published,
         );
         self.cq_tail_seen = self.poison(tail)?;
         Ok(())
@@ -263,7 +274,11 @@ impl Server {
             Counter::SubmissionHead,
             head,
             self.head_seen,
-            self.released.wrapping_add(self.slots),
+            // The slots the client may write: those of the submission tail
+            // it was shown, which lags `released` by the unpublished answers.
+            self.released
+                .wrapping_sub(self.unpublished())
+                .wrapping_add(self.slots),
         );
         self.head_seen = self.poison(head)?;
         Ok(self.head_seen != self.next)
@@ -298,8 +313,28 @@ impl Server {
     }
 
     /// Answers the oldest in-flight submission (under its ticket), frees
-    /// its submission slot, and wakes the client if it sleeps.
+    /// its submission slot, and wakes the client if it sleeps: a
+    /// [`post`](Self::post) and a [`flush`](Self::flush).
     pub fn complete(
+        &mut self,
+        status: CompletionStatus,
+        detail: u64,
+    ) -> Result<Completion, CompleteError> {
+        let completion = self.post(status, detail)?;
+        self.flush();
+        Ok(completion)
+    }
+
+    /// Answers the oldest in-flight submission (under its ticket) without
+    /// publishing the answer: the completion slot is written and this
+    /// side's counters move, but the client sees nothing until the next
+    /// [`flush`](Self::flush). A server that drains several submissions
+    /// per wake-up posts each and flushes once, so the client's two
+    /// counter lines and its futex word are touched once per batch, not
+    /// once per launch. The credit rule holds over posted answers too (they
+    /// count as unread completions), so posting never overwrites a
+    /// completion the client has not read.
+    pub fn post(
         &mut self,
         status: CompletionStatus,
         detail: u64,
@@ -324,20 +359,35 @@ impl Server {
         self.region
             .store_completion(self.cq_head, &completion.encode());
         self.cq_head = self.cq_head.wrapping_add(1);
+        self.released = self.released.wrapping_add(1);
+        Ok(completion)
+    }
+
+    /// Answers posted and not yet published.
+    pub fn unpublished(&self) -> u64 {
+        self.cq_head.wrapping_sub(self.cq_published)
+    }
+
+    /// Publishes every posted answer: the completion head and the
+    /// submission tail (Release, after the slots were written), then wakes
+    /// the client if it sleeps. Nothing to publish: no store, no wake.
+    pub fn flush(&mut self) {
+        if self.cq_head == self.cq_published {
+            return;
+        }
         self.region
             .counter(ControlWord::CompletionHead)
             .store(self.cq_head, Ordering::Release);
-        self.released = self.released.wrapping_add(1);
         self.region
             .counter(ControlWord::SubmissionTail)
             .store(self.released, Ordering::Release);
+        self.cq_published = self.cq_head;
         let waiter = self.region.waiter(ControlWord::ClientWaiter);
         if let Err(errno) = futex::wake_if_sleeping(waiter, &mut self.stats) {
             // The client's sleep is bounded; it finds the completion on its
             // next slice.
             tracing::warn!(%errno, "waking the ring's client failed");
         }
-        Ok(completion)
     }
 
     /// Polls until [`poll`](Self::poll) has something, for up to the wait

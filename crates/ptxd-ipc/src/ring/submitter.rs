@@ -43,6 +43,10 @@ pub struct Submitter {
     cq_tail: u64,
     cq_head_seen: u64,
     scratch: Box<[u8; DESCRIPTOR_SIZE]>,
+    /// What this side last wrote in each submission slot (the slots are
+    /// this side's to write; the server only reads them): a submission
+    /// stores only the words that changed.
+    shadow: Box<[[u8; DESCRIPTOR_SIZE]]>,
     config: WaitConfig,
     stats: WaitStats,
     poisoned: Option<RingError>,
@@ -108,7 +112,13 @@ impl Submitter {
 
     pub(crate) fn over(region: Arc<Region>) -> Self {
         let layout = region.layout();
+        // At most MAX_SLOTS slots: as large as the slots of the mapping.
+        let mut shadow = vec![[0u8; DESCRIPTOR_SIZE]; layout.slots() as usize].into_boxed_slice();
+        for (position, slot) in shadow.iter_mut().enumerate() {
+            region.load_submission(position as u64, slot);
+        }
         Submitter {
+            shadow,
             region,
             layout,
             slots: u64::from(layout.slots()),
@@ -181,7 +191,9 @@ impl Submitter {
             }
         }
         descriptor.encode_into(&mut self.scratch);
-        self.region.store_submission(self.head, &self.scratch);
+        let slot = &mut self.shadow[self.layout.index(self.head)];
+        self.region
+            .store_submission_changed(self.head, &self.scratch, slot);
         self.head = self.head.wrapping_add(1);
         self.region
             .counter(ControlWord::SubmissionHead)

@@ -919,3 +919,181 @@ fn a_budgeted_spin_and_a_sleep_without_spin_see_a_submission() {
     assert!(started.elapsed() < Duration::from_secs(2));
     drop(waker.join().unwrap());
 }
+
+/// Answers posted without a flush are invisible to the client (no
+/// completion, no freed slot, no wake); one flush publishes all of them,
+/// in order, under their tickets.
+#[test]
+fn posted_answers_are_published_together_by_one_flush() {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut client = Submitter::create(8).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    for round in 0..50u64 {
+        let count = rng.random_range(1..=8u64);
+        let sent: Vec<u64> = (0..count).map(|i| round * 100 + i).collect();
+        for ticket in &sent {
+            client.try_submit(&payload(*ticket)).unwrap();
+        }
+        let mut posted = Vec::new();
+        for ticket in &sent {
+            assert_eq!(expect_launch(server.poll().unwrap()).ticket, *ticket);
+            let detail = rng.random::<u64>();
+            posted.push(server.post(CompletionStatus::Ok, detail).unwrap());
+            assert_eq!(client.poll_completion().unwrap(), None);
+        }
+        assert_eq!(server.unpublished(), count);
+        assert_eq!(server.in_flight(), 0);
+        // The client's slots are not free until the flush: a full ring
+        // stays full.
+        if count == 8 {
+            assert!(matches!(
+                client.try_submit(&payload(9999)),
+                Err(SubmitError::Full)
+            ));
+        }
+        server.flush();
+        assert_eq!(server.unpublished(), 0);
+        let got: Vec<Completion> =
+            std::iter::from_fn(|| client.poll_completion().unwrap()).collect();
+        assert_eq!(got, posted);
+        assert_eq!(client.outstanding(), 0);
+        // A second flush publishes nothing.
+        server.flush();
+        assert_eq!(client.poll_completion().unwrap(), None);
+    }
+}
+
+/// The client cannot claim to have read an answer the server has posted
+/// but not published.
+#[test]
+fn a_completion_tail_past_the_published_head_is_refused() {
+    let mut client = Submitter::create(4).unwrap();
+    let mut server = Server::open(client.name(), None).unwrap();
+    for ticket in 0..4 {
+        client.try_submit(&payload(ticket)).unwrap();
+    }
+    for _ in 0..2 {
+        expect_launch(server.poll().unwrap());
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+    }
+    for _ in 0..2 {
+        expect_launch(server.poll().unwrap());
+        server.post(CompletionStatus::Ok, 0).unwrap();
+    }
+    // Published head 2, posted 4: a tail of 3 reads an unpublished answer.
+    client
+        .region()
+        .counter(ControlWord::CompletionTail)
+        .store(3, Ordering::Release);
+    // The credit is spent (4 unread of 4 slots), so the next poll reads the
+    // tail.
+    client
+        .region()
+        .counter(ControlWord::SubmissionHead)
+        .store(5, Ordering::Release);
+    assert_eq!(
+        server.poll(),
+        Err(RingError::CounterOutOfRange {
+            counter: Counter::CompletionTail,
+            value: 3,
+            low: 0,
+            high: 2
+        })
+    );
+}
+
+/// The client stores only the words of a slot that changed since it last
+/// wrote that slot: every descriptor still arrives exactly as sent, whatever
+/// came before it in the same slot (longer or shorter operand lists, present
+/// or absent semaphores), and in a second mapping too.
+#[test]
+fn a_slot_rewritten_with_only_its_changed_words_reads_back_exactly() {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for slots in [1u32, 2, 8] {
+        let mut client = Submitter::create(slots).unwrap();
+        let mut server = Server::open(client.name(), None).unwrap();
+        for round in 0..600u64 {
+            let mut sent = random_descriptor(&mut rng);
+            sent.ticket = round;
+            // Now and then the same descriptor twice: nothing changes but
+            // the ticket.
+            let again = round % 7 == 0;
+            client.try_submit(&sent).unwrap();
+            assert_eq!(expect_launch(server.poll().unwrap()), sent);
+            server.complete(CompletionStatus::Ok, 0).unwrap();
+            assert_eq!(client.poll_completion().unwrap().unwrap().ticket, round);
+            if again {
+                sent.ticket = round + 1_000_000;
+                client.try_submit(&sent).unwrap();
+                assert_eq!(expect_launch(server.poll().unwrap()), sent);
+                server.complete(CompletionStatus::Ok, 0).unwrap();
+                client.poll_completion().unwrap().unwrap();
+            }
+        }
+    }
+}
+
+/// A writer thread stores a slot and a reader thread copies it out, in
+/// turn, over and over: storing only the changed words (the submitter's
+/// way) against storing all 2048 bytes (the way before), in one run.
+/// `cargo test -p ptxd-ipc --release ring::tests::measure_changed -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement: run with --release --ignored --nocapture"]
+fn measure_changed_word_stores_against_full_stores() {
+    let rounds = if cfg!(debug_assertions) {
+        2_000u64
+    } else {
+        200_000
+    };
+    let run = |changed_only: bool| {
+        let client = Submitter::create(1).unwrap();
+        let region = Arc::clone(client.region());
+        let turn = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (reader_region, reader_turn) = (Arc::clone(&region), Arc::clone(&turn));
+        let reader = thread::spawn(move || {
+            let mut out = [0u8; DESCRIPTOR_SIZE];
+            let mut sum = 0u64;
+            for round in 0..rounds {
+                while reader_turn.load(Ordering::Acquire) != 2 * round + 1 {
+                    std::hint::spin_loop();
+                }
+                reader_region.load_submission(0, &mut out);
+                sum = sum.wrapping_add(Descriptor::ticket_of(&out));
+                reader_turn.store(2 * round + 2, Ordering::Release);
+            }
+            sum
+        });
+        let mut shadow = [0u8; DESCRIPTOR_SIZE];
+        let mut bytes = [0u8; DESCRIPTOR_SIZE];
+        let mut descriptor = payload(10);
+        let start = Instant::now();
+        for round in 0..rounds {
+            while turn.load(Ordering::Acquire) != 2 * round {
+                std::hint::spin_loop();
+            }
+            descriptor.ticket = round;
+            descriptor.encode_into(&mut bytes);
+            if changed_only {
+                region.store_submission_changed(0, &bytes, &mut shadow);
+            } else {
+                region.store_submission(0, &bytes);
+            }
+            turn.store(2 * round + 1, Ordering::Release);
+        }
+        let sum = reader.join().unwrap();
+        assert_eq!(sum, (0..rounds).sum::<u64>());
+        start.elapsed() / u32::try_from(rounds).unwrap()
+    };
+    let (mut full, mut changed) = (Duration::MAX, Duration::MAX);
+    for _ in 0..5 {
+        full = full.min(run(false));
+        changed = changed.min(run(true));
+    }
+    println!(
+        "slot hand-over between two threads ({} inputs, {} scalars), best of 5: \
+         all words {full:?}, changed words {changed:?}, ratio {:.2}x",
+        payload(10).inputs().len(),
+        payload(10).scalar_bits().len(),
+        full.as_secs_f64() / changed.as_secs_f64()
+    );
+}
