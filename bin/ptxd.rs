@@ -4,7 +4,9 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ptxd::cli::{BenchArgs, ClientCommand, ClientOpts, HealthArgs, LaunchArgs, LoadArgs};
+use ptxd::cli::{
+    BenchArgs, ClientCommand, ClientOpts, DevicePluginArgs, HealthArgs, LaunchArgs, LoadArgs,
+};
 use ptxd::config::{LogFormat, ServeConfig};
 use ptxd::executor::child::{ExecutorArgs, ExecutorBackend};
 
@@ -77,6 +79,10 @@ enum Command {
         #[command(flatten)]
         args: BenchArgs,
     },
+    /// Run a Kubernetes device plugin beside ptxd: advertise --count devices
+    /// of --resource (ptxd.dev/session), healthy while ptxd serves, and mount
+    /// ptxd's socket directory into the containers that request one.
+    DevicePlugin(DevicePluginArgs),
     /// Verify a PTX file offline, as LoadKernel would (no daemon needed):
     /// print the signature, or the refusal with its sub_reason and line;
     /// with --print, the canonical PTX ptxd would compile. Exit 0 when
@@ -248,6 +254,12 @@ fn main() -> ExitCode {
     let (opts, command) = match cli.command {
         Command::Executor(args) => return run_executor(args),
         Command::Serve(config) => return serve(*config),
+        Command::DevicePlugin(args) => {
+            return match runtime(Flavor::Client) {
+                Some(runtime) => runtime.block_on(ptxd::cli::device_plugin::run(args)),
+                None => ExitCode::FAILURE,
+            }
+        }
         Command::Info { opts } => (opts, ClientCommand::Info),
         Command::Kernels { opts } => (opts, ClientCommand::Kernels),
         Command::Buffers { opts } => (opts, ClientCommand::Buffers),

@@ -20,6 +20,8 @@ use rand::{Rng, SeedableRng};
 
 mod bench;
 pub use bench::{BenchArgs, Figure, Report};
+pub mod device_plugin;
+pub use device_plugin::DevicePluginArgs;
 
 /// How to reach the daemon.
 #[derive(Debug, Clone, clap::Args)]

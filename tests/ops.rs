@@ -8,8 +8,13 @@
 //! command that installs it (`bash deploy/ci-tools.sh`), it never skips.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+/// `ptxd device-plugin` against a fake kubelet.
+#[path = "ops/device_plugin.rs"]
+mod device_plugin;
 #[path = "ops/exposition.rs"]
 mod exposition;
+#[path = "ops/promql.rs"]
+mod promql;
 mod support;
 
 use std::collections::BTreeMap;
@@ -501,6 +506,195 @@ fn a_remote_metrics_address_is_refused_without_the_flag() {
     );
 }
 
+// ----- dashboard and alerts -------------------------------------------------------
+
+/// `promtool check rules` on the alert file, and its unit tests
+/// (`promtool test rules`): each alert fires on the series meant to fire it
+/// and stays quiet on a near miss. A rule with a PromQL error fails the check.
+#[test]
+fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
+    let output = run(Command::new(tool("promtool"))
+        .args(["check", "rules"])
+        .arg(deploy("prometheus/alerts.yml")));
+    assert!(
+        output.status.success() && text(&output).contains("SUCCESS: 6 rules found"),
+        "{}",
+        text(&output)
+    );
+    let output = run(Command::new(tool("promtool"))
+        .args(["test", "rules"])
+        .arg(deploy("prometheus/alerts.test.yml")));
+    assert!(output.status.success(), "{}", text(&output));
+
+    let dir = tempfile::tempdir().unwrap();
+    let broken = std::fs::read_to_string(deploy("prometheus/alerts.yml"))
+        .unwrap()
+        .replace(
+            "ptxd_slots_used / ptxd_slots_capacity > 0.9",
+            "ptxd_slots_used / (ptxd_slots_capacity > 0.9",
+        );
+    let path = dir.path().join("alerts.yml");
+    std::fs::write(&path, broken).unwrap();
+    let output = run(Command::new(tool("promtool"))
+        .args(["check", "rules"])
+        .arg(&path));
+    assert!(
+        !output.status.success(),
+        "a broken rule passed: {}",
+        text(&output)
+    );
+}
+
+/// Every PromQL expression of the Grafana dashboard (panel targets, in rows
+/// too, and the templating queries), as (where, expr).
+fn dashboard_queries() -> Vec<(String, String)> {
+    fn panels(list: &serde_json::Value, out: &mut Vec<(String, String)>) {
+        for panel in list.as_array().into_iter().flatten() {
+            let title = panel["title"].as_str().unwrap_or("?");
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().unwrap_or_else(|| {
+                    panic!("panel {title:?} has a target without an expr: {target}")
+                });
+                out.push((format!("panel {title:?}"), expr.to_owned()));
+            }
+            panels(&panel["panels"], out);
+        }
+    }
+    let text = std::fs::read_to_string(deploy("grafana/ptxd.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    panels(&dashboard["panels"], &mut out);
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if variable["type"] == "query" {
+            let query = variable["query"]["query"]
+                .as_str()
+                .or(variable["query"].as_str())
+                .unwrap();
+            out.push((format!("variable {}", variable["name"]), query.to_owned()));
+        }
+    }
+    out
+}
+
+/// Every alert's and recording rule's expression, as (where, expr), read
+/// with PyYAML.
+fn alert_queries() -> Vec<(String, String)> {
+    let output = run(Command::new(python_with_yaml())
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
+        ])
+        .arg(deploy("prometheus/alerts.yml")));
+    assert!(output.status.success(), "{}", text(&output));
+    let rules: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let mut out = Vec::new();
+    for group in rules["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let name = rule["alert"].as_str().or(rule["record"].as_str()).unwrap();
+            out.push((
+                format!("rule {name}"),
+                rule["expr"].as_str().unwrap().to_owned(),
+            ));
+        }
+    }
+    out
+}
+
+/// The names each query reads that `scrape` lacks, as "where: name" lines;
+/// a query that reads no metric at all is reported too.
+fn missing_names(queries: &[(String, String)], scrape: &Exposition) -> Vec<String> {
+    let mut missing = Vec::new();
+    for (place, expr) in queries {
+        let names = promql::metric_names(expr).unwrap_or_else(|e| panic!("{place}: {e}: {expr}"));
+        if names.is_empty() {
+            missing.push(format!("{place}: reads no metric: {expr}"));
+        }
+        for name in names {
+            // A family with no series yet counts; a histogram's bare name is
+            // no series at all.
+            let exposed = scrape.samples.iter().any(|s| s.name == name)
+                || scrape.kind(&name).is_some_and(|kind| kind != "histogram");
+            if !exposed {
+                missing.push(format!("{place}: {name}"));
+            }
+        }
+    }
+    missing
+}
+
+/// The dashboard and the alerts read only series a running daemon serves:
+/// every metric name of every panel, variable and rule is in a real scrape
+/// (a histogram's `_bucket`, `_sum` and `_count` as samples). The dashboard
+/// covers what operators look for, and the check does catch a name the
+/// daemon lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_and_alerts_read_is_in_the_exposition() {
+    let port = support::free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let _daemon = Daemon::start(&["--metrics", &metrics_addr]);
+    support::wait_for_port(port);
+    let scrape = scrape(port).await;
+
+    let dashboard = dashboard_queries();
+    let alerts = alert_queries();
+    assert!(dashboard.len() >= 15, "{dashboard:?}");
+    assert_eq!(alerts.len(), 6, "{alerts:?}");
+    let missing = missing_names(&dashboard, &scrape);
+    assert!(
+        missing.is_empty(),
+        "the dashboard reads series ptxd lacks: {missing:#?}"
+    );
+    let missing = missing_names(&alerts, &scrape);
+    assert!(
+        missing.is_empty(),
+        "the alerts read series ptxd lacks: {missing:#?}"
+    );
+
+    let read: std::collections::BTreeSet<String> = dashboard
+        .iter()
+        .flat_map(|(_, expr)| promql::metric_names(expr).unwrap())
+        .collect();
+    for wanted in [
+        "ptxd_launches_total",
+        "ptxd_launch_duration_seconds_bucket",
+        "ptxd_loads_total",
+        "ptxd_load_duration_seconds_bucket",
+        "ptxd_refusals_total",
+        "ptxd_executor_restarts_total",
+        "ptxd_device_generation",
+        "ptxd_kernel_faults_total",
+        "ptxd_sessions",
+        "ptxd_slots_used",
+        "ptxd_slots_capacity",
+        "ptxd_loaded_artifact_bytes",
+        "ptxd_loaded_artifact_bytes_limit",
+        "ptxd_buffers",
+        "ptxd_buffer_bytes",
+    ] {
+        assert!(read.contains(wanted), "no panel shows {wanted}: {read:?}");
+    }
+
+    // A misspelt name (the family without `_total`, a histogram without
+    // `_bucket`) and a query with no metric are caught.
+    let wrong = [
+        ("a".to_owned(), "rate(ptxd_launches[5m])".to_owned()),
+        (
+            "b".to_owned(),
+            "histogram_quantile(0.9, rate(ptxd_launch_duration_seconds{mode=\"sync\"}[5m]))"
+                .to_owned(),
+        ),
+        ("c".to_owned(), "vector(1)".to_owned()),
+    ];
+    assert_eq!(
+        missing_names(&wrong, &scrape),
+        [
+            "a: ptxd_launches",
+            "b: ptxd_launch_duration_seconds",
+            "c: reads no metric: vector(1)"
+        ]
+    );
+}
+
 // ----- systemd ----------------------------------------------------------------
 
 /// The units copied into a temporary directory with ExecStart pointing at the
@@ -848,6 +1042,8 @@ for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
     command = c[probe]["exec"]["command"]
     assert command[0] == "/usr/local/bin/ptxd", command
     print(probe + "\t" + "\t".join(command[1:]))
+for other in ds["spec"]["template"]["spec"]["containers"][1:]:
+    print(other["name"] + " args\t" + "\t".join(other["args"]))
 "#;
     let daemonsets = kubernetes_manifests()
         .into_iter()
@@ -861,6 +1057,7 @@ for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
     assert_eq!(
         daemonsets,
         [
+            deploy("kubernetes/daemonset-device-plugin.yaml"),
             deploy("kubernetes/daemonset-fd-only.yaml"),
             deploy("kubernetes/daemonset.yaml")
         ]
@@ -917,6 +1114,9 @@ fn kubernetes_manifests() -> Vec<PathBuf> {
         "example-inference-pod.yaml",
         "daemonset-fd-only.yaml",
         "example-inference-pod-fd-only.yaml",
+        "daemonset-device-plugin.yaml",
+        "example-inference-pod-device-plugin.yaml",
+        "namespace-inference.yaml",
     ] {
         assert!(
             manifests.contains(&deploy(&format!("kubernetes/{expected}"))),
@@ -980,7 +1180,12 @@ fn the_daemonsets_and_their_clients_share_what_their_buffers_need() {
         .arg(deploy("kubernetes/daemonset.yaml"))
         .arg(deploy("kubernetes/example-inference-pod.yaml"))
         .arg(deploy("kubernetes/daemonset-fd-only.yaml"))
-        .arg(deploy("kubernetes/example-inference-pod-fd-only.yaml")));
+        .arg(deploy("kubernetes/example-inference-pod-fd-only.yaml"))
+        .arg(deploy("kubernetes/daemonset-device-plugin.yaml"))
+        .arg(deploy(
+            "kubernetes/example-inference-pod-device-plugin.yaml",
+        ))
+        .arg(deploy("kubernetes/namespace-inference.yaml")));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.trim() == "checked",
@@ -1005,6 +1210,37 @@ fn the_daemonsets_and_their_clients_share_what_their_buffers_need() {
     assert!(
         String::from_utf8_lossy(&output.stdout)
             .contains("FAIL example-inference-pod-fd-only.yaml has no hostPID"),
+        "{}",
+        text(&output)
+    );
+
+    // And a device-plugin client given a hostPath is no longer restricted.
+    let pod = std::fs::read_to_string(deploy("kubernetes/example-inference-pod-device-plugin.yaml"))
+        .unwrap()
+        .replace(
+            "          memory: 16Gi\n      securityContext:",
+            "          memory: 16Gi\n      volumeMounts:\n        - name: s\n          mountPath: /run/ptxd\n      securityContext:",
+        )
+        + "  volumes:\n    - name: s\n      hostPath:\n        path: /run/ptxd\n";
+    assert!(pod.contains("mountPath: /run/ptxd"), "{pod}");
+    let broken = dir.path().join("example-inference-pod-device-plugin.yaml");
+    std::fs::write(&broken, pod).unwrap();
+    let output = run(Command::new(python_with_yaml())
+        .arg(&script)
+        .arg(deploy("kubernetes/namespace.yaml"))
+        .arg(deploy("kubernetes/daemonset.yaml"))
+        .arg(deploy("kubernetes/example-inference-pod.yaml"))
+        .arg(deploy("kubernetes/daemonset-fd-only.yaml"))
+        .arg(deploy("kubernetes/example-inference-pod-fd-only.yaml"))
+        .arg(deploy("kubernetes/daemonset-device-plugin.yaml"))
+        .arg(&broken)
+        .arg(deploy("kubernetes/namespace-inference.yaml")));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("FAIL example-inference-pod-device-plugin.yaml has no hostPath")
+            && stdout.contains(
+                "FAIL example-inference-pod-device-plugin.yaml meets restricted (it meets privileged)"
+            ),
         "{}",
         text(&output)
     );

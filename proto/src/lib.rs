@@ -31,6 +31,25 @@ pub mod executor {
     tonic::include_proto!("ptxd.executor.v1");
 }
 
+/// The kubelet's device-plugin API, `k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1`
+/// (package `v1beta1`), vendored in `k8s/deviceplugin/v1beta1/api.proto`.
+pub mod deviceplugin {
+    pub mod v1beta1 {
+        tonic::include_proto!("v1beta1");
+
+        /// The API version a plugin registers with.
+        pub const VERSION: &str = "v1beta1";
+        /// A device's health, as `Device.health` carries it.
+        pub const HEALTHY: &str = "Healthy";
+        /// A device's health, as `Device.health` carries it.
+        pub const UNHEALTHY: &str = "Unhealthy";
+        /// Where the kubelet expects plugin sockets, and its own.
+        pub const DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins";
+        /// The kubelet's registration socket, in [`DEVICE_PLUGIN_PATH`].
+        pub const KUBELET_SOCKET: &str = "kubelet.sock";
+    }
+}
+
 /// The encoded `FileDescriptorSet` that gRPC reflection serves: `ptxd.v1`
 /// plus `google/rpc/error_details.proto` and its imports.
 pub const REFLECTION_DESCRIPTOR_SET: &[u8] =

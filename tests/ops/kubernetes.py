@@ -1,6 +1,7 @@
 """Checks of deploy/kubernetes that a schema cannot make, run by tests/ops.rs.
 
 Usage: kubernetes.py NAMESPACE DAEMONSET POD DAEMONSET_FD_ONLY POD_FD_ONLY
+                     [DAEMONSET_DEVICE_PLUGIN POD_DEVICE_PLUGIN NAMESPACE_INFERENCE]
 
 Prints one "FAIL ..." line per failed check, then "checked".
 
@@ -191,6 +192,69 @@ check(labels.get("pod-security.kubernetes.io/enforce") == needed,
 for document in (ds, pod, ds_fd, pod_fd):
     check(document["metadata"]["namespace"] == namespace["metadata"]["name"],
           document["metadata"]["name"] + " is in namespace " + namespace["metadata"]["name"])
+
+
+def arg_value(args, flag, default):
+    return args[args.index(flag) + 1] if flag in args else default
+
+
+def check_device_plugin(ds_dp, pod_dp, ns_inference):
+    """The device-plugin variant: daemonset-fd-only.yaml plus the plugin's
+    container and the kubelet's device-plugin directory; its client pod is
+    `restricted`, requests the plugin's resource and mounts nothing."""
+    name = "daemonset-device-plugin.yaml"
+    spec = check_daemonset(ds_dp, name)
+    plugins = [c for c in spec["containers"] if c.get("args", [])[:1] == ["device-plugin"]]
+    check(len(plugins) == 1, name + ": one device-plugin container")
+    if len(plugins) != 1:
+        return
+    plugin = plugins[0]
+    ptxd_args = spec["containers"][0]["args"]
+    args = plugin["args"]
+    # What the plugin checks and what it hands to pods is ptxd's socket.
+    check(arg_value(args, "--socket", "/run/ptxd/ptxd.sock") == ptxd_args[ptxd_args.index("--socket") + 1],
+          name + ": the plugin watches ptxd's socket")
+    check(socket_dir_mount(spec, plugin) == os.path.dirname(arg_value(args, "--socket", "/run/ptxd/ptxd.sock")),
+          name + ": the plugin reaches that socket in the mounted node /run/ptxd")
+    check(arg_value(args, "--host-socket-dir", "/run/ptxd") == "/run/ptxd",
+          name + ": Allocate mounts the node's /run/ptxd")
+    plugin_dirs = {v["name"] for v in spec["volumes"]
+                   if v.get("hostPath", {}).get("path") == "/var/lib/kubelet/device-plugins"}
+    mounted = [m["mountPath"] for m in plugin.get("volumeMounts", []) if m["name"] in plugin_dirs]
+    check(mounted == [arg_value(args, "--plugin-dir", "/var/lib/kubelet/device-plugins")],
+          name + ": --plugin-dir is the mounted kubelet device-plugin directory")
+    # Apart from the plugin, it is the fd-only DaemonSet.
+    document = copy.deepcopy(ds_dp)
+    template = document["spec"]["template"]["spec"]
+    template["containers"] = [c for c in template["containers"] if c is not plugin and c["name"] != plugin["name"]]
+    template["volumes"] = [v for v in template["volumes"] if v["name"] not in plugin_dirs]
+    check(document == ds_fd, name + " is daemonset-fd-only.yaml plus the device plugin")
+    check(pss_level(spec) == "privileged", name + " needs privileged (hostPath)")
+
+    name = "example-inference-pod-device-plugin.yaml"
+    pod_spec = pod_dp["spec"]
+    resource = arg_value(args, "--resource", "ptxd.dev/session")
+    for c in pod_spec["containers"]:
+        limits = c.get("resources", {}).get("limits", {})
+        check(str(limits.get(resource)) == "1", name + ": requests one " + resource)
+        env = {e["name"] for e in c.get("env", [])}
+        check("PTXD_SOCKET" not in env, name + ": PTXD_SOCKET comes from Allocate, not the spec")
+    for key in ("hostPID", "hostIPC", "hostNetwork"):
+        check(not pod_spec.get(key), name + " has no " + key)
+    check(not any("hostPath" in v for v in pod_spec.get("volumes", [])), name + " has no hostPath")
+    check(65532 in pod_spec["securityContext"].get("supplementalGroups", []), name + " in ptxd's group")
+    level = pss_level(pod_spec)
+    check(level == "restricted", name + " meets restricted (it meets " + level + ")")
+    labels = ns_inference["metadata"].get("labels", {})
+    check(labels.get("pod-security.kubernetes.io/enforce") == "restricted",
+          "namespace-inference.yaml enforces restricted")
+    check(pod_dp["metadata"]["namespace"] == ns_inference["metadata"]["name"],
+          name + " is in namespace " + ns_inference["metadata"]["name"])
+    check(ds_dp["metadata"] == ds_fd["metadata"], "the device-plugin DaemonSet is ptxd/ptxd too (an alternative)")
+
+
+if len(sys.argv) > 6:
+    check_device_plugin(*(load(p) for p in sys.argv[6:9]))
 
 for failure in failures:
     print("FAIL " + failure)
