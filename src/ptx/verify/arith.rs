@@ -17,7 +17,7 @@
 
 use crate::ptx::ir::Inst;
 
-use super::dataflow::{Sk, V};
+use super::value::{Sk, V};
 
 /// The instruction's first type, when it is an integer type of `bits`.
 pub(super) fn int_ty(inst: &Inst, bits: u32) -> bool {

@@ -148,6 +148,7 @@ mod instructions;
 mod layout;
 mod regs;
 mod table;
+mod value;
 
 use super::ir::Kernel;
 pub use super::reason::SubReason;
