@@ -441,9 +441,10 @@ fn the_executors_spin_is_under_the_daemon_wide_bound() {
     );
     // The control is relative: on a loaded machine (CI's two cores run
     // tests side by side) a spinning executor gets less than a core, but
-    // still far more than none.
+    // still far more than none (100 ms in 2 s was seen with a release
+    // build running beside the suite on two cores).
     assert!(
-        free > over / 20 && free > bounded * 4,
+        free > over / 40 && free > bounded * 4,
         "control: with the permit free the executor spins ({free:?} in {over:?}, {bounded:?} bounded)"
     );
     drop(channel);
