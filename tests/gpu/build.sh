@@ -58,15 +58,15 @@ cp -r tests/corpus/jit "$PACK/jit"
 chmod -R u+w "$PACK/nvcc_g"
 cp tests/gpu/run.sh "$PACK/run.sh"
 
-# The Python client: an abi3 wheel (maturin from PyPI), its tests and examples,
-# and pytest's wheels, since nothing can be fetched on the GPU machine.
-PYVENV=target/python-venv
+# The Python client: its wheel, tests and examples, and pytest's wheels,
+# since nothing can be fetched on the GPU machine. The wheel is the one
+# users install (python/tests/run.sh builds it the same way): manylinux_2_28, abi3, linked by zig against glibc 2.28 (maturin and
+# ziglang from PyPI; maturin finds zig through the python on PATH).
+PYVENV=target/python-build-venv
 [ -x "$PYVENV/bin/python" ] || python3 -m venv "$PYVENV"
-"$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.16,<1.17"
-"$PYVENV/bin/maturin" build --release --strip --quiet --manifest-path python/Cargo.toml --out "$PACK/wheels"
-# pytest and its dependencies as pure-Python wheels, resolved for the oldest
-# Python torch 2.11 runs on, so that any newer python3 there can use them
-# (pip evaluates markers for this python, so the < 3.11 ones are named).
+"$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.16,<1.17" "ziglang>=0.17,<0.18"
+PATH="$PWD/$PYVENV/bin:$PATH" "$PYVENV/bin/maturin" build --release --strip --quiet \
+  --manifest-path python/Cargo.toml --out "$PACK/wheels" --zig --compatibility manylinux_2_28
 "$PYVENV/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
   --platform any --implementation py --abi none --python-version 3.10 \
   --dest "$PACK/wheels/pytest" pytest exceptiongroup tomli typing_extensions
