@@ -126,6 +126,7 @@ fn verify_file(file: &std::path::Path, symbol: &str, print: bool) -> ExitCode {
                     .map(|m| format!(", .maxntid {m}"))
                     .unwrap_or_default(),
             );
+            println!("contract: {}", canonical.contract);
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -151,6 +151,10 @@ pub struct KernelSignature {
     pub reqntid: u32,
     /// `.maxntid`, 0 when absent.
     pub maxntid: u32,
+    /// The launch contract ptxd checks every launch against, as one line
+    /// (params, geometry, footprints, preconditions); empty from a daemon
+    /// older than contracts.
+    pub contract: String,
 }
 
 impl From<pb::KernelSignature> for KernelSignature {
@@ -162,6 +166,7 @@ impl From<pb::KernelSignature> for KernelSignature {
             block_size: s.block_size,
             reqntid: s.reqntid,
             maxntid: s.maxntid,
+            contract: s.contract,
         }
     }
 }

@@ -241,6 +241,7 @@ impl Ptxd for Fake {
                 block_size: 256,
                 reqntid: 0,
                 maxntid: 0,
+                contract: String::new(),
             }),
             cache_hit,
             load_micros: 1234,

@@ -23,6 +23,7 @@ use crate::front::{
     LoadedKernelInfo, OpenedRing, OperandRef, RegisteredBuffer,
 };
 use crate::observe::Observer;
+use crate::ptx::contract::LaunchContract;
 use crate::ptx::Signature;
 use crate::sessions::Caller;
 
@@ -117,7 +118,11 @@ fn load_request(request: api::LoadKernelRequest) -> LoadRequest {
 }
 
 /// A kernel's signature, as a load and a listing answer it.
-pub fn signature_proto(signature: &Signature, block_size: u32) -> api::KernelSignature {
+pub fn signature_proto(
+    signature: &Signature,
+    block_size: u32,
+    contract: &LaunchContract,
+) -> api::KernelSignature {
     api::KernelSignature {
         inputs: signature.inputs,
         element_sizes: signature.element_sizes.clone(),
@@ -125,12 +130,17 @@ pub fn signature_proto(signature: &Signature, block_size: u32) -> api::KernelSig
         block_size,
         reqntid: signature.reqntid.unwrap_or(0),
         maxntid: signature.maxntid.unwrap_or(0),
+        contract: contract.to_string(),
     }
 }
 
 fn load_response(loaded: LoadedKernelInfo) -> api::LoadKernelResponse {
     api::LoadKernelResponse {
-        signature: Some(signature_proto(&loaded.signature, loaded.block_size)),
+        signature: Some(signature_proto(
+            &loaded.signature,
+            loaded.block_size,
+            &loaded.contract,
+        )),
         kernel: loaded.kernel,
         cache_hit: loaded.cache_hit,
         load_micros: loaded.load_micros,

@@ -509,7 +509,11 @@ fn lease_event(event: LeaseEvent) -> api::SessionEvent {
 
 fn kernel_info(kernel: KernelListing) -> api::KernelInfo {
     api::KernelInfo {
-        signature: Some(signature_proto(&kernel.signature, kernel.block_size)),
+        signature: Some(signature_proto(
+            &kernel.signature,
+            kernel.block_size,
+            &kernel.contract,
+        )),
         kernel: kernel.kernel,
         symbol: kernel.symbol,
         label: kernel.label,

@@ -215,6 +215,32 @@ async fn load_refusals_carry_their_exact_reasons() {
         .await
         .unwrap();
     assert_eq!(vec4.state().signature.element_sizes, vec![16, 16, 16]);
+    let contract = vec4.state().signature.contract;
+    assert!(
+        contract.contains("grid ceil(n / block)") && contract.contains("[n × 16] align 16"),
+        "{contract}"
+    );
+    // A 32-bit index (NVRTC's `int i`): its contract names the
+    // precondition every launch is checked against.
+    let idx32 = session
+        .load_ptx(
+            0,
+            corpus("jit/nvrtc/add_f32_idx32_O3.ptx"),
+            "add_f32_idx32",
+            opts(),
+        )
+        .await
+        .unwrap();
+    let contract = idx32.state().signature.contract;
+    assert!(
+        contract.contains("requires index_fits_i32: grid × block <= 2^31"),
+        "{contract}"
+    );
+    // ListKernels shows the same contract.
+    let listed = session.list_kernels().await.unwrap();
+    assert!(listed
+        .iter()
+        .any(|k| k.symbol == "add_f32_idx32" && k.signature.contract == contract));
     let triton = session
         .load_ptx(0, corpus("triton_add.ptx"), "add_kernel", opts())
         .await

@@ -111,7 +111,21 @@ fn ptxd_verify_prints_the_verdict_and_the_canonical_text() {
     };
     let ok = run("add_f32_scalar.ptx", "add_f32_scalar", false);
     assert!(ok.status.success());
-    assert!(String::from_utf8_lossy(&ok.stdout).starts_with("accepted: add_f32_scalar: 2 inputs"));
+    let shown = String::from_utf8_lossy(&ok.stdout).into_owned();
+    assert!(
+        shown.starts_with("accepted: add_f32_scalar: 2 inputs"),
+        "{shown}"
+    );
+    // The contract, as LoadKernel reports it: footprints of n × 4 bytes.
+    assert!(
+        shown.contains("\ncontract: params(") && shown.contains("[n × 4] align 4"),
+        "{shown}"
+    );
+    // A Vectorized{4} kernel: its operands are float4s, n counted in them.
+    let vec4 = run("add_f32_vec4.ptx", "add_f32_vec4", false);
+    assert!(vec4.status.success());
+    let shown = String::from_utf8_lossy(&vec4.stdout).into_owned();
+    assert!(shown.contains("[n × 16] align 16"), "{shown}");
     let refused = run("triton_add.ptx", "add_kernel", false);
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stdout).contains("sub_reason: count_not_64bit"));
