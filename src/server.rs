@@ -297,6 +297,9 @@ pub async fn serve(
                 for (uuid, enabled) in &gauges.mps {
                     m.set_mps_enabled(uuid, *enabled);
                 }
+                for (uuid, available) in &gauges.available {
+                    m.set_executor_available(uuid, *available);
+                }
             }
         });
     }

@@ -343,6 +343,8 @@ pub struct Gauges {
     pub devices: Vec<(String, u64, u64)>,
     /// (uuid, whether its executor runs as a CUDA MPS client)
     pub mps: Vec<(String, bool)>,
+    /// (uuid, whether the device has a live executor now)
+    pub available: Vec<(String, bool)>,
 }
 
 impl Front {
@@ -401,6 +403,11 @@ impl Front {
                 .devices
                 .iter()
                 .map(|d| (d.desc.uuid.clone(), d.mps_enabled()))
+                .collect(),
+            available: state
+                .devices
+                .iter()
+                .map(|d| (d.desc.uuid.clone(), d.live_link().is_some()))
                 .collect(),
         }
     }

@@ -124,6 +124,7 @@ struct DeviceSeries {
     kernel_faults: u64,
     /// 1 while the device's executor runs as a CUDA MPS client.
     mps_enabled: u64,
+    executor_available: u64,
 }
 
 /// A per-device family: name, type, help, and which number it shows.
@@ -273,6 +274,14 @@ impl Metrics {
         });
     }
 
+    /// Whether a device has a live executor now (0 while its restarts
+    /// fail and requests for it are refused `EXECUTOR_UNAVAILABLE`).
+    pub fn set_executor_available(&self, device_uuid: &str, available: bool) {
+        self.with_device(device_uuid, |series| {
+            series.executor_available = u64::from(available)
+        });
+    }
+
     /// A kernel faulted on a device.
     pub fn record_kernel_fault(&self, device_uuid: &str) {
         self.with_device(device_uuid, |series| series.kernel_faults += 1);
@@ -392,7 +401,7 @@ impl Metrics {
         }
 
         let devices = lock(&self.devices).clone();
-        let per_device: [DeviceFamily; 4] = [
+        let per_device: [DeviceFamily; 5] = [
             (
                 "ptxd_executor_restarts_total",
                 "counter",
@@ -416,6 +425,12 @@ impl Metrics {
                 "gauge",
                 "1 while the device's executor runs as a CUDA MPS client, by device UUID.",
                 |series| series.mps_enabled,
+            ),
+            (
+                "ptxd_device_executor_available",
+                "gauge",
+                "1 while the device has a live executor, 0 while it has none (a restart failing), by device UUID.",
+                |series| series.executor_available,
             ),
         ];
         for (name, kind, help, value) in per_device {
@@ -471,6 +486,7 @@ mod tests {
             ("ptxd_device_generation", "gauge"),
             ("ptxd_kernel_faults_total", "counter"),
             ("ptxd_device_mps_enabled", "gauge"),
+            ("ptxd_device_executor_available", "gauge"),
         ] {
             assert_eq!(parsed.kind(family), Some(kind), "{family}");
         }
@@ -674,6 +690,23 @@ mod tests {
 #[allow(clippy::unwrap_used)]
 mod mps_tests {
     use super::*;
+
+    #[test]
+    fn the_executor_gauge_follows_each_device() {
+        let metrics = Metrics::new(8);
+        for (a, b) in [(true, false), (false, true), (false, false), (true, true)] {
+            metrics.set_executor_available("GPU-a", a);
+            metrics.set_executor_available("GPU-b", b);
+            let parsed = tests::parse(&metrics);
+            for (device, up) in [("GPU-a", a), ("GPU-b", b)] {
+                assert_eq!(
+                    parsed.value("ptxd_device_executor_available", &[("device", device)]),
+                    Some(if up { 1.0 } else { 0.0 }),
+                    "{device}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn the_mps_gauge_follows_each_device() {

@@ -152,7 +152,18 @@ fn down(event: SessionEvent) -> Option<Down> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn while_restarts_fail_sessions_hear_the_device_is_down_and_then_that_it_is_back() {
-    let private = PrivateDaemon::start(&[]);
+    let port = crate::support::free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let private = PrivateDaemon::start(&["--metrics", &metrics]);
+    // `ptxd_device_executor_available{device}` from one scrape.
+    let available = |uuid: String| async move {
+        let (_, body) = crate::support::get_metrics(port).await;
+        let series = format!("ptxd_device_executor_available{{device=\"{uuid}\"}} ");
+        body.lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .map(|value| value.trim().to_string())
+            .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+    };
     let client = Client::connect(&private.daemon.target()).await.unwrap();
     let session = client.open_session("down").await.unwrap();
     let bystander = client.open_session("bystander").await.unwrap();
@@ -244,6 +255,8 @@ async fn while_restarts_fail_sessions_hear_the_device_is_down_and_then_that_it_i
     );
     let info = client.info().await.unwrap().devices[0].clone();
     assert!(!info.available);
+    // The alerting gauge says so too (deploy/prometheus/alerts.yml).
+    assert_eq!(available(before.uuid.clone()).await, "0");
 
     // Back: the next attempt succeeds and says so.
     private.allow_executors(true);
@@ -259,6 +272,7 @@ async fn while_restarts_fail_sessions_hear_the_device_is_down_and_then_that_it_i
     assert_eq!(old, before.generation);
     let after = client.info().await.unwrap().devices[0].clone();
     assert!(after.available);
+    assert_eq!(available(before.uuid.clone()).await, "1");
     assert_eq!(after.generation, new);
     assert_ne!(new, old);
 
