@@ -126,6 +126,14 @@ class Kernel:
         return self._native.symbol
 
     @property
+    def contract(self) -> str:
+        """The launch contract ptxd checks every launch of this kernel
+        against, as one line: the params, the geometry, each operand's
+        footprint and the preconditions the verifier's proof assumed (e.g.
+        ``requires index_fits_i32: grid × block <= 2^31``)."""
+        return self._native.contract
+
+    @property
     def cache_hit(self) -> bool:
         """True when ptxd had already compiled this artifact for the device
         (another session, or an earlier load, paid for the compile)."""
@@ -311,6 +319,17 @@ class _Prepared(NamedTuple):
     checks: List[Tuple[int, int]]
     #: The cache keys of those operands (forgotten when a check fails).
     keys: List[Tuple[int, int, int, int]]
+
+
+
+def _vector_of(element_size: int, itemsize: int) -> bool:
+    """Whether a kernel element of ``element_size`` bytes is a vector of an
+    operand's ``itemsize``-byte elements: a 16-byte element (the
+    Vectorized{4} family's float4, or a double2) over float32 or float64
+    data. Smaller vectors (an f16 pair, a float2) have the size of a scalar
+    type (a float, a double), so for them the element sizes must match:
+    pass Buffers, or arrays of a dtype of the vector's size."""
+    return element_size == 16 and itemsize in (4, 8)
 
 
 class Session:
@@ -962,14 +981,20 @@ class Session:
             raise ValueError(
                 "the output has no element type (register_fd without dtype=): pass n"
             )
-        count = out.numel if n is None else int(n)
+        sizes = kernel._element_sizes()
+        # A vectorized kernel's element is a vector (a float4 over float32
+        # data): by default n counts the output's vectors.
+        if n is None and sizes and sizes[-1] and _vector_of(sizes[-1], out.itemsize):
+            count = out.nbytes // sizes[-1]
+        else:
+            count = out.numel if n is None else int(n)
         if count < 0:
             raise ValueError(f"n must not be negative, got {count}")
-        sizes = kernel._element_sizes()
         last = len(buffers) - 1
         for index, (buffer, element_size) in enumerate(zip(buffers, sizes)):
             name = "output" if index == last else f"input {index}"
-            if element_size and buffer.itemsize and element_size != buffer.itemsize:
+            if (element_size and buffer.itemsize and element_size != buffer.itemsize
+                    and not _vector_of(element_size, buffer.itemsize)):
                 raise DtypeMismatch(
                     f"{name}: the kernel takes {element_size}-byte elements, the operand has "
                     f"{buffer.itemsize}-byte elements",

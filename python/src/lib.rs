@@ -1058,6 +1058,12 @@ impl NativeKernel {
         self.inner.symbol().to_owned()
     }
 
+    /// The launch contract ptxd checks every launch against, as one line.
+    #[getter]
+    fn contract(&self) -> String {
+        self.inner.signature().contract
+    }
+
     /// `(handle, cache_hit, load_micros, device_uuid, generation)` of the
     /// current load.
     fn state(&self) -> (String, bool, u64, String, u64) {

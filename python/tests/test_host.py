@@ -604,3 +604,25 @@ def test_a_killed_executor_is_a_lease_event_and_its_kernels_go_stale(corpus):
             np.testing.assert_array_equal(out, x + y)
     finally:
         daemon.stop()
+
+
+def test_a_vectorized_kernel_runs_on_arrays_of_its_lanes_with_its_contract(session):
+    """The seed's Vectorized{4} schedule (float4, n counted in vectors) on
+    float32 arrays: the contract names its 16-byte footprint, every lane is
+    compared, and one vector past the arrays is refused BUFFER_TOO_SMALL."""
+    kernel = session.load_ptx(read_ptx("add_f32_vec4"), "add_f32_vec4")
+    assert kernel.signature.element_sizes == (16, 16, 16)
+    assert "[n × 16] align 16" in kernel.contract, kernel.contract
+    vectors = 1000 + np.random.randint(0, 100)
+    x, y, out = (session.shm_array(4 * vectors, np.float32) for _ in range(3))
+    x[:] = np.random.rand(4 * vectors).astype(np.float32)
+    y[:] = np.random.rand(4 * vectors).astype(np.float32)
+    out[:] = np.nan
+    session.launch(kernel, [x, y], out, sync=True)  # n: the output's vectors
+    np.testing.assert_array_equal(out, x + y)
+    with pytest.raises(ptxd.BufferTooSmall):
+        session.launch(kernel, [x, y], out, vectors + 1, sync=True)
+    # A float4 kernel over float16 data is not its lanes.
+    h = session.shm_array(4 * vectors, np.float16)
+    with pytest.raises(ptxd.DtypeMismatch):
+        session.launch(kernel, [h, h], h, vectors, sync=True)
