@@ -119,6 +119,35 @@ pub struct RingKernel<K> {
     pub kernel: K,
     pub module_id: u64,
     pub signature: Signature,
+    /// The largest count a launch may have, the precondition that breaks
+    /// past it and its text (a contract with preconditions beyond the
+    /// signature's; the front computed it at the executor's block size).
+    pub limit: Option<CountLimit>,
+}
+
+/// A launch count the ring holds a kernel to (see [`RingKernel::limit`]).
+#[derive(Debug, Clone)]
+pub struct CountLimit {
+    pub max_count: u64,
+    pub precondition: &'static str,
+    pub condition: String,
+}
+
+impl CountLimit {
+    fn from_grant(k: &ptxd_proto::executor::RingKernel) -> Option<CountLimit> {
+        use crate::ptx::contract::{COUNT_FITS_I32, COUNT_FITS_I64, INDEX_FITS_I32};
+        let precondition = match k.limit_precondition.as_str() {
+            INDEX_FITS_I32 => INDEX_FITS_I32,
+            COUNT_FITS_I32 => COUNT_FITS_I32,
+            COUNT_FITS_I64 => COUNT_FITS_I64,
+            _ => "launch_precondition",
+        };
+        k.max_count.map(|max_count| CountLimit {
+            max_count,
+            precondition,
+            condition: k.limit_condition.clone(),
+        })
+    }
 }
 
 /// A buffer a ring may name: the backend's handle and the size the front
@@ -177,6 +206,7 @@ impl<K, B> RingTable<K, B> {
                             reqntid: None,
                             maxntid: None,
                         },
+                        limit: CountLimit::from_grant(k),
                     },
                 );
             }
@@ -635,6 +665,18 @@ fn checked_launch<K: Clone, B: Clone>(
         .kernels
         .get(&descriptor.kernel)
         .ok_or_else(|| kernel_not_granted(descriptor.kernel))?;
+    if let Some(limit) = &kernel.limit {
+        if descriptor.n > limit.max_count {
+            return Err(Error::LaunchPrecondition {
+                precondition: limit.precondition,
+                condition: format!(
+                    "{} (n <= {} at this kernel's block)",
+                    limit.condition, limit.max_count
+                ),
+                values: format!("n={}", descriptor.n),
+            });
+        }
+    }
     let shape = launch::LaunchShape {
         inputs: descriptor.inputs(),
         output: Some(&descriptor.output),

@@ -76,18 +76,30 @@ fn kernel_grant(
     generation: DeviceGeneration,
 ) -> Option<exec::RingKernel> {
     let kernel = state.slots.occupant_of(handle)?;
-    // The ring checks launches against the signature alone: a kernel whose
-    // contract carries more (a 32-bit index's `index_fits_i32`) is not
-    // granted, and launches on the unary paths, which check the contract.
-    let checked = kernel.contract.checked_by_signature(&kernel.signature);
-    (checked && kernel.device_index == device && kernel.generation == generation).then(|| {
-        exec::RingKernel {
-            ring_index: index,
-            module_id: kernel.module_id,
-            inputs: kernel.signature.inputs,
-            scalar_params: kernel.signature.scalar_params,
-            element_sizes: kernel.signature.element_sizes.clone(),
-        }
+    // The ring checks launches against the signature; a contract that
+    // carries preconditions beyond it (a 32-bit index's `index_fits_i32`)
+    // is held to the largest count that keeps them, at the block the
+    // executor launches with. Any other difference is not granted (a ring
+    // launch of it is refused as a kernel the ring does not hold).
+    let limit = if kernel.contract.checked_by_signature(&kernel.signature) {
+        None
+    } else if kernel
+        .contract
+        .checked_by_signature_and_max_count(&kernel.signature)
+    {
+        Some(kernel.contract.max_count(kernel.block_size)?)
+    } else {
+        return None;
+    };
+    (kernel.device_index == device && kernel.generation == generation).then(|| exec::RingKernel {
+        ring_index: index,
+        module_id: kernel.module_id,
+        inputs: kernel.signature.inputs,
+        scalar_params: kernel.signature.scalar_params,
+        element_sizes: kernel.signature.element_sizes.clone(),
+        max_count: limit.map(|(max, _)| max),
+        limit_precondition: limit.map(|(_, p)| p.name.to_string()).unwrap_or_default(),
+        limit_condition: limit.map(|(_, p)| p.to_string()).unwrap_or_default(),
     })
 }
 

@@ -395,6 +395,20 @@ impl LaunchContract {
         self.same_terms(&LaunchContract::scalar(signature, &[]))
     }
 
+    /// Whether this contract is the signature's but for preconditions on
+    /// the launch values: then a check against `signature` that also
+    /// holds the count to [`Self::max_count`] checks exactly this contract
+    /// (the ring's check, for a 32-bit index).
+    pub fn checked_by_signature_and_max_count(&self, signature: &Signature) -> bool {
+        let with = self
+            .preconditions
+            .iter()
+            .fold(LaunchContract::scalar(signature, &[]), |c, p| {
+                c.assuming(p.clone())
+            });
+        self.same_terms(&with)
+    }
+
     /// How many launch inputs (read pointers) the contract takes.
     pub fn inputs(&self) -> usize {
         self.footprints.len().saturating_sub(1)
@@ -420,6 +434,34 @@ impl LaunchContract {
             count.div_ceil(per_block)
         };
         LaunchValues { count, grid, block }
+    }
+
+    /// The largest count whose launch, with blocks of `block` threads, keeps
+    /// every precondition, and the precondition that fails just past it
+    /// (every precondition is monotone in the count: the grid grows with
+    /// it). `None` when no count breaks one. A path that checks launches
+    /// against the signature only (the ring) holds them to this count.
+    pub fn max_count(&self, block: u32) -> Option<(u64, &Precondition)> {
+        let holds = |n: u64| {
+            let v = self.values(n, block);
+            self.preconditions.iter().all(|p| p.holds(&v))
+        };
+        if holds(u64::MAX) {
+            return None;
+        }
+        // holds(lo) (or lo = 0 when nothing holds), !holds(hi).
+        let (mut lo, mut hi) = (0u64, u64::MAX);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if holds(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let past = self.values(hi, block);
+        let failing = self.preconditions.iter().find(|p| !p.holds(&past))?;
+        Some((if holds(lo) { lo } else { 0 }, failing))
     }
 
     /// The param an operand is passed as, by name.
@@ -511,6 +553,42 @@ mod tests {
         assert_eq!(c.preconditions.len(), 1);
         assert!(c.preconditions[0].holds(&c.values(i64::MAX as u64, 256)));
         assert!(!c.preconditions[0].holds(&c.values(i64::MAX as u64 + 1, 256)));
+    }
+
+    /// The largest count a launch may have is the last one every
+    /// precondition holds at, for each block; the one that fails past it
+    /// is named.
+    #[test]
+    fn the_largest_count_is_where_the_first_precondition_breaks() {
+        let scalar = LaunchContract::scalar(&sig(vec![4, 4], 0, None), &[]);
+        let (max, p) = scalar.max_count(256).unwrap();
+        assert_eq!((max, p.name), (i64::MAX as u64, COUNT_FITS_I64));
+        let index32 = scalar.clone().assuming(Precondition {
+            name: INDEX_FITS_I32,
+            condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),
+        });
+        for block in [1u32, 96, 128, 256, 1000, 1024] {
+            let (max, p) = index32.max_count(block).unwrap();
+            assert_eq!(p.name, INDEX_FITS_I32, "{block}");
+            let fits = |n: u64| {
+                index32
+                    .preconditions
+                    .iter()
+                    .all(|p| p.holds(&index32.values(n, block)))
+            };
+            assert!(fits(max) && !fits(max + 1), "{block}: {max}");
+            assert_eq!(
+                max,
+                (1u64 << 31) / u64::from(block) * u64::from(block),
+                "{block}"
+            );
+        }
+        let int_n = index32.clone().assuming(Precondition {
+            name: COUNT_FITS_I32,
+            condition: Condition::AtMost(Expr::Count, (1 << 31) - 1),
+        });
+        let (max, p) = int_n.max_count(256).unwrap();
+        assert_eq!((max, p.name), ((1 << 31) - 1, COUNT_FITS_I32));
     }
 
     /// The grid is `ceil(n / (block × elements per thread))` for every

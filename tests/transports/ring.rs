@@ -1117,3 +1117,66 @@ async fn ring_timeouts_count_against_the_session_like_grpc_timeouts() {
     assert_eq!(executor_pid(&client, 0).await, before);
     bystander.check().await;
 }
+
+/// A 32-bit-index kernel (NVRTC's `int i = blockIdx.x * blockDim.x +
+/// threadIdx.x`, from the JIT corpus) on the ring: launches run and match
+/// the reference, and a count past its `index_fits_i32` precondition (at
+/// the block it launches with) is refused by name, as its unary launch is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kernel_with_a_precondition_runs_on_the_ring_and_is_held_to_it() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("ring idx32").await.unwrap();
+    let add = load(&session, "jit/nvrtc/add_f32_idx32_O3.ptx", "add_f32_idx32").await;
+    assert!(
+        add.state()
+            .signature
+            .contract
+            .contains("index_fits_i32: grid × block <= 2^31"),
+        "{}",
+        add.state().signature.contract
+    );
+    let n = 3000 + rand::rng().random_range(0..1000usize);
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a_shm, a_buf) = f32_buffer(&session, Some(&a), n).await;
+    let (_b_shm, b_buf) = f32_buffer(&session, Some(&b), n).await;
+    let (out_shm, out_buf) = f32_buffer(&session, None, n).await;
+    let mut ring = session.open_ring(16, 0).await.unwrap();
+    ring.launch(
+        &add,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        n as u64,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    let out = out_shm.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+    }
+    // Past 2^31 threads the 32-bit index would wrap: refused before the
+    // buffers are even looked at, on the ring as on the unary path.
+    let past = (1u64 << 31) + 1;
+    ring.launch(&add, &[(&a_buf, 0), (&b_buf, 0)], (&out_buf, 0), past, &[])
+        .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "INVALID_ARGUMENT");
+    let unary = session
+        .launch(
+            &add,
+            &Launch::new([a_buf.operand(), b_buf.operand()], out_buf.operand(), past),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(unary.reason_name(), "INVALID_ARGUMENT", "{unary}");
+    assert_eq!(
+        unary
+            .refusal()
+            .unwrap()
+            .metadata()
+            .get("precondition")
+            .map(String::as_str),
+        Some("index_fits_i32"),
+        "{unary}"
+    );
+}
