@@ -28,6 +28,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 # link): the CUDA code, the GPU suite and bench, and the Python module (an
 # extension module, see .cargo/config.toml: no libpython needed).
 cargo build --workspace --all-targets --all-features
+# The API docs of every crate build without a warning (broken or private
+# links, stray HTML), with every feature as they are published.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 # Dependency policy (deny.toml): licenses, duplicate versions, crates.io as
 # the only source. Not advisories: that check fetches the RustSec database
 # from GitHub, which CI cannot reach; run `cargo deny check advisories` by

@@ -6,6 +6,9 @@
 //! conversions every user of the wire format needs.
 
 #![allow(missing_debug_implementations, clippy::all)]
+// The generated docs are the .proto comments, which write placeholders such
+// as `HOST-<n>` and `[...]` as plain text, not HTML or links.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 
 /// The public API, package `ptxd.v1`.
 pub mod v1 {

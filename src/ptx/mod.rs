@@ -2,12 +2,12 @@
 //! instead of trusting its name, and the host (CPU) engine that runs verified
 //! kernels.
 //!
-//! API contract used by the rest of ptxd (the front calls [`verify`] on every
+//! API contract used by the rest of ptxd (the front calls [`verify()`] on every
 //! PTX load; the host executor calls [`HostKernel::compile`] and
 //! [`HostKernel::launch`]). Nothing here touches CUDA.
 //!
 //! Pipeline: [`parse`] (text → module) → [`ir`] (one entry, names resolved)
-//! → [`verify`] (the proof, whose result is a [`contract::LaunchContract`])
+//! → [`mod@verify`] (the proof, whose result is a [`contract::LaunchContract`])
 //! → [`host`] (decode and run on the CPU). The kernel's name is never
 //! trusted: only its body decides.
 
@@ -60,7 +60,7 @@ impl Families {
     };
 }
 
-/// The families the daemon's loads (and [`verify`], [`canonicalize`],
+/// The families the daemon's loads (and [`verify()`], [`canonicalize`],
 /// [`HostKernel::compile`]) accept: every family the verifier proves (see
 /// `docs/verifier.md`; a kernel with a precondition the ring cannot check
 /// is not granted to rings, `front::ring`).
@@ -188,7 +188,7 @@ pub fn verify(
 }
 
 /// A verified kernel in the form that runs: canonical PTX printed from the
-/// verified IR (see [`print`]), its signature and its launch contract.
+/// verified IR (see [`mod@print`]), its signature and its launch contract.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Canonical {
     pub text: String,

@@ -24,7 +24,7 @@
 //!   closed when the last buffer naming it closes, after the context has
 //!   drained, so no in-flight kernel reads a closed mapping. Modules are
 //!   unloaded after draining for the same reason. A buffer passed by file
-//!   descriptor owns its own mapping ([`fd_mapping`]), unmapped when it
+//!   descriptor owns its own mapping (`fd_mapping`), unmapped when it
 //!   closes, after draining likewise.
 //! - A sticky driver error (illegal address, launch failure, ...) poisons
 //!   every context in the process: whichever request meets it is answered
@@ -38,7 +38,7 @@
 //!   the front matches them by id). Draining before an unload or a close
 //!   is the one deliberate wait.
 //! - With a per-launch budget (`--max-kernel-time`), every launch with a
-//!   kernel is watched ([`watchdog`]): a kernel that outlives the budget
+//!   kernel is watched (`watchdog`): a kernel that outlives the budget
 //!   cannot be stopped, so its launch is answered `KERNEL_TIMEOUT` (after
 //!   the front was told, to count it against the session) and the process
 //!   exits; the front restarts the device with a new generation.
@@ -327,7 +327,7 @@ impl std::fmt::Debug for CudaBackend {
 impl CudaBackend {
     /// Opens the device with `uuid` and makes its primary context current.
     /// Launches that run longer than `budget` end the executor (see
-    /// [`watchdog`]).
+    /// `watchdog`).
     pub fn open(uuid: &str, budget: Option<Duration>) -> Result<Self, CudaError> {
         let devices = driver_devices()?;
         let device = devices

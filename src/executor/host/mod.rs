@@ -11,7 +11,7 @@
 //!   each access re-checks the object's size first, and a shrink during an
 //!   access is caught by the SIGBUS handler ([`super::sigbus`]), which stops
 //!   that launch only; its mapping is then restored from the object.
-//! - Client memory is reached only through [`memory`] (a launch's operands,
+//! - Client memory is reached only through `memory` (a launch's operands,
 //!   a ring's semaphore words): a mapping's address never leaves it, so no
 //!   executor thread can touch a buffer unchecked or unwatched.
 //! - A launch only ever touches `[base + offset, base + size)` of each
