@@ -178,11 +178,11 @@ impl Session {
                         // The rings of the dead generation will never be
                         // served again: their waiters are released now,
                         // not when (if ever) a restart succeeds.
-                        release.registry.executor_restarted(
+                        release.registry.executor_down(
                             &d.device_uuid,
                             d.generation,
-                            d.generation.saturating_add(1),
-                            &format!("executor down ({}): {}", d.cause, d.restart_error),
+                            &d.cause,
+                            &d.restart_error,
                         );
                         SessionEvent::ExecutorDown {
                             device_uuid: d.device_uuid,

@@ -210,15 +210,19 @@ async fn while_restarts_fail_sessions_hear_the_device_is_down_and_then_that_it_i
         .orphaned()
         .expect("the ring is orphaned on the down event");
     match &orphaned.cause {
-        OrphanCause::ExecutorRestarted {
+        OrphanCause::ExecutorDown {
             device_uuid,
-            old_generation,
+            generation,
             cause,
-            ..
+            restart_error,
         } => {
             assert_eq!(device_uuid, &before.uuid);
-            assert_eq!(*old_generation, before.generation);
-            assert!(cause.contains("executor down"), "{cause}");
+            assert_eq!(*generation, before.generation);
+            assert_eq!(cause, "exited");
+            assert!(
+                restart_error.contains("Permission denied"),
+                "{restart_error}"
+            );
         }
         other => panic!("orphaned for another cause: {other:?}"),
     }

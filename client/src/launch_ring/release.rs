@@ -167,6 +167,19 @@ pub enum OrphanCause {
         /// Why it restarted, e.g. `KERNEL_FAULT …` or `exited`.
         cause: String,
     },
+    /// The executor serving the ring died and its restarts fail: the
+    /// device has no executor for now (an `ExecutorDown` lease event). A
+    /// later `ExecutorRestarted` event says when a new ring can be opened.
+    ExecutorDown {
+        /// The ring's device.
+        device_uuid: String,
+        /// The generation that died: the ring's.
+        generation: u64,
+        /// Why it died, e.g. `exited`.
+        cause: String,
+        /// Why the last restart failed.
+        restart_error: String,
+    },
     /// The session's lease ended: the daemon exited or the connection
     /// broke, or the session was closed or dropped. Open a new session.
     SessionEnded {
@@ -187,6 +200,17 @@ impl std::fmt::Display for OrphanCause {
                 f,
                 "the executor of {device_uuid} restarted ({cause}): generation {old_generation} \
                  is gone, {new_generation} serves the device; open a new ring"
+            ),
+            OrphanCause::ExecutorDown {
+                device_uuid,
+                generation,
+                cause,
+                restart_error,
+            } => write!(
+                f,
+                "the executor of {device_uuid} died ({cause}) and cannot be restarted \
+                 ({restart_error}): generation {generation} is gone; open a new ring once \
+                 the device is back"
             ),
             OrphanCause::SessionEnded { why } => {
                 write!(f, "the session ended ({why}); open a new session")
@@ -494,6 +518,39 @@ impl RingRegistry {
             cause: cause.to_owned(),
         };
         let died = old_generation..new_generation.max(old_generation.saturating_add(1));
+        self.generations_died(device_uuid, died, orphan_cause);
+    }
+
+    /// The executor of `device_uuid` at `generation` died and its restarts
+    /// fail: orphans the rings it served, now (a restart may never come).
+    pub(crate) fn executor_down(
+        &self,
+        device_uuid: &str,
+        generation: u64,
+        cause: &str,
+        restart_error: &str,
+    ) {
+        let orphan_cause = OrphanCause::ExecutorDown {
+            device_uuid: device_uuid.to_owned(),
+            generation,
+            cause: cause.to_owned(),
+            restart_error: restart_error.to_owned(),
+        };
+        self.generations_died(
+            device_uuid,
+            generation..generation.saturating_add(1),
+            orphan_cause,
+        );
+    }
+
+    /// Orphans, with `orphan_cause`, every ring of `device_uuid` served by a
+    /// generation in `died`, and any such ring opened later.
+    fn generations_died(
+        &self,
+        device_uuid: &str,
+        died: std::ops::Range<u64>,
+        orphan_cause: OrphanCause,
+    ) {
         self.lock()
             .dead
             .push((device_uuid.to_owned(), died.clone(), orphan_cause.clone()));
