@@ -7,13 +7,14 @@
 
 use std::sync::Arc;
 
-use ptxd_client::cuda::{ClientStream, CudaDevice, DeviceAllocation, LocalFunction};
+use ptxd_client::cuda::{CudaDevice, DeviceAllocation};
 use ptxd_client::ring::OperandRef;
 use ptxd_client::{Buffer, Client, LoadOptions, RawStreamLaunch, Session, ORDERING_BYTES};
 use rand::Rng;
 
 use super::daemon_support::Daemon;
 use super::executor_client::corpus;
+use super::ring::{local_add, synchronize_within};
 use super::ring_completions::WAIT;
 use super::{device, rng};
 
@@ -29,36 +30,6 @@ async fn gpu_f32(
         .await
         .unwrap();
     (mem, buffer)
-}
-
-/// A kernel of this process on `stream`: `out = a + b` over `n` floats.
-fn local_add(
-    f: &LocalFunction<'_>,
-    stream: &ClientStream,
-    (a, b, out): (&DeviceAllocation, &DeviceAllocation, &DeviceAllocation),
-    n: usize,
-) {
-    let (mut pa, mut pb, mut po, mut nn) =
-        (a.device_ptr(), b.device_ptr(), out.device_ptr(), n as i64);
-    let mut params: [*mut std::ffi::c_void; 4] = [
-        (&mut pa as *mut u64).cast(),
-        (&mut pb as *mut u64).cast(),
-        (&mut po as *mut u64).cast(),
-        (&mut nn as *mut i64).cast(),
-    ];
-    // SAFETY: add_f32_scalar takes (ptr, ptr, ptr, long long); every
-    // allocation holds n floats and outlives the stream's work (the test
-    // synchronizes the stream before dropping them).
-    unsafe { f.launch(stream, n.div_ceil(256) as u32, 256, &mut params) }.unwrap();
-}
-
-fn synchronize_within(stream: Arc<ClientStream>, what: &str) {
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || done.send(stream.synchronize()));
-    match finished.recv_timeout(WAIT) {
-        Ok(result) => result.unwrap(),
-        Err(_) => panic!("{what}: the stream was still blocked after {WAIT:?}"),
-    }
 }
 
 fn at(buffer: &Buffer) -> OperandRef {

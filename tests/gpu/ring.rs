@@ -248,7 +248,7 @@ async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies()
 }
 
 /// A kernel of this process on `stream`: `out = a + b` over `n` floats.
-fn local_add(
+pub(super) fn local_add(
     f: &ptxd_client::cuda::LocalFunction<'_>,
     stream: &ClientStream,
     (a, b, out): (&DeviceAllocation, &DeviceAllocation, &DeviceAllocation),
@@ -270,7 +270,7 @@ fn local_add(
 
 /// Synchronizes `stream` on a thread of its own and fails the test if that
 /// takes longer than `WAIT` (a stream blocked for good would hang it).
-fn synchronize_within(stream: Arc<ClientStream>, what: &str) {
+pub(super) fn synchronize_within(stream: Arc<ClientStream>, what: &str) {
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || done.send(stream.synchronize()));
     match finished.recv_timeout(WAIT) {
