@@ -214,6 +214,10 @@ fn termination() -> Result<impl std::future::Future<Output = &'static str>, Serv
     })
 }
 
+/// How long connections get to send their last answers once the executors
+/// have stopped, before they are cut.
+const FLUSH_GRACE: Duration = Duration::from_secs(5);
+
 /// Runs the daemon until SIGTERM/SIGINT. `activated` is the listening
 /// socket systemd handed over (socket activation); without one, ptxd binds
 /// `--socket` itself.
@@ -471,13 +475,19 @@ pub async fn serve(
     // those answers into broken pipes, which tell a client nothing.
     front.shutdown(Duration::from_secs(5)).await;
     // The executors are gone: every call read on any transport has its
-    // answer (or its failure); give the connections a moment to send them.
-    let answered = tokio::time::timeout(Duration::from_secs(1), async {
+    // answer (or its failure); give the connections time to send them
+    // (milliseconds when idle; seconds on a loaded machine, and a connection
+    // cut here turns a stream's final status into a transport error).
+    let answered = tokio::time::timeout(FLUSH_GRACE, async {
         while servers.join_next().await.is_some() {}
         while packets.join_next().await.is_some() {}
     })
     .await;
     if answered.is_err() {
+        tracing::warn!(
+            grace = ?FLUSH_GRACE,
+            "connections still open after the executors stopped; cutting them"
+        );
         servers.abort_all();
         packets.abort_all();
     }

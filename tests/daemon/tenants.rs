@@ -850,7 +850,10 @@ async fn a_drain_answers_every_launch_stream_request_and_ends_the_streams_with_a
 async fn launch_streams_that_keep_sending_through_a_drain_end_with_a_status() {
     const STREAMS: usize = 3;
     const CAP: usize = 1 << 18;
-    let mut daemon = Daemon::start(&["--drain-timeout", "2s"]);
+    // Grace (half the drain timeout) for the streams, and as much again for
+    // what they read to be answered before the executors stop: a loaded
+    // 2-core CI machine needs the margin.
+    let mut daemon = Daemon::start(&["--drain-timeout", "4s"]);
     let client = unix(&daemon).await;
     let session = client.open_session("drain").await.unwrap();
     let affine = session
@@ -871,10 +874,13 @@ async fn launch_streams_that_keep_sending_through_a_drain_end_with_a_status() {
         tasks.push(stream_client(&session, &affine, &x, &out, CAP as u64, true).await);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let status = tokio::task::spawn_blocking(move || daemon.terminate())
-        .await
-        .unwrap();
-    assert!(status.success(), "{status}");
+    let (daemon, status) = tokio::task::spawn_blocking(move || {
+        let status = daemon.terminate();
+        (daemon, status)
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status}\n{}", daemon.stderr());
     for (index, (send, receive)) in tasks.into_iter().enumerate() {
         let (answers, end) = receive.await.unwrap();
         let sent = send.await.unwrap();
@@ -885,7 +891,8 @@ async fn launch_streams_that_keep_sending_through_a_drain_end_with_a_status() {
         );
         assert!(
             end.starts_with("DRAINING:"),
-            "stream {index} ended with {end}"
+            "stream {index} ended with {end}; the daemon's log:\n{}",
+            daemon.stderr()
         );
         assert!(ran > 0 && ran < answers.len(), "stream {index}");
         let out = outputs[index].read_f32(0, CAP).unwrap();
