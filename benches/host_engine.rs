@@ -44,6 +44,7 @@ fn engine(name: &str, ins: &mut [Vec<u8>], out: &mut [u8], params: &[f32], threa
     best(|| {
         let l = HostLaunch {
             inputs: &spans,
+            args: &[],
             output,
             n: N as u64,
             params,

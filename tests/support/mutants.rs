@@ -295,6 +295,7 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
         .collect();
     let launch = HostLaunch {
         inputs: &spans,
+        args: &[],
         output: HostSpan {
             ptr: out.as_mut_ptr().cast(),
             len: out_size,

@@ -54,6 +54,7 @@ fn run_f32(text: &str, symbol: &str, inputs: &[Vec<f32>], params: &[f32], n: usi
         .collect();
     let l = HostLaunch {
         inputs: &spans,
+        args: &[],
         output: HostSpan {
             ptr: out.as_mut_ptr(),
             len: out.len(),

@@ -122,6 +122,7 @@ fn run_host_with(
         out.fill(0xA5);
         let l = HostLaunch {
             inputs: &spans,
+            args: &[],
             output: HostSpan {
                 ptr: out.as_mut_ptr(),
                 len: out.len(),
@@ -600,6 +601,7 @@ fn a_launch_whose_index_would_wrap_is_refused_naming_the_precondition() {
     };
     let l = HostLaunch {
         inputs: &[span, span],
+        args: &[],
         output: span,
         n: (1 << 31) + 1,
         params: &[],
@@ -1005,6 +1007,7 @@ fn accepted_mutants_of_the_families_stay_inside_their_contract() {
             .collect();
         let launch = HostLaunch {
             inputs: &spans,
+            args: &[],
             output: HostSpan {
                 ptr: out.as_mut_ptr(),
                 len: out.len(),
@@ -1067,6 +1070,7 @@ fn the_host_engine_refuses_a_span_short_of_its_footprint() {
     };
     let l = HostLaunch {
         inputs: &[span(&a), span(&short)],
+        args: &[],
         output: HostSpan {
             ptr: out.as_mut_ptr(),
             len: out.len(),

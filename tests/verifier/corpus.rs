@@ -109,6 +109,7 @@ fn launch(
         .collect();
     let l = HostLaunch {
         inputs: &spans,
+        args: &[],
         output: HostSpan {
             ptr: out.as_mut_ptr(),
             len: out.len(),
@@ -193,6 +194,7 @@ fn add_f32_with_offsets_and_in_place() {
     ];
     let l = HostLaunch {
         inputs: &spans,
+        args: &[],
         output: HostSpan {
             ptr: out[1..].as_mut_ptr(),
             len: n * 4,
@@ -225,6 +227,7 @@ fn add_f32_with_offsets_and_in_place() {
     ];
     let l = HostLaunch {
         inputs: &spans,
+        args: &[],
         output: HostSpan {
             ptr: x.as_mut_ptr(),
             len: x.len(),
@@ -266,6 +269,7 @@ fn launch_checks_operand_sizes_and_counts() {
     ] {
         let l = HostLaunch {
             inputs,
+            args: &[],
             output: HostSpan {
                 ptr: out.as_mut_ptr(),
                 len: 36,
@@ -613,6 +617,7 @@ fn truncations_and_mutations_never_panic() {
                     .collect();
                 let l = HostLaunch {
                     inputs: &spans,
+                    args: &[],
                     output: HostSpan {
                         ptr: out.as_mut_ptr(),
                         len: out.len(),

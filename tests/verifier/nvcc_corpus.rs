@@ -198,6 +198,7 @@ fn nvcc_corpus_runs_on_the_host_engine() {
             let params = &k.reference.as_ref().unwrap().param_values;
             let launch = HostLaunch {
                 inputs: &spans,
+                args: &[],
                 output: HostSpan {
                     ptr: out.as_mut_ptr(),
                     len: out.len(),
@@ -460,6 +461,7 @@ fn nvcc_host_comparison_catches_wrong_outputs() {
             .collect();
         let launch = HostLaunch {
             inputs: &spans,
+            args: &[],
             output: HostSpan {
                 ptr: out.as_mut_ptr(),
                 len: out.len(),

@@ -512,6 +512,7 @@ fn execute(
         };
         let host_launch = HostLaunch {
             inputs,
+            args: &[],
             output: *output,
             n,
             params,
@@ -721,6 +722,7 @@ mod tests {
         let control = LaunchControl::new(Some(Instant::now() + Duration::from_millis(200)));
         let launch = HostLaunch {
             inputs: &inputs,
+            args: &[],
             output: span(&mut y),
             n: 300,
             params: &[],

@@ -18,6 +18,7 @@
 //! access leaves its span; checked mode re-checks each access anyway and
 //! turns a miss into a [`HostFault`].
 
+pub mod api;
 pub mod decode;
 pub mod exec;
 pub mod float;

@@ -98,6 +98,7 @@ fn run(src: &str, a: &[u64], b: &[u64], win: usize, wout: usize, threads: usize)
     ];
     let launch = HostLaunch {
         inputs: &inputs,
+        args: &[],
         output: HostSpan {
             ptr: out.as_mut_ptr(),
             len: out.len(),

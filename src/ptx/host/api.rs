@@ -1,0 +1,133 @@
+//! The host engine's public face: a verified kernel decoded for the CPU
+//! ([`HostKernel`]) and what a launch of one names ([`HostLaunch`]).
+
+use super::super::{verify_kernel, Families, LaunchContract, PtxError, Signature, DAEMON_FAMILIES};
+use super::{block_size, decode, exec, run};
+
+/// One operand's memory as the host engine sees it: the address of the
+/// operand's first element (buffer base + launch offset) and the bytes
+/// available from there to the end of the mapping.
+#[derive(Debug, Clone, Copy)]
+pub struct HostSpan {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// A launch of a host kernel.
+#[derive(Debug)]
+pub struct HostLaunch<'a> {
+    pub inputs: &'a [HostSpan],
+    pub output: HostSpan,
+    pub n: u64,
+    pub params: &'a [f32],
+    /// Typed by-value scalar arguments, in the order of the contract's
+    /// `Scalar` params, each as its bits zero-extended to 64 (an `f32` as
+    /// its `to_bits`); empty for the scalar ABI, whose scalars are `params`.
+    pub args: &'a [u64],
+    /// Threads of the CPU to spread the grid over.
+    pub threads: usize,
+    /// Bounds-check every access against the spans (KERNEL_FAULT instead of
+    /// memory corruption).
+    pub checked: bool,
+    /// The launch's deadline and abort flag (none: it runs to the end).
+    pub control: Option<&'a exec::LaunchControl>,
+}
+
+/// A fault while running a host kernel (checked mode).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("host kernel fault at line {line}: {message}")]
+pub struct HostFault {
+    pub line: u32,
+    pub message: String,
+}
+
+/// A verified kernel decoded for the host engine.
+#[derive(Debug)]
+pub struct HostKernel {
+    signature: Signature,
+    contract: LaunchContract,
+    program: decode::Program,
+}
+
+impl HostKernel {
+    /// Parses, verifies and decodes `symbol` from `text`. Every instruction
+    /// the engine cannot run is found here, never during a launch.
+    pub fn compile(text: &str, symbol: &str) -> Result<HostKernel, PtxError> {
+        HostKernel::compile_with(text, symbol, DAEMON_FAMILIES)
+    }
+
+    /// [`HostKernel::compile`], accepting `families`.
+    pub fn compile_with(
+        text: &str,
+        symbol: &str,
+        families: Families,
+    ) -> Result<HostKernel, PtxError> {
+        let (kernel, verified) = verify_kernel(text, symbol, None, families)?;
+        let program = decode::decode(&kernel, &verified)?;
+        Ok(HostKernel {
+            signature: verified.signature,
+            contract: verified.contract,
+            program,
+        })
+    }
+
+    /// The kernel's verified signature.
+    pub fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    /// The kernel's launch contract.
+    pub fn contract(&self) -> &LaunchContract {
+        &self.contract
+    }
+
+    /// Runs the kernel over `n` elements with the CUDA launch geometry.
+    ///
+    /// # Safety
+    /// Each span must be valid for reads (inputs) or writes (output) of
+    /// `len` bytes for the duration of the call.
+    pub unsafe fn launch(&self, launch: &HostLaunch<'_>) -> Result<(), HostFault> {
+        // The contract's preconditions hold here too, whoever launches: the
+        // proof of a 32-bit index assumed them.
+        let values = self.contract.values(launch.n, self.block_size());
+        if let Some(p) = self
+            .contract
+            .preconditions
+            .iter()
+            .find(|p| !p.holds(&values))
+        {
+            return Err(HostFault {
+                line: 0,
+                message: format!("precondition {p} does not hold at {}", p.values(&values)),
+            });
+        }
+        // Each span holds its operand's whole footprint (the scalar ABI's
+        // `n × element size`, which `run` checks again).
+        // (A launch of another arity is `run`'s refusal.)
+        let spans = launch.inputs.iter().chain(std::iter::once(&launch.output));
+        let arity = launch.inputs.len() + 1 == self.contract.footprints.len();
+        for (k, (span, footprint)) in spans
+            .zip(&self.contract.footprints)
+            .enumerate()
+            .filter(|_| arity)
+        {
+            let bytes = footprint.bytes.eval(&values);
+            if bytes.is_none_or(|b| b > span.len as u128) {
+                return Err(HostFault {
+                    line: 0,
+                    message: format!(
+                        "operand {k} holds {} bytes, fewer than its footprint {} at n = {}",
+                        span.len, footprint.bytes, launch.n
+                    ),
+                });
+            }
+        }
+        // SAFETY: the caller upholds the span validity `run` needs.
+        unsafe { run(&self.program, &self.signature, launch) }
+    }
+
+    /// The block size launches use (see [`block_size`]).
+    pub fn block_size(&self) -> u32 {
+        block_size(&self.signature)
+    }
+}
