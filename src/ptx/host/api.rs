@@ -2,7 +2,7 @@
 //! ([`HostKernel`]) and what a launch of one names ([`HostLaunch`]).
 
 use super::super::{verify_kernel, Families, LaunchContract, PtxError, Signature, DAEMON_FAMILIES};
-use super::{block_size, decode, exec, run};
+use super::{decode, exec, run};
 
 /// One operand's memory as the host engine sees it: the address of the
 /// operand's first element (buffer base + launch offset) and the bytes
@@ -63,7 +63,7 @@ impl HostKernel {
         families: Families,
     ) -> Result<HostKernel, PtxError> {
         let (kernel, verified) = verify_kernel(text, symbol, None, families)?;
-        let program = decode::decode(&kernel, &verified)?;
+        let program = decode::decode(&kernel, &verified.contract)?;
         Ok(HostKernel {
             signature: verified.signature,
             contract: verified.contract,
@@ -101,33 +101,43 @@ impl HostKernel {
                 message: format!("precondition {p} does not hold at {}", p.values(&values)),
             });
         }
-        // Each span holds its operand's whole footprint (the scalar ABI's
-        // `n × element size`, which `run` checks again).
-        // (A launch of another arity is `run`'s refusal.)
-        let spans = launch.inputs.iter().chain(std::iter::once(&launch.output));
-        let arity = launch.inputs.len() + 1 == self.contract.footprints.len();
-        for (k, (span, footprint)) in spans
-            .zip(&self.contract.footprints)
-            .enumerate()
-            .filter(|_| arity)
-        {
-            let bytes = footprint.bytes.eval(&values);
-            if bytes.is_none_or(|b| b > span.len as u128) {
-                return Err(HostFault {
-                    line: 0,
-                    message: format!(
-                        "operand {k} holds {} bytes, fewer than its footprint {} at n = {}",
-                        span.len, footprint.bytes, launch.n
-                    ),
-                });
-            }
-        }
         // SAFETY: the caller upholds the span validity `run` needs.
-        unsafe { run(&self.program, &self.signature, launch) }
+        unsafe { run(&self.program, &self.contract, launch) }
     }
 
-    /// The block size launches use (see [`block_size`]).
+    /// The block size launches use: the contract's block rule on the host.
     pub fn block_size(&self) -> u32 {
-        block_size(&self.signature)
+        self.contract.geometry.block.host_block()
+    }
+
+    /// Test support only: decodes `symbol` in `text` with a hand-written
+    /// `contract` and NO verification, for kernels whose family the
+    /// verifier does not prove yet. The signature is read off the contract.
+    #[cfg(test)]
+    pub(crate) fn unverified_for_tests(
+        text: &str,
+        symbol: &str,
+        contract: LaunchContract,
+    ) -> Result<HostKernel, PtxError> {
+        use super::super::contract::BlockRule;
+        let kernel = super::super::lower(text, symbol)?;
+        let program = decode::decode(&kernel, &contract)?;
+        let (reqntid, maxntid) = match contract.geometry.block {
+            BlockRule::Required(x) => (Some(x), None),
+            BlockRule::AtMost(x) => (None, Some(x)),
+            BlockRule::Default => (None, None),
+        };
+        let signature = Signature {
+            inputs: u32::try_from(contract.inputs()).unwrap_or(u32::MAX),
+            element_sizes: contract.footprints.iter().map(|f| f.alignment).collect(),
+            scalar_params: u32::try_from(contract.scalar_params()).unwrap_or(u32::MAX),
+            reqntid,
+            maxntid,
+        };
+        Ok(HostKernel {
+            signature,
+            contract,
+            program,
+        })
     }
 }

@@ -11,9 +11,9 @@
 use std::collections::HashMap;
 
 use super::float::Rnd;
+use crate::ptx::contract::{LaunchContract, ParamKind};
 use crate::ptx::ir::{Base, Inst, Kernel, Opnd, Sreg, Ty};
 use crate::ptx::parse::Imm;
-use crate::ptx::verify::{Role, Verified};
 use crate::ptx::PtxError;
 
 /// A register-file row.
@@ -80,6 +80,9 @@ pub enum IOp {
     Popc,
     Clz,
     Brev,
+    /// `bfe`: `a`'s bits from `b & 0xff`, `c & 0xff` of them,
+    /// sign-extended from the field's top bit for a signed type.
+    Bfe,
 }
 
 /// A comparison of `setp`.
@@ -201,13 +204,20 @@ pub struct DInst {
     pub line: u32,
 }
 
-/// Where a uniform row's value comes from at launch.
+/// Where a uniform row's value comes from at launch: each param as the
+/// contract names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Uniform {
     Const(u64),
-    InputPtr(u32),
-    OutputPtr,
+    /// The address of launch operand `k` (the inputs in order, then the
+    /// output).
+    Operand(u32),
+    /// A pointer the kernel never dereferences: null, which no span holds,
+    /// so checked mode faults on any access through it.
+    Null,
+    /// The element count `n` (the launch checks it fits the count's type).
     Count,
+    /// The contract's `k`-th by-value scalar, as its bits.
     Scalar(u32),
     Ntid,
     Nctaid,
@@ -234,12 +244,26 @@ fn width_mask(bits: u32) -> u64 {
 
 struct Decoder<'a> {
     k: &'a Kernel,
-    roles: &'a [Role],
+    /// Each param's value at launch, by param index.
+    params: Vec<Option<Uniform>>,
     rows: u32,
     uniforms: Vec<(Row, Uniform)>,
     uniform_rows: HashMap<Uniform, Row>,
     tid_row: Row,
     ctaid_row: Row,
+}
+
+/// A 32-bit unsigned integer operation of two sources.
+fn int32(op: IOp, d: Row, a: Row, b: Row) -> Op {
+    Op::Int {
+        op,
+        bits: 32,
+        signed: false,
+        d,
+        a,
+        b,
+        c: b,
+    }
 }
 
 fn unsupported(inst: &Inst) -> PtxError {
@@ -336,6 +360,16 @@ impl Decoder<'_> {
         }
     }
 
+    /// `d = halves[1] << 16 | halves[0]` (each half holds 16 bits).
+    fn pack_halves(&mut self, halves: [Row; 2], d: Row, mask: u64, emit: &mut impl FnMut(Op)) {
+        let sixteen = self.uniform(Uniform::Const(16));
+        let high = self.fresh();
+        emit(int32(IOp::Shl, high, halves[1], sixteen));
+        let joined = self.fresh();
+        emit(int32(IOp::Or, joined, high, halves[0]));
+        emit(Op::Mov { d, a: joined, mask });
+    }
+
     fn dst(&self, inst: &Inst, o: Option<&Opnd>) -> Result<(Row, u64), PtxError> {
         match o {
             Some(Opnd::Reg(r)) => {
@@ -382,16 +416,26 @@ impl Decoder<'_> {
                 else {
                     return Err(unsupported(inst));
                 };
-                let u = match self.roles.get(*p as usize) {
-                    Some(Role::Input(k)) => Uniform::InputPtr(*k),
-                    Some(Role::Output) => Uniform::OutputPtr,
-                    Some(Role::Count) => Uniform::Count,
-                    Some(Role::Scalar(k)) => Uniform::Scalar(*k),
-                    None => return Err(unsupported(inst)),
+                let Some(u) = self.params.get(*p as usize).copied().flatten() else {
+                    return Err(unsupported(inst));
                 };
+                // A load narrower than its destination zero-extends; a
+                // signed one would sign-extend, which no param load the
+                // verifier accepts needs.
+                let lty = tys.last().copied().unwrap_or(Ty::Other);
+                let (d, dmask) = self.dst(inst, ops.first())?;
+                if lty == Ty::Other || lty == Ty::Pred || (lty.is_signed() && width_mask(lty.bits()) < dmask) {
+                    return Err(unsupported(inst));
+                }
                 let a = self.uniform(u);
-                let (d, mask) = self.dst(inst, ops.first())?;
-                emit(Op::Mov { d, a, mask }, out);
+                emit(
+                    Op::Mov {
+                        d,
+                        a,
+                        mask: dmask & width_mask(lty.bits()),
+                    },
+                    out,
+                );
             }
             "ld" | "ldu" | "st" => {
                 let lty = tys.last().copied().unwrap_or(Ty::Other);
@@ -583,6 +627,112 @@ impl Decoder<'_> {
                     },
                     out,
                 );
+            }
+            // A cache policy is opaque: only `.L2::cache_hint` accesses read
+            // one, and the IR drops that hint with its operand.
+            "createpolicy" => {
+                let (d, mask) = self.dst(inst, ops.first())?;
+                let a = self.uniform(Uniform::Const(0));
+                emit(Op::Mov { d, a, mask }, out);
+            }
+            // `cvt.rn.{f16x2,bf16x2}.f32 d, a, b`: `a` rounded into the
+            // upper half, `b` into the lower.
+            "cvt" if inst.has("f16x2") || inst.has("bf16x2") => {
+                let half = if inst.has("f16x2") { Ty::F16 } else { Ty::Bf16 };
+                if inst.types() != [Ty::Other, Ty::F32]
+                    || rnd != Some(Rnd::Rn)
+                    || inst.has("satfinite")
+                    || ops.len() != 3
+                {
+                    return Err(unsupported(inst));
+                }
+                let mut halves = [0; 2];
+                for (h, o) in halves.iter_mut().zip([ops.get(2), ops.get(1)]) {
+                    let a = self.src(inst, o, Ty::F32)?;
+                    *h = self.fresh();
+                    let cvt = Op::Cvt {
+                        to: half,
+                        from: Ty::F32,
+                        rnd: CvtRnd::Float(Rnd::Rn),
+                        ftz,
+                        sat,
+                        relu: inst.has("relu"),
+                        d: *h,
+                        a,
+                    };
+                    emit(cvt, out);
+                }
+                let (d, mask) = self.dst(inst, ops.first())?;
+                self.pack_halves(halves, d, mask, &mut |op| emit(op, out));
+            }
+            // Packed `.f16x2`/`.bf16x2` arithmetic: each half on its own,
+            // low half from the low halves.
+            _ if inst.has("f16x2") || inst.has("bf16x2") => {
+                let fty = if inst.has("f16x2") { FTy::F16 } else { FTy::Bf16 };
+                let (fop, sources) = match b {
+                    "add" => (FOp::Add, 2),
+                    "sub" => (FOp::Sub, 2),
+                    "mul" => (FOp::Mul, 2),
+                    "fma" => (FOp::Fma, 3),
+                    "min" => (FOp::Min, 2),
+                    "max" => (FOp::Max, 2),
+                    "neg" => (FOp::Neg, 1),
+                    "abs" => (FOp::Abs, 1),
+                    _ => return Err(unsupported(inst)),
+                };
+                // `.ftz` on a half type and directed rounding are not built.
+                if ops.len() != sources + 1 || ftz || rnd.is_some_and(|r| r != Rnd::Rn) {
+                    return Err(unsupported(inst));
+                }
+                let mut srcs = Vec::with_capacity(sources);
+                for i in 1..=sources {
+                    srcs.push(self.src(inst, ops.get(i), Ty::B32)?);
+                }
+                let sixteen = self.uniform(Uniform::Const(16));
+                let mut halves = [0; 2];
+                for (h, half) in halves.iter_mut().enumerate() {
+                    let mut parts = [0; 3];
+                    for (part, &src) in parts.iter_mut().zip(&srcs) {
+                        let shifted = if h == 0 {
+                            src
+                        } else {
+                            let t = self.fresh();
+                            emit(int32(IOp::Shr, t, src, sixteen), out);
+                            t
+                        };
+                        *part = self.fresh();
+                        emit(
+                            Op::Mov {
+                                d: *part,
+                                a: shifted,
+                                mask: 0xFFFF,
+                            },
+                            out,
+                        );
+                    }
+                    let [a, bb, c] = match sources {
+                        1 => [parts[0]; 3],
+                        2 => [parts[0], parts[1], parts[0]],
+                        _ => parts,
+                    };
+                    *half = self.fresh();
+                    emit(
+                        Op::Float {
+                            op: fop,
+                            ty: fty,
+                            rnd: Rnd::Rn,
+                            ftz: false,
+                            sat,
+                            d: *half,
+                            a,
+                            b: bb,
+                            c,
+                        },
+                        out,
+                    );
+                }
+                let (d, mask) = self.dst(inst, ops.first())?;
+                self.pack_halves(halves, d, mask, &mut |op| emit(op, out));
             }
             "mov" | "cvta" => {
                 let sty = if b == "cvta" { Ty::U64 } else { ty };
@@ -813,6 +963,7 @@ impl Decoder<'_> {
                     "popc" => IOp::Popc,
                     "clz" => IOp::Clz,
                     "brev" => IOp::Brev,
+                    "bfe" if matches!(ty.bits(), 32 | 64) => IOp::Bfe,
                     _ => return Err(unsupported(inst)),
                 };
                 if (sat && !(ty == Ty::S32 && matches!(iop, IOp::AddSat | IOp::SubSat)))
@@ -821,7 +972,7 @@ impl Decoder<'_> {
                     return Err(unsupported(inst));
                 }
                 let bits = if ty == Ty::Pred { 1 } else { ty.bits() };
-                let shift_ty = if matches!(iop, IOp::Shl | IOp::Shr) {
+                let shift_ty = if matches!(iop, IOp::Shl | IOp::Shr | IOp::Bfe) {
                     Ty::U32
                 } else {
                     ty
@@ -842,7 +993,11 @@ impl Decoder<'_> {
                     } else {
                         a
                     };
-                    let cty = if iop == IOp::MadWide { wide_ty } else { ty };
+                    let cty = match iop {
+                        IOp::MadWide => wide_ty,
+                        IOp::Bfe => Ty::U32,
+                        _ => ty,
+                    };
                     let c = if ops.len() > 3 {
                         self.src(inst, ops.get(3), cty)?
                     } else {
@@ -870,15 +1025,38 @@ impl Decoder<'_> {
     }
 }
 
-/// Decodes `k`, verified as `v`, for the engine.
-pub fn decode(k: &Kernel, v: &Verified) -> Result<Program, PtxError> {
+/// Each param's launch value as `contract` names it; `None` for a pointer
+/// whose operand the launch does not pass (no param load may read it).
+fn param_values(contract: &LaunchContract) -> Vec<Option<Uniform>> {
+    let operands = contract.footprints.len();
+    let mut scalars = 0u32;
+    contract
+        .params
+        .iter()
+        .map(|p| match p.kind {
+            ParamKind::Pointer {
+                operand: Some(k), ..
+            } => (usize::try_from(k).is_ok_and(|k| k < operands)).then_some(Uniform::Operand(k)),
+            ParamKind::Pointer { operand: None, .. } => Some(Uniform::Null),
+            ParamKind::Count(_) => Some(Uniform::Count),
+            ParamKind::Scalar(_) => {
+                scalars += 1;
+                Some(Uniform::Scalar(scalars - 1))
+            }
+        })
+        .collect()
+}
+
+/// Decodes `k` for the engine, each param read as `contract` (the
+/// verifier's, for the same kernel) names it.
+pub fn decode(k: &Kernel, contract: &LaunchContract) -> Result<Program, PtxError> {
     let nregs = u32::try_from(k.reg_types.len()).map_err(|_| PtxError::UnsupportedOnHost {
         opcode: "(register file)".into(),
         line: k.line,
     })?;
     let mut d = Decoder {
         k,
-        roles: &v.roles,
+        params: param_values(contract),
         rows: nregs + 2,
         uniforms: Vec::new(),
         uniform_rows: HashMap::new(),

@@ -461,7 +461,32 @@ fn int_op(op: IOp, bits: u32, signed: bool, a: u64, b: u64, c: u64) -> u64 {
         IOp::Popc => u64::from(ua.count_ones()),
         IOp::Clz => u64::from(ua.leading_zeros() - (64 - bits)),
         IOp::Brev => ua.reverse_bits() >> (64 - bits),
+        IOp::Bfe => bfe(bits, signed, ua, b, c),
     }
+}
+
+/// `bfe` as the PTX ISA defines it: bit `i < len` of the result is bit
+/// `pos + i` of `a` while that is inside the type; every other bit is the
+/// sign bit `a[min(pos + len - 1, msb)]` for a signed type (0 for an
+/// unsigned one, or when `len` is 0).
+fn bfe(bits: u32, signed: bool, a: u64, b: u64, c: u64) -> u64 {
+    let msb = u64::from(bits - 1);
+    let (pos, len) = (b & 0xff, c & 0xff);
+    let sbit = if !signed || len == 0 {
+        0
+    } else {
+        (a >> (pos + len - 1).min(msb)) & 1
+    };
+    let mut d = 0;
+    for i in 0..=msb {
+        let bit = if i < len && pos + i <= msb {
+            (a >> (pos + i)) & 1
+        } else {
+            sbit
+        };
+        d |= bit << i;
+    }
+    d
 }
 
 fn setp(cmp: Cmp, ty: Ty, ftz: bool, a: u64, b: u64) -> u64 {
@@ -783,12 +808,12 @@ fn exec(
                 }
                 // SAFETY: in checked mode `addr..addr+width` lies inside an
                 // input span (checked just above). In unchecked mode the
-                // verifier proved the address is `input k + i × size + j ×
-                // width` with `i < n`, `size` the operand's element size
-                // and `j × width < size` (one lane of a `.v2`/`.v4` element,
-                // `j = 0` for a scalar one), and the launch checked `n × size
-                // <= len` of every span; the caller of `launch` guarantees
-                // each span is readable for its `len`.
+                // verifier proved every load lies inside its operand's
+                // footprint (the contract's bytes from the operand's
+                // address, e.g. `i × size + j × width < n × size` for the
+                // scalar ABI), the launch checked that each span holds its
+                // footprint at this launch's values, and the caller of
+                // `launch` guarantees each span is readable for its `len`.
                 let raw = unsafe { load(addr, width) };
                 let v = if signed {
                     sext(raw, u32::from(width) * 8) as u64

@@ -1,0 +1,518 @@
+//! The JIT corpus on the host engine: every Triton elementwise kernel and
+//! every Inductor pointwise kernel of `tests/corpus/jit` (real Triton 3.6 /
+//! torch 2.11 output), run on fresh random inputs with poisoned outputs,
+//! every element compared with a Rust reference of what the kernel computes
+//! (`tests/corpus/jit/gen/*.py`).
+//!
+//! The verifier does not prove these families yet, so each kernel is
+//! decoded with a hand-written [`LaunchContract`] through
+//! [`HostKernel::unverified_for_tests`] (test-only): its params as the PTX
+//! declares them (the pointers before the count: the inputs, then the
+//! output; those after it: Triton's scratch pointers, passed null; `.f32`
+//! and `.u64` by-value scalars; the `.u32` count), its geometry read off the
+//! kernel (`.reqntid` threads, and the block's elements from the
+//! `ctaid << k` that builds the index), and each operand's footprint.
+//!
+//! Numerics: add, mul, relu, scale+shift, mul+add and residual add are
+//! compared bit for bit. Kernels built on `ex2.approx`, `rcp.approx` and
+//! `div.full` (gelu, gelu-tanh, silu, sigmoid, tanh, exp) are compared with
+//! an f64 reference within [`approx_tolerance`]: the host computes each
+//! approximate op within 1 ulp, the GPU within its ISA bound (2 ulp), and
+//! the kernels' own formulas (a polynomial erf, `1 - 2/(e^2x + 1)` for tanh)
+//! lose a few more ulp near their cancellations.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+
+use crate::ptx::contract::{
+    BlockRule, ContractParam, Expr, Footprint, Geometry, LaunchContract, ParamKind, PointerAccess,
+    ScalarType,
+};
+use crate::ptx::{HostKernel, HostLaunch, HostSpan};
+
+/// The poison every output byte starts as: a NaN in f32, f16 and bf16.
+const POISON: u8 = 0xFF;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dt {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Dt {
+    fn parse(s: &str) -> Dt {
+        match s {
+            "f32" => Dt::F32,
+            "f16" => Dt::F16,
+            "bf16" => Dt::Bf16,
+            _ => panic!("dtype {s}"),
+        }
+    }
+
+    fn size(self) -> usize {
+        match self {
+            Dt::F32 => 4,
+            _ => 2,
+        }
+    }
+
+    /// The value of raw element bits, exactly.
+    fn value(self, bits: u32) -> f64 {
+        match self {
+            Dt::F32 => f64::from(f32::from_bits(bits)),
+            Dt::F16 => f16::from_bits(bits as u16).to_f64(),
+            Dt::Bf16 => bf16::from_bits(bits as u16).to_f64(),
+        }
+    }
+
+    /// `x` (an f32 result) rounded to nearest even into this type's bits.
+    fn round(self, x: f32) -> u32 {
+        match self {
+            Dt::F32 => x.to_bits(),
+            Dt::F16 => u32::from(f16::from_f32(x).to_bits()),
+            Dt::Bf16 => u32::from(bf16::from_f32(x).to_bits()),
+        }
+    }
+
+    /// The spacing of this type's values near `x` (0 for f32, whose
+    /// rounding the f32 tolerance covers).
+    fn ulp(self, x: f64) -> f64 {
+        match self {
+            Dt::F32 => 0.0,
+            Dt::F16 => x.abs() * f64::powi(2.0, -10) + f64::powi(2.0, -24),
+            Dt::Bf16 => x.abs() * f64::powi(2.0, -7) + f64::powi(2.0, -126),
+        }
+    }
+}
+
+/// One corpus kernel and how to launch it.
+#[derive(Debug)]
+struct Case {
+    file: String,
+    entry: String,
+    op: String,
+    dt: Dt,
+    /// Triton's `n % 16 == 0` specialisation: its vector accesses are
+    /// predicated on their first lane, so `n` must be a multiple of 16.
+    div16: bool,
+    /// Inductor static shapes: the count is a literal in the body.
+    static_n: Option<u64>,
+    text: String,
+}
+
+fn corpus_dir() -> String {
+    format!("{}/tests/corpus/jit", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cases(family: &str) -> Vec<Case> {
+    let dir = corpus_dir();
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{dir}/{family}/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    let kernels = manifest["kernels"].as_array().unwrap();
+    assert!(!kernels.is_empty());
+    kernels
+        .iter()
+        .map(|k| {
+            let file = k["file"].as_str().unwrap().to_string();
+            let text = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+            let shape: u64 = k["shape"]
+                .get(0)
+                .and_then(|s| s.as_array())
+                .map_or(0, |s| s.iter().map(|d| d.as_u64().unwrap()).product());
+            Case {
+                entry: k["entry"].as_str().unwrap().to_string(),
+                op: k["op"].as_str().unwrap().to_string(),
+                dt: Dt::parse(k["dtype"].as_str().unwrap()),
+                div16: file.ends_with("_div16.ptx"),
+                static_n: (k["dynamic"] == serde_json::Value::Bool(false)).then_some(shape),
+                file,
+                text,
+            }
+        })
+        .collect()
+}
+
+/// The PTX types of `entry`'s params, in order (`ptr` for a `.ptr` one).
+fn param_types(text: &str, entry: &str) -> Vec<String> {
+    let start = text.find(&format!(".entry {entry}(")).unwrap();
+    text[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with(')'))
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            if words.contains(&".ptr") {
+                "ptr".to_string()
+            } else {
+                words[1].trim_start_matches('.').to_string()
+            }
+        })
+        .collect()
+}
+
+/// `(threads per block, elements per block)`: `.reqntid`, and `2^k` from
+/// the `shl.b32 %r, <ctaid>, k` that starts the index.
+fn geometry(text: &str) -> (u32, u32) {
+    let threads: u32 = text
+        .split(".reqntid ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let ctaid = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("mov.u32"))
+        .filter(|l| l.contains("%ctaid.x"))
+        .map(|l| l.split(',').next().unwrap().trim().to_string())
+        .unwrap();
+    let shift: u32 = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("shl.b32"))
+        .find_map(|l| {
+            let parts: Vec<&str> = l.split(',').map(str::trim).collect();
+            (parts.get(1) == Some(&ctaid.as_str()))
+                .then(|| parts[2].trim_end_matches(';').parse().unwrap())
+        })
+        .unwrap();
+    (threads, 1 << shift)
+}
+
+/// What a launch of a case passes besides its operands.
+struct Shape {
+    inputs: usize,
+    /// Bytes of each input (`None`: `n` elements).
+    input_bytes: Vec<Option<u64>>,
+    /// The by-value scalars, as the contract's typed bits.
+    args: Vec<u64>,
+}
+
+/// The contract of `case`, and what its launches pass (`scalars` are the
+/// f32 arguments of a Triton scale+shift, the broadcast row of a bias).
+fn contract(case: &Case, args: &[u64]) -> (LaunchContract, Shape) {
+    let types = param_types(&case.text, &case.entry);
+    let count_at = types.iter().position(|t| t == "u32").unwrap();
+    let pointers = types[..count_at].iter().filter(|t| *t == "ptr").count();
+    let inputs = pointers - 1;
+    let size = case.dt.size() as u64;
+    let mut params = Vec::new();
+    let mut pointer = 0u32;
+    let mut scalar_types = Vec::new();
+    for (i, t) in types.iter().enumerate() {
+        let kind = match t.as_str() {
+            "ptr" if i < count_at => {
+                pointer += 1;
+                ParamKind::Pointer {
+                    access: if pointer as usize <= inputs {
+                        PointerAccess::Read
+                    } else {
+                        PointerAccess::Written
+                    },
+                    operand: Some(pointer - 1),
+                }
+            }
+            "ptr" => ParamKind::Pointer {
+                access: PointerAccess::UnusedNull,
+                operand: None,
+            },
+            "u32" => ParamKind::Count(ScalarType::U32),
+            other => {
+                let t = ScalarType::from_ptx(other).unwrap();
+                scalar_types.push(t);
+                ParamKind::Scalar(t)
+            }
+        };
+        params.push(ContractParam {
+            name: format!("p{i}"),
+            kind,
+        });
+    }
+    assert_eq!(scalar_types.len(), args.len(), "{}", case.file);
+    // The broadcast bias is one row of `ks0` (the `.u64` arg) or 1024
+    // elements; every other operand is `n` elements (a static kernel's
+    // footprint is its literal count).
+    let bias_row = (case.op == "bias_gelu_2d").then(|| args.first().copied().unwrap_or(1024));
+    let bytes = |k: usize| match (k, bias_row) {
+        (1, Some(row)) => Expr::Const(row * size),
+        _ => match case.static_n {
+            Some(n) => Expr::Const(n * size),
+            None => Expr::product(Expr::Count, Expr::Const(size)),
+        },
+    };
+    let footprints = (0..=inputs)
+        .map(|k| Footprint {
+            param: u16::try_from(k).unwrap(),
+            alignment: case.dt.size() as u32,
+            bytes: bytes(k),
+        })
+        .collect();
+    let (threads, per_block) = geometry(&case.text);
+    assert_eq!(per_block % threads, 0, "{}", case.file);
+    let contract = LaunchContract {
+        params,
+        geometry: Geometry {
+            block: BlockRule::Required(threads),
+            elements_per_thread: per_block / threads,
+        },
+        footprints,
+        preconditions: Vec::new(),
+    };
+    let shape = Shape {
+        inputs,
+        input_bytes: (0..inputs)
+            .map(|k| bias_row.filter(|_| k == 1).map(|row| row * size))
+            .collect(),
+        args: args.to_vec(),
+    };
+    (contract, shape)
+}
+
+/// Random element bits of `dt`: finite values in `[-range, range]`, and for
+/// `specials` signed zeros, infinities, subnormals and large values too.
+fn random_elements(r: &mut impl Rng, dt: Dt, count: usize, range: f32, specials: bool) -> Vec<u32> {
+    let special = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -3e-39, 6e4, -1e30];
+    (0..count)
+        .map(|i| {
+            let x = if specials && i % 7 == 3 {
+                special[r.random_range(0..special.len())]
+            } else {
+                r.random_range(-range..range)
+            };
+            dt.round(x)
+        })
+        .collect()
+}
+
+fn to_bytes(dt: Dt, v: &[u32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| x.to_le_bytes()[..dt.size()].to_vec())
+        .collect()
+}
+
+fn from_bytes(dt: Dt, b: &[u8]) -> Vec<u32> {
+    b.chunks(dt.size())
+        .map(|c| {
+            let mut x = [0u8; 4];
+            x[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(x)
+        })
+        .collect()
+}
+
+/// What one output element must be.
+enum Want {
+    /// These exact bits.
+    Exact(u32),
+    /// Within `tol` of `value` (a NaN matches a NaN).
+    Near { value: f64, tol: f64 },
+}
+
+/// The tolerance of an approximate kernel's element: relative `2^-16`,
+/// absolute `2^-20` scaled by the input's magnitude (cancellation in
+/// `1 + erf(x)` or `x · sigmoid(x)` for negative `x`), and one ulp of a
+/// narrow output type (the f32 result may round either way).
+fn approx_tolerance(dt: Dt, want: f64, x: f64) -> f64 {
+    want.abs() * f64::powi(2.0, -16) + f64::powi(2.0, -20) * x.abs().max(1.0) + dt.ulp(want)
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+}
+
+fn gelu_tanh(x: f64) -> f64 {
+    let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// The reference for element `i`: `xs[k][i]` are the inputs' bits (the
+/// bias already broadcast), `args` the scalars.
+fn reference(case: &Case, xs: &[u32], args: &[u64]) -> Want {
+    let dt = case.dt;
+    let v: Vec<f64> = xs.iter().map(|b| dt.value(*b)).collect();
+    let f: Vec<f32> = v.iter().map(|x| *x as f32).collect();
+    let exact = |x: f32| Want::Exact(dt.round(x));
+    let near = |value: f64, x: f64| Want::Near {
+        value,
+        tol: approx_tolerance(dt, value, x),
+    };
+    match case.op.as_str() {
+        "add" => exact(f[0] + f[1]),
+        "mul" => exact(f[0] * f[1]),
+        "residual_add" => exact((f[0] + f[1]) * 0.5),
+        "mul_add" => exact(f[0].mul_add(f[1], 1.0)),
+        // `max.f32 x, 0`: a NaN gives 0, -0 gives +0.
+        "relu" => exact(if f[0] > 0.0 { f[0] } else { 0.0 }),
+        "scale_shift" if args.is_empty() => exact(f[0].mul_add(1.5, -0.25)),
+        "scale_shift" => {
+            let (s, t) = (f32::from_bits(args[0] as u32), f32::from_bits(args[1] as u32));
+            exact(f[0].mul_add(s, t))
+        }
+        "gelu" => near(gelu(v[0]), v[0]),
+        "gelu_tanh" => near(gelu_tanh(v[0]), v[0]),
+        "silu_mul" => near(v[0] * sigmoid(v[0]) * v[1], v[0] * v[1]),
+        "sigmoid_mul" => near(sigmoid(v[0]) * v[0], v[0]),
+        "tanh" => near(v[0].tanh(), v[0]),
+        "exp" => near(v[0].exp(), v[0].exp()),
+        "bias_gelu_2d" => {
+            let s = f64::from(f[0] + f[1]);
+            near(gelu(s), s)
+        }
+        op => panic!("no reference for {op}"),
+    }
+}
+
+/// Whether the op is exact (its inputs may hold specials).
+fn exact_op(op: &str) -> bool {
+    matches!(
+        op,
+        "add" | "mul" | "residual_add" | "mul_add" | "relu" | "scale_shift"
+    )
+}
+
+/// Runs `case` over `n` elements (checked mode, `threads` workers) and
+/// compares every element; elements past `n` must keep their poison.
+/// Returns the largest error of an approximate element as a fraction of
+/// its tolerance.
+fn run_case(case: &Case, n: u64, threads: usize, seed: u64) -> f64 {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let args: Vec<u64> = match (case.op.as_str(), param_types(&case.text, &case.entry).len()) {
+        ("scale_shift", 7) => vec![
+            u64::from(r.random_range(-4.0f32..4.0).to_bits()),
+            u64::from(r.random_range(-4.0f32..4.0).to_bits()),
+        ],
+        ("bias_gelu_2d", 7) => vec![1024],
+        _ => Vec::new(),
+    };
+    let (contract, shape) = contract(case, &args);
+    let kernel = HostKernel::unverified_for_tests(&case.text, &case.entry, contract)
+        .unwrap_or_else(|e| panic!("{}: {e}", case.file));
+    let dt = case.dt;
+    let exact = exact_op(&case.op);
+    let range = match case.op.as_str() {
+        "exp" => 20.0,
+        _ if exact => 1000.0,
+        _ => 12.0,
+    };
+    let count = |k: usize| {
+        shape.input_bytes[k].map_or(n as usize, |b| b as usize / dt.size())
+    };
+    let ins: Vec<Vec<u32>> = (0..shape.inputs)
+        .map(|k| random_elements(&mut r, dt, count(k), range, exact))
+        .collect();
+    let mut in_bytes: Vec<Vec<u8>> = ins.iter().map(|v| to_bytes(dt, v)).collect();
+    // The output buffer runs 64 elements past `n`, all poisoned; the span
+    // covers `n` elements only, so checked mode faults on any store past.
+    let tail = 64;
+    let mut out = vec![POISON; (n as usize + tail) * dt.size()];
+    let spans: Vec<HostSpan> = in_bytes
+        .iter_mut()
+        .map(|b| HostSpan {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        })
+        .collect();
+    let launch = HostLaunch {
+        inputs: &spans,
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: n as usize * dt.size(),
+        },
+        n,
+        params: &[],
+        args: &shape.args,
+        threads,
+        checked: true,
+        control: None,
+    };
+    // SAFETY: every span is a live Vec of at least `len` bytes.
+    unsafe { kernel.launch(&launch) }.unwrap_or_else(|e| panic!("{} n={n}: {e}", case.file));
+    let got = from_bytes(dt, &out);
+    let mut worst = 0.0f64;
+    for i in 0..n as usize {
+        let xs: Vec<u32> = ins
+            .iter()
+            .enumerate()
+            .map(|(k, v)| if shape.input_bytes[k].is_some() { v[i % v.len()] } else { v[i] })
+            .collect();
+        let g = dt.value(got[i]);
+        match reference(case, &xs, &args) {
+            Want::Exact(w) => {
+                let both_nan = g.is_nan() && dt.value(w).is_nan();
+                assert!(
+                    got[i] == w || both_nan,
+                    "{} n={n} element {i}: inputs {:?} got {:#x} ({g:e}) want {w:#x} ({:e})",
+                    case.file,
+                    xs.iter().map(|b| dt.value(*b)).collect::<Vec<_>>(),
+                    got[i],
+                    dt.value(w)
+                );
+            }
+            Want::Near { value, tol } => {
+                let ok = (g.is_nan() && value.is_nan()) || (g - value).abs() <= tol || g == value;
+                assert!(
+                    ok,
+                    "{} n={n} element {i}: input {:e} got {g:e} want {value:e} (tolerance {tol:e})",
+                    case.file,
+                    dt.value(xs[0])
+                );
+                if value.is_finite() && tol > 0.0 {
+                    worst = worst.max((g - value).abs() / tol);
+                }
+            }
+        }
+    }
+    let poison = from_bytes(dt, &vec![POISON; dt.size()])[0];
+    assert!(
+        got[n as usize..].iter().all(|x| *x == poison),
+        "{} n={n}: an element past n was written",
+        case.file
+    );
+    worst
+}
+
+/// The counts a case runs at: a static kernel its literal count; a
+/// dynamic one a count that is a multiple of its block and one that is not
+/// (a multiple of 16 for a `div16` specialisation), and a single block's
+/// worth minus a bit.
+fn counts(case: &Case) -> Vec<u64> {
+    if let Some(n) = case.static_n {
+        return vec![n];
+    }
+    let (_, per_block) = geometry(&case.text);
+    let per_block = u64::from(per_block);
+    let ragged = if case.div16 { 16 } else { 3 };
+    vec![per_block * 5, per_block * 3 + ragged, ragged * 7]
+}
+
+fn run_family(family: &str, expected: usize) {
+    let cases = cases(family);
+    assert_eq!(cases.len(), expected, "{family} corpus size");
+    let mut seed = 0x7217_0000;
+    let mut worst = 0.0f64;
+    for case in &cases {
+        for n in counts(case) {
+            seed += 1;
+            worst = worst.max(run_case(case, n, 1 + (seed as usize % 3), seed));
+        }
+    }
+    eprintln!("{family}: largest approximate error {worst:.3} of its tolerance");
+}
+
+#[test]
+fn every_triton_kernel_matches_its_reference() {
+    run_family("triton", 60);
+}
+
+#[test]
+fn every_inductor_kernel_matches_its_reference() {
+    run_family("inductor", 80);
+}
