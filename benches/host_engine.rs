@@ -30,6 +30,27 @@ fn best(mut f: impl FnMut()) -> f64 {
 
 fn engine(name: &str, ins: &mut [Vec<u8>], out: &mut [u8], params: &[f32], threads: usize) -> f64 {
     let k = HostKernel::compile(&corpus(name), name).unwrap();
+    launch_time(&k, ins, out, params, threads)
+}
+
+/// A JIT corpus kernel (`tests/corpus/jit/<file>`), when the verifier
+/// accepts it; else the refusal, printed in place of its row.
+fn jit_kernel(file: &str, entry: &str) -> Result<HostKernel, String> {
+    let text = std::fs::read_to_string(format!(
+        "{}/tests/corpus/jit/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    HostKernel::compile(&text, entry).map_err(|e| e.to_string())
+}
+
+fn launch_time(
+    k: &HostKernel,
+    ins: &mut [Vec<u8>],
+    out: &mut [u8],
+    params: &[f32],
+    threads: usize,
+) -> f64 {
     let spans: Vec<HostSpan> = ins
         .iter_mut()
         .map(|b| HostSpan {
@@ -164,4 +185,21 @@ fn main() {
         std::hint::black_box(&ho);
     });
     row("silu_mul_f16_scalar", e1, en, r);
+
+    // Triton's own `add` (BLOCK_SIZE 1024, 4 warps, masked tail): 8
+    // elements per thread, its grid from the contract.
+    match jit_kernel("triton/add_f32_b1024_w4_nodiv.ptx", "add_kernel") {
+        Ok(k) => {
+            let e1 = launch_time(&k, &mut [a.clone(), b.clone()], &mut out, &[], 1);
+            let en = launch_time(&k, &mut [a.clone(), b.clone()], &mut out, &[], threads);
+            let r = best(|| {
+                for i in 0..N {
+                    fo[i] = fa[i] + fb[i];
+                }
+                std::hint::black_box(&fo);
+            });
+            row("triton add_f32 b1024", e1, en, r);
+        }
+        Err(e) => println!("{:<22} not run: the verifier refuses it ({e})", "triton add_f32 b1024"),
+    }
 }

@@ -518,3 +518,157 @@ fn every_triton_kernel_matches_its_reference() {
 fn every_inductor_kernel_matches_its_reference() {
     run_family("inductor", 80);
 }
+
+/// The corpus kernel at `file`.
+fn case(file: &str) -> Case {
+    let family = file.split('/').next().unwrap();
+    cases(family).into_iter().find(|c| c.file == file).unwrap()
+}
+
+/// Launches `kernel` (checked) on `n`-element f32 spans of `lens` elements
+/// each (inputs, then the output); returns the output.
+fn launch_f32(
+    kernel: &HostKernel,
+    n: u64,
+    lens: &[usize],
+    args: &[u64],
+    params: &[f32],
+) -> Result<Vec<u32>, crate::ptx::HostFault> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(n ^ 0x51);
+    let mut bufs: Vec<Vec<u8>> = lens
+        .iter()
+        .map(|len| to_bytes(Dt::F32, &random_elements(&mut r, Dt::F32, *len, 100.0, false)))
+        .collect();
+    let mut out = bufs.pop().unwrap();
+    out.fill(POISON);
+    let spans: Vec<HostSpan> = bufs
+        .iter_mut()
+        .map(|b| HostSpan {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        })
+        .collect();
+    let launch = HostLaunch {
+        inputs: &spans,
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n,
+        params,
+        args,
+        threads: 2,
+        checked: true,
+        control: None,
+    };
+    // SAFETY: every span is a live Vec of exactly `len` bytes.
+    unsafe { kernel.launch(&launch) }?;
+    Ok(from_bytes(Dt::F32, &out))
+}
+
+/// A pointer the contract passes as null (a Triton scratch pointer) that
+/// the kernel does dereference faults in checked mode, naming the access:
+/// here Triton's `add` with its second input declared a null pointer.
+#[test]
+fn a_dereferenced_null_pointer_faults_in_checked_mode() {
+    let c = case("triton/add_f32_b1024_w4_nodiv.ptx");
+    let (mut contract, _) = contract(&c, &[]);
+    contract.params[1].kind = ParamKind::Pointer {
+        access: PointerAccess::UnusedNull,
+        operand: None,
+    };
+    contract.params[2].kind = ParamKind::Pointer {
+        access: PointerAccess::Written,
+        operand: Some(1),
+    };
+    contract.footprints.remove(1);
+    let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract).unwrap();
+    let fault = launch_f32(&kernel, 1000, &[1000, 1000], &[], &[]).unwrap_err();
+    assert!(
+        fault.message.starts_with("4-byte load at 0x") && fault.message.ends_with("outside the launch's operands"),
+        "{fault}"
+    );
+    assert!(fault.line > 0, "{fault}");
+}
+
+/// The count must fit the count param's type: a `.u32` count refuses
+/// `n = 2^32` before any thread runs (and before the spans are looked at).
+#[test]
+fn a_count_past_its_type_is_refused() {
+    let c = case("triton/add_f32_b1024_w4_nodiv.ptx");
+    let (contract, _) = contract(&c, &[]);
+    let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract.clone()).unwrap();
+    let fault = launch_f32(&kernel, 1 << 32, &[4, 4, 4], &[], &[]).unwrap_err();
+    assert_eq!(fault.message, "n = 4294967296 does not fit the kernel's .u32 count");
+    let mut signed = contract;
+    signed.params[3].kind = ParamKind::Count(ScalarType::S32);
+    let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, signed).unwrap();
+    let fault = launch_f32(&kernel, 1 << 31, &[4, 4, 4], &[], &[]).unwrap_err();
+    assert_eq!(fault.message, "n = 2147483648 does not fit the kernel's .s32 count");
+}
+
+/// Every operand's span must hold its footprint at the launch's values:
+/// one element short is refused, naming the operand.
+#[test]
+fn a_span_short_of_its_footprint_is_refused() {
+    let c = case("triton/add_f32_b1024_w4_nodiv.ptx");
+    let (contract, _) = contract(&c, &[]);
+    let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract).unwrap();
+    let fault = launch_f32(&kernel, 3000, &[3000, 3000, 2999], &[], &[]).unwrap_err();
+    assert_eq!(
+        fault.message,
+        "operand 2 holds 11996 bytes, fewer than its footprint n × 4 at n = 3000"
+    );
+    let fault = launch_f32(&kernel, 3000, &[2999, 3000, 3000], &[], &[]).unwrap_err();
+    assert!(fault.message.starts_with("operand 0 holds 11996 bytes"), "{fault}");
+    assert!(launch_f32(&kernel, 3000, &[3000, 3000, 3000], &[], &[]).is_ok());
+}
+
+/// Triton's `n % 16 == 0` specialisation predicates each `.v4` access on
+/// its first lane: launched with a count that is no multiple of 16, the
+/// last vector reaches past `n`. Checked mode turns that into a fault at
+/// the access, never a write past the span.
+#[test]
+fn a_divisibility_specialisation_run_off_its_count_faults_not_corrupts() {
+    let c = case("triton/add_f32_b1024_w4_div16.ptx");
+    let (contract, _) = contract(&c, &[]);
+    let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract).unwrap();
+    let fault = launch_f32(&kernel, 2053, &[2053, 2053, 2053], &[], &[]).unwrap_err();
+    assert!(fault.message.contains("outside the launch's operands"), "{fault}");
+    assert!(launch_f32(&kernel, 2064, &[2064, 2064, 2064], &[], &[]).is_ok());
+}
+
+/// By-value scalars: typed `args` in the contract's order, or for a kernel
+/// whose scalars are all f32, the scalar ABI's `params` (the same values
+/// give the same output); a wrong number, or bits above a 32-bit slot, is
+/// refused.
+#[test]
+fn scalar_arguments_come_from_args_or_the_f32_params() {
+    let c = case("triton/scale_shift_f32_b1024_w4_nodiv.ptx");
+    let (contract, _) = contract(&c, &[0, 0]);
+    let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract).unwrap();
+    let (s, t) = (0.75f32, -3.5f32);
+    let bits = [u64::from(s.to_bits()), u64::from(t.to_bits())];
+    let n = 1500;
+    let by_args = launch_f32(&kernel, n, &[1500, 1500], &bits, &[]).unwrap();
+    let by_params = launch_f32(&kernel, n, &[1500, 1500], &[], &[s, t]).unwrap();
+    assert_eq!(by_args, by_params);
+    let mut r = rand::rngs::StdRng::seed_from_u64(n ^ 0x51);
+    let x = random_elements(&mut r, Dt::F32, 1500, 100.0, false);
+    for i in 0..1500 {
+        let want = f32::from_bits(x[i]).mul_add(s, t).to_bits();
+        assert_eq!(by_args[i], want, "element {i}");
+    }
+    let fault = launch_f32(&kernel, n, &[1500, 1500], &bits[..1], &[]).unwrap_err();
+    assert_eq!(
+        fault.message,
+        "the kernel takes 2 scalar arguments, the launch passed 1 (and 0 float params)"
+    );
+    let fault = launch_f32(&kernel, n, &[1500, 1500], &[], &[s]).unwrap_err();
+    assert_eq!(fault.message, "the kernel takes 2 float params, the launch passed 1");
+    let fault = launch_f32(&kernel, n, &[1500, 1500], &[bits[0], 1 << 32], &[]).unwrap_err();
+    assert_eq!(
+        fault.message,
+        "scalar argument 1 (.f32) has bits above its 32: 0x100000000"
+    );
+}

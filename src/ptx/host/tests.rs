@@ -1119,3 +1119,128 @@ fn unsupported_instructions_are_found_at_compile_time() {
         }
     }
 }
+
+/// bf16 of an f32 by bits, ties to even (NaN excluded by the caller).
+fn bf16_nearest(x: f32) -> u16 {
+    let b = x.to_bits();
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+fn bf16_value(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// Random 32-bit words whose halves are random f16/bf16 bits (NaNs,
+/// infinities and subnormals among them).
+fn halves(r: &mut impl Rng, n: usize) -> Vec<u64> {
+    (0..n).map(|_| u64::from(r.random::<u32>())).collect()
+}
+
+/// `.f16x2`/`.bf16x2` arithmetic: each half computed on its own, correctly
+/// rounded; a NaN half stays a NaN.
+#[test]
+fn packed_half_arithmetic_works_per_half() {
+    let mut r = rng();
+    let (a, b) = (halves(&mut r, N), halves(&mut r, N));
+    type Half = (fn(u16) -> f32, fn(f32) -> u16, u16);
+    let f16: Half = (f16_value, |x| f16_nearest(f64::from(x)), 0x7C00);
+    let bf16: Half = (bf16_value, bf16_nearest, 0x7F80);
+    for (body, (value, nearest, exp), f) in [
+        ("\tadd.f16x2 \t%d, %a, %b;", f16, (|x, y| x + y) as fn(f32, f32) -> f32),
+        ("\tsub.f16x2 \t%d, %a, %b;", f16, |x, y| x - y),
+        ("\tmul.f16x2 \t%d, %a, %b;", f16, |x, y| x * y),
+        ("\tadd.bf16x2 \t%d, %a, %b;", bf16, |x, y| x + y),
+        ("\tmul.bf16x2 \t%d, %a, %b;", bf16, |x, y| x * y),
+        ("\tneg.bf16x2 \t%d, %a;", bf16, |x, _| -x),
+    ] {
+        let out = run(&kernel("b32", "b32", "b32", "b32", body), &a, &b, 4, 4, 2);
+        for i in 0..N {
+            for h in [0, 16] {
+                let (x, y) = (
+                    value((a[i] >> h) as u16),
+                    value((b[i] >> h) as u16),
+                );
+                let got = (out[i] >> h) as u16;
+                // One operation on two halves is exact in f32 (a sum of
+                // two 11-bit significands or their 22-bit product), so
+                // rounding the f32 result once is the correct rounding.
+                let want = f(x, y);
+                if want.is_nan() {
+                    assert_eq!(got & exp, exp, "{body} {x:e} {y:e} -> {got:#x}");
+                    assert_ne!(got & !(exp | 0x8000), 0, "{body} {x:e} {y:e} -> {got:#x}");
+                } else {
+                    assert_eq!(got, nearest(want), "{body} {x:e} {y:e} (half at bit {h})");
+                }
+            }
+        }
+    }
+}
+
+/// `cvt.rn.{f16x2,bf16x2}.f32 d, a, b`: `a` into the upper half, `b` into
+/// the lower, each rounded to nearest even.
+#[test]
+fn packing_conversions_put_the_first_source_high() {
+    let mut r = rng();
+    let (a, b) = (f32s(&mut r, N), f32s(&mut r, N));
+    for (body, nearest) in [
+        (
+            "\tcvt.rn.f16x2.f32 \t%d, %a, %b;",
+            (|x: f32| f16_nearest(f64::from(x))) as fn(f32) -> u16,
+        ),
+        ("\tcvt.rn.bf16x2.f32 \t%d, %a, %b;", bf16_nearest),
+    ] {
+        let out = run(&kernel("f32", "f32", "b32", "b32", body), &a, &b, 4, 4, 1);
+        for i in 0..N {
+            let (x, y) = (f32::from_bits(a[i] as u32), f32::from_bits(b[i] as u32));
+            for (got, v) in [((out[i] >> 16) as u16, x), (out[i] as u16, y)] {
+                if v.is_nan() {
+                    assert_eq!(got & 0x7FFF, 0x7FFF, "{body} NaN -> {got:#x}");
+                } else {
+                    assert_eq!(got, nearest(v), "{body} {x:e} {y:e} -> {:#x}", out[i]);
+                }
+            }
+        }
+    }
+}
+
+/// `bfe`: the field `a[pos .. pos + len]` (clipped to the word), the bits
+/// above it the field's top bit for `.s32`, zero for `.u32`; pos and len
+/// are the low bytes of b and c.
+#[test]
+fn bit_field_extract_follows_the_isa() {
+    let mut r = rng();
+    let a: Vec<u64> = (0..N).map(|_| u64::from(r.random::<u32>())).collect();
+    // b's low byte is pos, its next byte len, both biased toward 0..40 (and
+    // its high bytes random, which bfe ignores after the move below).
+    let b: Vec<u64> = (0..N)
+        .map(|i| {
+            let (pos, len) = if i % 5 == 0 {
+                (r.random::<u8>(), r.random::<u8>())
+            } else {
+                (r.random_range(0..40u8), r.random_range(0..40u8))
+            };
+            u64::from(u32::from(pos) | (u32::from(len) << 8) | (r.random::<u32>() & 0xFFFF_0000))
+        })
+        .collect();
+    for signed in [true, false] {
+        let t = if signed { "s32" } else { "u32" };
+        let body = format!(
+            "\tshr.u32 \t%u1, %b, 8;\n\tbfe.{t} \t%d, %a, %b, %u1;"
+        );
+        let out = run(&kernel("b32", "b32", "b32", "b32", &body), &a, &b, 4, 4, 1);
+        for i in 0..N {
+            let x = a[i] as u32;
+            let (pos, len) = (b[i] as u32 & 0xFF, (b[i] as u32 >> 8) & 0xFF);
+            let width = if pos >= 32 { 0 } else { len.min(32 - pos) };
+            let field = if width == 0 {
+                0
+            } else {
+                (x >> pos) & (u32::MAX >> (32 - width))
+            };
+            let sign = signed && len > 0 && (x >> (pos + len - 1).min(31)) & 1 == 1;
+            let above = if width == 32 { 0 } else { u32::MAX << width };
+            let want = if sign { field | above } else { field };
+            assert_eq!(out[i] as u32, want, "bfe.{t} {x:#x} pos {pos} len {len}");
+        }
+    }
+}
