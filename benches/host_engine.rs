@@ -200,6 +200,9 @@ fn main() {
             });
             row("triton add_f32 b1024", e1, en, r);
         }
-        Err(e) => println!("{:<22} not run: the verifier refuses it ({e})", "triton add_f32 b1024"),
+        Err(e) => println!(
+            "{:<22} not run: the verifier refuses it ({e})",
+            "triton add_f32 b1024"
+        ),
     }
 }

@@ -424,7 +424,10 @@ impl Decoder<'_> {
                 // verifier accepts needs.
                 let lty = tys.last().copied().unwrap_or(Ty::Other);
                 let (d, dmask) = self.dst(inst, ops.first())?;
-                if lty == Ty::Other || lty == Ty::Pred || (lty.is_signed() && width_mask(lty.bits()) < dmask) {
+                if lty == Ty::Other
+                    || lty == Ty::Pred
+                    || (lty.is_signed() && width_mask(lty.bits()) < dmask)
+                {
                     return Err(unsupported(inst));
                 }
                 let a = self.uniform(u);
@@ -668,7 +671,11 @@ impl Decoder<'_> {
             // Packed `.f16x2`/`.bf16x2` arithmetic: each half on its own,
             // low half from the low halves.
             _ if inst.has("f16x2") || inst.has("bf16x2") => {
-                let fty = if inst.has("f16x2") { FTy::F16 } else { FTy::Bf16 };
+                let fty = if inst.has("f16x2") {
+                    FTy::F16
+                } else {
+                    FTy::Bf16
+                };
                 let (fop, sources) = match b {
                     "add" => (FOp::Add, 2),
                     "sub" => (FOp::Sub, 2),

@@ -275,7 +275,16 @@ fn contract(case: &Case, args: &[u64]) -> (LaunchContract, Shape) {
 /// Random element bits of `dt`: finite values in `[-range, range]`, and for
 /// `specials` signed zeros, infinities, subnormals and large values too.
 fn random_elements(r: &mut impl Rng, dt: Dt, count: usize, range: f32, specials: bool) -> Vec<u32> {
-    let special = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -3e-39, 6e4, -1e30];
+    let special = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+        -3e-39,
+        6e4,
+        -1e30,
+    ];
     (0..count)
         .map(|i| {
             let x = if specials && i % 7 == 3 {
@@ -355,7 +364,10 @@ fn reference(case: &Case, xs: &[u32], args: &[u64]) -> Want {
         "relu" => exact(if f[0] < 0.0 { 0.0 } else { f[0] }),
         "scale_shift" if args.is_empty() => exact(f[0].mul_add(1.5, -0.25)),
         "scale_shift" => {
-            let (s, t) = (f32::from_bits(args[0] as u32), f32::from_bits(args[1] as u32));
+            let (s, t) = (
+                f32::from_bits(args[0] as u32),
+                f32::from_bits(args[1] as u32),
+            );
             exact(f[0].mul_add(s, t))
         }
         "gelu" => near(gelu(v[0]), v[0]),
@@ -404,9 +416,7 @@ fn run_case(case: &Case, n: u64, threads: usize, seed: u64) -> f64 {
         _ if exact => 1000.0,
         _ => 12.0,
     };
-    let count = |k: usize| {
-        shape.input_bytes[k].map_or(n as usize, |b| b as usize / dt.size())
-    };
+    let count = |k: usize| shape.input_bytes[k].map_or(n as usize, |b| b as usize / dt.size());
     let ins: Vec<Vec<u32>> = (0..shape.inputs)
         .map(|k| random_elements(&mut r, dt, count(k), range, exact))
         .collect();
@@ -443,7 +453,13 @@ fn run_case(case: &Case, n: u64, threads: usize, seed: u64) -> f64 {
         let xs: Vec<u32> = ins
             .iter()
             .enumerate()
-            .map(|(k, v)| if shape.input_bytes[k].is_some() { v[i % v.len()] } else { v[i] })
+            .map(|(k, v)| {
+                if shape.input_bytes[k].is_some() {
+                    v[i % v.len()]
+                } else {
+                    v[i]
+                }
+            })
             .collect();
         let g = dt.value(got[i]);
         match reference(case, &xs, &args) {
@@ -537,7 +553,12 @@ fn launch_f32(
     let mut r = rand::rngs::StdRng::seed_from_u64(n ^ 0x51);
     let mut bufs: Vec<Vec<u8>> = lens
         .iter()
-        .map(|len| to_bytes(Dt::F32, &random_elements(&mut r, Dt::F32, *len, 100.0, false)))
+        .map(|len| {
+            to_bytes(
+                Dt::F32,
+                &random_elements(&mut r, Dt::F32, *len, 100.0, false),
+            )
+        })
         .collect();
     let mut out = bufs.pop().unwrap();
     out.fill(POISON);
@@ -585,7 +606,8 @@ fn a_dereferenced_null_pointer_faults_in_checked_mode() {
     let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract).unwrap();
     let fault = launch_f32(&kernel, 1000, &[1000, 1000], &[], &[]).unwrap_err();
     assert!(
-        fault.message.starts_with("4-byte load at 0x") && fault.message.ends_with("outside the launch's operands"),
+        fault.message.starts_with("4-byte load at 0x")
+            && fault.message.ends_with("outside the launch's operands"),
         "{fault}"
     );
     assert!(fault.line > 0, "{fault}");
@@ -599,12 +621,18 @@ fn a_count_past_its_type_is_refused() {
     let (contract, _) = contract(&c, &[]);
     let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract.clone()).unwrap();
     let fault = launch_f32(&kernel, 1 << 32, &[4, 4, 4], &[], &[]).unwrap_err();
-    assert_eq!(fault.message, "n = 4294967296 does not fit the kernel's .u32 count");
+    assert_eq!(
+        fault.message,
+        "n = 4294967296 does not fit the kernel's .u32 count"
+    );
     let mut signed = contract;
     signed.params[3].kind = ParamKind::Count(ScalarType::S32);
     let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, signed).unwrap();
     let fault = launch_f32(&kernel, 1 << 31, &[4, 4, 4], &[], &[]).unwrap_err();
-    assert_eq!(fault.message, "n = 2147483648 does not fit the kernel's .s32 count");
+    assert_eq!(
+        fault.message,
+        "n = 2147483648 does not fit the kernel's .s32 count"
+    );
 }
 
 /// Every operand's span must hold its footprint at the launch's values:
@@ -620,7 +648,10 @@ fn a_span_short_of_its_footprint_is_refused() {
         "operand 2 holds 11996 bytes, fewer than its footprint n × 4 at n = 3000"
     );
     let fault = launch_f32(&kernel, 3000, &[2999, 3000, 3000], &[], &[]).unwrap_err();
-    assert!(fault.message.starts_with("operand 0 holds 11996 bytes"), "{fault}");
+    assert!(
+        fault.message.starts_with("operand 0 holds 11996 bytes"),
+        "{fault}"
+    );
     assert!(launch_f32(&kernel, 3000, &[3000, 3000, 3000], &[], &[]).is_ok());
 }
 
@@ -634,7 +665,10 @@ fn a_divisibility_specialisation_run_off_its_count_faults_not_corrupts() {
     let (contract, _) = contract(&c, &[]);
     let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract).unwrap();
     let fault = launch_f32(&kernel, 2053, &[2053, 2053, 2053], &[], &[]).unwrap_err();
-    assert!(fault.message.contains("outside the launch's operands"), "{fault}");
+    assert!(
+        fault.message.contains("outside the launch's operands"),
+        "{fault}"
+    );
     assert!(launch_f32(&kernel, 2064, &[2064, 2064, 2064], &[], &[]).is_ok());
 }
 
@@ -665,7 +699,10 @@ fn scalar_arguments_come_from_args_or_the_f32_params() {
         "the kernel takes 2 scalar arguments, the launch passed 1 (and 0 float params)"
     );
     let fault = launch_f32(&kernel, n, &[1500, 1500], &[], &[s]).unwrap_err();
-    assert_eq!(fault.message, "the kernel takes 2 float params, the launch passed 1");
+    assert_eq!(
+        fault.message,
+        "the kernel takes 2 float params, the launch passed 1"
+    );
     let fault = launch_f32(&kernel, n, &[1500, 1500], &[bits[0], 1 << 32], &[]).unwrap_err();
     assert_eq!(
         fault.message,

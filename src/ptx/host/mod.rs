@@ -62,7 +62,10 @@ fn type_max(t: ScalarType) -> u64 {
 
 /// The launch's by-value scalars, in the contract's order, as bits: the
 /// typed `args`, or (the scalar ABI) the f32 `params`.
-fn scalar_values(contract: &LaunchContract, launch: &HostLaunch<'_>) -> Result<Vec<u64>, HostFault> {
+fn scalar_values(
+    contract: &LaunchContract,
+    launch: &HostLaunch<'_>,
+) -> Result<Vec<u64>, HostFault> {
     let types: Vec<ScalarType> = contract
         .params
         .iter()
@@ -79,7 +82,11 @@ fn scalar_values(contract: &LaunchContract, launch: &HostLaunch<'_>) -> Result<V
                 launch.params.len()
             )));
         }
-        return Ok(launch.params.iter().map(|p| u64::from(p.to_bits())).collect());
+        return Ok(launch
+            .params
+            .iter()
+            .map(|p| u64::from(p.to_bits()))
+            .collect());
     }
     if launch.args.len() != types.len() || !launch.params.is_empty() {
         return Err(launch_fault(format!(
@@ -91,7 +98,13 @@ fn scalar_values(contract: &LaunchContract, launch: &HostLaunch<'_>) -> Result<V
     }
     // A sign-extended or wider value in a narrow slot is a caller's bug,
     // not something to truncate quietly.
-    let bits = |t: ScalarType| if type_max(t) <= u64::from(u32::MAX) { 32 } else { 64 };
+    let bits = |t: ScalarType| {
+        if type_max(t) <= u64::from(u32::MAX) {
+            32
+        } else {
+            64
+        }
+    };
     for (k, (t, v)) in types.iter().zip(launch.args).enumerate() {
         if bits(*t) == 32 && *v > u64::from(u32::MAX) {
             return Err(launch_fault(format!(

@@ -1146,7 +1146,11 @@ fn packed_half_arithmetic_works_per_half() {
     let f16: Half = (f16_value, |x| f16_nearest(f64::from(x)), 0x7C00);
     let bf16: Half = (bf16_value, bf16_nearest, 0x7F80);
     for (body, (value, nearest, exp), f) in [
-        ("\tadd.f16x2 \t%d, %a, %b;", f16, (|x, y| x + y) as fn(f32, f32) -> f32),
+        (
+            "\tadd.f16x2 \t%d, %a, %b;",
+            f16,
+            (|x, y| x + y) as fn(f32, f32) -> f32,
+        ),
         ("\tsub.f16x2 \t%d, %a, %b;", f16, |x, y| x - y),
         ("\tmul.f16x2 \t%d, %a, %b;", f16, |x, y| x * y),
         ("\tadd.bf16x2 \t%d, %a, %b;", bf16, |x, y| x + y),
@@ -1156,10 +1160,7 @@ fn packed_half_arithmetic_works_per_half() {
         let out = run(&kernel("b32", "b32", "b32", "b32", body), &a, &b, 4, 4, 2);
         for i in 0..N {
             for h in [0, 16] {
-                let (x, y) = (
-                    value((a[i] >> h) as u16),
-                    value((b[i] >> h) as u16),
-                );
+                let (x, y) = (value((a[i] >> h) as u16), value((b[i] >> h) as u16));
                 let got = (out[i] >> h) as u16;
                 // One operation on two halves is exact in f32 (a sum of
                 // two 11-bit significands or their 22-bit product), so
@@ -1224,9 +1225,7 @@ fn bit_field_extract_follows_the_isa() {
         .collect();
     for signed in [true, false] {
         let t = if signed { "s32" } else { "u32" };
-        let body = format!(
-            "\tshr.u32 \t%u1, %b, 8;\n\tbfe.{t} \t%d, %a, %b, %u1;"
-        );
+        let body = format!("\tshr.u32 \t%u1, %b, 8;\n\tbfe.{t} \t%d, %a, %b, %u1;");
         let out = run(&kernel("b32", "b32", "b32", "b32", &body), &a, &b, 4, 4, 1);
         for i in 0..N {
             let x = a[i] as u32;
