@@ -1243,3 +1243,78 @@ fn bit_field_extract_follows_the_isa() {
         }
     }
 }
+
+fn flush(v: f32) -> f32 {
+    if v.is_subnormal() {
+        0.0f32.copysign(v)
+    } else {
+        v
+    }
+}
+
+/// The approximate ops the JIT corpus uses, against the bound the host
+/// engine documents: `rcp.approx.ftz` and `div.full` are correctly rounded
+/// on the host (the GPU's are within 1 and 2 ulp), `ex2.approx(.ftz)` is
+/// within 1 ulp of the exact `2^x` (the GPU's within 2), and `.ftz` flushes
+/// subnormal inputs and results to signed zero; `cvt.ftz.sat.f32.f32`
+/// clamps to [0, 1] (NaN to 0).
+#[test]
+fn approximate_corpus_ops_meet_the_documented_bound() {
+    check_f32("\trcp.approx.ftz.f32 \t%d, %a;", |x, _| {
+        flush(1.0 / flush(x))
+    });
+    check_f32("\tdiv.full.f32 \t%d, %a, %b;", |x, y| x / y);
+    check_f32("\tcvt.ftz.sat.f32.f32 \t%d, %a;", |x, _| {
+        let x = flush(x);
+        if x.is_nan() {
+            0.0
+        } else {
+            x.clamp(0.0, 1.0)
+        }
+    });
+    let mut r = rng();
+    // Inputs across the whole range where 2^x is finite and nonzero in
+    // f32 (subnormal results included), and subnormal inputs.
+    let a: Vec<u64> = (0..N)
+        .map(|i| {
+            let x = match i % 5 {
+                0 => f32::from_bits(r.random_range(1..0x0080_0000)),
+                1 => r.random_range(-152.0f32..-120.0),
+                _ => r.random_range(-126.0f32..128.0),
+            };
+            u64::from(x.to_bits())
+        })
+        .collect();
+    for ftz in [false, true] {
+        let body = if ftz {
+            "\tex2.approx.ftz.f32 \t%d, %a;"
+        } else {
+            "\tex2.approx.f32 \t%d, %a;"
+        };
+        let out = run(&kernel("f32", "f32", "f32", "f32", body), &a, &a, 4, 4, 1);
+        for i in 0..N {
+            let x = f32::from_bits(a[i] as u32);
+            let got = f32::from_bits(out[i] as u32);
+            let input = if ftz { flush(x) } else { x };
+            let exact = f64::from(input).exp2();
+            if ftz && exact < f64::from(f32::MIN_POSITIVE) {
+                // A subnormal result may round up to the smallest normal.
+                assert!(
+                    got == 0.0 || got == f32::MIN_POSITIVE,
+                    "{body} {x:e}: {got:e}"
+                );
+                if got == 0.0 {
+                    assert!(got.is_sign_positive(), "{body} {x:e}: -0");
+                }
+                continue;
+            }
+            // One ulp of the f32 format at the exact value (subnormal
+            // spacing below 2^-126).
+            let ulp = 2f64.powi((exact.log2().floor() as i32).max(-126) - 23);
+            assert!(
+                (f64::from(got) - exact).abs() <= ulp,
+                "{body} {x:e}: {got:e} vs {exact:e} (ulp {ulp:e})"
+            );
+        }
+    }
+}
