@@ -419,26 +419,38 @@ impl Decoder<'_> {
                 let Some(u) = self.params.get(*p as usize).copied().flatten() else {
                     return Err(unsupported(inst));
                 };
-                // A load narrower than its destination zero-extends; a
-                // signed one would sign-extend, which no param load the
-                // verifier accepts needs.
+                // A load narrower than its destination zero-extends, or
+                // sign-extends for a signed type (an `.s32` scalar into a
+                // 64-bit register).
                 let lty = tys.last().copied().unwrap_or(Ty::Other);
                 let (d, dmask) = self.dst(inst, ops.first())?;
-                if lty == Ty::Other
-                    || lty == Ty::Pred
-                    || (lty.is_signed() && width_mask(lty.bits()) < dmask)
-                {
+                if lty == Ty::Other || lty == Ty::Pred {
                     return Err(unsupported(inst));
                 }
                 let a = self.uniform(u);
-                emit(
-                    Op::Mov {
+                let mask = dmask & width_mask(lty.bits());
+                if lty.is_signed() && mask < dmask {
+                    let wide = match dmask.count_ones() {
+                        16 => Ty::S16,
+                        32 => Ty::S32,
+                        _ => Ty::S64,
+                    };
+                    let narrow = self.fresh();
+                    emit(Op::Mov { d: narrow, a, mask }, out);
+                    let widen = Op::Cvt {
+                        to: wide,
+                        from: lty,
+                        rnd: CvtRnd::None,
+                        ftz: false,
+                        sat: false,
+                        relu: false,
                         d,
-                        a,
-                        mask: dmask & width_mask(lty.bits()),
-                    },
-                    out,
-                );
+                        a: narrow,
+                    };
+                    emit(widen, out);
+                } else {
+                    emit(Op::Mov { d, a, mask }, out);
+                }
             }
             "ld" | "ldu" | "st" => {
                 let lty = tys.last().copied().unwrap_or(Ty::Other);

@@ -709,3 +709,106 @@ fn scalar_arguments_come_from_args_or_the_f32_params() {
         "scalar argument 1 (.f32) has bits above its 32: 0x100000000"
     );
 }
+
+/// A typed `.s32` scalar argument (passed as its zero-extended bits) read
+/// by `ld.param.s32` into a 64-bit register is sign-extended, as on the GPU.
+#[test]
+fn a_signed_scalar_widens_with_its_sign() {
+    let text = r#".version 8.0
+.target sm_90
+.address_size 64
+.visible .entry k(.param .u64 k_in, .param .u64 k_out, .param .u64 k_n, .param .s32 k_s)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<13>;
+	ld.param.u64 	%rd1, [k_in];
+	ld.param.u64 	%rd2, [k_out];
+	ld.param.u64 	%rd3, [k_n];
+	ld.param.s32 	%rd4, [k_s];
+	mov.u32 	%r1, %ctaid.x;
+	mov.u32 	%r2, %ntid.x;
+	mul.wide.u32 	%rd5, %r1, %r2;
+	mov.u32 	%r3, %tid.x;
+	cvt.u64.u32 	%rd6, %r3;
+	add.s64 	%rd7, %rd5, %rd6;
+	setp.ge.s64 	%p1, %rd7, %rd3;
+	@%p1 bra 	$L__end;
+	shl.b64 	%rd8, %rd7, 3;
+	add.s64 	%rd9, %rd1, %rd8;
+	ld.global.u64 	%rd10, [%rd9];
+	add.s64 	%rd11, %rd10, %rd4;
+	add.s64 	%rd12, %rd2, %rd8;
+	st.global.u64 	[%rd12], %rd11;
+$L__end:
+	ret;
+}
+"#;
+    let pointer = |access, operand| ParamKind::Pointer {
+        access,
+        operand: Some(operand),
+    };
+    let kinds = [
+        pointer(PointerAccess::Read, 0),
+        pointer(PointerAccess::Written, 1),
+        ParamKind::Count(ScalarType::S64),
+        ParamKind::Scalar(ScalarType::S32),
+    ];
+    let contract = LaunchContract {
+        params: kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| ContractParam {
+                name: format!("p{i}"),
+                kind,
+            })
+            .collect(),
+        geometry: Geometry {
+            block: BlockRule::Default,
+            elements_per_thread: 1,
+        },
+        footprints: (0..2)
+            .map(|k| Footprint {
+                param: k,
+                alignment: 8,
+                bytes: Expr::product(Expr::Count, Expr::Const(8)),
+            })
+            .collect(),
+        preconditions: Vec::new(),
+    };
+    let kernel = HostKernel::unverified_for_tests(text, "k", contract).unwrap();
+    let n = 700usize;
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x5e);
+    let input: Vec<u64> = (0..n).map(|_| r.random()).collect();
+    let mut in_bytes: Vec<u8> = input.iter().flat_map(|x| x.to_le_bytes()).collect();
+    for s in [-5i32, i32::MIN, 7] {
+        let mut out = vec![POISON; n * 8];
+        let spans = [HostSpan {
+            ptr: in_bytes.as_mut_ptr(),
+            len: in_bytes.len(),
+        }];
+        let launch = HostLaunch {
+            inputs: &spans,
+            output: HostSpan {
+                ptr: out.as_mut_ptr(),
+                len: out.len(),
+            },
+            n: n as u64,
+            params: &[],
+            args: &[u64::from(s as u32)],
+            threads: 1,
+            checked: true,
+            control: None,
+        };
+        // SAFETY: both spans are live Vecs of exactly `len` bytes.
+        unsafe { kernel.launch(&launch) }.unwrap();
+        for (i, chunk) in out.chunks(8).enumerate() {
+            let got = u64::from_le_bytes(chunk.try_into().unwrap());
+            assert_eq!(
+                got,
+                input[i].wrapping_add(i64::from(s) as u64),
+                "{s} element {i}"
+            );
+        }
+    }
+}
