@@ -812,3 +812,61 @@ $L__end:
         }
     }
 }
+
+/// Throughput of Triton's `add` (f32, BLOCK_SIZE 1024, 4 warps: 8 elements
+/// per thread, masked) on one and two worker threads, 16M elements; the
+/// figure `cargo bench --bench host_engine` prints for the scalar-ABI add
+/// is the one to set it against. Run:
+/// `cargo test --release --lib host::jit_tests::triton_add_throughput -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn triton_add_throughput() {
+    let c = case("triton/add_f32_b1024_w4_nodiv.ptx");
+    let (contract, _) = contract(&c, &[]);
+    let kernel = HostKernel::unverified_for_tests(&c.text, &c.entry, contract).unwrap();
+    let n = 16usize << 20;
+    let mut a: Vec<u8> = (0..n)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let mut b = a.clone();
+    let mut out = vec![0u8; n * 4];
+    let spans = [
+        HostSpan {
+            ptr: a.as_mut_ptr(),
+            len: a.len(),
+        },
+        HostSpan {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        },
+    ];
+    for threads in [1, 2] {
+        let launch = HostLaunch {
+            inputs: &spans,
+            output: HostSpan {
+                ptr: out.as_mut_ptr(),
+                len: out.len(),
+            },
+            n: n as u64,
+            params: &[],
+            args: &[],
+            threads,
+            checked: false,
+            control: None,
+        };
+        let best = (0..3)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                // SAFETY: the spans are live Vecs of `len` bytes, which hold
+                // the kernel's footprint `n × 4` (its accesses are masked by
+                // `n`, as the checked runs above show).
+                unsafe { kernel.launch(&launch) }.unwrap();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        eprintln!(
+            "triton add_f32 b1024, {threads} thread(s): {:.3e} el/s",
+            n as f64 / best
+        );
+    }
+}
