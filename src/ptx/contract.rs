@@ -35,6 +35,10 @@ pub enum Expr {
     Block,
     Add(Box<Expr>, Box<Expr>),
     Mul(Box<Expr>, Box<Expr>),
+    /// The expression rounded up to a multiple of `k` (`k >= 1`; `k = 0`
+    /// evaluates to `None`): a vector access masked on its first lane
+    /// touches up to the end of its vector.
+    RoundUp(Box<Expr>, u64),
 }
 
 /// The launch values an [`Expr`] is evaluated over.
@@ -70,6 +74,10 @@ impl Expr {
                     _ => x.checked_mul(y),
                 }
             }
+            Expr::RoundUp(e, k) => {
+                let (x, k) = (operand(e)?, u128::from(*k));
+                x.checked_next_multiple_of(k)
+            }
             leaf => leaf.leaf(v),
         }
     }
@@ -82,7 +90,7 @@ impl Expr {
             Expr::Count => Some(u128::from(v.count)),
             Expr::Grid => Some(u128::from(v.grid)),
             Expr::Block => Some(u128::from(v.block)),
-            Expr::Add(..) | Expr::Mul(..) => None,
+            Expr::Add(..) | Expr::Mul(..) | Expr::RoundUp(..) => None,
         }
     }
 }
@@ -99,6 +107,7 @@ impl fmt::Display for Expr {
             Expr::Block => f.write_str("block"),
             Expr::Add(a, b) => write!(f, "({a} + {b})"),
             Expr::Mul(a, b) => write!(f, "{a} × {b}"),
+            Expr::RoundUp(e, k) => write!(f, "roundup({e}, {k})"),
         }
     }
 }
@@ -264,9 +273,13 @@ impl Precondition {
 impl Expr {
     fn visit(&self, f: &mut impl FnMut(&Expr)) {
         f(self);
-        if let Expr::Add(a, b) | Expr::Mul(a, b) = self {
-            a.visit(f);
-            b.visit(f);
+        match self {
+            Expr::Add(a, b) | Expr::Mul(a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Expr::RoundUp(e, _) => e.visit(f),
+            _ => {}
         }
     }
 }
