@@ -416,7 +416,10 @@ impl Pass<'_> {
         // it).
         let int = |v: Val, wide: bool| match v {
             Val::Int(i) if i.wide == wide => Some(i),
-            Val::Int(i) if i.lin.is_constant() => i.with_width(wide),
+            // A literal fits the width it is read at.
+            Val::Int(i) if i.lin.is_constant() && (wide || i.lin.c <= u64::from(u32::MAX)) => {
+                i.with_width(wide)
+            }
             _ => None,
         };
         let imm = |i: usize| match inst.ops.get(i) {
