@@ -641,6 +641,37 @@ mod tests {
         assert_eq!(c.operand_name(1), "b");
     }
 
+    /// `roundup(n, k) × s` is the next multiple of k, times s, for every
+    /// n; past `u128` it is `None`, and `k = 0` has no value.
+    #[test]
+    fn a_rounded_footprint_is_the_next_multiple() {
+        let e = Expr::product(Expr::RoundUp(Box::new(Expr::Count), 4), Expr::Const(4));
+        for (n, want) in [(0u64, 0u128), (1, 16), (4, 16), (5, 32), (1023, 4096)] {
+            let v = LaunchValues {
+                count: n,
+                grid: 1,
+                block: 1,
+            };
+            assert_eq!(e.eval(&v), Some(want), "{n}");
+        }
+        let v = LaunchValues {
+            count: u64::MAX,
+            grid: 1,
+            block: 1,
+        };
+        assert_eq!(e.eval(&v), Some((u128::from(u64::MAX) + 1) * 4));
+        let huge = Expr::RoundUp(
+            Box::new(Expr::product(
+                Expr::product(Expr::Count, Expr::Count),
+                Expr::Const(u64::MAX),
+            )),
+            3,
+        );
+        assert_eq!(huge.eval(&v), None);
+        assert_eq!(Expr::RoundUp(Box::new(Expr::Count), 0).eval(&v), None);
+        assert_eq!(e.to_string(), "roundup(n, 4) × 4");
+    }
+
     #[test]
     fn an_overflowing_expression_is_none_and_its_precondition_false() {
         let big = Expr::product(Expr::Count, Expr::Const(u64::MAX));
