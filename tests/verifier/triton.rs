@@ -4,6 +4,8 @@
 //! proof, each refused with its exact sub_reason or held at launch by its
 //! exact precondition.
 
+#![allow(clippy::unwrap_used, clippy::panic)]
+
 use ptxd::ptx::contract::{BlockRule, LaunchContract, ParamKind, PointerAccess, ScalarType};
 use ptxd::ptx::{self, Families, PtxError};
 use rand::Rng;

@@ -605,7 +605,7 @@ impl Pass<'_> {
         let size = match decl {
             Some(Decl::Pointer | Decl::Scratch) => 8,
             Some(Decl::Int32(_)) => 4,
-            Some(Decl::Float(t)) if t == ScalarType::F64 => 8,
+            Some(Decl::Float(ScalarType::F64)) => 8,
             Some(Decl::Float(_)) => 4,
             None => 0,
         };
@@ -811,7 +811,7 @@ fn decide(k: &Kernel, decls: &[Decl], block: u32, facts: Facts) -> Result<Verifi
         let mut granule = 1u64;
         while end > s.saturating_mul(granule) {
             granule = granule.saturating_mul(2);
-            if h % granule != 0 || granule > 1 << 20 {
+            if !h.is_multiple_of(granule) || granule > 1 << 20 {
                 return Err(unbounded(format!(
                     "a {}-byte {what} runs past its masked element: the mask `{} < n` does not bound it",
                     a.width,
@@ -820,7 +820,7 @@ fn decide(k: &Kernel, decls: &[Decl], block: u32, facts: Facts) -> Result<Verifi
             }
         }
         let align = gcd(gcd(o.ctaid, o.tid), o.c);
-        if !a.width.is_power_of_two() || align % u64::from(a.width) != 0 {
+        if !a.width.is_power_of_two() || !align.is_multiple_of(u64::from(a.width)) {
             return Err(refuse(
                 SubReason::NonElementwiseAddress,
                 name(a.param),
@@ -889,7 +889,7 @@ fn decide(k: &Kernel, decls: &[Decl], block: u32, facts: Facts) -> Result<Verifi
             ));
         }
     }
-    if elements_per_block == 0 || elements_per_block % u64::from(block) != 0 {
+    if elements_per_block == 0 || !elements_per_block.is_multiple_of(u64::from(block)) {
         return Err(refuse(
             SubReason::NonElementwiseAddress,
             None,
