@@ -8,6 +8,7 @@
 
 use ptxd::ptx::contract::{BlockRule, LaunchContract, ParamKind, PointerAccess, ScalarType};
 use ptxd::ptx::{self, Families, PtxError};
+use rand::seq::IndexedRandom;
 use rand::Rng;
 
 fn root() -> std::path::PathBuf {
@@ -439,4 +440,67 @@ fn a_pointer_stored_as_data_is_pointer_escape() {
         "@%p1 st.global.b64 [ %rd5 + 0 ], %rd7;",
     );
     assert_eq!(verdict(&t, "add_kernel").err(), Some("pointer_escape"));
+}
+
+/// Random mutants of the Triton corpus (canonical text): whatever the
+/// Triton proof accepts must, interpreted thread by thread over a launch
+/// whose preconditions hold, touch only bytes its contract grants (stores
+/// only through the written pointer, nothing through a scratch pointer).
+#[test]
+fn accepted_triton_mutants_stay_inside_their_contract() {
+    let mut r = rand::rng();
+    let seeds: Vec<(String, String)> = corpus("triton")
+        .into_iter()
+        .chain(corpus("inductor"))
+        .filter_map(|(k, text)| {
+            let entry = k["entry"].as_str().unwrap().to_string();
+            let c = ptx::canonicalize_with(&text, &entry, None, Families::ALL).ok()?;
+            Some((c.text, entry))
+        })
+        .collect();
+    let originals = seeds
+        .iter()
+        .filter(|(t, e)| {
+            super::support::mutants::triton_oracle(t, e, &mut r).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .count();
+    // Every branch-free corpus kernel is judged (the Inductor ones with
+    // math branches are not).
+    assert!(originals >= 100, "{originals}");
+    let (mut accepted, mut tried) = (0, 0);
+    for _ in 0..1000 {
+        let (text, entry) = seeds.choose(&mut r).unwrap();
+        let mutant = super::support::mutants::mutate(text, &mut r);
+        tried += 1;
+        match super::support::mutants::triton_oracle(&mutant, entry, &mut r) {
+            Ok(true) => accepted += 1,
+            Ok(false) => {}
+            Err(e) => panic!("{e}\n{mutant}"),
+        }
+    }
+    eprintln!("{accepted} of {tried} mutants accepted and in bounds");
+    assert!(accepted > 0);
+}
+
+/// The oracle can fail: granting one element less than the contract's
+/// footprint, the corpus kernels' last elements fall outside it.
+#[test]
+fn the_triton_oracle_catches_a_footprint_one_element_short() {
+    let mut r = rand::rng();
+    for file in [ADD, ADD_F16_NODIV, "inductor/add_f32_static_0.ptx"] {
+        let entry = if file.starts_with("inductor") {
+            "triton_poi_fused_add_0"
+        } else {
+            "add_kernel"
+        };
+        let c = ptx::canonicalize_with(&text(file), entry, None, Families::ALL).unwrap();
+        let size = u128::from(c.contract.footprints[0].alignment.min(4));
+        let caught = (0..40).any(|_| {
+            super::support::mutants::triton_oracle_granting_less(&c.text, entry, &mut r, size)
+                .is_err()
+        });
+        assert!(caught, "{file}");
+        // And the full grant is clean.
+        assert!(super::support::mutants::triton_oracle(&c.text, entry, &mut r).unwrap());
+    }
 }
