@@ -253,6 +253,92 @@ pub fn mutate(text: &str, r: &mut impl Rng) -> String {
     out
 }
 
+/// Mutations aimed at the Triton family's proof, then [`mutate`]'s: an
+/// index immediate nudged (`shl`/`and`/`or`/`add` amounts, address
+/// offsets, compare literals), `or` and `add` swapped, a compare's kind or
+/// signedness changed, a vector's width changed, a guard dropped or
+/// negated, a multiplier changed.
+pub fn mutate_triton(text: &str, r: &mut impl Rng) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let inst: Vec<usize> = (0..lines.len())
+        .filter(|i| is_instruction(&lines[*i]))
+        .collect();
+    for _ in 0..r.random_range(1..=2) {
+        let Some(&at) = inst.choose(r) else {
+            break;
+        };
+        let line = lines[at].clone();
+        lines[at] = match r.random_range(0..6) {
+            0 => {
+                // Nudge the last integer immediate.
+                let toks: Vec<&str> = line
+                    .trim_end_matches(';')
+                    .split([' ', ','])
+                    .filter(|t| t.parse::<i64>().is_ok())
+                    .collect();
+                match toks.last().and_then(|t| Some((*t, t.parse::<i64>().ok()?))) {
+                    Some((t, v)) => {
+                        let to = [v + 1, v - 1, v * 2, v / 2, v + 4, v + 512]
+                            .choose(r)
+                            .copied()
+                            .unwrap_or(v);
+                        match line.rfind(t) {
+                            Some(i) => format!("{}{to}{}", &line[..i], &line[i + t.len()..]),
+                            None => line,
+                        }
+                    }
+                    None => line,
+                }
+            }
+            1 => line.replacen("or.b32", "add.s32", 1).replacen(
+                "add.s32",
+                "or.b32",
+                usize::from(!line.contains("or.b32")),
+            ),
+            2 => {
+                let (from, to) = *[
+                    ("setp.lt.s32", "setp.le.s32"),
+                    ("setp.lt.s32", "setp.lt.u32"),
+                    ("setp.lt.s32", "setp.gt.s32"),
+                    (".v4.", ".v2."),
+                    (".v2.", ".v4."),
+                    (".b16", ".b32"),
+                    ("mul.wide.s32", "mul.wide.u32"),
+                    ("shl.b32", "shr.u32"),
+                ]
+                .choose(r)
+                .unwrap_or(&("", ""));
+                if from.is_empty() {
+                    line
+                } else {
+                    line.replacen(from, to, 1)
+                }
+            }
+            3 => match line.trim_start().strip_prefix('@') {
+                Some(rest) => match rest.split_once(' ') {
+                    Some((g, i)) if r.random_bool(0.5) => {
+                        format!(
+                            "\t@{} {i}",
+                            g.strip_prefix('!').map_or(format!("!{g}"), str::to_string)
+                        )
+                    }
+                    Some((_, i)) => format!("\t{i}"),
+                    None => line,
+                },
+                None => line,
+            },
+            _ => line,
+        };
+    }
+    let mut out = lines.join("\n");
+    out.push('\n');
+    if r.random_bool(0.3) {
+        mutate(&out, r)
+    } else {
+        out
+    }
+}
+
 fn aligned(bytes: usize, r: &mut impl Rng, poison: bool) -> Vec<u64> {
     (0..bytes.div_ceil(8))
         .map(|_| if poison { u64::MAX } else { r.random() })
