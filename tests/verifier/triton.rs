@@ -547,3 +547,56 @@ fn verification_time_of_the_corpus() {
     );
     assert!(worst.0 < std::time::Duration::from_millis(500), "{worst:?}");
 }
+
+/// A block the index's mask does not cover: under `.reqntid 256`,
+/// `(tid << 2) & 508` drops bit 9 of `4·tid`, so it is no index at all.
+#[test]
+fn a_block_wider_than_the_index_mask_is_no_index() {
+    let t = edit(&text(ADD), ".reqntid 128", ".reqntid 256");
+    assert_eq!(verdict(&t, "add_kernel").err(), Some("unbounded_access"));
+}
+
+/// A predicated write of an address joins it with what the register held:
+/// a pointer that may be another value is no address.
+#[test]
+fn a_predicated_address_is_no_address() {
+    let t = edit(
+        &text(ADD),
+        "\tadd.s64 \t%rd1, %rd7, %rd10;",
+        "\tmov.b64 \t%rd1, 0;\n\t@%p2 add.s64 \t%rd1, %rd7, %rd10;",
+    );
+    assert_eq!(verdict(&t, "add_kernel").err(), Some("unbounded_access"));
+}
+
+#[test]
+fn a_negative_offset_is_unbounded() {
+    let t = edit(&text(ADD), "[ %rd1 + 0 ]", "[ %rd1 + -16 ]");
+    assert_eq!(verdict(&t, "add_kernel").err(), Some("unbounded_access"));
+}
+
+/// Two written pointers: the launch has one output.
+#[test]
+fn two_outputs_are_pointer_misuse() {
+    let t = edit(
+        &text(ADD),
+        "@%p1 ld.global.v4.b32 { %r9, %r10, %r11, %r12 }, [ %rd3 + 0 ];",
+        "@%p1 st.global.v4.b32 [ %rd3 + 0 ], { %r1, %r2, %r3, %r4 };",
+    );
+    let t = edit(
+        &t,
+        "@%p2 ld.global.v4.b32 { %r13, %r14, %r15, %r16 }, [ %rd4 + 0 ];",
+        "@%p2 st.global.v4.b32 [ %rd4 + 0 ], { %r5, %r6, %r7, %r8 };",
+    );
+    assert_eq!(verdict(&t, "add_kernel").err(), Some("pointer_misuse"));
+}
+
+/// A param read narrower than the param (half a pointer) is refused.
+#[test]
+fn half_a_pointer_param_is_out_of_range() {
+    let t = edit(
+        &text(ADD),
+        "ld.param.b32 \t%r27, [add_kernel_param_3];",
+        "ld.param.b32 \t%r27, [add_kernel_param_0];",
+    );
+    assert_eq!(verdict(&t, "add_kernel").err(), Some("param_out_of_range"));
+}
