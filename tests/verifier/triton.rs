@@ -600,3 +600,26 @@ fn half_a_pointer_param_is_out_of_range() {
     );
     assert_eq!(verdict(&t, "add_kernel").err(), Some("param_out_of_range"));
 }
+
+/// What evaluating a Triton contract costs per launch (the launch
+/// values, every precondition, every footprint): printed (`--release`
+/// for the figure in the notes), bounded loosely for debug builds.
+#[test]
+fn evaluating_a_triton_contract_is_cheap() {
+    let c = verdict(&text(ADD), "add_kernel").unwrap();
+    let rounds = 200_000u64;
+    let start = std::time::Instant::now();
+    let mut sum = 0u128;
+    for i in 0..rounds {
+        let v = c.values(std::hint::black_box(1_000_000 + i), 128);
+        if c.preconditions.iter().all(|p| p.holds(&v)) {
+            for f in &c.footprints {
+                sum = sum.wrapping_add(f.bytes.eval(&v).unwrap_or(0));
+            }
+        }
+    }
+    let per = start.elapsed() / u32::try_from(rounds).unwrap();
+    std::hint::black_box(sum);
+    eprintln!("a Triton contract's evaluation: {per:?} per launch");
+    assert!(per < std::time::Duration::from_micros(5), "{per:?}");
+}
