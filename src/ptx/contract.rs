@@ -35,6 +35,10 @@ pub enum Expr {
     Block,
     Add(Box<Expr>, Box<Expr>),
     Mul(Box<Expr>, Box<Expr>),
+    /// The expression rounded up to a multiple of `k` (`k >= 1`; `k = 0`
+    /// evaluates to `None`): a vector access masked on its first lane
+    /// touches up to the end of its vector.
+    RoundUp(Box<Expr>, u64),
 }
 
 /// The launch values an [`Expr`] is evaluated over.
@@ -70,6 +74,10 @@ impl Expr {
                     _ => x.checked_mul(y),
                 }
             }
+            Expr::RoundUp(e, k) => {
+                let (x, k) = (operand(e)?, u128::from(*k));
+                x.checked_next_multiple_of(k)
+            }
             leaf => leaf.leaf(v),
         }
     }
@@ -82,7 +90,7 @@ impl Expr {
             Expr::Count => Some(u128::from(v.count)),
             Expr::Grid => Some(u128::from(v.grid)),
             Expr::Block => Some(u128::from(v.block)),
-            Expr::Add(..) | Expr::Mul(..) => None,
+            Expr::Add(..) | Expr::Mul(..) | Expr::RoundUp(..) => None,
         }
     }
 }
@@ -99,6 +107,7 @@ impl fmt::Display for Expr {
             Expr::Block => f.write_str("block"),
             Expr::Add(a, b) => write!(f, "({a} + {b})"),
             Expr::Mul(a, b) => write!(f, "{a} × {b}"),
+            Expr::RoundUp(e, k) => write!(f, "roundup({e}, {k})"),
         }
     }
 }
@@ -264,9 +273,13 @@ impl Precondition {
 impl Expr {
     fn visit(&self, f: &mut impl FnMut(&Expr)) {
         f(self);
-        if let Expr::Add(a, b) | Expr::Mul(a, b) = self {
-            a.visit(f);
-            b.visit(f);
+        match self {
+            Expr::Add(a, b) | Expr::Mul(a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Expr::RoundUp(e, _) => e.visit(f),
+            _ => {}
         }
     }
 }
@@ -626,6 +639,37 @@ mod tests {
              requires index_fits_i32: grid × block <= 2^31"
         );
         assert_eq!(c.operand_name(1), "b");
+    }
+
+    /// `roundup(n, k) × s` is the next multiple of k, times s, for every
+    /// n; past `u128` it is `None`, and `k = 0` has no value.
+    #[test]
+    fn a_rounded_footprint_is_the_next_multiple() {
+        let e = Expr::product(Expr::RoundUp(Box::new(Expr::Count), 4), Expr::Const(4));
+        for (n, want) in [(0u64, 0u128), (1, 16), (4, 16), (5, 32), (1023, 4096)] {
+            let v = LaunchValues {
+                count: n,
+                grid: 1,
+                block: 1,
+            };
+            assert_eq!(e.eval(&v), Some(want), "{n}");
+        }
+        let v = LaunchValues {
+            count: u64::MAX,
+            grid: 1,
+            block: 1,
+        };
+        assert_eq!(e.eval(&v), Some((u128::from(u64::MAX) + 1) * 4));
+        let huge = Expr::RoundUp(
+            Box::new(Expr::product(
+                Expr::product(Expr::Count, Expr::Count),
+                Expr::Const(u64::MAX),
+            )),
+            3,
+        );
+        assert_eq!(huge.eval(&v), None);
+        assert_eq!(Expr::RoundUp(Box::new(Expr::Count), 0).eval(&v), None);
+        assert_eq!(e.to_string(), "roundup(n, 4) × 4");
     }
 
     #[test]

@@ -45,6 +45,13 @@ pub struct Families {
     /// 2^31), which the contract then carries; and an `int n` count
     /// compared with it (`count_fits_i32`).
     pub index32: bool,
+    /// Triton's and Inductor's elementwise kernels (`verify/triton.rs`): a
+    /// 32-bit count, by-value scalars, two trailing scratch pointers ptxd
+    /// passes as null, several elements per thread through masked (and
+    /// vector) accesses, the index built with `shl`/`and`/`or` under
+    /// `.reqntid`; the contract carries each operand's footprint,
+    /// elements per thread, `count_fits_i32` and `index_fits_i32`.
+    pub triton: bool,
 }
 
 impl Families {
@@ -52,19 +59,27 @@ impl Families {
     pub const SCALAR: Families = Families {
         vectorized: false,
         index32: false,
+        triton: false,
     };
     /// Every family the verifier can prove.
     pub const ALL: Families = Families {
         vectorized: true,
         index32: true,
+        triton: true,
     };
 }
 
 /// The families the daemon's loads (and [`verify()`], [`canonicalize`],
 /// [`HostKernel::compile`]) accept: every family the verifier proves (see
 /// `docs/verifier.md`; a kernel with a precondition the ring cannot check
-/// is not granted to rings, `front::ring`).
-pub const DAEMON_FAMILIES: Families = Families::ALL;
+/// is not granted to rings, `front::ring`) but the Triton family, whose
+/// params (a 32-bit count, scalars anywhere, null scratch pointers) only
+/// a launch that packs them from `LaunchContract::params` passes right:
+/// it joins once the executors and clients do (see `docs/verifier.md`).
+pub const DAEMON_FAMILIES: Families = Families {
+    triton: false,
+    ..Families::ALL
+};
 
 /// The ABI a client declares for a kernel (optional on PTX, required for
 /// cubin/fatbin).

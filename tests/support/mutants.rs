@@ -253,6 +253,92 @@ pub fn mutate(text: &str, r: &mut impl Rng) -> String {
     out
 }
 
+/// Mutations aimed at the Triton family's proof, then [`mutate`]'s: an
+/// index immediate nudged (`shl`/`and`/`or`/`add` amounts, address
+/// offsets, compare literals), `or` and `add` swapped, a compare's kind or
+/// signedness changed, a vector's width changed, a guard dropped or
+/// negated, a multiplier changed.
+pub fn mutate_triton(text: &str, r: &mut impl Rng) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let inst: Vec<usize> = (0..lines.len())
+        .filter(|i| is_instruction(&lines[*i]))
+        .collect();
+    for _ in 0..r.random_range(1..=2) {
+        let Some(&at) = inst.choose(r) else {
+            break;
+        };
+        let line = lines[at].clone();
+        lines[at] = match r.random_range(0..6) {
+            0 => {
+                // Nudge the last integer immediate.
+                let toks: Vec<&str> = line
+                    .trim_end_matches(';')
+                    .split([' ', ','])
+                    .filter(|t| t.parse::<i64>().is_ok())
+                    .collect();
+                match toks.last().and_then(|t| Some((*t, t.parse::<i64>().ok()?))) {
+                    Some((t, v)) => {
+                        let to = [v + 1, v - 1, v * 2, v / 2, v + 4, v + 512]
+                            .choose(r)
+                            .copied()
+                            .unwrap_or(v);
+                        match line.rfind(t) {
+                            Some(i) => format!("{}{to}{}", &line[..i], &line[i + t.len()..]),
+                            None => line,
+                        }
+                    }
+                    None => line,
+                }
+            }
+            1 => line.replacen("or.b32", "add.s32", 1).replacen(
+                "add.s32",
+                "or.b32",
+                usize::from(!line.contains("or.b32")),
+            ),
+            2 => {
+                let (from, to) = *[
+                    ("setp.lt.s32", "setp.le.s32"),
+                    ("setp.lt.s32", "setp.lt.u32"),
+                    ("setp.lt.s32", "setp.gt.s32"),
+                    (".v4.", ".v2."),
+                    (".v2.", ".v4."),
+                    (".b16", ".b32"),
+                    ("mul.wide.s32", "mul.wide.u32"),
+                    ("shl.b32", "shr.u32"),
+                ]
+                .choose(r)
+                .unwrap_or(&("", ""));
+                if from.is_empty() {
+                    line
+                } else {
+                    line.replacen(from, to, 1)
+                }
+            }
+            3 => match line.trim_start().strip_prefix('@') {
+                Some(rest) => match rest.split_once(' ') {
+                    Some((g, i)) if r.random_bool(0.5) => {
+                        format!(
+                            "\t@{} {i}",
+                            g.strip_prefix('!').map_or(format!("!{g}"), str::to_string)
+                        )
+                    }
+                    Some((_, i)) => format!("\t{i}"),
+                    None => line,
+                },
+                None => line,
+            },
+            _ => line,
+        };
+    }
+    let mut out = lines.join("\n");
+    out.push('\n');
+    if r.random_bool(0.3) {
+        mutate(&out, r)
+    } else {
+        out
+    }
+}
+
 fn aligned(bytes: usize, r: &mut impl Rng, poison: bool) -> Vec<u64> {
     (0..bytes.div_ceil(8))
         .map(|_| if poison { u64::MAX } else { r.random() })
@@ -310,4 +396,354 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
     unsafe { kernel.launch(&launch) }
         .map(|()| true)
         .map_err(|f| format!("accepted kernel faulted with n = {n}: {f}"))
+}
+
+/// The Triton family's oracle: canonicalizes `text` with every family; if
+/// the Triton proof accepts it (branch-free kernels only), interprets the
+/// canonical program's integer arithmetic for every thread of a few blocks
+/// of a launch whose preconditions hold, and checks every global access
+/// that runs (or whose predicate is unknown) against its operand's
+/// contract footprint, a scratch pointer (null) being no operand at all.
+/// `Ok(true)`: accepted and every access in bounds; `Ok(false)`: refused,
+/// not the Triton family, or not judgeable (an address computed from
+/// data); `Err`: an accepted kernel touched a byte its contract does not
+/// grant.
+pub fn triton_oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String> {
+    triton_oracle_granting_less(text, symbol, r, 0)
+}
+
+/// [`triton_oracle`] with every grant `less` bytes short of its footprint:
+/// the check of the oracle itself (one element less must be caught).
+pub fn triton_oracle_granting_less(
+    text: &str,
+    symbol: &str,
+    r: &mut impl Rng,
+    less: u128,
+) -> Result<bool, String> {
+    use ptxd::ptx::contract::{BlockRule, ParamKind};
+    use ptxd::ptx::Families;
+    let Ok(canonical) = ptx::canonicalize_with(text, symbol, None, Families::ALL) else {
+        return Ok(false);
+    };
+    let c = &canonical.contract;
+    let BlockRule::Required(block) = c.geometry.block else {
+        return Ok(false);
+    };
+    if !c
+        .params
+        .iter()
+        .any(|p| matches!(p.kind, ParamKind::Pointer { operand: None, .. }))
+    {
+        return Ok(false);
+    }
+    let Ok(kernel) = ptx::lower(&canonical.text, symbol) else {
+        return Err("the canonical text does not lower".into());
+    };
+    if kernel.insts.iter().any(|i| i.base == "bra") {
+        return Ok(false);
+    }
+    let n: u64 = match r.random_range(0..4) {
+        0 => *[0u64, 1, 3, 1000, 4097, (1 << 31) - 1]
+            .choose(r)
+            .unwrap_or(&1),
+        _ => r.random_range(0..70_000),
+    };
+    let values = c.values(n, block);
+    if !c.preconditions.iter().all(|p| p.holds(&values)) {
+        return Ok(false);
+    }
+    // Each pointer param's base and the bytes it grants.
+    let region = |k: usize| ((k as u64) + 1) << 44;
+    let mut granted: Vec<Option<Grant>> = vec![None; c.params.len()];
+    for f in &c.footprints {
+        let Some(bytes) = f.bytes.eval(&values) else {
+            return Ok(false);
+        };
+        let written = matches!(
+            c.params.get(usize::from(f.param)).map(|p| &p.kind),
+            Some(ParamKind::Pointer {
+                access: ptxd::ptx::contract::PointerAccess::Written,
+                ..
+            })
+        );
+        granted[usize::from(f.param)] = Some(Grant {
+            base: region(usize::from(f.param)),
+            bytes: bytes.saturating_sub(less),
+            written,
+        });
+    }
+    let param_value = |k: usize, r: &mut dyn rand::RngCore| -> u64 {
+        match c.params.get(k).map(|p| &p.kind) {
+            Some(ParamKind::Pointer {
+                operand: Some(_), ..
+            }) => region(k),
+            Some(ParamKind::Pointer { operand: None, .. }) => 0,
+            Some(ParamKind::Count(_)) => n,
+            _ => r.next_u64(),
+        }
+    };
+    let params: Vec<u64> = (0..c.params.len()).map(|k| param_value(k, r)).collect();
+    // The first and last blocks, a random one, and those holding each
+    // footprint's last element and the one past it (a static shape's
+    // bound lies anywhere in the grid).
+    let mut blocks = vec![0, values.grid.saturating_sub(1)];
+    blocks.push(r.random_range(0..values.grid.max(1)));
+    let per_block = u128::from(block) * u128::from(c.geometry.elements_per_thread);
+    for (f, size) in c.footprints.iter().zip(&canonical.signature.element_sizes) {
+        if let Some(bytes) = f.bytes.eval(&values) {
+            let last = (bytes / u128::from((*size).max(1))).saturating_sub(1) / per_block.max(1);
+            let last = u64::try_from(last).unwrap_or(u64::MAX);
+            blocks.extend([last, last.saturating_add(1)]);
+        }
+    }
+    blocks.sort_unstable();
+    blocks.retain(|b| *b < values.grid);
+    blocks.dedup();
+    for ctaid in blocks {
+        for tid in 0..u64::from(block) {
+            match interpret(&kernel, &params, &granted, ctaid, tid) {
+                Ok(None) => {}
+                Ok(Some(e)) => return Err(format!("n = {n}, ctaid {ctaid}, tid {tid}: {e}")),
+                // Not judgeable (an address from data): counted as refused.
+                Err(_) => return Ok(false),
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// What a launch operand's pointer may touch: `bytes` from `base`, and
+/// whether stores may.
+#[derive(Clone, Copy)]
+struct Grant {
+    base: u64,
+    bytes: u128,
+    written: bool,
+}
+
+/// One thread's run of a branch-free kernel's integer arithmetic:
+/// `Ok(Some(why))` for an access outside its grant, `Err` when a value the
+/// check needs was computed from data (the mutant cannot be judged: the
+/// caller counts it as refused).
+fn interpret(
+    k: &ptx::ir::Kernel,
+    params: &[u64],
+    granted: &[Option<Grant>],
+    ctaid: u64,
+    tid: u64,
+) -> Result<Option<String>, String> {
+    use ptx::ir::{Base, Opnd, Sreg, Ty};
+    use ptx::parse::Imm;
+    let mut regs: Vec<Option<u64>> = vec![None; k.reg_types.len()];
+    let mask = |bits: u32, v: u64| {
+        if bits >= 64 {
+            v
+        } else {
+            v & ((1u64 << bits) - 1)
+        }
+    };
+    let sext = |bits: u32, v: u64| {
+        if bits >= 64 {
+            v
+        } else {
+            let s = 64 - bits;
+            (((v << s) as i64) >> s) as u64
+        }
+    };
+    for inst in &k.insts {
+        let read = |o: &Opnd, regs: &[Option<u64>]| -> Option<u64> {
+            match o {
+                Opnd::Reg(r) => regs.get(*r as usize).copied().flatten(),
+                Opnd::Imm(Imm::Int(v)) => Some(*v as u64),
+                Opnd::Sreg(Sreg::Ctaid(0)) => Some(ctaid),
+                Opnd::Sreg(Sreg::Tid(0)) => Some(tid),
+                _ => None,
+            }
+        };
+        let runs = match inst.guard {
+            None => Some(true),
+            Some((neg, p)) => regs
+                .get(p as usize)
+                .copied()
+                .flatten()
+                .map(|v| (v != 0) != neg),
+        };
+        if runs == Some(false) {
+            continue;
+        }
+        let tys = inst.types();
+        let ty = tys.last().copied().unwrap_or(Ty::Other);
+        let bits = ty.bits();
+        let src = |i: usize, regs: &[Option<u64>]| inst.ops.get(i).and_then(|o| read(o, regs));
+        let dest = match inst.ops.first() {
+            Some(Opnd::Reg(r)) => Some(*r as usize),
+            _ => None,
+        };
+        let is_access = matches!(inst.base.as_str(), "ld" | "st") && inst.has("global");
+        if is_access {
+            let addr_op = if inst.base == "st" { 0 } else { 1 };
+            let Some(Opnd::Addr {
+                base: Base::Reg(b),
+                offset,
+            }) = inst.ops.get(addr_op)
+            else {
+                return Err("an access at no register".into());
+            };
+            let Some(base) = regs.get(*b as usize).copied().flatten() else {
+                return Err("an address computed from data".into());
+            };
+            let lanes = if inst.has("v4") {
+                4
+            } else if inst.has("v2") {
+                2
+            } else {
+                1
+            };
+            let width = u128::from(lanes * ty.bytes());
+            let addr = base.wrapping_add(*offset as u64);
+            let store = inst.base == "st";
+            let hit = granted
+                .iter()
+                .flatten()
+                .find(|g| addr >= g.base && addr - g.base < 1 << 44);
+            let ok = hit.is_some_and(|g| {
+                u128::from(addr - g.base) + width <= g.bytes && (g.written || !store)
+            });
+            if !ok {
+                return Ok(Some(format!(
+                    "line {}: `{}` at {addr:#x} ({width} bytes) outside every grant",
+                    inst.line, inst.opcode
+                )));
+            }
+            // A loaded value is data.
+            if inst.base == "ld" {
+                for r in destinations(inst) {
+                    regs[r] = None;
+                }
+            }
+            continue;
+        }
+        let v: Option<u64> = match inst.base.as_str() {
+            "ld" if inst.has("param") => match inst.ops.get(1) {
+                Some(Opnd::Addr {
+                    base: Base::Param(p),
+                    offset: 0,
+                }) => params.get(usize::from(*p)).map(|v| mask(bits, *v)),
+                _ => None,
+            },
+            "mov" => src(1, &regs).map(|v| mask(bits, v)),
+            "shl" => match (src(1, &regs), src(2, &regs)) {
+                (Some(a), Some(s)) if s < u64::from(bits) => Some(mask(bits, a << s)),
+                (Some(_), Some(_)) => Some(0),
+                _ => None,
+            },
+            "and" | "or" | "xor" | "add" | "sub" if ty.is_int() && bits >= 32 => {
+                match (src(1, &regs), src(2, &regs)) {
+                    (Some(a), Some(b)) => Some(mask(
+                        bits,
+                        match inst.base.as_str() {
+                            "and" => a & b,
+                            "or" => a | b,
+                            "xor" => a ^ b,
+                            "add" => a.wrapping_add(b),
+                            _ => a.wrapping_sub(b),
+                        },
+                    )),
+                    _ => None,
+                }
+            }
+            "mul" | "mad" if ty.is_int() => {
+                let (a, b) = (src(1, &regs), src(2, &regs));
+                let c = if inst.base == "mad" {
+                    src(3, &regs)
+                } else {
+                    Some(0)
+                };
+                match (a, b, c) {
+                    (Some(a), Some(b), Some(c)) if inst.has("wide") => {
+                        let (a, b) = if ty.is_signed() {
+                            (sext(bits, a), sext(bits, b))
+                        } else {
+                            (mask(bits, a), mask(bits, b))
+                        };
+                        Some(a.wrapping_mul(b).wrapping_add(c))
+                    }
+                    (Some(a), Some(b), Some(c)) if inst.has("lo") => {
+                        Some(mask(bits, a.wrapping_mul(b).wrapping_add(c)))
+                    }
+                    _ => None,
+                }
+            }
+            "cvt" if tys.len() == 2 && tys[0].is_int() && tys[1].is_int() => {
+                let (to, from) = (tys[0], tys[1]);
+                src(1, &regs).map(|v| {
+                    let v = if from.is_signed() {
+                        sext(from.bits(), v)
+                    } else {
+                        mask(from.bits(), v)
+                    };
+                    mask(to.bits(), v)
+                })
+            }
+            "setp" if ty.is_int() => match (src(1, &regs), src(2, &regs)) {
+                (Some(a), Some(b)) => {
+                    let (sa, sb) = (sext(bits, a) as i64, sext(bits, b) as i64);
+                    let (ua, ub) = (mask(bits, a), mask(bits, b));
+                    let cmp = inst.mods.first().map(String::as_str).unwrap_or("");
+                    let t = match (cmp, ty.is_signed()) {
+                        ("lt", true) => sa < sb,
+                        ("le", true) => sa <= sb,
+                        ("gt", true) => sa > sb,
+                        ("ge", true) => sa >= sb,
+                        ("lt" | "lo", false) => ua < ub,
+                        ("le" | "ls", false) => ua <= ub,
+                        ("gt" | "hi", false) => ua > ub,
+                        ("ge" | "hs", false) => ua >= ub,
+                        ("eq", _) => ua == ub,
+                        ("ne", _) => ua != ub,
+                        _ => return Err(format!("setp .{cmp}")),
+                    };
+                    // A pair destination (`%p|%q`) is left unknown.
+                    Some(u64::from(t))
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        // A predicated write that may not run leaves the register unknown
+        // (its old value or the new one).
+        let v = if runs == Some(true) { v } else { None };
+        if inst.base == "st" {
+            continue;
+        }
+        match dest {
+            Some(d) if !matches!(inst.ops.first(), Some(Opnd::Pair(..))) => {
+                if let Some(slot) = regs.get_mut(d) {
+                    *slot = v;
+                }
+            }
+            _ => {
+                for r in destinations(inst) {
+                    regs[r] = None;
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn destinations(inst: &ptx::ir::Inst) -> Vec<usize> {
+    use ptx::ir::Opnd;
+    match inst.ops.first() {
+        Some(Opnd::Reg(r)) => vec![*r as usize],
+        Some(Opnd::Pair(a, b)) => vec![*a as usize, *b as usize],
+        Some(Opnd::List(items)) => items
+            .iter()
+            .filter_map(|o| match o {
+                Opnd::Reg(r) => Some(*r as usize),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    }
 }

@@ -16,4 +16,5 @@ mod mutants;
 mod nvcc_corpus;
 mod red_team;
 mod red_team2;
+mod triton;
 mod verification;

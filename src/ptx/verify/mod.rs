@@ -131,6 +131,23 @@
 //! 8. The declared ABI, when the client gave one ([`verify`]): a different
 //!    input or float-param count is [`PtxError::AbiMismatch`].
 //!
+//! The Triton family (`triton.rs`, with [`super::Families::triton`]) is a
+//! proof of its own for a kernel shaped like Triton's and Inductor's
+//! (`.reqntid`, a 32-bit integer param, two trailing `.u64` scratch
+//! params): rules 1 and 3 as above (vectors allowed), then its own
+//! dataflow (`affine.rs`: exact index forms over `ctaid.x`/`tid.x` with
+//! known bits) and verdict, then rule 7. Its own refusals: a branch
+//! backwards (`backward_branch`); a load or store through a scratch
+//! pointer, which ptxd passes as null (`scratch_dereferenced`); an access
+//! whose bytes the masks do not bound — its address no pointer param plus
+//! a multiple of its mask's index, or a width past the mask's granularity
+//! (`unbounded_access`); a 32-bit index form that `grid × A <= 2^31`
+//! cannot make exact (`index_not_exact`). The shared ones keep their
+//! meaning (`unguarded_access` for an access without a mask,
+//! `pointer_misuse` for a pointer read and written or several outputs,
+//! `param_misuse` for masks against different bounds). Its contract is
+//! described in `triton.rs` and `docs/verifier.md`.
+//!
 //! Two more sub_reasons come from outside this module: `duplicate_label`
 //! (the IR, [`super::ir`]) and `canonical_form` (in [`super`]: a module
 //! without `.version` and one `.target sm_XX`, a `.target` option ptxd does
@@ -139,6 +156,7 @@
 //! not give back the verified program). Every sub_reason is a
 //! [`SubReason`] variant; the test below checks this list names them all.
 
+mod affine;
 mod arith;
 mod cfg;
 mod dataflow;
@@ -148,6 +166,7 @@ mod instructions;
 mod layout;
 mod regs;
 mod table;
+mod triton;
 mod value;
 
 use super::ir::Kernel;
@@ -175,6 +194,10 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verified {
     pub signature: Signature,
+    /// Each param's role, in kernel order. A Triton-family kernel's two
+    /// trailing scratch pointers have none (the vector is two shorter):
+    /// the proof shows they are never dereferenced, and the contract
+    /// names them `PointerAccess::UnusedNull`.
     pub roles: Vec<Role>,
     pub contract: LaunchContract,
 }
@@ -201,11 +224,28 @@ pub fn verify(
     families: Families,
 ) -> Result<Verified, PtxError> {
     let (reqntid, maxntid) = layout::launch_bounds(kernel)?;
-    let layout = layout::param_layout(kernel, families)?;
-    instructions::structure(kernel, families)?;
-    let events = cfg::dataflow(kernel, families)?;
-    let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
-    defined::check(kernel)?;
+    let verified = match reqntid {
+        Some(block) if families.triton && triton::shaped(kernel) => {
+            instructions::structure(
+                kernel,
+                Families {
+                    vectorized: true,
+                    ..families
+                },
+            )?;
+            let verified = triton::verify(kernel, block)?;
+            defined::check(kernel)?;
+            verified
+        }
+        _ => {
+            let layout = layout::param_layout(kernel, families)?;
+            instructions::structure(kernel, families)?;
+            let events = cfg::dataflow(kernel, families)?;
+            let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
+            defined::check(kernel)?;
+            verified
+        }
+    };
     if let Some(d) = declared {
         if d.inputs != verified.signature.inputs {
             return Err(PtxError::AbiMismatch {
