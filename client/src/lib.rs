@@ -69,6 +69,7 @@ pub use session::{
 };
 pub use types::{
     Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
-    DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits, LoadOptions,
+    Arg, DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits,
+    LoadOptions,
     Operand, SessionEvent, Usage,
 };

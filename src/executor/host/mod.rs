@@ -139,6 +139,8 @@ struct Job {
     operands: Vec<(String, Arc<Mapping>, usize)>,
     n: u64,
     params: Vec<f32>,
+    /// Typed scalar args, bits zero-extended to 64 (empty: `params`).
+    args: Vec<u64>,
     stream: u64,
     /// The session's ring allowance, if it has a ring here.
     timeouts: Option<Arc<TimeoutAllowance>>,
@@ -405,6 +407,7 @@ impl HostBackend {
             operands,
             n: launch.n,
             params: launch.params,
+            args: launch.args,
             stream: launch.stream,
             timeouts: self.timeouts.get(&launch.stream).cloned(),
             reply,
@@ -476,11 +479,12 @@ fn run_job(job: Job, run: RunConfig) {
         operands,
         n,
         params,
+        args,
         stream,
         timeouts,
         reply,
     } = job;
-    match execute(&kernel, &operands, n, &params, run) {
+    match execute(&kernel, &operands, n, (&params, &args), run) {
         Ok(()) => reply.ok(),
         Err(failure) => {
             if failure.kind == FailureKind::KernelTimeout {
@@ -500,7 +504,7 @@ fn execute(
     kernel: &HostKernel,
     operands: &[(String, Arc<Mapping>, usize)],
     n: u64,
-    params: &[f32],
+    (params, args): (&[f32], &[u64]),
     run: RunConfig,
 ) -> Result<(), HostFailure> {
     let control = LaunchControl::new(run.budget.map(|b| Instant::now() + b));
@@ -512,7 +516,7 @@ fn execute(
         };
         let host_launch = HostLaunch {
             inputs,
-            args: &[],
+            args,
             output: *output,
             n,
             params,
