@@ -1047,6 +1047,202 @@ mod tests {
         );
     }
 
+    /// A Triton-like contract: `out, x, .u32 n, .f32 scale, y, .s64 shift,
+    /// null, null`, operands x, y, out.
+    fn typed_contract() -> LaunchContract {
+        use crate::ptx::contract::{ContractParam, PointerAccess};
+        let mut contract = LaunchContract::scalar(&signature(vec![4, 4, 4], 0), &[]);
+        let pointer = |name: &str, access, operand| ContractParam {
+            name: name.into(),
+            kind: ParamKind::Pointer { access, operand },
+        };
+        let scalar = |name: &str, kind| ContractParam {
+            name: name.into(),
+            kind,
+        };
+        contract.params = vec![
+            pointer("out", PointerAccess::Written, Some(2)),
+            pointer("x", PointerAccess::Read, Some(0)),
+            scalar("n", ParamKind::Count(ScalarType::U32)),
+            scalar("scale", ParamKind::Scalar(ScalarType::F32)),
+            pointer("y", PointerAccess::Read, Some(1)),
+            scalar("shift", ParamKind::Scalar(ScalarType::S64)),
+            pointer("s0", PointerAccess::UnusedNull, None),
+            pointer("s1", PointerAccess::UnusedNull, None),
+        ];
+        contract
+    }
+
+    /// Typed args match the contract's scalar params in count and type,
+    /// exactly; each mismatch is refused naming what, and on the wire
+    /// SCALAR_ARGS_MISMATCH with its metadata.
+    #[test]
+    fn typed_args_must_match_the_scalar_params_exactly() {
+        let contract = typed_contract();
+        let bound = BoundContract {
+            contract: &contract,
+            block: 128,
+        };
+        let kernel = KernelCap {
+            signature: &bound,
+            placement: HERE,
+        };
+        let view = Bare(table(&[400, 400, 400]));
+        let ins = [(0, 0), (1, 0)];
+        let launch = shape(&ins, &(2, 0), 100, 0);
+        let good = [ScalarArg::F32(0.5), ScalarArg::I64(-7)];
+        assert!(check_with_args(&view, kernel, &launch, &good).is_ok());
+        let type_mismatch = |index: u32, param: &str, expected: &str, given: &str| {
+            Err(LaunchRefusal::ScalarArgsMismatch {
+                what: "type",
+                index,
+                param: param.into(),
+                expected: expected.into(),
+                given: given.into(),
+            })
+        };
+        // No conversion: not an f64 or an i32 for the f32, not a u64 for
+        // the s64.
+        assert_eq!(
+            check_with_args(&view, kernel, &launch, &[ScalarArg::F64(0.5), good[1]]),
+            type_mismatch(0, "scale", "f32", "f64")
+        );
+        assert_eq!(
+            check_with_args(&view, kernel, &launch, &[ScalarArg::I32(1), good[1]]),
+            type_mismatch(0, "scale", "f32", "i32")
+        );
+        assert_eq!(
+            check_with_args(&view, kernel, &launch, &[good[0], ScalarArg::U64(7)]),
+            type_mismatch(1, "shift", "i64", "u64")
+        );
+        assert_eq!(
+            check_with_args(&view, kernel, &launch, &good[..1]),
+            Err(LaunchRefusal::ScalarArgsMismatch {
+                what: "count",
+                index: 0,
+                param: String::new(),
+                expected: "2".into(),
+                given: "1".into(),
+            })
+        );
+        // f32 params are f32 args: the s64 refuses them.
+        assert_eq!(
+            check(&view, kernel, &shape(&ins, &(2, 0), 100, 2)),
+            type_mismatch(1, "shift", "i64", "f32")
+        );
+        // Both at once.
+        let refused = check_with_args(&view, kernel, &shape(&ins, &(2, 0), 100, 2), &good);
+        assert!(
+            matches!(&refused, Err(LaunchRefusal::ScalarArgsMismatch { what: "both", .. })),
+            "{refused:?}"
+        );
+        // On the wire.
+        let view = table(&[400, 400, 400]);
+        let refusal = check_with_args(&view, kernel, &launch, &[ScalarArg::I32(1), good[1]])
+            .unwrap_err()
+            .refusal();
+        assert_eq!(refusal.reason, Reason::ScalarArgsMismatch);
+        assert_eq!(refusal.code, tonic::Code::InvalidArgument);
+        for (key, value) in [
+            ("what", "type"),
+            ("index", "0"),
+            ("param", "scale"),
+            ("expected", "f32"),
+            ("given", "i32"),
+        ] {
+            assert_eq!(refusal.metadata[key], value, "{key}");
+        }
+        let refusal = check_with_args(&view, kernel, &launch, &[])
+            .unwrap_err()
+            .refusal();
+        // No args and no params: the scalar ABI's arity refusal, as before.
+        assert_eq!(refusal.reason, Reason::AbiMismatch);
+        let refusal = check_with_args(&view, kernel, &launch, &good[..1])
+            .unwrap_err()
+            .refusal();
+        assert_eq!(refusal.reason, Reason::ScalarArgsMismatch);
+        assert_eq!(
+            (refusal.metadata["what"].as_str(), refusal.metadata["expected"].as_str()),
+            ("count", "2")
+        );
+        assert!(!refusal.metadata.contains_key("index"));
+    }
+
+    /// The scalar ABI: f32 args are its params (the same check passes),
+    /// any other type is refused naming `p<k>`.
+    #[test]
+    fn f32_args_are_the_scalar_abis_params() {
+        let sig = signature(vec![4, 4], 2);
+        let contract = LaunchContract::scalar(&sig, &["x", "y", "n", "a", "b"]);
+        let bound = BoundContract {
+            contract: &contract,
+            block: 256,
+        };
+        let view = Bare(table(&[400, 400]));
+        let ins = [(0, 0)];
+        let args = [ScalarArg::F32(1.0), ScalarArg::F32(2.0)];
+        for kernel in [
+            KernelCap {
+                signature: &sig as &dyn LaunchTerms,
+                placement: HERE,
+            },
+            KernelCap {
+                signature: &bound as &dyn LaunchTerms,
+                placement: HERE,
+            },
+        ] {
+            let by_params = check(&view, kernel, &shape(&ins, &(1, 0), 100, 2));
+            let by_args = check_with_args(&view, kernel, &shape(&ins, &(1, 0), 100, 0), &args);
+            assert!(by_params.is_ok());
+            assert_eq!(by_params, by_args);
+            let refused = check_with_args(
+                &view,
+                kernel,
+                &shape(&ins, &(1, 0), 100, 0),
+                &[ScalarArg::F32(1.0), ScalarArg::U32(2)],
+            );
+            let Err(LaunchRefusal::ScalarArgsMismatch {
+                what: "type",
+                index: 1,
+                param,
+                ..
+            }) = refused
+            else {
+                panic!("{refused:?}");
+            };
+            assert!(param == "b" || param == "p1", "{param}");
+        }
+    }
+
+    /// The count param's type bounds n: a `.u32` count takes u32::MAX
+    /// elements and refuses one more, naming `count_fits_u32`.
+    #[test]
+    fn a_u32_count_refuses_n_past_u32_max() {
+        let contract = typed_contract();
+        let bound = BoundContract {
+            contract: &contract,
+            block: 128,
+        };
+        let kernel = KernelCap {
+            signature: &bound,
+            placement: HERE,
+        };
+        let big = 1u64 << 40;
+        let view = Bare(table(&[big, big, big]));
+        let ins = [(0, 0), (1, 0)];
+        let args = [ScalarArg::F32(0.5), ScalarArg::I64(-7)];
+        let max = u64::from(u32::MAX);
+        assert!(check_with_args(&view, kernel, &shape(&ins, &(2, 0), max, 0), &args).is_ok());
+        assert_eq!(
+            check_with_args(&view, kernel, &shape(&ins, &(2, 0), max + 1, 0), &args),
+            Err(LaunchRefusal::PreconditionFailed {
+                precondition: "count_fits_u32",
+                condition: "count_fits_u32: n <= 4294967295".into(),
+                values: "n=4294967296".into(),
+            })
+        );
+    }
+
     #[test]
     fn each_refusal_becomes_the_daemons_error_it_always_was() {
         let cases = [
