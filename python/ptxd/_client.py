@@ -28,6 +28,7 @@ state the SDK has no notion of:
 
 from __future__ import annotations
 
+import re
 import os
 import sys
 import threading
@@ -36,6 +37,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _native
 from . import _operands as ops
+from . import _args
 from ._errors import CudaError, DtypeMismatch, Error, NotExportable, refused
 
 __all__ = ["Client", "Session", "Kernel", "Buffer", "Signature", "Launched", "cuda_available"]
@@ -102,11 +104,19 @@ class Launched(NamedTuple):
 class Kernel:
     """A kernel loaded into a session (from :meth:`Session.load_ptx`)."""
 
-    __slots__ = ("_native", "_sizes")
+    __slots__ = ("_native", "_sizes", "_scalars")
 
     def __init__(self, native: Any) -> None:
         self._native = native
         self._sizes: Optional[Tuple[int, ...]] = None
+        self._scalars: Optional[List[Tuple[str, str]]] = None
+
+    def _scalar_params(self) -> List[Tuple[str, str]]:
+        # ``(name, arg type)`` of each by-value scalar param, from the
+        # contract (fixed for the kernel's PTX, as the sizes are).
+        if self._scalars is None:
+            self._scalars = _args.scalar_params(self._native.contract)
+        return self._scalars
 
     def _element_sizes(self) -> Tuple[int, ...]:
         # Fixed for the kernel's PTX (a reload verifies the same text).
@@ -412,6 +422,45 @@ class Session:
         """
         return Kernel(self._native.load_ptx(ptx, symbol, _device_selector(device)))
 
+    def load_triton(self, compiled: Any, device: Any = 0) -> Kernel:
+        """Loads a compiled Triton kernel (what ``kernel.warmup(...)`` or
+        ``triton.compile(...)`` returns, a ``CompiledKernel``) and returns
+        it, ready for :meth:`launch` on torch tensors: ptxd computes the
+        grid from the kernel's contract, passes the count, and passes null
+        for Triton's scratch pointers; the caller passes the operands and
+        the kernel's own scalar ``args``.
+
+        Reads ``compiled.asm["ptx"]``, ``compiled.metadata.name``,
+        ``.num_warps`` and ``.shared``. ptxd launches without dynamic shared
+        memory, so a kernel that needs some (``shared > 0``) raises
+        ``ValueError``, as does PTX whose ``.reqntid`` is not ``32 ×
+        num_warps`` (the metadata and the code disagree). ptxd's verifier
+        decides the rest: a kernel it cannot prove raises its refusal.
+        """
+        asm = getattr(compiled, "asm", None)
+        if asm is None or "ptx" not in asm:
+            raise TypeError("load_triton takes a Triton CompiledKernel (with asm['ptx'])")
+        ptx = asm["ptx"]
+        if isinstance(ptx, (bytes, bytearray)):
+            ptx = bytes(ptx).decode()
+        metadata = compiled.metadata
+        field = (lambda key: metadata[key]) if isinstance(metadata, dict) else (
+            lambda key: getattr(metadata, key))
+        name, num_warps, shared = field("name"), int(field("num_warps")), int(field("shared"))
+        if shared > 0:
+            raise ValueError(
+                f"{name} needs {shared} bytes of dynamic shared memory; ptxd launches "
+                "elementwise kernels without any"
+            )
+        block = 32 * num_warps
+        reqntid = re.search(r"\.reqntid\s+(\d+)", ptx)
+        if reqntid is not None and int(reqntid.group(1)) != block:
+            raise ValueError(
+                f"{name}: the PTX requires {reqntid.group(1)} threads per block but "
+                f"num_warps={num_warps} means {block}"
+            )
+        return self.load_ptx(ptx, name, device)
+
     # -- buffers ------------------------------------------------------------
 
     def shm_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
@@ -595,9 +644,17 @@ class Session:
         params: Sequence[float] = (),
         stream: Any = None,
         sync: bool = False,
+        args: Sequence[Any] = (),
     ) -> Launched:
         """Launches ``kernel`` over ``n`` elements (default: the output's
-        element count).
+        element count). ptxd computes the grid from the kernel's contract.
+
+        ``params`` are the scalar ABI's f32 params; ``args`` are typed scalar
+        arguments, one per by-value scalar param of the kernel in order
+        (``ptxd.i32(5)``, ``ptxd.f32(0.5)``, ..., or plain numbers typed by
+        the kernel's contract: see :mod:`ptxd._args`). Pass one or the
+        other. f32 args are the same as params; a launch with any other
+        type is a unary call (the launch ring carries f32 params only).
 
         ``inputs`` and ``output`` may be tensors, arrays or Buffers.
 
@@ -621,13 +678,21 @@ class Session:
         complete before this returns, since the caller reads them from the
         CPU next.
         """
-        fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
-        if fast is not None:
-            return fast
+        typed: List[_args.Arg] = []
+        if args:
+            typed = _args.resolve(args, kernel._scalar_params())
+            if not params and all(a.type == "f32" for a in typed):
+                # f32 args are f32 params (ptxd treats them alike): every
+                # path, the ring included, carries them.
+                params, typed = [a.value for a in typed], []
+        if not typed:
+            fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
+            if fast is not None:
+                return fast
         for _ in range(3):
             prepared = self._prepare(kernel, inputs, output, n, params)
             raw_stream = self._stream_for(prepared, stream)
-            if raw_stream is not None and prepared.ring is not None:
+            if raw_stream is not None and prepared.ring is not None and not typed:
                 results = self._via_ring(raw_stream, [(kernel, prepared)], sync)
                 if results is _STALE:
                     continue
@@ -639,7 +704,7 @@ class Session:
                         raise outcome
             if self._forget_stale(prepared):
                 continue
-            return self._launch_unary(kernel, prepared, raw_stream, sync)
+            return self._launch_unary(kernel, prepared, raw_stream, sync, typed)
         raise Error("the operands' memory kept changing while the launch resolved them",
                     reason="OPERANDS_CHANGED")
 
@@ -717,11 +782,12 @@ class Session:
         raise outcome
 
     def _launch_unary(self, kernel: Kernel, prepared: _Prepared, raw_stream: Optional[int],
-                      sync: bool) -> Launched:
+                      sync: bool, typed: Sequence["_args.Arg"] = ()) -> Launched:
+        wire_args = [(a.type, a.value) for a in typed]
         if raw_stream is None:
             micros, reloaded = self._native.launch(
                 kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
-                sync or prepared.ordinal is None,
+                sync or prepared.ordinal is None, None, None, wire_args,
             )
             return Launched(micros, reloaded)
         assert prepared.ordinal is not None
@@ -730,7 +796,7 @@ class Session:
             pair.wait.record(raw_stream)
             micros, reloaded = self._native.launch(
                 kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
-                sync, pair.wait_handle, pair.signal_handle,
+                sync, pair.wait_handle, pair.signal_handle, wire_args,
             )
             # ptxd recorded `signal` after the kernel before it replied.
             pair.signal.wait(raw_stream)
