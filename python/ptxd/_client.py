@@ -680,10 +680,13 @@ class Session:
         """
         typed: List[_args.Arg] = []
         if args:
-            typed = _args.resolve(args, kernel._scalar_params())
-            if not params and all(a.type == "f32" for a in typed):
-                # f32 args are f32 params (ptxd treats them alike): every
-                # path, the ring included, carries them.
+            scalars = kernel._scalar_params()
+            typed = _args.resolve(args, scalars)
+            if (not params and len(typed) == len(scalars)
+                    and all(a.type == "f32" == kind for a, (_, kind) in zip(typed, scalars))):
+                # f32 args for f32 params are f32 params (ptxd treats them
+                # alike): every path, the ring included, carries them. Any
+                # mismatch goes as args, for ptxd's SCALAR_ARGS_MISMATCH.
                 params, typed = [a.value for a in typed], []
         if not typed:
             fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
@@ -783,11 +786,13 @@ class Session:
 
     def _launch_unary(self, kernel: Kernel, prepared: _Prepared, raw_stream: Optional[int],
                       sync: bool, typed: Sequence["_args.Arg"] = ()) -> Launched:
-        wire_args = [(a.type, a.value) for a in typed]
+        # Typed args only when there are any: the call is otherwise what it
+        # always was.
+        typed_args = {"args": [(a.type, a.value) for a in typed]} if typed else {}
         if raw_stream is None:
             micros, reloaded = self._native.launch(
                 kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
-                sync or prepared.ordinal is None, None, None, wire_args,
+                sync or prepared.ordinal is None, **typed_args,
             )
             return Launched(micros, reloaded)
         assert prepared.ordinal is not None
@@ -796,7 +801,7 @@ class Session:
             pair.wait.record(raw_stream)
             micros, reloaded = self._native.launch(
                 kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
-                sync, pair.wait_handle, pair.signal_handle, wire_args,
+                sync, pair.wait_handle, pair.signal_handle, **typed_args,
             )
             # ptxd recorded `signal` after the kernel before it replied.
             pair.signal.wait(raw_stream)
