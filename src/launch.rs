@@ -223,10 +223,7 @@ impl LaunchTerms for BoundContract<'_> {
 fn count_limit(ty: ScalarType) -> Option<(&'static str, u64)> {
     match ty {
         ScalarType::U32 => Some(("count_fits_u32", u64::from(u32::MAX))),
-        ScalarType::S32 => Some((
-            crate::ptx::contract::COUNT_FITS_I32,
-            i32::MAX as u64,
-        )),
+        ScalarType::S32 => Some((crate::ptx::contract::COUNT_FITS_I32, i32::MAX as u64)),
         ScalarType::S64 => Some((COUNT_FITS_I64, i64::MAX as u64)),
         // A float count is not one the verifier names; u64 holds any n.
         ScalarType::U64 | ScalarType::F32 | ScalarType::F64 => None,
@@ -1133,7 +1130,10 @@ mod tests {
         // Both at once.
         let refused = check_with_args(&view, kernel, &shape(&ins, &(2, 0), 100, 2), &good);
         assert!(
-            matches!(&refused, Err(LaunchRefusal::ScalarArgsMismatch { what: "both", .. })),
+            matches!(
+                &refused,
+                Err(LaunchRefusal::ScalarArgsMismatch { what: "both", .. })
+            ),
             "{refused:?}"
         );
         // On the wire.
@@ -1162,7 +1162,10 @@ mod tests {
             .refusal();
         assert_eq!(refusal.reason, Reason::ScalarArgsMismatch);
         assert_eq!(
-            (refusal.metadata["what"].as_str(), refusal.metadata["expected"].as_str()),
+            (
+                refusal.metadata["what"].as_str(),
+                refusal.metadata["expected"].as_str()
+            ),
             ("count", "2")
         );
         assert!(!refusal.metadata.contains_key("index"));

@@ -68,8 +68,7 @@ pub use session::{
     SessionOptions, StreamReply,
 };
 pub use types::{
-    Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
-    Arg, DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits,
-    LoadOptions,
+    Arg, Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
+    DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits, LoadOptions,
     Operand, SessionEvent, Usage,
 };

@@ -202,14 +202,13 @@ pub(crate) mod tests_support {
         ];
         contract
     }
-
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::*;
     use super::tests_support::triton_like;
+    use super::*;
     use crate::ptx::Signature;
 
     fn load(inputs: u32, scalar_params: u32, params: Vec<exec::ParamSlot>) -> exec::LoadModule {
@@ -263,6 +262,26 @@ mod tests {
         );
     }
 
+    /// The launch ring carries f32 scalars only: a contract with typed
+    /// params (a `.u32` count, an `.s64` scalar, null pointers) is never one
+    /// its signature check covers, so the front grants it to no ring
+    /// (`src/front/ring.rs`), whatever signature it comes with.
+    #[test]
+    fn a_triton_like_contract_is_never_granted_to_a_ring() {
+        let contract = triton_like();
+        for scalar_params in 0..3 {
+            let signature = Signature {
+                inputs: 2,
+                element_sizes: vec![4, 4, 4],
+                scalar_params,
+                reqntid: Some(128),
+                maxntid: None,
+            };
+            assert!(!contract.checked_by_signature(&signature));
+            assert!(!contract.checked_by_signature_and_max_count(&signature));
+        }
+    }
+
     /// A layout that would pass an unchecked address, skip an operand, pass
     /// two counts or read an argument the module was not given is refused.
     #[test]
@@ -272,7 +291,10 @@ mod tests {
         let f32 = exec::ScalarKind::F32 as i32;
         let s64 = exec::ScalarKind::S64 as i32;
         let cases = [
-            (vec![Wire::Operand(0), Wire::Operand(2)], "operand 2 of a launch with 2"),
+            (
+                vec![Wire::Operand(0), Wire::Operand(2)],
+                "operand 2 of a launch with 2",
+            ),
             (vec![Wire::Operand(0), Wire::Operand(0)], "passed twice"),
             (vec![Wire::Operand(1)], "never passes operand 0"),
             (
@@ -288,7 +310,10 @@ mod tests {
                 vec![Wire::Operand(0), Wire::Operand(1), Wire::Scalar(f32)],
                 "1 scalars; the module takes 0",
             ),
-            (vec![Wire::Operand(0), Wire::Operand(1), Wire::Count(0)], "without a type"),
+            (
+                vec![Wire::Operand(0), Wire::Operand(1), Wire::Count(0)],
+                "without a type",
+            ),
         ];
         for (wire, want) in cases {
             let err = decode(&load(1, 0, wire.into_iter().map(slot).collect())).unwrap_err();

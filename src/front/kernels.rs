@@ -942,6 +942,35 @@ fn loaded_info(
     }
 }
 
+/// The executor's load message for `load`: the artifact, the signature's
+/// block bounds, and the param layout of its contract (what the executor
+/// passes for each param). A kernel its signature checks (the scalar ABI)
+/// keeps the signature's element sizes, which the executor re-checks each
+/// launch's operands against; any other contract's footprints are the
+/// front's alone to check.
+fn load_module(module_id: u64, load: &Prepared) -> exec::LoadModule {
+    let signature = &load.signature;
+    let contract = &load.contract;
+    let scalar_shaped = contract.checked_by_signature_and_max_count(signature);
+    exec::LoadModule {
+        module_id,
+        kind: load.kind as i32,
+        artifact: load.artifact.bytes().to_vec(),
+        symbol: load.symbol.clone(),
+        inputs: u32::try_from(contract.inputs()).unwrap_or(u32::MAX),
+        scalar_params: u32::try_from(contract.scalar_params()).unwrap_or(u32::MAX),
+        element_sizes: if scalar_shaped {
+            signature.element_sizes.clone()
+        } else {
+            Vec::new()
+        },
+        reqntid: signature.reqntid.unwrap_or(0),
+        maxntid: signature.maxntid.unwrap_or(0),
+        params: crate::executor::layout::slots_of(contract),
+        elements_per_thread: contract.geometry.elements_per_thread,
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -1047,34 +1076,5 @@ mod tests {
         for bad in ["", "a b", "a\0", "ü"] {
             assert!(validate_symbol(bad).is_err(), "{bad:?}");
         }
-    }
-}
-
-/// The executor's load message for `load`: the artifact, the signature's
-/// block bounds, and the param layout of its contract (what the executor
-/// passes for each param). A kernel its signature checks (the scalar ABI)
-/// keeps the signature's element sizes, which the executor re-checks each
-/// launch's operands against; any other contract's footprints are the
-/// front's alone to check.
-fn load_module(module_id: u64, load: &Prepared) -> exec::LoadModule {
-    let signature = &load.signature;
-    let contract = &load.contract;
-    let scalar_shaped = contract.checked_by_signature_and_max_count(signature);
-    exec::LoadModule {
-        module_id,
-        kind: load.kind as i32,
-        artifact: load.artifact.bytes().to_vec(),
-        symbol: load.symbol.clone(),
-        inputs: u32::try_from(contract.inputs()).unwrap_or(u32::MAX),
-        scalar_params: u32::try_from(contract.scalar_params()).unwrap_or(u32::MAX),
-        element_sizes: if scalar_shaped {
-            signature.element_sizes.clone()
-        } else {
-            Vec::new()
-        },
-        reqntid: signature.reqntid.unwrap_or(0),
-        maxntid: signature.maxntid.unwrap_or(0),
-        params: crate::executor::layout::slots_of(contract),
-        elements_per_thread: contract.geometry.elements_per_thread,
     }
 }

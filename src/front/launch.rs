@@ -235,10 +235,7 @@ fn executor_scalars(request: &LaunchRequest) -> (Vec<f32>, Vec<u64>) {
             request.params.iter().map(|&p| p as f32).collect(),
             Vec::new(),
         ),
-        None => (
-            Vec::new(),
-            request.args.iter().map(|a| a.bits()).collect(),
-        ),
+        None => (Vec::new(), request.args.iter().map(|a| a.bits()).collect()),
     }
 }
 
@@ -253,7 +250,10 @@ mod tests {
             params: vec![1.5, 1e300],
             ..Default::default()
         };
-        assert_eq!(executor_scalars(&request), (vec![1.5, f32::INFINITY], vec![]));
+        assert_eq!(
+            executor_scalars(&request),
+            (vec![1.5, f32::INFINITY], vec![])
+        );
         request.params.clear();
         request.args = vec![ScalarArg::F32(-2.25), ScalarArg::F32(f32::NAN)];
         let (params, args) = executor_scalars(&request);

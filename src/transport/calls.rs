@@ -18,11 +18,11 @@ use std::time::Instant;
 use ptxd_proto::v1 as api;
 
 use crate::error::Error;
-use crate::launch::ScalarArg;
 use crate::front::{
     ArtifactKind, DeclaredArtifactAbi, DeviceChoice, Front, LaunchRequest, LoadRequest,
     LoadedKernelInfo, OpenedRing, OperandRef, RegisteredBuffer,
 };
+use crate::launch::ScalarArg;
 use crate::observe::Observer;
 use crate::ptx::contract::LaunchContract;
 use crate::ptx::Signature;

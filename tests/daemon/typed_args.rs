@@ -27,6 +27,9 @@ fn f32_param_names(contract: &str) -> Vec<String> {
         .collect()
 }
 
+/// Metadata a refusal must carry: (key, value) pairs.
+type Metadata<'a> = Vec<(&'a str, String)>;
+
 /// The affine kernel (`y = fma(x, a, b)`) with f32 args writes, element for
 /// element, what the same launch with f32 params writes, and both are the
 /// reference; over the SDK's unary launch, the raw gRPC call and a stream.
@@ -104,7 +107,7 @@ async fn each_mismatch_is_refused_with_its_reason_on_every_path() {
     let base = Launch::new([x_buf.operand()], y_buf.operand(), n as u64);
     // (launch, what, index/param/expected/given for a type mismatch, or
     // expected/given for a count)
-    let cases: Vec<(Launch, &str, Vec<(&str, String)>)> = vec![
+    let cases: Vec<(Launch, &str, Metadata)> = vec![
         (
             base.clone().args([Arg::F32(1.0)]),
             "count",
@@ -157,10 +160,7 @@ async fn each_mismatch_is_refused_with_its_reason_on_every_path() {
             .unwrap_err();
         for err in [&unary, &streamed] {
             assert_eq!(reason(err), "SCALAR_ARGS_MISMATCH", "{launch:?}: {err}");
-            assert_eq!(
-                err.refusal().unwrap().code(),
-                tonic::Code::InvalidArgument
-            );
+            assert_eq!(err.refusal().unwrap().code(), tonic::Code::InvalidArgument);
             assert_eq!(meta(err, "what"), *what, "{err}");
             for (key, value) in metadata {
                 assert_eq!(meta(err, key), value, "{key}: {err}");
@@ -168,10 +168,11 @@ async fn each_mismatch_is_refused_with_its_reason_on_every_path() {
         }
     }
     // An arg without a value is a malformed request.
-    let mut request = base
-        .clone()
-        .args([Arg::F32(1.0), Arg::F32(2.0)])
-        .to_proto(session.id(), affine.handle(), 0);
+    let mut request = base.clone().args([Arg::F32(1.0), Arg::F32(2.0)]).to_proto(
+        session.id(),
+        affine.handle(),
+        0,
+    );
     request.args[1] = pb::ScalarArg { value: None };
     let err = ptxd_client::Error::from(session.raw().launch(request).await.unwrap_err());
     assert_eq!(reason(&err), "INVALID_ARGUMENT");
@@ -190,8 +191,12 @@ async fn each_mismatch_is_refused_with_its_reason_on_every_path() {
     let err = session
         .launch(
             &add,
-            &Launch::new([x_buf.operand(), x_buf.operand()], y_buf.operand(), n as u64)
-                .args([Arg::F32(1.0)]),
+            &Launch::new(
+                [x_buf.operand(), x_buf.operand()],
+                y_buf.operand(),
+                n as u64,
+            )
+            .args([Arg::F32(1.0)]),
         )
         .await
         .unwrap_err();

@@ -167,9 +167,8 @@ impl CudaBackend {
             // SAFETY: every address lies inside an open IPC mapping with
             // room for n elements (checked above, and by the front), and
             // mappings are only closed after draining.
-            let launched = unsafe {
-                kernel.enqueue(&stream, grid as u32, &addresses, launch.n, &scalars)
-            };
+            let launched =
+                unsafe { kernel.enqueue(&stream, grid as u32, &addresses, launch.n, &scalars) };
             if let Err(e) = launched {
                 return fail_driver(reply, &e, "launching the kernel");
             }

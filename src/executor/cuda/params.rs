@@ -85,7 +85,10 @@ pub(super) fn pack(
     n: u64,
     scalars: &[u64],
 ) -> Result<PackedParams, String> {
-    let wanted = layout.iter().filter(|s| matches!(s, Slot::Scalar(_))).count();
+    let wanted = layout
+        .iter()
+        .filter(|s| matches!(s, Slot::Scalar(_)))
+        .count();
     if scalars.len() != wanted {
         return Err(format!(
             "the launch passes {} scalars; the kernel takes {wanted}",
@@ -267,7 +270,11 @@ mod tests {
             ..Default::default()
         };
         let layout = crate::executor::layout::decode(&load).unwrap();
-        let (x, y, out) = (0x1111_2222_3333_4440u64, 0x5555_6666_7777_8880, 0x9999_aaaa_bbbb_ccc0);
+        let (x, y, out) = (
+            0x1111_2222_3333_4440u64,
+            0x5555_6666_7777_8880,
+            0x9999_aaaa_bbbb_ccc0,
+        );
         let scale = u64::from(0.125f32.to_bits());
         let shift = (-3i64) as u64;
         let packed = pack(&layout, &[x, y, out], 4097, &[scale, shift]).unwrap();
@@ -314,7 +321,10 @@ mod tests {
         let u32_count = [Slot::Operand(0), Slot::Count(ScalarType::U32)];
         assert!(pack(&u32_count, &[1], u64::from(u32::MAX), &[]).is_ok());
         let err = pack(&u32_count, &[1], u64::from(u32::MAX) + 1, &[]).unwrap_err();
-        assert!(err.contains("does not fit the kernel's .u32 count"), "{err}");
+        assert!(
+            err.contains("does not fit the kernel's .u32 count"),
+            "{err}"
+        );
         let s32_count = [Slot::Operand(0), Slot::Count(ScalarType::S32)];
         assert!(pack(&s32_count, &[1], i32::MAX as u64, &[]).is_ok());
         assert!(pack(&s32_count, &[1], i32::MAX as u64 + 1, &[]).is_err());
@@ -324,7 +334,10 @@ mod tests {
         let err = pack(&f32_scalar, &[1], 0, &[1 << 32]).unwrap_err();
         assert!(err.contains("does not fit a .f32 scalar"), "{err}");
         let err = pack(&f32_scalar, &[1], 0, &[]).unwrap_err();
-        assert!(err.contains("passes 0 scalars; the kernel takes 1"), "{err}");
+        assert!(
+            err.contains("passes 0 scalars; the kernel takes 1"),
+            "{err}"
+        );
         let err = pack(&[Slot::Operand(3)], &[1], 0, &[]).unwrap_err();
         assert!(err.contains("no operand 3"), "{err}");
     }

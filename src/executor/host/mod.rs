@@ -138,9 +138,9 @@ struct Job {
     /// (operand name, mapping, byte offset): inputs, then the output.
     operands: Vec<(String, Arc<Mapping>, usize)>,
     n: u64,
-    params: Vec<f32>,
-    /// Typed scalar args, bits zero-extended to 64 (empty: `params`).
-    args: Vec<u64>,
+    /// The f32 params, and the typed scalar args as bits zero-extended to
+    /// 64 (empty: the scalars are the params).
+    scalars: Box<(Vec<f32>, Vec<u64>)>,
     stream: u64,
     /// The session's ring allowance, if it has a ring here.
     timeouts: Option<Arc<TimeoutAllowance>>,
@@ -406,8 +406,7 @@ impl HostBackend {
             kernel,
             operands,
             n: launch.n,
-            params: launch.params,
-            args: launch.args,
+            scalars: Box::new((launch.params, launch.args)),
             stream: launch.stream,
             timeouts: self.timeouts.get(&launch.stream).cloned(),
             reply,
@@ -478,13 +477,13 @@ fn run_job(job: Job, run: RunConfig) {
         kernel,
         operands,
         n,
-        params,
-        args,
+        scalars,
         stream,
         timeouts,
         reply,
     } = job;
-    match execute(&kernel, &operands, n, (&params, &args), run) {
+    let (params, args) = &*scalars;
+    match execute(&kernel, &operands, n, (params, args), run) {
         Ok(()) => reply.ok(),
         Err(failure) => {
             if failure.kind == FailureKind::KernelTimeout {
