@@ -130,7 +130,13 @@ pub fn decode(load: &exec::LoadModule) -> Result<Vec<Slot>, String> {
             Some(Wire::Null(_)) => Slot::Null,
             Some(Wire::Count(kind)) => {
                 counts += 1;
-                Slot::Count(type_of(kind).ok_or(format!("param {i}: a count without a type"))?)
+                match type_of(kind) {
+                    Some(ScalarType::F32 | ScalarType::F64) => {
+                        return Err(format!("param {i}: a count of a float type"))
+                    }
+                    Some(ty) => Slot::Count(ty),
+                    None => return Err(format!("param {i}: a count without a type")),
+                }
             }
             Some(Wire::Scalar(kind)) => {
                 scalars += 1;
@@ -313,6 +319,14 @@ mod tests {
             (
                 vec![Wire::Operand(0), Wire::Operand(1), Wire::Count(0)],
                 "without a type",
+            ),
+            (
+                vec![
+                    Wire::Operand(0),
+                    Wire::Operand(1),
+                    Wire::Count(exec::ScalarKind::F32 as i32),
+                ],
+                "a count of a float type",
             ),
         ];
         for (wire, want) in cases {

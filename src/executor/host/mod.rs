@@ -317,6 +317,12 @@ impl HostBackend {
                 &[],
             );
         }
+        // The engine takes its params from its own contract; a layout the
+        // front sent that does not even match the module is a bug, refused
+        // as the CUDA executor refuses it.
+        if let Err(message) = crate::executor::layout::decode(&load) {
+            return reply.fail(FailureKind::AbiMismatch, message, &[]);
+        }
         let text = match std::str::from_utf8(&load.artifact) {
             Ok(t) => t,
             Err(e) => {
