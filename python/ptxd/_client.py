@@ -104,12 +104,22 @@ class Launched(NamedTuple):
 class Kernel:
     """A kernel loaded into a session (from :meth:`Session.load_ptx`)."""
 
-    __slots__ = ("_native", "_sizes", "_scalars")
+    __slots__ = ("_native", "_sizes", "_scalars", "_ring")
 
     def __init__(self, native: Any) -> None:
         self._native = native
         self._sizes: Optional[Tuple[int, ...]] = None
         self._scalars: Optional[List[Tuple[str, str]]] = None
+        self._ring: Optional[bool] = None
+
+    def _ring_ok(self) -> bool:
+        # Whether ptxd grants this kernel to a launch ring: only a contract
+        # its scalar-ABI signature checks (see _args.ring_launchable); any
+        # other (typed params, a .u32 count, null pointers, several
+        # elements per thread) is launched unary.
+        if self._ring is None:
+            self._ring = _args.ring_launchable(self._native.contract)
+        return self._ring
 
     def _scalar_params(self) -> List[Tuple[str, str]]:
         # ``(name, arg type)`` of each by-value scalar param, from the
@@ -688,14 +698,15 @@ class Session:
                 # alike): every path, the ring included, carries them. Any
                 # mismatch goes as args, for ptxd's SCALAR_ARGS_MISMATCH.
                 params, typed = [a.value for a in typed], []
-        if not typed:
+        ring_ok = not typed and kernel._ring_ok()
+        if ring_ok:
             fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
             if fast is not None:
                 return fast
         for _ in range(3):
             prepared = self._prepare(kernel, inputs, output, n, params)
             raw_stream = self._stream_for(prepared, stream)
-            if raw_stream is not None and prepared.ring is not None and not typed:
+            if raw_stream is not None and prepared.ring is not None and ring_ok:
                 results = self._via_ring(raw_stream, [(kernel, prepared)], sync)
                 if results is _STALE:
                     continue
@@ -847,7 +858,8 @@ class Session:
             raw_stream = self._stream_for(prepared[0], stream)
             # A session with auto_reload sends batches the unary way, which
             # reloads a stale kernel and retries only the launch refused.
-            ringable = not self.auto_reload and all(p.ring is not None for p in prepared)
+            ringable = (not self.auto_reload and all(p.ring is not None for p in prepared)
+                        and all(item[0]._ring_ok() for item in items))
             if raw_stream is not None and ringable:
                 outcomes = self._via_ring(
                     raw_stream, [(item[0], p) for item, p in zip(items, prepared)], sync
