@@ -830,7 +830,8 @@ class Session:
         them, not one each).
 
         Each item is ``(kernel, inputs, output)``, optionally followed by
-        ``n`` and ``params``, or a dict with those keys. ptxd runs a session's
+        ``n`` and ``params``, or a dict with those keys (or ``args`` instead
+        of ``params``, f32 ones only: see :meth:`launch`). ptxd runs a session's
         launches in order; with a stream (or the framework's current one, as
         in :meth:`launch`) the first waits for the stream's earlier work and
         the stream's later work waits for the last. As in :meth:`launch`,
@@ -1232,7 +1233,12 @@ def _device_selector(device: Any) -> Union[int, str]:
 
 def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], Sequence[float]]:
     if isinstance(item, dict):
-        return (item["kernel"], item["inputs"], item["output"], item.get("n"), item.get("params", ()))
+        params = item.get("params", ())
+        if item.get("args"):
+            if params:
+                raise TypeError("a launch passes params or args, not both")
+            params = _f32_params(item["kernel"], item["args"])
+        return (item["kernel"], item["inputs"], item["output"], item.get("n"), params)
     item = tuple(item)
     if not 3 <= len(item) <= 5:
         raise TypeError("a launch is (kernel, inputs, output[, n[, params]]) or a dict")
@@ -1240,3 +1246,16 @@ def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], 
     n = item[3] if len(item) > 3 else None
     params = item[4] if len(item) > 4 else ()
     return (kernel, inputs, output, n, params)
+
+
+def _f32_params(kernel: Kernel, args: Sequence[Any]) -> List[float]:
+    """A batch item's args as the f32 params they are: ``launch_many``
+    carries f32 scalars only (launch typed args of other types one by one
+    with :meth:`Session.launch`)."""
+    typed = _args.resolve(args, kernel._scalar_params())
+    if any(a.type != "f32" for a in typed):
+        raise TypeError(
+            "launch_many passes f32 scalars only; launch a kernel with typed args of other "
+            "types with Session.launch"
+        )
+    return [float(a.value) for a in typed]

@@ -197,3 +197,23 @@ def test_only_scalar_abi_contracts_are_sent_to_a_launch_ring(session):
         "something else",
     ]:
         assert not _args.ring_launchable(other), other
+
+
+def test_launch_many_takes_f32_args_and_refuses_other_types(session):
+    kernel = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
+    n = 517
+    x = filled(session, RNG.uniform(-5, 5, n).astype(np.float32))
+    ys = [poisoned(session, n) for _ in range(2)]
+    coefficients = [(0.5, 1.0), (-2.0, 0.25)]
+    session.launch_many([
+        {"kernel": kernel, "inputs": [x], "output": y, "args": [ptxd.f32(a), b]}
+        for y, (a, b) in zip(ys, coefficients)
+    ], sync=True)
+    for y, (a, b) in zip(ys, coefficients):
+        np.testing.assert_array_equal(y, affine_reference(np.asarray(x), a, b))
+    with pytest.raises(TypeError, match="f32 scalars only"):
+        session.launch_many([{"kernel": kernel, "inputs": [x], "output": ys[0],
+                              "args": [ptxd.f64(1.0), ptxd.f32(2.0)]}])
+    with pytest.raises(TypeError, match="not both"):
+        session.launch_many([{"kernel": kernel, "inputs": [x], "output": ys[0],
+                              "params": [1.0, 2.0], "args": [1.0, 2.0]}])
