@@ -217,3 +217,31 @@ def test_launch_many_takes_f32_args_and_refuses_other_types(session):
     with pytest.raises(TypeError, match="not both"):
         session.launch_many([{"kernel": kernel, "inputs": [x], "output": ys[0],
                               "params": [1.0, 2.0], "args": [1.0, 2.0]}])
+
+
+def test_a_real_triton_kernel_through_load_triton(session, corpus):
+    # Triton 3.6's scale_shift (f32, BLOCK_SIZE 1024, 4 warps) as a compiled
+    # kernel would hand it over. Until the daemon's verifier accepts the
+    # Triton family (issue 21, w27a: DAEMON_FAMILIES), the load is refused
+    # with exactly the scalar ABI's verdict on its .u32 count, and the test
+    # skips; once it accepts, the launch must be right.
+    ptx = (corpus / "jit" / "triton" / "scale_shift_f32_b1024_w4_nodiv.ptx").read_text()
+    compiled = fake_triton(ptx, "scale_shift_kernel", num_warps=4)
+    try:
+        kernel = session.load_triton(compiled)
+    except ptxd.NonScalarAbi as refused:
+        if refused.metadata.get("sub_reason") == "count_not_64bit":
+            pytest.skip("this daemon's verifier does not accept the Triton family yet")
+        raise
+    assert "count .u32" in kernel.contract and not kernel._ring_ok()
+    n = 3001
+    x = filled(session, RNG.uniform(-10, 10, n).astype(np.float32))
+    y = poisoned(session, n + 8)
+    scale, shift = 1.5, -0.25
+    session.launch(kernel, [x], y, n=n, args=[scale, shift], sync=True)
+    np.testing.assert_array_equal(y[:n].view(np.uint32),
+                                  affine_reference(np.asarray(x), scale, shift).view(np.uint32))
+    assert np.isnan(y[n:]).all(), "written past n"
+    with pytest.raises(ptxd.ScalarArgsMismatch) as refused:
+        session.launch(kernel, [x], y, n=n, args=[ptxd.f32(scale), ptxd.i32(2)], sync=True)
+    assert refused.value.metadata["given"] == "i32"
