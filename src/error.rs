@@ -70,6 +70,17 @@ pub enum Error {
         condition: String,
         values: String,
     },
+    /// The launch's scalar arguments do not match the kernel's scalar
+    /// params (see `crate::launch::LaunchRefusal::ScalarArgsMismatch`).
+    #[error("{message}")]
+    ScalarArgsMismatch {
+        what: &'static str,
+        index: u32,
+        param: String,
+        expected: String,
+        given: String,
+        message: String,
+    },
     #[error("the kernel takes {expected} {what}, the launch gives {found}")]
     LaunchArity {
         what: &'static str,
@@ -293,6 +304,25 @@ impl Error {
                     ("values", values.clone()),
                 ]),
             ),
+            Error::ScalarArgsMismatch {
+                what,
+                index,
+                param,
+                expected,
+                given,
+                ..
+            } => {
+                let mut metadata = meta([
+                    ("what", what.to_string()),
+                    ("expected", expected.clone()),
+                    ("given", given.clone()),
+                ]);
+                if *what == "type" {
+                    metadata.insert("index".into(), index.to_string());
+                    metadata.insert("param".into(), param.clone());
+                }
+                (Code::InvalidArgument, Reason::ScalarArgsMismatch, metadata)
+            }
             Error::UnknownDevice { device } => (
                 Code::NotFound,
                 Reason::UnknownDevice,
@@ -500,6 +530,20 @@ impl From<crate::launch::LaunchRefusal> for Error {
                 precondition,
                 condition,
                 values,
+            },
+            LaunchRefusal::ScalarArgsMismatch {
+                what,
+                index,
+                ref param,
+                ref expected,
+                ref given,
+            } => Error::ScalarArgsMismatch {
+                what,
+                index,
+                param: param.clone(),
+                expected: expected.clone(),
+                given: given.clone(),
+                message: refusal.to_string(),
             },
             LaunchRefusal::Internal(message) => Error::Internal {
                 message: message.into(),

@@ -9,6 +9,12 @@
 //! passes:
 //! - the launch passes exactly the kernel's verified number of inputs and
 //!   scalar params, and has an output;
+//! - typed scalar arguments ([`ScalarArg`]) match the contract's `Scalar`
+//!   params one for one, type for type (nothing is converted), and a launch
+//!   passes either f32 `params` or typed args, never both; f32 `params`
+//!   are f32 args, so a param of another type refuses them;
+//! - `n` fits the type of the kernel's count param (a `.u32` count refuses
+//!   `n > u32::MAX`), so no executor ever truncates it;
 //! - every precondition of the contract holds at the launch's values (`n`
 //!   fits the kernel's `long long` count, and whatever else the proof
 //!   assumed, e.g. a 32-bit index that cannot wrap);
@@ -27,8 +33,72 @@
 //! same mistake).
 
 use crate::handles::DeviceGeneration;
-use crate::ptx::contract::{LaunchValues, COUNT_FITS_I64};
+use crate::ptx::contract::{LaunchValues, ParamKind, ScalarType, COUNT_FITS_I64};
 use crate::ptx::{LaunchContract, Signature};
+
+/// A typed by-value scalar argument of a launch (`LaunchRequest.args`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScalarArg {
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+    F64(f64),
+}
+
+impl ScalarArg {
+    /// The argument's type as the wire names it (`i32`, `u32`, ... `f64`).
+    pub fn type_name(self) -> &'static str {
+        match self {
+            ScalarArg::I32(_) => "i32",
+            ScalarArg::U32(_) => "u32",
+            ScalarArg::I64(_) => "i64",
+            ScalarArg::U64(_) => "u64",
+            ScalarArg::F32(_) => "f32",
+            ScalarArg::F64(_) => "f64",
+        }
+    }
+
+    /// Whether it is exactly a value of the PTX type `ty` (`.s32` takes an
+    /// i32, `.u32`/`.b32` a u32, and so on): no conversion is implied.
+    pub fn is(self, ty: ScalarType) -> bool {
+        matches!(
+            (self, ty),
+            (ScalarArg::I32(_), ScalarType::S32)
+                | (ScalarArg::U32(_), ScalarType::U32)
+                | (ScalarArg::I64(_), ScalarType::S64)
+                | (ScalarArg::U64(_), ScalarType::U64)
+                | (ScalarArg::F32(_), ScalarType::F32)
+                | (ScalarArg::F64(_), ScalarType::F64)
+        )
+    }
+
+    /// Its bits zero-extended to 64: what executors pack (an f32 as its
+    /// `to_bits`, an i32 as its u32 bits).
+    pub fn bits(self) -> u64 {
+        match self {
+            ScalarArg::I32(v) => u64::from(v as u32),
+            ScalarArg::U32(v) => u64::from(v),
+            ScalarArg::I64(v) => v as u64,
+            ScalarArg::U64(v) => v,
+            ScalarArg::F32(v) => u64::from(v.to_bits()),
+            ScalarArg::F64(v) => v.to_bits(),
+        }
+    }
+}
+
+/// The wire's name for the argument type a PTX param type takes.
+pub fn arg_type_name(ty: ScalarType) -> &'static str {
+    match ty {
+        ScalarType::S32 => "i32",
+        ScalarType::U32 => "u32",
+        ScalarType::S64 => "i64",
+        ScalarType::U64 => "u64",
+        ScalarType::F32 => "f32",
+        ScalarType::F64 => "f64",
+    }
+}
 
 /// Where an object lives: one of the daemon's devices, and the executor
 /// generation its mapping (or module) is open in.
@@ -52,6 +122,9 @@ pub trait LaunchTerms {
     /// Operand `k`'s (inputs, then the output) alignment and footprint in
     /// bytes (`None`: past `u128`), or `None` when there is no operand `k`.
     fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)>;
+    /// The type of the `k`-th by-value scalar param and its name, or `None`
+    /// past the last.
+    fn scalar(&self, k: usize) -> Option<(ScalarType, &str)>;
 }
 
 impl LaunchTerms for Signature {
@@ -75,6 +148,11 @@ impl LaunchTerms for Signature {
     fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)> {
         let size = *self.element_sizes.get(k)?;
         Some((size, Some(u128::from(values.count) * u128::from(size))))
+    }
+    fn scalar(&self, k: usize) -> Option<(ScalarType, &str)> {
+        // The scalar ABI's scalars are all `float`; a signature carries no
+        // names (the ring's refusals say `p<k>`, as the contract's would).
+        (k < self.scalar_params as usize).then_some((ScalarType::F32, ""))
     }
 }
 
@@ -107,11 +185,48 @@ impl LaunchTerms for BoundContract<'_> {
                 });
             }
         }
+        // The count param's type bounds n whatever the proof assumed: an
+        // executor passes n as that type and must never truncate it.
+        let count = self.contract.params.iter().find_map(|p| match p.kind {
+            ParamKind::Count(ty) => Some(ty),
+            _ => None,
+        });
+        if let Some((name, max)) = count.and_then(count_limit) {
+            if n > max {
+                return Err(LaunchRefusal::PreconditionFailed {
+                    precondition: name,
+                    condition: format!("{name}: n <= {max}"),
+                    values: format!("n={n}"),
+                });
+            }
+        }
         Ok(values)
     }
     fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)> {
         let f = self.contract.footprints.get(k)?;
         Some((f.alignment, f.bytes.eval(values)))
+    }
+    fn scalar(&self, k: usize) -> Option<(ScalarType, &str)> {
+        self.contract
+            .params
+            .iter()
+            .filter_map(|p| match p.kind {
+                ParamKind::Scalar(ty) => Some((ty, p.name.as_str())),
+                _ => None,
+            })
+            .nth(k)
+    }
+}
+
+/// The precondition a count param of type `ty` puts on `n` (its name and
+/// the largest `n`), or `None` when every `u64` fits.
+fn count_limit(ty: ScalarType) -> Option<(&'static str, u64)> {
+    match ty {
+        ScalarType::U32 => Some(("count_fits_u32", u64::from(u32::MAX))),
+        ScalarType::S32 => Some((crate::ptx::contract::COUNT_FITS_I32, i32::MAX as u64)),
+        ScalarType::S64 => Some((COUNT_FITS_I64, i64::MAX as u64)),
+        // A float count is not one the verifier names; u64 holds any n.
+        ScalarType::U64 | ScalarType::F32 | ScalarType::F64 => None,
     }
 }
 
@@ -173,7 +288,7 @@ pub struct LaunchShape<'r, O, E: ?Sized> {
     pub output: Option<&'r O>,
     /// Elements per operand.
     pub n: u64,
-    /// How many scalar params the launch passes.
+    /// How many f32 scalar params (`params`) the launch passes.
     pub scalars: usize,
     pub wait: Option<&'r E>,
     pub signal: Option<&'r E>,
@@ -240,17 +355,135 @@ pub enum LaunchRefusal {
         condition: String,
         values: String,
     },
+    /// The launch's scalars do not match the kernel's by-value scalar
+    /// params: `what` is `count` (another number of typed args), `type`
+    /// (the `index`-th scalar, param `param`, is `expected` and the launch
+    /// gives `given`) or `both` (f32 `params` and typed `args` together).
+    #[error("{}", scalar_mismatch_text(what, *index, param, expected, given))]
+    ScalarArgsMismatch {
+        what: &'static str,
+        index: u32,
+        param: String,
+        expected: String,
+        given: String,
+    },
     /// The signature is not one the verifier produces (a bug, not a
     /// caller's mistake).
     #[error("{0}")]
     Internal(&'static str),
 }
 
-/// Checks a launch of `kernel` against the session's `view`.
+fn scalar_mismatch_text(
+    what: &str,
+    index: u32,
+    param: &str,
+    expected: &str,
+    given: &str,
+) -> String {
+    match what {
+        "count" => format!("the kernel takes {expected} scalar args, the launch gives {given}"),
+        "both" => "a launch passes f32 params or typed args, not both".to_string(),
+        _ => format!(
+            "scalar arg {index} (param {param}) is {expected}, the launch gives {given}; nothing is converted"
+        ),
+    }
+}
+
+/// Checks the launch's scalars against the kernel's by-value scalar params.
+fn check_scalars<K: LaunchTerms + ?Sized>(
+    terms: &K,
+    scalars: usize,
+    args: &[ScalarArg],
+) -> Result<(), LaunchRefusal> {
+    let expected = terms.scalar_params();
+    if scalars > 0 && !args.is_empty() {
+        return Err(LaunchRefusal::ScalarArgsMismatch {
+            what: "both",
+            index: 0,
+            param: String::new(),
+            expected: format!("{expected} scalars"),
+            given: format!("{scalars} params and {} args", args.len()),
+        });
+    }
+    if args.is_empty() {
+        // f32 `params`: the scalar ABI's arity refusal, as always; then
+        // each must be an f32 param.
+        if scalars != expected as usize {
+            return Err(LaunchRefusal::Arity {
+                what: "scalar params",
+                expected,
+                found: clamp(scalars),
+            });
+        }
+        for k in 0..scalars {
+            let mismatch = |ty: ScalarType, name: &str| LaunchRefusal::ScalarArgsMismatch {
+                what: "type",
+                index: clamp(k),
+                param: param_name(k, name),
+                expected: arg_type_name(ty).to_string(),
+                given: "f32".to_string(),
+            };
+            match terms.scalar(k) {
+                Some((ScalarType::F32, _)) => {}
+                Some((ty, name)) => return Err(mismatch(ty, name)),
+                None => return Err(LaunchRefusal::Internal("the kernel's terms lack a scalar")),
+            }
+        }
+        return Ok(());
+    }
+    if args.len() != expected as usize {
+        return Err(LaunchRefusal::ScalarArgsMismatch {
+            what: "count",
+            index: 0,
+            param: String::new(),
+            expected: expected.to_string(),
+            given: args.len().to_string(),
+        });
+    }
+    for (k, arg) in args.iter().enumerate() {
+        let Some((ty, name)) = terms.scalar(k) else {
+            return Err(LaunchRefusal::Internal("the kernel's terms lack a scalar"));
+        };
+        if !arg.is(ty) {
+            return Err(LaunchRefusal::ScalarArgsMismatch {
+                what: "type",
+                index: clamp(k),
+                param: param_name(k, name),
+                expected: arg_type_name(ty).to_string(),
+                given: arg.type_name().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A scalar param's name for a refusal (`p<k>` where the terms carry none).
+fn param_name(k: usize, name: &str) -> String {
+    if name.is_empty() {
+        format!("p{k}")
+    } else {
+        name.to_string()
+    }
+}
+
+/// Checks a launch of `kernel` against the session's `view` (a launch
+/// whose scalars are f32 `params` only: the ring's).
 pub fn check<C: Capabilities, K: LaunchTerms + ?Sized>(
     view: &C,
     kernel: KernelCap<'_, K>,
     launch: &LaunchShape<'_, C::Operand, C::Event>,
+) -> Result<CheckedLaunch, C::Error> {
+    check_with_args(view, kernel, launch, &[])
+}
+
+/// Checks a launch of `kernel` against the session's `view`, with the
+/// launch's typed scalar `args` (empty when it passes f32 `params` or no
+/// scalars).
+pub fn check_with_args<C: Capabilities, K: LaunchTerms + ?Sized>(
+    view: &C,
+    kernel: KernelCap<'_, K>,
+    launch: &LaunchShape<'_, C::Operand, C::Event>,
+    args: &[ScalarArg],
 ) -> Result<CheckedLaunch, C::Error> {
     let terms = kernel.signature;
     if launch.inputs.len() != terms.inputs() as usize {
@@ -261,14 +494,7 @@ pub fn check<C: Capabilities, K: LaunchTerms + ?Sized>(
         }
         .into());
     }
-    if launch.scalars != terms.scalar_params() as usize {
-        return Err(LaunchRefusal::Arity {
-            what: "scalar params",
-            expected: terms.scalar_params(),
-            found: clamp(launch.scalars),
-        }
-        .into());
-    }
+    check_scalars(terms, launch.scalars, args)?;
     let output = launch.output.ok_or(LaunchRefusal::NoOutput)?;
     let values = terms.values(launch.n)?;
     let mismatch = |operand: String, placement: Placement| LaunchRefusal::DeviceMismatch {
@@ -814,6 +1040,208 @@ mod tests {
                 operand: "output".into(),
                 needed_bytes: u128::MAX,
                 buffer_bytes: u64::MAX,
+            })
+        );
+    }
+
+    /// A Triton-like contract: `out, x, .u32 n, .f32 scale, y, .s64 shift,
+    /// null, null`, operands x, y, out.
+    fn typed_contract() -> LaunchContract {
+        use crate::ptx::contract::{ContractParam, PointerAccess};
+        let mut contract = LaunchContract::scalar(&signature(vec![4, 4, 4], 0), &[]);
+        let pointer = |name: &str, access, operand| ContractParam {
+            name: name.into(),
+            kind: ParamKind::Pointer { access, operand },
+        };
+        let scalar = |name: &str, kind| ContractParam {
+            name: name.into(),
+            kind,
+        };
+        contract.params = vec![
+            pointer("out", PointerAccess::Written, Some(2)),
+            pointer("x", PointerAccess::Read, Some(0)),
+            scalar("n", ParamKind::Count(ScalarType::U32)),
+            scalar("scale", ParamKind::Scalar(ScalarType::F32)),
+            pointer("y", PointerAccess::Read, Some(1)),
+            scalar("shift", ParamKind::Scalar(ScalarType::S64)),
+            pointer("s0", PointerAccess::UnusedNull, None),
+            pointer("s1", PointerAccess::UnusedNull, None),
+        ];
+        contract
+    }
+
+    /// Typed args match the contract's scalar params in count and type,
+    /// exactly; each mismatch is refused naming what, and on the wire
+    /// SCALAR_ARGS_MISMATCH with its metadata.
+    #[test]
+    fn typed_args_must_match_the_scalar_params_exactly() {
+        let contract = typed_contract();
+        let bound = BoundContract {
+            contract: &contract,
+            block: 128,
+        };
+        let kernel = KernelCap {
+            signature: &bound,
+            placement: HERE,
+        };
+        let view = Bare(table(&[400, 400, 400]));
+        let ins = [(0, 0), (1, 0)];
+        let launch = shape(&ins, &(2, 0), 100, 0);
+        let good = [ScalarArg::F32(0.5), ScalarArg::I64(-7)];
+        assert!(check_with_args(&view, kernel, &launch, &good).is_ok());
+        let type_mismatch = |index: u32, param: &str, expected: &str, given: &str| {
+            Err(LaunchRefusal::ScalarArgsMismatch {
+                what: "type",
+                index,
+                param: param.into(),
+                expected: expected.into(),
+                given: given.into(),
+            })
+        };
+        // No conversion: not an f64 or an i32 for the f32, not a u64 for
+        // the s64.
+        assert_eq!(
+            check_with_args(&view, kernel, &launch, &[ScalarArg::F64(0.5), good[1]]),
+            type_mismatch(0, "scale", "f32", "f64")
+        );
+        assert_eq!(
+            check_with_args(&view, kernel, &launch, &[ScalarArg::I32(1), good[1]]),
+            type_mismatch(0, "scale", "f32", "i32")
+        );
+        assert_eq!(
+            check_with_args(&view, kernel, &launch, &[good[0], ScalarArg::U64(7)]),
+            type_mismatch(1, "shift", "i64", "u64")
+        );
+        assert_eq!(
+            check_with_args(&view, kernel, &launch, &good[..1]),
+            Err(LaunchRefusal::ScalarArgsMismatch {
+                what: "count",
+                index: 0,
+                param: String::new(),
+                expected: "2".into(),
+                given: "1".into(),
+            })
+        );
+        // f32 params are f32 args: the s64 refuses them.
+        assert_eq!(
+            check(&view, kernel, &shape(&ins, &(2, 0), 100, 2)),
+            type_mismatch(1, "shift", "i64", "f32")
+        );
+        // Both at once.
+        let refused = check_with_args(&view, kernel, &shape(&ins, &(2, 0), 100, 2), &good);
+        assert!(
+            matches!(
+                &refused,
+                Err(LaunchRefusal::ScalarArgsMismatch { what: "both", .. })
+            ),
+            "{refused:?}"
+        );
+        // On the wire.
+        let view = table(&[400, 400, 400]);
+        let refusal = check_with_args(&view, kernel, &launch, &[ScalarArg::I32(1), good[1]])
+            .unwrap_err()
+            .refusal();
+        assert_eq!(refusal.reason, Reason::ScalarArgsMismatch);
+        assert_eq!(refusal.code, tonic::Code::InvalidArgument);
+        for (key, value) in [
+            ("what", "type"),
+            ("index", "0"),
+            ("param", "scale"),
+            ("expected", "f32"),
+            ("given", "i32"),
+        ] {
+            assert_eq!(refusal.metadata[key], value, "{key}");
+        }
+        let refusal = check_with_args(&view, kernel, &launch, &[])
+            .unwrap_err()
+            .refusal();
+        // No args and no params: the scalar ABI's arity refusal, as before.
+        assert_eq!(refusal.reason, Reason::AbiMismatch);
+        let refusal = check_with_args(&view, kernel, &launch, &good[..1])
+            .unwrap_err()
+            .refusal();
+        assert_eq!(refusal.reason, Reason::ScalarArgsMismatch);
+        assert_eq!(
+            (
+                refusal.metadata["what"].as_str(),
+                refusal.metadata["expected"].as_str()
+            ),
+            ("count", "2")
+        );
+        assert!(!refusal.metadata.contains_key("index"));
+    }
+
+    /// The scalar ABI: f32 args are its params (the same check passes),
+    /// any other type is refused naming `p<k>`.
+    #[test]
+    fn f32_args_are_the_scalar_abis_params() {
+        let sig = signature(vec![4, 4], 2);
+        let contract = LaunchContract::scalar(&sig, &["x", "y", "n", "a", "b"]);
+        let bound = BoundContract {
+            contract: &contract,
+            block: 256,
+        };
+        let view = Bare(table(&[400, 400]));
+        let ins = [(0, 0)];
+        let args = [ScalarArg::F32(1.0), ScalarArg::F32(2.0)];
+        for kernel in [
+            KernelCap {
+                signature: &sig as &dyn LaunchTerms,
+                placement: HERE,
+            },
+            KernelCap {
+                signature: &bound as &dyn LaunchTerms,
+                placement: HERE,
+            },
+        ] {
+            let by_params = check(&view, kernel, &shape(&ins, &(1, 0), 100, 2));
+            let by_args = check_with_args(&view, kernel, &shape(&ins, &(1, 0), 100, 0), &args);
+            assert!(by_params.is_ok());
+            assert_eq!(by_params, by_args);
+            let refused = check_with_args(
+                &view,
+                kernel,
+                &shape(&ins, &(1, 0), 100, 0),
+                &[ScalarArg::F32(1.0), ScalarArg::U32(2)],
+            );
+            let Err(LaunchRefusal::ScalarArgsMismatch {
+                what: "type",
+                index: 1,
+                param,
+                ..
+            }) = refused
+            else {
+                panic!("{refused:?}");
+            };
+            assert!(param == "b" || param == "p1", "{param}");
+        }
+    }
+
+    /// The count param's type bounds n: a `.u32` count takes u32::MAX
+    /// elements and refuses one more, naming `count_fits_u32`.
+    #[test]
+    fn a_u32_count_refuses_n_past_u32_max() {
+        let contract = typed_contract();
+        let bound = BoundContract {
+            contract: &contract,
+            block: 128,
+        };
+        let kernel = KernelCap {
+            signature: &bound,
+            placement: HERE,
+        };
+        let big = 1u64 << 40;
+        let view = Bare(table(&[big, big, big]));
+        let ins = [(0, 0), (1, 0)];
+        let args = [ScalarArg::F32(0.5), ScalarArg::I64(-7)];
+        let max = u64::from(u32::MAX);
+        assert!(check_with_args(&view, kernel, &shape(&ins, &(2, 0), max, 0), &args).is_ok());
+        assert_eq!(
+            check_with_args(&view, kernel, &shape(&ins, &(2, 0), max + 1, 0), &args),
+            Err(LaunchRefusal::PreconditionFailed {
+                precondition: "count_fits_u32",
+                condition: "count_fits_u32: n <= 4294967295".into(),
+                values: "n=4294967296".into(),
             })
         );
     }

@@ -438,6 +438,7 @@ fn a_launch_waits_for_the_clients_event() {
             wait_event,
             signal_event: 0,
             sync: true,
+            ..Default::default()
         })
     };
 

@@ -216,6 +216,10 @@ refusals! {
     /// The fd token is unknown, used or expired (metadata `why`): register
     /// the buffer again.
     StaleFdToken,
+    /// The launch's typed scalar args do not match the kernel's scalar
+    /// params (metadata `what`: count, type or both; for a type `index`,
+    /// `param`, `expected`, `given`).
+    ScalarArgsMismatch,
 }
 
 impl Refusal {
@@ -289,7 +293,7 @@ mod tests {
         let reasons: Vec<Reason> = (1..)
             .map_while(|value| Reason::try_from(value).ok())
             .collect();
-        assert_eq!(reasons.len(), 26, "the proto's reason list changed");
+        assert_eq!(reasons.len(), 27, "the proto's reason list changed");
         reasons
     }
 

@@ -68,7 +68,7 @@ pub use session::{
     SessionOptions, StreamReply,
 };
 pub use types::{
-    Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
+    Arg, Artifact, Buffer, BufferListing, CloseReport, DaemonInfo, DeclaredAbi, DeviceInfo,
     DeviceSelector, Event, KernelListing, KernelSignature, Launch, Launched, Limits, LoadOptions,
     Operand, SessionEvent, Usage,
 };

@@ -20,6 +20,7 @@ Refusals raise :class:`Refused` (one subclass per reason, e.g.
 """
 
 from . import _native
+from ._args import Arg, f32, f64, i32, i64, u32, u64
 from ._client import Buffer, Client, Kernel, Launched, Session, Signature, cuda_available
 from ._errors import (
     REFUSALS,
@@ -46,6 +47,13 @@ __all__ = [
     "Buffer",
     "Signature",
     "Launched",
+    "Arg",
+    "i32",
+    "u32",
+    "i64",
+    "u64",
+    "f32",
+    "f64",
     "cuda_available",
     "Error",
     "Unavailable",

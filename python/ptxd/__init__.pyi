@@ -17,6 +17,26 @@ class Signature(NamedTuple):
     reqntid: int
     maxntid: int
 
+class Arg(NamedTuple):
+    """A typed scalar launch argument: its wire type ("i32", "u32", "i64", "u64", "f32",
+    "f64") and value."""
+
+    type: str
+    value: Union[int, float]
+
+def i32(value: int) -> Arg:
+    """An argument for an .s32 param (OverflowError out of range)."""
+def u32(value: int) -> Arg:
+    """An argument for a .u32 or .b32 param."""
+def i64(value: int) -> Arg:
+    """An argument for an .s64 param."""
+def u64(value: int) -> Arg:
+    """An argument for a .u64 or .b64 param."""
+def f32(value: float) -> Arg:
+    """An argument for an .f32 param (rounded to the nearest f32)."""
+def f64(value: float) -> Arg:
+    """An argument for an .f64 param."""
+
 class Launched(NamedTuple):
     """What a launch reports: time inside ptxd, and whether the kernel was reloaded."""
 
@@ -76,6 +96,9 @@ class Session:
     @property
     def is_open(self) -> bool: ...
     def load_ptx(self, ptx: str, symbol: str, device: Union[int, str, Any] = 0) -> Kernel: ...
+    def load_triton(self, compiled: Any, device: Union[int, str, Any] = 0) -> Kernel:
+        """Loads a compiled Triton kernel (asm["ptx"], metadata name, num_warps, shared);
+        ptxd computes its grid and passes its count and null scratch pointers."""
     def shm_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
         """A numpy.ndarray backed by a registered shared-memory buffer (host backend)."""
     def memfd_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
@@ -104,6 +127,7 @@ class Session:
         params: Sequence[float] = (),
         stream: Optional[Stream] = None,
         sync: bool = False,
+        args: Sequence[Union[Arg, int, float]] = (),
     ) -> Launched: ...
     def launch_many(
         self,
@@ -240,3 +264,6 @@ class FdNotSealed(Refused):
 
 class StaleFdToken(Refused):
     """``STALE_FD_TOKEN``: The fd token is unknown, used or expired (metadata ``why``): register the buffer again."""
+
+class ScalarArgsMismatch(Refused):
+    """``SCALAR_ARGS_MISMATCH``: The launch's typed scalar args do not match the kernel's scalar params (metadata ``what``: count, type or both; for a type ``index``, ``param``, ``expected``, ``given``)."""

@@ -28,6 +28,7 @@ state the SDK has no notion of:
 
 from __future__ import annotations
 
+import re
 import os
 import sys
 import threading
@@ -36,6 +37,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from . import _native
 from . import _operands as ops
+from . import _args
 from ._errors import CudaError, DtypeMismatch, Error, NotExportable, refused
 
 __all__ = ["Client", "Session", "Kernel", "Buffer", "Signature", "Launched", "cuda_available"]
@@ -102,11 +104,29 @@ class Launched(NamedTuple):
 class Kernel:
     """A kernel loaded into a session (from :meth:`Session.load_ptx`)."""
 
-    __slots__ = ("_native", "_sizes")
+    __slots__ = ("_native", "_sizes", "_scalars", "_ring")
 
     def __init__(self, native: Any) -> None:
         self._native = native
         self._sizes: Optional[Tuple[int, ...]] = None
+        self._scalars: Optional[List[Tuple[str, str]]] = None
+        self._ring: Optional[bool] = None
+
+    def _ring_ok(self) -> bool:
+        # Whether ptxd grants this kernel to a launch ring: only a contract
+        # its scalar-ABI signature checks (see _args.ring_launchable); any
+        # other (typed params, a .u32 count, null pointers, several
+        # elements per thread) is launched unary.
+        if self._ring is None:
+            self._ring = _args.ring_launchable(self._native.contract)
+        return self._ring
+
+    def _scalar_params(self) -> List[Tuple[str, str]]:
+        # ``(name, arg type)`` of each by-value scalar param, from the
+        # contract (fixed for the kernel's PTX, as the sizes are).
+        if self._scalars is None:
+            self._scalars = _args.scalar_params(self._native.contract)
+        return self._scalars
 
     def _element_sizes(self) -> Tuple[int, ...]:
         # Fixed for the kernel's PTX (a reload verifies the same text).
@@ -412,6 +432,45 @@ class Session:
         """
         return Kernel(self._native.load_ptx(ptx, symbol, _device_selector(device)))
 
+    def load_triton(self, compiled: Any, device: Any = 0) -> Kernel:
+        """Loads a compiled Triton kernel (what ``kernel.warmup(...)`` or
+        ``triton.compile(...)`` returns, a ``CompiledKernel``) and returns
+        it, ready for :meth:`launch` on torch tensors: ptxd computes the
+        grid from the kernel's contract, passes the count, and passes null
+        for Triton's scratch pointers; the caller passes the operands and
+        the kernel's own scalar ``args``.
+
+        Reads ``compiled.asm["ptx"]``, ``compiled.metadata.name``,
+        ``.num_warps`` and ``.shared``. ptxd launches without dynamic shared
+        memory, so a kernel that needs some (``shared > 0``) raises
+        ``ValueError``, as does PTX whose ``.reqntid`` is not ``32 ×
+        num_warps`` (the metadata and the code disagree). ptxd's verifier
+        decides the rest: a kernel it cannot prove raises its refusal.
+        """
+        asm = getattr(compiled, "asm", None)
+        if asm is None or "ptx" not in asm:
+            raise TypeError("load_triton takes a Triton CompiledKernel (with asm['ptx'])")
+        ptx = asm["ptx"]
+        if isinstance(ptx, (bytes, bytearray)):
+            ptx = bytes(ptx).decode()
+        metadata = compiled.metadata
+        field = (lambda key: metadata[key]) if isinstance(metadata, dict) else (
+            lambda key: getattr(metadata, key))
+        name, num_warps, shared = field("name"), int(field("num_warps")), int(field("shared"))
+        if shared > 0:
+            raise ValueError(
+                f"{name} needs {shared} bytes of dynamic shared memory; ptxd launches "
+                "elementwise kernels without any"
+            )
+        block = 32 * num_warps
+        reqntid = re.search(r"\.reqntid\s+(\d+)", ptx)
+        if reqntid is not None and int(reqntid.group(1)) != block:
+            raise ValueError(
+                f"{name}: the PTX requires {reqntid.group(1)} threads per block but "
+                f"num_warps={num_warps} means {block}"
+            )
+        return self.load_ptx(ptx, name, device)
+
     # -- buffers ------------------------------------------------------------
 
     def shm_array(self, shape: Union[int, Sequence[int]], dtype: Any) -> Any:
@@ -595,9 +654,17 @@ class Session:
         params: Sequence[float] = (),
         stream: Any = None,
         sync: bool = False,
+        args: Sequence[Any] = (),
     ) -> Launched:
         """Launches ``kernel`` over ``n`` elements (default: the output's
-        element count).
+        element count). ptxd computes the grid from the kernel's contract.
+
+        ``params`` are the scalar ABI's f32 params; ``args`` are typed scalar
+        arguments, one per by-value scalar param of the kernel in order
+        (``ptxd.i32(5)``, ``ptxd.f32(0.5)``, ..., or plain numbers typed by
+        the kernel's contract: see :mod:`ptxd._args`). Pass one or the
+        other. f32 args are the same as params; a launch with any other
+        type is a unary call (the launch ring carries f32 params only).
 
         ``inputs`` and ``output`` may be tensors, arrays or Buffers.
 
@@ -621,13 +688,25 @@ class Session:
         complete before this returns, since the caller reads them from the
         CPU next.
         """
-        fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
-        if fast is not None:
-            return fast
+        typed: List[_args.Arg] = []
+        if args:
+            scalars = kernel._scalar_params()
+            typed = _args.resolve(args, scalars)
+            if (not params and len(typed) == len(scalars)
+                    and all(a.type == "f32" == kind for a, (_, kind) in zip(typed, scalars))):
+                # f32 args for f32 params are f32 params (ptxd treats them
+                # alike): every path, the ring included, carries them. Any
+                # mismatch goes as args, for ptxd's SCALAR_ARGS_MISMATCH.
+                params, typed = [a.value for a in typed], []
+        ring_ok = not typed and kernel._ring_ok()
+        if ring_ok:
+            fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
+            if fast is not None:
+                return fast
         for _ in range(3):
             prepared = self._prepare(kernel, inputs, output, n, params)
             raw_stream = self._stream_for(prepared, stream)
-            if raw_stream is not None and prepared.ring is not None:
+            if raw_stream is not None and prepared.ring is not None and ring_ok:
                 results = self._via_ring(raw_stream, [(kernel, prepared)], sync)
                 if results is _STALE:
                     continue
@@ -639,7 +718,7 @@ class Session:
                         raise outcome
             if self._forget_stale(prepared):
                 continue
-            return self._launch_unary(kernel, prepared, raw_stream, sync)
+            return self._launch_unary(kernel, prepared, raw_stream, sync, typed)
         raise Error("the operands' memory kept changing while the launch resolved them",
                     reason="OPERANDS_CHANGED")
 
@@ -717,11 +796,14 @@ class Session:
         raise outcome
 
     def _launch_unary(self, kernel: Kernel, prepared: _Prepared, raw_stream: Optional[int],
-                      sync: bool) -> Launched:
+                      sync: bool, typed: Sequence["_args.Arg"] = ()) -> Launched:
+        # Typed args only when there are any: the call is otherwise what it
+        # always was.
+        typed_args = {"args": [(a.type, a.value) for a in typed]} if typed else {}
         if raw_stream is None:
             micros, reloaded = self._native.launch(
                 kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
-                sync or prepared.ordinal is None,
+                sync or prepared.ordinal is None, **typed_args,
             )
             return Launched(micros, reloaded)
         assert prepared.ordinal is not None
@@ -730,7 +812,7 @@ class Session:
             pair.wait.record(raw_stream)
             micros, reloaded = self._native.launch(
                 kernel._native, prepared.inputs, prepared.output, prepared.n, prepared.params,
-                sync, pair.wait_handle, pair.signal_handle,
+                sync, pair.wait_handle, pair.signal_handle, **typed_args,
             )
             # ptxd recorded `signal` after the kernel before it replied.
             pair.signal.wait(raw_stream)
@@ -748,7 +830,8 @@ class Session:
         them, not one each).
 
         Each item is ``(kernel, inputs, output)``, optionally followed by
-        ``n`` and ``params``, or a dict with those keys. ptxd runs a session's
+        ``n`` and ``params``, or a dict with those keys (or ``args`` instead
+        of ``params``, f32 ones only: see :meth:`launch`). ptxd runs a session's
         launches in order; with a stream (or the framework's current one, as
         in :meth:`launch`) the first waits for the stream's earlier work and
         the stream's later work waits for the last. As in :meth:`launch`,
@@ -776,7 +859,8 @@ class Session:
             raw_stream = self._stream_for(prepared[0], stream)
             # A session with auto_reload sends batches the unary way, which
             # reloads a stale kernel and retries only the launch refused.
-            ringable = not self.auto_reload and all(p.ring is not None for p in prepared)
+            ringable = (not self.auto_reload and all(p.ring is not None for p in prepared)
+                        and all(item[0]._ring_ok() for item in items))
             if raw_stream is not None and ringable:
                 outcomes = self._via_ring(
                     raw_stream, [(item[0], p) for item, p in zip(items, prepared)], sync
@@ -1149,7 +1233,12 @@ def _device_selector(device: Any) -> Union[int, str]:
 
 def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], Sequence[float]]:
     if isinstance(item, dict):
-        return (item["kernel"], item["inputs"], item["output"], item.get("n"), item.get("params", ()))
+        params = item.get("params", ())
+        if item.get("args"):
+            if params:
+                raise TypeError("a launch passes params or args, not both")
+            params = _f32_params(item["kernel"], item["args"])
+        return (item["kernel"], item["inputs"], item["output"], item.get("n"), params)
     item = tuple(item)
     if not 3 <= len(item) <= 5:
         raise TypeError("a launch is (kernel, inputs, output[, n[, params]]) or a dict")
@@ -1157,3 +1246,16 @@ def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], 
     n = item[3] if len(item) > 3 else None
     params = item[4] if len(item) > 4 else ()
     return (kernel, inputs, output, n, params)
+
+
+def _f32_params(kernel: Kernel, args: Sequence[Any]) -> List[float]:
+    """A batch item's args as the f32 params they are: ``launch_many``
+    carries f32 scalars only (launch typed args of other types one by one
+    with :meth:`Session.launch`)."""
+    typed = _args.resolve(args, kernel._scalar_params())
+    if any(a.type != "f32" for a in typed):
+        raise TypeError(
+            "launch_many passes f32 scalars only; launch a kernel with typed args of other "
+            "types with Session.launch"
+        )
+    return [float(a.value) for a in typed]

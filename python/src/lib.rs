@@ -29,7 +29,7 @@ use ptxd_client::cuda::{
 };
 use ptxd_client::ring::OperandRef;
 use ptxd_client::{
-    Client, DaemonInfo, DeviceSelector, Error, FdBufferSpec, HostMemfd, HostShm, Kernel,
+    Arg, Client, DaemonInfo, DeviceSelector, Error, FdBufferSpec, HostMemfd, HostShm, Kernel,
     KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RingRefusal, Session,
     SessionEvent, SessionOptions, ORDERING_BYTES,
 };
@@ -465,6 +465,25 @@ type LaunchArgs = (
     Option<String>,
 );
 
+/// A typed scalar argument from Python's `(type, value)`: the value must be
+/// exactly representable as the type (an int out of range raises
+/// OverflowError; a float for an integer type raises TypeError).
+fn to_arg(ty: &str, value: &Bound<'_, PyAny>) -> PyResult<Arg> {
+    Ok(match ty {
+        "i32" => Arg::I32(value.extract()?),
+        "u32" => Arg::U32(value.extract()?),
+        "i64" => Arg::I64(value.extract()?),
+        "u64" => Arg::U64(value.extract()?),
+        "f32" => Arg::F32(value.extract::<f64>()? as f32),
+        "f64" => Arg::F64(value.extract()?),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "scalar arg type {other:?} is not one of i32, u32, i64, u64, f32, f64"
+            )))
+        }
+    })
+}
+
 fn to_launch(args: &LaunchArgs) -> (Kernel, Launch) {
     let (kernel, inputs, output, n, params, sync, wait, signal) = args;
     let operand = |(buffer, offset): &(String, u64)| Operand {
@@ -811,7 +830,7 @@ impl NativeSession {
 
     /// Launches one kernel; returns `(micros, reloaded)`.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (kernel, inputs, output, n, params, sync, wait_event=None, signal_event=None))]
+    #[pyo3(signature = (kernel, inputs, output, n, params, sync, wait_event=None, signal_event=None, args=Vec::new()))]
     fn launch(
         &self,
         py: Python<'_>,
@@ -823,9 +842,14 @@ impl NativeSession {
         sync: bool,
         wait_event: Option<String>,
         signal_event: Option<String>,
+        args: Vec<(String, Bound<'_, PyAny>)>,
     ) -> PyResult<(u64, bool)> {
+        let args = args
+            .iter()
+            .map(|(ty, value)| to_arg(ty, value))
+            .collect::<PyResult<Vec<Arg>>>()?;
         let session = self.session(py)?;
-        let (kernel, launch) = to_launch(&(
+        let (kernel, mut launch) = to_launch(&(
             kernel,
             inputs,
             output,
@@ -835,6 +859,7 @@ impl NativeSession {
             wait_event,
             signal_event,
         ));
+        launch.args = args;
         let launched = call(py, async move { session.launch(&kernel, &launch).await })?;
         Ok((launched.micros, launched.reloaded))
     }

@@ -222,7 +222,8 @@ def test_each_refusal_is_its_own_class(session):
 
 def test_reason_classes_match_the_sdk_and_the_stub():
     reasons = list(ptxd._native.REASONS)
-    assert len(reasons) == 26 and "BUFFER_TOO_SMALL" in reasons
+    assert len(reasons) == 27 and "BUFFER_TOO_SMALL" in reasons
+    assert ptxd.REFUSALS["SCALAR_ARGS_MISMATCH"] is ptxd.ScalarArgsMismatch
     assert ptxd.REFUSALS["FD_NOT_SEALED"] is ptxd.FdNotSealed
     assert ptxd.REFUSALS["STALE_FD_TOKEN"] is ptxd.StaleFdToken
     for reason in reasons:

@@ -77,6 +77,11 @@ class FakeArray:
 
 
 class FakeKernel:
+    # The scalar ABI's contract: one the launch ring may carry.
+    contract = ("params(a: ptr read, b: ptr read, out: ptr written, n: count .s64); "
+                "block <= 256; grid ceil(n / block); a[n × 4] align 4; b[n × 4] align 4; "
+                "out[n × 4] align 4; requires count_fits_i64: n <= 9223372036854775807")
+
     def signature(self) -> Tuple[int, List[int], int, int, int, int]:
         return (2, [4, 4, 4], 0, 256, 0, 0)
 
@@ -482,3 +487,30 @@ def test_a_refusal_on_the_lean_path_raises_its_class(fake, fake_torch):
         3, {"path": "ring"})]
     with pytest.raises(ptxd.AbiMismatch):
         session.launch(kernel, tensors[:2], tensors[2])
+
+
+class FakeTritonKernel(FakeKernel):
+    # A Triton-shaped contract (a .u32 count, an f32 scalar, null scratch
+    # pointers, 8 elements per thread): ptxd grants it to no ring.
+    contract = ("params(a: ptr read, b: ptr read, out: ptr written, n: count .u32, "
+                "scale: .f32, s0: ptr null, s1: ptr null); block 128 (.reqntid); "
+                "grid ceil(n / block × 8); a[n × 4] align 4")
+
+
+def test_a_kernel_the_ring_cannot_carry_takes_the_unary_path(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    scalar = _client.Kernel(FakeKernel())
+    session.launch(scalar, [a, b], out)
+    assert len(native.rings[0].launches) == 1, "the scalar-ABI kernel rides the ring"
+    triton = _client.Kernel(FakeTritonKernel())
+    for _ in range(3):
+        session.launch(triton, [a, b], out, args=[0.5])
+    batches = []
+    native.launch_many = lambda wire: (batches.append(wire), [5] * len(wire))[1]
+    session.launch_many([(triton, [a, b], out, None, [0.5])] * 2)
+    assert len(native.rings[0].launches) == 1, "no launch of it went to the ring"
+    assert len(native.unary) == 3 and [len(b) for b in batches] == [2]
+    assert all(n == count for _, _, n, _, _ in native.unary)

@@ -22,6 +22,7 @@ pub mod fd_inbox;
 pub mod host;
 pub mod kernel_cache;
 pub mod kernel_timeouts;
+pub mod layout;
 pub mod link;
 pub mod protocol;
 pub mod ring;

@@ -506,17 +506,7 @@ impl Front {
 
         let module_id = self.next_module.fetch_add(1, Ordering::Relaxed);
         let signature = &load.signature;
-        let load_module = exec::LoadModule {
-            module_id,
-            kind: load.kind as i32,
-            artifact: load.artifact.bytes().to_vec(),
-            symbol: load.symbol.clone(),
-            inputs: signature.inputs,
-            scalar_params: signature.scalar_params,
-            element_sizes: signature.element_sizes.clone(),
-            reqntid: signature.reqntid.unwrap_or(0),
-            maxntid: signature.maxntid.unwrap_or(0),
-        };
+        let load_module = load_module(module_id, load);
         let device_uuid = link.device_uuid().to_string();
         let undo = exec::UnloadModule { module_id };
         let session_id = &load.session;
@@ -949,6 +939,35 @@ fn loaded_info(
         device_uuid: kernel.device_uuid.clone(),
         generation: kernel.generation.0,
         ring_index,
+    }
+}
+
+/// The executor's load message for `load`: the artifact, the signature's
+/// block bounds, and the param layout of its contract (what the executor
+/// passes for each param). A kernel its signature checks (the scalar ABI)
+/// keeps the signature's element sizes, which the executor re-checks each
+/// launch's operands against; any other contract's footprints are the
+/// front's alone to check.
+fn load_module(module_id: u64, load: &Prepared) -> exec::LoadModule {
+    let signature = &load.signature;
+    let contract = &load.contract;
+    let scalar_shaped = contract.checked_by_signature_and_max_count(signature);
+    exec::LoadModule {
+        module_id,
+        kind: load.kind as i32,
+        artifact: load.artifact.bytes().to_vec(),
+        symbol: load.symbol.clone(),
+        inputs: u32::try_from(contract.inputs()).unwrap_or(u32::MAX),
+        scalar_params: u32::try_from(contract.scalar_params()).unwrap_or(u32::MAX),
+        element_sizes: if scalar_shaped {
+            signature.element_sizes.clone()
+        } else {
+            Vec::new()
+        },
+        reqntid: signature.reqntid.unwrap_or(0),
+        maxntid: signature.maxntid.unwrap_or(0),
+        params: crate::executor::layout::slots_of(contract),
+        elements_per_thread: contract.geometry.elements_per_thread,
     }
 }
 

@@ -19,7 +19,9 @@ use crate::error::Error;
 use crate::executor::supervisor::ExecutorLink;
 use crate::executor::ExecutorError;
 use crate::handles::{BufferHandle, EventHandle, KernelRef, SessionId};
-use crate::launch::{self, BufferCap, Capabilities, EventCap, KernelCap, LaunchShape, Placement};
+use crate::launch::{
+    self, BufferCap, Capabilities, EventCap, KernelCap, LaunchShape, Placement, ScalarArg,
+};
 use crate::sessions::{Caller, SessionError};
 use crate::slots::SlotError;
 
@@ -40,6 +42,8 @@ pub struct LaunchRequest {
     pub n: u64,
     /// The kernel's scalars, narrowed to f32 for the scalar ABI.
     pub params: Vec<f64>,
+    /// The kernel's typed scalar args (empty when it passes `params`).
+    pub args: Vec<ScalarArg>,
     /// Empty: none.
     pub wait_event: String,
     /// Empty: none.
@@ -164,7 +168,7 @@ impl Front {
             },
             placement,
         };
-        let checked = launch::check(&view, cap, &shape)?;
+        let checked = launch::check_with_args(&view, cap, &shape, &request.args)?;
         let device = state
             .devices
             .get(kernel.device_index)
@@ -185,14 +189,14 @@ impl Front {
             buffer_id: o.buffer_id,
             offset: o.offset,
         };
+        let (params, args) = executor_scalars(request);
         let launch = exec::Launch {
             module_id: kernel.module_id,
             inputs: checked.inputs.into_iter().map(operand).collect(),
             output: Some(operand(checked.output)),
             n: request.n,
-            // The scalar ABI's params are f32; doubles narrow with rounding
-            // (out-of-range magnitudes become infinities, as in C).
-            params: request.params.iter().map(|&p| p as f32).collect(),
+            params,
+            args,
             stream: session.stream,
             wait_event: checked.wait_event.unwrap_or(0),
             signal_event: checked.signal_event.unwrap_or(0),
@@ -207,5 +211,74 @@ impl Front {
                     session: session_id.to_string(),
                 })?;
         Ok((link, launch, inflight))
+    }
+}
+
+/// The launch's scalars as the executor takes them: f32 `params` when every
+/// scalar is an f32 (the scalar ABI's path, byte for byte the same whether
+/// the client sent `params` or f32 `args`), else each typed arg's bits
+/// zero-extended to 64. The checks have matched them to the kernel.
+fn executor_scalars(request: &LaunchRequest) -> (Vec<f32>, Vec<u64>) {
+    let f32s: Option<Vec<f32>> = request
+        .args
+        .iter()
+        .map(|a| match a {
+            ScalarArg::F32(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    match f32s {
+        Some(f32s) if !f32s.is_empty() => (f32s, Vec::new()),
+        Some(_) => (
+            // The scalar ABI's params are f32; doubles narrow with rounding
+            // (out-of-range magnitudes become infinities, as in C).
+            request.params.iter().map(|&p| p as f32).collect(),
+            Vec::new(),
+        ),
+        None => (Vec::new(), request.args.iter().map(|a| a.bits()).collect()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f32_args_reach_the_executor_as_params_and_others_as_bits() {
+        let mut request = LaunchRequest {
+            params: vec![1.5, 1e300],
+            ..Default::default()
+        };
+        assert_eq!(
+            executor_scalars(&request),
+            (vec![1.5, f32::INFINITY], vec![])
+        );
+        request.params.clear();
+        request.args = vec![ScalarArg::F32(-2.25), ScalarArg::F32(f32::NAN)];
+        let (params, args) = executor_scalars(&request);
+        assert!(args.is_empty());
+        assert_eq!(params[0], -2.25);
+        assert_eq!(params[1].to_bits(), f32::NAN.to_bits());
+        request.args = vec![
+            ScalarArg::U32(7),
+            ScalarArg::F32(-1.0),
+            ScalarArg::I32(-1),
+            ScalarArg::I64(-2),
+            ScalarArg::F64(0.5),
+        ];
+        assert_eq!(
+            executor_scalars(&request),
+            (
+                vec![],
+                vec![
+                    7,
+                    u64::from((-1.0f32).to_bits()),
+                    0xffff_ffff,
+                    (-2i64) as u64,
+                    0.5f64.to_bits()
+                ]
+            )
+        );
     }
 }

@@ -22,6 +22,7 @@ use crate::front::{
     ArtifactKind, DeclaredArtifactAbi, DeviceChoice, Front, LaunchRequest, LoadRequest,
     LoadedKernelInfo, OpenedRing, OperandRef, RegisteredBuffer,
 };
+use crate::launch::ScalarArg;
 use crate::observe::Observer;
 use crate::ptx::contract::LaunchContract;
 use crate::ptx::Signature;
@@ -57,7 +58,7 @@ impl Calls {
         request: api::LaunchRequest,
     ) -> Result<api::LaunchResponse, Error> {
         let tag = request.tag;
-        let request = launch_request(request);
+        let request = launch_request(request)?;
         let started = Instant::now();
         let took = self.front.launch(&request, caller).await?;
         self.observer.launch(request.sync, started.elapsed());
@@ -150,23 +151,51 @@ fn load_response(loaded: LoadedKernelInfo) -> api::LoadKernelResponse {
     }
 }
 
-/// A `LaunchRequest` as the front takes it.
-pub fn launch_request(request: api::LaunchRequest) -> LaunchRequest {
+/// A typed scalar argument as the launch checks take it; one without a
+/// value is refused (`field=args`).
+fn scalar_arg(arg: api::ScalarArg) -> Result<ScalarArg, Error> {
+    use api::scalar_arg::Value;
+    Ok(match arg.value {
+        Some(Value::I32(v)) => ScalarArg::I32(v),
+        Some(Value::U32(v)) => ScalarArg::U32(v),
+        Some(Value::I64(v)) => ScalarArg::I64(v),
+        Some(Value::U64(v)) => ScalarArg::U64(v),
+        Some(Value::F32(v)) => ScalarArg::F32(v),
+        Some(Value::F64(v)) => ScalarArg::F64(v),
+        None => {
+            return Err(Error::InvalidArgument {
+                field: "args",
+                message: "a scalar arg without a value (set one of i32, u32, i64, u64, f32, f64)"
+                    .into(),
+            })
+        }
+    })
+}
+
+/// A `LaunchRequest` as the front takes it (the one decoding for the
+/// unary call, LaunchStream and the packet socket).
+pub fn launch_request(request: api::LaunchRequest) -> Result<LaunchRequest, Error> {
     let operand = |o: api::Operand| OperandRef {
         buffer: o.buffer,
         offset: o.offset,
     };
-    LaunchRequest {
+    let args = request
+        .args
+        .into_iter()
+        .map(scalar_arg)
+        .collect::<Result<_, _>>()?;
+    Ok(LaunchRequest {
         session: request.session,
         kernel: request.kernel,
         inputs: request.inputs.into_iter().map(operand).collect(),
         output: request.output.map(operand),
         n: request.n,
         params: request.params,
+        args,
         wait_event: request.wait_event,
         signal_event: request.signal_event,
         sync: request.sync,
-    }
+    })
 }
 
 /// An opened ring, as OpenRing and the packet socket answer it.

@@ -11,3 +11,4 @@ mod grpcurl;
 mod lifecycle;
 mod recovery;
 mod tenants;
+mod typed_args;

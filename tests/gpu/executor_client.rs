@@ -175,6 +175,7 @@ pub fn load_op(
         element_sizes: vec![element_size; inputs as usize + 1],
         reqntid: 0,
         maxntid: 0,
+        ..Default::default()
     })
 }
 
@@ -236,5 +237,6 @@ pub fn launch_op(
         wait_event: 0,
         signal_event: 0,
         sync,
+        ..Default::default()
     })
 }

@@ -80,6 +80,7 @@ fn nvcc_corpus_matches_the_reference_on_the_gpu() {
                 element_sizes: sig.element_sizes.clone(),
                 reqntid: sig.reqntid.unwrap_or(0),
                 maxntid: sig.maxntid.unwrap_or(0),
+                ..Default::default()
             });
             let block = match exec.call(load) {
                 reply::Result::LoadModule(ok) => ok.block_size,

@@ -3,10 +3,7 @@
 //! cubin and fatbin images (a forged size in a header must be refused
 //! here, not read past by the driver).
 
-/// Size of a device pointer and of the `long long n` parameter.
-const POINTER_BYTES: usize = 8;
-/// Size of each trailing scalar (`float`) parameter.
-const SCALAR_BYTES: usize = 4;
+use crate::executor::layout::Slot;
 
 /// Picks the block size for a kernel (see the module docs).
 pub(super) fn choose_block(reqntid: u32, maxntid: u32, kernel_max: u32) -> Result<u32, String> {
@@ -22,13 +19,11 @@ pub(super) fn choose_block(reqntid: u32, maxntid: u32, kernel_max: u32) -> Resul
     Ok(declared.min(kernel_max).clamp(1, crate::ptx::DEFAULT_BLOCK))
 }
 
-/// The parameter sizes the scalar ABI prescribes: input pointers, the
-/// output pointer, `long long n`, then the `float` scalars.
-pub(super) fn expected_param_sizes(inputs: u32, scalar_params: u32) -> Vec<usize> {
-    let mut sizes = vec![POINTER_BYTES; inputs as usize + 1];
-    sizes.push(POINTER_BYTES);
-    sizes.extend(std::iter::repeat_n(SCALAR_BYTES, scalar_params as usize));
-    sizes
+/// The parameter sizes a layout prescribes (the scalar ABI's: input
+/// pointers, the output pointer, `long long n`, then the `float` scalars);
+/// `cuFuncGetParamInfo` must report exactly these.
+pub(super) fn expected_param_sizes(layout: &[Slot]) -> Vec<usize> {
+    layout.iter().map(|slot| slot.size()).collect()
 }
 
 fn read_u16(bytes: &[u8], at: usize) -> Option<u64> {
@@ -111,9 +106,25 @@ mod tests {
 
     #[test]
     fn scalar_abi_layout_is_pointers_then_n_then_floats() {
-        assert_eq!(expected_param_sizes(2, 0), vec![8, 8, 8, 8]);
-        assert_eq!(expected_param_sizes(1, 2), vec![8, 8, 8, 4, 4]);
-        assert_eq!(expected_param_sizes(0, 0), vec![8, 8]);
+        use crate::executor::layout::scalar_abi;
+        assert_eq!(expected_param_sizes(&scalar_abi(2, 0)), vec![8, 8, 8, 8]);
+        assert_eq!(expected_param_sizes(&scalar_abi(1, 2)), vec![8, 8, 8, 4, 4]);
+        assert_eq!(expected_param_sizes(&scalar_abi(0, 0)), vec![8, 8]);
+    }
+
+    /// A Triton-like layout: pointers 8, the `.u32` count and f32 scale 4,
+    /// an `.s64` scalar 8, the null scratch pointers 8.
+    #[test]
+    fn a_contract_layout_has_each_params_size() {
+        let contract = crate::executor::layout::tests_support::triton_like();
+        let load = ptxd_proto::executor::LoadModule {
+            inputs: 2,
+            scalar_params: 2,
+            params: crate::executor::layout::slots_of(&contract),
+            ..Default::default()
+        };
+        let layout = crate::executor::layout::decode(&load).unwrap();
+        assert_eq!(expected_param_sizes(&layout), vec![8, 8, 4, 4, 8, 8, 8, 8]);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use ptxd_cuda::{DriverError, Event};
 use ptxd_proto::executor::{FailureKind, Launch};
 
+use super::params::f32_bits;
 use super::watchdog::{take_reply, SharedReply, Watched};
 use super::{fail_driver, CudaBackend, WaitJob, MAX_GRID_X};
 use crate::executor::child::Replier;
@@ -66,15 +67,27 @@ impl CudaBackend {
                 &[],
             );
         };
+        // The scalars: typed args' bits, or the f32 params (never both).
+        let scalars = if launch.args.is_empty() {
+            f32_bits(&launch.params)
+        } else if launch.params.is_empty() {
+            launch.args.clone()
+        } else {
+            return reply.fail(
+                FailureKind::AbiMismatch,
+                "the launch passes both f32 params and typed args",
+                &[],
+            );
+        };
         if launch.inputs.len() != kernel.inputs as usize
-            || launch.params.len() != kernel.scalar_params as usize
+            || scalars.len() != kernel.scalar_params as usize
         {
             return reply.fail(
                 FailureKind::AbiMismatch,
                 format!(
                     "the launch passes {} inputs and {} scalars; the kernel takes {} and {}",
                     launch.inputs.len(),
-                    launch.params.len(),
+                    scalars.len(),
                     kernel.inputs,
                     kernel.scalar_params
                 ),
@@ -93,7 +106,8 @@ impl CudaBackend {
                 Err((kind, message)) => return reply.fail(kind, message, &[]),
             }
         }
-        let grid = launch.n.div_ceil(u64::from(block));
+        let per_block = u64::from(block) * u64::from(kernel.elements_per_thread.max(1));
+        let grid = launch.n.div_ceil(per_block);
         if grid > MAX_GRID_X {
             return reply.fail(
                 FailureKind::OutOfBounds,
@@ -153,9 +167,8 @@ impl CudaBackend {
             // SAFETY: every address lies inside an open IPC mapping with
             // room for n elements (checked above, and by the front), and
             // mappings are only closed after draining.
-            let launched = unsafe {
-                kernel.enqueue(&stream, grid as u32, &addresses, launch.n, &launch.params)
-            };
+            let launched =
+                unsafe { kernel.enqueue(&stream, grid as u32, &addresses, launch.n, &scalars) };
             if let Err(e) = launched {
                 return fail_driver(reply, &e, "launching the kernel");
             }

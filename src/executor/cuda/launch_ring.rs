@@ -210,7 +210,10 @@ impl RingBackend for CudaRing {
             self.current = true;
         }
         let kernel = &launch.kernel;
-        let grid = launch.n.div_ceil(u64::from(kernel.block));
+        // Rings are granted only kernels their signature checks (one
+        // element per thread); the contract's rule all the same.
+        let per_block = u64::from(kernel.block) * u64::from(kernel.elements_per_thread.max(1));
+        let grid = launch.n.div_ceil(per_block);
         if grid > MAX_GRID_X {
             if let Some(signal) = &launch.signal {
                 self.semaphore(signal, false)?;
@@ -265,7 +268,7 @@ impl RingBackend for CudaRing {
                     grid as u32,
                     &addresses,
                     launch.n,
-                    &launch.scalars,
+                    &super::params::f32_bits(&launch.scalars),
                 )
             };
             self.addresses = addresses;

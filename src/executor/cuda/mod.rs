@@ -181,6 +181,10 @@ pub struct LoadedKernel {
     scalar_params: u32,
     /// Per operand (inputs, then output); empty when the front gave none.
     element_sizes: Vec<u32>,
+    /// What each param is passed as (the contract's, or the scalar ABI's).
+    layout: Vec<crate::executor::layout::Slot>,
+    /// Elements each thread covers: the grid is ceil(n / (block × this)).
+    elements_per_thread: u32,
     // Dropped after `function`, which points into it.
     _module: Module,
 }
@@ -434,6 +438,12 @@ impl CudaBackend {
                 &[],
             );
         }
+        // The param layout first: one that does not match the module is
+        // refused before anything is compiled.
+        let layout = match crate::executor::layout::decode(&load) {
+            Ok(layout) => layout,
+            Err(message) => return reply.fail(FailureKind::AbiMismatch, message, &[]),
+        };
         let image = match ArtifactKind::try_from(load.kind) {
             Ok(ArtifactKind::Ptx) => {
                 // The JIT reads PTX up to a NUL byte.
@@ -512,12 +522,12 @@ impl CudaBackend {
             Ok(sizes) => sizes,
             Err(e) => return fail_driver(reply, &e, "reading the kernel's parameters"),
         };
-        let expected = expected_param_sizes(load.inputs, load.scalar_params);
+        let expected = expected_param_sizes(&layout);
         if found != expected {
             return reply.fail(
                 FailureKind::AbiMismatch,
                 format!(
-                    "the kernel's parameters are {found:?} bytes; the scalar ABI with {} inputs and {} scalars needs {expected:?}",
+                    "the kernel's parameters are {found:?} bytes; its layout ({} inputs, {} scalars) needs {expected:?}",
                     load.inputs, load.scalar_params
                 ),
                 &[
@@ -553,6 +563,8 @@ impl CudaBackend {
                 inputs: load.inputs,
                 scalar_params: load.scalar_params,
                 element_sizes: load.element_sizes,
+                layout,
+                elements_per_thread: load.elements_per_thread.max(1),
                 _module: module,
             }),
         );

@@ -138,7 +138,9 @@ struct Job {
     /// (operand name, mapping, byte offset): inputs, then the output.
     operands: Vec<(String, Arc<Mapping>, usize)>,
     n: u64,
-    params: Vec<f32>,
+    /// The f32 params, and the typed scalar args as bits zero-extended to
+    /// 64 (empty: the scalars are the params).
+    scalars: Box<(Vec<f32>, Vec<u64>)>,
     stream: u64,
     /// The session's ring allowance, if it has a ring here.
     timeouts: Option<Arc<TimeoutAllowance>>,
@@ -315,6 +317,12 @@ impl HostBackend {
                 &[],
             );
         }
+        // The engine takes its params from its own contract; a layout the
+        // front sent that does not even match the module is a bug, refused
+        // as the CUDA executor refuses it.
+        if let Err(message) = crate::executor::layout::decode(&load) {
+            return reply.fail(FailureKind::AbiMismatch, message, &[]);
+        }
         let text = match std::str::from_utf8(&load.artifact) {
             Ok(t) => t,
             Err(e) => {
@@ -404,7 +412,7 @@ impl HostBackend {
             kernel,
             operands,
             n: launch.n,
-            params: launch.params,
+            scalars: Box::new((launch.params, launch.args)),
             stream: launch.stream,
             timeouts: self.timeouts.get(&launch.stream).cloned(),
             reply,
@@ -475,12 +483,13 @@ fn run_job(job: Job, run: RunConfig) {
         kernel,
         operands,
         n,
-        params,
+        scalars,
         stream,
         timeouts,
         reply,
     } = job;
-    match execute(&kernel, &operands, n, &params, run) {
+    let (params, args) = &*scalars;
+    match execute(&kernel, &operands, n, (params, args), run) {
         Ok(()) => reply.ok(),
         Err(failure) => {
             if failure.kind == FailureKind::KernelTimeout {
@@ -500,7 +509,7 @@ fn execute(
     kernel: &HostKernel,
     operands: &[(String, Arc<Mapping>, usize)],
     n: u64,
-    params: &[f32],
+    (params, args): (&[f32], &[u64]),
     run: RunConfig,
 ) -> Result<(), HostFailure> {
     let control = LaunchControl::new(run.budget.map(|b| Instant::now() + b));
@@ -512,7 +521,7 @@ fn execute(
         };
         let host_launch = HostLaunch {
             inputs,
-            args: &[],
+            args,
             output: *output,
             n,
             params,
