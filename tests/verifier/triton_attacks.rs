@@ -777,3 +777,33 @@ fn a_scratch_pointer_in_address_arithmetic_is_unbounded() {
     );
     assert_eq!(verdict(&t).err(), Some("unbounded_access"));
 }
+
+// ---- Params through other addresses, selp of indices ----
+
+/// A global load whose address is the param symbol itself (the param
+/// space read as global memory): no register base.
+#[test]
+fn a_global_load_at_a_param_symbol_is_unbounded() {
+    let t = base_edit(LOAD0, "@%p1 ld.global.b32 %r1, [add_kernel_param_0];");
+    assert_eq!(verdict(&t).err(), Some("unbounded_access"));
+}
+
+/// A param load through a register: no param the proof can name.
+#[test]
+fn a_param_load_through_a_register_is_out_of_range() {
+    let t = base_edit(
+        "ld.param.b32 \t%r15, [add_kernel_param_3];",
+        "ld.param.b32 \t%r15, [%rd4];",
+    );
+    assert_eq!(verdict(&t).err(), Some("param_out_of_range"));
+}
+
+/// `selp` between two index forms: the result is either, so neither.
+#[test]
+fn a_selp_of_indices_is_no_index() {
+    let t = base_edit(
+        "mul.wide.s32 \t%rd7, %r19, 2;",
+        "selp.b32 \t%r0, %r19, %r18, %p1;\n\tmul.wide.s32 \t%rd7, %r0, 2;",
+    );
+    assert_eq!(verdict(&t).err(), Some("unbounded_access"));
+}
