@@ -17,4 +17,5 @@ mod nvcc_corpus;
 mod red_team;
 mod red_team2;
 mod triton;
+mod triton_attacks;
 mod verification;
