@@ -268,7 +268,28 @@ pub fn mutate_triton(text: &str, r: &mut impl Rng) -> String {
             break;
         };
         let line = lines[at].clone();
-        lines[at] = match r.random_range(0..6) {
+        lines[at] = match r.random_range(0..7) {
+            6 => {
+                // A mask made a combined compare whose other predicate is
+                // always true: `(i >= 0) || (i < n)` (or `xor`, inverting
+                // it), which is no mask at all.
+                match line.find("setp.lt.s32").zip(line.find(';')) {
+                    Some((at, end)) => {
+                        let rest = line[at + "setp.lt.s32".len()..end].trim();
+                        let ops: Vec<&str> = rest.split(',').map(str::trim).collect();
+                        match ops.as_slice() {
+                            [p, a, b] => {
+                                let comb = *["or", "xor", "and"].choose(r).unwrap_or(&"or");
+                                format!(
+                                    "\tsetp.ge.s32 {p}, {a}, 0;\n\tsetp.lt.{comb}.s32 {p}, {a}, {b}, {p};"
+                                )
+                            }
+                            _ => line,
+                        }
+                    }
+                    None => line,
+                }
+            }
             0 => {
                 // Nudge the last integer immediate.
                 let toks: Vec<&str> = line
@@ -703,8 +724,29 @@ fn interpret(
                         ("ne", _) => ua != ub,
                         _ => return Err(format!("setp .{cmp}")),
                     };
-                    // A pair destination (`%p|%q`) is left unknown.
-                    Some(u64::from(t))
+                    // A combined compare (`setp.lt.or.s32 p, a, b, q`)
+                    // folds in its predicate operand, negated as `!q`.
+                    let comb = inst
+                        .mods
+                        .iter()
+                        .find(|m| matches!(m.as_str(), "and" | "or" | "xor"));
+                    match (comb.map(String::as_str), inst.ops.get(3)) {
+                        (None, None) => Some(u64::from(t)),
+                        (Some(c), Some(Opnd::Reg(q) | Opnd::Not(q))) => {
+                            let neg = matches!(inst.ops.get(3), Some(Opnd::Not(_)));
+                            regs.get(*q as usize).copied().flatten().map(|v| {
+                                let q = (v != 0) != neg;
+                                u64::from(match c {
+                                    "and" => t && q,
+                                    "or" => t || q,
+                                    _ => t != q,
+                                })
+                            })
+                        }
+                        // A pair destination (`%p|%q`) or another form:
+                        // left unknown.
+                        _ => None,
+                    }
                 }
                 _ => None,
             },

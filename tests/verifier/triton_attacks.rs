@@ -4,8 +4,8 @@
 //! give. A refusal is asserted by its exact sub_reason; an acceptance by the
 //! contract, evaluated at the count where the kernel would escape, against
 //! the byte the kernel touches (computed by hand in each test's comment).
-//! A test marked `#[ignore = "hole: ..."]` is a hole in the current proof:
-//! it fails today and passes once the hole is closed.
+//! The review found one hole, now closed: a `setp` with a `.or`/`.xor`
+//! combiner was read as its bare mask (the `a_setp_*_combiner_*` tests).
 //!
 //! The base kernel is `triton/add_bf16_b1024_w4_div16.ptx`: `.reqntid 128`,
 //! index `i = 1024·ctaid + 8·tid` (`shl 10 | (tid << 3) & 1016`), mask
@@ -120,7 +120,6 @@ fn a_setp_and_combiner_only_narrows_the_mask() {
 /// always true every lane stores. At n = 1 (grid 1) thread 127 stores
 /// bytes [2032, 2048) of the output; the contract grants 16.
 #[test]
-#[ignore = "hole: setp's .or combiner is read as the bare mask (triton.rs setp arm ignores the combiner and 4th operand)"]
 fn a_setp_or_combiner_is_no_mask() {
     let t = base_edit(
         SETP,
@@ -138,7 +137,6 @@ fn a_setp_or_combiner_is_no_mask() {
 /// HOLE: `.xor` with a true predicate is `i >= n`: the store runs exactly
 /// where the mask fails (at n = 1: every thread but thread 0).
 #[test]
-#[ignore = "hole: setp's .xor combiner is read as the bare mask (triton.rs setp arm)"]
 fn a_setp_xor_combiner_inverts_the_mask() {
     let t = base_edit(
         SETP,
@@ -156,7 +154,6 @@ fn a_setp_xor_combiner_inverts_the_mask() {
 /// HOLE: `.and` with a negated true predicate: `(i < n) && !%p0`, safe; but
 /// `.or` with `!%p0` where `%p0` is always false is again always true.
 #[test]
-#[ignore = "hole: setp's .or combiner with a negated predicate operand (triton.rs setp arm)"]
 fn a_setp_or_with_a_negated_false_predicate_is_no_mask() {
     let t = base_edit(
         SETP,
@@ -650,7 +647,6 @@ fn an_unsigned_huge_literal_bound_grants_its_whole_range() {
 /// thread 127's first store is at `4 · (1024·0 + 8·127) = 4064`, past the 4
 /// bytes granted.
 #[test]
-#[ignore = "hole: setp's .or combiner is read as the bare mask (triton.rs setp arm), Inductor too"]
 fn an_inductor_setp_or_combiner_is_no_mask() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/jit");
     let text = std::fs::read_to_string(root.join("inductor/add_f32_dyn_0.ptx")).unwrap();

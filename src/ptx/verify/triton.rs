@@ -550,7 +550,16 @@ impl Pass<'_> {
             }
             "setp" => {
                 self.no_pointer(pc, inst, st)?;
+                // A combined compare (`setp.lt.or.s32 p, a, b, q` is
+                // `(a < b) || q`; `.xor` may invert it, `.and` narrows it)
+                // is no mask: only the plain three-operand form is `a < b`.
+                let combined = inst.ops.len() != 3
+                    || inst
+                        .mods
+                        .iter()
+                        .any(|m| matches!(m.as_str(), "and" | "or" | "xor"));
                 let v = match (inst.mods.first().map(String::as_str), ty) {
+                    _ if combined => Val::Data,
                     (Some("lt"), Ty::S32 | Ty::U32) => match (int(src(1), false), src(2)) {
                         (Some(a), Val::ParamInt(p)) => {
                             self.exact(pc, a);
