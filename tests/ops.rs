@@ -266,8 +266,8 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
     let triton = session
         .load_ptx(
             0u32,
-            corpus("triton_add.ptx"),
-            "add_kernel",
+            corpus("add_f32_strided.ptx"),
+            "add_f32_strided",
             LoadOptions::default(),
         )
         .await

@@ -72,14 +72,10 @@ impl Families {
 /// The families the daemon's loads (and [`verify()`], [`canonicalize`],
 /// [`HostKernel::compile`]) accept: every family the verifier proves (see
 /// `docs/verifier.md`; a kernel with a precondition the ring cannot check
-/// is not granted to rings, `front::ring`) but the Triton family, whose
-/// params (a 32-bit count, scalars anywhere, null scratch pointers) only
-/// a launch that packs them from `LaunchContract::params` passes right:
-/// it joins once the executors and clients do (see `docs/verifier.md`).
-pub const DAEMON_FAMILIES: Families = Families {
-    triton: false,
-    ..Families::ALL
-};
+/// is not granted to rings, `front::ring`). The Triton family's params (a
+/// 32-bit count, scalars anywhere, null scratch pointers) are packed from
+/// `LaunchContract::params` by both executors.
+pub const DAEMON_FAMILIES: Families = Families::ALL;
 
 /// The ABI a client declares for a kernel (optional on PTX, required for
 /// cubin/fatbin).

@@ -216,7 +216,6 @@ async fn each_mismatch_is_refused_with_its_reason_on_every_path() {
 /// count past the kernel's `.u32` are refused. Needs the verifier that
 /// accepts Triton kernels (w27a) and the host engine that runs them (w27b).
 #[tokio::test]
-#[ignore = "needs w27a's Triton verifier and w27b's host engine: un-ignore once merged"]
 async fn a_triton_kernel_runs_with_typed_args_on_the_host() {
     let daemon = Daemon::start(&[]);
     let client = connect(&daemon).await;

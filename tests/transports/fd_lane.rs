@@ -365,8 +365,8 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     let refused_fd = second
         .load_ptx(
             0,
-            corpus("triton_add.ptx"),
-            "add_kernel",
+            corpus("add_f32_strided.ptx"),
+            "add_f32_strided",
             LoadOptions::default(),
         )
         .await
@@ -375,8 +375,8 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     let refused_grpc = over_http2
         .load_ptx(
             0,
-            corpus("triton_add.ptx"),
-            "add_kernel",
+            corpus("add_f32_strided.ptx"),
+            "add_f32_strided",
             LoadOptions::default(),
         )
         .await

@@ -278,15 +278,9 @@ fn vectorized_kernels_get_a_contract_in_vectors_and_run_on_the_host() {
 
 #[test]
 fn the_daemon_accepts_the_families_and_the_scalar_abi_alone_refuses_them() {
-    // Every family but Triton's, which joins the daemon once launches pack
-    // params from the contract (`ptx::DAEMON_FAMILIES`).
-    assert_eq!(
-        ptx::DAEMON_FAMILIES,
-        Families {
-            triton: false,
-            ..Families::ALL
-        }
-    );
+    // Every family, Triton's included (both executors pack its params from
+    // the contract).
+    assert_eq!(ptx::DAEMON_FAMILIES, Families::ALL);
     for (text, symbol, _) in vectorized_kernels() {
         assert!(ptx::verify(&text, symbol, None).is_ok(), "{symbol}");
         assert_eq!(

@@ -33,7 +33,7 @@ async fn a_second_identical_refused_load_is_answered_from_the_memo() {
     });
     let (_client, session) = session(&daemon).await;
     for (text, symbol) in [
-        (corpus("triton_add.ptx"), "add_kernel"),
+        (corpus("add_f32_strided.ptx"), "add_f32_strided"),
         (big_kernels::refused(64 << 10), "big_hostile"),
     ] {
         let served_before = served_from_memo(&daemon);
