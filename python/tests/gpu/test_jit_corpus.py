@@ -135,3 +135,93 @@ def test_every_accepted_nvrtc_kernel_computes_bit_for_bit_what_its_own_text_comp
         Path(logs, "jit-corpus.txt").write_text(summary + "\n" + "\n".join(accepted) + "\n")
     assert accepted, "ptxd accepted no kernel of the corpus"
     assert not differ, f"ptxd's result differs from the client's text for {differ}"
+
+
+# The Triton-family contract as `ptxd verify` and `Kernel.contract` print it.
+_PARAM = re.compile(r"(\w+): (ptr read|ptr written|ptr null|count \.\w+|\.\w+)")
+_PER_THREAD = re.compile(r"grid ceil\(n / block × (\d+)\)")
+_TORCH_DTYPE = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+_CTYPE = {".f32": ctypes.c_float, ".f64": ctypes.c_double, ".u32": ctypes.c_uint32,
+          ".s32": ctypes.c_int32, ".u64": ctypes.c_uint64, ".s64": ctypes.c_int64,
+          ".b32": ctypes.c_uint32, ".b64": ctypes.c_uint64}
+
+
+def contract_params(contract: str):
+    """(name, kind) for every param, in kernel order."""
+    inside = contract.split("params(", 1)[1].split(");", 1)[0]
+    return _PARAM.findall(inside)
+
+
+@pytest.mark.parametrize("family", ["triton", "inductor"])
+def test_every_accepted_triton_and_inductor_kernel_matches_its_own_text_bit_for_bit(
+        torch, gpu_session, family):
+    """Each Triton/Inductor corpus kernel ptxd accepts, launched through ptxd
+    (typed args, ptxd's grid, null scratch pointers) and in this process from
+    the compiler's own PTX with the same params and grid: equal bit for bit,
+    and the padding past n untouched by both."""
+    manifest = json.loads((CORPUS / family / "manifest.json").read_text())
+    here = InProcess(torch)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    accepted, refused, differ = [], {}, []
+    for entry in manifest["kernels"]:
+        ptx = (CORPUS / entry["file"]).read_text()
+        try:
+            kernel = gpu_session.load_ptx(ptx, entry["entry"], 0)
+        except ptxd.Refused as refusal:
+            key = refusal.metadata.get("sub_reason", refusal.reason)
+            refused[key] = refused.get(key, 0) + 1
+            continue
+        contract = kernel.contract
+        params = contract_params(contract)
+        block = kernel.signature[3]
+        per_thread = int(m.group(1)) if (m := _PER_THREAD.search(contract)) else 1
+        if family == "inductor":
+            n = 1
+            for dim in entry["shape"][0]:
+                n *= dim
+        else:
+            # Triton's `div16` builds assumed n % 16 == 0 (their masks test
+            # the first lane only); `nodiv` builds take any n.
+            n = 100_000 if "div16" in entry["file"] else 100_003
+        dtype = _TORCH_DTYPE[entry["dtype"]]
+        pad = 64
+        reads = [random_tensor(torch, dtype, n + pad, gen)
+                 for _, kind in params if kind == "ptr read"]
+        out_ptxd = torch.full((n + pad,), float("nan"), device="cuda").to(getattr(torch, dtype))
+        out_here = out_ptxd.clone()
+        scalars = [kind for _, kind in params if kind.startswith(".")]
+        values = [round(float(torch.rand(1, generator=torch.Generator().manual_seed(len(accepted) + i)))
+                        * 2 - 1, 3) for i in range(len(scalars))]
+        # Through ptxd: operands registered whole, n explicit, typed args.
+        buffers = [gpu_session.register(t) for t in reads]
+        gpu_session.launch(kernel, buffers, gpu_session.register(out_ptxd), n,
+                           args=values, sync=True)
+        # In this process: the same params in kernel order.
+        args, next_read, next_scalar = [], iter(reads), iter(zip(scalars, values))
+        for _, kind in params:
+            if kind == "ptr read":
+                args.append(ctypes.c_uint64(next(next_read).data_ptr()))
+            elif kind == "ptr written":
+                args.append(ctypes.c_uint64(out_here.data_ptr()))
+            elif kind == "ptr null":
+                args.append(ctypes.c_uint64(0))
+            elif kind.startswith("count"):
+                args.append(_CTYPE[kind.split(" ", 1)[1]](n))
+            else:
+                ty, value = next(next_scalar)
+                args.append(_CTYPE[ty](value))
+        grid = -(-n // (block * per_thread))
+        here.launch(ptx, entry["entry"], args, grid, block)
+        torch.cuda.synchronize()
+        if not torch.equal(out_ptxd.view(torch.uint8), out_here.view(torch.uint8)):
+            differ.append(entry["file"])
+        accepted.append(entry["file"])
+    summary = (f"jit corpus ({family}): {len(accepted)} accepted and launched, "
+               f"{len(differ)} different; refused {refused}")
+    print("\n" + summary)
+    logs = os.environ.get("PTXD_TEST_LOGS")
+    if logs:
+        Path(logs, f"jit-corpus-{family}.txt").write_text(summary + "\n" + "\n".join(accepted) + "\n")
+    assert len(accepted) * 100 >= 95 * len(manifest["kernels"]), summary
+    assert not differ, f"ptxd's result differs from the compiler's text for {differ}"
