@@ -910,3 +910,191 @@ async fn every_path_refuses_another_sessions_kernel_alike() {
     );
     assert!(out_shm.read_f32(0, n).unwrap().iter().all(|v| v.is_nan()));
 }
+
+/// `ADD_NODIV` with `snippet` inserted after the output pointer's load and
+/// the output's base address taken from `%rd32` (which the snippet must
+/// define) instead of the param.
+fn scratch_mutant(snippet: &str) -> String {
+    let text = corpus(ADD_NODIV);
+    let load_out = "ld.param.b64 \t%rd27, [add_kernel_param_2];";
+    let base = "add.s64 \t%rd17, %rd27, %rd28;";
+    for needle in ["%p<9>", "%rd<29>", load_out, base] {
+        assert_eq!(text.matches(needle).count(), 1, "{needle}");
+    }
+    text.replace("%p<9>", "%p<12>")
+        .replace("%rd<29>", "%rd<40>")
+        .replace(load_out, &format!("{load_out}\n{snippet}"))
+        .replace(base, "add.s64 \t%rd17, %rd32, %rd28;")
+}
+
+/// Triton's scratch pointers are passed null; a kernel that loads one and
+/// only compares it (or adds it) to choose where it writes is either
+/// refused at load, or, if accepted, writes exactly `[0, n)` of its output
+/// and nothing else (ptxd passes exactly 0 on every path). The mutants
+/// that shift the output by 4 KiB when the scratch pointer is null (or is
+/// not the output) would write `[1024, 1024 + n)`.
+#[tokio::test]
+async fn a_scratch_pointer_that_is_only_compared_steers_no_store() {
+    let daemon = Daemon::start(&[]);
+    let client = connect(&daemon).await;
+    let session = client.open_session("triton-scratch").await.unwrap();
+    let load4 = "\tld.param.b64 \t%rd30, [add_kernel_param_4];\n\tadd.s64 \t%rd31, %rd27, 4096;\n";
+    let mutants = [
+        (
+            "null selects a shifted output",
+            format!(
+                "{load4}\tsetp.eq.s64 \t%p9, %rd30, 0;\n\tselp.b64 \t%rd32, %rd31, %rd27, %p9;"
+            ),
+        ),
+        (
+            "null is not the output, which shifts it",
+            format!(
+                "{load4}\tsetp.eq.s64 \t%p9, %rd30, %rd27;\n\tselp.b64 \t%rd32, %rd27, %rd31, %p9;"
+            ),
+        ),
+        (
+            "a non-null scratch shifts the output",
+            format!(
+                "{load4}\tsetp.ne.s64 \t%p9, %rd30, 0;\n\tselp.b64 \t%rd32, %rd31, %rd27, %p9;"
+            ),
+        ),
+        (
+            "the scratch pointer added to the output",
+            format!("{load4}\tadd.s64 \t%rd32, %rd27, %rd30;"),
+        ),
+        (
+            "the scratch pointer compared unsigned below the output",
+            format!(
+                "{load4}\tsetp.lt.u64 \t%p9, %rd30, %rd27;\n\tselp.b64 \t%rd32, %rd31, %rd27, %p9;"
+            ),
+        ),
+    ];
+    let n = 1000;
+    let room = n + 2048;
+    let (a, b) = (random_f32(room), random_f32(room));
+    let (_a, a_buf) = f32_buffer(&session, Some(&a), room).await;
+    let (_b, b_buf) = f32_buffer(&session, Some(&b), room).await;
+    let mut verdicts = Vec::new();
+    for (what, snippet) in &mutants {
+        let text = scratch_mutant(snippet);
+        match session
+            .load_ptx(0, text, "add_kernel", LoadOptions::default())
+            .await
+        {
+            Err(err) => {
+                assert_eq!(reason(&err), "NON_SCALAR_ABI", "{what}: {err}");
+                verdicts.push(format!("{what}: refused ({})", meta(&err, "sub_reason")));
+            }
+            Ok(kernel) => {
+                let (out_shm, out_buf) = f32_buffer(&session, None, room).await;
+                let launched = session
+                    .launch(
+                        &kernel,
+                        &Launch::new(
+                            [a_buf.operand(), b_buf.operand()],
+                            out_buf.operand(),
+                            n as u64,
+                        ),
+                    )
+                    .await;
+                let out = out_shm.read_f32(0, room).unwrap();
+                match launched {
+                    Ok(_) => check_add(what, &out, &a, &b, n, 1),
+                    Err(err) => panic!(
+                        "{what}: accepted ({}) but its launch failed: {err}",
+                        kernel.signature().contract
+                    ),
+                }
+                verdicts.push(format!("{what}: accepted, in bounds"));
+            }
+        }
+    }
+    eprintln!("{verdicts:#?}");
+}
+
+/// A static-shape kernel's constant footprint does not let a large `n`
+/// reach past the shape: with buffers of exactly `numel × 4` bytes and n
+/// up to 2^20 it writes exactly the shape; past the 32-bit edge the
+/// preconditions refuse it as they refuse a dynamic kernel.
+#[tokio::test]
+async fn a_static_shape_kernel_with_a_large_count_stays_in_its_shape() {
+    let daemon = Daemon::start(&[]);
+    let client = connect(&daemon).await;
+    let session = client.open_session("inductor-static-large").await.unwrap();
+    let kernel = load(&session, STATIC_ADD, "triton_poi_fused_add_0").await;
+    let (a, b) = (random_f32(STATIC_NUMEL), random_f32(STATIC_NUMEL));
+    let (_a, a_buf) = f32_buffer(&session, Some(&a), STATIC_NUMEL).await;
+    let (_b, b_buf) = f32_buffer(&session, Some(&b), STATIC_NUMEL).await;
+    let launch = |out: &ptxd_client::Buffer, n: u64| {
+        Launch::new([a_buf.operand(), b_buf.operand()], out.operand(), n)
+    };
+    for n in [STATIC_NUMEL as u64 * 2 + 5, 1 << 20] {
+        let (out_shm, out_buf) = f32_buffer(&session, None, STATIC_NUMEL).await;
+        session.launch(&kernel, &launch(&out_buf, n)).await.unwrap();
+        check_add(
+            &format!("n={n}"),
+            &out_shm.read_f32(0, STATIC_NUMEL).unwrap(),
+            &a,
+            &b,
+            STATIC_NUMEL,
+            1,
+        );
+    }
+    let (out_shm, out_buf) = f32_buffer(&session, None, STATIC_NUMEL).await;
+    for n in [1u64 << 31, 1 << 32, (1 << 32) + 16, u64::MAX] {
+        let err = refused_everywhere(&session, &kernel, &launch(&out_buf, n)).await;
+        assert_precondition(&err, "count_fits_i32", n);
+    }
+    assert!(out_shm
+        .read_f32(0, STATIC_NUMEL)
+        .unwrap()
+        .iter()
+        .all(|v| v.is_nan()));
+}
+
+/// A ring that holds a scalar-ABI kernel: the Triton kernel loaded beside
+/// it does not borrow its grant (its ring index is refused, the scalar
+/// kernel's still runs), and the scalar kernel's index cannot launch the
+/// Triton module.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_triton_kernel_does_not_share_a_granted_kernels_ring_index() {
+    let daemon = Daemon::start(&[]);
+    let client = connect(&daemon).await;
+    let session = client.open_session("triton-ring-alias").await.unwrap();
+    let scalar = load(&session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+    let mut ring = session.open_ring(16, 0).await.unwrap();
+    let triton = load(&session, ADD_DIV16, "add_kernel").await;
+    assert_ne!(scalar.state().ring_index, triton.state().ring_index);
+    let n = 1001; // not a multiple of 4: the Triton footprint needs 1004
+    let (a, b) = (random_f32(n), random_f32(n));
+    let (_a, a_buf) = f32_buffer(&session, Some(&a), n).await;
+    let (_b, b_buf) = f32_buffer(&session, Some(&b), n).await;
+    let (out_shm, out_buf) = f32_buffer(&session, None, n).await;
+    ring.launch(
+        &triton,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        n as u64,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(refusal(&next(&mut ring)), "STALE_KERNEL");
+    assert!(out_shm.read_f32(0, n).unwrap().iter().all(|v| v.is_nan()));
+    ring.launch(
+        &scalar,
+        &[(&a_buf, 0), (&b_buf, 0)],
+        (&out_buf, 0),
+        n as u64,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    check_add(
+        "scalar on the ring",
+        &out_shm.read_f32(0, n).unwrap(),
+        &a,
+        &b,
+        n,
+        1,
+    );
+}
