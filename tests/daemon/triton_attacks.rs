@@ -939,34 +939,44 @@ async fn a_scratch_pointer_that_is_only_compared_steers_no_store() {
     let client = connect(&daemon).await;
     let session = client.open_session("triton-scratch").await.unwrap();
     let load4 = "\tld.param.b64 \t%rd30, [add_kernel_param_4];\n\tadd.s64 \t%rd31, %rd27, 4096;\n";
+    let shift = |compare: &str, pick: &str| format!("{load4}\t{compare}\n\t{pick}");
     let mutants = [
         (
             "null selects a shifted output",
-            format!(
-                "{load4}\tsetp.eq.s64 \t%p9, %rd30, 0;\n\tselp.b64 \t%rd32, %rd31, %rd27, %p9;"
+            shift(
+                "setp.eq.s64 \t%p9, %rd30, 0;",
+                "selp.b64 \t%rd32, %rd31, %rd27, %p9;",
             ),
+            "pointer_misuse",
         ),
         (
             "null is not the output, which shifts it",
-            format!(
-                "{load4}\tsetp.eq.s64 \t%p9, %rd30, %rd27;\n\tselp.b64 \t%rd32, %rd27, %rd31, %p9;"
+            shift(
+                "setp.eq.s64 \t%p9, %rd30, %rd27;",
+                "selp.b64 \t%rd32, %rd27, %rd31, %p9;",
             ),
+            "pointer_misuse",
         ),
         (
             "a non-null scratch shifts the output",
-            format!(
-                "{load4}\tsetp.ne.s64 \t%p9, %rd30, 0;\n\tselp.b64 \t%rd32, %rd31, %rd27, %p9;"
+            shift(
+                "setp.ne.s64 \t%p9, %rd30, 0;",
+                "selp.b64 \t%rd32, %rd31, %rd27, %p9;",
             ),
+            "pointer_misuse",
         ),
         (
             "the scratch pointer added to the output",
             format!("{load4}\tadd.s64 \t%rd32, %rd27, %rd30;"),
+            "unbounded_access",
         ),
         (
             "the scratch pointer compared unsigned below the output",
-            format!(
-                "{load4}\tsetp.lt.u64 \t%p9, %rd30, %rd27;\n\tselp.b64 \t%rd32, %rd31, %rd27, %p9;"
+            shift(
+                "setp.lt.u64 \t%p9, %rd30, %rd27;",
+                "selp.b64 \t%rd32, %rd31, %rd27, %p9;",
             ),
+            "pointer_misuse",
         ),
     ];
     let n = 1000;
@@ -975,7 +985,7 @@ async fn a_scratch_pointer_that_is_only_compared_steers_no_store() {
     let (_a, a_buf) = f32_buffer(&session, Some(&a), room).await;
     let (_b, b_buf) = f32_buffer(&session, Some(&b), room).await;
     let mut verdicts = Vec::new();
-    for (what, snippet) in &mutants {
+    for (what, snippet, sub_reason) in &mutants {
         let text = scratch_mutant(snippet);
         match session
             .load_ptx(0, text, "add_kernel", LoadOptions::default())
@@ -983,6 +993,7 @@ async fn a_scratch_pointer_that_is_only_compared_steers_no_store() {
         {
             Err(err) => {
                 assert_eq!(reason(&err), "NON_SCALAR_ABI", "{what}: {err}");
+                assert_eq!(meta(&err, "sub_reason"), *sub_reason, "{what}: {err}");
                 verdicts.push(format!("{what}: refused ({})", meta(&err, "sub_reason")));
             }
             Ok(kernel) => {
@@ -1097,4 +1108,141 @@ async fn a_triton_kernel_does_not_share_a_granted_kernels_ring_index() {
         n,
         1,
     );
+}
+
+/// A 16-bit buffer of `n` elements holding `values`, or poisoned with
+/// `0xffff` (a NaN in f16 and bf16), registered in `session`.
+async fn u16_buffer(
+    session: &Session,
+    values: Option<&[u16]>,
+    n: usize,
+) -> (ptxd_client::HostShm, ptxd_client::Buffer) {
+    let mut shm = ptxd_client::HostShm::create((n * 2) as u64).unwrap();
+    match values {
+        Some(v) => shm.write_u16(0, v).unwrap(),
+        None => shm.write_u16(0, &vec![POISON16; n]).unwrap(),
+    }
+    let buffer = session.register_shm(&shm, None).await.unwrap();
+    (shm, buffer)
+}
+
+const POISON16: u16 = 0xffff;
+
+/// Small integers as f16 or bf16 bits: every sum of two is exact.
+fn half_ints(bf16: bool, n: usize) -> (Vec<u16>, Vec<f64>) {
+    let ints: Vec<f64> = (0..n)
+        .map(|_| f64::from(rand::random::<u8>() % 201) - 100.0)
+        .collect();
+    (ints.iter().map(|&v| half_bits(bf16, v)).collect(), ints)
+}
+
+fn half_bits(bf16: bool, v: f64) -> u16 {
+    if bf16 {
+        half::bf16::from_f64(v).to_bits()
+    } else {
+        half::f16::from_f64(v).to_bits()
+    }
+}
+
+/// The f16 and bf16 adds round their footprints to their vectors
+/// (`roundup(n, 8) × 2` for `.v4.b32` of halves, `align 16`) or not at all
+/// (`nodiv`): buffers of exactly `n × 2` bytes are refused exactly when the
+/// rounded footprint exceeds them, an offset aligned to 2 but not to 16 is
+/// refused, and a launch with room writes `[0, n)` exactly, the granted
+/// tail at most, nothing past it.
+#[tokio::test]
+async fn half_precision_footprints_round_to_their_vectors() {
+    let daemon = Daemon::start(&[]);
+    let client = connect(&daemon).await;
+    let session = client.open_session("triton-halves").await.unwrap();
+    for (file, bf16) in [
+        ("jit/triton/add_f16_b1024_w4_div16.ptx", false),
+        ("jit/triton/add_bf16_b4096_w8_div16.ptx", true),
+        ("jit/triton/add_f16_b1024_w4_nodiv.ptx", false),
+        ("jit/triton/add_bf16_b1024_w4_nodiv.ptx", true),
+    ] {
+        let kernel = load(&session, file, "add_kernel").await;
+        let contract = kernel.signature().contract.clone();
+        let g = granule(&contract) as usize;
+        let align = if g == 1 { 2 } else { 16 };
+        assert!(contract.contains(&format!("align {align}")), "{contract}");
+        let mut counts = vec![1, 7, 8, 9, 1023, 1024, 1025, 4095, 4097];
+        counts.push(1 + rand::random::<u32>() as usize % 9000);
+        for n in counts {
+            let granted = n.next_multiple_of(g);
+            let (a, ai) = half_ints(bf16, n);
+            let (b, bi) = half_ints(bf16, n);
+            let (_a, a_exact) = u16_buffer(&session, Some(&a), n).await;
+            let (_b, b_exact) = u16_buffer(&session, Some(&b), n).await;
+            let (out_exact_shm, out_exact) = u16_buffer(&session, None, n).await;
+            let exact = Launch::new(
+                [a_exact.operand(), b_exact.operand()],
+                out_exact.operand(),
+                n as u64,
+            );
+            if granted == n {
+                session.launch(&kernel, &exact).await.unwrap();
+            } else {
+                let err = refused_everywhere(&session, &kernel, &exact).await;
+                assert_too_small(&err, "input 0", granted as u128 * 2, n * 2);
+                assert!(out_exact_shm
+                    .read_u16(0, n)
+                    .unwrap()
+                    .iter()
+                    .all(|v| *v == POISON16));
+            }
+            let room = granted + 64;
+            let (mut a_room, mut b_room) = (a.clone(), b.clone());
+            a_room.resize(room, half_bits(bf16, 1.0));
+            b_room.resize(room, half_bits(bf16, 2.0));
+            let (_ar, a_buf) = u16_buffer(&session, Some(&a_room), room).await;
+            let (_br, b_buf) = u16_buffer(&session, Some(&b_room), room).await;
+            let (out_shm, out_buf) = u16_buffer(&session, None, room).await;
+            session
+                .launch(
+                    &kernel,
+                    &Launch::new(
+                        [a_buf.operand(), b_buf.operand()],
+                        out_buf.operand(),
+                        n as u64,
+                    ),
+                )
+                .await
+                .unwrap();
+            let out = out_shm.read_u16(0, room).unwrap();
+            for (i, got) in out.iter().enumerate() {
+                if i < n {
+                    assert_eq!(
+                        *got,
+                        half_bits(bf16, ai[i] + bi[i]),
+                        "{file} n={n}: element {i}"
+                    );
+                } else if i < granted {
+                    assert!(
+                        *got == POISON16 || *got == half_bits(bf16, 3.0),
+                        "{file} n={n}: granted element {i} holds {got:#x}"
+                    );
+                } else {
+                    assert_eq!(*got, POISON16, "{file} n={n}: element {i} past the grant");
+                }
+            }
+        }
+        // An offset aligned to the element but not to the footprint.
+        if align == 16 {
+            let (_x, x) = u16_buffer(&session, None, 4096).await;
+            for offset in [2u64, 4, 8, 14] {
+                let err = refused_everywhere(
+                    &session,
+                    &kernel,
+                    &Launch::new([x.at(offset), x.operand()], x.operand(), 64),
+                )
+                .await;
+                assert_eq!(
+                    (reason(&err), meta(&err, "field")),
+                    ("INVALID_ARGUMENT", "offset"),
+                    "{file} offset {offset}: {err}"
+                );
+            }
+        }
+    }
 }
