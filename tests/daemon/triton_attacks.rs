@@ -1246,3 +1246,105 @@ async fn half_precision_footprints_round_to_their_vectors() {
         }
     }
 }
+
+/// `SCALE_SHIFT` with its `scale` param declared `.{ty}` (the body reads
+/// it with `ld.param.b32` either way, so it is the same kernel over the
+/// same bits).
+fn scale_typed(ty: &str) -> String {
+    let text = corpus(SCALE_SHIFT);
+    let decl = ".param .f32 scale_shift_kernel_param_3";
+    assert_eq!(text.matches(decl).count(), 1);
+    text.replace(decl, &format!(".param .{ty} scale_shift_kernel_param_3"))
+}
+
+/// A Triton kernel whose first scalar is an integer type takes exactly an
+/// arg of that type, whose bits reach the kernel unchanged (an i32 with
+/// its sign bit set included); f32 `params`, an f32 arg or the other
+/// integer type are refused naming the param, on every path.
+#[tokio::test]
+async fn integer_typed_scalars_take_exactly_their_type_and_bits() {
+    let daemon = Daemon::start(&[]);
+    let client = connect(&daemon).await;
+    let session = client.open_session("triton-int-scalars").await.unwrap();
+    let n = 3001;
+    let x = random_f32(n);
+    let (_x, x_buf) = f32_buffer(&session, Some(&x), n).await;
+    let param = "scale_shift_kernel_param_3";
+    for (ty, wire) in [("u32", "u32"), ("b32", "u32"), ("s32", "i32")] {
+        let kernel = session
+            .load_ptx(
+                0,
+                scale_typed(ty),
+                "scale_shift_kernel",
+                LoadOptions::default(),
+            )
+            .await
+            .unwrap();
+        let contract = kernel.signature().contract.clone();
+        let want_decl = format!("{param}: .{}", if ty == "s32" { "s32" } else { "u32" });
+        assert!(contract.contains(&want_decl), "{contract}");
+        // A negative scale: its bits have the sign bit set.
+        let (scale, shift) = (-(rand::random::<f32>() * 3.0 + 0.5), rand::random::<f32>());
+        let arg = |bits: u32| {
+            if wire == "i32" {
+                Arg::I32(bits as i32)
+            } else {
+                Arg::U32(bits)
+            }
+        };
+        let (out_shm, out_buf) = f32_buffer(&session, None, n + 8).await;
+        let launch =
+            |args: Vec<Arg>| Launch::new([x_buf.operand()], out_buf.operand(), n as u64).args(args);
+        session
+            .launch(
+                &kernel,
+                &launch(vec![arg(scale.to_bits()), Arg::F32(shift)]),
+            )
+            .await
+            .unwrap();
+        let out = out_shm.read_f32(0, n + 8).unwrap();
+        for i in 0..n {
+            assert_eq!(
+                out[i].to_bits(),
+                x[i].mul_add(scale, shift).to_bits(),
+                ".{ty}: element {i}"
+            );
+        }
+        assert!(out[n..].iter().all(|v| v.is_nan()));
+        let other = if wire == "i32" {
+            Arg::U32(scale.to_bits())
+        } else {
+            Arg::I32(scale.to_bits() as i32)
+        };
+        for (given, launch) in [
+            ("f32", launch(vec![Arg::F32(scale), Arg::F32(shift)])),
+            (
+                if wire == "i32" { "u32" } else { "i32" },
+                launch(vec![other, Arg::F32(shift)]),
+            ),
+            (
+                "u64",
+                launch(vec![Arg::U64(u64::from(scale.to_bits())), Arg::F32(shift)]),
+            ),
+            (
+                "f32",
+                Launch::new([x_buf.operand()], out_buf.operand(), n as u64)
+                    .params([f64::from(scale), f64::from(shift)]),
+            ),
+        ] {
+            let err = refused_everywhere(&session, &kernel, &launch).await;
+            assert_eq!(
+                (
+                    reason(&err),
+                    meta(&err, "what"),
+                    meta(&err, "index"),
+                    meta(&err, "param"),
+                    meta(&err, "expected"),
+                    meta(&err, "given")
+                ),
+                ("SCALAR_ARGS_MISMATCH", "type", "0", param, wire, given),
+                ".{ty}: {err}"
+            );
+        }
+    }
+}
