@@ -1348,3 +1348,89 @@ async fn integer_typed_scalars_take_exactly_their_type_and_bits() {
         }
     }
 }
+
+/// A 64-bit first scalar (`.f64` narrowed in the kernel; `.u64`
+/// truncated, which the verifier refuses today as a pointer read as
+/// data): the arg's 8 bytes reach the kernel whole, an arg of 32 bits is
+/// refused, and a launch runs bit for bit against the narrowed reference.
+#[tokio::test]
+async fn sixty_four_bit_scalars_pass_all_their_bits() {
+    let daemon = Daemon::start(&[]);
+    let client = connect(&daemon).await;
+    let session = client.open_session("triton-wide-scalars").await.unwrap();
+    let n = 2049;
+    let x = random_f32(n);
+    let (_x, x_buf) = f32_buffer(&session, Some(&x), n).await;
+    let read = "ld.param.b32 \t%r20, [scale_shift_kernel_param_3];";
+    for (ty, convert, wire) in [
+        ("f64", "cvt.rn.f32.f64 \t%r20, %fd1;", "f64"),
+        ("u64", "cvt.u32.u64 \t%r20, %fd1;", "u64"),
+    ] {
+        let reg = if ty == "f64" {
+            ".f64 \t%fd<2>"
+        } else {
+            ".b64 \t%fd<2>"
+        };
+        let text = scale_typed(ty)
+            .replace(".reg .pred", &format!(".reg {reg};\n\t.reg .pred"))
+            .replace(
+                read,
+                &format!("ld.param.{ty} \t%fd1, [scale_shift_kernel_param_3];\n\t{convert}"),
+            );
+        let kernel = match session
+            .load_ptx(0, text, "scale_shift_kernel", LoadOptions::default())
+            .await
+        {
+            Ok(k) => k,
+            // A `.u64` param is read as a pointer today (Triton's i64
+            // scalars are refused): a limitation, not a grant.
+            Err(err) if ty == "u64" => {
+                assert_eq!(
+                    (reason(&err), meta(&err, "sub_reason")),
+                    ("NON_SCALAR_ABI", "pointer_escape"),
+                    "{err}"
+                );
+                continue;
+            }
+            Err(err) => panic!(".{ty}: {err}"),
+        };
+        let contract = kernel.signature().contract.clone();
+        assert!(contract.contains(&format!("param_3: .{ty}")), "{contract}");
+        let scale = rand::random::<f32>() * 4.0 - 2.0;
+        let shift = rand::random::<f32>();
+        let arg = if ty == "f64" {
+            Arg::F64(f64::from(scale))
+        } else {
+            // High bits set: the kernel keeps the low 32.
+            Arg::U64(0xdead_beef_0000_0000 | u64::from(scale.to_bits()))
+        };
+        let (out_shm, out_buf) = f32_buffer(&session, None, n + 8).await;
+        let base = Launch::new([x_buf.operand()], out_buf.operand(), n as u64);
+        session
+            .launch(&kernel, &base.clone().args([arg, Arg::F32(shift)]))
+            .await
+            .unwrap();
+        let out = out_shm.read_f32(0, n + 8).unwrap();
+        for i in 0..n {
+            assert_eq!(
+                out[i].to_bits(),
+                x[i].mul_add(scale, shift).to_bits(),
+                ".{ty}: element {i}"
+            );
+        }
+        assert!(out[n..].iter().all(|v| v.is_nan()));
+        for (given, narrow) in [("f32", Arg::F32(scale)), ("u32", Arg::U32(scale.to_bits()))] {
+            let err = refused_everywhere(
+                &session,
+                &kernel,
+                &base.clone().args([narrow, Arg::F32(shift)]),
+            )
+            .await;
+            assert_eq!(
+                (reason(&err), meta(&err, "expected"), meta(&err, "given")),
+                ("SCALAR_ARGS_MISMATCH", wire, given),
+                ".{ty}: {err}"
+            );
+        }
+    }
+}
