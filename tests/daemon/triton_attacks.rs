@@ -1434,3 +1434,50 @@ async fn sixty_four_bit_scalars_pass_all_their_bits() {
         }
     }
 }
+
+/// Thousands of args or operands are refused by count, alike on every
+/// path, and the daemon serves on.
+#[tokio::test]
+async fn thousands_of_args_or_operands_are_refused_by_count() {
+    let daemon = Daemon::start(&[]);
+    let client = connect(&daemon).await;
+    let session = client.open_session("triton-many").await.unwrap();
+    let kernel = load(&session, SCALE_SHIFT, "scale_shift_kernel").await;
+    let n = 64;
+    let (_x, x_buf) = f32_buffer(&session, Some(&random_f32(n)), n).await;
+    let (out_shm, out_buf) = f32_buffer(&session, None, n).await;
+    let many = 3000;
+    let err = refused_everywhere(
+        &session,
+        &kernel,
+        &Launch::new([x_buf.operand()], out_buf.operand(), n as u64)
+            .args((0..many).map(|k| Arg::F32(k as f32))),
+    )
+    .await;
+    assert_eq!(
+        (reason(&err), meta(&err, "what"), meta(&err, "given")),
+        ("SCALAR_ARGS_MISMATCH", "count", many.to_string().as_str()),
+        "{err}"
+    );
+    let err = refused_everywhere(
+        &session,
+        &kernel,
+        &Launch::new(vec![x_buf.operand(); many], out_buf.operand(), n as u64)
+            .args([Arg::F32(1.0), Arg::F32(0.0)]),
+    )
+    .await;
+    assert_eq!(
+        (reason(&err), meta(&err, "what"), meta(&err, "found")),
+        ("ABI_MISMATCH", "inputs", many.to_string().as_str()),
+        "{err}"
+    );
+    assert!(out_shm.read_f32(0, n).unwrap().iter().all(|v| v.is_nan()));
+    session
+        .launch(
+            &kernel,
+            &Launch::new([x_buf.operand()], out_buf.operand(), n as u64)
+                .args([Arg::F32(1.0), Arg::F32(0.0)]),
+        )
+        .await
+        .unwrap();
+}
