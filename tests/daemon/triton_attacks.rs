@@ -776,10 +776,11 @@ fn entry_of(file: &str, old: &str, new: &str) -> String {
     text[start..end].replace(old, new)
 }
 
-/// Two entries of one module, with different contracts (the
-/// divisibility-specialised one rounds its footprint to 4, the other
-/// not): each is held to its own, under either load order, and the same
-/// bytes under another symbol are not the first symbol's kernel.
+/// Two entries of one module, with different contracts and operations
+/// (a divisibility-specialised add whose footprint rounds to 4, and a
+/// `nodiv` mul whose footprint does not), and a third entry that is the
+/// add's body under another name: each symbol is held to its own contract
+/// and runs its own code, in either load order and across sessions.
 #[tokio::test]
 async fn two_entries_of_one_module_keep_their_own_contracts() {
     let daemon = Daemon::start(&[]);
@@ -788,55 +789,97 @@ async fn two_entries_of_one_module_keep_their_own_contracts() {
     let text = corpus(ADD_DIV16);
     let header = &text[..text.find(".visible .entry").unwrap()];
     let module = format!(
-        "{header}{}\n{}",
+        "{header}{}\n{}\n{}",
         entry_of(ADD_DIV16, "add_kernel", "add_v4"),
-        entry_of(ADD_NODIV, "add_kernel", "add_v1")
+        entry_of(
+            "jit/triton/mul_f32_b1024_w4_nodiv.ptx",
+            "mul_kernel",
+            "mul_v1"
+        ),
+        entry_of(ADD_DIV16, "add_kernel", "add_again"),
     );
     let opts = LoadOptions::default;
-    let v1 = session
-        .load_ptx(0, module.clone(), "add_v1", opts())
+    let mul = session
+        .load_ptx(0, module.clone(), "mul_v1", opts())
         .await
         .unwrap();
-    let v4 = session
+    let add = session
         .load_ptx(0, module.clone(), "add_v4", opts())
         .await
         .unwrap();
-    let (c1, c4) = (
-        v1.signature().contract.clone(),
-        v4.signature().contract.clone(),
+    let again = session
+        .load_ptx(0, module.clone(), "add_again", opts())
+        .await
+        .unwrap();
+    let (cm, ca) = (
+        mul.signature().contract.clone(),
+        add.signature().contract.clone(),
     );
-    assert_eq!(granule(&c4), 4, "{c4}");
-    let g1 = granule(&c1);
-    assert_ne!(c1, c4);
+    assert_eq!(granule(&ca), 4, "{ca}");
+    assert_eq!(granule(&cm), 1, "{cm}");
+    assert_eq!(
+        again.signature().contract,
+        ca.replace("add_v4", "add_again")
+    );
     let n = 4097; // 4097 × 4 is not a multiple of 16
     let (a, b) = (random_f32(n), random_f32(n));
     let (_a, a_buf) = f32_buffer(&session, Some(&a), n).await;
     let (_b, b_buf) = f32_buffer(&session, Some(&b), n).await;
     let (out_shm, out_buf) = f32_buffer(&session, None, n).await;
-    let launch = Launch::new(
+    let exact = Launch::new(
         [a_buf.operand(), b_buf.operand()],
         out_buf.operand(),
         n as u64,
     );
-    let err = refused_everywhere(&session, &v4, &launch).await;
-    assert_too_small(&err, "input 0", 4100 * 4, n * 4);
-    if g1 == 1 {
-        session.launch(&v1, &launch).await.unwrap();
-        check_add("add_v1", &out_shm.read_f32(0, n).unwrap(), &a, &b, n, 1);
-    } else {
-        let err = refused_everywhere(&session, &v1, &launch).await;
-        assert_eq!(reason(&err), "BUFFER_TOO_SMALL");
+    for kernel in [&add, &again] {
+        let err = refused_everywhere(&session, kernel, &exact).await;
+        assert_too_small(&err, "input 0", 4100 * 4, n * 4);
     }
-    // Loaded again in the other order in a fresh session (the cache
-    // shares slots across sessions): the same contracts.
+    session.launch(&mul, &exact).await.unwrap();
+    let out = out_shm.read_f32(0, n).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            out[i].to_bits(),
+            (a[i] * b[i]).to_bits(),
+            "mul_v1: element {i}"
+        );
+    }
+    // With room, each add entry adds.
+    let room = 4100 + 16;
+    let (mut ar, mut br) = (a.clone(), b.clone());
+    ar.resize(room, 1.0);
+    br.resize(room, 2.0);
+    let (_ar, ar_buf) = f32_buffer(&session, Some(&ar), room).await;
+    let (_br, br_buf) = f32_buffer(&session, Some(&br), room).await;
+    for (what, kernel) in [("add_v4", &add), ("add_again", &again)] {
+        let (shm, buf) = f32_buffer(&session, None, room).await;
+        session
+            .launch(
+                kernel,
+                &Launch::new(
+                    [ar_buf.operand(), br_buf.operand()],
+                    buf.operand(),
+                    n as u64,
+                ),
+            )
+            .await
+            .unwrap();
+        check_add(what, &shm.read_f32(0, room).unwrap(), &ar, &br, n, 4);
+    }
+    // Loaded in the other order in a fresh session (the cache shares slots
+    // across sessions): the same contracts.
     let other = client.open_session("triton-two-entries-2").await.unwrap();
-    let v4b = other
-        .load_ptx(0, module.clone(), "add_v4", opts())
-        .await
-        .unwrap();
-    let v1b = other.load_ptx(0, module, "add_v1", opts()).await.unwrap();
-    assert_eq!(v4b.signature().contract, c4);
-    assert_eq!(v1b.signature().contract, c1);
+    for (symbol, contract) in [
+        ("add_again", &again.signature().contract),
+        ("add_v4", &ca),
+        ("mul_v1", &cm),
+    ] {
+        let k = other
+            .load_ptx(0, module.clone(), symbol, opts())
+            .await
+            .unwrap();
+        assert_eq!(&k.signature().contract, contract, "{symbol}");
+    }
 }
 
 /// A Triton kernel is never granted to a launch ring today: a ring
