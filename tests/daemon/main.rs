@@ -11,4 +11,5 @@ mod grpcurl;
 mod lifecycle;
 mod recovery;
 mod tenants;
+mod triton_attacks;
 mod typed_args;
