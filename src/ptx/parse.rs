@@ -334,6 +334,8 @@ pub struct Param {
     pub ptr_space: Option<String>,
     /// `[N]` for byte-array params.
     pub array: Option<u64>,
+    /// Declared `.reg` (a function's register param) rather than `.param`.
+    pub is_reg: bool,
     pub line: u32,
 }
 
@@ -343,6 +345,8 @@ pub struct Function {
     pub name: String,
     pub is_entry: bool,
     pub params: Vec<Param>,
+    /// A `.func`'s return params (`.func (.param .b32 ret) name (..)`).
+    pub returns: Vec<Param>,
     pub reqntid: Option<[u32; 3]>,
     pub maxntid: Option<[u32; 3]>,
     pub minnctapersm: Option<u32>,
@@ -636,8 +640,9 @@ impl<'a> Parser<'a> {
 
     fn function(&mut self, is_entry: bool, line: u32) -> Result<Function, PtxError> {
         // `.func (.param .b32 ret) name (..)`: the return list comes first.
+        let mut returns = Vec::new();
         if !is_entry && self.is_punct(b'(') {
-            self.param_list()?;
+            returns = self.param_list()?;
         }
         let name = self.word("a function name")?.text.to_string();
         let params = if self.is_punct(b'(') {
@@ -649,6 +654,7 @@ impl<'a> Parser<'a> {
             name,
             is_entry,
             params,
+            returns,
             reqntid: None,
             maxntid: None,
             minnctapersm: None,
@@ -749,6 +755,7 @@ impl<'a> Parser<'a> {
                     ty: ty.ok_or_else(|| Self::unexpected(t, "a parameter type"))?,
                     ptr_space,
                     array: None,
+                    is_reg: first.text == ".reg",
                     line: t.line,
                 };
                 if self.eat_punct(b'[') {
