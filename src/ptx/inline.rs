@@ -6,8 +6,9 @@
 //! A call is inlined when it is a direct, unpredicated `call`/`call.uni` to a
 //! `.func` defined (with a body) in the same module, its arguments and
 //! return values are `.param` variables declared before it, each of the
-//! callee's params' size and passed by value (`st.param`/`ld.param` at
-//! offset 0). The call's `.param` variables become registers
+//! callee's params' size and passed whole by value (`st.param`/`ld.param`
+//! at offset 0 of the param's width; a param is a scalar or a 2-, 4- or
+//! 8-byte `.b8` array, as NVRTC passes `__half` and `__nv_bfloat16`). The call's `.param` variables become registers
 //! (`st.param.T [p+0], x` is `mov.T %arg, x`; the callee's
 //! `ld.param.T d, [f_param_0]` is `mov.T d, %arg`), the callee's body is
 //! placed in a `{ }` scope (its registers shadow the caller's), its labels
@@ -187,6 +188,20 @@ fn type_bytes(ty: &str) -> u32 {
     super::ir::Ty::from_name(ty).map_or(0, super::ir::Ty::bytes)
 }
 
+/// The register type that holds `p` whole: its own scalar type, or `.bN`
+/// for a 2-, 4- or 8-byte `.b8` array (how NVRTC passes `__half`,
+/// `__nv_bfloat16` and other small structs); `None` for anything else.
+fn register_type(p: &Param) -> Option<String> {
+    if p.is_reg {
+        return None;
+    }
+    match p.array {
+        None if type_bytes(&p.ty) > 0 => Some(p.ty.clone()),
+        Some(n @ (2 | 4 | 8)) if p.ty == "b8" => Some(format!("b{}", n * 8)),
+        _ => None,
+    }
+}
+
 /// Every name an operand mentions.
 fn operand_names<'o>(o: &'o Operand, out: &mut Vec<&'o str>) {
     match o {
@@ -217,7 +232,8 @@ fn instr_names(i: &Instr) -> Vec<&str> {
 /// register `reg`, checking its offset and width against `param`.
 fn param_move(i: &Instr, store: bool, ty: &str, reg: &str, param: &Param) -> Result<Instr, PtxError> {
     let (_, offset) = param_address(i, store).unwrap_or(("", -1));
-    if offset != 0 || type_bytes(ty) == 0 || type_bytes(ty) != type_bytes(&param.ty) {
+    let whole = register_type(param).map_or(0, |t| type_bytes(&t));
+    if offset != 0 || type_bytes(ty) == 0 || type_bytes(ty) != whole {
         return Err(refuse(
             SubReason::CallArguments,
             i.line,
@@ -315,12 +331,15 @@ impl<'m> Inliner<'m> {
             .params
             .iter()
             .chain(&f.returns)
-            .find(|p| p.is_reg || p.array.is_some() || type_bytes(&p.ty) == 0)
+            .find(|p| register_type(p).is_none())
         {
             return Err(refuse(
                 SubReason::CallArguments,
                 p.line,
-                format!("`{}`: only scalar .param params are inlined", p.name),
+                format!(
+                    "`{}`: only scalar .param params and 2-, 4- or 8-byte .b8 arrays are inlined",
+                    p.name
+                ),
             ));
         }
         Ok(f)
@@ -374,7 +393,7 @@ impl<'m> Inliner<'m> {
                     let p = &typed[&at];
                     let reg = format!("%__arg{}", self.fresh());
                     out.push(Stmt::Reg {
-                        ty: p.ty.clone(),
+                        ty: register_type(p).unwrap_or_default(),
                         name: reg.clone(),
                         count: None,
                         line: *line,

@@ -62,11 +62,10 @@ impl Dt {
 
 /// What `entry` computes (from the manifest's source), in f64 over the
 /// operands' values, its element type, and its relative tolerance (0:
-/// bit-exact after rounding to the element type).
+/// bit-exact after rounding to the element type; else the error bound is
+/// `tol × (|result| + |x|)`).
 #[allow(clippy::type_complexity)]
 fn reference(entry: &str) -> (Dt, f64, fn(&[f64], &[f32]) -> f64) {
-    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
-    let _ = sigmoid;
     match entry {
         "relu_f32" => (Dt::F32, 0.0, |x, _| x[0].max(0.0)),
         "clamp_f32" => (Dt::F32, 0.0, |x, p| {
@@ -83,6 +82,7 @@ fn reference(entry: &str) -> (Dt, f64, fn(&[f64], &[f32]) -> f64) {
         "gelu_erf_f32" => (Dt::F32, 1e-6, |x, _| {
             0.5 * x[0] * (1.0 + erf(x[0] * f64::from(0.707_106_78_f32)))
         }),
+        "pow_f64" => (Dt::F64, 4e-16, |x, _| x[0].abs().powf(2.5)),
         other => panic!("no reference for {other}"),
     }
 }
@@ -116,7 +116,50 @@ fn erf(x: f64) -> f64 {
 const ACCEPTED: &[(&str, &str, usize, usize)] = &[
     ("nvrtc/relu_f32_G.ptx", "relu_f32", 1, 0),
     ("nvrtc/clamp_f32_G.ptx", "clamp_f32", 1, 2),
+    ("nvrtc/exp_f32_G.ptx", "exp_f32", 1, 0),
+    ("nvrtc/gelu_erf_f32_G.ptx", "gelu_erf_f32", 1, 0),
+    ("nvrtc/tanh_f32_G.ptx", "tanh_f32", 1, 0),
+    ("nvrtc/sqrt_f32_G.ptx", "sqrt_f32", 1, 0),
+    ("nvrtc/rsqrt_f32_G.ptx", "rsqrt_f32", 1, 0),
+    ("nvrtc/silu_mul_f32_G.ptx", "silu_mul_f32", 2, 0),
+    ("nvrtc/silu_mul_f16_G.ptx", "silu_mul_f16", 2, 0),
+    ("nvrtc/hadd_f16_G.ptx", "hadd_f16", 2, 0),
+    ("nvrtc/add_bf16_G.ptx", "add_bf16", 2, 0),
+    ("nvrtc/pow_f64_G.ptx", "pow_f64", 1, 0),
+    ("nvrtc/pow_f64_O3.ptx", "pow_f64", 1, 0),
+    ("nvrtc/pow_f64_fast.ptx", "pow_f64", 1, 0),
 ];
+
+/// Every corpus kernel that calls a helper is in [`ACCEPTED`] or refused
+/// with the sub_reason named here (local frames are not modelled; a
+/// 16-byte struct return is not passed whole).
+#[test]
+fn every_call_kernel_has_its_verdict() {
+    let manifest: serde_json::Value = serde_json::from_str(&jit("nvrtc/manifest.json")).unwrap();
+    let mut calls = 0;
+    for k in manifest["kernels"].as_array().unwrap() {
+        let (file, entry) = (k["file"].as_str().unwrap(), k["entry"].as_str().unwrap());
+        let text = jit(file);
+        if !text.contains("call.uni") && !text.contains("\tcall ") {
+            continue;
+        }
+        calls += 1;
+        let got = ptx::canonicalize_with(&text, entry, None, Families::ALL);
+        match (ACCEPTED.iter().any(|a| a.0 == file), got) {
+            (true, Ok(_)) => {}
+            (false, Err(PtxError::NonScalarAbi { sub_reason, .. })) => {
+                let want = if file.starts_with("nvrtc/sin_f64") {
+                    "call_arguments"
+                } else {
+                    "local_memory"
+                };
+                assert_eq!(sub_reason, want, "{file}");
+            }
+            (_, other) => panic!("{file}: {other:?}"),
+        }
+    }
+    assert_eq!(calls, 20);
+}
 
 #[test]
 fn every_accepted_call_kernel_matches_its_reference() {
@@ -165,7 +208,10 @@ fn every_accepted_call_kernel_matches_its_reference() {
                     let ok = if tol == 0.0 {
                         got.to_bits() == want.to_bits()
                     } else {
-                        (got - want).abs() <= tol * want.abs().max(1e-30) + 1e-30
+                        // Relative to the result and the input: gelu's
+                        // `1 + erf(x)` cancels for negative x, where the
+                        // result is far smaller than the terms.
+                        (got - want).abs() <= tol * (want.abs() + args[0].abs())
                     };
                     assert!(ok, "{file} n={n} i={i} x={args:?}: got {got}, want {want}");
                 }
