@@ -23,6 +23,8 @@
 //!   a callee reading a param it was not passed (or not a param of its
 //!   own), any other use of a param's address, a callee naming a register
 //!   it does not declare (after inlining it would read the caller's);
+//! - `local_memory`: a callee with a `.local` variable (local frames are
+//!   not modelled);
 //! - `call`: a predicated or malformed call;
 //! - `too_complex`: more than [`MAX_CALL_DEPTH`] nested calls or more than
 //!   [`MAX_INLINED_STATEMENTS`] statements after inlining.
@@ -311,6 +313,17 @@ impl<'m> Inliner<'m> {
                 SubReason::TooComplex,
                 line,
                 format!("more than {MAX_CALL_DEPTH} nested calls"),
+            ));
+        }
+        // A callee's local frame is what refuses it, whatever its params.
+        if let Some((name, at)) = f.body.iter().flatten().find_map(|s| match s {
+            Stmt::Var { space, name, line } if space == "local" => Some((name, *line)),
+            _ => None,
+        }) {
+            return Err(refuse(
+                SubReason::LocalMemory,
+                at,
+                format!("`{}` has a .local variable `{name}`", f.name),
             ));
         }
         if call.args.len() != f.params.len() || call.rets.len() != f.returns.len() {
