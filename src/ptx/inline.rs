@@ -232,7 +232,13 @@ fn instr_names(i: &Instr) -> Vec<&str> {
 
 /// Rewrites a by-value `ld.param`/`st.param` of `name` as a `mov` with the
 /// register `reg`, checking its offset and width against `param`.
-fn param_move(i: &Instr, store: bool, ty: &str, reg: &str, param: &Param) -> Result<Instr, PtxError> {
+fn param_move(
+    i: &Instr,
+    store: bool,
+    ty: &str,
+    reg: &str,
+    param: &Param,
+) -> Result<Instr, PtxError> {
     let (_, offset) = param_address(i, store).unwrap_or(("", -1));
     let whole = register_type(param).map_or(0, |t| type_bytes(&t));
     if offset != 0 || type_bytes(ty) == 0 || type_bytes(ty) != whole {
@@ -248,11 +254,17 @@ fn param_move(i: &Instr, store: bool, ty: &str, reg: &str, param: &Param) -> Res
     let operands = if store {
         vec![
             Operand::Name(reg.to_string()),
-            i.operands.get(1).cloned().unwrap_or(Operand::Imm(super::parse::Imm::Int(0))),
+            i.operands
+                .get(1)
+                .cloned()
+                .unwrap_or(Operand::Imm(super::parse::Imm::Int(0))),
         ]
     } else {
         vec![
-            i.operands.first().cloned().unwrap_or(Operand::Imm(super::parse::Imm::Int(0))),
+            i.operands
+                .first()
+                .cloned()
+                .unwrap_or(Operand::Imm(super::parse::Imm::Int(0))),
             Operand::Name(reg.to_string()),
         ]
     };
@@ -441,7 +453,10 @@ impl<'m> Inliner<'m> {
                         return Err(refuse(
                             SubReason::CallArguments,
                             i.line,
-                            format!("`{}` uses the call param `{n}` other than by value", i.opcode),
+                            format!(
+                                "`{}` uses the call param `{n}` other than by value",
+                                i.opcode
+                            ),
                         ));
                     }
                     out.push(s.clone());
@@ -475,8 +490,12 @@ impl<'m> Inliner<'m> {
                 _ => None,
             })
             .collect();
-        let by_name: HashMap<&str, &Param> =
-            f.params.iter().chain(&f.returns).map(|p| (p.name.as_str(), p)).collect();
+        let by_name: HashMap<&str, &Param> = f
+            .params
+            .iter()
+            .chain(&f.returns)
+            .map(|p| (p.name.as_str(), p))
+            .collect();
         let mut out = Vec::with_capacity(inner.len() + 3);
         out.push(Stmt::Open);
         for s in &inner {
@@ -498,8 +517,8 @@ impl<'m> Inliner<'m> {
                     if let Some((store, ty)) = param_access(i) {
                         let name = param_address(i, store).map(|(n, _)| n);
                         let is_return = name.is_some_and(|n| f.returns.iter().any(|r| r.name == n));
-                        let ok = name.is_some_and(|n| params.contains_key(n))
-                            && (store == is_return);
+                        let ok =
+                            name.is_some_and(|n| params.contains_key(n)) && (store == is_return);
                         if !ok {
                             return Err(refuse(
                                 SubReason::CallArguments,
@@ -555,7 +574,12 @@ impl<'m> Inliner<'m> {
 /// Refuses a callee body that names a register it does not declare in a
 /// scope open there: inlined, that name would resolve to the caller's.
 fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), PtxError> {
-    let mut known: HashSet<&str> = f.params.iter().chain(&f.returns).map(|p| p.name.as_str()).collect();
+    let mut known: HashSet<&str> = f
+        .params
+        .iter()
+        .chain(&f.returns)
+        .map(|p| p.name.as_str())
+        .collect();
     known.extend(module.variables.iter().map(|v| v.name.as_str()));
     known.extend(module.functions.iter().map(|f| f.name.as_str()));
     let labels: HashSet<&str> = body
@@ -614,7 +638,10 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
                     return Err(refuse(
                         SubReason::CallArguments,
                         i.line,
-                        format!("`{}` names the register `{n}`, which it does not declare", f.name),
+                        format!(
+                            "`{}` names the register `{n}`, which it does not declare",
+                            f.name
+                        ),
                     ));
                 }
             }

@@ -80,7 +80,7 @@ fn reference(entry: &str) -> (Dt, f64, fn(&[f64], &[f32]) -> f64) {
         "silu_mul_f32" => (Dt::F32, 1e-6, |x, _| x[0] / (1.0 + (-x[0]).exp()) * x[1]),
         "silu_mul_f16" => (Dt::F16, 2e-3, |x, _| x[0] / (1.0 + (-x[0]).exp()) * x[1]),
         "gelu_erf_f32" => (Dt::F32, 1e-6, |x, _| {
-            0.5 * x[0] * (1.0 + erf(x[0] * f64::from(0.707_106_78_f32)))
+            0.5 * x[0] * (1.0 + erf(x[0] * f64::from(std::f32::consts::FRAC_1_SQRT_2)))
         }),
         "pow_f64" => (Dt::F64, 4e-16, |x, _| x[0].abs().powf(2.5)),
         other => panic!("no reference for {other}"),
@@ -170,10 +170,20 @@ fn every_accepted_call_kernel_matches_its_reference() {
         for n in [0usize, 1, 255, 257, 1000] {
             for threads in [1, 3] {
                 let p: Vec<f32> = (0..params)
-                    .map(|k| if k == 0 { r.random_range(-5.0..0.0) } else { r.random_range(0.0..5.0) })
+                    .map(|k| {
+                        if k == 0 {
+                            r.random_range(-5.0..0.0)
+                        } else {
+                            r.random_range(0.0..5.0)
+                        }
+                    })
                     .collect();
                 let xs: Vec<Vec<f64>> = (0..inputs)
-                    .map(|_| (0..n + 2).map(|_| dt.round(r.random_range(-8.0..8.0))).collect())
+                    .map(|_| {
+                        (0..n + 2)
+                            .map(|_| dt.round(r.random_range(-8.0..8.0)))
+                            .collect()
+                    })
                     .collect();
                 let mut bufs: Vec<Vec<u8>> = xs
                     .iter()
@@ -182,12 +192,18 @@ fn every_accepted_call_kernel_matches_its_reference() {
                 let mut out = vec![0xFFu8; (n + 2) * dt.size()];
                 let spans: Vec<HostSpan> = bufs
                     .iter_mut()
-                    .map(|b| HostSpan { ptr: b.as_mut_ptr(), len: b.len() })
+                    .map(|b| HostSpan {
+                        ptr: b.as_mut_ptr(),
+                        len: b.len(),
+                    })
                     .collect();
                 let l = HostLaunch {
                     inputs: &spans,
                     args: &[],
-                    output: HostSpan { ptr: out.as_mut_ptr(), len: out.len() },
+                    output: HostSpan {
+                        ptr: out.as_mut_ptr(),
+                        len: out.len(),
+                    },
                     n: n as u64,
                     params: &p,
                     threads,
@@ -210,7 +226,10 @@ fn every_accepted_call_kernel_matches_its_reference() {
                     };
                     assert!(ok, "{file} n={n} i={i} x={args:?}: got {got}, want {want}");
                 }
-                assert!(out[n * dt.size()..].iter().all(|b| *b == 0xFF), "{file} n={n}");
+                assert!(
+                    out[n * dt.size()..].iter().all(|b| *b == 0xFF),
+                    "{file} n={n}"
+                );
             }
         }
     }
@@ -303,7 +322,10 @@ fn recursion_is_refused() {
         "{ .param .b32 a; st.param.f32 [a+0], %f1; .param .b32 b; st.param.f32 [b+0], %f2;
            .param .b32 r; call.uni (r), fmaxf, (a, b); ld.param.f32 %f3, [r+0]; }",
     );
-    assert_eq!(reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"), "call_recursion");
+    assert_eq!(
+        reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"),
+        "call_recursion"
+    );
 }
 
 #[test]
@@ -313,12 +335,20 @@ fn an_indirect_call_is_refused() {
     let text = relu(PARAMS, BODY, call, extra);
     assert_eq!(reason(&text, "relu_f32"), "call_indirect");
     let call = "call.uni (retval0), fmaxf, (param0, param1), proto;";
-    assert_eq!(reason(&relu(PARAMS, BODY, call, ""), "relu_f32"), "call_indirect");
+    assert_eq!(
+        reason(&relu(PARAMS, BODY, call, ""), "relu_f32"),
+        "call_indirect"
+    );
 }
 
 #[test]
 fn an_extern_call_is_refused() {
-    let text = relu(PARAMS, BODY, &CALL.replace("fmaxf", "fminf"), ".extern .func (.param .b32 r) fminf(.param .b32 a, .param .b32 b);");
+    let text = relu(
+        PARAMS,
+        BODY,
+        &CALL.replace("fmaxf", "fminf"),
+        ".extern .func (.param .b32 r) fminf(.param .b32 a, .param .b32 b);",
+    );
     assert_eq!(reason(&text, "relu_f32"), "call_extern");
 }
 
@@ -326,26 +356,38 @@ fn an_extern_call_is_refused() {
 fn a_callee_reading_a_param_it_was_not_passed_is_refused() {
     // A third param the call does not pass.
     let body = BODY.replace("[fmaxf_param_1]", "[fmaxf_param_2]");
-    assert_eq!(reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"), "call_arguments");
+    assert_eq!(
+        reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"),
+        "call_arguments"
+    );
     // The entry's param, read from inside the callee.
     let body = BODY.replace("[fmaxf_param_1]", "[relu_f32_param_0]");
-    assert_eq!(reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"), "call_arguments");
+    assert_eq!(
+        reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"),
+        "call_arguments"
+    );
     // An arity mismatch.
     let call = "call.uni (retval0), fmaxf, (param0);";
-    assert_eq!(reason(&relu(PARAMS, BODY, call, ""), "relu_f32"), "call_arguments");
+    assert_eq!(
+        reason(&relu(PARAMS, BODY, call, ""), "relu_f32"),
+        "call_arguments"
+    );
 }
 
 #[test]
 fn a_callee_naming_a_register_it_does_not_declare_is_refused() {
     // `%rd10` is the caller's pointer: inlined, it would resolve to it.
-    let body = BODY.replace(
-        "max.f32 	%f3, %f1, %f2;",
-        "ld.f32 %f3, [%rd10+4];",
+    let body = BODY.replace("max.f32 	%f3, %f1, %f2;", "ld.f32 %f3, [%rd10+4];");
+    assert_eq!(
+        reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"),
+        "call_arguments"
     );
-    assert_eq!(reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"), "call_arguments");
     // `%f7` is past the callee's `%f<4>` (and the caller declares none).
     let body = BODY.replace("max.f32 	%f3, %f1, %f2;", "max.f32 	%f3, %f1, %f7;");
-    assert_eq!(reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"), "call_arguments");
+    assert_eq!(
+        reason(&relu(PARAMS, &body, CALL, ""), "relu_f32"),
+        "call_arguments"
+    );
 }
 
 /// A callee given the output pointer and the index stores one element past
@@ -368,7 +410,10 @@ fn a_callee_storing_outside_the_footprint_is_refused() {
             "shl.b64 %rd11, %rd1, 2; add.s64 %rd12, %rd3, %rd11; st.param.b64 [param0+0], %rd12;",
         )
         .replace(".param .b32 param0;", ".param .b64 param0;")
-        .replace("st.param.f32 	[param1+0], 0f00000000;", "st.param.f32 	[param1+0], %f1;");
+        .replace(
+            "st.param.f32 	[param1+0], 0f00000000;",
+            "st.param.f32 	[param1+0], %f1;",
+        );
     // The in-bounds store (offset 0) is accepted: the attack is the `+4`.
     let fine = text.replace("[%rd1+4]", "[%rd1]");
     ptx::canonicalize_with(&fine, "relu_f32", None, Families::ALL).unwrap();
