@@ -439,3 +439,86 @@ fn local_frames_are_refused() {
     let uninit = past.replace("st.local.f32 [%SPL+1], %f1;", "ld.local.f32 %f1, [%SPL];");
     assert_eq!(reason(&uninit, "relu_f32"), "local_memory");
 }
+
+/// An argument the caller declares but never stores: the callee's read of
+/// it is a read of a register never written.
+#[test]
+fn an_argument_never_stored_is_an_undefined_read() {
+    let text = relu(PARAMS, BODY, CALL, "").replace("st.param.f32 	[param1+0], 0f00000000;", "");
+    assert_eq!(reason(&text, "relu_f32"), "undefined_register");
+}
+
+/// Nested calls, two call sites of one callee, a guarded early `ret` and
+/// labels in the callee: `g(x) = x < 0 ? 0 : fmaxf(x, 0)` inlined twice
+/// (`out = g(g(x))`), run on the host against relu.
+#[test]
+fn nested_calls_with_early_returns_run_exactly() {
+    let g = "
+.func  (.param .b32 g_ret) g(.param .b32 g_x)
+{
+	.reg .pred 	%p<2>;
+	.reg .f32 	%f<4>;
+	ld.param.f32 	%f1, [g_x];
+	setp.lt.f32 	%p1, %f1, 0f00000000;
+	@%p1 bra 	$L__neg;
+	{
+	.param .b32 param0;
+	st.param.f32 	[param0+0], %f1;
+	.param .b32 param1;
+	st.param.f32 [param1+0], 0f00000000; // (kept: the entry's is removed)
+	.param .b32 retval0;
+	call.uni (retval0), fmaxf, (param0, param1);
+	ld.param.f32 	%f2, [retval0+0];
+	}
+	st.param.f32 	[g_ret+0], %f2;
+	ret;
+$L__neg:
+	mov.f32 	%f3, 0f00000000;
+	st.param.f32 	[g_ret+0], %f3;
+	ret;
+}
+";
+    let twice = "call.uni (retval0), g, (param0);
+	ld.param.f32 	%f2, [retval0+0];
+	}
+	{
+	.param .b32 param0;
+	st.param.f32 	[param0+0], %f2;
+	.param .b32 retval0;
+	call.uni (retval0), g, (param0);";
+    let text = relu(PARAMS, BODY, twice, g).replace(
+        ".param .b32 param1;\n\tst.param.f32 \t[param1+0], 0f00000000;\n",
+        "",
+    );
+    let c = ptx::canonicalize_with(&text, "relu_f32", None, Families::ALL).unwrap();
+    assert!(!c.text.contains("call"));
+    let k = HostKernel::compile_with(&text, "relu_f32", Families::ALL).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(7);
+    let n = 1000usize;
+    let x: Vec<f32> = (0..n).map(|_| r.random_range(-4.0f32..4.0)).collect();
+    let mut input: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut out = vec![0xFFu8; n * 4];
+    let spans = [HostSpan {
+        ptr: input.as_mut_ptr(),
+        len: input.len(),
+    }];
+    let l = HostLaunch {
+        inputs: &spans,
+        args: &[],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads: 2,
+        checked: true,
+        control: None,
+    };
+    // SAFETY: both spans are live Vecs of exactly `len` bytes.
+    unsafe { k.launch(&l) }.unwrap();
+    for (i, v) in x.iter().enumerate() {
+        let got = f32::from_le_bytes(out[i * 4..i * 4 + 4].try_into().unwrap());
+        assert_eq!(got.to_bits(), v.max(0.0).to_bits(), "i={i} x={v}");
+    }
+}
