@@ -329,7 +329,9 @@ impl<'m> Inliner<'m> {
         }
         // A callee's local frame is what refuses it, whatever its params.
         if let Some((name, at)) = f.body.iter().flatten().find_map(|s| match s {
-            Stmt::Var { space, name, line } if space == "local" => Some((name, *line)),
+            Stmt::Var {
+                space, name, line, ..
+            } if space == "local" => Some((name, *line)),
             _ => None,
         }) {
             return Err(refuse(
@@ -648,5 +650,231 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
             Stmt::Label { .. } | Stmt::Unkept { .. } => {}
         }
     }
+    Ok(())
+}
+
+/// Promotes entry `symbol`'s one `.local` frame to registers when every
+/// use of it is provable at a glance: the frame pointer is made only by
+/// `mov.u64 %SPL, frame` and `cvta.local.u64 %SP, %SPL`, used only as the
+/// base of `ld`/`st` (`.local` through `%SPL`, generic through `%SP`) at
+/// constant offsets, each lane inside the frame (offset + width <= size),
+/// aligned to its width, and any two accesses either the same bytes at the
+/// same width or disjoint. Each such slot becomes a register, each access a
+/// `mov`: a read of a slot no path has written is then a read of a register
+/// never written, which the verifier refuses (`undefined_register`): CUDA
+/// does not zero local memory. Anything else leaves the frame for the
+/// verifier to refuse (`local_memory`); an access past the frame or
+/// overlapping another at a different width is refused here, naming it.
+pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
+    let Some(f) = module
+        .functions
+        .iter_mut()
+        .find(|f| f.is_entry && f.name == symbol)
+    else {
+        return Ok(());
+    };
+    let Some(body) = f.body.as_mut() else {
+        return Ok(());
+    };
+    let frames: Vec<(usize, &str, Option<u64>)> = body
+        .iter()
+        .enumerate()
+        .filter_map(|(at, s)| match s {
+            Stmt::Var {
+                space, name, bytes, ..
+            } if space == "local" => Some((at, name.as_str(), *bytes)),
+            _ => None,
+        })
+        .collect();
+    let [(var_at, frame, Some(size))] = frames[..] else {
+        return Ok(());
+    };
+    let frame = frame.to_string();
+    let unpromoted = |line: u32, why: String| refuse(SubReason::LocalMemory, line, why);
+    // The frame pointers: `mov.u64 %SPL, frame` and `cvta.local.u64 %SP, %SPL`.
+    let (mut spl, mut sp) = (None, None);
+    for s in body.iter() {
+        let Stmt::Instr(i) = s else { continue };
+        match (i.opcode.as_str(), &i.operands[..]) {
+            ("mov.u64" | "mov.b64", [Operand::Name(d), Operand::Name(v)]) if *v == frame => {
+                if spl.is_some() || i.guard.is_some() {
+                    return Ok(());
+                }
+                spl = Some((d.clone(), i.line));
+            }
+            ("cvta.local.u64", [Operand::Name(d), Operand::Name(v)])
+                if spl.as_ref().is_some_and(|(x, _)| x == v) =>
+            {
+                if sp.is_some() || i.guard.is_some() {
+                    return Ok(());
+                }
+                sp = Some(d.clone());
+            }
+            _ => {}
+        }
+    }
+    let Some((spl, _)) = spl else { return Ok(()) };
+    // Every access: (statement, is a store, type, lanes, offset, width).
+    let mut accesses = Vec::new();
+    let mut slots: Vec<(i64, u32)> = Vec::new();
+    for (at, s) in body.iter().enumerate() {
+        let Stmt::Instr(i) = s else { continue };
+        let names = instr_names(i);
+        let mentions = |r: &str| names.contains(&r);
+        if !mentions(&spl) && !sp.as_deref().is_some_and(mentions) && !mentions(&frame) {
+            continue;
+        }
+        let parts: Vec<&str> = i.opcode.split('.').collect();
+        let is_def = match &i.operands[..] {
+            [Operand::Name(d), Operand::Name(v)] => {
+                (i.opcode == "mov.u64" || i.opcode == "mov.b64") && *d == spl && *v == frame
+                    || i.opcode == "cvta.local.u64" && Some(d) == sp.as_ref() && *v == spl
+            }
+            _ => false,
+        };
+        if is_def {
+            continue;
+        }
+        let (store, space, lanes, ty) = match parts[..] {
+            [op @ ("ld" | "st"), "local", ty] => (op == "st", true, 1, ty),
+            [op @ ("ld" | "st"), "local", v @ ("v2" | "v4"), ty] => {
+                (op == "st", true, if v == "v2" { 2 } else { 4 }, ty)
+            }
+            [op @ ("ld" | "st"), ty] => (op == "st", false, 1, ty),
+            [op @ ("ld" | "st"), v @ ("v2" | "v4"), ty] => {
+                (op == "st", false, if v == "v2" { 2 } else { 4 }, ty)
+            }
+            _ => return Ok(()),
+        };
+        let (addr, value) = if store {
+            (i.operands.first(), i.operands.get(1))
+        } else {
+            (i.operands.get(1), i.operands.first())
+        };
+        let (
+            Some(Operand::Addr {
+                base: AddrBase::Name(b),
+                offset,
+            }),
+            Some(value),
+        ) = (addr, value)
+        else {
+            return Ok(());
+        };
+        // `.local` through `%SPL`, generic through `%SP`; the pointer in
+        // the address only, never as the value.
+        let based = if space {
+            *b == spl
+        } else {
+            Some(b) == sp.as_ref()
+        };
+        let mut value_names = Vec::new();
+        operand_names(value, &mut value_names);
+        if !based
+            || i.operands.len() != 2
+            || value_names
+                .iter()
+                .any(|n| *n == spl || Some(*n) == sp.as_deref() || *n == frame)
+        {
+            return Ok(());
+        }
+        let w = type_bytes(ty);
+        let lane_values = match value {
+            Operand::List(l) if l.len() == lanes => l.clone(),
+            v if lanes == 1 && !matches!(v, Operand::List(_)) => vec![v.clone()],
+            _ => return Ok(()),
+        };
+        if w < 2 {
+            return Ok(());
+        }
+        for k in 0..lanes {
+            let off = offset.saturating_add(i64::from(w) * k as i64);
+            let inside = off >= 0
+                && u64::try_from(off).is_ok_and(|o| o.saturating_add(u64::from(w)) <= size);
+            if !inside {
+                return Err(unpromoted(
+                    i.line,
+                    format!(
+                        "`{}` at byte {off} (width {w}) leaves the local frame `{frame}` of {size} bytes",
+                        i.opcode
+                    ),
+                ));
+            }
+            if off % i64::from(w) != 0 {
+                return Ok(());
+            }
+            for &(o, ow) in &slots {
+                let disjoint = off + i64::from(w) <= o || o + i64::from(ow) <= off;
+                if !disjoint && (o, ow) != (off, w) {
+                    return Err(unpromoted(
+                        i.line,
+                        format!(
+                            "`{}` at byte {off} (width {w}) overlaps another access of the local frame `{frame}` at byte {o} (width {ow})",
+                            i.opcode
+                        ),
+                    ));
+                }
+            }
+            if !slots.contains(&(off, w)) {
+                slots.push((off, w));
+            }
+        }
+        accesses.push((at, store, ty.to_string(), lane_values, *offset, w));
+    }
+    let slot_name = |off: i64| format!("%__frame{off}");
+    let mut rewritten: HashMap<usize, Vec<Stmt>> = HashMap::new();
+    for (at, store, ty, lanes, offset, w) in accesses {
+        let Stmt::Instr(i) = &body[at] else { continue };
+        let movs = lanes
+            .into_iter()
+            .enumerate()
+            .map(|(k, v)| {
+                let slot = Operand::Name(slot_name(offset + i64::from(w) * k as i64));
+                Stmt::Instr(Instr {
+                    guard: i.guard.clone(),
+                    opcode: format!("mov.{ty}"),
+                    operands: if store { vec![slot, v] } else { vec![v, slot] },
+                    line: i.line,
+                    col: i.col,
+                })
+            })
+            .collect();
+        rewritten.insert(at, movs);
+    }
+    let line = match &body[var_at] {
+        Stmt::Var { line, .. } => *line,
+        _ => 0,
+    };
+    let mut out = Vec::with_capacity(body.len() + slots.len());
+    for (at, s) in body.drain(..).enumerate() {
+        if at == var_at {
+            for &(off, w) in &slots {
+                out.push(Stmt::Reg {
+                    ty: format!("b{}", w * 8),
+                    name: slot_name(off),
+                    count: None,
+                    line,
+                    col: 0,
+                });
+            }
+            continue;
+        }
+        match rewritten.remove(&at) {
+            Some(movs) => out.extend(movs),
+            None => {
+                // The frame pointers' definitions go with the frame.
+                if let Stmt::Instr(i) = &s {
+                    let names = instr_names(i);
+                    if names.contains(&frame.as_str())
+                        || sp.as_deref().is_some_and(|p| names.first() == Some(&p))
+                    {
+                        continue;
+                    }
+                }
+                out.push(s);
+            }
+        }
+    }
+    *body = out;
     Ok(())
 }

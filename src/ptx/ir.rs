@@ -464,7 +464,9 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
                     }
                 }
             }
-            Stmt::Var { space, name, line } => vars.push(Var {
+            Stmt::Var {
+                space, name, line, ..
+            } => vars.push(Var {
                 space: space.clone(),
                 name: name.clone(),
                 line: *line,

@@ -307,6 +307,7 @@ pub fn verify_contract(
 pub fn lower(text: &str, symbol: &str) -> Result<ir::Kernel, PtxError> {
     let mut module = parse::parse(text)?;
     inline::inline_calls(&mut module, symbol)?;
+    inline::promote_frame(&mut module, symbol)?;
     ir::lower(&module, symbol)
 }
 
@@ -318,6 +319,7 @@ pub(crate) fn verify_kernel(
 ) -> Result<(ir::Kernel, verify::Verified), PtxError> {
     let mut module = parse::parse(text)?;
     inline::inline_calls(&mut module, symbol)?;
+    inline::promote_frame(&mut module, symbol)?;
     let kernel = ir::lower(&module, symbol)?;
     let verified = verify::verify(&kernel, declared, families)?;
     Ok((kernel, verified))

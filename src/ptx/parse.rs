@@ -305,6 +305,8 @@ pub enum Stmt {
     Var {
         space: String,
         name: String,
+        /// Its size in bytes, for a `.bN`/`.uN`/.. scalar or array.
+        bytes: Option<u64>,
         line: u32,
     },
     Label {
@@ -620,12 +622,33 @@ impl<'a> Parser<'a> {
 
     /// After a state space: `.align N .b8 name[16] = {..};` → `name`.
     fn variable_name(&mut self) -> Result<String, PtxError> {
+        self.variable().map(|(name, _)| name)
+    }
+
+    /// After a state space: the variable's name and, for a scalar or an
+    /// array of a sized type, its size in bytes.
+    fn variable(&mut self) -> Result<(String, Option<u64>), PtxError> {
         let mut name = None;
+        let mut element: Option<u64> = None;
+        let mut count: Option<u64> = Some(1);
         loop {
             let t = self.next()?;
             match t.kind {
+                TokKind::Word if t.text.starts_with('.') && TYPES.contains(&t.text) => {
+                    let bytes = super::ir::Ty::from_name(&t.text[1..]).map_or(0, |t| t.bytes());
+                    element = (bytes > 0).then_some(u64::from(bytes));
+                }
                 TokKind::Word if !t.text.starts_with('.') && name.is_none() => {
                     name = Some(t.text.to_string());
+                    if self.eat_punct(b'[') {
+                        count = match self.peek() {
+                            Some(n) if n.kind == TokKind::Int => {
+                                self.pos += 1;
+                                Some(n.int)
+                            }
+                            _ => None,
+                        };
+                    }
                 }
                 TokKind::Punct(b';') => break,
                 TokKind::Punct(b'{') => {
@@ -635,7 +658,8 @@ impl<'a> Parser<'a> {
                 _ => {}
             }
         }
-        name.ok_or_else(|| self.eof("a variable name"))
+        let name = name.ok_or_else(|| self.eof("a variable name"))?;
+        Ok((name, element.zip(count).and_then(|(e, c)| e.checked_mul(c))))
     }
 
     fn function(&mut self, is_entry: bool, line: u32) -> Result<Function, PtxError> {
@@ -840,10 +864,11 @@ impl<'a> Parser<'a> {
             }
             ".shared" | ".local" | ".const" | ".global" | ".param" => {
                 self.pos += 1;
-                let name = self.variable_name()?;
+                let (name, bytes) = self.variable()?;
                 out.push(Stmt::Var {
                     space: t.text[1..].to_string(),
                     name,
+                    bytes,
                     line: t.line,
                 });
             }

@@ -421,23 +421,116 @@ fn a_callee_storing_outside_the_footprint_is_refused() {
     assert_eq!(got, "non_elementwise_address");
 }
 
-/// Local memory is not modelled yet: a local frame, however it is used, is
-/// refused (so neither a read past the frame nor an uninitialised read can
-/// be accepted).
-#[test]
-fn local_frames_are_refused() {
-    let past = relu(PARAMS, BODY, CALL, "")
+/// `relu` through a local frame of 8 bytes: `x` is stored at byte 4
+/// through the generic `%SP` and read back through `.local` `%SPL`.
+fn relu_with_frame(store: &str, load: &str) -> String {
+    let text = relu(PARAMS, BODY, CALL, "")
         .replace(
-            ".reg .pred 	%p<3>;",
-            ".local .align 4 .b8 __local_depot0[4]; .reg .b64 %SP; .reg .b64 %SPL; .reg .pred 	%p<3>;",
+            ".reg .pred \t%p<3>;",
+            ".local .align 8 .b8 __local_depot0[8];\n\t.reg .b64 %SP;\n\t.reg .b64 %SPL;\n\t.reg .pred \t%p<3>;",
         )
         .replace(
-            "ld.f32 	%f1, [%rd10];",
-            "ld.f32 	%f1, [%rd10]; mov.u64 %SPL, __local_depot0; st.local.f32 [%SPL+1], %f1;",
-        );
+            "ld.f32 \t%f1, [%rd10];",
+            &format!(
+                "ld.f32 \t%f1, [%rd10];\n\tmov.u64 %SPL, __local_depot0;\n\tcvta.local.u64 %SP, %SPL;\n\t{store}\n\t{load}"
+            ),
+        )
+        .replace("st.param.f32 \t[param0+0], %f1;", "st.param.f32 \t[param0+0], %f0;");
+    assert!(text.contains("__local_depot0[8]") && text.contains(load) && text.contains("%f0;"));
+    text
+}
+
+/// A local frame whose every access is at a constant offset inside it is
+/// promoted to registers (`inline::promote_frame`): accepted, no local
+/// memory in the canonical text, and it runs exactly on the host.
+#[test]
+fn a_local_frame_used_inside_its_bounds_runs_exactly() {
+    let text = relu_with_frame("st.f32 [%SP+4], %f1;", "ld.local.f32 %f0, [%SPL+4];");
+    let c = ptx::canonicalize_with(&text, "relu_f32", None, Families::ALL).unwrap();
+    assert!(
+        !c.text.contains("local") && !c.text.contains("call"),
+        "{}",
+        c.text
+    );
+    let k = HostKernel::compile_with(&text, "relu_f32", Families::ALL).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(9);
+    let n = 777usize;
+    let x: Vec<f32> = (0..n).map(|_| r.random_range(-4.0f32..4.0)).collect();
+    let mut input: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut out = vec![0xFFu8; (n + 1) * 4];
+    let spans = [HostSpan {
+        ptr: input.as_mut_ptr(),
+        len: input.len(),
+    }];
+    let l = HostLaunch {
+        inputs: &spans,
+        args: &[],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads: 3,
+        checked: true,
+        control: None,
+    };
+    // SAFETY: both spans are live Vecs of exactly `len` bytes.
+    unsafe { k.launch(&l) }.unwrap();
+    for (i, v) in x.iter().enumerate() {
+        let got = f32::from_le_bytes(out[i * 4..i * 4 + 4].try_into().unwrap());
+        assert_eq!(got.to_bits(), v.max(0.0).to_bits(), "i={i} x={v}");
+    }
+    assert!(out[n * 4..].iter().all(|b| *b == 0xFF));
+}
+
+/// A local access one byte past its frame is refused, naming it.
+#[test]
+fn a_local_access_past_its_frame_is_refused() {
+    let past = relu_with_frame("st.f32 [%SP+5], %f1;", "ld.local.f32 %f0, [%SPL+4];");
+    match ptx::canonicalize_with(&past, "relu_f32", None, Families::ALL) {
+        Err(PtxError::NonScalarAbi {
+            sub_reason,
+            explanation,
+            ..
+        }) => {
+            assert_eq!(sub_reason, "local_memory");
+            assert!(
+                explanation.contains("leaves the local frame"),
+                "{explanation}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let past = relu_with_frame("st.f32 [%SP+4], %f1;", "ld.local.f32 %f0, [%SPL+8];");
     assert_eq!(reason(&past, "relu_f32"), "local_memory");
-    let uninit = past.replace("st.local.f32 [%SPL+1], %f1;", "ld.local.f32 %f1, [%SPL];");
-    assert_eq!(reason(&uninit, "relu_f32"), "local_memory");
+    let before = relu_with_frame("st.f32 [%SP+4], %f1;", "ld.local.f32 %f0, [%SPL-4];");
+    assert_eq!(reason(&before, "relu_f32"), "local_memory");
+}
+
+/// CUDA does not zero local memory: a read of local bytes no store wrote
+/// is an uninitialised read, refused.
+#[test]
+fn an_uninitialised_local_read_is_refused() {
+    let uninit = relu_with_frame("st.f32 [%SP+4], %f1;", "ld.local.f32 %f0, [%SPL+0];");
+    assert_eq!(reason(&uninit, "relu_f32"), "undefined_register");
+    // Written on one path only.
+    let one_path = relu_with_frame("@%p1 st.f32 [%SP+4], %f1;", "ld.local.f32 %f0, [%SPL+4];");
+    assert_ne!(
+        ptx::canonicalize_with(&one_path, "relu_f32", None, Families::ALL).map(|_| ()),
+        Ok(())
+    );
+}
+
+/// A frame pointer used other than as an address (here: stored to global
+/// memory) leaves the frame unpromoted, refused as local memory.
+#[test]
+fn an_escaping_frame_pointer_is_refused() {
+    let escape = relu_with_frame(
+        "st.f32 [%SP+4], %f1;",
+        "ld.local.f32 %f0, [%SPL+4];\n\tst.u64 [%rd10], %SP;",
+    );
+    assert_eq!(reason(&escape, "relu_f32"), "local_memory");
 }
 
 /// An argument the caller declares but never stores: the callee's read of
