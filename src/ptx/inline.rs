@@ -39,6 +39,9 @@ use super::{PtxError, SubReason};
 
 /// The deepest chain of calls inlined.
 pub const MAX_CALL_DEPTH: usize = 16;
+/// The largest `.local` frame [`promote_frame`] promotes, in bytes (so at
+/// most 512 slots, each checked against the others).
+pub const MAX_PROMOTED_FRAME: u64 = 1024;
 /// The most statements inlined callees may add to one entry.
 pub const MAX_INLINED_STATEMENTS: usize = 100_000;
 
@@ -686,9 +689,14 @@ pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
             _ => None,
         })
         .collect();
+    // A frame past MAX_PROMOTED_FRAME bytes is left alone (and refused):
+    // below it, every offset and sum here is far from overflowing.
     let [(var_at, frame, Some(size))] = frames[..] else {
         return Ok(());
     };
+    if size > MAX_PROMOTED_FRAME {
+        return Ok(());
+    }
     let frame = frame.to_string();
     let unpromoted = |line: u32, why: String| refuse(SubReason::LocalMemory, line, why);
     // The frame pointers: `mov.u64 %SPL, frame` and `cvta.local.u64 %SP, %SPL`.
