@@ -130,6 +130,11 @@ const OTHER_SREGS: &[&str] = &[
     "%total_smem_size",
 ];
 
+/// Whether `name` is a special register (`%tid.x`, `%laneid`, ..).
+pub(crate) fn is_sreg(name: &str) -> bool {
+    Sreg::from_name(name).is_some()
+}
+
 impl Sreg {
     fn from_name(s: &str) -> Option<Sreg> {
         let (base, dim) = match s.rsplit_once('.') {
@@ -459,7 +464,9 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
                     }
                 }
             }
-            Stmt::Var { space, name, line } => vars.push(Var {
+            Stmt::Var {
+                space, name, line, ..
+            } => vars.push(Var {
                 space: space.clone(),
                 name: name.clone(),
                 line: *line,

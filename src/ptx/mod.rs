@@ -6,7 +6,8 @@
 //! PTX load; the host executor calls [`HostKernel::compile`] and
 //! [`HostKernel::launch`]). Nothing here touches CUDA.
 //!
-//! Pipeline: [`parse`] (text → module) → [`ir`] (one entry, names resolved)
+//! Pipeline: [`parse`] (text → module) → [`mod@inline`] (the entry's `.func`
+//! calls inlined) → [`ir`] (one entry, names resolved)
 //! → [`mod@verify`] (the proof, whose result is a [`contract::LaunchContract`])
 //! → [`host`] (decode and run on the CPU). The kernel's name is never
 //! trusted: only its body decides.
@@ -15,6 +16,7 @@ use std::collections::BTreeMap;
 
 pub mod contract;
 pub mod host;
+pub mod inline;
 pub mod ir;
 pub mod memo;
 pub mod parse;
@@ -303,7 +305,10 @@ pub fn verify_contract(
 /// Parses and lowers `symbol` (no verification): for tools and tests that
 /// print or inspect the IR.
 pub fn lower(text: &str, symbol: &str) -> Result<ir::Kernel, PtxError> {
-    ir::lower(&parse::parse(text)?, symbol)
+    let mut module = parse::parse(text)?;
+    inline::inline_calls(&mut module, symbol)?;
+    inline::promote_frame(&mut module, symbol)?;
+    ir::lower(&module, symbol)
 }
 
 pub(crate) fn verify_kernel(
@@ -312,7 +317,9 @@ pub(crate) fn verify_kernel(
     declared: Option<DeclaredAbi>,
     families: Families,
 ) -> Result<(ir::Kernel, verify::Verified), PtxError> {
-    let module = parse::parse(text)?;
+    let mut module = parse::parse(text)?;
+    inline::inline_calls(&mut module, symbol)?;
+    inline::promote_frame(&mut module, symbol)?;
     let kernel = ir::lower(&module, symbol)?;
     let verified = verify::verify(&kernel, declared, families)?;
     Ok((kernel, verified))

@@ -305,6 +305,8 @@ pub enum Stmt {
     Var {
         space: String,
         name: String,
+        /// Its size in bytes, for a `.bN`/`.uN`/.. scalar or array.
+        bytes: Option<u64>,
         line: u32,
     },
     Label {
@@ -334,6 +336,8 @@ pub struct Param {
     pub ptr_space: Option<String>,
     /// `[N]` for byte-array params.
     pub array: Option<u64>,
+    /// Declared `.reg` (a function's register param) rather than `.param`.
+    pub is_reg: bool,
     pub line: u32,
 }
 
@@ -343,6 +347,8 @@ pub struct Function {
     pub name: String,
     pub is_entry: bool,
     pub params: Vec<Param>,
+    /// A `.func`'s return params (`.func (.param .b32 ret) name (..)`).
+    pub returns: Vec<Param>,
     pub reqntid: Option<[u32; 3]>,
     pub maxntid: Option<[u32; 3]>,
     pub minnctapersm: Option<u32>,
@@ -616,12 +622,33 @@ impl<'a> Parser<'a> {
 
     /// After a state space: `.align N .b8 name[16] = {..};` → `name`.
     fn variable_name(&mut self) -> Result<String, PtxError> {
+        self.variable().map(|(name, _)| name)
+    }
+
+    /// After a state space: the variable's name and, for a scalar or an
+    /// array of a sized type, its size in bytes.
+    fn variable(&mut self) -> Result<(String, Option<u64>), PtxError> {
         let mut name = None;
+        let mut element: Option<u64> = None;
+        let mut count: Option<u64> = Some(1);
         loop {
             let t = self.next()?;
             match t.kind {
+                TokKind::Word if t.text.starts_with('.') && TYPES.contains(&t.text) => {
+                    let bytes = super::ir::Ty::from_name(&t.text[1..]).map_or(0, |t| t.bytes());
+                    element = (bytes > 0).then_some(u64::from(bytes));
+                }
                 TokKind::Word if !t.text.starts_with('.') && name.is_none() => {
                     name = Some(t.text.to_string());
+                    if self.eat_punct(b'[') {
+                        count = match self.peek() {
+                            Some(n) if n.kind == TokKind::Int => {
+                                self.pos += 1;
+                                Some(n.int)
+                            }
+                            _ => None,
+                        };
+                    }
                 }
                 TokKind::Punct(b';') => break,
                 TokKind::Punct(b'{') => {
@@ -631,13 +658,15 @@ impl<'a> Parser<'a> {
                 _ => {}
             }
         }
-        name.ok_or_else(|| self.eof("a variable name"))
+        let name = name.ok_or_else(|| self.eof("a variable name"))?;
+        Ok((name, element.zip(count).and_then(|(e, c)| e.checked_mul(c))))
     }
 
     fn function(&mut self, is_entry: bool, line: u32) -> Result<Function, PtxError> {
         // `.func (.param .b32 ret) name (..)`: the return list comes first.
+        let mut returns = Vec::new();
         if !is_entry && self.is_punct(b'(') {
-            self.param_list()?;
+            returns = self.param_list()?;
         }
         let name = self.word("a function name")?.text.to_string();
         let params = if self.is_punct(b'(') {
@@ -649,6 +678,7 @@ impl<'a> Parser<'a> {
             name,
             is_entry,
             params,
+            returns,
             reqntid: None,
             maxntid: None,
             minnctapersm: None,
@@ -749,6 +779,7 @@ impl<'a> Parser<'a> {
                     ty: ty.ok_or_else(|| Self::unexpected(t, "a parameter type"))?,
                     ptr_space,
                     array: None,
+                    is_reg: first.text == ".reg",
                     line: t.line,
                 };
                 if self.eat_punct(b'[') {
@@ -833,10 +864,11 @@ impl<'a> Parser<'a> {
             }
             ".shared" | ".local" | ".const" | ".global" | ".param" => {
                 self.pos += 1;
-                let name = self.variable_name()?;
+                let (name, bytes) = self.variable()?;
                 out.push(Stmt::Var {
                     space: t.text[1..].to_string(),
                     name,
+                    bytes,
                     line: t.line,
                 });
             }

@@ -84,8 +84,24 @@ fn corpus_verdicts() {
         )),
         ("extra_params", Some("add_f32_strided_param_4".to_string()))
     );
+    // The daemon proves the Triton family (`DAEMON_FAMILIES`); the scalar
+    // ABI alone refuses its 32-bit count.
     assert_eq!(
-        sub_reason(ptx::verify(&corpus("triton_add"), "add_kernel", None)),
+        ptx::verify(&corpus("triton_add"), "add_kernel", None)
+            .unwrap()
+            .reqntid,
+        Some(128)
+    );
+    assert_eq!(
+        sub_reason(
+            ptx::canonicalize_with(
+                &corpus("triton_add"),
+                "add_kernel",
+                None,
+                ptx::Families::SCALAR
+            )
+            .map(|c| c.signature)
+        ),
         ("count_not_64bit", Some("add_kernel_param_3".to_string()))
     );
 }

@@ -747,10 +747,12 @@ fn a_module_variable_is_refused() {
 fn a_call_is_refused() {
     let t = base_edit(
         ".visible .entry add_kernel(",
-        ".func f()\n{\n\tret;\n}\n\n.visible .entry add_kernel(",
+        ".extern .func f();\n\n.visible .entry add_kernel(",
     );
     let t = edit(&t, STORE, "call f;\n\t@%p1 st.global.v4.b32 [ %rd3 + 0 ]");
-    assert_eq!(verdict(&t).err(), Some("call"));
+    // A call to a `.func` defined in the module is inlined (and proved);
+    // one the module only declares is refused.
+    assert_eq!(verdict(&t).err(), Some("call_extern"));
 }
 
 /// A 2-D block: `%tid.x` would no longer be the whole block.

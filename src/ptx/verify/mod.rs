@@ -80,7 +80,11 @@
 //!    [`MAX_SCALAR_PARAMS`] floats (`param_count`).
 //! 3. Instructions, without dataflow (`instructions.rs`, against the typed
 //!    table in `table.rs`): `.shared`/`.local` variables and accesses
-//!    (`shared_memory`, `local_memory`); a call (`call`); an `ld`/`ldu`/`st`
+//!    (`shared_memory`, `local_memory`); a call left after inlining
+//!    (`call`: `inline.rs` inlines direct calls to the module's `.func`s
+//!    before lowering, refusing indirect (`call_indirect`), extern
+//!    (`call_extern`) and recursive (`call_recursion`) calls and params it
+//!    cannot pass by value (`call_arguments`)); an `ld`/`ldu`/`st`
 //!    modifier that is no `table::Modifier`, an opcode that is no
 //!    `table::Opcode` (elementwise ALU, memory or control)
 //!    (`unsupported_instruction`); a predicated `.uni` branch or return
