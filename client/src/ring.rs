@@ -10,5 +10,5 @@
 
 pub use ptxd_ipc::ring::{
     Descriptor, DescriptorError, OperandRef, SemaphoreOp, SemaphoreRole, SemaphoreWidth,
-    MAX_INPUTS, MAX_SCALARS,
+    TypedArg, MAX_ARGS, MAX_INPUTS, MAX_SCALARS,
 };

@@ -59,7 +59,9 @@ use std::time::{Duration, Instant};
 
 pub use super::kernel_timeouts::TimeoutAllowance;
 
-use ptxd_ipc::ring::{CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server};
+use ptxd_ipc::ring::{
+    CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server, TypedArg,
+};
 use ptxd_proto::executor::{FailureKind, RingGrant};
 use ptxd_proto::v1::Reason;
 
@@ -68,7 +70,7 @@ use crate::executor::ExecutorError;
 use crate::handles::DeviceGeneration;
 use crate::launch::{self, BufferCap, Capabilities, CheckedLaunch, EventCap, KernelCap, Placement};
 use crate::ptx::host::exec::LaunchControl;
-use crate::ptx::Signature;
+use crate::ptx::{LaunchContract, Signature};
 
 // One operand cap, two layers: a descriptor holds exactly as many inputs
 // and scalars as the verifier lets a kernel declare, so every kernel that
@@ -123,6 +125,10 @@ pub struct RingKernel<K> {
     /// past it and its text (a contract with preconditions beyond the
     /// signature's; the front computed it at the executor's block size).
     pub limit: Option<CountLimit>,
+    /// The whole contract and the block it is bound to, for a kernel the
+    /// signature does not check (decoded once, at grant time); launches
+    /// of it are checked against it, not the signature.
+    pub contract: Option<(Box<LaunchContract>, u32)>,
 }
 
 /// A launch count the ring holds a kernel to (see [`RingKernel::limit`]).
@@ -193,6 +199,17 @@ impl<K, B> RingTable<K, B> {
             self.buffers.remove(index);
         }
         for k in &grant.kernels {
+            // A contract the ring cannot evaluate is not granted: a launch
+            // of it is refused as a kernel the ring does not hold.
+            let contract = match k.contract.as_ref().map(crate::ring_check::decode) {
+                None => None,
+                Some(Ok(contract)) => Some((Box::new(contract), k.block)),
+                Some(Err(error)) => {
+                    tracing::warn!(%error, index = k.ring_index, "a ring kernel's contract cannot be checked; not granted");
+                    self.kernels.remove(&k.ring_index);
+                    continue;
+                }
+            };
             if let Some(handle) = kernel(k.module_id) {
                 self.kernels.insert(
                     k.ring_index,
@@ -207,6 +224,7 @@ impl<K, B> RingTable<K, B> {
                             maxntid: None,
                         },
                         limit: CountLimit::from_grant(k),
+                        contract,
                     },
                 );
             }
@@ -307,6 +325,8 @@ pub struct RingLaunch<K, B> {
     pub operands: Vec<(B, u64)>,
     pub n: u64,
     pub scalars: Vec<f32>,
+    /// The typed args' bits (empty when the launch passes f32 `scalars`).
+    pub args: Vec<u64>,
     pub sync: bool,
     pub wait: Option<CheckedSemaphore<B>>,
     pub signal: Option<CheckedSemaphore<B>>,
@@ -685,11 +705,29 @@ fn checked_launch<K: Clone, B: Clone>(
         wait: None,
         signal: None,
     };
-    let cap = KernelCap {
-        signature: &kernel.signature,
-        placement: HERE,
+    // The typed args, checked against the kernel's scalars by the one
+    // launch check and packed by the backend's one packer.
+    let args: Vec<launch::ScalarArg> = descriptor.args().map(scalar_arg).collect();
+    let checked: CheckedLaunch = match &kernel.contract {
+        Some((contract, block)) => {
+            let terms = launch::BoundContract {
+                contract,
+                block: *block,
+            };
+            let cap = KernelCap {
+                signature: &terms,
+                placement: HERE,
+            };
+            launch::check_with_args(table, cap, &shape, &args)?
+        }
+        None => {
+            let cap = KernelCap {
+                signature: &kernel.signature,
+                placement: HERE,
+            };
+            launch::check_with_args(table, cap, &shape, &args)?
+        }
     };
-    let checked: CheckedLaunch = launch::check(table, cap, &shape)?;
     let wait = semaphore(table, descriptor.wait())?;
     let signal = semaphore(table, descriptor.signal())?;
     // The checks passed, so each operand's index is granted; the offsets
@@ -711,10 +749,23 @@ fn checked_launch<K: Clone, B: Clone>(
         operands,
         n: descriptor.n,
         scalars: descriptor.scalars().collect(),
+        args: args.iter().map(|a| a.bits()).collect(),
         sync: descriptor.sync,
         wait,
         signal,
     })
+}
+
+/// A descriptor's typed arg as the launch check reads it.
+fn scalar_arg(arg: TypedArg) -> launch::ScalarArg {
+    match arg {
+        TypedArg::I32(v) => launch::ScalarArg::I32(v),
+        TypedArg::U32(v) => launch::ScalarArg::U32(v),
+        TypedArg::I64(v) => launch::ScalarArg::I64(v),
+        TypedArg::U64(v) => launch::ScalarArg::U64(v),
+        TypedArg::F32(v) => launch::ScalarArg::F32(v),
+        TypedArg::F64(v) => launch::ScalarArg::F64(v),
+    }
 }
 
 /// Releases the signal of a launch that will not run, if its word is one the
