@@ -27,7 +27,12 @@ use crate::ptx::contract::{
 pub const MAX_STEPS: usize = 256;
 
 /// Precondition names a decoded contract keeps as they are.
-const KNOWN: [&str; 4] = [COUNT_FITS_I32, COUNT_FITS_I64, INDEX_FITS_I32, "count_fits_u32"];
+const KNOWN: [&str; 4] = [
+    COUNT_FITS_I32,
+    COUNT_FITS_I64,
+    INDEX_FITS_I32,
+    "count_fits_u32",
+];
 
 /// The contract as a ring grant carries it.
 pub fn encode(contract: &LaunchContract) -> exec::RingContract {
@@ -100,7 +105,11 @@ fn expr(steps: &[exec::ExprStep]) -> Result<Expr, String> {
     }
     let mut stack: Vec<Expr> = Vec::new();
     for step in steps {
-        let value = match step.step.as_ref().ok_or("an expression step without a kind")? {
+        let value = match step
+            .step
+            .as_ref()
+            .ok_or("an expression step without a kind")?
+        {
             Step::Constant(c) => Expr::Const(*c),
             Step::Count(_) => Expr::Count,
             Step::Grid(_) => Expr::Grid,
@@ -137,8 +146,12 @@ pub fn decode(wire: &exec::RingContract) -> Result<LaunchContract, String> {
     // The layout's own checks: every operand passed once, one count at
     // most, the scalars the contract takes.
     let operands = wire.footprints.len();
-    let inputs = u32::try_from(operands.checked_sub(1).ok_or("a contract without an output")?)
-        .map_err(|_| "too many operands".to_string())?;
+    let inputs = u32::try_from(
+        operands
+            .checked_sub(1)
+            .ok_or("a contract without an output")?,
+    )
+    .map_err(|_| "too many operands".to_string())?;
     let scalar_params = wire
         .params
         .iter()
@@ -233,7 +246,8 @@ mod tests {
     fn triton() -> LaunchContract {
         let mut c = crate::executor::layout::tests_support::triton_like();
         c.geometry.elements_per_thread = 4;
-        c.footprints[0].bytes = Expr::product(Expr::RoundUp(Box::new(Expr::Count), 4), Expr::Const(4));
+        c.footprints[0].bytes =
+            Expr::product(Expr::RoundUp(Box::new(Expr::Count), 4), Expr::Const(4));
         c.assuming(Precondition {
             name: INDEX_FITS_I32,
             condition: Condition::AtMost(Expr::product(Expr::Grid, Expr::Block), 1 << 31),
@@ -271,8 +285,14 @@ mod tests {
             let shift = rand::Rng::random_range(&mut rng, 0..64);
             let n = rand::Rng::random_range(&mut rng, 0..=u64::MAX >> shift);
             let (a, b) = (
-                BoundContract { contract: &c, block: 128 },
-                BoundContract { contract: &back, block: 128 },
+                BoundContract {
+                    contract: &c,
+                    block: 128,
+                },
+                BoundContract {
+                    contract: &back,
+                    block: 128,
+                },
             );
             let (va, vb) = (a.values(n), b.values(n));
             assert_eq!(va, vb);
@@ -293,9 +313,12 @@ mod tests {
         });
         assert!(decode(&wire).is_err());
         let mut wire = encode(&triton());
-        wire.footprints[0].bytes.insert(0, exec::ExprStep {
-            step: Some(Step::Count(exec::Empty {})),
-        });
+        wire.footprints[0].bytes.insert(
+            0,
+            exec::ExprStep {
+                step: Some(Step::Count(exec::Empty {})),
+            },
+        );
         assert!(decode(&wire).unwrap_err().contains("exactly one value"));
         let mut wire = encode(&triton());
         wire.preconditions[0].expr.clear();
@@ -304,7 +327,12 @@ mod tests {
         wire.param_names.pop();
         assert!(decode(&wire).is_err());
         let mut wire = encode(&triton());
-        wire.footprints[0].bytes = vec![exec::ExprStep { step: Some(Step::Count(exec::Empty {})) }; MAX_STEPS + 1];
+        wire.footprints[0].bytes = vec![
+            exec::ExprStep {
+                step: Some(Step::Count(exec::Empty {}))
+            };
+            MAX_STEPS + 1
+        ];
         assert!(decode(&wire).unwrap_err().contains("more than"));
     }
 }

@@ -172,8 +172,7 @@ async fn the_ring_refuses_what_the_contract_refuses() {
     ring.launch_args(&kernel, &[(&x_buf, 0)], (&out_buf, 4), edge + 1, &args)
         .unwrap();
     assert_eq!(refusal(&next(&mut ring)), "BUFFER_TOO_SMALL");
-    let launch =
-        Launch::new([x_buf.operand()], out_buf.at(4), edge + 1).args(args);
+    let launch = Launch::new([x_buf.operand()], out_buf.at(4), edge + 1).args(args);
     assert_eq!(unary(&session, &kernel, launch).await, "BUFFER_TOO_SMALL");
 
     // Counts past the kernel's 32-bit count and its index: refused by the
@@ -198,11 +197,7 @@ async fn the_ring_refuses_what_the_contract_refuses() {
     ] {
         ring.launch_args(&kernel, &[(&x_buf, 0)], (&out_buf, 0), 100, &bad)
             .unwrap();
-        assert_eq!(
-            refusal(&next(&mut ring)),
-            "SCALAR_ARGS_MISMATCH",
-            "{bad:?}"
-        );
+        assert_eq!(refusal(&next(&mut ring)), "SCALAR_ARGS_MISMATCH", "{bad:?}");
         let launch = Launch::new([x_buf.operand()], out_buf.operand(), 100).args(bad.clone());
         assert_eq!(
             unary(&session, &kernel, launch).await,
@@ -215,7 +210,13 @@ async fn the_ring_refuses_what_the_contract_refuses() {
         offset: 0,
     };
     let both = ring
-        .indexed_descriptor(&kernel, &[operand(&x_buf)], operand(&out_buf), 100, &[2.0, 0.5])
+        .indexed_descriptor(
+            &kernel,
+            &[operand(&x_buf)],
+            operand(&out_buf),
+            100,
+            &[2.0, 0.5],
+        )
         .unwrap()
         .with_args(&[
             ptxd_client::ring::TypedArg::F32(2.0),
@@ -225,11 +226,7 @@ async fn the_ring_refuses_what_the_contract_refuses() {
     ring.submit(&both).unwrap();
     assert_eq!(refusal(&next(&mut ring)), "SCALAR_ARGS_MISMATCH");
     // Nothing of the refused launches ran.
-    assert!(out_shm
-        .read_f32(0, len)
-        .unwrap()
-        .iter()
-        .all(|v| v.is_nan()));
+    assert!(out_shm.read_f32(0, len).unwrap().iter().all(|v| v.is_nan()));
     // f32 scalars (the scalar ABI's way) still launch an all-f32 kernel.
     ring.launch(&kernel, &[(&x_buf, 0)], (&out_buf, 0), 100, &[2.0, 0.5])
         .unwrap();

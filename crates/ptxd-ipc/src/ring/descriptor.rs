@@ -609,7 +609,10 @@ impl Descriptor {
         }
         let mut args = [(0u8, 0u64); MAX_ARGS];
         for (i, arg) in args.iter_mut().enumerate().take(arg_count) {
-            let (ty, bits) = (bytes[AT_ARG_TYPES + i], u64_at(bytes, AT_ARG_VALUES + i * 8));
+            let (ty, bits) = (
+                bytes[AT_ARG_TYPES + i],
+                u64_at(bytes, AT_ARG_VALUES + i * 8),
+            );
             if TypedArg::decode(ty, bits).is_none() {
                 return Err(DescriptorError::BadArg { index: i, ty, bits });
             }
