@@ -4,10 +4,18 @@
 //! One thread per ring takes descriptors from the session's shared memory
 //! ([`ptxd_ipc::ring::Server`]), checks each against the session's
 //! capability table with the same launch checks as the gRPC path
-//! ([`crate::launch::check`]), hands the checked launch to the backend, and
+//! ([`crate::launch::check_with_args`], with the descriptor's typed args),
+//! hands the checked launch to the backend, and
 //! posts a completion with the outcome: `Ok`, or the refusal's proto reason.
 //!
 //! Invariants:
+//! - A kernel is checked against its signature only when the front found
+//!   that the signature checks its whole contract (or all of it but a count
+//!   limit, which the ring holds it to); any other kernel is granted with
+//!   its whole contract, decoded once at grant time
+//!   ([`crate::ring_check`]), and every launch of it is checked against
+//!   that contract bound to the executor's block. A contract that does not
+//!   decode is not granted.
 //! - A descriptor names only what the front granted this session's ring
 //!   (the [`RingTable`]); an index it was not granted is refused like a
 //!   handle another session holds.

@@ -259,9 +259,6 @@ impl RingBackend for CudaRing {
             let mut addresses = std::mem::take(&mut self.addresses);
             addresses.clear();
             addresses.extend(launch.operands.iter().map(|(base, offset)| base + offset));
-            // SAFETY: every address lies in a granted buffer with room for
-            // n elements (the launch checks), and a buffer is unmapped only
-            // after its revoke and a drain.
             // Typed args' bits, or the f32 scalars' (the launch check let
             // through one or the other, never both).
             let scalars = if launch.args.is_empty() {
@@ -269,6 +266,10 @@ impl RingBackend for CudaRing {
             } else {
                 launch.args
             };
+            // SAFETY: every address lies in a granted buffer with room for
+            // its operand's footprint at n (the launch checks, against the
+            // kernel's contract or its signature), and a buffer is unmapped
+            // only after its revoke and a drain.
             let launched = unsafe {
                 kernel.enqueue(&self.stream, grid as u32, &addresses, launch.n, &scalars)
             };
