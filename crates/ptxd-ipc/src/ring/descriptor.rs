@@ -300,7 +300,10 @@ pub struct Descriptor {
     input_count: u8,
     scalars: [u32; MAX_SCALARS],
     scalar_count: u8,
-    args: [(u8, u64); MAX_ARGS],
+    /// Each typed arg's type byte and value bytes (two arrays: 576 bytes
+    /// to initialize per decode, not 1024).
+    arg_types: [u8; MAX_ARGS],
+    arg_values: [u64; MAX_ARGS],
     arg_count: u8,
     wait: Option<SemaphoreOp>,
     signal: Option<SemaphoreOp>,
@@ -381,7 +384,8 @@ impl Descriptor {
             input_count: inputs.len() as u8,
             scalars: [0; MAX_SCALARS],
             scalar_count: 0,
-            args: [(0, 0); MAX_ARGS],
+            arg_types: [0; MAX_ARGS],
+            arg_values: [0; MAX_ARGS],
             arg_count: 0,
             wait: None,
             signal: None,
@@ -419,9 +423,10 @@ impl Descriptor {
         if args.len() > MAX_ARGS {
             return Err(DescriptorError::TooManyArgs { count: args.len() });
         }
-        self.args = [(0, 0); MAX_ARGS];
-        for (slot, arg) in self.args.iter_mut().zip(args) {
-            *slot = arg.encode();
+        self.arg_types = [0; MAX_ARGS];
+        self.arg_values = [0; MAX_ARGS];
+        for (i, arg) in args.iter().enumerate() {
+            (self.arg_types[i], self.arg_values[i]) = arg.encode();
         }
         // At most MAX_ARGS (64), checked above.
         self.arg_count = args.len() as u8;
@@ -430,11 +435,13 @@ impl Descriptor {
 
     /// The typed args, in order.
     pub fn args(&self) -> impl ExactSizeIterator<Item = TypedArg> + '_ {
-        self.args[..usize::from(self.arg_count)]
+        let count = usize::from(self.arg_count);
+        self.arg_types[..count]
             .iter()
+            .zip(&self.arg_values[..count])
             // Every entry was encoded from a `TypedArg` or decoded into
             // one: it decodes; the fallback is never taken.
-            .map(|&(ty, bits)| TypedArg::decode(ty, bits).unwrap_or(TypedArg::U64(bits)))
+            .map(|(&ty, &bits)| TypedArg::decode(ty, bits).unwrap_or(TypedArg::U64(bits)))
     }
 
     /// Completes after the kernel finished (true) or once enqueued (false).
@@ -524,7 +531,12 @@ impl Descriptor {
         put(AT_INPUT_COUNT, &[self.input_count]);
         put(AT_SCALAR_COUNT, &[self.scalar_count]);
         put(AT_ARG_COUNT, &[self.arg_count]);
-        for (i, (ty, bits)) in self.args[..usize::from(self.arg_count)].iter().enumerate() {
+        let count = usize::from(self.arg_count);
+        for (i, (ty, bits)) in self.arg_types[..count]
+            .iter()
+            .zip(&self.arg_values[..count])
+            .enumerate()
+        {
             put(AT_ARG_TYPES + i, &[*ty]);
             put(AT_ARG_VALUES + i * 8, &bits.to_le_bytes());
         }
@@ -607,8 +619,8 @@ impl Descriptor {
                 index: (offset - AT_ARG_VALUES) / 8,
             });
         }
-        let mut args = [(0u8, 0u64); MAX_ARGS];
-        for (i, arg) in args.iter_mut().enumerate().take(arg_count) {
+        let (mut arg_types, mut arg_values) = ([0u8; MAX_ARGS], [0u64; MAX_ARGS]);
+        for i in 0..arg_count {
             let (ty, bits) = (
                 bytes[AT_ARG_TYPES + i],
                 u64_at(bytes, AT_ARG_VALUES + i * 8),
@@ -616,7 +628,7 @@ impl Descriptor {
             if TypedArg::decode(ty, bits).is_none() {
                 return Err(DescriptorError::BadArg { index: i, ty, bits });
             }
-            *arg = (ty, bits);
+            (arg_types[i], arg_values[i]) = (ty, bits);
         }
 
         let mut semaphores = [None, None];
@@ -677,7 +689,8 @@ impl Descriptor {
             input_count: input_count as u8,
             scalars,
             scalar_count: scalar_count as u8,
-            args,
+            arg_types,
+            arg_values,
             // At most 64, checked above.
             arg_count: arg_count as u8,
             wait,
