@@ -932,4 +932,83 @@ mod tests {
             assert_eq!(client.outstanding(), 40 - stop_at as u64);
         }
     }
+
+    /// A kernel whose contract the ring cannot decode is not granted (a
+    /// launch of it is refused as a kernel the ring does not hold, never
+    /// checked against less), and a grant that replaces one with an
+    /// undecodable contract drops the old entry; one that decodes is
+    /// checked against its whole contract: a footprint one element past
+    /// its buffer is refused, the one before it passes.
+    #[test]
+    fn a_contract_the_ring_cannot_decode_is_not_granted() {
+        use crate::ptx::contract::{Expr, Footprint};
+        let mut contract = crate::executor::layout::tests_support::triton_like();
+        contract.geometry.elements_per_thread = 4;
+        for f in &mut contract.footprints {
+            *f = Footprint {
+                bytes: Expr::product(Expr::RoundUp(Box::new(Expr::Count), 4), Expr::Const(4)),
+                ..f.clone()
+            };
+        }
+        let kernel = |wire: ptxd_proto::executor::RingContract| ptxd_proto::executor::RingKernel {
+            ring_index: 3,
+            module_id: 9,
+            inputs: 2,
+            scalar_params: 2,
+            element_sizes: vec![4, 4, 4],
+            contract: Some(wire),
+            block: 128,
+            ..Default::default()
+        };
+        let good = crate::ring_check::encode(&contract);
+        let mut bad = good.clone();
+        bad.footprints[1].bytes.pop();
+        let buffers = (1..=3)
+            .map(|i| ptxd_proto::executor::RingBuffer {
+                ring_index: i,
+                buffer_id: 100 + u64::from(i),
+                size: 4 * 1024,
+            })
+            .collect();
+        let mut table: RingTable<(), u64> = RingTable::default();
+        table.apply(
+            &RingGrant {
+                kernels: vec![kernel(good)],
+                buffers,
+                ..Default::default()
+            },
+            |_| Some(()),
+            Some,
+        );
+        let operand = |buffer| OperandRef { buffer, offset: 0 };
+        let launch = |table: &RingTable<(), u64>, n| {
+            let d = Descriptor::new(1, 3, &[operand(1), operand(2)], operand(3), n)
+                .unwrap()
+                .with_args(&[TypedArg::F32(1.0), TypedArg::I64(-1)])
+                .unwrap();
+            checked_launch(table, &d).map(|l| l.args)
+        };
+        // roundup(1021, 4) × 4 = 4096 bytes: fits; 1025 rounds up past.
+        assert_eq!(
+            launch(&table, 1021).unwrap(),
+            vec![1f32.to_bits().into(), u64::MAX]
+        );
+        assert_eq!(launch(&table, 1024).unwrap().len(), 2);
+        assert_eq!(
+            reason_of(&launch(&table, 1025).unwrap_err()),
+            Reason::BufferTooSmall as u32
+        );
+        table.apply(
+            &RingGrant {
+                kernels: vec![kernel(bad)],
+                ..Default::default()
+            },
+            |_| Some(()),
+            Some,
+        );
+        assert_eq!(
+            reason_of(&launch(&table, 16).unwrap_err()),
+            Reason::StaleKernel as u32
+        );
+    }
 }
