@@ -81,6 +81,7 @@ pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod ptx;
+pub mod ring_check;
 pub mod server;
 pub mod sessions;
 pub mod slots;

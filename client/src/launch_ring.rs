@@ -58,11 +58,24 @@ pub use release::{OrphanCause, Orphaned, ReleasedWord, SemaphoreMemory, WordWrit
 pub(crate) use release::{ReleaseOnEnd, RingRegistry, RingShared};
 
 use crate::session::Kernel;
-use crate::types::Buffer;
+use crate::types::{Arg, Buffer};
 use crate::Error;
 use ptxd_ipc::ring::{
     Completion, CompletionStatus, Descriptor, OperandRef, SemaphoreOp, SubmitError, Submitter,
+    TypedArg,
 };
+
+/// A typed arg as the ring descriptor carries it.
+fn typed_arg(arg: Arg) -> TypedArg {
+    match arg {
+        Arg::I32(v) => TypedArg::I32(v),
+        Arg::U32(v) => TypedArg::U32(v),
+        Arg::I64(v) => TypedArg::I64(v),
+        Arg::U64(v) => TypedArg::U64(v),
+        Arg::F32(v) => TypedArg::F32(v),
+        Arg::F64(v) => TypedArg::F64(v),
+    }
+}
 
 /// Why a ring launch did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -263,6 +276,48 @@ impl LaunchRing {
             .map_err(|e| Error::InvalidInput(e.to_string()))
     }
 
+    /// As [`indexed_descriptor`](Self::indexed_descriptor), with typed
+    /// scalar args (the kernel's scalar params in order, each exactly its
+    /// param's type) instead of f32 scalars. The executor checks them
+    /// against the kernel's contract and packs them by its param layout;
+    /// a mismatch is refused in the launch's completion
+    /// (`SCALAR_ARGS_MISMATCH`).
+    pub fn indexed_descriptor_args(
+        &mut self,
+        kernel: &Kernel,
+        inputs: &[OperandRef],
+        output: OperandRef,
+        n: u64,
+        args: &[Arg],
+    ) -> Result<Descriptor, Error> {
+        let typed: Vec<TypedArg> = args.iter().map(|a| typed_arg(*a)).collect();
+        self.indexed_descriptor(kernel, inputs, output, n, &[])?
+            .with_args(&typed)
+            .map_err(|e| Error::InvalidInput(e.to_string()))
+    }
+
+    /// As [`launch`](Self::launch), with typed scalar args (see
+    /// [`indexed_descriptor_args`](Self::indexed_descriptor_args)): how a
+    /// Triton-family kernel (`.u32` count, typed scalars, null scratch
+    /// pointers, several elements per thread) is launched through the
+    /// ring. ptxd passes the count, the nulls and computes the grid.
+    pub fn launch_args(
+        &mut self,
+        kernel: &Kernel,
+        inputs: &[(&Buffer, u64)],
+        output: (&Buffer, u64),
+        n: u64,
+        args: &[Arg],
+    ) -> Result<u64, Error> {
+        let operand = |(buffer, offset): (&Buffer, u64)| OperandRef {
+            buffer: buffer.ring_index,
+            offset,
+        };
+        let inputs: Vec<OperandRef> = inputs.iter().copied().map(operand).collect();
+        let descriptor = self.indexed_descriptor_args(kernel, &inputs, operand(output), n, args)?;
+        self.send(descriptor, None, None)
+    }
+
     /// Launches `kernel` and returns its ticket as soon as the descriptor
     /// is written; the completion says whether it ran. On an ordered ring
     /// ([`order_with`](Self::order_with)) the launch signals its ticket and
@@ -296,7 +351,17 @@ impl LaunchRing {
         wait: Option<SemaphoreOp>,
         signal: Option<SemaphoreOp>,
     ) -> Result<u64, Error> {
-        let mut descriptor = self.descriptor(kernel, inputs, output, n, scalars)?;
+        let descriptor = self.descriptor(kernel, inputs, output, n, scalars)?;
+        self.send(descriptor, wait, signal)
+    }
+
+    /// Adds the semaphores (or an ordered ring's) and submits.
+    fn send(
+        &mut self,
+        mut descriptor: Descriptor,
+        wait: Option<SemaphoreOp>,
+        signal: Option<SemaphoreOp>,
+    ) -> Result<u64, Error> {
         if let Some(op) = wait {
             descriptor = descriptor
                 .with_wait(op)

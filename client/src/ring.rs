@@ -9,6 +9,6 @@
 //! and the daemon encode and decode one definition of the format.
 
 pub use ptxd_ipc::ring::{
-    Descriptor, DescriptorError, OperandRef, SemaphoreOp, SemaphoreRole, SemaphoreWidth,
-    MAX_INPUTS, MAX_SCALARS,
+    Descriptor, DescriptorError, OperandRef, SemaphoreOp, SemaphoreRole, SemaphoreWidth, TypedArg,
+    MAX_ARGS, MAX_INPUTS, MAX_SCALARS,
 };

@@ -155,6 +155,10 @@ pub struct KernelSignature {
     /// (params, geometry, footprints, preconditions); empty from a daemon
     /// older than contracts.
     pub contract: String,
+    /// Whether ptxd grants the kernel to launch rings (false from a daemon
+    /// older than the field): decide ring eligibility from this, never
+    /// from the contract's text.
+    pub ring_launchable: bool,
 }
 
 impl From<pb::KernelSignature> for KernelSignature {
@@ -167,6 +171,7 @@ impl From<pb::KernelSignature> for KernelSignature {
             reqntid: s.reqntid,
             maxntid: s.maxntid,
             contract: s.contract,
+            ring_launchable: s.ring_launchable,
         }
     }
 }

@@ -242,6 +242,7 @@ impl Ptxd for Fake {
                 reqntid: 0,
                 maxntid: 0,
                 contract: String::new(),
+                ring_launchable: true,
             }),
             cache_hit,
             load_micros: 1234,

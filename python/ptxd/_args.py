@@ -104,35 +104,6 @@ def scalar_params(contract: str) -> List[Tuple[str, str]]:
     return out
 
 
-_RING_PARAM = re.compile(r"^[^:]+: (ptr read|ptr written|count \.s64|\.f32)$")
-
-
-def ring_launchable(contract: str) -> bool:
-    """Whether a contract (its text form) is one ptxd grants to a launch
-    ring: the scalar ABI's shape, its params read pointers, one written
-    pointer, an ``.s64`` count and ``.f32`` scalars, one element per thread
-    (``grid ceil(n / block)``); preconditions may add a count limit. The
-    ring's descriptor carries f32 scalars only; a kernel outside this shape
-    is launched unary (ptxd would refuse it on the ring as a kernel the ring
-    does not hold). A contract text this does not recognise is not ringable
-    (the unary path is always correct)."""
-    if not contract.startswith("params("):
-        return False
-    inner, _, rest = contract[len("params("):].partition(")")
-    items = inner.split(", ") if inner else []
-    if not items or not all(_RING_PARAM.match(item) for item in items):
-        return False
-    kinds = [item.split(": ", 1)[1] for item in items]
-    written = kinds.index("ptr written") if "ptr written" in kinds else -1
-    shape_ok = (
-        written >= 0
-        and all(k == "ptr read" for k in kinds[:written])
-        and kinds[written + 1:written + 2] == ["count .s64"]
-        and all(k == ".f32" for k in kinds[written + 2:])
-    )
-    return shape_ok and "; grid ceil(n / block)" in rest
-
-
 def resolve(args: Sequence[Any], params: Optional[List[Tuple[str, str]]]) -> List[Arg]:
     """The typed args of a launch: each :class:`Arg` as given, each plain
     number typed by its param in ``params`` (see the module's docs)."""

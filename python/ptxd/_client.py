@@ -113,12 +113,14 @@ class Kernel:
         self._ring: Optional[bool] = None
 
     def _ring_ok(self) -> bool:
-        # Whether ptxd grants this kernel to a launch ring: only a contract
-        # its scalar-ABI signature checks (see _args.ring_launchable); any
-        # other (typed params, a .u32 count, null pointers, several
-        # elements per thread) is launched unary.
+        # Whether ptxd grants this kernel to a launch ring, as ptxd says it
+        # (KernelSignature.ring_launchable), never read from the contract's
+        # text: Triton-family kernels (typed params, a .u32 count, null
+        # pointers, several elements per thread) are granted too, their
+        # typed args riding the ring. A native module without the field
+        # launches unary (always correct).
         if self._ring is None:
-            self._ring = _args.ring_launchable(self._native.contract)
+            self._ring = bool(getattr(self._native, "ring_launchable", False))
         return self._ring
 
     def _scalar_params(self) -> List[Tuple[str, str]]:
@@ -663,8 +665,8 @@ class Session:
         arguments, one per by-value scalar param of the kernel in order
         (``ptxd.i32(5)``, ``ptxd.f32(0.5)``, ..., or plain numbers typed by
         the kernel's contract: see :mod:`ptxd._args`). Pass one or the
-        other. f32 args are the same as params; a launch with any other
-        type is a unary call (the launch ring carries f32 params only).
+        other. f32 args are the same as params; typed args of any type ride
+        the launch ring as they are (its descriptor carries them).
 
         ``inputs`` and ``output`` may be tensors, arrays or Buffers.
 
@@ -698,16 +700,17 @@ class Session:
                 # alike): every path, the ring included, carries them. Any
                 # mismatch goes as args, for ptxd's SCALAR_ARGS_MISMATCH.
                 params, typed = [a.value for a in typed], []
-        ring_ok = not typed and kernel._ring_ok()
+        ring_ok = kernel._ring_ok()
         if ring_ok:
-            fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync)
+            fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync,
+                                               typed)
             if fast is not None:
                 return fast
         for _ in range(3):
             prepared = self._prepare(kernel, inputs, output, n, params)
             raw_stream = self._stream_for(prepared, stream)
             if raw_stream is not None and prepared.ring is not None and ring_ok:
-                results = self._via_ring(raw_stream, [(kernel, prepared)], sync)
+                results = self._via_ring(raw_stream, [(kernel, prepared)], sync, typed)
                 if results is _STALE:
                     continue
                 if results is not None:
@@ -724,7 +727,8 @@ class Session:
 
     def _launch_cached_tensors(self, kernel: Kernel, inputs: Sequence[Any], output: Any,
                                n: Optional[int], params: Sequence[float], stream: Any,
-                               sync: bool) -> Optional[Launched]:
+                               sync: bool, typed: Sequence["_args.Arg"] = ()
+                               ) -> Optional[Launched]:
         """The common case, lean: torch tensors the operand cache already
         holds, through the ring. ``None`` whenever anything is otherwise (an
         operand that is not a cached contiguous CUDA tensor, a check that
@@ -778,6 +782,7 @@ class Session:
             (out._registration.ring_index, out.offset),
             count,
             [float(p) for p in params],
+            [(a.type, a.value) for a in typed],
         )]
         # One address per registration is enough: while the allocation a
         # registration was made of lives (same id at one of its addresses),
@@ -924,12 +929,12 @@ class Session:
         return ring or None
 
     def _via_ring(self, raw_stream: int, launches: List[Tuple[Kernel, _Prepared]],
-                  sync: bool) -> Any:
+                  sync: bool, typed: Sequence["_args.Arg"] = ()) -> Any:
         """Launches through the ring of (device, ``raw_stream``). Returns
         one outcome per launch (``None``, or the exception it was refused
         with), ``_STALE`` when a cached operand's memory changed (its entry
         is forgotten: prepare again), or ``None`` when no ring serves the
-        stream."""
+        stream. ``typed`` are the typed args of a single launch."""
         ordinal = launches[0][1].ordinal
         assert ordinal is not None
         ring = self._ring(ordinal, raw_stream)
@@ -941,7 +946,8 @@ class Session:
         keys = []
         for kernel, p in launches:
             assert p.ring is not None
-            wire.append((kernel._native, p.ring[0], p.ring[1], p.n, p.params))
+            wire.append((kernel._native, p.ring[0], p.ring[1], p.n, p.params,
+                         [(a.type, a.value) for a in typed]))
             checks.update((buffer_id, (ptr, buffer_id)) for ptr, buffer_id in p.checks)
             keys.extend(p.keys)
         return self._ring_call(ring, ordinal, raw_stream, wire, list(checks.values()), keys, sync)

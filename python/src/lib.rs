@@ -917,7 +917,16 @@ const RING_WORDS_LABEL: &str = "ptxd:ring-order";
 
 /// One launch as `Ring.launch` takes it: kernel, inputs and output as
 /// (ring index, byte offset), n, params.
-type RingLaunchArgs = (Py<NativeKernel>, Vec<(u32, u64)>, (u32, u64), u64, Vec<f32>);
+/// One ring launch as the Python half passes it: kernel, inputs, output,
+/// n, f32 scalars, typed args as `(type, value)`.
+type RingLaunchArgs = (
+    Py<NativeKernel>,
+    Vec<(u32, u64)>,
+    (u32, u64),
+    u64,
+    Vec<f32>,
+    Vec<(String, Py<PyAny>)>,
+);
 
 /// The gRPC code a unary launch refused for `reason` comes with (the
 /// daemon's own table), so that a refusal through the ring raises the same
@@ -1009,6 +1018,14 @@ impl NativeRing {
             .iter()
             .map(|l| l.1.iter().copied().map(operand).collect())
             .collect();
+        let args: Vec<Vec<Arg>> = launches
+            .iter()
+            .map(|l| {
+                l.5.iter()
+                    .map(|(ty, value)| to_arg(ty, value.bind(py)))
+                    .collect::<PyResult<Vec<Arg>>>()
+            })
+            .collect::<PyResult<_>>()?;
         let outcome = py.detach(|| {
             preserving_current_context(|| {
                 for (ptr, id) in &checks {
@@ -1020,12 +1037,14 @@ impl NativeRing {
                     .iter()
                     .zip(&kernels)
                     .zip(&inputs)
-                    .map(|((l, kernel), inputs)| RawStreamLaunch {
+                    .zip(&args)
+                    .map(|(((l, kernel), inputs), args)| RawStreamLaunch {
                         kernel,
                         inputs,
                         output: operand(l.2),
                         n: l.3,
                         scalars: &l.4,
+                        args,
                     })
                     .collect();
                 let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
@@ -1087,6 +1106,14 @@ impl NativeKernel {
     #[getter]
     fn contract(&self) -> String {
         self.inner.signature().contract
+    }
+
+    /// Whether ptxd grants this kernel to launch rings (its
+    /// `KernelSignature.ring_launchable`): ring eligibility as data, not
+    /// read from the contract's text.
+    #[getter]
+    fn ring_launchable(&self) -> bool {
+        self.inner.signature().ring_launchable
     }
 
     /// `(handle, cache_hit, load_micros, device_uuid, generation)` of the

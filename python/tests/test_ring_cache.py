@@ -77,7 +77,9 @@ class FakeArray:
 
 
 class FakeKernel:
-    # The scalar ABI's contract: one the launch ring may carry.
+    # The scalar ABI's contract: one ptxd grants to a launch ring (it says
+    # so in ring_launchable; the client reads that, not the text).
+    ring_launchable = True
     contract = ("params(a: ptr read, b: ptr read, out: ptr written, n: count .s64); "
                 "block <= 256; grid ceil(n / block); a[n × 4] align 4; b[n × 4] align 4; "
                 "out[n × 4] align 4; requires count_fits_i64: n <= 9223372036854775807")
@@ -196,10 +198,10 @@ def test_cuda_arrays_launch_through_the_ring_and_resolve_once(fake):
     ring = native.rings[0]
     index = native.registered[next(iter(native.registered))]
     assert len(native.registered) == 1, "one segment, one registration"
-    stream, (_, inputs, output, n, params) = ring.launches[0]
+    stream, (_, inputs, output, n, params, args) = ring.launches[0]
     assert stream == 0x5000
     assert inputs == [(index, 0), (index, 4 * count)] and output == (index, 8 * count)
-    assert n == count and params == []
+    assert n == count and params == [] and args == []
 
     for _ in range(5):
         session.launch(kernel, [a, b], out)
@@ -229,9 +231,9 @@ def test_a_reused_segment_never_launches_against_the_old_registration(fake):
     assert native.released == [old_handle], "the freed segment's registration was released"
     new_index = native.registered[next(h for h in native.registered if h != old_handle)]
     assert new_index != old_index
-    _, (_, inputs, output, _, _) = ring.launches[-1]
+    _, (_, inputs, output, _, _, _) = ring.launches[-1]
     assert {index for index, _ in inputs + [output]} == {new_index}
-    for _, (_, inputs, output, _, _) in ring.launches[1:]:
+    for _, (_, inputs, output, _, _, _) in ring.launches[1:]:
         assert old_index not in {index for index, _ in inputs + [output]}
 
 
@@ -447,7 +449,7 @@ def test_cached_torch_tensors_take_the_lean_path(fake, fake_torch):
     index = next(iter(native.registered.values()))
     assert [launch[0] for launch in ring.launches] == [0x7700] * 5
     assert ring.launches[-1][1][1:] == (
-        [(index, 0), (index, 4 * count)], (index, 8 * count), count, [2.0]
+        [(index, 0), (index, 4 * count)], (index, 8 * count), count, [2.0], []
     )
     # A check the client makes (here: n past the tensor) sends the launch to
     # the general path, which raises.
@@ -470,7 +472,7 @@ def test_the_lean_path_never_launches_on_a_reused_segment(fake, fake_torch):
     session.launch(kernel, tensors[:2], tensors[2])
     ring = native.rings[0]
     assert ring.stale_answers == 1 and native.released == [old_handle]
-    _, (_, inputs, output, _, _) = ring.launches[-1]
+    _, (_, inputs, output, _, _, _) = ring.launches[-1]
     assert old_index not in {index for index, _ in inputs + [output]}
     assert len(ring.launches) == 3
 
@@ -490,8 +492,9 @@ def test_a_refusal_on_the_lean_path_raises_its_class(fake, fake_torch):
 
 
 class FakeTritonKernel(FakeKernel):
-    # A Triton-shaped contract (a .u32 count, an f32 scalar, null scratch
-    # pointers, 8 elements per thread): ptxd grants it to no ring.
+    # A kernel ptxd says no ring carries (ring_launchable false), whatever
+    # its contract's text: the client launches it unary.
+    ring_launchable = False
     contract = ("params(a: ptr read, b: ptr read, out: ptr written, n: count .u32, "
                 "scale: .f32, s0: ptr null, s1: ptr null); block 128 (.reqntid); "
                 "grid ceil(n / block × 8); a[n × 4] align 4")

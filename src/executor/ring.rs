@@ -4,10 +4,18 @@
 //! One thread per ring takes descriptors from the session's shared memory
 //! ([`ptxd_ipc::ring::Server`]), checks each against the session's
 //! capability table with the same launch checks as the gRPC path
-//! ([`crate::launch::check`]), hands the checked launch to the backend, and
+//! ([`crate::launch::check_with_args`], with the descriptor's typed args),
+//! hands the checked launch to the backend, and
 //! posts a completion with the outcome: `Ok`, or the refusal's proto reason.
 //!
 //! Invariants:
+//! - A kernel is checked against its signature only when the front found
+//!   that the signature checks its whole contract (or all of it but a count
+//!   limit, which the ring holds it to); any other kernel is granted with
+//!   its whole contract, decoded once at grant time
+//!   ([`crate::ring_check`]), and every launch of it is checked against
+//!   that contract bound to the executor's block. A contract that does not
+//!   decode is not granted.
 //! - A descriptor names only what the front granted this session's ring
 //!   (the [`RingTable`]); an index it was not granted is refused like a
 //!   handle another session holds.
@@ -59,7 +67,9 @@ use std::time::{Duration, Instant};
 
 pub use super::kernel_timeouts::TimeoutAllowance;
 
-use ptxd_ipc::ring::{CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server};
+use ptxd_ipc::ring::{
+    CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server, TypedArg,
+};
 use ptxd_proto::executor::{FailureKind, RingGrant};
 use ptxd_proto::v1::Reason;
 
@@ -68,7 +78,7 @@ use crate::executor::ExecutorError;
 use crate::handles::DeviceGeneration;
 use crate::launch::{self, BufferCap, Capabilities, CheckedLaunch, EventCap, KernelCap, Placement};
 use crate::ptx::host::exec::LaunchControl;
-use crate::ptx::Signature;
+use crate::ptx::{LaunchContract, Signature};
 
 // One operand cap, two layers: a descriptor holds exactly as many inputs
 // and scalars as the verifier lets a kernel declare, so every kernel that
@@ -123,6 +133,10 @@ pub struct RingKernel<K> {
     /// past it and its text (a contract with preconditions beyond the
     /// signature's; the front computed it at the executor's block size).
     pub limit: Option<CountLimit>,
+    /// The whole contract and the block it is bound to, for a kernel the
+    /// signature does not check (decoded once, at grant time); launches
+    /// of it are checked against it, not the signature.
+    pub contract: Option<(Box<LaunchContract>, u32)>,
 }
 
 /// A launch count the ring holds a kernel to (see [`RingKernel::limit`]).
@@ -193,6 +207,17 @@ impl<K, B> RingTable<K, B> {
             self.buffers.remove(index);
         }
         for k in &grant.kernels {
+            // A contract the ring cannot evaluate is not granted: a launch
+            // of it is refused as a kernel the ring does not hold.
+            let contract = match k.contract.as_ref().map(crate::ring_check::decode) {
+                None => None,
+                Some(Ok(contract)) => Some((Box::new(contract), k.block)),
+                Some(Err(error)) => {
+                    tracing::warn!(%error, index = k.ring_index, "a ring kernel's contract cannot be checked; not granted");
+                    self.kernels.remove(&k.ring_index);
+                    continue;
+                }
+            };
             if let Some(handle) = kernel(k.module_id) {
                 self.kernels.insert(
                     k.ring_index,
@@ -207,6 +232,7 @@ impl<K, B> RingTable<K, B> {
                             maxntid: None,
                         },
                         limit: CountLimit::from_grant(k),
+                        contract,
                     },
                 );
             }
@@ -307,6 +333,8 @@ pub struct RingLaunch<K, B> {
     pub operands: Vec<(B, u64)>,
     pub n: u64,
     pub scalars: Vec<f32>,
+    /// The typed args' bits (empty when the launch passes f32 `scalars`).
+    pub args: Vec<u64>,
     pub sync: bool,
     pub wait: Option<CheckedSemaphore<B>>,
     pub signal: Option<CheckedSemaphore<B>>,
@@ -685,11 +713,29 @@ fn checked_launch<K: Clone, B: Clone>(
         wait: None,
         signal: None,
     };
-    let cap = KernelCap {
-        signature: &kernel.signature,
-        placement: HERE,
+    // The typed args, checked against the kernel's scalars by the one
+    // launch check and packed by the backend's one packer.
+    let args: Vec<launch::ScalarArg> = descriptor.args().map(scalar_arg).collect();
+    let checked: CheckedLaunch = match &kernel.contract {
+        Some((contract, block)) => {
+            let terms = launch::BoundContract {
+                contract,
+                block: *block,
+            };
+            let cap = KernelCap {
+                signature: &terms,
+                placement: HERE,
+            };
+            launch::check_with_args(table, cap, &shape, &args)?
+        }
+        None => {
+            let cap = KernelCap {
+                signature: &kernel.signature,
+                placement: HERE,
+            };
+            launch::check_with_args(table, cap, &shape, &args)?
+        }
     };
-    let checked: CheckedLaunch = launch::check(table, cap, &shape)?;
     let wait = semaphore(table, descriptor.wait())?;
     let signal = semaphore(table, descriptor.signal())?;
     // The checks passed, so each operand's index is granted; the offsets
@@ -711,10 +757,23 @@ fn checked_launch<K: Clone, B: Clone>(
         operands,
         n: descriptor.n,
         scalars: descriptor.scalars().collect(),
+        args: args.iter().map(|a| a.bits()).collect(),
         sync: descriptor.sync,
         wait,
         signal,
     })
+}
+
+/// A descriptor's typed arg as the launch check reads it.
+fn scalar_arg(arg: TypedArg) -> launch::ScalarArg {
+    match arg {
+        TypedArg::I32(v) => launch::ScalarArg::I32(v),
+        TypedArg::U32(v) => launch::ScalarArg::U32(v),
+        TypedArg::I64(v) => launch::ScalarArg::I64(v),
+        TypedArg::U64(v) => launch::ScalarArg::U64(v),
+        TypedArg::F32(v) => launch::ScalarArg::F32(v),
+        TypedArg::F64(v) => launch::ScalarArg::F64(v),
+    }
 }
 
 /// Releases the signal of a launch that will not run, if its word is one the
@@ -872,5 +931,84 @@ mod tests {
             );
             assert_eq!(client.outstanding(), 40 - stop_at as u64);
         }
+    }
+
+    /// A kernel whose contract the ring cannot decode is not granted (a
+    /// launch of it is refused as a kernel the ring does not hold, never
+    /// checked against less), and a grant that replaces one with an
+    /// undecodable contract drops the old entry; one that decodes is
+    /// checked against its whole contract: a footprint one element past
+    /// its buffer is refused, the one before it passes.
+    #[test]
+    fn a_contract_the_ring_cannot_decode_is_not_granted() {
+        use crate::ptx::contract::{Expr, Footprint};
+        let mut contract = crate::executor::layout::tests_support::triton_like();
+        contract.geometry.elements_per_thread = 4;
+        for f in &mut contract.footprints {
+            *f = Footprint {
+                bytes: Expr::product(Expr::RoundUp(Box::new(Expr::Count), 4), Expr::Const(4)),
+                ..f.clone()
+            };
+        }
+        let kernel = |wire: ptxd_proto::executor::RingContract| ptxd_proto::executor::RingKernel {
+            ring_index: 3,
+            module_id: 9,
+            inputs: 2,
+            scalar_params: 2,
+            element_sizes: vec![4, 4, 4],
+            contract: Some(wire),
+            block: 128,
+            ..Default::default()
+        };
+        let good = crate::ring_check::encode(&contract);
+        let mut bad = good.clone();
+        bad.footprints[1].bytes.pop();
+        let buffers = (1..=3)
+            .map(|i| ptxd_proto::executor::RingBuffer {
+                ring_index: i,
+                buffer_id: 100 + u64::from(i),
+                size: 4 * 1024,
+            })
+            .collect();
+        let mut table: RingTable<(), u64> = RingTable::default();
+        table.apply(
+            &RingGrant {
+                kernels: vec![kernel(good)],
+                buffers,
+                ..Default::default()
+            },
+            |_| Some(()),
+            Some,
+        );
+        let operand = |buffer| OperandRef { buffer, offset: 0 };
+        let launch = |table: &RingTable<(), u64>, n| {
+            let d = Descriptor::new(1, 3, &[operand(1), operand(2)], operand(3), n)
+                .unwrap()
+                .with_args(&[TypedArg::F32(1.0), TypedArg::I64(-1)])
+                .unwrap();
+            checked_launch(table, &d).map(|l| l.args)
+        };
+        // roundup(1021, 4) × 4 = 4096 bytes: fits; 1025 rounds up past.
+        assert_eq!(
+            launch(&table, 1021).unwrap(),
+            vec![1f32.to_bits().into(), u64::MAX]
+        );
+        assert_eq!(launch(&table, 1024).unwrap().len(), 2);
+        assert_eq!(
+            reason_of(&launch(&table, 1025).unwrap_err()),
+            Reason::BufferTooSmall as u32
+        );
+        table.apply(
+            &RingGrant {
+                kernels: vec![kernel(bad)],
+                ..Default::default()
+            },
+            |_| Some(()),
+            Some,
+        );
+        assert_eq!(
+            reason_of(&launch(&table, 16).unwrap_err()),
+            Reason::StaleKernel as u32
+        );
     }
 }

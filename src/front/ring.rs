@@ -76,18 +76,27 @@ fn kernel_grant(
     generation: DeviceGeneration,
 ) -> Option<exec::RingKernel> {
     let kernel = state.slots.occupant_of(handle)?;
-    // The ring checks launches against the signature; a contract that
-    // carries preconditions beyond it (a 32-bit index's `index_fits_i32`)
-    // is held to the largest count that keeps them, at the block the
-    // executor launches with. Any other difference is not granted (a ring
-    // launch of it is refused as a kernel the ring does not hold).
+    // A contract the signature checks exactly is checked against the
+    // signature (the cheapest check on the drain); a contract that is the
+    // signature's but for preconditions on the count is held to the largest
+    // count that keeps them, at the block the executor launches with; any
+    // other contract (a Triton-family kernel) travels whole, and the ring
+    // checks every launch against it, bound to that block, as the unary
+    // path does.
     let limit = if kernel.contract.checked_by_signature(&kernel.signature) {
         None
     } else if kernel
         .contract
         .checked_by_signature_and_max_count(&kernel.signature)
     {
-        Some(kernel.contract.max_count(kernel.block_size)?)
+        kernel.contract.max_count(kernel.block_size)
+    } else {
+        None
+    };
+    let contract = if kernel.contract.checked_by_signature(&kernel.signature) || limit.is_some() {
+        None
+    } else if crate::ring_check::launchable(&kernel.contract) {
+        Some(crate::ring_check::encode(&kernel.contract))
     } else {
         return None;
     };
@@ -100,6 +109,8 @@ fn kernel_grant(
         max_count: limit.map(|(max, _)| max),
         limit_precondition: limit.map(|(_, p)| p.name.to_string()).unwrap_or_default(),
         limit_condition: limit.map(|(_, p)| p.to_string()).unwrap_or_default(),
+        contract,
+        block: kernel.block_size,
     })
 }
 

@@ -132,6 +132,7 @@ pub fn signature_proto(
         reqntid: signature.reqntid.unwrap_or(0),
         maxntid: signature.maxntid.unwrap_or(0),
         contract: contract.to_string(),
+        ring_launchable: crate::ring_check::launchable(contract),
     }
 }
 

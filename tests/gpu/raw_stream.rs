@@ -96,6 +96,7 @@ async fn launches_on_a_raw_stream_are_ordered_by_one_batch_of_stream_operations(
             output: at(&y_buf),
             n: n as u64,
             scalars: &[],
+            args: &[],
         };
         // SAFETY: the stream is this device's, alive until the test ends,
         // and only this thread uses the ring.
@@ -140,6 +141,7 @@ async fn launches_on_a_raw_stream_are_ordered_by_one_batch_of_stream_operations(
             output: at(&y_buf),
             n: n as u64,
             scalars: &[],
+            args: &[],
         })
         .collect();
     // SAFETY: as above.
@@ -169,6 +171,7 @@ async fn launches_on_a_raw_stream_are_ordered_by_one_batch_of_stream_operations(
         output: at(&y_buf),
         n: n as u64 + 1,
         scalars: &[],
+        args: &[],
     };
     // SAFETY: as above.
     let done =

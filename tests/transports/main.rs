@@ -12,3 +12,4 @@ mod grpc;
 mod launch_lane;
 mod refusals;
 mod ring;
+mod ring_contracts;

@@ -212,6 +212,9 @@ pub struct RawStreamLaunch<'a> {
     pub n: u64,
     /// The trailing f32 parameters.
     pub scalars: &'a [f32],
+    /// Typed scalar args (the kernel's scalar params in order), instead of
+    /// `scalars`; empty for none.
+    pub args: &'a [crate::Arg],
 }
 
 impl LaunchRing {
@@ -364,13 +367,25 @@ impl LaunchRing {
     /// Submits one launch of [`launch_on_raw_stream`](Self::launch_on_raw_stream)
     /// with the ordering's wait and signal; returns its ticket.
     fn submit_indexed(&mut self, launch: &RawStreamLaunch<'_>, sync: bool) -> Result<u64, Error> {
-        let descriptor = self.indexed_descriptor(
-            launch.kernel,
-            launch.inputs,
-            launch.output,
-            launch.n,
-            launch.scalars,
-        )?;
+        let descriptor = if launch.args.is_empty() {
+            self.indexed_descriptor(
+                launch.kernel,
+                launch.inputs,
+                launch.output,
+                launch.n,
+                launch.scalars,
+            )?
+        } else {
+            self.indexed_descriptor_args(
+                launch.kernel,
+                launch.inputs,
+                launch.output,
+                launch.n,
+                launch.args,
+            )?
+            .with_scalars(launch.scalars)
+            .map_err(|e| Error::InvalidInput(e.to_string()))?
+        };
         let descriptor = self.ordering()?.apply(descriptor.with_sync(sync))?;
         self.submit(&descriptor)?;
         Ok(descriptor.ticket)

@@ -210,8 +210,8 @@ impl RingBackend for CudaRing {
             self.current = true;
         }
         let kernel = &launch.kernel;
-        // Rings are granted only kernels their signature checks (one
-        // element per thread); the contract's rule all the same.
+        // The contract's grid: a Triton-family kernel covers several
+        // elements per thread.
         let per_block = u64::from(kernel.block) * u64::from(kernel.elements_per_thread.max(1));
         let grid = launch.n.div_ceil(per_block);
         if grid > MAX_GRID_X {
@@ -259,17 +259,19 @@ impl RingBackend for CudaRing {
             let mut addresses = std::mem::take(&mut self.addresses);
             addresses.clear();
             addresses.extend(launch.operands.iter().map(|(base, offset)| base + offset));
+            // Typed args' bits, or the f32 scalars' (the launch check let
+            // through one or the other, never both).
+            let scalars = if launch.args.is_empty() {
+                super::params::f32_bits(&launch.scalars)
+            } else {
+                launch.args
+            };
             // SAFETY: every address lies in a granted buffer with room for
-            // n elements (the launch checks), and a buffer is unmapped only
-            // after its revoke and a drain.
+            // its operand's footprint at n (the launch checks, against the
+            // kernel's contract or its signature), and a buffer is unmapped
+            // only after its revoke and a drain.
             let launched = unsafe {
-                kernel.enqueue(
-                    &self.stream,
-                    grid as u32,
-                    &addresses,
-                    launch.n,
-                    &super::params::f32_bits(&launch.scalars),
-                )
+                kernel.enqueue(&self.stream, grid as u32, &addresses, launch.n, &scalars)
             };
             self.addresses = addresses;
             if let Err(e) = launched {

@@ -215,7 +215,7 @@ impl RingBackend for HostRing {
             &launch.kernel,
             &operands,
             launch.n,
-            (&launch.scalars, &[]),
+            (&launch.scalars, &launch.args),
             self.run,
         );
         // The signal is written whatever the outcome: a waiter must not

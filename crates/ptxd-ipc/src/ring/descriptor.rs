@@ -17,13 +17,22 @@
 //! | 010 | 8 | n (element count) |
 //! | 018 | 1 | input count (0..=64) |
 //! | 019 | 1 | scalar count (0..=64) |
-//! | 01A | 6 | reserved |
+//! | 01A | 1 | typed arg count (0..=64) |
+//! | 01B | 5 | reserved |
 //! | 020 | 24 | wait: buffer index u32, reserved u32, byte offset u64, value u64 |
 //! | 038 | 24 | signal: same shape |
 //! | 050 | 16 | output: buffer index u32, reserved u32, byte offset u64 |
 //! | 060 | 64 × 16 | inputs, same shape as the output |
 //! | 460 | 64 × 4 | scalars (f32 bits) |
-//! | 560 | 672 | reserved |
+//! | 560 | 64 × 1 | typed arg types: 1 i32, 2 u32, 3 i64, 4 u64, 5 f32, 6 f64 |
+//! | 5A0 | 64 × 8 | typed arg values, little-endian; a 4-byte type in the low 4 bytes, the high 4 zero |
+//! | 7A0 | 96 | reserved |
+//!
+//! Typed args (in the kernel's scalar parameter order) live in bytes that
+//! the first layout reserved: a server that predates them refuses a
+//! descriptor that carries any (`ReservedNotZero`). A descriptor carries f32
+//! scalars or typed args; one with both decodes, and the launch check
+//! refuses it (`SCALAR_ARGS_MISMATCH`).
 //!
 //! Decoding reads only the caller's copy, never allocates, and never panics
 //! (every offset is a constant inside the 2048-byte array).
@@ -34,6 +43,8 @@ pub const DESCRIPTOR_SIZE: usize = 2048;
 pub const MAX_INPUTS: usize = 64;
 /// The most f32 scalars a launch may carry.
 pub const MAX_SCALARS: usize = 64;
+/// The most typed scalar args a launch may carry.
+pub const MAX_ARGS: usize = 64;
 
 /// Complete after the kernel finished, not once it is enqueued.
 const FLAG_SYNC: u32 = 1 << 0;
@@ -49,12 +60,15 @@ const AT_FLAGS: usize = 0x00C;
 const AT_N: usize = 0x010;
 const AT_INPUT_COUNT: usize = 0x018;
 const AT_SCALAR_COUNT: usize = 0x019;
+const AT_ARG_COUNT: usize = 0x01A;
 const AT_WAIT: usize = 0x020;
 const AT_SIGNAL: usize = 0x038;
 const AT_OUTPUT: usize = 0x050;
 const AT_INPUTS: usize = 0x060;
 const AT_SCALARS: usize = 0x460;
-const AT_TAIL: usize = 0x560;
+const AT_ARG_TYPES: usize = 0x560;
+const AT_ARG_VALUES: usize = 0x5A0;
+const AT_TAIL: usize = 0x7A0;
 const OPERAND_SIZE: usize = 16;
 const SEMAPHORE_SIZE: usize = 24;
 
@@ -66,6 +80,52 @@ pub struct OperandRef {
     pub buffer: u32,
     /// Byte offset of the operand's start inside that buffer.
     pub offset: u64,
+}
+
+/// A typed by-value scalar argument, in the kernel's scalar param order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TypedArg {
+    /// For an `.s32` param.
+    I32(i32),
+    /// For a `.u32` or `.b32` param.
+    U32(u32),
+    /// For an `.s64` param.
+    I64(i64),
+    /// For a `.u64` or `.b64` param.
+    U64(u64),
+    /// For an `.f32` param.
+    F32(f32),
+    /// For an `.f64` param.
+    F64(f64),
+}
+
+impl TypedArg {
+    /// Its type byte and its value's 8 bytes as the slot holds them.
+    fn encode(self) -> (u8, u64) {
+        match self {
+            TypedArg::I32(v) => (1, u64::from(v as u32)),
+            TypedArg::U32(v) => (2, u64::from(v)),
+            TypedArg::I64(v) => (3, v as u64),
+            TypedArg::U64(v) => (4, v),
+            TypedArg::F32(v) => (5, u64::from(v.to_bits())),
+            TypedArg::F64(v) => (6, v.to_bits()),
+        }
+    }
+
+    /// The arg a type byte and value hold, or `None` for an unknown type or
+    /// a 4-byte value with high bytes set (not canonical).
+    fn decode(ty: u8, bits: u64) -> Option<TypedArg> {
+        let low = u32::try_from(bits).ok();
+        Some(match ty {
+            1 => TypedArg::I32(low? as i32),
+            2 => TypedArg::U32(low?),
+            3 => TypedArg::I64(bits as i64),
+            4 => TypedArg::U64(bits),
+            5 => TypedArg::F32(f32::from_bits(low?)),
+            6 => TypedArg::F64(f64::from_bits(bits)),
+            _ => return None,
+        })
+    }
 }
 
 /// The width of a GPU semaphore word.
@@ -125,6 +185,29 @@ impl std::fmt::Display for SemaphoreRole {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DescriptorError {
+    /// More than [`MAX_ARGS`] typed args.
+    #[error("{count} typed args, more than the {MAX_ARGS} a descriptor holds")]
+    TooManyArgs {
+        /// The arg count requested or read from the descriptor.
+        count: usize,
+    },
+    /// A typed arg entry with an unknown type byte, or a 4-byte type whose
+    /// high value bytes are not zero.
+    #[error("typed arg {index} has type byte {ty} and value {bits:#x}, which no arg encodes to")]
+    BadArg {
+        /// The arg (0-based).
+        index: usize,
+        /// Its type byte.
+        ty: u8,
+        /// Its value bytes.
+        bits: u64,
+    },
+    /// A typed arg entry past the arg count is not zero.
+    #[error("typed arg entry {index} is past the arg count but not zero")]
+    UnusedArgNotZero {
+        /// The entry (0-based) holding the first non-zero byte.
+        index: usize,
+    },
     /// Flag bits this layout does not define.
     #[error("unknown descriptor flags {bits:#x}")]
     UnknownFlags {
@@ -217,6 +300,11 @@ pub struct Descriptor {
     input_count: u8,
     scalars: [u32; MAX_SCALARS],
     scalar_count: u8,
+    /// Each typed arg's type byte and value bytes (two arrays: 576 bytes
+    /// to initialize per decode, not 1024).
+    arg_types: [u8; MAX_ARGS],
+    arg_values: [u64; MAX_ARGS],
+    arg_count: u8,
     wait: Option<SemaphoreOp>,
     signal: Option<SemaphoreOp>,
 }
@@ -296,6 +384,9 @@ impl Descriptor {
             input_count: inputs.len() as u8,
             scalars: [0; MAX_SCALARS],
             scalar_count: 0,
+            arg_types: [0; MAX_ARGS],
+            arg_values: [0; MAX_ARGS],
+            arg_count: 0,
             wait: None,
             signal: None,
         })
@@ -325,6 +416,32 @@ impl Descriptor {
             *slot = value.to_bits();
         }
         self.with_scalar_bits(&bits[..values.len()])
+    }
+
+    /// Sets the typed scalar args (the kernel's scalar params in order).
+    pub fn with_args(mut self, args: &[TypedArg]) -> Result<Self, DescriptorError> {
+        if args.len() > MAX_ARGS {
+            return Err(DescriptorError::TooManyArgs { count: args.len() });
+        }
+        self.arg_types = [0; MAX_ARGS];
+        self.arg_values = [0; MAX_ARGS];
+        for (i, arg) in args.iter().enumerate() {
+            (self.arg_types[i], self.arg_values[i]) = arg.encode();
+        }
+        // At most MAX_ARGS (64), checked above.
+        self.arg_count = args.len() as u8;
+        Ok(self)
+    }
+
+    /// The typed args, in order.
+    pub fn args(&self) -> impl ExactSizeIterator<Item = TypedArg> + '_ {
+        let count = usize::from(self.arg_count);
+        self.arg_types[..count]
+            .iter()
+            .zip(&self.arg_values[..count])
+            // Every entry was encoded from a `TypedArg` or decoded into
+            // one: it decodes; the fallback is never taken.
+            .map(|(&ty, &bits)| TypedArg::decode(ty, bits).unwrap_or(TypedArg::U64(bits)))
     }
 
     /// Completes after the kernel finished (true) or once enqueued (false).
@@ -413,6 +530,16 @@ impl Descriptor {
         put(AT_N, &self.n.to_le_bytes());
         put(AT_INPUT_COUNT, &[self.input_count]);
         put(AT_SCALAR_COUNT, &[self.scalar_count]);
+        put(AT_ARG_COUNT, &[self.arg_count]);
+        let count = usize::from(self.arg_count);
+        for (i, (ty, bits)) in self.arg_types[..count]
+            .iter()
+            .zip(&self.arg_values[..count])
+            .enumerate()
+        {
+            put(AT_ARG_TYPES + i, &[*ty]);
+            put(AT_ARG_VALUES + i * 8, &bits.to_le_bytes());
+        }
         let operands = std::iter::once((AT_OUTPUT, &self.output)).chain(
             self.inputs()
                 .iter()
@@ -449,10 +576,15 @@ impl Descriptor {
             });
         }
 
+        let arg_count = usize::from(bytes[AT_ARG_COUNT]);
+        if arg_count > MAX_ARGS {
+            return Err(DescriptorError::TooManyArgs { count: arg_count });
+        }
+
         // Reserved bytes, in address order.
         let operand_reserved = |at: usize| at + 4..at + 8;
         let reserved = [
-            AT_SCALAR_COUNT + 1..AT_WAIT,
+            AT_ARG_COUNT + 1..AT_WAIT,
             operand_reserved(AT_WAIT),
             operand_reserved(AT_SIGNAL),
             operand_reserved(AT_OUTPUT),
@@ -471,11 +603,32 @@ impl Descriptor {
                 index: (offset - AT_INPUTS) / OPERAND_SIZE,
             });
         }
-        let unused_scalars = AT_SCALARS + scalar_count * 4..AT_TAIL;
+        let unused_scalars = AT_SCALARS + scalar_count * 4..AT_ARG_TYPES;
         if let Some(offset) = first_non_zero(bytes, unused_scalars) {
             return Err(DescriptorError::UnusedScalarNotZero {
                 index: (offset - AT_SCALARS) / 4,
             });
+        }
+        if let Some(offset) = first_non_zero(bytes, AT_ARG_TYPES + arg_count..AT_ARG_VALUES) {
+            return Err(DescriptorError::UnusedArgNotZero {
+                index: offset - AT_ARG_TYPES,
+            });
+        }
+        if let Some(offset) = first_non_zero(bytes, AT_ARG_VALUES + arg_count * 8..AT_TAIL) {
+            return Err(DescriptorError::UnusedArgNotZero {
+                index: (offset - AT_ARG_VALUES) / 8,
+            });
+        }
+        let (mut arg_types, mut arg_values) = ([0u8; MAX_ARGS], [0u64; MAX_ARGS]);
+        for i in 0..arg_count {
+            let (ty, bits) = (
+                bytes[AT_ARG_TYPES + i],
+                u64_at(bytes, AT_ARG_VALUES + i * 8),
+            );
+            if TypedArg::decode(ty, bits).is_none() {
+                return Err(DescriptorError::BadArg { index: i, ty, bits });
+            }
+            (arg_types[i], arg_values[i]) = (ty, bits);
         }
 
         let mut semaphores = [None, None];
@@ -536,6 +689,10 @@ impl Descriptor {
             input_count: input_count as u8,
             scalars,
             scalar_count: scalar_count as u8,
+            arg_types,
+            arg_values,
+            // At most 64, checked above.
+            arg_count: arg_count as u8,
             wait,
             signal,
         })
@@ -568,6 +725,91 @@ pub(crate) mod tests {
         }
     }
 
+    fn random_arg(rng: &mut StdRng) -> TypedArg {
+        match rng.random_range(0..6) {
+            0 => TypedArg::I32(rng.random()),
+            1 => TypedArg::U32(rng.random()),
+            2 => TypedArg::I64(rng.random()),
+            3 => TypedArg::U64(rng.random()),
+            4 => TypedArg::F32(f32::from_bits(rng.random())),
+            _ => TypedArg::F64(f64::from_bits(rng.random())),
+        }
+    }
+
+    #[test]
+    fn typed_args_sit_at_their_offsets_and_malformed_ones_are_refused() {
+        let out = OperandRef::default();
+        let args = [
+            TypedArg::I32(-2),
+            TypedArg::U32(7),
+            TypedArg::I64(-3),
+            TypedArg::U64(u64::MAX),
+            TypedArg::F32(1.5),
+            TypedArg::F64(-0.25),
+        ];
+        let d = Descriptor::new(1, 2, &[], out, 9)
+            .unwrap()
+            .with_args(&args)
+            .unwrap();
+        let bytes = d.encode();
+        assert_eq!(bytes[0x01A], 6);
+        assert_eq!(&bytes[0x560..0x566], &[1, 2, 3, 4, 5, 6]);
+        assert_eq!(bytes[0x566], 0);
+        assert_eq!(u64_at(&bytes, 0x5A0), u64::from((-2i32) as u32));
+        assert_eq!(u64_at(&bytes, 0x5A8), 7);
+        assert_eq!(u64_at(&bytes, 0x5B0), (-3i64) as u64);
+        assert_eq!(u64_at(&bytes, 0x5B8), u64::MAX);
+        assert_eq!(u64_at(&bytes, 0x5C0), u64::from(1.5f32.to_bits()));
+        assert_eq!(u64_at(&bytes, 0x5C8), (-0.25f64).to_bits());
+        let back = Descriptor::decode(&bytes).unwrap();
+        assert_eq!(back.args().collect::<Vec<_>>(), args.to_vec());
+        let with = |edit: &dyn Fn(&mut [u8; DESCRIPTOR_SIZE])| {
+            let mut b = bytes;
+            edit(&mut b);
+            Descriptor::decode(&b)
+        };
+        assert_eq!(
+            with(&|b| b[0x01A] = 65),
+            Err(DescriptorError::TooManyArgs { count: 65 })
+        );
+        assert_eq!(
+            with(&|b| b[0x560] = 7),
+            Err(DescriptorError::BadArg {
+                index: 0,
+                ty: 7,
+                bits: u64::from((-2i32) as u32)
+            })
+        );
+        // A 4-byte type with its high bytes set is not canonical.
+        assert_eq!(
+            with(&|b| b[0x5A8 + 4] = 1),
+            Err(DescriptorError::BadArg {
+                index: 1,
+                ty: 2,
+                bits: 7 | 1 << 32
+            })
+        );
+        assert_eq!(
+            with(&|b| b[0x566] = 1),
+            Err(DescriptorError::UnusedArgNotZero { index: 6 })
+        );
+        assert_eq!(
+            with(&|b| b[0x5A0 + 6 * 8 + 7] = 1),
+            Err(DescriptorError::UnusedArgNotZero { index: 6 })
+        );
+        assert_eq!(
+            Descriptor::new(1, 2, &[], out, 9)
+                .unwrap()
+                .with_args(&[TypedArg::U32(0); MAX_ARGS + 1]),
+            Err(DescriptorError::TooManyArgs {
+                count: MAX_ARGS + 1
+            })
+        );
+        // Shrinking the args clears the old tail.
+        let d = d.with_args(&[TypedArg::U32(1)]).unwrap();
+        assert_eq!(Descriptor::decode(&d.encode()).unwrap(), d);
+    }
+
     /// A random valid descriptor: every field, count and option varies.
     pub(crate) fn random_descriptor(rng: &mut StdRng) -> Descriptor {
         let operand = |rng: &mut StdRng| OperandRef {
@@ -587,6 +829,10 @@ pub(crate) mod tests {
                 .with_scalar_bits(&scalars)
                 .unwrap()
                 .with_sync(rng.random());
+        let args: Vec<TypedArg> = (0..rng.random_range(0..=MAX_ARGS))
+            .map(|_| random_arg(rng))
+            .collect();
+        descriptor = descriptor.with_args(&args).unwrap();
         if rng.random() {
             descriptor = descriptor.with_wait(random_semaphore(rng)).unwrap();
         }
@@ -750,7 +996,7 @@ pub(crate) mod tests {
         }
         // Reserved bytes: header, each operand's padding, an input in use, tail.
         for offset in [
-            0x01A, 0x01F, 0x024, 0x027, 0x03C, 0x054, 0x064, 0x074, 0x560, 0x7FF,
+            0x01B, 0x01F, 0x024, 0x027, 0x03C, 0x054, 0x064, 0x074, 0x7A0, 0x7FF,
         ] {
             assert_eq!(
                 decode_with(|b| b[offset] = 0x80),

@@ -101,8 +101,8 @@ use nix::errno::Errno;
 
 pub use completion::{Completion, CompletionError, CompletionStatus, COMPLETION_SIZE};
 pub use descriptor::{
-    Descriptor, DescriptorError, OperandRef, SemaphoreOp, SemaphoreRole, SemaphoreWidth,
-    DESCRIPTOR_SIZE, MAX_INPUTS, MAX_SCALARS,
+    Descriptor, DescriptorError, OperandRef, SemaphoreOp, SemaphoreRole, SemaphoreWidth, TypedArg,
+    DESCRIPTOR_SIZE, MAX_ARGS, MAX_INPUTS, MAX_SCALARS,
 };
 pub use futex::{WaitConfig, WaitStats};
 pub use layout::{
