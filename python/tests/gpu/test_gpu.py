@@ -179,7 +179,7 @@ def test_a_refusal_of_each_class(torch, gpu_client, gpu_session, device):
     with pytest.raises(ptxd.InvalidArtifact):
         gpu_session.load_ptx(".version 8.0\n.target sm_90\nnot ptx", "x", device=device)
     with pytest.raises(ptxd.NonScalarAbi):
-        gpu_session.load_ptx(read_ptx("triton_add"), "add_kernel", device=device)
+        gpu_session.load_ptx(read_ptx("add_f32_strided"), "add_f32_strided", device=device)
     with pytest.raises(ptxd.UnknownDevice):
         gpu_session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar", device=99)
     affine = gpu_session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar", device=device)
