@@ -635,8 +635,7 @@ impl<'a> Parser<'a> {
             let t = self.next()?;
             match t.kind {
                 TokKind::Word if t.text.starts_with('.') && TYPES.contains(&t.text) => {
-                    let bytes = super::ir::Ty::from_name(&t.text[1..]).map_or(0, |t| t.bytes());
-                    element = (bytes > 0).then_some(u64::from(bytes));
+                    element = type_bytes(&t.text[1..]);
                 }
                 TokKind::Word if !t.text.starts_with('.') && name.is_none() => {
                     name = Some(t.text.to_string());
@@ -1036,6 +1035,19 @@ impl<'a> Parser<'a> {
             _ => Err(Self::unexpected(t, "an operand")),
         }
     }
+}
+
+/// The size in bytes of a variable of the fundamental type `.{name}` (the
+/// parser's own table: `ir` lowers the parser's output, so the parser does
+/// not import it); `None` for a type with no size here (packed, `b128`).
+fn type_bytes(name: &str) -> Option<u64> {
+    Some(match name {
+        "b8" | "u8" | "s8" | "pred" => 1,
+        "b16" | "u16" | "s16" | "f16" | "bf16" => 2,
+        "b32" | "u32" | "s32" | "f32" => 4,
+        "b64" | "u64" | "s64" | "f64" => 8,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
