@@ -205,19 +205,12 @@ def test_launch_many_takes_f32_args_and_refuses_other_types(session):
 
 def test_a_real_triton_kernel_through_load_triton(session, corpus):
     # Triton 3.6's scale_shift (f32, BLOCK_SIZE 1024, 4 warps) as a compiled
-    # kernel would hand it over. Until the daemon's verifier accepts the
-    # Triton family (issue 21, w27a: DAEMON_FAMILIES), the load is refused
-    # with exactly the scalar ABI's verdict on its .u32 count, and the test
-    # skips; once it accepts, the launch must be right.
+    # kernel would hand it over: loaded with its Triton-family contract,
+    # granted to rings (ptxd's `ring_launchable`), launched with typed args.
     ptx = (corpus / "jit" / "triton" / "scale_shift_f32_b1024_w4_nodiv.ptx").read_text()
     compiled = fake_triton(ptx, "scale_shift_kernel", num_warps=4)
-    try:
-        kernel = session.load_triton(compiled)
-    except ptxd.NonScalarAbi as refused:
-        if refused.metadata.get("sub_reason") == "count_not_64bit":
-            pytest.skip("this daemon's verifier does not accept the Triton family yet")
-        raise
-    assert "count .u32" in kernel.contract and not kernel._ring_ok()
+    kernel = session.load_triton(compiled)
+    assert "count .u32" in kernel.contract and kernel._ring_ok()
     n = 3001
     x = filled(session, RNG.uniform(-10, 10, n).astype(np.float32))
     y = poisoned(session, n + 8)
