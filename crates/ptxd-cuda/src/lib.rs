@@ -59,7 +59,8 @@ pub struct DriverError {
     /// done).
     pub call: &'static str,
     /// The driver's name for the error, e.g. `CUDA_ERROR_INVALID_VALUE`
-    /// (`CUresult(N)` for a code the driver cannot name). Callers match on
+    /// (the code's name from cudarc's headers when `cuGetErrorName` itself
+    /// fails, as it does once the driver is deinitialized). Callers match on
     /// it rather than on codes, so that codes newer than the headers need no
     /// feature gate.
     pub name: String,
@@ -104,7 +105,10 @@ impl DriverError {
     fn from_code(call: &'static str, code: sys::CUresult) -> Self {
         let name = match RawError(code).error_name() {
             Ok(name) => name.to_string_lossy().into_owned(),
-            Err(_) => format!("CUresult({})", code as u32),
+            // cuGetErrorName itself fails once the driver is torn down
+            // (CUDA_ERROR_DEINITIALIZED while the process exits): the
+            // code's own name, so that `is_sticky` still recognises it.
+            Err(_) => format!("{code:?}"),
         };
         DriverError { call, name }
     }
