@@ -248,6 +248,12 @@ fn fail_driver(reply: Replier, error: &DriverError, doing: &str) {
         let channel = reply.channel().clone();
         let message = format!("the device faulted ({doing}: {error}); the executor restarts");
         reply.fail(FailureKind::KernelFault, message.clone(), &metadata);
+        // A deinitialized driver means the process is already exiting on
+        // another thread: running the exit handlers a second time, at once,
+        // is not safe, so leave without them.
+        if error.name == "CUDA_ERROR_DEINITIALIZED" {
+            channel.fatal_now(&error.name, &message);
+        }
         channel.fatal(&error.name, &message);
     }
     reply.fail(
