@@ -24,6 +24,15 @@
 //! - Every log line a client can cause goes through a [`LogLimit`]: at most
 //!   one line per kind (per key) a second, which counts the events it
 //!   stands for. A flood of refusals is never a flood of log lines.
+//! - A connection the daemon closes is closed lingering (as HTTP servers
+//!   close since Apache): its write side is shut first, so the peer reads
+//!   everything sent and then end-of-file, and what the peer still sends is
+//!   read and discarded until it closes, for at most [`LINGER`] and
+//!   [`LINGER_BYTES`]. Closing a socket with unread bytes in it resets the
+//!   connection (on a Unix socket the peer's writes fail with `EPIPE` and
+//!   its reads with `ECONNRESET`): an HTTP/2 client still sending on a
+//!   stream whose final status was already written would lose that status
+//!   to the reset.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -54,6 +63,14 @@ const FRAME_HEADER_BYTES: usize = 9;
 
 /// How long the accept loop pauses when the process is out of descriptors.
 const EXHAUSTED_PAUSE: Duration = Duration::from_millis(100);
+
+/// The longest a closing connection keeps reading (and discarding) what its
+/// peer still sends, after its write side is shut. Well under the stop
+/// sequence's grace for connections (`server::FLUSH_GRACE`).
+pub const LINGER: Duration = Duration::from_secs(1);
+
+/// The most a closing connection reads and discards before it closes anyway.
+pub const LINGER_BYTES: usize = 16 << 20;
 
 /// The descriptor limit in effect after [`raise_fd_limit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,6 +411,15 @@ pub struct Conn<IO> {
     _guard: ConnectionGuard,
     /// Until the handshake bytes have arrived.
     handshake: Option<Handshake>,
+    /// Once the write side is shut: the lingering close under way.
+    closing: Option<Linger>,
+}
+
+/// A lingering close: the deadline, and the bytes discarded so far.
+#[derive(Debug)]
+struct Linger {
+    deadline: Pin<Box<Sleep>>,
+    discarded: usize,
 }
 
 /// How far a connection has come through its handshake.
@@ -433,6 +459,7 @@ impl<IO> Conn<IO> {
                 seen: 0,
                 first_frame_length: [0; 3],
             }),
+            closing: None,
         }
     }
 }
@@ -463,7 +490,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Conn<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Conn<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Conn<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -476,8 +503,34 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Conn<IO> {
         Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
 
+    /// The lingering close (see the module's invariants): shut the write
+    /// side, then read and discard until the peer closes, [`LINGER`] has
+    /// passed or [`LINGER_BYTES`] were read. A read error ends it too: the
+    /// connection is closing either way.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        let this = self.get_mut();
+        if this.closing.is_none() {
+            ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
+            this.closing = Some(Linger {
+                deadline: Box::pin(tokio::time::sleep(LINGER)),
+                discarded: 0,
+            });
+        }
+        let Some(linger) = &mut this.closing else {
+            return Poll::Ready(Ok(()));
+        };
+        let mut scratch = [0u8; 8192];
+        loop {
+            if linger.deadline.as_mut().poll(cx).is_ready() || linger.discarded >= LINGER_BYTES {
+                return Poll::Ready(Ok(()));
+            }
+            let mut buf = ReadBuf::new(&mut scratch);
+            match ready!(Pin::new(&mut this.io).poll_read(cx, &mut buf)) {
+                Ok(()) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Ok(()) => linger.discarded += buf.filled().len(),
+                Err(_) => return Poll::Ready(Ok(())),
+            }
+        }
     }
 
     fn poll_write_vectored(
@@ -690,6 +743,45 @@ mod tests {
         assert!(!handshake.read(&[12, 4, 0, 0, 0, 0, 0]));
         assert!(!handshake.read(&[0; 11]));
         assert!(handshake.read(&[0]));
+    }
+
+    /// A peer still sending when the daemon closes its connection reads the
+    /// daemon's last bytes and then end-of-file, and its writes keep
+    /// succeeding; without the lingering close the unread bytes reset the
+    /// connection (the peer's write fails with EPIPE, its read with
+    /// ECONNRESET), which is how an HTTP/2 client still sending on a
+    /// stream loses that stream's final status. The close ends when the
+    /// peer closes, not at the deadline.
+    #[tokio::test]
+    async fn a_closing_connection_lingers_so_a_sending_peer_reads_its_answer() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let table = ConnectionTable::new(limits(4, 4));
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let guard = table.admit(Origin::Uid(1)).unwrap();
+        let mut conn = Conn::new(server, guard, Duration::from_secs(5));
+        conn.handshake = None;
+        // Bytes the daemon never reads.
+        client.write_all(&[7u8; 4096]).await.unwrap();
+        let closing = tokio::spawn(async move {
+            conn.write_all(b"final status").await.unwrap();
+            let started = Instant::now();
+            conn.shutdown().await.unwrap();
+            drop(conn);
+            started.elapsed()
+        });
+        // The peer sends more after the daemon began to close, then reads.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.write_all(&[8u8; 4096]).await.unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.unwrap();
+        assert_eq!(answer, b"final status");
+        drop(client);
+        let lingered = closing.await.unwrap();
+        assert!(
+            lingered < LINGER,
+            "the close waited for the deadline: {lingered:?}"
+        );
+        assert_eq!(table.open(), 0);
     }
 
     #[test]
