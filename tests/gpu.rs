@@ -58,6 +58,9 @@ mod canonical;
 #[path = "gpu/oracle.rs"]
 mod oracle;
 
+#[path = "gpu/mps.rs"]
+mod mps;
+
 #[path = "gpu/raw_stream.rs"]
 mod raw_stream;
 

@@ -817,6 +817,60 @@ fn the_service_sandbox_stays_tight_and_keeps_namespaces_shared() {
     }
 }
 
+/// The optional MPS configuration (issue 22): `ptxd-mps.service` runs the
+/// MPS control daemon, and the drop-in makes ptxd its client, ordered after
+/// it and with the same pipe directory. Both pass `systemd-analyze verify`
+/// (the drop-in as systemd reads it: appended to ptxd.service), and a
+/// mistake in either is caught.
+#[test]
+fn the_mps_unit_and_its_drop_in_pass_systemd_analyze_and_agree() {
+    let dir = units_in_tempdir();
+    // systemd-analyze checks that ExecStart's binary exists; the GPU
+    // machine's nvidia-cuda-mps-control is not here.
+    let mps = std::fs::read_to_string(deploy("systemd/ptxd-mps.service")).unwrap();
+    let control = "/usr/bin/nvidia-cuda-mps-control";
+    assert!(mps.contains(&format!("ExecStart={control} -d")), "{mps}");
+    let here = mps.replace(control, "/bin/true");
+    std::fs::write(dir.path().join("ptxd-mps.service"), &here).unwrap();
+    let drop_in = std::fs::read_to_string(deploy("systemd/ptxd.service.d/mps.conf")).unwrap();
+    let service = std::fs::read_to_string(dir.path().join("ptxd.service")).unwrap();
+    std::fs::write(
+        dir.path().join("ptxd.service"),
+        format!("{service}\n{drop_in}"),
+    )
+    .unwrap();
+    let units = ["ptxd.socket", "ptxd.service", "ptxd-mps.service"];
+    let output = systemd_analyze_verify(dir.path(), &units);
+    assert!(
+        output.status.success() && output.stdout.is_empty() && output.stderr.is_empty(),
+        "{}",
+        text(&output)
+    );
+    // The pipe directory the control daemon makes is the one ptxd joins.
+    let pipe = "CUDA_MPS_PIPE_DIRECTORY=/run/ptxd-mps/pipe";
+    assert!(mps.contains(&format!("Environment={pipe}")));
+    assert!(drop_in.contains(&format!("Environment={pipe}")));
+    for line in [
+        "Requires=ptxd-mps.service",
+        "After=ptxd-mps.service",
+        "ReadWritePaths=/run/ptxd-mps",
+    ] {
+        assert!(drop_in.lines().any(|l| l == line), "mps.conf lacks {line}");
+    }
+    // The check catches a mistake in the MPS unit too.
+    std::fs::write(
+        dir.path().join("ptxd-mps.service"),
+        here.replace("Type=forking", "Type=forkin"),
+    )
+    .unwrap();
+    let output = systemd_analyze_verify(dir.path(), &units);
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("forkin"),
+        "{}",
+        text(&output)
+    );
+}
+
 /// The pids of `pid`'s children.
 fn children_of(pid: u32) -> Vec<u32> {
     let mut children = Vec::new();
@@ -1059,6 +1113,7 @@ for other in ds["spec"]["template"]["spec"]["containers"][1:]:
         [
             deploy("kubernetes/daemonset-device-plugin.yaml"),
             deploy("kubernetes/daemonset-fd-only.yaml"),
+            deploy("kubernetes/daemonset-mps.yaml"),
             deploy("kubernetes/daemonset.yaml")
         ]
     );
@@ -1157,6 +1212,54 @@ fn the_kubernetes_manifests_pass_kubernetes_validate_strictly() {
     assert!(
         !output.status.success(),
         "a misspelt field passed: {}",
+        text(&output)
+    );
+}
+
+/// The MPS DaemonSet (issue 22): the control daemon is a native sidecar
+/// (an init container that keeps running, probed before ptxd starts), it
+/// and ptxd name the same pipe directory, that directory is the node's
+/// /run/ptxd-mps (so inference pods can join the same server), and the rest
+/// of the pod is daemonset.yaml's.
+#[test]
+fn the_mps_daemonset_runs_the_control_daemon_beside_ptxd() {
+    let script = r#"
+import sys, yaml
+mps = yaml.safe_load(open(sys.argv[1]))
+plain = yaml.safe_load(open(sys.argv[2]))
+spec = mps["spec"]["template"]["spec"]
+inits = {c["name"]: c for c in spec["initContainers"]}
+sidecar = inits["mps-control"]
+assert sidecar.get("restartPolicy") == "Always", "not a native sidecar"
+assert sidecar["command"] == ["nvidia-cuda-mps-control", "-f"], sidecar["command"]
+assert "startupProbe" in sidecar, "ptxd would start before the control daemon answers"
+names = [c["name"] for c in spec["initContainers"]]
+assert names.index("socket-dir-owner") < names.index("mps-control"), names
+env = lambda c: {e["name"]: e.get("value") for e in c.get("env", [])}
+ptxd = spec["containers"][0]
+for var in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+    assert env(sidecar)[var] == env(ptxd)[var], var
+    assert env(ptxd)[var].startswith("/run/ptxd-mps/"), env(ptxd)[var]
+mounts = lambda c: {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+assert mounts(sidecar)["mps-dir"] == mounts(ptxd)["mps-dir"] == "/run/ptxd-mps"
+volumes = {v["name"]: v for v in spec["volumes"]}
+assert volumes["mps-dir"]["hostPath"]["path"] == "/run/ptxd-mps"
+# Apart from MPS, the same pod as daemonset.yaml.
+base = plain["spec"]["template"]["spec"]
+strip_env = lambda c: [e for e in c.get("env", []) if not e["name"].startswith("CUDA_MPS_")]
+assert strip_env(ptxd) == base["containers"][0]["env"]
+assert ptxd["args"] == base["containers"][0]["args"]
+assert [m for m in ptxd["volumeMounts"] if m["name"] != "mps-dir"] == base["containers"][0]["volumeMounts"]
+print("checked")
+"#;
+    let output = run(Command::new(python_with_yaml())
+        .arg("-c")
+        .arg(script)
+        .arg(deploy("kubernetes/daemonset-mps.yaml"))
+        .arg(deploy("kubernetes/daemonset.yaml")));
+    assert!(
+        output.status.success() && text(&output).contains("checked"),
+        "{}",
         text(&output)
     );
 }

@@ -37,16 +37,16 @@ async fn load_add(session: &Session) -> (Kernel, Duration) {
     (kernel, started.elapsed())
 }
 
-struct Operands {
+pub(super) struct Operands {
     a: Vec<f32>,
     b: Vec<f32>,
     _a_mem: DeviceAllocation,
     _b_mem: DeviceAllocation,
     out_mem: DeviceAllocation,
-    launch: Launch,
+    pub(super) launch: Launch,
 }
 
-async fn operands(session: &Session, dev: &CudaDevice, n: usize) -> Operands {
+pub(super) async fn operands(session: &Session, dev: &CudaDevice, n: usize) -> Operands {
     use rand::Rng;
     let mut rng = rng();
     let a: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0..4.0)).collect();
@@ -79,7 +79,7 @@ async fn operands(session: &Session, dev: &CudaDevice, n: usize) -> Operands {
 }
 
 /// Launches `kernel` over poisoned output and compares every element.
-async fn check_add(session: &Session, kernel: &Kernel, ops: &Operands, when: &str) {
+pub(super) async fn check_add(session: &Session, kernel: &Kernel, ops: &Operands, when: &str) {
     let n = ops.a.len();
     ops.out_mem
         .upload(0, &vec![f32::from_bits(0x7fc0_dead); n])
@@ -164,7 +164,7 @@ async fn the_kernel_cache_serves_restarts_and_other_daemons_and_never_loads_a_co
 
 /// A daemon on `dev` that trusts this uid's cubins (for the faulting
 /// kernel), with `extra` flags, logging when a spare is ready.
-fn trusting_daemon(dev: &CudaDevice, extra: &[&str]) -> Daemon {
+pub(super) fn trusting_daemon(dev: &CudaDevice, extra: &[&str]) -> Daemon {
     let trust = format!("uid:{}", nix::unistd::getuid());
     let mut flags = vec![
         "--devices",
@@ -210,7 +210,7 @@ fn add_named(i: usize) -> String {
 
 /// Faults the device with the cubin that stores to address 0, from its own
 /// session (a tenant that is not the bystander).
-async fn fault(client: &Client, dev: &CudaDevice) {
+pub(super) async fn fault(client: &Client, dev: &CudaDevice) {
     let session = client.open_session("faulting").await.unwrap();
     let cubin = std::fs::read(super::executor_client::corpus_dir().join("store_to_null.cubin"))
         .expect("run.sh builds store_to_null.cubin");

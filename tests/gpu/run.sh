@@ -11,6 +11,8 @@
 #   bash run.sh mps             the cuda_launch benchmark under MPS
 #   bash run.sh python-bench    the Python client's launch costs (bench_launch.py)
 #   bash run.sh python-bench-mps  the same under MPS
+#   bash run.sh mps-fault       a kernel fault in ptxd beside a torch process, without
+#                               and with MPS (tests/gpu/mps.rs)
 #   bash run.sh profile-ring    perf profiles of the ring's executor thread and client
 #                               during `ptxd bench` (a pack built with PTXD_GPU_PERF=1)
 set -uo pipefail
@@ -120,6 +122,19 @@ fi
 if [ "${1:-}" = python-bench-mps ]; then
   under_mps python_bench 2>&1 | tee "$LOGS/python-bench-mps.log"
   exit "${PIPESTATUS[0]}"
+fi
+
+# What a fault in ptxd does to another process on the GPU: once without
+# MPS, once under an MPS control daemon of its own.
+if [ "${1:-}" = mps-fault ]; then
+  {
+    ./gpu-tests mps:: --nocapture --test-threads 1
+    without=$?
+    under_mps ./gpu-tests mps:: --nocapture --test-threads 1
+    with=$?
+    echo "mps-fault: without MPS exit $without, under MPS exit $with"
+  } 2>&1 | tee "$LOGS/mps-fault.log"
+  exit 0
 fi
 
 if [ "${1:-}" = python ]; then

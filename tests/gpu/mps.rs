@@ -1,0 +1,173 @@
+//! What a kernel fault inside ptxd does to another process on the same GPU,
+//! with and without MPS (issue 22: "measure what a faulting kernel launched
+//! by ptxd does to the other MPS clients on that GPU, against ptxd's
+//! containment without MPS").
+//!
+//! A bystander process (python3 with torch, not a ptxd client) computes
+//! `x * 2 + 1` on the GPU in a loop and checks every result, while a tenant
+//! faults ptxd's executor (a trusted cubin that stores to address 0) and a
+//! surviving ptxd session waits for its first exact launch after the fault.
+//! `bash .gpu/run.sh mps-fault` runs this once without MPS and once under
+//! an MPS control daemon of its own (`CUDA_MPS_PIPE_DIRECTORY` set).
+//!
+//! Asserted: without MPS the bystander never sees an error or a wrong
+//! result (ptxd's containment: the fault ends only ptxd's executor); under
+//! MPS ptxd reports its executor as an MPS client; in both, the surviving
+//! session's launches are exact again. Printed (a measurement, nothing
+//! asserted on it): the bystander's outcome under MPS and its longest stall,
+//! and the fault → survivor's first launch time.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ptxd_client::{Client, LoadOptions};
+
+use super::device;
+use super::executor_client::corpus;
+use super::recovery::{check_add, fault, operands, trusting_daemon};
+
+/// The bystander: prints READY once its context is up, then computes and
+/// checks until its stdin closes; prints `OK` with its iterations and its
+/// longest gap between two checked results, or `ERROR`/`WRONG` and exits.
+const BYSTANDER: &str = r#"
+import sys, threading, time
+import torch
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+dev = torch.device("cuda", 0)
+x = torch.arange(1 << 20, device=dev, dtype=torch.float32)
+expect = x * 2 + 1
+torch.cuda.synchronize()
+print("READY", flush=True)
+start = last = time.monotonic()
+ok = 0
+gap = 0.0
+try:
+    while not stop.is_set():
+        y = x * 2 + 1
+        torch.cuda.synchronize()
+        if not torch.equal(y, expect):
+            print(f"WRONG t={time.monotonic() - start:.4f} ok={ok}", flush=True)
+            sys.exit(4)
+        ok += 1
+        now = time.monotonic()
+        gap = max(gap, now - last)
+        last = now
+except Exception as e:
+    text = f"{type(e).__name__}: {e}".replace("\n", " ")
+    print(f"ERROR t={time.monotonic() - start:.4f} ok={ok} {text}", flush=True)
+    sys.exit(3)
+print(f"OK ok={ok} longest_gap_ms={gap * 1e3:.3f}", flush=True)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fault_in_ptxd_and_a_bystander_process_on_the_same_gpu() {
+    let under_mps = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_some();
+    let torch = Command::new("python3")
+        .args(["-c", "import torch; assert torch.cuda.is_available()"])
+        .status();
+    if !torch.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: no python3 with torch and CUDA here");
+        return;
+    }
+    let config = if under_mps {
+        "under MPS"
+    } else {
+        "without MPS"
+    };
+    let dev = device();
+    let daemon = trusting_daemon(&dev, &[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let reported = client.info().await.unwrap().devices[0].mps_enabled;
+    assert_eq!(
+        reported,
+        under_mps,
+        "GetInfo's mps_enabled {config}:\n{}",
+        daemon.stderr()
+    );
+    let session = client.open_session("survivor").await.unwrap();
+    let ops = operands(&session, &dev, 1 << 14).await;
+    let text = String::from_utf8(corpus("add_f32_scalar.ptx")).unwrap();
+    let load = || session.load_ptx(0, text.clone(), "add_f32_scalar", LoadOptions::default());
+    let mut kernel = load().await.unwrap();
+    check_add(&session, &kernel, &ops, "before the fault").await;
+
+    let mut bystander = Command::new("python3")
+        .args(["-c", BYSTANDER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    let stdout = bystander.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let ready = lines.recv_timeout(Duration::from_secs(60));
+    assert_eq!(ready.as_deref(), Ok("READY"), "the bystander did not start");
+    // Let it run a little before the fault.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let faulted = Instant::now();
+    fault(&client, &dev).await;
+    let answered = faulted.elapsed();
+    // The survivor's first exact launch: reload when stale, wait while the
+    // executor is down (under MPS a new client may have to wait for the
+    // MPS server to recover).
+    let deadline = faulted + Duration::from_secs(60);
+    let recovered = loop {
+        match session.launch(&kernel, &ops.launch).await {
+            Ok(_) => break faulted.elapsed(),
+            Err(e) if e.reason_name() == "STALE_KERNEL" => {
+                if let Ok(fresh) = load().await {
+                    kernel = fresh;
+                    continue;
+                }
+            }
+            Err(e) => assert!(
+                ["EXECUTOR_UNAVAILABLE", "KERNEL_FAULT"].contains(&e.reason_name()),
+                "{e}"
+            ),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ptxd did not serve the survivor within 60 s of the fault {config}:\n{}",
+            daemon.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    check_add(
+        &session,
+        &kernel,
+        &ops,
+        &format!("after the fault {config}"),
+    )
+    .await;
+    // Keep the bystander running a moment past the recovery, then stop it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Some(mut stdin) = bystander.stdin.take() {
+        let _ = stdin.flush();
+    }
+    let outcome = lines
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|e| format!("no outcome ({e})"));
+    let status = bystander.wait().unwrap();
+    eprintln!(
+        "MPS fault ({config}; ptxd's executor an MPS client: {reported}): the fault was answered \
+         in {answered:?}; the surviving ptxd session's first exact launch {recovered:?} after \
+         the fault; the bystander process: {outcome} (exit {status})"
+    );
+    if !under_mps {
+        assert!(
+            outcome.starts_with("OK ") && status.success(),
+            "ptxd's fault reached another process on the GPU without MPS: {outcome} ({status})"
+        );
+    }
+}
