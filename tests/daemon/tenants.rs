@@ -847,7 +847,7 @@ async fn a_drain_answers_every_launch_stream_request_and_ends_the_streams_with_a
 /// broken pipe; what was answered done ran, what was refused did not, and
 /// nothing unanswered ran after the stream stopped reading.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "flaky, an open bug: about one run in twenty, one stream ends with an h2 'error reading a body from connection' instead of its DRAINING status, with nothing in the daemon's log (the 5 s flush grace did not expire); run with --ignored"]
+#[ignore = "was flaky on CI (about one run in twenty: a stream ended with an h2 'error reading a body from connection' instead of its DRAINING status); the likely cause, a connection closed with the client's unread bytes in it (a reset), is fixed by the lingering close (connections.rs), but the flake never reproduced here, so the fix is unproven on CI: run with --ignored"]
 async fn launch_streams_that_keep_sending_through_a_drain_end_with_a_status() {
     const STREAMS: usize = 3;
     const CAP: usize = 1 << 18;
