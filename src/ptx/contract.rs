@@ -819,6 +819,49 @@ mod tests {
         assert_eq!(e.to_string(), "roundup(n, 4) × 4");
     }
 
+    /// The Strided family's terms: an arg is its signed value (none when
+    /// negative or missing), division by zero and overflow have no value,
+    /// `SatSub` stops at 0; `AtLeast` is false without a value; the text
+    /// and the refusal's values name the args.
+    #[test]
+    fn args_division_and_saturation_evaluate_exactly() {
+        let v = LaunchValues {
+            count: 10,
+            grid: 1,
+            block: 1,
+        };
+        let last = Expr::SatSub(Box::new(Expr::Count), Box::new(Expr::Const(1)));
+        let q = Expr::Div(Box::new(last.clone()), Box::new(Expr::Arg(1)));
+        assert_eq!(q.eval_with(&v, &[7, 4]), Some(2));
+        assert_eq!(q.eval_with(&v, &[7, 0]), None);
+        assert_eq!(q.eval_with(&v, &[7, (-4i64) as u64]), None);
+        assert_eq!(q.eval_with(&v, &[7]), None);
+        assert_eq!(q.eval(&v), None);
+        let zero = LaunchValues { count: 0, ..v };
+        assert_eq!(last.eval(&zero), Some(0));
+        let min = Expr::Min(Box::new(Expr::Arg(0)), Box::new(Expr::Count));
+        assert_eq!(min.eval_with(&v, &[3]), Some(3));
+        assert_eq!(min.eval_with(&v, &[30]), Some(10));
+        let wide = Expr::product(Expr::Arg(0), Expr::Arg(0));
+        assert_eq!(
+            wide.eval_with(&v, &[i64::MAX as u64]),
+            Some(u128::from(i64::MAX as u64) * u128::from(i64::MAX as u64))
+        );
+        let positive = Precondition {
+            name: DIVISOR_POSITIVE,
+            condition: Condition::AtLeast(Expr::Arg(1), 1),
+        };
+        assert!(positive.holds_with(&v, &[0, 1]));
+        assert!(!positive.holds_with(&v, &[0, 0]));
+        assert!(!positive.holds_with(&v, &[0, u64::MAX]));
+        assert!(!positive.holds(&v));
+        let names = ["s0", "d1"];
+        assert_eq!(positive.text(&names), "divisor_positive: d1 >= 1");
+        assert_eq!(positive.values_with(&v, &[0, u64::MAX], &names), "d1=-1");
+        assert_eq!(q.named(&names).to_string(), "((n - 1) / d1)");
+        assert_eq!(q.to_string(), "((n - 1) / arg1)");
+    }
+
     #[test]
     fn an_overflowing_expression_is_none_and_its_precondition_false() {
         let big = Expr::product(Expr::Count, Expr::Const(u64::MAX));

@@ -475,6 +475,34 @@ fn attacks_are_refused_at_load_with_their_reason() {
             "pointer_misuse",
         ),
     ];
+    // A saturating subtraction is no ring operation: `i - q·d` through
+    // `sub.sat` is not read as `i % d`.
+    let o3_sat = replaced(
+        &add_o3(),
+        "sub.s32 \t%r8, %r5, %r7;",
+        "sub.sat.s32 \t%r8, %r5, %r7;",
+    );
+    // A pointer param read as a float and stored is its bits leaving.
+    let as_float = replaced(
+        &replaced(&g, ".reg .f32 \t%f<4>;", ".reg .f32 \t%f<4>;\n\t.reg .f64 \t%fd<2>;"),
+        "st.f32 \t[%rd25], %f3;",
+        "st.f32 \t[%rd25], %f3;\n\tld.param.f64 \t%fd1, [add_f32_strided_param_1];\n\tst.f64 \t[%rd25], %fd1;",
+    );
+    let cases = cases
+        .into_iter()
+        .chain([
+            (
+                "sub.sat in the remainder",
+                o3_sat,
+                "non_elementwise_address",
+            ),
+            (
+                "a pointer param loaded as f64 and stored",
+                as_float,
+                "pointer_escape",
+            ),
+        ])
+        .collect::<Vec<_>>();
     for (what, text, want) in cases {
         assert_eq!(
             verdict(&text, "add_f32_strided").err(),

@@ -621,6 +621,11 @@ impl Pass<'_> {
             _ => None,
         };
         let operand = |i: usize| poly(&src(i)).or_else(|| konst(i));
+        // A saturating operation is no ring operation: nothing it computes
+        // is a polynomial.
+        if inst.has("sat") {
+            return Ok(self.opaque(pc, inst, st, UseKind::Operand));
+        }
         let v = match inst.base.as_str() {
             "ld" | "ldu" if inst.has("param") => return self.param_load(pc, inst),
             "ld" | "ldu" | "st" => return Ok(self.access(pc, inst, st, facts)),
@@ -858,7 +863,9 @@ impl Pass<'_> {
                 ),
             ));
         }
-        let v = if size == 8 && ty.is_int() {
+        // A 64-bit param is its value whatever the load's type (read as a
+        // float, its first use as one is a use of the param).
+        let v = if size == 8 {
             Val::Poly(Poly::atom(Atom::Param(*p)))
         } else {
             Val::Data
