@@ -503,7 +503,7 @@ impl Pass<'_> {
                 }
                 _ => {
                     let mut facts = st.facts.clone();
-                    if let Some(Some((cond, true))) = pred.clone() {
+                    if let Some(Some((cond, true))) = pred {
                         facts.assume(cond);
                     }
                     let writes = self.step(pc, inst, st, &facts)?;
