@@ -17,6 +17,7 @@ mod mutants;
 mod nvcc_corpus;
 mod red_team;
 mod red_team2;
+mod strided;
 mod triton;
 mod triton_attacks;
 mod verification;

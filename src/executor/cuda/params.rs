@@ -294,6 +294,46 @@ mod tests {
         );
     }
 
+    /// The seed's Strided schedule, from its verified contract: pointers,
+    /// the `.s64` count and four `.u64` shape/stride args, each 8 bytes at
+    /// the next multiple of 8, the args' bits as given (a value the
+    /// kernel reads as negative is packed whole, never cut).
+    #[test]
+    fn a_strided_layout_packs_its_u64_args_whole() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/corpus/jit/nvrtc/add_f32_strided_O3.ptx"
+        ))
+        .unwrap();
+        let (_, contract) =
+            crate::ptx::verify_contract(&text, "add_f32_strided", None, crate::ptx::Families::ALL)
+                .unwrap();
+        let load = ptxd_proto::executor::LoadModule {
+            inputs: 2,
+            scalar_params: 4,
+            params: slots_of(&contract),
+            ..Default::default()
+        };
+        let layout = crate::executor::layout::decode(&load).unwrap();
+        let (in0, in1, out) = (0x1000u64, 0x2000, 0x3000);
+        let args = [56u64, 0, 37, u64::MAX];
+        let packed = pack(&layout, &[in0, in1, out], 1961, &args).unwrap();
+        assert_eq!(packed.offsets(), &[0, 8, 16, 24, 32, 40, 48, 56]);
+        assert_eq!(
+            packed.bytes(),
+            le(&[
+                (in0, 8),
+                (in1, 8),
+                (out, 8),
+                (1961, 8),
+                (56, 8),
+                (0, 8),
+                (37, 8),
+                (u64::MAX, 8),
+            ])
+        );
+    }
+
     /// A pointer after a lone `.u32` starts at the next multiple of 8, the
     /// four bytes between are zero.
     #[test]

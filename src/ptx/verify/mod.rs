@@ -152,6 +152,17 @@
 //! `param_misuse` for masks against different bounds). Its contract is
 //! described in `triton.rs` and `docs/verifier.md`.
 //!
+//! The Strided family (`strided.rs`, with [`super::Families::strided`]) is
+//! tried where rule 6 finds integer params after the count
+//! (`extra_params`) on a kernel of 64-bit integer params then `.f32`s, and
+//! its verdict is then the one reported: the count is the param the guard
+//! compares `i` with, pointers before it, by-value 64-bit args after it;
+//! addresses are one pointer plus an exact polynomial of `i`, `i / d`,
+//! `i % d` and the args (`non_elementwise_address` otherwise; an address
+//! based on an arg, or the count or a pointer in an offset, `param_misuse`
+//! / `pointer_misuse`); the contract's footprints and preconditions read
+//! the launch's args.
+//!
 //! Two more sub_reasons come from outside this module: `duplicate_label`
 //! (the IR, [`super::ir`]) and `canonical_form` (in [`super`]: a module
 //! without `.version` and one `.target sm_XX`, a `.target` option ptxd does
@@ -169,6 +180,7 @@ mod defined;
 mod instructions;
 mod layout;
 mod regs;
+mod strided;
 mod table;
 mod triton;
 mod value;
@@ -245,9 +257,24 @@ pub fn verify(
             let layout = layout::param_layout(kernel, families)?;
             instructions::structure(kernel, families)?;
             let events = cfg::dataflow(kernel, families)?;
-            let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
-            defined::check(kernel)?;
-            verified
+            match decision::decide(kernel, &layout, &events, reqntid, maxntid) {
+                // Integer params after the scalar ABI's count: the Strided
+                // family's proof decides (its refusal is the one reported).
+                Err(PtxError::NonScalarAbi { sub_reason, .. })
+                    if families.strided
+                        && sub_reason == SubReason::ExtraParams.as_str()
+                        && strided::shaped(kernel) =>
+                {
+                    let verified = strided::verify(kernel)?;
+                    defined::check(kernel)?;
+                    verified
+                }
+                decided => {
+                    let verified = decided?;
+                    defined::check(kernel)?;
+                    verified
+                }
+            }
         }
     };
     if let Some(d) = declared {
