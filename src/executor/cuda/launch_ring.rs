@@ -73,6 +73,7 @@ impl CudaBackend {
             watch,
             wait_limit: self.budget,
             addresses: Vec::with_capacity(crate::ptx::MAX_INPUTS + 1),
+            scalar_bits: Vec::with_capacity(crate::ptx::MAX_SCALAR_PARAMS),
         };
         let session = RingSession {
             stream: open.stream,
@@ -118,6 +119,9 @@ struct CudaRing {
     /// The operands' device addresses of the launch being enqueued, kept
     /// for the next one (at most `MAX_INPUTS + 1`).
     addresses: Vec<u64>,
+    /// The scalars' bits of the launch being enqueued, kept for the next
+    /// one (at most `MAX_SCALAR_PARAMS`).
+    scalar_bits: Vec<u64>,
 }
 
 impl CudaRing {
@@ -264,11 +268,13 @@ impl RingBackend for CudaRing {
             addresses.extend(launch.operands.iter().map(|(base, offset)| base + offset));
             // Typed args' bits, or the f32 scalars' (the launch check let
             // through one or the other, never both).
-            let scalars = if launch.args.is_empty() {
-                super::params::f32_bits(&launch.scalars)
+            let mut scalars = std::mem::take(&mut self.scalar_bits);
+            scalars.clear();
+            if launch.args.is_empty() {
+                scalars.extend(launch.scalars.iter().map(|s| u64::from(s.to_bits())));
             } else {
-                launch.args
-            };
+                scalars.extend_from_slice(&launch.args);
+            }
             // SAFETY: every address lies in a granted buffer with room for
             // its operand's footprint at n (the launch checks, against the
             // kernel's contract or its signature), and a buffer is unmapped
@@ -279,6 +285,7 @@ impl RingBackend for CudaRing {
                     .enqueue(&self.stream, grid as u32, &addresses, launch.n, &scalars)
             };
             self.addresses = addresses;
+            self.scalar_bits = scalars;
             if let Err(e) = launched {
                 return Err(self.driver(e, "launching the kernel"));
             }
