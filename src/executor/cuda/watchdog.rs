@@ -256,7 +256,8 @@ impl StreamQueue {
             if drained {
                 // Only this poller takes launches off the queue: the first
                 // `queued` are the ones enqueued before the query.
-                let done: Vec<Watched> = queue.launches.drain(..queued).collect();
+                let known = queued.min(queue.launches.len());
+                let done: Vec<Watched> = queue.launches.drain(..known).collect();
                 for watched in done {
                     retire_events(watched, &mut retired);
                 }
