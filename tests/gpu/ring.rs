@@ -146,6 +146,119 @@ async fn ring_launches_on_ipc_memory_match_the_reference() {
     }
 }
 
+/// Each ring kernel launches through a parameter block prepared once per
+/// grant and patched per launch: a burst that alternates two kernels, each
+/// launch with its own output chunk, input offset and scalars, kept at the
+/// ring's depth, computes every chunk exactly as its own launch says (no
+/// operand, count or scalar of an earlier launch survives a patch); the
+/// answers come back in order, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_two_kernels_patches_each_launchs_own_params() {
+    let daemon = Daemon::start_backend("cuda", &[], |_| {});
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("gpu-ring-burst").await.unwrap();
+    let dev = device();
+    let load = |file: &'static str, symbol: &'static str| {
+        let session = &session;
+        async move {
+            session
+                .load_ptx(
+                    0,
+                    String::from_utf8(corpus(file)).unwrap(),
+                    symbol,
+                    LoadOptions::default(),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let add = load("add_f32_scalar.ptx", "add_f32_scalar").await;
+    let affine = load("affine_f32_scalar.ptx", "affine_f32_scalar").await;
+    let mut rng = rng();
+    let (chunk, launches, depth) = (4099usize, 400usize, 32u64);
+    let a: Vec<f32> = (0..chunk * launches + 64)
+        .map(|_| rng.random_range(-10.0..10.0))
+        .collect();
+    let b: Vec<f32> = (0..chunk).map(|_| rng.random_range(-10.0..10.0)).collect();
+    let (_a_mem, a_buf) = gpu_f32(&session, &dev, &a).await;
+    let (_b_mem, b_buf) = gpu_f32(&session, &dev, &b).await;
+    let (out_mem, out_buf) = gpu_f32(&session, &dev, &vec![f32::NAN; chunk * launches]).await;
+    let mut ring = session.open_ring(depth as u32, dev.uuid()).await.unwrap();
+    // Per launch: None for add with an input shift, Some((scale, bias)) for
+    // affine.
+    let mut shots: Vec<(usize, Option<(f32, f32)>)> = Vec::with_capacity(launches);
+    let mut pending = std::collections::VecDeque::new();
+    for index in 0..launches {
+        while ring.outstanding() >= depth {
+            let done = next(&mut ring);
+            assert_eq!(Some(done.ticket), pending.pop_front(), "out of order");
+            assert_eq!(done.outcome, Ok(()));
+        }
+        let at = (index * chunk * 4) as u64;
+        let shift = rng.random_range(0..64usize);
+        let ticket = if rng.random_range(0..3) == 0 {
+            let (scale, bias) = (
+                rng.random_range(-2.0f32..2.0),
+                rng.random_range(-1.0f32..1.0),
+            );
+            shots.push((shift, Some((scale, bias))));
+            ring.launch(
+                &affine,
+                &[(&a_buf, at + 4 * shift as u64)],
+                (&out_buf, at),
+                chunk as u64,
+                &[scale, bias],
+            )
+        } else {
+            shots.push((shift, None));
+            ring.launch(
+                &add,
+                &[(&a_buf, at + 4 * shift as u64), (&b_buf, 0)],
+                (&out_buf, at),
+                chunk as u64,
+                &[],
+            )
+        }
+        .unwrap();
+        pending.push_back(ticket);
+    }
+    while let Some(ticket) = pending.pop_front() {
+        let done = next(&mut ring);
+        assert_eq!(done.ticket, ticket, "out of order");
+        assert_eq!(done.outcome, Ok(()));
+    }
+    assert!(ring.wait(Duration::from_millis(200)).unwrap().is_none());
+    // A last sync launch drains the stream before the read-back.
+    let descriptor = ring
+        .descriptor(&add, &[(&b_buf, 0), (&b_buf, 0)], (&b_buf, 0), 0, &[])
+        .unwrap()
+        .with_sync(true);
+    ring.submit(&descriptor).unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    let mut got = vec![0f32; chunk * launches];
+    out_mem.download(0, &mut got).unwrap();
+    for (index, (shift, affine)) in shots.iter().enumerate() {
+        for i in 0..chunk {
+            let x = a[index * chunk + shift + i];
+            let got = got[index * chunk + i];
+            match affine {
+                Some((scale, bias)) => {
+                    let (fused, plain) = (x.mul_add(*scale, *bias), x * scale + bias);
+                    assert!(
+                        got.to_bits() == fused.to_bits() || got.to_bits() == plain.to_bits(),
+                        "launch {index} (affine), element {i}: {got}"
+                    );
+                }
+                None => assert_eq!(
+                    got.to_bits(),
+                    (x + b[i]).to_bits(),
+                    "launch {index} (add), element {i}"
+                ),
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies() {
     let daemon = Daemon::start_backend("cuda", &[], |_| {});

@@ -247,3 +247,69 @@ async fn a_ring_semaphore_that_never_fires_is_a_counted_kernel_timeout() {
     );
     bystander_affine(&bystander, &affine).await;
 }
+
+/// A kernel that never ends in the middle of a burst of ring launches is
+/// caught too: the ring groups up to 16 launches under one sequence
+/// marker (a stream write into a pinned word, not an event), so the
+/// spinner shares its group with launches before and after it; the group
+/// is closed after its last launch and the watchdog blames it within the
+/// group's allowance (at most 16 budgets), after the launches before the
+/// spinner completed with their answers, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_launch_that_never_ends_mid_burst_is_caught() {
+    let dev = device();
+    let daemon = Daemon::start_backend(
+        "cuda",
+        &["--devices", dev.uuid(), "--max-kernel-time", "1s"],
+        |_| {},
+    );
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let culprit = client.open_session("mid-burst spinner").await.unwrap();
+    let spin = culprit
+        .load_ptx(0, SPIN_F32, "spin_f32", LoadOptions::default())
+        .await
+        .unwrap();
+    let add = culprit
+        .load_ptx(0, ADD_F32, "add_f32_scalar", LoadOptions::default())
+        .await
+        .unwrap();
+    let (_x_mem, x) = ipc_buffer(&culprit, 4096).await;
+    let (_y_mem, y) = ipc_buffer(&culprit, 4096).await;
+    let before = client.info().await.unwrap().devices[0].generation;
+    let mut ring = culprit.open_ring(64, dev.uuid()).await.unwrap();
+    let started = Instant::now();
+    let mut tickets = Vec::new();
+    for _ in 0..21 {
+        tickets.push(
+            ring.launch(&add, &[(&x, 0), (&x, 0)], (&y, 0), 1024, &[])
+                .unwrap(),
+        );
+    }
+    ring.launch(&spin, &[(&x, 0)], (&y, 0), 64, &[]).unwrap();
+    for _ in 0..9 {
+        ring.launch(&add, &[(&x, 0), (&x, 0)], (&y, 0), 1024, &[])
+            .unwrap();
+    }
+    // Async launches are answered once enqueued, in order, each once.
+    for ticket in &tickets {
+        let done = super::ring_completions::next(&mut ring);
+        assert_eq!(done.ticket, *ticket);
+        assert_eq!(done.outcome, Ok(()), "{done:?}");
+    }
+    loop {
+        let device = client.info().await.unwrap().devices[0].clone();
+        if device.available && device.generation != before {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "the executor did not restart within 40 s of a spinner in a ring burst (1 s budget, groups of at most 16)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(1),
+        "restarted after only {took:?}"
+    );
+}

@@ -13,3 +13,4 @@ mod launch_lane;
 mod refusals;
 mod ring;
 mod ring_contracts;
+mod ring_floor;

@@ -1057,6 +1057,19 @@ impl Stream {
         unsafe { result::stream::synchronize(self.raw) }.named("cuStreamSynchronize")
     }
 
+    /// Whether everything enqueued so far has completed
+    /// (`cuStreamQuery`); does not block. A sticky error of the context
+    /// (a kernel of this process faulted) is returned as the error.
+    pub fn query(&self) -> Result<bool, DriverError> {
+        // SAFETY: the stream is live.
+        let code = unsafe { sys::cuStreamQuery(self.raw) };
+        match code {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            code => Err(DriverError::from_code("cuStreamQuery", code)),
+        }
+    }
+
     /// Makes later work on this stream wait for `event`'s last record.
     pub fn wait(&self, event: &Event) -> Result<(), DriverError> {
         // SAFETY: this is a live stream of the current context.
@@ -1125,6 +1138,73 @@ impl Stream {
                 sys::cuStreamWriteValue32_v2(self.raw, addr, value as u32, default)
             })
         }
+    }
+}
+
+/// One 64-bit word of pinned host memory that the device can write with
+/// stream memory operations ([`Stream::write_value`] at
+/// [`device_ptr`](HostWord::device_ptr)) and the host reads without a
+/// driver call: a progress word a stream advances as its work completes.
+/// Freed on drop.
+#[derive(Debug)]
+pub struct HostWord {
+    host: *mut u64,
+    device: u64,
+}
+
+// SAFETY: the word is only read through an atomic load (the device writes
+// it; no host code writes it after `new`), and the memory is freed once,
+// by the owner's drop.
+unsafe impl Send for HostWord {}
+// SAFETY: as above: `&self` methods only load the word atomically.
+unsafe impl Sync for HostWord {}
+
+impl HostWord {
+    /// Allocates a zeroed word in pinned, device-mapped host memory of the
+    /// current context (`cuMemHostAlloc` with `DEVICEMAP`, then
+    /// `cuMemHostGetDevicePointer`).
+    pub fn new() -> Result<Self, DriverError> {
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: 8 bytes of pinned memory; zeroed below before any read.
+        let host = unsafe { result::malloc_host(8, flags) }.named("cuMemHostAlloc")?;
+        let host = host.cast::<u64>();
+        // The word is owned from here: a failure below frees it on drop.
+        let mut word = HostWord { host, device: 0 };
+        // SAFETY: `host` is a fresh, 8-byte, page-aligned allocation that
+        // nothing else references yet.
+        unsafe { host.write_volatile(0) };
+        let mut device = MaybeUninit::<sys::CUdeviceptr>::uninit();
+        // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP; `device`
+        // is written by the call on success.
+        check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(device.as_mut_ptr(), host.cast(), 0)
+        })?;
+        // SAFETY: initialized by the successful call above.
+        word.device = unsafe { device.assume_init() };
+        Ok(word)
+    }
+
+    /// The word's device address, for stream memory operations.
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    /// The word's current value (an acquire load: what the device wrote
+    /// before it is visible after).
+    pub fn load(&self) -> u64 {
+        // SAFETY: `host` is a live, 8-byte-aligned allocation this value
+        // owns; the device writes it whole (64-bit memory operations) and
+        // the host only loads it atomically.
+        let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(self.host) };
+        word.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Drop for HostWord {
+    fn drop(&mut self) {
+        // SAFETY: `host` came from cuMemHostAlloc and is freed once.
+        let freed = unsafe { result::free_host(self.host.cast()) };
+        log_release(freed.named("cuMemFreeHost"), "freeing a host word");
     }
 }
 

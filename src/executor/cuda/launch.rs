@@ -10,7 +10,7 @@ use ptxd_cuda::{DriverError, Event};
 use ptxd_proto::executor::{FailureKind, Launch};
 
 use super::params::f32_bits;
-use super::watchdog::{take_reply, SharedReply, Watched};
+use super::watchdog::{take_reply, Marker, SharedReply, Watched};
 use super::{fail_driver, CudaBackend, WaitJob, MAX_GRID_X};
 use crate::executor::child::Replier;
 
@@ -190,7 +190,7 @@ impl CudaBackend {
                 watchdog.push(Watched {
                     wait_deadline: None,
                     started,
-                    done,
+                    done: Marker::Event(done),
                     reply: None,
                     launches: 1,
                 });
@@ -208,7 +208,7 @@ impl CudaBackend {
             watchdog.push(Watched {
                 started,
                 wait_deadline: None,
-                done,
+                done: Marker::Event(done),
                 reply: Some(shared.clone()),
                 launches: 1,
             });

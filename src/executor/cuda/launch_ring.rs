@@ -12,20 +12,27 @@
 //! - A sticky driver error ends the process, as it does on the request
 //!   loop's path: the context is poisoned for every session.
 //! - With `--max-kernel-time`, every ring launch with a kernel is watched
-//!   ([`super::watchdog`]): up to `RING_GROUP` launches share a marker and
-//!   an allowance of the budget per launch, a launch that waits on a
-//!   semaphore, a sync launch and the last launch before the ring sleeps
-//!   (its spin found nothing more) close their group at once; past the allowance the executor reports
+//!   ([`super::watchdog`]): up to `RING_GROUP` launches share a marker (the
+//!   stream's next sequence number, written by a stream memory operation
+//!   into the queue's pinned progress word: no event, and no driver call
+//!   for the watchdog to read it) and an allowance of the budget per
+//!   launch; a launch that waits on a semaphore, a sync launch and the last
+//!   launch before the ring sleeps (its spin found nothing more) close
+//!   their group at once; past the allowance the executor reports
 //!   `KERNEL_TIMEOUT` against the session and restarts.
+//! - A kernel is launched through the parameter block prepared when it was
+//!   granted ([`super::prepared`]): per launch only its operand, count and
+//!   scalar words are written.
 
 use std::sync::Arc;
 
-use ptxd_cuda::{DriverError, Event, PrimaryContext, Stream};
+use ptxd_cuda::{DriverError, Event, HostWord, PrimaryContext, Stream};
 use ptxd_ipc::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
-use super::watchdog::{StreamQueue, Watched, RING_GROUP};
-use super::{fail_driver, CudaBackend, LoadedKernel, MAX_GRID_X};
+use super::prepared::RingKernel;
+use super::watchdog::{Progress, RingWatch};
+use super::{fail_driver, CudaBackend, MAX_GRID_X};
 use crate::executor::child::{Channel, Replier};
 use crate::executor::kernel_timeouts::TimeoutAllowance;
 use crate::executor::ring::{
@@ -46,15 +53,27 @@ impl CudaBackend {
             Ok(w) => w,
             Err(e) => return fail_driver(reply, &e, "starting the watchdog"),
         };
+        // The ring's groups are marked in a word of pinned host memory,
+        // made once per session stream (a later ring of the stream goes on
+        // with its sequence).
+        let watch = match watchdog.map(|w| {
+            RingWatch::attach(w.queue(open.stream), Arc::downgrade(&stream), || {
+                HostWord::new().map(|word| Arc::new(word) as Arc<dyn Progress>)
+            })
+        }) {
+            None => None,
+            Some(Ok(watch)) => Some(watch),
+            Some(Err(e)) => return fail_driver(reply, &e, "making the ring's progress word"),
+        };
         let backend = CudaRing {
             stream,
             context: self.context.clone(),
             current: false,
             channel: reply.channel().clone(),
-            watch: watchdog.map(|w| w.queue(open.stream)),
-            unwatched: 0,
+            watch,
             wait_limit: self.budget,
             addresses: Vec::with_capacity(crate::ptx::MAX_INPUTS + 1),
+            scalar_bits: Vec::with_capacity(crate::ptx::MAX_SCALAR_PARAMS),
         };
         let session = RingSession {
             stream: open.stream,
@@ -90,18 +109,19 @@ struct CudaRing {
     context: Arc<PrimaryContext>,
     current: bool,
     channel: Channel,
-    /// The watchdog's queue of the session's stream (none without
-    /// `--max-kernel-time`): the ring's own lock, shared with nothing but
-    /// the session's gRPC launches and the poller.
-    watch: Option<Arc<StreamQueue>>,
-    /// Kernels enqueued since the last watchdog marker.
-    unwatched: u32,
+    /// The ring's side of the watchdog (none without `--max-kernel-time`):
+    /// its queue is the ring's own lock, shared with nothing but the
+    /// session's gRPC launches and the poller.
+    watch: Option<RingWatch>,
     /// How long a semaphore wait may stay unsatisfied on the stream before
     /// the watchdog treats it as a kernel timeout (the per-launch budget).
     wait_limit: Option<std::time::Duration>,
     /// The operands' device addresses of the launch being enqueued, kept
     /// for the next one (at most `MAX_INPUTS + 1`).
     addresses: Vec<u64>,
+    /// The scalars' bits of the launch being enqueued, kept for the next
+    /// one (at most `MAX_SCALAR_PARAMS`).
+    scalar_bits: Vec<u64>,
 }
 
 impl CudaRing {
@@ -117,39 +137,25 @@ impl CudaRing {
         ring::failure(FailureKind::Internal, format!("{doing}: {error}"))
     }
 
-    /// Records a marker after the launches enqueued since the last one and
-    /// hands them to the watchdog as one group.
-    fn close_group(&mut self) -> Result<(), crate::error::Error> {
-        self.close_group_from(None, None)
-    }
-
-    fn close_group_from(
+    /// Closes the watchdog's group of the launches enqueued since the last
+    /// marker: the stream writes the group's sequence number after them.
+    fn close_group(
         &mut self,
         started: Option<Event>,
         wait_deadline: Option<std::time::Instant>,
     ) -> Result<(), crate::error::Error> {
-        let Some(watch) = self.watch.clone() else {
+        let Some(watch) = self.watch.as_mut() else {
             return Ok(());
         };
-        if self.unwatched == 0 {
-            return Ok(());
-        }
-        let done = watch
-            .marker()
-            .and_then(|event| self.stream.record(&event).map(|()| event))
-            .map_err(|e| self.driver(e, "marking the launches' end for the watchdog"))?;
-        // The ring and the request loop both push onto the session stream's
-        // queue; each pushes right after it enqueued, so the queue follows
-        // the stream's order up to that instant.
-        watch.push(Watched {
-            started,
-            wait_deadline,
-            done,
-            reply: None,
-            launches: self.unwatched,
+        let stream = &self.stream;
+        let closed = watch.close(started, wait_deadline, |address, sequence| {
+            // SAFETY: `address` is the device address of the queue's pinned
+            // progress word, which the queue keeps until every group of it
+            // has retired (the watchdog forgets only an empty queue no ring
+            // holds), so it outlives this write.
+            unsafe { stream.write_value(address, sequence, true) }
         });
-        self.unwatched = 0;
-        Ok(())
+        closed.map_err(|e| self.driver(e, "marking the launches' end for the watchdog"))
     }
 
     fn semaphore(
@@ -191,13 +197,13 @@ impl Drop for CudaRing {
 }
 
 impl RingBackend for CudaRing {
-    type Kernel = Arc<LoadedKernel>;
+    type Kernel = Arc<RingKernel>;
     type Buffer = u64;
 
     fn launch(
         &mut self,
-        launch: RingLaunch<Arc<LoadedKernel>, u64>,
-        mut hold: TableHold<'_, Arc<LoadedKernel>, u64>,
+        launch: RingLaunch<Arc<RingKernel>, u64>,
+        mut hold: TableHold<'_, Arc<RingKernel>, u64>,
         _stop: &std::sync::atomic::AtomicBool,
     ) -> Result<(), crate::error::Error> {
         // The table stays locked until the launch is enqueued: a buffer's
@@ -209,7 +215,7 @@ impl RingBackend for CudaRing {
                 .map_err(|e| self.driver(e, "binding the device's context"))?;
             self.current = true;
         }
-        let kernel = &launch.kernel;
+        let kernel = &launch.kernel.kernel;
         // The contract's grid: a Triton-family kernel covers several
         // elements per thread.
         let per_block = u64::from(kernel.block) * u64::from(kernel.elements_per_thread.max(1));
@@ -231,16 +237,17 @@ impl RingBackend for CudaRing {
         // semaphore gets a group of its own, whose clock starts at a marker
         // after the wait (a launch waiting for its client is not running):
         // the group before it is closed before the wait is enqueued.
-        let watch = self.watch.clone().filter(|_| launch.n > 0);
-        if watch.is_some() && launch.wait.is_some() {
-            self.close_group()?;
+        let watched = self.watch.is_some() && launch.n > 0;
+        if watched && launch.wait.is_some() {
+            self.close_group(None, None)?;
         }
         if let Some(wait) = &launch.wait {
             self.semaphore(wait, true)?;
         }
-        let started = match watch {
-            Some(watch) if launch.wait.is_some() => {
+        let started = match self.watch.as_ref() {
+            Some(watch) if watched && launch.wait.is_some() => {
                 let event = watch
+                    .queue()
                     .marker()
                     .and_then(|event| self.stream.record(&event).map(|()| event))
                     .map_err(|e| self.driver(e, "marking the launch for the watchdog"))?;
@@ -261,28 +268,37 @@ impl RingBackend for CudaRing {
             addresses.extend(launch.operands.iter().map(|(base, offset)| base + offset));
             // Typed args' bits, or the f32 scalars' (the launch check let
             // through one or the other, never both).
-            let scalars = if launch.args.is_empty() {
-                super::params::f32_bits(&launch.scalars)
+            let mut scalars = std::mem::take(&mut self.scalar_bits);
+            scalars.clear();
+            if launch.args.is_empty() {
+                scalars.extend(launch.scalars.iter().map(|s| u64::from(s.to_bits())));
             } else {
-                launch.args
-            };
+                scalars.extend_from_slice(&launch.args);
+            }
             // SAFETY: every address lies in a granted buffer with room for
             // its operand's footprint at n (the launch checks, against the
             // kernel's contract or its signature), and a buffer is unmapped
             // only after its revoke and a drain.
             let launched = unsafe {
-                kernel.enqueue(&self.stream, grid as u32, &addresses, launch.n, &scalars)
+                launch
+                    .kernel
+                    .enqueue(&self.stream, grid as u32, &addresses, launch.n, &scalars)
             };
             self.addresses = addresses;
+            self.scalar_bits = scalars;
             if let Err(e) = launched {
                 return Err(self.driver(e, "launching the kernel"));
             }
         }
-        if self.watch.is_some() && launch.n > 0 {
-            self.unwatched += 1;
-            if started.is_some() || self.unwatched >= RING_GROUP || launch.sync {
-                self.close_group_from(started, wait_deadline)?;
-            }
+        if let Some(watch) = self.watch.as_mut().filter(|_| watched) {
+            let stream = &self.stream;
+            let marked =
+                watch.launched(launch.sync, started, wait_deadline, |address, sequence| {
+                    // SAFETY: as in `close_group`: the queue's progress word
+                    // outlives every group of it.
+                    unsafe { stream.write_value(address, sequence, true) }
+                });
+            marked.map_err(|e| self.driver(e, "marking the launches' end for the watchdog"))?;
         }
         // Written whatever the kernel does: a waiter on the client's stream
         // is released once the kernel has ended.
@@ -304,7 +320,7 @@ impl RingBackend for CudaRing {
         // The last launches get their marker once the ring's spin found
         // nothing more to enqueue (tens of microseconds, against a budget
         // of seconds), so a kernel that never ends is always watched.
-        if let Err(e) = self.close_group() {
+        if let Err(e) = self.close_group(None, None) {
             tracing::warn!(error = %e, "cannot mark ring launches for the watchdog");
         }
     }
@@ -312,7 +328,7 @@ impl RingBackend for CudaRing {
     fn release_signal(
         &mut self,
         signal: CheckedSemaphore<u64>,
-        _hold: TableHold<'_, Arc<LoadedKernel>, u64>,
+        _hold: TableHold<'_, Arc<RingKernel>, u64>,
     ) {
         // Enqueued under the table lock (see `launch`).
         if let Err(e) = self.semaphore(&signal, false) {

@@ -42,8 +42,10 @@
 //!   cannot be stopped, so its launch is answered `KERNEL_TIMEOUT` (after
 //!   the front was told, to count it against the session) and the process
 //!   exits; the front restarts the device with a new generation.
-//! - Both launch paths (the protocol's, the ring's) enqueue a kernel through
-//!   `params`, the one place the scalar ABI's parameters are packed.
+//! - Both launch paths (the protocol's, the ring's) enqueue a kernel with
+//!   `params`' layout: the protocol's packs it per launch, the ring's
+//!   patches a block laid out once per grant (`prepared`), byte for byte
+//!   what the packer builds.
 //!
 //! Block size: `.reqntid` when the kernel declares one (refused at load if
 //! the compiled kernel cannot run that many threads); otherwise
@@ -62,6 +64,7 @@ mod images;
 mod launch;
 mod launch_ring;
 mod params;
+mod prepared;
 mod watchdog;
 
 use std::collections::HashMap;
@@ -296,7 +299,7 @@ fn stream_waiter(stream: Arc<Stream>, context: Arc<PrimaryContext>, jobs: mpsc::
 }
 
 /// A session ring served by the CUDA backend.
-type CudaRingHandle = RingHandle<Arc<LoadedKernel>, u64>;
+type CudaRingHandle = RingHandle<Arc<prepared::RingKernel>, u64>;
 
 /// The CUDA backend for one device.
 pub struct CudaBackend {
@@ -839,7 +842,7 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    type RingKernel = Arc<LoadedKernel>;
+    type RingKernel = Arc<prepared::RingKernel>;
     type RingBuffer = u64;
 
     fn hello(&self) -> Hello {
@@ -901,8 +904,13 @@ impl Backend for CudaBackend {
         &mut self.rings
     }
 
-    fn ring_kernel(&self, module_id: u64) -> Option<Arc<LoadedKernel>> {
-        self.kernels.get(&module_id).cloned()
+    fn ring_kernel(&self, module_id: u64) -> Option<Arc<prepared::RingKernel>> {
+        // Called once per grant: the kernel's parameter block is laid out
+        // here, and each ring launch only patches it.
+        self.kernels
+            .get(&module_id)
+            .cloned()
+            .map(prepared::RingKernel::prepare)
     }
 
     fn ring_buffer(&self, buffer_id: u64) -> Option<u64> {

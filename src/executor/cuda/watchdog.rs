@@ -1,9 +1,13 @@
 //! The per-launch budget on a CUDA device, where a running kernel cannot be
 //! stopped.
 //!
-//! Every launch with a kernel is tracked by an event recorded after it (and,
-//! when it waits on a client's event, one recorded after the wait). A
-//! session's launches run in order on its stream, so only the head of each
+//! Every launch with a kernel is tracked by a marker after it: an event
+//! recorded after a gRPC launch (and, when it waits on a client's event, one
+//! recorded after the wait); for a ring, the next number of the stream's
+//! sequence, written by the stream (`cuStreamWriteValue64`) into a word of
+//! pinned host memory after a group of up to [`RING_GROUP`] launches, which
+//! the watchdog reads without a driver call ([`RingWatch`]). A session's
+//! launches run in order on its stream, so only the head of each
 //! stream's queue can be running: its clock starts when the launch before it
 //! on the stream was seen complete (or when it was enqueued on an idle
 //! stream, or when its wait was seen satisfied). The watchdog thread polls
@@ -19,10 +23,23 @@
 //! device go stale.
 //!
 //! The watchdog is also where an async launch's fault is met when no
-//! request follows it: a marker query that returns a sticky error (see
+//! request follows it: a marker query, or the query of a ring's stream
+//! (one `cuStreamQuery` a poll), that returns a sticky error (see
 //! [`ptxd_cuda::is_sticky_error`]) ends the process within one poll
 //! interval (budget/20, at most 50 ms), after a short grace in which a
 //! stream waiter may answer its sync launch with the fault it met.
+//!
+//! Invariants of the ring's markers:
+//! - Every ring launch with a kernel is in exactly one group, and a group
+//!   is closed (its sequence number written after its last launch) before
+//!   the ring's thread can sleep: when it is full, before a launch that
+//!   waits on a semaphore, after a launch that waits or syncs, and when the
+//!   ring goes idle. So a kernel that never ends holds up a marker the
+//!   watchdog sees, within `RING_GROUP` budgets of its group's start.
+//! - A stream's sequence numbers grow in its stream order (one ring at a
+//!   time enqueues on a session's stream, and numbers are taken under the
+//!   queue's lock right before the write is enqueued), so the word's value
+//!   is the newest group completed: every group at or below it is done.
 //!
 //! The budget counts from when a launch could start on its stream, so time
 //! spent waiting for SMs held by other sessions' kernels counts too; the
@@ -30,10 +47,10 @@
 //! one endless kernel is that kernel's launch.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use ptxd_cuda::{DriverError, Event, PrimaryContext};
+use ptxd_cuda::{DriverError, Event, HostWord, PrimaryContext, Stream};
 use ptxd_proto::executor::FailureKind;
 
 use crate::executor::child::{Channel, Replier};
@@ -61,8 +78,8 @@ pub struct Watched {
     /// instant is blamed like a kernel that ran past the budget (none: a
     /// wait on a client event, which may take as long as it likes).
     pub wait_deadline: Option<Instant>,
-    /// Recorded after the kernel (after the last kernel of a group).
-    pub done: Event,
+    /// After the kernel (after the last kernel of a group).
+    pub done: Marker,
     /// The reply of a sync launch.
     pub reply: Option<SharedReply>,
     /// How many kernels `done` closes: 1 for a gRPC launch; a ring groups
@@ -77,6 +94,35 @@ pub struct Watched {
 /// record each) cut the throughput of 16 rings on an H200 from 558k to 54k
 /// launches/s, measured.
 pub const RING_GROUP: u32 = 16;
+
+/// What tells the watchdog a watched launch (or group) is done.
+#[derive(Debug)]
+pub enum Marker {
+    /// An event recorded after it (a gRPC launch).
+    Event(Event),
+    /// A sequence number its stream writes into the queue's progress word
+    /// after it (a ring's group): done once the word reached it.
+    Sequence(u64),
+}
+
+/// A stream's progress word, as the watchdog reads it: the newest
+/// sequence number the stream wrote (see [`Marker::Sequence`]).
+pub trait Progress: Send + Sync {
+    /// The newest sequence number written (0 before the first).
+    fn completed(&self) -> u64;
+    /// The word's device address, for the stream's writes.
+    fn device_ptr(&self) -> u64;
+}
+
+impl Progress for HostWord {
+    fn completed(&self) -> u64 {
+        self.load()
+    }
+
+    fn device_ptr(&self) -> u64 {
+        HostWord::device_ptr(self)
+    }
+}
 
 /// One session stream's watched launches, in stream order. Each stream has
 /// its own lock, so launches on different streams (gRPC launches, and the
@@ -96,6 +142,34 @@ struct QueueState {
     launches: VecDeque<Watched>,
     /// Marker events of completed launches, for reuse.
     spare: Vec<Event>,
+    /// The ring's progress word (once a ring attached): its groups'
+    /// sequence numbers are written there.
+    progress: Option<Arc<dyn Progress>>,
+    /// The last sequence number taken.
+    sequence: u64,
+    /// The ring's stream (once a ring attached), queried once a poll: its
+    /// sequence markers need no driver call, so a fault is met here.
+    stream: Weak<Stream>,
+}
+
+/// Whether `marker`'s launches are done: an event's query, or the stream's
+/// progress word at or past the sequence number (a sequence marker with no
+/// word never completes, and is blamed once overdue).
+fn marker_done(progress: Option<&dyn Progress>, marker: &Marker) -> Result<bool, DriverError> {
+    match marker {
+        Marker::Event(event) => event.query(),
+        Marker::Sequence(sequence) => {
+            Ok(progress.is_some_and(|word| word.completed() >= *sequence))
+        }
+    }
+}
+
+/// Keeps a retired launch's events for reuse.
+fn retire_events(watched: Watched, retired: &mut Vec<Event>) {
+    retired.extend(watched.started);
+    if let Marker::Event(event) = watched.done {
+        retired.push(event);
+    }
 }
 
 impl StreamQueue {
@@ -111,6 +185,35 @@ impl StreamQueue {
             Some(event) => Ok(event),
             None => Event::marker(),
         }
+    }
+
+    /// Attaches a ring to this queue: its stream (queried once a poll for
+    /// faults) and the progress word its groups' sequence numbers go to,
+    /// made by `word` on first use and kept for every later ring of the
+    /// stream (their numbers continue the sequence).
+    pub fn attach_ring(
+        &self,
+        stream: Weak<Stream>,
+        word: impl FnOnce() -> Result<Arc<dyn Progress>, DriverError>,
+    ) -> Result<Arc<dyn Progress>, DriverError> {
+        let mut queue = self.lock();
+        let progress = match &queue.progress {
+            Some(progress) => progress.clone(),
+            None => {
+                let progress = word()?;
+                queue.progress = Some(progress.clone());
+                progress
+            }
+        };
+        queue.stream = stream;
+        Ok(progress)
+    }
+
+    /// The next sequence number, for a group about to be closed.
+    fn next_sequence(&self) -> u64 {
+        let mut queue = self.lock();
+        queue.sequence += 1;
+        queue.sequence
     }
 
     /// Tracks a launch just enqueued on this stream.
@@ -131,9 +234,35 @@ impl StreamQueue {
     /// A sticky error from a marker's query (the device faulted) is
     /// returned as it is.
     fn poll(&self, now: Instant, budget: Duration) -> Result<Option<Instant>, DriverError> {
+        // A ring's stream is asked once a poll, outside the lock: a sticky
+        // error (an async launch faulted) is met here, and a drained stream
+        // retires every launch queued before the question.
+        let (stream, queued) = {
+            let queue = self.lock();
+            (queue.stream.upgrade(), queue.launches.len())
+        };
+        let drained = match stream.as_ref().filter(|_| queued > 0).map(|s| s.query()) {
+            Some(Ok(drained)) => drained,
+            Some(Err(e)) => {
+                sticky(e)?;
+                false
+            }
+            None => false,
+        };
+        drop(stream);
         let mut retired: Vec<Event> = Vec::new();
         let overdue = {
             let mut queue = self.lock();
+            if drained {
+                // Only this poller takes launches off the queue: the first
+                // `queued` are the ones enqueued before the query.
+                let known = queued.min(queue.launches.len());
+                let done: Vec<Watched> = queue.launches.drain(..known).collect();
+                for watched in done {
+                    retire_events(watched, &mut retired);
+                }
+                queue.head_since = None;
+            }
             let overdue = Self::retire(&mut queue, now, budget, &mut retired);
             let room = SPARE_EVENTS.saturating_sub(queue.spare.len());
             let kept = retired.len().min(room);
@@ -153,22 +282,23 @@ impl StreamQueue {
         let QueueState {
             head_since,
             launches,
+            progress,
             ..
         } = queue;
+        let done = |marker: &Marker| marker_done(progress.as_deref(), marker);
         // Markers complete in stream order, so when the newest is done every
         // launch before it is: one query retires a whole queue (a busy ring
         // queues hundreds of groups between two polls, and querying each
         // took the driver's locks from under the ring's launches).
         if launches.len() > 1 {
-            let newest_done = match launches.back().map(|newest| newest.done.query()) {
+            let newest_done = match launches.back().map(|newest| done(&newest.done)) {
                 Some(Ok(done)) => done,
                 Some(Err(e)) => return sticky(e).map(|()| None),
                 None => false,
             };
             if newest_done {
                 for done in launches.drain(..) {
-                    retired.extend(done.started);
-                    retired.push(done.done);
+                    retire_events(done, retired);
                 }
                 *head_since = None;
                 return Ok(None);
@@ -186,11 +316,10 @@ impl StreamQueue {
                     Some(Err(e)) => return sticky(e).map(|()| None),
                 }
             }
-            match head.done.query() {
+            match done(&head.done) {
                 Ok(true) => {
                     if let Some(done) = launches.pop_front() {
-                        retired.extend(done.started);
-                        retired.push(done.done);
+                        retire_events(done, retired);
                     }
                     *head_since = None;
                 }
@@ -213,6 +342,97 @@ impl StreamQueue {
             .launches
             .front_mut()
             .and_then(|head| head.reply.take())
+    }
+}
+
+/// A ring's side of the watchdog: groups the kernels it enqueues, and closes
+/// each group with the next sequence number of its stream, written after
+/// the group's last launch (see the module's invariants). The writing is
+/// the caller's (`write(address, value)`, a stream memory operation on the
+/// CUDA ring), so the grouping is the same code on the device and in the
+/// tests.
+pub struct RingWatch {
+    queue: Arc<StreamQueue>,
+    progress: Arc<dyn Progress>,
+    /// Kernels enqueued since the last marker.
+    unwatched: u32,
+}
+
+impl std::fmt::Debug for RingWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingWatch")
+            .field("unwatched", &self.unwatched)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RingWatch {
+    /// Watches a ring's launches on `queue`: attaches the ring's stream
+    /// and its progress word (made by `word` for the stream's first ring,
+    /// see [`StreamQueue::attach_ring`]).
+    pub fn attach(
+        queue: Arc<StreamQueue>,
+        stream: Weak<Stream>,
+        word: impl FnOnce() -> Result<Arc<dyn Progress>, DriverError>,
+    ) -> Result<Self, DriverError> {
+        let progress = queue.attach_ring(stream, word)?;
+        Ok(RingWatch {
+            queue,
+            progress,
+            unwatched: 0,
+        })
+    }
+
+    /// The queue, for the event a semaphore wait's clock starts at.
+    pub fn queue(&self) -> &StreamQueue {
+        &self.queue
+    }
+
+    /// Closes the group of kernels enqueued since the last marker, if any:
+    /// enqueues the write of its sequence number (`write`), then hands it
+    /// to the watchdog. `started`: the event recorded after the group's
+    /// semaphore wait, whose clock starts there; `wait_deadline`: when that
+    /// wait is overdue.
+    pub fn close(
+        &mut self,
+        started: Option<Event>,
+        wait_deadline: Option<Instant>,
+        write: impl FnOnce(u64, u64) -> Result<(), DriverError>,
+    ) -> Result<(), DriverError> {
+        if self.unwatched == 0 {
+            return Ok(());
+        }
+        let sequence = self.queue.next_sequence();
+        write(self.progress.device_ptr(), sequence)?;
+        // The ring and the request loop both push onto the session
+        // stream's queue; each pushes right after it enqueued, so the queue
+        // follows the stream's order up to that instant.
+        self.queue.push(Watched {
+            started,
+            wait_deadline,
+            done: Marker::Sequence(sequence),
+            reply: None,
+            launches: self.unwatched,
+        });
+        self.unwatched = 0;
+        Ok(())
+    }
+
+    /// Counts a kernel just enqueued, and closes its group when it is full
+    /// or must close now (`close_now`: the launch waited on a semaphore,
+    /// after which `started` starts the clock, or it is a sync launch).
+    pub fn launched(
+        &mut self,
+        close_now: bool,
+        started: Option<Event>,
+        wait_deadline: Option<Instant>,
+        write: impl FnOnce(u64, u64) -> Result<(), DriverError>,
+    ) -> Result<(), DriverError> {
+        self.unwatched += 1;
+        if close_now || started.is_some() || self.unwatched >= RING_GROUP {
+            return self.close(started, wait_deadline, write);
+        }
+        Ok(())
     }
 }
 
@@ -353,5 +573,198 @@ impl Watchdog {
             }
             channel.fatal_now("KERNEL_TIMEOUT", &message);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A progress word the test's "device" advances.
+    #[derive(Default)]
+    struct FakeWord(AtomicU64);
+
+    impl Progress for FakeWord {
+        fn completed(&self) -> u64 {
+            self.0.load(Ordering::Acquire)
+        }
+        fn device_ptr(&self) -> u64 {
+            0x7f00_dead_0000
+        }
+    }
+
+    /// What the ring enqueued on its stream, in stream order.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Op {
+        Launch(usize),
+        Mark(u64),
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Enqueues `launches` ring launches through the ring's grouping (a
+    /// sync launch now and then, an idle spin now and then, and the idle
+    /// spin after the burst that every ring makes before it sleeps);
+    /// returns the stream's ops.
+    fn burst(watch: &mut RingWatch, rng: &mut Rng, launches: usize) -> Vec<Op> {
+        let mut ops = Vec::new();
+        for i in 0..launches {
+            ops.push(Op::Launch(i));
+            let sync = rng.below(23) == 0;
+            watch
+                .launched(sync, None, None, |address, sequence| {
+                    assert_eq!(address, 0x7f00_dead_0000);
+                    ops.push(Op::Mark(sequence));
+                    Ok(())
+                })
+                .unwrap();
+            if rng.below(37) == 0 {
+                watch
+                    .close(None, None, |_, sequence| {
+                        ops.push(Op::Mark(sequence));
+                        Ok(())
+                    })
+                    .unwrap();
+            }
+        }
+        watch
+            .close(None, None, |_, sequence| {
+                ops.push(Op::Mark(sequence));
+                Ok(())
+            })
+            .unwrap();
+        ops
+    }
+
+    /// A ring launch whose kernel never ends is blamed, whichever launch of
+    /// a burst it is: the stream stops at it, so the progress word stays
+    /// at the marker before it; the watchdog retires every group before,
+    /// finds the stuck launch's group at the head, lets it run for its
+    /// allowance (the budget per launch in it, at most `RING_GROUP`
+    /// budgets) and blames it then, not a moment before. A launch left out
+    /// of every group (a marker skipped, or written before its group's
+    /// last launch) is never blamed, and fails here.
+    #[test]
+    fn a_stuck_ring_launch_is_blamed_within_its_groups_allowance() {
+        let budget = Duration::from_secs(1);
+        for seed in 1..=200u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let queue = Arc::new(StreamQueue::default());
+            let word = Arc::new(FakeWord::default());
+            let progress: Arc<dyn Progress> = word.clone();
+            let mut watch = RingWatch::attach(queue.clone(), Weak::new(), || Ok(progress)).unwrap();
+            let launches = 1 + rng.below(120) as usize;
+            let ops = burst(&mut watch, &mut rng, launches);
+
+            // Every launch in exactly one group, the numbers rising.
+            let marks: Vec<u64> = ops
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Mark(s) => Some(*s),
+                    Op::Launch(_) => None,
+                })
+                .collect();
+            assert!(marks.windows(2).all(|w| w[0] < w[1]), "seed {seed}");
+            let grouped: u32 = queue.lock().launches.iter().map(|w| w.launches).sum();
+            assert_eq!(grouped as usize, launches, "seed {seed}: launches watched");
+
+            // The device runs the stream up to the stuck launch.
+            let stuck = rng.below(launches as u64) as usize;
+            let at = ops.iter().position(|op| *op == Op::Launch(stuck)).unwrap();
+            let reached = ops[..at]
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Mark(s) => Some(*s),
+                    Op::Launch(_) => None,
+                })
+                .max()
+                .unwrap_or(0);
+            word.0.store(reached, Ordering::Release);
+            // The stuck launch's group: the launches between the markers
+            // around it.
+            let group_end = ops[at..]
+                .iter()
+                .position(|op| matches!(op, Op::Mark(_)))
+                .unwrap_or_else(|| panic!("seed {seed}: launch {stuck} is in no group"));
+            let group_start = ops[..at]
+                .iter()
+                .rposition(|op| matches!(op, Op::Mark(_)))
+                .map_or(0, |i| i + 1);
+            let size = (group_start..at + group_end)
+                .filter(|i| matches!(ops[*i], Op::Launch(_)))
+                .count() as u32;
+            assert!(
+                (1..=RING_GROUP).contains(&size),
+                "seed {seed}: group of {size}"
+            );
+
+            let now = Instant::now();
+            assert_eq!(queue.poll(now, budget).unwrap(), None, "seed {seed}");
+            {
+                let state = queue.lock();
+                let head = state.launches.front().expect("the stuck group stays");
+                assert_eq!(
+                    head.launches, size,
+                    "seed {seed}: the head is the stuck group"
+                );
+                assert!(matches!(head.done, Marker::Sequence(s) if s > reached));
+            }
+            let allowance = budget * size;
+            let early = now + allowance - Duration::from_millis(10);
+            assert_eq!(
+                queue.poll(early, budget).unwrap(),
+                None,
+                "seed {seed}: blamed early"
+            );
+            let since = queue.poll(now + allowance, budget).unwrap();
+            assert!(since.is_some_and(|s| s <= now), "seed {seed}: not blamed");
+
+            // Once the kernel ends, everything retires.
+            word.0.store(*marks.last().unwrap(), Ordering::Release);
+            assert_eq!(queue.poll(now + allowance, budget).unwrap(), None);
+            assert!(queue.lock().launches.is_empty(), "seed {seed}");
+        }
+    }
+
+    /// A ring that replaces another on the same stream goes on with its
+    /// sequence, so the word (which the old ring's groups advanced) never
+    /// makes a new group look done before it ran.
+    #[test]
+    fn a_later_ring_of_the_stream_continues_the_sequence() {
+        let queue = Arc::new(StreamQueue::default());
+        let word = Arc::new(FakeWord::default());
+        let mut marks = Vec::new();
+        for _ring in 0..3 {
+            let progress: Arc<dyn Progress> = word.clone();
+            let mut watch = RingWatch::attach(queue.clone(), Weak::new(), || Ok(progress)).unwrap();
+            for _ in 0..RING_GROUP {
+                watch
+                    .launched(false, None, None, |_, s| {
+                        marks.push(s);
+                        Ok(())
+                    })
+                    .unwrap();
+            }
+        }
+        assert_eq!(marks, vec![1, 2, 3]);
+        word.0.store(2, Ordering::Release);
+        let now = Instant::now();
+        assert_eq!(queue.poll(now, Duration::from_secs(1)).unwrap(), None);
+        let state = queue.lock();
+        assert_eq!(state.launches.len(), 1);
+        assert!(matches!(state.launches[0].done, Marker::Sequence(3)));
     }
 }
