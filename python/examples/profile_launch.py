@@ -14,14 +14,16 @@ through the session's launch ring, timed one stage at a time in a loop:
 - the descriptor's Python half (the wire tuples and allocation checks);
 - the native call (``Ring.launch``), with and without the allocation-id
   checks, and the native phases it reports where the module can say them
-  (``Ring.profile``: the checks, the stream memops, the submission, the
-  wait for ptxd's completion);
+  (``Ring.profile``: argument conversion, the GIL release, the checks, the
+  stream memops, the submission, the wait for ptxd's completion), with
+  ptxd's answer awaited and deferred (``defer_errors=True``);
 - the stream memops alone, through ctypes on libcuda (and cuda-python where
   it is installed): ``cuStreamWriteValue32``, ``cuStreamWaitValue32``, one
   ``cuStreamBatchMemOp`` of both;
 - the whole ``Session.launch`` (current stream, and ``stream=``), with the
   GPU kept ahead (a host sync every 32 calls, not timed) and back to back,
-  and ``launch_many`` per launch;
+  in a session that awaits ptxd's answers and in one with
+  ``defer_errors=True``, and ``launch_many`` per launch;
 
 and, side by side in the same process and run, the in-process references:
 ``torch.add(x, y, out=z)``, ``cuLaunchKernel`` of the same PTX through
@@ -324,18 +326,37 @@ def stages(calls: int, session: ptxd.Session, add: ptxd.Kernel, x: torch.Tensor,
     row("native Ring.launch, no checks, back to back", calls, lambda: ring.launch(raw, w, [], False, 60.0))
     torch.cuda.synchronize(device)
     torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    native_phases(calls, ring, raw, w, c, device, defer=False)
+    native_phases(calls, ring, raw, w, c, device, defer=True)
+    torch.cuda.synchronize(device)
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    return [p_stream, p_resolve, p_checks, p_lookup, p_wire, p_native]
+
+
+def native_phases(calls: int, ring: Any, raw: int, wire: List[Any], checks: List[Any], device: Any,
+                  defer: bool) -> None:
+    """The native call's phases as ``Ring.profile`` times them, 32 calls at
+    a time with a host sync between (not timed)."""
+    label = "deferred answers" if defer else "answers awaited"
     profile = getattr(ring, "profile", None)
     if profile is None:
-        note("native phases (Ring.profile)", "unavailable: this native module has no Ring.profile")
-    else:
-        try:
+        note(f"native phases ({label})", "unavailable: this native module has no Ring.profile")
+        return
+    try:
+        samples: dict = {}
+        for _ in range(max(1, calls // 32)):
             torch.cuda.synchronize(device)
-            phases = profile(raw, w, c, calls)
-            for name, (p50, p99) in phases:
-                rows.append((f"  native: {name}", f"p50 {p50:8.2f} us   p99 {p99:8.2f} us"))
-        except Exception as error:  # noqa: BLE001
-            note("native phases (Ring.profile)", f"failed: {type(error).__name__}: {error}")
-    return [p_stream, p_resolve, p_checks, p_lookup, p_wire, p_native]
+            for name, values in profile(raw, wire, checks, 32, defer).items():
+                samples.setdefault(name, []).extend(values)
+        if defer:
+            refused = ring.drain(60.0)
+            if refused:
+                raise refused[0]
+        for name, values in samples.items():
+            p50, p99 = quantiles([v * 1e-9 for v in values])
+            rows.append((f"  native ({label}): {name}", f"p50 {p50:8.2f} us   p99 {p99:8.2f} us"))
+    except Exception as error:  # noqa: BLE001
+        note(f"native phases ({label})", f"failed: {type(error).__name__}: {error}")
 
 
 def whole(calls: int, session: ptxd.Session, add: ptxd.Kernel, x: torch.Tensor, y: torch.Tensor,
@@ -359,6 +380,25 @@ def whole(calls: int, session: ptxd.Session, add: ptxd.Kernel, x: torch.Tensor, 
         if not torch.equal(out, x + y):
             print(f"profile_launch: WRONG RESULT after {name!r}", file=sys.stderr)
             failures += 1
+    deferred = getattr(session, "_deferred_twin", None)
+    if deferred is not None:
+        session_d, add_d = deferred
+        for name, call, kw in [
+            ("Session.launch, defer_errors=True, current stream, GPU kept ahead",
+             lambda: session_d.launch(add_d, [x, y], out), dict(sync_every=32, device=device)),
+            ("Session.launch, defer_errors=True, current stream, back to back",
+             lambda: session_d.launch(add_d, [x, y], out), {}),
+        ]:
+            out.fill_(float("nan"))
+            torch.cuda.synchronize(device)
+            row(name, calls, call, **kw)
+            session_d.wait_answers()
+            torch.cuda.synchronize(device)
+            if not torch.equal(out, x + y):
+                print(f"profile_launch: WRONG RESULT after {name!r}", file=sys.stderr)
+                failures += 1
+    else:
+        note("Session.launch, defer_errors=True", "unavailable: this client has no defer_errors")
     out.fill_(float("nan"))
     torch.cuda.synchronize(device)
     batch = [(add, [x, y], out)] * calls
@@ -395,6 +435,15 @@ def main() -> int:
                                device=device)
         # One launch fills the operand cache and opens the ring.
         session.launch(add, [x, y], out, sync=True)
+        try:
+            twin = client.session("profile-launch-deferred", defer_errors=True)
+        except TypeError:
+            twin = None
+        if twin is not None:
+            add_d = twin.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar",
+                                  device=device)
+            twin.launch(add_d, [x, y], out, sync=True)
+            session._deferred_twin = (twin, add_d)
         torch.cuda.synchronize(device)
         if not torch.equal(out, x + y):
             print("profile_launch: WRONG RESULT after the first launch", file=sys.stderr)
