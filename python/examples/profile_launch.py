@@ -135,15 +135,26 @@ def profile_memops(calls: int, driver: Driver, word: torch.Tensor, device: Any) 
     of 1 and a wait for >= 0 on a word of device memory (the wait is met at
     once; what is timed is the CPU's enqueue)."""
     lib = driver.lib
+
+    def symbol(name: str) -> Any:
+        # CUDA 12's headers name the _v2 entry points; the old ones remain.
+        try:
+            return getattr(lib, f"{name}_v2")
+        except AttributeError:
+            return getattr(lib, name)
+
+    write_value32 = symbol("cuStreamWriteValue32")
+    wait_value32 = symbol("cuStreamWaitValue32")
+    batch_mem_op = symbol("cuStreamBatchMemOp")
     addr = ctypes.c_uint64(word.data_ptr())
     raw = torch._C._cuda_getCurrentRawStream
 
     def write32() -> None:
-        driver.check(lib.cuStreamWriteValue32(ctypes.c_void_p(raw(device.index)), addr,
+        driver.check(write_value32(ctypes.c_void_p(raw(device.index)), addr,
                                               ctypes.c_uint32(1), 0), "cuStreamWriteValue32")
 
     def wait32() -> None:
-        driver.check(lib.cuStreamWaitValue32(ctypes.c_void_p(raw(device.index)), addr,
+        driver.check(wait_value32(ctypes.c_void_p(raw(device.index)), addr,
                                              ctypes.c_uint32(0), CU_STREAM_WAIT_VALUE_GEQ),
                      "cuStreamWaitValue32")
 
@@ -153,7 +164,7 @@ def profile_memops(calls: int, driver: Driver, word: torch.Tensor, device: Any) 
     ops[1].flags = CU_STREAM_WAIT_VALUE_GEQ
 
     def batch() -> None:
-        driver.check(lib.cuStreamBatchMemOp(ctypes.c_void_p(raw(device.index)), 2, ops, 0),
+        driver.check(batch_mem_op(ctypes.c_void_p(raw(device.index)), 2, ops, 0),
                      "cuStreamBatchMemOp")
 
     row("ctypes cuStreamWriteValue32", calls, write32, sync_every=256, device=device)
@@ -430,42 +441,46 @@ def main() -> int:
         driver = None
     failures = 0
     mps = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
-    with ptxd.Client(socket) as client, client.session("profile-launch") as session:
-        add = session.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar",
-                               device=device)
-        # One launch fills the operand cache and opens the ring.
-        session.launch(add, [x, y], out, sync=True)
-        try:
-            twin = client.session("profile-launch-deferred", defer_errors=True)
-        except TypeError:
-            twin = None
-        if twin is not None:
-            add_d = twin.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar",
-                                  device=device)
-            twin.launch(add_d, [x, y], out, sync=True)
-            session._deferred_twin = (twin, add_d)
-        torch.cuda.synchronize(device)
-        if not torch.equal(out, x + y):
-            print("profile_launch: WRONG RESULT after the first launch", file=sys.stderr)
-            failures += 1
-        in_process_references(calls, driver, x, y, out, device)
-        try:
-            parts = stages(calls, session, add, x, y, out, device)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-            failures += 1
-            parts = []
-        section("stream memops alone (torch's stream, a word of device memory)")
-        if driver is not None:
+    try:
+        with ptxd.Client(socket) as client, client.session("profile-launch") as session:
+            add = session.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar",
+                                   device=device)
+            # One launch fills the operand cache and opens the ring.
+            session.launch(add, [x, y], out, sync=True)
             try:
-                profile_memops(calls, driver, word, device)
-            except Exception as error:  # noqa: BLE001
-                note("stream memops", f"unavailable: {error}")
-        failures += whole(calls, session, add, x, y, out, device)
-        known = [p for p in parts if p is not None]
-        if known:
-            section("sum of the stage p50s above (stream, resolve, checks, lookup, wire, native)")
-            note("sum", f"{sum(known):8.2f} us")
+                twin = client.session("profile-launch-deferred", defer_errors=True)
+            except TypeError:
+                twin = None
+            if twin is not None:
+                add_d = twin.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar",
+                                      device=device)
+                twin.launch(add_d, [x, y], out, sync=True)
+                session._deferred_twin = (twin, add_d)
+            torch.cuda.synchronize(device)
+            if not torch.equal(out, x + y):
+                print("profile_launch: WRONG RESULT after the first launch", file=sys.stderr)
+                failures += 1
+            in_process_references(calls, driver, x, y, out, device)
+            try:
+                parts = stages(calls, session, add, x, y, out, device)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+                failures += 1
+                parts = []
+            section("stream memops alone (torch's stream, a word of device memory)")
+            if driver is not None:
+                try:
+                    profile_memops(calls, driver, word, device)
+                except Exception as error:  # noqa: BLE001
+                    note("stream memops", f"unavailable: {error}")
+            failures += whole(calls, session, add, x, y, out, device)
+            known = [p for p in parts if p is not None]
+            if known:
+                section("sum of the stage p50s above (stream, resolve, checks, lookup, wire, native)")
+                note("sum", f"{sum(known):8.2f} us")
+    except Exception:  # noqa: BLE001 - print what was measured before the failure
+        traceback.print_exc()
+        failures += 1
     print(f"profile_launch: {calls} calls per row, add_f32_scalar on {N} floats, "
           f"torch {torch.__version__}, ptxd {getattr(ptxd, '__version__', '?')}, "
           f"MPS {'on' if mps else 'off'}")

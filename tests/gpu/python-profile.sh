@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Where the CPU time of a Python ring launch on torch tensors goes
-# (python/examples/profile_launch.py), against `./ptxd serve` from the pack,
+# (python/examples/profile_launch.py), then the model step
+# (python/examples/model_step.py), against `./ptxd serve` from the pack,
 # without MPS and then under MPS (an MPS control daemon of its own, as
 # run.sh's python-bench-mps starts). Packed into .gpu/ by tests/gpu/build.sh:
 #
@@ -47,6 +48,9 @@ profile() {
   done
   "$venv/bin/python" "$HERE/python/examples/profile_launch.py" "$sock" "$CALLS"
   rc=$?
+  # The model step (issue 22's second goal) against the same daemon: eager,
+  # in-process PTX, through ptxd, and through ptxd with defer_errors.
+  "$venv/bin/python" "$HERE/python/examples/model_step.py" "$sock" || rc=1
   kill -TERM "$pid"
   wait "$pid"
   return $rc
