@@ -21,7 +21,10 @@ state the SDK has no notion of:
   address is registered again, never launched against the old mapping;
 - the session's **launch rings**, one per (device, stream), opened lazily:
   launches on torch or CuPy operands go through them, ordered on the
-  framework's stream by two GPU words (``Ring.launch``);
+  framework's stream by two GPU words (``Ring.launch``); in a session with
+  ``defer_errors`` an async launch does not wait for ptxd's answer
+  (``Ring.launch_deferred``), and a refusal is raised by the next launch on
+  that ring or by ``wait_answers``;
 - a pool of registered **IPC event pairs** per device, for ordering unary
   launches (the fallback) against the caller's stream.
 """
