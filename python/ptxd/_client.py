@@ -793,8 +793,8 @@ class Session:
             [(b._registration.ring_index, b.offset) for b, _, _ in resolved[:-1]],
             (out._registration.ring_index, out.offset),
             count,
-            [float(p) for p in params],
-            [(a.type, a.value) for a in typed],
+            [float(p) for p in params] if params else [],
+            [(a.type, a.value) for a in typed] if typed else [],
         )]
         # One address per registration is enough: while the allocation a
         # registration was made of lives (same id at one of its addresses),
