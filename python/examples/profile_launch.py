@@ -279,8 +279,8 @@ def stages(calls: int, session: ptxd.Session, add: ptxd.Kernel, x: torch.Tensor,
     def resolve() -> List[Any]:
         resolved = []
         for obj in (x, y, out):
-            if not isinstance(obj, tensor) or not obj.is_cuda or not obj.is_contiguous():
-                raise AssertionError("not a CUDA tensor")
+            if not isinstance(obj, tensor) or not obj.is_contiguous():
+                raise AssertionError("not a tensor")
             dev = obj.get_device()
             itemsize = obj.element_size()
             ptr = obj.data_ptr()

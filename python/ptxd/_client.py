@@ -711,7 +711,9 @@ class Session:
         complete before this returns, since the caller reads them from the
         CPU next.
         """
-        params, typed = _typed_args(kernel, params, args)
+        typed: List[_args.Arg] = []
+        if args:
+            params, typed = _typed_args(kernel, params, args)
         ring_ok = kernel._ring_ok()
         if ring_ok:
             fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync,
@@ -752,10 +754,16 @@ class Session:
         tensor = torch.Tensor
         get = self._operands.get
         ordinal = -1
-        resolved = []
+        buffers = []
+        keys = []
+        # (address, allocation id) of one operand per registration: while
+        # the allocation a registration was made of lives (same id at one
+        # of its addresses), every address cached in it is still inside it.
+        checks: Dict[Any, Tuple[int, int]] = {}
         for obj in (*inputs, output):
-            if not isinstance(obj, tensor) or not obj.is_cuda or not obj.is_contiguous():
+            if not isinstance(obj, tensor) or not obj.is_contiguous():
                 return None
+            # A CPU tensor's device is -1: no cached operand has it.
             device = obj.get_device()
             if device != ordinal:
                 if ordinal != -1:
@@ -767,12 +775,16 @@ class Session:
             buffer = get(key)
             if buffer is None:
                 return None
-            resolved.append((buffer, ptr, key))
-        out = resolved[-1][0]
+            buffers.append(buffer)
+            keys.append(key)
+            buffer_id = buffer._registration.buffer_id
+            if buffer_id not in checks:
+                checks[buffer_id] = (ptr, buffer_id)
+        out = buffers[-1]
         count = out.numel if n is None else int(n)
         if count < 0:
             return None
-        for (buffer, _, _), size in zip(resolved, kernel._element_sizes()):
+        for buffer, size in zip(buffers, kernel._element_sizes()):
             if size and size != buffer.itemsize:
                 return None
             if (count * size > buffer.nbytes
@@ -788,21 +800,17 @@ class Session:
         ring = self._ring(ordinal, raw_stream)
         if ring is None:
             return None
+        del buffers[-1]
         wire = [(
             kernel._native,
-            [(b._registration.ring_index, b.offset) for b, _, _ in resolved[:-1]],
+            [(b._registration.ring_index, b.offset) for b in buffers],
             (out._registration.ring_index, out.offset),
             count,
             [float(p) for p in params] if params else [],
             [(a.type, a.value) for a in typed] if typed else [],
         )]
-        # One address per registration is enough: while the allocation a
-        # registration was made of lives (same id at one of its addresses),
-        # every address cached in it is still inside it.
-        checks = list({b._registration.buffer_id: (ptr, b._registration.buffer_id)
-                       for b, ptr, _ in resolved}.values())
-        keys = [key for _, _, key in resolved]
-        outcomes = self._ring_call(ring, ordinal, raw_stream, wire, checks, keys, sync)
+        checks_list = list(checks.values())
+        outcomes = self._ring_call(ring, ordinal, raw_stream, wire, checks_list, keys, sync)
         if outcomes is None or outcomes is _STALE:
             return None
         outcome = outcomes[0]
