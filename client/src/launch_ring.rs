@@ -53,7 +53,9 @@ use std::time::{Duration, Instant};
 use ptxd_proto::v1::Reason;
 
 #[cfg(feature = "cuda")]
-pub use ordering::{RawStreamLaunch, ORDERING_BYTES};
+pub use ordering::{
+    RawStreamLaunch, RawStreamOptions, RawStreamOutcome, RawStreamPhases, ORDERING_BYTES,
+};
 pub use release::{OrphanCause, Orphaned, ReleasedWord, SemaphoreMemory, WordWriteError};
 pub(crate) use release::{ReleaseOnEnd, RingRegistry, RingShared};
 

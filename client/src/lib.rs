@@ -59,6 +59,8 @@ pub use launch_ring::{
 };
 #[cfg(feature = "cuda")]
 pub use launch_ring::{RawStreamLaunch, ORDERING_BYTES};
+#[cfg(feature = "cuda")]
+pub use launch_ring::{RawStreamOptions, RawStreamOutcome, RawStreamPhases};
 pub use ptxd_ipc::shm::{HostMemfd, HostShm, SharedBytes, ShmError};
 pub use ptxd_ipc::socket_dir::{
     checked_default_socket_path, default_socket_path, socket_path_for, SocketDirError,

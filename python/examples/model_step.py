@@ -206,6 +206,8 @@ class ThroughPtxd:
 
     def __init__(self, session: ptxd.Session, device: torch.device) -> None:
         self.session = session
+        if getattr(session, "defer_errors", False):
+            self.name = "through ptxd (ring, defer_errors)"
         self.kernels = {name: session.load_ptx(ptx_of(name), f"mlp_{name}", device=device)
                         for name in BODIES}
 
@@ -274,10 +276,14 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     torch.backends.cuda.matmul.allow_tf32 = False
     batches = [int(b) for b in args.batches.split(",")]
-    with ptxd.Client(args.socket) as client, client.session("model-step") as session:
+    with ptxd.Client(args.socket) as client, client.session("model-step") as session, \
+            client.session("model-step-deferred", defer_errors=True) as deferred:
         gpu = torch.cuda.get_device_name(device)
         print(f"model step on {gpu}: D={D}, H={H}, f32; ptxd {ptxd.__version__}, torch {torch.__version__}")
-        variants = [None, InProcess(device), ThroughPtxd(session, device)]
+        # The fourth: the same launches with ptxd's answers deferred (an
+        # async launch returns once written; refusals come with the next).
+        variants = [None, InProcess(device), ThroughPtxd(session, device),
+                    ThroughPtxd(deferred, device)]
         for batch in batches:
             model = Model(batch, device)
             variants[0] = Eager(model.b1)
@@ -286,23 +292,27 @@ def main() -> int:
                 model.o.fill_(float("nan"))
                 outputs.append(model.step(ew).clone())
             torch.cuda.synchronize(device)
-            eager, inproc, via_ptxd = outputs
-            if not torch.equal(inproc, via_ptxd):
-                differ = (inproc != via_ptxd).sum().item()
-                print(f"FAIL batch {batch}: ptxd and in-process differ in {differ} elements")
-                return 1
+            deferred.wait_answers()
+            eager, inproc, via_ptxd, via_deferred = outputs
+            for label, through in (("ptxd", via_ptxd), ("ptxd (defer_errors)", via_deferred)):
+                if not torch.equal(inproc, through):
+                    differ = (inproc != through).sum().item()
+                    print(f"FAIL batch {batch}: {label} and in-process differ in {differ} elements")
+                    return 1
             if not torch.allclose(inproc, eager, rtol=1e-3, atol=1e-4):
                 worst = (inproc - eager).abs().max().item()
                 print(f"FAIL batch {batch}: the PTX step differs from eager torch by up to {worst}")
                 return 1
             steps = args.steps or (2000 if batch <= 64 else 50)
             times = {ew.name: time_steps(model, ew, steps, args.reps, device) for ew in variants}
-            e, i, p = (times[ew.name] for ew in variants)
+            deferred.wait_answers()
+            e, i, p, d = (times[ew.name] for ew in variants)
             print(f"batch {batch} ({steps} steps x {args.reps} reps, median per step):")
             for name, seconds in times.items():
                 print(f"  {name:34s} {seconds * 1e6:10.1f} us")
             print(f"  ratio ptxd / in-process {p / i:6.3f}   ptxd / eager {p / e:6.3f}   "
                   f"in-process / eager {i / e:6.3f}")
+            print(f"  ratio ptxd (defer_errors) / in-process {d / i:6.3f}   / eager {d / e:6.3f}")
         print(f"rings: {sum(1 for r in session._rings.values() if r)} "
               f"(unary fallbacks would show 0 here)")
     print("model_step: ok")

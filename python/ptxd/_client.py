@@ -21,7 +21,10 @@ state the SDK has no notion of:
   address is registered again, never launched against the old mapping;
 - the session's **launch rings**, one per (device, stream), opened lazily:
   launches on torch or CuPy operands go through them, ordered on the
-  framework's stream by two GPU words (``Ring.launch``);
+  framework's stream by two GPU words (``Ring.launch``); in a session with
+  ``defer_errors`` an async launch does not wait for ptxd's answer
+  (``Ring.launch_deferred``), and a refusal is raised by the next launch on
+  that ring or by ``wait_answers``;
 - a pool of registered **IPC event pairs** per device, for ordering unary
   launches (the fallback) against the caller's stream.
 """
@@ -360,10 +363,14 @@ class Session:
     when the object is collected; ptxd then releases everything the session
     held."""
 
-    def __init__(self, native: Any, label: str, auto_reload: bool = False) -> None:
+    def __init__(self, native: Any, label: str, auto_reload: bool = False,
+                 defer_errors: bool = False) -> None:
         self._native = native
         self.label = label
         self.auto_reload = auto_reload
+        #: Async ring launches return before ptxd answers (see
+        #: :meth:`Client.session`).
+        self.defer_errors = defer_errors
         self._lock = threading.RLock()
         self._cuda: Dict[Tuple[int, int], _Registration] = {}
         # Registrations of host memory this process maps, found by address.
@@ -417,6 +424,20 @@ class Session:
     def is_open(self) -> bool:
         """True while the lease is open."""
         return self._native.is_open()
+
+    def wait_answers(self) -> None:
+        """Waits for ptxd's answer to every launch of the session's launch
+        rings not answered yet (in a session with ``defer_errors``, the
+        async launches that returned before it), and raises the first
+        refusal or failure among them (``.results`` lists them all). It
+        does not wait for the kernels to run: synchronize the stream for
+        that."""
+        with self._lock:
+            rings = [ring for ring in self._rings.values() if ring]
+        refused: List[Any] = []
+        for ring in rings:
+            refused.extend(ring.drain(RING_TIMEOUT))
+        _raise_deferred(refused)
 
     def __repr__(self) -> str:
         state = "open" if self.is_open else "closed"
@@ -692,14 +713,7 @@ class Session:
         """
         typed: List[_args.Arg] = []
         if args:
-            scalars = kernel._scalar_params()
-            typed = _args.resolve(args, scalars)
-            if (not params and len(typed) == len(scalars)
-                    and all(a.type == "f32" == kind for a, (_, kind) in zip(typed, scalars))):
-                # f32 args for f32 params are f32 params (ptxd treats them
-                # alike): every path, the ring included, carries them. Any
-                # mismatch goes as args, for ptxd's SCALAR_ARGS_MISMATCH.
-                params, typed = [a.value for a in typed], []
+            params, typed = _typed_args(kernel, params, args)
         ring_ok = kernel._ring_ok()
         if ring_ok:
             fast = self._launch_cached_tensors(kernel, inputs, output, n, params, stream, sync,
@@ -710,7 +724,7 @@ class Session:
             prepared = self._prepare(kernel, inputs, output, n, params)
             raw_stream = self._stream_for(prepared, stream)
             if raw_stream is not None and prepared.ring is not None and ring_ok:
-                results = self._via_ring(raw_stream, [(kernel, prepared)], sync, typed)
+                results = self._via_ring(raw_stream, [(kernel, prepared, typed)], sync)
                 if results is _STALE:
                     continue
                 if results is not None:
@@ -740,10 +754,16 @@ class Session:
         tensor = torch.Tensor
         get = self._operands.get
         ordinal = -1
-        resolved = []
+        buffers = []
+        keys = []
+        # (address, allocation id) of one operand per registration: while
+        # the allocation a registration was made of lives (same id at one
+        # of its addresses), every address cached in it is still inside it.
+        checks: Dict[Any, Tuple[int, int]] = {}
         for obj in (*inputs, output):
-            if not isinstance(obj, tensor) or not obj.is_cuda or not obj.is_contiguous():
+            if not isinstance(obj, tensor) or not obj.is_contiguous():
                 return None
+            # A CPU tensor's device is -1: no cached operand has it.
             device = obj.get_device()
             if device != ordinal:
                 if ordinal != -1:
@@ -755,12 +775,16 @@ class Session:
             buffer = get(key)
             if buffer is None:
                 return None
-            resolved.append((buffer, ptr, key))
-        out = resolved[-1][0]
+            buffers.append(buffer)
+            keys.append(key)
+            buffer_id = buffer._registration.buffer_id
+            if buffer_id not in checks:
+                checks[buffer_id] = (ptr, buffer_id)
+        out = buffers[-1]
         count = out.numel if n is None else int(n)
         if count < 0:
             return None
-        for (buffer, _, _), size in zip(resolved, kernel._element_sizes()):
+        for buffer, size in zip(buffers, kernel._element_sizes()):
             if size and size != buffer.itemsize:
                 return None
             if (count * size > buffer.nbytes
@@ -776,21 +800,17 @@ class Session:
         ring = self._ring(ordinal, raw_stream)
         if ring is None:
             return None
+        del buffers[-1]
         wire = [(
             kernel._native,
-            [(b._registration.ring_index, b.offset) for b, _, _ in resolved[:-1]],
+            [(b._registration.ring_index, b.offset) for b in buffers],
             (out._registration.ring_index, out.offset),
             count,
-            [float(p) for p in params],
-            [(a.type, a.value) for a in typed],
+            [float(p) for p in params] if params else [],
+            [(a.type, a.value) for a in typed] if typed else [],
         )]
-        # One address per registration is enough: while the allocation a
-        # registration was made of lives (same id at one of its addresses),
-        # every address cached in it is still inside it.
-        checks = list({b._registration.buffer_id: (ptr, b._registration.buffer_id)
-                       for b, ptr, _ in resolved}.values())
-        keys = [key for _, _, key in resolved]
-        outcomes = self._ring_call(ring, ordinal, raw_stream, wire, checks, keys, sync)
+        checks_list = list(checks.values())
+        outcomes = self._ring_call(ring, ordinal, raw_stream, wire, checks_list, keys, sync)
         if outcomes is None or outcomes is _STALE:
             return None
         outcome = outcomes[0]
@@ -836,7 +856,9 @@ class Session:
 
         Each item is ``(kernel, inputs, output)``, optionally followed by
         ``n`` and ``params``, or a dict with those keys (or ``args`` instead
-        of ``params``, f32 ones only: see :meth:`launch`). ptxd runs a session's
+        of ``params``: typed scalar args, ``ptxd.i32(...)`` or plain numbers
+        typed by the kernel's contract, as in :meth:`launch`; they ride the
+        ring and the unary path alike). ptxd runs a session's
         launches in order; with a stream (or the framework's current one, as
         in :meth:`launch`) the first waits for the stream's earlier work and
         the stream's later work waits for the last. As in :meth:`launch`,
@@ -857,7 +879,7 @@ class Session:
         for _ in range(3):
             # Operands and kernels repeat across a batch: resolve each once.
             memo: Dict[int, Any] = {}
-            prepared = [self._prepare(*item, memo=memo) for item in items]
+            prepared = [self._prepare(*item[:5], memo=memo) for item in items]
             ordinals = {p.ordinal for p in prepared}
             if len(ordinals) != 1:
                 raise ValueError("launch_many takes launches on one device (or all on host memory)")
@@ -868,7 +890,7 @@ class Session:
                         and all(item[0]._ring_ok() for item in items))
             if raw_stream is not None and ringable:
                 outcomes = self._via_ring(
-                    raw_stream, [(item[0], p) for item, p in zip(items, prepared)], sync
+                    raw_stream, [(item[0], p, item[5]) for item, p in zip(items, prepared)], sync
                 )
                 if outcomes is _STALE:
                     continue
@@ -887,6 +909,7 @@ class Session:
         pair = self._take_events(ordinal) if raw_stream is not None else None
         try:
             wire = []
+            typed = [[(a.type, a.value) for a in item[5]] for item in items]
             for index, ((kernel, *_), p) in enumerate(zip(items, prepared)):
                 wait = pair.wait_handle if pair is not None and index == 0 else None
                 signal = pair.signal_handle if pair is not None and index == len(items) - 1 else None
@@ -894,7 +917,12 @@ class Session:
                              sync or ordinal is None, wait, signal))
             if pair is not None:
                 pair.wait.record(raw_stream)
-            results = self._native.launch_many(wire)
+            # Typed args only when there are any: the call is otherwise what
+            # it always was.
+            if any(typed):
+                results = self._native.launch_many(wire, typed)
+            else:
+                results = self._native.launch_many(wire)
             if pair is not None:
                 pair.signal.wait(raw_stream)
         finally:
@@ -928,13 +956,14 @@ class Session:
             self._rings[key] = ring
         return ring or None
 
-    def _via_ring(self, raw_stream: int, launches: List[Tuple[Kernel, _Prepared]],
-                  sync: bool, typed: Sequence["_args.Arg"] = ()) -> Any:
+    def _via_ring(self, raw_stream: int,
+                  launches: List[Tuple[Kernel, _Prepared, Sequence["_args.Arg"]]],
+                  sync: bool) -> Any:
         """Launches through the ring of (device, ``raw_stream``). Returns
         one outcome per launch (``None``, or the exception it was refused
         with), ``_STALE`` when a cached operand's memory changed (its entry
         is forgotten: prepare again), or ``None`` when no ring serves the
-        stream. ``typed`` are the typed args of a single launch."""
+        stream. Each launch comes with its typed args (empty for none)."""
         ordinal = launches[0][1].ordinal
         assert ordinal is not None
         ring = self._ring(ordinal, raw_stream)
@@ -944,7 +973,7 @@ class Session:
         # One address per registration (see _launch_cached_tensors).
         checks: Dict[int, Tuple[int, int]] = {}
         keys = []
-        for kernel, p in launches:
+        for kernel, p, typed in launches:
             assert p.ring is not None
             wire.append((kernel._native, p.ring[0], p.ring[1], p.n, p.params,
                          [(a.type, a.value) for a in typed]))
@@ -958,7 +987,22 @@ class Session:
         """``ring.launch`` and what its answers mean to the session (see
         :meth:`_via_ring`)."""
         try:
-            outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
+            if self.defer_errors:
+                if not sync and len(wire) == 1:
+                    refused = ring.launch_deferred(raw_stream, wire, checks, RING_TIMEOUT)
+                    if refused is None:
+                        outcomes = None
+                    elif refused:
+                        _raise_deferred(refused)
+                    else:
+                        outcomes = [None]
+                else:
+                    # A sync launch or a batch waits for its own answers:
+                    # the deferred ones before it are answered first.
+                    _raise_deferred(ring.drain(RING_TIMEOUT))
+                    outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
+            else:
+                outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
         except CudaError:
             # A stream operation failed (e.g. a driver without stream memory
             # operations): this stream's later launches take the unary path.
@@ -1192,11 +1236,25 @@ class Client:
         limits."""
         return self._client().info()
 
-    def session(self, label: str, auto_reload: bool = False) -> Session:
+    def session(self, label: str, auto_reload: bool = False, defer_errors: bool = False
+                ) -> Session:
         """Opens a session labelled ``label``. With ``auto_reload``, a launch
         refused as STALE_KERNEL (e.g. after an executor restart) reloads the
-        kernel and retries once."""
-        session = Session(self._client().open_session(label, auto_reload), label, auto_reload)
+        kernel and retries once.
+
+        With ``defer_errors``, an async launch through a launch ring returns
+        once its descriptor is written and its stream operations enqueued,
+        without waiting for ptxd's answer (as ``cuLaunchKernel`` returns
+        before the kernel runs); a refusal ptxd answers later is raised by
+        the session's next launch on that ring, which is then not sent, or
+        by :meth:`Session.wait_answers`. The order on the stream is the
+        same either way. Not with ``auto_reload`` (a stale kernel found
+        later cannot be retried)."""
+        if auto_reload and defer_errors:
+            raise ValueError("defer_errors and auto_reload do not go together: a launch "
+                             "refused STALE_KERNEL after it returned cannot be retried")
+        session = Session(self._client().open_session(label, auto_reload), label, auto_reload,
+                          defer_errors)
         self._sessions.add(session)
         return session
 
@@ -1237,31 +1295,48 @@ def _device_selector(device: Any) -> Union[int, str]:
     raise TypeError(f"device must be an ordinal, a UUID or a torch.device, got {device!r}")
 
 
-def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], Sequence[float]]:
+def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], Sequence[float],
+                                     List["_args.Arg"]]:
+    """A batch item as ``(kernel, inputs, output, n, params, typed args)``."""
     if isinstance(item, dict):
         params = item.get("params", ())
-        if item.get("args"):
-            if params:
-                raise TypeError("a launch passes params or args, not both")
-            params = _f32_params(item["kernel"], item["args"])
-        return (item["kernel"], item["inputs"], item["output"], item.get("n"), params)
+        args = item.get("args", ())
+        if args and params:
+            raise TypeError("a launch passes params or args, not both")
+        kernel = item["kernel"]
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"expected a ptxd.Kernel, got {type(kernel).__name__}")
+        params, typed = _typed_args(kernel, params, args)
+        return (kernel, item["inputs"], item["output"], item.get("n"), params, typed)
     item = tuple(item)
     if not 3 <= len(item) <= 5:
         raise TypeError("a launch is (kernel, inputs, output[, n[, params]]) or a dict")
     kernel, inputs, output = item[:3]
     n = item[3] if len(item) > 3 else None
     params = item[4] if len(item) > 4 else ()
-    return (kernel, inputs, output, n, params)
+    return (kernel, inputs, output, n, params, [])
 
 
-def _f32_params(kernel: Kernel, args: Sequence[Any]) -> List[float]:
-    """A batch item's args as the f32 params they are: ``launch_many``
-    carries f32 scalars only (launch typed args of other types one by one
-    with :meth:`Session.launch`)."""
-    typed = _args.resolve(args, kernel._scalar_params())
-    if any(a.type != "f32" for a in typed):
-        raise TypeError(
-            "launch_many passes f32 scalars only; launch a kernel with typed args of other "
-            "types with Session.launch"
-        )
-    return [float(a.value) for a in typed]
+def _typed_args(kernel: Kernel, params: Sequence[float], args: Sequence[Any]
+                ) -> Tuple[Sequence[float], List["_args.Arg"]]:
+    """A launch's ``params`` and typed ``args`` as the wire carries them:
+    f32 args for a kernel whose scalar params are all f32 become params
+    (ptxd treats them alike, and every path carries them); anything else
+    goes as typed args, for ptxd's own check (SCALAR_ARGS_MISMATCH)."""
+    if not args:
+        return params, []
+    scalars = kernel._scalar_params()
+    typed = _args.resolve(args, scalars)
+    if (not params and len(typed) == len(scalars)
+            and all(a.type == "f32" == kind for a, (_, kind) in zip(typed, scalars))):
+        return [a.value for a in typed], []
+    return params, typed
+
+
+def _raise_deferred(refused: List[Any]) -> None:
+    """Raises the first refusal of deferred launches (``.results`` holds
+    all of them), if any."""
+    if refused:
+        first = refused[0]
+        first.results = list(refused)
+        raise first

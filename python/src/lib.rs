@@ -30,8 +30,8 @@ use ptxd_client::cuda::{
 use ptxd_client::ring::OperandRef;
 use ptxd_client::{
     Arg, Client, DaemonInfo, DeviceSelector, Error, FdBufferSpec, HostMemfd, HostShm, Kernel,
-    KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RingRefusal, Session,
-    SessionEvent, SessionOptions, ORDERING_BYTES,
+    KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RawStreamOptions,
+    RawStreamPhases, RingRefusal, Session, SessionEvent, SessionOptions, ORDERING_BYTES,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -465,6 +465,9 @@ type LaunchArgs = (
     Option<String>,
 );
 
+/// One launch's typed scalar args as Python passes them: `(type, value)`.
+type TypedArgs<'py> = Vec<(String, Bound<'py, PyAny>)>;
+
 /// A typed scalar argument from Python's `(type, value)`: the value must be
 /// exactly representable as the type (an int out of range raises
 /// OverflowError; a float for an integer type raises TypeError).
@@ -866,9 +869,32 @@ impl NativeSession {
 
     /// Pipelines launches on one launch stream; returns one entry per
     /// launch, in order: its micros, or the exception it was refused with.
-    fn launch_many(&self, py: Python<'_>, launches: Vec<LaunchArgs>) -> PyResult<Py<PyList>> {
+    /// `args`, when given, holds each launch's typed scalar args as
+    /// `(type, value)` pairs (an empty list for a launch without any).
+    #[pyo3(signature = (launches, args=None))]
+    fn launch_many(
+        &self,
+        py: Python<'_>,
+        launches: Vec<LaunchArgs>,
+        args: Option<Vec<TypedArgs<'_>>>,
+    ) -> PyResult<Py<PyList>> {
         let session = self.session(py)?;
-        let launches: Vec<(Kernel, Launch)> = launches.iter().map(to_launch).collect();
+        let mut launches: Vec<(Kernel, Launch)> = launches.iter().map(to_launch).collect();
+        if let Some(args) = args {
+            if args.len() != launches.len() {
+                return Err(PyValueError::new_err(format!(
+                    "{} launches but {} lists of args",
+                    launches.len(),
+                    args.len()
+                )));
+            }
+            for ((_, launch), typed) in launches.iter_mut().zip(&args) {
+                launch.args = typed
+                    .iter()
+                    .map(|(ty, value)| to_arg(ty, value))
+                    .collect::<PyResult<Vec<Arg>>>()?;
+            }
+        }
         let count = launches.len();
         let replies = call(py, async move {
             let (mut sender, mut receiver) = session.launch_stream().await?.split();
@@ -950,18 +976,96 @@ fn ring_code(reason: &str) -> (&'static str, i32) {
 /// The exception a refused or failed ring launch raises: the class of its
 /// reason, as for a unary launch.
 fn ring_refusal(py: Python<'_>, refusal: &RingRefusal) -> PyErr {
-    let metadata = BTreeMap::from([
+    ring_refusal_as(py, refusal, false)
+}
+
+/// As `ring_refusal`; a `deferred` one (a launch that returned before ptxd
+/// answered) says so in its message and metadata (`deferred: "true"`).
+fn ring_refusal_as(py: Python<'_>, refusal: &RingRefusal, deferred: bool) -> PyErr {
+    let mut metadata = BTreeMap::from([
         ("path".to_owned(), "ring".to_owned()),
         ("ticket".to_owned(), refusal.ticket.to_string()),
     ]);
+    let mut message = refusal.to_string();
+    if deferred {
+        metadata.insert("deferred".to_owned(), "true".to_owned());
+        message = format!("an earlier deferred launch: {message}");
+    }
     make_error(
         py,
         "refused",
         &refusal.reason,
-        refusal.to_string(),
+        message,
         ring_code(&refusal.reason),
         &metadata,
     )
+}
+
+/// A timeout in seconds as a `Duration`.
+fn timeout_of(seconds: f64) -> PyResult<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(seconds)
+        .map_err(|_| PyValueError::new_err(format!("bad timeout {seconds}")))
+}
+
+/// The parts of ring launches the SDK borrows, owned while the GIL is
+/// released.
+struct OwnedLaunches {
+    kernels: Vec<Kernel>,
+    inputs: Vec<Vec<OperandRef>>,
+    args: Vec<Vec<Arg>>,
+}
+
+fn operand((buffer, offset): (u32, u64)) -> OperandRef {
+    OperandRef { buffer, offset }
+}
+
+impl OwnedLaunches {
+    fn of(py: Python<'_>, launches: &[RingLaunchArgs]) -> PyResult<Self> {
+        let kernels = launches.iter().map(|l| l.0.get().inner.clone()).collect();
+        let inputs = launches
+            .iter()
+            .map(|l| l.1.iter().copied().map(operand).collect())
+            .collect();
+        let args = launches
+            .iter()
+            .map(|l| {
+                l.5.iter()
+                    .map(|(ty, value)| to_arg(ty, value.bind(py)))
+                    .collect::<PyResult<Vec<Arg>>>()
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(OwnedLaunches {
+            kernels,
+            inputs,
+            args,
+        })
+    }
+
+    fn raw<'a>(&'a self, launches: &'a [RingLaunchArgs]) -> Vec<RawStreamLaunch<'a>> {
+        launches
+            .iter()
+            .zip(&self.kernels)
+            .zip(&self.inputs)
+            .zip(&self.args)
+            .map(|(((l, kernel), inputs), args)| RawStreamLaunch {
+                kernel,
+                inputs,
+                output: operand(l.2),
+                n: l.3,
+                scalars: &l.4,
+                args,
+            })
+            .collect()
+    }
+}
+
+/// The exceptions of deferred launches' refusals, as a list.
+fn deferred_list(py: Python<'_>, refused: &[RingRefusal]) -> PyResult<Py<PyList>> {
+    let list = PyList::empty(py);
+    for refusal in refused {
+        list.append(ring_refusal_as(py, refusal, true).value(py))?;
+    }
+    Ok(list.unbind())
 }
 
 /// A ring's ordering words: memory registered by CUDA IPC handle, or by
@@ -1010,43 +1114,14 @@ impl NativeRing {
         sync: bool,
         timeout: f64,
     ) -> PyResult<Option<Py<PyList>>> {
-        let timeout = std::time::Duration::try_from_secs_f64(timeout)
-            .map_err(|_| PyValueError::new_err(format!("bad timeout {timeout}")))?;
-        let kernels: Vec<Kernel> = launches.iter().map(|l| l.0.get().inner.clone()).collect();
-        let operand = |(buffer, offset): (u32, u64)| OperandRef { buffer, offset };
-        let inputs: Vec<Vec<OperandRef>> = launches
-            .iter()
-            .map(|l| l.1.iter().copied().map(operand).collect())
-            .collect();
-        let args: Vec<Vec<Arg>> = launches
-            .iter()
-            .map(|l| {
-                l.5.iter()
-                    .map(|(ty, value)| to_arg(ty, value.bind(py)))
-                    .collect::<PyResult<Vec<Arg>>>()
-            })
-            .collect::<PyResult<_>>()?;
+        let timeout = timeout_of(timeout)?;
+        let owned = OwnedLaunches::of(py, &launches)?;
         let outcome = py.detach(|| {
             preserving_current_context(|| {
-                for (ptr, id) in &checks {
-                    if self.device.allocation_id(*ptr)? != *id {
-                        return Ok(None);
-                    }
+                if !self.checks_hold(&checks)? {
+                    return Ok(None);
                 }
-                let raw: Vec<RawStreamLaunch<'_>> = launches
-                    .iter()
-                    .zip(&kernels)
-                    .zip(&inputs)
-                    .zip(&args)
-                    .map(|(((l, kernel), inputs), args)| RawStreamLaunch {
-                        kernel,
-                        inputs,
-                        output: operand(l.2),
-                        n: l.3,
-                        scalars: &l.4,
-                        args,
-                    })
-                    .collect();
+                let raw = owned.raw(&launches);
                 let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
                 // SAFETY: `stream` is the `CUstream` of the framework's stream
                 // on this ring's device, resolved by `ptxd._client` from the
@@ -1070,6 +1145,167 @@ impl NativeRing {
             }
         }
         Ok(Some(list.unbind()))
+    }
+
+    /// As `launch`, with deferred completions (a session opened with
+    /// `defer_errors=True`): the launches are submitted and the stream
+    /// operations enqueued, and the call returns without waiting for
+    /// ptxd's answers. Returns `None` when a check failed (nothing
+    /// launched, as `launch`), else the exceptions of earlier deferred
+    /// launches that ptxd refused (or that failed), read during this call:
+    /// empty when none, and when not empty nothing of this call was sent.
+    #[pyo3(signature = (stream, launches, checks, timeout))]
+    fn launch_deferred(
+        &self,
+        py: Python<'_>,
+        stream: usize,
+        launches: Vec<RingLaunchArgs>,
+        checks: Vec<(u64, u64)>,
+        timeout: f64,
+    ) -> PyResult<Option<Py<PyList>>> {
+        let timeout = timeout_of(timeout)?;
+        let owned = OwnedLaunches::of(py, &launches)?;
+        let options = RawStreamOptions {
+            sync: false,
+            timeout,
+            defer: true,
+        };
+        let outcome = py.detach(|| {
+            preserving_current_context(|| {
+                if !self.checks_hold(&checks)? {
+                    return Ok(None);
+                }
+                let raw = owned.raw(&launches);
+                let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+                // SAFETY: as in `launch`.
+                unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }.map(Some)
+            })
+        });
+        match outcome {
+            Ok(Some(outcome)) => deferred_list(py, &outcome.deferred).map(Some),
+            Ok(None) => Ok(None),
+            Err(Error::Cuda(e)) => Err(cuda_err(py, e)),
+            Err(e) => Err(to_pyerr(py, e)),
+        }
+    }
+
+    /// Waits for the completions of every launch still outstanding on the
+    /// ring (deferred ones included); returns the exceptions of those ptxd
+    /// refused or that failed, in order.
+    fn drain(&self, py: Python<'_>, timeout: f64) -> PyResult<Py<PyList>> {
+        let timeout = timeout_of(timeout)?;
+        let refused = py.detach(|| {
+            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            ring.drain(timeout)
+        });
+        match refused {
+            Ok(refused) => deferred_list(py, &refused),
+            Err(e) => Err(to_pyerr(py, e)),
+        }
+    }
+
+    /// Launches `launches` `calls` times as `launch` (or `launch_deferred`
+    /// with `defer`) does, timing each phase of each call: returns a dict
+    /// of phase name -> a list of nanoseconds, one per call. For
+    /// `profile_launch.py`; refusals are not reported.
+    #[pyo3(signature = (stream, launches, checks, calls, defer=false))]
+    fn profile<'py>(
+        &self,
+        py: Python<'py>,
+        stream: usize,
+        launches: Bound<'py, PyList>,
+        checks: Vec<(u64, u64)>,
+        calls: usize,
+        defer: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        const PHASES: [&str; 9] = [
+            "argument conversion (PyO3)",
+            "GIL release and reacquire",
+            "the rest (context save and restore, ring lock)",
+            "allocation-id checks",
+            "reading earlier completions",
+            "stream memops (cuStreamBatchMemOp)",
+            "descriptor build and publish",
+            "wait for ptxd's completion",
+            "total",
+        ];
+        let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(calls); PHASES.len()];
+        let options = RawStreamOptions {
+            sync: false,
+            timeout: std::time::Duration::from_secs(60),
+            defer,
+        };
+        let ns = |since: std::time::Instant| {
+            u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        };
+        for _ in 0..calls {
+            let start = std::time::Instant::now();
+            let args: Vec<RingLaunchArgs> = launches.extract()?;
+            let owned = OwnedLaunches::of(py, &args)?;
+            samples[0].push(ns(start));
+            let detach = std::time::Instant::now();
+            py.detach(|| {});
+            samples[1].push(ns(detach));
+            let mut phases = RawStreamPhases::default();
+            let mut checks_ns = 0u64;
+            let outcome = py.detach(|| {
+                preserving_current_context(|| {
+                    let checked = std::time::Instant::now();
+                    let held = self.checks_hold(&checks);
+                    checks_ns = ns(checked);
+                    if !held? {
+                        return Ok(None);
+                    }
+                    let raw = owned.raw(&args);
+                    let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+                    // SAFETY: as in `launch`.
+                    unsafe {
+                        ring.launch_on_raw_stream_with(stream, &raw, options, Some(&mut phases))
+                    }
+                    .map(Some)
+                })
+            });
+            let total = ns(start);
+            match outcome {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(PyValueError::new_err("a check failed: the operands moved"))
+                }
+                Err(e) => return Err(to_pyerr(py, e)),
+            }
+            let accounted = samples[0].last().copied().unwrap_or(0)
+                + samples[1].last().copied().unwrap_or(0)
+                + checks_ns
+                + phases.earlier_ns
+                + phases.memops_ns
+                + phases.submit_ns
+                + phases.wait_ns;
+            samples[2].push(total.saturating_sub(accounted));
+            samples[3].push(checks_ns);
+            samples[4].push(phases.earlier_ns);
+            samples[5].push(phases.memops_ns);
+            samples[6].push(phases.submit_ns);
+            samples[7].push(phases.wait_ns);
+            samples[8].push(total);
+        }
+        let dict = PyDict::new(py);
+        for (name, values) in PHASES.iter().zip(samples) {
+            dict.set_item(name, values)?;
+        }
+        Ok(dict)
+    }
+}
+
+impl NativeRing {
+    /// Whether the allocation at each checked address still has the id the
+    /// Python half's cache resolved it with.
+    fn checks_hold(&self, checks: &[(u64, u64)]) -> Result<bool, Error> {
+        for (ptr, id) in checks {
+            if self.device.allocation_id(*ptr)? != *id {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 

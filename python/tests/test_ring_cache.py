@@ -113,6 +113,29 @@ class FakeRing:
             return self.outcomes
         return [None] * len(wire)
 
+    # Deferred answers (a session with defer_errors): what ptxd answered
+    # since the last call, read before anything is submitted.
+    answered: List[Any]
+
+    def launch_deferred(self, stream: int, wire: List[Any], checks: List[Tuple[int, int]],
+                        timeout: float) -> Optional[List[Any]]:
+        if self.error is not None:
+            raise self.error
+        for ptr, buffer_id in checks:
+            if self.device.allocation_id(ptr) != buffer_id:
+                self.stale_answers += 1
+                return None
+        refused, self.answered = list(getattr(self, "answered", [])), []
+        if refused:
+            return refused
+        for item in wire:
+            self.launches.append((stream, item))
+        return []
+
+    def drain(self, timeout: float) -> List[Any]:
+        refused, self.answered = list(getattr(self, "answered", [])), []
+        return refused
+
 
 class FakeNativeSession:
     def __init__(self, device: FakeDevice, ring_fails: bool = False) -> None:
@@ -123,6 +146,7 @@ class FakeNativeSession:
         self.rings: List[FakeRing] = []
         self.ring_fails = ring_fails
         self.next_index = RNG.randrange(1, 1000)
+        self.batches: List[Any] = []
 
     def register_cuda_ipc(self, handle: bytes, uuid: str, size: int) -> Dict[str, Any]:
         self.next_index += 1
@@ -145,6 +169,10 @@ class FakeNativeSession:
                wait: Any = None, signal: Any = None) -> Tuple[int, bool]:
         self.unary.append((inputs, output, n, wait, signal))
         return (5, False)
+
+    def launch_many(self, wire: List[Any], args: Optional[List[Any]] = None) -> List[int]:
+        self.batches.append((wire, args))
+        return [5] * len(wire)
 
     def close(self) -> None:
         return None
@@ -517,3 +545,166 @@ def test_a_kernel_the_ring_cannot_carry_takes_the_unary_path(fake, fake_torch):
     assert len(native.rings[0].launches) == 1, "no launch of it went to the ring"
     assert len(native.unary) == 3 and [len(b) for b in batches] == [2]
     assert all(n == count for _, _, n, _, _ in native.unary)
+
+
+class FakeIntKernel(FakeKernel):
+    # The scalar ABI with an .s32 and an .f32 param after the count.
+    contract = ("params(a: ptr read, b: ptr read, out: ptr written, n: count .s64, k: .s32, "
+                "scale: .f32); block <= 256; grid ceil(n / block); a[n × 4] align 4; "
+                "b[n × 4] align 4; out[n × 4] align 4")
+
+
+def test_launch_many_carries_each_launchs_typed_args_on_the_ring(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeIntKernel())
+    ks = [RNG.randrange(-2**31, 2**31) for _ in range(3)]
+    scales = [RNG.uniform(-4, 4) for _ in range(3)]
+    items = [{"kernel": kernel, "inputs": [a, b], "output": out, "args": [ptxd.i32(k), s]}
+             for k, s in zip(ks[:2], scales[:2])]
+    # A plain int takes the contract's .s32.
+    items.append({"kernel": kernel, "inputs": [a, b], "output": out, "args": [ks[2], scales[2]]})
+    assert session.launch_many(items) == [0, 0, 0]
+    ring = native.rings[0]
+    assert [launch[1][5] for launch in ring.launches] == [
+        [("i32", k), ("f32", s)] for k, s in zip(ks, scales)
+    ]
+    assert all(launch[1][4] == [] for launch in ring.launches), "no f32 params besides"
+    # Out of range, or a float for the .s32: refused before anything is sent.
+    with pytest.raises(OverflowError):
+        session.launch_many([{"kernel": kernel, "inputs": [a, b], "output": out,
+                              "args": [2**31, 1.0]}])
+    with pytest.raises(TypeError, match="takes an int"):
+        session.launch_many([{"kernel": kernel, "inputs": [a, b], "output": out,
+                              "args": [1.5, 1.0]}])
+    assert len(ring.launches) == 3
+
+
+def test_launch_many_carries_typed_args_on_the_unary_path(fake, monkeypatch):
+    session, native, allocator = fake
+    monkeypatch.setenv(_client.RING_ENV, "0")
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeArray(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeIntKernel())
+    plain = _client.Kernel(FakeKernel())
+    k, scale = RNG.randrange(-1000, 1000), RNG.uniform(-1, 1)
+    session.launch_many([
+        {"kernel": kernel, "inputs": [a, b], "output": out, "args": [ptxd.i32(k), scale]},
+        (plain, [a, b], out),
+    ])
+    (wire, args), = native.batches
+    assert len(wire) == 2 and args == [[("i32", k), ("f32", scale)], []]
+    # A batch without typed args calls the native function as it always did.
+    session.launch_many([(plain, [a, b], out)] * 2)
+    assert native.batches[-1][1] is None
+
+
+def deferred_session(fake):
+    session, native, allocator = fake
+    session.defer_errors = True
+    return session, native, allocator
+
+
+def ring_refusal(reason: str, ticket: int) -> Any:
+    return _from_native("refused", reason, f"an earlier deferred launch: ring launch {ticket} "
+                        f"was refused: {reason}", "INVALID_ARGUMENT", 3,
+                        {"path": "ring", "ticket": str(ticket), "deferred": "true"})
+
+
+def test_a_deferred_refusal_is_raised_by_the_next_launch_which_is_not_sent(fake, fake_torch):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    assert session.launch(kernel, tensors[:2], tensors[2]) == ptxd.Launched(0, False)
+    ring = native.rings[0]
+    assert len(ring.launches) == 1
+    # ptxd refused launch 1 after the call returned.
+    ticket = RNG.randrange(1, 1000)
+    ring.answered = [ring_refusal("ABI_MISMATCH", ticket)]
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        session.launch(kernel, tensors[:2], tensors[2])
+    assert raised.value.metadata["deferred"] == "true"
+    assert raised.value.metadata["ticket"] == str(ticket)
+    assert len(ring.launches) == 1, "the launch that raised was not sent"
+    assert native.unary == [], "nor sent another way"
+    session.launch(kernel, tensors[:2], tensors[2])
+    assert len(ring.launches) == 2
+    # wait_answers raises what is still unread; then nothing.
+    ring.answered = [ring_refusal("BUFFER_TOO_SMALL", ticket + 1),
+                     ring_refusal("ABI_MISMATCH", ticket + 2)]
+    with pytest.raises(ptxd.BufferTooSmall) as raised:
+        session.wait_answers()
+    assert [e.reason for e in raised.value.results] == ["BUFFER_TOO_SMALL", "ABI_MISMATCH"]
+    session.wait_answers()
+
+
+def test_a_sync_launch_in_a_deferred_session_reads_the_earlier_answers_first(fake, fake_torch):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])
+    ring = native.rings[0]
+    ring.answered = [ring_refusal("ABI_MISMATCH", 1)]
+    with pytest.raises(ptxd.AbiMismatch):
+        session.launch(kernel, tensors[:2], tensors[2], sync=True)
+    assert len(ring.launches) == 1
+    session.launch(kernel, tensors[:2], tensors[2], sync=True)
+    assert len(ring.launches) == 2
+
+
+def test_the_deferred_path_never_launches_on_a_reused_segment(fake, fake_torch):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])
+    (old_handle, old_index), = native.registered.items()
+    allocator.free(base)
+    allocator.allocate(base, 1 << 23)
+    session.launch(kernel, tensors[:2], tensors[2])
+    ring = native.rings[0]
+    assert ring.stale_answers == 1 and native.released == [old_handle]
+    _, (_, inputs, output, _, _, _) = ring.launches[-1]
+    assert old_index not in {index for index, _ in inputs + [output]}
+
+
+def test_a_segment_reused_by_tensors_of_other_sizes_gets_a_new_registration(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])
+    (old_handle, old_index), = native.registered.items()
+    # Freed, and a segment of another size at the same address holds
+    # tensors of another length: other cache keys, the same first address.
+    allocator.free(base)
+    allocator.allocate(base, RNG.choice([1 << 20, 1 << 22]))
+    other = count + RNG.randrange(1, 64)
+    fresh = [FakeTensor(base + i * 4 * other, other) for i in range(3)]
+    session.launch(kernel, fresh[:2], fresh[2])
+    ring = native.rings[0]
+    assert native.released == [old_handle]
+    _, (_, inputs, output, n, _, _) = ring.launches[-1]
+    assert n == other
+    assert {index for index, _ in inputs + [output]} == set(native.registered.values()) - {old_index}
+    # The old tensors' keys are still cached; a launch on them (their memory
+    # now the new segment's) resolves them again, never the old registration.
+    session.launch(kernel, tensors[:2], tensors[2])
+    _, (_, inputs, output, _, _, _) = ring.launches[-1]
+    assert old_index not in {index for index, _ in inputs + [output]}
+
+
+def test_defer_errors_refuses_auto_reload():
+    client = object.__new__(ptxd.Client)
+    client._native = None
+    with pytest.raises(ValueError, match="do not go together"):
+        client.session("x", auto_reload=True, defer_errors=True)

@@ -183,21 +183,39 @@ def test_ring_eligibility_comes_from_ptxd(session):
         assert kernel._ring_ok()
 
 
-def test_launch_many_takes_f32_args_and_refuses_other_types(session):
+def test_launch_many_takes_typed_args_and_ptxd_checks_each(session):
     kernel = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
     n = 517
     x = filled(session, RNG.uniform(-5, 5, n).astype(np.float32))
-    ys = [poisoned(session, n) for _ in range(2)]
-    coefficients = [(0.5, 1.0), (-2.0, 0.25)]
+    ys = [poisoned(session, n) for _ in range(3)]
+    coefficients = [(float(RNG.uniform(-2, 2)), float(RNG.uniform(-1, 1))) for _ in range(3)]
     session.launch_many([
         {"kernel": kernel, "inputs": [x], "output": y, "args": [ptxd.f32(a), b]}
         for y, (a, b) in zip(ys, coefficients)
     ], sync=True)
     for y, (a, b) in zip(ys, coefficients):
         np.testing.assert_array_equal(y, affine_reference(np.asarray(x), a, b))
-    with pytest.raises(TypeError, match="f32 scalars only"):
-        session.launch_many([{"kernel": kernel, "inputs": [x], "output": ys[0],
-                              "args": [ptxd.f64(1.0), ptxd.f32(2.0)]}])
+    # Typed args of other types go to ptxd as they are (no f32-only
+    # refusal here any more): ptxd refuses the mismatched launch alone, and
+    # the others in the batch run.
+    for y in ys:
+        y[:] = np.nan
+    (a0, b0), (a2, b2) = coefficients[0], coefficients[2]
+    with pytest.raises(ptxd.ScalarArgsMismatch) as refused:
+        session.launch_many([
+            {"kernel": kernel, "inputs": [x], "output": ys[0], "args": [a0, b0]},
+            {"kernel": kernel, "inputs": [x], "output": ys[1],
+             "args": [ptxd.f64(1.0), ptxd.f32(2.0)]},
+            {"kernel": kernel, "inputs": [x], "output": ys[2], "args": [ptxd.f32(a2), ptxd.f32(b2)]},
+        ], sync=True)
+    error = refused.value
+    assert error.index == 1
+    assert error.metadata["given"] == "f64" and error.metadata["index"] == "0"
+    assert not isinstance(error.results[0], BaseException)
+    assert not isinstance(error.results[2], BaseException)
+    np.testing.assert_array_equal(ys[0], affine_reference(np.asarray(x), a0, b0))
+    assert np.isnan(ys[1]).all(), "the refused launch wrote nothing"
+    np.testing.assert_array_equal(ys[2], affine_reference(np.asarray(x), a2, b2))
     with pytest.raises(TypeError, match="not both"):
         session.launch_many([{"kernel": kernel, "inputs": [x], "output": ys[0],
                               "params": [1.0, 2.0], "args": [1.0, 2.0]}])

@@ -57,6 +57,9 @@ cp -r tests/corpus/nvcc_g "$PACK/nvcc_g"
 cp -r tests/corpus/jit "$PACK/jit"
 chmod -R u+w "$PACK/nvcc_g"
 cp tests/gpu/run.sh "$PACK/run.sh"
+# python/examples/profile_launch.py against the pack's daemon, with and
+# without MPS: `bash .gpu/python-profile.sh`.
+cp tests/gpu/python-profile.sh "$PACK/python-profile.sh"
 
 # The Python client: its wheel, tests and examples, and pytest's wheels,
 # since nothing can be fetched on the GPU machine. The wheel is the one

@@ -36,7 +36,7 @@
 //! would overwrite each other's tickets.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ptxd_cuda::{batch_mem_ops_raw, CUstream, MemOp};
 
@@ -46,7 +46,7 @@ use crate::session::Kernel;
 use crate::types::Buffer;
 use crate::Error;
 
-use super::{LaunchRing, RingCompletion};
+use super::{LaunchRing, RingCompletion, RingRefusal};
 
 /// Bytes of the semaphore buffer [`LaunchRing::order_with`] needs: the
 /// `done` and `after` words.
@@ -217,6 +217,62 @@ pub struct RawStreamLaunch<'a> {
     pub args: &'a [crate::Arg],
 }
 
+/// How [`LaunchRing::launch_on_raw_stream_with`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawStreamOptions {
+    /// Each launch completes once it ran, not once ptxd enqueued it.
+    pub sync: bool,
+    /// The longest wait for any one completion.
+    pub timeout: Duration,
+    /// Deferred completions: an async call returns once its descriptors are
+    /// published and its stream operations enqueued, without waiting for
+    /// ptxd's answers; a later call reads them (see
+    /// [`RawStreamOutcome::deferred`]). A sync call still waits.
+    pub defer: bool,
+}
+
+/// What [`LaunchRing::launch_on_raw_stream_with`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawStreamOutcome {
+    /// Whether this call's launches were submitted. A deferred call
+    /// submits nothing when it read a refusal of an earlier launch first
+    /// (in [`deferred`](Self::deferred)): the caller reports that one, and
+    /// this call's launches were not sent.
+    pub submitted: bool,
+    /// This call's completions, in order, once all came back; empty for a
+    /// deferred async call (a later call reads them).
+    pub completions: Vec<RingCompletion>,
+    /// With [`RawStreamOptions::defer`]: the refusals and failures of
+    /// earlier calls' launches this call read (their completions came back
+    /// since). Empty otherwise (a call that is not deferred reads the
+    /// completions an earlier, failed call left, and drops them).
+    pub deferred: Vec<RingRefusal>,
+}
+
+/// Nanoseconds each phase of one
+/// [`LaunchRing::launch_on_raw_stream_with`] call took (what the Python
+/// client's `profile_launch.py` prints).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RawStreamPhases {
+    /// Reading the completions earlier calls left.
+    pub earlier_ns: u64,
+    /// The stream memory operations (one `cuStreamBatchMemOp`, the
+    /// context binding included).
+    pub memops_ns: u64,
+    /// Building and publishing the descriptors (and waking the executor).
+    pub submit_ns: u64,
+    /// Waiting for this call's completions (0 when deferred).
+    pub wait_ns: u64,
+}
+
+/// Nanoseconds since `*mark`, which moves to now.
+fn lap(mark: &mut Instant) -> u64 {
+    let now = Instant::now();
+    let ns = now.duration_since(*mark).as_nanos();
+    *mark = now;
+    u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
 impl LaunchRing {
     /// Launches `launches`, in order, ordered on a stream this SDK did not
     /// create (a framework's, given as its `CUstream` address) by the
@@ -250,23 +306,91 @@ impl LaunchRing {
         sync: bool,
         timeout: Duration,
     ) -> Result<Vec<RingCompletion>, Error> {
+        let options = RawStreamOptions {
+            sync,
+            timeout,
+            defer: false,
+        };
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.launch_on_raw_stream_with(stream, launches, options, None) }
+            .map(|outcome| outcome.completions)
+    }
+
+    /// As [`launch_on_raw_stream`](Self::launch_on_raw_stream), with
+    /// deferred completions as `options` says, and each phase's time
+    /// written to `phases` when given.
+    ///
+    /// A deferred async call first reads, without waiting, the completions
+    /// that came back since the last call (and waits for as many as it
+    /// needs free slots); when one of them is a refusal or a failure it
+    /// submits nothing and returns them in
+    /// [`RawStreamOutcome::deferred`]. Otherwise it submits, enqueues the
+    /// one `cuStreamBatchMemOp` and returns: the order on the GPU is the
+    /// same as with the completions awaited (ptxd writes the `done` word
+    /// also for a refused launch), only the answer comes later.
+    ///
+    /// # Safety
+    /// As [`launch_on_raw_stream`](Self::launch_on_raw_stream).
+    pub unsafe fn launch_on_raw_stream_with(
+        &mut self,
+        stream: usize,
+        launches: &[RawStreamLaunch<'_>],
+        options: RawStreamOptions,
+        mut phases: Option<&mut RawStreamPhases>,
+    ) -> Result<RawStreamOutcome, Error> {
+        let RawStreamOptions {
+            sync,
+            timeout,
+            defer,
+        } = options;
+        let mut mark = Instant::now();
         self.ordering()?;
-        if launches.is_empty() {
-            return Ok(Vec::new());
+        let mut outcome = RawStreamOutcome {
+            submitted: false,
+            completions: Vec::new(),
+            deferred: Vec::new(),
+        };
+        if launches.is_empty() && !defer {
+            return Ok(outcome);
         }
-        // Completions an earlier call left (it failed midway) are not this
-        // call's: read them first.
-        while self.outstanding() > 0 {
-            if self.wait(timeout)?.is_none() {
-                return Err(completion_timeout(timeout));
+        let slots = u64::from(self.submitter.layout().slots());
+        let deferred_async = defer && !sync;
+        if deferred_async {
+            // What came back since the last call, then as many as this
+            // call needs free slots.
+            while let Some(completion) = self.poll()? {
+                outcome.deferred.extend(completion.outcome.err());
             }
+            let needed = (launches.len() as u64).min(slots);
+            while slots.saturating_sub(self.outstanding()) < needed {
+                match self.wait(timeout)? {
+                    Some(completion) => outcome.deferred.extend(completion.outcome.err()),
+                    None => return Err(completion_timeout(timeout)),
+                }
+            }
+        } else {
+            // Completions an earlier call left are not this call's: read
+            // them first.
+            while self.outstanding() > 0 {
+                match self.wait(timeout)? {
+                    Some(completion) if defer => outcome.deferred.extend(completion.outcome.err()),
+                    Some(_) => {}
+                    None => return Err(completion_timeout(timeout)),
+                }
+            }
+        }
+        if let Some(phases) = phases.as_deref_mut() {
+            phases.earlier_ns = lap(&mut mark);
+        }
+        if launches.is_empty() || !outcome.deferred.is_empty() {
+            return Ok(outcome);
         }
         let ordering = self.ordering()?;
         let memory = ordering.memory.clone();
         let after_addr = memory.word_address(AFTER_WORD as usize, SemaphoreWidth::Bits64)?;
         let done_addr = memory.word_address(DONE_WORD as usize, SemaphoreWidth::Bits64)?;
         let count = ordering.after + 1;
-        let free = u64::from(self.submitter.layout().slots()).saturating_sub(self.outstanding());
+        let free = slots.saturating_sub(self.outstanding());
         let batched = !sync && (launches.len() as u64) <= free;
         let stream = stream as CUstream;
         let write = MemOp::Write {
@@ -274,22 +398,25 @@ impl LaunchRing {
             value: count,
             wide: true,
         };
-        memory.bind_context()?;
+        let mut memops_ns = 0;
         if !batched {
+            memory.bind_context()?;
             // SAFETY: the word lies in the ordering memory (checked by
             // `word_address`), which the ring keeps alive; the stream is the
             // caller's contract and the memory's context is bound.
             unsafe { batch_mem_ops_raw(stream, &[write]) }.map_err(CudaError::from)?;
+            memops_ns = lap(&mut mark);
         }
         if let Some(ordering) = self.ordering.as_mut() {
             ordering.after = count;
             ordering.pending = Some(count);
         }
-        let mut completions = Vec::with_capacity(launches.len());
+        outcome.submitted = true;
+        let mut completions = Vec::with_capacity(if deferred_async { 0 } else { launches.len() });
         let mut last = None;
         let mut failure = None;
         for launch in launches {
-            if self.outstanding() >= u64::from(self.submitter.layout().slots()) {
+            if self.outstanding() >= slots {
                 match self.wait(timeout) {
                     Ok(Some(completion)) => completions.push(completion),
                     Ok(None) => {
@@ -315,6 +442,7 @@ impl LaunchRing {
                 }
             }
         }
+        let submit_ns = lap(&mut mark);
         let enqueued = match last {
             Some(ticket) => {
                 let wait = MemOp::WaitGeq {
@@ -336,6 +464,11 @@ impl LaunchRing {
                 Ok(())
             }
         };
+        memops_ns += lap(&mut mark);
+        if let Some(phases) = phases.as_deref_mut() {
+            phases.memops_ns = memops_ns;
+            phases.submit_ns = submit_ns;
+        }
         if let Err(e) = enqueued {
             // The submitted launches wait on the GPU for a count the stream
             // will not write: write it from here, so ptxd's stream is not
@@ -353,13 +486,34 @@ impl LaunchRing {
         if let Some(e) = failure {
             return Err(e);
         }
-        while completions.len() < launches.len() {
+        if !deferred_async {
+            while completions.len() < launches.len() {
+                match self.wait(timeout)? {
+                    Some(completion) => completions.push(completion),
+                    None => return Err(completion_timeout(timeout)),
+                }
+            }
+        }
+        if let Some(phases) = phases {
+            phases.wait_ns = lap(&mut mark);
+        }
+        outcome.completions = completions;
+        Ok(outcome)
+    }
+
+    /// Waits for every outstanding launch's completion (deferred ones
+    /// included) and returns the refusals and failures among them, in
+    /// ticket order. A completion that does not come within `timeout` is
+    /// an error.
+    pub fn drain(&mut self, timeout: Duration) -> Result<Vec<RingRefusal>, Error> {
+        let mut refused = Vec::new();
+        while self.outstanding() > 0 {
             match self.wait(timeout)? {
-                Some(completion) => completions.push(completion),
+                Some(completion) => refused.extend(completion.outcome.err()),
                 None => return Err(completion_timeout(timeout)),
             }
         }
-        Ok(completions)
+        Ok(refused)
     }
 }
 

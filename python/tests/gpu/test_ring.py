@@ -9,6 +9,7 @@ is reported as skipped.
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 
@@ -28,10 +29,12 @@ def ring_keys(session):
     return [key for key, ring in session._rings.items() if ring]
 
 
-def test_producer_ptxd_consumer_on_one_stream_through_the_ring(torch, gpu_session, device):
-    kernel = add_f32(gpu_session, device)
+def producer_ptxd_consumer(torch, session, device, rounds):
+    """Producer (torch), ptxd's kernel, consumer (torch) on one stream with
+    no host synchronization, ``rounds`` times; every element of every
+    round's result compared with torch's own arithmetic."""
+    kernel = add_f32(session, device)
     count = (1 << 20) + 3
-    rounds = 40
     stream = torch.cuda.Stream(device=device)
     generator = torch.Generator(device=device)
     generator.manual_seed(torch.seed())
@@ -48,7 +51,7 @@ def test_producer_ptxd_consumer_on_one_stream_through_the_ring(torch, gpu_sessio
             a.copy_(values[0] * (round_ + 1))
             b.copy_(values[1] - round_)
             # ptxd's kernel, on the current stream (no stream= given).
-            gpu_session.launch(kernel, [a, b], out)
+            session.launch(kernel, [a, b], out)
             # Consumer (torch): reads ptxd's output, then poisons everything,
             # which must wait for ptxd's kernel too.
             results.append(out * 2)
@@ -62,8 +65,55 @@ def test_producer_ptxd_consumer_on_one_stream_through_the_ring(torch, gpu_sessio
             f"round {round_}: {(result != expected).sum().item()} of {count} elements differ"
         )
     # The launches took the ring ordered on this stream, not the IPC events.
-    assert ring_keys(gpu_session) == [(device.index, stream.cuda_stream)]
-    assert not any(gpu_session._events.values())
+    assert ring_keys(session) == [(device.index, stream.cuda_stream)]
+    assert not any(session._events.values())
+
+
+def test_producer_ptxd_consumer_on_one_stream_through_the_ring(torch, gpu_session, device):
+    producer_ptxd_consumer(torch, gpu_session, device, rounds=40)
+
+
+def test_producer_ptxd_consumer_with_deferred_answers(torch, gpu_client, device):
+    # The launch returns before ptxd answers: the order on the stream must
+    # come from the GPU words alone. Many rounds, fewer sleeps' worth each.
+    with gpu_client.session("pytest-gpu-deferred", defer_errors=True) as session:
+        producer_ptxd_consumer(torch, session, device, rounds=120)
+        session.wait_answers()
+
+
+def test_a_deferred_refusal_is_raised_by_the_next_launch(torch, gpu_client, device):
+    with gpu_client.session("pytest-gpu-deferred", defer_errors=True) as session:
+        affine = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar",
+                                  device=device)
+        count = 1 << 12
+        a = torch.randn(count, device=device)
+        out = torch.full((count,), float("nan"), device=device)
+        stream = torch.cuda.Stream(device=device)
+        with torch.cuda.stream(stream):
+            # Warm: the operands cached, the ring open.
+            session.launch(affine, [a], out, params=(2.0, 0.5))
+            session.wait_answers()
+            out.fill_(float("nan"))
+            # It takes two params: ptxd refuses, after the call returned.
+            assert session.launch(affine, [a], out, params=(1.0,)) == ptxd.Launched(0, False)
+            after = out + 1  # the stream is not left waiting on the refused launch
+            # ptxd's answer comes back meanwhile; the next launch reads it.
+            time.sleep(0.2)
+            with pytest.raises(ptxd.AbiMismatch) as deferred:
+                session.launch(affine, [a], out, params=(2.0, 0.5))
+            stream.synchronize()
+            assert torch.isnan(after).all()
+            assert torch.isnan(out).all(), "the launch that raised was not sent"
+            assert deferred.value.metadata.get("deferred") == "true"
+            assert deferred.value.metadata.get("path") == "ring"
+            # Then launches go on.
+            session.launch(affine, [a], out, params=(2.0, 0.5))
+            result = out.clone()
+            session.launch(affine, [a], out, params=(1.0,))
+        with pytest.raises(ptxd.AbiMismatch):
+            session.wait_answers()
+        stream.synchronize()
+        assert torch.equal(result, a * 2.0 + 0.5)
 
 
 def test_without_ordering_the_same_sequence_reads_stale_inputs(torch, gpu_session, device):
