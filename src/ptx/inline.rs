@@ -37,6 +37,9 @@ use std::collections::{HashMap, HashSet};
 use super::parse::{AddrBase, Function, Instr, Module, Operand, Param, Stmt};
 use super::{PtxError, SubReason};
 
+mod frame;
+pub use frame::{MAX_INDEXED_FRAME, MAX_SLOTS};
+
 /// The deepest chain of calls inlined.
 pub const MAX_CALL_DEPTH: usize = 16;
 /// The largest `.local` frame [`promote_frame`] promotes, in bytes (so at
@@ -668,7 +671,16 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
 /// does not zero local memory. Anything else leaves the frame for the
 /// verifier to refuse (`local_memory`); an access past the frame or
 /// overlapping another at a different width is refused here, naming it.
+///
+/// A frame this leaves (some access at a computed offset) goes to
+/// [`frame::lower_indexed`], which proves every access inside it on every
+/// path and lowers it to registers, or refuses it naming the access.
 pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
+    promote_constant(module, symbol)?;
+    frame::lower_indexed(module, symbol)
+}
+
+fn promote_constant(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
     let Some(f) = module
         .functions
         .iter_mut()
