@@ -23,8 +23,9 @@
 //!   a callee reading a param it was not passed (or not a param of its
 //!   own), any other use of a param's address, a callee naming a register
 //!   it does not declare (after inlining it would read the caller's);
-//! - `local_memory`: a callee with a `.local` variable (local frames are
-//!   not modelled);
+//! A callee's `.local` frame goes with its body (its scope's names are
+//! renamed apart by [`frame::flatten_scopes`]) and is proved like the
+//! entry's by [`promote_frame`].
 //! - `call`: a predicated or malformed call;
 //! - `too_complex`: more than [`MAX_CALL_DEPTH`] nested calls or more than
 //!   [`MAX_INLINED_STATEMENTS`] statements after inlining.
@@ -331,19 +332,6 @@ impl<'m> Inliner<'m> {
                 SubReason::TooComplex,
                 line,
                 format!("more than {MAX_CALL_DEPTH} nested calls"),
-            ));
-        }
-        // A callee's local frame is what refuses it, whatever its params.
-        if let Some((name, at)) = f.body.iter().flatten().find_map(|s| match s {
-            Stmt::Var {
-                space, name, line, ..
-            } if space == "local" => Some((name, *line)),
-            _ => None,
-        }) {
-            return Err(refuse(
-                SubReason::LocalMemory,
-                at,
-                format!("`{}` has a .local variable `{name}`", f.name),
             ));
         }
         if call.args.len() != f.params.len() || call.rets.len() != f.returns.len() {
@@ -676,6 +664,7 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
 /// [`frame::lower_indexed`], which proves every access inside it on every
 /// path and lowers it to registers, or refuses it naming the access.
 pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
+    frame::flatten_frame_scopes(module, symbol);
     promote_constant(module, symbol)?;
     frame::lower_indexed(module, symbol)
 }

@@ -1116,9 +1116,7 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         return Ok(());
     };
     let (frame, size, var_line) = (frame.clone(), *size, *var_line);
-    if body.iter().any(|s| matches!(s, Stmt::Open | Stmt::Close))
-        || body[..var_at].iter().any(|s| matches!(s, Stmt::Instr(_)))
-    {
+    if !zeroed_before_use(body, var_at) {
         return Ok(());
     }
     if size > MAX_INDEXED_FRAME {
@@ -1316,4 +1314,241 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
     }
     *body = out;
     Ok(())
+}
+
+/// Whether the zeroing the lowering puts at the frame's declaration runs
+/// before any use: no instruction precedes it in its scope (the body, or
+/// the `{ }` it opens — an inlined callee's), and no branch from outside
+/// that scope enters it.
+fn zeroed_before_use(body: &[Stmt], var_at: usize) -> bool {
+    let mut depth = 0i32;
+    let mut open = None;
+    for at in (0..var_at).rev() {
+        match body[at] {
+            Stmt::Close => depth += 1,
+            Stmt::Open if depth == 0 => {
+                open = Some(at);
+                break;
+            }
+            Stmt::Open => depth -= 1,
+            _ => {}
+        }
+    }
+    let start = open.map_or(0, |o| o + 1);
+    if body[start..var_at]
+        .iter()
+        .any(|s| matches!(s, Stmt::Instr(_) | Stmt::Label { .. } | Stmt::Open | Stmt::Close))
+    {
+        return false;
+    }
+    let Some(open) = open else { return true };
+    // The matching `}`.
+    let mut depth = 0i32;
+    let mut close = None;
+    for (at, s) in body.iter().enumerate().skip(open) {
+        match s {
+            Stmt::Open => depth += 1,
+            Stmt::Close => {
+                depth -= 1;
+                if depth == 0 {
+                    close = Some(at);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(close) = close else { return false };
+    let inside: Vec<&str> = body[open..close]
+        .iter()
+        .filter_map(|s| match s {
+            Stmt::Label { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    body.iter().enumerate().all(|(at, s)| match s {
+        Stmt::Instr(i) if (at < open || at > close) => !i
+            .operands
+            .iter()
+            .any(|o| matches!(o, Operand::Name(n) if inside.contains(&n.as_str()))),
+        _ => true,
+    })
+}
+
+/// Renames the scoped declarations of entry `symbol` ([`flatten_scopes`])
+/// when one of them is a `.local` frame (an inlined callee's).
+pub fn flatten_frame_scopes(module: &mut Module, symbol: &str) {
+    let Some(body) = module
+        .functions
+        .iter_mut()
+        .find(|f| f.is_entry && f.name == symbol)
+        .and_then(|f| f.body.as_mut())
+    else {
+        return;
+    };
+    let mut depth = 0i32;
+    let mut scoped_frame = false;
+    for s in body.iter() {
+        match s {
+            Stmt::Open => depth += 1,
+            Stmt::Close => depth -= 1,
+            Stmt::Var { space, .. } if space == "local" && depth > 0 => scoped_frame = true,
+            _ => {}
+        }
+    }
+    if scoped_frame {
+        flatten_scopes(body);
+    }
+}
+
+/// The names the lowering and [`flatten_scopes`] make: a body already
+/// naming one of them is left alone (its frame stays refused).
+const RESERVED: [&str; 2] = ["%__f", "__sc"];
+
+fn uses_reserved(body: &[Stmt]) -> bool {
+    let reserved = |n: &str| {
+        RESERVED
+            .iter()
+            .any(|r| n.starts_with(r) || n.trim_start_matches('%').starts_with(r))
+    };
+    body.iter().any(|s| match s {
+        Stmt::Reg { name, .. } | Stmt::Var { name, .. } => reserved(name),
+        Stmt::Instr(i) => super::instr_names(i).into_iter().any(reserved),
+        _ => false,
+    })
+}
+
+/// Gives every register and variable declared inside a `{ }` scope a name
+/// of its own (`%__sc<k>_<name>`), so that the frame proof can track
+/// registers by name: an inlined callee's `%SP`, `%SPL` and frame no longer
+/// shadow the caller's. The scopes themselves stay. `false` (and the body
+/// untouched) when the body already uses a reserved name or its scopes do
+/// not balance.
+pub(super) fn flatten_scopes(body: &mut [Stmt]) -> bool {
+    if uses_reserved(body) {
+        return false;
+    }
+    // Per open scope: (declared name, count of a `%r<N>` range, new name).
+    let mut scopes: Vec<Vec<(String, Option<u32>, String)>> = vec![Vec::new()];
+    let mut depth_ok = true;
+    let mut fresh = 0u32;
+    let mut renamed: Vec<Stmt> = Vec::with_capacity(body.len());
+    let rename = |scopes: &[Vec<(String, Option<u32>, String)>], n: &str| -> Option<String> {
+        let digits = n.len() - n.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (prefix, index) = n.split_at(n.len() - digits);
+        let index: Option<u32> = index.parse().ok();
+        for scope in scopes.iter().rev() {
+            for (d, count, new) in scope.iter().rev() {
+                match count {
+                    None if d == n => return Some(new.clone()),
+                    Some(c) if d == prefix && index.is_some_and(|i| i < *c) => {
+                        return Some(format!("{new}{}", &n[prefix.len()..]));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        None
+    };
+    for s in body.iter() {
+        let s = match s {
+            Stmt::Open => {
+                scopes.push(Vec::new());
+                Stmt::Open
+            }
+            Stmt::Close => {
+                scopes.pop();
+                if scopes.is_empty() {
+                    depth_ok = false;
+                    scopes.push(Vec::new());
+                }
+                Stmt::Close
+            }
+            Stmt::Reg {
+                ty,
+                name,
+                count,
+                line,
+                col,
+            } if scopes.len() > 1 => {
+                fresh += 1;
+                let new = format!("%__sc{fresh}_{}", name.trim_start_matches('%'));
+                if let Some(scope) = scopes.last_mut() {
+                    scope.push((name.clone(), *count, new.clone()));
+                }
+                Stmt::Reg {
+                    ty: ty.clone(),
+                    name: new,
+                    count: *count,
+                    line: *line,
+                    col: *col,
+                }
+            }
+            Stmt::Var {
+                space,
+                name,
+                bytes,
+                line,
+            } if scopes.len() > 1 => {
+                fresh += 1;
+                let new = format!("__sc{fresh}_{name}");
+                if let Some(scope) = scopes.last_mut() {
+                    scope.push((name.clone(), None, new.clone()));
+                }
+                Stmt::Var {
+                    space: space.clone(),
+                    name: new,
+                    bytes: *bytes,
+                    line: *line,
+                }
+            }
+            Stmt::Instr(i) => {
+                let mut i = i.clone();
+                let fix = |n: &mut String| {
+                    if let Some(new) = rename(&scopes, n) {
+                        *n = new;
+                    }
+                };
+                if let Some((_, g)) = &mut i.guard {
+                    fix(g);
+                }
+                for o in &mut i.operands {
+                    match o {
+                        Operand::Name(n) | Operand::Not(n) => fix(n),
+                        Operand::Pair(a, b) => {
+                            fix(a);
+                            fix(b);
+                        }
+                        Operand::Addr {
+                            base: AddrBase::Name(n),
+                            ..
+                        } => fix(n),
+                        Operand::List(l) => {
+                            for x in l {
+                                match x {
+                                    Operand::Name(n) | Operand::Not(n) => fix(n),
+                                    Operand::Addr {
+                                        base: AddrBase::Name(n),
+                                        ..
+                                    } => fix(n),
+                                    _ => {}
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Stmt::Instr(i)
+            }
+            other => other.clone(),
+        };
+        renamed.push(s);
+    }
+    if !depth_ok || scopes.len() != 1 {
+        return false;
+    }
+    for (slot, s) in body.iter_mut().zip(renamed) {
+        *slot = s;
+    }
+    true
 }
