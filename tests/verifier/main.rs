@@ -21,3 +21,4 @@ mod red_team2;
 mod triton;
 mod triton_attacks;
 mod verification;
+mod probe_tmp;

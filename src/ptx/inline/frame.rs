@@ -1270,7 +1270,8 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
             ),
         ));
     }
-    if uses_reserved(body) {
+    // The lowering's own names (scopes renamed apart use the other prefix).
+    if uses_reserved(body, &RESERVED[..1]) {
         return Ok(());
     }
     let mut labels = HashMap::new();
@@ -1599,9 +1600,9 @@ pub fn flatten_frame_scopes(module: &mut Module, symbol: &str) {
 /// naming one of them is left alone (its frame stays refused).
 const RESERVED: [&str; 2] = ["%__f", "__sc"];
 
-fn uses_reserved(body: &[Stmt]) -> bool {
+fn uses_reserved(body: &[Stmt], prefixes: &[&str]) -> bool {
     let reserved = |n: &str| {
-        RESERVED
+        prefixes
             .iter()
             .any(|r| n.starts_with(r) || n.trim_start_matches('%').starts_with(r))
     };
@@ -1619,7 +1620,7 @@ fn uses_reserved(body: &[Stmt]) -> bool {
 /// untouched) when the body already uses a reserved name or its scopes do
 /// not balance.
 pub(super) fn flatten_scopes(body: &mut [Stmt]) -> bool {
-    if uses_reserved(body) {
+    if uses_reserved(body, &RESERVED) {
         return false;
     }
     // Per open scope: (declared name, count of a `%r<N>` range, new name).
