@@ -21,4 +21,3 @@ mod red_team2;
 mod triton;
 mod triton_attacks;
 mod verification;
-mod probe_tmp;
