@@ -420,7 +420,11 @@ $L__END:
 fn a_constant_table_read_in_bounds_runs_exactly() {
     let text = tabled(MASK3, 0, "");
     let c = ptx::canonicalize_with(&text, "tabled", None, Families::ALL).unwrap();
-    assert!(!c.text.contains("tab"), "{}", c.text);
+    assert!(
+        !c.text.contains("tab[") && !c.text.contains(", tab;"),
+        "{}",
+        c.text
+    );
     let words = [1u32, 2, 0x8000_0003, 0xFFFF_FFFF];
     let mut r = rand::rngs::StdRng::seed_from_u64(99);
     let x: Vec<u32> = (0..700).map(|_| r.random()).collect();
@@ -442,4 +446,50 @@ fn a_table_read_past_its_end_or_written_is_refused() {
     assert_eq!(sub, "global_variable", "{why}");
     let (sub, why) = refusal(&tabled(MASK3, 0, "st.global.u32 	[%rd12], %r4;"), "tabled");
     assert_eq!(sub, "global_variable", "{why}");
+}
+
+/// The frame proof against ground truth over mutated frame sizes, loop
+/// bounds, index masks and displacements of [`framed`]: accepted exactly
+/// when every store (`0..count`) and every read (`4 × (x & mask) + off`)
+/// is inside the frame, and then the host result is the reference (slots
+/// never written read 0).
+#[test]
+fn mutated_frame_indices_are_accepted_exactly_when_in_bounds() {
+    let mut r = rand::rngs::StdRng::seed_from_u64(0xF4A3);
+    let mut accepted = 0;
+    let mut refused = 0;
+    for size in [8u32, 16, 28, 32] {
+        for count in 1..=size / 4 + 1 {
+            for mask in [0u32, 1, 3, 7] {
+                for off in [-8i32, -4, 0, 4, 8, 12] {
+                    let index = format!("and.b32 \t%r7, %r4, {mask};");
+                    let text = framed(size, count, &index, off, "");
+                    let stores_in = count * 4 <= size;
+                    let reads_in = off >= 0 && 4 * mask as i32 + off + 4 <= size as i32;
+                    let got = ptx::canonicalize_with(&text, "framed", None, Families::ALL);
+                    let what = format!("size {size} count {count} mask {mask} off {off}");
+                    if !(stores_in && reads_in) {
+                        match got {
+                            Err(PtxError::NonScalarAbi { sub_reason, .. }) => {
+                                assert_eq!(sub_reason, "local_memory", "{what}")
+                            }
+                            other => panic!("{what}: accepted out of bounds: {other:?}"),
+                        }
+                        refused += 1;
+                        continue;
+                    }
+                    got.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    accepted += 1;
+                    let x: Vec<u32> = (0..64).map(|_| r.random()).collect();
+                    let out = run(&text, "framed", &x, 1);
+                    for (x, g) in x.iter().zip(&out) {
+                        let k = (x & mask) + (off / 4) as u32;
+                        let want = if k < count { x.wrapping_add(k) } else { 0 };
+                        assert_eq!(*g, want, "{what} x={x}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(accepted > 20 && refused > 20, "{accepted} accepted, {refused} refused");
 }
