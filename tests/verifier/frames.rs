@@ -513,3 +513,27 @@ fn mutated_frame_indices_are_accepted_exactly_when_in_bounds() {
         "{accepted} accepted, {refused} refused"
     );
 }
+
+/// The slow path's guard is what bounds `sinf`'s frame index: with the
+/// threshold lowered to 1.0 (exponents from 127, so `exponent - 128` may be
+/// -1 and the index wraps) or the guard's branch removed, the reads are
+/// refused, naming the access.
+#[test]
+fn sinf_without_its_magnitude_guard_is_refused() {
+    let text = jit("nvrtc/sin_f32_O3.ptx");
+    for broken in [
+        text.replace(
+            "setp.ltu.f32 \t%p2, %f3, 0f47CE4780;",
+            "setp.ltu.f32 \t%p2, %f3, 0f3F800000;",
+        ),
+        text.replace("@%p2 bra \t$L__BB0_9;", ""),
+    ] {
+        assert_ne!(broken, text);
+        let (sub, why) = refusal(&broken, "sin_f32");
+        assert_eq!(sub, "local_memory", "{why}");
+        assert!(
+            why.contains("`ld.local.u32` may access byte offsets"),
+            "{why}"
+        );
+    }
+}

@@ -217,12 +217,14 @@ impl Av {
             (Av::Int(a), Av::Int(b)) => Av::Int(join_sets(a, b)),
             (Av::Frame(a), Av::Frame(b)) => Av::Frame(join_sets(a, b)),
             (Av::Table(k, a), Av::Table(l, b)) if k == l => Av::Table(*k, join_sets(a, b)),
-            // A table address meeting anything else: unusable (a load
-            // through it is no table load, which leaves the tables alone).
-            (Av::Table(..), _) | (_, Av::Table(..)) => Av::Table(usize::MAX, Vec::new()),
+            // A frame address meeting anything else: unbounded (an access
+            // through it is refused).
             (Av::Frame(_), _) | (_, Av::Frame(_)) => {
                 Av::Frame(vec![Si::new(i128::from(i64::MIN), i128::from(i64::MAX), 1)])
             }
+            // A table address meeting anything else: unusable (a load
+            // through it is no table load, which leaves the tables alone).
+            (Av::Table(..), _) | (_, Av::Table(..)) => Av::Table(usize::MAX, Vec::new()),
             _ => Av::Top,
         }
     }
@@ -651,13 +653,22 @@ impl<'b> Prover<'b> {
                     Some(Av::Top)
                 } else {
                     Some(match self.value(st, a, bits) {
-                        Av::Mag { bits: fb, lo, hi } if bits == fb && !ty.starts_with('f') => {
-                            // The bits of a float of magnitude in [lo, hi].
+                        Av::Mag { bits: fb, lo, hi }
+                            if bits == fb && matches!(fb, 32 | 64) && !ty.starts_with('f') =>
+                        {
+                            // The bits of a float of magnitude in [lo, hi]
+                            // (non-negative floats order as their bits), the
+                            // bounds rounded outward to f32.
                             let (l, h) = if fb == 32 {
-                                (
-                                    i128::from((lo as f32).to_bits()),
-                                    i128::from((hi as f32).to_bits()),
-                                )
+                                let mut l = lo as f32;
+                                if f64::from(l) > lo {
+                                    l = f32::from_bits(l.to_bits().saturating_sub(1));
+                                }
+                                let mut h = hi as f32;
+                                if f64::from(h) < hi {
+                                    h = f32::from_bits(h.to_bits() + 1);
+                                }
+                                (i128::from(l.to_bits()), i128::from(h.to_bits()))
                             } else {
                                 (i128::from(lo.to_bits()), i128::from(hi.to_bits()))
                             };
@@ -994,6 +1005,9 @@ impl<'b> Prover<'b> {
                 let holds = truth != *not;
                 let bits = type_bits(ty)?;
                 if ty.starts_with('f') {
+                    if !matches!(ty.as_str(), "f32" | "f64") {
+                        return Some(out);
+                    }
                     // |x| (cmp) c with c a constant: the magnitude bound.
                     let (Operand::Name(d), Some(c)) = (a, f_imm(b)) else {
                         return Some(out);
