@@ -537,3 +537,83 @@ fn sinf_without_its_magnitude_guard_is_refused() {
         );
     }
 }
+
+/// NVRTC `-G` Vectorized{4} builds (a generic `ld.v4`/`st.v4` through the
+/// param, the `float4` built lane by lane in a promoted frame) are accepted
+/// and run on the host against the reference, every lane bit for bit
+/// (`-G` contracts no `fma`: `a × p0 + p1` rounds twice), the tail
+/// untouched.
+#[test]
+fn vectorized4_debug_builds_match_the_reference() {
+    let mut r = rand::rngs::StdRng::seed_from_u64(4);
+    for (file, entry) in [
+        ("nvrtc/add_f32_vec4_G.ptx", "add_f32_vec4"),
+        ("nvrtc/affine_f32_vec4_G.ptx", "affine_f32_vec4"),
+    ] {
+        let text = jit(file);
+        let k = HostKernel::compile_with(&text, entry, Families::ALL)
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let affine = entry.starts_with("affine");
+        assert!(!text.contains("fma.rn.f32"), "{file}");
+        for (n, threads) in [(1usize, 1usize), (129, 3), (1000, 2)] {
+            let count = n * 4;
+            let a: Vec<f32> = (0..count).map(|_| r.random_range(-100.0..100.0)).collect();
+            let b: Vec<f32> = (0..count).map(|_| r.random_range(-100.0..100.0)).collect();
+            let (p0, p1) = (r.random_range(-4f32..4.0), r.random_range(-4f32..4.0));
+            let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+            let mut bufs = if affine {
+                vec![bytes(&a)]
+            } else {
+                vec![bytes(&a), bytes(&b)]
+            };
+            let params = if affine { vec![p0, p1] } else { vec![] };
+            let mut out = vec![0xFFu8; count * 4 + 16];
+            let spans: Vec<HostSpan> = bufs
+                .iter_mut()
+                .map(|b| HostSpan {
+                    ptr: b.as_mut_ptr(),
+                    len: b.len(),
+                })
+                .collect();
+            let l = HostLaunch {
+                inputs: &spans,
+                args: &[],
+                output: HostSpan {
+                    ptr: out.as_mut_ptr(),
+                    len: out.len(),
+                },
+                n: n as u64,
+                params: &params,
+                threads,
+                checked: threads > 1,
+                control: None,
+            };
+            // SAFETY: every span is a live Vec of exactly `len` bytes.
+            unsafe { k.launch(&l) }.unwrap();
+            for j in 0..count {
+                let got = f32::from_le_bytes(out[j * 4..j * 4 + 4].try_into().unwrap());
+                let want = if affine { a[j] * p0 + p1 } else { a[j] + b[j] };
+                assert_eq!(got.to_bits(), want.to_bits(), "{file} n={n} [{j}]");
+            }
+            assert!(out[count * 4..].iter().all(|b| *b == 0xFF), "{file} n={n}");
+        }
+    }
+}
+
+/// A generic vector access is held to the Vectorized family's rule like a
+/// global one: the `float4` read at a stride of 8 bytes (threads overlap)
+/// is refused, and so is a generic `.v4` read with the family off.
+#[test]
+fn a_generic_vector_access_is_held_to_one_whole_vector_per_thread() {
+    let text = jit("nvrtc/add_f32_vec4_G.ptx");
+    let strided = text.replacen("shl.b64 \t%rd10, %rd1, 4;", "shl.b64 \t%rd10, %rd1, 3;", 1);
+    assert_ne!(strided, text);
+    let (sub, why) = refusal(&strided, "add_f32_vec4");
+    assert_eq!(sub, "vectorized_access", "{why}");
+    match ptx::canonicalize_with(&text, "add_f32_vec4", None, Families::SCALAR) {
+        Err(PtxError::NonScalarAbi { sub_reason, .. }) => {
+            assert_eq!(sub_reason, "vectorized_access")
+        }
+        other => panic!("{other:?}"),
+    }
+}
