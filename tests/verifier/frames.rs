@@ -538,25 +538,34 @@ fn sinf_without_its_magnitude_guard_is_refused() {
     }
 }
 
-/// NVRTC `-G` Vectorized{4} builds (a generic `ld.v4`/`st.v4` through the
-/// param, the `float4` built lane by lane in a promoted frame) are accepted
-/// and run on the host against the reference, every lane bit for bit
-/// (`-G` contracts no `fma`: `a × p0 + p1` rounds twice), the tail
-/// untouched.
+/// NVRTC `-G` Vectorized{2,4} builds (a generic `ld.v4`/`st.v4` through
+/// the param, or a `float2` loaded and stored as two 4-byte lanes; the
+/// vector built lane by lane in a promoted frame) are accepted with the
+/// vector as the element, and run on the host against the reference, every
+/// lane bit for bit (`-G` contracts no `fma`: `a × p0 + p1` rounds twice),
+/// the tail untouched.
 #[test]
-fn vectorized4_debug_builds_match_the_reference() {
+fn vectorized_debug_builds_match_the_reference() {
     let mut r = rand::rngs::StdRng::seed_from_u64(4);
-    for (file, entry) in [
-        ("nvrtc/add_f32_vec4_G.ptx", "add_f32_vec4"),
-        ("nvrtc/affine_f32_vec4_G.ptx", "affine_f32_vec4"),
+    for (file, entry, width) in [
+        ("nvrtc/add_f32_vec4_G.ptx", "add_f32_vec4", 4usize),
+        ("nvrtc/affine_f32_vec4_G.ptx", "affine_f32_vec4", 4),
+        ("nvrtc/add_f32_vec2_G.ptx", "add_f32_vec2", 2),
+        ("nvrtc/affine_f32_vec2_G.ptx", "affine_f32_vec2", 2),
     ] {
         let text = jit(file);
+        let (sig, _) = ptx::verify_contract(&text, entry, None, Families::ALL)
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(
+            sig.element_sizes.iter().all(|s| *s as usize == 4 * width),
+            "{file}: {sig:?}"
+        );
         let k = HostKernel::compile_with(&text, entry, Families::ALL)
             .unwrap_or_else(|e| panic!("{file}: {e}"));
         let affine = entry.starts_with("affine");
         assert!(!text.contains("fma.rn.f32"), "{file}");
         for (n, threads) in [(1usize, 1usize), (129, 3), (1000, 2)] {
-            let count = n * 4;
+            let count = n * width;
             let a: Vec<f32> = (0..count).map(|_| r.random_range(-100.0..100.0)).collect();
             let b: Vec<f32> = (0..count).map(|_| r.random_range(-100.0..100.0)).collect();
             let (p0, p1) = (r.random_range(-4f32..4.0), r.random_range(-4f32..4.0));
@@ -613,6 +622,25 @@ fn a_generic_vector_access_is_held_to_one_whole_vector_per_thread() {
     match ptx::canonicalize_with(&text, "add_f32_vec4", None, Families::SCALAR) {
         Err(PtxError::NonScalarAbi { sub_reason, .. }) => {
             assert_eq!(sub_reason, "vectorized_access")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A lane of a `float2` element is held inside its element: a lane at byte
+/// 8 of an 8-byte element (the next thread's) or at a misaligned byte 6 is
+/// refused, and without the Vectorized family any lane access is.
+#[test]
+fn a_lane_outside_its_vector_element_is_refused() {
+    let text = jit("nvrtc/add_f32_vec2_G.ptx");
+    assert!(text.contains("[%rd11+4]"));
+    for lane in ["[%rd11+8]", "[%rd11+6]", "[%rd11+-4]"] {
+        let (sub, why) = refusal(&text.replace("[%rd11+4]", lane), "add_f32_vec2");
+        assert_eq!(sub, "non_elementwise_address", "{lane}: {why}");
+    }
+    match ptx::canonicalize_with(&text, "add_f32_vec2", None, Families::SCALAR) {
+        Err(PtxError::NonScalarAbi { sub_reason, .. }) => {
+            assert_eq!(sub_reason, "non_elementwise_address")
         }
         other => panic!("{other:?}"),
     }

@@ -141,6 +141,7 @@ pub(super) fn decide(
                 lanes,
                 scale,
                 guarded,
+                lane,
             } => {
                 for p in params.iter() {
                     let param = &p;
@@ -193,7 +194,16 @@ pub(super) fn decide(
                             ),
                         ));
                     }
-                    if width != scale || (*lanes == 1 && !matches!(width, 1 | 2 | 4 | 8)) {
+                    // One lane of a vector element (the Vectorized family):
+                    // a scalar access inside element i at a multiple of its
+                    // width, the element a power of two of at most 16 bytes.
+                    let lane_of_element = *lanes == 1
+                        && lane.is_some_and(|l| l % width == 0 && l + width <= *scale)
+                        && scale.is_power_of_two()
+                        && *scale <= 16;
+                    if (width != scale && !lane_of_element)
+                        || (*lanes == 1 && !matches!(width, 1 | 2 | 4 | 8))
+                    {
                         return Err(refuse(
                             SubReason::NonElementwiseAddress,
                             name(*param),
@@ -201,8 +211,10 @@ pub(super) fn decide(
                             format!("a {width}-byte access at a stride of {scale} bytes"),
                         ));
                     }
+                    // The element is `scale` bytes (the access's width
+                    // unless it is one lane of it).
                     let slot = &mut sizes[*param as usize];
-                    if slot.is_some_and(|s| s != *width) {
+                    if slot.is_some_and(|s| s != *scale) {
                         return Err(refuse(
                             SubReason::NonElementwiseAddress,
                             name(*param),
@@ -210,7 +222,7 @@ pub(super) fn decide(
                             "accesses of different element sizes through one pointer",
                         ));
                     }
-                    *slot = Some(*width);
+                    *slot = Some(*scale);
                 }
             }
         }
