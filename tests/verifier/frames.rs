@@ -629,12 +629,14 @@ fn a_generic_vector_access_is_held_to_one_whole_vector_per_thread() {
 
 /// A lane of a `float2` element is held inside its element: a lane at byte
 /// 8 of an 8-byte element (the next thread's) or at a misaligned byte 6 is
-/// refused, and without the Vectorized family any lane access is.
+/// refused, lanes that do not cover their element together (lane 0 read
+/// twice: one float of every two) are refused, and without the Vectorized
+/// family any lane access is.
 #[test]
 fn a_lane_outside_its_vector_element_is_refused() {
     let text = jit("nvrtc/add_f32_vec2_G.ptx");
     assert!(text.contains("[%rd11+4]"));
-    for lane in ["[%rd11+8]", "[%rd11+6]", "[%rd11+-4]"] {
+    for lane in ["[%rd11+8]", "[%rd11+6]", "[%rd11+-4]", "[%rd11+0]"] {
         let (sub, why) = refusal(&text.replace("[%rd11+4]", lane), "add_f32_vec2");
         assert_eq!(sub, "non_elementwise_address", "{lane}: {why}");
     }
