@@ -21,6 +21,9 @@ use super::dataflow::{AccessKind, Event};
 use super::layout::Layout;
 use super::{refuse, Role, SubReason, Verified};
 
+/// A lane access: (offset in its element, width, line, element size).
+type LanePart = (u32, u32, Option<u32>, u32);
+
 /// The verdict from the settled events: the first refusal in instruction
 /// order, or the signature and every param's role.
 pub(super) fn decide(
@@ -100,7 +103,7 @@ pub(super) fn decide(
     // element size). Lanes must cover their element together (a `float2`
     // read as two lanes), so a lone access at a wider stride (one float of
     // every two) stays refused.
-    let mut lane_parts: Vec<Vec<(u32, u32, Option<u32>, u32)>> = vec![Vec::new(); layout.ints - 1];
+    let mut lane_parts: Vec<Vec<LanePart>> = vec![Vec::new(); layout.ints - 1];
     for (pc, e) in events {
         let line = line_of(*pc);
         match e {
