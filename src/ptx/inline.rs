@@ -23,11 +23,13 @@
 //!   a callee reading a param it was not passed (or not a param of its
 //!   own), any other use of a param's address, a callee naming a register
 //!   it does not declare (after inlining it would read the caller's);
-//! - `local_memory`: a callee with a `.local` variable (local frames are
-//!   not modelled);
 //! - `call`: a predicated or malformed call;
 //! - `too_complex`: more than [`MAX_CALL_DEPTH`] nested calls or more than
 //!   [`MAX_INLINED_STATEMENTS`] statements after inlining.
+//!
+//! A callee's `.local` frame goes with its body (its scope's names are
+//! renamed apart by [`frame::flatten_scopes`]) and is proved like the
+//! entry's by [`promote_frame`].
 //!
 //! Invariant: the body this returns has no `call`, and every register a
 //! callee's statements name is one the callee declares.
@@ -36,6 +38,9 @@ use std::collections::{HashMap, HashSet};
 
 use super::parse::{AddrBase, Function, Instr, Module, Operand, Param, Stmt};
 use super::{PtxError, SubReason};
+
+mod frame;
+pub use frame::{MAX_INDEXED_FRAME, MAX_SLOTS};
 
 /// The deepest chain of calls inlined.
 pub const MAX_CALL_DEPTH: usize = 16;
@@ -328,19 +333,6 @@ impl<'m> Inliner<'m> {
                 SubReason::TooComplex,
                 line,
                 format!("more than {MAX_CALL_DEPTH} nested calls"),
-            ));
-        }
-        // A callee's local frame is what refuses it, whatever its params.
-        if let Some((name, at)) = f.body.iter().flatten().find_map(|s| match s {
-            Stmt::Var {
-                space, name, line, ..
-            } if space == "local" => Some((name, *line)),
-            _ => None,
-        }) {
-            return Err(refuse(
-                SubReason::LocalMemory,
-                at,
-                format!("`{}` has a .local variable `{name}`", f.name),
             ));
         }
         if call.args.len() != f.params.len() || call.rets.len() != f.returns.len() {
@@ -668,7 +660,17 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
 /// does not zero local memory. Anything else leaves the frame for the
 /// verifier to refuse (`local_memory`); an access past the frame or
 /// overlapping another at a different width is refused here, naming it.
+///
+/// A frame this leaves (some access at a computed offset) goes to
+/// [`frame::lower_indexed`], which proves every access inside it on every
+/// path and lowers it to registers, or refuses it naming the access.
 pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
+    frame::flatten_frame_scopes(module, symbol);
+    promote_constant(module, symbol)?;
+    frame::lower_indexed(module, symbol)
+}
+
+fn promote_constant(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
     let Some(f) = module
         .functions
         .iter_mut()

@@ -13,6 +13,7 @@ mod canonical_daemon;
 mod classes;
 mod contracts;
 mod corpus;
+mod frames;
 mod mutants;
 mod nvcc_corpus;
 mod red_team;

@@ -71,6 +71,11 @@ pub(super) enum Event {
         lanes: u32,
         scale: u32,
         guarded: Option<u16>,
+        /// With the Vectorized family, the access's byte offset inside
+        /// element i (`param + i × scale + lane`): a vector built lane by
+        /// lane; `None` without the family (the access must be the whole
+        /// element, at offset 0).
+        lane: Option<u32>,
     },
     Bad {
         sub_reason: SubReason,
@@ -494,6 +499,27 @@ pub(super) fn step(
                             lanes,
                             scale,
                             guarded,
+                            lane: families.vectorized.then_some(0),
+                        }
+                    }
+                    // `[reg + o]` inside element i, past its start: one lane
+                    // of a vector element (the Vectorized family's `-G`
+                    // builds load a `float2` as two 4-byte accesses);
+                    // `decision` holds it inside the element.
+                    (Some(V::Addr(m, scale, c)), o)
+                        if families.vectorized
+                            && scale != 0
+                            && c.checked_add(o)
+                                .is_some_and(|l| l > 0 && l < i64::from(scale)) =>
+                    {
+                        Event::Access {
+                            params: m,
+                            kind,
+                            width,
+                            lanes,
+                            scale,
+                            guarded,
+                            lane: c.checked_add(o).and_then(|l| u32::try_from(l).ok()),
                         }
                     }
                     (Some(V::NarrowAddr(m)), _) => Event::Bad {

@@ -21,6 +21,9 @@ use super::dataflow::{AccessKind, Event};
 use super::layout::Layout;
 use super::{refuse, Role, SubReason, Verified};
 
+/// A lane access: (offset in its element, width, line, element size).
+type LanePart = (u32, u32, Option<u32>, u32);
+
 /// The verdict from the settled events: the first refusal in instruction
 /// order, or the signature and every param's role.
 pub(super) fn decide(
@@ -96,6 +99,11 @@ pub(super) fn decide(
         ));
     }
     let mut sizes: Vec<Option<u32>> = vec![None; layout.ints - 1];
+    // Per param, its lane accesses: (offset in the element, width, line,
+    // element size). Lanes must cover their element together (a `float2`
+    // read as two lanes), so a lone access at a wider stride (one float of
+    // every two) stays refused.
+    let mut lane_parts: Vec<Vec<LanePart>> = vec![Vec::new(); layout.ints - 1];
     for (pc, e) in events {
         let line = line_of(*pc);
         match e {
@@ -141,6 +149,7 @@ pub(super) fn decide(
                 lanes,
                 scale,
                 guarded,
+                lane,
             } => {
                 for p in params.iter() {
                     let param = &p;
@@ -193,7 +202,23 @@ pub(super) fn decide(
                             ),
                         ));
                     }
-                    if width != scale || (*lanes == 1 && !matches!(width, 1 | 2 | 4 | 8)) {
+                    // One lane of a vector element (the Vectorized family):
+                    // a scalar access inside element i at a multiple of its
+                    // width, the element a power of two of at most 16 bytes.
+                    // Otherwise the access is the whole element, at its
+                    // start. Every access is one of the two.
+                    let at = lane.unwrap_or(0);
+                    let whole = width == scale && at == 0;
+                    let lane_of_element = *lanes == 1
+                        && lane.is_some()
+                        && *width != 0
+                        && at % width == 0
+                        && at.checked_add(*width).is_some_and(|end| end <= *scale)
+                        && scale.is_power_of_two()
+                        && *scale <= 16;
+                    if !(whole || lane_of_element)
+                        || (*lanes == 1 && !matches!(width, 1 | 2 | 4 | 8))
+                    {
                         return Err(refuse(
                             SubReason::NonElementwiseAddress,
                             name(*param),
@@ -201,8 +226,15 @@ pub(super) fn decide(
                             format!("a {width}-byte access at a stride of {scale} bytes"),
                         ));
                     }
+                    if !whole {
+                        if let Some(parts) = lane_parts.get_mut(*param as usize) {
+                            parts.push((at, *width, line, *scale));
+                        }
+                    }
+                    // The element is `scale` bytes (the access's width
+                    // unless it is one lane of it).
                     let slot = &mut sizes[*param as usize];
-                    if slot.is_some_and(|s| s != *width) {
+                    if slot.is_some_and(|s| s != *scale) {
                         return Err(refuse(
                             SubReason::NonElementwiseAddress,
                             name(*param),
@@ -210,9 +242,29 @@ pub(super) fn decide(
                             "accesses of different element sizes through one pointer",
                         ));
                     }
-                    *slot = Some(*width);
+                    *slot = Some(*scale);
                 }
             }
+        }
+    }
+    for (p, parts) in lane_parts.iter_mut().enumerate() {
+        parts.sort_unstable();
+        let Some(&(_, width, line, scale)) = parts.first() else {
+            continue;
+        };
+        let mut covered = 0u32;
+        for &(at, w, _, _) in parts.iter() {
+            if at <= covered {
+                covered = covered.max(at + w);
+            }
+        }
+        if covered < scale {
+            return Err(refuse(
+                SubReason::NonElementwiseAddress,
+                name(u16::try_from(p).unwrap_or(u16::MAX)),
+                line,
+                format!("a {width}-byte access at a stride of {scale} bytes"),
+            ));
         }
     }
     let mut element_sizes = Vec::with_capacity(sizes.len());

@@ -100,9 +100,15 @@ pub(super) fn structure(k: &Kernel, families: Families) -> Result<(), PtxError> 
             ));
         }
         // `.v2`/`.v4` global accesses are the Vectorized family's, proven
-        // element-wise by the dataflow (one vector per thread); `.v8`, and a
-        // vector in any other space (a param read past its param), never are.
-        let vector_family = families.vectorized && !space("v8") && space("global");
+        // element-wise by the dataflow (one vector per thread), and so are
+        // generic ones (`-G` builds address params generically; the
+        // dataflow proves a generic access through a param as a global
+        // one); `.v8`, and a vector in any other space (a param read past
+        // its param), never are.
+        let generic = !["local", "shared", "const", "param", "tex", "surf"]
+            .iter()
+            .any(|s| space(s));
+        let vector_family = families.vectorized && !space("v8") && (space("global") || generic);
         if matches!(b, "ld" | "st" | "ldu")
             && (space("v2") || space("v4") || space("v8"))
             && !vector_family
