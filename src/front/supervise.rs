@@ -28,7 +28,9 @@ use super::effects::{run_cleanup, Cleanup};
 use super::Front;
 use crate::buffers::{BufferEntry, EventEntry};
 use crate::executor::link::CleanUp;
-use crate::executor::supervisor::{other_spin_lane, DeathNotice, DownCause, ExecutorLink};
+use crate::executor::supervisor::{
+    other_spin_lane, recovery_mark, DeathNotice, DownCause, ExecutorLink,
+};
 use crate::executor::ExecutorError;
 use crate::handles::{BufferId, DeviceGeneration, EventId};
 use crate::sessions::LeaseEvent;
@@ -45,7 +47,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// How often a waiting spare is brought in step with its device's
 /// registrations (what a promotion has left to open is what was registered
-/// in the last period).
+/// in the last period). A period in which nothing was registered or
+/// released costs one look at the registry's change count.
 const SPARE_SYNC: Duration = Duration::from_millis(100);
 
 /// How long after a spare's death the next one starts (a device whose
@@ -283,6 +286,7 @@ impl Front {
         mut deaths: mpsc::UnboundedReceiver<DeathNotice>,
     ) {
         while let Some((index, generation, cause)) = deaths.recv().await {
+            recovery_mark!("death_seen", device = index, %generation);
             if self.spares.forget(index, generation) {
                 // A spare that died unpromoted: nothing served on it.
                 tracing::warn!(device = index, %generation, %cause, "spare executor died; starting another");
@@ -319,6 +323,7 @@ impl Front {
 
     async fn restart(self: Arc<Self>, index: usize, old: DeviceGeneration, cause: DownCause) {
         let mut spare = self.spares.take_ready(index);
+        recovery_mark!("restart_begins", device = index, generation = %old, spare = spare.is_some());
         // Generations only grow: a spare started before the executor that
         // just died (which then replaced a spare still starting) is older
         // than it, and is not promoted.
@@ -373,10 +378,13 @@ impl Front {
                 Some((link, shared)) => {
                     tracing::info!(device = %uuid, pid = link.pid(), "promoting the spare executor");
                     mirror = std::mem::take(&mut *shared.lock().await);
+                    recovery_mark!("spare_taken_over", device = index, generation = %link.generation,
+                        buffers_open = mirror.buffers.len(), events_open = mirror.events.len());
                     Ok(link)
                 }
                 None => {
                     let lane = self.spares.lane_beside(index);
+                    recovery_mark!("spawn_begins", device = index);
                     ExecutorLink::spawn_on_lane(
                         index,
                         lane,
@@ -426,6 +434,7 @@ impl Front {
                 }
             };
             let generation = link.generation;
+            recovery_mark!("executor_in_hand", device = index, %generation);
             // Publish the generation first so a death of the new executor
             // during the re-open is attributed to it, not dropped as stale.
             let (buffers, events) = {
@@ -443,10 +452,15 @@ impl Front {
             // What a promoted spare failed to open is tried once more.
             // The last call: a spare may have died unseen, with nothing
             // left to open in it, and must not be published.
+            let opened_before = mirror.buffers.len() + mirror.events.len();
             let lost = open_registrations(&link, &mut mirror, &buffers, &events, true)
                 .await
-                .is_err()
-                || !link.answers().await;
+                .is_err();
+            recovery_mark!("registrations_opened", device = index, %generation,
+                buffers = buffers.len(), events = events.len(),
+                opened_now = (mirror.buffers.len() + mirror.events.len()).saturating_sub(opened_before));
+            let lost = lost || !link.answers().await;
+            recovery_mark!("successor_answered", device = index, %generation);
             // Opened by the spare and released since: closed once it serves.
             let released = released_since(&mut mirror, &buffers, &events);
             let reopened_buffers: Vec<(BufferId, bool)> = buffers
@@ -547,6 +561,7 @@ impl Front {
                         session.notify(event.clone());
                     }
                     self.publish_availability(&state);
+                    recovery_mark!("generation_published", device = index, %generation);
                 }
             }
             if died_before_publishing {
@@ -618,6 +633,7 @@ impl Front {
                     // was a spare: it is not kept.
                     if !link.is_down() {
                         tracing::info!(device = %uuid, pid = link.pid(), generation = %link.generation, "spare executor ready");
+                        recovery_mark!("spare_ready", device = index, generation = %link.generation);
                         let mirror = SharedMirror::default();
                         self.spares.fill(index, link.clone(), mirror.clone());
                         tokio::spawn(self.clone().mirror_spare(index, link, mirror));
@@ -638,16 +654,19 @@ impl Front {
     }
 
     /// Keeps device `index`'s waiting spare in step with the device's
-    /// registrations: every [`SPARE_SYNC`], opens in it what was
-    /// registered and closes what was released since, until it is promoted
-    /// (the promotion takes the mirror over, and opens what this did not
-    /// yet) or dies.
+    /// registrations: every [`SPARE_SYNC`] in which the registry changed,
+    /// opens in it what was registered and closes what was released since,
+    /// until it is promoted (the promotion takes the mirror over, and opens
+    /// what this did not yet) or dies.
     async fn mirror_spare(
         self: Arc<Self>,
         index: usize,
         link: Arc<ExecutorLink>,
         mirror: SharedMirror,
     ) {
+        // The registry's change count at the last sync that opened and
+        // closed everything it asked for (none yet).
+        let mut synced: Option<u64> = None;
         loop {
             if !self.spares.is_waiting(index, link.generation) {
                 return;
@@ -659,7 +678,18 @@ impl Front {
                 if !self.spares.is_waiting(index, link.generation) {
                     return;
                 }
-                let (buffers, events) = self.lock().registry.on_device(index);
+                let registrations = {
+                    let state = self.lock();
+                    let changes = state.registry.changes();
+                    // Nothing registered or released since the last sync:
+                    // no copy of the registry, no call to the spare.
+                    (synced != Some(changes)).then(|| (changes, state.registry.on_device(index)))
+                };
+                let Some((changes, (buffers, events))) = registrations else {
+                    drop(mirror);
+                    tokio::time::sleep(SPARE_SYNC).await;
+                    continue;
+                };
                 let mut lost = false;
                 for close in released_since(&mut mirror, &buffers, &events) {
                     if let Err(ExecutorError::Unavailable { .. }) = link.request(close).await {
@@ -681,6 +711,7 @@ impl Front {
                     }
                     return;
                 }
+                synced = Some(changes);
             }
             tokio::time::sleep(SPARE_SYNC).await;
         }

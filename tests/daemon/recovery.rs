@@ -727,3 +727,93 @@ async fn a_spare_that_dies_while_waiting_is_replaced_and_the_device_serves_on() 
         "no lease event for a spare's death"
     );
 }
+
+/// The first `count` kernels of the JIT corpus's Triton family (every one
+/// the verifier proves), as (text, entry): a working set of distinct real
+/// kernels.
+fn triton_working_set(count: usize) -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/jit");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("triton/manifest.json")).unwrap())
+            .unwrap();
+    let set: Vec<(String, String)> = manifest["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(count)
+        .map(|k| {
+            let file = k["file"].as_str().unwrap();
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            (text, k["entry"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    assert_eq!(set.len(), count, "the Triton corpus holds fewer kernels");
+    set
+}
+
+/// Loads the working set in a new session, one after the other; the time
+/// from the first request to the last answer.
+async fn load_working_set(client: &Client, set: &[(String, String)]) -> Duration {
+    let session = client.open_session("working-set").await.unwrap();
+    let started = Instant::now();
+    for (text, entry) in set {
+        session
+            .load_ptx(0, text.clone(), entry, LoadOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("{entry}: {e}"));
+    }
+    let took = started.elapsed();
+    session.close().await.unwrap();
+    took
+}
+
+fn spread(mut times: Vec<Duration>) -> String {
+    times.sort();
+    format!(
+        "min {:?} p50 {:?} max {:?} ({} runs)",
+        times[0],
+        times[times.len() / 2],
+        times[times.len() - 1],
+        times.len()
+    )
+}
+
+/// Daemon restart → a working set of 32 distinct real kernels (the Triton
+/// corpus) loaded again (issue 23: ≤ 50 ms), on the host backend, beside
+/// what the parts cost: the same loads in a daemon that has verified them
+/// (its canonical memo and kernel slots warm: no verification, no executor
+/// load), and after an executor restart (memo warm, every kernel loaded
+/// into the new executor again). A measurement, not a timed test. Run with
+/// `cargo test --release --test daemon -- --ignored --nocapture restart_reload`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement; run by hand"]
+async fn restart_reload_time_of_a_32_kernel_working_set() {
+    const ROUNDS: usize = 7;
+    let set = triton_working_set(32);
+    let (mut daemon_restarted, mut warm, mut executor_restarted) =
+        (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        // A fresh daemon is a restarted one: nothing of the last survives.
+        let daemon = Daemon::start(&[]);
+        let client = Client::connect(&daemon.target()).await.unwrap();
+        daemon_restarted.push(load_working_set(&client, &set).await);
+        warm.push(load_working_set(&client, &set).await);
+        let session = client.open_session("watch").await.unwrap();
+        let mut events = session.events();
+        kill(executor_pid(&client, 0).await);
+        restarted(&mut events).await;
+        executor_restarted.push(load_working_set(&client, &set).await);
+    }
+    println!(
+        "host backend: daemon restart -> 32 Triton kernels loaded again: {}",
+        spread(daemon_restarted)
+    );
+    println!(
+        "host backend: the same 32 in a daemon that loaded them before: {}",
+        spread(warm)
+    );
+    println!(
+        "host backend: the same 32 after an executor restart (verdicts kept): {}",
+        spread(executor_restarted)
+    );
+}
