@@ -693,6 +693,35 @@ mod tests {
     }
 
     #[test]
+    fn every_registration_and_release_changes_the_count_and_nothing_else_does() {
+        let a = SessionId::random();
+        let mut registry = Registry::new(BootId::random());
+        let mut seen = registry.changes();
+        let mut changed = |registry: &Registry, what: &str| {
+            assert!(registry.changes() > seen, "{what} left the count");
+            seen = registry.changes();
+        };
+        let first = entry(&mut registry, &a, 8);
+        let id = first.id;
+        let handle = registry.register_buffer(first);
+        changed(&registry, "a registration");
+        // Where a buffer is open is not a registration.
+        let before = registry.changes();
+        assert!(registry.set_buffer_open_in(id, Some(DeviceGeneration(2))));
+        let _ = registry.on_device(0);
+        assert_eq!(registry.changes(), before);
+        registry.release_buffer(&a, handle, "h").unwrap();
+        changed(&registry, "a release");
+        let second = entry(&mut registry, &a, 8);
+        registry.register_buffer(second);
+        changed(&registry, "a second registration");
+        registry.release_session(&a);
+        changed(&registry, "a session's release");
+        registry.clear();
+        changed(&registry, "the clear");
+    }
+
+    #[test]
     fn descriptors_and_bytes_are_counted_per_session_and_in_all() {
         let (a, b) = (SessionId::random(), SessionId::random());
         let mut registry = Registry::new(BootId::random());

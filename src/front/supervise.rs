@@ -177,6 +177,10 @@ impl Spare {
 /// - A spare is taken out of its slot before it is promoted, and a death
 ///   notice of a generation still in a slot is the spare's: it is never
 ///   taken for a death of the device.
+/// - A waiting spare is never older than the generation serving (it could
+///   never be promoted, generations only grow): one that got ready while a
+///   newer executor was started is replaced, by the restart before it
+///   publishes or by the spare's own start after it filled the slot.
 #[derive(Debug)]
 pub struct Spares {
     enabled: bool,
@@ -255,6 +259,27 @@ impl Spares {
             slots.remove(&index);
         }
         spare
+    }
+
+    /// Device `index`'s waiting spare, taken out, when it is older than
+    /// `generation` (the executor now serving): it started before an
+    /// executor that replaced a spare still starting, and as generations
+    /// only grow it could never be promoted.
+    fn take_older(&self, index: usize, generation: DeviceGeneration) -> Option<Arc<ExecutorLink>> {
+        let mut slots = self.lock();
+        let older = matches!(slots.get(&index), Some(Spare::Ready { link, .. }) if link.generation < generation);
+        if !older {
+            return None;
+        }
+        match slots.remove(&index) {
+            Some(Spare::Ready { link, .. }) => Some(link),
+            // Not reached: `older` saw a ready spare under this lock.
+            Some(other) => {
+                slots.insert(index, other);
+                None
+            }
+            None => None,
+        }
     }
 
     /// Every waiting spare, taken out (the drain stops them).
@@ -501,6 +526,20 @@ impl Front {
                 .await;
                 continue;
             }
+            // A spare that got ready while this executor was started (it
+            // started before it) is older than the generation about to
+            // serve: it is replaced by one that can be promoted. Taken out
+            // before the generation is published, so that a client told of
+            // the restart never sees it waiting; one that gets ready later
+            // sees the device's new generation and leaves by itself.
+            if let Some(older) = self.spares.take_older(index, generation) {
+                tracing::info!(
+                    device = index,
+                    pid = older.pid(),
+                    "a spare older than the new executor is replaced"
+                );
+                older.kill();
+            }
             let mut late_closes: Cleanup = released
                 .into_iter()
                 .map(|close| (link.clone(), close))
@@ -636,6 +675,19 @@ impl Front {
                         recovery_mark!("spare_ready", device = index, generation = %link.generation);
                         let mirror = SharedMirror::default();
                         self.spares.fill(index, link.clone(), mirror.clone());
+                        // Checked after the fill: a restart that published
+                        // a newer executor meanwhile either sees this spare
+                        // in the slot (and replaces it) or published before
+                        // this look.
+                        let serving = self.lock().devices.get(index).map(|d| d.generation);
+                        if serving.is_some_and(|serving| link.generation < serving) {
+                            if self.spares.forget(index, link.generation) {
+                                tracing::info!(device = %uuid, pid = link.pid(), "a spare older than the serving executor is replaced");
+                                link.kill();
+                                tokio::spawn(self.clone().keep_spare_after(index, Duration::ZERO));
+                            }
+                            return;
+                        }
                         tokio::spawn(self.clone().mirror_spare(index, link, mirror));
                         return;
                     }
