@@ -391,6 +391,10 @@ pub struct Registry {
     /// The sums of `bytes` and `descriptors`.
     total_bytes: u64,
     total_descriptors: u64,
+    /// Bumped by every registration and release: a reader that saw the
+    /// same count has seen the same registrations (a spare executor's sync
+    /// skips its copy of the registry when nothing changed).
+    changes: u64,
 }
 
 impl Registry {
@@ -404,7 +408,14 @@ impl Registry {
             descriptors: HashMap::new(),
             total_bytes: 0,
             total_descriptors: 0,
+            changes: 0,
         }
+    }
+
+    /// How many registrations and releases there have been (see
+    /// `changes`); only ever grows.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// A fresh id for a buffer or event about to be opened (one counter for
@@ -416,6 +427,7 @@ impl Registry {
 
     /// Records an opened buffer and issues its session's handle.
     pub fn register_buffer(&mut self, entry: BufferEntry) -> BufferHandle {
+        self.changes += 1;
         *self.bytes.entry(entry.session.clone()).or_default() += entry.size;
         self.total_bytes = self.total_bytes.saturating_add(entry.size);
         if entry.source.holds_descriptor() {
@@ -431,6 +443,7 @@ impl Registry {
 
     /// Records an opened event and issues its session's handle.
     pub fn register_event(&mut self, entry: EventEntry) -> EventHandle {
+        self.changes += 1;
         let token = self.events.register(entry);
         EventHandle {
             token,
@@ -472,6 +485,7 @@ impl Registry {
         let entry = self
             .buffers
             .release(self.boot, session, handle.token, handle.boot, text)?;
+        self.changes += 1;
         self.uncount(&entry);
         Ok(entry)
     }
@@ -483,13 +497,17 @@ impl Registry {
         handle: EventHandle,
         text: &str,
     ) -> Result<EventEntry, RegistryError> {
-        self.events
-            .release(self.boot, session, handle.token, handle.boot, text)
+        let entry = self
+            .events
+            .release(self.boot, session, handle.token, handle.boot, text)?;
+        self.changes += 1;
+        Ok(entry)
     }
 
     /// Forgets everything `session` registered; returns it in registration
     /// order.
     pub fn release_session(&mut self, session: &SessionId) -> (Vec<BufferEntry>, Vec<EventEntry>) {
+        self.changes += 1;
         let buffers = self.buffers.release_session(session);
         for entry in &buffers {
             self.uncount(entry);
@@ -582,6 +600,7 @@ impl Registry {
     pub fn clear(&mut self) {
         *self = Registry {
             next_id: self.next_id,
+            changes: self.changes + 1,
             ..Registry::new(self.boot)
         };
     }
@@ -671,6 +690,35 @@ mod tests {
         assert_eq!(registry.holdings(&a), Holdings::default());
         assert_eq!(registry.buffer_totals(), (0, 0));
         assert_eq!(registry.totals(), (0, 0));
+    }
+
+    #[test]
+    fn every_registration_and_release_changes_the_count_and_nothing_else_does() {
+        let a = SessionId::random();
+        let mut registry = Registry::new(BootId::random());
+        let mut seen = registry.changes();
+        let mut changed = |registry: &Registry, what: &str| {
+            assert!(registry.changes() > seen, "{what} left the count");
+            seen = registry.changes();
+        };
+        let first = entry(&mut registry, &a, 8);
+        let id = first.id;
+        let handle = registry.register_buffer(first);
+        changed(&registry, "a registration");
+        // Where a buffer is open is not a registration.
+        let before = registry.changes();
+        assert!(registry.set_buffer_open_in(id, Some(DeviceGeneration(2))));
+        let _ = registry.on_device(0);
+        assert_eq!(registry.changes(), before);
+        registry.release_buffer(&a, handle, "h").unwrap();
+        changed(&registry, "a release");
+        let second = entry(&mut registry, &a, 8);
+        registry.register_buffer(second);
+        changed(&registry, "a second registration");
+        registry.release_session(&a);
+        changed(&registry, "a session's release");
+        registry.clear();
+        changed(&registry, "the clear");
     }
 
     #[test]

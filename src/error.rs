@@ -472,6 +472,11 @@ fn failure_code(kind: FailureKind) -> (Code, Reason) {
         // The executor stopped (the drain's deadline) before the launch
         // started: DRAINING, whose promise is that the call did not run.
         FailureKind::NotRun => (Code::Unavailable, Reason::Draining),
+        // The executor was exiting when the request reached it: its
+        // absence, retryable once the supervisor has replaced it (the link
+        // reports it as `ExecutorError::Unavailable`; this arm is for a
+        // failure that reaches the funnel some other way).
+        FailureKind::ExecutorExiting => (Code::Unavailable, Reason::ExecutorUnavailable),
         FailureKind::Internal | FailureKind::Unspecified => (Code::Internal, Reason::Internal),
     }
 }
@@ -568,6 +573,24 @@ mod tests {
         assert_eq!(
             (refusal.code, refusal.reason),
             (Code::Unavailable, Reason::Draining)
+        );
+    }
+
+    #[test]
+    fn a_request_that_met_an_exiting_executor_is_executor_unavailable_not_a_fault() {
+        let error = Error::Executor(ExecutorError::Failed {
+            kind: FailureKind::ExecutorExiting,
+            message: "the executor was exiting".into(),
+            metadata: [(
+                "cuda_error".to_string(),
+                "CUDA_ERROR_DEINITIALIZED".to_string(),
+            )]
+            .into(),
+        });
+        let refusal = error.refusal();
+        assert_eq!(
+            (refusal.code, refusal.reason),
+            (Code::Unavailable, Reason::ExecutorUnavailable)
         );
     }
 

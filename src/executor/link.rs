@@ -150,6 +150,25 @@ impl LinkError {
     }
 }
 
+/// An executor's answer that it was exiting when the request reached it
+/// (`FailureKind::ExecutorExiting`) is the executor's absence, as a closed
+/// channel is: [`ExecutorError::Unavailable`] naming `device`, so that every
+/// caller (a launch answered EXECUTOR_UNAVAILABLE, a re-open counted as
+/// lost, not failed) treats it alike. Any other error is kept.
+fn absent_if_exiting(error: ExecutorError, device: &str) -> ExecutorError {
+    match error {
+        ExecutorError::Failed {
+            kind: exec::FailureKind::ExecutorExiting,
+            message,
+            ..
+        } => ExecutorError::Unavailable {
+            device: device.to_string(),
+            cause: message,
+        },
+        other => other,
+    }
+}
+
 impl ExecutorLink {
     /// The uuid of the device this executor serves, as its Hello named it.
     pub fn device_uuid(&self) -> &str {
@@ -165,7 +184,7 @@ impl ExecutorLink {
             .call(operation.into_op())
             .await
             .map_err(|e| e.unavailable(self.device_uuid()))?;
-        O::accept(reply)
+        O::accept(reply).map_err(|e| absent_if_exiting(e, self.device_uuid()))
     }
 
     /// Compiles or loads a module.
@@ -304,6 +323,33 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(load.clone().into_op(), Op::LoadModule(load));
+    }
+
+    #[test]
+    fn an_exiting_executors_answer_is_its_absence_and_nothing_else_is() {
+        let exiting = exec::Launch::accept(reply::Result::Failure(Failure {
+            kind: FailureKind::ExecutorExiting as i32,
+            message: "the executor was exiting".into(),
+            metadata: [(
+                "cuda_error".to_string(),
+                "CUDA_ERROR_DEINITIALIZED".to_string(),
+            )]
+            .into(),
+        }))
+        .unwrap_err();
+        assert_eq!(
+            absent_if_exiting(exiting, "GPU-1"),
+            ExecutorError::Unavailable {
+                device: "GPU-1".into(),
+                cause: "the executor was exiting".into(),
+            }
+        );
+        let fault = ExecutorError::Failed {
+            kind: FailureKind::KernelFault,
+            message: "the device faulted".into(),
+            metadata: Default::default(),
+        };
+        assert_eq!(absent_if_exiting(fault.clone(), "GPU-1"), fault);
     }
 
     #[test]

@@ -35,6 +35,18 @@
 //! - A `KernelTimeout` message is counted against its session
 //!   ([`KernelTimeouts`]) before the next frame is read, so before the reply
 //!   to the launch that timed out.
+//! - A `Fault` report ends the link at once, as its channel's close would:
+//!   no frame after it is read (nothing the executor says after its context
+//!   is poisoned is trusted) and every pending call fails. For a sticky
+//!   fault the process is then killed (it can launch nothing more, from any
+//!   thread) and its death reported before it is reaped: a faulted CUDA
+//!   context's exit takes tens of milliseconds the promotion of a spare need
+//!   not wait for, and nothing of it runs on the device any more. A kernel
+//!   timeout's report is the exception: its kernel may still be running, so
+//!   its death is reported once the process is reaped (its context gone).
+//! - The recovery path logs its steps with [`unix_micros`] timestamps at
+//!   debug on the `ptxd::recovery` target ([`recovery_mark`]), comparable
+//!   across the front, its executors and a test on the same machine.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -61,6 +73,30 @@ use crate::spin::Spinners;
 /// The reply reader's buffer: replies are a few bytes; a LoadModule reply
 /// with its log is larger and is read in several goes.
 const REPLY_BUFFER: usize = 64 << 10;
+
+/// Microseconds since the Unix epoch: the recovery path's timestamps,
+/// comparable across processes on one machine (0 before 1970).
+pub fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Logs one step of the recovery path (`phase`, a literal) at debug on the
+/// `ptxd::recovery` target with its [`unix_micros`] timestamp and any
+/// further fields: `RUST_LOG=ptxd::recovery=debug` gives the per-phase
+/// breakdown of a fault's recovery (`tests/gpu/recovery.rs` prints it).
+macro_rules! recovery_mark {
+    ($phase:literal $(, $($field:tt)*)?) => {
+        tracing::debug!(
+            target: "ptxd::recovery",
+            phase = $phase,
+            at_us = $crate::executor::supervisor::unix_micros()
+            $(, $($field)*)?
+        )
+    };
+}
+pub(crate) use recovery_mark;
 
 /// How long an executor may take to say Hello (CUDA context creation is
 /// ~0.5 s on an H200; a hung driver must not hang the daemon).
@@ -332,6 +368,17 @@ fn fault_by_status(cause: DownCause, code: Option<i32>) -> DownCause {
     }
 }
 
+/// The fault name the CUDA watchdog reports for a kernel past its budget
+/// (`cuda::watchdog`): unlike a sticky fault, that kernel may still run.
+const KERNEL_TIMEOUT_FAULT: &str = "KERNEL_TIMEOUT";
+
+/// True for a reported fault after which nothing of the executor runs on
+/// the device (a sticky error stopped its context's work): its successor
+/// may serve before the process is gone.
+fn nothing_runs_after(cause: &DownCause) -> bool {
+    matches!(cause, DownCause::Fault { error_name, .. } if error_name != KERNEL_TIMEOUT_FAULT)
+}
+
 /// A death notice: device index, the generation that died, and why.
 pub type DeathNotice = (usize, DeviceGeneration, DownCause);
 
@@ -500,6 +547,27 @@ impl ExecutorLink {
         if hello.devices.is_empty() {
             return Err(SpawnError::NoDevice);
         }
+        let channel = (read, write, fd_outbox);
+        Ok(Self::start(
+            (index, spin_index, generation),
+            hello,
+            Some(child),
+            channel,
+            config,
+            deaths,
+        ))
+    }
+
+    /// The link over an executor's channel once it said `hello`: starts its
+    /// writer and reader tasks.
+    fn start(
+        (index, spin_index, generation): (usize, usize, DeviceGeneration),
+        hello: Hello,
+        child: Option<tokio::process::Child>,
+        (read, write, fd_outbox): (OwnedReadHalf, OwnedWriteHalf, FdOutbox),
+        config: &LinkConfig,
+        deaths: mpsc::UnboundedSender<DeathNotice>,
+    ) -> Arc<ExecutorLink> {
         let (frames, frames_rx) = mpsc::unbounded_channel();
         let outbox = Outbox {
             half: Arc::new(write),
@@ -532,11 +600,11 @@ impl ExecutorLink {
             kernel_timeouts: config.kernel_timeouts.clone(),
             pending: Mutex::new(Pending::default()),
             next_id: AtomicU64::new(1),
-            child: Mutex::new(Some(child)),
+            child: Mutex::new(child),
             fd_outbox,
         });
         tokio::spawn(Self::read_replies(link.clone(), deaths));
-        Ok(link)
+        link
     }
 
     /// Writes what callers queued, whole and in order, until the link is
@@ -607,7 +675,32 @@ impl ExecutorLink {
         for (_, sender) in waiting {
             let _ = sender.send(Err(LinkError::Down(cause.clone())));
         }
-        let child = link.child.lock().ok().and_then(|mut c| c.take());
+        let mut child = link.child.lock().ok().and_then(|mut c| c.take());
+        recovery_mark!("link_ended", device = link.index, generation = %link.generation, %cause);
+        if nothing_runs_after(&cause) {
+            // A reported fault: the process is fenced off now (killed, so
+            // that no thread of it launches again) and its death reported
+            // at once; its exit (a faulted context's teardown) and the
+            // reaping happen while its successor is promoted.
+            if let Some(child) = child.as_mut() {
+                let _ = child.start_kill();
+            }
+            link.spinners.clear_executor(link.spin_index);
+            let _ = deaths.send((link.index, link.generation, cause.clone()));
+            recovery_mark!("death_reported", device = link.index, generation = %link.generation);
+            let status = match child {
+                Some(mut child) => {
+                    match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+                        Ok(Ok(status)) => status.to_string(),
+                        _ => "not reaped within 5 s of its kill".to_string(),
+                    }
+                }
+                None => "already reaped".to_string(),
+            };
+            recovery_mark!("faulted_executor_reaped", device = link.index, generation = %link.generation);
+            tracing::info!(device = link.index, generation = %link.generation, %cause, status, "executor gone");
+            return;
+        }
         let mut cause = cause;
         let status = match child {
             Some(mut child) => {
@@ -624,10 +717,12 @@ impl ExecutorLink {
             }
             None => "already reaped".to_string(),
         };
+        recovery_mark!("executor_reaped", device = link.index, generation = %link.generation);
         tracing::info!(device = link.index, generation = %link.generation, %cause, status, "executor gone");
         // It holds no spin permits now, whatever its slot says.
         link.spinners.clear_executor(link.spin_index);
         let _ = deaths.send((link.index, link.generation, cause));
+        recovery_mark!("death_reported", device = link.index, generation = %link.generation);
     }
 
     /// Reads every frame that has arrived, without blocking, and hands each
@@ -639,7 +734,17 @@ impl ExecutorLink {
             }
             loop {
                 match state.frames.next_frame::<ExecutorMessage>() {
-                    Ok(Some(message)) => self.dispatch(message, &mut state.fault),
+                    Ok(Some(message)) => {
+                        self.dispatch(message, &mut state.fault);
+                        if state.fault.is_some() {
+                            // The first sign of a fault: the executor
+                            // serves nothing after it (see the module
+                            // docs), so the link ends here, not at the
+                            // close its process's exit brings much later.
+                            recovery_mark!("fault_report_read", device = self.index, generation = %self.generation);
+                            return Some(self.end(state, ProtocolError::Closed));
+                        }
+                    }
                     Ok(None) => break,
                     Err(e) => return Some(self.end(state, e)),
                 }
@@ -883,6 +988,170 @@ impl ExecutorLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ptxd_proto::executor::{DeviceDesc, Reply};
+
+    /// A link to a fake executor: the test holds the executor's end of the
+    /// channel (and `child`, a process standing for it).
+    async fn fake_link(
+        child: Option<tokio::process::Child>,
+    ) -> (
+        Arc<ExecutorLink>,
+        tokio::net::UnixStream,
+        mpsc::UnboundedReceiver<DeathNotice>,
+    ) {
+        let (front, executor) = tokio::net::UnixStream::pair().unwrap();
+        let (fd_outbox, _inbox) = fd_inbox::pair().unwrap();
+        let config = LinkConfig {
+            timeout: Duration::from_secs(30),
+            max_kernel_time: None,
+            kernel_timeouts: Arc::new(KernelTimeouts::new(0)),
+            channel_spin: Duration::ZERO,
+            spinners: Spinners::for_this_machine(Duration::ZERO),
+            kernel_cache: None,
+            spare: false,
+        };
+        let hello = Hello {
+            backend: "fake".into(),
+            devices: vec![DeviceDesc {
+                uuid: "GPU-fake".into(),
+                ..Default::default()
+            }],
+            pid: 0,
+        };
+        let (deaths, deaths_rx) = mpsc::unbounded_channel();
+        let (read, write) = front.into_split();
+        let link = ExecutorLink::start(
+            (0, 0, DeviceGeneration(7)),
+            hello,
+            child,
+            (read, write, fd_outbox),
+            &config,
+            deaths,
+        );
+        (link, executor, deaths_rx)
+    }
+
+    async fn send_message(executor: &mut tokio::net::UnixStream, body: Body) {
+        use tokio::io::AsyncWriteExt;
+        let frame = encode_frame(&ExecutorMessage { body: Some(body) }).unwrap();
+        executor.write_all(&frame).await.unwrap();
+    }
+
+    /// The first sign of a fault is the recovery's start: the death is
+    /// reported, the pending call failed and the process killed while the
+    /// faulted executor still holds its channel open (its exit, a faulted
+    /// context's teardown, can take a hundred milliseconds), and nothing it
+    /// says after the report is believed.
+    #[tokio::test]
+    async fn a_fault_report_is_the_executors_death_before_its_channel_closes() {
+        let standing_in = tokio::process::Command::new("sleep")
+            .arg("30")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let pid = standing_in.id().unwrap();
+        let (link, mut executor, mut deaths) = fake_link(Some(standing_in)).await;
+        let pending = tokio::spawn({
+            let link = link.clone();
+            async move { link.call(Op::Ping(Ping {})).await }
+        });
+        // The ping's request reaches the fake executor: read its id.
+        let request: Request = read_frame_async(&mut executor).await.unwrap();
+        send_message(
+            &mut executor,
+            Body::Fault(Fault {
+                error_name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+                message: "an illegal address".into(),
+            }),
+        )
+        .await;
+        // A reply after the report (a poisoned context's): not believed.
+        send_message(
+            &mut executor,
+            Body::Reply(Reply {
+                id: request.id,
+                result: Some(reply::Result::Ok(ptxd_proto::executor::Empty {})),
+            }),
+        )
+        .await;
+        let fault = DownCause::Fault {
+            error_name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            message: "an illegal address".into(),
+        };
+        let death = tokio::time::timeout(Duration::from_secs(5), deaths.recv())
+            .await
+            .expect("the death is reported while the channel is still open")
+            .unwrap();
+        assert_eq!(death, (0, DeviceGeneration(7), fault.clone()));
+        let answered = tokio::time::timeout(Duration::from_secs(5), pending)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answered, Err(LinkError::Down(fault.clone())));
+        assert!(link.is_down());
+        assert_eq!(
+            link.call(Op::Ping(Ping {})).await,
+            Err(LinkError::Down(fault))
+        );
+        // The process standing for the executor was killed and reaped.
+        let gone = Instant::now() + Duration::from_secs(5);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(Instant::now() < gone, "the faulted executor was not killed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(executor);
+    }
+
+    /// A kernel timeout's report ends the link, but the death waits for the
+    /// process to be gone: its kernel may still run on the device.
+    #[tokio::test]
+    async fn a_kernel_timeout_is_reported_once_its_executor_is_gone() {
+        let standing_in = tokio::process::Command::new("sleep")
+            .arg("1")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (link, mut executor, mut deaths) = fake_link(Some(standing_in)).await;
+        let reported = Instant::now();
+        send_message(
+            &mut executor,
+            Body::Fault(Fault {
+                error_name: KERNEL_TIMEOUT_FAULT.into(),
+                message: "past its budget".into(),
+            }),
+        )
+        .await;
+        let death = tokio::time::timeout(Duration::from_secs(10), deaths.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            reported.elapsed() >= Duration::from_millis(500),
+            "reported after {:?}, before the process was gone",
+            reported.elapsed()
+        );
+        assert!(
+            matches!(&death.2, DownCause::Fault { error_name, .. } if error_name == KERNEL_TIMEOUT_FAULT),
+            "{death:?}"
+        );
+        assert!(link.is_down());
+    }
+
+    /// An executor whose channel closes without a report is reported once
+    /// its process is reaped (its exit status may name a fault), as before.
+    #[tokio::test]
+    async fn a_closed_channel_without_a_report_is_an_exit() {
+        let (_link, executor, mut deaths) = fake_link(None).await;
+        drop(executor);
+        let death = tokio::time::timeout(Duration::from_secs(5), deaths.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(death, (0, DeviceGeneration(7), DownCause::Exited { .. })),
+            "{death:?}"
+        );
+    }
 
     #[test]
     fn only_the_fault_status_turns_an_exit_into_a_fault() {

@@ -28,7 +28,9 @@ use super::effects::{run_cleanup, Cleanup};
 use super::Front;
 use crate::buffers::{BufferEntry, EventEntry};
 use crate::executor::link::CleanUp;
-use crate::executor::supervisor::{other_spin_lane, DeathNotice, DownCause, ExecutorLink};
+use crate::executor::supervisor::{
+    other_spin_lane, recovery_mark, DeathNotice, DownCause, ExecutorLink,
+};
 use crate::executor::ExecutorError;
 use crate::handles::{BufferId, DeviceGeneration, EventId};
 use crate::sessions::LeaseEvent;
@@ -45,7 +47,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// How often a waiting spare is brought in step with its device's
 /// registrations (what a promotion has left to open is what was registered
-/// in the last period).
+/// in the last period). A period in which nothing was registered or
+/// released costs one look at the registry's change count.
 const SPARE_SYNC: Duration = Duration::from_millis(100);
 
 /// How long after a spare's death the next one starts (a device whose
@@ -174,6 +177,10 @@ impl Spare {
 /// - A spare is taken out of its slot before it is promoted, and a death
 ///   notice of a generation still in a slot is the spare's: it is never
 ///   taken for a death of the device.
+/// - A waiting spare is never older than the generation serving (it could
+///   never be promoted, generations only grow): one that got ready while a
+///   newer executor was started is replaced, by the restart before it
+///   publishes or by the spare's own start after it filled the slot.
 #[derive(Debug)]
 pub struct Spares {
     enabled: bool,
@@ -254,6 +261,27 @@ impl Spares {
         spare
     }
 
+    /// Device `index`'s waiting spare, taken out, when it is older than
+    /// `generation` (the executor now serving): it started before an
+    /// executor that replaced a spare still starting, and as generations
+    /// only grow it could never be promoted.
+    fn take_older(&self, index: usize, generation: DeviceGeneration) -> Option<Arc<ExecutorLink>> {
+        let mut slots = self.lock();
+        let older = matches!(slots.get(&index), Some(Spare::Ready { link, .. }) if link.generation < generation);
+        if !older {
+            return None;
+        }
+        match slots.remove(&index) {
+            Some(Spare::Ready { link, .. }) => Some(link),
+            // Not reached: `older` saw a ready spare under this lock.
+            Some(other) => {
+                slots.insert(index, other);
+                None
+            }
+            None => None,
+        }
+    }
+
     /// Every waiting spare, taken out (the drain stops them).
     pub fn take_all(&self) -> Vec<Arc<ExecutorLink>> {
         self.lock()
@@ -283,6 +311,7 @@ impl Front {
         mut deaths: mpsc::UnboundedReceiver<DeathNotice>,
     ) {
         while let Some((index, generation, cause)) = deaths.recv().await {
+            recovery_mark!("death_seen", device = index, %generation);
             if self.spares.forget(index, generation) {
                 // A spare that died unpromoted: nothing served on it.
                 tracing::warn!(device = index, %generation, %cause, "spare executor died; starting another");
@@ -319,6 +348,7 @@ impl Front {
 
     async fn restart(self: Arc<Self>, index: usize, old: DeviceGeneration, cause: DownCause) {
         let mut spare = self.spares.take_ready(index);
+        recovery_mark!("restart_begins", device = index, generation = %old, spare = spare.is_some());
         // Generations only grow: a spare started before the executor that
         // just died (which then replaced a spare still starting) is older
         // than it, and is not promoted.
@@ -373,10 +403,13 @@ impl Front {
                 Some((link, shared)) => {
                     tracing::info!(device = %uuid, pid = link.pid(), "promoting the spare executor");
                     mirror = std::mem::take(&mut *shared.lock().await);
+                    recovery_mark!("spare_taken_over", device = index, generation = %link.generation,
+                        buffers_open = mirror.buffers.len(), events_open = mirror.events.len());
                     Ok(link)
                 }
                 None => {
                     let lane = self.spares.lane_beside(index);
+                    recovery_mark!("spawn_begins", device = index);
                     ExecutorLink::spawn_on_lane(
                         index,
                         lane,
@@ -426,6 +459,7 @@ impl Front {
                 }
             };
             let generation = link.generation;
+            recovery_mark!("executor_in_hand", device = index, %generation);
             // Publish the generation first so a death of the new executor
             // during the re-open is attributed to it, not dropped as stale.
             let (buffers, events) = {
@@ -443,10 +477,15 @@ impl Front {
             // What a promoted spare failed to open is tried once more.
             // The last call: a spare may have died unseen, with nothing
             // left to open in it, and must not be published.
+            let opened_before = mirror.buffers.len() + mirror.events.len();
             let lost = open_registrations(&link, &mut mirror, &buffers, &events, true)
                 .await
-                .is_err()
-                || !link.answers().await;
+                .is_err();
+            recovery_mark!("registrations_opened", device = index, %generation,
+                buffers = buffers.len(), events = events.len(),
+                opened_now = (mirror.buffers.len() + mirror.events.len()).saturating_sub(opened_before));
+            let lost = lost || !link.answers().await;
+            recovery_mark!("successor_answered", device = index, %generation);
             // Opened by the spare and released since: closed once it serves.
             let released = released_since(&mut mirror, &buffers, &events);
             let reopened_buffers: Vec<(BufferId, bool)> = buffers
@@ -486,6 +525,20 @@ impl Front {
                 )
                 .await;
                 continue;
+            }
+            // A spare that got ready while this executor was started (it
+            // started before it) is older than the generation about to
+            // serve: it is replaced by one that can be promoted. Taken out
+            // before the generation is published, so that a client told of
+            // the restart never sees it waiting; one that gets ready later
+            // sees the device's new generation and leaves by itself.
+            if let Some(older) = self.spares.take_older(index, generation) {
+                tracing::info!(
+                    device = index,
+                    pid = older.pid(),
+                    "a spare older than the new executor is replaced"
+                );
+                older.kill();
             }
             let mut late_closes: Cleanup = released
                 .into_iter()
@@ -547,6 +600,7 @@ impl Front {
                         session.notify(event.clone());
                     }
                     self.publish_availability(&state);
+                    recovery_mark!("generation_published", device = index, %generation);
                 }
             }
             if died_before_publishing {
@@ -618,8 +672,22 @@ impl Front {
                     // was a spare: it is not kept.
                     if !link.is_down() {
                         tracing::info!(device = %uuid, pid = link.pid(), generation = %link.generation, "spare executor ready");
+                        recovery_mark!("spare_ready", device = index, generation = %link.generation);
                         let mirror = SharedMirror::default();
                         self.spares.fill(index, link.clone(), mirror.clone());
+                        // Checked after the fill: a restart that published
+                        // a newer executor meanwhile either sees this spare
+                        // in the slot (and replaces it) or published before
+                        // this look.
+                        let serving = self.lock().devices.get(index).map(|d| d.generation);
+                        if serving.is_some_and(|serving| link.generation < serving) {
+                            if self.spares.forget(index, link.generation) {
+                                tracing::info!(device = %uuid, pid = link.pid(), "a spare older than the serving executor is replaced");
+                                link.kill();
+                                tokio::spawn(self.clone().keep_spare_after(index, Duration::ZERO));
+                            }
+                            return;
+                        }
                         tokio::spawn(self.clone().mirror_spare(index, link, mirror));
                         return;
                     }
@@ -638,16 +706,19 @@ impl Front {
     }
 
     /// Keeps device `index`'s waiting spare in step with the device's
-    /// registrations: every [`SPARE_SYNC`], opens in it what was
-    /// registered and closes what was released since, until it is promoted
-    /// (the promotion takes the mirror over, and opens what this did not
-    /// yet) or dies.
+    /// registrations: every [`SPARE_SYNC`] in which the registry changed,
+    /// opens in it what was registered and closes what was released since,
+    /// until it is promoted (the promotion takes the mirror over, and opens
+    /// what this did not yet) or dies.
     async fn mirror_spare(
         self: Arc<Self>,
         index: usize,
         link: Arc<ExecutorLink>,
         mirror: SharedMirror,
     ) {
+        // The registry's change count at the last sync that opened and
+        // closed everything it asked for (none yet).
+        let mut synced: Option<u64> = None;
         loop {
             if !self.spares.is_waiting(index, link.generation) {
                 return;
@@ -659,7 +730,18 @@ impl Front {
                 if !self.spares.is_waiting(index, link.generation) {
                     return;
                 }
-                let (buffers, events) = self.lock().registry.on_device(index);
+                let registrations = {
+                    let state = self.lock();
+                    let changes = state.registry.changes();
+                    // Nothing registered or released since the last sync:
+                    // no copy of the registry, no call to the spare.
+                    (synced != Some(changes)).then(|| (changes, state.registry.on_device(index)))
+                };
+                let Some((changes, (buffers, events))) = registrations else {
+                    drop(mirror);
+                    tokio::time::sleep(SPARE_SYNC).await;
+                    continue;
+                };
                 let mut lost = false;
                 for close in released_since(&mut mirror, &buffers, &events) {
                     if let Err(ExecutorError::Unavailable { .. }) = link.request(close).await {
@@ -681,6 +763,7 @@ impl Front {
                     }
                     return;
                 }
+                synced = Some(changes);
             }
             tokio::time::sleep(SPARE_SYNC).await;
         }

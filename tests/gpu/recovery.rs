@@ -4,7 +4,12 @@
 //! and the hot spare (`--spare-executor`: promoted after a kernel fault,
 //! with a bystander's results exact), with the fault → first launch time of
 //! a surviving session printed with and without them (a measurement: run
-//! with `--nocapture` to read it; nothing is asserted on time).
+//! with `--nocapture` to read it; nothing is asserted on time), and per
+//! fault the breakdown of where the time went: the daemon's and executors'
+//! `ptxd::recovery` marks (fault raised, report read, death reported, the
+//! successor taken over, registrations opened, generation published) beside
+//! the bystander's own (its refusals, re-load, launch submitted, completed),
+//! all on one clock (microseconds since the epoch).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -174,8 +179,62 @@ pub(super) fn trusting_daemon(dev: &CudaDevice, extra: &[&str]) -> Daemon {
     ];
     flags.extend_from_slice(extra);
     Daemon::start_backend("cuda", &flags, |command| {
-        command.env("RUST_LOG", "warn,ptxd::front::supervise=info");
+        command.env(
+            "RUST_LOG",
+            "warn,ptxd::front::supervise=info,ptxd::recovery=debug",
+        );
     })
+}
+
+/// Microseconds since the epoch: the clock of the daemon's recovery marks.
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// The daemon's `ptxd::recovery` marks logged in `[from, to]` (µs since
+/// the epoch): (timestamp, phase and the line's other fields).
+fn recovery_marks(log: &str, from: u64, to: u64) -> Vec<(u64, String)> {
+    let mut marks: Vec<(u64, String)> = log
+        .lines()
+        .filter_map(|line| line.split_once("ptxd::recovery: ").map(|(_, rest)| rest))
+        .filter_map(|rest| {
+            let at: u64 = rest
+                .split_once("at_us=")?
+                .1
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()?;
+            let phase = rest.split_once("phase=\"")?.1.split('"').next()?.to_owned();
+            let fields: Vec<&str> = rest
+                .split_whitespace()
+                .filter(|f| !f.starts_with("phase=") && !f.starts_with("at_us="))
+                .collect();
+            Some((at, format!("{phase} {}", fields.join(" "))))
+        })
+        .filter(|(at, _)| (from..=to).contains(at))
+        .collect();
+    marks.sort();
+    marks
+}
+
+/// Prints one fault's recovery: every mark (the daemon's and the
+/// bystander's) relative to the faulting launch's submission.
+fn print_breakdown(title: &str, origin: u64, mut marks: Vec<(u64, String)>) {
+    marks.sort();
+    let mut text =
+        format!("recovery breakdown, {title} (ms after the faulting launch was sent):\n");
+    let mut last = origin;
+    for (at, what) in &marks {
+        let since = at.saturating_sub(origin) as f64 / 1000.0;
+        let step = at.saturating_sub(last) as f64 / 1000.0;
+        text.push_str(&format!("  {since:>9.3}  (+{step:>8.3})  {what}\n"));
+        last = (*at).max(last);
+    }
+    eprintln!("{text}");
 }
 
 /// Waits until `daemon` logged a spare ready that is not `serving`.
@@ -208,9 +267,26 @@ fn add_named(i: usize) -> String {
         .replace("add_f32_scalar", &format!("add_f32_scalar_{i}"))
 }
 
-/// Faults the device with the cubin that stores to address 0, from its own
-/// session (a tenant that is not the bystander).
-pub(super) async fn fault(client: &Client, dev: &CudaDevice) {
+/// A tenant that is not the bystander, ready to fault the device with the
+/// cubin that stores to address 0: its session, kernel, buffer and launch.
+pub(super) struct Faulting {
+    session: Session,
+    kernel: Kernel,
+    _mem: DeviceAllocation,
+    launch: Launch,
+}
+
+/// Faults the device: the faulting tenant's launch, answered KERNEL_FAULT.
+pub(super) async fn fault(faulting: &Faulting) {
+    let err = faulting
+        .session
+        .launch(&faulting.kernel, &faulting.launch)
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason_name(), "KERNEL_FAULT", "{err}");
+}
+
+pub(super) async fn prepare_fault(client: &Client, dev: &CudaDevice) -> Faulting {
     let session = client.open_session("faulting").await.unwrap();
     let cubin = std::fs::read(super::executor_client::corpus_dir().join("store_to_null.cubin"))
         .expect("run.sh builds store_to_null.cubin");
@@ -229,8 +305,12 @@ pub(super) async fn fault(client: &Client, dev: &CudaDevice) {
         .await
         .unwrap();
     let launch = Launch::new([buffer.operand()], buffer.operand(), 1024).sync(true);
-    let err = session.launch(&kernel, &launch).await.unwrap_err();
-    assert_eq!(err.reason_name(), "KERNEL_FAULT", "{err}");
+    Faulting {
+        session,
+        kernel,
+        _mem: mem,
+        launch,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -303,15 +383,28 @@ async fn a_fault_is_recovered_faster_with_a_spare_and_the_kernel_cache() {
                     );
                 }
             }
+            // The faulting tenant is set up before the clock starts (its
+            // session, cubin and buffer are not the recovery's cost), and
+            // kept until the bystander has launched again.
+            let faulting = prepare_fault(&client, &dev).await;
+            let origin = unix_micros();
             let faulted = Instant::now();
-            fault(&client, &dev).await;
+            fault(&faulting).await;
+            let mut mine = vec![(unix_micros(), "test: KERNEL_FAULT answered".to_string())];
             // The bystander's first launch that succeeds, reloading its
             // kernel when it is stale.
             let mut kernel = kernels[0].clone();
+            let mut unavailable = 0;
             loop {
+                let submitted = unix_micros();
                 match session.launch(&kernel, &ops.launch).await {
-                    Ok(_) => break,
+                    Ok(_) => {
+                        mine.push((submitted, "bystander: launch submitted".into()));
+                        mine.push((unix_micros(), "bystander: launch completed".into()));
+                        break;
+                    }
                     Err(e) if e.reason_name() == "STALE_KERNEL" => {
+                        mine.push((unix_micros(), "bystander: STALE_KERNEL".into()));
                         let reloaded = session
                             .load_ptx(
                                 0,
@@ -320,16 +413,45 @@ async fn a_fault_is_recovered_faster_with_a_spare_and_the_kernel_cache() {
                                 LoadOptions::default(),
                             )
                             .await;
+                        mine.push((
+                            unix_micros(),
+                            format!(
+                                "bystander: re-load done ({})",
+                                if reloaded.is_ok() { "ok" } else { "failed" }
+                            ),
+                        ));
                         if let Ok(fresh) = reloaded {
                             kernel = fresh;
                             continue;
                         }
                     }
-                    Err(e) => assert_eq!(e.reason_name(), "EXECUTOR_UNAVAILABLE", "{e}"),
+                    Err(e) => {
+                        assert_eq!(e.reason_name(), "EXECUTOR_UNAVAILABLE", "{e}");
+                        unavailable += 1;
+                        if unavailable == 1 {
+                            mine.push((
+                                unix_micros(),
+                                "bystander: first EXECUTOR_UNAVAILABLE".into(),
+                            ));
+                        }
+                    }
                 }
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
             first_launch.push(faulted.elapsed());
+            if unavailable > 0 {
+                mine.push((
+                    unix_micros(),
+                    format!("bystander: {unavailable} EXECUTOR_UNAVAILABLE in all"),
+                ));
+            }
+            drop(faulting);
+            // The daemon's marks of this fault: its log is written by now
+            // but for the faulted executor's reaping, given a moment.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let mut marks = recovery_marks(&daemon.stderr(), origin, unix_micros());
+            marks.extend(mine);
+            print_breakdown(&format!("{mode}, fault {round}"), origin, marks);
             check_add(
                 &session,
                 &kernel,

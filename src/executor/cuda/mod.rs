@@ -82,6 +82,7 @@ use super::child::{serve_stdio, Backend, Replier};
 use super::fd_inbox::FdInbox;
 use super::kernel_cache::{CacheKey, KernelCache, Lookup};
 use super::ring::RingHandle;
+use super::supervisor::recovery_mark;
 use images::{check_cubin, check_fatbin, choose_block, expected_param_sizes};
 use ptxd_cuda as driver;
 use ptxd_cuda::{
@@ -247,16 +248,23 @@ struct SessionStream {
 /// fault that ends the process, anything else is an internal failure.
 fn fail_driver(reply: Replier, error: &DriverError, doing: &str) {
     let metadata = [("cuda_error", error.name.clone())];
+    if error.name == "CUDA_ERROR_DEINITIALIZED" {
+        // The process is already exiting on another thread (another
+        // request's sticky fault): this request met the executor's absence,
+        // not a fault of its own, and is answered so (EXECUTOR_UNAVAILABLE,
+        // retryable). Running the exit handlers a second time, at once, is
+        // not safe, so leave without them.
+        let channel = reply.channel().clone();
+        let message = format!("the executor was exiting ({doing}: {error})");
+        reply.fail(FailureKind::ExecutorExiting, message.clone(), &metadata);
+        channel.fatal_now(&error.name, &message);
+    }
     if error.is_sticky() {
+        recovery_mark!("fault_raised", error = %error.name);
         let channel = reply.channel().clone();
         let message = format!("the device faulted ({doing}: {error}); the executor restarts");
         reply.fail(FailureKind::KernelFault, message.clone(), &metadata);
-        // A deinitialized driver means the process is already exiting on
-        // another thread: running the exit handlers a second time, at once,
-        // is not safe, so leave without them.
-        if error.name == "CUDA_ERROR_DEINITIALIZED" {
-            channel.fatal_now(&error.name, &message);
-        }
+        recovery_mark!("exit_begins");
         channel.fatal(&error.name, &message);
     }
     reply.fail(
