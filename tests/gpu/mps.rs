@@ -22,7 +22,7 @@
 //! with the bystander alive and ptxd's restarts refused
 //! CUDA_ERROR_MPS_SERVER_NOT_READY).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -178,7 +178,13 @@ async fn a_fault_in_ptxd_and_a_bystander_process_on_the_same_gpu() {
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     };
-    check_add(&session, &kernel, &ops, &format!("after the fault {config}")).await;
+    check_add(
+        &session,
+        &kernel,
+        &ops,
+        &format!("after the fault {config}"),
+    )
+    .await;
     let (outcome, outcome_at) = match outcome {
         Some(seen) => seen,
         None => {
