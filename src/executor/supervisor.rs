@@ -45,7 +45,7 @@
 //!   timeout's report is the exception: its kernel may still be running, so
 //!   its death is reported once the process is reaped (its context gone).
 //! - The recovery path logs its steps with [`unix_micros`] timestamps at
-//!   debug on the `ptxd::recovery` target ([`recovery_mark`]), comparable
+//!   debug on the `ptxd::recovery` target (`recovery_mark!`), comparable
 //!   across the front, its executors and a test on the same machine.
 
 use std::collections::HashMap;

@@ -28,7 +28,7 @@
 //!   [`MAX_INLINED_STATEMENTS`] statements after inlining.
 //!
 //! A callee's `.local` frame goes with its body (its scope's names are
-//! renamed apart by [`frame::flatten_scopes`]) and is proved like the
+//! renamed apart by `frame::flatten_scopes`) and is proved like the
 //! entry's by [`promote_frame`].
 //!
 //! Invariant: the body this returns has no `call`, and every register a
@@ -662,7 +662,7 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
 /// overlapping another at a different width is refused here, naming it.
 ///
 /// A frame this leaves (some access at a computed offset) goes to
-/// [`frame::lower_indexed`], which proves every access inside it on every
+/// `frame::lower_indexed`, which proves every access inside it on every
 /// path and lowers it to registers, or refuses it naming the access.
 pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
     frame::flatten_frame_scopes(module, symbol);
