@@ -81,3 +81,14 @@ class Daemon:
 
 def read_ptx(name: str) -> str:
     return (corpus_dir() / f"{name}.ptx").read_text()
+
+
+#: A real compiler's kernel ptxd refuses (`NON_SCALAR_ABI`, sub_reason
+#: `unsupported_instruction`: `createpolicy` in Inductor's 2-D broadcast
+#: kernel), as (text, entry): the tests' example of a refused load.
+REFUSED_ENTRY = "triton_poi_fused_add_gelu_0"
+
+
+def read_refused_ptx() -> tuple[str, str]:
+    jit = Path(os.environ.get("PTXD_JIT_CORPUS", REPO / "tests" / "corpus" / "jit"))
+    return (jit / "inductor" / "bias_gelu_2d_f32_static_0.ptx").read_text(), REFUSED_ENTRY

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ptxd
-from support import Daemon, read_ptx
+from support import Daemon, read_ptx, read_refused_ptx
 from kernels import add_kernel
 
 RNG = np.random.default_rng()
@@ -212,10 +212,10 @@ def test_each_refusal_is_its_own_class(session):
     assert missing.value.reason == "SYMBOL_NOT_FOUND"
     with pytest.raises(ptxd.InvalidArtifact):
         session.load_ptx("this is not PTX", "add_f32_scalar")
-    with pytest.raises(ptxd.NonScalarAbi) as strided:
-        session.load_ptx(read_ptx("add_f32_strided"), "add_f32_strided")
-    assert isinstance(strided.value, ptxd.Refused)
-    assert strided.value.metadata["sub_reason"] == "extra_params"
+    with pytest.raises(ptxd.NonScalarAbi) as refused:
+        session.load_ptx(*read_refused_ptx())
+    assert isinstance(refused.value, ptxd.Refused)
+    assert refused.value.metadata["sub_reason"] == "unsupported_instruction"
     with pytest.raises(ptxd.UnknownDevice):
         session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar", device=99)
 

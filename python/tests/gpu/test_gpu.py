@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import ptxd
-from support import corpus_dir, read_ptx
+from support import corpus_dir, read_ptx, read_refused_ptx
 from kernels import add_kernel
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -178,8 +178,9 @@ def test_a_refusal_of_each_class(torch, gpu_client, gpu_session, device):
         gpu_session.load_ptx(read_ptx("add_f32_scalar"), "missing", device=device)
     with pytest.raises(ptxd.InvalidArtifact):
         gpu_session.load_ptx(".version 8.0\n.target sm_90\nnot ptx", "x", device=device)
-    with pytest.raises(ptxd.NonScalarAbi):
-        gpu_session.load_ptx(read_ptx("add_f32_strided"), "add_f32_strided", device=device)
+    with pytest.raises(ptxd.NonScalarAbi) as refused:
+        gpu_session.load_ptx(*read_refused_ptx(), device=device)
+    assert refused.value.metadata["sub_reason"] == "unsupported_instruction"
     with pytest.raises(ptxd.UnknownDevice):
         gpu_session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar", device=99)
     affine = gpu_session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar", device=device)
