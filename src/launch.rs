@@ -117,14 +117,26 @@ pub trait LaunchTerms {
     fn inputs(&self) -> u32;
     /// By-value scalar arguments the launch passes.
     fn scalar_params(&self) -> u32;
-    /// The launch values for `n`, once every precondition holds at them.
-    fn values(&self, n: u64) -> Result<LaunchValues, LaunchRefusal>;
+    /// The launch values for `n`, once every precondition holds at them
+    /// and the launch's scalar `args` (each as its bits, in the order of
+    /// the scalar params; empty for f32 `params`).
+    fn values(&self, n: u64, args: &[u64]) -> Result<LaunchValues, LaunchRefusal>;
     /// Operand `k`'s (inputs, then the output) alignment and footprint in
-    /// bytes (`None`: past `u128`), or `None` when there is no operand `k`.
-    fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)>;
-    /// The type of the `k`-th by-value scalar param and its name, or `None`
-    /// past the last.
-    fn scalar(&self, k: usize) -> Option<(ScalarType, &str)>;
+    /// bytes (`None`: past `u128`, or an argument it reads is negative),
+    /// or `None` when there is no operand `k`.
+    fn footprint(
+        &self,
+        k: usize,
+        values: &LaunchValues,
+        args: &[u64],
+    ) -> Option<(u32, Option<u128>)>;
+    /// Calls `f` with the index, type and name of every by-value scalar
+    /// param, in order (one pass: the check of a launch's scalars is
+    /// linear in their number); stops at `f`'s first refusal.
+    fn each_scalar(
+        &self,
+        f: &mut dyn FnMut(usize, ScalarType, &str) -> Result<(), LaunchRefusal>,
+    ) -> Result<(), LaunchRefusal>;
 }
 
 impl LaunchTerms for Signature {
@@ -134,7 +146,7 @@ impl LaunchTerms for Signature {
     fn scalar_params(&self) -> u32 {
         self.scalar_params
     }
-    fn values(&self, n: u64) -> Result<LaunchValues, LaunchRefusal> {
+    fn values(&self, n: u64, _args: &[u64]) -> Result<LaunchValues, LaunchRefusal> {
         if n > i64::MAX as u64 {
             return Err(LaunchRefusal::CountTooLarge);
         }
@@ -145,14 +157,22 @@ impl LaunchTerms for Signature {
             block: 0,
         })
     }
-    fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)> {
+    fn footprint(
+        &self,
+        k: usize,
+        values: &LaunchValues,
+        _args: &[u64],
+    ) -> Option<(u32, Option<u128>)> {
         let size = *self.element_sizes.get(k)?;
         Some((size, Some(u128::from(values.count) * u128::from(size))))
     }
-    fn scalar(&self, k: usize) -> Option<(ScalarType, &str)> {
+    fn each_scalar(
+        &self,
+        f: &mut dyn FnMut(usize, ScalarType, &str) -> Result<(), LaunchRefusal>,
+    ) -> Result<(), LaunchRefusal> {
         // The scalar ABI's scalars are all `float`; a signature carries no
         // names (the ring's refusals say `p<k>`, as the contract's would).
-        (k < self.scalar_params as usize).then_some((ScalarType::F32, ""))
+        (0..self.scalar_params as usize).try_for_each(|k| f(k, ScalarType::F32, ""))
     }
 }
 
@@ -170,17 +190,18 @@ impl LaunchTerms for BoundContract<'_> {
     fn scalar_params(&self) -> u32 {
         clamp(self.contract.scalar_params())
     }
-    fn values(&self, n: u64) -> Result<LaunchValues, LaunchRefusal> {
+    fn values(&self, n: u64, args: &[u64]) -> Result<LaunchValues, LaunchRefusal> {
         let values = self.contract.values(n, self.block);
         for p in &self.contract.preconditions {
-            if !p.holds(&values) {
+            if !p.holds_with(&values, args) {
                 return Err(if p.name == COUNT_FITS_I64 {
                     LaunchRefusal::CountTooLarge
                 } else {
+                    let names = self.contract.arg_names();
                     LaunchRefusal::PreconditionFailed {
                         precondition: p.name,
-                        condition: p.to_string(),
-                        values: p.values(&values),
+                        condition: p.text(&names),
+                        values: p.values_with(&values, args, &names),
                     }
                 });
             }
@@ -202,19 +223,27 @@ impl LaunchTerms for BoundContract<'_> {
         }
         Ok(values)
     }
-    fn footprint(&self, k: usize, values: &LaunchValues) -> Option<(u32, Option<u128>)> {
+    fn footprint(
+        &self,
+        k: usize,
+        values: &LaunchValues,
+        args: &[u64],
+    ) -> Option<(u32, Option<u128>)> {
         let f = self.contract.footprints.get(k)?;
-        Some((f.alignment, f.bytes.eval(values)))
+        Some((f.alignment, f.bytes.eval_with(values, args)))
     }
-    fn scalar(&self, k: usize) -> Option<(ScalarType, &str)> {
-        self.contract
-            .params
-            .iter()
-            .filter_map(|p| match p.kind {
-                ParamKind::Scalar(ty) => Some((ty, p.name.as_str())),
-                _ => None,
-            })
-            .nth(k)
+    fn each_scalar(
+        &self,
+        f: &mut dyn FnMut(usize, ScalarType, &str) -> Result<(), LaunchRefusal>,
+    ) -> Result<(), LaunchRefusal> {
+        let mut k = 0;
+        for p in &self.contract.params {
+            if let ParamKind::Scalar(ty) = p.kind {
+                f(k, ty, &p.name)?;
+                k += 1;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -415,21 +444,16 @@ fn check_scalars<K: LaunchTerms + ?Sized>(
                 found: clamp(scalars),
             });
         }
-        for k in 0..scalars {
-            let mismatch = |ty: ScalarType, name: &str| LaunchRefusal::ScalarArgsMismatch {
+        return terms.each_scalar(&mut |k, ty, name| match ty {
+            ScalarType::F32 => Ok(()),
+            _ => Err(LaunchRefusal::ScalarArgsMismatch {
                 what: "type",
                 index: clamp(k),
                 param: param_name(k, name),
                 expected: arg_type_name(ty).to_string(),
                 given: "f32".to_string(),
-            };
-            match terms.scalar(k) {
-                Some((ScalarType::F32, _)) => {}
-                Some((ty, name)) => return Err(mismatch(ty, name)),
-                None => return Err(LaunchRefusal::Internal("the kernel's terms lack a scalar")),
-            }
-        }
-        return Ok(());
+            }),
+        });
     }
     if args.len() != expected as usize {
         return Err(LaunchRefusal::ScalarArgsMismatch {
@@ -440,22 +464,27 @@ fn check_scalars<K: LaunchTerms + ?Sized>(
             given: args.len().to_string(),
         });
     }
-    for (k, arg) in args.iter().enumerate() {
-        let Some((ty, name)) = terms.scalar(k) else {
-            return Err(LaunchRefusal::Internal("the kernel's terms lack a scalar"));
-        };
-        if !arg.is(ty) {
-            return Err(LaunchRefusal::ScalarArgsMismatch {
+    terms.each_scalar(&mut |k, ty, name| {
+        let arg = args.get(k).ok_or(LaunchRefusal::Internal(
+            "the kernel's terms have more scalars",
+        ))?;
+        if arg.is(ty) {
+            Ok(())
+        } else {
+            Err(LaunchRefusal::ScalarArgsMismatch {
                 what: "type",
                 index: clamp(k),
                 param: param_name(k, name),
                 expected: arg_type_name(ty).to_string(),
                 given: arg.type_name().to_string(),
-            });
+            })
         }
-    }
-    Ok(())
+    })
 }
+
+/// The most typed args whose bits the check keeps on the stack; a launch
+/// with more (a kernel with that many by-value scalars) allocates.
+const ARGS_ON_STACK: usize = 16;
 
 /// A scalar param's name for a refusal (`p<k>` where the terms carry none).
 fn param_name(k: usize, name: &str) -> String {
@@ -496,7 +525,20 @@ pub fn check_with_args<C: Capabilities, K: LaunchTerms + ?Sized>(
     }
     check_scalars(terms, launch.scalars, args)?;
     let output = launch.output.ok_or(LaunchRefusal::NoOutput)?;
-    let values = terms.values(launch.n)?;
+    // The args' bits, for contract terms that read them (the Strided
+    // family's shapes and strides).
+    let mut stack = [0u64; ARGS_ON_STACK];
+    let heap: Vec<u64>;
+    let bits: &[u64] = if args.len() <= ARGS_ON_STACK {
+        for (slot, arg) in stack.iter_mut().zip(args) {
+            *slot = arg.bits();
+        }
+        &stack[..args.len()]
+    } else {
+        heap = args.iter().map(|a| a.bits()).collect();
+        &heap
+    };
+    let values = terms.values(launch.n, bits)?;
     let mismatch = |operand: String, placement: Placement| LaunchRefusal::DeviceMismatch {
         operand,
         kernel_device: view.describe(kernel.placement),
@@ -514,7 +556,7 @@ pub fn check_with_args<C: Capabilities, K: LaunchTerms + ?Sized>(
         };
         let (alignment, footprint) =
             terms
-                .footprint(index, &values)
+                .footprint(index, &values, bits)
                 .ok_or(LaunchRefusal::Internal(
                     "the kernel's terms do not cover every operand",
                 ))?;

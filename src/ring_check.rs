@@ -52,14 +52,21 @@ pub fn encode(contract: &LaunchContract) -> exec::RingContract {
         preconditions: contract
             .preconditions
             .iter()
-            .map(|p| {
-                let Condition::AtMost(e, bound) = &p.condition;
-                exec::RingPrecondition {
+            .map(|p| match &p.condition {
+                Condition::AtMost(e, bound) => exec::RingPrecondition {
                     name: p.name.to_string(),
                     expr: steps(e),
                     bound_low: *bound as u64,
                     bound_high: (*bound >> 64) as u64,
-                }
+                },
+                // The wire carries `<=` only: a step without a kind makes
+                // the grant undecodable, so the kernel is not granted.
+                Condition::AtLeast(..) => exec::RingPrecondition {
+                    name: p.name.to_string(),
+                    expr: vec![exec::ExprStep { step: None }],
+                    bound_low: 0,
+                    bound_high: 0,
+                },
             })
             .collect(),
     }
@@ -87,6 +94,14 @@ fn steps(e: &Expr) -> Vec<exec::ExprStep> {
             Expr::RoundUp(a, k) => {
                 walk(a, out);
                 Step::RoundUp(*k)
+            }
+            // The Strided family's terms (the launch's args, division,
+            // min) have no step on the wire: a step without a kind makes
+            // the grant undecodable, so such a kernel is not granted to a
+            // ring (its launches take the unary paths, which carry args).
+            Expr::Arg(_) | Expr::Div(..) | Expr::SatSub(..) | Expr::Min(..) => {
+                out.push(exec::ExprStep { step: None });
+                return;
             }
         };
         out.push(exec::ExprStep { step: Some(step) });
@@ -294,11 +309,11 @@ mod tests {
                     block: 128,
                 },
             );
-            let (va, vb) = (a.values(n), b.values(n));
+            let (va, vb) = (a.values(n, &[]), b.values(n, &[]));
             assert_eq!(va, vb);
             if let Ok(v) = va {
                 for k in 0..c.footprints.len() {
-                    assert_eq!(a.footprint(k, &v), b.footprint(k, &v));
+                    assert_eq!(a.footprint(k, &v, &[]), b.footprint(k, &v, &[]));
                 }
             }
         }

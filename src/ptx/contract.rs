@@ -39,6 +39,16 @@ pub enum Expr {
     /// evaluates to `None`): a vector access masked on its first lane
     /// touches up to the end of its vector.
     RoundUp(Box<Expr>, u64),
+    /// The `k`-th by-value scalar argument of the launch (in the order of
+    /// the contract's `Scalar` params), its bits read as the kernel's
+    /// signed 64-bit value: a negative value (or no such argument) has no
+    /// value here, so a footprint or precondition reading it refuses.
+    Arg(u16),
+    /// `a / b` rounded down; `b = 0` has no value.
+    Div(Box<Expr>, Box<Expr>),
+    /// `max(a - b, 0)`.
+    SatSub(Box<Expr>, Box<Expr>),
+    Min(Box<Expr>, Box<Expr>),
 }
 
 /// The launch values an [`Expr`] is evaluated over.
@@ -58,11 +68,20 @@ impl Expr {
         Expr::Add(Box::new(a), Box::new(b))
     }
 
-    /// The value at `v`, or `None` when a step overflows `u128`.
+    /// The value at `v`, or `None` when a step overflows `u128` (an
+    /// [`Expr::Arg`] has no value here: see [`Expr::eval_with`]).
     pub fn eval(&self, v: &LaunchValues) -> Option<u128> {
+        self.eval_with(v, &[])
+    }
+
+    /// The value at `v` with the launch's scalar arguments `args` (each
+    /// as its bits zero-extended to 64, in the order of the contract's
+    /// `Scalar` params), or `None` when a step overflows `u128`, divides
+    /// by zero or reads an argument that is negative or missing.
+    pub fn eval_with(&self, v: &LaunchValues, args: &[u64]) -> Option<u128> {
         // Leaves are read in place: a footprint such as `n × 4` is one
         // call, not three (the launch check runs this per operand).
-        let operand = |e: &Expr| e.leaf(v).or_else(|| e.eval(v));
+        let operand = |e: &Expr| e.leaf(v).or_else(|| e.eval_with(v, args));
         match self {
             Expr::Add(a, b) => operand(a)?.checked_add(operand(b)?),
             Expr::Mul(a, b) => {
@@ -78,6 +97,14 @@ impl Expr {
                 let (x, k) = (operand(e)?, u128::from(*k));
                 x.checked_next_multiple_of(k)
             }
+            Expr::Arg(k) => {
+                let bits = *args.get(usize::from(*k))?;
+                // The kernel's arithmetic reads it as a signed 64-bit value.
+                (bits <= i64::MAX as u64).then_some(u128::from(bits))
+            }
+            Expr::Div(a, b) => operand(a)?.checked_div(operand(b)?),
+            Expr::SatSub(a, b) => Some(operand(a)?.saturating_sub(operand(b)?)),
+            Expr::Min(a, b) => Some(operand(a)?.min(operand(b)?)),
             leaf => leaf.leaf(v),
         }
     }
@@ -90,13 +117,26 @@ impl Expr {
             Expr::Count => Some(u128::from(v.count)),
             Expr::Grid => Some(u128::from(v.grid)),
             Expr::Block => Some(u128::from(v.block)),
-            Expr::Add(..) | Expr::Mul(..) | Expr::RoundUp(..) => None,
+            Expr::Add(..)
+            | Expr::Mul(..)
+            | Expr::RoundUp(..)
+            | Expr::Arg(_)
+            | Expr::Div(..)
+            | Expr::SatSub(..)
+            | Expr::Min(..) => None,
         }
     }
-}
 
-impl fmt::Display for Expr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    /// The expression as text, each argument by its param's name.
+    pub fn named<'a>(&'a self, names: &'a [&'a str]) -> Named<'a> {
+        Named { expr: self, names }
+    }
+
+    fn show(&self, f: &mut fmt::Formatter<'_>, names: &[&str]) -> fmt::Result {
+        fn named<'a>(expr: &'a Expr, names: &'a [&'a str]) -> Named<'a> {
+            Named { expr, names }
+        }
+        let named = |e| named(e, names);
         match self {
             Expr::Const(c) if *c >= 1 << 20 && c.is_power_of_two() => {
                 write!(f, "2^{}", c.trailing_zeros())
@@ -105,10 +145,36 @@ impl fmt::Display for Expr {
             Expr::Count => f.write_str("n"),
             Expr::Grid => f.write_str("grid"),
             Expr::Block => f.write_str("block"),
-            Expr::Add(a, b) => write!(f, "({a} + {b})"),
-            Expr::Mul(a, b) => write!(f, "{a} × {b}"),
-            Expr::RoundUp(e, k) => write!(f, "roundup({e}, {k})"),
+            Expr::Add(a, b) => write!(f, "({} + {})", named(a), named(b)),
+            Expr::Mul(a, b) => write!(f, "{} × {}", named(a), named(b)),
+            Expr::RoundUp(e, k) => write!(f, "roundup({}, {k})", named(e)),
+            Expr::Arg(k) => match names.get(usize::from(*k)) {
+                Some(name) => f.write_str(name),
+                None => write!(f, "arg{k}"),
+            },
+            Expr::Div(a, b) => write!(f, "({} / {})", named(a), named(b)),
+            Expr::SatSub(a, b) => write!(f, "({} - {})", named(a), named(b)),
+            Expr::Min(a, b) => write!(f, "min({}, {})", named(a), named(b)),
         }
+    }
+}
+
+/// An [`Expr`] shown with its arguments' names ([`Expr::named`]).
+#[derive(Debug)]
+pub struct Named<'a> {
+    expr: &'a Expr,
+    names: &'a [&'a str],
+}
+
+impl fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.expr.show(f, self.names)
+    }
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.show(f, &[])
     }
 }
 
@@ -229,6 +295,9 @@ pub struct Footprint {
 pub enum Condition {
     /// `expr <= bound`.
     AtMost(Expr, u128),
+    /// `expr >= bound` (an expression without a value, e.g. a negative
+    /// argument, is not).
+    AtLeast(Expr, u128),
 }
 
 /// A named precondition: a launch where it is false is refused, naming it.
@@ -245,28 +314,78 @@ pub const COUNT_FITS_I64: &str = "count_fits_i64";
 pub const COUNT_FITS_I32: &str = "count_fits_i32";
 /// Every thread's 32-bit index is exact: `grid × block <= 2^31`.
 pub const INDEX_FITS_I32: &str = "index_fits_i32";
+/// The Strided family: a divisor argument `d` of `i / d`, `i % d` is at
+/// least 1.
+pub const DIVISOR_POSITIVE: &str = "divisor_positive";
+/// The Strided family: an argument that scales an index (a stride, a
+/// shape) is not negative.
+pub const ARG_NONNEGATIVE: &str = "arg_nonnegative";
+/// The Strided family: the largest byte offset any thread computes fits
+/// the kernel's signed 64-bit arithmetic, so no product or sum wraps.
+pub const STRIDED_INDEX_FITS_I64: &str = "strided_index_fits_i64";
 
 impl Precondition {
     /// Whether it holds at `v`; an overflow is "does not hold".
     pub fn holds(&self, v: &LaunchValues) -> bool {
+        self.holds_with(v, &[])
+    }
+
+    /// Whether it holds at `v` with the launch's scalar `args` (bits, in
+    /// the contract's `Scalar` order); an overflow is "does not hold".
+    pub fn holds_with(&self, v: &LaunchValues, args: &[u64]) -> bool {
         match &self.condition {
-            Condition::AtMost(e, bound) => e.eval(v).is_some_and(|x| x <= *bound),
+            Condition::AtMost(e, bound) => e.eval_with(v, args).is_some_and(|x| x <= *bound),
+            Condition::AtLeast(e, bound) => e.eval_with(v, args).is_some_and(|x| x >= *bound),
+        }
+    }
+
+    fn expr(&self) -> &Expr {
+        match &self.condition {
+            Condition::AtMost(e, _) | Condition::AtLeast(e, _) => e,
         }
     }
 
     /// `name=value` for every launch value the condition reads, for a
     /// refusal's metadata.
     pub fn values(&self, v: &LaunchValues) -> String {
-        let Condition::AtMost(e, _) = &self.condition;
+        self.values_with(v, &[], &[])
+    }
+
+    /// [`Self::values`], each argument by its name in `names` (as the
+    /// kernel reads it, signed) from `args`.
+    pub fn values_with(&self, v: &LaunchValues, args: &[u64], names: &[&str]) -> String {
         let mut out = Vec::new();
-        e.visit(&mut |e| match e {
+        self.expr().visit(&mut |e| match e {
             Expr::Count => out.push(format!("n={}", v.count)),
             Expr::Grid => out.push(format!("grid={}", v.grid)),
             Expr::Block => out.push(format!("block={}", v.block)),
+            Expr::Arg(k) => {
+                let k = usize::from(*k);
+                let name = names
+                    .get(k)
+                    .map_or_else(|| format!("arg{k}"), |n| n.to_string());
+                match args.get(k) {
+                    Some(bits) => out.push(format!("{name}={}", *bits as i64)),
+                    None => out.push(format!("{name}=missing")),
+                }
+            }
             _ => {}
         });
         out.dedup();
         out.join(",")
+    }
+
+    /// The condition as text, each argument by its name in `names`.
+    pub fn text(&self, names: &[&str]) -> String {
+        let (e, op, bound) = match &self.condition {
+            Condition::AtMost(e, b) => (e, "<=", b),
+            Condition::AtLeast(e, b) => (e, ">=", b),
+        };
+        let bound = match u64::try_from(*bound) {
+            Ok(b) => Expr::Const(b).to_string(),
+            Err(_) => bound.to_string(),
+        };
+        format!("{}: {} {op} {bound}", self.name, e.named(names))
     }
 }
 
@@ -274,27 +393,33 @@ impl Expr {
     fn visit(&self, f: &mut impl FnMut(&Expr)) {
         f(self);
         match self {
-            Expr::Add(a, b) | Expr::Mul(a, b) => {
+            Expr::Add(a, b)
+            | Expr::Mul(a, b)
+            | Expr::Div(a, b)
+            | Expr::SatSub(a, b)
+            | Expr::Min(a, b) => {
                 a.visit(f);
                 b.visit(f);
             }
             Expr::RoundUp(e, _) => e.visit(f),
-            _ => {}
+            Expr::Const(_) | Expr::Count | Expr::Grid | Expr::Block | Expr::Arg(_) => {}
         }
     }
 }
 
 impl fmt::Display for Precondition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.condition {
-            Condition::AtMost(e, bound) => {
-                let bound = match u64::try_from(*bound) {
-                    Ok(b) => Expr::Const(b).to_string(),
-                    Err(_) => bound.to_string(),
-                };
-                write!(f, "{}: {e} <= {bound}", self.name)
-            }
-        }
+        f.write_str(&self.text(&[]))
+    }
+}
+
+impl Expr {
+    /// Whether the expression reads a scalar argument (then it needs the
+    /// launch's args: [`Expr::eval_with`]).
+    pub fn reads_args(&self) -> bool {
+        let mut reads = false;
+        self.visit(&mut |e| reads |= matches!(e, Expr::Arg(_)));
+        reads
     }
 }
 
@@ -477,6 +602,22 @@ impl LaunchContract {
         Some((if holds(lo) { lo } else { 0 }, failing))
     }
 
+    /// The names of the by-value scalar params, in their order (what
+    /// [`Expr::Arg`] indexes).
+    pub fn arg_names(&self) -> Vec<&str> {
+        self.params
+            .iter()
+            .filter(|p| matches!(p.kind, ParamKind::Scalar(_)))
+            .map(|p| p.name.as_str())
+            .collect()
+    }
+
+    /// Whether a footprint or precondition reads a scalar argument.
+    pub fn reads_args(&self) -> bool {
+        self.footprints.iter().any(|f| f.bytes.reads_args())
+            || self.preconditions.iter().any(|p| p.expr().reads_args())
+    }
+
     /// The param an operand is passed as, by name.
     pub fn operand_name(&self, operand: usize) -> &str {
         self.footprints
@@ -519,15 +660,21 @@ impl fmt::Display for LaunchContract {
             format!("block × {ept}")
         };
         write!(f, "); block {block}; grid ceil(n / {per_block})")?;
+        let args = self.arg_names();
         for fp in &self.footprints {
             let name = self
                 .params
                 .get(usize::from(fp.param))
                 .map_or("?", |p| p.name.as_str());
-            write!(f, "; {name}[{}] align {}", fp.bytes, fp.alignment)?;
+            write!(
+                f,
+                "; {name}[{}] align {}",
+                fp.bytes.named(&args),
+                fp.alignment
+            )?;
         }
         for p in &self.preconditions {
-            write!(f, "; requires {p}")?;
+            write!(f, "; requires {}", p.text(&args))?;
         }
         Ok(())
     }

@@ -54,6 +54,13 @@ pub struct Families {
     /// `.reqntid`; the contract carries each operand's footprint,
     /// elements per thread, `count_fits_i32` and `index_fits_i32`.
     pub triton: bool,
+    /// The seed's Strided schedule (`verify/strided.rs`): by-value 64-bit
+    /// shape and stride args after `long long n`, addresses that are
+    /// polynomials of `i`, `i / d`, `i % d` and the args; the contract
+    /// carries each operand's footprint over the args and the
+    /// preconditions `divisor_positive`, `arg_nonnegative` and
+    /// `strided_index_fits_i64`.
+    pub strided: bool,
 }
 
 impl Families {
@@ -62,12 +69,14 @@ impl Families {
         vectorized: false,
         index32: false,
         triton: false,
+        strided: false,
     };
     /// Every family the verifier can prove.
     pub const ALL: Families = Families {
         vectorized: true,
         index32: true,
         triton: true,
+        strided: true,
     };
 }
 

@@ -94,11 +94,16 @@ impl HostKernel {
             .contract
             .preconditions
             .iter()
-            .find(|p| !p.holds(&values))
+            .find(|p| !p.holds_with(&values, launch.args))
         {
+            let names = self.contract.arg_names();
             return Err(HostFault {
                 line: 0,
-                message: format!("precondition {p} does not hold at {}", p.values(&values)),
+                message: format!(
+                    "precondition {} does not hold at {}",
+                    p.text(&names),
+                    p.values_with(&values, launch.args, &names)
+                ),
             });
         }
         // SAFETY: the caller upholds the span validity `run` needs.

@@ -152,7 +152,7 @@ pub unsafe fn run(
     let values = contract.values(launch.n, block_threads);
     let spans = launch.inputs.iter().chain(std::iter::once(&launch.output));
     for (k, (span, footprint)) in spans.zip(&contract.footprints).enumerate() {
-        let bytes = footprint.bytes.eval(&values);
+        let bytes = footprint.bytes.eval_with(&values, launch.args);
         if bytes.is_none_or(|b| b > span.len as u128) {
             return Err(launch_fault(format!(
                 "operand {k} holds {} bytes, fewer than its footprint {} at n = {}",

@@ -169,6 +169,7 @@ mod defined;
 mod instructions;
 mod layout;
 mod regs;
+mod strided;
 mod table;
 mod triton;
 mod value;
@@ -245,9 +246,24 @@ pub fn verify(
             let layout = layout::param_layout(kernel, families)?;
             instructions::structure(kernel, families)?;
             let events = cfg::dataflow(kernel, families)?;
-            let verified = decision::decide(kernel, &layout, &events, reqntid, maxntid)?;
-            defined::check(kernel)?;
-            verified
+            match decision::decide(kernel, &layout, &events, reqntid, maxntid) {
+                // Integer params after the scalar ABI's count: the Strided
+                // family's proof decides (its refusal is the one reported).
+                Err(PtxError::NonScalarAbi { sub_reason, .. })
+                    if families.strided
+                        && sub_reason == SubReason::ExtraParams.as_str()
+                        && strided::shaped(kernel) =>
+                {
+                    let verified = strided::verify(kernel)?;
+                    defined::check(kernel)?;
+                    verified
+                }
+                decided => {
+                    let verified = decided?;
+                    defined::check(kernel)?;
+                    verified
+                }
+            }
         }
     };
     if let Some(d) = declared {
