@@ -200,3 +200,167 @@ fn probe_cost() {
         println!("k={k} bytes={}: lower {tl:?} ({:?}) vs no frame {tn:?}", text.len(), lowered.err().map(|e| e.to_string().chars().take(120).collect::<String>()));
     }
 }
+
+// ---------------------------------------------------------------------
+// The Strided family
+// ---------------------------------------------------------------------
+
+fn nvrtc(file: &str) -> String {
+    jit(&format!("nvrtc/{file}"))
+}
+
+fn replaced(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "{from}");
+    text.replacen(from, to, 1)
+}
+
+/// `add_f32_strided` (O3): `out[i] = in0[(i / d1) * s0 + i % d1] +
+/// in1[(i % d1) * s1]`, args `s0, s1, d0, d1`.
+fn add_o3() -> String {
+    nvrtc("add_f32_strided_O3.ptx")
+}
+
+/// The fast path's quotient made `((q + (2^31 - 1)) -sat (2^31 - 1))`:
+/// the ring reads it as `q`; the GPU saturates to `0x80000000` for every
+/// `q >= 1`.
+fn strided_sat() -> String {
+    replaced(
+        &add_o3(),
+        "cvt.u64.u32 \t%rd32, %r6;",
+        "add.s32 \t%r9, %r6, 2147483647;\n\tsub.sat.s32 \t%r10, %r9, 2147483647;\n\tcvt.u64.u32 \t%rd32, %r10;",
+    )
+    .replace(".reg .b32 \t%r<9>;", ".reg .b32 \t%r<16>;")
+}
+
+#[test]
+fn probe_strided() {
+    for (name, text) in [("base", add_o3()), ("sat", strided_sat())] {
+        let (v, why) = verdict(&text, "add_f32_strided");
+        println!("{name}: {v}: {}", if v == "accepted" { String::new() } else { why });
+    }
+}
+
+#[test]
+fn probe_frames2() {
+    let fk = |idx: &str| frame_kernel(16, idx);
+    let cases: Vec<(&str, String)> = vec![
+        ("nan-lt-false", fk("abs.f32 	%f2, %f1;\n\tsetp.lt.f32 	%p3, %f2, 0f40800000;\n\t@%p3 bra 	$L__END;\n\tmov.b32 	%r9, %f1;\n\tshr.u32 	%r7, %r9, 29;")),
+        ("ltu-true", fk("abs.f32 	%f2, %f1;\n\tsetp.ltu.f32 	%p3, %f2, 0f40800000;\n\t@!%p3 bra 	$L__END;\n\tmov.b32 	%r9, %f1;\n\tshr.u32 	%r7, %r9, 30;")),
+        ("ge-true-ok", fk("abs.f32 	%f2, %f1;\n\tsetp.ge.f32 	%p3, %f2, 0f7F000000;\n\t@!%p3 bra 	$L__END;\n\tmov.b32 	%r9, %f1;\n\tshr.u32 	%r10, %r9, 23;\n\tand.b32 	%r11, %r10, 255;\n\tadd.s32 	%r7, %r11, -254;")),
+        ("v2-misaligned", fk("and.b32 	%r7, %r4, 1;").replace("ld.local.u32 	%r8, [%rd12];", "ld.local.v2.u32 	{%r8, %r12}, [%rd12+4];")),
+        ("selp-frame", fk("and.b32 	%r7, %r4, 3;\n\tselp.b64 	%rd15, %SPL, %rd1, %p2;")),
+        ("atom-local", fk("and.b32 	%r7, %r4, 3;\n\tatom.local.add.u32 	%r13, [%SPL], 1;")),
+        ("cvta-to-local", fk("and.b32 	%r7, %r4, 3;\n\tcvta.to.local.u64 	%rd15, %rd1;\n\tld.local.u32 	%r13, [%rd15];")),
+        ("cvta-local-global", fk("and.b32 	%r7, %r4, 3;\n\tcvta.local.u64 	%rd15, %rd1;\n\tld.u32 	%r13, [%rd15];")),
+        ("ptr-through-frame", fk("and.b32 	%r7, %r4, 3;").replace("st.global.u32 	[%rd14], %r8;", "st.local.u64 	[%SPL], %rd14;\n\tld.local.u64 	%rd15, [%SPL];\n\tst.global.u32 	[%rd15], %r8;")),
+        ("b16-mixed", fk("and.b32 	%r7, %r4, 3;").replace("ld.local.u32 	%r8, [%rd12];", "ld.local.u16 	%rs1, [%rd12];\n\tcvt.u32.u16 	%r8, %rs1;").replace(".reg .pred", ".reg .b16 %rs<4>;\n\t.reg .pred")),
+        ("u8-frame", fk("and.b32 	%r7, %r4, 3;").replace("st.local.u32 	[%rd10], %r6;", "st.local.u8 	[%rd10], %r6;").replace("add.s64 	%rd10, %rd10, 4;", "add.s64 	%rd10, %rd10, 1;").replace("ld.local.u32 	%r8, [%rd12];", "ld.local.u8 	%r8, [%rd12];").replace("mul.wide.u32 	%rd11, %r7, 4;", "mul.wide.u32 	%rd11, %r7, 1;")),
+        ("frame-name-collide", fk("and.b32 	%r7, %r4, 3;\n\tmov.b32 	%__fs3, 77;").replace(".reg .pred", ".reg .b32 %__fs3;\n\t.reg .pred")),
+        ("shr-sign", fk("shr.s32 	%r9, %r4, 30;\n\tadd.s32 	%r7, %r9, 2;")),
+        ("mul-hi", fk("mul.hi.u32 	%r9, %r4, 4;\n\tmov.u32 	%r7, %r9;")),
+        ("setp-and", fk("setp.lt.and.u32 	%p3, %r4, 4, %p1;\n\t@!%p3 bra 	$L__END;\n\tmov.u32 	%r7, %r4;")),
+        ("setp-pair", fk("setp.lt.u32 	%p3|%p4, %r4, 4;\n\t@%p4 bra 	$L__END;\n\tmov.u32 	%r7, %r4;")),
+        ("setp-swapped", fk("setp.gt.u32 	%p3, 4, %r4;\n\t@!%p3 bra 	$L__END;\n\tmov.u32 	%r7, %r4;")),
+        ("s-cmp-unsigned", fk("setp.lt.s32 	%p3, %r4, 4;\n\t@!%p3 bra 	$L__END;\n\tmov.u32 	%r7, %r4;")),
+        ("brx", fk("and.b32 	%r7, %r4, 3;")),
+    ];
+    for (name, text) in cases {
+        let (v, why) = verdict(&text, "framed");
+        println!("{name}: {v}: {}", if v == "accepted" { String::new() } else { why.chars().take(250).collect() });
+    }
+}
+
+#[test]
+fn probe_frames3() {
+    let g = nvrtc("sin_f32_G.ptx");
+    let twice = replaced(
+        &g,
+        "ld.param.f32 	%f2, [retval0+0];\n	} // callseq 0",
+        "ld.param.f32 	%f2, [retval0+0];\n	} // callseq 0\n	{ // callseq 9, 0\n	.reg .b32 temp_param_reg;\n	.param .b32 param0;\n	st.param.f32 	[param0+0], %f2;\n	.param .b32 retval0;\n	call.uni (retval0), \n	sinf, \n	(\n	param0\n	);\n	ld.param.f32 	%f2, [retval0+0];\n	} // callseq 9",
+    );
+    let constant_v2 = frame_kernel(16, "and.b32 	%r7, %r4, 3;")
+        .replace("$L__FILL:", "$L__FILL:")
+        .replace("ld.local.u32 	%r8, [%rd12];", "ld.local.u32 	%r8, [%rd12];\n\tld.local.v2.u32 	{%r13, %r14}, [%SPL+4];\n\tadd.s32 	%r8, %r8, %r13;");
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("G", g.clone(), "sin_f32"),
+        ("G-twice", twice, "sin_f32"),
+        ("G-reserved", g.replace("%rd<28>;", "%rd<28>;\n\t.reg .b32 %__sc9_x;"), "sin_f32"),
+        ("v2-misaligned-indexed-mixed", constant_v2, "framed"),
+    ];
+    for (name, text, entry) in cases {
+        let (v, why) = verdict(&text, entry);
+        println!("{name}: {v}: {}", if v == "accepted" { String::new() } else { why.chars().take(250).collect() });
+    }
+}
+
+/// A frame inside a `{ }` scope indexed by an outer register whose name a
+/// sibling scope also declares (and bounds); `reserved` adds a register
+/// named like the scope renaming's (`%__sc…`), which makes the renaming
+/// decline.
+fn scoped_frame(reserved: bool) -> String {
+    let extra = if reserved { "\t.reg .b32 	%__sc_x;\n" } else { "" };
+    format!(
+        r#".version 9.0
+.target sm_90
+.address_size 64
+
+.visible .entry framed(
+	.param .u64 framed_param_0,
+	.param .u64 framed_param_1,
+	.param .u64 framed_param_2
+)
+{{
+	.reg .pred 	%p<8>;
+	.reg .b32 	%r<24>;
+	.reg .b64 	%rd<32>;
+{extra}
+	ld.param.u64 	%rd1, [framed_param_0];
+	ld.param.u64 	%rd2, [framed_param_1];
+	ld.param.u64 	%rd3, [framed_param_2];
+	mov.u32 	%r1, %ctaid.x;
+	mov.u32 	%r2, %ntid.x;
+	mul.wide.u32 	%rd4, %r1, %r2;
+	mov.u32 	%r3, %tid.x;
+	cvt.u64.u32 	%rd5, %r3;
+	add.s64 	%rd6, %rd4, %rd5;
+	setp.ge.s64 	%p1, %rd6, %rd3;
+	@%p1 bra 	$L__END;
+	cvta.to.global.u64 	%rd7, %rd1;
+	shl.b64 	%rd8, %rd6, 2;
+	add.s64 	%rd9, %rd7, %rd8;
+	ld.global.u32 	%r4, [%rd9];
+	mov.u32 	%r10, %r4;
+	{{
+	.reg .b32 	%r10;
+	mov.u32 	%r10, 0;
+	add.s32 	%r11, %r10, 1;
+	}}
+	{{
+	.local .align 4 .b8 	__local_depot0[16];
+	.reg .b64 	%SPL;
+	mov.u64 	%SPL, __local_depot0;
+	st.local.u32 	[%SPL], %r4;
+	st.local.u32 	[%SPL+4], %r4;
+	st.local.u32 	[%SPL+8], %r4;
+	st.local.u32 	[%SPL+12], %r4;
+	mul.wide.u32 	%rd11, %r10, 4;
+	add.s64 	%rd12, %SPL, %rd11;
+	ld.local.u32 	%r8, [%rd12];
+	}}
+	cvta.to.global.u64 	%rd13, %rd2;
+	add.s64 	%rd14, %rd13, %rd8;
+	st.global.u32 	[%rd14], %r8;
+$L__END:
+	ret;
+}}
+"#
+    )
+}
+
+#[test]
+fn probe_scopes() {
+    for reserved in [false, true] {
+        let (v, why) = verdict(&scoped_frame(reserved), "framed");
+        println!("reserved={reserved}: {v}: {}", if v == "accepted" { String::new() } else { why.chars().take(250).collect() });
+    }
+}
