@@ -175,11 +175,7 @@ enum Av {
     /// `|x|` of float register x (as it was: x's redefinition forgets this).
     Abs(String),
     /// A float whose magnitude is within `[lo, hi]`, never NaN.
-    Mag {
-        bits: u32,
-        lo: f64,
-        hi: f64,
-    },
+    Mag { bits: u32, lo: f64, hi: f64 },
     Known(bool),
     /// What `setp` computed: `a cmp b` at type `ty` (negated when `not`).
     Cond {
@@ -213,9 +209,11 @@ impl Av {
             _ if self == o => self.clone(),
             (Av::Int(a), Av::Int(b)) => Av::Int(join_sets(a, b)),
             (Av::Frame(a), Av::Frame(b)) => Av::Frame(join_sets(a, b)),
-            (Av::Frame(_), _) | (_, Av::Frame(_)) => {
-                Av::Frame(vec![Si::new(i128::from(i64::MIN), i128::from(i64::MAX), 1)])
-            }
+            (Av::Frame(_), _) | (_, Av::Frame(_)) => Av::Frame(vec![Si::new(
+                i128::from(i64::MIN),
+                i128::from(i64::MAX),
+                1,
+            )]),
             _ => Av::Top,
         }
     }
@@ -360,16 +358,8 @@ impl<'b> Prover<'b> {
         let base = i.opcode.split('.').next().unwrap_or("");
         if matches!(
             base,
-            "st" | "red"
-                | "bar"
-                | "barrier"
-                | "membar"
-                | "fence"
-                | "bra"
-                | "ret"
-                | "exit"
-                | "prefetch"
-                | "trap"
+            "st" | "red" | "bar" | "barrier" | "membar" | "fence" | "bra" | "ret" | "exit"
+                | "prefetch" | "trap"
         ) {
             return Vec::new();
         }
@@ -538,8 +528,8 @@ impl<'b> Prover<'b> {
         };
         // Integer arithmetic only at integer types: a float op on bits the
         // domain holds as integers knows nothing.
-        let float_op =
-            ty.starts_with('f') && matches!(base, "add" | "sub" | "mul" | "shl" | "shr" | "and");
+        let float_op = ty.starts_with('f')
+            && matches!(base, "add" | "sub" | "mul" | "shl" | "shr" | "and");
         if float_op {
             for x in o.iter().skip(1) {
                 self.escapes(st, i, x)?;
@@ -565,10 +555,16 @@ impl<'b> Prover<'b> {
                                     i128::from((hi as f32).to_bits()),
                                 )
                             } else {
-                                (i128::from(lo.to_bits()), i128::from(hi.to_bits()))
+                                (
+                                    i128::from(lo.to_bits()),
+                                    i128::from(hi.to_bits()),
+                                )
                             };
                             let sign = 1i128 << (fb - 1);
-                            Av::Int(norm(vec![Si::new(l, h, 1), Si::new(l + sign, h + sign, 1)]))
+                            Av::Int(norm(vec![
+                                Si::new(l, h, 1),
+                                Si::new(l + sign, h + sign, 1),
+                            ]))
                         }
                         v => v,
                     })
@@ -618,9 +614,13 @@ impl<'b> Prover<'b> {
                             )]),
                         })
                     }
-                    (Av::Frame(_), Av::Top) | (Av::Top, Av::Frame(_)) if !sub => Some(Av::Frame(
-                        vec![Si::new(i128::from(i64::MIN), i128::from(i64::MAX), 1)],
-                    )),
+                    (Av::Frame(_), Av::Top) | (Av::Top, Av::Frame(_)) if !sub => {
+                        Some(Av::Frame(vec![Si::new(
+                            i128::from(i64::MIN),
+                            i128::from(i64::MAX),
+                            1,
+                        )]))
+                    }
                     (Av::Int(x), Av::Int(y)) => {
                         let mut out = Vec::new();
                         for p in &x {
@@ -652,13 +652,7 @@ impl<'b> Prover<'b> {
                 } else {
                     int(self.value(st, b, src_bits))
                 };
-                let ext = |s: Set| {
-                    if wide && sgn {
-                        signed(&s, src_bits)
-                    } else {
-                        Some(s)
-                    }
-                };
+                let ext = |s: Set| if wide && sgn { signed(&s, src_bits) } else { Some(s) };
                 Some(match (x.and_then(ext), y.and_then(ext)) {
                     (Some(x), Some(y)) => {
                         let mut out = Vec::new();
@@ -727,8 +721,7 @@ impl<'b> Prover<'b> {
                 self.escapes(st, i, a)?;
                 let dt = parts[parts.len() - 2];
                 let (db, sb) = (type_bits(dt).unwrap_or(0), type_bits(ty).unwrap_or(0));
-                let integer =
-                    |t: &str| t.starts_with('s') || t.starts_with('u') || t.starts_with('b');
+                let integer = |t: &str| t.starts_with('s') || t.starts_with('u') || t.starts_with('b');
                 let plain = parts.len() == 3;
                 Some(match self.value(st, a, sb) {
                     Av::Int(x) if plain && integer(dt) && integer(ty) && sb > 0 && db > 0 => {
@@ -768,7 +761,13 @@ impl<'b> Prover<'b> {
             }
             ("not", [_, Operand::Name(p)]) if ty == "pred" => Some(match get(st, p) {
                 Av::Known(k) => Av::Known(!k),
-                Av::Cond { cmp, ty, a, b, not } => Av::Cond {
+                Av::Cond {
+                    cmp,
+                    ty,
+                    a,
+                    b,
+                    not,
+                } => Av::Cond {
                     cmp: cmp.clone(),
                     ty: ty.clone(),
                     a: a.clone(),
@@ -896,13 +895,13 @@ impl<'b> Prover<'b> {
                     Av::Top => &any,
                     _ => return Some(out),
                 };
-                let view = if sgn {
-                    signed(x, bits)
-                } else {
-                    Some(x.clone())
-                };
+                let view = if sgn { signed(x, bits) } else { Some(x.clone()) };
                 let Some(view) = view else { return Some(out) };
-                let c = if sgn { c } else { c.rem_euclid(1i128 << bits) };
+                let c = if sgn {
+                    c
+                } else {
+                    c.rem_euclid(1i128 << bits)
+                };
                 let (op, holds) = match cmp.as_str() {
                     "lo" => ("lt", holds),
                     "ls" => ("le", holds),
@@ -1336,12 +1335,10 @@ fn zeroed_before_use(body: &[Stmt], var_at: usize) -> bool {
         }
     }
     let start = open.map_or(0, |o| o + 1);
-    if body[start..var_at].iter().any(|s| {
-        matches!(
-            s,
-            Stmt::Instr(_) | Stmt::Label { .. } | Stmt::Open | Stmt::Close
-        )
-    }) {
+    if body[start..var_at]
+        .iter()
+        .any(|s| matches!(s, Stmt::Instr(_) | Stmt::Label { .. } | Stmt::Open | Stmt::Close))
+    {
         return false;
     }
     let Some(open) = open else { return true };
