@@ -267,6 +267,9 @@ pub struct Kernel {
     /// canonical text does not keep (module, entry or body `.pragma`s,
     /// cluster directives), with their lines: `canonicalize` refuses them.
     pub unkept: Vec<(String, u32)>,
+    /// The instructions a `.pragma "nounroll";` precedes (it heads their
+    /// loop): the canonical text keeps it there.
+    pub nounroll: Vec<usize>,
 }
 
 /// A declaration in a scope: a range `%r<N>` or a single name.
@@ -421,6 +424,7 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
     };
     let mut insts = Vec::new();
     let mut unkept: Vec<(String, u32)> = module.unkept.iter().chain(&f.unkept).cloned().collect();
+    let mut nounroll: Vec<usize> = Vec::new();
     for s in body {
         match s {
             Stmt::Open => r.scopes.push(Scope::default()),
@@ -472,6 +476,9 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
                 line: *line,
             }),
             Stmt::Label { .. } => {}
+            Stmt::Unkept { directive, .. } if directive == super::parse::NOUNROLL => {
+                nounroll.push(insts.len());
+            }
             Stmt::Unkept { directive, line } => unkept.push((directive.clone(), *line)),
             Stmt::Instr(i) => {
                 let guard = match &i.guard {
@@ -556,6 +563,7 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
         reg_names: r.reg_names,
         vars,
         unkept,
+        nounroll,
     })
 }
 

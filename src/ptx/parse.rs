@@ -361,6 +361,10 @@ pub struct Function {
     pub unkept: Vec<(String, u32)>,
 }
 
+/// The one body directive the canonical text keeps: `.pragma "nounroll";`
+/// (an [`Stmt::Unkept`] with this directive).
+pub const NOUNROLL: &str = ".pragma \"nounroll\"";
+
 /// A module-level variable.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Variable {
@@ -368,6 +372,11 @@ pub struct Variable {
     pub space: String,
     pub name: String,
     pub line: u32,
+    /// Its size in bytes, for a scalar or array of a sized type.
+    pub bytes: Option<u64>,
+    /// Its initializer as little-endian bytes, for an array of an integer
+    /// type initialized with a flat list of integer literals that fills it.
+    pub init: Option<Vec<u8>>,
 }
 
 /// A parsed module.
@@ -529,14 +538,17 @@ impl<'a> Parser<'a> {
     }
 
     /// `.pragma "a" [, "b"..];`: strings only, so nothing can hide inside.
-    fn pragma(&mut self) -> Result<(), PtxError> {
+    /// A `.pragma`'s strings, as written (quotes included).
+    fn pragma(&mut self) -> Result<Vec<&'a str>, PtxError> {
+        let mut out = Vec::new();
         loop {
             let t = self.next()?;
             if t.kind != TokKind::Str {
                 return Err(Self::unexpected(t, "a pragma string"));
             }
+            out.push(t.text);
             if self.eat_punct(b';') {
-                return Ok(());
+                return Ok(out);
             }
             self.expect_punct(b',')?;
         }
@@ -607,11 +619,13 @@ impl<'a> Parser<'a> {
                 }
                 ".global" | ".shared" | ".const" | ".local" => {
                     self.pos += 1;
-                    let name = self.variable_name()?;
+                    let (name, bytes, init) = self.variable_init()?;
                     m.variables.push(Variable {
                         space: t.text[1..].to_string(),
                         name,
                         line: t.line,
+                        bytes,
+                        init,
                     });
                 }
                 _ => return Err(Self::unexpected(t, "a module directive")),
@@ -620,22 +634,65 @@ impl<'a> Parser<'a> {
         Ok(m)
     }
 
-    /// After a state space: `.align N .b8 name[16] = {..};` → `name`.
-    fn variable_name(&mut self) -> Result<String, PtxError> {
-        self.variable().map(|(name, _)| name)
-    }
-
     /// After a state space: the variable's name and, for a scalar or an
     /// array of a sized type, its size in bytes.
     fn variable(&mut self) -> Result<(String, Option<u64>), PtxError> {
+        self.variable_init().map(|(name, bytes, _)| (name, bytes))
+    }
+
+    /// A flat `{int, int, ..}` initializer of `element`-byte integers, as
+    /// little-endian bytes; `None` (and the braces skipped) for any other.
+    fn initializer(&mut self, element: Option<u64>) -> Result<Option<Vec<u8>>, PtxError> {
+        let start = self.pos;
+        let parsed = (|| {
+            let e = usize::try_from(element?).ok().filter(|e| *e <= 8)?;
+            if !self.eat_punct(b'{') {
+                return None;
+            }
+            let mut out = Vec::new();
+            loop {
+                let neg = self.eat_punct(b'-');
+                let t = self.peek()?;
+                if t.kind != TokKind::Int {
+                    return None;
+                }
+                let v = if neg { t.int.wrapping_neg() } else { t.int };
+                self.pos += 1;
+                out.extend_from_slice(&v.to_le_bytes()[..e]);
+                if out.len() > 1 << 16 {
+                    return None;
+                }
+                if self.eat_punct(b'}') {
+                    return Some(out);
+                }
+                if !self.eat_punct(b',') {
+                    return None;
+                }
+            }
+        })();
+        if parsed.is_none() {
+            self.pos = start;
+            self.skip_braces()?;
+        }
+        Ok(parsed)
+    }
+
+    /// After a state space: the variable's name, its size in bytes (for a
+    /// scalar or an array of a sized type) and its integer initializer.
+    #[allow(clippy::type_complexity)]
+    fn variable_init(&mut self) -> Result<(String, Option<u64>, Option<Vec<u8>>), PtxError> {
         let mut name = None;
         let mut element: Option<u64> = None;
+        let mut integer = false;
         let mut count: Option<u64> = Some(1);
+        let mut init = None;
         loop {
             let t = self.next()?;
             match t.kind {
                 TokKind::Word if t.text.starts_with('.') && TYPES.contains(&t.text) => {
                     element = type_bytes(&t.text[1..]);
+                    integer = matches!(t.text.as_bytes().get(1), Some(b'b' | b'u' | b's'))
+                        && !t.text.contains('x');
                 }
                 TokKind::Word if !t.text.starts_with('.') && name.is_none() => {
                     name = Some(t.text.to_string());
@@ -652,13 +709,16 @@ impl<'a> Parser<'a> {
                 TokKind::Punct(b';') => break,
                 TokKind::Punct(b'{') => {
                     self.pos -= 1;
-                    self.skip_braces()?;
+                    init = self.initializer(element.filter(|_| integer))?;
                 }
                 _ => {}
             }
         }
         let name = name.ok_or_else(|| self.eof("a variable name"))?;
-        Ok((name, element.zip(count).and_then(|(e, c)| e.checked_mul(c))))
+        let bytes = element.zip(count).and_then(|(e, c)| e.checked_mul(c));
+        // An initializer counts only when it fills the variable exactly.
+        let init = init.filter(|b| Some(b.len() as u64) == bytes);
+        Ok((name, bytes, init))
     }
 
     fn function(&mut self, is_entry: bool, line: u32) -> Result<Function, PtxError> {
@@ -845,9 +905,16 @@ impl<'a> Parser<'a> {
             }
             ".pragma" => {
                 self.pos += 1;
-                self.pragma()?;
+                let strings = self.pragma()?;
+                // `nounroll` only stops ptxas unrolling the loop it heads:
+                // the canonical text keeps it (`ir::Kernel::nounroll`).
+                let directive = if strings == ["\"nounroll\""] {
+                    NOUNROLL.to_string()
+                } else {
+                    t.text.to_string()
+                };
                 out.push(Stmt::Unkept {
-                    directive: t.text.to_string(),
+                    directive,
                     line: t.line,
                 });
             }

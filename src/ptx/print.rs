@@ -164,6 +164,9 @@ pub fn print(k: &Kernel) -> String {
         if targets.contains(&pc) {
             let _ = writeln!(out, "$ptxd_L{pc}:");
         }
+        if k.nounroll.contains(&(pc as usize)) {
+            let _ = writeln!(out, "\t{};", super::parse::NOUNROLL);
+        }
         instruction(k, inst, &mut out);
     }
     out.push_str("}\n");

@@ -411,8 +411,12 @@ fn directives_that_change_code_generation_are_kept_or_refused() {
     for d in [".maxntid 256, 1, 1", ".minnctapersm 2", ".maxnreg 40"] {
         assert!(c.text.contains(d), "{d}:\n{}", c.text);
     }
+    // A body's `.pragma "nounroll";` (NVRTC heads a loop with it) is kept
+    // where it was; any other body pragma is refused.
+    let c = canonical(&with_store(".pragma \"nounroll\";"), "k");
+    assert!(c.text.contains(".pragma \"nounroll\";"), "{}", c.text);
     for (what, text) in [
-        ("body pragma", with_store(".pragma \"nounroll\";")),
+        ("body pragma", with_store(".pragma \"unroll 4\";")),
         (
             "entry pragma",
             with_store("").replace("\n)\n{", "\n)\n.pragma \"nounroll\";\n{"),

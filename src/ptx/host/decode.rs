@@ -518,6 +518,56 @@ impl Decoder<'_> {
                     }
                 }
             }
+            // `bfi.bN f, a, b, pos, len`: `b` with `len` bits of `a` put at
+            // `pos` (both `& 0xff`); bits past the word are dropped, so
+            // `pos >= N` leaves `b` and `len >= N` takes every bit from
+            // `pos` up. As integer ops: `mask = ((1 << len) - 1) << pos`
+            // (a shift by N or more is 0, so `len >= N` makes all ones),
+            // `f = (b & !mask) | ((a << pos) & mask)`.
+            "bfi" if matches!(ty.bits(), 32 | 64) && ops.len() == 5 => {
+                let bits = ty.bits();
+                let a = self.src(inst, ops.get(1), ty)?;
+                let bb = self.src(inst, ops.get(2), ty)?;
+                let pos_in = self.src(inst, ops.get(3), Ty::U32)?;
+                let len_in = self.src(inst, ops.get(4), Ty::U32)?;
+                let byte = self.uniform(Uniform::Const(0xff));
+                let one = self.uniform(Uniform::Const(1));
+                let mut int = |op, a, b, out: &mut Vec<DInst>| {
+                    let d = self.fresh();
+                    emit(
+                        Op::Int {
+                            op,
+                            bits,
+                            signed: false,
+                            d,
+                            a,
+                            b,
+                            c: b,
+                        },
+                        out,
+                    );
+                    d
+                };
+                let pos = int(IOp::And, pos_in, byte, out);
+                let len = int(IOp::And, len_in, byte, out);
+                let top = int(IOp::Shl, one, len, out);
+                let ones = int(IOp::Sub, top, one, out);
+                let mask = int(IOp::Shl, ones, pos, out);
+                let moved = int(IOp::Shl, a, pos, out);
+                let inserted = int(IOp::And, moved, mask, out);
+                let holes = int(IOp::Not, mask, mask, out);
+                let kept = int(IOp::And, bb, holes, out);
+                let f = int(IOp::Or, kept, inserted, out);
+                let (d, dmask) = self.dst(inst, ops.first())?;
+                emit(
+                    Op::Mov {
+                        d,
+                        a: f,
+                        mask: dmask,
+                    },
+                    out,
+                );
+            }
             // `mov.b64 {lo, hi}, x`: split into equal parts, low first.
             "mov" if matches!(ops.first(), Some(Opnd::List(_))) => {
                 let Some(Opnd::List(parts)) = ops.first() else {

@@ -172,6 +172,9 @@ enum Av {
     Int(Set),
     /// The frame's address plus one of these offsets.
     Frame(Set),
+    /// The address of constant table `k` (an initialized module variable)
+    /// plus one of these offsets.
+    Table(usize, Set),
     /// `|x|` of float register x (as it was: x's redefinition forgets this).
     Abs(String),
     /// A float whose magnitude is within `[lo, hi]`, never NaN.
@@ -209,6 +212,10 @@ impl Av {
             _ if self == o => self.clone(),
             (Av::Int(a), Av::Int(b)) => Av::Int(join_sets(a, b)),
             (Av::Frame(a), Av::Frame(b)) => Av::Frame(join_sets(a, b)),
+            (Av::Table(k, a), Av::Table(l, b)) if k == l => Av::Table(*k, join_sets(a, b)),
+            // A table address meeting anything else: unusable (a load
+            // through it is no table load, which leaves the tables alone).
+            (Av::Table(..), _) | (_, Av::Table(..)) => Av::Table(usize::MAX, Vec::new()),
             (Av::Frame(_), _) | (_, Av::Frame(_)) => Av::Frame(vec![Si::new(
                 i128::from(i64::MIN),
                 i128::from(i64::MAX),
@@ -237,6 +244,8 @@ fn set(st: &mut State, n: &str, v: Av) {
 
 /// Each frame access: (is a store, lane width, lanes).
 struct Access {
+    /// `None`: the frame; `Some(k)`: constant table `k` (loads only).
+    region: Option<usize>,
     store: bool,
     width: u32,
     lanes: usize,
@@ -247,6 +256,10 @@ struct Prover<'b> {
     body: &'b [Stmt],
     frame: &'b str,
     size: u64,
+    /// The constant tables: (name, bytes).
+    tables: &'b [(String, Vec<u8>)],
+    /// Whether every use of every table is a provably in-bounds load.
+    tables_ok: bool,
     labels: HashMap<&'b str, usize>,
     /// Statement index -> whether it is a frame access (generic ones may
     /// be either; they must be the same on every path).
@@ -310,16 +323,24 @@ impl<'b> Prover<'b> {
                 Av::Int(vec![Si::one(i128::from(*v).rem_euclid(m))])
             }
             Operand::Name(n) if n == self.frame => Av::Frame(vec![Si::one(0)]),
+            Operand::Name(n) if self.tables.iter().any(|t| t.0 == *n) => Av::Table(
+                self.tables.iter().position(|t| t.0 == *n).unwrap_or(usize::MAX),
+                vec![Si::one(0)],
+            ),
             Operand::Name(n) => get(st, n).clone(),
             _ => Av::Top,
         }
     }
 
-    fn escapes(&self, st: &State, i: &Instr, o: &Operand) -> Result<(), PtxError> {
+    fn escapes(&mut self, st: &State, i: &Instr, o: &Operand) -> Result<(), PtxError> {
         let mut bad = None;
+        let mut table = false;
         let mut check = |n: &str| {
             if n == self.frame || matches!(get(st, n), Av::Frame(_)) {
                 bad = Some(n.to_string());
+            }
+            if self.tables.iter().any(|t| t.0 == n) || matches!(get(st, n), Av::Table(..)) {
+                table = true;
             }
         };
         match o {
@@ -340,6 +361,9 @@ impl<'b> Prover<'b> {
                 }
             }
             _ => {}
+        }
+        if table {
+            self.tables_ok = false;
         }
         match bad {
             Some(n) => Err(self.err(
@@ -425,7 +449,11 @@ impl<'b> Prover<'b> {
                 ));
             }
         }
-        if let Some(Some(a)) = self.accesses.values().find(|a| a.is_some()) {
+        if let Some(Some(a)) = self
+            .accesses
+            .values()
+            .find(|a| a.as_ref().is_some_and(|a| a.region.is_none()))
+        {
             if a.width != w {
                 return Err(self.err(
                     i.line,
@@ -457,6 +485,7 @@ impl<'b> Prover<'b> {
         self.accesses.insert(
             at,
             Some(Access {
+                region: None,
                 store,
                 width: w as u32,
                 lanes,
@@ -464,6 +493,53 @@ impl<'b> Prover<'b> {
             }),
         );
         Ok(())
+    }
+
+    /// Records a load of constant table `k` at the offsets `offs` (+ `c`);
+    /// anything but an in-bounds, aligned load of one table at one width
+    /// leaves the tables alone.
+    #[allow(clippy::too_many_arguments)]
+    fn table_load(
+        &mut self,
+        at: usize,
+        k: usize,
+        offs: Set,
+        c: i64,
+        store: bool,
+        space: &str,
+        lanes: usize,
+        ty: &str,
+    ) {
+        let Some((_, bytes)) = self.tables.get(k) else {
+            self.tables_ok = false;
+            return;
+        };
+        let w = i128::from(type_bits(ty).unwrap_or(0) / 8);
+        let last = bytes.len() as i128 - w * lanes as i128;
+        let inside = !offs.is_empty()
+            && offs.iter().all(|p| {
+                let (lo, hi) = (p.lo + i128::from(c), p.hi + i128::from(c));
+                lo >= 0 && hi <= last && w >= 2 && lo % w == 0 && p.stride % w == 0
+            });
+        let same = match self.accesses.get(&at) {
+            None => true,
+            Some(Some(a)) => a.region == Some(k) && i128::from(a.width) == w,
+            Some(None) => false,
+        };
+        if store || !matches!(space, "global" | "const" | "") || !inside || !same {
+            self.tables_ok = false;
+            return;
+        }
+        self.accesses.insert(
+            at,
+            Some(Access {
+                region: Some(k),
+                store,
+                width: w as u32,
+                lanes,
+                ty: ty.to_string(),
+            }),
+        );
     }
 
     /// Runs instruction `i` (not a branch) on `st`.
@@ -484,16 +560,30 @@ impl<'b> Prover<'b> {
             if let Some(v) = value {
                 self.escapes(st, i, v)?;
             }
-            let frame_access = match addr {
+            let (frame_access, table_access) = match addr {
                 Some(Operand::Addr {
                     base: AddrBase::Name(n),
                     offset,
                 }) => match self.value(st, &Operand::Name(n.clone()), 64) {
-                    Av::Frame(s) => Some((s, *offset)),
-                    _ => None,
+                    Av::Frame(s) => (Some((s, *offset)), None),
+                    Av::Table(k, s) => (None, Some((k, s, *offset))),
+                    _ => (None, None),
                 },
-                _ => None,
+                _ => (None, None),
             };
+            if let Some((k, offs, c)) = table_access {
+                self.table_load(at, k, offs, c, store, space, lanes, mty);
+                for d in Self::dests(i) {
+                    set(st, &d, Av::Top);
+                }
+                return Ok(());
+            }
+            if let Some(Access { region: Some(_), .. }) =
+                self.accesses.get(&at).and_then(Option::as_ref)
+            {
+                // A table load on another path.
+                self.tables_ok = false;
+            }
             match space {
                 "local" | "" => {
                     if space == "local" && frame_access.is_none() {
@@ -574,53 +664,62 @@ impl<'b> Prover<'b> {
             ("add" | "sub", [_, a, b]) => {
                 let (va, vb) = (self.value(st, a, bits), self.value(st, b, bits));
                 let sub = base == "sub";
+                // A frame or table address plus or minus an integer
+                // (read as signed) stays one.
+                let region = |v: &Av| match v {
+                    Av::Frame(f) => Some((None, f.clone())),
+                    Av::Table(k, f) => Some((Some(*k), f.clone())),
+                    _ => None,
+                };
+                let make = |r: Option<usize>, f: Set| match r {
+                    None => Av::Frame(f),
+                    Some(k) => Av::Table(k, f),
+                };
+                let moved = match (region(&va), region(&vb)) {
+                    (Some(p), None) => Some((p, &vb)),
+                    (None, Some(p)) if !sub => Some((p, &va)),
+                    _ => None,
+                };
+                if let Some(((r, f), k)) = moved {
+                    let unbounded = vec![Si::new(i128::from(i64::MIN), i128::from(i64::MAX), 1)];
+                    let k = match k {
+                        Av::Int(k) => signed(k, bits),
+                        Av::Top => None,
+                        _ => {
+                            self.escapes(st, i, a)?;
+                            self.escapes(st, i, b)?;
+                            None
+                        }
+                    };
+                    let out = match k {
+                        Some(k) => {
+                            let mut out = Vec::new();
+                            for p in &f {
+                                for q in &k {
+                                    out.push(if sub { p.add(q.neg()) } else { p.add(*q) });
+                                }
+                            }
+                            norm(out)
+                        }
+                        None => unbounded,
+                    };
+                    let v = make(r, out);
+                    let d = match o.first() {
+                        Some(Operand::Name(d)) => d.clone(),
+                        _ => String::new(),
+                    };
+                    let v = match &i.guard {
+                        Some((neg, p)) => match get(st, p) {
+                            Av::Known(k) if *k != *neg => v,
+                            Av::Known(_) => get(st, &d).clone(),
+                            _ => v.join(get(st, &d)),
+                        },
+                        None => v,
+                    };
+                    set(st, &d, v);
+                    return Ok(());
+                }
                 match (va, vb) {
-                    (Av::Frame(f), Av::Int(k)) => {
-                        // frame + k: k read as signed.
-                        let k = signed(&k, bits);
-                        Some(match k {
-                            Some(k) => {
-                                let mut out = Vec::new();
-                                for p in &f {
-                                    for q in &k {
-                                        out.push(if sub { p.add(q.neg()) } else { p.add(*q) });
-                                    }
-                                }
-                                Av::Frame(norm(out))
-                            }
-                            None => Av::Frame(vec![Si::new(
-                                i128::from(i64::MIN),
-                                i128::from(i64::MAX),
-                                1,
-                            )]),
-                        })
-                    }
-                    (Av::Int(k), Av::Frame(f)) if !sub => {
-                        let k = signed(&k, bits);
-                        Some(match k {
-                            Some(k) => {
-                                let mut out = Vec::new();
-                                for p in &f {
-                                    for q in &k {
-                                        out.push(p.add(*q));
-                                    }
-                                }
-                                Av::Frame(norm(out))
-                            }
-                            None => Av::Frame(vec![Si::new(
-                                i128::from(i64::MIN),
-                                i128::from(i64::MAX),
-                                1,
-                            )]),
-                        })
-                    }
-                    (Av::Frame(_), Av::Top) | (Av::Top, Av::Frame(_)) if !sub => {
-                        Some(Av::Frame(vec![Si::new(
-                            i128::from(i64::MIN),
-                            i128::from(i64::MAX),
-                            1,
-                        )]))
-                    }
                     (Av::Int(x), Av::Int(y)) => {
                         let mut out = Vec::new();
                         for p in &x {
@@ -909,6 +1008,23 @@ impl<'b> Prover<'b> {
                     "hs" => ("ge", holds),
                     o => (o, holds),
                 };
+                if matches!((op, holds), ("ne", true) | ("eq", false)) {
+                    // Only an end of a part can be taken off.
+                    let mut kept = Vec::new();
+                    for q in view {
+                        let s = q.stride.max(1);
+                        let lo = if q.lo == c { q.lo + s } else { q.lo };
+                        let hi = if q.hi == c { q.hi - s } else { q.hi };
+                        if lo <= hi {
+                            kept.push(Si::new(lo, hi, q.stride));
+                        }
+                    }
+                    if kept.is_empty() {
+                        return None;
+                    }
+                    out.insert(r.clone(), Av::Int(wrap(kept, bits)?));
+                    return Some(out);
+                }
                 let (op, lo, hi) = match (op, holds) {
                     ("lt", true) | ("ge", false) => ("r", i128::MIN, c - 1),
                     ("le", true) | ("gt", false) => ("r", i128::MIN, c),
@@ -1083,10 +1199,19 @@ fn register_widths(body: &[Stmt]) -> HashMap<String, u32> {
     out
 }
 
-/// Proves and lowers entry `symbol`'s indexed local frame (see the module
-/// doc). Leaves the module as it is when it has no such frame or one of a
-/// shape this does not take (the verifier then refuses `local_memory`).
+/// Proves and lowers entry `symbol`'s indexed local frame and the
+/// constant tables it reads (see the module doc). Leaves the module as it
+/// is when it has neither, or a frame of a shape this does not take (the
+/// verifier then refuses `local_memory`).
 pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
+    // The constant tables: initialized `.global`/`.const` arrays.
+    let tables: Vec<(String, Vec<u8>)> = module
+        .variables
+        .iter()
+        .filter(|v| matches!(v.space.as_str(), "global" | "const"))
+        .filter_map(|v| Some((v.name.clone(), v.init.clone()?)))
+        .filter(|(_, b)| !b.is_empty() && b.len() as u64 <= MAX_INDEXED_FRAME)
+        .collect();
     let Some(f) = module
         .functions
         .iter_mut()
@@ -1103,21 +1228,38 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         .filter(|(_, s)| matches!(s, Stmt::Var { space, .. } if space == "local"))
         .map(|(at, _)| at)
         .collect();
-    let [var_at] = frames[..] else {
-        return Ok(());
+    let used_tables: Vec<(String, Vec<u8>)> = tables
+        .into_iter()
+        .filter(|(n, _)| {
+            body.iter().any(|s| match s {
+                Stmt::Instr(i) => super::instr_names(i).contains(&n.as_str())
+                    || i.operands.iter().any(|o| {
+                        matches!(o, Operand::Addr { base: AddrBase::Name(b), .. } if b == n)
+                    }),
+                _ => false,
+            })
+        })
+        .collect();
+    let frame_at = match frames[..] {
+        [] if used_tables.is_empty() => return Ok(()),
+        [] => None,
+        [at] => Some(at),
+        _ => return Ok(()),
     };
-    let Stmt::Var {
-        name: frame,
-        bytes: Some(size),
-        line: var_line,
-        ..
-    } = &body[var_at]
-    else {
-        return Ok(());
+    let (frame, size, var_line) = match frame_at.map(|at| &body[at]) {
+        Some(Stmt::Var {
+            name,
+            bytes: Some(size),
+            line,
+            ..
+        }) => (name.clone(), *size, *line),
+        Some(_) => return Ok(()),
+        None => (String::new(), 0, 0),
     };
-    let (frame, size, var_line) = (frame.clone(), *size, *var_line);
-    if !zeroed_before_use(body, var_at) {
-        return Ok(());
+    if let Some(at) = frame_at {
+        if !zeroed_before_use(body, at) {
+            return Ok(());
+        }
     }
     if size > MAX_INDEXED_FRAME {
         return Err(refuse(
@@ -1127,6 +1269,10 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
                 "the local frame `{frame}` has {size} bytes, more than the {MAX_INDEXED_FRAME} an indexed frame may have"
             ),
         ));
+    }
+    // The lowering's own names (scopes renamed apart use the other prefix).
+    if uses_reserved(body, &RESERVED[..1]) {
+        return Ok(());
     }
     let mut labels = HashMap::new();
     for (at, s) in body.iter().enumerate() {
@@ -1139,17 +1285,29 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         body,
         frame: &frame,
         size,
+        tables: &used_tables,
+        tables_ok: !used_tables.is_empty(),
         labels,
         accesses: HashMap::new(),
     };
     prover.run()?;
+    let tables_ok = prover.tables_ok;
     let accesses: Vec<(usize, Access)> = prover
         .accesses
         .into_iter()
         .filter_map(|(at, a)| a.map(|a| (at, a)))
+        .filter(|(_, a)| a.region.is_none() || tables_ok)
         .collect();
-    let width = accesses.first().map_or(4, |(_, a)| a.width);
-    if size % u64::from(width) != 0 || size / u64::from(width) > MAX_SLOTS {
+    if frame_at.is_none() && !tables_ok {
+        return Ok(());
+    }
+    let width = accesses
+        .iter()
+        .find(|(_, a)| a.region.is_none())
+        .map_or(4, |(_, a)| a.width);
+    if frame_at.is_some()
+        && (size % u64::from(width) != 0 || size / u64::from(width) > MAX_SLOTS)
+    {
         return Err(refuse(
             SubReason::LocalMemory,
             var_line,
@@ -1158,14 +1316,17 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
             ),
         ));
     }
-    let slots = (size / u64::from(width)) as i64;
+    let slots = if frame_at.is_some() {
+        (size / u64::from(width)) as i64
+    } else {
+        0
+    };
     let bits = width * 8;
     let slot = |k: i64| Operand::Name(format!("%__fs{k}"));
-    let (fo, fp, fv) = (
-        Operand::Name("%__fo".to_string()),
-        "%__fp".to_string(),
-        Operand::Name("%__fv".to_string()),
-    );
+    let fo = Operand::Name("%__fo".to_string());
+    let fp = Operand::Name("%__fp".to_string());
+    let fv = |b: u32| Operand::Name(format!("%__fv{b}"));
+    let mut temps: Vec<u32> = vec![bits];
     let mut rewritten: HashMap<usize, Vec<Instr>> = HashMap::new();
     for (at, a) in &accesses {
         let Stmt::Instr(i) = &body[*at] else { continue };
@@ -1188,7 +1349,8 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         else {
             continue;
         };
-        let base = if *b == frame {
+        let named = *b == frame || used_tables.iter().any(|t| t.0 == *b);
+        let base = if named {
             Operand::Imm(Imm::Int(0))
         } else {
             Operand::Name(b.clone())
@@ -1205,58 +1367,81 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
             continue;
         }
         let ty = a.ty.as_str();
-        let fty = format!("b{bits}");
+        let w = a.width;
+        let wb = w * 8;
+        if !temps.contains(&wb) {
+            temps.push(wb);
+        }
+        let fty = format!("b{wb}");
+        let fv = fv(wb);
+        // A table's value at byte `o`, as a literal of the load's width.
+        let word = |t: &[u8], o: i64| -> Operand {
+            let mut v = [0u8; 8];
+            let o = o as usize;
+            if let Some(src) = t.get(o..o + w as usize) {
+                v[..w as usize].copy_from_slice(src);
+            }
+            let u = u64::from_le_bytes(v);
+            Operand::Imm(Imm::Int(match w {
+                2 => i64::from(u as u16 as i16),
+                4 => i64::from(u as u32 as i32),
+                _ => u as i64,
+            }))
+        };
+        let table = a.region.and_then(|k| used_tables.get(k)).map(|t| &t.1[..]);
+        let count = match table {
+            Some(t) => (t.len() / w as usize) as i64,
+            None => slots,
+        };
+        let pick = |k: i64| match table {
+            Some(t) => word(t, k * i64::from(w)),
+            None => slot(k),
+        };
         for (j, v) in lanes.iter().enumerate() {
-            let lane = j as i64 * i64::from(width);
+            let lane = j as i64 * i64::from(w);
             let vbits = match v {
-                Operand::Name(n) => regs.get(n).copied().unwrap_or(bits),
-                _ => bits,
+                Operand::Name(n) => regs.get(n).copied().unwrap_or(wb),
+                _ => wb,
             };
             if a.store {
-                if vbits > bits && !ty.starts_with('f') {
-                    out.push(mk(
-                        format!("cvt.u{bits}.u{vbits}"),
-                        vec![fv.clone(), v.clone()],
-                    ));
+                if vbits > wb && !ty.starts_with('f') {
+                    out.push(mk(format!("cvt.u{wb}.u{vbits}"), vec![fv.clone(), v.clone()]));
                 } else {
                     out.push(mk(format!("mov.{fty}"), vec![fv.clone(), v.clone()]));
                 }
-                for k in 0..slots {
+                for k in 0..count {
                     out.push(mk(
                         "setp.eq.s64".into(),
                         vec![
-                            Operand::Name(fp.clone()),
+                            fp.clone(),
                             fo.clone(),
-                            Operand::Imm(Imm::Int(k * i64::from(width) - lane)),
+                            Operand::Imm(Imm::Int(k * i64::from(w) - lane)),
                         ],
                     ));
                     out.push(mk(
                         format!("selp.{fty}"),
-                        vec![slot(k), fv.clone(), slot(k), Operand::Name(fp.clone())],
+                        vec![slot(k), fv.clone(), slot(k), fp.clone()],
                     ));
                 }
             } else {
-                out.push(mk(format!("mov.{fty}"), vec![fv.clone(), slot(0)]));
-                for k in 1..slots {
+                out.push(mk(format!("mov.{fty}"), vec![fv.clone(), pick(0)]));
+                for k in 1..count {
                     out.push(mk(
                         "setp.eq.s64".into(),
                         vec![
-                            Operand::Name(fp.clone()),
+                            fp.clone(),
                             fo.clone(),
-                            Operand::Imm(Imm::Int(k * i64::from(width) - lane)),
+                            Operand::Imm(Imm::Int(k * i64::from(w) - lane)),
                         ],
                     ));
                     out.push(mk(
                         format!("selp.{fty}"),
-                        vec![fv.clone(), slot(k), fv.clone(), Operand::Name(fp.clone())],
+                        vec![fv.clone(), pick(k), fv.clone(), fp.clone()],
                     ));
                 }
-                if vbits > bits && !ty.starts_with('f') {
+                if vbits > wb && !ty.starts_with('f') {
                     let s = if ty.starts_with('s') { 's' } else { 'u' };
-                    out.push(mk(
-                        format!("cvt.{s}{vbits}.{s}{bits}"),
-                        vec![v.clone(), fv.clone()],
-                    ));
+                    out.push(mk(format!("cvt.{s}{vbits}.{s}{wb}"), vec![v.clone(), fv.clone()]));
                 } else {
                     out.push(mk(format!("mov.{fty}"), vec![v.clone(), fv.clone()]));
                 }
@@ -1264,23 +1449,30 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         }
         rewritten.insert(*at, out);
     }
+    let reg = |ty: &str, name: String| Stmt::Reg {
+        ty: ty.to_string(),
+        name,
+        count: None,
+        line: var_line,
+        col: 0,
+    };
+    let mut decls = vec![reg("b64", "%__fo".into()), reg("pred", "%__fp".into())];
+    for b in &temps {
+        decls.push(reg(&format!("b{b}"), format!("%__fv{b}")));
+    }
     let mut out = Vec::with_capacity(body.len() + accesses.len() * 4 * slots as usize);
+    if frame_at.is_none() {
+        // The temporaries go with the body's first declarations.
+        out.append(&mut decls);
+    }
     for (at, s) in body.drain(..).enumerate() {
-        if at == var_at {
-            let reg = |ty: &str, name: String| Stmt::Reg {
-                ty: ty.to_string(),
-                name,
-                count: None,
-                line: var_line,
-                col: 0,
-            };
-            out.push(reg("b64", "%__fo".into()));
-            out.push(reg("pred", fp.clone()));
-            out.push(reg(&format!("b{bits}"), "%__fv".into()));
+        if Some(at) == frame_at {
+            out.append(&mut decls);
             for k in 0..slots {
                 out.push(reg(&format!("b{bits}"), format!("%__fs{k}")));
             }
-            // Zeroed at entry: a never-written byte reads 0.
+            // Zeroed where the frame is declared: a never-written byte
+            // reads 0.
             for k in 0..slots {
                 out.push(Stmt::Instr(Instr {
                     guard: None,
@@ -1298,13 +1490,16 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         }
         match s {
             Stmt::Instr(mut i) => {
-                // The frame's address is offset 0 of the frame.
+                // A frame's or table's address is offset 0 of it.
                 for o in &mut i.operands {
-                    if matches!(o, Operand::Name(n) if *n == frame) {
+                    let lowered = matches!(o, Operand::Name(n)
+                        if (frame_at.is_some() && *n == frame)
+                            || (tables_ok && used_tables.iter().any(|t| t.0 == *n)));
+                    if lowered {
                         *o = Operand::Imm(Imm::Int(0));
                     }
                 }
-                if i.opcode == "cvta.local.u64" {
+                if frame_at.is_some() && i.opcode == "cvta.local.u64" {
                     i.opcode = "mov.u64".into();
                 }
                 out.push(Stmt::Instr(i));
@@ -1405,9 +1600,9 @@ pub fn flatten_frame_scopes(module: &mut Module, symbol: &str) {
 /// naming one of them is left alone (its frame stays refused).
 const RESERVED: [&str; 2] = ["%__f", "__sc"];
 
-fn uses_reserved(body: &[Stmt]) -> bool {
+fn uses_reserved(body: &[Stmt], prefixes: &[&str]) -> bool {
     let reserved = |n: &str| {
-        RESERVED
+        prefixes
             .iter()
             .any(|r| n.starts_with(r) || n.trim_start_matches('%').starts_with(r))
     };
@@ -1425,7 +1620,7 @@ fn uses_reserved(body: &[Stmt]) -> bool {
 /// untouched) when the body already uses a reserved name or its scopes do
 /// not balance.
 pub(super) fn flatten_scopes(body: &mut [Stmt]) -> bool {
-    if uses_reserved(body) {
+    if uses_reserved(body, &RESERVED) {
         return false;
     }
     // Per open scope: (declared name, count of a `%r<N>` range, new name).
