@@ -266,8 +266,8 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
     let triton = session
         .load_ptx(
             0u32,
-            corpus("add_f32_strided.ptx"),
-            "add_f32_strided",
+            corpus("jit/inductor/bias_gelu_2d_f32_static_0.ptx"),
+            "triton_poi_fused_add_gelu_0",
             LoadOptions::default(),
         )
         .await

@@ -377,9 +377,9 @@ mod tests {
             Err(PtxError::AbiMismatch { .. })
         ));
         // A refusal goes to the refused table, not the accepted one.
-        let strided = corpus("add_f32_strided");
+        let broadcast2d = corpus("jit/inductor/bias_gelu_2d_f32_static_0");
         assert!(memo
-            .canonicalize(&strided, "add_f32_strided", None)
+            .canonicalize(&broadcast2d, "triton_poi_fused_add_gelu_0", None)
             .is_err());
         let stats = memo.stats();
         assert_eq!(stats.accepted_entries, 1);
@@ -391,10 +391,17 @@ mod tests {
     fn a_refusal_is_served_from_the_memo_without_verifying_again() {
         let memo = memo(8, 1 << 20);
         for (text, symbol) in [
-            (corpus("add_f32_strided").into_bytes(), "add_f32_strided"),
             (
-                format!("{}\n// another text\n", corpus("add_f32_strided")).into_bytes(),
-                "add_f32_strided",
+                corpus("jit/inductor/bias_gelu_2d_f32_static_0").into_bytes(),
+                "triton_poi_fused_add_gelu_0",
+            ),
+            (
+                format!(
+                    "{}\n// another text\n",
+                    corpus("jit/inductor/bias_gelu_2d_f32_static_0")
+                )
+                .into_bytes(),
+                "triton_poi_fused_add_gelu_0",
             ),
             (corpus("add_f32_scalar").into_bytes(), "no_such_entry"),
             (b"\xff\xfe not utf-8".to_vec(), "k"),
@@ -423,31 +430,34 @@ mod tests {
             assert_eq!(after.refused_hits, after_first.refused_hits + 2);
         }
         let sub_reason = |e: &PtxError| e.metadata().get("sub_reason").cloned();
-        let strided = corpus("add_f32_strided");
+        let broadcast2d = corpus("jit/inductor/bias_gelu_2d_f32_static_0");
         let served = memo
-            .lookup(strided.as_bytes(), "add_f32_strided", None)
+            .lookup(broadcast2d.as_bytes(), "triton_poi_fused_add_gelu_0", None)
             .unwrap()
             .unwrap_err();
         assert!(matches!(served, PtxError::NonScalarAbi { .. }), "{served}");
         assert_eq!(
             sub_reason(&served),
-            sub_reason(&canonicalize(&strided, "add_f32_strided", None).unwrap_err())
+            sub_reason(
+                &canonicalize(&broadcast2d, "triton_poi_fused_add_gelu_0", None).unwrap_err()
+            )
         );
     }
 
     #[test]
     fn a_flood_of_refusals_never_evicts_an_accepted_kernel() {
         let accepted = corpus("add_f32_scalar");
-        let refused = corpus("add_f32_strided");
-        let one_refusal =
-            refusal_bytes(&canonicalize(&refused, "add_f32_strided", None).unwrap_err());
+        let refused = corpus("jit/inductor/bias_gelu_2d_f32_static_0");
+        let one_refusal = refusal_bytes(
+            &canonicalize(&refused, "triton_poi_fused_add_gelu_0", None).unwrap_err(),
+        );
         let memo = CanonicalMemo::new(bounds(4, 1 << 20), bounds(3, 3 * one_refusal + 64));
         memo.canonicalize(&accepted, "add_f32_scalar", None)
             .unwrap();
         for k in 0..50 {
             let variant = format!("{refused}\n// {k:04}\n");
             assert!(memo
-                .canonicalize(&variant, "add_f32_strided", None)
+                .canonicalize(&variant, "triton_poi_fused_add_gelu_0", None)
                 .is_err());
         }
         let stats = memo.stats();
@@ -463,11 +473,11 @@ mod tests {
         let variant = |k: usize| format!("{refused}\n// {k:04}\n");
         let verified = memo.stats().verifications;
         assert!(memo
-            .canonicalize(&variant(49), "add_f32_strided", None)
+            .canonicalize(&variant(49), "triton_poi_fused_add_gelu_0", None)
             .is_err());
         assert_eq!(memo.stats().verifications, verified);
         assert!(memo
-            .canonicalize(&variant(0), "add_f32_strided", None)
+            .canonicalize(&variant(0), "triton_poi_fused_add_gelu_0", None)
             .is_err());
         assert_eq!(memo.stats().verifications, verified + 1);
     }
@@ -510,7 +520,11 @@ mod tests {
         let tiny = CanonicalMemo::new(bounds(3, 16), bounds(3, 16));
         assert!(!tiny.canonicalize(&text, "add_f32_scalar", None).unwrap().1);
         assert!(tiny
-            .canonicalize(&corpus("add_f32_strided"), "add_f32_strided", None)
+            .canonicalize(
+                &corpus("jit/inductor/bias_gelu_2d_f32_static_0"),
+                "triton_poi_fused_add_gelu_0",
+                None
+            )
             .is_err());
         let stats = tiny.stats();
         assert_eq!((stats.accepted_entries, stats.refused_entries), (0, 0));

@@ -10,6 +10,7 @@ mod executor_limits;
 mod grpcurl;
 mod lifecycle;
 mod recovery;
+mod strided;
 mod tenants;
 mod triton_attacks;
 mod typed_args;

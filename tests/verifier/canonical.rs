@@ -126,9 +126,15 @@ fn ptxd_verify_prints_the_verdict_and_the_canonical_text() {
     assert!(vec4.status.success());
     let shown = String::from_utf8_lossy(&vec4.stdout).into_owned();
     assert!(shown.contains("[n × 16] align 16"), "{shown}");
-    let refused = run("add_f32_strided.ptx", "add_f32_strided", false);
+    let refused = run(
+        "jit/inductor/bias_gelu_2d_f32_static_0.ptx",
+        "triton_poi_fused_add_gelu_0",
+        false,
+    );
     assert_eq!(refused.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&refused.stdout).contains("sub_reason: extra_params"));
+    assert!(
+        String::from_utf8_lossy(&refused.stdout).contains("sub_reason: unsupported_instruction")
+    );
     let printed = run("add_f32_scalar.ptx", "add_f32_scalar", true);
     let text = String::from_utf8(printed.stdout).unwrap();
     let canonical = ptx::canonicalize(

@@ -774,8 +774,13 @@ fn families_only_add_acceptance_and_keep_every_scalar_contract() {
         ptx::verify_contract(&corpus(name), name, None, families).map(|_| ())
     };
     assert!(verdict("add_f32_vec4", Families::ALL).is_ok());
+    assert!(verdict("add_f32_strided", Families::ALL).is_ok());
+    let without_strided = Families {
+        strided: false,
+        ..Families::ALL
+    };
     assert_eq!(
-        sub_reason(verdict("add_f32_strided", Families::ALL)),
+        sub_reason(verdict("add_f32_strided", without_strided)),
         "extra_params"
     );
 }
@@ -848,6 +853,9 @@ fn the_jit_corpus_by_family() {
     // returning a 16-byte struct).
     assert_eq!(accepted("nvrtc scalar"), Some((48, 50)));
     assert_eq!(accepted("nvrtc scalar -G"), Some((24, 25)));
+    // The seed's Strided schedule, every build (the Strided family).
+    assert_eq!(accepted("nvrtc strided"), Some((6, 6)));
+    assert_eq!(accepted("nvrtc strided -G"), Some((3, 3)));
     for (key, (kernels, today, families, reasons)) in &rows {
         eprintln!(
             "| {key} | {today} of {kernels} | {families} of {kernels} | {} |",

@@ -76,13 +76,17 @@ fn corpus_verdicts() {
         .0,
         "vectorized_access"
     );
+    // The seed's Strided schedule is the Strided family's (`strided.rs`);
+    // Inductor's 2-D broadcast kernel stays refused.
+    assert!(ptx::verify(&corpus("add_f32_strided"), "add_f32_strided", None).is_ok());
     assert_eq!(
         sub_reason(ptx::verify(
-            &corpus("add_f32_strided"),
-            "add_f32_strided",
+            &corpus("jit/inductor/bias_gelu_2d_f32_static_0"),
+            "triton_poi_fused_add_gelu_0",
             None
-        )),
-        ("extra_params", Some("add_f32_strided_param_4".to_string()))
+        ))
+        .0,
+        "unsupported_instruction"
     );
     // The daemon proves the Triton family (`DAEMON_FAMILIES`); the scalar
     // ABI alone refuses its 32-bit count.
@@ -504,10 +508,16 @@ fn hand_made_variants() {
         "\t.param .u64 x_param_3\n",
         "\t.param .u64 x_param_3,\n\t.param .u64 x_param_4\n",
     );
+    let without_strided = ptx::Families {
+        strided: false,
+        ..ptx::Families::ALL
+    };
     assert_eq!(
-        reason_of(&extra, "x"),
+        sub_reason(ptx::canonicalize_with(&extra, "x", None, without_strided).map(|c| c.signature)),
         ("extra_params", Some("x_param_4".into()))
     );
+    // The Strided family takes it: an unused by-value `.u64` arg.
+    assert_eq!(ptx::verify(&extra, "x", None).unwrap().scalar_params, 1);
     let missing = nvcc("m", &["u64"], "", "\tret;");
     assert_eq!(reason_of(&missing, "m").0, "missing_params");
     // reqntid: 1-D is fine (and sets the block), 2-D is refused.

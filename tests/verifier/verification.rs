@@ -33,7 +33,10 @@ async fn a_second_identical_refused_load_is_answered_from_the_memo() {
     });
     let (_client, session) = session(&daemon).await;
     for (text, symbol) in [
-        (corpus("add_f32_strided.ptx"), "add_f32_strided"),
+        (
+            corpus("jit/inductor/bias_gelu_2d_f32_static_0.ptx"),
+            "triton_poi_fused_add_gelu_0",
+        ),
         (big_kernels::refused(64 << 10), "big_hostile"),
     ] {
         let served_before = served_from_memo(&daemon);

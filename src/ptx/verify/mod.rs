@@ -152,6 +152,17 @@
 //! `param_misuse` for masks against different bounds). Its contract is
 //! described in `triton.rs` and `docs/verifier.md`.
 //!
+//! The Strided family (`strided.rs`, with [`super::Families::strided`]) is
+//! tried where rule 6 finds integer params after the count
+//! (`extra_params`) on a kernel of 64-bit integer params then `.f32`s, and
+//! its verdict is then the one reported: the count is the param the guard
+//! compares `i` with, pointers before it, by-value 64-bit args after it;
+//! addresses are one pointer plus an exact polynomial of `i`, `i / d`,
+//! `i % d` and the args (`non_elementwise_address` otherwise; an address
+//! based on an arg, or the count or a pointer in an offset, `param_misuse`
+//! / `pointer_misuse`); the contract's footprints and preconditions read
+//! the launch's args.
+//!
 //! Two more sub_reasons come from outside this module: `duplicate_label`
 //! (the IR, [`super::ir`]) and `canonical_form` (in [`super`]: a module
 //! without `.version` and one `.target sm_XX`, a `.target` option ptxd does

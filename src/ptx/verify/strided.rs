@@ -1187,36 +1187,49 @@ fn contract(k: &Kernel, count: u16, ints: usize, uses: &[Uses]) -> Result<Verifi
     let mut fits = Vec::new();
     for (p, u) in uses.iter().enumerate() {
         let (form, width) = u.form.clone().unwrap_or((Poly::default(), 1));
-        // Σ coef × Π max(atom) + 1 elements, none when n = 0.
-        let mut max = Expr::Const(0);
-        for t in &form.0 {
-            let mut term = Expr::Const(t.coef);
+        // Σ coef × Π max(atom) + 1 elements, none when n = 0. A term `i`
+        // or `i % d` (coefficient 1) takes the `+ 1` as `n` or
+        // `min(d, n)`; when every other term holds an index atom too (0 at
+        // n = 0) that is the whole sum, else it is `min(n, 1) × (.. + 1)`.
+        let closing = form.0.iter().position(|t| {
+            t.coef == 1 && matches!(t.atoms.as_slice(), [Atom::Index] | [Atom::Rem(_)])
+        });
+        let indexed = form.0.iter().enumerate().all(|(k, t)| {
+            Some(k) == closing || t.atoms.iter().any(|a| !matches!(a, Atom::Param(_)))
+        });
+        let mut max: Option<Expr> = None;
+        for (k, t) in form.0.iter().enumerate() {
             for a in &t.atoms {
                 match a {
                     Atom::Quot(d) | Atom::Rem(d) => divisors.push(*d),
                     Atom::Param(s) => scaling.push(*s),
                     Atom::Index => {}
                 }
-                term = if matches!(term, Expr::Const(1)) {
-                    atom_max(*a, &arg)
-                } else {
-                    Expr::product(term, atom_max(*a, &arg))
-                };
             }
-            max = if matches!(max, Expr::Const(0)) {
-                term
-            } else {
-                Expr::sum(max, term)
+            let term = match t.atoms.as_slice() {
+                [Atom::Index] if indexed && Some(k) == closing => Expr::Count,
+                [Atom::Rem(d)] if indexed && Some(k) == closing => {
+                    Expr::Min(Box::new(arg(*d)), Box::new(Expr::Count))
+                }
+                atoms => atoms.iter().fold(Expr::Const(t.coef), |e, a| {
+                    if matches!(e, Expr::Const(1)) {
+                        atom_max(*a, &arg)
+                    } else {
+                        Expr::product(e, atom_max(*a, &arg))
+                    }
+                }),
             };
+            max = Some(match max {
+                None => term,
+                Some(m) => Expr::sum(m, term),
+            });
         }
-        let elements = if form == Poly::atom(Atom::Index) {
-            // `i` itself: exactly n elements, the scalar ABI's footprint.
-            Expr::Count
-        } else {
-            Expr::product(
+        let elements = match max {
+            Some(sum) if indexed && closing.is_some() => sum,
+            max => Expr::product(
                 Expr::Min(Box::new(Expr::Count), Box::new(Expr::Const(1))),
-                Expr::sum(max, Expr::Const(1)),
-            )
+                Expr::sum(max.unwrap_or(Expr::Const(0)), Expr::Const(1)),
+            ),
         };
         let bytes = Expr::product(elements, Expr::Const(u64::from(width)));
         fits.push(Precondition {
@@ -1247,7 +1260,11 @@ fn contract(k: &Kernel, count: u16, ints: usize, uses: &[Uses]) -> Result<Verifi
         name: ARG_NONNEGATIVE,
         condition: Condition::AtLeast(arg(s), 0),
     }));
-    preconditions.extend(fits);
+    for p in fits {
+        if !preconditions.contains(&p) {
+            preconditions.push(p);
+        }
+    }
     let block = match (k.reqntid, k.maxntid) {
         (Some([x, 1, 1]), _) => BlockRule::Required(x),
         (None, Some([x, 1, 1])) => BlockRule::AtMost(x),
