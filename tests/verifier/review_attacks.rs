@@ -816,7 +816,8 @@ fn a_saturating_sub_in_the_fast_path_is_no_ring_arithmetic() {
 /// its branch inverted or its compare negated; a signed 32-bit division;
 /// a sign-extended quotient; `q × q` for `q × d`; the slow path dividing
 /// by another arg; a quotient of `i + 1`; a product that wraps 2^64 in a
-/// coefficient.
+/// coefficient; params read past the modelled set (past the last param,
+/// the high half of an arg, a param symbol taken as an address).
 #[test]
 fn held_strided_attacks_are_refused_with_their_reason() {
     let a = add_o3();
@@ -835,6 +836,30 @@ fn held_strided_attacks_are_refused_with_their_reason() {
             "a coefficient wrapping 2^64",
             r("shl.b64 \t%rd23, %rd21, 2;", "shl.b64 \t%rd23, %rd21, 63;\n\tadd.s64 \t%rd23, %rd23, %rd23;\n\tshl.b64 \t%rd24, %rd21, 2;\n\tadd.s64 \t%rd23, %rd23, %rd24;"),
             "non_elementwise_address",
+        ),
+        (
+            "a param load past the last param",
+            r(
+                "ld.param.u64 \t%rd13, [add_f32_strided_param_7];",
+                "ld.param.u64 \t%rd13, [add_f32_strided_param_7+8];",
+            ),
+            "param_out_of_range",
+        ),
+        (
+            "the high half of an arg",
+            r(
+                "ld.param.u64 \t%rd13, [add_f32_strided_param_7];",
+                "ld.param.u32 \t%r1, [add_f32_strided_param_7+4];\n\tld.param.u64 \t%rd13, [add_f32_strided_param_7];",
+            ),
+            "param_out_of_range",
+        ),
+        (
+            "a param load through a register",
+            r(
+                "ld.param.u64 \t%rd13, [add_f32_strided_param_7];",
+                "mov.u64 \t%rd13, add_f32_strided_param_6;\n\tld.param.u64 \t%rd13, [%rd13];",
+            ),
+            "global_variable",
         ),
         ("the fast path always", r("@%p2 bra \t$L__BB0_3;", "bra.uni \t$L__BB0_3;"), "unreachable_code"),
     ];
