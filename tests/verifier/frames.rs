@@ -54,10 +54,7 @@ fn run(text: &str, entry: &str, x: &[u32], threads: usize) -> Vec<u32> {
     };
     // SAFETY: both spans are live Vecs of exactly `len` bytes.
     unsafe { k.launch(&l) }.unwrap();
-    assert!(
-        out[n * 4..].iter().all(|b| *b == 0xFF),
-        "{entry}: tail written"
-    );
+    assert!(out[n * 4..].iter().all(|b| *b == 0xFF), "{entry}: tail written");
     out.chunks(4)
         .take(n)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
@@ -123,26 +120,16 @@ fn arguments(r: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
 fn precise_sinf_and_cosf_match_the_reference() {
     let mut r = rand::rngs::StdRng::seed_from_u64(29);
     for (file, entry, f) in [
-        (
-            "nvrtc/sin_f32_O3.ptx",
-            "sin_f32",
-            f64::sin as fn(f64) -> f64,
-        ),
+        ("nvrtc/sin_f32_O3.ptx", "sin_f32", f64::sin as fn(f64) -> f64),
         ("nvrtc/cos_f32_O3.ptx", "cos_f32", f64::cos),
         ("nvrtc/sin_f32_G.ptx", "sin_f32", f64::sin),
         ("nvrtc/cos_f32_G.ptx", "cos_f32", f64::cos),
     ] {
         let text = jit(file);
-        assert!(
-            text.contains("_depot0[28]") || text.contains("_depot1[28]"),
-            "{file}"
-        );
+        assert!(text.contains("_depot0[28]") || text.contains("_depot1[28]"), "{file}");
         let canonical = ptx::canonicalize_with(&text, entry, None, Families::ALL)
             .unwrap_or_else(|e| panic!("{file}: {e}"));
-        assert!(
-            !canonical.text.contains(".local"),
-            "{file}: local memory left"
-        );
+        assert!(!canonical.text.contains(".local"), "{file}: local memory left");
         for threads in [1, 3] {
             let mut xs = arguments(&mut r, 700);
             xs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
@@ -281,10 +268,7 @@ fn assert_local(text: &str, needle: &str) {
 /// 16-byte frame) is refused, naming the access and its offsets.
 #[test]
 fn an_indexed_access_one_element_past_its_frame_is_refused() {
-    assert_local(
-        &framed(16, 4, MASK3, 4, ""),
-        "`ld.local.u32` may access byte offsets 4..=16",
-    );
+    assert_local(&framed(16, 4, MASK3, 4, ""), "`ld.local.u32` may access byte offsets 4..=16");
     // The index one bit too wide.
     assert_local(
         &framed(16, 4, "and.b32 	%r7, %r4, 7;", 0, ""),
@@ -296,10 +280,7 @@ fn an_indexed_access_one_element_past_its_frame_is_refused() {
 /// last iteration.
 #[test]
 fn a_loop_escaping_its_frame_on_the_last_iteration_is_refused() {
-    assert_local(
-        &framed(16, 5, MASK3, 0, ""),
-        "`st.local.u32` may access byte offsets 16..=16",
-    );
+    assert_local(&framed(16, 5, MASK3, 0, ""), "`st.local.u32` may access byte offsets 16..=16");
 }
 
 /// A negative index (the displacement -4 with index 0 reachable).
@@ -374,8 +355,10 @@ fn a_frame_larger_than_the_limit_is_refused() {
 /// indexes is unbounded, refused.
 #[test]
 fn an_unbounded_loop_over_the_frame_is_refused() {
-    let text = framed(16, 4, MASK3, 0, "")
-        .replace("setp.ne.s32 	%p2, %r5, 4;", "setp.ne.s32 	%p2, %r5, %r4;");
+    let text = framed(16, 4, MASK3, 0, "").replace(
+        "setp.ne.s32 	%p2, %r5, 4;",
+        "setp.ne.s32 	%p2, %r5, %r4;",
+    );
     assert_local(&text, "`st.local.u32` may access byte offsets");
 }
 
