@@ -518,6 +518,63 @@ impl Decoder<'_> {
                     }
                 }
             }
+            // `shf.{l,r}.{wrap,clamp}.b32 d, a, b, c`: the funnel shift of
+            // the 64-bit `b:a` by `n = c & 31` (wrap) or `min(c, 32)`
+            // (clamp); `.l` keeps the high word of `(b:a) << n`, `.r` the
+            // low word of `(b:a) >> n`.
+            "shf" if ty.bits() == 32 && ops.len() == 4 && (inst.has("wrap") || inst.has("clamp")) => {
+                let left = inst.has("l");
+                if left == inst.has("r") {
+                    return Err(unsupported(inst));
+                }
+                let a = self.src(inst, ops.get(1), ty)?;
+                let bb = self.src(inst, ops.get(2), ty)?;
+                let c = self.src(inst, ops.get(3), Ty::U32)?;
+                let word = self.uniform(Uniform::Const(0xFFFF_FFFF));
+                let k31 = self.uniform(Uniform::Const(31));
+                let k32 = self.uniform(Uniform::Const(32));
+                let mut int = |op, bits, a, b, out: &mut Vec<DInst>| {
+                    let d = self.fresh();
+                    emit(
+                        Op::Int {
+                            op,
+                            bits,
+                            signed: false,
+                            d,
+                            a,
+                            b,
+                            c: b,
+                        },
+                        out,
+                    );
+                    d
+                };
+                let n = if inst.has("wrap") {
+                    int(IOp::And, 32, c, k31, out)
+                } else {
+                    int(IOp::Min, 32, c, k32, out)
+                };
+                let lo = int(IOp::And, 64, a, word, out);
+                let hi32 = int(IOp::And, 64, bb, word, out);
+                let hi = int(IOp::Shl, 64, hi32, k32, out);
+                let t = int(IOp::Or, 64, hi, lo, out);
+                let f = if left {
+                    let up = int(IOp::Shl, 64, t, n, out);
+                    int(IOp::Shr, 64, up, k32, out)
+                } else {
+                    let down = int(IOp::Shr, 64, t, n, out);
+                    int(IOp::And, 64, down, word, out)
+                };
+                let (d, dmask) = self.dst(inst, ops.first())?;
+                emit(
+                    Op::Mov {
+                        d,
+                        a: f,
+                        mask: dmask,
+                    },
+                    out,
+                );
+            }
             // `bfi.bN f, a, b, pos, len`: `b` with `len` bits of `a` put at
             // `pos` (both `& 0xff`); bits past the word are dropped, so
             // `pos >= N` leaves `b` and `len >= N` takes every bit from

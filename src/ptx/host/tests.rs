@@ -1289,6 +1289,41 @@ fn bit_field_insert_follows_the_isa() {
     }
 }
 
+/// `shf`: the funnel shift of `b:a` by `c & 31` (`.wrap`) or `min(c, 32)`
+/// (`.clamp`), left keeping the high word, right the low word.
+#[test]
+fn funnel_shift_follows_the_isa() {
+    let mut r = rng();
+    let a: Vec<u64> = (0..N).map(|_| r.random::<u64>()).collect();
+    let b: Vec<u64> = (0..N)
+        .map(|i| {
+            let n = if i % 4 == 0 {
+                r.random::<u8>()
+            } else {
+                r.random_range(0..40u8)
+            };
+            (r.random::<u64>() & 0xFFFF_FFFF) | (u64::from(n) << 32)
+        })
+        .collect();
+    for (dir, mode) in [("l", "wrap"), ("l", "clamp"), ("r", "wrap"), ("r", "clamp")] {
+        let body = format!(
+            "\tcvt.u32.u64 \t%u1, %a;\n\tcvt.u32.u64 \t%u2, %b;\n\tshr.u64 \t%v1, %b, 32;\n\tcvt.u32.u64 \t%u3, %v1;\n\tshf.{dir}.{mode}.b32 \t%u4, %u1, %u2, %u3;\n\tcvt.u64.u32 \t%d, %u4;"
+        );
+        let out = run(&kernel("b64", "b64", "b64", "b64", &body), &a, &b, 8, 8, 1);
+        for i in 0..N {
+            let (lo, hi, c) = (a[i] & 0xFFFF_FFFF, b[i] & 0xFFFF_FFFF, b[i] >> 32);
+            let n = if mode == "wrap" { c & 31 } else { c.min(32) };
+            let t = (hi << 32) | lo;
+            let want = if dir == "l" {
+                ((u128::from(t) << n) >> 32) as u64 & 0xFFFF_FFFF
+            } else {
+                (t >> n) & 0xFFFF_FFFF
+            };
+            assert_eq!(out[i], want, "shf.{dir}.{mode} a {lo:#x} b {hi:#x} c {c}");
+        }
+    }
+}
+
 fn flush(v: f32) -> f32 {
     if v.is_subnormal() {
         0.0f32.copysign(v)

@@ -107,8 +107,8 @@ impl Si {
         let lo = c.iter().copied().min().unwrap_or(0);
         let hi = c.iter().copied().max().unwrap_or(0);
         let stride = match (self.stride, o.stride) {
-            (0, _) => o.stride * self.lo,
-            (_, 0) => self.stride * o.lo,
+            (0, _) => (o.stride * self.lo).abs(),
+            (_, 0) => (self.stride * o.lo).abs(),
             _ => 1,
         };
         Si::new(lo, hi, stride)
@@ -812,7 +812,32 @@ impl<'b> Prover<'b> {
                             .collect();
                         Av::Int(norm(out))
                     }
-                    (_, Some(m)) => Av::Int(vec![Si::new(0, m, 1)]),
+                    (Some(x), Some(m)) if m != 0 && (m >> m.trailing_zeros()) & ((m >> m.trailing_zeros()) + 1) == 0 => {
+                        // A contiguous mask `2^(k+1) - 2^t`: the low mask
+                        // `2^(k+1) - 1`, then rounded down to a multiple of
+                        // `2^t` (monotone, so each part's ends stay ends).
+                        let t = m.trailing_zeros();
+                        let low = m | ((1i128 << t) - 1);
+                        let q = 1i128 << t;
+                        let out = x
+                            .iter()
+                            .map(|p| {
+                                let (lo, hi) = if p.lo / (low + 1) == p.hi / (low + 1) {
+                                    (p.lo & low, p.hi & low)
+                                } else {
+                                    (0, low)
+                                };
+                                Si::new(lo / q * q, hi / q * q, q)
+                            })
+                            .collect();
+                        Av::Int(norm(out))
+                    }
+                    // Any other mask: at most `m`, a multiple of its lowest
+                    // set bit.
+                    (_, Some(m)) if m != 0 => {
+                        Av::Int(vec![Si::new(0, m, 1i128 << m.trailing_zeros())])
+                    }
+                    (_, Some(_)) => Av::Int(vec![Si::one(0)]),
                     _ => Av::Top,
                 })
             }
@@ -925,8 +950,14 @@ impl<'b> Prover<'b> {
             _ => None,
         };
         let (x, y) = (get_set(a)?, get_set(b)?);
-        let (xl, xh) = (x.first()?.lo, x.last()?.hi);
-        let (yl, yh) = (y.first()?.lo, y.last()?.hi);
+        // The signed view is not sorted: the bounds over every part.
+        let bounds = |s: &Set| {
+            Some((
+                s.iter().map(|p| p.lo).min()?,
+                s.iter().map(|p| p.hi).max()?,
+            ))
+        };
+        let ((xl, xh), (yl, yh)) = (bounds(&x)?, bounds(&y)?);
         let r = match cmp.as_str() {
             "eq" if xl == xh && yl == yh => Some(xl == yl),
             "eq" | "ne" if xh < yl || yh < xl => Some(cmp == "ne"),
@@ -1124,6 +1155,15 @@ impl<'b> Prover<'b> {
                     Stmt::Instr(i) => {
                         let base = i.opcode.split('.').next().unwrap_or("");
                         match base {
+                            "brx" | "call" => {
+                                return Err(self.err(
+                                    i.line,
+                                    format!(
+                                        "`{}`: control flow the proof of the local frame `{}` does not follow",
+                                        i.opcode, self.frame
+                                    ),
+                                ));
+                            }
                             "ret" | "exit" if i.guard.is_none() => break,
                             "ret" | "exit" => pc += 1,
                             "bra" => {
