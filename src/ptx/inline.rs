@@ -23,12 +23,13 @@
 //!   a callee reading a param it was not passed (or not a param of its
 //!   own), any other use of a param's address, a callee naming a register
 //!   it does not declare (after inlining it would read the caller's);
-//! A callee's `.local` frame goes with its body (its scope's names are
-//! renamed apart by [`frame::flatten_scopes`]) and is proved like the
-//! entry's by [`promote_frame`].
 //! - `call`: a predicated or malformed call;
 //! - `too_complex`: more than [`MAX_CALL_DEPTH`] nested calls or more than
 //!   [`MAX_INLINED_STATEMENTS`] statements after inlining.
+//!
+//! A callee's `.local` frame goes with its body (its scope's names are
+//! renamed apart by [`frame::flatten_scopes`]) and is proved like the
+//! entry's by [`promote_frame`].
 //!
 //! Invariant: the body this returns has no `call`, and every register a
 //! callee's statements name is one the callee declares.

@@ -54,7 +54,10 @@ fn run(text: &str, entry: &str, x: &[u32], threads: usize) -> Vec<u32> {
     };
     // SAFETY: both spans are live Vecs of exactly `len` bytes.
     unsafe { k.launch(&l) }.unwrap();
-    assert!(out[n * 4..].iter().all(|b| *b == 0xFF), "{entry}: tail written");
+    assert!(
+        out[n * 4..].iter().all(|b| *b == 0xFF),
+        "{entry}: tail written"
+    );
     out.chunks(4)
         .take(n)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
@@ -120,16 +123,26 @@ fn arguments(r: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
 fn precise_sinf_and_cosf_match_the_reference() {
     let mut r = rand::rngs::StdRng::seed_from_u64(29);
     for (file, entry, f) in [
-        ("nvrtc/sin_f32_O3.ptx", "sin_f32", f64::sin as fn(f64) -> f64),
+        (
+            "nvrtc/sin_f32_O3.ptx",
+            "sin_f32",
+            f64::sin as fn(f64) -> f64,
+        ),
         ("nvrtc/cos_f32_O3.ptx", "cos_f32", f64::cos),
         ("nvrtc/sin_f32_G.ptx", "sin_f32", f64::sin),
         ("nvrtc/cos_f32_G.ptx", "cos_f32", f64::cos),
     ] {
         let text = jit(file);
-        assert!(text.contains("_depot0[28]") || text.contains("_depot1[28]"), "{file}");
+        assert!(
+            text.contains("_depot0[28]") || text.contains("_depot1[28]"),
+            "{file}"
+        );
         let canonical = ptx::canonicalize_with(&text, entry, None, Families::ALL)
             .unwrap_or_else(|e| panic!("{file}: {e}"));
-        assert!(!canonical.text.contains(".local"), "{file}: local memory left");
+        assert!(
+            !canonical.text.contains(".local"),
+            "{file}: local memory left"
+        );
         for threads in [1, 3] {
             let mut xs = arguments(&mut r, 700);
             xs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
@@ -268,7 +281,10 @@ fn assert_local(text: &str, needle: &str) {
 /// 16-byte frame) is refused, naming the access and its offsets.
 #[test]
 fn an_indexed_access_one_element_past_its_frame_is_refused() {
-    assert_local(&framed(16, 4, MASK3, 4, ""), "`ld.local.u32` may access byte offsets 4..=16");
+    assert_local(
+        &framed(16, 4, MASK3, 4, ""),
+        "`ld.local.u32` may access byte offsets 4..=16",
+    );
     // The index one bit too wide.
     assert_local(
         &framed(16, 4, "and.b32 	%r7, %r4, 7;", 0, ""),
@@ -280,7 +296,10 @@ fn an_indexed_access_one_element_past_its_frame_is_refused() {
 /// last iteration.
 #[test]
 fn a_loop_escaping_its_frame_on_the_last_iteration_is_refused() {
-    assert_local(&framed(16, 5, MASK3, 0, ""), "`st.local.u32` may access byte offsets 16..=16");
+    assert_local(
+        &framed(16, 5, MASK3, 0, ""),
+        "`st.local.u32` may access byte offsets 16..=16",
+    );
 }
 
 /// A negative index (the displacement -4 with index 0 reachable).
@@ -355,10 +374,8 @@ fn a_frame_larger_than_the_limit_is_refused() {
 /// indexes is unbounded, refused.
 #[test]
 fn an_unbounded_loop_over_the_frame_is_refused() {
-    let text = framed(16, 4, MASK3, 0, "").replace(
-        "setp.ne.s32 	%p2, %r5, 4;",
-        "setp.ne.s32 	%p2, %r5, %r4;",
-    );
+    let text = framed(16, 4, MASK3, 0, "")
+        .replace("setp.ne.s32 	%p2, %r5, 4;", "setp.ne.s32 	%p2, %r5, %r4;");
     assert_local(&text, "`st.local.u32` may access byte offsets");
 }
 
@@ -420,7 +437,11 @@ $L__END:
 fn a_constant_table_read_in_bounds_runs_exactly() {
     let text = tabled(MASK3, 0, "");
     let c = ptx::canonicalize_with(&text, "tabled", None, Families::ALL).unwrap();
-    assert!(!c.text.contains("tab"), "{}", c.text);
+    assert!(
+        !c.text.contains("tab[") && !c.text.contains(", tab;"),
+        "{}",
+        c.text
+    );
     let words = [1u32, 2, 0x8000_0003, 0xFFFF_FFFF];
     let mut r = rand::rngs::StdRng::seed_from_u64(99);
     let x: Vec<u32> = (0..700).map(|_| r.random()).collect();
@@ -442,4 +463,53 @@ fn a_table_read_past_its_end_or_written_is_refused() {
     assert_eq!(sub, "global_variable", "{why}");
     let (sub, why) = refusal(&tabled(MASK3, 0, "st.global.u32 	[%rd12], %r4;"), "tabled");
     assert_eq!(sub, "global_variable", "{why}");
+}
+
+/// The frame proof against ground truth over mutated frame sizes, loop
+/// bounds, index masks and displacements of [`framed`]: accepted exactly
+/// when every store (`0..count`) and every read (`4 × (x & mask) + off`)
+/// is inside the frame, and then the host result is the reference (slots
+/// never written read 0).
+#[test]
+fn mutated_frame_indices_are_accepted_exactly_when_in_bounds() {
+    let mut r = rand::rngs::StdRng::seed_from_u64(0xF4A3);
+    let mut accepted = 0;
+    let mut refused = 0;
+    for size in [8u32, 16, 28, 32] {
+        for count in 1..=size / 4 + 1 {
+            for mask in [0u32, 1, 3, 7] {
+                for off in [-8i32, -4, 0, 4, 8, 12] {
+                    let index = format!("and.b32 \t%r7, %r4, {mask};");
+                    let text = framed(size, count, &index, off, "");
+                    let stores_in = count * 4 <= size;
+                    let reads_in = off >= 0 && 4 * mask as i32 + off + 4 <= size as i32;
+                    let got = ptx::canonicalize_with(&text, "framed", None, Families::ALL);
+                    let what = format!("size {size} count {count} mask {mask} off {off}");
+                    if !(stores_in && reads_in) {
+                        match got {
+                            Err(PtxError::NonScalarAbi { sub_reason, .. }) => {
+                                assert_eq!(sub_reason, "local_memory", "{what}")
+                            }
+                            other => panic!("{what}: accepted out of bounds: {other:?}"),
+                        }
+                        refused += 1;
+                        continue;
+                    }
+                    got.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    accepted += 1;
+                    let x: Vec<u32> = (0..64).map(|_| r.random()).collect();
+                    let out = run(&text, "framed", &x, 1);
+                    for (x, g) in x.iter().zip(&out) {
+                        let k = (x & mask) + (off / 4) as u32;
+                        let want = if k < count { x.wrapping_add(k) } else { 0 };
+                        assert_eq!(*g, want, "{what} x={x}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        accepted > 20 && refused > 20,
+        "{accepted} accepted, {refused} refused"
+    );
 }

@@ -522,7 +522,9 @@ impl Decoder<'_> {
             // the 64-bit `b:a` by `n = c & 31` (wrap) or `min(c, 32)`
             // (clamp); `.l` keeps the high word of `(b:a) << n`, `.r` the
             // low word of `(b:a) >> n`.
-            "shf" if ty.bits() == 32 && ops.len() == 4 && (inst.has("wrap") || inst.has("clamp")) => {
+            "shf"
+                if ty.bits() == 32 && ops.len() == 4 && (inst.has("wrap") || inst.has("clamp")) =>
+            {
                 let left = inst.has("l");
                 if left == inst.has("r") {
                     return Err(unsupported(inst));

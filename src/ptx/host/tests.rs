@@ -1284,7 +1284,10 @@ fn bit_field_insert_follows_the_isa() {
                 }
                 want = (want & !(1 << at)) | (((x >> k) & 1) << at);
             }
-            assert_eq!(out[i], want, "bfi.b{bits} a {x:#x} b {y:#x} pos {pos} len {len}");
+            assert_eq!(
+                out[i], want,
+                "bfi.b{bits} a {x:#x} b {y:#x} pos {pos} len {len}"
+            );
         }
     }
 }

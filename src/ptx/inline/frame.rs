@@ -178,7 +178,11 @@ enum Av {
     /// `|x|` of float register x (as it was: x's redefinition forgets this).
     Abs(String),
     /// A float whose magnitude is within `[lo, hi]`, never NaN.
-    Mag { bits: u32, lo: f64, hi: f64 },
+    Mag {
+        bits: u32,
+        lo: f64,
+        hi: f64,
+    },
     Known(bool),
     /// What `setp` computed: `a cmp b` at type `ty` (negated when `not`).
     Cond {
@@ -216,11 +220,9 @@ impl Av {
             // A table address meeting anything else: unusable (a load
             // through it is no table load, which leaves the tables alone).
             (Av::Table(..), _) | (_, Av::Table(..)) => Av::Table(usize::MAX, Vec::new()),
-            (Av::Frame(_), _) | (_, Av::Frame(_)) => Av::Frame(vec![Si::new(
-                i128::from(i64::MIN),
-                i128::from(i64::MAX),
-                1,
-            )]),
+            (Av::Frame(_), _) | (_, Av::Frame(_)) => {
+                Av::Frame(vec![Si::new(i128::from(i64::MIN), i128::from(i64::MAX), 1)])
+            }
             _ => Av::Top,
         }
     }
@@ -324,7 +326,10 @@ impl<'b> Prover<'b> {
             }
             Operand::Name(n) if n == self.frame => Av::Frame(vec![Si::one(0)]),
             Operand::Name(n) if self.tables.iter().any(|t| t.0 == *n) => Av::Table(
-                self.tables.iter().position(|t| t.0 == *n).unwrap_or(usize::MAX),
+                self.tables
+                    .iter()
+                    .position(|t| t.0 == *n)
+                    .unwrap_or(usize::MAX),
                 vec![Si::one(0)],
             ),
             Operand::Name(n) => get(st, n).clone(),
@@ -382,8 +387,16 @@ impl<'b> Prover<'b> {
         let base = i.opcode.split('.').next().unwrap_or("");
         if matches!(
             base,
-            "st" | "red" | "bar" | "barrier" | "membar" | "fence" | "bra" | "ret" | "exit"
-                | "prefetch" | "trap"
+            "st" | "red"
+                | "bar"
+                | "barrier"
+                | "membar"
+                | "fence"
+                | "bra"
+                | "ret"
+                | "exit"
+                | "prefetch"
+                | "trap"
         ) {
             return Vec::new();
         }
@@ -578,8 +591,9 @@ impl<'b> Prover<'b> {
                 }
                 return Ok(());
             }
-            if let Some(Access { region: Some(_), .. }) =
-                self.accesses.get(&at).and_then(Option::as_ref)
+            if let Some(Access {
+                region: Some(_), ..
+            }) = self.accesses.get(&at).and_then(Option::as_ref)
             {
                 // A table load on another path.
                 self.tables_ok = false;
@@ -618,8 +632,8 @@ impl<'b> Prover<'b> {
         };
         // Integer arithmetic only at integer types: a float op on bits the
         // domain holds as integers knows nothing.
-        let float_op = ty.starts_with('f')
-            && matches!(base, "add" | "sub" | "mul" | "shl" | "shr" | "and");
+        let float_op =
+            ty.starts_with('f') && matches!(base, "add" | "sub" | "mul" | "shl" | "shr" | "and");
         if float_op {
             for x in o.iter().skip(1) {
                 self.escapes(st, i, x)?;
@@ -632,7 +646,7 @@ impl<'b> Prover<'b> {
         let result: Option<Av> = match (base, &o[..]) {
             ("mov" | "cvta", [_, a]) if !matches!(a, Operand::Addr { .. }) => {
                 let is_cvta = base == "cvta";
-                if is_cvta && !(parts.get(1) == Some(&"local")) {
+                if is_cvta && parts.get(1) != Some(&"local") {
                     self.escapes(st, i, a)?;
                     Some(Av::Top)
                 } else {
@@ -645,16 +659,10 @@ impl<'b> Prover<'b> {
                                     i128::from((hi as f32).to_bits()),
                                 )
                             } else {
-                                (
-                                    i128::from(lo.to_bits()),
-                                    i128::from(hi.to_bits()),
-                                )
+                                (i128::from(lo.to_bits()), i128::from(hi.to_bits()))
                             };
                             let sign = 1i128 << (fb - 1);
-                            Av::Int(norm(vec![
-                                Si::new(l, h, 1),
-                                Si::new(l + sign, h + sign, 1),
-                            ]))
+                            Av::Int(norm(vec![Si::new(l, h, 1), Si::new(l + sign, h + sign, 1)]))
                         }
                         v => v,
                     })
@@ -751,7 +759,13 @@ impl<'b> Prover<'b> {
                 } else {
                     int(self.value(st, b, src_bits))
                 };
-                let ext = |s: Set| if wide && sgn { signed(&s, src_bits) } else { Some(s) };
+                let ext = |s: Set| {
+                    if wide && sgn {
+                        signed(&s, src_bits)
+                    } else {
+                        Some(s)
+                    }
+                };
                 Some(match (x.and_then(ext), y.and_then(ext)) {
                     (Some(x), Some(y)) => {
                         let mut out = Vec::new();
@@ -812,7 +826,10 @@ impl<'b> Prover<'b> {
                             .collect();
                         Av::Int(norm(out))
                     }
-                    (Some(x), Some(m)) if m != 0 && (m >> m.trailing_zeros()) & ((m >> m.trailing_zeros()) + 1) == 0 => {
+                    (Some(x), Some(m))
+                        if m != 0
+                            && (m >> m.trailing_zeros()) & ((m >> m.trailing_zeros()) + 1) == 0 =>
+                    {
                         // A contiguous mask `2^(k+1) - 2^t`: the low mask
                         // `2^(k+1) - 1`, then rounded down to a multiple of
                         // `2^t` (monotone, so each part's ends stay ends).
@@ -845,7 +862,8 @@ impl<'b> Prover<'b> {
                 self.escapes(st, i, a)?;
                 let dt = parts[parts.len() - 2];
                 let (db, sb) = (type_bits(dt).unwrap_or(0), type_bits(ty).unwrap_or(0));
-                let integer = |t: &str| t.starts_with('s') || t.starts_with('u') || t.starts_with('b');
+                let integer =
+                    |t: &str| t.starts_with('s') || t.starts_with('u') || t.starts_with('b');
                 let plain = parts.len() == 3;
                 Some(match self.value(st, a, sb) {
                     Av::Int(x) if plain && integer(dt) && integer(ty) && sb > 0 && db > 0 => {
@@ -885,13 +903,7 @@ impl<'b> Prover<'b> {
             }
             ("not", [_, Operand::Name(p)]) if ty == "pred" => Some(match get(st, p) {
                 Av::Known(k) => Av::Known(!k),
-                Av::Cond {
-                    cmp,
-                    ty,
-                    a,
-                    b,
-                    not,
-                } => Av::Cond {
+                Av::Cond { cmp, ty, a, b, not } => Av::Cond {
                     cmp: cmp.clone(),
                     ty: ty.clone(),
                     a: a.clone(),
@@ -951,12 +963,7 @@ impl<'b> Prover<'b> {
         };
         let (x, y) = (get_set(a)?, get_set(b)?);
         // The signed view is not sorted: the bounds over every part.
-        let bounds = |s: &Set| {
-            Some((
-                s.iter().map(|p| p.lo).min()?,
-                s.iter().map(|p| p.hi).max()?,
-            ))
-        };
+        let bounds = |s: &Set| Some((s.iter().map(|p| p.lo).min()?, s.iter().map(|p| p.hi).max()?));
         let ((xl, xh), (yl, yh)) = (bounds(&x)?, bounds(&y)?);
         let r = match cmp.as_str() {
             "eq" if xl == xh && yl == yh => Some(xl == yl),
@@ -1025,13 +1032,13 @@ impl<'b> Prover<'b> {
                     Av::Top => &any,
                     _ => return Some(out),
                 };
-                let view = if sgn { signed(x, bits) } else { Some(x.clone()) };
-                let Some(view) = view else { return Some(out) };
-                let c = if sgn {
-                    c
+                let view = if sgn {
+                    signed(x, bits)
                 } else {
-                    c.rem_euclid(1i128 << bits)
+                    Some(x.clone())
                 };
+                let Some(view) = view else { return Some(out) };
+                let c = if sgn { c } else { c.rem_euclid(1i128 << bits) };
                 let (op, holds) = match cmp.as_str() {
                     "lo" => ("lt", holds),
                     "ls" => ("le", holds),
@@ -1101,8 +1108,7 @@ impl<'b> Prover<'b> {
         let mut seen: HashMap<usize, Vec<State>> = HashMap::new();
         let mut steps = 0usize;
         while let Some((mut pc, mut st)) = work.pop() {
-            loop {
-                let Some(s) = self.body.get(pc) else { break };
+            while let Some(s) = self.body.get(pc) {
                 steps += 1;
                 if steps > MAX_STEPS {
                     return Err(refuse(
@@ -1273,9 +1279,9 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         .filter(|(n, _)| {
             body.iter().any(|s| match s {
                 Stmt::Instr(i) => super::instr_names(i).contains(&n.as_str())
-                    || i.operands.iter().any(|o| {
-                        matches!(o, Operand::Addr { base: AddrBase::Name(b), .. } if b == n)
-                    }),
+                    || i.operands.iter().any(
+                        |o| matches!(o, Operand::Addr { base: AddrBase::Name(b), .. } if b == n),
+                    ),
                 _ => false,
             })
         })
@@ -1345,9 +1351,7 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         .iter()
         .find(|(_, a)| a.region.is_none())
         .map_or(4, |(_, a)| a.width);
-    if frame_at.is_some()
-        && (size % u64::from(width) != 0 || size / u64::from(width) > MAX_SLOTS)
-    {
+    if frame_at.is_some() && (size % u64::from(width) != 0 || size / u64::from(width) > MAX_SLOTS) {
         return Err(refuse(
             SubReason::LocalMemory,
             var_line,
@@ -1445,7 +1449,10 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
             };
             if a.store {
                 if vbits > wb && !ty.starts_with('f') {
-                    out.push(mk(format!("cvt.u{wb}.u{vbits}"), vec![fv.clone(), v.clone()]));
+                    out.push(mk(
+                        format!("cvt.u{wb}.u{vbits}"),
+                        vec![fv.clone(), v.clone()],
+                    ));
                 } else {
                     out.push(mk(format!("mov.{fty}"), vec![fv.clone(), v.clone()]));
                 }
@@ -1481,7 +1488,10 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
                 }
                 if vbits > wb && !ty.starts_with('f') {
                     let s = if ty.starts_with('s') { 's' } else { 'u' };
-                    out.push(mk(format!("cvt.{s}{vbits}.{s}{wb}"), vec![v.clone(), fv.clone()]));
+                    out.push(mk(
+                        format!("cvt.{s}{vbits}.{s}{wb}"),
+                        vec![v.clone(), fv.clone()],
+                    ));
                 } else {
                     out.push(mk(format!("mov.{fty}"), vec![v.clone(), fv.clone()]));
                 }
@@ -1570,10 +1580,12 @@ fn zeroed_before_use(body: &[Stmt], var_at: usize) -> bool {
         }
     }
     let start = open.map_or(0, |o| o + 1);
-    if body[start..var_at]
-        .iter()
-        .any(|s| matches!(s, Stmt::Instr(_) | Stmt::Label { .. } | Stmt::Open | Stmt::Close))
-    {
+    if body[start..var_at].iter().any(|s| {
+        matches!(
+            s,
+            Stmt::Instr(_) | Stmt::Label { .. } | Stmt::Open | Stmt::Close
+        )
+    }) {
         return false;
     }
     let Some(open) = open else { return true };
