@@ -173,7 +173,6 @@ fn frame_holes() -> Vec<(&'static str, String)> {
 /// the frame's interval domain as plain wrapping arithmetic. The original
 /// reads byte `4 × 0xffffffff` of a 16-byte frame.
 #[test]
-#[ignore = "hole: the frame domain reads add.sat/sub.sat as wrapping arithmetic"]
 fn a_saturating_add_is_no_wrapping_add_to_the_frame_proof() {
     let original = 0x7fff_ffffu32.wrapping_add(0x8000_0000);
     assert_eq!(original, 0xffff_ffff);
@@ -191,7 +190,6 @@ fn a_saturating_add_is_no_wrapping_add_to_the_frame_proof() {
 /// a subnormal `x`. `x = 0x00400000` (a subnormal) passes the compare and
 /// indexes slot `0x400000` of a 5-slot frame.
 #[test]
-#[ignore = "hole: abs.ftz (flush-to-zero) read as abs by the magnitude domain"]
 fn a_flushed_abs_bounds_no_subnormal() {
     let x = f32::from_bits(0x0040_0000);
     assert!(x.is_subnormal());
@@ -207,7 +205,6 @@ fn a_flushed_abs_bounds_no_subnormal() {
 /// than the register holds (`cvt.u64.u32 %rd, %rd`, which PTX allows for
 /// `cvt`) read as the whole register.
 #[test]
-#[ignore = "hole: cvt of a register wider than its source type read whole"]
 fn a_cvt_reads_the_low_bits_of_a_wider_register() {
     let original = ((3u64 << 32) + 4) as u32; // the low 32 bits
     assert_eq!(u64::from(original) >> 32, 0);
@@ -226,7 +223,6 @@ fn a_cvt_reads_the_low_bits_of_a_wider_register() {
 /// bounds the outer `%r10 = x` that indexes the frame. Without the
 /// reserved name the same kernel is refused (the control).
 #[test]
-#[ignore = "hole: a scoped frame is proved with scope-conflated names when renaming declines"]
 fn a_scoped_frame_is_not_proved_with_conflated_names() {
     assert_refused(
         &scoped_frame(false),
@@ -251,7 +247,6 @@ fn v2_at_4_indexed() -> String {
 /// whole vector (PTX requires `.v2`/`.v4` addresses aligned to the
 /// vector's size), indexed or at a constant offset.
 #[test]
-#[ignore = "hole: frame vector accesses are checked for lane alignment only"]
 fn a_frame_vector_access_must_be_aligned_to_the_vector() {
     assert_refused(&v2_at_4_indexed(), "framed", "local_memory", "");
     // The same at a constant offset (the promoted frame).
