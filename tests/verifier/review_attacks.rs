@@ -916,3 +916,70 @@ fn args_past_i64_and_huge_coefficients_are_held_at_launch() {
     )));
     oracle(&huge, Op::Add, &[shape], &mut r);
 }
+
+// ---------------------------------------------------------------------
+// Frame holes of the same classes found while closing the above (w29f)
+// ---------------------------------------------------------------------
+
+/// `cvt.s32.s8` into a 64-bit register: PTX sign-extends the `.s32`
+/// result to the register (`-1` becomes `2^64 - 1`); read as the `.s32`
+/// value `0xffffffff`, `+ 1` then `>> 32` is 1 to the domain and 0 on
+/// the GPU, so the index `- 1` is 0 to it and `0xffffffff` on the GPU.
+const CVT_SEXT_INDEX: &str = "mov.u32 	%r9, 255;\n\tcvt.s32.s8 	%rd20, %r9;\n\tadd.s64 	%rd21, %rd20, 1;\n\tshr.u64 	%rd22, %rd21, 32;\n\tcvt.u32.u64 	%r10, %rd22;\n\tadd.s32 	%r7, %r10, -1;";
+
+/// Class: a write of fewer bits than the register holds (the relaxed
+/// rule of `cvt`'s destination): a negative signed result is
+/// sign-extended to the register, not kept as its `.sN` bits.
+#[test]
+fn a_signed_cvt_into_a_wider_register_is_sign_extended() {
+    let gpu = i64::from(i32::from(0xffu8 as i8)) as u64; // the register
+    assert_eq!((gpu.wrapping_add(1) >> 32) as u32, 0);
+    assert_refused(
+        &frame_kernel(16, CVT_SEXT_INDEX),
+        "framed",
+        "local_memory",
+        "may access byte offsets",
+    );
+}
+
+/// Class: a compare at a type the domain does not model (`.bf16`) must
+/// leave both of its edges open. It closed both: the code past the
+/// branch, and the frame access there, were never checked (the access was
+/// then refused only because the lowering left it as local memory).
+#[test]
+fn an_unmodelled_compare_type_leaves_both_edges_open() {
+    let text = frame_kernel(
+        16,
+        "mov.b16 	%rs1, 16256;\n\tsetp.lt.bf16 	%p3, %rs1, %rs1;\n\t@%p3 bra 	$L__END;\n\tmov.u32 	%r7, %r4;",
+    )
+    .replace(".reg .b32 	%r<24>;", ".reg .b32 	%r<24>;\n\t.reg .b16 	%rs<4>;");
+    assert_refused(&text, "framed", "local_memory", "may access byte offsets");
+}
+
+/// Class: no panic on any path a kernel reaches. Types past 64 bits
+/// (`.b128`, `mul.wide.u64`, `.u128`) overflowed the domain's shifts
+/// (a panic in a debug build); they are unmodelled (unknown) now, and the
+/// verifier downstream gives each its own verdict.
+#[test]
+fn types_past_64_bits_do_not_panic_the_frame_proof() {
+    let with_q = |index: &str| {
+        frame_kernel(16, index).replace(
+            ".reg .b32 	%r<24>;",
+            ".reg .b32 	%r<24>;\n\t.reg .b128 	%q<4>;",
+        )
+    };
+    let (v, why) = verdict(&with_q("mov.b128 	%q1, 5;\n\tmov.u32 	%r7, 0;"), "framed");
+    assert_eq!(v, "accepted", "{why}");
+    assert_refused(
+        &with_q("mov.u64 	%rd20, 3;\n\tmul.wide.u64 	%q1, %rd20, %rd20;\n\tmov.u32 	%r7, 0;"),
+        "framed",
+        "operand_type",
+        "`.wide` of `.u64`",
+    );
+    assert_refused(
+        &with_q("setp.lt.u128 	%p3, 5, %q1;\n\tmov.u32 	%r7, 0;"),
+        "framed",
+        "unsupported_instruction",
+        "`.u128`",
+    );
+}
