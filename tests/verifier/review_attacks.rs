@@ -297,7 +297,6 @@ fn an_accepted_frame_kernel_keeps_no_local_memory() {
 /// same kernel without its frame lowers in 3.5 ms. The goal is
 /// 10 ms for a 64 KB kernel.
 #[test]
-#[ignore = "hole: the frame proof's cost is super-linear within its step budget"]
 fn the_frame_proof_costs_about_what_lowering_costs() {
     let text = diamonds(80);
     let frameless = text

@@ -47,6 +47,11 @@ pub const MAX_INDEXED_FRAME: u64 = 256;
 pub const MAX_SLOTS: u64 = 64;
 /// The most instruction steps the proof may take.
 pub const MAX_STEPS: usize = 200_000;
+/// The most work the proof may do, in state entries visited: each step
+/// scans its state once, each label visit once per state kept there. (The
+/// largest accepted kernel of the corpus, an inlined `sinf`, costs about
+/// 850 000.)
+pub const MAX_COST: usize = 3_000_000;
 /// Visits of one label before what changes there is forgotten.
 pub const UNROLL: usize = 64;
 /// The most strided intervals one value keeps.
@@ -1155,9 +1160,26 @@ impl<'b> Prover<'b> {
         let mut work: Vec<(usize, State)> = vec![(0, State::new())];
         let mut seen: HashMap<usize, Vec<State>> = HashMap::new();
         let mut steps = 0usize;
+        // What the steps cost: each write scans the state, each label
+        // visit compares it with every state kept there.
+        let mut cost = 0usize;
         while let Some((mut pc, mut st)) = work.pop() {
             while let Some(s) = self.body.get(pc) {
                 steps += 1;
+                cost = cost.saturating_add(1 + st.len());
+                if let Some(kept) = seen.get(&pc) {
+                    cost = cost.saturating_add(kept.len().saturating_mul(1 + st.len()));
+                }
+                if cost > MAX_COST {
+                    return Err(refuse(
+                        SubReason::TooComplex,
+                        0,
+                        format!(
+                            "proving the accesses of the local frame `{}` costs more than {MAX_COST} state entries visited",
+                            self.frame
+                        ),
+                    ));
+                }
                 if steps > MAX_STEPS {
                     return Err(refuse(
                         SubReason::TooComplex,
