@@ -578,9 +578,7 @@ impl<'b> Prover<'b> {
         let parts: Vec<&str> = op.split('.').collect();
         let base = parts.first().copied().unwrap_or("");
         let ty = parts.last().copied().unwrap_or("");
-        let bits = type_bits(ty)
-            .filter(|b| (1..=64).contains(b))
-            .unwrap_or(64);
+        let bits = type_bits(ty).filter(|b| (1..=64).contains(b)).unwrap_or(64);
         let o = &i.operands;
         // Memory accesses.
         if let Some((store, space, lanes, mty)) = mem_parts(op) {
@@ -919,7 +917,9 @@ impl<'b> Prover<'b> {
                         // negative.
                         x.and_then(|x| wrap(x, db))
                             .filter(|x| {
-                                !dt.starts_with('s') || db == 64 || x.iter().all(|p| p.hi >> (db - 1) == 0)
+                                !dt.starts_with('s')
+                                    || db == 64
+                                    || x.iter().all(|p| p.hi >> (db - 1) == 0)
                             })
                             .map_or(Av::Top, Av::Int)
                     }
