@@ -665,7 +665,11 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
 /// `frame::lower_indexed`, which proves every access inside it on every
 /// path and lowers it to registers, or refuses it naming the access.
 pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
-    frame::flatten_frame_scopes(module, symbol);
+    // A scoped frame whose scopes were not renamed apart would be proved
+    // with the names of different scopes conflated: left (and refused).
+    if !frame::flatten_frame_scopes(module, symbol) {
+        return Ok(());
+    }
     promote_constant(module, symbol)?;
     frame::lower_indexed(module, symbol)
 }
@@ -810,7 +814,9 @@ fn promote_constant(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
                     ),
                 ));
             }
-            if off % i64::from(w) != 0 {
+            // PTX aligns a `.v2`/`.v4` access to the whole vector: a frame
+            // accessed otherwise is left (and refused).
+            if off % i64::from(w) != 0 || (k == 0 && off % (i64::from(w) * lanes as i64) != 0) {
                 return Ok(());
             }
             for &(o, ow) in &slots {

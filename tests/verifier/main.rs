@@ -18,6 +18,7 @@ mod mutants;
 mod nvcc_corpus;
 mod red_team;
 mod red_team2;
+mod review_attacks;
 mod strided;
 mod triton;
 mod triton_attacks;
