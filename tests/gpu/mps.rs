@@ -11,9 +11,12 @@
 //! an MPS control daemon of its own (`CUDA_MPS_PIPE_DIRECTORY` set).
 //!
 //! Asserted: without MPS the bystander never sees an error or a wrong
-//! result (ptxd's containment: the fault ends only ptxd's executor); under
-//! MPS ptxd reports its executor as an MPS client; in both, the surviving
-//! session's launches are exact again. Printed (a measurement, nothing
+//! result (ptxd's containment: the fault ends only ptxd's executor) and the
+//! surviving session's launches are exact again; under MPS ptxd reports its
+//! executor as an MPS client, and while it cannot restart it (the MPS
+//! server waits for every client of the faulted server to exit, this test
+//! process included) the survivor's launches get typed refusals, never a
+//! hang. Printed (a measurement, nothing
 //! asserted on it): the bystander's outcome and its longest stall, and the
 //! fault → survivor's first launch time. Under MPS the bystander is let
 //! exit before ptxd's recovery is awaited: the MPS server refuses new
@@ -154,37 +157,65 @@ async fn a_fault_in_ptxd_and_a_bystander_process_on_the_same_gpu() {
         let status = finish(&mut bystander);
         bystander_gone = Some((status, faulted.elapsed()));
     }
-    // The survivor's first exact launch: reload when stale, wait while the
-    // executor is down.
-    let deadline = faulted + Duration::from_secs(90);
-    let recovered = loop {
-        match session.launch(&kernel, &ops.launch).await {
-            Ok(_) => break faulted.elapsed(),
-            Err(e) if e.reason_name() == "STALE_KERNEL" => {
-                if let Ok(fresh) = load().await {
-                    kernel = fresh;
-                    continue;
-                }
+    // Without MPS: the survivor's first exact launch (reload when stale,
+    // wait while the executor is down). Under MPS the server takes no new
+    // client until every client of the faulted server has exited, and this
+    // test process is one (it owns the survivor's memory): ptxd cannot
+    // restart its executor while the test runs, so what is checked is that
+    // the survivor gets typed refusals, promptly, and never a hang.
+    let recovered = if under_mps {
+        let mut seen = Vec::new();
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            let answer = tokio::time::timeout(
+                Duration::from_secs(10),
+                session.launch(&kernel, &ops.launch),
+            )
+            .await
+            .expect("a launch while ptxd cannot restart its executor hung");
+            let reason = match answer {
+                Ok(_) => "ran".to_owned(),
+                Err(e) => e.reason_name().to_owned(),
+            };
+            if !seen.contains(&reason) {
+                seen.push(reason);
             }
-            Err(e) => assert!(
-                ["EXECUTOR_UNAVAILABLE", "KERNEL_FAULT"].contains(&e.reason_name()),
-                "{e}"
-            ),
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(
-            Instant::now() < deadline,
-            "ptxd did not serve the survivor within 90 s of the fault {config}:\n{}",
-            daemon.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        let available = client.info().await.unwrap().devices[0].available;
+        format!("not while this process lives (ptxd's answers meanwhile: {seen:?}; device available: {available})")
+    } else {
+        let deadline = faulted + Duration::from_secs(90);
+        let recovered = loop {
+            match session.launch(&kernel, &ops.launch).await {
+                Ok(_) => break faulted.elapsed(),
+                Err(e) if e.reason_name() == "STALE_KERNEL" => {
+                    if let Ok(fresh) = load().await {
+                        kernel = fresh;
+                        continue;
+                    }
+                }
+                Err(e) => assert!(
+                    ["EXECUTOR_UNAVAILABLE", "KERNEL_FAULT"].contains(&e.reason_name()),
+                    "{e}"
+                ),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ptxd did not serve the survivor within 90 s of the fault {config}:\n{}",
+                daemon.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        check_add(
+            &session,
+            &kernel,
+            &ops,
+            &format!("after the fault {config}"),
+        )
+        .await;
+        format!("{recovered:?} after the fault")
     };
-    check_add(
-        &session,
-        &kernel,
-        &ops,
-        &format!("after the fault {config}"),
-    )
-    .await;
     let (outcome, outcome_at) = match outcome {
         Some(seen) => seen,
         None => {
@@ -205,7 +236,7 @@ async fn a_fault_in_ptxd_and_a_bystander_process_on_the_same_gpu() {
         "MPS fault ({config}; ptxd's executor an MPS client: {reported}): the fault was answered \
          in {answered:?}; the bystander process: {outcome} (read {outcome_at:?} after the fault, \
          exited {gone_at:?} after it, {status}); the surviving ptxd session's first exact \
-         launch {recovered:?} after the fault"
+         launch: {recovered}"
     );
     if !under_mps {
         assert!(
