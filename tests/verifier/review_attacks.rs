@@ -767,7 +767,7 @@ fn accepted_strided_kernels_stay_inside_their_footprints() {
         // Saturating forms are refused since the Strided family stopped
         // reading `.sat` as ring arithmetic (sound, if conservative); what
         // is accepted must stay inside its footprints.
-        match &*verdict(&text, Op::Add.entry()).0 {
+        match verdict(&text, Op::Add.entry()).0 {
             "accepted" => oracle(&text, Op::Add, &shapes, &mut r),
             other => assert_eq!(other, "non_elementwise_address", "{to}"),
         }
