@@ -185,7 +185,7 @@ mod table;
 mod triton;
 mod value;
 
-use super::ir::Kernel;
+use super::ir::{self, Kernel};
 pub use super::reason::SubReason;
 use super::{DeclaredAbi, Families, LaunchContract, PtxError, Signature};
 
@@ -231,6 +231,31 @@ fn refuse(
         line,
         explanation: explanation.into(),
     }
+}
+
+/// The target of `bra` at `pc` in a family whose proof is one forward pass
+/// (Triton, Strided): a label after `pc`, or the refusal that names why not.
+fn forward_target(inst: &ir::Inst, pc: usize, family: &str) -> Result<usize, PtxError> {
+    let Some(ir::Opnd::Label(t)) = inst.ops.first() else {
+        return Err(refuse(
+            SubReason::UnmodelledOperand,
+            None,
+            Some(inst.line),
+            "a branch to anything but a label",
+        ));
+    };
+    let t = *t as usize;
+    if t <= pc {
+        return Err(refuse(
+            SubReason::BackwardBranch,
+            None,
+            Some(inst.line),
+            format!(
+                "a branch backwards (a loop): the {family} family is straight-line code and forward branches"
+            ),
+        ));
+    }
+    Ok(t)
 }
 
 /// Verifies `kernel` against the scalar ABI and `declared`.

@@ -62,7 +62,7 @@ use crate::ptx::ir::{Base, Inst, Kernel, Opnd, Sreg, Ty};
 use crate::ptx::parse::Imm;
 use crate::ptx::{LaunchContract, PtxError, Signature};
 
-use super::{refuse, Role, SubReason, Verified};
+use super::{forward_target, refuse, Role, SubReason, Verified};
 
 /// The work a kernel may take, per instruction (as the Triton family).
 const WORK_PER_INSTRUCTION: usize = 4096;
@@ -457,23 +457,7 @@ impl Pass<'_> {
             });
             match inst.base.as_str() {
                 "bra" => {
-                    let Some(Opnd::Label(t)) = inst.ops.first() else {
-                        return Err(refuse(
-                            SubReason::UnmodelledOperand,
-                            None,
-                            Some(inst.line),
-                            "a branch to anything but a label",
-                        ));
-                    };
-                    let t = *t as usize;
-                    if t <= pc {
-                        return Err(refuse(
-                            SubReason::BackwardBranch,
-                            None,
-                            Some(inst.line),
-                            "a branch backwards (a loop): the Strided family is straight-line code and forward branches",
-                        ));
-                    }
+                    let t = forward_target(inst, pc, "Strided")?;
                     work = work.saturating_add(nregs);
                     let mut taken = st.clone();
                     if let Some(Some((cond, true))) = pred {

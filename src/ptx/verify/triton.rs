@@ -50,7 +50,7 @@ use crate::ptx::parse::Imm;
 use crate::ptx::{LaunchContract, PtxError, Signature};
 
 use super::affine::{gcd, Int, Lin};
-use super::{refuse, Role, SubReason, Verified};
+use super::{forward_target, refuse, Role, SubReason, Verified};
 
 /// The work (register joins and instruction steps) a kernel may take,
 /// per instruction: past it the kernel is `too_complex`.
@@ -265,23 +265,7 @@ impl Pass<'_> {
             };
             match inst.base.as_str() {
                 "bra" => {
-                    let Some(Opnd::Label(t)) = inst.ops.first() else {
-                        return Err(refuse(
-                            SubReason::UnmodelledOperand,
-                            None,
-                            Some(inst.line),
-                            "a branch to anything but a label",
-                        ));
-                    };
-                    let t = *t as usize;
-                    if t <= pc {
-                        return Err(refuse(
-                            SubReason::BackwardBranch,
-                            None,
-                            Some(inst.line),
-                            "a branch backwards (a loop): the Triton family is straight-line code and forward branches",
-                        ));
-                    }
+                    let t = forward_target(inst, pc, "Triton")?;
                     work = work.saturating_add(nregs);
                     let mut slot = pending.remove(&t);
                     join_into(&mut slot, st.clone());
