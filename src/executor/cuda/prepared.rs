@@ -186,12 +186,14 @@ fn write(words: &mut [u64], offset: usize, size: usize, value: u64) {
     let mut bytes = word.to_ne_bytes();
     let value = value.to_ne_bytes();
     let low = if cfg!(target_endian = "little") {
-        &value[..size]
+        value.get(..size)
     } else {
-        &value[8 - size..]
+        value.get(8usize.saturating_sub(size)..)
     };
-    if let Some(dst) = bytes.get_mut(at..at + size) {
-        dst.copy_from_slice(low);
+    if let (Some(dst), Some(low)) = (bytes.get_mut(at..at + size), low) {
+        if dst.len() == low.len() {
+            dst.copy_from_slice(low);
+        }
     }
     *word = u64::from_ne_bytes(bytes);
 }
