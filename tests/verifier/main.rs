@@ -19,6 +19,7 @@ mod nvcc_corpus;
 mod red_team;
 mod red_team2;
 mod review_attacks;
+mod review_attacks2;
 mod strided;
 mod triton;
 mod triton_attacks;

@@ -349,7 +349,6 @@ fn benign_accepted() {
         ("two entries k", format!("{}\n{}", with_store(""), with_store("").replace(".version 8.3\n.target sm_90\n.address_size 64\n", "").replace("add.s64 %rd14, %rd13, %rd9;", "add.s64 %rd14, %rd13, 0;"))),
         ("func def", with_store("").replace(".visible .entry k(", ".func f()\n{\n\tret;\n}\n.visible .entry k(")),
         ("global var", with_store("").replace(".visible .entry k(", ".global .u64 g;\n.visible .entry k(")),
-        ("mov.u64 from %clock64", with_store("mov.u64 %rd21, %clock64;")),
         ("reg without percent", with_store("").replace(".reg .f64 %fd<4>;", ".reg .f64 %fd<4>;\n\t.reg .b64 rdx;").replace("add.s64 %rd14, %rd13, %rd9;", "add.s64 rdx, %rd13, %rd9;\n\tmov.u64 %rd14, rdx;")),
         ("scoped shadow", with_store("{\n\t.reg .b64 %rd14;\n\tadd.s64 %rd14, %rd13, 8;\n\t}")),
         ("octal immediate shl 010", with_addr("shl.b64 %rd15, %rd1, 02;\n\tadd.s64 %rd14, %rd13, %rd15;")),

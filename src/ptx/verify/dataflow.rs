@@ -629,7 +629,22 @@ pub(super) fn step(
                     V::Block64
                 }
                 V::Narrow | V::Block32 | V::Index32 if widen => V::Narrow,
-                V::Const(c) if widen => V::Const(c),
+                // A constant is its bits at the source type's width: the
+                // register holds only 32 of them (`mov.u32 %r, -8` is
+                // 0xfffffff8), which `cvt` zero- or sign-extends. Read
+                // as the literal's 64-bit value, `-8` zero-extended would
+                // cancel a `+8` offset that really lands 4 GiB past it.
+                // A literal no 32-bit value spells is no constant here.
+                V::Const(c) if widen => {
+                    let bits = u32::try_from(c)
+                        .ok()
+                        .or_else(|| i32::try_from(c).ok().map(|x| x as u32));
+                    match (bits, tys.get(1)) {
+                        (Some(b), Some(Ty::S32)) => V::Const(i64::from(b as i32)),
+                        (Some(b), _) => V::Const(i64::from(b)),
+                        (None, _) => V::Top,
+                    }
+                }
                 other => {
                     escape(
                         events,

@@ -666,6 +666,25 @@ pub(crate) fn classify(k: &Kernel, inst: &Inst) -> Result<Typed, PtxError> {
     }
     let typed = Typed { opcode, modifiers };
     check_types(k, inst, &typed)?;
+    // Special registers past the launch geometry: refused by policy, after
+    // the type rules (a mistyped read stays `operand_type`).
+    if let Some(s) = inst.ops.iter().find_map(|o| match o {
+        Opnd::Sreg(s @ Sreg::Other(_)) => Some(*s),
+        _ => None,
+    }) {
+        return Err(refuse(
+            SubReason::UnmodelledOperand,
+            None,
+            line,
+            format!(
+                "`{}` reads `{}`: a kernel may read only its launch geometry \
+                 (`%tid`, `%ntid`, `%ctaid`, `%nctaid`); {}",
+                inst.opcode,
+                s.name(),
+                sreg_policy(s)
+            ),
+        ));
+    }
     Ok(typed)
 }
 
@@ -798,6 +817,24 @@ fn sreg_type(s: Sreg) -> PtxType {
     match s {
         Sreg::Other("%gridid" | "%clock64" | "%globaltimer") => PtxType::U64,
         _ => PtxType::U32,
+    }
+}
+
+/// Why a special register other than the launch geometry is refused (the
+/// policy, one line per class: docs/verifier.md, "Special registers").
+fn sreg_policy(s: Sreg) -> &'static str {
+    match s {
+        Sreg::Other("%clock" | "%clock64" | "%globaltimer") => {
+            "a timer measures other tenants' work on the GPU (a timing side channel) and no two runs agree"
+        }
+        Sreg::Other("%smid" | "%nsmid" | "%warpid" | "%nwarpid" | "%gridid") => {
+            "it tells where the hardware placed the thread or how many grids ran before it, \
+             which other tenants' work decides"
+        }
+        Sreg::Other("%dynamic_smem_size" | "%total_smem_size") => {
+            "it depends on the executor's configuration, not the launch"
+        }
+        _ => "the host engine has no value for it, so the two executors would disagree",
     }
 }
 

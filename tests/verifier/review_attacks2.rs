@@ -1,0 +1,222 @@
+//! The outside attack set (w30r): an adversarial review of the whole
+//! verifier and the launch check, from real corpus kernels mutated as an
+//! attacker would. Each attack asserts the exact refusal; each finding's
+//! test failed before its fix (the note, /work/notes/w30r.md, lists them).
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use ptxd::ptx::{self, Families, PtxError};
+
+fn corpus(file: &str) -> String {
+    let path = format!("{}/tests/corpus/{file}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(path).unwrap()
+}
+
+/// The verdict as (sub_reason, explanation), "accepted" for an acceptance.
+fn verdict(text: &str, entry: &str) -> (&'static str, String) {
+    match ptx::canonicalize_with(text, entry, None, Families::ALL) {
+        Ok(c) => ("accepted", format!("{}\n{}", c.contract, c.text)),
+        Err(PtxError::NonScalarAbi {
+            sub_reason,
+            explanation,
+            ..
+        }) => (sub_reason, explanation),
+        Err(e) => ("other", e.to_string()),
+    }
+}
+
+/// `text` with `from` replaced by `to`, which must occur.
+fn edit(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "the corpus kernel has no `{from}`");
+    text.replacen(from, to, 1)
+}
+
+fn assert_verdict(text: &str, entry: &str, want: &str, what: &str) {
+    let (got, why) = verdict(text, entry);
+    assert_eq!(got, want, "{what}: {why}");
+}
+
+/// The scalar ABI's corpus kernel, `out[i] = a[i] + b[i]`.
+const SCALAR: &str = "add_f32_scalar.ptx";
+const SCALAR_ENTRY: &str = "add_f32_scalar";
+const SCALAR_STORE: &str = "st.global.f32 \t[%rd14], %f3;";
+const SCALAR_ADD: &str = "add.f32 \t%f3, %f2, %f1;";
+
+/// Triton's `add_kernel` (BLOCK_SIZE 1024, num_warps 4, count divisible by 16).
+const TRITON: &str = "jit/triton/add_f32_b1024_w4_div16.ptx";
+const TRITON_ADD: &str = "add.f32 \t%r17, %r1, %r9;";
+
+// ---------------------------------------------------------------------
+// (b) A constant read at the wrong width (scalar ABI: a memory escape)
+// ---------------------------------------------------------------------
+
+/// `mov.u32 %r, -8` leaves 0xfffffff8 in the register; `cvt.u64.u32`
+/// zero-extends it to 4294967288. The scalar ABI's domain kept the literal's
+/// 64-bit value, -8, so `out + 4i + (-8)` then `[.. + 8]` read as element i,
+/// while the GPU stores at `out + 4i + 2^32`: 4 GiB past the output, in
+/// whatever another tenant has mapped there. Likewise `0xfffffff8`
+/// sign-extended by `cvt.s64.s32` is -8, not 4294967288. Class: a constant
+/// is its bits at the width of the type that reads it.
+#[test]
+fn a_32_bit_constant_is_widened_at_its_width() {
+    let text = corpus(SCALAR);
+    let zero_extended = edit(
+        &text,
+        SCALAR_STORE,
+        "mov.u32 \t%r1, -8;\n\tcvt.u64.u32 \t%rd1, %r1;\n\tadd.s64 \t%rd14, %rd14, %rd1;\n\tst.global.f32 \t[%rd14+8], %f3;",
+    );
+    assert_verdict(
+        &zero_extended,
+        SCALAR_ENTRY,
+        "non_elementwise_address",
+        "-8 zero-extended",
+    );
+    let sign_extended = edit(
+        &text,
+        SCALAR_STORE,
+        "mov.b32 \t%r1, 0xFFFFFFF8;\n\tcvt.s64.s32 \t%rd1, %r1;\n\tadd.s64 \t%rd14, %rd14, %rd1;\n\tadd.s64 \t%rd14, %rd14, -4294967288;\n\tst.global.f32 \t[%rd14], %f3;",
+    );
+    assert_verdict(
+        &sign_extended,
+        SCALAR_ENTRY,
+        "non_elementwise_address",
+        "0xfffffff8 sign-extended",
+    );
+    // A literal wider than its type: the register keeps its low 32 bits.
+    let too_wide = edit(
+        &text,
+        SCALAR_STORE,
+        "mov.u32 \t%r1, 4294967304;\n\tcvt.u64.u32 \t%rd1, %r1;\n\tadd.s64 \t%rd14, %rd14, %rd1;\n\tadd.s64 \t%rd14, %rd14, -4294967304;\n\tst.global.f32 \t[%rd14], %f3;",
+    );
+    assert_verdict(
+        &too_wide,
+        SCALAR_ENTRY,
+        "non_elementwise_address",
+        "2^32 + 8 in 32 bits",
+    );
+    // Controls: the same moves at values that survive the widening are
+    // still element i (the domain still follows constants).
+    for (mov, cvt, off) in [
+        ("mov.u32 \t%r1, 8;", "cvt.u64.u32", "-8"),
+        ("mov.u32 \t%r1, -8;", "cvt.s64.s32", "8"),
+        ("mov.b32 \t%r1, 0xFFFFFFF8;", "cvt.u64.u32", "-4294967288"),
+    ] {
+        let ok = edit(
+            &text,
+            SCALAR_STORE,
+            &format!("{mov}\n\t{cvt} \t%rd1, %r1;\n\tadd.s64 \t%rd14, %rd14, %rd1;\n\tadd.s64 \t%rd14, %rd14, {off};\n\tst.global.f32 \t[%rd14], %f3;"),
+        );
+        assert_verdict(&ok, SCALAR_ENTRY, "accepted", &format!("{mov} {cvt}"));
+    }
+}
+
+// ---------------------------------------------------------------------
+// (a) Special registers: the policy
+// ---------------------------------------------------------------------
+
+/// A kernel may read its launch geometry (`%tid`, `%ntid`, `%ctaid`,
+/// `%nctaid`, any dimension) and no other special register: timers
+/// (`%clock`, `%clock64`, `%globaltimer`) measure other tenants' work on
+/// the same GPU and differ run to run; placement (`%smid`, `%nsmid`,
+/// `%warpid`, `%nwarpid`) and `%gridid` (grids launched so far) are decided
+/// by other tenants' work; the shared-memory sizes by the executor's
+/// configuration; `%laneid`/`%lanemask_*` have no value in the host engine.
+/// Every family took them as data and wrote them to the output.
+#[test]
+fn special_registers_other_than_the_launch_geometry_are_refused() {
+    let text = corpus(SCALAR);
+    for s in [
+        "clock",
+        "clock64",
+        "globaltimer",
+        "smid",
+        "nsmid",
+        "warpid",
+        "nwarpid",
+        "gridid",
+        "laneid",
+        "lanemask_eq",
+        "lanemask_lt",
+        "lanemask_le",
+        "lanemask_gt",
+        "lanemask_ge",
+        "dynamic_smem_size",
+        "total_smem_size",
+    ] {
+        let wide = matches!(s, "clock64" | "globaltimer" | "gridid");
+        let read = if wide {
+            format!("mov.u64 \t%rd1, %{s};\n\tcvt.rn.f32.u64 \t%f3, %rd1;")
+        } else {
+            format!("mov.u32 \t%r1, %{s};\n\tcvt.rn.f32.u32 \t%f3, %r1;")
+        };
+        let attack = edit(&text, SCALAR_ADD, &read);
+        let (got, why) = verdict(&attack, SCALAR_ENTRY);
+        assert_eq!(got, "unmodelled_operand", "%{s}: {why}");
+        assert!(why.contains(&format!("%{s}`")), "%{s}: {why}");
+    }
+    // Registers no PTX special register list holds are undeclared names.
+    for s in ["envreg3", "pm0"] {
+        let attack = edit(
+            &text,
+            SCALAR_ADD,
+            &format!("mov.u32 \t%r1, %{s};\n\tcvt.rn.f32.u32 \t%f3, %r1;"),
+        );
+        assert_eq!(verdict(&attack, SCALAR_ENTRY).0, "other", "%{s}");
+    }
+    // The launch geometry stays data a kernel may read.
+    for s in ["nctaid.x", "tid.y", "ctaid.z", "ntid.y"] {
+        let ok = edit(
+            &text,
+            SCALAR_ADD,
+            &format!("mov.u32 \t%r1, %{s};\n\tcvt.rn.f32.u32 \t%f3, %r1;"),
+        );
+        assert_verdict(&ok, SCALAR_ENTRY, "accepted", s);
+    }
+    // The Triton family too.
+    let triton = corpus(TRITON);
+    for s in ["clock", "smid", "globaltimer"] {
+        let read = if s == "globaltimer" {
+            "mov.u64 \t%rd0, %globaltimer;\n\tcvt.u32.u64 \t%r17, %rd0;".to_string()
+        } else {
+            format!("mov.u32 \t%r17, %{s};")
+        };
+        let attack = edit(&triton, TRITON_ADD, &read);
+        assert_verdict(&attack, "add_kernel", "unmodelled_operand", s);
+    }
+}
+
+#[test]
+#[ignore]
+fn probe() {
+    let dir = std::env::var("PROBES").unwrap_or("/tmp/w30r_probes".into());
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for f in files {
+        if f.extension().and_then(|e| e.to_str()) != Some("ptx") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let entry = text
+            .split(".entry")
+            .nth(1)
+            .unwrap()
+            .trim()
+            .split('(')
+            .next()
+            .unwrap()
+            .trim()
+            .to_string();
+        let (r, e) = verdict(&text, &entry);
+        let show = if r == "accepted" && std::env::var("CANON").is_err() {
+            e.lines().next().unwrap_or("").to_string()
+        } else {
+            e
+        };
+        println!(
+            "== {}: {r}: {show}",
+            f.file_name().unwrap().to_string_lossy()
+        );
+    }
+}
