@@ -4,7 +4,8 @@
 //! test failed before its fix (the note, /work/notes/w30r.md, lists them).
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use ptxd::ptx::{self, Families, PtxError};
+use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan, PtxError};
+use rand::{Rng, SeedableRng};
 
 fn corpus(file: &str) -> String {
     let path = format!("{}/tests/corpus/{file}", env!("CARGO_MANIFEST_DIR"));
@@ -64,6 +65,15 @@ fn a_32_bit_constant_is_widened_at_its_width() {
         SCALAR_STORE,
         "mov.u32 \t%r1, -8;\n\tcvt.u64.u32 \t%rd1, %r1;\n\tadd.s64 \t%rd14, %rd14, %rd1;\n\tst.global.f32 \t[%rd14+8], %f3;",
     );
+    if verdict(&zero_extended, SCALAR_ENTRY).0 == "accepted" {
+        // The escape, shown where it was accepted: the host engine's
+        // bounds check faults on the store 4 GiB past the output.
+        let mut r = rand::rngs::StdRng::seed_from_u64(8);
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            scalar_oracle(&zero_extended, SCALAR_ENTRY, &mut r)
+        }));
+        assert!(ran.is_err(), "the store stayed inside the output");
+    }
     assert_verdict(
         &zero_extended,
         SCALAR_ENTRY,
@@ -181,6 +191,116 @@ fn special_registers_other_than_the_launch_geometry_are_refused() {
         };
         let attack = edit(&triton, TRITON_ADD, &read);
         assert_verdict(&attack, "add_kernel", "unmodelled_operand", s);
+    }
+}
+
+// ---------------------------------------------------------------------
+// (d) The brute-force oracle: accepted kernels stay inside their contract
+// ---------------------------------------------------------------------
+
+/// Runs the scalar kernel `out[i] = a[i] + b[i]` (`text`, `entry`) on the
+/// host engine, its bounds checks on, at random counts: each buffer is
+/// exactly the contract's footprint then 64 canary bytes (and the
+/// footprint is checked against the brute-force maximum `4 × n`); no
+/// launch faults, no canary changes, every element is the reference's.
+fn scalar_oracle(text: &str, entry: &str, r: &mut impl Rng) {
+    const CANARY: usize = 64;
+    let k = HostKernel::compile_with(text, entry, Families::ALL).unwrap();
+    for _ in 0..12 {
+        let n: u64 = if r.random_bool(0.2) {
+            0
+        } else {
+            r.random_range(1..700)
+        };
+        let c = k.contract();
+        let values = c.values(n, k.block_size());
+        let fps: Vec<usize> = c
+            .footprints
+            .iter()
+            .map(|f| usize::try_from(f.bytes.eval(&values).unwrap()).unwrap())
+            .collect();
+        for fp in &fps {
+            assert!(
+                *fp as u64 >= 4 * n,
+                "{entry} n={n}: footprint {fp} < {}",
+                4 * n
+            );
+        }
+        let mut bufs: Vec<Vec<u8>> = fps
+            .iter()
+            .map(|fp| {
+                let mut v: Vec<u8> = (0..fp / 4)
+                    .flat_map(|_| r.random_range(-8.0f32..8.0).to_le_bytes())
+                    .collect();
+                v.extend([0xC5; CANARY]);
+                v
+            })
+            .collect();
+        let before = bufs.clone();
+        let (ins, out) = bufs.split_at_mut(2);
+        let spans: Vec<HostSpan> = ins
+            .iter_mut()
+            .map(|b| HostSpan {
+                ptr: b.as_mut_ptr(),
+                len: b.len() - CANARY,
+            })
+            .collect();
+        let out = &mut out[0];
+        let launch = HostLaunch {
+            inputs: &spans,
+            args: &[],
+            output: HostSpan {
+                ptr: out.as_mut_ptr(),
+                len: out.len() - CANARY,
+            },
+            n,
+            params: &[],
+            threads: 2,
+            checked: true,
+            control: None,
+        };
+        // SAFETY: every span is a prefix of a live Vec, which outlives the
+        // launch.
+        let ran = unsafe { k.launch(&launch) };
+        ran.unwrap_or_else(|e| panic!("{entry} n={n}: {e}"));
+        for (b, was) in bufs.iter().zip(&before) {
+            assert_eq!(
+                b[b.len() - CANARY..],
+                was[was.len() - CANARY..],
+                "{entry} n={n}: canary"
+            );
+        }
+        let f = |b: &[u8], i: usize| f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
+        for i in 0..n as usize {
+            let want = f(&bufs[0], i) + f(&bufs[1], i);
+            assert_eq!(
+                f(&bufs[2], i).to_bits(),
+                want.to_bits(),
+                "{entry} n={n} at {i}"
+            );
+        }
+    }
+}
+
+/// The corpus kernel and the accepted constant mutants (a constant moved
+/// through a 32-bit register and widened, then cancelled by an offset)
+/// touch only the bytes their contract grants.
+#[test]
+fn accepted_constant_mutants_stay_inside_their_footprints() {
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x30e);
+    let text = corpus(SCALAR);
+    scalar_oracle(&text, SCALAR_ENTRY, &mut r);
+    for (mov, cvt, off) in [
+        ("mov.u32 \t%r1, 8;", "cvt.u64.u32", "-8"),
+        ("mov.u32 \t%r1, -8;", "cvt.s64.s32", "8"),
+        ("mov.b32 \t%r1, 0xFFFFFFF8;", "cvt.u64.u32", "-4294967288"),
+    ] {
+        let ok = edit(
+            &text,
+            SCALAR_STORE,
+            &format!("{mov}\n\t{cvt} \t%rd1, %r1;\n\tadd.s64 \t%rd14, %rd14, %rd1;\n\tadd.s64 \t%rd14, %rd14, {off};\n\tst.global.f32 \t[%rd14], %f3;"),
+        );
+        scalar_oracle(&ok, SCALAR_ENTRY, &mut r);
     }
 }
 
