@@ -129,8 +129,9 @@ fn a_32_bit_constant_is_widened_at_its_width() {
 /// the same GPU and differ run to run; placement (`%smid`, `%nsmid`,
 /// `%warpid`, `%nwarpid`) and `%gridid` (grids launched so far) are decided
 /// by other tenants' work; the shared-memory sizes by the executor's
-/// configuration; `%laneid`/`%lanemask_*` have no value in the host engine.
-/// Every family took them as data and wrote them to the output.
+/// configuration. The lane registers (`%laneid`, `%lanemask_*`) are
+/// functions of `%tid` and stay data. Every family took them all as data
+/// and wrote them to the output.
 #[test]
 fn special_registers_other_than_the_launch_geometry_are_refused() {
     let text = corpus(SCALAR);
@@ -143,12 +144,6 @@ fn special_registers_other_than_the_launch_geometry_are_refused() {
         "warpid",
         "nwarpid",
         "gridid",
-        "laneid",
-        "lanemask_eq",
-        "lanemask_lt",
-        "lanemask_le",
-        "lanemask_gt",
-        "lanemask_ge",
         "dynamic_smem_size",
         "total_smem_size",
     ] {
@@ -173,7 +168,18 @@ fn special_registers_other_than_the_launch_geometry_are_refused() {
         assert_eq!(verdict(&attack, SCALAR_ENTRY).0, "other", "%{s}");
     }
     // The launch geometry stays data a kernel may read.
-    for s in ["nctaid.x", "tid.y", "ctaid.z", "ntid.y"] {
+    for s in [
+        "nctaid.x",
+        "tid.y",
+        "ctaid.z",
+        "ntid.y",
+        "laneid",
+        "lanemask_eq",
+        "lanemask_lt",
+        "lanemask_le",
+        "lanemask_gt",
+        "lanemask_ge",
+    ] {
         let ok = edit(
             &text,
             SCALAR_ADD,

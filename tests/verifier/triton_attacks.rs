@@ -504,15 +504,13 @@ fn with_sreg(s: &str) -> Option<&'static str> {
 
 #[test]
 fn other_special_registers_in_the_block_index_are_no_index() {
-    for s in ["%ctaid.y", "%ctaid.z", "%nctaid.x", "%tid.y"] {
+    for s in ["%ctaid.y", "%ctaid.z", "%nctaid.x", "%laneid", "%tid.y"] {
         assert_eq!(with_sreg(s), Some("unbounded_access"), "{s}");
     }
-    // Past the launch geometry no special register is read at all (w30r).
-    for s in ["%laneid", "%warpid"] {
-        assert_eq!(with_sreg(s), Some("unmodelled_operand"), "{s}");
-    }
+    // `%warpid` is read by no kernel at all (w30r's special-register policy).
+    assert_eq!(with_sreg("%warpid"), Some("unmodelled_operand"));
     let t = base_edit("mov.u32 \t%r16, %tid.x;", "mov.u32 \t%r16, %laneid;");
-    assert_eq!(verdict(&t).err(), Some("unmodelled_operand"));
+    assert_eq!(verdict(&t).err(), Some("unbounded_access"));
 }
 
 // ---- Memory spaces, atomics, control flow ----

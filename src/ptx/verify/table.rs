@@ -669,7 +669,7 @@ pub(crate) fn classify(k: &Kernel, inst: &Inst) -> Result<Typed, PtxError> {
     // Special registers past the launch geometry: refused by policy, after
     // the type rules (a mistyped read stays `operand_type`).
     if let Some(s) = inst.ops.iter().find_map(|o| match o {
-        Opnd::Sreg(s @ Sreg::Other(_)) => Some(*s),
+        Opnd::Sreg(s @ Sreg::Other(name)) if !LANE_SREGS.contains(name) => Some(*s),
         _ => None,
     }) {
         return Err(refuse(
@@ -678,7 +678,8 @@ pub(crate) fn classify(k: &Kernel, inst: &Inst) -> Result<Typed, PtxError> {
             line,
             format!(
                 "`{}` reads `{}`: a kernel may read only its launch geometry \
-                 (`%tid`, `%ntid`, `%ctaid`, `%nctaid`); {}",
+                 (`%tid`, `%ntid`, `%ctaid`, `%nctaid`, and the lane registers \
+                 that follow from it); {}",
                 inst.opcode,
                 s.name(),
                 sreg_policy(s)
@@ -820,6 +821,20 @@ fn sreg_type(s: Sreg) -> PtxType {
     }
 }
 
+/// The special registers a kernel may read besides the launch geometry:
+/// each is a function of `%tid` (the lane, `%tid.x mod 32` in ptxd's 1-D
+/// blocks, and masks of it), so it tells a kernel nothing about anyone else
+/// (the host engine has no value for them and refuses them when it
+/// compiles: `UnsupportedOnHost`).
+const LANE_SREGS: [&str; 6] = [
+    "%laneid",
+    "%lanemask_eq",
+    "%lanemask_lt",
+    "%lanemask_le",
+    "%lanemask_gt",
+    "%lanemask_ge",
+];
+
 /// Why a special register other than the launch geometry is refused (the
 /// policy, one line per class: docs/verifier.md, "Special registers").
 fn sreg_policy(s: Sreg) -> &'static str {
@@ -834,7 +849,7 @@ fn sreg_policy(s: Sreg) -> &'static str {
         Sreg::Other("%dynamic_smem_size" | "%total_smem_size") => {
             "it depends on the executor's configuration, not the launch"
         }
-        _ => "the host engine has no value for it, so the two executors would disagree",
+        _ => "ptxd has no model of it",
     }
 }
 
