@@ -346,3 +346,158 @@ fn probe() {
         );
     }
 }
+
+// ---------------------------------------------------------------------
+// What held: refused at load with its exact reason
+// ---------------------------------------------------------------------
+
+/// Instructions outside the elementwise model, each inserted after the
+/// scalar kernel's `add.f32`: control the GPU (`trap`, `brkpt`,
+/// `nanosleep`, `pmevent`, `setmaxnreg`), synchronize (`bar.sync` with a
+/// register count, fences), reach other memory or other address spaces
+/// (`prefetch`, `isspacep`, `cp.async`, `mbarrier`, `discard`,
+/// `applypriority`, `createpolicy`, `st.async`, `multimem`, `tensormap`,
+/// `alloca`), atomics and reductions, warp-level queries.
+#[test]
+fn operations_outside_the_model_are_refused_with_their_reason() {
+    let text = corpus(SCALAR);
+    for (inst, want) in [
+        ("trap;", "unsupported_instruction"),
+        ("brkpt;", "unsupported_instruction"),
+        ("nanosleep.u32 100;", "unsupported_instruction"),
+        ("pmevent 1;", "unsupported_instruction"),
+        (
+            "setmaxnreg.inc.sync.aligned.u32 64;",
+            "unsupported_instruction",
+        ),
+        ("bar.sync %r1;", "barrier"),
+        ("membar.gl;", "barrier"),
+        ("fence.sc.gpu;", "barrier"),
+        ("prefetch.global.L2 [%rd12];", "unsupported_instruction"),
+        ("prefetchu.L1 [%rd12];", "unsupported_instruction"),
+        ("isspacep.global %p1, %rd12;", "unsupported_instruction"),
+        ("red.global.add.f32 [%rd12], %f3;", "atomic"),
+        ("atom.global.add.f32 %f3, [%rd12], %f3;", "atomic"),
+        ("mbarrier.init.shared.b64 [%rd12], 1;", "shared_memory"),
+        (
+            "cp.async.ca.shared.global [%rd12], [%rd10], 4;",
+            "shared_memory",
+        ),
+        ("activemask.b32 %r1;", "unsupported_instruction"),
+        ("getctarank.u32 %r1, %rd12;", "unsupported_instruction"),
+        ("discard.global.L2 [%rd12], 128;", "unsupported_instruction"),
+        (
+            "applypriority.global.L2::evict_normal [%rd12], 128;",
+            "unsupported_instruction",
+        ),
+        (
+            "createpolicy.fractional.L2::evict_last.b64 %rd1, 1.0;",
+            "unsupported_instruction",
+        ),
+        (
+            "st.async.b32 [%rd12], %r1, [%rd10];",
+            "unsupported_instruction",
+        ),
+        (
+            "multimem.ld_reduce.relaxed.gpu.global.add.f32 %f2, [%rd12];",
+            "unsupported_instruction",
+        ),
+        (
+            "tensormap.replace.tile.global_address.global.b1024.b64 [%rd12], %rd1;",
+            "unsupported_instruction",
+        ),
+        ("elect.sync %r1|%p1, 0xffffffff;", "unsupported_instruction"),
+        ("stackrestore.u32 %r1;", "unsupported_instruction"),
+        ("alloca.u32 %r1, 8;", "unsupported_instruction"),
+    ] {
+        let attack = edit(&text, SCALAR_ADD, &format!("{SCALAR_ADD}\n\t{inst}"));
+        assert_verdict(&attack, SCALAR_ENTRY, want, inst);
+    }
+}
+
+/// Operands and params past the model: a 128-bit access (scalar ABI and
+/// Triton, where the 16-byte access could straddle the mask's element),
+/// `selp` of a pointer with the count or the output, by-value aggregate
+/// params, launch-bound directives no 1-D launch honours, register ranges
+/// and vector registers.
+#[test]
+fn operands_and_params_past_the_model_are_refused_with_their_reason() {
+    let text = corpus(SCALAR);
+    let b128 = |from: &str, to: &str| {
+        edit(
+            &edit(
+                &text,
+                ".reg .pred \t%p<2>;",
+                ".reg .pred \t%p<2>;\n\t.reg .b128 \t%q<2>;",
+            ),
+            from,
+            to,
+        )
+    };
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "a .b128 load at a stride of 4",
+            b128("ld.global.f32 \t%f1, [%rd12];", "ld.global.b128 \t%q1, [%rd12];\n\tmov.b128 \t{%rd1, %rd7}, %q1;\n\tmov.b64 \t{%f1, %f3}, %rd7;"),
+            "non_elementwise_address",
+        ),
+        (
+            "a .b128 store at a stride of 4",
+            b128(SCALAR_STORE, "mov.b64 \t%rd1, {%f3, %f3};\n\tmov.b128 \t%q1, {%rd1, %rd1};\n\tst.global.b128 \t[%rd14], %q1;"),
+            "non_elementwise_address",
+        ),
+        (
+            "selp of in0 and the count",
+            edit(&text, "cvta.to.global.u64 \t%rd8, %rd2;", "setp.eq.s64 \t%p1, %rd1, 0;\n\tselp.b64 \t%rd8, %rd2, %rd5, %p1;"),
+            "pointer_misuse",
+        ),
+        (
+            "selp of the output and in0, stored through",
+            edit(&text, "cvta.to.global.u64 \t%rd13, %rd4;", "setp.eq.s64 \t%p1, %rd1, 0;\n\tselp.b64 \t%rd13, %rd4, %rd2, %p1;"),
+            "pointer_misuse",
+        ),
+        (
+            "selp of in0 and the output, loaded through",
+            edit(&text, "cvta.to.global.u64 \t%rd8, %rd2;", "setp.eq.s64 \t%p1, %rd1, 0;\n\tselp.b64 \t%rd8, %rd2, %rd4, %p1;"),
+            "pointer_misuse",
+        ),
+        (
+            "the count as a .b8 array",
+            edit(&text, ".param .u64 add_f32_scalar_param_3\n", ".param .align 8 .b8 add_f32_scalar_param_3[8]\n"),
+            "param_type",
+        ),
+        (
+            "a pointer as a .b8 array",
+            edit(&text, ".param .u64 add_f32_scalar_param_0,", ".param .align 8 .b8 add_f32_scalar_param_0[8],"),
+            "param_type",
+        ),
+        ("reqntid 0", edit(&text, "\n)\n", "\n)\n.reqntid 0\n"), "reqntid_conflict"),
+        ("reqntid 2^32 - 1", edit(&text, "\n)\n", "\n)\n.reqntid 4294967295\n"), "reqntid_conflict"),
+        ("reqntid 2-D", edit(&text, "\n)\n", "\n)\n.reqntid 256, 2\n"), "reqntid_conflict"),
+        ("maxntid 0", edit(&text, "\n)\n", "\n)\n.maxntid 0\n"), "maxntid"),
+        ("a shift by 2^64 - 1", edit(&text, "shl.b64 \t%rd9, %rd1, 2;", "shl.b64 \t%rd9, %rd1, 18446744073709551615;"), "non_elementwise_address"),
+        ("a register range of 2^32 - 1", edit(&text, ".reg .b32 \t%r<4>;", ".reg .b32 \t%r<4294967295>;"), "other"),
+        ("a vector register", edit(&edit(&text, ".reg .f32 \t%f<4>;", ".reg .f32 \t%f<4>;\n\t.reg .v4 .f32 \t%vv;"), SCALAR_ADD, "add.f32 \t%f3, %f2, %vv.x;"), "other"),
+    ];
+    for (what, attack, want) in cases {
+        assert_verdict(&attack, SCALAR_ENTRY, want, what);
+    }
+    // Triton: a 16-byte `.b128` access has no modelled width, at any offset.
+    let triton = edit(
+        &corpus(TRITON),
+        ".reg .pred \t%p<3>;",
+        ".reg .pred \t%p<3>;\n\t.reg .b128 \t%q<2>;",
+    );
+    for off in [0, 4, 12, 2044] {
+        let attack = edit(
+            &triton,
+            "@%p1 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];",
+            &format!("@%p1 ld.global.b128 %q1, [ %rd1 + {off} ];\n\tmov.b128 {{%rd0, %rd7}}, %q1;\n\tmov.b64 {{%r1, %r2}}, %rd0;\n\tmov.b64 {{%r3, %r4}}, %rd7;"),
+        );
+        assert_verdict(
+            &attack,
+            "add_kernel",
+            "unbounded_access",
+            &format!("b128 at +{off}"),
+        );
+    }
+}
