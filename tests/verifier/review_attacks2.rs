@@ -501,3 +501,88 @@ fn operands_and_params_past_the_model_are_refused_with_their_reason() {
         );
     }
 }
+
+/// Class (a) through `.func` inlining: a return value or an argument never
+/// written on some path (the callee returns early, stores its result on one
+/// branch or under a predicate; the caller passes no argument or passes it
+/// under a predicate) is a register read before any write once inlined;
+/// partial param reads and writes are no by-value passing; a guard on a
+/// non-predicate register is mistyped. NVRTC `-G`'s `clamp_f32` (calls to
+/// `fmaxf` and `fminf`).
+#[test]
+fn values_never_passed_through_a_call_are_refused() {
+    let src = corpus("jit/nvrtc/clamp_f32_G.ptx");
+    let entry = "clamp_f32";
+    assert_verdict(&src, entry, "accepted", "the corpus kernel");
+    let st = "\tmin.f32 \t%f3, %f1, %f2;\n\tst.param.f32 \t[func_retval0+0], %f3;";
+    let callee = edit(
+        &src,
+        "\t.reg .f32 \t%f<4>;\n\n\n\tld.param.f32 \t%f1, [fminf_param_0];",
+        "\t.reg .f32 \t%f<4>;\n\t.reg .pred \t%p<2>;\n\t.reg .b16 \t%rs<2>;\n\tld.param.f32 \t%f1, [fminf_param_0];",
+    );
+    let min = "\tmin.f32 \t%f3, %f1, %f2;\n\tsetp.lt.f32 \t%p1, %f1, %f2;";
+    let pass = "\tst.param.f32 \t[param0+0], %f6;";
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("no return value", edit(&src, st, "\tmin.f32 \t%f3, %f1, %f2;"), "undefined_register"),
+        (
+            "a return value on one branch",
+            edit(&callee, st, &format!("{min}\n\t@%p1 bra \t$L__SKIP;\n\tst.param.f32 \t[func_retval0+0], %f3;\n$L__SKIP:")),
+            "undefined_register",
+        ),
+        (
+            "a predicated return value",
+            edit(&callee, st, &format!("{min}\n\t@%p1 st.param.f32 \t[func_retval0+0], %f3;")),
+            "undefined_register",
+        ),
+        (
+            "an early predicated ret",
+            edit(&callee, st, &format!("{min}\n\t@%p1 ret;\n\tst.param.f32 \t[func_retval0+0], %f3;")),
+            "undefined_register",
+        ),
+        ("an argument never passed", edit(&src, pass, ""), "undefined_register"),
+        (
+            "an argument passed under a predicate",
+            edit(&src, pass, "\t@%p1 st.param.f32 \t[param0+0], %f6;"),
+            "undefined_register",
+        ),
+        (
+            "half a return value",
+            edit(&callee, st, &format!("{st}\n\tmov.b16 \t%rs1, 7;\n\tst.param.b16 \t[func_retval0+2], %rs1;")),
+            "call_arguments",
+        ),
+        (
+            "half an argument",
+            edit(&callee, "\tld.param.f32 \t%f2, [fminf_param_1];", "\tld.param.b16 \t%rs1, [fminf_param_1+2];\n\tld.param.f32 \t%f2, [fminf_param_1];"),
+            "call_arguments",
+        ),
+        (
+            "a store to the callee's own param",
+            edit(&src, st, &format!("{st}\n\tst.param.f32 \t[fminf_param_0+0], %f3;")),
+            "call_arguments",
+        ),
+        (
+            "a read of the return value before it is written",
+            edit(&src, st, &format!("\tld.param.f32 \t%f3, [func_retval0+0];\n{st}")),
+            "call_arguments",
+        ),
+        (
+            "a timer in the callee",
+            edit(&callee, st, "\tmov.u32 \t%r1, %clock;\n\tmov.b32 \t%f3, %r1;\n\tst.param.f32 \t[func_retval0+0], %f3;").replace(
+                "\t.reg .b16 \t%rs<2>;",
+                "\t.reg .b16 \t%rs<2>;\n\t.reg .b32 \t%r<2>;",
+            ),
+            "unmodelled_operand",
+        ),
+    ];
+    for (what, attack, want) in cases {
+        assert_verdict(&attack, entry, want, what);
+    }
+    // A guard on a register that is no predicate.
+    let text = corpus(SCALAR);
+    let guard = edit(
+        &text,
+        "@%p1 bra \t$L__BB0_2;",
+        "selp.u32 \t%r1, 1, 0, %p1;\n\t@%r1 bra \t$L__BB0_2;",
+    );
+    assert_verdict(&guard, SCALAR_ENTRY, "operand_type", "@%r1 bra");
+}
