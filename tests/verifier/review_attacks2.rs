@@ -310,41 +310,69 @@ fn accepted_constant_mutants_stay_inside_their_footprints() {
     }
 }
 
+/// The class, fuzzed: random literals moved into a 32-bit register at a
+/// random type, widened by a random `cvt` (the source type decides zero- or
+/// sign-extension), added to the output address, then cancelled by a
+/// random 64-bit offset and address offset. Every mutant the verifier
+/// accepts must store exactly element i (the oracle, canaries and every
+/// element); before the fix, this found the escape within a few mutants.
 #[test]
-#[ignore]
-fn probe() {
-    let dir = std::env::var("PROBES").unwrap_or("/tmp/w30r_probes".into());
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    for f in files {
-        if f.extension().and_then(|e| e.to_str()) != Some("ptx") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&f).unwrap();
-        let entry = text
-            .split(".entry")
-            .nth(1)
-            .unwrap()
-            .trim()
-            .split('(')
-            .next()
-            .unwrap()
-            .trim()
-            .to_string();
-        let (r, e) = verdict(&text, &entry);
-        let show = if r == "accepted" && std::env::var("CANON").is_err() {
-            e.lines().next().unwrap_or("").to_string()
+fn random_constant_mutants_the_verifier_accepts_store_element_i() {
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x30c0);
+    let text = corpus(SCALAR);
+    let literals: [i64; 10] = [
+        0,
+        4,
+        8,
+        -8,
+        0xFFFF_FFF8,
+        0x7FFF_FFFF,
+        0x8000_0000,
+        -0x8000_0000,
+        0x1_0000_0008,
+        -0x1_0000_0000,
+    ];
+    let (mut accepted, mut refused) = (0, 0);
+    for _ in 0..300 {
+        let lit = literals[r.random_range(0..literals.len())];
+        let mov = ["mov.u32", "mov.b32", "mov.s32"][r.random_range(0..3)];
+        let cvt =
+            ["cvt.u64.u32", "cvt.s64.s32", "cvt.u64.s32", "cvt.s64.u32"][r.random_range(0..4)];
+        // The 64-bit value each widening gives, and an offset that cancels
+        // it, or one that a domain reading the literal as i64 would take.
+        let low = lit as u32;
+        let widened = if cvt.ends_with("s32") {
+            i64::from(low as i32)
         } else {
-            e
+            i64::from(low)
         };
-        println!(
-            "== {}: {r}: {show}",
-            f.file_name().unwrap().to_string_lossy()
+        let cancel = if r.random_bool(0.5) { -widened } else { -lit };
+        let split = r.random_range(-2i64..=2) * 4;
+        let mutant = edit(
+            &text,
+            SCALAR_STORE,
+            &format!(
+                "{mov} \t%r1, {lit};\n\t{cvt} \t%rd1, %r1;\n\tadd.s64 \t%rd14, %rd14, %rd1;\n\tadd.s64 \t%rd14, %rd14, {};\n\tst.global.f32 \t[%rd14+{split}], %f3;",
+                cancel - split
+            ),
         );
+        match verdict(&mutant, SCALAR_ENTRY).0 {
+            "accepted" => {
+                accepted += 1;
+                assert_eq!(
+                    cancel, -widened,
+                    "{mov} {lit} {cvt}: accepted a store off element i"
+                );
+                scalar_oracle(&mutant, SCALAR_ENTRY, &mut r);
+            }
+            _ => refused += 1,
+        }
     }
+    // Both verdicts were exercised.
+    assert!(
+        accepted > 20 && refused > 20,
+        "{accepted} accepted, {refused} refused"
+    );
 }
 
 // ---------------------------------------------------------------------
