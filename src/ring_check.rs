@@ -23,8 +23,8 @@ use ptxd_proto::executor as exec;
 
 use crate::ptx::contract::{
     BlockRule, Condition, ContractParam, Expr, Footprint, Geometry, LaunchContract, ParamKind,
-    PointerAccess, Precondition, ARG_NONNEGATIVE, COUNT_FITS_I32, COUNT_FITS_I64,
-    DIVISOR_POSITIVE, INDEX_FITS_I32, STRIDED_INDEX_FITS_I64,
+    PointerAccess, Precondition, ARG_NONNEGATIVE, COUNT_FITS_I32, COUNT_FITS_I64, DIVISOR_POSITIVE,
+    INDEX_FITS_I32, STRIDED_INDEX_FITS_I64,
 };
 
 /// The most steps one encoded expression may have.
@@ -450,10 +450,7 @@ pub(crate) mod tests {
                 };
                 let args: Vec<u64> = (0..scalars).map(|_| strided_arg(&mut rng)).collect();
                 let (a, b) = (
-                    BoundContract {
-                        contract: c,
-                        block,
-                    },
+                    BoundContract { contract: c, block },
                     BoundContract {
                         contract: &back,
                         block,

@@ -1119,8 +1119,11 @@ mod tests {
                     .chain((0..200).map(|_| rng.random_range(max.saturating_sub(1000)..=u64::MAX)))
                 {
                     let operand = |buffer| OperandRef { buffer, offset: 0 };
-                    let d = Descriptor::new(1, 3, &[operand(1), operand(2)], operand(3), n).unwrap();
-                    let ring = checked_launch(&table, &d).map(|_| ()).map_err(|e| e.refusal());
+                    let d =
+                        Descriptor::new(1, 3, &[operand(1), operand(2)], operand(3), n).unwrap();
+                    let ring = checked_launch(&table, &d)
+                        .map(|_| ())
+                        .map_err(|e| e.refusal());
                     let shape = launch::LaunchShape {
                         inputs: d.inputs(),
                         output: Some(&d.output),

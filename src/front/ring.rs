@@ -76,7 +76,8 @@ fn kernel_grant(
     generation: DeviceGeneration,
 ) -> Option<exec::RingKernel> {
     let kernel = state.slots.occupant_of(handle)?;
-    let terms = crate::ring_check::grant_terms(&kernel.contract, &kernel.signature, kernel.block_size)?;
+    let terms =
+        crate::ring_check::grant_terms(&kernel.contract, &kernel.signature, kernel.block_size)?;
     (kernel.device_index == device && kernel.generation == generation).then(|| exec::RingKernel {
         ring_index: index,
         module_id: kernel.module_id,

@@ -180,7 +180,12 @@ async fn a_strided_launch_outside_its_contract_is_refused_on_the_ring_as_on_the_
     let (mut out_shm, out_buf) = f32_buffer(&session, None, n as usize).await;
     let mut ring = session.open_ring(16, 0).await.unwrap();
     let cases: [(&Buffer, [u64; 4], &str, &str); 6] = [
-        (&x_buf, [s0, s1, d0, 0], "INVALID_ARGUMENT", "divisor_positive"),
+        (
+            &x_buf,
+            [s0, s1, d0, 0],
+            "INVALID_ARGUMENT",
+            "divisor_positive",
+        ),
         (
             &x_buf,
             [u64::MAX, s1, d0, d1],
@@ -204,8 +209,8 @@ async fn a_strided_launch_outside_its_contract_is_refused_on_the_ring_as_on_the_
     ];
     for (in0, [a, b, c, d], reason, precondition) in cases {
         let args = which.args(a, b, c, d);
-        let launch = Launch::new([in0.operand(), y_buf.operand()], out_buf.operand(), n)
-            .args(args.clone());
+        let launch =
+            Launch::new([in0.operand(), y_buf.operand()], out_buf.operand(), n).args(args.clone());
         assert_eq!(
             unary(&session, &kernel, launch).await,
             (reason.to_string(), precondition.to_string()),
