@@ -237,3 +237,42 @@ async fn a_strided_launch_outside_its_contract_is_refused_on_the_ring_as_on_the_
         }
     }
 }
+
+/// `ptxd verify` shows a Strided kernel's by-value params by their kinds
+/// (four `u64` shapes and strides, not "4 float params"), and a float
+/// kernel's as `f32`.
+#[test]
+fn ptxd_verify_shows_the_strided_args_by_kind() {
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let verify = |file: &str, symbol: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ptxd"))
+            .arg("verify")
+            .arg(corpus.join(file))
+            .args(["--symbol", symbol])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{file}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = verify(&Which::Add.file("O3"), "add_f32_strided");
+    let args: String = (4..8)
+        .map(|k| format!("u64 add_f32_strided_param_{k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert!(
+        shown.starts_with(&format!(
+            "accepted: add_f32_strided: 2 inputs, element sizes [4, 4, 4], 4 scalar params: {args}\n"
+        )),
+        "{shown}"
+    );
+    assert!(!shown.contains("float params"), "{shown}");
+    let shown = verify("affine_f32_scalar.ptx", "affine_f32_scalar");
+    assert!(
+        shown.contains(
+            ", 2 scalar params: f32 affine_f32_scalar_param_3, f32 affine_f32_scalar_param_4"
+        ),
+        "{shown}"
+    );
+    let shown = verify("add_f32_scalar.ptx", "add_f32_scalar");
+    assert!(shown.contains(", no scalar params"), "{shown}");
+}
