@@ -115,10 +115,10 @@ fn verify_file(file: &std::path::Path, symbol: &str, print: bool) -> ExitCode {
         Ok(canonical) => {
             let s = canonical.signature;
             println!(
-                "accepted: {symbol}: {} inputs, element sizes {:?}, {} float params{}{}",
+                "accepted: {symbol}: {} inputs, element sizes {:?}, {}{}{}",
                 s.inputs,
                 s.element_sizes,
-                s.scalar_params,
+                scalars_shown(&canonical.contract),
                 s.reqntid
                     .map(|r| format!(", .reqntid {r}"))
                     .unwrap_or_default(),
@@ -136,6 +136,26 @@ fn verify_file(file: &std::path::Path, symbol: &str, print: bool) -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The kernel's by-value scalar params by their kinds, in order
+/// (`2 scalar params: f32 scale, f32 shift`; the Strided family's shapes
+/// and strides are `u64`, not floats).
+fn scalars_shown(contract: &ptxd::ptx::contract::LaunchContract) -> String {
+    use ptxd::ptx::contract::ParamKind;
+    let scalars: Vec<String> = contract
+        .params
+        .iter()
+        .filter_map(|p| match p.kind {
+            ParamKind::Scalar(ty) => Some(format!("{} {}", ty.as_str(), p.name)),
+            _ => None,
+        })
+        .collect();
+    match scalars.len() {
+        0 => "no scalar params".to_string(),
+        1 => format!("1 scalar param: {}", scalars.join("")),
+        k => format!("{k} scalar params: {}", scalars.join(", ")),
     }
 }
 

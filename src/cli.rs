@@ -439,9 +439,12 @@ fn print_kernel(kernel: &Kernel) {
         state.device_uuid, state.generation
     );
     println!(
-        "signature  {} inputs, element sizes {:?} B, {} f32 params, block {}",
+        "signature  {} inputs, element sizes {:?} B, {} scalar params, block {}",
         s.inputs, s.element_sizes, s.scalar_params, s.block_size
     );
+    // Each scalar's kind (f32, or a Strided kernel's u64 shapes) is in the
+    // contract's params.
+    println!("contract   {}", s.contract);
     println!("cache_hit  {}", state.cache_hit);
     println!("load_time  {} us", state.load_micros);
 }

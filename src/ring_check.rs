@@ -7,12 +7,15 @@
 //! Invariants:
 //! - `decode(encode(c))` has exactly the launch terms of `c` (params and
 //!   their kinds, elements per thread, every footprint's alignment and
-//!   expression, every precondition's expression and bound), so the ring
+//!   expression, every precondition's expression, direction (`<=` or
+//!   `>=`) and bound, the Strided family's terms included: the launch's
+//!   typed args, division, saturating subtraction, min), so the ring
 //!   checks what the front would; a precondition's name outside the ones
 //!   ptxd defines is kept as `launch_precondition` (the condition itself is
 //!   still evaluated: only its refusal's name is generic).
 //! - Anything malformed (an expression that does not reduce to exactly one
-//!   value, a param without a kind) is refused: the kernel is then not
+//!   value, a step without a kind, an arg the launch does not pass, a param
+//!   without a kind) is refused: the kernel is then not
 //!   granted to the ring, never checked against less.
 //! - Decoding is bounded: an expression has at most [`MAX_STEPS`] steps.
 
@@ -20,18 +23,22 @@ use ptxd_proto::executor as exec;
 
 use crate::ptx::contract::{
     BlockRule, Condition, ContractParam, Expr, Footprint, Geometry, LaunchContract, ParamKind,
-    PointerAccess, Precondition, COUNT_FITS_I32, COUNT_FITS_I64, INDEX_FITS_I32,
+    PointerAccess, Precondition, ARG_NONNEGATIVE, COUNT_FITS_I32, COUNT_FITS_I64, DIVISOR_POSITIVE,
+    INDEX_FITS_I32, STRIDED_INDEX_FITS_I64,
 };
 
 /// The most steps one encoded expression may have.
 pub const MAX_STEPS: usize = 256;
 
 /// Precondition names a decoded contract keeps as they are.
-const KNOWN: [&str; 4] = [
+const KNOWN: [&str; 7] = [
     COUNT_FITS_I32,
     COUNT_FITS_I64,
     INDEX_FITS_I32,
     "count_fits_u32",
+    DIVISOR_POSITIVE,
+    ARG_NONNEGATIVE,
+    STRIDED_INDEX_FITS_I64,
 ];
 
 /// The contract as a ring grant carries it.
@@ -52,21 +59,18 @@ pub fn encode(contract: &LaunchContract) -> exec::RingContract {
         preconditions: contract
             .preconditions
             .iter()
-            .map(|p| match &p.condition {
-                Condition::AtMost(e, bound) => exec::RingPrecondition {
+            .map(|p| {
+                let (e, bound, at_least) = match &p.condition {
+                    Condition::AtMost(e, bound) => (e, *bound, false),
+                    Condition::AtLeast(e, bound) => (e, *bound, true),
+                };
+                exec::RingPrecondition {
                     name: p.name.to_string(),
                     expr: steps(e),
-                    bound_low: *bound as u64,
-                    bound_high: (*bound >> 64) as u64,
-                },
-                // The wire carries `<=` only: a step without a kind makes
-                // the grant undecodable, so the kernel is not granted.
-                Condition::AtLeast(..) => exec::RingPrecondition {
-                    name: p.name.to_string(),
-                    expr: vec![exec::ExprStep { step: None }],
-                    bound_low: 0,
-                    bound_high: 0,
-                },
+                    bound_low: bound as u64,
+                    bound_high: (bound >> 64) as u64,
+                    at_least,
+                }
             })
             .collect(),
     }
@@ -81,27 +85,25 @@ fn steps(e: &Expr) -> Vec<exec::ExprStep> {
             Expr::Count => Step::Count(exec::Empty {}),
             Expr::Grid => Step::Grid(exec::Empty {}),
             Expr::Block => Step::Block(exec::Empty {}),
-            Expr::Add(a, b) => {
+            Expr::Arg(k) => Step::Arg(u32::from(*k)),
+            Expr::Add(a, b)
+            | Expr::Mul(a, b)
+            | Expr::Div(a, b)
+            | Expr::SatSub(a, b)
+            | Expr::Min(a, b) => {
                 walk(a, out);
                 walk(b, out);
-                Step::Add(exec::Empty {})
-            }
-            Expr::Mul(a, b) => {
-                walk(a, out);
-                walk(b, out);
-                Step::Mul(exec::Empty {})
+                match e {
+                    Expr::Add(..) => Step::Add(exec::Empty {}),
+                    Expr::Mul(..) => Step::Mul(exec::Empty {}),
+                    Expr::Div(..) => Step::Div(exec::Empty {}),
+                    Expr::SatSub(..) => Step::SatSub(exec::Empty {}),
+                    _ => Step::Min(exec::Empty {}),
+                }
             }
             Expr::RoundUp(a, k) => {
                 walk(a, out);
                 Step::RoundUp(*k)
-            }
-            // The Strided family's terms (the launch's args, division,
-            // min) have no step on the wire: a step without a kind makes
-            // the grant undecodable, so such a kernel is not granted to a
-            // ring (its launches take the unary paths, which carry args).
-            Expr::Arg(_) | Expr::Div(..) | Expr::SatSub(..) | Expr::Min(..) => {
-                out.push(exec::ExprStep { step: None });
-                return;
             }
         };
         out.push(exec::ExprStep { step: Some(step) });
@@ -110,7 +112,8 @@ fn steps(e: &Expr) -> Vec<exec::ExprStep> {
     out
 }
 
-fn expr(steps: &[exec::ExprStep]) -> Result<Expr, String> {
+/// The expression `steps` spell, over a launch with `args` typed scalars.
+fn expr(steps: &[exec::ExprStep], args: usize) -> Result<Expr, String> {
     use exec::expr_step::Step;
     if steps.len() > MAX_STEPS {
         return Err(format!(
@@ -129,14 +132,23 @@ fn expr(steps: &[exec::ExprStep]) -> Result<Expr, String> {
             Step::Count(_) => Expr::Count,
             Step::Grid(_) => Expr::Grid,
             Step::Block(_) => Expr::Block,
-            Step::Add(_) | Step::Mul(_) => {
+            // An arg the launch does not pass is malformed, not a term
+            // that refuses every launch.
+            Step::Arg(k) => match u16::try_from(*k) {
+                Ok(k) if usize::from(k) < args => Expr::Arg(k),
+                _ => return Err(format!("an arg step naming arg {k} of {args}")),
+            },
+            Step::Add(_) | Step::Mul(_) | Step::Div(_) | Step::SatSub(_) | Step::Min(_) => {
                 let (Some(b), Some(a)) = (stack.pop(), stack.pop()) else {
                     return Err("an operation without its two operands".into());
                 };
-                if matches!(step.step, Some(Step::Add(_))) {
-                    Expr::sum(a, b)
-                } else {
-                    Expr::product(a, b)
+                let (a, b) = (Box::new(a), Box::new(b));
+                match step.step {
+                    Some(Step::Add(_)) => Expr::Add(a, b),
+                    Some(Step::Mul(_)) => Expr::Mul(a, b),
+                    Some(Step::Div(_)) => Expr::Div(a, b),
+                    Some(Step::SatSub(_)) => Expr::SatSub(a, b),
+                    _ => Expr::Min(a, b),
                 }
             }
             Step::RoundUp(k) => {
@@ -212,7 +224,7 @@ pub fn decode(wire: &exec::RingContract) -> Result<LaunchContract, String> {
             Ok(Footprint {
                 param: u16::try_from(f.param).map_err(|_| "a footprint's param past u16")?,
                 alignment: f.alignment,
-                bytes: expr(&f.bytes)?,
+                bytes: expr(&f.bytes, scalar_params)?,
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -225,12 +237,17 @@ pub fn decode(wire: &exec::RingContract) -> Result<LaunchContract, String> {
                 .find(|k| **k == p.name)
                 .copied()
                 .unwrap_or("launch_precondition");
+            let (e, bound) = (
+                expr(&p.expr, scalar_params)?,
+                u128::from(p.bound_low) | (u128::from(p.bound_high) << 64),
+            );
             Ok(Precondition {
                 name,
-                condition: Condition::AtMost(
-                    expr(&p.expr)?,
-                    u128::from(p.bound_low) | (u128::from(p.bound_high) << 64),
-                ),
+                condition: if p.at_least {
+                    Condition::AtLeast(e, bound)
+                } else {
+                    Condition::AtMost(e, bound)
+                },
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -252,11 +269,55 @@ pub fn launchable(contract: &LaunchContract) -> bool {
     decode(&encode(contract)).is_ok()
 }
 
+/// How a ring checks launches of a kernel with `contract` (verified with
+/// `signature`) at `block`: the grant's `max_count`, `limit_*`, `contract`
+/// and `block` fields, or `None` when a ring cannot check it.
+///
+/// A contract the signature checks exactly is checked against the
+/// signature (the cheapest check on the drain); a contract that is the
+/// signature's but for preconditions on the count is held to the largest
+/// count that keeps them, at the block the executor launches with, and
+/// travels too, so a launch past the limit is refused with the unary
+/// path's words; any other contract (the Triton and Strided families)
+/// travels whole, and the ring checks every launch against it, bound to
+/// that block, as the unary path does.
+pub fn grant_terms(
+    contract: &LaunchContract,
+    signature: &crate::ptx::Signature,
+    block: u32,
+) -> Option<exec::RingKernel> {
+    let limit = if contract.checked_by_signature(signature) {
+        None
+    } else if contract.checked_by_signature_and_max_count(signature) {
+        contract.max_count(block)
+    } else {
+        None
+    };
+    let contract = if contract.checked_by_signature(signature) {
+        None
+    } else if launchable(contract) {
+        Some(encode(contract))
+    } else if limit.is_some() {
+        None
+    } else {
+        return None;
+    };
+    Some(exec::RingKernel {
+        max_count: limit.map(|(max, _)| max),
+        limit_precondition: limit.map(|(_, p)| p.name.to_string()).unwrap_or_default(),
+        limit_condition: limit.map(|(_, p)| p.to_string()).unwrap_or_default(),
+        contract,
+        block,
+        ..Default::default()
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::launch::{BoundContract, LaunchTerms};
+    use rand::Rng;
 
     fn triton() -> LaunchContract {
         let mut c = crate::executor::layout::tests_support::triton_like();
@@ -297,8 +358,8 @@ mod tests {
         // The same values and footprints at random counts.
         let mut rng = rand::rng();
         for _ in 0..1000 {
-            let shift = rand::Rng::random_range(&mut rng, 0..64);
-            let n = rand::Rng::random_range(&mut rng, 0..=u64::MAX >> shift);
+            let shift = rng.random_range(0..64);
+            let n = rng.random_range(0..=u64::MAX >> shift);
             let (a, b) = (
                 BoundContract {
                     contract: &c,
@@ -316,6 +377,145 @@ mod tests {
                     assert_eq!(a.footprint(k, &v, &[]), b.footprint(k, &v, &[]));
                 }
             }
+        }
+    }
+
+    /// The 9 Strided kernels of the NVRTC corpus (3 kernels × -O3, -G,
+    /// fast math), as the verifier proves them.
+    pub(crate) fn strided_corpus() -> Vec<(String, LaunchContract)> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/jit/nvrtc");
+        let mut out = Vec::new();
+        for entry in [
+            "add_f32_strided",
+            "bias_add_f32_strided",
+            "transpose_copy_f32_strided",
+        ] {
+            for build in ["O3", "G", "fast"] {
+                let file = format!("{entry}_{build}.ptx");
+                let text = std::fs::read_to_string(dir.join(&file)).unwrap();
+                let canonical = crate::ptx::canonicalize(&text, entry, None).unwrap();
+                out.push((file, canonical.contract));
+            }
+        }
+        out
+    }
+
+    /// A random typed arg's bits: 0, 1, small, negative, or huge (past
+    /// any buffer, or past i64 in a product).
+    pub(crate) fn strided_arg(rng: &mut impl rand::Rng) -> u64 {
+        match rng.random_range(0..8) {
+            0 => 0,
+            1 => 1,
+            2 => rng.random_range(0..=u64::MAX),
+            3 => (-rng.random_range(1i64..1000)) as u64,
+            4 => 1 << rng.random_range(31..63),
+            _ => rng.random_range(1..200),
+        }
+    }
+
+    /// Every corpus Strided contract comes back from the wire with its
+    /// launch terms: the same params, footprints (args, division,
+    /// saturating subtraction and min included) and preconditions (`>=`
+    /// ones included, by their names), and at random counts and args the
+    /// same values, refusals and footprints as the verifier's contract.
+    #[test]
+    fn every_strided_contract_round_trips_with_its_terms() {
+        let mut rng = rand::rng();
+        let corpus = strided_corpus();
+        assert_eq!(corpus.len(), 9);
+        for (file, c) in &corpus {
+            assert!(c.reads_args(), "{file}: {c}");
+            assert!(launchable(c), "{file}: {c}");
+            let back = decode(&encode(c)).unwrap();
+            assert_eq!(back.footprints, c.footprints, "{file}");
+            assert_eq!(back.preconditions, c.preconditions, "{file}");
+            assert!(
+                c.preconditions
+                    .iter()
+                    .any(|p| matches!(p.condition, Condition::AtLeast(..))),
+                "{file}: {c}"
+            );
+            assert_eq!(back.arg_names(), c.arg_names(), "{file}");
+            assert_eq!(
+                back.geometry.elements_per_thread, c.geometry.elements_per_thread,
+                "{file}"
+            );
+            let scalars = c.scalar_params();
+            let block = c.geometry.block.host_block();
+            for _ in 0..2000 {
+                let n = match rng.random_range(0..3) {
+                    0 => rng.random_range(0..4096),
+                    1 => rng.random_range(0..=u64::MAX),
+                    _ => 1 << rng.random_range(0..64),
+                };
+                let args: Vec<u64> = (0..scalars).map(|_| strided_arg(&mut rng)).collect();
+                let (a, b) = (
+                    BoundContract { contract: c, block },
+                    BoundContract {
+                        contract: &back,
+                        block,
+                    },
+                );
+                let (va, vb) = (a.values(n, &args), b.values(n, &args));
+                assert_eq!(va, vb, "{file}: n {n}, args {args:?}");
+                if let Ok(v) = va {
+                    for k in 0..c.footprints.len() {
+                        assert_eq!(a.footprint(k, &v, &args), b.footprint(k, &v, &args));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_malformed_strided_step_refuses_the_grant() {
+        use exec::expr_step::Step;
+        let corpus = strided_corpus();
+        let (file, c) = &corpus[0];
+        let good = encode(c);
+        assert!(decode(&good).is_ok(), "{file}");
+        // Where the first arg step is in a footprint.
+        let (f, at) = good
+            .footprints
+            .iter()
+            .enumerate()
+            .find_map(|(f, fp)| {
+                fp.bytes
+                    .iter()
+                    .position(|s| matches!(s.step, Some(Step::Arg(_))))
+                    .map(|at| (f, at))
+            })
+            .unwrap();
+        // An arg the launch does not pass.
+        let mut wire = good.clone();
+        wire.footprints[f].bytes[at].step = Some(Step::Arg(c.scalar_params() as u32));
+        assert!(decode(&wire).unwrap_err().contains("arg step"), "{file}");
+        let mut wire = good.clone();
+        wire.footprints[f].bytes[at].step = Some(Step::Arg(u32::MAX));
+        assert!(decode(&wire).is_err());
+        // A step without a kind.
+        let mut wire = good.clone();
+        wire.footprints[f].bytes[at].step = None;
+        assert!(decode(&wire).unwrap_err().contains("without a kind"));
+        // Each binary operation without its operands.
+        for op in [
+            Step::Div(exec::Empty {}),
+            Step::SatSub(exec::Empty {}),
+            Step::Min(exec::Empty {}),
+        ] {
+            let mut wire = good.clone();
+            wire.preconditions[0].expr = vec![
+                exec::ExprStep {
+                    step: Some(Step::Arg(0)),
+                },
+                exec::ExprStep { step: Some(op) },
+            ];
+            assert!(decode(&wire).unwrap_err().contains("two operands"));
+            let mut wire = good.clone();
+            wire.preconditions[0].expr.push(exec::ExprStep {
+                step: Some(Step::Arg(0)),
+            });
+            assert!(decode(&wire).unwrap_err().contains("exactly one value"));
         }
     }
 

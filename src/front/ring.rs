@@ -76,41 +76,15 @@ fn kernel_grant(
     generation: DeviceGeneration,
 ) -> Option<exec::RingKernel> {
     let kernel = state.slots.occupant_of(handle)?;
-    // A contract the signature checks exactly is checked against the
-    // signature (the cheapest check on the drain); a contract that is the
-    // signature's but for preconditions on the count is held to the largest
-    // count that keeps them, at the block the executor launches with; any
-    // other contract (a Triton-family kernel) travels whole, and the ring
-    // checks every launch against it, bound to that block, as the unary
-    // path does.
-    let limit = if kernel.contract.checked_by_signature(&kernel.signature) {
-        None
-    } else if kernel
-        .contract
-        .checked_by_signature_and_max_count(&kernel.signature)
-    {
-        kernel.contract.max_count(kernel.block_size)
-    } else {
-        None
-    };
-    let contract = if kernel.contract.checked_by_signature(&kernel.signature) || limit.is_some() {
-        None
-    } else if crate::ring_check::launchable(&kernel.contract) {
-        Some(crate::ring_check::encode(&kernel.contract))
-    } else {
-        return None;
-    };
+    let terms =
+        crate::ring_check::grant_terms(&kernel.contract, &kernel.signature, kernel.block_size)?;
     (kernel.device_index == device && kernel.generation == generation).then(|| exec::RingKernel {
         ring_index: index,
         module_id: kernel.module_id,
         inputs: kernel.signature.inputs,
         scalar_params: kernel.signature.scalar_params,
         element_sizes: kernel.signature.element_sizes.clone(),
-        max_count: limit.map(|(max, _)| max),
-        limit_precondition: limit.map(|(_, p)| p.name.to_string()).unwrap_or_default(),
-        limit_condition: limit.map(|(_, p)| p.to_string()).unwrap_or_default(),
-        contract,
-        block: kernel.block_size,
+        ..terms
     })
 }
 

@@ -5,8 +5,8 @@
 //! against a Rust reference and nothing past `n` written; each launch
 //! precondition refused with its name and values in the metadata, a
 //! buffer one element short of the contract's footprint refused
-//! `BUFFER_TOO_SMALL`, mistyped args refused. The ring does not carry the
-//! contract's terms (the args), so the kernel is not ring-launchable.
+//! `BUFFER_TOO_SMALL`, mistyped args refused. The kernel is ring-launchable
+//! (its ring launches: tests/transports/ring_strided.rs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support::{f32_buffer, load, meta, random_f32, reason, Daemon};
@@ -64,7 +64,7 @@ async fn a_strided_kernel_runs_with_typed_args_on_every_path() {
     let kernel = load(&session, FILE, ENTRY).await;
     let contract = kernel.signature().contract.clone();
     assert!(contract.contains("requires divisor_positive"), "{contract}");
-    assert!(!kernel.signature().ring_launchable, "{contract}");
+    assert!(kernel.signature().ring_launchable, "{contract}");
     // Padded rows, a broadcast row, and a plain contiguous one.
     let shapes = [
         Shape {

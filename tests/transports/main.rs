@@ -14,3 +14,4 @@ mod refusals;
 mod ring;
 mod ring_contracts;
 mod ring_floor;
+mod ring_strided;
