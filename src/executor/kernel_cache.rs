@@ -99,14 +99,20 @@ impl CacheKey {
 /// Why the cache directory cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
-    #[error("cache directory {path}: {source}")]
+    #[error("{cache} directory {path}: {source}")]
     Io {
+        /// The cache's [`EntryFormat::name`].
+        cache: &'static str,
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("cache directory {path} is not a directory of this user ({why})")]
-    NotOurs { path: PathBuf, why: String },
+    #[error("{cache} directory {path} is not a directory of this user ({why})")]
+    NotOurs {
+        cache: &'static str,
+        path: PathBuf,
+        why: String,
+    },
 }
 
 /// What a lookup found.
@@ -143,6 +149,7 @@ impl KernelCache {
         format: &'static EntryFormat,
     ) -> Result<KernelCache, CacheError> {
         let io = |source| CacheError::Io {
+            cache: format.name,
             path: dir.to_path_buf(),
             source,
         };
@@ -157,6 +164,7 @@ impl KernelCache {
         }
         let meta = fs::symlink_metadata(dir).map_err(io)?;
         let not_ours = |why: String| CacheError::NotOurs {
+            cache: format.name,
             path: dir.to_path_buf(),
             why,
         };

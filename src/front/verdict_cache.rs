@@ -650,6 +650,23 @@ mod tests {
     }
 
     #[test]
+    fn a_verdict_directory_that_is_not_the_daemons_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(SUBDIRECTORY)).unwrap();
+        match VerdictCache::open(dir.path(), 1 << 20) {
+            Err(e @ CacheError::NotOurs { .. }) => assert_eq!(
+                e.to_string(),
+                format!(
+                    "verdict cache directory {} is not a directory of this user (a symbolic link)",
+                    dir.path().join(SUBDIRECTORY).display()
+                )
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn a_changed_verifier_identity_is_a_miss() {
         let dir = tempfile::tempdir().unwrap();
         let text = corpus("add_f32_scalar");
