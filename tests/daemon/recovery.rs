@@ -4,9 +4,13 @@
 //! when the serving executor dies (also when it dies itself during the
 //! promotion), replaced when it dies waiting, with descriptors and
 //! processes flat over many promotions; a kernel cache directory that is
-//! not the daemon's; and a measurement of kill → first successful launch
-//! with and without a spare (`recovery_time_with_and_without_a_spare`,
-//! ignored: run it by hand, in release).
+//! not the daemon's; the verdict cache (a restarted daemon loads a kernel
+//! it verified before without verifying it, a damaged entry is verified
+//! again, a refusal is not kept, two daemons share one directory); and
+//! measurements of kill → first successful launch with and without a spare
+//! (`recovery_time_with_and_without_a_spare`) and of a daemon restart's
+//! reload of 32 kernels (`restart_reload_time_of_a_32_kernel_working_set`),
+//! ignored: run them by hand, in release.
 //!
 //! Restarts are made to fail without a hook in the daemon: the daemon runs
 //! from a private copy of the `ptxd` binary, and an executor is spawned
