@@ -804,15 +804,8 @@ async fn a_restarted_daemon_loads_a_kept_verdict_without_verifying_and_a_damaged
                     let daemon = verdict_daemon(cache.path());
                     let client = Client::connect(&daemon.target()).await.unwrap();
                     let session = client.open_session("other").await.unwrap();
-                    session
-                        .load_ptx(
-                            0,
-                            corpus("affine_f32_scalar.ptx"),
-                            "affine_f32_scalar",
-                            LoadOptions::default(),
-                        )
-                        .await
-                        .unwrap();
+                    crate::support::load(&session, "affine_f32_scalar.ptx", "affine_f32_scalar")
+                        .await;
                     let other = verdict_entries(cache.path())
                         .into_iter()
                         .find(|p| p != entry)
