@@ -433,6 +433,14 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_KERNEL_CACHE_MAX_BYTES", default_value_t = 1 << 30)]
     pub kernel_cache_max_bytes: u64,
 
+    /// The verdict cache's size bound: the verifier's accepted verdicts
+    /// (canonical text and launch contract), kept in the `verdicts`
+    /// subdirectory of --kernel-cache-dir (on whenever that is set) so that
+    /// a restarted daemon does not verify a kernel it verified before; the
+    /// least recently used entries are deleted beyond it.
+    #[arg(long, env = "PTXD_VERDICT_CACHE_MAX_BYTES", default_value_t = 256 << 20)]
+    pub verdict_cache_max_bytes: u64,
+
     /// Keep a second executor started per device (a hot spare), promoted
     /// at once when the serving one dies, so that a device recovers
     /// without starting a process (and, on CUDA, a context); the next

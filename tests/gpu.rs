@@ -67,6 +67,12 @@ mod raw_stream;
 #[path = "gpu/recovery.rs"]
 mod recovery;
 
+#[path = "support/processes.rs"]
+mod processes;
+
+#[path = "gpu/fault_memory.rs"]
+mod fault_memory;
+
 use executor_client::*;
 use half::f16;
 use ptxd_client::cuda::{CudaDevice, DeviceAllocation};

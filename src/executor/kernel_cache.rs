@@ -10,6 +10,12 @@
 //! driver's version, so that code compiled by another driver or for
 //! another architecture is never looked up).
 //!
+//! The file handling here is not specific to machine code: the front's
+//! verdict cache (`front::verdict_cache`) keeps its entries with the same
+//! code, in a directory of its own and under a magic of its own
+//! ([`EntryFormat`]), so that an entry of one can never be read as the
+//! other's.
+//!
 //! Invariants:
 //! - The directory is the daemon's: created with mode 0700, refused when it
 //!   is a symbolic link, not a directory, or owned by another user (another
@@ -37,8 +43,19 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-/// The first bytes of every entry (format version 1).
-const MAGIC: &[u8; 8] = b"PTXDKC01";
+/// What the entries of one cache are: the first bytes of every entry (the
+/// format and its version) and a name for logs.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EntryFormat {
+    pub magic: [u8; 8],
+    pub name: &'static str,
+}
+
+/// Compiled machine code (format version 1).
+pub const COMPILED_KERNELS: EntryFormat = EntryFormat {
+    magic: *b"PTXDKC01",
+    name: "kernel cache",
+};
 /// Magic, key, payload length, payload hash.
 const HEADER_BYTES: usize = 8 + 32 + 8 + 32;
 /// The suffix of complete entries; temporary files end in `.tmp`.
@@ -52,6 +69,12 @@ const STALE_TEMP: Duration = Duration::from_secs(3600);
 pub struct CacheKey([u8; 32]);
 
 impl CacheKey {
+    /// A key that is already a hash of everything its entry depends on
+    /// (the verdict cache's: `front::verdict_cache`).
+    pub fn from_hash(hash: [u8; 32]) -> CacheKey {
+        CacheKey(hash)
+    }
+
     /// The key of the code compiled from `text` for `target` (a backend's
     /// description of what the code runs on, e.g. `cuda sm_90 driver 12080`).
     pub fn new(text: &[u8], target: &str) -> CacheKey {
@@ -76,14 +99,20 @@ impl CacheKey {
 /// Why the cache directory cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
-    #[error("kernel cache directory {path}: {source}")]
+    #[error("{cache} directory {path}: {source}")]
     Io {
+        /// The cache's [`EntryFormat::name`].
+        cache: &'static str,
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("kernel cache directory {path} is not a directory of this user ({why})")]
-    NotOurs { path: PathBuf, why: String },
+    #[error("{cache} directory {path} is not a directory of this user ({why})")]
+    NotOurs {
+        cache: &'static str,
+        path: PathBuf,
+        why: String,
+    },
 }
 
 /// What a lookup found.
@@ -102,13 +131,25 @@ pub enum Lookup {
 pub struct KernelCache {
     dir: PathBuf,
     max_bytes: u64,
+    format: &'static EntryFormat,
 }
 
 impl KernelCache {
-    /// Opens (creating it, mode 0700) the cache directory `dir`, bounded
-    /// to `max_bytes` of entries.
+    /// Opens (creating it, mode 0700) the compiled-kernel cache directory
+    /// `dir`, bounded to `max_bytes` of entries.
     pub fn open(dir: &Path, max_bytes: u64) -> Result<KernelCache, CacheError> {
+        KernelCache::open_as(dir, max_bytes, &COMPILED_KERNELS)
+    }
+
+    /// Opens (creating it, mode 0700) the directory `dir` of a cache whose
+    /// entries are `format`, bounded to `max_bytes` of entries.
+    pub fn open_as(
+        dir: &Path,
+        max_bytes: u64,
+        format: &'static EntryFormat,
+    ) -> Result<KernelCache, CacheError> {
         let io = |source| CacheError::Io {
+            cache: format.name,
             path: dir.to_path_buf(),
             source,
         };
@@ -123,6 +164,7 @@ impl KernelCache {
         }
         let meta = fs::symlink_metadata(dir).map_err(io)?;
         let not_ours = |why: String| CacheError::NotOurs {
+            cache: format.name,
             path: dir.to_path_buf(),
             why,
         };
@@ -142,6 +184,7 @@ impl KernelCache {
         Ok(KernelCache {
             dir: dir.to_path_buf(),
             max_bytes,
+            format,
         })
     }
 
@@ -150,8 +193,16 @@ impl KernelCache {
         &self.dir
     }
 
-    fn entry_path(&self, key: &CacheKey) -> PathBuf {
+    /// Where `key`'s entry is (whether or not there is one).
+    pub(crate) fn entry_path(&self, key: &CacheKey) -> PathBuf {
         self.dir.join(key.file_name())
+    }
+
+    /// Deletes `key`'s entry, if there is one: a caller that found its
+    /// payload unusable (one that decodes to nothing valid) drops it as
+    /// [`KernelCache::get`] drops an entry that fails its checks.
+    pub fn remove(&self, key: &CacheKey) {
+        let _ = fs::remove_file(self.entry_path(key));
     }
 
     /// Looks `key` up; an entry that fails its checks is deleted.
@@ -165,14 +216,14 @@ impl KernelCache {
             Ok(file) => file,
             Err(_) => return Lookup::Miss,
         };
-        match read_entry(&mut file, key, self.max_bytes) {
+        match read_entry(&mut file, key, self.max_bytes, &self.format.magic) {
             Ok(payload) => {
                 // A hit is a use: the entry is the last to be evicted.
                 let _ = file.set_modified(SystemTime::now());
                 Lookup::Hit(payload)
             }
             Err(why) => {
-                tracing::warn!(path = %path.display(), why, "a kernel cache entry failed its checks; discarded");
+                tracing::warn!(cache = self.format.name, path = %path.display(), why, "a cache entry failed its checks; discarded");
                 let _ = fs::remove_file(&path);
                 Lookup::Discarded(why)
             }
@@ -184,7 +235,7 @@ impl KernelCache {
     /// cache only saves time.
     pub fn put(&self, key: &CacheKey, payload: &[u8]) {
         if let Err(e) = self.write_entry(key, payload) {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot write a kernel cache entry");
+            tracing::warn!(cache = self.format.name, dir = %self.dir.display(), error = %e, "cannot write a cache entry");
             return;
         }
         self.evict();
@@ -208,7 +259,7 @@ impl KernelCache {
                 .custom_flags(nix::libc::O_NOFOLLOW)
                 .open(&temp)?;
             let mut entry = Vec::with_capacity(HEADER_BYTES + payload.len());
-            entry.extend_from_slice(MAGIC);
+            entry.extend_from_slice(&self.format.magic);
             entry.extend_from_slice(&key.0);
             entry.extend_from_slice(&(payload.len() as u64).to_le_bytes());
             entry.extend_from_slice(blake3::hash(payload).as_bytes());
@@ -267,7 +318,12 @@ impl KernelCache {
 }
 
 /// Reads and checks a whole entry; `Err` says which check failed.
-fn read_entry(file: &mut File, key: &CacheKey, max_bytes: u64) -> Result<Vec<u8>, String> {
+fn read_entry(
+    file: &mut File,
+    key: &CacheKey,
+    max_bytes: u64,
+    magic: &[u8; 8],
+) -> Result<Vec<u8>, String> {
     let len = file.metadata().map_err(|e| e.to_string())?.len();
     if len < HEADER_BYTES as u64 {
         return Err(format!("{len} bytes, shorter than the header"));
@@ -280,8 +336,8 @@ fn read_entry(file: &mut File, key: &CacheKey, max_bytes: u64) -> Result<Vec<u8>
         .read_to_end(&mut bytes)
         .map_err(|e| e.to_string())?;
     let (header, payload) = bytes.split_at(HEADER_BYTES.min(bytes.len()));
-    if header.len() < HEADER_BYTES || &header[..8] != MAGIC {
-        return Err("not a kernel cache entry of this format".into());
+    if header.len() < HEADER_BYTES || header[..8] != magic[..] {
+        return Err("not an entry of this cache's format".into());
     }
     if header[8..40] != key.0 {
         return Err("the entry is for another key".into());
@@ -407,6 +463,22 @@ mod tests {
         cache.put(&a, b"code of a");
         fs::rename(cache.entry_path(&a), cache.entry_path(&b)).unwrap();
         assert!(matches!(cache.get(&b), Lookup::Discarded(why) if why.contains("another key")));
+    }
+
+    #[test]
+    fn an_entry_of_another_format_is_refused() {
+        static OTHER: EntryFormat = EntryFormat {
+            magic: *b"PTXDXX01",
+            name: "another cache",
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let kernels = KernelCache::open(dir.path(), 1 << 20).unwrap();
+        let other = KernelCache::open_as(dir.path(), 1 << 20, &OTHER).unwrap();
+        let k = key("shared key");
+        kernels.put(&k, b"machine code");
+        assert!(matches!(other.get(&k), Lookup::Discarded(why) if why.contains("format")));
+        other.put(&k, b"something else");
+        assert!(matches!(kernels.get(&k), Lookup::Discarded(why) if why.contains("format")));
     }
 
     #[test]

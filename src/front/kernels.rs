@@ -292,7 +292,9 @@ impl Front {
                 // before any UTF-8 check: a repeat, accepted or refused,
                 // costs one hash, not a verification or a hop to a blocking
                 // thread and back. Only new text is verified, off the async
-                // workers, under the tenant's share of the verifier threads.
+                // workers, under the tenant's share of the verifier threads;
+                // a verdict kept on disk (the verdict cache) is read there
+                // instead of verifying again.
                 let accepted = match self.canonical.lookup(&artifact, &symbol, declared_abi) {
                     Some(Ok(accepted)) => accepted,
                     Some(Err(refusal)) => {
@@ -301,13 +303,19 @@ impl Front {
                     }
                     None => {
                         let memo = self.canonical.clone();
+                        let verdicts = self.verdicts.clone();
                         let verified_symbol = symbol.clone();
                         self.verifications
                             .run(peer.tenant(), move || {
-                                memo.canonicalize_bytes(&artifact, &verified_symbol, declared_abi)
+                                recall_or_verify(
+                                    &memo,
+                                    verdicts.as_deref(),
+                                    &artifact,
+                                    &verified_symbol,
+                                    declared_abi,
+                                )
                             })
                             .await??
-                            .0
                     }
                 };
                 // From here on the artifact is the canonical text: it is what
@@ -833,6 +841,38 @@ impl VerificationGate {
             message: format!("verifier task failed: {e}"),
         })
     }
+}
+
+/// The log target of the verdict cache's decisions (a hit, or a verifier
+/// run that stored its verdict): debug level, one event per load that
+/// missed the memo.
+pub const VERDICT_LOG: &str = "ptxd::verdicts";
+
+/// The verdict on a PTX load the memo did not have: the one kept on disk
+/// when there is a valid one (no verification), else the verifier's (or
+/// the memo's, when a concurrent load just verified the same bytes), kept
+/// on disk when it is an acceptance that the verifier reached just now.
+/// Refusals are not kept: a refused text is verified again after a
+/// restart, and refused with the same reason.
+fn recall_or_verify(
+    memo: &ptx::memo::CanonicalMemo,
+    verdicts: Option<&super::verdict_cache::VerdictCache>,
+    text: &[u8],
+    symbol: &str,
+    declared: Option<DeclaredAbi>,
+) -> Result<Arc<Accepted>, ptx::PtxError> {
+    if let Some(kept) = verdicts.and_then(|v| v.get(text, symbol, declared)) {
+        tracing::debug!(target: VERDICT_LOG, %symbol, "PTX verdict served from the verdict cache");
+        return Ok(Arc::new(kept));
+    }
+    let (accepted, served) = memo.canonicalize_bytes(text, symbol, declared)?;
+    if served == ptx::memo::Served::Verified {
+        tracing::debug!(target: VERDICT_LOG, %symbol, "PTX verified; its verdict is kept");
+        if let Some(verdicts) = verdicts {
+            verdicts.put(text, symbol, declared, &accepted);
+        }
+    }
+    Ok(accepted)
 }
 
 /// The operand cap: a kernel takes at most [`ptx::MAX_INPUTS`] inputs and

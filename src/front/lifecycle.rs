@@ -94,6 +94,13 @@ impl Front {
         if let Some(dir) = &config.kernel_cache_dir {
             crate::executor::kernel_cache::KernelCache::open(dir, config.kernel_cache_max_bytes)?;
         }
+        let verdicts = match &config.kernel_cache_dir {
+            Some(dir) => Some(Arc::new(super::verdict_cache::VerdictCache::open(
+                dir,
+                config.verdict_cache_max_bytes,
+            )?)),
+            None => None,
+        };
         let boot = BootId::random();
         let generations = GenerationCounter::new(boot);
         let (backend, devices) = choose_devices(config).await?;
@@ -161,6 +168,7 @@ impl Front {
                 config.max_concurrent_verifications_per_uid,
             ),
             spares: super::supervise::Spares::new(config.spare_executor),
+            verdicts,
         });
         tokio::spawn(front.clone().supervise(deaths_rx));
         for index in 0..front.lock().devices.len() {

@@ -50,6 +50,7 @@ mod lifecycle;
 mod ring;
 mod sessions;
 mod supervise;
+pub mod verdict_cache;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -325,6 +326,9 @@ pub struct Front {
     canonical: Arc<ptx::memo::CanonicalMemo>,
     /// Verifications running or waiting, per tenant and in total.
     verifications: kernels::VerificationGate,
+    /// Accepted verdicts kept on disk across restarts (with
+    /// `--kernel-cache-dir`).
+    verdicts: Option<Arc<verdict_cache::VerdictCache>>,
     /// The devices' hot spare executors (`--spare-executor`).
     spares: supervise::Spares,
 }

@@ -4,9 +4,13 @@
 //! when the serving executor dies (also when it dies itself during the
 //! promotion), replaced when it dies waiting, with descriptors and
 //! processes flat over many promotions; a kernel cache directory that is
-//! not the daemon's; and a measurement of kill → first successful launch
-//! with and without a spare (`recovery_time_with_and_without_a_spare`,
-//! ignored: run it by hand, in release).
+//! not the daemon's; the verdict cache (a restarted daemon loads a kernel
+//! it verified before without verifying it, a damaged entry is verified
+//! again, a refusal is not kept, two daemons share one directory); and
+//! measurements of kill → first successful launch with and without a spare
+//! (`recovery_time_with_and_without_a_spare`) and of a daemon restart's
+//! reload of 32 kernels (`restart_reload_time_of_a_32_kernel_working_set`),
+//! ignored: run them by hand, in release.
 //!
 //! Restarts are made to fail without a hook in the daemon: the daemon runs
 //! from a private copy of the `ptxd` binary, and an executor is spawned
@@ -20,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::processes::{children, open_fds};
 use crate::support::{corpus, executor_pid, ptxd_bin, random_f32, Daemon};
 use ptxd_client::{
     Buffer, Client, Error, HostShm, Kernel, Launch, LoadOptions, OrphanCause, Session, SessionEvent,
@@ -292,32 +297,6 @@ async fn while_restarts_fail_sessions_hear_the_device_is_down_and_then_that_it_i
         ring.launch(&add, &[(&a_buf, 0), (&b_buf, 0)], (&out_buf, 0), 8, &[]),
         Err(Error::RingOrphaned(_))
     ));
-}
-
-/// The live child processes of `pid` (its executors, serving and spare).
-fn children(pid: i32) -> Vec<u32> {
-    let mut found = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return found;
-    };
-    for task in tasks.flatten() {
-        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        found.extend(
-            listed
-                .split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
-    }
-    found.sort_unstable();
-    found.dedup();
-    found.retain(|p| crate::support::process_alive(*p as i32));
-    found
-}
-
-fn open_fds(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count()
 }
 
 /// A daemon with spare executors, logging when each spare is ready.
@@ -770,6 +749,166 @@ async fn a_spare_that_dies_while_waiting_is_replaced_and_the_device_serves_on() 
 /// The first `count` kernels of the JIT corpus's Triton family (every one
 /// the verifier proves), as (text, entry): a working set of distinct real
 /// kernels.
+/// What a daemon with `--kernel-cache-dir` logs once per verifier run that
+/// kept its verdict, and once per verdict served from disk
+/// (`front::kernels::VERDICT_LOG`, at debug).
+const VERIFIED: &str = "PTX verified; its verdict is kept";
+const RECALLED: &str = "PTX verdict served from the verdict cache";
+
+/// A host daemon whose kernel cache (and so verdict cache) is `cache`,
+/// logging the verdict cache's decisions.
+fn verdict_daemon(cache: &Path) -> Daemon {
+    Daemon::start_with(
+        &["--kernel-cache-dir", cache.to_str().unwrap()],
+        |command| {
+            command.env("RUST_LOG", "warn,ptxd::verdicts=debug");
+        },
+    )
+}
+
+fn logged(daemon: &Daemon, line: &str) -> usize {
+    daemon.stderr().matches(line).count()
+}
+
+/// The verdict entries under `cache`.
+fn verdict_entries(cache: &Path) -> Vec<PathBuf> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(cache.join("verdicts"))
+        .map(|listing| listing.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    entries.sort();
+    entries
+}
+
+/// Issue 23: a restarted daemon loads a kernel it verified before without
+/// verifying it (the verdict comes from disk), and the kernel launches with
+/// exact results; an entry damaged on disk (a payload byte flipped, the file
+/// cut short, another key's entry under its name) is not used: the kernel
+/// is verified again, launches exactly, and its entry is whole again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_daemon_loads_a_kept_verdict_without_verifying_and_a_damaged_one_is_verified_again(
+) {
+    let cache = tempfile::tempdir().unwrap();
+    let mut first_signature = None;
+    for round in ["first", "restart", "flipped", "truncated", "foreign"] {
+        if let [entry] = &verdict_entries(cache.path())[..] {
+            let mut bytes = std::fs::read(entry).unwrap();
+            match round {
+                // Past the 80-byte header: the payload.
+                "flipped" => {
+                    let at = 80 + rand::random::<u64>() as usize % (bytes.len() - 80);
+                    bytes[at] ^= 0x10;
+                }
+                "truncated" => bytes.truncate(bytes.len() - 1 - bytes.len() / 3),
+                "foreign" => {
+                    // A whole, valid entry of another kernel under this name.
+                    let daemon = verdict_daemon(cache.path());
+                    let client = Client::connect(&daemon.target()).await.unwrap();
+                    let session = client.open_session("other").await.unwrap();
+                    crate::support::load(&session, "affine_f32_scalar.ptx", "affine_f32_scalar")
+                        .await;
+                    let other = verdict_entries(cache.path())
+                        .into_iter()
+                        .find(|p| p != entry)
+                        .unwrap();
+                    bytes = std::fs::read(&other).unwrap();
+                    std::fs::remove_file(other).unwrap();
+                }
+                _ => {}
+            }
+            std::fs::write(entry, &bytes).unwrap();
+        }
+        let daemon = verdict_daemon(cache.path());
+        let client = Client::connect(&daemon.target()).await.unwrap();
+        let session = client.open_session("verdicts").await.unwrap();
+        let add = load_add(&session).await;
+        let mut case = AddCase::new(&session, 3000 + rand::random::<u8>() as usize).await;
+        case.check(&session, &add, round).await;
+        let expected = if round == "restart" { (0, 1) } else { (1, 0) };
+        assert_eq!(
+            (logged(&daemon, VERIFIED), logged(&daemon, RECALLED)),
+            expected,
+            "{round}: (verified, recalled)\n{}",
+            daemon.stderr()
+        );
+        // The verdict from disk is the verifier's: the same signature and
+        // launch contract.
+        let signature = add.signature();
+        assert_eq!(
+            first_signature.get_or_insert_with(|| signature.clone()),
+            &signature,
+            "{round}"
+        );
+        assert_eq!(verdict_entries(cache.path()).len(), 1, "{round}");
+    }
+}
+
+/// A refused kernel's refusal is not kept: after a restart it is verified
+/// again and refused with the same reason and details.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kernel_refused_before_a_restart_is_refused_again_with_the_same_reason() {
+    let cache = tempfile::tempdir().unwrap();
+    let refused = corpus("jit/inductor/bias_gelu_2d_f32_static_0.ptx");
+    let mut refusals = Vec::new();
+    for _ in 0..2 {
+        let daemon = verdict_daemon(cache.path());
+        let client = Client::connect(&daemon.target()).await.unwrap();
+        let session = client.open_session("refused").await.unwrap();
+        let error = session
+            .load_ptx(
+                0,
+                refused.clone(),
+                "triton_poi_fused_add_gelu_0",
+                LoadOptions::default(),
+            )
+            .await
+            .unwrap_err();
+        let refusal = error.refusal().expect("a refusal");
+        refusals.push((
+            error.reason_name(),
+            refusal.message().to_owned(),
+            refusal.metadata().clone(),
+        ));
+        assert_eq!(logged(&daemon, RECALLED), 0);
+    }
+    assert_eq!(refusals[0].0, "NON_SCALAR_ABI", "{:?}", refusals[0]);
+    assert_eq!(refusals[0], refusals[1]);
+    assert!(verdict_entries(cache.path()).is_empty());
+}
+
+/// Two daemons on one cache directory at once: each serves the verdicts
+/// the other kept, both keep verdicts of the same kernels concurrently,
+/// and a third daemon afterwards verifies nothing of the 16 kernels.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_daemons_sharing_a_cache_directory_serve_each_others_verdicts() {
+    let cache = tempfile::tempdir().unwrap();
+    let set = triton_working_set(16);
+    let (first, second) = set.split_at(8);
+    let a = verdict_daemon(cache.path());
+    let b = verdict_daemon(cache.path());
+    let client_a = Client::connect(&a.target()).await.unwrap();
+    let client_b = Client::connect(&b.target()).await.unwrap();
+    load_working_set(&client_a, first).await;
+    assert_eq!(logged(&a, VERIFIED), 8);
+    load_working_set(&client_b, first).await;
+    assert_eq!((logged(&b, VERIFIED), logged(&b, RECALLED)), (0, 8));
+    // Both at once, every load of both sent together.
+    tokio::join!(
+        load_working_set_at_once(&client_a, second),
+        load_working_set_at_once(&client_b, second)
+    );
+    let verified_second = logged(&a, VERIFIED) - 8 + logged(&b, VERIFIED);
+    assert!((8..=16).contains(&verified_second), "{verified_second}");
+    let entries = verdict_entries(cache.path());
+    assert_eq!(entries.len(), 16, "{entries:?}");
+    assert!(entries
+        .iter()
+        .all(|p| p.extension().is_some_and(|e| e == "kc")));
+    let c = verdict_daemon(cache.path());
+    let client_c = Client::connect(&c.target()).await.unwrap();
+    load_working_set(&client_c, &set).await;
+    assert_eq!((logged(&c, VERIFIED), logged(&c, RECALLED)), (0, 16));
+}
+
 fn triton_working_set(count: usize) -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/jit");
     let manifest: serde_json::Value =
@@ -842,7 +981,9 @@ fn spread(mut times: Vec<Duration>) -> String {
 /// what the parts cost: the same loads in a daemon that has verified them
 /// (its canonical memo and kernel slots warm: no verification, no executor
 /// load), and after an executor restart (memo warm, every kernel loaded
-/// into the new executor again). A measurement, not a timed test. Run with
+/// into the new executor again), and after a restart with the verdict cache
+/// (`--kernel-cache-dir`: the verdicts read from disk, no verification). A
+/// measurement, not a timed test. Run with
 /// `cargo test --release --test daemon -- --ignored --nocapture restart_reload`.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a measurement; run by hand"]
@@ -852,6 +993,25 @@ async fn restart_reload_time_of_a_32_kernel_working_set() {
     let (mut daemon_restarted, mut warm, mut executor_restarted) =
         (Vec::new(), Vec::new(), Vec::new());
     let mut at_once = Vec::new();
+    // The verdict cache: one directory, its verdicts kept by a daemon
+    // before the rounds; each round's daemons are restarts that find them.
+    let cache = tempfile::tempdir().unwrap();
+    {
+        let primer = verdict_daemon(cache.path());
+        let client = Client::connect(&primer.target()).await.unwrap();
+        load_working_set(&client, &set).await;
+        assert_eq!(logged(&primer, VERIFIED), set.len());
+    }
+    let (mut kept_one_by_one, mut kept_at_once) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let daemon = verdict_daemon(cache.path());
+        let client = Client::connect(&daemon.target()).await.unwrap();
+        kept_one_by_one.push(load_working_set(&client, &set).await);
+        let daemon = verdict_daemon(cache.path());
+        let client = Client::connect(&daemon.target()).await.unwrap();
+        kept_at_once.push(load_working_set_at_once(&client, &set).await);
+        assert_eq!(logged(&daemon, VERIFIED), 0, "{}", daemon.stderr());
+    }
     for _ in 0..ROUNDS {
         // A fresh daemon is a restarted one: nothing of the last survives.
         let daemon = Daemon::start(&[]);
@@ -874,6 +1034,14 @@ async fn restart_reload_time_of_a_32_kernel_working_set() {
     println!(
         "host backend: daemon restart -> the same 32 sent at once: {}",
         spread(at_once)
+    );
+    println!(
+        "host backend: daemon restart, verdicts kept on disk -> 32 loaded again one by one: {}",
+        spread(kept_one_by_one)
+    );
+    println!(
+        "host backend: daemon restart, verdicts kept on disk -> the same 32 sent at once: {}",
+        spread(kept_at_once)
     );
     println!(
         "host backend: the same 32 in a daemon that loaded them before: {}",

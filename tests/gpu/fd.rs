@@ -244,7 +244,7 @@ async fn doomed_client(target: &str) {
 }
 
 /// The device's used memory in MiB, as nvidia-smi reports it.
-fn used_mib(uuid: &str) -> u64 {
+pub(super) fn used_mib(uuid: &str) -> u64 {
     let output = Command::new("nvidia-smi")
         .args([
             "--query-gpu=memory.used",

@@ -10,6 +10,7 @@ pub mod big_kernels;
 pub mod daemon;
 pub mod mutants;
 pub mod nvcc_ref;
+pub mod processes;
 pub mod ring_completions;
 
 use std::path::Path;

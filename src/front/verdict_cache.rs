@@ -1,0 +1,857 @@
+//! The persistent verdict cache: what the verifier accepted, kept on disk so
+//! that a restarted daemon loads a kernel it verified before without
+//! verifying it again (re-verification was 35–40 ms of a 32-kernel working
+//! set's reload on the host backend).
+//!
+//! An entry is an accepted PTX kernel's verdict: its canonical text, the
+//! text's blake3 hash, its signature and its launch contract, exactly what
+//! [`CanonicalMemo::canonicalize_bytes`] returns. Refusals are not kept (a
+//! refused kernel is verified again, and refused again with the same
+//! reason: the verifier is a pure function of its inputs). Machine code is
+//! never verified and never kept here.
+//!
+//! Invariants:
+//! - The files are the compiled-kernel cache's ([`KernelCache`], opened
+//!   with a format of its own in the `verdicts` subdirectory of
+//!   `--kernel-cache-dir`): the directory is the daemon's (0700, not a
+//!   symbolic link, not another user's), an entry is written whole by
+//!   rename (two daemons may share the directory), its header's magic, key
+//!   and payload hash are checked on read, a bad entry is deleted and is a
+//!   miss, and the directory stays under `--verdict-cache-max-bytes`.
+//! - The key is a blake3 hash of everything the verdict depends on: the
+//!   client's exact bytes, the entry's name, the declared ABI (the inputs of
+//!   `canonicalize_bytes`), the encoding's version, and the verifier's
+//!   identity, [`VERIFIER_IDENTITY`].
+//! - A stale verifier's verdict is never reused: the identity is the
+//!   crate's version and `PTXD_VERIFIER_SOURCE_HASH`, a hash of every
+//!   source file of `src/ptx/` (the verifier, the canonical printer and the
+//!   contract, a module that imports nothing else of the crate) and of
+//!   `Cargo.lock`, computed by `build.rs` at every build in which one of
+//!   them changed. A verifier that differs by one byte of source, or is
+//!   built against other dependencies, looks up other keys: an old entry is
+//!   never found, and ages out under the size bound.
+//! - A payload is decoded by an explicit, versioned format (below), with
+//!   every length checked against the bytes left and every nesting bounded;
+//!   a decoded verdict is then checked for consistency (the text hashes to
+//!   the hash it carries, the signature and the contract agree on the
+//!   operands and scalars, the entry and every param are named in the
+//!   text). Anything that fails is a miss (logged, the entry deleted), never
+//!   a panic: the kernel is verified again.
+//! - Only the daemon's user can write the directory; an entry that passed
+//!   its checks is trusted as the verifier's own output, as the compiled
+//!   code next to it is trusted as the driver's.
+
+use std::path::Path;
+
+use crate::executor::kernel_cache::{CacheError, CacheKey, EntryFormat, KernelCache, Lookup};
+use crate::ptx::contract::{
+    BlockRule, Condition, ContractParam, Expr, Footprint, Geometry, ParamKind, PointerAccess,
+    Precondition, ScalarType, ARG_NONNEGATIVE, COUNT_FITS_I32, COUNT_FITS_I64, DIVISOR_POSITIVE,
+    INDEX_FITS_I32, STRIDED_INDEX_FITS_I64,
+};
+use crate::ptx::memo::Accepted;
+use crate::ptx::{Canonical, DeclaredAbi, LaunchContract, Signature};
+
+/// The files of a verdict cache (format version 1 of the header).
+pub const VERDICTS: EntryFormat = EntryFormat {
+    magic: *b"PTXDVC01",
+    name: "verdict cache",
+};
+
+/// The subdirectory of the kernel cache directory the verdicts live in.
+pub const SUBDIRECTORY: &str = "verdicts";
+
+/// The version of the payload's encoding; part of every key, so a daemon
+/// with another encoding never reads this one's entries.
+const ENCODING_VERSION: u8 = 1;
+
+/// The verifier that reached the verdicts: the crate's version and a hash
+/// of the verifier's sources and dependencies (see the module docs).
+pub const VERIFIER_IDENTITY: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "+",
+    env!("PTXD_VERIFIER_SOURCE_HASH")
+);
+
+/// Expressions nested deeper than this are not decoded (the verifier's
+/// own are a few levels deep).
+const MAX_EXPR_DEPTH: u32 = 64;
+
+/// The precondition names a verdict may carry: [`Precondition::name`] is a
+/// `&'static str`, so a decoded name must be one of these. A name missing
+/// here makes the verdicts that carry it misses (re-verified), never wrong;
+/// `every_corpus_verdict_survives_the_round_trip` finds one.
+const PRECONDITION_NAMES: &[&str] = &[
+    COUNT_FITS_I64,
+    COUNT_FITS_I32,
+    INDEX_FITS_I32,
+    DIVISOR_POSITIVE,
+    ARG_NONNEGATIVE,
+    STRIDED_INDEX_FITS_I64,
+];
+
+/// One daemon's view of a verdict cache directory (others may share it).
+#[derive(Debug)]
+pub struct VerdictCache {
+    store: KernelCache,
+    identity: String,
+}
+
+impl VerdictCache {
+    /// Opens (creating it, mode 0700) the verdict directory under the
+    /// kernel cache directory `kernel_cache_dir`, bounded to `max_bytes`.
+    pub fn open(kernel_cache_dir: &Path, max_bytes: u64) -> Result<VerdictCache, CacheError> {
+        VerdictCache::open_with_identity(kernel_cache_dir, max_bytes, VERIFIER_IDENTITY)
+    }
+
+    /// [`VerdictCache::open`] as a verifier of another identity would (for
+    /// the tests of a changed verifier).
+    fn open_with_identity(
+        kernel_cache_dir: &Path,
+        max_bytes: u64,
+        identity: &str,
+    ) -> Result<VerdictCache, CacheError> {
+        Ok(VerdictCache {
+            store: KernelCache::open_as(
+                &kernel_cache_dir.join(SUBDIRECTORY),
+                max_bytes,
+                &VERDICTS,
+            )?,
+            identity: identity.to_owned(),
+        })
+    }
+
+    /// The key of the verdict on these exact inputs of the verifier.
+    fn key(&self, text: &[u8], symbol: &str, declared: Option<DeclaredAbi>) -> CacheKey {
+        let mut h = blake3::Hasher::new();
+        h.update(b"ptxd verdict\0");
+        h.update(&[ENCODING_VERSION]);
+        put_bytes(&mut h, self.identity.as_bytes());
+        put_bytes(&mut h, text);
+        put_bytes(&mut h, symbol.as_bytes());
+        match declared {
+            Some(d) => {
+                h.update(&[1]);
+                h.update(&d.inputs.to_le_bytes());
+                h.update(&d.scalar_params.to_le_bytes());
+            }
+            None => {
+                h.update(&[0]);
+            }
+        }
+        CacheKey::from_hash(*h.finalize().as_bytes())
+    }
+
+    /// The verdict kept for these inputs, if one is and it passes every
+    /// check; an entry that does not is deleted.
+    pub fn get(
+        &self,
+        text: &[u8],
+        symbol: &str,
+        declared: Option<DeclaredAbi>,
+    ) -> Option<Accepted> {
+        let key = self.key(text, symbol, declared);
+        match self.store.get(&key) {
+            Lookup::Hit(payload) => match decode(&payload).and_then(|a| consistent(a, symbol)) {
+                Ok(accepted) => Some(accepted),
+                Err(why) => {
+                    tracing::warn!(%symbol, why, "a verdict cache entry does not decode to a consistent verdict; discarded");
+                    self.store.remove(&key);
+                    None
+                }
+            },
+            Lookup::Miss | Lookup::Discarded(_) => None,
+        }
+    }
+
+    /// Keeps `accepted`, the verdict on these inputs.
+    pub fn put(
+        &self,
+        text: &[u8],
+        symbol: &str,
+        declared: Option<DeclaredAbi>,
+        accepted: &Accepted,
+    ) {
+        self.store
+            .put(&self.key(text, symbol, declared), &encode(accepted));
+    }
+
+    #[cfg(test)]
+    fn entry_path(
+        &self,
+        text: &[u8],
+        symbol: &str,
+        declared: Option<DeclaredAbi>,
+    ) -> std::path::PathBuf {
+        self.store.entry_path(&self.key(text, symbol, declared))
+    }
+}
+
+fn put_bytes(h: &mut blake3::Hasher, bytes: &[u8]) {
+    h.update(&(bytes.len() as u64).to_le_bytes());
+    h.update(bytes);
+}
+
+// The encoding, version 1: little-endian integers; a string or list is a
+// u32 count then its items; an option is a 0/1 byte then the value; an
+// enum is a tag byte then its fields.
+//
+//   verdict   = version:u8 hash:[u8;32] text:string signature contract
+//   signature = inputs:u32 element_sizes:[u32] scalar_params:u32
+//               reqntid:option<u32> maxntid:option<u32>
+//   contract  = params:[param] block:block elements_per_thread:u32
+//               footprints:[footprint] preconditions:[precondition]
+//   param     = name:string kind:(0 access:u8 operand:option<u32>
+//                                | 1 count:scalar | 2 scalar:scalar)
+//   block     = 0 x:u32 (required) | 1 x:u32 (at most) | 2 (default)
+//   footprint = param:u16 alignment:u32 bytes:expr
+//   precondition = name:string (0 (at most) | 1 (at least)) expr bound:u128
+//   expr      = 0 u64 (const) | 1 (count) | 2 (grid) | 3 (block)
+//             | 4 a b (add) | 5 a b (mul) | 6 e k:u64 (round up)
+//             | 7 k:u16 (arg) | 8 a b (div) | 9 a b (sat sub) | 10 a b (min)
+
+fn encode(accepted: &Accepted) -> Vec<u8> {
+    let canonical = &accepted.canonical;
+    let mut out = Vec::with_capacity(canonical.text.len() + 256);
+    out.push(ENCODING_VERSION);
+    out.extend_from_slice(&accepted.hash);
+    put_str(&mut out, &canonical.text);
+    let s = &canonical.signature;
+    put_u32(&mut out, s.inputs);
+    put_len(&mut out, s.element_sizes.len());
+    for size in &s.element_sizes {
+        put_u32(&mut out, *size);
+    }
+    put_u32(&mut out, s.scalar_params);
+    put_opt_u32(&mut out, s.reqntid);
+    put_opt_u32(&mut out, s.maxntid);
+    let c = &canonical.contract;
+    put_len(&mut out, c.params.len());
+    for p in &c.params {
+        put_str(&mut out, &p.name);
+        match p.kind {
+            ParamKind::Pointer { access, operand } => {
+                out.push(0);
+                out.push(match access {
+                    PointerAccess::Read => 0,
+                    PointerAccess::Written => 1,
+                    PointerAccess::UnusedNull => 2,
+                });
+                put_opt_u32(&mut out, operand);
+            }
+            ParamKind::Count(t) => {
+                out.push(1);
+                out.push(scalar_tag(t));
+            }
+            ParamKind::Scalar(t) => {
+                out.push(2);
+                out.push(scalar_tag(t));
+            }
+        }
+    }
+    match c.geometry.block {
+        BlockRule::Required(x) => {
+            out.push(0);
+            put_u32(&mut out, x);
+        }
+        BlockRule::AtMost(x) => {
+            out.push(1);
+            put_u32(&mut out, x);
+        }
+        BlockRule::Default => out.push(2),
+    }
+    put_u32(&mut out, c.geometry.elements_per_thread);
+    put_len(&mut out, c.footprints.len());
+    for f in &c.footprints {
+        out.extend_from_slice(&f.param.to_le_bytes());
+        put_u32(&mut out, f.alignment);
+        put_expr(&mut out, &f.bytes);
+    }
+    put_len(&mut out, c.preconditions.len());
+    for p in &c.preconditions {
+        put_str(&mut out, p.name);
+        let (tag, e, bound) = match &p.condition {
+            Condition::AtMost(e, b) => (0, e, b),
+            Condition::AtLeast(e, b) => (1, e, b),
+        };
+        out.push(tag);
+        put_expr(&mut out, e);
+        out.extend_from_slice(&bound.to_le_bytes());
+    }
+    out
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+/// A count; every count a verdict holds is far below `u32::MAX` (a text is
+/// at most `--max-artifact-bytes`), and one that is not is written as
+/// `u32::MAX`, which no decode accepts: a miss, never a wrong verdict.
+fn put_len(out: &mut Vec<u8>, len: usize) {
+    put_u32(out, u32::try_from(len).unwrap_or(u32::MAX));
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_len(out, s.len());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
+    match v {
+        Some(v) => {
+            out.push(1);
+            put_u32(out, v);
+        }
+        None => out.push(0),
+    }
+}
+
+fn scalar_tag(t: ScalarType) -> u8 {
+    match t {
+        ScalarType::U32 => 0,
+        ScalarType::S32 => 1,
+        ScalarType::U64 => 2,
+        ScalarType::S64 => 3,
+        ScalarType::F32 => 4,
+        ScalarType::F64 => 5,
+    }
+}
+
+fn put_expr(out: &mut Vec<u8>, e: &Expr) {
+    let pair = |out: &mut Vec<u8>, tag: u8, a: &Expr, b: &Expr| {
+        out.push(tag);
+        put_expr(out, a);
+        put_expr(out, b);
+    };
+    match e {
+        Expr::Const(v) => {
+            out.push(0);
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        Expr::Count => out.push(1),
+        Expr::Grid => out.push(2),
+        Expr::Block => out.push(3),
+        Expr::Add(a, b) => pair(out, 4, a, b),
+        Expr::Mul(a, b) => pair(out, 5, a, b),
+        Expr::RoundUp(e, k) => {
+            out.push(6);
+            put_expr(out, e);
+            out.extend_from_slice(&k.to_le_bytes());
+        }
+        Expr::Arg(k) => {
+            out.push(7);
+            out.extend_from_slice(&k.to_le_bytes());
+        }
+        Expr::Div(a, b) => pair(out, 8, a, b),
+        Expr::SatSub(a, b) => pair(out, 9, a, b),
+        Expr::Min(a, b) => pair(out, 10, a, b),
+    }
+}
+
+/// A reader over a payload; every read checks the bytes left.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if n > self.bytes.len() {
+            return Err(format!(
+                "{n} bytes wanted, {} left in the payload",
+                self.bytes.len()
+            ));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, String> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn u128(&mut self) -> Result<u128, String> {
+        Ok(u128::from_le_bytes(self.array()?))
+    }
+
+    /// A count of items of at least `item_bytes` each: never more than the
+    /// bytes left could hold, so a forged count allocates nothing.
+    fn count(&mut self, item_bytes: usize) -> Result<usize, String> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(item_bytes.max(1)) > self.bytes.len() {
+            return Err(format!("a count of {n} is more than the payload holds"));
+        }
+        Ok(n)
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        let n = self.count(1)?;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|e| format!("a string is not UTF-8: {e}"))
+    }
+
+    fn opt_u32(&mut self) -> Result<Option<u32>, String> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(self.u32()?)),
+            tag => Err(format!("option tag {tag}")),
+        }
+    }
+
+    fn scalar(&mut self) -> Result<ScalarType, String> {
+        Ok(match self.u8()? {
+            0 => ScalarType::U32,
+            1 => ScalarType::S32,
+            2 => ScalarType::U64,
+            3 => ScalarType::S64,
+            4 => ScalarType::F32,
+            5 => ScalarType::F64,
+            tag => return Err(format!("scalar type tag {tag}")),
+        })
+    }
+
+    fn expr(&mut self, depth: u32) -> Result<Expr, String> {
+        if depth > MAX_EXPR_DEPTH {
+            return Err(format!("an expression nested deeper than {MAX_EXPR_DEPTH}"));
+        }
+        let pair = |r: &mut Reader<'a>| -> Result<(Box<Expr>, Box<Expr>), String> {
+            Ok((Box::new(r.expr(depth + 1)?), Box::new(r.expr(depth + 1)?)))
+        };
+        Ok(match self.u8()? {
+            0 => Expr::Const(self.u64()?),
+            1 => Expr::Count,
+            2 => Expr::Grid,
+            3 => Expr::Block,
+            4 => {
+                let (a, b) = pair(self)?;
+                Expr::Add(a, b)
+            }
+            5 => {
+                let (a, b) = pair(self)?;
+                Expr::Mul(a, b)
+            }
+            6 => Expr::RoundUp(Box::new(self.expr(depth + 1)?), self.u64()?),
+            7 => Expr::Arg(self.u16()?),
+            8 => {
+                let (a, b) = pair(self)?;
+                Expr::Div(a, b)
+            }
+            9 => {
+                let (a, b) = pair(self)?;
+                Expr::SatSub(a, b)
+            }
+            10 => {
+                let (a, b) = pair(self)?;
+                Expr::Min(a, b)
+            }
+            tag => return Err(format!("expression tag {tag}")),
+        })
+    }
+}
+
+/// Decodes a payload; `Err` says what is wrong with it.
+fn decode(payload: &[u8]) -> Result<Accepted, String> {
+    let mut r = Reader { bytes: payload };
+    let version = r.u8()?;
+    if version != ENCODING_VERSION {
+        return Err(format!("encoding version {version}"));
+    }
+    let hash = r.array::<32>()?;
+    let text = r.string()?;
+    let inputs = r.u32()?;
+    let sizes = r.count(4)?;
+    let element_sizes = (0..sizes).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
+    let signature = Signature {
+        inputs,
+        element_sizes,
+        scalar_params: r.u32()?,
+        reqntid: r.opt_u32()?,
+        maxntid: r.opt_u32()?,
+    };
+    let mut params = Vec::new();
+    for _ in 0..r.count(6)? {
+        let name = r.string()?;
+        let kind = match r.u8()? {
+            0 => {
+                let access = match r.u8()? {
+                    0 => PointerAccess::Read,
+                    1 => PointerAccess::Written,
+                    2 => PointerAccess::UnusedNull,
+                    tag => return Err(format!("pointer access tag {tag}")),
+                };
+                ParamKind::Pointer {
+                    access,
+                    operand: r.opt_u32()?,
+                }
+            }
+            1 => ParamKind::Count(r.scalar()?),
+            2 => ParamKind::Scalar(r.scalar()?),
+            tag => return Err(format!("param kind tag {tag}")),
+        };
+        params.push(ContractParam { name, kind });
+    }
+    let block = match r.u8()? {
+        0 => BlockRule::Required(r.u32()?),
+        1 => BlockRule::AtMost(r.u32()?),
+        2 => BlockRule::Default,
+        tag => return Err(format!("block rule tag {tag}")),
+    };
+    let geometry = Geometry {
+        block,
+        elements_per_thread: r.u32()?,
+    };
+    let mut footprints = Vec::new();
+    for _ in 0..r.count(7)? {
+        footprints.push(Footprint {
+            param: r.u16()?,
+            alignment: r.u32()?,
+            bytes: r.expr(0)?,
+        });
+    }
+    let mut preconditions = Vec::new();
+    for _ in 0..r.count(22)? {
+        let stated = r.string()?;
+        let Some(name) = PRECONDITION_NAMES.iter().find(|n| **n == stated) else {
+            return Err(format!("an unknown precondition {stated:?}"));
+        };
+        let tag = r.u8()?;
+        let e = r.expr(0)?;
+        let bound = r.u128()?;
+        let condition = match tag {
+            0 => Condition::AtMost(e, bound),
+            1 => Condition::AtLeast(e, bound),
+            tag => return Err(format!("condition tag {tag}")),
+        };
+        preconditions.push(Precondition { name, condition });
+    }
+    if !r.bytes.is_empty() {
+        return Err(format!("{} bytes after the verdict", r.bytes.len()));
+    }
+    Ok(Accepted {
+        canonical: Canonical {
+            text,
+            signature,
+            contract: LaunchContract {
+                params,
+                geometry,
+                footprints,
+                preconditions,
+            },
+        },
+        hash,
+    })
+}
+
+/// Checks that a decoded verdict is one the verifier could have returned
+/// for `symbol`: it is `Err` for any part that disagrees with another.
+fn consistent(accepted: Accepted, symbol: &str) -> Result<Accepted, String> {
+    let c = &accepted.canonical;
+    if *blake3::hash(c.text.as_bytes()).as_bytes() != accepted.hash {
+        return Err("the canonical text does not hash to the verdict's hash".into());
+    }
+    let s = &c.signature;
+    if s.element_sizes.len() != s.inputs as usize + 1 {
+        return Err(format!(
+            "{} element sizes for {} inputs",
+            s.element_sizes.len(),
+            s.inputs
+        ));
+    }
+    if c.contract.footprints.len() != s.element_sizes.len()
+        || c.contract.scalar_params() != s.scalar_params as usize
+    {
+        return Err("the contract's operands or scalars are not the signature's".into());
+    }
+    if c.contract
+        .footprints
+        .iter()
+        .any(|f| usize::from(f.param) >= c.contract.params.len())
+    {
+        return Err("a footprint names a param the contract does not have".into());
+    }
+    if !c.text.contains(&format!(".entry {symbol}(")) {
+        return Err("the canonical text has no entry of the symbol".into());
+    }
+    if let Some(p) = c.contract.params.iter().find(|p| !c.text.contains(&p.name)) {
+        return Err(format!(
+            "the param {:?} is not in the canonical text",
+            p.name
+        ));
+    }
+    Ok(accepted)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+
+    fn corpus(name: &str) -> String {
+        std::fs::read_to_string(format!(
+            "{}/tests/corpus/{name}.ptx",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    }
+
+    fn verified(text: &str, symbol: &str) -> Accepted {
+        let canonical = crate::ptx::canonicalize(text, symbol, None).unwrap();
+        let hash = *blake3::hash(canonical.text.as_bytes()).as_bytes();
+        Accepted { canonical, hash }
+    }
+
+    #[test]
+    fn a_kept_verdict_is_the_verifiers_own_for_those_inputs_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = VerdictCache::open(dir.path(), 1 << 20).unwrap();
+        let text = corpus("add_f32_scalar");
+        let accepted = verified(&text, "add_f32_scalar");
+        assert!(cache.get(text.as_bytes(), "add_f32_scalar", None).is_none());
+        cache.put(text.as_bytes(), "add_f32_scalar", None, &accepted);
+        assert_eq!(
+            cache.get(text.as_bytes(), "add_f32_scalar", None),
+            Some(verified(&text, "add_f32_scalar"))
+        );
+        // Another text, entry name or declared ABI is another key.
+        assert!(cache
+            .get(format!("{text} ").as_bytes(), "add_f32_scalar", None)
+            .is_none());
+        assert!(cache.get(text.as_bytes(), "add_f32_other", None).is_none());
+        let declared = Some(DeclaredAbi {
+            inputs: 2,
+            scalar_params: 1,
+        });
+        assert!(cache
+            .get(text.as_bytes(), "add_f32_scalar", declared)
+            .is_none());
+        // The entries live in the subdirectory, 0700 like its parent.
+        use std::os::unix::fs::MetadataExt;
+        let sub = std::fs::metadata(dir.path().join(SUBDIRECTORY)).unwrap();
+        assert_eq!(sub.mode() & 0o777, 0o700);
+    }
+
+    #[test]
+    fn a_verdict_directory_that_is_not_the_daemons_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(SUBDIRECTORY)).unwrap();
+        match VerdictCache::open(dir.path(), 1 << 20) {
+            Err(e @ CacheError::NotOurs { .. }) => assert_eq!(
+                e.to_string(),
+                format!(
+                    "verdict cache directory {} is not a directory of this user (a symbolic link)",
+                    dir.path().join(SUBDIRECTORY).display()
+                )
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_changed_verifier_identity_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = corpus("add_f32_scalar");
+        let accepted = verified(&text, "add_f32_scalar");
+        let today = VerdictCache::open(dir.path(), 1 << 20).unwrap();
+        today.put(text.as_bytes(), "add_f32_scalar", None, &accepted);
+        assert!(today.get(text.as_bytes(), "add_f32_scalar", None).is_some());
+        let changed = format!("{VERIFIER_IDENTITY}x");
+        let tomorrow = VerdictCache::open_with_identity(dir.path(), 1 << 20, &changed).unwrap();
+        assert!(tomorrow
+            .get(text.as_bytes(), "add_f32_scalar", None)
+            .is_none());
+        // The identity is the build's: the crate version and a 128-bit
+        // source hash.
+        let (version, hash) = VERIFIER_IDENTITY.split_once('+').unwrap();
+        assert_eq!(version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(hash.len(), 32);
+        assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    /// Every kernel of the corpus the verifier accepts encodes and decodes
+    /// to the very verdict (a precondition name missing from
+    /// [`PRECONDITION_NAMES`], or an encoding that loses a field, fails
+    /// here).
+    #[test]
+    fn every_corpus_verdict_survives_the_round_trip() {
+        let mut seen = 0;
+        let mut names = std::collections::BTreeSet::new();
+        let root = format!("{}/tests/corpus", env!("CARGO_MANIFEST_DIR"));
+        let mut dirs = vec![std::path::PathBuf::from(root)];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                if path.extension().is_none_or(|e| e != "ptx") {
+                    continue;
+                }
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                let entries = text
+                    .lines()
+                    .filter_map(|l| l.split(".entry ").nth(1))
+                    .filter_map(|rest| rest.split(['(', ' ']).next())
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>();
+                for symbol in entries {
+                    let Ok(canonical) = crate::ptx::canonicalize(&text, &symbol, None) else {
+                        continue;
+                    };
+                    let hash = *blake3::hash(canonical.text.as_bytes()).as_bytes();
+                    let accepted = Accepted { canonical, hash };
+                    names.extend(
+                        accepted
+                            .canonical
+                            .contract
+                            .preconditions
+                            .iter()
+                            .map(|p| p.name),
+                    );
+                    let decoded = decode(&encode(&accepted))
+                        .and_then(|a| consistent(a, &symbol))
+                        .unwrap_or_else(|why| panic!("{}: {symbol}: {why}", path.display()));
+                    assert_eq!(decoded, accepted, "{}: {symbol}", path.display());
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 50, "only {seen} accepted kernels in the corpus");
+        // The corpus reaches more than the scalar family's precondition.
+        assert!(names.len() >= 3, "{names:?}");
+    }
+
+    /// Every cut and every flipped byte of a payload decodes to an error or
+    /// to a consistent verdict, never a panic; a flipped byte of the text or
+    /// of the hash is always caught.
+    #[test]
+    fn a_damaged_payload_is_an_error_never_a_panic() {
+        let text = corpus("jit/inductor/add_f32_static_0");
+        let symbol = "triton_poi_fused_add_0";
+        let accepted = verified(&text, symbol);
+        let payload = encode(&accepted);
+        for cut in 0..payload.len() {
+            assert!(decode(&payload[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut rng = rand::rng();
+        let text_at = 1 + 32 + 4;
+        for at in 0..payload.len() {
+            let mut bad = payload.clone();
+            bad[at] ^= 1 << rng.random_range(0..8);
+            let result = decode(&bad).and_then(|a| consistent(a, symbol));
+            if (1..text_at + accepted.canonical.text.len()).contains(&at) {
+                assert!(result.is_err(), "a flipped byte at {at} was not caught");
+            }
+        }
+    }
+
+    fn one_verdict(dir: &Path) -> (VerdictCache, String, Accepted) {
+        let cache = VerdictCache::open(dir, 1 << 20).unwrap();
+        let text = corpus("add_f32_scalar");
+        let accepted = verified(&text, "add_f32_scalar");
+        cache.put(text.as_bytes(), "add_f32_scalar", None, &accepted);
+        (cache, text, accepted)
+    }
+
+    #[test]
+    fn a_tampered_truncated_or_foreign_entry_is_a_miss_and_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = rand::rng();
+        for round in 0..30 {
+            let (cache, text, accepted) = one_verdict(dir.path());
+            let path = cache.entry_path(text.as_bytes(), "add_f32_scalar", None);
+            let mut bytes = std::fs::read(&path).unwrap();
+            match round % 3 {
+                // One byte of the payload flipped (the header is 80 bytes).
+                0 => {
+                    let at = rng.random_range(80..bytes.len());
+                    bytes[at] ^= 1 << rng.random_range(0..8);
+                }
+                1 => bytes.truncate(rng.random_range(0..bytes.len())),
+                // A whole entry, for another key, under this key's name.
+                _ => {
+                    let other = corpus("affine_f32_scalar");
+                    let symbol = "affine_f32_scalar";
+                    cache.put(other.as_bytes(), symbol, None, &verified(&other, symbol));
+                    bytes =
+                        std::fs::read(cache.entry_path(other.as_bytes(), symbol, None)).unwrap();
+                }
+            }
+            std::fs::write(&path, &bytes).unwrap();
+            assert!(
+                cache.get(text.as_bytes(), "add_f32_scalar", None).is_none(),
+                "round {round}"
+            );
+            assert!(!path.exists(), "round {round}: the bad entry is deleted");
+            // Kept again, it is a hit again.
+            cache.put(text.as_bytes(), "add_f32_scalar", None, &accepted);
+            assert!(cache.get(text.as_bytes(), "add_f32_scalar", None).is_some());
+        }
+    }
+
+    /// An entry whose header and payload hash are right (written through
+    /// the store, as a writer of the daemon's user could) but whose verdict
+    /// disagrees with itself is a miss, and deleted.
+    #[test]
+    fn a_verdict_that_decodes_but_is_inconsistent_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cache, text, accepted) = one_verdict(dir.path());
+        let key = cache.key(text.as_bytes(), "add_f32_scalar", None);
+        let mut wrong_text = Accepted {
+            canonical: accepted.canonical.clone(),
+            hash: accepted.hash,
+        };
+        wrong_text.canonical.text.push_str("\n// another text");
+        let mut wrong_signature = Accepted {
+            canonical: accepted.canonical.clone(),
+            hash: accepted.hash,
+        };
+        wrong_signature.canonical.signature.inputs += 1;
+        let mut wrong_contract = Accepted {
+            canonical: accepted.canonical.clone(),
+            hash: accepted.hash,
+        };
+        wrong_contract.canonical.contract.footprints.pop();
+        for (how, bad) in [
+            ("text", wrong_text),
+            ("signature", wrong_signature),
+            ("contract", wrong_contract),
+        ] {
+            cache.store.put(&key, &encode(&bad));
+            assert!(decode(&encode(&bad)).is_ok(), "{how}: it decodes");
+            assert!(
+                cache.get(text.as_bytes(), "add_f32_scalar", None).is_none(),
+                "{how}"
+            );
+            assert!(!cache
+                .entry_path(text.as_bytes(), "add_f32_scalar", None)
+                .exists());
+        }
+        // The same verdict under another entry's name is inconsistent too.
+        let other_key = cache.key(text.as_bytes(), "add_f32_other", None);
+        cache.store.put(&other_key, &encode(&accepted));
+        assert!(cache.get(text.as_bytes(), "add_f32_other", None).is_none());
+    }
+}

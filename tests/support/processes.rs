@@ -1,0 +1,36 @@
+//! A daemon's processes and descriptors, as the recovery tests count them
+//! (on both backends: `tests/daemon/recovery.rs`, `tests/gpu/fault_memory.rs`).
+#![allow(dead_code, clippy::unwrap_used)]
+
+/// The live child processes of `pid` (its executors, serving and spare):
+/// a zombie not yet reaped is not counted.
+pub fn children(pid: i32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return found;
+    };
+    for task in tasks.flatten() {
+        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        found.extend(
+            listed
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    found.sort_unstable();
+    found.dedup();
+    found.retain(|p| alive(*p));
+    found
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.split_whitespace().nth(2).is_some_and(|s| s != "Z"))
+}
+
+/// How many descriptors `pid` has open.
+pub fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
