@@ -310,8 +310,12 @@ fn the_frame_proof_costs_about_what_lowering_costs() {
     let t = std::time::Instant::now();
     let _ = ptx::lower(&text, "framed");
     let with = t.elapsed();
+    // The cost bound (`MAX_COST` work units) is what makes this hold; the
+    // slack is wide so that a loaded machine (a debug build on 2 busy
+    // cores took 0.9 s here) does not fail it, while the unbounded proof
+    // (6.4 s on a quiet machine, more on a loaded one) still does.
     assert!(
-        with <= without * 50 + std::time::Duration::from_millis(200),
+        with <= without * 50 + std::time::Duration::from_secs(4),
         "{} bytes: the frame proof took {with:?}, lowering without it {without:?}",
         text.len()
     );
