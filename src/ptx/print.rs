@@ -212,8 +212,11 @@ pub fn without_debug_target(mut k: Kernel) -> Kernel {
 
 /// Whether `t` is a `.target` entry ptxd prints back unchanged: an
 /// architecture, or an option whose meaning is known (`debug`, printed as
-/// pinned roundings by [`without_debug_target`]; `map_f64_to_f32` and the texture modes
-/// change nothing a scalar kernel can reach, but are kept all the same).
+/// pinned roundings by [`without_debug_target`]; the texture modes change
+/// nothing a kernel without textures can reach, but are kept all the same).
+/// `map_f64_to_f32` is not: it tells the compiler to run every `.f64`
+/// instruction at `.f32`, so the GPU would compute something other than
+/// what was verified and what the host engine computes (refused).
 pub fn known_target(t: &str) -> bool {
     let arch = |p: &str| {
         t.strip_prefix(p).is_some_and(|rest| {
@@ -226,7 +229,7 @@ pub fn known_target(t: &str) -> bool {
     arch("sm_")
         || matches!(
             t,
-            "debug" | "map_f64_to_f32" | "texmode_unified" | "texmode_independent"
+            "debug" | "texmode_unified" | "texmode_independent"
         )
 }
 

@@ -386,16 +386,21 @@ fn every_target_option_is_kept() {
     let plain = text.replace(".target sm_90, debug", ".target sm_90");
     let c = canonical(&plain, "axpb_f32");
     assert!(!c.text.contains(".rn.f32"), "{}", c.text);
-    let text = with_store("").replace(".target sm_90", ".target sm_90a, map_f64_to_f32");
+    let text = with_store("").replace(".target sm_90", ".target sm_90a, texmode_unified");
     let c = canonical(&text, "k");
     assert!(
-        c.text.contains(".target sm_90a, map_f64_to_f32\n"),
+        c.text.contains(".target sm_90a, texmode_unified\n"),
         "{}",
         c.text
     );
-    // An option ptxd does not know, or two architectures: refused, never
-    // dropped.
-    for target in [".target sm_90, fancy", ".target sm_90, sm_80"] {
+    // An option ptxd does not know, one that changes the arithmetic
+    // (`map_f64_to_f32` runs `.f64` instructions at `.f32`), or two
+    // architectures: refused, never dropped.
+    for target in [
+        ".target sm_90, fancy",
+        ".target sm_90, map_f64_to_f32",
+        ".target sm_90, sm_80",
+    ] {
         let text = with_store("").replace(".target sm_90", target);
         assert_eq!(refusal(&text), "canonical_form", "{target}");
     }
