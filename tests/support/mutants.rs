@@ -73,7 +73,29 @@ fn random_instruction(regs: &[(String, String)], r: &mut impl Rng) -> Option<Str
     let f32r = |r: &mut _| reg_of(regs, r, &["f32"]).map(str::to_string);
     let pred = |r: &mut _| reg_of(regs, r, &["pred"]).map(str::to_string);
     let imm = *[0i64, 1, 2, 4, 8, -1, -4, 4096, 1 << 32].choose(r)?;
-    Some(match r.random_range(0..14) {
+    let imm32 = *[-8i64, -4, -1, 0xffff_fff8, 1 << 31].choose(r)?;
+    let special = *[
+        "%clock",
+        "%smid",
+        "%warpid",
+        "%nsmid",
+        "%gridid",
+        "%laneid",
+        "%dynamic_smem_size",
+    ]
+    .choose(r)?;
+    Some(match r.random_range(0..17) {
+        // A 32-bit literal widened: the hardware widens its bits at 32,
+        // never the literal as written (w30r's escape: -8 read as -8).
+        14 => format!(
+            "mov.u32 {0}, {imm32};\n\t{1} {2}, {0};",
+            r32(r)?,
+            ["cvt.u64.u32", "cvt.s64.s32"].choose(r)?,
+            r64(r)?
+        ),
+        // A special register as data.
+        15 => format!("mov.u32 {}, {special};", r32(r)?),
+        16 => format!("cvt.u64.u32 {}, {special};", r64(r)?),
         0 => format!("add.s64 {}, {}, {};", r64(r)?, r64(r)?, r64(r)?),
         1 => format!("mov.b64 {}, {};", r64(r)?, r64(r)?),
         2 => format!("shl.b64 {}, {}, {};", r64(r)?, r64(r)?, imm & 7),
