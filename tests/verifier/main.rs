@@ -23,3 +23,4 @@ mod strided;
 mod triton;
 mod triton_attacks;
 mod verification;
+mod struct_returns;
