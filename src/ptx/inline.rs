@@ -39,6 +39,7 @@ use std::collections::{HashMap, HashSet};
 use super::parse::{AddrBase, Function, Instr, Module, Operand, Param, Stmt};
 use super::{PtxError, SubReason};
 
+mod carry;
 mod frame;
 pub use frame::{MAX_INDEXED_FRAME, MAX_SLOTS};
 
@@ -847,11 +848,12 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
 pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
     // A scoped frame whose scopes were not renamed apart would be proved
     // with the names of different scopes conflated: left (and refused).
-    if !frame::flatten_frame_scopes(module, symbol) {
-        return Ok(());
+    if frame::flatten_frame_scopes(module, symbol) {
+        promote_constant(module, symbol)?;
+        frame::lower_indexed(module, symbol)?;
     }
-    promote_constant(module, symbol)?;
-    frame::lower_indexed(module, symbol)
+    carry::lower(module, symbol);
+    Ok(())
 }
 
 fn promote_constant(module: &mut Module, symbol: &str) -> Result<(), PtxError> {

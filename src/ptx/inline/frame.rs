@@ -56,6 +56,9 @@ pub const MAX_COST: usize = 3_000_000;
 pub const UNROLL: usize = 64;
 /// The most strided intervals one value keeps.
 const MAX_PARTS: usize = 4;
+/// The most values a register feeding a register-to-register compare is
+/// split into (one path per value).
+pub const MAX_SPLIT: i128 = 32;
 
 /// `lo..=hi` in steps of `stride` (`stride == 0` iff `lo == hi`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,6 +276,95 @@ struct Prover<'b> {
     /// Statement index -> whether it is a frame access (generic ones may
     /// be either; they must be the same on every path).
     accesses: HashMap<usize, Option<Access>>,
+    /// Per statement, the registers a register-to-register integer compare
+    /// may read after it (see [`split_registers`]).
+    split: Vec<std::collections::HashSet<String>>,
+}
+
+/// How many integers `s` holds (saturating).
+fn count(s: &Set) -> i128 {
+    s.iter()
+        .map(|p| if p.stride == 0 { 1 } else { (p.hi - p.lo) / p.stride + 1 })
+        .fold(0i128, i128::saturating_add)
+}
+
+/// Per statement, the registers whose value after it a register-to-register
+/// integer compare may read, directly or through what is computed from
+/// them before they are written again (a backward slice, over the branches
+/// of the body). A path that gives such a register a set of at most
+/// [`MAX_SPLIT`] values is split there into one path per value (the paths
+/// together are the same executions, so this is exact), which is how a
+/// loop bounded by another register (the Payne-Hanek loop of double `sin`:
+/// `i` from `15 - e` while `i < 19 - e`) becomes a loop with constant
+/// bounds on each path.
+fn split_registers(
+    body: &[Stmt],
+    labels: &HashMap<&str, usize>,
+) -> Vec<std::collections::HashSet<String>> {
+    use std::collections::HashSet;
+    let n = body.len();
+    let succ = |pc: usize| -> Vec<usize> {
+        let Some(Stmt::Instr(i)) = body.get(pc) else {
+            return if pc + 1 < n { vec![pc + 1] } else { Vec::new() };
+        };
+        let base = i.opcode.split('.').next().unwrap_or("");
+        let next = if pc + 1 < n { vec![pc + 1] } else { Vec::new() };
+        match base {
+            "bra" => {
+                let target = match i.operands.first() {
+                    Some(Operand::Name(l)) => labels.get(l.as_str()).copied(),
+                    _ => None,
+                };
+                let mut out: Vec<usize> = target.into_iter().collect();
+                if i.guard.is_some() {
+                    out.extend(next);
+                }
+                out
+            }
+            "ret" | "exit" if i.guard.is_none() => Vec::new(),
+            _ => next,
+        }
+    };
+    let mut live_in: Vec<HashSet<String>> = vec![HashSet::new(); n];
+    let mut live_out: Vec<HashSet<String>> = vec![HashSet::new(); n];
+    loop {
+        let mut changed = false;
+        for pc in (0..n).rev() {
+            let out: HashSet<String> = succ(pc)
+                .into_iter()
+                .flat_map(|s| live_in[s].iter().cloned())
+                .collect();
+            let mut inn = out.clone();
+            if let Stmt::Instr(i) = &body[pc] {
+                let parts: Vec<&str> = i.opcode.split('.').collect();
+                let dests = Prover::dests(i);
+                let mut uses = Vec::new();
+                for o in i.operands.iter().skip(usize::from(!dests.is_empty())) {
+                    super::operand_names(o, &mut uses);
+                }
+                let compare = parts.first() == Some(&"setp")
+                    && !parts.last().is_some_and(|t| t.starts_with('f'))
+                    && matches!(&i.operands[..], [_, Operand::Name(_), Operand::Name(_), ..]);
+                let relevant = dests.iter().any(|d| out.contains(d));
+                if i.guard.is_none() {
+                    for d in &dests {
+                        inn.remove(d);
+                    }
+                }
+                if compare || relevant {
+                    inn.extend(uses.into_iter().map(str::to_string));
+                }
+            }
+            if inn != live_in[pc] {
+                live_in[pc] = inn;
+                changed = true;
+            }
+            live_out[pc] = out;
+        }
+        if !changed {
+            return live_out;
+        }
+    }
 }
 
 fn type_bits(ty: &str) -> Option<u32> {
@@ -318,6 +410,49 @@ fn mem_parts(opcode: &str) -> Option<(bool, &str, usize, &str)> {
         }
     }
     Some((store, space, lanes, ty?))
+}
+
+/// The bits of a float of `fb` bits whose magnitude is in `[lo, hi]`
+/// (non-negative floats order as their bits), the bounds rounded outward
+/// to f32 at 32 bits; either sign.
+fn mag_bits(fb: u32, lo: f64, hi: f64) -> Set {
+    let (l, h) = if fb == 32 {
+        let mut l = lo as f32;
+        if f64::from(l) > lo {
+            l = f32::from_bits(l.to_bits().saturating_sub(1));
+        }
+        let mut h = hi as f32;
+        if f64::from(h) < hi {
+            h = f32::from_bits(h.to_bits() + 1);
+        }
+        (i128::from(l.to_bits()), i128::from(h.to_bits()))
+    } else {
+        (i128::from(lo.to_bits()), i128::from(hi.to_bits()))
+    };
+    let sign = 1i128 << (fb - 1);
+    norm(vec![Si::new(l, h, 1), Si::new(l + sign, h + sign, 1)])
+}
+
+/// The low and the high 32-bit halves of the 64-bit values `s`: the high
+/// half of each part is a part; the low half only when the part does not
+/// cross a multiple of 2^32 (else unknown).
+fn halves(s: &Set) -> (Option<Set>, Set) {
+    let m = 1i128 << 32;
+    let mut low = Some(Vec::new());
+    let mut high = Vec::new();
+    for p in s {
+        let (a, b) = (p.lo.div_euclid(m), p.hi.div_euclid(m));
+        let stride = if p.stride % m == 0 { p.stride / m } else { 1 };
+        high.push(Si::new(a, b, stride));
+        if a == b {
+            if let Some(l) = low.as_mut() {
+                l.push(Si::new(p.lo - a * m, p.hi - a * m, p.stride));
+            }
+        } else {
+            low = None;
+        }
+    }
+    (low.map(norm), norm(high))
 }
 
 impl<'b> Prover<'b> {
@@ -385,7 +520,7 @@ impl<'b> Prover<'b> {
             _ => {}
         }
         if table {
-            self.tables_ok = false;
+            self.tables_ok = false; if std::env::var("W30A_DBG").is_ok() { eprintln!("tables off at src 523"); }
         }
         match bad {
             Some(n) => Err(self.err(
@@ -543,7 +678,7 @@ impl<'b> Prover<'b> {
         ty: &str,
     ) {
         let Some((_, bytes)) = self.tables.get(k) else {
-            self.tables_ok = false;
+            self.tables_ok = false; if std::env::var("W30A_DBG").is_ok() { eprintln!("tables off at src 681"); }
             return;
         };
         let w = i128::from(type_bits(ty).unwrap_or(0) / 8);
@@ -559,7 +694,7 @@ impl<'b> Prover<'b> {
             Some(None) => false,
         };
         if store || !matches!(space, "global" | "const" | "") || !inside || !same {
-            self.tables_ok = false;
+            self.tables_ok = false; if std::env::var("W30A_DBG").is_ok() { eprintln!("tables off at src 697"); }
             return;
         }
         self.accesses.insert(
@@ -615,7 +750,7 @@ impl<'b> Prover<'b> {
             }) = self.accesses.get(&at).and_then(Option::as_ref)
             {
                 // A table load on another path.
-                self.tables_ok = false;
+                self.tables_ok = false; if std::env::var("W30A_DBG").is_ok() { eprintln!("tables off at src 753"); }
             }
             match space {
                 "local" | "" => {
@@ -666,7 +801,52 @@ impl<'b> Prover<'b> {
             }
             return Ok(());
         }
+        // `mov.b64 {lo, hi}, x`: x's halves (x's bits when x is a float of
+        // known magnitude), read as 64 bits.
+        if let ("mov.b64", [Operand::List(l), a]) = (op, &o[..]) {
+            if let ([Operand::Name(dl), Operand::Name(dh)], None) = (&l[..], &i.guard) {
+                self.escapes(st, i, a)?;
+                let v = match self.value(st, a, 64) {
+                    Av::Mag { bits: 64, lo, hi } => Some(mag_bits(64, lo, hi)),
+                    Av::Int(x) => wrap(x, 64),
+                    _ => None,
+                };
+                let (lo, hi) = match v.as_ref().map(halves) {
+                    Some((lo, hi)) => (lo.map_or(Av::Top, Av::Int), Av::Int(hi)),
+                    None => (Av::Top, Av::Top),
+                };
+                set(st, dl, lo);
+                set(st, dh, hi);
+                return Ok(());
+            }
+        }
         let result: Option<Av> = match (base, &o[..]) {
+            // `min`/`max` of integers: each bound is the min (max) of the
+            // operands' bounds, in the signed view at `.sN`.
+            ("min" | "max", [_, a, b]) if int_ty && parts.len() == 2 => {
+                self.escapes(st, i, a)?;
+                self.escapes(st, i, b)?;
+                let sgn = ty.starts_with('s');
+                let view = |v: Av| match v {
+                    Av::Int(x) if sgn => signed(&x, bits),
+                    Av::Int(x) => Some(x),
+                    _ => None,
+                };
+                let bounds = |s: &Set| Some((s.iter().map(|p| p.lo).min()?, s.iter().map(|p| p.hi).max()?));
+                let x = view(self.value(st, a, bits));
+                let y = view(self.value(st, b, bits));
+                Some(match (x.as_ref().and_then(bounds), y.as_ref().and_then(bounds)) {
+                    (Some((xl, xh)), Some((yl, yh))) => {
+                        let (lo, hi) = if base == "min" {
+                            (xl.min(yl), xh.min(yh))
+                        } else {
+                            (xl.max(yl), xh.max(yh))
+                        };
+                        wrap(vec![Si::new(lo, hi, 1)], bits).map_or(Av::Top, Av::Int)
+                    }
+                    _ => Av::Top,
+                })
+            }
             ("mov" | "cvta", [_, a]) if !matches!(a, Operand::Addr { .. }) => {
                 let is_cvta = base == "cvta";
                 if is_cvta && parts.get(1) != Some(&"local") {
@@ -677,24 +857,7 @@ impl<'b> Prover<'b> {
                         Av::Mag { bits: fb, lo, hi }
                             if bits == fb && matches!(fb, 32 | 64) && !ty.starts_with('f') =>
                         {
-                            // The bits of a float of magnitude in [lo, hi]
-                            // (non-negative floats order as their bits), the
-                            // bounds rounded outward to f32.
-                            let (l, h) = if fb == 32 {
-                                let mut l = lo as f32;
-                                if f64::from(l) > lo {
-                                    l = f32::from_bits(l.to_bits().saturating_sub(1));
-                                }
-                                let mut h = hi as f32;
-                                if f64::from(h) < hi {
-                                    h = f32::from_bits(h.to_bits() + 1);
-                                }
-                                (i128::from(l.to_bits()), i128::from(h.to_bits()))
-                            } else {
-                                (i128::from(lo.to_bits()), i128::from(hi.to_bits()))
-                            };
-                            let sign = 1i128 << (fb - 1);
-                            Av::Int(norm(vec![Si::new(l, h, 1), Si::new(l + sign, h + sign, 1)]))
+                            Av::Int(mag_bits(fb, lo, hi))
                         }
                         v => v,
                     })
@@ -1289,6 +1452,34 @@ impl<'b> Prover<'b> {
                             }
                             _ => {
                                 self.step(pc, i, &mut st)?;
+                                // A register a register-to-register compare
+                                // depends on, with a few values: one path each.
+                                if let Some(Operand::Name(d)) = i.operands.first() {
+                                    if self.split.get(pc).is_some_and(|r| r.contains(d)) {
+                                        if let Av::Int(v) = get(&st, d) {
+                                            let n = count(v);
+                                            if n > 1 && n <= MAX_SPLIT { if std::env::var("W30A_DBG").is_ok() { eprintln!("split {} line {} n {n}", d, i.line); }
+                                                let values: Vec<i128> = v
+                                                    .iter()
+                                                    .flat_map(|p| {
+                                                        let step = p.stride.max(1);
+                                                        (0..=(p.hi - p.lo) / step)
+                                                            .map(move |k| p.lo + k * step)
+                                                    })
+                                                    .collect();
+                                                let d = d.clone();
+                                                for &x in values.iter().skip(1) {
+                                                    let mut other = st.clone();
+                                                    set(&mut other, &d, Av::Int(vec![Si::one(x)]));
+                                                    work.push((pc + 1, other));
+                                                }
+                                                if let Some(&x) = values.first() {
+                                                    set(&mut st, &d, Av::Int(vec![Si::one(x)]));
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
                                 pc += 1;
                             }
                         }
@@ -1411,6 +1602,7 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         }
     }
     let regs = register_widths(body);
+    let split = split_registers(body, &labels);
     let mut prover = Prover {
         body,
         frame: &frame,
@@ -1419,8 +1611,10 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         tables_ok: !used_tables.is_empty(),
         labels,
         accesses: HashMap::new(),
+        split,
     };
     prover.run()?;
+    if std::env::var("W30A_DBG").is_ok() { eprintln!("tables {:?} ok {} accesses {:?}", used_tables.iter().map(|t| &t.0).collect::<Vec<_>>(), prover.tables_ok, prover.accesses.iter().map(|(k, a)| (k, a.as_ref().map(|a| a.region))).collect::<Vec<_>>()); }
     let tables_ok = prover.tables_ok;
     let accesses: Vec<(usize, Access)> = prover
         .accesses
@@ -1595,10 +1789,9 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         decls.push(reg(&format!("b{b}"), format!("%__fv{b}")));
     }
     let mut out = Vec::with_capacity(body.len() + accesses.len() * 4 * slots as usize);
-    if frame_at.is_none() {
-        // The temporaries go with the body's first declarations.
-        out.append(&mut decls);
-    }
+    // The temporaries go first in the body: a table may be read outside
+    // the scope of a callee's frame.
+    out.append(&mut decls);
     for (at, s) in body.drain(..).enumerate() {
         if Some(at) == frame_at {
             out.append(&mut decls);
