@@ -278,7 +278,12 @@ struct Prover<'b> {
     accesses: HashMap<usize, Option<Access>>,
     /// Per statement, the registers a register-to-register integer compare
     /// may read after it (see [`split_registers`]).
-    split: Vec<std::collections::HashSet<String>>,
+    split: Vec<Bits>,
+    /// Per statement, the registers read again after it (see
+    /// [`live_registers`]).
+    live: Vec<Bits>,
+    /// The numbers of the registers in `split` and `live`.
+    regs: Regs,
 }
 
 /// How many integers `s` holds (saturating).
@@ -286,6 +291,151 @@ fn count(s: &Set) -> i128 {
     s.iter()
         .map(|p| if p.stride == 0 { 1 } else { (p.hi - p.lo) / p.stride + 1 })
         .fold(0i128, i128::saturating_add)
+}
+
+/// The statements control may reach after statement `pc`.
+fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, pc: usize) -> Vec<usize> {
+    let next = if pc + 1 < body.len() {
+        vec![pc + 1]
+    } else {
+        Vec::new()
+    };
+    let Some(Stmt::Instr(i)) = body.get(pc) else {
+        return next;
+    };
+    match i.opcode.split('.').next().unwrap_or("") {
+        "bra" => {
+            let target = match i.operands.first() {
+                Some(Operand::Name(l)) => labels.get(l.as_str()).copied(),
+                _ => None,
+            };
+            let mut out: Vec<usize> = target.into_iter().collect();
+            if i.guard.is_some() {
+                out.extend(next);
+            }
+            out
+        }
+        "ret" | "exit" if i.guard.is_none() => Vec::new(),
+        _ => next,
+    }
+}
+
+/// A set of registers, by their number in [`Regs`].
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn contains(&self, k: usize) -> bool {
+        self.0.get(k / 64).is_some_and(|w| w >> (k % 64) & 1 == 1)
+    }
+    fn insert(&mut self, k: usize) {
+        if self.0.len() <= k / 64 {
+            self.0.resize(k / 64 + 1, 0);
+        }
+        self.0[k / 64] |= 1 << (k % 64);
+    }
+    fn remove(&mut self, k: usize) {
+        if let Some(w) = self.0.get_mut(k / 64) {
+            *w &= !(1 << (k % 64));
+        }
+    }
+    fn union(&mut self, o: &Bits) {
+        if self.0.len() < o.0.len() {
+            self.0.resize(o.0.len(), 0);
+        }
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            *a |= b;
+        }
+    }
+    fn any(&self) -> bool {
+        self.0.iter().any(|w| *w != 0)
+    }
+}
+
+/// The registers the body names, numbered.
+#[derive(Default)]
+struct Regs(HashMap<String, usize>);
+
+impl Regs {
+    fn id(&mut self, n: &str) -> usize {
+        let next = self.0.len();
+        *self.0.entry(n.to_string()).or_insert(next)
+    }
+    fn get(&self, n: &str) -> Option<usize> {
+        self.0.get(n).copied()
+    }
+}
+
+/// A backward analysis over the body's branches: per statement, the
+/// registers wanted before it, given those wanted after it. `uses(i,
+/// wanted after)` says whether `i`'s sources are wanted (an unguarded `i`
+/// first kills what it writes). Returns (wanted before, wanted after) per
+/// statement.
+fn backward(
+    body: &[Stmt],
+    labels: &HashMap<&str, usize>,
+    regs: &mut Regs,
+    uses: impl Fn(&Instr, &Bits, &Bits) -> bool,
+) -> (Vec<Bits>, Vec<Bits>) {
+    let n = body.len();
+    // Per statement: (what it writes, what it reads).
+    let mut rw: Vec<(Bits, Bits)> = Vec::with_capacity(n);
+    for s in body {
+        let (mut w, mut r) = (Bits::default(), Bits::default());
+        if let Stmt::Instr(i) = s {
+            let dests = Prover::dests(i);
+            for d in &dests {
+                w.insert(regs.id(d));
+            }
+            let mut names = Vec::new();
+            for o in i.operands.iter().skip(usize::from(!dests.is_empty())) {
+                super::operand_names(o, &mut names);
+            }
+            if let Some((_, g)) = &i.guard {
+                names.push(g);
+            }
+            for x in names {
+                r.insert(regs.id(x));
+            }
+        }
+        rw.push((w, r));
+    }
+    let succ: Vec<Vec<usize>> = (0..n).map(|pc| successors(body, labels, pc)).collect();
+    let mut live_in: Vec<Bits> = vec![Bits::default(); n];
+    let mut live_out: Vec<Bits> = vec![Bits::default(); n];
+    loop {
+        let mut changed = false;
+        for pc in (0..n).rev() {
+            let mut out = Bits::default();
+            for &s in &succ[pc] {
+                out.union(&live_in[s]);
+            }
+            let mut inn = out.clone();
+            if let Stmt::Instr(i) = &body[pc] {
+                let (w, r) = &rw[pc];
+                if i.guard.is_none() {
+                    for (k, word) in w.0.iter().enumerate() {
+                        for b in 0..64 {
+                            if word >> b & 1 == 1 {
+                                inn.remove(k * 64 + b);
+                            }
+                        }
+                    }
+                }
+                if uses(i, w, &out) {
+                    inn.union(r);
+                }
+            }
+            if inn != live_in[pc] {
+                live_in[pc] = inn;
+                changed = true;
+            }
+            live_out[pc] = out;
+        }
+        if !changed {
+            return (live_in, live_out);
+        }
+    }
 }
 
 /// Per statement, the registers whose value after it a register-to-register
@@ -297,74 +447,26 @@ fn count(s: &Set) -> i128 {
 /// loop bounded by another register (the Payne-Hanek loop of double `sin`:
 /// `i` from `15 - e` while `i < 19 - e`) becomes a loop with constant
 /// bounds on each path.
-fn split_registers(
-    body: &[Stmt],
-    labels: &HashMap<&str, usize>,
-) -> Vec<std::collections::HashSet<String>> {
-    use std::collections::HashSet;
-    let n = body.len();
-    let succ = |pc: usize| -> Vec<usize> {
-        let Some(Stmt::Instr(i)) = body.get(pc) else {
-            return if pc + 1 < n { vec![pc + 1] } else { Vec::new() };
-        };
-        let base = i.opcode.split('.').next().unwrap_or("");
-        let next = if pc + 1 < n { vec![pc + 1] } else { Vec::new() };
-        match base {
-            "bra" => {
-                let target = match i.operands.first() {
-                    Some(Operand::Name(l)) => labels.get(l.as_str()).copied(),
-                    _ => None,
-                };
-                let mut out: Vec<usize> = target.into_iter().collect();
-                if i.guard.is_some() {
-                    out.extend(next);
-                }
-                out
-            }
-            "ret" | "exit" if i.guard.is_none() => Vec::new(),
-            _ => next,
-        }
-    };
-    let mut live_in: Vec<HashSet<String>> = vec![HashSet::new(); n];
-    let mut live_out: Vec<HashSet<String>> = vec![HashSet::new(); n];
-    loop {
-        let mut changed = false;
-        for pc in (0..n).rev() {
-            let out: HashSet<String> = succ(pc)
-                .into_iter()
-                .flat_map(|s| live_in[s].iter().cloned())
-                .collect();
-            let mut inn = out.clone();
-            if let Stmt::Instr(i) = &body[pc] {
-                let parts: Vec<&str> = i.opcode.split('.').collect();
-                let dests = Prover::dests(i);
-                let mut uses = Vec::new();
-                for o in i.operands.iter().skip(usize::from(!dests.is_empty())) {
-                    super::operand_names(o, &mut uses);
-                }
-                let compare = parts.first() == Some(&"setp")
-                    && !parts.last().is_some_and(|t| t.starts_with('f'))
-                    && matches!(&i.operands[..], [_, Operand::Name(_), Operand::Name(_), ..]);
-                let relevant = dests.iter().any(|d| out.contains(d));
-                if i.guard.is_none() {
-                    for d in &dests {
-                        inn.remove(d);
-                    }
-                }
-                if compare || relevant {
-                    inn.extend(uses.into_iter().map(str::to_string));
-                }
-            }
-            if inn != live_in[pc] {
-                live_in[pc] = inn;
-                changed = true;
-            }
-            live_out[pc] = out;
-        }
-        if !changed {
-            return live_out;
-        }
-    }
+fn split_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Vec<Bits> {
+    backward(body, labels, regs, |i, w, out| {
+        let parts: Vec<&str> = i.opcode.split('.').collect();
+        let compare = parts.first() == Some(&"setp")
+            && !parts.last().is_some_and(|t| t.starts_with('f'))
+            && matches!(&i.operands[..], [_, Operand::Name(_), Operand::Name(_), ..]);
+        let mut written = w.clone();
+        written.0.iter_mut().zip(&out.0).for_each(|(a, b)| *a &= b);
+        written.0.truncate(out.0.len());
+        compare || written.any()
+    })
+    .1
+}
+
+/// Per statement, the registers that may be read after control reaches
+/// it before being written: what a state at a label keeps (a value no
+/// path reads again cannot change what the proof concludes, and states
+/// that differ only there are one).
+fn live_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Vec<Bits> {
+    backward(body, labels, regs, |_, _, _| true).0
 }
 
 fn type_bits(ty: &str) -> Option<u32> {
@@ -1334,13 +1436,18 @@ impl<'b> Prover<'b> {
     }
 
     fn run(&mut self) -> Result<(), PtxError> {
-        let mut work: Vec<(usize, State)> = vec![(0, State::new())];
+        // Each path carries its lineage: a path split off per value (see
+        // `split`) starts a new one, and a label's visits are counted per
+        // lineage, so that the paths of a split each unroll their loop.
+        let mut work: Vec<(usize, State, usize)> = vec![(0, State::new(), 0)];
+        let mut lineages = 1usize;
+        let mut visits: HashMap<(usize, usize), (usize, State)> = HashMap::new();
         let mut seen: HashMap<usize, Vec<State>> = HashMap::new();
         let mut steps = 0usize;
         // What the steps cost: each write scans the state, each label
         // visit compares it with every state kept there.
         let mut cost = 0usize;
-        while let Some((mut pc, mut st)) = work.pop() {
+        while let Some((mut pc, mut st, lineage)) = work.pop() {
             while let Some(s) = self.body.get(pc) {
                 steps += 1;
                 cost = cost.saturating_add(1 + st.len());
@@ -1369,13 +1476,22 @@ impl<'b> Prover<'b> {
                 }
                 match s {
                     Stmt::Label { .. } => {
+                        // What no path reads again is forgotten, so that
+                        // paths that differ only there meet.
+                        if let Some(live) = self.live.get(pc) {
+                            let regs = &self.regs;
+                            st.retain(|k, _| regs.get(k).is_some_and(|k| live.contains(k)));
+                        }
                         let at = seen.entry(pc).or_default();
                         if at.contains(&st) {
                             break;
                         }
-                        if at.len() >= UNROLL {
+                        let (count, last) = visits
+                            .entry((pc, lineage))
+                            .or_insert_with(|| (0, State::new()));
+                        if *count >= UNROLL {
                             // Widen: forget what changed since the last visit.
-                            if let Some(last) = at.last() {
+                            {
                                 let keys: Vec<String> =
                                     st.keys().chain(last.keys()).cloned().collect();
                                 let mut w = State::new();
@@ -1402,6 +1518,8 @@ impl<'b> Prover<'b> {
                                 }
                             }
                         }
+                        *count += 1;
+                        *last = st.clone();
                         at.push(st.clone());
                         pc += 1;
                     }
@@ -1433,7 +1551,7 @@ impl<'b> Prover<'b> {
                                         let fall = self.refine(&st, p, *neg);
                                         match (taken, fall) {
                                             (Some(t), Some(f)) => {
-                                                work.push((target, t));
+                                                work.push((target, t, lineage));
                                                 st = f;
                                                 pc += 1;
                                             }
@@ -1455,7 +1573,10 @@ impl<'b> Prover<'b> {
                                 // A register a register-to-register compare
                                 // depends on, with a few values: one path each.
                                 if let Some(Operand::Name(d)) = i.operands.first() {
-                                    if self.split.get(pc).is_some_and(|r| r.contains(d)) {
+                                    let wanted = self.regs.get(d).is_some_and(|k| {
+                                        self.split.get(pc).is_some_and(|r| r.contains(k))
+                                    });
+                                    if wanted {
                                         if let Av::Int(v) = get(&st, d) {
                                             let n = count(v);
                                             if n > 1 && n <= MAX_SPLIT { if std::env::var("W30A_DBG").is_ok() { eprintln!("split {} line {} n {n}", d, i.line); }
@@ -1471,7 +1592,15 @@ impl<'b> Prover<'b> {
                                                 for &x in values.iter().skip(1) {
                                                     let mut other = st.clone();
                                                     set(&mut other, &d, Av::Int(vec![Si::one(x)]));
-                                                    work.push((pc + 1, other));
+                                                    // At most MAX_STEPS lineages
+                                                    // (each costs a step).
+                                                    let l = if lineages < MAX_STEPS {
+                                                        lineages += 1;
+                                                        lineages
+                                                    } else {
+                                                        lineage
+                                                    };
+                                                    work.push((pc + 1, other, l));
                                                 }
                                                 if let Some(&x) = values.first() {
                                                     set(&mut st, &d, Av::Int(vec![Si::one(x)]));
@@ -1602,7 +1731,9 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         }
     }
     let regs = register_widths(body);
-    let split = split_registers(body, &labels);
+    let mut numbers = Regs::default();
+    let split = split_registers(body, &labels, &mut numbers);
+    let live = live_registers(body, &labels, &mut numbers);
     let mut prover = Prover {
         body,
         frame: &frame,
@@ -1612,6 +1743,8 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         labels,
         accesses: HashMap::new(),
         split,
+        live,
+        regs: numbers,
     };
     prover.run()?;
     if std::env::var("W30A_DBG").is_ok() { eprintln!("tables {:?} ok {} accesses {:?}", used_tables.iter().map(|t| &t.0).collect::<Vec<_>>(), prover.tables_ok, prover.accesses.iter().map(|(k, a)| (k, a.as_ref().map(|a| a.region))).collect::<Vec<_>>()); }
