@@ -180,6 +180,7 @@ fn probe() {
         ("nvrtc/sin_f64_O3.ptx", "sin_f64"),
         ("nvrtc/sin_f64_G.ptx", "sin_f64"),
         ("nvrtc/add_f16_vec2_G.ptx", "add_f16_vec2"),
+        ("../nvcc/refused-ptx/local_memory.sm_100.ptx", "sin_f64_local"),
     ] {
         match ptx::canonicalize_with(&jit(f), e, None, Families::ALL) {
             Ok(_) => eprintln!("{f}: accepted"),

@@ -320,6 +320,55 @@ fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, pc: usize) -> Vec<us
     }
 }
 
+/// The values of `s` within `lo..=hi`.
+fn clip(s: &Set, lo: i128, hi: i128) -> Set {
+    let mut kept = Vec::new();
+    for q in s {
+        let step = q.stride.max(1);
+        let a = if q.lo >= lo {
+            q.lo
+        } else {
+            q.lo + (lo - q.lo + step - 1) / step * step
+        };
+        let z = if q.hi <= hi {
+            q.hi
+        } else {
+            q.hi - (q.hi - hi + step - 1) / step * step
+        };
+        if a <= z {
+            kept.push(Si::new(a, z, q.stride));
+        }
+    }
+    kept
+}
+
+/// On a path split off where `i` gave its destination the value `v`: the
+/// source of a plain unsigned `shr` by a constant `k` (at 32 or 64 bits)
+/// is in `v << k ..= (v << k) + 2^k - 1` there, so a later compare of the
+/// source agrees with the split (double `sin` on sm_100 splits
+/// `e = x >> 6` and then compares `x < 128`).
+fn preimage(i: &Instr, v: i128, st: &mut State) {
+    let (Some(k), [Operand::Name(d), Operand::Name(a), b]) = (
+        match i.opcode.as_str() {
+            "shr.u32" | "shr.b32" | "shr.u64" | "shr.b64" => imm(&i.operands[2]),
+            _ => None,
+        },
+        &i.operands[..],
+    ) else {
+        return;
+    };
+    if a == d || imm(b) != Some(k) || !(0..64).contains(&k) {
+        return;
+    }
+    if let Av::Int(x) = get(st, a) {
+        let lo = v << k;
+        let kept = clip(x, lo, lo + (1i128 << k) - 1);
+        if !kept.is_empty() {
+            st.insert(a.clone(), Av::Int(kept));
+        }
+    }
+}
+
 /// A set of registers, by their number in [`Regs`].
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Bits(Vec<u64>);
@@ -923,6 +972,15 @@ impl<'b> Prover<'b> {
             }
         }
         let result: Option<Av> = match (base, &o[..]) {
+            // `neg` of an integer: `2^bits - x`, wrapped.
+            ("neg", [_, a]) if int_ty && parts.len() == 2 => {
+                self.escapes(st, i, a)?;
+                Some(match self.value(st, a, bits) {
+                    Av::Int(x) => wrap(x.iter().map(|p| p.neg()).collect(), bits)
+                        .map_or(Av::Top, Av::Int),
+                    _ => Av::Top,
+                })
+            }
             // `min`/`max` of integers: each bound is the min (max) of the
             // operands' bounds, in the signed view at `.sN`.
             ("min" | "max", [_, a, b]) if int_ty && parts.len() == 2 => {
@@ -1592,6 +1650,7 @@ impl<'b> Prover<'b> {
                                                 for &x in values.iter().skip(1) {
                                                     let mut other = st.clone();
                                                     set(&mut other, &d, Av::Int(vec![Si::one(x)]));
+                                                    preimage(i, x, &mut other);
                                                     // At most MAX_STEPS lineages
                                                     // (each costs a step).
                                                     let l = if lineages < MAX_STEPS {
@@ -1604,6 +1663,7 @@ impl<'b> Prover<'b> {
                                                 }
                                                 if let Some(&x) = values.first() {
                                                     set(&mut st, &d, Av::Int(vec![Si::one(x)]));
+                                                    preimage(i, x, &mut st);
                                                 }
                                             }
                                         }
