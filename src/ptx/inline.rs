@@ -238,15 +238,37 @@ type Fields = std::collections::BTreeMap<i64, (u32, String)>;
 /// aligned to its width, and be the same bytes at the same width as every
 /// other access of that field or disjoint from it; else `call_arguments`
 /// naming it.
-fn add_field(fields: &mut Fields, i: &Instr, store: bool, name: &str, size: u64) -> Result<(), PtxError> {
-    let bad = |why: String| refuse(SubReason::CallArguments, i.line, format!("`{}` {why}", i.opcode));
+fn add_field(
+    fields: &mut Fields,
+    i: &Instr,
+    store: bool,
+    name: &str,
+    size: u64,
+) -> Result<(), PtxError> {
+    let bad = |why: String| {
+        refuse(
+            SubReason::CallArguments,
+            i.line,
+            format!("`{}` {why}", i.opcode),
+        )
+    };
     let ty = match i.opcode.split('.').collect::<Vec<_>>()[..] {
         [_, "param", ty] => ty,
-        _ => return Err(bad(format!("is not a scalar access of the struct `{name}`"))),
+        _ => {
+            return Err(bad(format!(
+                "is not a scalar access of the struct `{name}`"
+            )))
+        }
     };
-    let value = if store { i.operands.get(1) } else { i.operands.first() };
+    let value = if store {
+        i.operands.get(1)
+    } else {
+        i.operands.first()
+    };
     if i.operands.len() != 2 || matches!(value, Some(Operand::List(_)) | None) {
-        return Err(bad(format!("is not a scalar access of the struct `{name}`")));
+        return Err(bad(format!(
+            "is not a scalar access of the struct `{name}`"
+        )));
     }
     let Some((_, off)) = param_address(i, store) else {
         return Err(bad(format!("does not address the struct `{name}`")));
@@ -286,7 +308,14 @@ fn add_field(fields: &mut Fields, i: &Instr, store: bool, name: &str, size: u64)
 /// `size` bytes): those the callee `f` writes to its return `ret` and those
 /// the caller reads from `var` before `var` is declared again. The caller
 /// may only read it; every access is checked by [`add_field`].
-fn struct_fields(body: &[Stmt], at: usize, var: &str, f: &Function, ret: &str, size: u64) -> Result<Fields, PtxError> {
+fn struct_fields(
+    body: &[Stmt],
+    at: usize,
+    var: &str,
+    f: &Function,
+    ret: &str,
+    size: u64,
+) -> Result<Fields, PtxError> {
     let mut fields = Fields::new();
     for s in f.body.as_deref().unwrap_or_default() {
         let Stmt::Instr(i) = s else { continue };
@@ -321,7 +350,12 @@ fn struct_fields(body: &[Stmt], at: usize, var: &str, f: &Function, ret: &str, s
 
 /// Rewrites the access `i` of a struct's field (checked by [`add_field`])
 /// as a `mov` with the field's register in `regs` (offset -> register).
-fn field_move(i: &Instr, store: bool, ty: &str, regs: &HashMap<i64, String>) -> Result<Instr, PtxError> {
+fn field_move(
+    i: &Instr,
+    store: bool,
+    ty: &str,
+    regs: &HashMap<i64, String>,
+) -> Result<Instr, PtxError> {
     let off = param_address(i, store).map_or(-1, |(_, o)| o);
     let Some(reg) = regs.get(&off) else {
         return Err(refuse(
@@ -331,12 +365,22 @@ fn field_move(i: &Instr, store: bool, ty: &str, regs: &HashMap<i64, String>) -> 
         ));
     };
     let reg = Operand::Name(reg.clone());
-    let value = if store { i.operands.get(1) } else { i.operands.first() };
-    let value = value.cloned().unwrap_or(Operand::Imm(super::parse::Imm::Int(0)));
+    let value = if store {
+        i.operands.get(1)
+    } else {
+        i.operands.first()
+    };
+    let value = value
+        .cloned()
+        .unwrap_or(Operand::Imm(super::parse::Imm::Int(0)));
     Ok(Instr {
         guard: i.guard.clone(),
         opcode: format!("mov.{ty}"),
-        operands: if store { vec![reg, value] } else { vec![value, reg] },
+        operands: if store {
+            vec![reg, value]
+        } else {
+            vec![value, reg]
+        },
         line: i.line,
         col: i.col,
     })
@@ -691,7 +735,8 @@ impl<'m> Inliner<'m> {
                     if let Some((store, ty)) = param_access(i) {
                         let name = param_address(i, store).map(|(n, _)| n);
                         let is_return = name.is_some_and(|n| f.returns.iter().any(|r| r.name == n));
-                        let ok = name.is_some_and(|n| params.contains_key(n) || fields.contains_key(n))
+                        let ok = name
+                            .is_some_and(|n| params.contains_key(n) || fields.contains_key(n))
                             && (store == is_return);
                         if !ok {
                             return Err(refuse(

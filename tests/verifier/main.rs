@@ -20,7 +20,7 @@ mod red_team;
 mod red_team2;
 mod review_attacks;
 mod strided;
+mod struct_returns;
 mod triton;
 mod triton_attacks;
 mod verification;
-mod struct_returns;

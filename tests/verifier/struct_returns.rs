@@ -166,31 +166,260 @@ fn double_sin_matches_the_reference() {
                     assert_eq!(g.to_bits(), x.to_bits(), "{file}: sin({x:e})");
                 } else {
                     let d = ulps(g, want);
-                    assert!(d <= 2.0, "{file}: sin({x:e}) = {g:e}, want {want:e} ({d} ulps)");
+                    assert!(
+                        d <= 2.0,
+                        "{file}: sin({x:e}) = {g:e}, want {want:e} ({d} ulps)"
+                    );
                 }
             }
         }
     }
 }
 
+/// The nvcc corpus's `sin_f64_local` (sm_80, sm_90, sm_100; plain,
+/// lineinfo, fastmath) is accepted and runs on the host engine within
+/// 2 ulp of `f64::sin`, slow path included (sm_100's loop counts to a
+/// constant from `-(e + bound)`, bounded per split value of `e`).
 #[test]
-#[ignore]
-fn probe() {
-    for (f, e) in [
-        ("nvrtc/sin_f64_O3.ptx", "sin_f64"),
-        ("nvrtc/sin_f64_G.ptx", "sin_f64"),
-        ("nvrtc/add_f16_vec2_G.ptx", "add_f16_vec2"),
-        ("../nvcc/refused-ptx/local_memory.sm_100.ptx", "sin_f64_local"),
-    ] {
-        match ptx::canonicalize_with(&jit(f), e, None, Families::ALL) {
-            Ok(_) => eprintln!("{f}: accepted"),
-            Err(PtxError::NonScalarAbi {
-                sub_reason,
-                explanation,
-                line,
-                ..
-            }) => eprintln!("{f}: {sub_reason} line {line:?}: {explanation}"),
-            Err(e) => eprintln!("{f}: {e}"),
+fn nvcc_double_sin_matches_the_reference() {
+    let mut r = rng("nvcc double sin");
+    for sm in ["sm_80", "sm_90", "sm_100"] {
+        for v in ["", ".lineinfo", ".fastmath"] {
+            let file = format!("../nvcc/refused-ptx/local_memory.{sm}{v}.ptx");
+            let text = jit(&file);
+            let xs = arguments(&mut r, 150);
+            let bits: Vec<u64> = xs.iter().map(|x| x.to_bits()).collect();
+            let got = run(&text, "sin_f64_local", &bits, 1);
+            for (x, g) in xs.iter().zip(&got) {
+                let (g, want) = (f64::from_bits(*g), x.sin());
+                let ok = if want.is_nan() {
+                    g.is_nan()
+                } else {
+                    ulps(g, want) <= 2.0 && (*x != 0.0 || g.to_bits() == x.to_bits())
+                };
+                assert!(ok, "{file}: sin({x:e}) = {g:e}, want {want:e}");
+            }
         }
     }
+}
+
+/// The double `sin` kernel with `from` replaced by `to`.
+fn sin_with(from: &str, to: &str) -> String {
+    let text = jit("nvrtc/sin_f64_O3.ptx");
+    assert!(text.contains(from), "{from}");
+    text.replacen(from, to, 1)
+}
+
+/// A struct return read past its 16 bytes, or misaligned, is refused
+/// `call_arguments` naming the access.
+#[test]
+fn a_struct_return_read_past_its_size_is_refused() {
+    for (to, why) in [
+        (
+            "ld.param.b32 \t%r12, [retval0+16];",
+            "leaves the struct `retval0` of 16 bytes",
+        ),
+        (
+            "ld.param.b32 \t%r12, [retval0+-4];",
+            "leaves the struct `retval0` of 16 bytes",
+        ),
+        (
+            "ld.param.b32 \t%r12, [retval0+6];",
+            "is not aligned to its width 4",
+        ),
+        (
+            "ld.param.b32 \t%r12, [retval0+4];",
+            "overlaps the field at byte 0",
+        ),
+    ] {
+        let text = sin_with("ld.param.b32 \t%r12, [retval0+8];", to);
+        let (reason, explanation) = refusal(&text, "sin_f64");
+        assert_eq!(reason, "call_arguments", "{to}");
+        assert!(explanation.contains(why), "{to}: {explanation}");
+    }
+    // A callee writing past its struct return is refused the same way.
+    let text = sin_with(
+        "st.param.b32 \t[func_retval0+8], %r37;",
+        "st.param.b32 \t[func_retval0+16], %r37;",
+    );
+    let (reason, explanation) = refusal(&text, "sin_f64");
+    assert_eq!(reason, "call_arguments");
+    assert!(explanation.contains("func_retval0"), "{explanation}");
+}
+
+/// A callee that writes only half of its struct return: the caller's read
+/// of the other half reads a register no path wrote, refused
+/// `undefined_register` (never another kernel's data); so is a read of
+/// padding the callee never writes (bytes 12..16).
+#[test]
+fn a_half_written_struct_return_is_refused() {
+    let half = sin_with("st.param.b32 \t[func_retval0+8], %r37;", "");
+    let padding = sin_with(
+        "ld.param.b32 \t%r12, [retval0+8];",
+        "ld.param.b32 \t%r12, [retval0+12];",
+    );
+    for text in [half, padding] {
+        let (reason, explanation) = refusal(&text, "sin_f64");
+        assert_eq!(reason, "undefined_register", "{explanation}");
+    }
+}
+
+/// A scalar-ABI kernel over u32 elements with a 16-byte frame filled in a
+/// loop `k < bound` (`frame[k] = x + k`) and read back at index `%r7`;
+/// `prelude` computes `%r9` (the bound) and `%r7` from `x` (`%r4`).
+fn framed(prelude: &str) -> String {
+    format!(
+        r#".version 9.0
+.target sm_90
+.address_size 64
+
+.visible .entry framed(
+	.param .u64 framed_param_0,
+	.param .u64 framed_param_1,
+	.param .u64 framed_param_2
+)
+{{
+	.local .align 4 .b8 	__local_depot0[16];
+	.reg .b64 	%SPL;
+	.reg .pred 	%p<8>;
+	.reg .b32 	%r<24>;
+	.reg .b64 	%rd<32>;
+
+	mov.u64 	%SPL, __local_depot0;
+	ld.param.u64 	%rd1, [framed_param_0];
+	ld.param.u64 	%rd2, [framed_param_1];
+	ld.param.u64 	%rd3, [framed_param_2];
+	mov.u32 	%r1, %ctaid.x;
+	mov.u32 	%r2, %ntid.x;
+	mul.wide.u32 	%rd4, %r1, %r2;
+	mov.u32 	%r3, %tid.x;
+	cvt.u64.u32 	%rd5, %r3;
+	add.s64 	%rd6, %rd4, %rd5;
+	setp.ge.s64 	%p1, %rd6, %rd3;
+	@%p1 bra 	$L__END;
+	cvta.to.global.u64 	%rd7, %rd1;
+	shl.b64 	%rd8, %rd6, 2;
+	add.s64 	%rd9, %rd7, %rd8;
+	ld.global.u32 	%r4, [%rd9];
+	{prelude}
+	mov.u32 	%r5, 0;
+	add.u64 	%rd10, %SPL, 0;
+	setp.ge.u32 	%p3, %r5, %r9;
+	@%p3 bra 	$L__READ;
+$L__FILL:
+	add.s32 	%r6, %r4, %r5;
+	st.local.u32 	[%rd10], %r6;
+	add.s64 	%rd10, %rd10, 4;
+	add.s32 	%r5, %r5, 1;
+	setp.lt.u32 	%p2, %r5, %r9;
+	@%p2 bra 	$L__FILL;
+$L__READ:
+	mul.wide.u32 	%rd11, %r7, 4;
+	add.s64 	%rd12, %SPL, %rd11;
+	ld.local.u32 	%r8, [%rd12];
+	cvta.to.global.u64 	%rd13, %rd2;
+	add.s64 	%rd14, %rd13, %rd8;
+	st.global.u32 	[%rd14], %r8;
+$L__END:
+	ret;
+}}
+"#
+    )
+}
+
+/// Runs `framed` over u32 elements on the host engine.
+fn run_framed(text: &str, x: &[u32], threads: usize) -> Vec<u32> {
+    let k = HostKernel::compile_with(text, "framed", Families::ALL).unwrap();
+    let n = x.len();
+    let mut input: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut out = vec![0xFFu8; (n + 2) * 4];
+    let spans = [HostSpan {
+        ptr: input.as_mut_ptr(),
+        len: input.len(),
+    }];
+    let l = HostLaunch {
+        inputs: &spans,
+        args: &[],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads,
+        checked: threads > 1,
+        control: None,
+    };
+    // SAFETY: both spans are live Vecs of exactly `len` bytes.
+    unsafe { k.launch(&l) }.unwrap();
+    assert!(out[n * 4..].iter().all(|b| *b == 0xFF), "tail written");
+    out.chunks(4)
+        .take(n)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// A loop bounded by another register: accepted when that register has a
+/// few values, each inside the frame (one path per value), and runs
+/// exactly (bytes the loop did not write read 0); refused naming the
+/// store when the bound is data (nothing bounds it) or can pass the frame.
+#[test]
+fn a_register_loop_bound_is_proved_per_value_or_refused() {
+    let bounded =
+        framed("and.b32 \t%r9, %r4, 3;\n\tshr.u32 \t%r10, %r4, 2;\n\tand.b32 \t%r7, %r10, 3;");
+    let mut r = rng("register loop bound");
+    let x: Vec<u32> = (0..300).map(|_| r.random()).collect();
+    for threads in [1, 3] {
+        let got = run_framed(&bounded, &x, threads);
+        for (x, g) in x.iter().zip(&got) {
+            let (b, i) = (x & 3, (x >> 2) & 3);
+            let want = if i < b { x.wrapping_add(i) } else { 0 };
+            assert_eq!(*g, want, "x = {x:#x}");
+        }
+    }
+    for (prelude, offsets) in [
+        // A bound nothing bounds.
+        (
+            "mov.u32 \t%r9, %r4;\n\tmov.u32 \t%r7, 0;",
+            "may access byte offsets",
+        ),
+        // A bound of up to 7 slots in a frame of 4.
+        (
+            "and.b32 \t%r9, %r4, 7;\n\tmov.u32 \t%r7, 0;",
+            "byte offsets 16..=16",
+        ),
+    ] {
+        let (reason, explanation) = refusal(&framed(prelude), "framed");
+        assert_eq!(reason, "local_memory", "{prelude}");
+        assert!(
+            explanation.contains("`st.local.u32`") && explanation.contains(offsets),
+            "{prelude}: {explanation}"
+        );
+    }
+}
+
+/// `mov.b64 {lo, hi}`: the halves of a value the proof bounds are
+/// bounded; the high half of `(x << 32) & 0x3_0000_0000` indexes a 4-slot
+/// frame exactly, and of `& 0x7_0000_0000` past it (refused naming the
+/// load and the offsets).
+#[test]
+fn split_halves_index_the_frame_exactly_or_are_refused() {
+    let halves = |mask: &str| {
+        framed(&format!(
+            "mov.u32 \t%r9, 4;\n\tcvt.u64.u32 \t%rd20, %r4;\n\tshl.b64 \t%rd21, %rd20, 32;\n\tand.b64 \t%rd22, %rd21, {mask};\n\tmov.b64 \t{{%r11, %r7}}, %rd22;"
+        ))
+    };
+    let inside = halves("12884901888");
+    let mut r = rng("halves");
+    let x: Vec<u32> = (0..300).map(|_| r.random()).collect();
+    let got = run_framed(&inside, &x, 1);
+    for (x, g) in x.iter().zip(&got) {
+        assert_eq!(*g, x.wrapping_add(x & 3), "x = {x:#x}");
+    }
+    let (reason, explanation) = refusal(&halves("30064771072"), "framed");
+    assert_eq!(reason, "local_memory");
+    assert!(
+        explanation.contains("`ld.local.u32` may access byte offsets 0..=28"),
+        "{explanation}"
+    );
 }

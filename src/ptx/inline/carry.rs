@@ -83,20 +83,35 @@ fn expand(i: &Instr) -> Option<Vec<Instr>> {
     // other side (`y > x`).
     let less = |pred: &Operand, x: &Operand, y: &Operand| {
         if matches!(x, Operand::Imm(_)) {
-            mk(format!("setp.gt.{u}"), vec![pred.clone(), y.clone(), x.clone()])
+            mk(
+                format!("setp.gt.{u}"),
+                vec![pred.clone(), y.clone(), x.clone()],
+            )
         } else {
-            mk(format!("setp.lt.{u}"), vec![pred.clone(), x.clone(), y.clone()])
+            mk(
+                format!("setp.lt.{u}"),
+                vec![pred.clone(), x.clone(), y.clone()],
+            )
         }
     };
     let (d, sum_of, first) = match (base, &o[..]) {
         ("add" | "sub", [d, a, b]) => {
-            out.push(mk(format!("{base}.{u}"), vec![t.clone(), a.clone(), b.clone()]));
+            out.push(mk(
+                format!("{base}.{u}"),
+                vec![t.clone(), a.clone(), b.clone()],
+            ));
             (d, t.clone(), a.clone())
         }
         ("mad", [d, a, b, addend]) => {
             let half = half.unwrap_or("lo");
-            out.push(mk(format!("mul.{half}.{ty}"), vec![m.clone(), a.clone(), b.clone()]));
-            out.push(mk(format!("add.{u}"), vec![t.clone(), m.clone(), addend.clone()]));
+            out.push(mk(
+                format!("mul.{half}.{ty}"),
+                vec![m.clone(), a.clone(), b.clone()],
+            ));
+            out.push(mk(
+                format!("add.{u}"),
+                vec![t.clone(), m.clone(), addend.clone()],
+            ));
             (d, t.clone(), m.clone())
         }
         _ => return None,
@@ -108,10 +123,18 @@ fn expand(i: &Instr) -> Option<Vec<Instr>> {
     let result = if reads {
         out.push(mk(
             format!("selp.{u}"),
-            vec![c.clone(), Operand::Imm(Imm::Int(1)), Operand::Imm(Imm::Int(0)), cf.clone()],
+            vec![
+                c.clone(),
+                Operand::Imm(Imm::Int(1)),
+                Operand::Imm(Imm::Int(0)),
+                cf.clone(),
+            ],
         ));
         let op = if base == "sub" { "sub" } else { "add" };
-        out.push(mk(format!("{op}.{u}"), vec![v.clone(), t.clone(), c.clone()]));
+        out.push(mk(
+            format!("{op}.{u}"),
+            vec![v.clone(), t.clone(), c.clone()],
+        ));
         if cc {
             if base == "sub" {
                 out.push(less(&p, &first, &b));

@@ -289,7 +289,13 @@ struct Prover<'b> {
 /// How many integers `s` holds (saturating).
 fn count(s: &Set) -> i128 {
     s.iter()
-        .map(|p| if p.stride == 0 { 1 } else { (p.hi - p.lo) / p.stride + 1 })
+        .map(|p| {
+            if p.stride == 0 {
+                1
+            } else {
+                (p.hi - p.lo) / p.stride + 1
+            }
+        })
         .fold(0i128, i128::saturating_add)
 }
 
@@ -671,7 +677,7 @@ impl<'b> Prover<'b> {
             _ => {}
         }
         if table {
-            self.tables_ok = false; if std::env::var("W30A_DBG").is_ok() { eprintln!("tables off at src 523"); }
+            self.tables_ok = false;
         }
         match bad {
             Some(n) => Err(self.err(
@@ -829,7 +835,7 @@ impl<'b> Prover<'b> {
         ty: &str,
     ) {
         let Some((_, bytes)) = self.tables.get(k) else {
-            self.tables_ok = false; if std::env::var("W30A_DBG").is_ok() { eprintln!("tables off at src 681"); }
+            self.tables_ok = false;
             return;
         };
         let w = i128::from(type_bits(ty).unwrap_or(0) / 8);
@@ -845,7 +851,7 @@ impl<'b> Prover<'b> {
             Some(None) => false,
         };
         if store || !matches!(space, "global" | "const" | "") || !inside || !same {
-            self.tables_ok = false; if std::env::var("W30A_DBG").is_ok() { eprintln!("tables off at src 697"); }
+            self.tables_ok = false;
             return;
         }
         self.accesses.insert(
@@ -901,7 +907,7 @@ impl<'b> Prover<'b> {
             }) = self.accesses.get(&at).and_then(Option::as_ref)
             {
                 // A table load on another path.
-                self.tables_ok = false; if std::env::var("W30A_DBG").is_ok() { eprintln!("tables off at src 753"); }
+                self.tables_ok = false;
             }
             match space {
                 "local" | "" => {
@@ -976,8 +982,9 @@ impl<'b> Prover<'b> {
             ("neg", [_, a]) if int_ty && parts.len() == 2 => {
                 self.escapes(st, i, a)?;
                 Some(match self.value(st, a, bits) {
-                    Av::Int(x) => wrap(x.iter().map(|p| p.neg()).collect(), bits)
-                        .map_or(Av::Top, Av::Int),
+                    Av::Int(x) => {
+                        wrap(x.iter().map(|p| p.neg()).collect(), bits).map_or(Av::Top, Av::Int)
+                    }
                     _ => Av::Top,
                 })
             }
@@ -992,20 +999,23 @@ impl<'b> Prover<'b> {
                     Av::Int(x) => Some(x),
                     _ => None,
                 };
-                let bounds = |s: &Set| Some((s.iter().map(|p| p.lo).min()?, s.iter().map(|p| p.hi).max()?));
+                let bounds =
+                    |s: &Set| Some((s.iter().map(|p| p.lo).min()?, s.iter().map(|p| p.hi).max()?));
                 let x = view(self.value(st, a, bits));
                 let y = view(self.value(st, b, bits));
-                Some(match (x.as_ref().and_then(bounds), y.as_ref().and_then(bounds)) {
-                    (Some((xl, xh)), Some((yl, yh))) => {
-                        let (lo, hi) = if base == "min" {
-                            (xl.min(yl), xh.min(yh))
-                        } else {
-                            (xl.max(yl), xh.max(yh))
-                        };
-                        wrap(vec![Si::new(lo, hi, 1)], bits).map_or(Av::Top, Av::Int)
-                    }
-                    _ => Av::Top,
-                })
+                Some(
+                    match (x.as_ref().and_then(bounds), y.as_ref().and_then(bounds)) {
+                        (Some((xl, xh)), Some((yl, yh))) => {
+                            let (lo, hi) = if base == "min" {
+                                (xl.min(yl), xh.min(yh))
+                            } else {
+                                (xl.max(yl), xh.max(yh))
+                            };
+                            wrap(vec![Si::new(lo, hi, 1)], bits).map_or(Av::Top, Av::Int)
+                        }
+                        _ => Av::Top,
+                    },
+                )
             }
             ("mov" | "cvta", [_, a]) if !matches!(a, Operand::Addr { .. }) => {
                 let is_cvta = base == "cvta";
@@ -1637,7 +1647,7 @@ impl<'b> Prover<'b> {
                                     if wanted {
                                         if let Av::Int(v) = get(&st, d) {
                                             let n = count(v);
-                                            if n > 1 && n <= MAX_SPLIT { if std::env::var("W30A_DBG").is_ok() { eprintln!("split {} line {} n {n}", d, i.line); }
+                                            if n > 1 && n <= MAX_SPLIT {
                                                 let values: Vec<i128> = v
                                                     .iter()
                                                     .flat_map(|p| {
@@ -1807,7 +1817,6 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         regs: numbers,
     };
     prover.run()?;
-    if std::env::var("W30A_DBG").is_ok() { eprintln!("tables {:?} ok {} accesses {:?}", used_tables.iter().map(|t| &t.0).collect::<Vec<_>>(), prover.tables_ok, prover.accesses.iter().map(|(k, a)| (k, a.as_ref().map(|a| a.region))).collect::<Vec<_>>()); }
     let tables_ok = prover.tables_ok;
     let accesses: Vec<(usize, Access)> = prover
         .accesses
