@@ -423,3 +423,254 @@ fn split_halves_index_the_frame_exactly_or_are_refused() {
         "{explanation}"
     );
 }
+
+/// A scalar-ABI kernel `out[i] = f(a[i], b[i])` over u64 elements: `body`
+/// reads `%rd10` (a), `%rd11` (b), their halves `%r10`/`%r11` (a lo/hi)
+/// and `%r12`/`%r13` (b lo/hi), and leaves the result in `%rd20`.
+fn carried(body: &str) -> String {
+    format!(
+        r#".version 9.0
+.target sm_90
+.address_size 64
+
+.visible .entry carried(
+	.param .u64 carried_param_0,
+	.param .u64 carried_param_1,
+	.param .u64 carried_param_2,
+	.param .u64 carried_param_3
+)
+{{
+	.reg .pred 	%p<4>;
+	.reg .b32 	%r<40>;
+	.reg .b64 	%rd<40>;
+
+	ld.param.u64 	%rd1, [carried_param_0];
+	ld.param.u64 	%rd2, [carried_param_1];
+	ld.param.u64 	%rd3, [carried_param_2];
+	ld.param.u64 	%rd4, [carried_param_3];
+	mov.u32 	%r1, %ctaid.x;
+	mov.u32 	%r2, %ntid.x;
+	mul.wide.u32 	%rd5, %r1, %r2;
+	mov.u32 	%r3, %tid.x;
+	cvt.u64.u32 	%rd6, %r3;
+	add.s64 	%rd7, %rd5, %rd6;
+	setp.ge.s64 	%p1, %rd7, %rd4;
+	@%p1 bra 	$L__END;
+	shl.b64 	%rd8, %rd7, 3;
+	cvta.to.global.u64 	%rd12, %rd1;
+	add.s64 	%rd13, %rd12, %rd8;
+	ld.global.u64 	%rd10, [%rd13];
+	cvta.to.global.u64 	%rd14, %rd2;
+	add.s64 	%rd15, %rd14, %rd8;
+	ld.global.u64 	%rd11, [%rd15];
+	mov.b64 	{{%r10, %r11}}, %rd10;
+	mov.b64 	{{%r12, %r13}}, %rd11;
+	{body}
+	cvta.to.global.u64 	%rd16, %rd3;
+	add.s64 	%rd17, %rd16, %rd8;
+	st.global.u64 	[%rd17], %rd20;
+$L__END:
+	ret;
+}}
+"#
+    )
+}
+
+/// Runs `carried` over `a`, `b` on the host engine.
+fn run_carried(text: &str, a: &[u64], b: &[u64], threads: usize) -> Vec<u64> {
+    let k = HostKernel::compile_with(text, "carried", Families::ALL)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let n = a.len();
+    let mut ia: Vec<u8> = a.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut ib: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut out = vec![0xFFu8; (n + 2) * 8];
+    let spans = [
+        HostSpan {
+            ptr: ia.as_mut_ptr(),
+            len: ia.len(),
+        },
+        HostSpan {
+            ptr: ib.as_mut_ptr(),
+            len: ib.len(),
+        },
+    ];
+    let l = HostLaunch {
+        inputs: &spans,
+        args: &[],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads,
+        checked: threads > 1,
+        control: None,
+    };
+    // SAFETY: every span is a live Vec of exactly `len` bytes.
+    unsafe { k.launch(&l) }.unwrap();
+    assert!(out[n * 8..].iter().all(|b| *b == 0xFF), "tail written");
+    out.chunks(8)
+        .take(n)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Each carry instruction, lowered, runs exactly: every kernel below is
+/// checked on fresh random operands (and the edge values 0, 1, 2^32 - 1,
+/// 2^64 - 1 paired with each other) against a u128 reference, every
+/// element; the canonical text keeps no carry.
+#[test]
+fn carry_chains_match_a_u128_reference() {
+    type Reference = fn(u64, u64) -> u64;
+    let cases: &[(&str, &str, Reference)] = &[
+        // 64-bit add through a 32-bit chain: add.cc, addc.
+        (
+            "add.cc/addc.u32",
+            "add.cc.u32 \t%r20, %r10, %r12;\n\taddc.u32 \t%r21, %r11, %r13;\n\tmov.b64 \t%rd20, {%r20, %r21};",
+            |a, b| a.wrapping_add(b),
+        ),
+        // The carry out of a 64-bit add: add.cc.u64, addc.u64 of zeros.
+        (
+            "add.cc/addc.u64",
+            "add.cc.u64 \t%rd21, %rd10, %rd11;\n\taddc.u64 \t%rd20, 0, 0;",
+            |a, b| ((u128::from(a) + u128::from(b)) >> 64) as u64,
+        ),
+        // A three-word chain: addc.cc passes its carry on.
+        (
+            "addc.cc.u32",
+            "add.cc.u32 \t%r20, %r10, %r12;\n\taddc.cc.u32 \t%r21, %r11, %r13;\n\taddc.u32 \t%r22, 0, 0;\n\tmov.b64 \t%rd20, {%r21, %r22};",
+            |a, b| ((u128::from(a) + u128::from(b)) >> 32) as u64,
+        ),
+        // 64-bit subtract through a 32-bit chain: sub.cc, subc.cc, subc.
+        (
+            "sub.cc/subc.u32",
+            "sub.cc.u32 \t%r20, %r10, %r12;\n\tsubc.cc.u32 \t%r21, %r11, %r13;\n\tsubc.u32 \t%r22, 0, 0;\n\tmov.b64 \t%rd20, {%r21, %r22};",
+            |a, b| (u128::from(a).wrapping_sub(u128::from(b)) >> 32) as u64,
+        ),
+        // The borrow of a 64-bit subtract: 0 or 2^64 - 1.
+        (
+            "sub.cc/subc.s64",
+            "sub.cc.s64 \t%rd21, %rd10, %rd11;\n\tsubc.s64 \t%rd20, 0, 0;",
+            |a, b| if a < b { u64::MAX } else { 0 },
+        ),
+        // double sin's 64 x 64 + 64 -> 128 multiply (its loop body), low and
+        // high words summed: mad.lo.cc, madc.hi.cc, madc.hi, madc.lo.cc, addc.
+        (
+            "mad.cc/madc.u32",
+            "mov.b64 \t{%r14, %r15}, %rd11;\n\tmad.lo.cc.u32 \t%r0, %r10, %r12, %r14;\n\tmadc.hi.cc.u32 \t%r1, %r10, %r12, %r15;\n\tmadc.hi.u32 \t%r2, %r10, %r13, 0;\n\tmad.lo.cc.u32 \t%r1, %r10, %r13, %r1;\n\tmadc.hi.cc.u32 \t%r2, %r11, %r12, %r2;\n\tmadc.hi.u32 \t%r3, %r11, %r13, 0;\n\tmad.lo.cc.u32 \t%r1, %r11, %r12, %r1;\n\tmadc.lo.cc.u32 \t%r2, %r11, %r13, %r2;\n\taddc.u32 \t%r3, %r3, 0;\n\tmov.b64 \t%rd21, {%r0, %r1};\n\tmov.b64 \t%rd22, {%r2, %r3};\n\txor.b64 \t%rd20, %rd21, %rd22;",
+            |a, b| {
+                let p = u128::from(a) * u128::from(b) + u128::from(b);
+                (p as u64) ^ ((p >> 64) as u64)
+            },
+        ),
+        // The signed high half: mad.hi.cc.s32 multiplies signed, adds
+        // unsigned with a carry out.
+        (
+            "mad.hi.cc.s32",
+            "mad.hi.cc.s32 \t%r20, %r10, %r12, %r11;\n\taddc.u32 \t%r21, 0, 0;\n\tmov.b64 \t%rd20, {%r20, %r21};",
+            |a, b| {
+                let m = ((i64::from(a as u32 as i32) * i64::from(b as u32 as i32)) >> 32) as u32;
+                let s = u64::from(m) + (a >> 32);
+                (s & 0xFFFF_FFFF) | ((s >> 32) << 32)
+            },
+        ),
+        // madc.lo on 64 bits, carry in from add.cc.u64.
+        (
+            "madc.lo.u64",
+            "add.cc.u64 \t%rd21, %rd10, %rd11;\n\tmadc.lo.u64 \t%rd20, %rd10, %rd11, %rd10;",
+            |a, b| {
+                let c = ((u128::from(a) + u128::from(b)) >> 64) as u64;
+                a.wrapping_mul(b).wrapping_add(a).wrapping_add(c)
+            },
+        ),
+    ];
+    let mut r = rng("carry chains");
+    let edges = [0u64, 1, 0xFFFF_FFFF, 0x1_0000_0000, u64::MAX, u64::MAX - 1];
+    let mut a: Vec<u64> = Vec::new();
+    let mut b: Vec<u64> = Vec::new();
+    for x in edges {
+        for y in edges {
+            a.push(x);
+            b.push(y);
+        }
+    }
+    while a.len() < 500 {
+        a.push(r.random());
+        b.push(if r.random_bool(0.2) {
+            a[a.len() - 1]
+        } else {
+            r.random()
+        });
+    }
+    for (name, body, f) in cases {
+        let text = carried(body);
+        let canonical = ptx::canonicalize_with(&text, "carried", None, Families::ALL)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for gone in [".cc.", "addc", "subc", "madc"] {
+            assert!(!canonical.text.contains(gone), "{name}: `{gone}` left");
+        }
+        for threads in [1, 3] {
+            let got = run_carried(&text, &a, &b, threads);
+            for ((x, y), g) in a.iter().zip(&b).zip(&got) {
+                assert_eq!(*g, f(*x, *y), "{name}: a = {x:#x}, b = {y:#x}");
+            }
+        }
+    }
+}
+
+/// A carry read where no `.cc` instruction wrote the flag on some path
+/// reads a register never written: refused `undefined_register`; a
+/// predicated carry instruction is left as it is and refused by the table.
+#[test]
+fn an_unset_carry_is_refused() {
+    for body in [
+        "addc.u32 \t%r20, %r10, %r12;\n\tcvt.u64.u32 \t%rd20, %r20;",
+        "setp.eq.u32 \t%p2, %r10, 0;\n\t@%p2 bra \t$L__SKIP;\n\tadd.cc.u32 \t%r21, %r10, %r12;\n$L__SKIP:\n\tmadc.lo.u32 \t%r20, %r10, %r12, 0;\n\tcvt.u64.u32 \t%rd20, %r20;",
+    ] {
+        let (reason, explanation) = refusal(&carried(body), "carried");
+        assert_eq!(reason, "undefined_register", "{body}: {explanation}");
+    }
+    let guarded = carried(
+        "setp.eq.u32 \t%p2, %r10, 0;\n\t@%p2 add.cc.u32 \t%r21, %r10, %r12;\n\taddc.u32 \t%r20, %r10, %r12;\n\tcvt.u64.u32 \t%rd20, %r20;",
+    );
+    let (reason, explanation) = refusal(&guarded, "carried");
+    assert_eq!(reason, "unsupported_instruction");
+    assert!(explanation.contains(".cc"), "{explanation}");
+}
+
+/// A frame accessed one byte at a time is refused `operand_type` naming
+/// the client's first byte access (line and opcode), not the `mov.b8` the
+/// lowering would write.
+#[test]
+fn a_byte_frame_is_refused_naming_the_clients_access() {
+    let text = framed("and.b32 \t%r9, %r4, 3;\n\tmov.u32 \t%r7, 1;")
+        .replace("st.local.u32", "st.local.u8")
+        .replace("ld.local.u32", "ld.local.u8")
+        .replace("add.s64 \t%rd10, %rd10, 4;", "add.s64 \t%rd10, %rd10, 1;")
+        .replace(
+            "mul.wide.u32 \t%rd11, %r7, 4;",
+            "mul.wide.u32 \t%rd11, %r7, 1;",
+        );
+    let line = text
+        .lines()
+        .position(|l| l.contains("st.local.u8"))
+        .unwrap() as u32
+        + 1;
+    match ptx::canonicalize_with(&text, "framed", None, Families::ALL) {
+        Err(PtxError::NonScalarAbi {
+            sub_reason,
+            explanation,
+            line: got,
+            ..
+        }) => {
+            assert_eq!(sub_reason, "operand_type");
+            assert_eq!(got, Some(line));
+            assert!(
+                explanation.starts_with("`st.local.u8` accesses the local frame"),
+                "{explanation}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}

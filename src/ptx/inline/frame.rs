@@ -1831,6 +1831,26 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         .iter()
         .find(|(_, a)| a.region.is_none())
         .map_or(4, |(_, a)| a.width);
+    // A byte-wide frame would be lowered to `.b8` registers, which PTX
+    // does not have: refused naming the client's first byte access (not
+    // an instruction of the lowering).
+    if frame_at.is_some() && width == 1 {
+        let first = accesses
+            .iter()
+            .filter(|(_, a)| a.region.is_none())
+            .map(|(at, _)| *at)
+            .min();
+        if let Some(Stmt::Instr(i)) = first.and_then(|at| body.get(at)) {
+            return Err(refuse(
+                SubReason::OperandType,
+                i.line,
+                format!(
+                    "`{}` accesses the local frame `{frame}` one byte at a time: its slots would be 8-bit registers, which PTX does not have",
+                    i.opcode
+                ),
+            ));
+        }
+    }
     if frame_at.is_some() && (size % u64::from(width) != 0 || size / u64::from(width) > MAX_SLOTS) {
         return Err(refuse(
             SubReason::LocalMemory,
