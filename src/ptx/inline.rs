@@ -8,7 +8,15 @@
 //! return values are `.param` variables declared before it, each of the
 //! callee's params' size and passed whole by value (`st.param`/`ld.param`
 //! at offset 0 of the param's width; a param is a scalar or a 2-, 4- or
-//! 8-byte `.b8` array, as NVRTC passes `__half` and `__nv_bfloat16`). The call's `.param` variables become registers
+//! 8-byte `.b8` array, as NVRTC passes `__half` and `__nv_bfloat16`; a
+//! return may also be a `.b8` struct of at most [`MAX_STRUCT_RETURN`]
+//! bytes, as double `sin`'s slow path returns `{double, int}`, which
+//! becomes one register per field: every `st.param` of the callee and
+//! `ld.param` of the caller at its offset must lie inside the struct,
+//! aligned to its width, each field at one width and disjoint from the
+//! others, and the caller only reads it; a field the callee does not
+//! write on some path is a register never written there, which the
+//! verifier refuses, `undefined_register`). The call's `.param` variables become registers
 //! (`st.param.T [p+0], x` is `mov.T %arg, x`; the callee's
 //! `ld.param.T d, [f_param_0]` is `mov.T d, %arg`), the callee's body is
 //! placed in a `{ }` scope (its registers shadow the caller's), its labels
@@ -20,6 +28,8 @@
 //! - `call_extern`: a call to a function declared without a body here;
 //! - `call_recursion`: a function that calls itself, directly or not;
 //! - `call_arguments`: arity or size mismatches, arrays and `.reg` params,
+//!   a struct return's access outside it, misaligned or overlapping
+//!   another field, or written by the caller,
 //!   a callee reading a param it was not passed (or not a param of its
 //!   own), any other use of a param's address, a callee naming a register
 //!   it does not declare (after inlining it would read the caller's);
@@ -890,6 +900,8 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
 /// A frame this leaves (some access at a computed offset) goes to
 /// `frame::lower_indexed`, which proves every access inside it on every
 /// path and lowers it to registers, or refuses it naming the access.
+/// Last, `carry::lower` rewrites carry chains (`add.cc`/`addc`/`madc`..)
+/// as plain instructions with the carry in a predicate register.
 pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
     // A scoped frame whose scopes were not renamed apart would be proved
     // with the names of different scopes conflated: left (and refused).

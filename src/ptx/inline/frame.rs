@@ -14,7 +14,16 @@
 //! unrolled; a label visited more than [`UNROLL`] times widens (what
 //! changed is forgotten) so every loop terminates; a state equal to one
 //! already explored at a label is pruned; past [`MAX_STEPS`] instruction
-//! steps the kernel is refused `too_complex`. Every access of the frame
+//! steps the kernel is refused `too_complex`. A register that a
+//! register-to-register integer compare may read later (a backward slice)
+//! and that gets at most [`MAX_SPLIT`] values on a path is split into one
+//! path per value (exact: the paths together are the same executions), so
+//! a loop bounded by another register computed from the same value has
+//! constant bounds on each path; label visits are counted per such path
+//! (its lineage), and registers no path reads again are dropped from the
+//! state at a label, so that paths differing only there meet.
+//! `mov.b64 {lo, hi}, x` gives the halves of x's bounds (of its bits, for
+//! a float of known magnitude). Every access of the frame
 //! (`ld.local`/`st.local` through a frame address, a generic `ld`/`st`
 //! through one) must, on every path, have every lane inside the frame
 //! (`0 <= off`, `off + width <= size`) and aligned to its width; all
@@ -352,7 +361,8 @@ fn clip(s: &Set, lo: i128, hi: i128) -> Set {
 /// source of a plain unsigned `shr` by a constant `k` (at 32 or 64 bits)
 /// is in `v << k ..= (v << k) + 2^k - 1` there, so a later compare of the
 /// source agrees with the split (double `sin` on sm_100 splits
-/// `e = x >> 6` and then compares `x < 128`).
+/// `e = x >> 6` and then compares `x < 128`). A source register holding
+/// values wider than the shift's type is left as it is.
 fn preimage(i: &Instr, v: i128, st: &mut State) {
     let (Some(k), [Operand::Name(d), Operand::Name(a), b]) = (
         match i.opcode.as_str() {
@@ -366,7 +376,13 @@ fn preimage(i: &Instr, v: i128, st: &mut State) {
     if a == d || imm(b) != Some(k) || !(0..64).contains(&k) {
         return;
     }
+    // Only when the register holds no more bits than the `shr` reads (a
+    // wider register's high bits are not what was shifted).
+    let bits: u32 = if i.opcode.ends_with("32") { 32 } else { 64 };
     if let Av::Int(x) = get(st, a) {
+        if !x.iter().all(|p| p.lo >= 0 && p.hi >> bits == 0) {
+            return;
+        }
         let lo = v << k;
         let kept = clip(x, lo, lo + (1i128 << k) - 1);
         if !kept.is_empty() {
