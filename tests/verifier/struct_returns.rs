@@ -268,6 +268,11 @@ fn a_half_written_struct_return_is_refused() {
 /// loop `k < bound` (`frame[k] = x + k`) and read back at index `%r7`;
 /// `prelude` computes `%r9` (the bound) and `%r7` from `x` (`%r4`).
 fn framed(prelude: &str) -> String {
+    framed_sized(16, prelude)
+}
+
+/// [`framed`] with a frame of `size` bytes.
+fn framed_sized(size: u32, prelude: &str) -> String {
     format!(
         r#".version 9.0
 .target sm_90
@@ -279,7 +284,7 @@ fn framed(prelude: &str) -> String {
 	.param .u64 framed_param_2
 )
 {{
-	.local .align 4 .b8 	__local_depot0[16];
+	.local .align 4 .b8 	__local_depot0[{size}];
 	.reg .b64 	%SPL;
 	.reg .pred 	%p<8>;
 	.reg .b32 	%r<24>;
@@ -672,5 +677,48 @@ fn a_byte_frame_is_refused_naming_the_clients_access() {
             );
         }
         other => panic!("{other:?}"),
+    }
+}
+
+/// Ground truth for the split: a fill loop bounded by `x & mask` over a
+/// frame of `slots` 4-byte slots, read back at `(x >> 4) % slots`, is
+/// accepted exactly when every bound fits the frame (`mask <= slots`),
+/// refused `local_memory` naming the loop's store otherwise, and every
+/// accepted variant runs exactly on the host engine.
+#[test]
+fn register_bounds_are_accepted_exactly_when_inside_the_frame() {
+    let mut r = rng("register bound sweep");
+    let x: Vec<u32> = (0..200).map(|_| r.random()).collect();
+    for slots in [2u32, 4, 8] {
+        for mask in [1u32, 3, 7, 15, 31] {
+            let text = framed_sized(
+                slots * 4,
+                &format!(
+                    "and.b32 \t%r9, %r4, {mask};\n\tshr.u32 \t%r10, %r4, 4;\n\tand.b32 \t%r7, %r10, {};",
+                    slots - 1
+                ),
+            );
+            let verdict = ptx::canonicalize_with(&text, "framed", None, Families::ALL);
+            if mask <= slots {
+                assert!(
+                    verdict.is_ok(),
+                    "{slots} slots, mask {mask}: {:?}",
+                    verdict.err()
+                );
+                let got = run_framed(&text, &x, 1);
+                for (x, g) in x.iter().zip(&got) {
+                    let (b, i) = (x & mask, (x >> 4) % slots);
+                    let want = if i < b { x.wrapping_add(i) } else { 0 };
+                    assert_eq!(*g, want, "{slots} slots, mask {mask}, x = {x:#x}");
+                }
+            } else {
+                let (reason, explanation) = refusal(&text, "framed");
+                assert_eq!(reason, "local_memory", "{slots} slots, mask {mask}");
+                assert!(
+                    explanation.contains("`st.local.u32`"),
+                    "{slots} slots, mask {mask}: {explanation}"
+                );
+            }
+        }
     }
 }
