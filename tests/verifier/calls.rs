@@ -142,8 +142,13 @@ const ACCEPTED: &[(&str, &str, usize, usize)] = &[
     ("nvrtc/sin_f64_fast.ptx", "sin_f64", 1, 0),
 ];
 
-/// Every corpus kernel that calls a helper is in [`ACCEPTED`] or refused:
-/// `-G` `__half2` temporaries take frame addresses (`local_memory`).
+/// The call kernels accepted and run against their reference in another
+/// suite: NVRTC -G's `add_f16_vec2` (its `__half2` temporaries' `this`
+/// pointers kept in frame slots), in struct_returns.rs.
+const ACCEPTED_ELSEWHERE: &[&str] = &["nvrtc/add_f16_vec2_G.ptx"];
+
+/// Every corpus kernel that calls a helper is in [`ACCEPTED`] or
+/// [`ACCEPTED_ELSEWHERE`], or refused `local_memory` (none today).
 #[test]
 fn every_call_kernel_has_its_verdict() {
     let manifest: serde_json::Value = serde_json::from_str(&jit("nvrtc/manifest.json")).unwrap();
@@ -156,7 +161,8 @@ fn every_call_kernel_has_its_verdict() {
         }
         calls += 1;
         let got = ptx::canonicalize_with(&text, entry, None, Families::ALL);
-        match (ACCEPTED.iter().any(|a| a.0 == file), got) {
+        let accepted = ACCEPTED.iter().any(|a| a.0 == file) || ACCEPTED_ELSEWHERE.contains(&file);
+        match (accepted, got) {
             (true, Ok(_)) => {}
             (false, Err(PtxError::NonScalarAbi { sub_reason, .. })) => {
                 assert_eq!(sub_reason, "local_memory", "{file}");

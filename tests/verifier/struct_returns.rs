@@ -722,3 +722,154 @@ fn register_bounds_are_accepted_exactly_when_inside_the_frame() {
         }
     }
 }
+
+/// Runs entry `entry(in0, in1, out, n)` over u32 elements.
+fn run_pairs(text: &str, entry: &str, a: &[u32], b: &[u32], threads: usize) -> Vec<u32> {
+    let k = HostKernel::compile_with(text, entry, Families::ALL)
+        .unwrap_or_else(|e| panic!("{entry}: {e}"));
+    let n = a.len();
+    let bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let (mut ia, mut ib) = (bytes(a), bytes(b));
+    let mut out = vec![0xFFu8; (n + 2) * 4];
+    let spans = [
+        HostSpan {
+            ptr: ia.as_mut_ptr(),
+            len: ia.len(),
+        },
+        HostSpan {
+            ptr: ib.as_mut_ptr(),
+            len: ib.len(),
+        },
+    ];
+    let l = HostLaunch {
+        inputs: &spans,
+        args: &[],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads,
+        checked: threads > 1,
+        control: None,
+    };
+    // SAFETY: every span is a live Vec of exactly `len` bytes.
+    unsafe { k.launch(&l) }.unwrap();
+    assert!(
+        out[n * 4..].iter().all(|b| *b == 0xFF),
+        "{entry}: tail written"
+    );
+    out.chunks(4)
+        .take(n)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// NVRTC -G's `add_f16_vec2`: its `__half2` temporaries live in a 40-byte
+/// frame and their `this` pointers are stored in it and loaded back. Each
+/// slot holding a frame address is proved to be touched by nothing else
+/// and becomes a register; the kernel runs on the host engine bit for bit
+/// against `__hadd2` (each lane rounded once, from the exact f64 sum), the
+/// tail untouched; its element is the 4-byte pair.
+#[test]
+fn add_f16_vec2_debug_build_matches_the_reference() {
+    let text = jit("nvrtc/add_f16_vec2_G.ptx");
+    let (sig, _) = ptx::verify_contract(&text, "add_f16_vec2", None, Families::ALL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(sig.element_sizes.iter().all(|s| *s == 4), "{sig:?}");
+    let canonical = ptx::canonicalize_with(&text, "add_f16_vec2", None, Families::ALL).unwrap();
+    for gone in [".local", "__local_depot0", "call"] {
+        assert!(!canonical.text.contains(gone), "`{gone}` left");
+    }
+    let mut r = rng("add_f16_vec2 -G");
+    let half = |r: &mut rand::rngs::StdRng| -> u32 {
+        loop {
+            let h: u16 = r.random();
+            if !half::f16::from_bits(h).is_nan() {
+                return u32::from(h);
+            }
+        }
+    };
+    let lane = |x: u32, y: u32| -> u32 {
+        let (x, y) = (
+            half::f16::from_bits(x as u16),
+            half::f16::from_bits(y as u16),
+        );
+        u32::from(half::f16::from_f64(f64::from(x) + f64::from(y)).to_bits())
+    };
+    for (n, threads) in [(1usize, 1usize), (257, 3), (1000, 2)] {
+        let a: Vec<u32> = (0..n).map(|_| half(&mut r) | half(&mut r) << 16).collect();
+        let b: Vec<u32> = (0..n).map(|_| half(&mut r) | half(&mut r) << 16).collect();
+        let got = run_pairs(&text, "add_f16_vec2", &a, &b, threads);
+        for ((x, y), g) in a.iter().zip(&b).zip(&got) {
+            let want = lane(x & 0xFFFF, y & 0xFFFF) | lane(x >> 16, y >> 16) << 16;
+            let nan = |v: u32| half::f16::from_bits(v as u16).is_nan();
+            let ok = *g == want
+                || (nan(want & 0xFFFF) && nan(g & 0xFFFF) && (g >> 16 == want >> 16))
+                || (nan(want >> 16) && nan(g >> 16) && (g & 0xFFFF == want & 0xFFFF));
+            assert!(ok, "a = {x:#x}, b = {y:#x}: got {g:#x}, want {want:#x}");
+        }
+    }
+}
+
+/// The slots that hold `add_f16_vec2 -G`'s frame addresses, attacked:
+/// each is refused `local_memory` with its exact reason.
+#[test]
+fn frame_address_slots_are_held_to_their_proof() {
+    let with = |from: &str, to: &str| {
+        let text = jit("nvrtc/add_f16_vec2_G.ptx");
+        assert!(text.contains(from), "{from}");
+        text.replacen(from, to, 1)
+    };
+    for (text, why) in [
+        // Half of a slot holding a frame address read as data.
+        (
+            with("ld.u64 \t%rd18, [%SP+24];", "ld.u32 \t%r3, [%SP+28];"),
+            "`ld.u32` may access bytes 28..32 of the local frame `__local_depot0`, which overlap the slot at byte 24 that holds a frame address",
+        ),
+        // A frame address loaded back from its slot and stored to memory.
+        (
+            with(
+                "ld.u64 \t%rd18, [%SP+24];",
+                "ld.u64 \t%rd18, [%SP+24];\n\tst.global.u64 \t[%rd4], %rd18;",
+            ),
+            "must not escape",
+        ),
+        // A frame address stored where a slot does not fit.
+        (
+            with("st.u64 \t[%SP+8], %rd13;", "st.u64 \t[%SP+36], %rd13;"),
+            "must not escape",
+        ),
+        // The address a slot holds, past the frame: the callee's store
+        // through it is refused.
+        (
+            with("add.u64 \t%rd12, %SP, 4;", "add.u64 \t%rd12, %SP, 38;"),
+            "may access byte offsets 38..=38",
+        ),
+    ] {
+        let (reason, explanation) = refusal(&text, "add_f16_vec2");
+        assert_eq!(reason, "local_memory", "{why}: {explanation}");
+        assert!(explanation.contains(why), "{why}: {explanation}");
+    }
+}
+
+/// An inlined callee's scoped `%r7` is not the entry's `%r7`: with the
+/// entry's own frame, the callee's `mov.u32 %r7, 0` must not make the
+/// caller's data-dependent `%r7` look like index 0 (before every scope was
+/// renamed apart whenever the body has a frame, this was accepted).
+#[test]
+fn a_callees_register_is_not_the_callers_in_the_frame_proof() {
+    let callee = ".func zero()\n{\n\t.reg .b32 \t%r<8>;\n\tmov.u32 \t%r7, 0;\n\tret;\n}\n\n.visible .entry framed(";
+    let text = framed("mov.u32 \t%r9, 4;\n\tmov.u32 \t%r7, %r4;\n\tcall.uni \tzero;").replacen(
+        ".visible .entry framed(",
+        callee,
+        1,
+    );
+    let (reason, explanation) = refusal(&text, "framed");
+    assert_eq!(reason, "local_memory");
+    assert!(
+        explanation.contains("`ld.local.u32` may access byte offsets"),
+        "{explanation}"
+    );
+}

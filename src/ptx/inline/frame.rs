@@ -271,6 +271,8 @@ struct Access {
     width: u32,
     lanes: usize,
     ty: String,
+    /// The bytes it may touch, `lo..hi`, over every path (the frame's).
+    span: (i128, i128),
 }
 
 struct Prover<'b> {
@@ -293,6 +295,9 @@ struct Prover<'b> {
     live: Vec<Bits>,
     /// The numbers of the registers in `split` and `live`.
     regs: Regs,
+    /// Statement index -> (is a store, offset) of each move of a frame
+    /// address through a slot of the frame (see [`Prover::pointer_slot`]).
+    pointers: HashMap<usize, (bool, i128)>,
 }
 
 /// How many integers `s` holds (saturating).
@@ -822,6 +827,21 @@ impl<'b> Prover<'b> {
                 ));
             }
         }
+        let lo = offs.iter().map(|p| p.lo).min().unwrap_or(0) + i128::from(c);
+        let hi = offs.iter().map(|p| p.hi).max().unwrap_or(0) + i128::from(c) + vector;
+        let span = match self.accesses.get(&at) {
+            Some(Some(a)) => (a.span.0.min(lo), a.span.1.max(hi)),
+            _ => (lo, hi),
+        };
+        if self.pointers.contains_key(&at) {
+            return Err(self.err(
+                i.line,
+                format!(
+                    "`{}` moves a frame address of the local frame `{}` on one path and other data on another",
+                    i.opcode, self.frame
+                ),
+            ));
+        }
         self.accesses.insert(
             at,
             Some(Access {
@@ -830,9 +850,86 @@ impl<'b> Prover<'b> {
                 width: w as u32,
                 lanes,
                 ty: ty.to_string(),
+                span,
             }),
         );
         Ok(())
+    }
+
+    /// A 64-bit store of a frame address to a single offset of the frame,
+    /// or a 64-bit load from a single offset that holds one on this path
+    /// (`-G` builds keep `this` pointers of temporaries there): the slot is
+    /// tracked in the state (`#slot<offset>`) and its statement recorded.
+    /// `Ok(false)` when `i` is no such access.
+    fn pointer_slot(
+        &mut self,
+        at: usize,
+        i: &Instr,
+        st: &mut State,
+        store: bool,
+        lanes: usize,
+        ty: &str,
+    ) -> Result<bool, PtxError> {
+        let o = &i.operands;
+        let (addr, value) = if store {
+            (o.first(), o.get(1))
+        } else {
+            (o.get(1), o.first())
+        };
+        let wide = lanes == 1
+            && type_bits(ty) == Some(64)
+            && matches!(ty.as_bytes().first(), Some(b'b' | b'u' | b's'))
+            && i.guard.is_none()
+            && o.len() == 2;
+        let off = match addr {
+            Some(Operand::Addr {
+                base: AddrBase::Name(n),
+                offset,
+            }) if wide => match self.value(st, &Operand::Name(n.clone()), 64) {
+                Av::Frame(s) if s.len() == 1 && s[0].stride == 0 => s[0].lo + i128::from(*offset),
+                _ => return Ok(false),
+            },
+            _ => return Ok(false),
+        };
+        let key = format!("#slot{off}");
+        let (Some(Operand::Name(v)), true) = (
+            value,
+            off >= 0 && off % 8 == 0 && off + 8 <= self.size as i128,
+        ) else {
+            return Ok(false);
+        };
+        let held = if store {
+            match self.value(st, &Operand::Name(v.clone()), 64) {
+                Av::Frame(f) => Some(f),
+                _ => None,
+            }
+        } else {
+            match st.get(&key) {
+                Some(Av::Frame(f)) => Some(f.clone()),
+                _ => None,
+            }
+        };
+        let Some(held) = held else {
+            return Ok(false);
+        };
+        if matches!(self.accesses.get(&at), Some(Some(_)))
+            || self.pointers.get(&at).is_some_and(|p| *p != (store, off))
+        {
+            return Err(self.err(
+                i.line,
+                format!(
+                    "`{}` moves a frame address of the local frame `{}` on one path and other data, or another slot, on another",
+                    i.opcode, self.frame
+                ),
+            ));
+        }
+        self.pointers.insert(at, (store, off));
+        if store {
+            st.insert(key, Av::Frame(held));
+        } else {
+            set(st, v, Av::Frame(held));
+        }
+        Ok(true)
     }
 
     /// Records a load of constant table `k` at the offsets `offs` (+ `c`);
@@ -878,6 +975,7 @@ impl<'b> Prover<'b> {
                 width: w as u32,
                 lanes,
                 ty: ty.to_string(),
+                span: (0, 0),
             }),
         );
     }
@@ -892,6 +990,9 @@ impl<'b> Prover<'b> {
         let o = &i.operands;
         // Memory accesses.
         if let Some((store, space, lanes, mty)) = mem_parts(op) {
+            if matches!(space, "local" | "") && self.pointer_slot(at, i, st, store, lanes, mty)? {
+                return Ok(());
+            }
             let (addr, value) = if store {
                 (o.first(), o.get(1))
             } else {
@@ -1564,7 +1665,9 @@ impl<'b> Prover<'b> {
                         // paths that differ only there meet.
                         if let Some(live) = self.live.get(pc) {
                             let regs = &self.regs;
-                            st.retain(|k, _| regs.get(k).is_some_and(|k| live.contains(k)));
+                            st.retain(|k, _| {
+                                k.starts_with('#') || regs.get(k).is_some_and(|k| live.contains(k))
+                            });
                         }
                         let at = seen.entry(pc).or_default();
                         if at.contains(&st) {
@@ -1831,9 +1934,51 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         split,
         live,
         regs: numbers,
+        pointers: HashMap::new(),
     };
     prover.run()?;
     let tables_ok = prover.tables_ok;
+    let pointers = std::mem::take(&mut prover.pointers);
+    // A statement that moves a frame address on one path does so on all.
+    if let Some(&at) = pointers.keys().find(|at| prover.accesses.contains_key(at)) {
+        let (line, opcode) = match body.get(at) {
+            Some(Stmt::Instr(i)) => (i.line, i.opcode.as_str()),
+            _ => (var_line, ""),
+        };
+        return Err(refuse(
+            SubReason::LocalMemory,
+            line,
+            format!(
+                "`{opcode}` moves a frame address of the local frame `{frame}` on one path and other data on another"
+            ),
+        ));
+    }
+    // A slot that holds a frame address is touched by nothing else.
+    let mut pointer_slots: Vec<i128> = pointers.values().map(|(_, off)| *off).collect();
+    pointer_slots.sort_unstable();
+    pointer_slots.dedup();
+    for (&at, a) in &prover.accesses {
+        let Some(a) = a.as_ref().filter(|a| a.region.is_none()) else {
+            continue;
+        };
+        if let Some(p) = pointer_slots
+            .iter()
+            .find(|&&p| a.span.0 < p + 8 && p < a.span.1)
+        {
+            let (line, opcode) = match body.get(at) {
+                Some(Stmt::Instr(i)) => (i.line, i.opcode.as_str()),
+                _ => (var_line, ""),
+            };
+            return Err(refuse(
+                SubReason::LocalMemory,
+                line,
+                format!(
+                    "`{opcode}` may access bytes {}..{} of the local frame `{frame}`, which overlap the slot at byte {p} that holds a frame address",
+                    a.span.0, a.span.1
+                ),
+            ));
+        }
+    }
     let accesses: Vec<(usize, Access)> = prover
         .accesses
         .into_iter()
@@ -2015,6 +2160,30 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         }
         rewritten.insert(*at, out);
     }
+    // Each slot holding a frame address is one `.b64` register.
+    let pointer_reg = |off: i128| Operand::Name(format!("%__fq{off}"));
+    for (&at, &(store, off)) in &pointers {
+        let Stmt::Instr(i) = &body[at] else { continue };
+        let (addr_at, value) = if store { (0, 1) } else { (1, 0) };
+        let (Some(v), Some(_)) = (i.operands.get(value), i.operands.get(addr_at)) else {
+            continue;
+        };
+        let operands = if store {
+            vec![pointer_reg(off), v.clone()]
+        } else {
+            vec![v.clone(), pointer_reg(off)]
+        };
+        rewritten.insert(
+            at,
+            vec![Instr {
+                guard: None,
+                opcode: "mov.b64".into(),
+                operands,
+                line: i.line,
+                col: i.col,
+            }],
+        );
+    }
     let reg = |ty: &str, name: String| Stmt::Reg {
         ty: ty.to_string(),
         name,
@@ -2025,6 +2194,9 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
     let mut decls = vec![reg("b64", "%__fo".into()), reg("pred", "%__fp".into())];
     for b in &temps {
         decls.push(reg(&format!("b{b}"), format!("%__fv{b}")));
+    }
+    for &p in &pointer_slots {
+        decls.push(reg("b64", format!("%__fq{p}")));
     }
     let mut out = Vec::with_capacity(body.len() + accesses.len() * 4 * slots as usize);
     // The temporaries go first in the body: a table may be read outside
@@ -2043,6 +2215,15 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
                     guard: None,
                     opcode: format!("mov.b{bits}"),
                     operands: vec![slot(k), Operand::Imm(Imm::Int(0))],
+                    line: var_line,
+                    col: 0,
+                }));
+            }
+            for &p in &pointer_slots {
+                out.push(Stmt::Instr(Instr {
+                    guard: None,
+                    opcode: "mov.b64".into(),
+                    operands: vec![pointer_reg(p), Operand::Imm(Imm::Int(0))],
                     line: var_line,
                     col: 0,
                 }));
@@ -2138,9 +2319,9 @@ fn zeroed_before_use(body: &[Stmt], var_at: usize) -> bool {
 }
 
 /// Renames the scoped declarations of entry `symbol` ([`flatten_scopes`])
-/// when one of them is a `.local` frame (an inlined callee's). `false` when
-/// there is such a frame and the renaming declined: its names stay
-/// conflated across scopes, so it must not be proved.
+/// when the body has a `.local` frame (the entry's or an inlined callee's)
+/// and a scope. `false` when the renaming declined: names would stay
+/// conflated across scopes, so the frame must not be proved.
 pub fn flatten_frame_scopes(module: &mut Module, symbol: &str) -> bool {
     let Some(body) = module
         .functions
@@ -2150,17 +2331,14 @@ pub fn flatten_frame_scopes(module: &mut Module, symbol: &str) -> bool {
     else {
         return true;
     };
-    let mut depth = 0i32;
-    let mut scoped_frame = false;
-    for s in body.iter() {
-        match s {
-            Stmt::Open => depth += 1,
-            Stmt::Close => depth -= 1,
-            Stmt::Var { space, .. } if space == "local" && depth > 0 => scoped_frame = true,
-            _ => {}
-        }
-    }
-    !scoped_frame || flatten_scopes(body)
+    // The proof tracks registers by name: with a frame anywhere in the
+    // body, every scope's registers are renamed apart (an inlined callee's
+    // `%rd1` is not the entry's `%rd1`, whichever of them the frame is in).
+    let framed = body
+        .iter()
+        .any(|s| matches!(s, Stmt::Var { space, .. } if space == "local"));
+    let scoped = body.iter().any(|s| matches!(s, Stmt::Open));
+    !(framed && scoped) || flatten_scopes(body)
 }
 
 /// The names the lowering and [`flatten_scopes`] make: a body already
