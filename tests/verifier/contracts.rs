@@ -853,6 +853,10 @@ fn the_jit_corpus_by_family() {
     // NVRTC's scalar ABI is accepted whole, double `sin` included.
     assert_eq!(accepted("nvrtc scalar"), Some((50, 50)));
     assert_eq!(accepted("nvrtc scalar -G"), Some((25, 25)));
+    // The seed's Vectorized schedule, -G builds included (`add_f16_vec2`
+    // keeps its `__half2` temporaries' `this` pointers in frame slots).
+    assert_eq!(accepted("nvrtc vectorized2 -G"), Some((3, 3)));
+    assert_eq!(accepted("nvrtc vectorized4 -G"), Some((2, 2)));
     // The seed's Strided schedule, every build (the Strided family).
     assert_eq!(accepted("nvrtc strided"), Some((6, 6)));
     assert_eq!(accepted("nvrtc strided -G"), Some((3, 3)));
