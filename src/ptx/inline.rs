@@ -8,7 +8,15 @@
 //! return values are `.param` variables declared before it, each of the
 //! callee's params' size and passed whole by value (`st.param`/`ld.param`
 //! at offset 0 of the param's width; a param is a scalar or a 2-, 4- or
-//! 8-byte `.b8` array, as NVRTC passes `__half` and `__nv_bfloat16`). The call's `.param` variables become registers
+//! 8-byte `.b8` array, as NVRTC passes `__half` and `__nv_bfloat16`; a
+//! return may also be a `.b8` struct of at most [`MAX_STRUCT_RETURN`]
+//! bytes, as double `sin`'s slow path returns `{double, int}`, which
+//! becomes one register per field: every `st.param` of the callee and
+//! `ld.param` of the caller at its offset must lie inside the struct,
+//! aligned to its width, each field at one width and disjoint from the
+//! others, and the caller only reads it; a field the callee does not
+//! write on some path is a register never written there, which the
+//! verifier refuses, `undefined_register`). The call's `.param` variables become registers
 //! (`st.param.T [p+0], x` is `mov.T %arg, x`; the callee's
 //! `ld.param.T d, [f_param_0]` is `mov.T d, %arg`), the callee's body is
 //! placed in a `{ }` scope (its registers shadow the caller's), its labels
@@ -20,6 +28,8 @@
 //! - `call_extern`: a call to a function declared without a body here;
 //! - `call_recursion`: a function that calls itself, directly or not;
 //! - `call_arguments`: arity or size mismatches, arrays and `.reg` params,
+//!   a struct return's access outside it, misaligned or overlapping
+//!   another field, or written by the caller,
 //!   a callee reading a param it was not passed (or not a param of its
 //!   own), any other use of a param's address, a callee naming a register
 //!   it does not declare (after inlining it would read the caller's);
@@ -39,6 +49,7 @@ use std::collections::{HashMap, HashSet};
 use super::parse::{AddrBase, Function, Instr, Module, Operand, Param, Stmt};
 use super::{PtxError, SubReason};
 
+mod carry;
 mod frame;
 pub use frame::{MAX_INDEXED_FRAME, MAX_SLOTS};
 
@@ -212,6 +223,179 @@ fn register_type(p: &Param) -> Option<String> {
     }
 }
 
+/// The largest struct a callee may return (`.param .b8 r[N]`, N past 8),
+/// in bytes: each field it is read or written at becomes one register.
+pub const MAX_STRUCT_RETURN: u64 = 64;
+
+/// `p`'s size when it is a struct return: a `.b8` array that
+/// [`register_type`] cannot hold in one register, at most
+/// [`MAX_STRUCT_RETURN`] bytes.
+fn struct_size(p: &Param) -> Option<u64> {
+    match p.array {
+        Some(n) if !p.is_reg && p.ty == "b8" && register_type(p).is_none() => {
+            (n > 0 && n <= MAX_STRUCT_RETURN).then_some(n)
+        }
+        _ => None,
+    }
+}
+
+/// A struct return's fields: byte offset -> (width in bytes, the type the
+/// field's register is declared with).
+type Fields = std::collections::BTreeMap<i64, (u32, String)>;
+
+/// Adds the scalar `ld.param.T`/`st.param.T` `i` of the struct `name`
+/// (`size` bytes) to `fields`: the access must lie inside the struct,
+/// aligned to its width, and be the same bytes at the same width as every
+/// other access of that field or disjoint from it; else `call_arguments`
+/// naming it.
+fn add_field(
+    fields: &mut Fields,
+    i: &Instr,
+    store: bool,
+    name: &str,
+    size: u64,
+) -> Result<(), PtxError> {
+    let bad = |why: String| {
+        refuse(
+            SubReason::CallArguments,
+            i.line,
+            format!("`{}` {why}", i.opcode),
+        )
+    };
+    let ty = match i.opcode.split('.').collect::<Vec<_>>()[..] {
+        [_, "param", ty] => ty,
+        _ => {
+            return Err(bad(format!(
+                "is not a scalar access of the struct `{name}`"
+            )))
+        }
+    };
+    let value = if store {
+        i.operands.get(1)
+    } else {
+        i.operands.first()
+    };
+    if i.operands.len() != 2 || matches!(value, Some(Operand::List(_)) | None) {
+        return Err(bad(format!(
+            "is not a scalar access of the struct `{name}`"
+        )));
+    }
+    let Some((_, off)) = param_address(i, store) else {
+        return Err(bad(format!("does not address the struct `{name}`")));
+    };
+    let w = type_bytes(ty);
+    let inside = w > 0
+        && off >= 0
+        && u64::try_from(off).is_ok_and(|o| o.saturating_add(u64::from(w)) <= size);
+    if !inside {
+        return Err(bad(format!(
+            "at byte {off} (width {w}) leaves the struct `{name}` of {size} bytes"
+        )));
+    }
+    if off % i64::from(w) != 0 {
+        return Err(bad(format!(
+            "at byte {off} is not aligned to its width {w} in the struct `{name}`"
+        )));
+    }
+    for (&o, (ow, oty)) in fields.iter_mut() {
+        if (o, *ow) == (off, w) {
+            if oty != ty {
+                *oty = format!("b{}", w * 8);
+            }
+            return Ok(());
+        }
+        if off < o + i64::from(*ow) && o < off + i64::from(w) {
+            return Err(bad(format!(
+                "at byte {off} (width {w}) overlaps the field at byte {o} (width {ow}) of the struct `{name}`"
+            )));
+        }
+    }
+    fields.insert(off, (w, ty.to_string()));
+    Ok(())
+}
+
+/// The fields of a call's struct return `var` (declared at `body[at]`,
+/// `size` bytes): those the callee `f` writes to its return `ret` and those
+/// the caller reads from `var` before `var` is declared again. The caller
+/// may only read it; every access is checked by [`add_field`].
+fn struct_fields(
+    body: &[Stmt],
+    at: usize,
+    var: &str,
+    f: &Function,
+    ret: &str,
+    size: u64,
+) -> Result<Fields, PtxError> {
+    let mut fields = Fields::new();
+    for s in f.body.as_deref().unwrap_or_default() {
+        let Stmt::Instr(i) = s else { continue };
+        if let Some((store, _)) = param_access(i) {
+            if param_address(i, store).is_some_and(|(n, _)| n == ret) && store {
+                add_field(&mut fields, i, store, ret, size)?;
+            }
+        }
+    }
+    for s in body.iter().skip(at + 1) {
+        match s {
+            Stmt::Var { name, .. } if name == var => break,
+            Stmt::Instr(i) => {
+                if let Some((store, _)) = param_access(i) {
+                    if param_address(i, store).is_some_and(|(n, _)| n == var) {
+                        if store {
+                            return Err(refuse(
+                                SubReason::CallArguments,
+                                i.line,
+                                format!("`{}` writes the struct return `{var}`", i.opcode),
+                            ));
+                        }
+                        add_field(&mut fields, i, store, var, size)?;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(fields)
+}
+
+/// Rewrites the access `i` of a struct's field (checked by [`add_field`])
+/// as a `mov` with the field's register in `regs` (offset -> register).
+fn field_move(
+    i: &Instr,
+    store: bool,
+    ty: &str,
+    regs: &HashMap<i64, String>,
+) -> Result<Instr, PtxError> {
+    let off = param_address(i, store).map_or(-1, |(_, o)| o);
+    let Some(reg) = regs.get(&off) else {
+        return Err(refuse(
+            SubReason::CallArguments,
+            i.line,
+            format!("`{}` at byte {off} is no field of its struct", i.opcode),
+        ));
+    };
+    let reg = Operand::Name(reg.clone());
+    let value = if store {
+        i.operands.get(1)
+    } else {
+        i.operands.first()
+    };
+    let value = value
+        .cloned()
+        .unwrap_or(Operand::Imm(super::parse::Imm::Int(0)));
+    Ok(Instr {
+        guard: i.guard.clone(),
+        opcode: format!("mov.{ty}"),
+        operands: if store {
+            vec![reg, value]
+        } else {
+            vec![value, reg]
+        },
+        line: i.line,
+        col: i.col,
+    })
+}
+
 /// Every name an operand mentions.
 fn operand_names<'o>(o: &'o Operand, out: &mut Vec<&'o str>) {
     match o {
@@ -352,14 +536,19 @@ impl<'m> Inliner<'m> {
         if let Some(p) = f
             .params
             .iter()
-            .chain(&f.returns)
-            .find(|p| register_type(p).is_none())
+            .filter(|p| register_type(p).is_none())
+            .chain(
+                f.returns
+                    .iter()
+                    .filter(|p| register_type(p).is_none() && struct_size(p).is_none()),
+            )
+            .next()
         {
             return Err(refuse(
                 SubReason::CallArguments,
                 p.line,
                 format!(
-                    "`{}`: only scalar .param params and 2-, 4- or 8-byte .b8 arrays are inlined",
+                    "`{}`: only scalar .param params and 2-, 4- or 8-byte .b8 arrays are inlined (and .b8 struct returns of at most {MAX_STRUCT_RETURN} bytes)",
                     p.name
                 ),
             ));
@@ -373,6 +562,8 @@ impl<'m> Inliner<'m> {
         // stands for (the most recent declaration of its name).
         let mut latest: HashMap<&str, usize> = HashMap::new();
         let mut typed: HashMap<usize, Param> = HashMap::new();
+        // A struct return's `.param` variable -> the callee returning it.
+        let mut returned_by: HashMap<usize, &'m Function> = HashMap::new();
         for (at, s) in body.iter().enumerate() {
             match s {
                 Stmt::Var { space, name, .. } if space == "param" => {
@@ -394,6 +585,9 @@ impl<'m> Inliner<'m> {
                                 format!("`{name}` is not a .param declared before the call"),
                             ));
                         };
+                        if f.returns.iter().any(|r| r.name == p.name) && struct_size(p).is_some() {
+                            returned_by.insert(var, f);
+                        }
                         if typed.insert(var, p.clone()).is_some() {
                             return Err(refuse(
                                 SubReason::CallArguments,
@@ -409,10 +603,33 @@ impl<'m> Inliner<'m> {
         let mut out = Vec::with_capacity(body.len());
         // A call's `.param` variable -> (its register, the callee param).
         let mut regs: HashMap<&str, (String, &Param)> = HashMap::new();
+        // A call's struct return variable -> its fields' registers by offset.
+        let mut struct_regs: HashMap<&str, HashMap<i64, String>> = HashMap::new();
         for (at, s) in body.iter().enumerate() {
             match s {
+                Stmt::Var { name, line, .. } if returned_by.contains_key(&at) => {
+                    let p = &typed[&at];
+                    let size = struct_size(p).unwrap_or_default();
+                    let fields = struct_fields(body, at, name, returned_by[&at], &p.name, size)?;
+                    let n = self.fresh();
+                    let mut by_offset = HashMap::new();
+                    for (off, (_, ty)) in fields {
+                        let reg = format!("%__arg{n}_{off}");
+                        out.push(Stmt::Reg {
+                            ty,
+                            name: reg.clone(),
+                            count: None,
+                            line: *line,
+                            col: 0,
+                        });
+                        by_offset.insert(off, reg);
+                    }
+                    regs.remove(name.as_str());
+                    struct_regs.insert(name.as_str(), by_offset);
+                }
                 Stmt::Var { name, line, .. } if typed.contains_key(&at) => {
                     let p = &typed[&at];
+                    struct_regs.remove(name.as_str());
                     let reg = format!("%__arg{}", self.fresh());
                     out.push(Stmt::Reg {
                         ty: register_type(p).unwrap_or_default(),
@@ -434,7 +651,13 @@ impl<'m> Inliner<'m> {
                         .chain(f.returns.iter().zip(&call.rets))
                         .map(|(p, a)| (p.name.as_str(), reg_of(a)))
                         .collect();
-                    let inlined = self.inline(f, &params, i.line)?;
+                    let fields: HashMap<&str, HashMap<i64, String>> = f
+                        .returns
+                        .iter()
+                        .zip(&call.rets)
+                        .filter_map(|(p, a)| Some((p.name.as_str(), struct_regs.get(a)?.clone())))
+                        .collect();
+                    let inlined = self.inline(f, &params, &fields, i.line)?;
                     out.extend(inlined);
                 }
                 Stmt::Instr(i) => {
@@ -444,9 +667,16 @@ impl<'m> Inliner<'m> {
                                 out.push(Stmt::Instr(param_move(i, store, ty, reg, p)?));
                                 continue;
                             }
+                            if let Some(by_offset) = struct_regs.get(name) {
+                                out.push(Stmt::Instr(field_move(i, store, ty, by_offset)?));
+                                continue;
+                            }
                         }
                     }
-                    if let Some(n) = instr_names(i).into_iter().find(|n| regs.contains_key(n)) {
+                    if let Some(n) = instr_names(i)
+                        .into_iter()
+                        .find(|n| regs.contains_key(n) || struct_regs.contains_key(n))
+                    {
                         return Err(refuse(
                             SubReason::CallArguments,
                             i.line,
@@ -470,6 +700,7 @@ impl<'m> Inliner<'m> {
         &mut self,
         f: &Function,
         params: &HashMap<&str, String>,
+        fields: &HashMap<&str, HashMap<i64, String>>,
         line: u32,
     ) -> Result<Vec<Stmt>, PtxError> {
         let raw = f.body.as_deref().unwrap_or_default();
@@ -514,8 +745,9 @@ impl<'m> Inliner<'m> {
                     if let Some((store, ty)) = param_access(i) {
                         let name = param_address(i, store).map(|(n, _)| n);
                         let is_return = name.is_some_and(|n| f.returns.iter().any(|r| r.name == n));
-                        let ok =
-                            name.is_some_and(|n| params.contains_key(n)) && (store == is_return);
+                        let ok = name
+                            .is_some_and(|n| params.contains_key(n) || fields.contains_key(n))
+                            && (store == is_return);
                         if !ok {
                             return Err(refuse(
                                 SubReason::CallArguments,
@@ -527,6 +759,10 @@ impl<'m> Inliner<'m> {
                             ));
                         }
                         let name = name.unwrap_or_default();
+                        if let Some(by_offset) = fields.get(name) {
+                            out.push(Stmt::Instr(field_move(i, store, ty, by_offset)?));
+                            continue;
+                        }
                         let (Some(reg), Some(p)) = (params.get(name), by_name.get(name)) else {
                             continue;
                         };
@@ -664,14 +900,17 @@ fn declared_only(module: &Module, f: &Function, body: &[Stmt]) -> Result<(), Ptx
 /// A frame this leaves (some access at a computed offset) goes to
 /// `frame::lower_indexed`, which proves every access inside it on every
 /// path and lowers it to registers, or refuses it naming the access.
+/// Last, `carry::lower` rewrites carry chains (`add.cc`/`addc`/`madc`..)
+/// as plain instructions with the carry in a predicate register.
 pub fn promote_frame(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
     // A scoped frame whose scopes were not renamed apart would be proved
     // with the names of different scopes conflated: left (and refused).
-    if !frame::flatten_frame_scopes(module, symbol) {
-        return Ok(());
+    if frame::flatten_frame_scopes(module, symbol) {
+        promote_constant(module, symbol)?;
+        frame::lower_indexed(module, symbol)?;
     }
-    promote_constant(module, symbol)?;
-    frame::lower_indexed(module, symbol)
+    carry::lower(module, symbol);
+    Ok(())
 }
 
 fn promote_constant(module: &mut Module, symbol: &str) -> Result<(), PtxError> {

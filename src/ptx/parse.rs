@@ -716,8 +716,14 @@ impl<'a> Parser<'a> {
         }
         let name = name.ok_or_else(|| self.eof("a variable name"))?;
         let bytes = element.zip(count).and_then(|(e, c)| e.checked_mul(c));
-        // An initializer counts only when it fills the variable exactly.
-        let init = init.filter(|b| Some(b.len() as u64) == bytes);
+        // An initializer counts only when it fits the variable; a shorter
+        // one is padded with zeros (PTX ISA 5.4.4: initializers may be
+        // incomplete, as NVVM emits them, trailing zeros left out).
+        let init = init.and_then(|mut b: Vec<u8>| {
+            let n = usize::try_from(bytes?).ok().filter(|n| b.len() <= *n)?;
+            b.resize(n, 0);
+            Some(b)
+        });
         Ok((name, bytes, init))
     }
 

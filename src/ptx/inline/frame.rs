@@ -14,7 +14,16 @@
 //! unrolled; a label visited more than [`UNROLL`] times widens (what
 //! changed is forgotten) so every loop terminates; a state equal to one
 //! already explored at a label is pruned; past [`MAX_STEPS`] instruction
-//! steps the kernel is refused `too_complex`. Every access of the frame
+//! steps the kernel is refused `too_complex`. A register that a
+//! register-to-register integer compare may read later (a backward slice)
+//! and that gets at most [`MAX_SPLIT`] values on a path is split into one
+//! path per value (exact: the paths together are the same executions), so
+//! a loop bounded by another register computed from the same value has
+//! constant bounds on each path; label visits are counted per such path
+//! (its lineage), and registers no path reads again are dropped from the
+//! state at a label, so that paths differing only there meet.
+//! `mov.b64 {lo, hi}, x` gives the halves of x's bounds (of its bits, for
+//! a float of known magnitude). Every access of the frame
 //! (`ld.local`/`st.local` through a frame address, a generic `ld`/`st`
 //! through one) must, on every path, have every lane inside the frame
 //! (`0 <= off`, `off + width <= size`) and aligned to its width; all
@@ -56,6 +65,9 @@ pub const MAX_COST: usize = 3_000_000;
 pub const UNROLL: usize = 64;
 /// The most strided intervals one value keeps.
 const MAX_PARTS: usize = 4;
+/// The most values a register feeding a register-to-register compare is
+/// split into (one path per value).
+pub const MAX_SPLIT: i128 = 32;
 
 /// `lo..=hi` in steps of `stride` (`stride == 0` iff `lo == hi`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,6 +271,8 @@ struct Access {
     width: u32,
     lanes: usize,
     ty: String,
+    /// The bytes it may touch, `lo..hi`, over every path (the frame's).
+    span: (i128, i128),
 }
 
 struct Prover<'b> {
@@ -273,6 +287,262 @@ struct Prover<'b> {
     /// Statement index -> whether it is a frame access (generic ones may
     /// be either; they must be the same on every path).
     accesses: HashMap<usize, Option<Access>>,
+    /// Per statement, the registers a register-to-register integer compare
+    /// may read after it (see [`split_registers`]).
+    split: Vec<Bits>,
+    /// Per statement, the registers read again after it (see
+    /// [`live_registers`]).
+    live: Vec<Bits>,
+    /// The numbers of the registers in `split` and `live`.
+    regs: Regs,
+    /// Statement index -> (is a store, offset) of each move of a frame
+    /// address through a slot of the frame (see [`Prover::pointer_slot`]).
+    pointers: HashMap<usize, (bool, i128)>,
+}
+
+/// How many integers `s` holds (saturating).
+fn count(s: &Set) -> i128 {
+    s.iter()
+        .map(|p| {
+            if p.stride == 0 {
+                1
+            } else {
+                (p.hi - p.lo) / p.stride + 1
+            }
+        })
+        .fold(0i128, i128::saturating_add)
+}
+
+/// The statements control may reach after statement `pc`.
+fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, pc: usize) -> Vec<usize> {
+    let next = if pc + 1 < body.len() {
+        vec![pc + 1]
+    } else {
+        Vec::new()
+    };
+    let Some(Stmt::Instr(i)) = body.get(pc) else {
+        return next;
+    };
+    match i.opcode.split('.').next().unwrap_or("") {
+        "bra" => {
+            let target = match i.operands.first() {
+                Some(Operand::Name(l)) => labels.get(l.as_str()).copied(),
+                _ => None,
+            };
+            let mut out: Vec<usize> = target.into_iter().collect();
+            if i.guard.is_some() {
+                out.extend(next);
+            }
+            out
+        }
+        "ret" | "exit" if i.guard.is_none() => Vec::new(),
+        _ => next,
+    }
+}
+
+/// The values of `s` within `lo..=hi`.
+fn clip(s: &Set, lo: i128, hi: i128) -> Set {
+    let mut kept = Vec::new();
+    for q in s {
+        let step = q.stride.max(1);
+        let a = if q.lo >= lo {
+            q.lo
+        } else {
+            q.lo + (lo - q.lo + step - 1) / step * step
+        };
+        let z = if q.hi <= hi {
+            q.hi
+        } else {
+            q.hi - (q.hi - hi + step - 1) / step * step
+        };
+        if a <= z {
+            kept.push(Si::new(a, z, q.stride));
+        }
+    }
+    kept
+}
+
+/// On a path split off where `i` gave its destination the value `v`: the
+/// source of a plain unsigned `shr` by a constant `k` (at 32 or 64 bits)
+/// is in `v << k ..= (v << k) + 2^k - 1` there, so a later compare of the
+/// source agrees with the split (double `sin` on sm_100 splits
+/// `e = x >> 6` and then compares `x < 128`). A source register holding
+/// values wider than the shift's type is left as it is.
+fn preimage(i: &Instr, v: i128, st: &mut State) {
+    let (Some(k), [Operand::Name(d), Operand::Name(a), b]) = (
+        match i.opcode.as_str() {
+            "shr.u32" | "shr.b32" | "shr.u64" | "shr.b64" => imm(&i.operands[2]),
+            _ => None,
+        },
+        &i.operands[..],
+    ) else {
+        return;
+    };
+    if a == d || imm(b) != Some(k) || !(0..64).contains(&k) {
+        return;
+    }
+    // Only when the register holds no more bits than the `shr` reads (a
+    // wider register's high bits are not what was shifted).
+    let bits: u32 = if i.opcode.ends_with("32") { 32 } else { 64 };
+    if let Av::Int(x) = get(st, a) {
+        if !x.iter().all(|p| p.lo >= 0 && p.hi >> bits == 0) {
+            return;
+        }
+        let lo = v << k;
+        let kept = clip(x, lo, lo + (1i128 << k) - 1);
+        if !kept.is_empty() {
+            st.insert(a.clone(), Av::Int(kept));
+        }
+    }
+}
+
+/// A set of registers, by their number in [`Regs`].
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn contains(&self, k: usize) -> bool {
+        self.0.get(k / 64).is_some_and(|w| w >> (k % 64) & 1 == 1)
+    }
+    fn insert(&mut self, k: usize) {
+        if self.0.len() <= k / 64 {
+            self.0.resize(k / 64 + 1, 0);
+        }
+        self.0[k / 64] |= 1 << (k % 64);
+    }
+    fn remove(&mut self, k: usize) {
+        if let Some(w) = self.0.get_mut(k / 64) {
+            *w &= !(1 << (k % 64));
+        }
+    }
+    fn union(&mut self, o: &Bits) {
+        if self.0.len() < o.0.len() {
+            self.0.resize(o.0.len(), 0);
+        }
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            *a |= b;
+        }
+    }
+    fn any(&self) -> bool {
+        self.0.iter().any(|w| *w != 0)
+    }
+}
+
+/// The registers the body names, numbered.
+#[derive(Default)]
+struct Regs(HashMap<String, usize>);
+
+impl Regs {
+    fn id(&mut self, n: &str) -> usize {
+        let next = self.0.len();
+        *self.0.entry(n.to_string()).or_insert(next)
+    }
+    fn get(&self, n: &str) -> Option<usize> {
+        self.0.get(n).copied()
+    }
+}
+
+/// A backward analysis over the body's branches: per statement, the
+/// registers wanted before it, given those wanted after it. `uses(i,
+/// wanted after)` says whether `i`'s sources are wanted (an unguarded `i`
+/// first kills what it writes). Returns (wanted before, wanted after) per
+/// statement.
+fn backward(
+    body: &[Stmt],
+    labels: &HashMap<&str, usize>,
+    regs: &mut Regs,
+    uses: impl Fn(&Instr, &Bits, &Bits) -> bool,
+) -> (Vec<Bits>, Vec<Bits>) {
+    let n = body.len();
+    // Per statement: (what it writes, what it reads).
+    let mut rw: Vec<(Bits, Bits)> = Vec::with_capacity(n);
+    for s in body {
+        let (mut w, mut r) = (Bits::default(), Bits::default());
+        if let Stmt::Instr(i) = s {
+            let dests = Prover::dests(i);
+            for d in &dests {
+                w.insert(regs.id(d));
+            }
+            let mut names = Vec::new();
+            for o in i.operands.iter().skip(usize::from(!dests.is_empty())) {
+                super::operand_names(o, &mut names);
+            }
+            if let Some((_, g)) = &i.guard {
+                names.push(g);
+            }
+            for x in names {
+                r.insert(regs.id(x));
+            }
+        }
+        rw.push((w, r));
+    }
+    let succ: Vec<Vec<usize>> = (0..n).map(|pc| successors(body, labels, pc)).collect();
+    let mut live_in: Vec<Bits> = vec![Bits::default(); n];
+    let mut live_out: Vec<Bits> = vec![Bits::default(); n];
+    loop {
+        let mut changed = false;
+        for pc in (0..n).rev() {
+            let mut out = Bits::default();
+            for &s in &succ[pc] {
+                out.union(&live_in[s]);
+            }
+            let mut inn = out.clone();
+            if let Stmt::Instr(i) = &body[pc] {
+                let (w, r) = &rw[pc];
+                if i.guard.is_none() {
+                    for (k, word) in w.0.iter().enumerate() {
+                        for b in 0..64 {
+                            if word >> b & 1 == 1 {
+                                inn.remove(k * 64 + b);
+                            }
+                        }
+                    }
+                }
+                if uses(i, w, &out) {
+                    inn.union(r);
+                }
+            }
+            if inn != live_in[pc] {
+                live_in[pc] = inn;
+                changed = true;
+            }
+            live_out[pc] = out;
+        }
+        if !changed {
+            return (live_in, live_out);
+        }
+    }
+}
+
+/// Per statement, the registers whose value after it a register-to-register
+/// integer compare may read, directly or through what is computed from
+/// them before they are written again (a backward slice, over the branches
+/// of the body). A path that gives such a register a set of at most
+/// [`MAX_SPLIT`] values is split there into one path per value (the paths
+/// together are the same executions, so this is exact), which is how a
+/// loop bounded by another register (the Payne-Hanek loop of double `sin`:
+/// `i` from `15 - e` while `i < 19 - e`) becomes a loop with constant
+/// bounds on each path.
+fn split_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Vec<Bits> {
+    backward(body, labels, regs, |i, w, out| {
+        let parts: Vec<&str> = i.opcode.split('.').collect();
+        let compare = parts.first() == Some(&"setp")
+            && !parts.last().is_some_and(|t| t.starts_with('f'))
+            && matches!(&i.operands[..], [_, Operand::Name(_), Operand::Name(_), ..]);
+        let mut written = w.clone();
+        written.0.iter_mut().zip(&out.0).for_each(|(a, b)| *a &= b);
+        written.0.truncate(out.0.len());
+        compare || written.any()
+    })
+    .1
+}
+
+/// Per statement, the registers that may be read after control reaches
+/// it before being written: what a state at a label keeps (a value no
+/// path reads again cannot change what the proof concludes, and states
+/// that differ only there are one).
+fn live_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Vec<Bits> {
+    backward(body, labels, regs, |_, _, _| true).0
 }
 
 fn type_bits(ty: &str) -> Option<u32> {
@@ -318,6 +588,49 @@ fn mem_parts(opcode: &str) -> Option<(bool, &str, usize, &str)> {
         }
     }
     Some((store, space, lanes, ty?))
+}
+
+/// The bits of a float of `fb` bits whose magnitude is in `[lo, hi]`
+/// (non-negative floats order as their bits), the bounds rounded outward
+/// to f32 at 32 bits; either sign.
+fn mag_bits(fb: u32, lo: f64, hi: f64) -> Set {
+    let (l, h) = if fb == 32 {
+        let mut l = lo as f32;
+        if f64::from(l) > lo {
+            l = f32::from_bits(l.to_bits().saturating_sub(1));
+        }
+        let mut h = hi as f32;
+        if f64::from(h) < hi {
+            h = f32::from_bits(h.to_bits() + 1);
+        }
+        (i128::from(l.to_bits()), i128::from(h.to_bits()))
+    } else {
+        (i128::from(lo.to_bits()), i128::from(hi.to_bits()))
+    };
+    let sign = 1i128 << (fb - 1);
+    norm(vec![Si::new(l, h, 1), Si::new(l + sign, h + sign, 1)])
+}
+
+/// The low and the high 32-bit halves of the 64-bit values `s`: the high
+/// half of each part is a part; the low half only when the part does not
+/// cross a multiple of 2^32 (else unknown).
+fn halves(s: &Set) -> (Option<Set>, Set) {
+    let m = 1i128 << 32;
+    let mut low = Some(Vec::new());
+    let mut high = Vec::new();
+    for p in s {
+        let (a, b) = (p.lo.div_euclid(m), p.hi.div_euclid(m));
+        let stride = if p.stride % m == 0 { p.stride / m } else { 1 };
+        high.push(Si::new(a, b, stride));
+        if a == b {
+            if let Some(l) = low.as_mut() {
+                l.push(Si::new(p.lo - a * m, p.hi - a * m, p.stride));
+            }
+        } else {
+            low = None;
+        }
+    }
+    (low.map(norm), norm(high))
 }
 
 impl<'b> Prover<'b> {
@@ -514,6 +827,21 @@ impl<'b> Prover<'b> {
                 ));
             }
         }
+        let lo = offs.iter().map(|p| p.lo).min().unwrap_or(0) + i128::from(c);
+        let hi = offs.iter().map(|p| p.hi).max().unwrap_or(0) + i128::from(c) + vector;
+        let span = match self.accesses.get(&at) {
+            Some(Some(a)) => (a.span.0.min(lo), a.span.1.max(hi)),
+            _ => (lo, hi),
+        };
+        if self.pointers.contains_key(&at) {
+            return Err(self.err(
+                i.line,
+                format!(
+                    "`{}` moves a frame address of the local frame `{}` on one path and other data on another",
+                    i.opcode, self.frame
+                ),
+            ));
+        }
         self.accesses.insert(
             at,
             Some(Access {
@@ -522,9 +850,86 @@ impl<'b> Prover<'b> {
                 width: w as u32,
                 lanes,
                 ty: ty.to_string(),
+                span,
             }),
         );
         Ok(())
+    }
+
+    /// A 64-bit store of a frame address to a single offset of the frame,
+    /// or a 64-bit load from a single offset that holds one on this path
+    /// (`-G` builds keep `this` pointers of temporaries there): the slot is
+    /// tracked in the state (`#slot<offset>`) and its statement recorded.
+    /// `Ok(false)` when `i` is no such access.
+    fn pointer_slot(
+        &mut self,
+        at: usize,
+        i: &Instr,
+        st: &mut State,
+        store: bool,
+        lanes: usize,
+        ty: &str,
+    ) -> Result<bool, PtxError> {
+        let o = &i.operands;
+        let (addr, value) = if store {
+            (o.first(), o.get(1))
+        } else {
+            (o.get(1), o.first())
+        };
+        let wide = lanes == 1
+            && type_bits(ty) == Some(64)
+            && matches!(ty.as_bytes().first(), Some(b'b' | b'u' | b's'))
+            && i.guard.is_none()
+            && o.len() == 2;
+        let off = match addr {
+            Some(Operand::Addr {
+                base: AddrBase::Name(n),
+                offset,
+            }) if wide => match self.value(st, &Operand::Name(n.clone()), 64) {
+                Av::Frame(s) if s.len() == 1 && s[0].stride == 0 => s[0].lo + i128::from(*offset),
+                _ => return Ok(false),
+            },
+            _ => return Ok(false),
+        };
+        let key = format!("#slot{off}");
+        let (Some(Operand::Name(v)), true) = (
+            value,
+            off >= 0 && off % 8 == 0 && off + 8 <= self.size as i128,
+        ) else {
+            return Ok(false);
+        };
+        let held = if store {
+            match self.value(st, &Operand::Name(v.clone()), 64) {
+                Av::Frame(f) => Some(f),
+                _ => None,
+            }
+        } else {
+            match st.get(&key) {
+                Some(Av::Frame(f)) => Some(f.clone()),
+                _ => None,
+            }
+        };
+        let Some(held) = held else {
+            return Ok(false);
+        };
+        if matches!(self.accesses.get(&at), Some(Some(_)))
+            || self.pointers.get(&at).is_some_and(|p| *p != (store, off))
+        {
+            return Err(self.err(
+                i.line,
+                format!(
+                    "`{}` moves a frame address of the local frame `{}` on one path and other data, or another slot, on another",
+                    i.opcode, self.frame
+                ),
+            ));
+        }
+        self.pointers.insert(at, (store, off));
+        if store {
+            st.insert(key, Av::Frame(held));
+        } else {
+            set(st, v, Av::Frame(held));
+        }
+        Ok(true)
     }
 
     /// Records a load of constant table `k` at the offsets `offs` (+ `c`);
@@ -570,6 +975,7 @@ impl<'b> Prover<'b> {
                 width: w as u32,
                 lanes,
                 ty: ty.to_string(),
+                span: (0, 0),
             }),
         );
     }
@@ -584,6 +990,9 @@ impl<'b> Prover<'b> {
         let o = &i.operands;
         // Memory accesses.
         if let Some((store, space, lanes, mty)) = mem_parts(op) {
+            if matches!(space, "local" | "") && self.pointer_slot(at, i, st, store, lanes, mty)? {
+                return Ok(());
+            }
             let (addr, value) = if store {
                 (o.first(), o.get(1))
             } else {
@@ -666,7 +1075,65 @@ impl<'b> Prover<'b> {
             }
             return Ok(());
         }
+        // `mov.b64 {lo, hi}, x`: x's halves (x's bits when x is a float of
+        // known magnitude), read as 64 bits.
+        if let ("mov.b64", [Operand::List(l), a]) = (op, &o[..]) {
+            if let ([Operand::Name(dl), Operand::Name(dh)], None) = (&l[..], &i.guard) {
+                self.escapes(st, i, a)?;
+                let v = match self.value(st, a, 64) {
+                    Av::Mag { bits: 64, lo, hi } => Some(mag_bits(64, lo, hi)),
+                    Av::Int(x) => wrap(x, 64),
+                    _ => None,
+                };
+                let (lo, hi) = match v.as_ref().map(halves) {
+                    Some((lo, hi)) => (lo.map_or(Av::Top, Av::Int), Av::Int(hi)),
+                    None => (Av::Top, Av::Top),
+                };
+                set(st, dl, lo);
+                set(st, dh, hi);
+                return Ok(());
+            }
+        }
         let result: Option<Av> = match (base, &o[..]) {
+            // `neg` of an integer: `2^bits - x`, wrapped.
+            ("neg", [_, a]) if int_ty && parts.len() == 2 => {
+                self.escapes(st, i, a)?;
+                Some(match self.value(st, a, bits) {
+                    Av::Int(x) => {
+                        wrap(x.iter().map(|p| p.neg()).collect(), bits).map_or(Av::Top, Av::Int)
+                    }
+                    _ => Av::Top,
+                })
+            }
+            // `min`/`max` of integers: each bound is the min (max) of the
+            // operands' bounds, in the signed view at `.sN`.
+            ("min" | "max", [_, a, b]) if int_ty && parts.len() == 2 => {
+                self.escapes(st, i, a)?;
+                self.escapes(st, i, b)?;
+                let sgn = ty.starts_with('s');
+                let view = |v: Av| match v {
+                    Av::Int(x) if sgn => signed(&x, bits),
+                    Av::Int(x) => Some(x),
+                    _ => None,
+                };
+                let bounds =
+                    |s: &Set| Some((s.iter().map(|p| p.lo).min()?, s.iter().map(|p| p.hi).max()?));
+                let x = view(self.value(st, a, bits));
+                let y = view(self.value(st, b, bits));
+                Some(
+                    match (x.as_ref().and_then(bounds), y.as_ref().and_then(bounds)) {
+                        (Some((xl, xh)), Some((yl, yh))) => {
+                            let (lo, hi) = if base == "min" {
+                                (xl.min(yl), xh.min(yh))
+                            } else {
+                                (xl.max(yl), xh.max(yh))
+                            };
+                            wrap(vec![Si::new(lo, hi, 1)], bits).map_or(Av::Top, Av::Int)
+                        }
+                        _ => Av::Top,
+                    },
+                )
+            }
             ("mov" | "cvta", [_, a]) if !matches!(a, Operand::Addr { .. }) => {
                 let is_cvta = base == "cvta";
                 if is_cvta && parts.get(1) != Some(&"local") {
@@ -677,24 +1144,7 @@ impl<'b> Prover<'b> {
                         Av::Mag { bits: fb, lo, hi }
                             if bits == fb && matches!(fb, 32 | 64) && !ty.starts_with('f') =>
                         {
-                            // The bits of a float of magnitude in [lo, hi]
-                            // (non-negative floats order as their bits), the
-                            // bounds rounded outward to f32.
-                            let (l, h) = if fb == 32 {
-                                let mut l = lo as f32;
-                                if f64::from(l) > lo {
-                                    l = f32::from_bits(l.to_bits().saturating_sub(1));
-                                }
-                                let mut h = hi as f32;
-                                if f64::from(h) < hi {
-                                    h = f32::from_bits(h.to_bits() + 1);
-                                }
-                                (i128::from(l.to_bits()), i128::from(h.to_bits()))
-                            } else {
-                                (i128::from(lo.to_bits()), i128::from(hi.to_bits()))
-                            };
-                            let sign = 1i128 << (fb - 1);
-                            Av::Int(norm(vec![Si::new(l, h, 1), Si::new(l + sign, h + sign, 1)]))
+                            Av::Int(mag_bits(fb, lo, hi))
                         }
                         v => v,
                     })
@@ -1171,13 +1621,18 @@ impl<'b> Prover<'b> {
     }
 
     fn run(&mut self) -> Result<(), PtxError> {
-        let mut work: Vec<(usize, State)> = vec![(0, State::new())];
+        // Each path carries its lineage: a path split off per value (see
+        // `split`) starts a new one, and a label's visits are counted per
+        // lineage, so that the paths of a split each unroll their loop.
+        let mut work: Vec<(usize, State, usize)> = vec![(0, State::new(), 0)];
+        let mut lineages = 1usize;
+        let mut visits: HashMap<(usize, usize), (usize, State)> = HashMap::new();
         let mut seen: HashMap<usize, Vec<State>> = HashMap::new();
         let mut steps = 0usize;
         // What the steps cost: each write scans the state, each label
         // visit compares it with every state kept there.
         let mut cost = 0usize;
-        while let Some((mut pc, mut st)) = work.pop() {
+        while let Some((mut pc, mut st, lineage)) = work.pop() {
             while let Some(s) = self.body.get(pc) {
                 steps += 1;
                 cost = cost.saturating_add(1 + st.len());
@@ -1206,13 +1661,24 @@ impl<'b> Prover<'b> {
                 }
                 match s {
                     Stmt::Label { .. } => {
+                        // What no path reads again is forgotten, so that
+                        // paths that differ only there meet.
+                        if let Some(live) = self.live.get(pc) {
+                            let regs = &self.regs;
+                            st.retain(|k, _| {
+                                k.starts_with('#') || regs.get(k).is_some_and(|k| live.contains(k))
+                            });
+                        }
                         let at = seen.entry(pc).or_default();
                         if at.contains(&st) {
                             break;
                         }
-                        if at.len() >= UNROLL {
+                        let (count, last) = visits
+                            .entry((pc, lineage))
+                            .or_insert_with(|| (0, State::new()));
+                        if *count >= UNROLL {
                             // Widen: forget what changed since the last visit.
-                            if let Some(last) = at.last() {
+                            {
                                 let keys: Vec<String> =
                                     st.keys().chain(last.keys()).cloned().collect();
                                 let mut w = State::new();
@@ -1239,6 +1705,8 @@ impl<'b> Prover<'b> {
                                 }
                             }
                         }
+                        *count += 1;
+                        *last = st.clone();
                         at.push(st.clone());
                         pc += 1;
                     }
@@ -1270,7 +1738,7 @@ impl<'b> Prover<'b> {
                                         let fall = self.refine(&st, p, *neg);
                                         match (taken, fall) {
                                             (Some(t), Some(f)) => {
-                                                work.push((target, t));
+                                                work.push((target, t, lineage));
                                                 st = f;
                                                 pc += 1;
                                             }
@@ -1289,6 +1757,47 @@ impl<'b> Prover<'b> {
                             }
                             _ => {
                                 self.step(pc, i, &mut st)?;
+                                // A register a register-to-register compare
+                                // depends on, with a few values: one path each.
+                                if let Some(Operand::Name(d)) = i.operands.first() {
+                                    let wanted = self.regs.get(d).is_some_and(|k| {
+                                        self.split.get(pc).is_some_and(|r| r.contains(k))
+                                    });
+                                    if wanted {
+                                        if let Av::Int(v) = get(&st, d) {
+                                            let n = count(v);
+                                            if n > 1 && n <= MAX_SPLIT {
+                                                let values: Vec<i128> = v
+                                                    .iter()
+                                                    .flat_map(|p| {
+                                                        let step = p.stride.max(1);
+                                                        (0..=(p.hi - p.lo) / step)
+                                                            .map(move |k| p.lo + k * step)
+                                                    })
+                                                    .collect();
+                                                let d = d.clone();
+                                                for &x in values.iter().skip(1) {
+                                                    let mut other = st.clone();
+                                                    set(&mut other, &d, Av::Int(vec![Si::one(x)]));
+                                                    preimage(i, x, &mut other);
+                                                    // At most MAX_STEPS lineages
+                                                    // (each costs a step).
+                                                    let l = if lineages < MAX_STEPS {
+                                                        lineages += 1;
+                                                        lineages
+                                                    } else {
+                                                        lineage
+                                                    };
+                                                    work.push((pc + 1, other, l));
+                                                }
+                                                if let Some(&x) = values.first() {
+                                                    set(&mut st, &d, Av::Int(vec![Si::one(x)]));
+                                                    preimage(i, x, &mut st);
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
                                 pc += 1;
                             }
                         }
@@ -1411,6 +1920,9 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         }
     }
     let regs = register_widths(body);
+    let mut numbers = Regs::default();
+    let split = split_registers(body, &labels, &mut numbers);
+    let live = live_registers(body, &labels, &mut numbers);
     let mut prover = Prover {
         body,
         frame: &frame,
@@ -1419,9 +1931,54 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         tables_ok: !used_tables.is_empty(),
         labels,
         accesses: HashMap::new(),
+        split,
+        live,
+        regs: numbers,
+        pointers: HashMap::new(),
     };
     prover.run()?;
     let tables_ok = prover.tables_ok;
+    let pointers = std::mem::take(&mut prover.pointers);
+    // A statement that moves a frame address on one path does so on all.
+    if let Some(&at) = pointers.keys().find(|at| prover.accesses.contains_key(at)) {
+        let (line, opcode) = match body.get(at) {
+            Some(Stmt::Instr(i)) => (i.line, i.opcode.as_str()),
+            _ => (var_line, ""),
+        };
+        return Err(refuse(
+            SubReason::LocalMemory,
+            line,
+            format!(
+                "`{opcode}` moves a frame address of the local frame `{frame}` on one path and other data on another"
+            ),
+        ));
+    }
+    // A slot that holds a frame address is touched by nothing else.
+    let mut pointer_slots: Vec<i128> = pointers.values().map(|(_, off)| *off).collect();
+    pointer_slots.sort_unstable();
+    pointer_slots.dedup();
+    for (&at, a) in &prover.accesses {
+        let Some(a) = a.as_ref().filter(|a| a.region.is_none()) else {
+            continue;
+        };
+        if let Some(p) = pointer_slots
+            .iter()
+            .find(|&&p| a.span.0 < p + 8 && p < a.span.1)
+        {
+            let (line, opcode) = match body.get(at) {
+                Some(Stmt::Instr(i)) => (i.line, i.opcode.as_str()),
+                _ => (var_line, ""),
+            };
+            return Err(refuse(
+                SubReason::LocalMemory,
+                line,
+                format!(
+                    "`{opcode}` may access bytes {}..{} of the local frame `{frame}`, which overlap the slot at byte {p} that holds a frame address",
+                    a.span.0, a.span.1
+                ),
+            ));
+        }
+    }
     let accesses: Vec<(usize, Access)> = prover
         .accesses
         .into_iter()
@@ -1435,6 +1992,26 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         .iter()
         .find(|(_, a)| a.region.is_none())
         .map_or(4, |(_, a)| a.width);
+    // A byte-wide frame would be lowered to `.b8` registers, which PTX
+    // does not have: refused naming the client's first byte access (not
+    // an instruction of the lowering).
+    if frame_at.is_some() && width == 1 {
+        let first = accesses
+            .iter()
+            .filter(|(_, a)| a.region.is_none())
+            .map(|(at, _)| *at)
+            .min();
+        if let Some(Stmt::Instr(i)) = first.and_then(|at| body.get(at)) {
+            return Err(refuse(
+                SubReason::OperandType,
+                i.line,
+                format!(
+                    "`{}` accesses the local frame `{frame}` one byte at a time: its slots would be 8-bit registers, which PTX does not have",
+                    i.opcode
+                ),
+            ));
+        }
+    }
     if frame_at.is_some() && (size % u64::from(width) != 0 || size / u64::from(width) > MAX_SLOTS) {
         return Err(refuse(
             SubReason::LocalMemory,
@@ -1583,6 +2160,30 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
         }
         rewritten.insert(*at, out);
     }
+    // Each slot holding a frame address is one `.b64` register.
+    let pointer_reg = |off: i128| Operand::Name(format!("%__fq{off}"));
+    for (&at, &(store, off)) in &pointers {
+        let Stmt::Instr(i) = &body[at] else { continue };
+        let (addr_at, value) = if store { (0, 1) } else { (1, 0) };
+        let (Some(v), Some(_)) = (i.operands.get(value), i.operands.get(addr_at)) else {
+            continue;
+        };
+        let operands = if store {
+            vec![pointer_reg(off), v.clone()]
+        } else {
+            vec![v.clone(), pointer_reg(off)]
+        };
+        rewritten.insert(
+            at,
+            vec![Instr {
+                guard: None,
+                opcode: "mov.b64".into(),
+                operands,
+                line: i.line,
+                col: i.col,
+            }],
+        );
+    }
     let reg = |ty: &str, name: String| Stmt::Reg {
         ty: ty.to_string(),
         name,
@@ -1594,11 +2195,13 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
     for b in &temps {
         decls.push(reg(&format!("b{b}"), format!("%__fv{b}")));
     }
-    let mut out = Vec::with_capacity(body.len() + accesses.len() * 4 * slots as usize);
-    if frame_at.is_none() {
-        // The temporaries go with the body's first declarations.
-        out.append(&mut decls);
+    for &p in &pointer_slots {
+        decls.push(reg("b64", format!("%__fq{p}")));
     }
+    let mut out = Vec::with_capacity(body.len() + accesses.len() * 4 * slots as usize);
+    // The temporaries go first in the body: a table may be read outside
+    // the scope of a callee's frame.
+    out.append(&mut decls);
     for (at, s) in body.drain(..).enumerate() {
         if Some(at) == frame_at {
             out.append(&mut decls);
@@ -1612,6 +2215,15 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
                     guard: None,
                     opcode: format!("mov.b{bits}"),
                     operands: vec![slot(k), Operand::Imm(Imm::Int(0))],
+                    line: var_line,
+                    col: 0,
+                }));
+            }
+            for &p in &pointer_slots {
+                out.push(Stmt::Instr(Instr {
+                    guard: None,
+                    opcode: "mov.b64".into(),
+                    operands: vec![pointer_reg(p), Operand::Imm(Imm::Int(0))],
                     line: var_line,
                     col: 0,
                 }));
@@ -1707,9 +2319,9 @@ fn zeroed_before_use(body: &[Stmt], var_at: usize) -> bool {
 }
 
 /// Renames the scoped declarations of entry `symbol` ([`flatten_scopes`])
-/// when one of them is a `.local` frame (an inlined callee's). `false` when
-/// there is such a frame and the renaming declined: its names stay
-/// conflated across scopes, so it must not be proved.
+/// when the body has a `.local` frame (the entry's or an inlined callee's)
+/// and a scope. `false` when the renaming declined: names would stay
+/// conflated across scopes, so the frame must not be proved.
 pub fn flatten_frame_scopes(module: &mut Module, symbol: &str) -> bool {
     let Some(body) = module
         .functions
@@ -1719,17 +2331,14 @@ pub fn flatten_frame_scopes(module: &mut Module, symbol: &str) -> bool {
     else {
         return true;
     };
-    let mut depth = 0i32;
-    let mut scoped_frame = false;
-    for s in body.iter() {
-        match s {
-            Stmt::Open => depth += 1,
-            Stmt::Close => depth -= 1,
-            Stmt::Var { space, .. } if space == "local" && depth > 0 => scoped_frame = true,
-            _ => {}
-        }
-    }
-    !scoped_frame || flatten_scopes(body)
+    // The proof tracks registers by name: with a frame anywhere in the
+    // body, every scope's registers are renamed apart (an inlined callee's
+    // `%rd1` is not the entry's `%rd1`, whichever of them the frame is in).
+    let framed = body
+        .iter()
+        .any(|s| matches!(s, Stmt::Var { space, .. } if space == "local"));
+    let scoped = body.iter().any(|s| matches!(s, Stmt::Open));
+    !(framed && scoped) || flatten_scopes(body)
 }
 
 /// The names the lowering and [`flatten_scopes`] make: a body already
