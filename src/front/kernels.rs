@@ -863,7 +863,8 @@ fn recall_or_verify(
 ) -> Result<Arc<Accepted>, ptx::PtxError> {
     if let Some(kept) = verdicts.and_then(|v| v.get(text, symbol, declared)) {
         tracing::debug!(target: VERDICT_LOG, %symbol, "PTX verdict served from the verdict cache");
-        return Ok(Arc::new(kept));
+        // Into the memo too: the next load of these bytes is a memo hit.
+        return Ok(memo.remember(text, symbol, declared, kept));
     }
     let (accepted, served) = memo.canonicalize_bytes(text, symbol, declared)?;
     if served == ptx::memo::Served::Verified {

@@ -291,6 +291,28 @@ impl CanonicalMemo {
         }
     }
 
+    /// Remembers a verdict reached for these exact inputs by this build's
+    /// verifier elsewhere (the daemon's verdict cache on disk, which keys
+    /// its entries by the verifier's identity), so that the next load of
+    /// the same bytes is a memo hit instead of another read of the disk.
+    /// Not a verification: the counters do not move. Returns the memo's
+    /// copy.
+    pub fn remember(
+        &self,
+        text: &[u8],
+        symbol: &str,
+        declared: Option<DeclaredAbi>,
+        accepted: Accepted,
+    ) -> Arc<Accepted> {
+        let k = key(text, symbol, declared);
+        let accepted = Arc::new(accepted);
+        let bytes = text.len() + accepted.canonical.text.len();
+        let mut inner = self.lock();
+        let tick = inner.tick();
+        inner.accepted.insert(k, accepted.clone(), bytes, tick);
+        accepted
+    }
+
     /// [`CanonicalMemo::canonicalize_bytes`] of a text; the flag says
     /// whether it was served from the memo.
     pub fn canonicalize(
@@ -385,6 +407,26 @@ mod tests {
         assert_eq!(stats.accepted_entries, 1);
         assert_eq!(stats.refused_entries, 2);
         assert_eq!(stats.verifications, 3);
+    }
+
+    #[test]
+    fn a_remembered_verdict_is_served_for_its_inputs_only_and_is_no_verification() {
+        let memo = memo(8, 1 << 20);
+        let text = corpus("add_f32_scalar");
+        let bytes = text.as_bytes();
+        let verdict = Accepted::new(canonicalize(&text, "add_f32_scalar", None).unwrap());
+        let expected_hash = verdict.hash;
+        let kept = memo.remember(bytes, "add_f32_scalar", None, verdict);
+        let found = memo.lookup(bytes, "add_f32_scalar", None).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&kept, &found));
+        assert_eq!(found.hash, expected_hash);
+        assert!(memo.lookup(bytes, "add_f32_other", None).is_none());
+        let (served, how) = memo
+            .canonicalize_bytes(bytes, "add_f32_scalar", None)
+            .unwrap();
+        assert_eq!(how, Served::Memo);
+        assert!(Arc::ptr_eq(&kept, &served));
+        assert_eq!(memo.stats().verifications, 0);
     }
 
     #[test]

@@ -226,11 +226,7 @@ pub fn known_target(t: &str) -> bool {
                 && rest.len() <= digits.len() + 1
         })
     };
-    arch("sm_")
-        || matches!(
-            t,
-            "debug" | "texmode_unified" | "texmode_independent"
-        )
+    arch("sm_") || matches!(t, "debug" | "texmode_unified" | "texmode_independent")
 }
 
 /// Whether `a` and `b` are the same program: equal in everything but source
