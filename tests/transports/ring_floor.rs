@@ -166,7 +166,7 @@ fn cpu_time(pid: u32) -> Duration {
 /// cost of a ring that never sleeps (a whole core). Both figures are printed
 /// (`cargo test --test transports idle -- --nocapture`).
 #[tokio::test(flavor = "multi_thread")]
-async fn an_idle_daemon_with_open_rings_uses_under_one_percent_of_a_core() {
+async fn idle_rings_sleep_instead_of_spinning() {
     let daemon = Daemon::start(&[]);
     let client = Client::connect(&daemon.target()).await.unwrap();
     let n = 4096;
