@@ -193,7 +193,7 @@ class _Registration:
     caller registered (``base`` 0: no mapping here)."""
 
     __slots__ = ("handle", "size", "device_uuid", "generation", "kind", "base", "ordinal",
-                 "buffer_id", "mapping", "released", "ring_index")
+                 "buffer_id", "mapping", "_released", "ring_index")
 
     def __init__(self, reply: Dict[str, Any], kind: str, base: int, ordinal: Optional[int],
                  buffer_id: Optional[int] = None, mapping: Any = None) -> None:
@@ -210,7 +210,21 @@ class _Registration:
         # The native Shm or Memfd: registered, it stays mapped (and found by
         # address) even when its array is gone, until the release.
         self.mapping = mapping
-        self.released = False
+        # Shared with the operand cache's native entries of this
+        # registration: set once released, they miss.
+        self._released = _native.Released()
+
+    @property
+    def released(self) -> bool:
+        """True once the registration was released (for good)."""
+        return bool(self._released)
+
+    @released.setter
+    def released(self, value: bool) -> None:
+        if value:
+            self._released.set()
+        elif self._released:
+            raise ValueError("a released registration stays released")
 
     def contains(self, ptr: int) -> bool:
         return self.base <= ptr < self.base + self.size
@@ -296,34 +310,40 @@ class _OperandCache:
     next one at the same address). Whoever uses an entry checks first that
     the driver's allocation id at the address is still the registration's
     ``buffer_id`` (ids are never reused) and calls :meth:`forget` when not;
-    an entry whose registration was released is a miss."""
+    an entry whose registration was released is a miss.
 
-    __slots__ = ("_entries", "limit")
+    The entries live in Rust (``_native.OperandTable``), so that the lean
+    launch path resolves a launch's tensors, checks them and builds the
+    ring's launch in one native call (:meth:`resolve`)."""
+
+    __slots__ = ("_table", "limit", "resolve")
 
     def __init__(self, limit: int = OPERAND_CACHE_LIMIT) -> None:
-        self._entries: Dict[Tuple[int, int, int, int], Buffer] = {}
+        self._table = _native.OperandTable(limit)
         self.limit = limit
+        #: ``resolve(kernel, sizes, inputs, output, n, params, args,
+        #: tensor_type)``: ``(ordinal, Plan)`` for ``Ring.launch_plan``
+        #: when every operand is a cached contiguous CUDA tensor on one
+        #: device and the checks pass, else ``None``.
+        self.resolve = self._table.resolve
 
     def get(self, key: Tuple[int, int, int, int]) -> Optional[Buffer]:
-        buffer = self._entries.get(key)
-        if buffer is not None and buffer._registration.released:
-            del self._entries[key]
-            return None
-        return buffer
+        return self._table.get(key)
 
     def put(self, key: Tuple[int, int, int, int], buffer: Buffer) -> None:
-        if len(self._entries) >= self.limit:
-            self._entries.clear()
-        self._entries[key] = buffer
+        registration = buffer._registration
+        self._table.put(key, buffer, registration._released, registration.ring_index,
+                        buffer.offset, buffer.nbytes, buffer.itemsize, registration.size,
+                        registration.buffer_id)
 
     def forget(self, key: Tuple[int, int, int, int]) -> None:
-        self._entries.pop(key, None)
+        self._table.forget(key)
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._table.clear()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._table)
 
 
 class _Prepared(NamedTuple):
@@ -749,47 +769,18 @@ class Session:
         would refuse, no ring, a stale entry): :meth:`launch`'s general path
         then decides, and raises what it raises."""
         torch = sys.modules.get("torch")
-        if torch is None or type(inputs) not in (list, tuple) or not isinstance(kernel, Kernel):
+        if torch is None or not isinstance(kernel, Kernel):
             return None
-        tensor = torch.Tensor
-        get = self._operands.get
-        ordinal = -1
-        buffers = []
-        keys = []
-        # (address, allocation id) of one operand per registration: while
-        # the allocation a registration was made of lives (same id at one
-        # of its addresses), every address cached in it is still inside it.
-        checks: Dict[Any, Tuple[int, int]] = {}
-        for obj in (*inputs, output):
-            if not isinstance(obj, tensor) or not obj.is_contiguous():
-                return None
-            # A CPU tensor's device is -1: no cached operand has it.
-            device = obj.get_device()
-            if device != ordinal:
-                if ordinal != -1:
-                    return None
-                ordinal = device
-            itemsize = obj.element_size()
-            ptr = obj.data_ptr()
-            key = (device, ptr, obj.numel() * itemsize, itemsize)
-            buffer = get(key)
-            if buffer is None:
-                return None
-            buffers.append(buffer)
-            keys.append(key)
-            buffer_id = buffer._registration.buffer_id
-            if buffer_id not in checks:
-                checks[buffer_id] = (ptr, buffer_id)
-        out = buffers[-1]
-        count = out.numel if n is None else int(n)
-        if count < 0:
+        # One native call reads the tensors, looks them up, checks element
+        # sizes and bounds and builds the ring's launch (a Plan): no Python
+        # tuple per operand.
+        resolved = self._operands.resolve(
+            kernel._native, kernel._element_sizes(), inputs, output, n, params,
+            [(a.type, a.value) for a in typed] if typed else (), torch.Tensor,
+        )
+        if resolved is None:
             return None
-        for buffer, size in zip(buffers, kernel._element_sizes()):
-            if size and size != buffer.itemsize:
-                return None
-            if (count * size > buffer.nbytes
-                    and buffer.offset + buffer.nbytes < buffer._registration.size):
-                return None
+        ordinal, plan = resolved
         if stream is not None:
             raw_stream = ops.stream_handle(stream)
         else:
@@ -797,20 +788,12 @@ class Session:
             if current is None:
                 return None
             raw_stream = int(current(ordinal))
-        ring = self._ring(ordinal, raw_stream)
-        if ring is None:
-            return None
-        del buffers[-1]
-        wire = [(
-            kernel._native,
-            [(b._registration.ring_index, b.offset) for b in buffers],
-            (out._registration.ring_index, out.offset),
-            count,
-            [float(p) for p in params] if params else [],
-            [(a.type, a.value) for a in typed] if typed else [],
-        )]
-        checks_list = list(checks.values())
-        outcomes = self._ring_call(ring, ordinal, raw_stream, wire, checks_list, keys, sync)
+        ring = self._rings.get((ordinal, raw_stream))
+        if not ring:
+            ring = self._ring(ordinal, raw_stream)
+            if ring is None:
+                return None
+        outcomes = self._ring_call(ring, ordinal, raw_stream, None, None, None, sync, plan)
         if outcomes is None or outcomes is _STALE:
             return None
         outcome = outcomes[0]
@@ -876,6 +859,10 @@ class Session:
         items = [_launch_item(item) for item in launches]
         if not items:
             return []
+        if not self.auto_reload:
+            fast = self._launch_many_cached_tensors(items, stream, sync)
+            if fast is not None:
+                return fast
         for _ in range(3):
             # Operands and kernels repeat across a batch: resolve each once.
             memo: Dict[int, Any] = {}
@@ -902,6 +889,44 @@ class Session:
             return _raise_first(self._launch_many_unary(items, prepared, raw_stream, sync))
         raise Error("the operands' memory kept changing while the launch resolved them",
                     reason="OPERANDS_CHANGED")
+
+    def _launch_many_cached_tensors(self, items: List[Any], stream: Any,
+                                    sync: bool) -> Optional[List[int]]:
+        """:meth:`launch_many`'s lean path, as :meth:`_launch_cached_tensors`
+        for each item: every launch's tensors cached and resolved natively,
+        one ``Ring.launch_plan`` for the batch. ``None`` whenever anything
+        is otherwise (the general path then decides)."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        resolve = self._operands.resolve
+        tensor = torch.Tensor
+        plans = []
+        ordinal = None
+        for kernel, inputs, output, n, params, typed in items:
+            if not isinstance(kernel, Kernel) or not kernel._ring_ok():
+                return None
+            resolved = resolve(kernel._native, kernel._element_sizes(), inputs, output, n, params,
+                               [(a.type, a.value) for a in typed] if typed else (), tensor)
+            if resolved is None or (ordinal is not None and resolved[0] != ordinal):
+                return None
+            ordinal = resolved[0]
+            plans.append(resolved[1])
+        assert ordinal is not None
+        if stream is not None:
+            raw_stream = ops.stream_handle(stream)
+        else:
+            current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if current is None:
+                return None
+            raw_stream = int(current(ordinal))
+        ring = self._ring(ordinal, raw_stream)
+        if ring is None:
+            return None
+        outcomes = self._ring_call(ring, ordinal, raw_stream, None, None, None, sync, plans)
+        if outcomes is None or outcomes is _STALE:
+            return None
+        return _raise_first([0 if o is None else o for o in outcomes])
 
     def _launch_many_unary(self, items: List[Any], prepared: List[_Prepared],
                            raw_stream: Optional[int], sync: bool) -> List[Any]:
@@ -981,13 +1006,28 @@ class Session:
             keys.extend(p.keys)
         return self._ring_call(ring, ordinal, raw_stream, wire, list(checks.values()), keys, sync)
 
-    def _ring_call(self, ring: Any, ordinal: int, raw_stream: int, wire: List[Any],
-                   checks: List[Tuple[int, int]], keys: List[Tuple[int, int, int, int]],
-                   sync: bool) -> Any:
+    def _ring_call(self, ring: Any, ordinal: int, raw_stream: int, wire: Optional[List[Any]],
+                   checks: Optional[List[Tuple[int, int]]],
+                   keys: Optional[List[Tuple[int, int, int, int]]], sync: bool,
+                   plan: Any = None) -> Any:
         """``ring.launch`` and what its answers mean to the session (see
-        :meth:`_via_ring`)."""
+        :meth:`_via_ring`). With ``plan`` (one launch from the operand
+        cache's ``resolve``), ``Ring.launch_plan`` instead of ``wire``,
+        ``checks`` and ``keys``."""
         try:
-            if self.defer_errors:
+            if plan is not None:
+                # A list of plans is a batch (launch_many): it waits for its
+                # own answers, as a sync launch does.
+                defer = self.defer_errors and not sync and type(plan) is not list
+                if self.defer_errors and not defer:
+                    # The deferred answers before it are answered first.
+                    _raise_deferred(ring.drain(RING_TIMEOUT))
+                outcomes = ring.launch_plan(raw_stream, plan, sync, defer, RING_TIMEOUT)
+                if defer and outcomes is not None:
+                    _raise_deferred(outcomes)
+                    outcomes = [None]
+            elif self.defer_errors:
+                assert wire is not None
                 if not sync and len(wire) == 1:
                     refused = ring.launch_deferred(raw_stream, wire, checks, RING_TIMEOUT)
                     if refused is None:
@@ -1022,7 +1062,11 @@ class Session:
                 return None  # the unary path reloads the kernel
             raise
         if outcomes is None:
-            for key in keys:
+            if type(plan) is list:
+                keys = [key for one in plan for key in one.keys()]
+            elif plan is not None:
+                keys = plan.keys()
+            for key in keys or ():
                 self._operands.forget(key)
             return _STALE
         return outcomes

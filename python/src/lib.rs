@@ -33,9 +33,13 @@ use ptxd_client::{
     KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RawStreamOptions,
     RawStreamPhases, RingRefusal, Session, SessionEvent, SessionOptions, ORDERING_BYTES,
 };
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+
+mod operand_table;
+
+use operand_table::Plan;
 
 /// The process's runtime and the pid that made it.
 struct Runtime {
@@ -1189,6 +1193,98 @@ impl NativeRing {
         }
     }
 
+    /// Launches `plan` (one `Plan` from `OperandTable.resolve`, or a list
+    /// of them, in order) on the ring, ordered on the stream at address
+    /// `stream`, as `launch` (or, with `defer` and not `sync`, as
+    /// `launch_deferred`) does, and returns what that call returns: `None`
+    /// when a check failed (nothing launched), else the outcome list (or
+    /// the earlier deferred refusals). No Python tuple is read: a plan
+    /// holds its launch as the SDK takes it.
+    #[pyo3(signature = (stream, plan, sync, defer, timeout))]
+    fn launch_plan(
+        &self,
+        py: Python<'_>,
+        stream: usize,
+        plan: &Bound<'_, PyAny>,
+        sync: bool,
+        defer: bool,
+        timeout: f64,
+    ) -> PyResult<Option<Py<PyList>>> {
+        let timeout = timeout_of(timeout)?;
+        let one;
+        let many: Vec<Bound<'_, Plan>>;
+        let plans: Vec<&Plan> = if let Ok(plan) = plan.cast::<Plan>() {
+            one = plan.clone();
+            vec![one.get()]
+        } else {
+            many = plan.extract()?;
+            many.iter().map(|p| p.get()).collect()
+        };
+        let mut kernels = Vec::with_capacity(plans.len());
+        for plan in &plans {
+            match plan.native.as_ref() {
+                Some(kernel) => kernels.push(kernel),
+                None => return Err(PyTypeError::new_err("a plan's kernel is not a ptxd kernel")),
+            }
+        }
+        let checks: Vec<(u64, u64)> = if plans.len() == 1 {
+            plans[0].checks.clone()
+        } else {
+            let mut checks: Vec<(u64, u64)> = Vec::new();
+            for &(ptr, id) in plans.iter().flat_map(|p| p.checks.iter()) {
+                if !checks.iter().any(|&(_, seen)| seen == id) {
+                    checks.push((ptr, id));
+                }
+            }
+            checks
+        };
+        let defer = defer && !sync;
+        let options = RawStreamOptions {
+            sync,
+            timeout,
+            defer,
+        };
+        let outcome = py.detach(|| {
+            preserving_current_context(|| {
+                if !self.checks_hold(&checks)? {
+                    return Ok(None);
+                }
+                let raw: Vec<RawStreamLaunch<'_>> = plans
+                    .iter()
+                    .zip(&kernels)
+                    .map(|(plan, kernel)| RawStreamLaunch {
+                        kernel,
+                        inputs: &plan.inputs,
+                        output: plan.output,
+                        n: plan.n,
+                        scalars: &plan.scalars,
+                        args: &plan.typed,
+                    })
+                    .collect();
+                let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+                // SAFETY: as in `launch`.
+                unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }.map(Some)
+            })
+        });
+        let outcome = match outcome {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => return Ok(None),
+            Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
+            Err(e) => return Err(to_pyerr(py, e)),
+        };
+        if defer {
+            return deferred_list(py, &outcome.deferred).map(Some);
+        }
+        let list = PyList::empty(py);
+        for completion in outcome.completions {
+            match completion.outcome {
+                Ok(()) => list.append(py.None())?,
+                Err(refusal) => list.append(ring_refusal(py, &refusal).value(py))?,
+            }
+        }
+        Ok(Some(list.unbind()))
+    }
+
     /// Waits for the completions of every launch still outstanding on the
     /// ring (deferred ones included); returns the exceptions of those ptxd
     /// refused or that failed, in order.
@@ -1568,6 +1664,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeCudaDevice>()?;
     m.add_class::<NativeIpcEvent>()?;
     m.add_class::<NativeRing>()?;
+    m.add_class::<operand_table::OperandTable>()?;
+    m.add_class::<operand_table::Plan>()?;
+    m.add_class::<operand_table::Released>()?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add("REASONS", reasons())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
