@@ -400,6 +400,10 @@ class Session:
         # (device ordinal, raw stream) -> native Ring, or False where none
         # could be opened (that stream's launches take the unary path).
         self._rings: Dict[Tuple[int, int], Any] = {}
+        # The torch module the lean path last saw, and its (torch.Tensor,
+        # torch._C._cuda_getCurrentRawStream).
+        self._torch: Any = None
+        self._torch_parts: Tuple[Any, Any] = (None, None)
 
     # -- lifetime -----------------------------------------------------------
 
@@ -771,23 +775,32 @@ class Session:
         torch = sys.modules.get("torch")
         if torch is None or not isinstance(kernel, Kernel):
             return None
+        if torch is not self._torch:
+            # torch.Tensor and the raw stream lookup, read once per torch
+            # module (not once per launch).
+            self._torch = torch
+            self._torch_parts = (torch.Tensor,
+                                 getattr(torch._C, "_cuda_getCurrentRawStream", None))
+        tensor, current = self._torch_parts
+        sizes = kernel._sizes
+        if sizes is None:
+            sizes = kernel._element_sizes()
         # One native call reads the tensors, looks them up, checks element
         # sizes and bounds and builds the ring's launch (a Plan): no Python
         # tuple per operand.
         resolved = self._operands.resolve(
-            kernel._native, kernel._element_sizes(), inputs, output, n, params,
-            [(a.type, a.value) for a in typed] if typed else (), torch.Tensor,
+            kernel._native, sizes, inputs, output, n, params,
+            [(a.type, a.value) for a in typed] if typed else (), tensor,
         )
         if resolved is None:
             return None
         ordinal, plan = resolved
         if stream is not None:
             raw_stream = ops.stream_handle(stream)
+        elif current is None:
+            return None
         else:
-            current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            if current is None:
-                return None
-            raw_stream = int(current(ordinal))
+            raw_stream = current(ordinal)
         ring = self._rings.get((ordinal, raw_stream))
         if not ring:
             ring = self._ring(ordinal, raw_stream)
@@ -798,7 +811,7 @@ class Session:
             return None
         outcome = outcomes[0]
         if outcome is None:
-            return Launched(0, False)
+            return _RING_LAUNCHED
         if self._retry_unary(outcome):
             return None
         raise outcome
@@ -1215,6 +1228,9 @@ class Session:
             keys=keys,
         )
 
+
+#: What a ring launch returns (a NamedTuple: one object serves every launch).
+_RING_LAUNCHED = Launched(0, False)
 
 #: What ``Session._via_ring`` returns when a cached operand went stale.
 _STALE = object()
