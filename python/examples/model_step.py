@@ -2,7 +2,9 @@
 process and one run: torch eager, the same PTX launched in-process
 (``cuLaunchKernel`` through ctypes on torch's stream), and the same PTX
 through ptxd from Python (``session.launch`` on torch tensors: the launch
-ring, ordered on torch's stream by GPU words).
+ring, ordered on torch's stream by GPU words), answers awaited and deferred
+(``defer_errors``), and deferred with ``add`` and ``silu_mul`` as one
+``launch_many``.
 
     ptxd serve --socket /tmp/ptxd.sock &
     python python/examples/model_step.py /tmp/ptxd.sock [--steps N] [--batches 8,8192]

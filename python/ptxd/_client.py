@@ -867,7 +867,9 @@ class Session:
         launches). When any is refused, every launch is still answered, then
         the first failure is raised with ``.index`` (its position) and
         ``.results`` (the list, holding the exception at each refused
-        position).
+        position). In a session with ``defer_errors``, an async batch
+        through the ring returns before ptxd answers, as :meth:`launch`
+        does: a refusal is raised later (see :meth:`Client.session`).
         """
         items = [_launch_item(item) for item in launches]
         if not items:
@@ -1029,29 +1031,30 @@ class Session:
         ``checks`` and ``keys``."""
         try:
             if plan is not None:
-                # A list of plans is a batch (launch_many): it waits for its
-                # own answers, as a sync launch does.
-                defer = self.defer_errors and not sync and type(plan) is not list
-                if self.defer_errors and not defer:
-                    # The deferred answers before it are answered first.
+                # A list of plans is a batch (launch_many), deferred as a
+                # single launch is.
+                defer = self.defer_errors and not sync
+                if self.defer_errors and sync:
+                    # A sync launch waits for its own answers: the deferred
+                    # ones before it are answered first.
                     _raise_deferred(ring.drain(RING_TIMEOUT))
                 outcomes = ring.launch_plan(raw_stream, plan, sync, defer, RING_TIMEOUT)
                 if defer and outcomes is not None:
                     _raise_deferred(outcomes)
-                    outcomes = [None]
+                    outcomes = [None] * (len(plan) if type(plan) is list else 1)
             elif self.defer_errors:
                 assert wire is not None
-                if not sync and len(wire) == 1:
+                if not sync:
                     refused = ring.launch_deferred(raw_stream, wire, checks, RING_TIMEOUT)
                     if refused is None:
                         outcomes = None
                     elif refused:
                         _raise_deferred(refused)
                     else:
-                        outcomes = [None]
+                        outcomes = [None] * len(wire)
                 else:
-                    # A sync launch or a batch waits for its own answers:
-                    # the deferred ones before it are answered first.
+                    # A sync launch waits for its own answers: the deferred
+                    # ones before it are answered first.
                     _raise_deferred(ring.drain(RING_TIMEOUT))
                     outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
             else:
@@ -1307,7 +1310,9 @@ class Client:
         without waiting for ptxd's answer (as ``cuLaunchKernel`` returns
         before the kernel runs); a refusal ptxd answers later is raised by
         the session's next launch on that ring, which is then not sent, or
-        by :meth:`Session.wait_answers`. The order on the stream is the
+        by :meth:`Session.wait_answers`. An async ``launch_many`` through a
+        ring is deferred the same way (its launches return 0, a refusal
+        comes later, without ``.index``). The order on the stream is the
         same either way. Not with ``auto_reload`` (a stale kernel found
         later cannot be retried)."""
         if auto_reload and defer_errors:

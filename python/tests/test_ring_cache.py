@@ -939,4 +939,39 @@ def test_a_deferred_session_s_batch_reads_the_earlier_answers_first(fake, fake_t
     assert raised.value.metadata["deferred"] == "true"
     assert len(ring.launches) == 1, "the batch that raised was not sent"
     assert session.launch_many([(kernel, [a, b], c)] * 2) == [0, 0]
-    assert ring.plans == 2 and len(ring.launches) == 3
+    assert ring.plans == 4, "both batches came as plans (the first was read refused)"
+    assert len(ring.launches) == 3
+    # The batch was deferred too: ptxd refuses its second launch after the
+    # call returned; the next launch raises it and is not sent.
+    ticket = RNG.randrange(1, 1000)
+    ring.answered = [ring_refusal("BUFFER_TOO_SMALL", ticket)]
+    with pytest.raises(ptxd.BufferTooSmall) as raised:
+        session.launch(kernel, [a, b], c)
+    assert raised.value.metadata["ticket"] == str(ticket)
+    assert len(ring.launches) == 3
+    # And wait_answers() raises one still unread.
+    assert session.launch_many([(kernel, [a, b], c)] * 3) == [0, 0, 0]
+    ring.answered = [ring_refusal("ABI_MISMATCH", ticket + 1)]
+    with pytest.raises(ptxd.AbiMismatch):
+        session.wait_answers()
+    session.wait_answers()
+    assert len(ring.launches) == 6
+
+
+def test_a_deferred_session_s_batch_on_the_general_path_is_deferred_too(fake):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    assert session.launch_many([(kernel, arrays[:2], arrays[2])] * 3) == [0, 0, 0]
+    ring = native.rings[0]
+    assert len(ring.launches) == 3 and ring.plans == 0
+    ring.answered = [ring_refusal("ABI_MISMATCH", 2)]
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        session.launch_many([(kernel, arrays[:2], arrays[2])] * 2)
+    assert raised.value.metadata["deferred"] == "true"
+    assert len(ring.launches) == 3, "the batch that raised was not sent"
+    # A sync batch waits for its own answers (the fake answers none).
+    assert session.launch_many([(kernel, arrays[:2], arrays[2])] * 2, sync=True) == [0, 0]
+    assert len(ring.launches) == 5
