@@ -326,8 +326,34 @@ def stages(calls: int, session: ptxd.Session, add: ptxd.Kernel, x: torch.Tensor,
             session_d.wait_answers()
             torch.cuda.synchronize(device)
             torch.testing.assert_close(out, x + y, rtol=0, atol=0)
-    # The older wire path (launch_many and the general path take it), for
-    # the native phases below.
+    # The lean path's one native call (OperandTable.launch): the rows above
+    # (stream, resolve, ring lookup, launch_plan) in one.
+    one_call = session._operands.launch
+    rings = session._rings
+
+    def lean(owner: ptxd.Session, kernel: ptxd.Kernel, defer: bool) -> Any:
+        return owner._operands.launch(kernel._native, kernel._element_sizes(), [x, y], out, None,
+                                      (), (), tensor, None, raw_of, owner._rings, False, defer,
+                                      60.0)
+
+    if one_call(add._native, add._element_sizes(), [x, y], out, None, (), (), tensor, None, raw_of,
+                rings, False, False, 60.0) is not True:
+        raise AssertionError("OperandTable.launch did not launch")
+    out.fill_(float("nan"))
+    row("native OperandTable.launch (the lean path's one call), answer awaited, GPU kept ahead",
+        calls, lambda: lean(session, add, False), sync_every=32, device=device)
+    torch.cuda.synchronize(device)
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    if deferred is not None:
+        session_d, add_d = deferred
+        out.fill_(float("nan"))
+        row("native OperandTable.launch, deferred answers, GPU kept ahead", calls,
+            lambda: lean(session_d, add_d, True), sync_every=32, device=device)
+        session_d.wait_answers()
+        torch.cuda.synchronize(device)
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    # The older wire path (the general path takes it), for the native
+    # phases below.
     w = [plan.wire()]
     c = plan.checks()
     row(f"native Ring.launch (wire tuples), {len(c)} allocation check(s), GPU kept ahead", calls,

@@ -316,7 +316,7 @@ class _OperandCache:
     launch path resolves a launch's tensors, checks them and builds the
     ring's launch in one native call (:meth:`resolve`)."""
 
-    __slots__ = ("_table", "limit", "resolve")
+    __slots__ = ("_table", "limit", "resolve", "launch")
 
     def __init__(self, limit: int = OPERAND_CACHE_LIMIT) -> None:
         self._table = _native.OperandTable(limit)
@@ -326,6 +326,12 @@ class _OperandCache:
         #: when every operand is a cached contiguous CUDA tensor on one
         #: device and the checks pass, else ``None``.
         self.resolve = self._table.resolve
+        #: ``launch(kernel, sizes, inputs, output, n, params, args,
+        #: tensor_type, stream, current_stream, rings, sync, defer,
+        #: timeout)``: ``resolve``, the stream, the ring in ``rings`` and
+        #: its ``launch_plan`` in one call (see
+        #: ``Session._launch_cached_tensors`` for what it returns).
+        self.launch = self._table.launch
 
     def get(self, key: Tuple[int, int, int, int]) -> Optional[Buffer]:
         return self._table.get(key)
@@ -785,27 +791,47 @@ class Session:
         sizes = kernel._sizes
         if sizes is None:
             sizes = kernel._element_sizes()
-        # One native call reads the tensors, looks them up, checks element
-        # sizes and bounds and builds the ring's launch (a Plan): no Python
-        # tuple per operand.
-        resolved = self._operands.resolve(
-            kernel._native, sizes, inputs, output, n, params,
-            [(a.type, a.value) for a in typed] if typed else (), tensor,
-        )
+        typed_wire = [(a.type, a.value) for a in typed] if typed else ()
+        raw_stream = ops.stream_handle(stream) if stream is not None else None
+        if not (sync and self.defer_errors):
+            # One native call reads the tensors, looks them up, checks
+            # element sizes and bounds, finds the stream and its ring and
+            # launches: no Python tuple per operand. True: launched; None:
+            # the general path decides (a stale entry is forgotten); a list:
+            # refusals; a tuple: the ring call raised.
+            result = self._operands.launch(
+                kernel._native, sizes, inputs, output, n, params, typed_wire, tensor,
+                raw_stream, current, self._rings, sync, self.defer_errors, RING_TIMEOUT,
+            )
+            if result is True:
+                return _RING_LAUNCHED
+            if result is None:
+                return None
+            if type(result) is tuple:
+                ordinal, raw_stream, ring, error = result
+                if self._ring_failed(ring, ordinal, raw_stream, error):
+                    return None
+                raise error
+            if self.defer_errors:
+                _raise_deferred(result)
+            outcome = next(o for o in result if o is not None)
+            if self._retry_unary(outcome):
+                return None
+            raise outcome
+        # A sync launch in a deferred session reads the earlier answers
+        # first (_ring_call): resolve, then launch the plan.
+        resolved = self._operands.resolve(kernel._native, sizes, inputs, output, n, params,
+                                          typed_wire, tensor)
         if resolved is None:
             return None
         ordinal, plan = resolved
-        if stream is not None:
-            raw_stream = ops.stream_handle(stream)
-        elif current is None:
-            return None
-        else:
-            raw_stream = current(ordinal)
-        ring = self._rings.get((ordinal, raw_stream))
-        if not ring:
-            ring = self._ring(ordinal, raw_stream)
-            if ring is None:
+        if raw_stream is None:
+            if current is None:
                 return None
+            raw_stream = current(ordinal)
+        ring = self._ring(ordinal, raw_stream)
+        if ring is None:
+            return None
         outcomes = self._ring_call(ring, ordinal, raw_stream, None, None, None, sync, plan)
         if outcomes is None or outcomes is _STALE:
             return None
@@ -1059,22 +1085,8 @@ class Session:
                     outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
             else:
                 outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
-        except CudaError:
-            # A stream operation failed (e.g. a driver without stream memory
-            # operations): this stream's later launches take the unary path.
-            with self._lock:
-                if self._rings.get((ordinal, raw_stream)) is ring:
-                    self._rings[(ordinal, raw_stream)] = False
-            raise
         except Error as error:
-            if error.reason != "RING_ORPHANED":
-                raise
-            # The executor serving the ring was lost (restart) or the lease
-            # ended: the next launch opens a new ring.
-            with self._lock:
-                if self._rings.get((ordinal, raw_stream)) is ring:
-                    del self._rings[(ordinal, raw_stream)]
-            if self.auto_reload:
+            if self._ring_failed(ring, ordinal, raw_stream, error):
                 return None  # the unary path reloads the kernel
             raise
         if outcomes is None:
@@ -1086,6 +1098,27 @@ class Session:
                 self._operands.forget(key)
             return _STALE
         return outcomes
+
+    def _ring_failed(self, ring: Any, ordinal: int, raw_stream: int,
+                     error: BaseException) -> bool:
+        """What a ring call that raised ``error`` means to the session's
+        rings; True when the launch should take the unary path (which
+        reloads a stale kernel), False when the caller raises ``error``."""
+        if isinstance(error, CudaError):
+            # A stream operation failed (e.g. a driver without stream memory
+            # operations): this stream's later launches take the unary path.
+            with self._lock:
+                if self._rings.get((ordinal, raw_stream)) is ring:
+                    self._rings[(ordinal, raw_stream)] = False
+            return False
+        if not isinstance(error, Error) or error.reason != "RING_ORPHANED":
+            return False
+        # The executor serving the ring was lost (restart) or the lease
+        # ended: the next launch opens a new ring.
+        with self._lock:
+            if self._rings.get((ordinal, raw_stream)) is ring:
+                del self._rings[(ordinal, raw_stream)]
+        return self.auto_reload
 
     def _retry_unary(self, outcome: Any) -> bool:
         """Whether a ring launch's refusal is one the unary path recovers

@@ -1006,7 +1006,7 @@ fn ring_refusal_as(py: Python<'_>, refusal: &RingRefusal, deferred: bool) -> PyE
 }
 
 /// A timeout in seconds as a `Duration`.
-fn timeout_of(seconds: f64) -> PyResult<std::time::Duration> {
+pub(crate) fn timeout_of(seconds: f64) -> PyResult<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(seconds)
         .map_err(|_| PyValueError::new_err(format!("bad timeout {seconds}")))
 }
@@ -1083,7 +1083,7 @@ enum RingWords {
 /// by two GPU words (`LaunchRing::launch_on_raw_stream`). One per stream:
 /// its words order one stream's work (see the SDK's ordering docs).
 #[pyclass(module = "ptxd._native", name = "Ring", frozen)]
-struct NativeRing {
+pub(crate) struct NativeRing {
     ring: Mutex<LaunchRing>,
     device: CudaDevice,
     /// The ordering words; ptxd maps them, the ring writes them.
@@ -1220,69 +1220,7 @@ impl NativeRing {
             many = plan.extract()?;
             many.iter().map(|p| p.get()).collect()
         };
-        let mut kernels = Vec::with_capacity(plans.len());
-        for plan in &plans {
-            match plan.native.as_ref() {
-                Some(kernel) => kernels.push(kernel),
-                None => return Err(PyTypeError::new_err("a plan's kernel is not a ptxd kernel")),
-            }
-        }
-        let checks: Vec<(u64, u64)> = if plans.len() == 1 {
-            plans[0].checks.clone()
-        } else {
-            let mut checks: Vec<(u64, u64)> = Vec::new();
-            for &(ptr, id) in plans.iter().flat_map(|p| p.checks.iter()) {
-                if !checks.iter().any(|&(_, seen)| seen == id) {
-                    checks.push((ptr, id));
-                }
-            }
-            checks
-        };
-        let defer = defer && !sync;
-        let options = RawStreamOptions {
-            sync,
-            timeout,
-            defer,
-        };
-        let outcome = py.detach(|| {
-            preserving_current_context(|| {
-                if !self.checks_hold(&checks)? {
-                    return Ok(None);
-                }
-                let raw: Vec<RawStreamLaunch<'_>> = plans
-                    .iter()
-                    .zip(&kernels)
-                    .map(|(plan, kernel)| RawStreamLaunch {
-                        kernel,
-                        inputs: &plan.inputs,
-                        output: plan.output,
-                        n: plan.n,
-                        scalars: &plan.scalars,
-                        args: &plan.typed,
-                    })
-                    .collect();
-                let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-                // SAFETY: as in `launch`.
-                unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }.map(Some)
-            })
-        });
-        let outcome = match outcome {
-            Ok(Some(outcome)) => outcome,
-            Ok(None) => return Ok(None),
-            Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
-            Err(e) => return Err(to_pyerr(py, e)),
-        };
-        if defer {
-            return deferred_list(py, &outcome.deferred).map(Some);
-        }
-        let list = PyList::empty(py);
-        for completion in outcome.completions {
-            match completion.outcome {
-                Ok(()) => list.append(py.None())?,
-                Err(refusal) => list.append(ring_refusal(py, &refusal).value(py))?,
-            }
-        }
-        Ok(Some(list.unbind()))
+        self.launch_plans(py, stream, &plans, sync, defer, timeout)
     }
 
     /// Waits for the completions of every launch still outstanding on the
@@ -1393,6 +1331,82 @@ impl NativeRing {
 }
 
 impl NativeRing {
+    /// `launch_plan`'s body, for plans already borrowed (`OperandTable.
+    /// launch` calls it too).
+    pub(crate) fn launch_plans(
+        &self,
+        py: Python<'_>,
+        stream: usize,
+        plans: &[&Plan],
+        sync: bool,
+        defer: bool,
+        timeout: std::time::Duration,
+    ) -> PyResult<Option<Py<PyList>>> {
+        let mut kernels = Vec::with_capacity(plans.len());
+        for plan in plans {
+            match plan.native.as_ref() {
+                Some(kernel) => kernels.push(kernel),
+                None => return Err(PyTypeError::new_err("a plan's kernel is not a ptxd kernel")),
+            }
+        }
+        let checks: Vec<(u64, u64)> = if plans.len() == 1 {
+            plans[0].checks.clone()
+        } else {
+            let mut checks: Vec<(u64, u64)> = Vec::new();
+            for &(ptr, id) in plans.iter().flat_map(|p| p.checks.iter()) {
+                if !checks.iter().any(|&(_, seen)| seen == id) {
+                    checks.push((ptr, id));
+                }
+            }
+            checks
+        };
+        let defer = defer && !sync;
+        let options = RawStreamOptions {
+            sync,
+            timeout,
+            defer,
+        };
+        let outcome = py.detach(|| {
+            preserving_current_context(|| {
+                if !self.checks_hold(&checks)? {
+                    return Ok(None);
+                }
+                let raw: Vec<RawStreamLaunch<'_>> = plans
+                    .iter()
+                    .zip(&kernels)
+                    .map(|(plan, kernel)| RawStreamLaunch {
+                        kernel,
+                        inputs: &plan.inputs,
+                        output: plan.output,
+                        n: plan.n,
+                        scalars: &plan.scalars,
+                        args: &plan.typed,
+                    })
+                    .collect();
+                let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+                // SAFETY: as in `launch`.
+                unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }.map(Some)
+            })
+        });
+        let outcome = match outcome {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => return Ok(None),
+            Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
+            Err(e) => return Err(to_pyerr(py, e)),
+        };
+        if defer {
+            return deferred_list(py, &outcome.deferred).map(Some);
+        }
+        let list = PyList::empty(py);
+        for completion in outcome.completions {
+            match completion.outcome {
+                Ok(()) => list.append(py.None())?,
+                Err(refusal) => list.append(ring_refusal(py, &refusal).value(py))?,
+            }
+        }
+        Ok(Some(list.unbind()))
+    }
+
     /// Whether the allocation at each checked address still has the id the
     /// Python half's cache resolved it with.
     fn checks_hold(&self, checks: &[(u64, u64)]) -> Result<bool, Error> {

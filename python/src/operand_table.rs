@@ -18,9 +18,9 @@ use ptxd_client::ring::OperandRef;
 use ptxd_client::{Arg, Kernel};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
 
-use crate::{to_arg, NativeKernel};
+use crate::{timeout_of, to_arg, NativeKernel, NativeRing};
 
 /// (device ordinal, address, length in bytes, element size): the key the
 /// Python half's `_OperandCache` uses.
@@ -347,6 +347,115 @@ impl OperandTable {
                 keys: seen_all.into_iter().map(|s| s.key).collect(),
             },
         )))
+    }
+
+    /// The lean path in one call: `resolve`, the stream (`stream`, or
+    /// `current(ordinal)` when `None`), the ring of `(ordinal, stream)` in
+    /// `rings` (the session's dict), and the ring's `launch_plan`. Returns
+    /// `True` when launched with nothing refused; `None` when the general
+    /// path must decide (a miss, a check that would refuse, no ring open
+    /// for the stream, or memory freed and allocated again: the plan's
+    /// keys are forgotten then, nothing launched); a list when something
+    /// was refused (awaited: the outcomes; deferred: the earlier refusals,
+    /// nothing of this call sent); `(ordinal, stream, ring, exception)`
+    /// when the ring call raised. A ring that is not a native one (a test
+    /// fake) is called through its `launch_plan` method.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (kernel, sizes, inputs, output, n, params, args, tensor, stream, current, rings, sync, defer, timeout))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        kernel: Py<PyAny>,
+        sizes: &Bound<'_, PyAny>,
+        inputs: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        n: &Bound<'_, PyAny>,
+        params: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyAny>,
+        tensor: &Bound<'_, PyAny>,
+        stream: Option<usize>,
+        current: &Bound<'_, PyAny>,
+        rings: &Bound<'_, PyDict>,
+        sync: bool,
+        defer: bool,
+        timeout: f64,
+    ) -> PyResult<Py<PyAny>> {
+        let duration = timeout_of(timeout)?;
+        let Some((ordinal, plan)) =
+            self.resolve(py, kernel, sizes, inputs, output, n, params, args, tensor)?
+        else {
+            return Ok(py.None());
+        };
+        let stream = match stream {
+            Some(stream) => stream,
+            None if current.is_none() => return Ok(py.None()),
+            None => current.call1((ordinal,))?.extract::<usize>()?,
+        };
+        let Some(ring) = rings.get_item((ordinal, stream))? else {
+            return Ok(py.None());
+        };
+        let outcome = if let Ok(native) = ring.cast::<NativeRing>() {
+            native
+                .get()
+                .launch_plans(py, stream, &[&plan], sync, defer, duration)
+        } else if ring.is_truthy()? {
+            let plan_object = Bound::new(py, plan)?;
+            let outcome = ring
+                .call_method1(
+                    intern!(py, "launch_plan"),
+                    (stream, &plan_object, sync, defer, timeout),
+                )
+                .and_then(|o| o.extract::<Option<Py<PyList>>>().map_err(PyErr::from));
+            if let Ok(None) = outcome {
+                self.forget_plan(plan_object.get());
+                return Ok(py.None());
+            }
+            return finish(py, ordinal, stream, &ring, outcome);
+        } else {
+            return Ok(py.None()); // False: this stream takes the unary path
+        };
+        if let Ok(None) = outcome {
+            self.forget_plan(&plan);
+            return Ok(py.None());
+        }
+        finish(py, ordinal, stream, &ring, outcome)
+    }
+}
+
+/// What `OperandTable.launch` returns for a ring call's outcome (not a
+/// failed check: the caller handled that).
+fn finish(
+    py: Python<'_>,
+    ordinal: i64,
+    stream: usize,
+    ring: &Bound<'_, PyAny>,
+    outcome: PyResult<Option<Py<PyList>>>,
+) -> PyResult<Py<PyAny>> {
+    match outcome {
+        Ok(Some(list)) => {
+            let list = list.bind(py);
+            if list.iter().all(|o| o.is_none()) {
+                Ok(PyBool::new(py, true).to_owned().into_any().unbind())
+            } else {
+                Ok(list.clone().into_any().unbind())
+            }
+        }
+        Ok(None) => Ok(py.None()),
+        Err(error) => Ok((ordinal, stream, ring, error.into_value(py))
+            .into_pyobject(py)?
+            .into_any()
+            .unbind()),
+    }
+}
+
+impl OperandTable {
+    /// Forgets the keys of a plan whose checks failed (its memory was freed
+    /// and allocated again).
+    fn forget_plan(&self, plan: &Plan) {
+        let mut table = self.lock();
+        for key in &plan.keys {
+            table.entries.remove(key);
+        }
     }
 }
 

@@ -975,3 +975,37 @@ def test_a_deferred_session_s_batch_on_the_general_path_is_deferred_too(fake):
     # A sync batch waits for its own answers (the fake answers none).
     assert session.launch_many([(kernel, arrays[:2], arrays[2])] * 2, sync=True) == [0, 0]
     assert len(ring.launches) == 5
+
+
+def test_a_failed_ring_call_on_the_lean_path_is_handled_as_on_the_general_path(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], out)
+    # An orphaned ring: raised, dropped, and the next launch opens another.
+    native.rings[0].error = ptxd.Error("the executor was lost", reason="RING_ORPHANED")
+    with pytest.raises(ptxd.Error) as raised:
+        session.launch(kernel, [a, b], out)
+    assert raised.value.reason == "RING_ORPHANED" and native.rings[0].plans == 1  # it raised
+    session.launch(kernel, [a, b], out)
+    assert len(native.rings) == 2 and len(native.rings[1].launches) == 1
+    session.launch(kernel, [a, b], out)
+    assert native.rings[1].plans == 1
+    # A failed stream operation: raised, and the stream goes unary.
+    native.rings[1].error = ptxd.CudaError("cuStreamBatchMemOp failed", reason="CUDA")
+    with pytest.raises(ptxd.CudaError):
+        session.launch(kernel, [a, b], out)
+    assert session._rings[(0, 0x7700)] is False
+    session.launch(kernel, [a, b], out)
+    assert len(native.rings) == 2 and len(native.unary) == 1
+    # Refusals of an awaited launch keep their class.
+    session._rings.clear()
+    session.launch(kernel, [a, b], out)
+    native.rings[2].outcomes = [_from_native(
+        "refused", "STALE_BUFFER", "ring launch 4 was refused: STALE_BUFFER",
+        "FAILED_PRECONDITION", 9, {"path": "ring"})]
+    with pytest.raises(ptxd.StaleBuffer):
+        session.launch(kernel, [a, b], out)
+    assert native.rings[2].plans == 1
