@@ -894,8 +894,9 @@ class Session:
         the first failure is raised with ``.index`` (its position) and
         ``.results`` (the list, holding the exception at each refused
         position). In a session with ``defer_errors``, an async batch
-        through the ring returns before ptxd answers, as :meth:`launch`
-        does: a refusal is raised later (see :meth:`Client.session`).
+        through the ring of at most ``RING_SLOTS`` (256) launches returns
+        before ptxd answers, as :meth:`launch` does: a refusal is raised
+        later (see :meth:`Client.session`).
         """
         items = [_launch_item(item) for item in launches]
         if not items:
@@ -1058,11 +1059,14 @@ class Session:
         try:
             if plan is not None:
                 # A list of plans is a batch (launch_many), deferred as a
-                # single launch is.
-                defer = self.defer_errors and not sync
-                if self.defer_errors and sync:
-                    # A sync launch waits for its own answers: the deferred
-                    # ones before it are answered first.
+                # single launch is while it fits the ring (a longer one
+                # waits for answers while it submits: it is awaited).
+                defer = self.defer_errors and not sync and (
+                    type(plan) is not list or len(plan) <= RING_SLOTS)
+                if self.defer_errors and not defer:
+                    # A sync launch or a long batch waits for its own
+                    # answers: the deferred ones before it are answered
+                    # first.
                     _raise_deferred(ring.drain(RING_TIMEOUT))
                 outcomes = ring.launch_plan(raw_stream, plan, sync, defer, RING_TIMEOUT)
                 if defer and outcomes is not None:
@@ -1070,7 +1074,7 @@ class Session:
                     outcomes = [None] * (len(plan) if type(plan) is list else 1)
             elif self.defer_errors:
                 assert wire is not None
-                if not sync:
+                if not sync and len(wire) <= RING_SLOTS:
                     refused = ring.launch_deferred(raw_stream, wire, checks, RING_TIMEOUT)
                     if refused is None:
                         outcomes = None
@@ -1079,8 +1083,9 @@ class Session:
                     else:
                         outcomes = [None] * len(wire)
                 else:
-                    # A sync launch waits for its own answers: the deferred
-                    # ones before it are answered first.
+                    # A sync launch, or a batch longer than the ring, waits
+                    # for its own answers: the deferred ones before it are
+                    # answered first.
                     _raise_deferred(ring.drain(RING_TIMEOUT))
                     outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
             else:

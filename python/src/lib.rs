@@ -1395,7 +1395,18 @@ impl NativeRing {
             Err(e) => return Err(to_pyerr(py, e)),
         };
         if defer {
-            return deferred_list(py, &outcome.deferred).map(Some);
+            // A deferred call returns no completions of its own, but for a
+            // batch longer than the ring's free slots it reads some while
+            // it submits: their refusals are reported with the earlier
+            // ones, never dropped (the Python half defers no such batch).
+            let mut refused = outcome.deferred;
+            refused.extend(
+                outcome
+                    .completions
+                    .into_iter()
+                    .filter_map(|c| c.outcome.err()),
+            );
+            return deferred_list(py, &refused).map(Some);
         }
         let list = PyList::empty(py);
         for completion in outcome.completions {

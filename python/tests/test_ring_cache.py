@@ -97,6 +97,7 @@ class FakeRing:
         self.launches: List[Tuple[int, Any]] = []
         self.stale_answers = 0
         self.plans = 0
+        self.awaited_calls = 0
         self.outcomes = outcomes
         self.error: Optional[BaseException] = None
 
@@ -104,6 +105,7 @@ class FakeRing:
                timeout: float) -> Optional[List[Any]]:
         if self.error is not None:
             raise self.error
+        self.awaited_calls += 1
         for ptr, buffer_id in checks:
             if self.device.allocation_id(ptr) != buffer_id:
                 self.stale_answers += 1
@@ -1009,3 +1011,27 @@ def test_a_failed_ring_call_on_the_lean_path_is_handled_as_on_the_general_path(f
     with pytest.raises(ptxd.StaleBuffer):
         session.launch(kernel, [a, b], out)
     assert native.rings[2].plans == 1
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_deferred_session_s_batch_longer_than_the_ring_is_awaited(fake, fake_torch, lean):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    make = FakeTensor if lean else FakeArray
+    a, b, c = (make(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch_many([(kernel, [a, b], c)] * 2)
+    ring = native.rings[0]
+    assert ring.awaited_calls == 0, "a short batch is deferred"
+    long = _client.RING_SLOTS + RNG.randrange(1, 64)
+    refused_at = RNG.randrange(long)
+    ring.outcomes = [None] * long
+    ring.outcomes[refused_at] = _from_native(
+        "refused", "ABI_MISMATCH", "ring launch 9 was refused: ABI_MISMATCH", "INVALID_ARGUMENT",
+        3, {"path": "ring"})
+    # Its answers are awaited, so its refusal is raised by it, with .index.
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        session.launch_many([(kernel, [a, b], c)] * long)
+    assert raised.value.index == refused_at and ring.awaited_calls == 1
+    assert ring.plans == (long if lean else 0), "the first batch resolved the general way"
