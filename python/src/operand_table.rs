@@ -68,6 +68,10 @@ struct Entry {
     buffer_id: Option<u64>,
 }
 
+/// The entries behind [`OperandTable`]'s lock. Every method takes the lock
+/// with the GIL held and calls no Python under it; an entry removed is
+/// dropped (its `Buffer` let go of, which can run Python code) only after
+/// the lock is released, so that code cannot find the lock held.
 struct Table {
     entries: HashMap<Key, Entry>,
     limit: usize,
@@ -150,7 +154,10 @@ impl OperandTable {
         let mut table = self.lock();
         let entry = table.entries.get(&key)?;
         if entry.released.load(Ordering::Acquire) {
-            table.entries.remove(&key);
+            let removed = table.entries.remove(&key);
+            // Python objects are let go of after the lock (see `Table`).
+            drop(table);
+            drop(removed);
             return None;
         }
         Some(entry.buffer.clone_ref(py))
@@ -183,18 +190,24 @@ impl OperandTable {
             buffer_id,
         };
         let mut table = self.lock();
-        if table.entries.len() >= table.limit {
-            table.entries.clear();
-        }
-        table.entries.insert(key, entry);
+        let dropped = if table.entries.len() >= table.limit {
+            std::mem::take(&mut table.entries)
+        } else {
+            HashMap::new()
+        };
+        let replaced = table.entries.insert(key, entry);
+        drop(table);
+        drop((dropped, replaced));
     }
 
     fn forget(&self, key: Key) {
-        self.lock().entries.remove(&key);
+        let removed = self.lock().entries.remove(&key);
+        drop(removed);
     }
 
     fn clear(&self) {
-        self.lock().entries.clear();
+        let entries = std::mem::take(&mut self.lock().entries);
+        drop(entries);
     }
 
     fn __len__(&self) -> usize {
@@ -293,7 +306,9 @@ impl OperandTable {
                 return Ok(None);
             };
             if entry.released.load(Ordering::Acquire) {
-                table.entries.remove(&s.key);
+                let removed = table.entries.remove(&s.key);
+                drop(table);
+                drop(removed);
                 return Ok(None);
             }
             let Some(buffer_id) = entry.buffer_id else {
@@ -453,9 +468,13 @@ impl OperandTable {
     /// and allocated again).
     fn forget_plan(&self, plan: &Plan) {
         let mut table = self.lock();
-        for key in &plan.keys {
-            table.entries.remove(key);
-        }
+        let removed: Vec<Entry> = plan
+            .keys
+            .iter()
+            .filter_map(|key| table.entries.remove(key))
+            .collect();
+        drop(table);
+        drop(removed);
     }
 }
 
