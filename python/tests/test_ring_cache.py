@@ -1035,3 +1035,60 @@ def test_a_deferred_session_s_batch_longer_than_the_ring_is_awaited(fake, fake_t
         session.launch_many([(kernel, [a, b], c)] * long)
     assert raised.value.index == refused_at and ring.awaited_calls == 1
     assert ring.plans == (long if lean else 0), "the first batch resolved the general way"
+
+
+class FakeNativeClient:
+    def __init__(self, session: FakeNativeSession) -> None:
+        self.session = session
+        self.opened: List[Tuple[str, bool]] = []
+
+    def open_session(self, label: str, auto_reload: bool) -> FakeNativeSession:
+        self.opened.append((label, auto_reload))
+        return self.session
+
+
+def test_sessions_defer_errors_by_default_unless_auto_reload(fake, fake_torch):
+    import weakref
+
+    _, native, allocator = fake
+    client = object.__new__(ptxd.Client)
+    client._native = FakeNativeClient(native)
+    client._sessions = weakref.WeakSet()
+    session = client.session("default")
+    assert session.defer_errors is True
+    assert client.session("reloading", auto_reload=True).defer_errors is False
+    assert client.session("awaited", defer_errors=False).defer_errors is False
+    with pytest.raises(ValueError, match="do not go together"):
+        client.session("both", auto_reload=True, defer_errors=True)
+    # The default session: a refusal ptxd answers after the launch returned
+    # is raised by the next launch (which is not sent) and by wait_answers.
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    assert session.launch(kernel, [a, b], out) == ptxd.Launched(0, False)
+    assert session.launch(kernel, [a, b], out) == ptxd.Launched(0, False)
+    ring = native.rings[0]
+    ticket = RNG.randrange(1, 1000)
+    ring.answered = [ring_refusal("BUFFER_TOO_SMALL", ticket)]
+    with pytest.raises(ptxd.BufferTooSmall) as raised:
+        session.launch(kernel, [a, b], out)
+    assert raised.value.metadata["deferred"] == "true"
+    assert raised.value.metadata["ticket"] == str(ticket)
+    assert len(ring.launches) == 2, "the launch that raised was not sent"
+    session.launch(kernel, [a, b], out)
+    ring.answered = [ring_refusal("ABI_MISMATCH", ticket + 1)]
+    with pytest.raises(ptxd.AbiMismatch):
+        session.wait_answers()
+    session.wait_answers()
+    assert ring.awaited_calls == 0, "no launch of the default session waited for its answer"
+    # A session with defer_errors=False raises a refusal at its own launch.
+    awaited = client.session("awaited-2", defer_errors=False)
+    awaited.launch(kernel, [a, b], out)
+    awaited_ring = native.rings[-1]
+    awaited_ring.outcomes = [_from_native(
+        "refused", "ABI_MISMATCH", "ring launch 7 was refused: ABI_MISMATCH", "INVALID_ARGUMENT",
+        3, {"path": "ring"})]
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        awaited.launch(kernel, [a, b], out)
+    assert "deferred" not in raised.value.metadata
