@@ -2,7 +2,9 @@
 process and one run: torch eager, the same PTX launched in-process
 (``cuLaunchKernel`` through ctypes on torch's stream), and the same PTX
 through ptxd from Python (``session.launch`` on torch tensors: the launch
-ring, ordered on torch's stream by GPU words).
+ring, ordered on torch's stream by GPU words), answers awaited and deferred
+(``defer_errors``), and deferred with ``add`` and ``silu_mul`` as one
+``launch_many``.
 
     ptxd serve --socket /tmp/ptxd.sock &
     python python/examples/model_step.py /tmp/ptxd.sock [--steps N] [--batches 8,8192]
@@ -221,6 +223,21 @@ class ThroughPtxd:
         self.session.launch(self.kernels["silu_mul"], [a, b], out)
 
 
+class ThroughPtxdBatched(ThroughPtxd):
+    """As :class:`ThroughPtxd`, with ``add`` and ``silu_mul`` (adjacent in
+    the step, no torch kernel between them) as one ``launch_many``: one
+    pair of stream operations and one ring call for both. ptxd runs a
+    batch's launches in order, so ``silu_mul`` reads ``add``'s output."""
+
+    def __init__(self, session: ptxd.Session, device: torch.device) -> None:
+        super().__init__(session, device)
+        self.name += ", launch_many tail"
+
+    def add_silu_mul(self, y, x, r, o):
+        self.session.launch_many([(self.kernels["add"], [y, x], r),
+                                  (self.kernels["silu_mul"], [r, x], o)])
+
+
 class Model:
     def __init__(self, batch: int, device: torch.device) -> None:
         generator = torch.Generator(device=device)
@@ -245,8 +262,12 @@ class Model:
         torch.mm(self.x, self.w1, out=self.h)
         ew.bias_gelu(self.h, self.bias_full, self.g)
         torch.mm(self.g, self.w2, out=self.y)
-        ew.add(self.y, self.x, self.r)
-        ew.silu_mul(self.r, self.x, self.o)
+        tail = getattr(ew, "add_silu_mul", None)
+        if tail is not None:
+            tail(self.y, self.x, self.r, self.o)
+        else:
+            ew.add(self.y, self.x, self.r)
+            ew.silu_mul(self.r, self.x, self.o)
         return self.o
 
 
@@ -276,14 +297,16 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     torch.backends.cuda.matmul.allow_tf32 = False
     batches = [int(b) for b in args.batches.split(",")]
-    with ptxd.Client(args.socket) as client, client.session("model-step") as session, \
+    with ptxd.Client(args.socket) as client, client.session("model-step", defer_errors=False) as session, \
             client.session("model-step-deferred", defer_errors=True) as deferred:
         gpu = torch.cuda.get_device_name(device)
         print(f"model step on {gpu}: D={D}, H={H}, f32; ptxd {ptxd.__version__}, torch {torch.__version__}")
         # The fourth: the same launches with ptxd's answers deferred (an
         # async launch returns once written; refusals come with the next).
+        # The fifth: the deferred session with add and silu_mul as one
+        # launch_many.
         variants = [None, InProcess(device), ThroughPtxd(session, device),
-                    ThroughPtxd(deferred, device)]
+                    ThroughPtxd(deferred, device), ThroughPtxdBatched(deferred, device)]
         for batch in batches:
             model = Model(batch, device)
             variants[0] = Eager(model.b1)
@@ -293,8 +316,9 @@ def main() -> int:
                 outputs.append(model.step(ew).clone())
             torch.cuda.synchronize(device)
             deferred.wait_answers()
-            eager, inproc, via_ptxd, via_deferred = outputs
-            for label, through in (("ptxd", via_ptxd), ("ptxd (defer_errors)", via_deferred)):
+            eager, inproc, via_ptxd, via_deferred, via_batched = outputs
+            for label, through in (("ptxd", via_ptxd), ("ptxd (defer_errors)", via_deferred),
+                                   ("ptxd (defer_errors, launch_many tail)", via_batched)):
                 if not torch.equal(inproc, through):
                     differ = (inproc != through).sum().item()
                     print(f"FAIL batch {batch}: {label} and in-process differ in {differ} elements")
@@ -306,13 +330,15 @@ def main() -> int:
             steps = args.steps or (2000 if batch <= 64 else 50)
             times = {ew.name: time_steps(model, ew, steps, args.reps, device) for ew in variants}
             deferred.wait_answers()
-            e, i, p, d = (times[ew.name] for ew in variants)
+            e, i, p, d, m = (times[ew.name] for ew in variants)
             print(f"batch {batch} ({steps} steps x {args.reps} reps, median per step):")
             for name, seconds in times.items():
                 print(f"  {name:34s} {seconds * 1e6:10.1f} us")
             print(f"  ratio ptxd / in-process {p / i:6.3f}   ptxd / eager {p / e:6.3f}   "
                   f"in-process / eager {i / e:6.3f}")
             print(f"  ratio ptxd (defer_errors) / in-process {d / i:6.3f}   / eager {d / e:6.3f}")
+            print(f"  ratio ptxd (defer_errors, launch_many tail) / in-process {m / i:6.3f}   "
+                  f"/ eager {m / e:6.3f}")
         print(f"rings: {sum(1 for r in session._rings.values() if r)} "
               f"(unary fallbacks would show 0 here)")
     print("model_step: ok")

@@ -272,76 +272,99 @@ def stages(calls: int, session: ptxd.Session, add: ptxd.Kernel, x: torch.Tensor,
     row("torch.cuda.current_stream(d).cuda_stream", calls,
         lambda: torch.cuda.current_stream(device).cuda_stream)
     p_stream = row("torch._C._cuda_getCurrentRawStream(i)", calls, lambda: raw_of(ordinal))
+    # What the native resolution reads of each tensor (5 calls each).
     row("x.data_ptr()", calls, x.data_ptr)
+    row("the 5 reads of one tensor (is_contiguous .. numel)", calls,
+                  lambda: (x.is_contiguous(), x.get_device(), x.element_size(), x.data_ptr(),
+                           x.numel()))
     tensor = torch.Tensor
-    get = session._operands.get
+    resolve_native = session._operands.resolve
+    if session._operands.get((ordinal, x.data_ptr(), x.numel() * 4, 4)) is None:
+        raise AssertionError("operand cache miss: launch once first")
 
-    def resolve() -> List[Any]:
-        resolved = []
-        for obj in (x, y, out):
-            if not isinstance(obj, tensor) or not obj.is_contiguous():
-                raise AssertionError("not a tensor")
-            dev = obj.get_device()
-            itemsize = obj.element_size()
-            ptr = obj.data_ptr()
-            key = (dev, ptr, obj.numel() * itemsize, itemsize)
-            buffer = get(key)
-            if buffer is None:
-                raise AssertionError("operand cache miss: launch once first")
-            resolved.append((buffer, ptr, key))
-        return resolved
+    def resolve() -> Any:
+        return resolve_native(add._native, add._element_sizes(), [x, y], out, None, (), (),
+                              tensor)
 
-    p_resolve = row("operand resolution + cache lookup (3 tensors)", calls, resolve)
+    p_resolve = row("native resolution: 3 tensors read, looked up, checked, a Plan (resolve)",
+                    calls, resolve)
     resolved = resolve()
-    sizes = add._element_sizes()
-
-    def checks_py() -> None:
-        out_buffer = resolved[-1][0]
-        count = out_buffer.numel
-        for (buffer, _, _), size in zip(resolved, sizes):
-            if size and size != buffer.itemsize:
-                raise AssertionError("size")
-            if count * size > buffer.nbytes and buffer.offset + buffer.nbytes < buffer._registration.size:
-                raise AssertionError("bounds")
-
-    p_checks = row("element-size and bounds checks", calls, checks_py)
+    if resolved is None:
+        raise AssertionError("the native resolution missed: launch once first")
+    plan = resolved[1]
     raw = raw_of(ordinal)
     ring = session._ring(ordinal, raw)
     if ring is None:
         note("the ring", "unavailable: no ring for torch's current stream; the native rows are absent")
-        return [p_stream, p_resolve, p_checks]
-    p_lookup = row("ring lookup (session._ring)", calls, lambda: session._ring(ordinal, raw))
-
-    def wire() -> Tuple[Any, Any, Any]:
-        out_buffer = resolved[-1][0]
-        w = [(add._native,
-              [(b._registration.ring_index, b.offset) for b, _, _ in resolved[:-1]],
-              (out_buffer._registration.ring_index, out_buffer.offset),
-              out_buffer.numel, [], [])]
-        c = list({b._registration.buffer_id: (ptr, b._registration.buffer_id)
-                  for b, ptr, _ in resolved}.values())
-        k = [key for _, _, key in resolved]
-        return w, c, k
-
-    p_wire = row("descriptor's Python half (wire tuples, checks, keys)", calls, wire)
-    w, c, _ = wire()
+        return [p_stream, p_resolve]
+    rings = session._rings
+    p_lookup = row("ring lookup (session._rings.get)", calls, lambda: rings.get((ordinal, raw)))
     dev = ptxd._client._device(ordinal)
     row("native allocation_id(ptr) (one check, PyO3 + cuPointerGetAttribute)", calls,
         lambda: dev.allocation_id(x.data_ptr()))
     row("native words_handle getter (a PyO3 call's floor)", calls, lambda: ring.words_handle)
     out.fill_(float("nan"))
-    p_native = row(f"native Ring.launch, {len(c)} allocation check(s), GPU kept ahead", calls,
-                   lambda: ring.launch(raw, w, c, False, 60.0), sync_every=32, device=device)
-    row("native Ring.launch, no allocation checks, GPU kept ahead", calls,
-        lambda: ring.launch(raw, w, [], False, 60.0), sync_every=32, device=device)
-    row("native Ring.launch, no checks, back to back", calls, lambda: ring.launch(raw, w, [], False, 60.0))
+    p_native = row(f"native Ring.launch_plan, {len(plan.checks())} allocation check(s), "
+                   "answer awaited, GPU kept ahead", calls,
+                   lambda: ring.launch_plan(raw, plan, False, False, 60.0), sync_every=32,
+                   device=device)
+    torch.cuda.synchronize(device)
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    deferred = getattr(session, "_deferred_twin", None)
+    p_native_d = None
+    if deferred is not None:
+        session_d, add_d = deferred
+        resolved_d = session_d._operands.resolve(add_d._native, add_d._element_sizes(), [x, y],
+                                                 out, None, (), (), tensor)
+        ring_d = session_d._ring(ordinal, raw)
+        if resolved_d is not None and ring_d is not None:
+            plan_d = resolved_d[1]
+            out.fill_(float("nan"))
+            p_native_d = row("native Ring.launch_plan, deferred answers, GPU kept ahead", calls,
+                             lambda: ring_d.launch_plan(raw, plan_d, False, True, 60.0),
+                             sync_every=32, device=device)
+            session_d.wait_answers()
+            torch.cuda.synchronize(device)
+            torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    # The lean path's one native call (OperandTable.launch): the rows above
+    # (stream, resolve, ring lookup, launch_plan) in one.
+    one_call = session._operands.launch
+    rings = session._rings
+
+    def lean(owner: ptxd.Session, kernel: ptxd.Kernel, defer: bool) -> Any:
+        return owner._operands.launch(kernel._native, kernel._element_sizes(), [x, y], out, None,
+                                      (), (), tensor, None, raw_of, owner._rings, False, defer,
+                                      60.0)
+
+    if one_call(add._native, add._element_sizes(), [x, y], out, None, (), (), tensor, None, raw_of,
+                rings, False, False, 60.0) is not True:
+        raise AssertionError("OperandTable.launch did not launch")
+    out.fill_(float("nan"))
+    row("native OperandTable.launch (the lean path's one call), answer awaited, GPU kept ahead",
+        calls, lambda: lean(session, add, False), sync_every=32, device=device)
+    torch.cuda.synchronize(device)
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    if deferred is not None:
+        session_d, add_d = deferred
+        out.fill_(float("nan"))
+        row("native OperandTable.launch, deferred answers, GPU kept ahead", calls,
+            lambda: lean(session_d, add_d, True), sync_every=32, device=device)
+        session_d.wait_answers()
+        torch.cuda.synchronize(device)
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    # The older wire path (the general path takes it), for the native
+    # phases below.
+    w = [plan.wire()]
+    c = plan.checks()
+    row(f"native Ring.launch (wire tuples), {len(c)} allocation check(s), GPU kept ahead", calls,
+        lambda: ring.launch(raw, w, c, False, 60.0), sync_every=32, device=device)
     torch.cuda.synchronize(device)
     torch.testing.assert_close(out, x + y, rtol=0, atol=0)
     native_phases(calls, ring, raw, w, c, device, defer=False)
     native_phases(calls, ring, raw, w, c, device, defer=True)
     torch.cuda.synchronize(device)
     torch.testing.assert_close(out, x + y, rtol=0, atol=0)
-    return [p_stream, p_resolve, p_checks, p_lookup, p_wire, p_native]
+    return [p_stream, p_resolve, p_lookup, p_native, p_native_d]
 
 
 def native_phases(calls: int, ring: Any, raw: int, wire: List[Any], checks: List[Any], device: Any,
@@ -442,7 +465,7 @@ def main() -> int:
     failures = 0
     mps = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
     try:
-        with ptxd.Client(socket) as client, client.session("profile-launch") as session:
+        with ptxd.Client(socket) as client, client.session("profile-launch", defer_errors=False) as session:
             add = session.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar",
                                    device=device)
             # One launch fills the operand cache and opens the ring.
@@ -474,10 +497,11 @@ def main() -> int:
                 except Exception as error:  # noqa: BLE001
                     note("stream memops", f"unavailable: {error}")
             failures += whole(calls, session, add, x, y, out, device)
-            known = [p for p in parts if p is not None]
-            if known:
-                section("sum of the stage p50s above (stream, resolve, checks, lookup, wire, native)")
-                note("sum", f"{sum(known):8.2f} us")
+            if len(parts) == 5 and None not in parts[:4]:
+                section("sum of the stage p50s above (stream, resolve, ring lookup, launch_plan)")
+                note("sum, answer awaited", f"{sum(parts[:4]):8.2f} us")
+                if parts[4] is not None:
+                    note("sum, deferred answers", f"{sum(parts[:3]) + parts[4]:8.2f} us")
     except Exception:  # noqa: BLE001 - print what was measured before the failure
         traceback.print_exc()
         failures += 1

@@ -53,6 +53,10 @@ def main() -> None:
         expected = (torch.nn.functional.silu(gate.float()) * up.float()).half()
         torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3)
 
+        # The session defers ptxd's answers (the default): a refusal of any
+        # launch above would be raised here, if not by a later launch.
+        session.wait_answers()
+
         registered = [b for b in session.buffers() if b["label"] != ptxd._native.RING_WORDS_LABEL]
         print(f"{len(registered)} registration(s) for 7 tensors (caching-allocator segments)")
     print("torch_elementwise: ok")

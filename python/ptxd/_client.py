@@ -21,9 +21,10 @@ state the SDK has no notion of:
   address is registered again, never launched against the old mapping;
 - the session's **launch rings**, one per (device, stream), opened lazily:
   launches on torch or CuPy operands go through them, ordered on the
-  framework's stream by two GPU words (``Ring.launch``); in a session with
-  ``defer_errors`` an async launch does not wait for ptxd's answer
-  (``Ring.launch_deferred``), and a refusal is raised by the next launch on
+  framework's stream by two GPU words (``OperandTable.launch`` for tensors
+  the operand cache holds, ``Ring.launch`` otherwise); in a session with
+  ``defer_errors`` (the default unless ``auto_reload``) an async launch does
+  not wait for ptxd's answer, and a refusal is raised by the next launch on
   that ring or by ``wait_answers``;
 - a pool of registered **IPC event pairs** per device, for ordering unary
   launches (the fallback) against the caller's stream.
@@ -193,7 +194,7 @@ class _Registration:
     caller registered (``base`` 0: no mapping here)."""
 
     __slots__ = ("handle", "size", "device_uuid", "generation", "kind", "base", "ordinal",
-                 "buffer_id", "mapping", "released", "ring_index")
+                 "buffer_id", "mapping", "_released", "ring_index")
 
     def __init__(self, reply: Dict[str, Any], kind: str, base: int, ordinal: Optional[int],
                  buffer_id: Optional[int] = None, mapping: Any = None) -> None:
@@ -210,7 +211,21 @@ class _Registration:
         # The native Shm or Memfd: registered, it stays mapped (and found by
         # address) even when its array is gone, until the release.
         self.mapping = mapping
-        self.released = False
+        # Shared with the operand cache's native entries of this
+        # registration: set once released, they miss.
+        self._released = _native.Released()
+
+    @property
+    def released(self) -> bool:
+        """True once the registration was released (for good)."""
+        return bool(self._released)
+
+    @released.setter
+    def released(self, value: bool) -> None:
+        if value:
+            self._released.set()
+        elif self._released:
+            raise ValueError("a released registration stays released")
 
     def contains(self, ptr: int) -> bool:
         return self.base <= ptr < self.base + self.size
@@ -296,34 +311,46 @@ class _OperandCache:
     next one at the same address). Whoever uses an entry checks first that
     the driver's allocation id at the address is still the registration's
     ``buffer_id`` (ids are never reused) and calls :meth:`forget` when not;
-    an entry whose registration was released is a miss."""
+    an entry whose registration was released is a miss.
 
-    __slots__ = ("_entries", "limit")
+    The entries live in Rust (``_native.OperandTable``), so that the lean
+    launch path resolves a launch's tensors, checks them and builds the
+    ring's launch in one native call (:meth:`resolve`)."""
+
+    __slots__ = ("_table", "limit", "resolve", "launch")
 
     def __init__(self, limit: int = OPERAND_CACHE_LIMIT) -> None:
-        self._entries: Dict[Tuple[int, int, int, int], Buffer] = {}
+        self._table = _native.OperandTable(limit)
         self.limit = limit
+        #: ``resolve(kernel, sizes, inputs, output, n, params, args,
+        #: tensor_type)``: ``(ordinal, Plan)`` for ``Ring.launch_plan``
+        #: when every operand is a cached contiguous CUDA tensor on one
+        #: device and the checks pass, else ``None``.
+        self.resolve = self._table.resolve
+        #: ``launch(kernel, sizes, inputs, output, n, params, args,
+        #: tensor_type, stream, current_stream, rings, sync, defer,
+        #: timeout)``: ``resolve``, the stream, the ring in ``rings`` and
+        #: its ``launch_plan`` in one call (see
+        #: ``Session._launch_cached_tensors`` for what it returns).
+        self.launch = self._table.launch
 
     def get(self, key: Tuple[int, int, int, int]) -> Optional[Buffer]:
-        buffer = self._entries.get(key)
-        if buffer is not None and buffer._registration.released:
-            del self._entries[key]
-            return None
-        return buffer
+        return self._table.get(key)
 
     def put(self, key: Tuple[int, int, int, int], buffer: Buffer) -> None:
-        if len(self._entries) >= self.limit:
-            self._entries.clear()
-        self._entries[key] = buffer
+        registration = buffer._registration
+        self._table.put(key, buffer, registration._released, registration.ring_index,
+                        buffer.offset, buffer.nbytes, buffer.itemsize, registration.size,
+                        registration.buffer_id)
 
     def forget(self, key: Tuple[int, int, int, int]) -> None:
-        self._entries.pop(key, None)
+        self._table.forget(key)
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._table.clear()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._table)
 
 
 class _Prepared(NamedTuple):
@@ -380,6 +407,10 @@ class Session:
         # (device ordinal, raw stream) -> native Ring, or False where none
         # could be opened (that stream's launches take the unary path).
         self._rings: Dict[Tuple[int, int], Any] = {}
+        # The torch module the lean path last saw, and its (torch.Tensor,
+        # torch._C._cuda_getCurrentRawStream).
+        self._torch: Any = None
+        self._torch_parts: Tuple[Any, Any] = (None, None)
 
     # -- lifetime -----------------------------------------------------------
 
@@ -702,7 +733,9 @@ class Session:
         Buffer) and there is a stream to order on, the launch goes through
         the session's launch ring for that device and stream (opened on
         first use), ordered by two GPU words, and returns once ptxd has
-        enqueued it (``micros`` is then 0: the ring reports no time).
+        enqueued it, or in a session with ``defer_errors`` (the default)
+        once it is written, a refusal raised later (``micros`` is then 0:
+        the ring reports no time).
         Otherwise, or when no ring can be opened, it is a unary call ordered
         by a pair of IPC events. docs/python.md has the details.
 
@@ -749,73 +782,65 @@ class Session:
         would refuse, no ring, a stale entry): :meth:`launch`'s general path
         then decides, and raises what it raises."""
         torch = sys.modules.get("torch")
-        if torch is None or type(inputs) not in (list, tuple) or not isinstance(kernel, Kernel):
+        if torch is None or not isinstance(kernel, Kernel):
             return None
-        tensor = torch.Tensor
-        get = self._operands.get
-        ordinal = -1
-        buffers = []
-        keys = []
-        # (address, allocation id) of one operand per registration: while
-        # the allocation a registration was made of lives (same id at one
-        # of its addresses), every address cached in it is still inside it.
-        checks: Dict[Any, Tuple[int, int]] = {}
-        for obj in (*inputs, output):
-            if not isinstance(obj, tensor) or not obj.is_contiguous():
+        if torch is not self._torch:
+            # torch.Tensor and the raw stream lookup, read once per torch
+            # module (not once per launch).
+            self._torch = torch
+            self._torch_parts = (torch.Tensor,
+                                 getattr(torch._C, "_cuda_getCurrentRawStream", None))
+        tensor, current = self._torch_parts
+        sizes = kernel._sizes
+        if sizes is None:
+            sizes = kernel._element_sizes()
+        typed_wire = [(a.type, a.value) for a in typed] if typed else ()
+        raw_stream = ops.stream_handle(stream) if stream is not None else None
+        if not (sync and self.defer_errors):
+            # One native call reads the tensors, looks them up, checks
+            # element sizes and bounds, finds the stream and its ring and
+            # launches: no Python tuple per operand. True: launched; None:
+            # the general path decides (a stale entry is forgotten); a list:
+            # refusals; a tuple: the ring call raised.
+            result = self._operands.launch(
+                kernel._native, sizes, inputs, output, n, params, typed_wire, tensor,
+                raw_stream, current, self._rings, sync, self.defer_errors, RING_TIMEOUT,
+            )
+            if result is True:
+                return _RING_LAUNCHED
+            if result is None:
                 return None
-            # A CPU tensor's device is -1: no cached operand has it.
-            device = obj.get_device()
-            if device != ordinal:
-                if ordinal != -1:
+            if type(result) is tuple:
+                ordinal, raw_stream, ring, error = result
+                if self._ring_failed(ring, ordinal, raw_stream, error):
                     return None
-                ordinal = device
-            itemsize = obj.element_size()
-            ptr = obj.data_ptr()
-            key = (device, ptr, obj.numel() * itemsize, itemsize)
-            buffer = get(key)
-            if buffer is None:
+                raise error
+            if self.defer_errors:
+                _raise_deferred(result)
+            outcome = next(o for o in result if o is not None)
+            if self._retry_unary(outcome):
                 return None
-            buffers.append(buffer)
-            keys.append(key)
-            buffer_id = buffer._registration.buffer_id
-            if buffer_id not in checks:
-                checks[buffer_id] = (ptr, buffer_id)
-        out = buffers[-1]
-        count = out.numel if n is None else int(n)
-        if count < 0:
+            raise outcome
+        # A sync launch in a deferred session reads the earlier answers
+        # first (_ring_call): resolve, then launch the plan.
+        resolved = self._operands.resolve(kernel._native, sizes, inputs, output, n, params,
+                                          typed_wire, tensor)
+        if resolved is None:
             return None
-        for buffer, size in zip(buffers, kernel._element_sizes()):
-            if size and size != buffer.itemsize:
-                return None
-            if (count * size > buffer.nbytes
-                    and buffer.offset + buffer.nbytes < buffer._registration.size):
-                return None
-        if stream is not None:
-            raw_stream = ops.stream_handle(stream)
-        else:
-            current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        ordinal, plan = resolved
+        if raw_stream is None:
             if current is None:
                 return None
-            raw_stream = int(current(ordinal))
+            raw_stream = current(ordinal)
         ring = self._ring(ordinal, raw_stream)
         if ring is None:
             return None
-        del buffers[-1]
-        wire = [(
-            kernel._native,
-            [(b._registration.ring_index, b.offset) for b in buffers],
-            (out._registration.ring_index, out.offset),
-            count,
-            [float(p) for p in params] if params else [],
-            [(a.type, a.value) for a in typed] if typed else [],
-        )]
-        checks_list = list(checks.values())
-        outcomes = self._ring_call(ring, ordinal, raw_stream, wire, checks_list, keys, sync)
+        outcomes = self._ring_call(ring, ordinal, raw_stream, None, None, None, sync, plan)
         if outcomes is None or outcomes is _STALE:
             return None
         outcome = outcomes[0]
         if outcome is None:
-            return Launched(0, False)
+            return _RING_LAUNCHED
         if self._retry_unary(outcome):
             return None
         raise outcome
@@ -871,11 +896,18 @@ class Session:
         launches). When any is refused, every launch is still answered, then
         the first failure is raised with ``.index`` (its position) and
         ``.results`` (the list, holding the exception at each refused
-        position).
+        position). In a session with ``defer_errors``, an async batch
+        through the ring of at most ``RING_SLOTS`` (256) launches returns
+        before ptxd answers, as :meth:`launch` does: a refusal is raised
+        later (see :meth:`Client.session`).
         """
         items = [_launch_item(item) for item in launches]
         if not items:
             return []
+        if not self.auto_reload:
+            fast = self._launch_many_cached_tensors(items, stream, sync)
+            if fast is not None:
+                return fast
         for _ in range(3):
             # Operands and kernels repeat across a batch: resolve each once.
             memo: Dict[int, Any] = {}
@@ -902,6 +934,44 @@ class Session:
             return _raise_first(self._launch_many_unary(items, prepared, raw_stream, sync))
         raise Error("the operands' memory kept changing while the launch resolved them",
                     reason="OPERANDS_CHANGED")
+
+    def _launch_many_cached_tensors(self, items: List[Any], stream: Any,
+                                    sync: bool) -> Optional[List[int]]:
+        """:meth:`launch_many`'s lean path, as :meth:`_launch_cached_tensors`
+        for each item: every launch's tensors cached and resolved natively,
+        one ``Ring.launch_plan`` for the batch. ``None`` whenever anything
+        is otherwise (the general path then decides)."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        resolve = self._operands.resolve
+        tensor = torch.Tensor
+        plans = []
+        ordinal = None
+        for kernel, inputs, output, n, params, typed in items:
+            if not isinstance(kernel, Kernel) or not kernel._ring_ok():
+                return None
+            resolved = resolve(kernel._native, kernel._element_sizes(), inputs, output, n, params,
+                               [(a.type, a.value) for a in typed] if typed else (), tensor)
+            if resolved is None or (ordinal is not None and resolved[0] != ordinal):
+                return None
+            ordinal = resolved[0]
+            plans.append(resolved[1])
+        assert ordinal is not None
+        if stream is not None:
+            raw_stream = ops.stream_handle(stream)
+        else:
+            current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if current is None:
+                return None
+            raw_stream = int(current(ordinal))
+        ring = self._ring(ordinal, raw_stream)
+        if ring is None:
+            return None
+        outcomes = self._ring_call(ring, ordinal, raw_stream, None, None, None, sync, plans)
+        if outcomes is None or outcomes is _STALE:
+            return None
+        return _raise_first([0 if o is None else o for o in outcomes])
 
     def _launch_many_unary(self, items: List[Any], prepared: List[_Prepared],
                            raw_stream: Optional[int], sync: bool) -> List[Any]:
@@ -981,51 +1051,82 @@ class Session:
             keys.extend(p.keys)
         return self._ring_call(ring, ordinal, raw_stream, wire, list(checks.values()), keys, sync)
 
-    def _ring_call(self, ring: Any, ordinal: int, raw_stream: int, wire: List[Any],
-                   checks: List[Tuple[int, int]], keys: List[Tuple[int, int, int, int]],
-                   sync: bool) -> Any:
+    def _ring_call(self, ring: Any, ordinal: int, raw_stream: int, wire: Optional[List[Any]],
+                   checks: Optional[List[Tuple[int, int]]],
+                   keys: Optional[List[Tuple[int, int, int, int]]], sync: bool,
+                   plan: Any = None) -> Any:
         """``ring.launch`` and what its answers mean to the session (see
-        :meth:`_via_ring`)."""
+        :meth:`_via_ring`). With ``plan`` (one launch from the operand
+        cache's ``resolve``), ``Ring.launch_plan`` instead of ``wire``,
+        ``checks`` and ``keys``."""
         try:
-            if self.defer_errors:
-                if not sync and len(wire) == 1:
+            if plan is not None:
+                # A list of plans is a batch (launch_many), deferred as a
+                # single launch is while it fits the ring (a longer one
+                # waits for answers while it submits: it is awaited).
+                defer = self.defer_errors and not sync and (
+                    type(plan) is not list or len(plan) <= RING_SLOTS)
+                if self.defer_errors and not defer:
+                    # A sync launch or a long batch waits for its own
+                    # answers: the deferred ones before it are answered
+                    # first.
+                    _raise_deferred(ring.drain(RING_TIMEOUT))
+                outcomes = ring.launch_plan(raw_stream, plan, sync, defer, RING_TIMEOUT)
+                if defer and outcomes is not None:
+                    _raise_deferred(outcomes)
+                    outcomes = [None] * (len(plan) if type(plan) is list else 1)
+            elif self.defer_errors:
+                assert wire is not None
+                if not sync and len(wire) <= RING_SLOTS:
                     refused = ring.launch_deferred(raw_stream, wire, checks, RING_TIMEOUT)
                     if refused is None:
                         outcomes = None
                     elif refused:
                         _raise_deferred(refused)
                     else:
-                        outcomes = [None]
+                        outcomes = [None] * len(wire)
                 else:
-                    # A sync launch or a batch waits for its own answers:
-                    # the deferred ones before it are answered first.
+                    # A sync launch, or a batch longer than the ring, waits
+                    # for its own answers: the deferred ones before it are
+                    # answered first.
                     _raise_deferred(ring.drain(RING_TIMEOUT))
                     outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
             else:
                 outcomes = ring.launch(raw_stream, wire, checks, sync, RING_TIMEOUT)
-        except CudaError:
+        except Error as error:
+            if self._ring_failed(ring, ordinal, raw_stream, error):
+                return None  # the unary path reloads the kernel
+            raise
+        if outcomes is None:
+            if type(plan) is list:
+                keys = [key for one in plan for key in one.keys()]
+            elif plan is not None:
+                keys = plan.keys()
+            for key in keys or ():
+                self._operands.forget(key)
+            return _STALE
+        return outcomes
+
+    def _ring_failed(self, ring: Any, ordinal: int, raw_stream: int,
+                     error: BaseException) -> bool:
+        """What a ring call that raised ``error`` means to the session's
+        rings; True when the launch should take the unary path (which
+        reloads a stale kernel), False when the caller raises ``error``."""
+        if isinstance(error, CudaError):
             # A stream operation failed (e.g. a driver without stream memory
             # operations): this stream's later launches take the unary path.
             with self._lock:
                 if self._rings.get((ordinal, raw_stream)) is ring:
                     self._rings[(ordinal, raw_stream)] = False
-            raise
-        except Error as error:
-            if error.reason != "RING_ORPHANED":
-                raise
-            # The executor serving the ring was lost (restart) or the lease
-            # ended: the next launch opens a new ring.
-            with self._lock:
-                if self._rings.get((ordinal, raw_stream)) is ring:
-                    del self._rings[(ordinal, raw_stream)]
-            if self.auto_reload:
-                return None  # the unary path reloads the kernel
-            raise
-        if outcomes is None:
-            for key in keys:
-                self._operands.forget(key)
-            return _STALE
-        return outcomes
+            return False
+        if not isinstance(error, Error) or error.reason != "RING_ORPHANED":
+            return False
+        # The executor serving the ring was lost (restart) or the lease
+        # ended: the next launch opens a new ring.
+        with self._lock:
+            if self._rings.get((ordinal, raw_stream)) is ring:
+                del self._rings[(ordinal, raw_stream)]
+        return self.auto_reload
 
     def _retry_unary(self, outcome: Any) -> bool:
         """Whether a ring launch's refusal is one the unary path recovers
@@ -1172,6 +1273,9 @@ class Session:
         )
 
 
+#: What a ring launch returns (a NamedTuple: one object serves every launch).
+_RING_LAUNCHED = Launched(0, False)
+
 #: What ``Session._via_ring`` returns when a cached operand went stale.
 _STALE = object()
 
@@ -1236,20 +1340,26 @@ class Client:
         limits."""
         return self._client().info()
 
-    def session(self, label: str, auto_reload: bool = False, defer_errors: bool = False
-                ) -> Session:
+    def session(self, label: str, auto_reload: bool = False,
+                defer_errors: Optional[bool] = None) -> Session:
         """Opens a session labelled ``label``. With ``auto_reload``, a launch
         refused as STALE_KERNEL (e.g. after an executor restart) reloads the
         kernel and retries once.
 
-        With ``defer_errors``, an async launch through a launch ring returns
+        ``defer_errors`` defaults to on (``None``: on unless ``auto_reload``).
+        With it, an async launch through a launch ring returns
         once its descriptor is written and its stream operations enqueued,
         without waiting for ptxd's answer (as ``cuLaunchKernel`` returns
         before the kernel runs); a refusal ptxd answers later is raised by
         the session's next launch on that ring, which is then not sent, or
-        by :meth:`Session.wait_answers`. The order on the stream is the
+        by :meth:`Session.wait_answers`. An async ``launch_many`` through a
+        ring is deferred the same way (its launches return 0, a refusal
+        comes later, without ``.index``). The order on the stream is the
         same either way. Not with ``auto_reload`` (a stale kernel found
-        later cannot be retried)."""
+        later cannot be retried). ``defer_errors=False`` waits for ptxd's
+        answer to every launch, which then raises its own refusal."""
+        if defer_errors is None:
+            defer_errors = not auto_reload
         if auto_reload and defer_errors:
             raise ValueError("defer_errors and auto_reload do not go together: a launch "
                              "refused STALE_KERNEL after it returned cannot be retried")

@@ -33,9 +33,13 @@ use ptxd_client::{
     KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RawStreamOptions,
     RawStreamPhases, RingRefusal, Session, SessionEvent, SessionOptions, ORDERING_BYTES,
 };
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+
+mod operand_table;
+
+use operand_table::Plan;
 
 /// The process's runtime and the pid that made it.
 struct Runtime {
@@ -1002,7 +1006,7 @@ fn ring_refusal_as(py: Python<'_>, refusal: &RingRefusal, deferred: bool) -> PyE
 }
 
 /// A timeout in seconds as a `Duration`.
-fn timeout_of(seconds: f64) -> PyResult<std::time::Duration> {
+pub(crate) fn timeout_of(seconds: f64) -> PyResult<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(seconds)
         .map_err(|_| PyValueError::new_err(format!("bad timeout {seconds}")))
 }
@@ -1079,7 +1083,7 @@ enum RingWords {
 /// by two GPU words (`LaunchRing::launch_on_raw_stream`). One per stream:
 /// its words order one stream's work (see the SDK's ordering docs).
 #[pyclass(module = "ptxd._native", name = "Ring", frozen)]
-struct NativeRing {
+pub(crate) struct NativeRing {
     ring: Mutex<LaunchRing>,
     device: CudaDevice,
     /// The ordering words; ptxd maps them, the ring writes them.
@@ -1187,6 +1191,36 @@ impl NativeRing {
             Err(Error::Cuda(e)) => Err(cuda_err(py, e)),
             Err(e) => Err(to_pyerr(py, e)),
         }
+    }
+
+    /// Launches `plan` (one `Plan` from `OperandTable.resolve`, or a list
+    /// of them, in order) on the ring, ordered on the stream at address
+    /// `stream`, as `launch` (or, with `defer` and not `sync`, as
+    /// `launch_deferred`) does, and returns what that call returns: `None`
+    /// when a check failed (nothing launched), else the outcome list (or
+    /// the earlier deferred refusals). No Python tuple is read: a plan
+    /// holds its launch as the SDK takes it.
+    #[pyo3(signature = (stream, plan, sync, defer, timeout))]
+    fn launch_plan(
+        &self,
+        py: Python<'_>,
+        stream: usize,
+        plan: &Bound<'_, PyAny>,
+        sync: bool,
+        defer: bool,
+        timeout: f64,
+    ) -> PyResult<Option<Py<PyList>>> {
+        let timeout = timeout_of(timeout)?;
+        let one;
+        let many: Vec<Bound<'_, Plan>>;
+        let plans: Vec<&Plan> = if let Ok(plan) = plan.cast::<Plan>() {
+            one = plan.clone();
+            vec![one.get()]
+        } else {
+            many = plan.extract()?;
+            many.iter().map(|p| p.get()).collect()
+        };
+        self.launch_plans(py, stream, &plans, sync, defer, timeout)
     }
 
     /// Waits for the completions of every launch still outstanding on the
@@ -1297,6 +1331,93 @@ impl NativeRing {
 }
 
 impl NativeRing {
+    /// `launch_plan`'s body, for plans already borrowed (`OperandTable.
+    /// launch` calls it too).
+    pub(crate) fn launch_plans(
+        &self,
+        py: Python<'_>,
+        stream: usize,
+        plans: &[&Plan],
+        sync: bool,
+        defer: bool,
+        timeout: std::time::Duration,
+    ) -> PyResult<Option<Py<PyList>>> {
+        let mut kernels = Vec::with_capacity(plans.len());
+        for plan in plans {
+            match plan.native.as_ref() {
+                Some(kernel) => kernels.push(kernel),
+                None => return Err(PyTypeError::new_err("a plan's kernel is not a ptxd kernel")),
+            }
+        }
+        let checks: Vec<(u64, u64)> = if plans.len() == 1 {
+            plans[0].checks.clone()
+        } else {
+            let mut checks: Vec<(u64, u64)> = Vec::new();
+            for &(ptr, id) in plans.iter().flat_map(|p| p.checks.iter()) {
+                if !checks.iter().any(|&(_, seen)| seen == id) {
+                    checks.push((ptr, id));
+                }
+            }
+            checks
+        };
+        let defer = defer && !sync;
+        let options = RawStreamOptions {
+            sync,
+            timeout,
+            defer,
+        };
+        let outcome = py.detach(|| {
+            preserving_current_context(|| {
+                if !self.checks_hold(&checks)? {
+                    return Ok(None);
+                }
+                let raw: Vec<RawStreamLaunch<'_>> = plans
+                    .iter()
+                    .zip(&kernels)
+                    .map(|(plan, kernel)| RawStreamLaunch {
+                        kernel,
+                        inputs: &plan.inputs,
+                        output: plan.output,
+                        n: plan.n,
+                        scalars: &plan.scalars,
+                        args: &plan.typed,
+                    })
+                    .collect();
+                let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+                // SAFETY: as in `launch`.
+                unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }.map(Some)
+            })
+        });
+        let outcome = match outcome {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => return Ok(None),
+            Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
+            Err(e) => return Err(to_pyerr(py, e)),
+        };
+        if defer {
+            // A deferred call returns no completions of its own, but for a
+            // batch longer than the ring's free slots it reads some while
+            // it submits: their refusals are reported with the earlier
+            // ones, never dropped (the Python half defers no such batch).
+            let mut refused = outcome.deferred;
+            refused.extend(
+                outcome
+                    .completions
+                    .into_iter()
+                    .filter_map(|c| c.outcome.err()),
+            );
+            return deferred_list(py, &refused).map(Some);
+        }
+        let list = PyList::empty(py);
+        for completion in outcome.completions {
+            match completion.outcome {
+                Ok(()) => list.append(py.None())?,
+                Err(refusal) => list.append(ring_refusal(py, &refusal).value(py))?,
+            }
+        }
+        Ok(Some(list.unbind()))
+    }
+
     /// Whether the allocation at each checked address still has the id the
     /// Python half's cache resolved it with.
     fn checks_hold(&self, checks: &[(u64, u64)]) -> Result<bool, Error> {
@@ -1568,6 +1689,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeCudaDevice>()?;
     m.add_class::<NativeIpcEvent>()?;
     m.add_class::<NativeRing>()?;
+    m.add_class::<operand_table::OperandTable>()?;
+    m.add_class::<operand_table::Plan>()?;
+    m.add_class::<operand_table::Released>()?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add("REASONS", reasons())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;

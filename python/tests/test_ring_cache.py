@@ -96,6 +96,8 @@ class FakeRing:
         self.device = device
         self.launches: List[Tuple[int, Any]] = []
         self.stale_answers = 0
+        self.plans = 0
+        self.awaited_calls = 0
         self.outcomes = outcomes
         self.error: Optional[BaseException] = None
 
@@ -103,6 +105,7 @@ class FakeRing:
                timeout: float) -> Optional[List[Any]]:
         if self.error is not None:
             raise self.error
+        self.awaited_calls += 1
         for ptr, buffer_id in checks:
             if self.device.allocation_id(ptr) != buffer_id:
                 self.stale_answers += 1
@@ -131,6 +134,20 @@ class FakeRing:
         for item in wire:
             self.launches.append((stream, item))
         return []
+
+    def launch_plan(self, stream: int, plan: Any, sync: bool, defer: bool,
+                    timeout: float) -> Optional[List[Any]]:
+        # The native Ring's launch of one resolved Plan: the same checks
+        # and answers as launch (launch_deferred with defer and not sync).
+        # A list of plans is a batch (launch_many).
+        plans = plan if isinstance(plan, list) else [plan]
+        self.plans += len(plans)
+        checks = list({buffer_id: (ptr, buffer_id)
+                       for p in plans for ptr, buffer_id in p.checks()}.values())
+        wire = [p.wire() for p in plans]
+        if defer and not sync:
+            return self.launch_deferred(stream, wire, checks, timeout)
+        return self.launch(stream, wire, checks, sync, timeout)
 
     def drain(self, timeout: float) -> List[Any]:
         refused, self.answered = list(getattr(self, "answered", [])), []
@@ -708,3 +725,370 @@ def test_defer_errors_refuses_auto_reload():
     client._native = None
     with pytest.raises(ValueError, match="do not go together"):
         client.session("x", auto_reload=True, defer_errors=True)
+
+
+# -- the native resolution (OperandTable.resolve and Ring.launch_plan) ------
+
+
+class FakeStridedTensor(FakeTensor):
+    """A CUDA tensor that is not contiguous (a transposed view)."""
+
+    shape = (2, 2)
+
+    def is_contiguous(self) -> bool:
+        return False
+
+    def stride(self) -> Tuple[int, int]:
+        return (1, 2)
+
+
+class FakeHalfTensor(FakeTensor):
+    """A contiguous CUDA float16 tensor."""
+
+    def element_size(self) -> int:
+        return 2
+
+
+class FakeCpuTensor(FakeTensor):
+    is_cuda = False
+
+    def get_device(self) -> int:
+        return -1
+
+
+def test_the_lean_path_is_one_native_resolution_and_one_plan_launch(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    # Operands at random, distinct places of one segment.
+    slots = RNG.sample(range(8), 3)
+    a, b, out = (FakeTensor(base + slot * 4 * count, count) for slot in slots)
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], out)
+    ring = native.rings[0]
+    assert ring.plans == 0, "a miss takes the general path"
+    index = next(iter(native.registered.values()))
+    for round_ in range(1, 6):
+        scale = RNG.uniform(-8, 8)
+        session.launch(kernel, (a, b), out, params=[scale])
+        assert ring.plans == round_
+        stream, (_, inputs, output, n, params, args) = ring.launches[-1]
+        assert stream == 0x7700
+        assert inputs == [(index, slots[0] * 4 * count), (index, slots[1] * 4 * count)]
+        assert output == (index, slots[2] * 4 * count) and n == count and args == []
+        assert params == [pytest.approx(scale, rel=1e-6)]
+    # The plan's checks: one (address, allocation id) per registration.
+    resolved = session._operands.resolve(kernel._native, kernel._element_sizes(), [a, b], out,
+                                         None, (), (), fake_torch.Tensor)
+    assert resolved is not None
+    ordinal, plan = resolved
+    assert ordinal == 0
+    assert plan.checks() == [(a.data_ptr(), allocator.find(base)[2])]
+    assert plan.keys() == [(0, t.data_ptr(), 4 * count, 4) for t in (a, b, out)]
+    assert len(ring.launches) == 6 and native.unary == []
+
+
+def test_the_native_resolution_leaves_every_refusal_to_the_general_path(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], out)
+    ring = native.rings[0]
+    resolve = session._operands.resolve
+
+    def resolves(*operands: Any, n: Any = None, sizes: Any = None) -> bool:
+        return resolve(kernel._native, sizes or kernel._element_sizes(), list(operands[:-1]),
+                       operands[-1], n, (), (), fake_torch.Tensor) is not None
+
+    assert resolves(a, b, out)
+    assert not resolves(a, b, out, n=count + 1), "past the tensor, inside the segment"
+    assert not resolves(a, b, out, n=-1)
+    assert not resolves(a, b, out, sizes=(4, 8, 4)), "an element size the kernel does not take"
+    assert not resolves(a, b, FakeTensor(base + 3 * 4 * count, count)), "not cached"
+    assert not resolves(a, object(), out)
+    # The general path raises each one's typed exception, as before.
+    with pytest.raises(ptxd.BufferTooSmall):
+        session.launch(kernel, [a, b], out, n=count + 1)
+    with pytest.raises(ValueError, match="must not be negative"):
+        session.launch(kernel, [a, b], out, n=-1)
+    strided = FakeStridedTensor(base, 4)
+    assert not resolves(a, strided, out)
+    with pytest.raises(ptxd.NotContiguous):
+        session.launch(kernel, [a, strided], out)
+    # A float16 output in the same segment, cached as the general path
+    # caches it: the kernel takes 4-byte elements.
+    half = FakeHalfTensor(base + 3 * 4 * count, count)
+    registration = session._operands.get((0, out.data_ptr(), 4 * count, 4))._registration
+    session._operands.put((0, half.data_ptr(), 2 * count, 2),
+                          _client.Buffer(registration, 3 * 4 * count, 2 * count, 2, count))
+    assert not resolves(a, b, half)
+    with pytest.raises(ptxd.DtypeMismatch):
+        session.launch(kernel, [a, b], half)
+    cpu = FakeCpuTensor(base, count)
+    assert not resolves(a, cpu, out)
+    with pytest.raises(TypeError, match="CPU tensor"):
+        session.launch(kernel, [a, cpu], out)
+    assert ring.plans == 0 and len(ring.launches) == 1
+
+
+def test_a_released_registration_is_a_miss_of_the_native_resolution(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], out)
+    buffer = session._operands.get((0, a.data_ptr(), 4 * count, 4))
+    assert buffer is not None and len(session._operands) == 3
+    session.release(buffer)
+    assert buffer._registration.released
+    with pytest.raises(ValueError, match="stays released"):
+        buffer._registration.released = False
+    assert session._operands.resolve(kernel._native, kernel._element_sizes(), [a, b], out, None,
+                                     (), (), fake_torch.Tensor) is None
+    # The launch registers the segment again and launches on the new one.
+    session.launch(kernel, [a, b], out)
+    ring = native.rings[0]
+    _, (_, inputs, output, _, _, _) = ring.launches[-1]
+    assert {index for index, _ in inputs + [output]} == {native.registered[
+        next(h for h in native.registered if h not in native.released)]}
+    session.launch(kernel, [a, b], out)
+    assert ring.plans == 1
+
+
+def test_typed_args_ride_the_plan(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeIntKernel())
+    session.launch(kernel, [a, b], out, args=[1, 1.0])
+    k, scale = RNG.randrange(-2**31, 2**31), RNG.uniform(-4, 4)
+    session.launch(kernel, [a, b], out, args=[k, scale])
+    ring = native.rings[0]
+    assert ring.plans == 1
+    assert ring.launches[-1][1][4:] == ([], [("i32", k), ("f32", scale)])
+    with pytest.raises(OverflowError):
+        session.launch(kernel, [a, b], out, args=[2**31, 1.0])
+    assert len(ring.launches) == 2
+
+
+def test_a_stale_plan_is_forgotten_and_resolved_again(fake, fake_torch):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])
+    allocator.free(base)
+    allocator.allocate(base, 1 << 23)
+    ring = native.rings[0]
+    # The plan resolves (the table cannot know), the ring's check refuses
+    # it, nothing of it is sent, and the keys are forgotten.
+    session.launch(kernel, tensors[:2], tensors[2])
+    assert ring.plans == 1 and ring.stale_answers == 1 and len(ring.launches) == 2
+    assert len(native.registered) == 2
+    session.launch(kernel, tensors[:2], tensors[2])
+    assert ring.plans == 2 and ring.stale_answers == 1
+
+
+def test_launch_many_on_cached_tensors_is_one_plan_batch(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, c, d = (FakeTensor(base + i * 4 * count, count) for i in range(4))
+    kernel = _client.Kernel(FakeKernel())
+    batch = [(kernel, [a, b], c), (kernel, [c, a], d, count // 2)]
+    prepares = counting_prepare(session)
+    assert session.launch_many(batch) == [0, 0]
+    assert prepares == [1, 1], "the first batch resolves through the general path"
+    ring = native.rings[0]
+    assert ring.plans == 0
+    index = next(iter(native.registered.values()))
+    assert session.launch_many(batch) == [0, 0]
+    assert prepares == [1, 1] and ring.plans == 2 and len(ring.launches) == 4
+    (_, first), (_, second) = ring.launches[-2:]
+    assert first[1:4] == ([(index, 0), (index, 4 * count)], (index, 8 * count), count)
+    assert second[1:4] == ([(index, 8 * count), (index, 0)], (index, 12 * count), count // 2)
+    # A refusal keeps its class and position.
+    ring.outcomes = [None, _from_native(
+        "refused", "ABI_MISMATCH", "ring launch 9 was refused: ABI_MISMATCH", "INVALID_ARGUMENT",
+        3, {"path": "ring"})]
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        session.launch_many(batch)
+    assert raised.value.index == 1 and raised.value.results[0] == 0
+    ring.outcomes = None
+    # A check the client makes sends the batch to the general path, which
+    # raises before anything is sent.
+    with pytest.raises(ptxd.BufferTooSmall):
+        session.launch_many([(kernel, [a, b], c), (kernel, [a, b], c, count + 1)])
+    assert len(ring.launches) == 6
+
+
+def test_a_deferred_session_s_batch_reads_the_earlier_answers_first(fake, fake_torch):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, c = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], c)
+    ring = native.rings[0]
+    ring.answered = [ring_refusal("ABI_MISMATCH", 3)]
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        session.launch_many([(kernel, [a, b], c)] * 2)
+    assert raised.value.metadata["deferred"] == "true"
+    assert len(ring.launches) == 1, "the batch that raised was not sent"
+    assert session.launch_many([(kernel, [a, b], c)] * 2) == [0, 0]
+    assert ring.plans == 4, "both batches came as plans (the first was read refused)"
+    assert len(ring.launches) == 3
+    # The batch was deferred too: ptxd refuses its second launch after the
+    # call returned; the next launch raises it and is not sent.
+    ticket = RNG.randrange(1, 1000)
+    ring.answered = [ring_refusal("BUFFER_TOO_SMALL", ticket)]
+    with pytest.raises(ptxd.BufferTooSmall) as raised:
+        session.launch(kernel, [a, b], c)
+    assert raised.value.metadata["ticket"] == str(ticket)
+    assert len(ring.launches) == 3
+    # And wait_answers() raises one still unread.
+    assert session.launch_many([(kernel, [a, b], c)] * 3) == [0, 0, 0]
+    ring.answered = [ring_refusal("ABI_MISMATCH", ticket + 1)]
+    with pytest.raises(ptxd.AbiMismatch):
+        session.wait_answers()
+    session.wait_answers()
+    assert len(ring.launches) == 6
+
+
+def test_a_deferred_session_s_batch_on_the_general_path_is_deferred_too(fake):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    arrays = [FakeArray(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    assert session.launch_many([(kernel, arrays[:2], arrays[2])] * 3) == [0, 0, 0]
+    ring = native.rings[0]
+    assert len(ring.launches) == 3 and ring.plans == 0
+    ring.answered = [ring_refusal("ABI_MISMATCH", 2)]
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        session.launch_many([(kernel, arrays[:2], arrays[2])] * 2)
+    assert raised.value.metadata["deferred"] == "true"
+    assert len(ring.launches) == 3, "the batch that raised was not sent"
+    # A sync batch waits for its own answers (the fake answers none).
+    assert session.launch_many([(kernel, arrays[:2], arrays[2])] * 2, sync=True) == [0, 0]
+    assert len(ring.launches) == 5
+
+
+def test_a_failed_ring_call_on_the_lean_path_is_handled_as_on_the_general_path(fake, fake_torch):
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], out)
+    # An orphaned ring: raised, dropped, and the next launch opens another.
+    native.rings[0].error = ptxd.Error("the executor was lost", reason="RING_ORPHANED")
+    with pytest.raises(ptxd.Error) as raised:
+        session.launch(kernel, [a, b], out)
+    assert raised.value.reason == "RING_ORPHANED" and native.rings[0].plans == 1  # it raised
+    session.launch(kernel, [a, b], out)
+    assert len(native.rings) == 2 and len(native.rings[1].launches) == 1
+    session.launch(kernel, [a, b], out)
+    assert native.rings[1].plans == 1
+    # A failed stream operation: raised, and the stream goes unary.
+    native.rings[1].error = ptxd.CudaError("cuStreamBatchMemOp failed", reason="CUDA")
+    with pytest.raises(ptxd.CudaError):
+        session.launch(kernel, [a, b], out)
+    assert session._rings[(0, 0x7700)] is False
+    session.launch(kernel, [a, b], out)
+    assert len(native.rings) == 2 and len(native.unary) == 1
+    # Refusals of an awaited launch keep their class.
+    session._rings.clear()
+    session.launch(kernel, [a, b], out)
+    native.rings[2].outcomes = [_from_native(
+        "refused", "STALE_BUFFER", "ring launch 4 was refused: STALE_BUFFER",
+        "FAILED_PRECONDITION", 9, {"path": "ring"})]
+    with pytest.raises(ptxd.StaleBuffer):
+        session.launch(kernel, [a, b], out)
+    assert native.rings[2].plans == 1
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_deferred_session_s_batch_longer_than_the_ring_is_awaited(fake, fake_torch, lean):
+    session, native, allocator = deferred_session(fake)
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    make = FakeTensor if lean else FakeArray
+    a, b, c = (make(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch_many([(kernel, [a, b], c)] * 2)
+    ring = native.rings[0]
+    assert ring.awaited_calls == 0, "a short batch is deferred"
+    long = _client.RING_SLOTS + RNG.randrange(1, 64)
+    refused_at = RNG.randrange(long)
+    ring.outcomes = [None] * long
+    ring.outcomes[refused_at] = _from_native(
+        "refused", "ABI_MISMATCH", "ring launch 9 was refused: ABI_MISMATCH", "INVALID_ARGUMENT",
+        3, {"path": "ring"})
+    # Its answers are awaited, so its refusal is raised by it, with .index.
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        session.launch_many([(kernel, [a, b], c)] * long)
+    assert raised.value.index == refused_at and ring.awaited_calls == 1
+    assert ring.plans == (long if lean else 0), "the first batch resolved the general way"
+
+
+class FakeNativeClient:
+    def __init__(self, session: FakeNativeSession) -> None:
+        self.session = session
+        self.opened: List[Tuple[str, bool]] = []
+
+    def open_session(self, label: str, auto_reload: bool) -> FakeNativeSession:
+        self.opened.append((label, auto_reload))
+        return self.session
+
+
+def test_sessions_defer_errors_by_default_unless_auto_reload(fake, fake_torch):
+    import weakref
+
+    _, native, allocator = fake
+    client = object.__new__(ptxd.Client)
+    client._native = FakeNativeClient(native)
+    client._sessions = weakref.WeakSet()
+    session = client.session("default")
+    assert session.defer_errors is True
+    assert client.session("reloading", auto_reload=True).defer_errors is False
+    assert client.session("awaited", defer_errors=False).defer_errors is False
+    with pytest.raises(ValueError, match="do not go together"):
+        client.session("both", auto_reload=True, defer_errors=True)
+    # The default session: a refusal ptxd answers after the launch returned
+    # is raised by the next launch (which is not sent) and by wait_answers.
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    assert session.launch(kernel, [a, b], out) == ptxd.Launched(0, False)
+    assert session.launch(kernel, [a, b], out) == ptxd.Launched(0, False)
+    ring = native.rings[0]
+    ticket = RNG.randrange(1, 1000)
+    ring.answered = [ring_refusal("BUFFER_TOO_SMALL", ticket)]
+    with pytest.raises(ptxd.BufferTooSmall) as raised:
+        session.launch(kernel, [a, b], out)
+    assert raised.value.metadata["deferred"] == "true"
+    assert raised.value.metadata["ticket"] == str(ticket)
+    assert len(ring.launches) == 2, "the launch that raised was not sent"
+    session.launch(kernel, [a, b], out)
+    ring.answered = [ring_refusal("ABI_MISMATCH", ticket + 1)]
+    with pytest.raises(ptxd.AbiMismatch):
+        session.wait_answers()
+    session.wait_answers()
+    assert ring.awaited_calls == 0, "no launch of the default session waited for its answer"
+    # A session with defer_errors=False raises a refusal at its own launch.
+    awaited = client.session("awaited-2", defer_errors=False)
+    awaited.launch(kernel, [a, b], out)
+    awaited_ring = native.rings[-1]
+    awaited_ring.outcomes = [_from_native(
+        "refused", "ABI_MISMATCH", "ring launch 7 was refused: ABI_MISMATCH", "INVALID_ARGUMENT",
+        3, {"path": "ring"})]
+    with pytest.raises(ptxd.AbiMismatch) as raised:
+        awaited.launch(kernel, [a, b], out)
+    assert "deferred" not in raised.value.metadata

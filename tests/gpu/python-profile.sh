@@ -49,7 +49,8 @@ profile() {
   "$venv/bin/python" "$HERE/python/examples/profile_launch.py" "$sock" "$CALLS"
   rc=$?
   # The model step (issue 22's second goal) against the same daemon: eager,
-  # in-process PTX, through ptxd, and through ptxd with defer_errors.
+  # in-process PTX, through ptxd, through ptxd with defer_errors, and that
+  # with add and silu_mul as one launch_many.
   "$venv/bin/python" "$HERE/python/examples/model_step.py" "$sock" || rc=1
   kill -TERM "$pid"
   wait "$pid"

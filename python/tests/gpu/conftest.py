@@ -54,7 +54,9 @@ def gpu_client(gpu_daemon):
 
 @pytest.fixture
 def gpu_session(gpu_client):
-    with gpu_client.session("pytest-gpu") as s:
+    # Answers awaited: these tests assert each refusal at its own launch
+    # (the deferred default has tests of its own, with defer_errors=True).
+    with gpu_client.session("pytest-gpu", defer_errors=False) as s:
         yield s
 
 

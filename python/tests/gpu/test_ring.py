@@ -159,6 +159,41 @@ def test_launch_many_chain_through_the_ring(torch, gpu_session, device):
     assert torch.equal(result, expected), f"{(result != expected).sum().item()} elements differ"
 
 
+def test_deferred_launch_many_batches_keep_the_stream_order(torch, gpu_client, device):
+    # In a defer_errors session a batch returns before ptxd answers (the
+    # first one resolved the general way, the rest through the native lean
+    # path): x += 1 per launch, each reading the last one's output, a torch
+    # producer before and a consumer between the batches, no host sync.
+    with gpu_client.session("pytest-gpu-deferred-batch", defer_errors=True) as session:
+        kernel = add_f32(session, device)
+        count = (1 << 18) + 5
+        batches, per_batch = 24, 7
+        stream = torch.cuda.Stream(device=device)
+        with torch.cuda.stream(stream):
+            x = torch.full((count,), float("nan"), device=device)
+            one = torch.ones(count, device=device)
+            start = torch.randn(count, device=device)
+            torch.cuda._sleep(SLEEP_CYCLES)
+            x.copy_(start)
+            snapshots = []
+            for batch in range(batches):
+                times = session.launch_many([(kernel, [x, one], x)] * per_batch)
+                assert times == [0] * per_batch
+                snapshots.append(x * 1)  # a torch consumer between batches
+                if batch % 8 == 0:
+                    torch.cuda._sleep(SLEEP_CYCLES // 4)
+        session.wait_answers()
+        stream.synchronize()
+        expected = start.clone()
+        for batch, snapshot in enumerate(snapshots):
+            for _ in range(per_batch):
+                expected += 1  # the same f32 additions, in the same order
+            assert torch.equal(snapshot, expected), (
+                f"batch {batch}: {(snapshot != expected).sum().item()} elements differ"
+            )
+        assert ring_keys(session) == [(device.index, stream.cuda_stream)]
+
+
 def test_a_reused_segment_never_launches_against_the_stale_registration(torch, gpu_session, device):
     kernel = add_f32(gpu_session, device)
     gc.collect()
