@@ -297,7 +297,7 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     torch.backends.cuda.matmul.allow_tf32 = False
     batches = [int(b) for b in args.batches.split(",")]
-    with ptxd.Client(args.socket) as client, client.session("model-step", defer_errors=False) as session, \
+    with ptxd.Client(args.socket) as client, client.session("model-step") as session, \
             client.session("model-step-deferred", defer_errors=True) as deferred:
         gpu = torch.cuda.get_device_name(device)
         print(f"model step on {gpu}: D={D}, H={H}, f32; ptxd {ptxd.__version__}, torch {torch.__version__}")

@@ -465,7 +465,7 @@ def main() -> int:
     failures = 0
     mps = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
     try:
-        with ptxd.Client(socket) as client, client.session("profile-launch", defer_errors=False) as session:
+        with ptxd.Client(socket) as client, client.session("profile-launch") as session:
             add = session.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar",
                                    device=device)
             # One launch fills the operand cache and opens the ring.

@@ -21,10 +21,9 @@ state the SDK has no notion of:
   address is registered again, never launched against the old mapping;
 - the session's **launch rings**, one per (device, stream), opened lazily:
   launches on torch or CuPy operands go through them, ordered on the
-  framework's stream by two GPU words (``OperandTable.launch`` for tensors
-  the operand cache holds, ``Ring.launch`` otherwise); in a session with
-  ``defer_errors`` (the default unless ``auto_reload``) an async launch does
-  not wait for ptxd's answer, and a refusal is raised by the next launch on
+  framework's stream by two GPU words (``Ring.launch``); in a session with
+  ``defer_errors`` an async launch does not wait for ptxd's answer
+  (``Ring.launch_deferred``), and a refusal is raised by the next launch on
   that ring or by ``wait_answers``;
 - a pool of registered **IPC event pairs** per device, for ordering unary
   launches (the fallback) against the caller's stream.
@@ -733,9 +732,7 @@ class Session:
         Buffer) and there is a stream to order on, the launch goes through
         the session's launch ring for that device and stream (opened on
         first use), ordered by two GPU words, and returns once ptxd has
-        enqueued it, or in a session with ``defer_errors`` (the default)
-        once it is written, a refusal raised later (``micros`` is then 0:
-        the ring reports no time).
+        enqueued it (``micros`` is then 0: the ring reports no time).
         Otherwise, or when no ring can be opened, it is a unary call ordered
         by a pair of IPC events. docs/python.md has the details.
 
@@ -1340,14 +1337,13 @@ class Client:
         limits."""
         return self._client().info()
 
-    def session(self, label: str, auto_reload: bool = False,
-                defer_errors: Optional[bool] = None) -> Session:
+    def session(self, label: str, auto_reload: bool = False, defer_errors: bool = False
+                ) -> Session:
         """Opens a session labelled ``label``. With ``auto_reload``, a launch
         refused as STALE_KERNEL (e.g. after an executor restart) reloads the
         kernel and retries once.
 
-        ``defer_errors`` defaults to on (``None``: on unless ``auto_reload``).
-        With it, an async launch through a launch ring returns
+        With ``defer_errors``, an async launch through a launch ring returns
         once its descriptor is written and its stream operations enqueued,
         without waiting for ptxd's answer (as ``cuLaunchKernel`` returns
         before the kernel runs); a refusal ptxd answers later is raised by
@@ -1356,10 +1352,7 @@ class Client:
         ring is deferred the same way (its launches return 0, a refusal
         comes later, without ``.index``). The order on the stream is the
         same either way. Not with ``auto_reload`` (a stale kernel found
-        later cannot be retried). ``defer_errors=False`` waits for ptxd's
-        answer to every launch, which then raises its own refusal."""
-        if defer_errors is None:
-            defer_errors = not auto_reload
+        later cannot be retried)."""
         if auto_reload and defer_errors:
             raise ValueError("defer_errors and auto_reload do not go together: a launch "
                              "refused STALE_KERNEL after it returned cannot be retried")

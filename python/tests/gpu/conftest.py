@@ -54,9 +54,7 @@ def gpu_client(gpu_daemon):
 
 @pytest.fixture
 def gpu_session(gpu_client):
-    # Answers awaited: these tests assert each refusal at its own launch
-    # (the deferred default has tests of its own, with defer_errors=True).
-    with gpu_client.session("pytest-gpu", defer_errors=False) as s:
+    with gpu_client.session("pytest-gpu") as s:
         yield s
 
 

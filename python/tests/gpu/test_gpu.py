@@ -194,7 +194,7 @@ def test_a_refusal_of_each_class(torch, gpu_client, gpu_session, device):
         gpu_session.launch(kernel, [released, released], released, n=16)
 
     # Another session's buffer is not ours.
-    with gpu_client.session("other", defer_errors=False) as other:
+    with gpu_client.session("other") as other:
         foreign = other.register(b)
         with pytest.raises(ptxd.Refused) as not_ours:
             gpu_session.launch(kernel, [foreign, foreign], foreign, n=16)
@@ -208,7 +208,7 @@ def test_a_refusal_of_each_class(torch, gpu_client, gpu_session, device):
     with pytest.raises(TypeError, match="CPU tensor"):
         gpu_session.register(torch.ones(4))
 
-    closed = gpu_client.session("closed", defer_errors=False)
+    closed = gpu_client.session("closed")
     closed.close()
     with pytest.raises(ptxd.SessionClosed):
         closed.register(a)

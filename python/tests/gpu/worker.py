@@ -26,7 +26,7 @@ from kernels import add_kernel  # noqa: E402
 def main() -> None:
     socket, mode = sys.argv[1], sys.argv[2]
     client = ptxd.Client(socket)
-    session = client.session(f"worker-{mode}", defer_errors=False)
+    session = client.session(f"worker-{mode}")
     if mode == "hold":
         tensor = torch.ones(1 << 16, device="cuda")
         session.register(tensor)
