@@ -5,7 +5,7 @@
 //!
 //! An entry is an accepted PTX kernel's verdict: its canonical text, the
 //! text's blake3 hash, its signature and its launch contract, exactly what
-//! [`CanonicalMemo::canonicalize_bytes`] returns. Refusals are not kept (a
+//! [`crate::ptx::memo::CanonicalMemo::canonicalize_bytes`] returns. Refusals are not kept (a
 //! refused kernel is verified again, and refused again with the same
 //! reason: the verifier is a pure function of its inputs). Machine code is
 //! never verified and never kept here.

@@ -606,7 +606,7 @@ impl Descriptor {
     /// the descriptor (the unused entries, being zero, read as the empty
     /// entries; nothing is zeroed and then overwritten). A slot with a
     /// non-zero byte where a zero belongs is decoded by
-    /// [`decode_in_order`](Self::decode_in_order), which names the first
+    /// the field-by-field `decode_in_order`, which names the first
     /// malformed field; both give the same result for every input (tested).
     pub fn decode(bytes: &[u8; DESCRIPTOR_SIZE]) -> Result<Self, DescriptorError> {
         let flags = u32_at(bytes, AT_FLAGS);
