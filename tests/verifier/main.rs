@@ -20,8 +20,10 @@ mod red_team;
 mod red_team2;
 mod review_attacks;
 mod review_attacks2;
+mod review_attacks3;
 mod strided;
 mod struct_returns;
 mod triton;
 mod triton_attacks;
 mod verification;
+
