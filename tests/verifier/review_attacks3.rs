@@ -51,6 +51,8 @@ fn carried_with(funcs: &str, body: &str) -> String {
 	.reg .pred 	%p<4>;
 	.reg .b32 	%r<60>;
 	.reg .b64 	%rd<60>;
+	.reg .b16 	%hs<8>;
+	.reg .f32 	%f<8>;
 
 	ld.param.u64 	%rd1, [carried_param_0];
 	ld.param.u64 	%rd2, [carried_param_1];
@@ -354,4 +356,462 @@ fn every_carry_form_matches_a_u128_reference() {
         }
     }
     eprintln!("{checked} carry kernels checked");
+}
+
+/// A callee returning a 16-byte struct `{a + 1: u64, a as u32: u32}`.
+const SRET_CALLEE: &str = ".func (.param .align 8 .b8 fr[16]) sf(\n\t.param .b64 sx\n)\n{\n\t.reg .pred \t%sp<4>;\n\t.reg .b64 \t%q<8>;\n\t.reg .b32 \t%s<8>;\n\t.reg .b16 \t%hs<8>;\n\tld.param.b64 \t%q1, [sx];\n\tadd.s64 \t%q2, %q1, 1;\n\tst.param.b64 \t[fr+0], %q2;\n\tcvt.u32.u64 \t%s1, %q1;\n\tst.param.b32 \t[fr+8], %s1;\n\tret;\n}\n";
+
+/// The caller's call sequence of [`SRET_CALLEE`]: `%rd21` and `%r21` are
+/// the fields, `%rd20` their xor.
+const SRET_CALL: &str = "{\n\t.param .b64 param0;\n\tst.param.b64 \t[param0+0], %rd10;\n\t.param .align 8 .b8 retval0[16];\n\tcall.uni (retval0), sf, (param0);\n\tld.param.b64 \t%rd21, [retval0+0];\n\tld.param.b32 \t%r21, [retval0+8];\n\t}\n\tcvt.u64.u32 \t%rd22, %r21;\n\txor.b64 \t%rd20, %rd21, %rd22;";
+
+fn sret(callee: (&str, &str), call: (&str, &str)) -> String {
+    assert!(SRET_CALLEE.contains(callee.0), "{}", callee.0);
+    assert!(SRET_CALL.contains(call.0), "{}", call.0);
+    carried_with(
+        &SRET_CALLEE.replacen(callee.0, callee.1, 1),
+        &SRET_CALL.replacen(call.0, call.1, 1),
+    )
+}
+
+
+
+/// A scalar-ABI kernel over u32 elements with a `size`-byte frame filled
+/// in a loop (`frame[k] = x + k` while `k cmp bound`, `extra` in the loop
+/// body) and read back at index `%r7`; `prelude` computes `%r9` (the
+/// bound) and `%r7` from `x` (`%r4`).
+fn framed(size: u32, prelude: &str, extra: &str, cmp: &str) -> String {
+    format!(
+        r#".version 9.0
+.target sm_90
+.address_size 64
+
+.visible .entry framed(
+	.param .u64 framed_param_0,
+	.param .u64 framed_param_1,
+	.param .u64 framed_param_2
+)
+{{
+	.local .align 4 .b8 	__local_depot0[{size}];
+	.reg .b64 	%SPL;
+	.reg .pred 	%p<8>;
+	.reg .b32 	%r<40>;
+	.reg .b64 	%rd<32>;
+
+	mov.u64 	%SPL, __local_depot0;
+	ld.param.u64 	%rd1, [framed_param_0];
+	ld.param.u64 	%rd2, [framed_param_1];
+	ld.param.u64 	%rd3, [framed_param_2];
+	mov.u32 	%r1, %ctaid.x;
+	mov.u32 	%r2, %ntid.x;
+	mul.wide.u32 	%rd4, %r1, %r2;
+	mov.u32 	%r3, %tid.x;
+	cvt.u64.u32 	%rd5, %r3;
+	add.s64 	%rd6, %rd4, %rd5;
+	setp.ge.s64 	%p1, %rd6, %rd3;
+	@%p1 bra 	$L__END;
+	cvta.to.global.u64 	%rd7, %rd1;
+	shl.b64 	%rd8, %rd6, 2;
+	add.s64 	%rd9, %rd7, %rd8;
+	ld.global.u32 	%r4, [%rd9];
+	{prelude}
+	mov.u32 	%r5, 0;
+	add.u64 	%rd10, %SPL, 0;
+	setp.{cmp} 	%p3, %r5, %r9;
+	@!%p3 bra 	$L__READ;
+$L__FILL:
+	add.s32 	%r6, %r4, %r5;
+	st.local.u32 	[%rd10], %r6;
+	add.s64 	%rd10, %rd10, 4;
+	add.s32 	%r5, %r5, 1;
+	{extra}
+	setp.{cmp} 	%p2, %r5, %r9;
+	@%p2 bra 	$L__FILL;
+$L__READ:
+	mul.wide.u32 	%rd11, %r7, 4;
+	add.s64 	%rd12, %SPL, %rd11;
+	ld.local.u32 	%r8, [%rd12];
+	cvta.to.global.u64 	%rd13, %rd2;
+	add.s64 	%rd14, %rd13, %rd8;
+	st.global.u32 	[%rd14], %r8;
+$L__END:
+	ret;
+}}
+"#
+    )
+}
+
+
+
+/// A scalar-ABI kernel `out[i] = table[x & mask]` over u32 elements, with
+/// the module variables `vars` before it; `table` names the one read.
+fn tabled(vars: &str, table: &str, mask: u32) -> String {
+    format!(
+        r#".version 9.0
+.target sm_90
+.address_size 64
+
+{vars}
+.visible .entry tabled(
+	.param .u64 tabled_param_0,
+	.param .u64 tabled_param_1,
+	.param .u64 tabled_param_2
+)
+{{
+	.reg .pred 	%p<4>;
+	.reg .b32 	%r<20>;
+	.reg .b64 	%rd<20>;
+
+	ld.param.u64 	%rd1, [tabled_param_0];
+	ld.param.u64 	%rd2, [tabled_param_1];
+	ld.param.u64 	%rd3, [tabled_param_2];
+	mov.u32 	%r1, %ctaid.x;
+	mov.u32 	%r2, %ntid.x;
+	mul.wide.u32 	%rd4, %r1, %r2;
+	mov.u32 	%r3, %tid.x;
+	cvt.u64.u32 	%rd5, %r3;
+	add.s64 	%rd6, %rd4, %rd5;
+	setp.ge.s64 	%p1, %rd6, %rd3;
+	@%p1 bra 	$L__END;
+	cvta.to.global.u64 	%rd7, %rd1;
+	shl.b64 	%rd8, %rd6, 2;
+	add.s64 	%rd9, %rd7, %rd8;
+	ld.global.u32 	%r4, [%rd9];
+	and.b32 	%r5, %r4, {mask};
+	mul.wide.u32 	%rd10, %r5, 4;
+	mov.u64 	%rd11, {table};
+	add.s64 	%rd12, %rd11, %rd10;
+	ld.global.nc.u32 	%r6, [%rd12];
+	cvta.to.global.u64 	%rd13, %rd2;
+	add.s64 	%rd14, %rd13, %rd8;
+	st.global.u32 	[%rd14], %r6;
+$L__END:
+	ret;
+}}
+"#
+    )
+}
+
+
+/// Fresh random u64 operands with the edge values first.
+fn operands(r: &mut rand::rngs::StdRng, n: usize) -> (Vec<u64>, Vec<u64>) {
+    let edges = [0u64, 1, 0xFFFF_FFFF, 0x1_0000_0000, u64::MAX, u64::MAX - 1];
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for x in edges {
+        for y in edges {
+            a.push(x);
+            b.push(y);
+        }
+    }
+    while a.len() < n {
+        a.push(r.random());
+        b.push(r.random());
+    }
+    (a, b)
+}
+
+/// A `.func cf(x) -> r` with `body` between reading `x` (`%s1`) and
+/// writing `r` (`%s2`), and the caller's call of it passing `%r11` and
+/// taking `%r21`, with `before` and `after` around it.
+fn carry_call(body: &str, before: &str, after: &str) -> String {
+    carried_with(
+        &format!(".func (.param .b32 cr) cf(.param .b32 cx)\n{{\n\t.reg .b32 \t%s<4>;\n\tld.param.b32 \t%s1, [cx];\n\t{body}\n\tst.param.b32 \t[cr], %s2;\n\tret;\n}}\n"),
+        &format!("{before}\n\t{{\n\t.param .b32 param0;\n\tst.param.b32 \t[param0+0], %r11;\n\t.param .b32 retval0;\n\tcall.uni (retval0), cf, (param0);\n\tld.param.b32 \t%r21, [retval0+0];\n\t}}\n\t{after}"),
+    )
+}
+
+/// FINDING (carry across a call): PTX does not preserve `CC.CF` across
+/// calls (ISA 9.7.2), but once inlined the lowered flag was one register
+/// for caller and callee, so a callee reading its caller's carry, and a
+/// caller reading a carry across a call (set before it, or by the
+/// callee), were accepted and given a meaning the GPU does not have. Now
+/// refused `undefined_register` naming the read; a chain inside the
+/// callee, and a carry read across a branch in a body that calls, stay
+/// accepted and run exactly.
+#[test]
+fn a_carry_is_not_preserved_across_calls() {
+    for (what, text, function) in [
+        (
+            "the callee reads the caller's carry",
+            carry_call(
+                "addc.u32 \t%s2, %s1, 0;",
+                "add.cc.u32 \t%r20, %r10, %r12;",
+                "mov.b64 \t%rd20, {%r20, %r21};",
+            ),
+            "cf",
+        ),
+        (
+            "the caller reads its carry after a call",
+            carry_call(
+                "add.u32 \t%s2, %s1, 1;",
+                "add.cc.u32 \t%r20, %r10, %r12;",
+                "addc.u32 \t%r21, %r21, 0;\n\tmov.b64 \t%rd20, {%r20, %r21};",
+            ),
+            "carried",
+        ),
+        (
+            "the caller reads the callee's carry",
+            carry_call(
+                "add.cc.u32 \t%s2, %s1, %s1;",
+                "",
+                "addc.u32 \t%r20, 0, 0;\n\tmov.b64 \t%rd20, {%r20, %r21};",
+            ),
+            "carried",
+        ),
+        (
+            "a carry set on one path around the call only",
+            carry_call(
+                "add.u32 \t%s2, %s1, 1;",
+                "add.cc.u32 \t%r20, %r10, %r12;\n\tsetp.eq.u32 \t%p2, %r10, 0;\n\t@%p2 bra \t$L__SKIP;",
+                "$L__SKIP:\n\taddc.u32 \t%r21, %r21, 0;\n\tmov.b64 \t%rd20, {%r20, %r21};",
+            ),
+            "carried",
+        ),
+    ] {
+        let (reason, explanation) = refusal(&text, "carried");
+        assert_eq!(reason, "undefined_register", "{what}: {explanation}");
+        assert!(
+            explanation.contains(&format!("`addc.u32` in `{function}` reads the carry flag"))
+                && explanation.contains("does not preserve the carry across calls"),
+            "{what}: {explanation}"
+        );
+    }
+    // Held: a chain inside the callee, and one in the caller across a
+    // branch and a label (but not a call), run exactly.
+    let mut r = rng("carry around calls");
+    let (a, b) = operands(&mut r, 400);
+    let inside = carry_call(
+        "add.cc.u32 \t%s3, %s1, %s1;\n\taddc.u32 \t%s2, 0, 0;",
+        "add.cc.u32 \t%r20, %r10, %r12;\n\tsetp.eq.u32 \t%p2, %r13, 0;\n\t@%p2 bra \t$L__JOIN;\n\tadd.u32 \t%r22, %r10, 1;\n$L__JOIN:\n\taddc.u32 \t%r23, 0, 0;\n\tadd.u32 \t%r20, %r20, %r23;",
+        "mov.b64 \t%rd20, {%r20, %r21};",
+    );
+    let got = run_carried(&inside, &a, &b);
+    for ((x, y), g) in a.iter().zip(&b).zip(&got) {
+        let (lo, c) = (*x as u32).overflowing_add(*y as u32);
+        let hi = (x >> 63) as u32;
+        let want = u64::from(lo.wrapping_add(u32::from(c))) | u64::from(hi) << 32;
+        assert_eq!(*g, want, "a = {x:#x}, b = {y:#x}");
+    }
+}
+
+/// Struct returns, attacked (held): a field written at two widths or
+/// overlapping another, read at another width, a vector read, its
+/// address taken by the caller or the callee, a read of the return in the
+/// callee, a field read before the call or written on one path only, one
+/// return variable passed to two calls, a field read at 16 or 8 bits:
+/// each refused with its exact reason.
+#[test]
+fn struct_return_attacks_are_refused() {
+    let none = ("", "");
+    for (what, callee, call, reason, why) in [
+        (
+            "a field written at two widths",
+            ("st.param.b32 \t[fr+8], %s1;", "st.param.b32 \t[fr+8], %s1;\n\tst.param.b64 \t[fr+8], %q1;"),
+            none,
+            "call_arguments",
+            "`st.param.b64` at byte 8 (width 8) overlaps the field at byte 8 (width 4) of the struct `fr`",
+        ),
+        (
+            "overlapping stores",
+            ("st.param.b32 \t[fr+8], %s1;", "st.param.b32 \t[fr+8], %s1;\n\tst.param.b32 \t[fr+4], %s1;"),
+            none,
+            "call_arguments",
+            "`st.param.b32` at byte 4 (width 4) overlaps the field at byte 0 (width 8) of the struct `fr`",
+        ),
+        (
+            "a field read at another width",
+            none,
+            ("ld.param.b32 \t%r21, [retval0+8];", "ld.param.b32 \t%r21, [retval0+0];"),
+            "call_arguments",
+            "`ld.param.b32` at byte 0 (width 4) overlaps the field at byte 0 (width 8) of the struct `retval0`",
+        ),
+        (
+            "a vector read",
+            none,
+            ("ld.param.b32 \t%r21, [retval0+8];", "ld.param.v2.b32 \t{%r21, %r22}, [retval0+8];"),
+            "call_arguments",
+            "`ld.param.v2.b32` is not a scalar access of the struct `retval0`",
+        ),
+        (
+            "the return used as an address by the caller",
+            none,
+            ("ld.param.b32 \t%r21, [retval0+8];", "mov.u64 \t%rd23, retval0;\n\tld.param.b32 \t%r21, [retval0+8];"),
+            "call_arguments",
+            "`mov.u64` uses the call param `retval0` other than by value",
+        ),
+        (
+            "the return used as an address by the callee",
+            ("st.param.b32 \t[fr+8], %s1;", "st.param.b32 \t[fr+8], %s1;\n\tmov.u64 \t%q3, fr;"),
+            none,
+            "call_arguments",
+            "`mov.u64` uses the param `fr` other than by value",
+        ),
+        (
+            "the callee reads its return",
+            ("st.param.b32 \t[fr+8], %s1;", "st.param.b32 \t[fr+8], %s1;\n\tld.param.b32 \t%s2, [fr+8];"),
+            none,
+            "call_arguments",
+            "`ld.param.b32` in `sf` is not a read of a param it was passed or a write of its return",
+        ),
+        (
+            "a field read before the call",
+            none,
+            ("call.uni", "ld.param.b32 \t%r22, [retval0+8];\n\tcall.uni"),
+            "undefined_register",
+            "`mov.b32` reads `%__arg2_8`, which is not written on every path to it",
+        ),
+        (
+            "a field written under a predicate only",
+            ("st.param.b32 \t[fr+8], %s1;", "setp.eq.u32 \t%sp1, %s1, 0;\n\t@%sp1 st.param.b32 \t[fr+8], %s1;"),
+            none,
+            "undefined_register",
+            "`mov.b32` reads `%__arg2_8`, which is not written on every path to it",
+        ),
+        (
+            "one return variable passed to two calls",
+            none,
+            ("ld.param.b64 \t%rd21, [retval0+0];", "call.uni (retval0), sf, (param0);\n\tld.param.b64 \t%rd21, [retval0+0];"),
+            "call_arguments",
+            "`param0` is passed twice",
+        ),
+        (
+            "a 16-bit field read sign-extended into a 32-bit register",
+            ("st.param.b32 \t[fr+8], %s1;", "cvt.u16.u64 \t%hs1, %q1;\n\tst.param.b16 \t[fr+8], %hs1;"),
+            ("ld.param.b32 \t%r21, [retval0+8];", "ld.param.s16 \t%r21, [retval0+8];"),
+            "operand_type",
+            "`mov.s16` operand 1: `%r21` is declared `.b32`, which does not agree with `.s16`",
+        ),
+        (
+            "a byte field",
+            ("st.param.b32 \t[fr+8], %s1;", "st.param.b8 \t[fr+8], %s1;"),
+            ("ld.param.b32 \t%r21, [retval0+8];", "ld.param.u8 \t%r21, [retval0+8];"),
+            "operand_type",
+            "`mov.b8` has no `.b8` form",
+        ),
+    ] {
+        let (got, explanation) = refusal(&sret(callee, call), "carried");
+        assert_eq!(got, reason, "{what}: {explanation}");
+        assert!(explanation.contains(why), "{what}: {explanation}");
+    }
+    // Recursion through a struct return.
+    let recursive = sret(
+        ("\tret;\n}", "\t{\n\t.param .b64 p0;\n\tst.param.b64 \t[p0+0], %q1;\n\t.param .align 8 .b8 r0[16];\n\tcall.uni (r0), sf, (p0);\n\t}\n\tret;\n}"),
+        none,
+    );
+    let (got, explanation) = refusal(&recursive, "carried");
+    assert_eq!(got, "call_recursion", "{explanation}");
+}
+
+/// Struct returns the inliner accepts (a field read at another type of
+/// its width, a field written twice, the plain call) run exactly on the
+/// host engine, every element against the reference.
+#[test]
+fn accepted_struct_returns_run_exactly() {
+    let mut r = rng("struct returns");
+    let (a, b) = operands(&mut r, 300);
+    let none = ("", "");
+    type Reference = fn(u64) -> u64;
+    let cases: [(&str, String, Reference); 3] = [
+        ("the call", sret(none, none), |x| x.wrapping_add(1) ^ (x & 0xFFFF_FFFF)),
+        (
+            "a field read as f32",
+            sret(none, ("ld.param.b32 \t%r21, [retval0+8];", "ld.param.f32 \t%f1, [retval0+8];\n\tmov.b32 \t%r21, %f1;")),
+            |x| x.wrapping_add(1) ^ (x & 0xFFFF_FFFF),
+        ),
+        (
+            "a field written twice",
+            sret(("st.param.b32 \t[fr+8], %s1;", "st.param.b32 \t[fr+8], 7;\n\tst.param.b64 \t[fr+0], 5;\n\tst.param.b32 \t[fr+8], %s1;"), none),
+            |x| 5 ^ (x & 0xFFFF_FFFF),
+        ),
+    ];
+    for (what, text, f) in cases {
+        let got = run_carried(&text, &a, &b);
+        for (x, g) in a.iter().zip(&got) {
+            assert_eq!(*g, f(*x), "{what}: a = {x:#x}");
+        }
+    }
+}
+
+/// Runs `tabled` over u32 elements on the host engine, the output
+/// poisoned and its tail checked.
+fn run_tabled(text: &str, x: &[u32]) -> Vec<u32> {
+    let k = HostKernel::compile_with(text, "tabled", Families::ALL)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let n = x.len();
+    let mut input: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut out = vec![0xFFu8; (n + 2) * 4];
+    let spans = [HostSpan {
+        ptr: input.as_mut_ptr(),
+        len: input.len(),
+    }];
+    let l = HostLaunch {
+        inputs: &spans,
+        args: &[],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads: 1,
+        checked: false,
+        control: None,
+    };
+    // SAFETY: both spans are live Vecs of exactly `len` bytes.
+    unsafe { k.launch(&l) }.unwrap();
+    assert!(out[n * 4..].iter().all(|b| *b == 0xFF), "tail written");
+    out.chunks(4)
+        .take(n)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// FINDING (unbounded zero padding): a short initializer was padded to
+/// the variable's declared size whatever it was, so `.global .b8
+/// t[1 << 40] = {1, 2}` made the parser allocate a terabyte (the process
+/// aborts), and many variables of 64 KiB each as much as the token limit
+/// allowed. Now the padding is bounded over the module
+/// (`MAX_INITIALIZER`); past it a variable keeps no initializer and reads
+/// of it are refused as before (`global_variable`). Held: a short
+/// initializer of `.global`, `.const`, `.b8` arrays reads zeros past its
+/// end exactly; a longer one, a negative or two-dimensional size keeps no
+/// initializer (refused); a `.shared` one is `shared_memory`.
+#[test]
+fn zero_padding_is_bounded_and_exact() {
+    let (reason, explanation) = refusal(
+        &tabled(".global .align 4 .b8 t[1099511627776] = {1, 2};", "t", 3),
+        "tabled",
+    );
+    assert_eq!(reason, "global_variable", "{explanation}");
+    let mut many = String::new();
+    for k in 0..40 {
+        many.push_str(&format!(".global .align 4 .b8 big{k}[65536] = {{1}};\n"));
+    }
+    many.push_str(".global .align 4 .u32 t[4] = {1, 2};");
+    let (reason, explanation) = refusal(&tabled(&many, "t", 3), "tabled");
+    assert_eq!(reason, "global_variable", "{explanation}");
+    for (what, vars, mask) in [
+        ("longer than the array", ".global .align 4 .u32 t[2] = {1, 2, 3, 4};", 3),
+        ("read past the array", ".global .align 4 .u32 t[4] = {1, 2};", 7),
+        ("two dimensions", ".global .align 4 .u32 t[2][4] = {1, 2};", 7),
+        ("a negative size", ".global .align 4 .u32 t[-4] = {1, 2};", 3),
+    ] {
+        let (reason, explanation) = refusal(&tabled(vars, "t", mask), "tabled");
+        assert_eq!(reason, "global_variable", "{what}: {explanation}");
+    }
+    let (reason, _) = refusal(&tabled(".shared .align 4 .u32 t[4] = {1, 2};", "t", 3), "tabled");
+    assert_eq!(reason, "shared_memory");
+    let mut r = rng("zero padding");
+    let x: Vec<u32> = (0..300).map(|_| r.random()).collect();
+    for (vars, table) in [
+        (".global .align 4 .u32 t[4] = {1, 2};", [1u32, 2, 0, 0]),
+        (".const .align 4 .u32 t[4] = {7};", [7, 0, 0, 0]),
+        (".global .align 4 .b8 t[16] = {1, 2, 3, 4, 5};", [0x0403_0201, 5, 0, 0]),
+        (".global .align 4 .u16 t[8] = {1, 2, 3};", [0x0002_0001, 3, 0, 0]),
+    ] {
+        let got = run_tabled(&tabled(vars, "t", 3), &x);
+        for (x, g) in x.iter().zip(&got) {
+            assert_eq!(*g, table[(x & 3) as usize], "{vars}: x = {x:#x}");
+        }
+    }
 }
