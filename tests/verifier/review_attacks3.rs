@@ -815,3 +815,345 @@ fn zero_padding_is_bounded_and_exact() {
         }
     }
 }
+
+fn vec2_g() -> String {
+    let path = format!(
+        "{}/tests/corpus/jit/nvrtc/add_f16_vec2_G.ptx",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(path).unwrap()
+}
+
+fn vec2_with(edits: &[(&str, &str)]) -> String {
+    let mut text = vec2_g();
+    for (from, to) in edits {
+        assert!(text.contains(from), "{from}");
+        text = text.replacen(from, to, 1);
+    }
+    text
+}
+
+/// Runs `add_f16_vec2(a, b, out, n)` of `text` on the host engine over
+/// u32 elements, the output poisoned and its tail checked.
+fn run_vec2(text: &str, a: &[u32], b: &[u32]) -> Vec<u32> {
+    let k = HostKernel::compile_with(text, "add_f16_vec2", Families::ALL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let n = a.len();
+    let mut ia: Vec<u8> = a.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut ib: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut out = vec![0xFFu8; (n + 2) * 4];
+    let spans = [
+        HostSpan {
+            ptr: ia.as_mut_ptr(),
+            len: ia.len(),
+        },
+        HostSpan {
+            ptr: ib.as_mut_ptr(),
+            len: ib.len(),
+        },
+    ];
+    let l = HostLaunch {
+        inputs: &spans,
+        args: &[],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads: 1,
+        checked: false,
+        control: None,
+    };
+    // SAFETY: every span is a live Vec of exactly `len` bytes.
+    unsafe { k.launch(&l) }.unwrap();
+    assert!(out[n * 4..].iter().all(|b| *b == 0xFF), "tail written");
+    out.chunks(4)
+        .take(n)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// FINDING (address-space confusion): the frame proof held the frame's
+/// local-window address (`%SPL`) and its generic one (`cvta.local` of
+/// it, `%SP`) as the same value, so a generic access through `%SPL`, a
+/// `.local` access through `%SP`, and a `cvta.local` of an address
+/// already generic (the `%SP` itself, or a frame address reloaded from a
+/// slot) were proved as accesses of the frame's bytes and accepted; on
+/// the GPU each accesses other memory. Now the generic window is held
+/// apart in the domain and each is refused `local_memory` naming it.
+#[test]
+fn the_frames_two_windows_are_not_confused() {
+    for (what, edits, why) in [
+        (
+            "a generic load through the local-window address",
+            &[(
+                "ld.u64 \t%rd19, [%SP+8];",
+                "ld.u64 \t%rd19, [%SP+8];\n\tld.u32 \t%r3, [%SPL+4];",
+            )][..],
+            "`ld.u32` accesses the local frame `__local_depot0` as generic memory through its local-window address",
+        ),
+        (
+            "a .local load through the generic address",
+            &[(
+                "ld.u64 \t%rd19, [%SP+8];",
+                "ld.u64 \t%rd19, [%SP+8];\n\tld.local.u32 \t%r3, [%SP+4];",
+            )],
+            "`ld.local.u32` accesses the local frame `__local_depot0` in the local window through its generic address",
+        ),
+        (
+            "cvta.local of the generic address",
+            &[(
+                "add.u64 \t%rd12, %SP, 4;",
+                "cvta.local.u64 \t%rd26, %SP;\n\tadd.u64 \t%rd12, %rd26, 4;",
+            )],
+            "`cvta.local.u64` converts an address of the local frame `__local_depot0` that is not its local-window address",
+        ),
+        (
+            "cvta.local of an address reloaded from its slot",
+            &[(
+                "ld.u64 \t%rd19, [%SP+8];",
+                "ld.u64 \t%rd19, [%SP+8];\n\tcvta.local.u64 \t%rd19, %rd19;",
+            )],
+            "`cvta.local.u64` converts an address of the local frame `__local_depot0` that is not its local-window address",
+        ),
+        (
+            "the local-window address passed as the callee's generic `this`",
+            &[("add.u64 \t%rd12, %SP, 4;", "add.u64 \t%rd12, %SPL, 4;")],
+            "`st.u32` accesses the local frame `__local_depot0` as generic memory through its local-window address",
+        ),
+        (
+            "a local-window address kept in a slot and used generically",
+            &[("mov.b64 \t%rd13, %rd12;", "add.u64 \t%rd13, %SPL, 4;")],
+            "`ld.u32` accesses the local frame `__local_depot0` as generic memory through its local-window address",
+        ),
+    ] {
+        let (reason, explanation) = refusal(&vec2_with(edits), "add_f16_vec2");
+        assert_eq!(reason, "local_memory", "{what}: {explanation}");
+        assert!(explanation.contains(why), "{what}: {explanation}");
+    }
+}
+
+/// Frame-address slots, attacked (held): data and a frame address in one
+/// slot (the same statement on two paths, or two statements), half a
+/// slot read, a vector store or load covering one, a slot overwritten with
+/// data or read before it is written, a predicated or 32-bit store of an
+/// address, arithmetic past the frame on a reloaded address, `cvta.to.
+/// local` of one, an address compared, xored or narrowed, a scope's
+/// register stored over a slot: each refused `local_memory` naming it.
+/// The accepted variants (a slot written through `.local`, an address
+/// copied into another slot, arithmetic inside the frame, a nested scope
+/// shadowing a register) run on the host engine exactly as the kernel
+/// they are equal to.
+#[test]
+fn frame_address_slot_attacks_are_refused_or_run_exactly() {
+    let branch = "setp.eq.s64 \t%p3, %rd1, 5;\n\t";
+    let ld19 = "ld.u64 \t%rd19, [%SP+8];";
+    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+        ("an address on one path, data on another (one statement)",
+            vec![("mov.b64 \t%rd13, %rd12;", format!("mov.b64 \t%rd13, %rd12;\n\t{branch}@%p3 mov.b64 \t%rd13, %rd11;"))],
+            "`ld.u32` may access byte offsets -9223372036854775808..=9223372036854775807"),
+        ("an address on one path, data on another (two statements)",
+            vec![("st.u64 \t[%SP+8], %rd13;", format!("{branch}@%p3 bra \t$L__X;\n\tst.u64 \t[%SP+8], %rd13;\n\tbra.uni \t$L__Y;\n$L__X:\n\tst.u64 \t[%SP+8], %rd11;\n$L__Y:"))],
+            "`st.u64` accesses the local frame `__local_depot0` at width 8, another access at 4"),
+        ("the low half of a slot read",
+            vec![("ld.u64 \t%rd18, [%SP+24];", "ld.u64 \t%rd18, [%SP+24];\n\tld.u32 \t%r3, [%SP+24];".into())],
+            "`ld.u32` may access bytes 24..28 of the local frame `__local_depot0`, which overlap the slot at byte 24"),
+        ("a vector store covering a slot",
+            vec![("ld.u64 \t%rd18, [%SP+24];", "st.v2.u64 \t[%SP+16], {%rd1, %rd1};\n\tld.u64 \t%rd18, [%SP+24];".into())],
+            "`st.v2.u64` accesses the local frame `__local_depot0` at width 8, another access at 4"),
+        ("a vector load covering a slot",
+            vec![("ld.u64 \t%rd18, [%SP+24];", "ld.v2.u64 \t{%rd18, %rd26}, [%SP+16];\n\tld.u64 \t%rd18, [%SP+24];".into())],
+            "`ld.v2.u64` accesses the local frame `__local_depot0` at width 8, another access at 4"),
+        ("a slot overwritten with data",
+            vec![(ld19, "st.u64 \t[%SP+8], %rd1;\n\tld.u64 \t%rd19, [%SP+8];".into())],
+            "`st.u64` accesses the local frame `__local_depot0` at width 8, another access at 4"),
+        ("a slot read before it is written",
+            vec![("mov.b64 \t%rd13, %rd12;\n\tst.u64 \t[%SP+8], %rd13;", "ld.u64 \t%rd26, [%SP+8];\n\tst.u64 \t[%rd26], %rd1;\n\tmov.b64 \t%rd13, %rd12;\n\tst.u64 \t[%SP+8], %rd13;".into())],
+            "`ld.u64` accesses the local frame `__local_depot0` at width 8, another access at 4"),
+        ("a slot written on one path only",
+            vec![("st.u64 \t[%SP+8], %rd13;", format!("{branch}@%p3 bra \t$L__X;\n\tst.u64 \t[%SP+8], %rd13;\n$L__X:"))],
+            "`ld.u64` accesses the local frame `__local_depot0` at width 8, another access at 4"),
+        ("a predicated store of an address",
+            vec![("st.u64 \t[%SP+8], %rd13;", format!("{branch}@%p3 st.u64 \t[%SP+8], %rd13;"))],
+            "`st.u64` uses the address of the local frame `__local_depot0` (in `%rd13`) other than to access it"),
+        ("a 32-bit store of an address",
+            vec![("st.u64 \t[%SP+8], %rd13;", "cvt.u32.u64 \t%r3, %rd13;\n\tst.u32 \t[%SP+8], %r3;".into())],
+            "`cvt.u32.u64` uses the address of the local frame `__local_depot0` (in `%rd13`)"),
+        ("arithmetic past the frame on a reloaded address",
+            vec![(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tadd.s64 \t%rd19, %rd19, 40;".into())],
+            "`ld.u32` may access byte offsets 44..=44"),
+        ("cvta.to.local of a reloaded address",
+            vec![(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tcvta.to.local.u64 \t%rd19, %rd19;".into())],
+            "`cvta.to.local.u64` uses the address of the local frame `__local_depot0` (in `%rd19`) other than to access it"),
+        ("a reloaded address compared",
+            vec![(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tsetp.eq.u64 \t%p3, %rd19, 0;\n\t@%p3 bra \t$L__BB0_2;".into())],
+            "`setp.eq.u64` uses the address of the local frame `__local_depot0` (in `%rd19`)"),
+        ("a reloaded address xored",
+            vec![(ld19, "ld.u64 \t%rd19, [%SP+8];\n\txor.b64 \t%rd19, %rd19, 0;".into())],
+            "`xor.b64` uses the address of the local frame `__local_depot0` (in `%rd19`)"),
+        ("a scope's register stored over a slot",
+            vec![("mov.b64 \t%rd13, %rd12;", "{\n\t.reg .b64 \t%rd12;\n\tadd.u64 \t%rd12, %SP, 36;\n\tst.u32 \t[%rd12], %r3;\n\t}\n\tmov.b64 \t%rd13, %rd12;".into())],
+            "`st.u32` may access bytes 36..40 of the local frame `__local_depot0`, which overlap the slot at byte 32"),
+    ];
+    for (what, edits, why) in &cases {
+        let edits: Vec<(&str, &str)> = edits.iter().map(|(a, b)| (*a, b.as_str())).collect();
+        let (reason, explanation) = refusal(&vec2_with(&edits), "add_f16_vec2");
+        assert_eq!(reason, "local_memory", "{what}: {explanation}");
+        assert!(explanation.contains(why), "{what}: {explanation}");
+    }
+    let mut r = rng("frame-address slots");
+    let a: Vec<u32> = (0..257).map(|_| r.random()).collect();
+    let b: Vec<u32> = (0..257).map(|_| r.random()).collect();
+    let original = vec2_g();
+    let same = run_vec2(&original, &a, &b);
+    let doubled = run_vec2(&original, &b, &b);
+    for (what, edits, want) in [
+        ("a slot written through .local", vec![("st.u64 \t[%SP+8], %rd13;", "st.local.u64 \t[%SPL+8], %rd13;")], &same),
+        ("an address copied into another slot", vec![(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tst.u64 \t[%SP+32], %rd19;")], &same),
+        ("a nested scope shadowing a register", vec![("mov.b64 \t%rd13, %rd12;", "{\n\t.reg .b64 \t%rd12;\n\tmov.u64 \t%rd12, 0;\n\t}\n\tmov.b64 \t%rd13, %rd12;")], &same),
+        // `a`'s address moved to `b`'s: b + b.
+        ("arithmetic inside the frame", vec![(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tadd.s64 \t%rd19, %rd19, 12;")], &doubled),
+    ] {
+        let got = run_vec2(&vec2_with(&edits), &a, &b);
+        assert_eq!(&got, want, "{what}");
+    }
+}
+
+/// Splits, attacked (held): a split bound redefined in the loop (grown,
+/// doubled, set from data), a bound from a load, a negative bound read
+/// unsigned, a bound that passes the frame only when read signed, an index
+/// past the frame by one on one split value, `max` of a negative read
+/// unsigned, a split bound with 33 values one slot past the frame, a
+/// callee's inner scope shadowing its index register: each refused
+/// `local_memory` naming the access. Many split registers in sequence are
+/// refused `too_complex` within the cost bound. Every accepted variant
+/// runs on the host engine against the reference, every element.
+#[test]
+fn split_attacks_are_refused_or_run_exactly() {
+    let past = |op: &str, off: &str| format!("`{op}` may access byte offsets {off}");
+    let b3 = "and.b32 \t%r9, %r4, 3;\n\tmov.u32 \t%r7, 0;";
+    let cases: Vec<(&str, String, String)> = vec![
+        ("a bound grown in the loop", framed(16, b3, "add.s32 \t%r9, %r9, 1;", "lt.u32"), past("st.local.u32", "16..=16")),
+        ("a bound doubled in the loop", framed(16, b3, "shl.b32 \t%r9, %r9, 1;", "lt.u32"), past("st.local.u32", "16..=16")),
+        ("a bound set from data in the loop", framed(16, b3, "and.b32 \t%r9, %r4, 7;", "lt.u32"), past("st.local.u32", "16..=16")),
+        ("a bound from a load", framed(16, "ld.global.u32 \t%r9, [%rd9+4];\n\tmov.u32 \t%r7, 0;", "", "lt.u32"), past("st.local.u32", "16..=16")),
+        ("a negative bound read unsigned", framed(16, "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, -2;\n\tmov.u32 \t%r7, 0;", "", "lt.u32"), past("st.local.u32", "16..=16")),
+        ("a bound past the frame read signed", framed(16, "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, 2147483646;\n\tmov.u32 \t%r7, 0;", "", "lt.s32"), past("st.local.u32", "16..=16")),
+        ("an index one past on one value", framed(16, "and.b32 \t%r9, %r4, 3;\n\tadd.s32 \t%r7, %r9, 1;", "", "lt.u32"), past("ld.local.u32", "16..=16")),
+        ("neg of a split value, one past", framed(16, "and.b32 \t%r9, %r4, 3;\n\tneg.s32 \t%r10, %r9;\n\tadd.s32 \t%r7, %r10, 4;", "", "lt.u32"), past("ld.local.u32", "16..=16")),
+        ("max.u32 of a negative split value", framed(16, "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, -2;\n\tmax.u32 \t%r7, %r9, 0;", "", "lt.s32"), past("ld.local.u32", "17179869176..=17179869176")),
+        ("33 values, one slot past", framed(124, "and.b32 \t%r10, %r4, 63;\n\tmin.u32 \t%r9, %r10, 32;\n\tmov.u32 \t%r7, 0;", "", "lt.u32"), past("st.local.u32", "124..=124")),
+    ];
+    for (what, text, why) in &cases {
+        let (reason, explanation) = refusal(text, "framed");
+        assert_eq!(reason, "local_memory", "{what}: {explanation}");
+        assert!(explanation.contains(why.as_str()), "{what}: {explanation}");
+    }
+    // A callee's own scope shadowing the register it returns.
+    let callee = ".func (.param .b32 zr) zf(.param .b32 zx)\n{\n\t.reg .b32 \t%r<8>;\n\tld.param.b32 \t%r7, [zx];\n\t{\n\t.reg .b32 \t%r7;\n\tmov.u32 \t%r7, 0;\n\t}\n\tst.param.b32 \t[zr], %r7;\n\tret;\n}\n\n.visible .entry framed(";
+    let call = "and.b32 \t%r9, %r4, 3;\n\t{\n\t.param .b32 param0;\n\tst.param.b32 \t[param0+0], %r4;\n\t.param .b32 retval0;\n\tcall.uni (retval0), zf, (param0);\n\tld.param.b32 \t%r7, [retval0+0];\n\t}";
+    let text = framed(16, call, "", "lt.u32").replacen(".visible .entry framed(", callee, 1);
+    let (reason, explanation) = refusal(&text, "framed");
+    assert_eq!(reason, "local_memory", "{explanation}");
+    assert!(explanation.contains("`ld.local.u32` may access byte offsets"), "{explanation}");
+    // The cost bound: twelve split registers in sequence.
+    let mut many = String::new();
+    for k in 0..12 {
+        many.push_str(&format!("and.b32 \t%r{}, %r4, 3;\n\t", 20 + k));
+    }
+    for k in 0..6 {
+        many.push_str(&format!("setp.lt.u32 \t%p4, %r{}, %r{};\n\t", 20 + 2 * k, 21 + 2 * k));
+    }
+    let t = std::time::Instant::now();
+    let (reason, explanation) = refusal(&framed(16, &format!("{many}{b3}"), "", "lt.u32"), "framed");
+    eprintln!("twelve split registers: {reason} in {:?}", t.elapsed());
+    assert_eq!(reason, "too_complex", "{explanation}");
+    assert!(explanation.contains("costs more than 3000000 state entries visited"), "{explanation}");
+    // Accepted: (frame bytes, prelude, loop extra, compare, reference of
+    // (slots written, index) from x).
+    type Reference = fn(u32) -> (u32, u32);
+    let accepted: [(u32, &str, &str, &str, Reference); 8] = [
+        (16, b3, "", "lt.u32", |x| (x & 3, 0)),
+        (16, b3, "min.u32 \t%r5, %r5, %r9;", "lt.u32", |x| (x & 3, 0)),
+        (128, "and.b32 \t%r9, %r4, 31;\n\tshr.u32 \t%r11, %r4, 5;\n\tand.b32 \t%r7, %r11, 31;", "", "lt.u32", |x| (x & 31, (x >> 5) & 31)),
+        (128, "and.b32 \t%r10, %r4, 63;\n\tmin.u32 \t%r9, %r10, 32;\n\tshr.u32 \t%r11, %r4, 6;\n\tand.b32 \t%r7, %r11, 31;", "", "lt.u32", |x| ((x & 63).min(32), (x >> 6) & 31)),
+        (16, "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, -2;\n\tmov.u32 \t%r7, 1;", "", "lt.s32", |x| (((x & 3) as i32 - 2).max(0) as u32, 1)),
+        (16, "and.b32 \t%r9, %r4, 3;\n\tmov.u32 \t%r7, %r9;", "", "lt.u32", |x| (x & 3, x & 3)),
+        (16, "and.b32 \t%r9, %r4, 3;\n\tneg.s32 \t%r10, %r9;\n\tadd.s32 \t%r7, %r10, 3;", "", "lt.u32", |x| (x & 3, 3 - (x & 3))),
+        (16, "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, -2;\n\tmin.s32 \t%r11, %r9, 3;\n\tmax.s32 \t%r7, %r11, 0;", "", "lt.s32", |x| (((x & 3) as i32 - 2).max(0) as u32, ((x & 3) as i32 - 2).max(0) as u32)),
+    ];
+    let mut r = rng("splits");
+    let x: Vec<u32> = (0..400).map(|_| r.random()).collect();
+    for (size, prelude, extra, cmp, f) in accepted {
+        let text = framed(size, prelude, extra, cmp);
+        let got = run_framed(&text, &x);
+        for (x, g) in x.iter().zip(&got) {
+            let (written, index) = f(*x);
+            assert!(index < size / 4, "{prelude}: index {index} past the frame");
+            let want = if index < written { x.wrapping_add(index) } else { 0 };
+            assert_eq!(*g, want, "{prelude} / {extra}: x = {x:#x}");
+        }
+    }
+}
+
+/// Runs `framed` over u32 elements on the host engine, the output
+/// poisoned and its tail checked.
+fn run_framed(text: &str, x: &[u32]) -> Vec<u32> {
+    let k = HostKernel::compile_with(text, "framed", Families::ALL)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let n = x.len();
+    let mut input: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut out = vec![0xFFu8; (n + 2) * 4];
+    let spans = [HostSpan {
+        ptr: input.as_mut_ptr(),
+        len: input.len(),
+    }];
+    let l = HostLaunch {
+        inputs: &spans,
+        args: &[],
+        output: HostSpan {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        },
+        n: n as u64,
+        params: &[],
+        threads: 1,
+        checked: false,
+        control: None,
+    };
+    // SAFETY: both spans are live Vecs of exactly `len` bytes.
+    unsafe { k.launch(&l) }.unwrap();
+    assert!(out[n * 4..].iter().all(|b| *b == 0xFF), "tail written");
+    out.chunks(4)
+        .take(n)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Every kernel accepted above also passes the mutant oracle: accepted
+/// by the default canonicalization, run on the host engine over random n
+/// with canary-padded operands, no access outside them.
+#[test]
+fn accepted_attacks_pass_the_canary_oracle() {
+    let mut r = rng("oracle");
+    let none = ("", "");
+    let ld19 = "ld.u64 \t%rd19, [%SP+8];";
+    let texts = [
+        sret(none, none),
+        sret(("st.param.b32 \t[fr+8], %s1;", "st.param.b32 \t[fr+8], 7;\n\tst.param.b32 \t[fr+8], %s1;"), none),
+        carry_call("add.cc.u32 \t%s3, %s1, %s1;\n\taddc.u32 \t%s2, 0, 0;", "", "mov.b64 \t%rd20, {%r21, %r21};"),
+        vec2_with(&[("st.u64 \t[%SP+8], %rd13;", "st.local.u64 \t[%SPL+8], %rd13;")]),
+        vec2_with(&[(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tadd.s64 \t%rd19, %rd19, 12;")]),
+        framed(16, "and.b32 \t%r9, %r4, 3;\n\tmov.u32 \t%r7, %r9;", "", "lt.u32"),
+        framed(128, "and.b32 \t%r10, %r4, 63;\n\tmin.u32 \t%r9, %r10, 32;\n\tmov.u32 \t%r7, 31;", "", "lt.u32"),
+        tabled(".global .align 4 .b8 t[16] = {1, 2, 3, 4, 5};", "t", 3),
+    ];
+    for text in &texts {
+        let symbol = ["carried", "add_f16_vec2", "framed", "tabled"]
+            .into_iter()
+            .find(|s| text.contains(&format!(".entry {s}(")))
+            .unwrap();
+        assert_eq!(oracle(text, symbol, &mut r), Ok(true), "{symbol}");
+    }
+}

@@ -69,6 +69,42 @@ const MAX_PARTS: usize = 4;
 /// split into (one path per value).
 pub const MAX_SPLIT: i128 = 32;
 
+/// A frame's generic address (`cvta.local` of its local-window one) is
+/// held in the domain as its offset plus `GENERIC`, so that the two
+/// windows never meet: a `.local` access through a generic address, a
+/// generic access through a local-window address, or a `cvta.local` of an
+/// address already generic (each of which the GPU runs against other
+/// memory) is told apart and refused, not proved as the frame's bytes.
+const GENERIC: i128 = 1 << 40;
+/// How far from its window's base an offset may be to be told in it.
+const WINDOW: i128 = 1 << 39;
+
+/// The window every offset of `s` lies in: `Some(true)` generic,
+/// `Some(false)` local, `None` neither (mixed, or unbounded).
+fn window(s: &Set) -> Option<bool> {
+    if s.iter().all(|p| p.lo > -WINDOW && p.hi < WINDOW) {
+        Some(false)
+    } else if s
+        .iter()
+        .all(|p| p.lo > GENERIC - WINDOW && p.hi < GENERIC + WINDOW)
+    {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// `s` moved by `by`.
+fn shifted(s: &Set, by: i128) -> Set {
+    s.iter()
+        .map(|p| Si {
+            lo: p.lo + by,
+            hi: p.hi + by,
+            stride: p.stride,
+        })
+        .collect()
+}
+
 /// `lo..=hi` in steps of `stride` (`stride == 0` iff `lo == hi`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Si {
@@ -638,6 +674,32 @@ impl<'b> Prover<'b> {
         refuse(SubReason::LocalMemory, line, why)
     }
 
+    /// The frame offsets `s` an access of `space` (`local` or generic)
+    /// reaches: a generic address's, less `GENERIC`, for a generic access;
+    /// a local-window address's for a `.local` one; an address of the
+    /// other window is refused (the GPU would access other memory). A set
+    /// of neither window is left as it is (no offset of it is inside).
+    fn in_window(&self, i: &Instr, s: Set, space: &str) -> Result<Set, PtxError> {
+        match (window(&s), space) {
+            (Some(true), "") => Ok(shifted(&s, -GENERIC)),
+            (Some(true), _) => Err(self.err(
+                i.line,
+                format!(
+                    "`{}` accesses the local frame `{}` in the local window through its generic address (`cvta.local` of it)",
+                    i.opcode, self.frame
+                ),
+            )),
+            (Some(false), "") => Err(self.err(
+                i.line,
+                format!(
+                    "`{}` accesses the local frame `{}` as generic memory through its local-window address (not `cvta.local` of it)",
+                    i.opcode, self.frame
+                ),
+            )),
+            _ => Ok(s),
+        }
+    }
+
     fn value(&self, st: &State, o: &Operand, bits: u32) -> Av {
         match o {
             Operand::Imm(Imm::Int(v)) => {
@@ -886,7 +948,17 @@ impl<'b> Prover<'b> {
                 base: AddrBase::Name(n),
                 offset,
             }) if wide => match self.value(st, &Operand::Name(n.clone()), 64) {
-                Av::Frame(s) if s.len() == 1 && s[0].stride == 0 => s[0].lo + i128::from(*offset),
+                // In the window of the access's space only (else it is
+                // refused as an access).
+                Av::Frame(s) if s.len() == 1 && s[0].stride == 0 => {
+                    let generic = mem_parts(&i.opcode).is_some_and(|m| m.1.is_empty());
+                    match window(&s) {
+                        Some(g) if g == generic => {
+                            s[0].lo - if generic { GENERIC } else { 0 } + i128::from(*offset)
+                        }
+                        _ => return Ok(false),
+                    }
+                }
                 _ => return Ok(false),
             },
             _ => return Ok(false),
@@ -1006,6 +1078,9 @@ impl<'b> Prover<'b> {
                     base: AddrBase::Name(n),
                     offset,
                 }) => match self.value(st, &Operand::Name(n.clone()), 64) {
+                    Av::Frame(s) if matches!(space, "local" | "") => {
+                        (Some((self.in_window(i, s, space)?, *offset)), None)
+                    }
                     Av::Frame(s) => (Some((s, *offset)), None),
                     Av::Table(k, s) => (None, Some((k, s, *offset))),
                     _ => (None, None),
@@ -1139,6 +1214,19 @@ impl<'b> Prover<'b> {
                 if is_cvta && parts.get(1) != Some(&"local") {
                     self.escapes(st, i, a)?;
                     Some(Av::Top)
+                } else if let (true, Av::Frame(f)) = (is_cvta, self.value(st, a, bits)) {
+                    // `cvta.local`: the local-window address made generic;
+                    // of an address already generic, other memory.
+                    if window(&f) != Some(false) {
+                        return Err(self.err(
+                            i.line,
+                            format!(
+                                "`{}` converts an address of the local frame `{}` that is not its local-window address",
+                                i.opcode, self.frame
+                            ),
+                        ));
+                    }
+                    Some(Av::Frame(shifted(&f, GENERIC)))
                 } else {
                     Some(match self.value(st, a, bits) {
                         Av::Mag { bits: fb, lo, hi }
