@@ -1157,3 +1157,126 @@ fn accepted_attacks_pass_the_canary_oracle() {
         assert_eq!(oracle(text, symbol, &mut r), Ok(true), "{symbol}");
     }
 }
+
+/// One step of a random index chain: (PTX, the reference).
+type Step = (String, Box<dyn Fn(&[u32]) -> u32>);
+
+/// A random integer step reading earlier registers `%r20..` (or x,
+/// `%r4`, as register 0) and writing `%r{20 + k}`.
+fn random_step(r: &mut rand::rngs::StdRng, k: usize) -> Step {
+    const C: [i64; 14] = [0, 1, 2, 3, 4, 5, 6, 31, -1, -2, -4, 0x7FFF_FFFF, -0x8000_0000, 0xFFFF_FFFC];
+    let reg = |j: usize| if j == 0 { "%r4".to_string() } else { format!("%r{}", 20 + j) };
+    let a = r.random_range(0..k);
+    let b = r.random_range(0..k);
+    let c = C[r.random_range(0..C.len())];
+    let cu = c as u32;
+    let d = format!("%r{}", 20 + k);
+    let (ra, rb) = (reg(a), reg(b));
+    let op = r.random_range(0..11);
+    let (text, f): (String, Box<dyn Fn(&[u32]) -> u32>) = match op {
+        0 => (format!("and.b32 \t{d}, {ra}, {c};"), Box::new(move |v| v[a] & cu)),
+        1 => (format!("add.s32 \t{d}, {ra}, {c};"), Box::new(move |v| v[a].wrapping_add(cu))),
+        2 => (format!("sub.s32 \t{d}, {ra}, {rb};"), Box::new(move |v| v[a].wrapping_sub(v[b]))),
+        3 => (format!("neg.s32 \t{d}, {ra};"), Box::new(move |v| v[a].wrapping_neg())),
+        4 => (format!("min.s32 \t{d}, {ra}, {c};"), Box::new(move |v| (v[a] as i32).min(cu as i32) as u32)),
+        5 => (format!("min.u32 \t{d}, {ra}, {c};"), Box::new(move |v| v[a].min(cu))),
+        6 => (format!("max.s32 \t{d}, {ra}, {c};"), Box::new(move |v| (v[a] as i32).max(cu as i32) as u32)),
+        7 => (format!("max.u32 \t{d}, {ra}, {rb};"), Box::new(move |v| v[a].max(v[b]))),
+        8 => {
+            let s = (cu & 31).max(1);
+            (format!("shr.u32 \t{d}, {ra}, {s};"), Box::new(move |v| v[a] >> s))
+        }
+        9 => {
+            let s = (cu & 31).max(1);
+            (format!("shr.s32 \t{d}, {ra}, {s};"), Box::new(move |v| ((v[a] as i32) >> s) as u32))
+        }
+        _ => (format!("min.s32 \t{d}, {ra}, {rb};"), Box::new(move |v| (v[a] as i32).min(v[b] as i32) as u32)),
+    };
+    (text, f)
+}
+
+/// The frame proof's integer domain (w30a's `neg`, `min`/`max`, splits of
+/// a register-compared bound) fuzzed: random chains of integer steps from
+/// `x` give the index and (through `min.u32 .., 4`) the loop bound of
+/// `framed`; every kernel the verifier accepts must index inside the frame
+/// for every sampled x (edges, the chain's constants and their
+/// neighbours, random) and run on the host engine as the reference does.
+#[test]
+fn random_index_chains_are_inside_or_refused() {
+    let mut r = rng("index chains");
+    let mut xs: Vec<u32> = vec![0, 1, 2, 3, 4, 5, 0x7FFF_FFFF, 0x8000_0000, 0x8000_0001, u32::MAX, u32::MAX - 1, u32::MAX - 3, 0xFFFF_FFFC];
+    for c in [31u32, 6, 0x7FFF_FFFE, 0xFFFF_FFFB] {
+        xs.extend([c.wrapping_sub(1), c, c.wrapping_add(1)]);
+    }
+    while xs.len() < 300 {
+        xs.push(r.random());
+    }
+    let (mut accepted, mut total) = (0, 0);
+    for _ in 0..1000 {
+        let m = r.random_range(1..=4);
+        let mut steps: Vec<Step> = (1..=m).map(|k| random_step(&mut r, k)).collect();
+        // Mostly, a clamp the proof must see through (or see is not one).
+        if r.random_bool(0.8) {
+            let (a, k) = (format!("%r{}", 20 + m), 20 + m + 1);
+            let pick = |r: &mut rand::rngs::StdRng, c: &[i32]| c[r.random_range(0..c.len())];
+            let clamp: Vec<Step> = match r.random_range(0..5) {
+                0 => {
+                    let (c1, c2) = (pick(&mut r, &[2, 3, 4]), pick(&mut r, &[0, -1, 1]));
+                    vec![
+                        (format!("min.s32 \t%r{k}, {a}, {c1};"), Box::new(move |v: &[u32]| (v[m] as i32).min(c1) as u32)),
+                        (format!("max.s32 \t%r{}, %r{k}, {c2};", k + 1), Box::new(move |v: &[u32]| (v[m + 1] as i32).max(c2) as u32)),
+                    ]
+                }
+                1 => {
+                    let c = pick(&mut r, &[3, 4]) as u32;
+                    vec![(format!("min.u32 \t%r{k}, {a}, {c};"), Box::new(move |v: &[u32]| v[m].min(c)))]
+                }
+                2 => {
+                    let c = pick(&mut r, &[3, 7]) as u32;
+                    vec![(format!("and.b32 \t%r{k}, {a}, {c};"), Box::new(move |v: &[u32]| v[m] & c))]
+                }
+                3 => {
+                    let c = pick(&mut r, &[29, 30]) as u32;
+                    vec![(format!("shr.u32 \t%r{k}, {a}, {c};"), Box::new(move |v: &[u32]| v[m] >> c))]
+                }
+                _ => {
+                    let (c1, c2) = (pick(&mut r, &[0, -1, 1]), pick(&mut r, &[2, 3, 4]));
+                    vec![
+                        (format!("max.s32 \t%r{k}, {a}, {c1};"), Box::new(move |v: &[u32]| (v[m] as i32).max(c1) as u32)),
+                        (format!("min.s32 \t%r{}, %r{k}, {c2};", k + 1), Box::new(move |v: &[u32]| (v[m + 1] as i32).min(c2) as u32)),
+                    ]
+                }
+            };
+            steps.extend(clamp);
+        }
+        let n = steps.len();
+        let last = format!("%r{}", 20 + n);
+        let bounded = r.random_bool(0.5);
+        let mut prelude: String = steps.iter().map(|(t, _)| format!("{t}\n\t")).collect();
+        if bounded {
+            prelude.push_str(&format!("min.u32 \t%r9, {last}, 4;\n\tmov.u32 \t%r7, {last};"));
+        } else {
+            prelude.push_str(&format!("mov.u32 \t%r9, 4;\n\tmov.u32 \t%r7, {last};"));
+        }
+        let text = framed(16, &prelude, "", "lt.u32");
+        total += 1;
+        let Ok(_) = ptx::canonicalize_with(&text, "framed", None, Families::ALL) else {
+            continue;
+        };
+        accepted += 1;
+        let got = run_framed(&text, &xs);
+        for (x, g) in xs.iter().zip(&got) {
+            let mut v = vec![*x];
+            for (_, f) in &steps {
+                let y = f(&v);
+                v.push(y);
+            }
+            let index = v[n];
+            let written = if bounded { index.min(4) } else { 4 };
+            assert!(index < 4, "accepted with index {index} at x = {x:#x}:\n\t{prelude}");
+            let want = if index < written { x.wrapping_add(index) } else { 0 };
+            assert_eq!(*g, want, "x = {x:#x}:\n\t{prelude}");
+        }
+    }
+    eprintln!("{accepted} of {total} random index chains accepted, each checked");
+}
