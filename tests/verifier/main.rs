@@ -26,4 +26,3 @@ mod struct_returns;
 mod triton;
 mod triton_attacks;
 mod verification;
-

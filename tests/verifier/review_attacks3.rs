@@ -320,14 +320,15 @@ fn every_carry_form_matches_a_u128_reference() {
                 let cf_out = format!("{pre}addc.u64 \t%rd20, 0, 0;");
                 for (what, body) in [("result", d_out), ("flag", cf_out)] {
                     let text = carried(&body);
-                    let canonical = match ptx::canonicalize_with(&text, "carried", None, Families::ALL) {
-                        Ok(c) => c,
-                        Err(e) if va == "5" => {
-                            eprintln!("{opcode} with an immediate a: refused ({e})");
-                            continue;
-                        }
-                        Err(e) => panic!("{opcode} {va}, {vb}: {e}\n{text}"),
-                    };
+                    let canonical =
+                        match ptx::canonicalize_with(&text, "carried", None, Families::ALL) {
+                            Ok(c) => c,
+                            Err(e) if va == "5" => {
+                                eprintln!("{opcode} with an immediate a: refused ({e})");
+                                continue;
+                            }
+                            Err(e) => panic!("{opcode} {va}, {vb}: {e}\n{text}"),
+                        };
                     for gone in [".cc.", "addc", "subc", "madc"] {
                         assert!(!canonical.text.contains(gone), "{opcode}: `{gone}` left");
                     }
@@ -373,8 +374,6 @@ fn sret(callee: (&str, &str), call: (&str, &str)) -> String {
         &SRET_CALL.replacen(call.0, call.1, 1),
     )
 }
-
-
 
 /// A scalar-ABI kernel over u32 elements with a `size`-byte frame filled
 /// in a loop (`frame[k] = x + k` while `k cmp bound`, `extra` in the loop
@@ -441,8 +440,6 @@ $L__END:
     )
 }
 
-
-
 /// A scalar-ABI kernel `out[i] = table[x & mask]` over u32 elements, with
 /// the module variables `vars` before it; `table` names the one read.
 fn tabled(vars: &str, table: &str, mask: u32) -> String {
@@ -491,7 +488,6 @@ $L__END:
 "#
     )
 }
-
 
 /// Fresh random u64 operands with the edge values first.
 fn operands(r: &mut rand::rngs::StdRng, n: usize) -> (Vec<u64>, Vec<u64>) {
@@ -791,23 +787,48 @@ fn zero_padding_is_bounded_and_exact() {
     let (reason, explanation) = refusal(&tabled(&many, "t", 3), "tabled");
     assert_eq!(reason, "global_variable", "{explanation}");
     for (what, vars, mask) in [
-        ("longer than the array", ".global .align 4 .u32 t[2] = {1, 2, 3, 4};", 3),
-        ("read past the array", ".global .align 4 .u32 t[4] = {1, 2};", 7),
-        ("two dimensions", ".global .align 4 .u32 t[2][4] = {1, 2};", 7),
-        ("a negative size", ".global .align 4 .u32 t[-4] = {1, 2};", 3),
+        (
+            "longer than the array",
+            ".global .align 4 .u32 t[2] = {1, 2, 3, 4};",
+            3,
+        ),
+        (
+            "read past the array",
+            ".global .align 4 .u32 t[4] = {1, 2};",
+            7,
+        ),
+        (
+            "two dimensions",
+            ".global .align 4 .u32 t[2][4] = {1, 2};",
+            7,
+        ),
+        (
+            "a negative size",
+            ".global .align 4 .u32 t[-4] = {1, 2};",
+            3,
+        ),
     ] {
         let (reason, explanation) = refusal(&tabled(vars, "t", mask), "tabled");
         assert_eq!(reason, "global_variable", "{what}: {explanation}");
     }
-    let (reason, _) = refusal(&tabled(".shared .align 4 .u32 t[4] = {1, 2};", "t", 3), "tabled");
+    let (reason, _) = refusal(
+        &tabled(".shared .align 4 .u32 t[4] = {1, 2};", "t", 3),
+        "tabled",
+    );
     assert_eq!(reason, "shared_memory");
     let mut r = rng("zero padding");
     let x: Vec<u32> = (0..300).map(|_| r.random()).collect();
     for (vars, table) in [
         (".global .align 4 .u32 t[4] = {1, 2};", [1u32, 2, 0, 0]),
         (".const .align 4 .u32 t[4] = {7};", [7, 0, 0, 0]),
-        (".global .align 4 .b8 t[16] = {1, 2, 3, 4, 5};", [0x0403_0201, 5, 0, 0]),
-        (".global .align 4 .u16 t[8] = {1, 2, 3};", [0x0002_0001, 3, 0, 0]),
+        (
+            ".global .align 4 .b8 t[16] = {1, 2, 3, 4, 5};",
+            [0x0403_0201, 5, 0, 0],
+        ),
+        (
+            ".global .align 4 .u16 t[8] = {1, 2, 3};",
+            [0x0002_0001, 3, 0, 0],
+        ),
     ] {
         let got = run_tabled(&tabled(vars, "t", 3), &x);
         for (x, g) in x.iter().zip(&got) {
@@ -1009,11 +1030,39 @@ fn frame_address_slot_attacks_are_refused_or_run_exactly() {
     let same = run_vec2(&original, &a, &b);
     let doubled = run_vec2(&original, &b, &b);
     for (what, edits, want) in [
-        ("a slot written through .local", vec![("st.u64 \t[%SP+8], %rd13;", "st.local.u64 \t[%SPL+8], %rd13;")], &same),
-        ("an address copied into another slot", vec![(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tst.u64 \t[%SP+32], %rd19;")], &same),
-        ("a nested scope shadowing a register", vec![("mov.b64 \t%rd13, %rd12;", "{\n\t.reg .b64 \t%rd12;\n\tmov.u64 \t%rd12, 0;\n\t}\n\tmov.b64 \t%rd13, %rd12;")], &same),
+        (
+            "a slot written through .local",
+            vec![(
+                "st.u64 \t[%SP+8], %rd13;",
+                "st.local.u64 \t[%SPL+8], %rd13;",
+            )],
+            &same,
+        ),
+        (
+            "an address copied into another slot",
+            vec![(
+                ld19,
+                "ld.u64 \t%rd19, [%SP+8];\n\tst.u64 \t[%SP+32], %rd19;",
+            )],
+            &same,
+        ),
+        (
+            "a nested scope shadowing a register",
+            vec![(
+                "mov.b64 \t%rd13, %rd12;",
+                "{\n\t.reg .b64 \t%rd12;\n\tmov.u64 \t%rd12, 0;\n\t}\n\tmov.b64 \t%rd13, %rd12;",
+            )],
+            &same,
+        ),
         // `a`'s address moved to `b`'s: b + b.
-        ("arithmetic inside the frame", vec![(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tadd.s64 \t%rd19, %rd19, 12;")], &doubled),
+        (
+            "arithmetic inside the frame",
+            vec![(
+                ld19,
+                "ld.u64 \t%rd19, [%SP+8];\n\tadd.s64 \t%rd19, %rd19, 12;",
+            )],
+            &doubled,
+        ),
     ] {
         let got = run_vec2(&vec2_with(&edits), &a, &b);
         assert_eq!(&got, want, "{what}");
@@ -1034,16 +1083,91 @@ fn split_attacks_are_refused_or_run_exactly() {
     let past = |op: &str, off: &str| format!("`{op}` may access byte offsets {off}");
     let b3 = "and.b32 \t%r9, %r4, 3;\n\tmov.u32 \t%r7, 0;";
     let cases: Vec<(&str, String, String)> = vec![
-        ("a bound grown in the loop", framed(16, b3, "add.s32 \t%r9, %r9, 1;", "lt.u32"), past("st.local.u32", "16..=16")),
-        ("a bound doubled in the loop", framed(16, b3, "shl.b32 \t%r9, %r9, 1;", "lt.u32"), past("st.local.u32", "16..=16")),
-        ("a bound set from data in the loop", framed(16, b3, "and.b32 \t%r9, %r4, 7;", "lt.u32"), past("st.local.u32", "16..=16")),
-        ("a bound from a load", framed(16, "ld.global.u32 \t%r9, [%rd9+4];\n\tmov.u32 \t%r7, 0;", "", "lt.u32"), past("st.local.u32", "16..=16")),
-        ("a negative bound read unsigned", framed(16, "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, -2;\n\tmov.u32 \t%r7, 0;", "", "lt.u32"), past("st.local.u32", "16..=16")),
-        ("a bound past the frame read signed", framed(16, "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, 2147483646;\n\tmov.u32 \t%r7, 0;", "", "lt.s32"), past("st.local.u32", "16..=16")),
-        ("an index one past on one value", framed(16, "and.b32 \t%r9, %r4, 3;\n\tadd.s32 \t%r7, %r9, 1;", "", "lt.u32"), past("ld.local.u32", "16..=16")),
-        ("neg of a split value, one past", framed(16, "and.b32 \t%r9, %r4, 3;\n\tneg.s32 \t%r10, %r9;\n\tadd.s32 \t%r7, %r10, 4;", "", "lt.u32"), past("ld.local.u32", "16..=16")),
-        ("max.u32 of a negative split value", framed(16, "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, -2;\n\tmax.u32 \t%r7, %r9, 0;", "", "lt.s32"), past("ld.local.u32", "17179869176..=17179869176")),
-        ("33 values, one slot past", framed(124, "and.b32 \t%r10, %r4, 63;\n\tmin.u32 \t%r9, %r10, 32;\n\tmov.u32 \t%r7, 0;", "", "lt.u32"), past("st.local.u32", "124..=124")),
+        (
+            "a bound grown in the loop",
+            framed(16, b3, "add.s32 \t%r9, %r9, 1;", "lt.u32"),
+            past("st.local.u32", "16..=16"),
+        ),
+        (
+            "a bound doubled in the loop",
+            framed(16, b3, "shl.b32 \t%r9, %r9, 1;", "lt.u32"),
+            past("st.local.u32", "16..=16"),
+        ),
+        (
+            "a bound set from data in the loop",
+            framed(16, b3, "and.b32 \t%r9, %r4, 7;", "lt.u32"),
+            past("st.local.u32", "16..=16"),
+        ),
+        (
+            "a bound from a load",
+            framed(
+                16,
+                "ld.global.u32 \t%r9, [%rd9+4];\n\tmov.u32 \t%r7, 0;",
+                "",
+                "lt.u32",
+            ),
+            past("st.local.u32", "16..=16"),
+        ),
+        (
+            "a negative bound read unsigned",
+            framed(
+                16,
+                "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, -2;\n\tmov.u32 \t%r7, 0;",
+                "",
+                "lt.u32",
+            ),
+            past("st.local.u32", "16..=16"),
+        ),
+        (
+            "a bound past the frame read signed",
+            framed(
+                16,
+                "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, 2147483646;\n\tmov.u32 \t%r7, 0;",
+                "",
+                "lt.s32",
+            ),
+            past("st.local.u32", "16..=16"),
+        ),
+        (
+            "an index one past on one value",
+            framed(
+                16,
+                "and.b32 \t%r9, %r4, 3;\n\tadd.s32 \t%r7, %r9, 1;",
+                "",
+                "lt.u32",
+            ),
+            past("ld.local.u32", "16..=16"),
+        ),
+        (
+            "neg of a split value, one past",
+            framed(
+                16,
+                "and.b32 \t%r9, %r4, 3;\n\tneg.s32 \t%r10, %r9;\n\tadd.s32 \t%r7, %r10, 4;",
+                "",
+                "lt.u32",
+            ),
+            past("ld.local.u32", "16..=16"),
+        ),
+        (
+            "max.u32 of a negative split value",
+            framed(
+                16,
+                "and.b32 \t%r10, %r4, 3;\n\tadd.s32 \t%r9, %r10, -2;\n\tmax.u32 \t%r7, %r9, 0;",
+                "",
+                "lt.s32",
+            ),
+            past("ld.local.u32", "17179869176..=17179869176"),
+        ),
+        (
+            "33 values, one slot past",
+            framed(
+                124,
+                "and.b32 \t%r10, %r4, 63;\n\tmin.u32 \t%r9, %r10, 32;\n\tmov.u32 \t%r7, 0;",
+                "",
+                "lt.u32",
+            ),
+            past("st.local.u32", "124..=124"),
+        ),
     ];
     for (what, text, why) in &cases {
         let (reason, explanation) = refusal(text, "framed");
@@ -1056,20 +1180,31 @@ fn split_attacks_are_refused_or_run_exactly() {
     let text = framed(16, call, "", "lt.u32").replacen(".visible .entry framed(", callee, 1);
     let (reason, explanation) = refusal(&text, "framed");
     assert_eq!(reason, "local_memory", "{explanation}");
-    assert!(explanation.contains("`ld.local.u32` may access byte offsets"), "{explanation}");
+    assert!(
+        explanation.contains("`ld.local.u32` may access byte offsets"),
+        "{explanation}"
+    );
     // The cost bound: twelve split registers in sequence.
     let mut many = String::new();
     for k in 0..12 {
         many.push_str(&format!("and.b32 \t%r{}, %r4, 3;\n\t", 20 + k));
     }
     for k in 0..6 {
-        many.push_str(&format!("setp.lt.u32 \t%p4, %r{}, %r{};\n\t", 20 + 2 * k, 21 + 2 * k));
+        many.push_str(&format!(
+            "setp.lt.u32 \t%p4, %r{}, %r{};\n\t",
+            20 + 2 * k,
+            21 + 2 * k
+        ));
     }
     let t = std::time::Instant::now();
-    let (reason, explanation) = refusal(&framed(16, &format!("{many}{b3}"), "", "lt.u32"), "framed");
+    let (reason, explanation) =
+        refusal(&framed(16, &format!("{many}{b3}"), "", "lt.u32"), "framed");
     eprintln!("twelve split registers: {reason} in {:?}", t.elapsed());
     assert_eq!(reason, "too_complex", "{explanation}");
-    assert!(explanation.contains("costs more than 3000000 state entries visited"), "{explanation}");
+    assert!(
+        explanation.contains("costs more than 3000000 state entries visited"),
+        "{explanation}"
+    );
     // Accepted: (frame bytes, prelude, loop extra, compare, reference of
     // (slots written, index) from x).
     type Reference = fn(u32) -> (u32, u32);
@@ -1091,7 +1226,11 @@ fn split_attacks_are_refused_or_run_exactly() {
         for (x, g) in x.iter().zip(&got) {
             let (written, index) = f(*x);
             assert!(index < size / 4, "{prelude}: index {index} past the frame");
-            let want = if index < written { x.wrapping_add(index) } else { 0 };
+            let want = if index < written {
+                x.wrapping_add(index)
+            } else {
+                0
+            };
             assert_eq!(*g, want, "{prelude} / {extra}: x = {x:#x}");
         }
     }
@@ -1141,12 +1280,38 @@ fn accepted_attacks_pass_the_canary_oracle() {
     let ld19 = "ld.u64 \t%rd19, [%SP+8];";
     let texts = [
         sret(none, none),
-        sret(("st.param.b32 \t[fr+8], %s1;", "st.param.b32 \t[fr+8], 7;\n\tst.param.b32 \t[fr+8], %s1;"), none),
-        carry_call("add.cc.u32 \t%s3, %s1, %s1;\n\taddc.u32 \t%s2, 0, 0;", "", "mov.b64 \t%rd20, {%r21, %r21};"),
-        vec2_with(&[("st.u64 \t[%SP+8], %rd13;", "st.local.u64 \t[%SPL+8], %rd13;")]),
-        vec2_with(&[(ld19, "ld.u64 \t%rd19, [%SP+8];\n\tadd.s64 \t%rd19, %rd19, 12;")]),
-        framed(16, "and.b32 \t%r9, %r4, 3;\n\tmov.u32 \t%r7, %r9;", "", "lt.u32"),
-        framed(128, "and.b32 \t%r10, %r4, 63;\n\tmin.u32 \t%r9, %r10, 32;\n\tmov.u32 \t%r7, 31;", "", "lt.u32"),
+        sret(
+            (
+                "st.param.b32 \t[fr+8], %s1;",
+                "st.param.b32 \t[fr+8], 7;\n\tst.param.b32 \t[fr+8], %s1;",
+            ),
+            none,
+        ),
+        carry_call(
+            "add.cc.u32 \t%s3, %s1, %s1;\n\taddc.u32 \t%s2, 0, 0;",
+            "",
+            "mov.b64 \t%rd20, {%r21, %r21};",
+        ),
+        vec2_with(&[(
+            "st.u64 \t[%SP+8], %rd13;",
+            "st.local.u64 \t[%SPL+8], %rd13;",
+        )]),
+        vec2_with(&[(
+            ld19,
+            "ld.u64 \t%rd19, [%SP+8];\n\tadd.s64 \t%rd19, %rd19, 12;",
+        )]),
+        framed(
+            16,
+            "and.b32 \t%r9, %r4, 3;\n\tmov.u32 \t%r7, %r9;",
+            "",
+            "lt.u32",
+        ),
+        framed(
+            128,
+            "and.b32 \t%r10, %r4, 63;\n\tmin.u32 \t%r9, %r10, 32;\n\tmov.u32 \t%r7, 31;",
+            "",
+            "lt.u32",
+        ),
         tabled(".global .align 4 .b8 t[16] = {1, 2, 3, 4, 5};", "t", 3),
     ];
     for text in &texts {
@@ -1164,8 +1329,29 @@ type Step = (String, Box<dyn Fn(&[u32]) -> u32>);
 /// A random integer step reading earlier registers `%r20..` (or x,
 /// `%r4`, as register 0) and writing `%r{20 + k}`.
 fn random_step(r: &mut rand::rngs::StdRng, k: usize) -> Step {
-    const C: [i64; 14] = [0, 1, 2, 3, 4, 5, 6, 31, -1, -2, -4, 0x7FFF_FFFF, -0x8000_0000, 0xFFFF_FFFC];
-    let reg = |j: usize| if j == 0 { "%r4".to_string() } else { format!("%r{}", 20 + j) };
+    const C: [i64; 14] = [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        31,
+        -1,
+        -2,
+        -4,
+        0x7FFF_FFFF,
+        -0x8000_0000,
+        0xFFFF_FFFC,
+    ];
+    let reg = |j: usize| {
+        if j == 0 {
+            "%r4".to_string()
+        } else {
+            format!("%r{}", 20 + j)
+        }
+    };
     let a = r.random_range(0..k);
     let b = r.random_range(0..k);
     let c = C[r.random_range(0..C.len())];
@@ -1174,23 +1360,56 @@ fn random_step(r: &mut rand::rngs::StdRng, k: usize) -> Step {
     let (ra, rb) = (reg(a), reg(b));
     let op = r.random_range(0..11);
     let (text, f): (String, Box<dyn Fn(&[u32]) -> u32>) = match op {
-        0 => (format!("and.b32 \t{d}, {ra}, {c};"), Box::new(move |v| v[a] & cu)),
-        1 => (format!("add.s32 \t{d}, {ra}, {c};"), Box::new(move |v| v[a].wrapping_add(cu))),
-        2 => (format!("sub.s32 \t{d}, {ra}, {rb};"), Box::new(move |v| v[a].wrapping_sub(v[b]))),
-        3 => (format!("neg.s32 \t{d}, {ra};"), Box::new(move |v| v[a].wrapping_neg())),
-        4 => (format!("min.s32 \t{d}, {ra}, {c};"), Box::new(move |v| (v[a] as i32).min(cu as i32) as u32)),
-        5 => (format!("min.u32 \t{d}, {ra}, {c};"), Box::new(move |v| v[a].min(cu))),
-        6 => (format!("max.s32 \t{d}, {ra}, {c};"), Box::new(move |v| (v[a] as i32).max(cu as i32) as u32)),
-        7 => (format!("max.u32 \t{d}, {ra}, {rb};"), Box::new(move |v| v[a].max(v[b]))),
+        0 => (
+            format!("and.b32 \t{d}, {ra}, {c};"),
+            Box::new(move |v| v[a] & cu),
+        ),
+        1 => (
+            format!("add.s32 \t{d}, {ra}, {c};"),
+            Box::new(move |v| v[a].wrapping_add(cu)),
+        ),
+        2 => (
+            format!("sub.s32 \t{d}, {ra}, {rb};"),
+            Box::new(move |v| v[a].wrapping_sub(v[b])),
+        ),
+        3 => (
+            format!("neg.s32 \t{d}, {ra};"),
+            Box::new(move |v| v[a].wrapping_neg()),
+        ),
+        4 => (
+            format!("min.s32 \t{d}, {ra}, {c};"),
+            Box::new(move |v| (v[a] as i32).min(cu as i32) as u32),
+        ),
+        5 => (
+            format!("min.u32 \t{d}, {ra}, {c};"),
+            Box::new(move |v| v[a].min(cu)),
+        ),
+        6 => (
+            format!("max.s32 \t{d}, {ra}, {c};"),
+            Box::new(move |v| (v[a] as i32).max(cu as i32) as u32),
+        ),
+        7 => (
+            format!("max.u32 \t{d}, {ra}, {rb};"),
+            Box::new(move |v| v[a].max(v[b])),
+        ),
         8 => {
             let s = (cu & 31).max(1);
-            (format!("shr.u32 \t{d}, {ra}, {s};"), Box::new(move |v| v[a] >> s))
+            (
+                format!("shr.u32 \t{d}, {ra}, {s};"),
+                Box::new(move |v| v[a] >> s),
+            )
         }
         9 => {
             let s = (cu & 31).max(1);
-            (format!("shr.s32 \t{d}, {ra}, {s};"), Box::new(move |v| ((v[a] as i32) >> s) as u32))
+            (
+                format!("shr.s32 \t{d}, {ra}, {s};"),
+                Box::new(move |v| ((v[a] as i32) >> s) as u32),
+            )
         }
-        _ => (format!("min.s32 \t{d}, {ra}, {rb};"), Box::new(move |v| (v[a] as i32).min(v[b] as i32) as u32)),
+        _ => (
+            format!("min.s32 \t{d}, {ra}, {rb};"),
+            Box::new(move |v| (v[a] as i32).min(v[b] as i32) as u32),
+        ),
     };
     (text, f)
 }
@@ -1204,7 +1423,21 @@ fn random_step(r: &mut rand::rngs::StdRng, k: usize) -> Step {
 #[test]
 fn random_index_chains_are_inside_or_refused() {
     let mut r = rng("index chains");
-    let mut xs: Vec<u32> = vec![0, 1, 2, 3, 4, 5, 0x7FFF_FFFF, 0x8000_0000, 0x8000_0001, u32::MAX, u32::MAX - 1, u32::MAX - 3, 0xFFFF_FFFC];
+    let mut xs: Vec<u32> = vec![
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        0x7FFF_FFFF,
+        0x8000_0000,
+        0x8000_0001,
+        u32::MAX,
+        u32::MAX - 1,
+        u32::MAX - 3,
+        0xFFFF_FFFC,
+    ];
     for c in [31u32, 6, 0x7FFF_FFFE, 0xFFFF_FFFB] {
         xs.extend([c.wrapping_sub(1), c, c.wrapping_add(1)]);
     }
@@ -1223,27 +1456,48 @@ fn random_index_chains_are_inside_or_refused() {
                 0 => {
                     let (c1, c2) = (pick(&mut r, &[2, 3, 4]), pick(&mut r, &[0, -1, 1]));
                     vec![
-                        (format!("min.s32 \t%r{k}, {a}, {c1};"), Box::new(move |v: &[u32]| (v[m] as i32).min(c1) as u32)),
-                        (format!("max.s32 \t%r{}, %r{k}, {c2};", k + 1), Box::new(move |v: &[u32]| (v[m + 1] as i32).max(c2) as u32)),
+                        (
+                            format!("min.s32 \t%r{k}, {a}, {c1};"),
+                            Box::new(move |v: &[u32]| (v[m] as i32).min(c1) as u32),
+                        ),
+                        (
+                            format!("max.s32 \t%r{}, %r{k}, {c2};", k + 1),
+                            Box::new(move |v: &[u32]| (v[m + 1] as i32).max(c2) as u32),
+                        ),
                     ]
                 }
                 1 => {
                     let c = pick(&mut r, &[3, 4]) as u32;
-                    vec![(format!("min.u32 \t%r{k}, {a}, {c};"), Box::new(move |v: &[u32]| v[m].min(c)))]
+                    vec![(
+                        format!("min.u32 \t%r{k}, {a}, {c};"),
+                        Box::new(move |v: &[u32]| v[m].min(c)),
+                    )]
                 }
                 2 => {
                     let c = pick(&mut r, &[3, 7]) as u32;
-                    vec![(format!("and.b32 \t%r{k}, {a}, {c};"), Box::new(move |v: &[u32]| v[m] & c))]
+                    vec![(
+                        format!("and.b32 \t%r{k}, {a}, {c};"),
+                        Box::new(move |v: &[u32]| v[m] & c),
+                    )]
                 }
                 3 => {
                     let c = pick(&mut r, &[29, 30]) as u32;
-                    vec![(format!("shr.u32 \t%r{k}, {a}, {c};"), Box::new(move |v: &[u32]| v[m] >> c))]
+                    vec![(
+                        format!("shr.u32 \t%r{k}, {a}, {c};"),
+                        Box::new(move |v: &[u32]| v[m] >> c),
+                    )]
                 }
                 _ => {
                     let (c1, c2) = (pick(&mut r, &[0, -1, 1]), pick(&mut r, &[2, 3, 4]));
                     vec![
-                        (format!("max.s32 \t%r{k}, {a}, {c1};"), Box::new(move |v: &[u32]| (v[m] as i32).max(c1) as u32)),
-                        (format!("min.s32 \t%r{}, %r{k}, {c2};", k + 1), Box::new(move |v: &[u32]| (v[m + 1] as i32).min(c2) as u32)),
+                        (
+                            format!("max.s32 \t%r{k}, {a}, {c1};"),
+                            Box::new(move |v: &[u32]| (v[m] as i32).max(c1) as u32),
+                        ),
+                        (
+                            format!("min.s32 \t%r{}, %r{k}, {c2};", k + 1),
+                            Box::new(move |v: &[u32]| (v[m + 1] as i32).min(c2) as u32),
+                        ),
                     ]
                 }
             };
@@ -1254,7 +1508,9 @@ fn random_index_chains_are_inside_or_refused() {
         let bounded = r.random_bool(0.5);
         let mut prelude: String = steps.iter().map(|(t, _)| format!("{t}\n\t")).collect();
         if bounded {
-            prelude.push_str(&format!("min.u32 \t%r9, {last}, 4;\n\tmov.u32 \t%r7, {last};"));
+            prelude.push_str(&format!(
+                "min.u32 \t%r9, {last}, 4;\n\tmov.u32 \t%r7, {last};"
+            ));
         } else {
             prelude.push_str(&format!("mov.u32 \t%r9, 4;\n\tmov.u32 \t%r7, {last};"));
         }
@@ -1273,8 +1529,15 @@ fn random_index_chains_are_inside_or_refused() {
             }
             let index = v[n];
             let written = if bounded { index.min(4) } else { 4 };
-            assert!(index < 4, "accepted with index {index} at x = {x:#x}:\n\t{prelude}");
-            let want = if index < written { x.wrapping_add(index) } else { 0 };
+            assert!(
+                index < 4,
+                "accepted with index {index} at x = {x:#x}:\n\t{prelude}"
+            );
+            let want = if index < written {
+                x.wrapping_add(index)
+            } else {
+                0
+            };
             assert_eq!(*g, want, "x = {x:#x}:\n\t{prelude}");
         }
     }
