@@ -61,6 +61,10 @@ pub const MAX_STEPS: usize = 200_000;
 /// largest accepted kernel of the corpus, an inlined `sinf`, costs about
 /// 850 000.)
 pub const MAX_COST: usize = 3_000_000;
+/// The most work each of the two backward analyses (which registers a
+/// compare may read, which may be read again) may do, in bitset words
+/// visited.
+pub const MAX_LIVENESS_COST: usize = 3_000_000;
 /// Visits of one label before what changes there is forgotten.
 pub const UNROLL: usize = 64;
 /// The most strided intervals one value keeps.
@@ -488,7 +492,7 @@ fn backward(
     labels: &HashMap<&str, usize>,
     regs: &mut Regs,
     uses: impl Fn(&Instr, &Bits, &Bits) -> bool,
-) -> (Vec<Bits>, Vec<Bits>) {
+) -> Result<(Vec<Bits>, Vec<Bits>), PtxError> {
     let n = body.len();
     // Per statement: (what it writes, what it reads).
     let mut rw: Vec<(Bits, Bits)> = Vec::with_capacity(n);
@@ -513,41 +517,66 @@ fn backward(
         rw.push((w, r));
     }
     let succ: Vec<Vec<usize>> = (0..n).map(|pc| successors(body, labels, pc)).collect();
-    let mut live_in: Vec<Bits> = vec![Bits::default(); n];
-    let mut live_out: Vec<Bits> = vec![Bits::default(); n];
-    loop {
-        let mut changed = false;
-        for pc in (0..n).rev() {
-            let mut out = Bits::default();
-            for &s in &succ[pc] {
-                out.union(&live_in[s]);
+    let mut pred: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (pc, ss) in succ.iter().enumerate() {
+        for &s in ss {
+            if let Some(p) = pred.get_mut(s) {
+                p.push(pc);
             }
-            let mut inn = out.clone();
-            if let Stmt::Instr(i) = &body[pc] {
-                let (w, r) = &rw[pc];
-                if i.guard.is_none() {
-                    for (k, word) in w.0.iter().enumerate() {
-                        for b in 0..64 {
-                            if word >> b & 1 == 1 {
-                                inn.remove(k * 64 + b);
-                            }
-                        }
-                    }
-                }
-                if uses(i, w, &out) {
-                    inn.union(r);
-                }
-            }
-            if inn != live_in[pc] {
-                live_in[pc] = inn;
-                changed = true;
-            }
-            live_out[pc] = out;
-        }
-        if !changed {
-            return (live_in, live_out);
         }
     }
+    let mut live_in: Vec<Bits> = vec![Bits::default(); n];
+    let mut live_out: Vec<Bits> = vec![Bits::default(); n];
+    // A worklist, last statement first: a statement is visited again only
+    // when what a successor wants changed, and the words visited are
+    // counted (a chain of back edges made the rounds of a plain iteration
+    // cubic in the body: 2 000 of them took minutes).
+    let words = regs.0.len() / 64 + 1;
+    let mut cost = 0usize;
+    let mut queued = vec![true; n];
+    let mut work: Vec<usize> = (0..n).collect();
+    while let Some(pc) = work.pop() {
+        queued[pc] = false;
+        cost = cost.saturating_add((succ[pc].len() + 2) * words);
+        if cost > MAX_LIVENESS_COST {
+            return Err(refuse(
+                SubReason::TooComplex,
+                0,
+                format!(
+                    "the registers' liveness for the local frame's proof costs more than {MAX_LIVENESS_COST} words visited"
+                ),
+            ));
+        }
+        let mut out = Bits::default();
+        for &s in &succ[pc] {
+            out.union(&live_in[s]);
+        }
+        let mut inn = out.clone();
+        if let Stmt::Instr(i) = &body[pc] {
+            let (w, r) = &rw[pc];
+            if i.guard.is_none() {
+                for (k, word) in w.0.iter().enumerate() {
+                    if let Some(x) = inn.0.get_mut(k) {
+                        *x &= !word;
+                    }
+                }
+            }
+            if uses(i, w, &out) {
+                inn.union(r);
+            }
+        }
+        live_out[pc] = out;
+        if inn != live_in[pc] {
+            live_in[pc] = inn;
+            for &p in &pred[pc] {
+                if !queued[p] {
+                    queued[p] = true;
+                    work.push(p);
+                }
+            }
+        }
+    }
+    Ok((live_in, live_out))
 }
 
 /// Per statement, the registers whose value after it a register-to-register
@@ -559,7 +588,11 @@ fn backward(
 /// loop bounded by another register (the Payne-Hanek loop of double `sin`:
 /// `i` from `15 - e` while `i < 19 - e`) becomes a loop with constant
 /// bounds on each path.
-fn split_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Vec<Bits> {
+fn split_registers(
+    body: &[Stmt],
+    labels: &HashMap<&str, usize>,
+    regs: &mut Regs,
+) -> Result<Vec<Bits>, PtxError> {
     backward(body, labels, regs, |i, w, out| {
         let parts: Vec<&str> = i.opcode.split('.').collect();
         let compare = parts.first() == Some(&"setp")
@@ -570,15 +603,19 @@ fn split_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs
         written.0.truncate(out.0.len());
         compare || written.any()
     })
-    .1
+    .map(|b| b.1)
 }
 
 /// Per statement, the registers that may be read after control reaches
 /// it before being written: what a state at a label keeps (a value no
 /// path reads again cannot change what the proof concludes, and states
 /// that differ only there are one).
-fn live_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Vec<Bits> {
-    backward(body, labels, regs, |_, _, _| true).0
+fn live_registers(
+    body: &[Stmt],
+    labels: &HashMap<&str, usize>,
+    regs: &mut Regs,
+) -> Result<Vec<Bits>, PtxError> {
+    backward(body, labels, regs, |_, _, _| true).map(|b| b.0)
 }
 
 fn type_bits(ty: &str) -> Option<u32> {
@@ -2009,8 +2046,8 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
     }
     let regs = register_widths(body);
     let mut numbers = Regs::default();
-    let split = split_registers(body, &labels, &mut numbers);
-    let live = live_registers(body, &labels, &mut numbers);
+    let split = split_registers(body, &labels, &mut numbers)?;
+    let live = live_registers(body, &labels, &mut numbers)?;
     let mut prover = Prover {
         body,
         frame: &frame,
