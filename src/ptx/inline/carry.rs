@@ -165,7 +165,7 @@ fn expand(i: &Instr) -> Option<Vec<Instr>> {
 
 /// The statements control may reach next from `body[k]`: a branch's
 /// target (and the next statement when it is predicated), nothing after
-/// an unpredicated `ret`/`exit`, every label after `brx.idx`.
+/// an unpredicated `ret`/`exit`/`brx`.
 fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, k: usize) -> Vec<usize> {
     let Some(Stmt::Instr(i)) = body.get(k) else {
         return vec![k + 1];
@@ -178,8 +178,9 @@ fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, k: usize) -> Vec<usi
                 out.extend(labels.get(l.as_str()));
             }
         }
-        "brx" => out.extend(labels.values()),
-        "ret" | "exit" => {}
+        // `brx.idx` (which the verifier's table refuses anyway) and
+        // `ret`/`exit` end the path here.
+        "brx" | "ret" | "exit" => {}
         _ => return vec![k + 1],
     }
     if i.guard.is_some() {

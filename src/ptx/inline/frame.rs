@@ -450,11 +450,6 @@ impl Bits {
         }
         self.0[k / 64] |= 1 << (k % 64);
     }
-    fn remove(&mut self, k: usize) {
-        if let Some(w) = self.0.get_mut(k / 64) {
-            *w &= !(1 << (k % 64));
-        }
-    }
     fn union(&mut self, o: &Bits) {
         if self.0.len() < o.0.len() {
             self.0.resize(o.0.len(), 0);
