@@ -91,6 +91,7 @@ pub fn inline_calls(module: &mut Module, symbol: &str) -> Result<(), PtxError> {
     if !body.iter().any(is_call) {
         return Ok(());
     }
+    carry::check_not_across_calls(body, symbol)?;
     let mut inliner = Inliner {
         module,
         stack: vec![symbol.to_string()],
@@ -704,6 +705,7 @@ impl<'m> Inliner<'m> {
         line: u32,
     ) -> Result<Vec<Stmt>, PtxError> {
         let raw = f.body.as_deref().unwrap_or_default();
+        carry::check_not_across_calls(raw, &f.name)?;
         self.stack.push(f.name.clone());
         let inner = self.body(raw);
         self.stack.pop();

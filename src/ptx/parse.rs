@@ -185,6 +185,10 @@ pub const MAX_TOKENS: usize = 1 << 19;
 
 /// The most instructions a module may have, over all its functions.
 pub const MAX_INSTRUCTIONS: usize = 1 << 15;
+/// The most bytes of integer initializers a module keeps, zero padding
+/// included, over all its variables (past it, an initializer is dropped,
+/// as one that does not fit its variable is).
+pub const MAX_INITIALIZER: usize = 1 << 16;
 
 /// A module too large to analyse within the bounds: a `too_complex`
 /// refusal, like the verifier's own.
@@ -375,7 +379,8 @@ pub struct Variable {
     /// Its size in bytes, for a scalar or array of a sized type.
     pub bytes: Option<u64>,
     /// Its initializer as little-endian bytes, for an array of an integer
-    /// type initialized with a flat list of integer literals that fills it.
+    /// type initialized with a flat list of integer literals that fits it
+    /// (zero-padded to its size; within [`MAX_INITIALIZER`] per module).
     pub init: Option<Vec<u8>>,
 }
 
@@ -402,6 +407,9 @@ struct Parser<'a> {
     pos: usize,
     /// Instructions parsed so far, in every function.
     instructions: usize,
+    /// Initializer bytes kept so far, zero padding included, in every
+    /// variable (at most [`MAX_INITIALIZER`]).
+    initialized: usize,
     /// Position reported at end of input.
     end: (u32, u32),
 }
@@ -413,6 +421,7 @@ pub fn parse(text: &str) -> Result<Module, PtxError> {
     let mut p = Parser {
         toks,
         pos: 0,
+        initialized: 0,
         instructions: 0,
         end: (end_line, 1),
     };
@@ -659,7 +668,7 @@ impl<'a> Parser<'a> {
                 let v = if neg { t.int.wrapping_neg() } else { t.int };
                 self.pos += 1;
                 out.extend_from_slice(&v.to_le_bytes()[..e]);
-                if out.len() > 1 << 16 {
+                if out.len() > MAX_INITIALIZER {
                     return None;
                 }
                 if self.eat_punct(b'}') {
@@ -719,11 +728,19 @@ impl<'a> Parser<'a> {
         // An initializer counts only when it fits the variable; a shorter
         // one is padded with zeros (PTX ISA 5.4.4: initializers may be
         // incomplete, as NVVM emits them, trailing zeros left out).
+        // The padding is bounded over the module (a declared size is the
+        // client's: `.global .b8 t[1 << 40] = {1}`, or many such, must not
+        // allocate what the text does not hold); past the bound a variable
+        // keeps no initializer, as one that does not fit it.
+        let room = MAX_INITIALIZER.saturating_sub(self.initialized);
         let init = init.and_then(|mut b: Vec<u8>| {
-            let n = usize::try_from(bytes?).ok().filter(|n| b.len() <= *n)?;
+            let n = usize::try_from(bytes?)
+                .ok()
+                .filter(|n| b.len() <= *n && *n <= room)?;
             b.resize(n, 0);
             Some(b)
         });
+        self.initialized += init.as_ref().map_or(0, Vec::len);
         Ok((name, bytes, init))
     }
 

@@ -20,6 +20,7 @@ mod red_team;
 mod red_team2;
 mod review_attacks;
 mod review_attacks2;
+mod review_attacks3;
 mod strided;
 mod struct_returns;
 mod triton;

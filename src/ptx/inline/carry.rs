@@ -23,7 +23,10 @@
 //! at another type, or predicated, is left as it is (and refused by the
 //! verifier's table, which models no carry).
 
+use std::collections::HashMap;
+
 use super::super::parse::{Imm, Instr, Module, Operand, Stmt};
+use super::super::{PtxError, SubReason};
 
 /// The prefix of the registers this lowering declares.
 const PREFIX: &str = "%__cy";
@@ -158,6 +161,107 @@ fn expand(i: &Instr) -> Option<Vec<Instr>> {
     };
     out.push(mk(format!("mov.{u}"), vec![d.clone(), result]));
     Some(out)
+}
+
+/// The statements control may reach next from `body[k]`: a branch's
+/// target (and the next statement when it is predicated), nothing after
+/// an unpredicated `ret`/`exit`/`brx`.
+fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, k: usize) -> Vec<usize> {
+    let Some(Stmt::Instr(i)) = body.get(k) else {
+        return vec![k + 1];
+    };
+    let op = i.opcode.split('.').next().unwrap_or_default();
+    let mut out = Vec::new();
+    match op {
+        "bra" => {
+            if let Some(Operand::Name(l)) = i.operands.first() {
+                out.extend(labels.get(l.as_str()));
+            }
+        }
+        // `brx.idx` (which the verifier's table refuses anyway) and
+        // `ret`/`exit` end the path here.
+        "brx" | "ret" | "exit" => {}
+        _ => return vec![k + 1],
+    }
+    if i.guard.is_some() {
+        out.push(k + 1);
+    }
+    out
+}
+
+/// Refuses a carry read in the body of `function` (before inlining) where,
+/// on some path to it, no unpredicated `.cc` instruction of this body
+/// wrote the flag since the function's entry or since the last `call`:
+/// PTX does not preserve `CC.CF` across calls (ISA 9.7.2, extended
+/// precision arithmetic), so a callee reading its caller's carry, or a
+/// caller reading a carry across a call, reads an undefined flag. After
+/// inlining the lowered flag is one register, which would carry the value
+/// across and give that read a meaning the GPU does not; refused
+/// `undefined_register`, naming the read. Only `.cc` instructions write
+/// the flag (ISA 9.7.2); every other instruction leaves it.
+pub fn check_not_across_calls(body: &[Stmt], function: &str) -> Result<(), PtxError> {
+    let reads = |s: &Stmt| match s {
+        Stmt::Instr(i) => carry_parts(&i.opcode).is_some_and(|p| p.3),
+        _ => false,
+    };
+    if !body.iter().any(reads) {
+        return Ok(());
+    }
+    let labels: HashMap<&str, usize> = body
+        .iter()
+        .enumerate()
+        .filter_map(|(k, s)| match s {
+            Stmt::Label { name, .. } => Some((name.as_str(), k)),
+            _ => None,
+        })
+        .collect();
+    // written[k]: on every path into `body[k]` seen so far, a `.cc`
+    // instruction wrote the flag since the entry or the last call; `None`
+    // while no path reaches it. Values only fall (None, true, false), so
+    // the worklist ends.
+    let mut written: Vec<Option<bool>> = vec![None; body.len() + 1];
+    written[0] = Some(false);
+    let mut work = vec![0usize];
+    while let Some(k) = work.pop() {
+        let Some(here) = written.get(k).copied().flatten() else {
+            continue;
+        };
+        let after = match body.get(k) {
+            Some(Stmt::Instr(i)) if i.opcode == "call" || i.opcode.starts_with("call.") => false,
+            Some(Stmt::Instr(i)) => match carry_parts(&i.opcode) {
+                Some((_, _, true, _, _)) if i.guard.is_none() => true,
+                _ => here,
+            },
+            Some(_) => here,
+            None => continue,
+        };
+        for next in successors(body, &labels, k) {
+            let Some(slot) = written.get_mut(next) else {
+                continue;
+            };
+            let joined = Some(slot.map_or(after, |w| w && after));
+            if *slot != joined {
+                *slot = joined;
+                work.push(next);
+            }
+        }
+    }
+    for (k, s) in body.iter().enumerate() {
+        if let Stmt::Instr(i) = s {
+            if reads(s) && written[k] == Some(false) {
+                return Err(PtxError::NonScalarAbi {
+                    sub_reason: SubReason::UndefinedRegister.as_str(),
+                    param: None,
+                    line: Some(i.line),
+                    explanation: format!(
+                        "`{}` in `{function}` reads the carry flag, which no `.cc` instruction of `{function}` wrote since its entry or its last call on some path to it: PTX does not preserve the carry across calls",
+                        i.opcode
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Rewrites every carry instruction of entry `symbol` (after inlining) as

@@ -61,6 +61,10 @@ pub const MAX_STEPS: usize = 200_000;
 /// largest accepted kernel of the corpus, an inlined `sinf`, costs about
 /// 850 000.)
 pub const MAX_COST: usize = 3_000_000;
+/// The most work each of the two backward analyses (which registers a
+/// compare may read, which may be read again) may do, in bitset words
+/// visited.
+pub const MAX_LIVENESS_COST: usize = 3_000_000;
 /// Visits of one label before what changes there is forgotten.
 pub const UNROLL: usize = 64;
 /// The most strided intervals one value keeps.
@@ -68,6 +72,42 @@ const MAX_PARTS: usize = 4;
 /// The most values a register feeding a register-to-register compare is
 /// split into (one path per value).
 pub const MAX_SPLIT: i128 = 32;
+
+/// A frame's generic address (`cvta.local` of its local-window one) is
+/// held in the domain as its offset plus `GENERIC`, so that the two
+/// windows never meet: a `.local` access through a generic address, a
+/// generic access through a local-window address, or a `cvta.local` of an
+/// address already generic (each of which the GPU runs against other
+/// memory) is told apart and refused, not proved as the frame's bytes.
+const GENERIC: i128 = 1 << 40;
+/// How far from its window's base an offset may be to be told in it.
+const WINDOW: i128 = 1 << 39;
+
+/// The window every offset of `s` lies in: `Some(true)` generic,
+/// `Some(false)` local, `None` neither (mixed, or unbounded).
+fn window(s: &Set) -> Option<bool> {
+    if s.iter().all(|p| p.lo > -WINDOW && p.hi < WINDOW) {
+        Some(false)
+    } else if s
+        .iter()
+        .all(|p| p.lo > GENERIC - WINDOW && p.hi < GENERIC + WINDOW)
+    {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// `s` moved by `by`.
+fn shifted(s: &Set, by: i128) -> Set {
+    s.iter()
+        .map(|p| Si {
+            lo: p.lo + by,
+            hi: p.hi + by,
+            stride: p.stride,
+        })
+        .collect()
+}
 
 /// `lo..=hi` in steps of `stride` (`stride == 0` iff `lo == hi`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -410,11 +450,6 @@ impl Bits {
         }
         self.0[k / 64] |= 1 << (k % 64);
     }
-    fn remove(&mut self, k: usize) {
-        if let Some(w) = self.0.get_mut(k / 64) {
-            *w &= !(1 << (k % 64));
-        }
-    }
     fn union(&mut self, o: &Bits) {
         if self.0.len() < o.0.len() {
             self.0.resize(o.0.len(), 0);
@@ -452,7 +487,7 @@ fn backward(
     labels: &HashMap<&str, usize>,
     regs: &mut Regs,
     uses: impl Fn(&Instr, &Bits, &Bits) -> bool,
-) -> (Vec<Bits>, Vec<Bits>) {
+) -> Result<(Vec<Bits>, Vec<Bits>), PtxError> {
     let n = body.len();
     // Per statement: (what it writes, what it reads).
     let mut rw: Vec<(Bits, Bits)> = Vec::with_capacity(n);
@@ -477,41 +512,66 @@ fn backward(
         rw.push((w, r));
     }
     let succ: Vec<Vec<usize>> = (0..n).map(|pc| successors(body, labels, pc)).collect();
-    let mut live_in: Vec<Bits> = vec![Bits::default(); n];
-    let mut live_out: Vec<Bits> = vec![Bits::default(); n];
-    loop {
-        let mut changed = false;
-        for pc in (0..n).rev() {
-            let mut out = Bits::default();
-            for &s in &succ[pc] {
-                out.union(&live_in[s]);
+    let mut pred: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (pc, ss) in succ.iter().enumerate() {
+        for &s in ss {
+            if let Some(p) = pred.get_mut(s) {
+                p.push(pc);
             }
-            let mut inn = out.clone();
-            if let Stmt::Instr(i) = &body[pc] {
-                let (w, r) = &rw[pc];
-                if i.guard.is_none() {
-                    for (k, word) in w.0.iter().enumerate() {
-                        for b in 0..64 {
-                            if word >> b & 1 == 1 {
-                                inn.remove(k * 64 + b);
-                            }
-                        }
-                    }
-                }
-                if uses(i, w, &out) {
-                    inn.union(r);
-                }
-            }
-            if inn != live_in[pc] {
-                live_in[pc] = inn;
-                changed = true;
-            }
-            live_out[pc] = out;
-        }
-        if !changed {
-            return (live_in, live_out);
         }
     }
+    let mut live_in: Vec<Bits> = vec![Bits::default(); n];
+    let mut live_out: Vec<Bits> = vec![Bits::default(); n];
+    // A worklist, last statement first: a statement is visited again only
+    // when what a successor wants changed, and the words visited are
+    // counted (a chain of back edges made the rounds of a plain iteration
+    // cubic in the body: 2 000 of them took minutes).
+    let words = regs.0.len() / 64 + 1;
+    let mut cost = 0usize;
+    let mut queued = vec![true; n];
+    let mut work: Vec<usize> = (0..n).collect();
+    while let Some(pc) = work.pop() {
+        queued[pc] = false;
+        cost = cost.saturating_add((succ[pc].len() + 2) * words);
+        if cost > MAX_LIVENESS_COST {
+            return Err(refuse(
+                SubReason::TooComplex,
+                0,
+                format!(
+                    "the registers' liveness for the local frame's proof costs more than {MAX_LIVENESS_COST} words visited"
+                ),
+            ));
+        }
+        let mut out = Bits::default();
+        for &s in &succ[pc] {
+            out.union(&live_in[s]);
+        }
+        let mut inn = out.clone();
+        if let Stmt::Instr(i) = &body[pc] {
+            let (w, r) = &rw[pc];
+            if i.guard.is_none() {
+                for (k, word) in w.0.iter().enumerate() {
+                    if let Some(x) = inn.0.get_mut(k) {
+                        *x &= !word;
+                    }
+                }
+            }
+            if uses(i, w, &out) {
+                inn.union(r);
+            }
+        }
+        live_out[pc] = out;
+        if inn != live_in[pc] {
+            live_in[pc] = inn;
+            for &p in &pred[pc] {
+                if !queued[p] {
+                    queued[p] = true;
+                    work.push(p);
+                }
+            }
+        }
+    }
+    Ok((live_in, live_out))
 }
 
 /// Per statement, the registers whose value after it a register-to-register
@@ -523,7 +583,11 @@ fn backward(
 /// loop bounded by another register (the Payne-Hanek loop of double `sin`:
 /// `i` from `15 - e` while `i < 19 - e`) becomes a loop with constant
 /// bounds on each path.
-fn split_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Vec<Bits> {
+fn split_registers(
+    body: &[Stmt],
+    labels: &HashMap<&str, usize>,
+    regs: &mut Regs,
+) -> Result<Vec<Bits>, PtxError> {
     backward(body, labels, regs, |i, w, out| {
         let parts: Vec<&str> = i.opcode.split('.').collect();
         let compare = parts.first() == Some(&"setp")
@@ -534,15 +598,19 @@ fn split_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs
         written.0.truncate(out.0.len());
         compare || written.any()
     })
-    .1
+    .map(|b| b.1)
 }
 
 /// Per statement, the registers that may be read after control reaches
 /// it before being written: what a state at a label keeps (a value no
 /// path reads again cannot change what the proof concludes, and states
 /// that differ only there are one).
-fn live_registers(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Vec<Bits> {
-    backward(body, labels, regs, |_, _, _| true).0
+fn live_registers(
+    body: &[Stmt],
+    labels: &HashMap<&str, usize>,
+    regs: &mut Regs,
+) -> Result<Vec<Bits>, PtxError> {
+    backward(body, labels, regs, |_, _, _| true).map(|b| b.0)
 }
 
 fn type_bits(ty: &str) -> Option<u32> {
@@ -636,6 +704,32 @@ fn halves(s: &Set) -> (Option<Set>, Set) {
 impl<'b> Prover<'b> {
     fn err(&self, line: u32, why: String) -> PtxError {
         refuse(SubReason::LocalMemory, line, why)
+    }
+
+    /// The frame offsets `s` an access of `space` (`local` or generic)
+    /// reaches: a generic address's, less `GENERIC`, for a generic access;
+    /// a local-window address's for a `.local` one; an address of the
+    /// other window is refused (the GPU would access other memory). A set
+    /// of neither window is left as it is (no offset of it is inside).
+    fn in_window(&self, i: &Instr, s: Set, space: &str) -> Result<Set, PtxError> {
+        match (window(&s), space) {
+            (Some(true), "") => Ok(shifted(&s, -GENERIC)),
+            (Some(true), _) => Err(self.err(
+                i.line,
+                format!(
+                    "`{}` accesses the local frame `{}` in the local window through its generic address (`cvta.local` of it)",
+                    i.opcode, self.frame
+                ),
+            )),
+            (Some(false), "") => Err(self.err(
+                i.line,
+                format!(
+                    "`{}` accesses the local frame `{}` as generic memory through its local-window address (not `cvta.local` of it)",
+                    i.opcode, self.frame
+                ),
+            )),
+            _ => Ok(s),
+        }
     }
 
     fn value(&self, st: &State, o: &Operand, bits: u32) -> Av {
@@ -886,7 +980,17 @@ impl<'b> Prover<'b> {
                 base: AddrBase::Name(n),
                 offset,
             }) if wide => match self.value(st, &Operand::Name(n.clone()), 64) {
-                Av::Frame(s) if s.len() == 1 && s[0].stride == 0 => s[0].lo + i128::from(*offset),
+                // In the window of the access's space only (else it is
+                // refused as an access).
+                Av::Frame(s) if s.len() == 1 && s[0].stride == 0 => {
+                    let generic = mem_parts(&i.opcode).is_some_and(|m| m.1.is_empty());
+                    match window(&s) {
+                        Some(g) if g == generic => {
+                            s[0].lo - if generic { GENERIC } else { 0 } + i128::from(*offset)
+                        }
+                        _ => return Ok(false),
+                    }
+                }
                 _ => return Ok(false),
             },
             _ => return Ok(false),
@@ -1006,6 +1110,9 @@ impl<'b> Prover<'b> {
                     base: AddrBase::Name(n),
                     offset,
                 }) => match self.value(st, &Operand::Name(n.clone()), 64) {
+                    Av::Frame(s) if matches!(space, "local" | "") => {
+                        (Some((self.in_window(i, s, space)?, *offset)), None)
+                    }
                     Av::Frame(s) => (Some((s, *offset)), None),
                     Av::Table(k, s) => (None, Some((k, s, *offset))),
                     _ => (None, None),
@@ -1139,6 +1246,19 @@ impl<'b> Prover<'b> {
                 if is_cvta && parts.get(1) != Some(&"local") {
                     self.escapes(st, i, a)?;
                     Some(Av::Top)
+                } else if let (true, Av::Frame(f)) = (is_cvta, self.value(st, a, bits)) {
+                    // `cvta.local`: the local-window address made generic;
+                    // of an address already generic, other memory.
+                    if window(&f) != Some(false) {
+                        return Err(self.err(
+                            i.line,
+                            format!(
+                                "`{}` converts an address of the local frame `{}` that is not its local-window address",
+                                i.opcode, self.frame
+                            ),
+                        ));
+                    }
+                    Some(Av::Frame(shifted(&f, GENERIC)))
                 } else {
                     Some(match self.value(st, a, bits) {
                         Av::Mag { bits: fb, lo, hi }
@@ -1921,8 +2041,8 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
     }
     let regs = register_widths(body);
     let mut numbers = Regs::default();
-    let split = split_registers(body, &labels, &mut numbers);
-    let live = live_registers(body, &labels, &mut numbers);
+    let split = split_registers(body, &labels, &mut numbers)?;
+    let live = live_registers(body, &labels, &mut numbers)?;
     let mut prover = Prover {
         body,
         frame: &frame,
