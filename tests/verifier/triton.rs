@@ -505,8 +505,15 @@ fn the_triton_oracle_catches_a_footprint_one_element_short() {
                 .is_err()
         });
         assert!(caught, "{file}");
-        // And the full grant is clean.
-        assert!(super::support::mutants::triton_oracle(&c.text, entry, &mut r).unwrap());
+        // And the full grant is clean: never an escape, and judged in
+        // bounds for some launch (a random count whose preconditions do not
+        // hold, such as 2^31 - 1 rounded up past `index_fits_i32`, is not
+        // judged at all: `Ok(false)`).
+        let mut judged = false;
+        for _ in 0..40 {
+            judged |= super::support::mutants::triton_oracle(&c.text, entry, &mut r).unwrap();
+        }
+        assert!(judged, "{file}: no launch judged");
     }
 }
 
