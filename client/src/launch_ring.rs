@@ -273,7 +273,7 @@ impl LaunchRing {
     ) -> Result<Descriptor, Error> {
         let ticket = self.next_ticket;
         self.next_ticket = self.next_ticket.wrapping_add(1);
-        Descriptor::new(ticket, kernel.state().ring_index, inputs, output, n)
+        Descriptor::new(ticket, kernel.ring_index(), inputs, output, n)
             .and_then(|d| d.with_scalars(scalars))
             .map_err(|e| Error::InvalidInput(e.to_string()))
     }

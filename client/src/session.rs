@@ -741,6 +741,14 @@ impl Kernel {
         self.lock_state().signature.clone()
     }
 
+    /// How the session's launch ring names the current load (what a ring
+    /// descriptor carries): one word read under the lock, where
+    /// [`Kernel::state`] clones the whole answer, signature and contract
+    /// included.
+    pub fn ring_index(&self) -> u32 {
+        self.lock_state().ring_index
+    }
+
     /// Everything the daemon answered the current load.
     pub fn state(&self) -> KernelState {
         self.lock_state().clone()
