@@ -116,6 +116,127 @@ fn in_process_launch(
     unsafe { f.launch(stream, grid, 256, &mut params) }.unwrap();
 }
 
+/// The in-process floors a ring launch is measured against, besides the
+/// bare `cuLaunchKernel` of a burst (the goal's baseline).
+#[derive(Clone, Copy)]
+struct Floors {
+    /// One launch every [`PACE`]: the GPU idle at each, as in a round trip.
+    paced: Duration,
+    /// The mean launch of 200,000 back to back on one stream, no sync:
+    /// what one stream takes at most from one thread.
+    sustained: Duration,
+    /// A launch handed from one thread to another in this process over a
+    /// shared cache line and answered the same way: the floor of any
+    /// cross-core ring, with no process boundary and no checks.
+    handoff: Duration,
+}
+
+/// The pace of [`Floors::paced`]: about a ring round trip.
+const PACE: Duration = Duration::from_micros(8);
+
+fn in_process_floors(
+    f: &ptxd_client::cuda::LocalFunction<'_>,
+    stream: &ptxd_client::cuda::ClientStream,
+    [a, b, out]: [&DeviceAllocation; 3],
+    rows: &mut Table,
+) -> Floors {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let mut paced = Vec::new();
+    for _ in 0..5000 {
+        let t = Instant::now();
+        in_process_launch(f, stream, a, b, out, SMALL_N);
+        paced.push(t.elapsed());
+        while t.elapsed() < PACE {
+            std::hint::spin_loop();
+        }
+    }
+    stream.synchronize().unwrap();
+    let paced = row(
+        "in-process cuLaunchKernel paced, one every 8 µs (n=4096)",
+        paced,
+        "the GPU idle at each launch, as in a ring round trip".into(),
+    );
+    let paced_p50 = paced.p50;
+    rows.push(paced);
+
+    let total = 200_000u32;
+    let t = Instant::now();
+    for _ in 0..total {
+        in_process_launch(f, stream, a, b, out, SMALL_N);
+    }
+    stream.synchronize().unwrap();
+    let took = t.elapsed();
+    let sustained = took / total;
+    rows.push(Row {
+        name: "in-process cuLaunchKernel sustained, one stream (n=4096)".into(),
+        p50: sustained,
+        p99: sustained,
+        samples: total as usize,
+        ratio: None,
+        note: format!(
+            "{:.0} launches/s (mean of 200,000 back to back, one sync at the end; not p50): \
+             the one-client throughput's baseline",
+            f64::from(total) / took.as_secs_f64()
+        ),
+    });
+
+    // Two threads of this process: the client stores a request number in
+    // one cache line and spins on another for the answer; the launcher (this
+    // thread, the context current) spins on the request, launches, answers.
+    let handoff = |answer_first: bool| {
+        let request = AtomicU64::new(0);
+        let answer = AtomicU64::new(0);
+        let rounds = 20_000u64;
+        std::thread::scope(|scope| {
+            let client = scope.spawn(|| {
+                let mut samples = Vec::with_capacity(rounds as usize);
+                for i in 1..=rounds {
+                    let t = Instant::now();
+                    request.store(i, Ordering::Release);
+                    while answer.load(Ordering::Acquire) != i {
+                        std::hint::spin_loop();
+                    }
+                    samples.push(t.elapsed());
+                }
+                samples
+            });
+            for i in 1..=rounds {
+                while request.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+                if answer_first {
+                    answer.store(i, Ordering::Release);
+                }
+                in_process_launch(f, stream, a, b, out, SMALL_N);
+                if !answer_first {
+                    answer.store(i, Ordering::Release);
+                }
+            }
+            stream.synchronize().unwrap();
+            client.join().unwrap()
+        })
+    };
+    let after = row(
+        "in-process hand-off round trip, launch then answer (n=4096)",
+        handoff(false),
+        "two threads of one process, one cache line each way: the floor of a ring round trip"
+            .into(),
+    );
+    let handoff_p50 = after.p50;
+    rows.push(after);
+    rows.push(row(
+        "in-process hand-off round trip, answer then launch (n=4096)",
+        handoff(true),
+        "as above, answered before the launch: the floor of an answer on acceptance".into(),
+    ));
+    Floors {
+        paced: paced_p50,
+        sustained,
+        handoff: handoff_p50,
+    }
+}
+
 fn main() {
     let dev = CudaDevice::open(0).expect("the benchmark needs a CUDA device");
     let ptx = corpus("add_f32_scalar.ptx");
@@ -173,6 +294,7 @@ fn main() {
     );
     let base_async = in_async.p50;
     rows.push(in_async);
+    let floors = in_process_floors(&f, &stream, [&a, &b, &out], &mut rows);
     let mut synced = Vec::new();
     for _ in 0..5000 {
         let t = Instant::now();
@@ -388,6 +510,7 @@ fn main() {
         launch_sync: base_sync,
         big: base_big,
         open_buffer: base_open,
+        floors,
     };
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -415,6 +538,7 @@ struct Baselines {
     launch_sync: Duration,
     big: Duration,
     open_buffer: Duration,
+    floors: Floors,
 }
 
 /// The rows through `ptxd serve`: the SDK over gRPC on a Unix socket, the
@@ -790,14 +914,18 @@ async fn ring_rows(
         samples.push(t.elapsed());
         done.outcome.unwrap();
     }
-    rows.push(
-        row(
-            "daemon ring round trip async (n=4096)",
-            samples,
-            "submit → completion; baseline: in-process cuLaunchKernel async".into(),
-        )
-        .against(base.launch_async),
+    let round_trip = row(
+        "daemon ring round trip async (n=4096)",
+        samples,
+        String::new(),
     );
+    let note = format!(
+        "submit → completion; baseline: in-process cuLaunchKernel async; {:.2}× the paced \
+         launch, {:.2}× the in-process hand-off",
+        round_trip.p50.as_secs_f64() / base.floors.paced.as_secs_f64(),
+        round_trip.p50.as_secs_f64() / base.floors.handoff.as_secs_f64(),
+    );
+    rows.push(Row { note, ..round_trip }.against(base.launch_async));
 
     // Throughput, one client: keep the ring full.
     let pipelined = |ring: &mut ptxd_client::LaunchRing,
@@ -844,8 +972,10 @@ async fn ring_rows(
         samples: total as usize,
         ratio: Some(per.as_secs_f64() / base.launch_async.as_secs_f64()),
         note: format!(
-            "{:.0} launches/s (mean of 200,000, 256 in flight; not p50)",
-            f64::from(total) / took.as_secs_f64()
+            "{:.0} launches/s (mean of 200,000, 256 in flight; not p50); {:.2}× the in-process \
+             sustained launch",
+            f64::from(total) / took.as_secs_f64(),
+            per.as_secs_f64() / base.floors.sustained.as_secs_f64(),
         ),
     });
 
