@@ -1120,6 +1120,17 @@ impl Stream {
         }
     }
 
+    /// Enqueues `ops` in order with one `cuStreamBatchMemOp` call (see
+    /// [`batch_mem_ops_raw`]).
+    ///
+    /// # Safety
+    /// Every operation's `addr` as in [`Stream::wait_value`].
+    pub unsafe fn batch(&self, ops: &[MemOp]) -> Result<(), DriverError> {
+        // SAFETY: the stream is live (`self`); the addresses are the
+        // caller's contract.
+        unsafe { batch_mem_ops_raw(self.raw, ops) }
+    }
+
     /// Enqueues writing `value` to the word at `addr` once the work before
     /// it on this stream is done (`cuStreamWriteValue32/64`).
     ///
@@ -1280,6 +1291,9 @@ fn mem_op_params(op: MemOp) -> sys::CUstreamBatchMemOpParams {
 /// documented limit is 256).
 pub const MAX_BATCH_MEM_OPS: usize = 256;
 
+/// Batches of at most this many operations are built on the stack.
+const INLINE_MEM_OPS: usize = 8;
+
 /// Enqueues `ops` in order on `stream` with one `cuStreamBatchMemOp` call:
 /// the same work as one `cuStreamWriteValue`/`cuStreamWaitValue` call per
 /// operation, for one driver entry.
@@ -1299,8 +1313,20 @@ pub unsafe fn batch_mem_ops_raw(stream: sys::CUstream, ops: &[MemOp]) -> Result<
             sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE,
         ));
     }
-    let params: Vec<sys::CUstreamBatchMemOpParams> =
-        ops.iter().map(|op| mem_op_params(*op)).collect();
+    // A launch's few operations go on the stack: no allocation per call on
+    // the ring's path.
+    // SAFETY: as in `mem_op_params`, all-zero params are valid.
+    let mut inline: [sys::CUstreamBatchMemOpParams; INLINE_MEM_OPS] = unsafe { std::mem::zeroed() };
+    let heap: Vec<sys::CUstreamBatchMemOpParams>;
+    let params: &[sys::CUstreamBatchMemOpParams] = if ops.len() <= INLINE_MEM_OPS {
+        for (slot, op) in inline.iter_mut().zip(ops) {
+            *slot = mem_op_params(*op);
+        }
+        &inline[..ops.len()]
+    } else {
+        heap = ops.iter().map(|op| mem_op_params(*op)).collect();
+        &heap
+    };
     let count = ops.len() as c_uint; // at most MAX_BATCH_MEM_OPS (checked)
                                      // SAFETY: `params` holds `count` initialized operations and lives across
                                      // the call (the driver copies them); the stream and addresses are the

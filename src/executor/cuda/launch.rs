@@ -189,7 +189,7 @@ impl CudaBackend {
             if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
                 watchdog.push(Watched {
                     wait_deadline: None,
-                    started,
+                    started: started.map(Marker::Event),
                     done: Marker::Event(done),
                     reply: None,
                     launches: 1,
@@ -206,7 +206,7 @@ impl CudaBackend {
         let shared: SharedReply = Arc::new(Mutex::new(Some(reply)));
         if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
             watchdog.push(Watched {
-                started,
+                started: started.map(Marker::Event),
                 wait_deadline: None,
                 done: Marker::Event(done),
                 reply: Some(shared.clone()),

@@ -26,12 +26,12 @@
 
 use std::sync::Arc;
 
-use ptxd_cuda::{DriverError, Event, HostWord, PrimaryContext, Stream};
+use ptxd_cuda::{DriverError, HostWord, MemOp, PrimaryContext, Stream};
 use ptxd_ipc::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
 use super::prepared::RingKernel;
-use super::watchdog::{Progress, RingWatch};
+use super::watchdog::{Marker, Progress, RingWatch};
 use super::{fail_driver, CudaBackend, MAX_GRID_X};
 use crate::executor::child::{Channel, Replier};
 use crate::executor::kernel_timeouts::TimeoutAllowance;
@@ -139,16 +139,12 @@ impl CudaRing {
 
     /// Closes the watchdog's group of the launches enqueued since the last
     /// marker: the stream writes the group's sequence number after them.
-    fn close_group(
-        &mut self,
-        started: Option<Event>,
-        wait_deadline: Option<std::time::Instant>,
-    ) -> Result<(), crate::error::Error> {
+    fn close_group(&mut self) -> Result<(), crate::error::Error> {
         let Some(watch) = self.watch.as_mut() else {
             return Ok(());
         };
         let stream = &self.stream;
-        let closed = watch.close(started, wait_deadline, |address, sequence| {
+        let closed = watch.close(|address, sequence| {
             // SAFETY: `address` is the device address of the queue's pinned
             // progress word, which the queue keeps until every group of it
             // has retired (the watchdog forgets only an empty queue no ring
@@ -158,28 +154,72 @@ impl CudaRing {
         closed.map_err(|e| self.driver(e, "marking the launches' end for the watchdog"))
     }
 
-    fn semaphore(
-        &self,
-        semaphore: &CheckedSemaphore<u64>,
-        wait: bool,
-    ) -> Result<(), crate::error::Error> {
-        // Device memory: the word is checked against the buffer's
-        // registered size (the ring's checks), and a device allocation
-        // cannot shrink under the executor, so no host access and no
-        // SIGBUS is involved.
-        let addr = semaphore.buffer + semaphore.op.offset;
-        let wide = semaphore.op.width == SemaphoreWidth::Bits64;
-        // SAFETY: the ring's checks put the word inside a granted buffer,
-        // aligned to its width; the buffer stays mapped until the stream is
-        // drained (a close drains the context first).
-        let done = unsafe {
-            if wait {
-                self.stream.wait_value(addr, semaphore.op.value, wide)
-            } else {
-                self.stream.write_value(addr, semaphore.op.value, wide)
-            }
+    /// Enqueues `ops` with one driver call (none when empty).
+    fn enqueue(&self, ops: &MemOps, doing: &str) -> Result<(), crate::error::Error> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: every semaphore word lies inside a granted buffer, aligned
+        // to its width (the ring's checks), and stays mapped until the
+        // stream is drained (a close drains the context first); a device
+        // allocation cannot shrink under the executor, so no host access
+        // and no SIGBUS is involved. The progress word is the queue's pinned
+        // word, kept until every group of it has retired.
+        let done = unsafe { self.stream.batch(ops.as_slice()) };
+        done.map_err(|e| self.driver(e, doing))
+    }
+}
+
+/// A semaphore's stream memory operation: wait until its word is at least
+/// its value, or write its value.
+fn semaphore_op(semaphore: &CheckedSemaphore<u64>, wait: bool) -> MemOp {
+    let addr = semaphore.buffer + semaphore.op.offset;
+    let value = semaphore.op.value;
+    let wide = semaphore.op.width == SemaphoreWidth::Bits64;
+    if wait {
+        MemOp::WaitGeq { addr, value, wide }
+    } else {
+        MemOp::Write { addr, value, wide }
+    }
+}
+
+/// The stream memory operations enqueued around one ring launch, at most
+/// [`MemOps::MAX`], on the stack.
+struct MemOps {
+    ops: [MemOp; MemOps::MAX],
+    len: usize,
+}
+
+impl MemOps {
+    /// Before a kernel: the previous group's marker, the wait, the wait's
+    /// start marker; after it: its group's marker and the signal.
+    const MAX: usize = 3;
+
+    fn new() -> Self {
+        let none = MemOp::Write {
+            addr: 0,
+            value: 0,
+            wide: false,
         };
-        done.map_err(|e| self.driver(e, "a semaphore operation"))
+        MemOps {
+            ops: [none; MemOps::MAX],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, op: MemOp) {
+        if let Some(slot) = self.ops.get_mut(self.len) {
+            *slot = op;
+            self.len += 1;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn as_slice(&self) -> &[MemOp] {
+        &self.ops[..self.len.min(MemOps::MAX)]
     }
 }
 
@@ -222,7 +262,9 @@ impl RingBackend for CudaRing {
         let grid = launch.n.div_ceil(per_block);
         if grid > MAX_GRID_X {
             if let Some(signal) = &launch.signal {
-                self.semaphore(signal, false)?;
+                let mut release = MemOps::new();
+                release.push(semaphore_op(signal, false));
+                self.enqueue(&release, "a semaphore operation")?;
             }
             return Err(ring::failure(
                 FailureKind::OutOfBounds,
@@ -232,33 +274,51 @@ impl RingBackend for CudaRing {
                 ),
             ));
         }
-        // Watched like a gRPC launch, but a marker (an event record) closes
-        // up to RING_GROUP launches at once. A launch that waits on a
-        // semaphore gets a group of its own, whose clock starts at a marker
-        // after the wait (a launch waiting for its client is not running):
-        // the group before it is closed before the wait is enqueued.
+        // Watched like a gRPC launch, but a marker (a sequence number the
+        // stream writes into the progress word) closes up to RING_GROUP
+        // launches at once. A launch that waits on a semaphore gets a group
+        // of its own, whose clock starts at a marker after the wait (a
+        // launch waiting for its client is not running): the group before
+        // it is closed before the wait. The operations before the kernel
+        // go in one driver call, those after it in another.
         let watched = self.watch.is_some() && launch.n > 0;
-        if watched && launch.wait.is_some() {
-            self.close_group(None, None)?;
-        }
+        let progress = self
+            .watch
+            .as_ref()
+            .filter(|_| watched)
+            .map(RingWatch::progress_address);
+        let mut before = MemOps::new();
+        let mut previous = None;
+        let mut started = None;
         if let Some(wait) = &launch.wait {
-            self.semaphore(wait, true)?;
-        }
-        let started = match self.watch.as_ref() {
-            Some(watch) if watched && launch.wait.is_some() => {
-                let event = watch
-                    .queue()
-                    .marker()
-                    .and_then(|event| self.stream.record(&event).map(|()| event))
-                    .map_err(|e| self.driver(e, "marking the launch for the watchdog"))?;
-                Some(event)
+            if let (Some(watch), Some(at)) = (&self.watch, progress) {
+                previous = watch.closing();
+                if let Some(sequence) = previous {
+                    before.push(MemOp::Write {
+                        addr: at,
+                        value: sequence,
+                        wide: true,
+                    });
+                }
             }
-            _ => None,
-        };
+            before.push(semaphore_op(wait, true));
+            if let (Some(watch), Some(at)) = (&self.watch, progress) {
+                let sequence = watch.start_marker();
+                before.push(MemOp::Write {
+                    addr: at,
+                    value: sequence,
+                    wide: true,
+                });
+                started = Some(sequence);
+            }
+        }
+        self.enqueue(&before, "a semaphore wait")?;
+        if let (Some(sequence), Some(watch)) = (previous, self.watch.as_mut()) {
+            watch.commit(sequence, None, None);
+        }
         // A semaphore that never fires is a timeout too: the watchdog
         // blames the wait once it has been pending for the budget.
         let wait_deadline = started
-            .as_ref()
             .and(self.wait_limit)
             .map(|limit| std::time::Instant::now() + limit);
         if launch.n > 0 {
@@ -290,20 +350,29 @@ impl RingBackend for CudaRing {
                 return Err(self.driver(e, "launching the kernel"));
             }
         }
-        if let Some(watch) = self.watch.as_mut().filter(|_| watched) {
-            let stream = &self.stream;
-            let marked =
-                watch.launched(launch.sync, started, wait_deadline, |address, sequence| {
-                    // SAFETY: as in `close_group`: the queue's progress word
-                    // outlives every group of it.
-                    unsafe { stream.write_value(address, sequence, true) }
-                });
-            marked.map_err(|e| self.driver(e, "marking the launches' end for the watchdog"))?;
+        let mut after = MemOps::new();
+        let mut closing = None;
+        if let (Some(watch), Some(at)) = (self.watch.as_mut(), progress) {
+            watch.count();
+            if watch.must_close(launch.sync || started.is_some()) {
+                closing = watch.closing();
+                if let Some(sequence) = closing {
+                    after.push(MemOp::Write {
+                        addr: at,
+                        value: sequence,
+                        wide: true,
+                    });
+                }
+            }
         }
         // Written whatever the kernel does: a waiter on the client's stream
         // is released once the kernel has ended.
         if let Some(signal) = &launch.signal {
-            self.semaphore(signal, false)?;
+            after.push(semaphore_op(signal, false));
+        }
+        self.enqueue(&after, "marking the launch's end")?;
+        if let (Some(sequence), Some(watch)) = (closing, self.watch.as_mut()) {
+            watch.commit(sequence, started.map(Marker::Sequence), wait_deadline);
         }
         // Everything is enqueued: what follows waits on the stream, which
         // a client's semaphore can hold up, so the table is let go first.
@@ -320,7 +389,7 @@ impl RingBackend for CudaRing {
         // The last launches get their marker once the ring's spin found
         // nothing more to enqueue (tens of microseconds, against a budget
         // of seconds), so a kernel that never ends is always watched.
-        if let Err(e) = self.close_group(None, None) {
+        if let Err(e) = self.close_group() {
             tracing::warn!(error = %e, "cannot mark ring launches for the watchdog");
         }
     }
@@ -331,7 +400,9 @@ impl RingBackend for CudaRing {
         _hold: TableHold<'_, Arc<RingKernel>, u64>,
     ) {
         // Enqueued under the table lock (see `launch`).
-        if let Err(e) = self.semaphore(&signal, false) {
+        let mut release = MemOps::new();
+        release.push(semaphore_op(&signal, false));
+        if let Err(e) = self.enqueue(&release, "a semaphore operation") {
             tracing::warn!(error = %e, "cannot release a refused launch's semaphore");
         }
     }

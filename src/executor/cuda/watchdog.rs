@@ -72,8 +72,10 @@ const SPARE_EVENTS: usize = 1024;
 
 /// One tracked launch.
 pub struct Watched {
-    /// Recorded after the launch's wait on a client event, if it has one.
-    pub started: Option<Event>,
+    /// After the launch's wait (on a client event: an event recorded
+    /// after it; on a ring semaphore: a sequence number written after it),
+    /// if it has one: its clock starts once this is done.
+    pub started: Option<Marker>,
     /// A ring semaphore wait (behind `started`) that has not fired by this
     /// instant is blamed like a kernel that ran past the budget (none: a
     /// wait on a client event, which may take as long as it likes).
@@ -166,9 +168,10 @@ fn marker_done(progress: Option<&dyn Progress>, marker: &Marker) -> Result<bool,
 
 /// Keeps a retired launch's events for reuse.
 fn retire_events(watched: Watched, retired: &mut Vec<Event>) {
-    retired.extend(watched.started);
-    if let Marker::Event(event) = watched.done {
-        retired.push(event);
+    for marker in watched.started.into_iter().chain([watched.done]) {
+        if let Marker::Event(event) = marker {
+            retired.push(event);
+        }
     }
 }
 
@@ -306,7 +309,7 @@ impl StreamQueue {
         }
         while let Some(head) = launches.front() {
             if head_since.is_none() {
-                match head.started.as_ref().map(Event::query) {
+                match head.started.as_ref().map(done) {
                     None | Some(Ok(true)) => *head_since = Some(now),
                     // A ring semaphore that never fired: its stream (and
                     // every drain of the device) would wait forever.
@@ -383,27 +386,49 @@ impl RingWatch {
         })
     }
 
-    /// The queue, for the event a semaphore wait's clock starts at.
-    pub fn queue(&self) -> &StreamQueue {
-        &self.queue
+    /// The device address of the progress word the ring's markers are
+    /// written to.
+    pub fn progress_address(&self) -> u64 {
+        self.progress.device_ptr()
     }
 
-    /// Closes the group of kernels enqueued since the last marker, if any:
-    /// enqueues the write of its sequence number (`write`), then hands it
-    /// to the watchdog. `started`: the event recorded after the group's
-    /// semaphore wait, whose clock starts there; `wait_deadline`: when that
-    /// wait is overdue.
-    pub fn close(
+    /// A sequence number for a start marker: written after a semaphore
+    /// wait, it starts the clock of the group closed after that wait's
+    /// kernel (a launch waiting for its client is not running).
+    pub fn start_marker(&self) -> u64 {
+        self.queue.next_sequence()
+    }
+
+    /// Counts a kernel just enqueued.
+    pub fn count(&mut self) {
+        self.unwatched += 1;
+    }
+
+    /// Whether the group must close now: it is full, or `close_now` (the
+    /// launch waited on a semaphore, or is a sync launch).
+    pub fn must_close(&self, close_now: bool) -> bool {
+        self.unwatched > 0 && (close_now || self.unwatched >= RING_GROUP)
+    }
+
+    /// The sequence number that closes the kernels enqueued since the last
+    /// marker (none: no kernel since), for the caller to write after them;
+    /// [`commit`](Self::commit) it once the write is enqueued. A number
+    /// taken and never committed (the write failed) leaves a gap, which
+    /// the progress word's comparisons skip.
+    pub fn closing(&self) -> Option<u64> {
+        (self.unwatched > 0).then(|| self.queue.next_sequence())
+    }
+
+    /// Hands the group closed by `sequence` (written after it) to the
+    /// watchdog. `started`: the marker after the group's semaphore wait,
+    /// whose clock starts there; `wait_deadline`: when that wait is
+    /// overdue.
+    pub fn commit(
         &mut self,
-        started: Option<Event>,
+        sequence: u64,
+        started: Option<Marker>,
         wait_deadline: Option<Instant>,
-        write: impl FnOnce(u64, u64) -> Result<(), DriverError>,
-    ) -> Result<(), DriverError> {
-        if self.unwatched == 0 {
-            return Ok(());
-        }
-        let sequence = self.queue.next_sequence();
-        write(self.progress.device_ptr(), sequence)?;
+    ) {
         // The ring and the request loop both push onto the session
         // stream's queue; each pushes right after it enqueued, so the queue
         // follows the stream's order up to that instant.
@@ -415,22 +440,34 @@ impl RingWatch {
             launches: self.unwatched,
         });
         self.unwatched = 0;
+    }
+
+    /// Closes the group of kernels enqueued since the last marker, if any:
+    /// enqueues the write of its sequence number (`write`), then hands it
+    /// to the watchdog.
+    pub fn close(
+        &mut self,
+        write: impl FnOnce(u64, u64) -> Result<(), DriverError>,
+    ) -> Result<(), DriverError> {
+        let Some(sequence) = self.closing() else {
+            return Ok(());
+        };
+        write(self.progress.device_ptr(), sequence)?;
+        self.commit(sequence, None, None);
         Ok(())
     }
 
     /// Counts a kernel just enqueued, and closes its group when it is full
-    /// or must close now (`close_now`: the launch waited on a semaphore,
-    /// after which `started` starts the clock, or it is a sync launch).
+    /// or must close now (a sync launch).
+    #[cfg(test)]
     pub fn launched(
         &mut self,
         close_now: bool,
-        started: Option<Event>,
-        wait_deadline: Option<Instant>,
         write: impl FnOnce(u64, u64) -> Result<(), DriverError>,
     ) -> Result<(), DriverError> {
-        self.unwatched += 1;
-        if close_now || started.is_some() || self.unwatched >= RING_GROUP {
-            return self.close(started, wait_deadline, write);
+        self.count();
+        if self.must_close(close_now) {
+            return self.close(write);
         }
         Ok(())
     }
@@ -625,7 +662,7 @@ mod tests {
             ops.push(Op::Launch(i));
             let sync = rng.below(23) == 0;
             watch
-                .launched(sync, None, None, |address, sequence| {
+                .launched(sync, |address, sequence| {
                     assert_eq!(address, 0x7f00_dead_0000);
                     ops.push(Op::Mark(sequence));
                     Ok(())
@@ -633,7 +670,7 @@ mod tests {
                 .unwrap();
             if rng.below(37) == 0 {
                 watch
-                    .close(None, None, |_, sequence| {
+                    .close(|_, sequence| {
                         ops.push(Op::Mark(sequence));
                         Ok(())
                     })
@@ -641,7 +678,7 @@ mod tests {
             }
         }
         watch
-            .close(None, None, |_, sequence| {
+            .close(|_, sequence| {
                 ops.push(Op::Mark(sequence));
                 Ok(())
             })
@@ -752,7 +789,7 @@ mod tests {
             let mut watch = RingWatch::attach(queue.clone(), Weak::new(), || Ok(progress)).unwrap();
             for _ in 0..RING_GROUP {
                 watch
-                    .launched(false, None, None, |_, s| {
+                    .launched(false, |_, s| {
                         marks.push(s);
                         Ok(())
                     })
@@ -766,5 +803,45 @@ mod tests {
         let state = queue.lock();
         assert_eq!(state.launches.len(), 1);
         assert!(matches!(state.launches[0].done, Marker::Sequence(3)));
+    }
+
+    /// A ring launch that waits on a semaphore is watched from the start
+    /// marker its stream writes after the wait: while the word is below
+    /// it, the launch is waiting for its client (blamed only once the wait
+    /// is overdue, at its deadline); once the word reaches it, the clock
+    /// starts there and the kernel gets the budget from then.
+    #[test]
+    fn a_waiting_ring_launch_is_timed_from_its_start_marker() {
+        let budget = Duration::from_secs(1);
+        for fires in [false, true] {
+            let queue = Arc::new(StreamQueue::default());
+            let word = Arc::new(FakeWord::default());
+            let progress: Arc<dyn Progress> = word.clone();
+            let mut watch = RingWatch::attach(queue.clone(), Weak::new(), || Ok(progress)).unwrap();
+            let start = watch.start_marker();
+            watch.count();
+            assert!(watch.must_close(true));
+            let done = watch.closing().unwrap();
+            assert!(start < done);
+            let now = Instant::now();
+            let deadline = now + 3 * budget;
+            watch.commit(done, Some(Marker::Sequence(start)), Some(deadline));
+            assert_eq!(queue.poll(now + 2 * budget, budget).unwrap(), None);
+            if !fires {
+                assert_eq!(queue.poll(deadline, budget).unwrap(), Some(deadline));
+                continue;
+            }
+            // The wait fires late: the kernel's clock starts when the word
+            // is seen at the start marker, not at the launch.
+            word.0.store(start, Ordering::Release);
+            let seen = now + 2 * budget;
+            assert_eq!(queue.poll(seen, budget).unwrap(), None);
+            let early = seen + budget - Duration::from_millis(10);
+            assert_eq!(queue.poll(early, budget).unwrap(), None);
+            assert_eq!(queue.poll(seen + budget, budget).unwrap(), Some(seen));
+            word.0.store(done, Ordering::Release);
+            assert_eq!(queue.poll(seen + budget, budget).unwrap(), None);
+            assert!(queue.lock().launches.is_empty());
+        }
     }
 }
