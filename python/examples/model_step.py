@@ -249,7 +249,7 @@ class ThroughPtxd:
     """The same PTX through ptxd: ``session.launch`` on the tensors, ordered
     on torch's current stream."""
 
-    name = "through ptxd (Python, ring)"
+    name = "through ptxd (ring, answers awaited)"
 
     def __init__(self, session: ptxd.Session, device: torch.device) -> None:
         self.session = session
@@ -395,12 +395,12 @@ def spread(values: Sequence[float]) -> str:
 def bound(wall: float, cpu: float, fed: Optional[float]) -> str:
     """What sets a variant's step time, from its medians."""
     if fed is not None and fed >= 0.9 * wall:
-        return "GPU-bound (its kernels, fed)"
+        return "GPU-bound (fed ~ wall)"
     if cpu >= 0.9 * wall:
-        return "CPU-bound (the enqueue loop)"
+        return "CPU-bound (issue ~ wall)"
     if fed is None:
-        return "GPU side (no fed figure)"
-    return "ordering-bound (the GPU idles between kernels)"
+        return "not CPU-bound (no fed figure)"
+    return "latency-bound (GPU idles, CPU done early)"
 
 
 def check_outputs(model: Model, variants: List[Any], deferred: ptxd.Session,
@@ -462,7 +462,7 @@ def report(batch: int, steps: int, reps: int, variants: List[Any],
     names = [ew.name for ew in variants]
     print(f"batch {batch} ({steps} steps x {reps} reps, variants interleaved; "
           f"per step, median over reps, us):")
-    print(f"  {'variant':44s} {'wall':>9s} {'cpu issue':>10s} {'gpu span':>9s} "
+    print(f"  {'variant':52s} {'wall':>9s} {'cpu issue':>10s} {'gpu span':>9s} "
           f"{'gpu fed':>9s}  what bounds it")
     for name in names:
         wall = statistics.median(s.wall for s in samples[name])
@@ -470,7 +470,7 @@ def report(batch: int, steps: int, reps: int, variants: List[Any],
         gpu = statistics.median(s.gpu for s in samples[name])
         fed_median = statistics.median(fed[name]) if fed[name] else None
         fed_text = f"{fed_median * 1e6:9.1f}" if fed_median is not None else f"{'-':>9s}"
-        print(f"  {name:44s} {wall * 1e6:9.1f} {cpu * 1e6:10.1f} {gpu * 1e6:9.1f} {fed_text}  "
+        print(f"  {name:52s} {wall * 1e6:9.1f} {cpu * 1e6:10.1f} {gpu * 1e6:9.1f} {fed_text}  "
               f"{bound(wall, cpu, fed_median)}")
 
     def ratios(top: str, bottom: str) -> List[float]:
@@ -478,10 +478,18 @@ def report(batch: int, steps: int, reps: int, variants: List[Any],
 
     eager, inproc = names[0], names[1]
     print("  ratios of wall time per step (median of the per-rep ratios [min-max]):")
-    print(f"    {'in-process / eager':52s} {spread(ratios(inproc, eager))}")
+    print(f"    {'in-process / eager':66s} {spread(ratios(inproc, eager))}")
     for name in names[2:]:
-        print(f"    {name + ' / in-process':52s} {spread(ratios(name, inproc))}")
-        print(f"    {name + ' / eager':52s} {spread(ratios(name, eager))}")
+        print(f"    {name + ' / in-process':66s} {spread(ratios(name, inproc))}")
+        print(f"    {name + ' / eager':66s} {spread(ratios(name, eager))}")
+    if fed[inproc]:
+        base = statistics.median(fed[inproc])
+        print("  GPU time of the ordering per step (fed, minus in-process fed: ptxd's word waits "
+              "and the hand-overs between torch's context and ptxd's):")
+        for name in names[2:]:
+            if fed[name]:
+                extra = statistics.median(fed[name]) - base
+                print(f"    {name:64s} {extra * 1e6:8.1f} us")
 
 
 def main() -> int:
