@@ -13,12 +13,14 @@
 //! but the descriptor's own work, and `True` for an accepted launch.
 
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use ptxd_client::ring::OperandRef;
 use ptxd_client::{Error, LaunchRing, RingRefusal};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
+use crate::answers::{drop_leftovers, next_answer, no_answer};
 use crate::{deferred_list, ring_refusal, timeout_of, to_pyerr, NativeKernel};
 
 /// The most operands of one launch (the ring descriptor's own limit is
@@ -31,13 +33,16 @@ pub(crate) struct HostRing {
     ring: Mutex<LaunchRing>,
     /// The ring's slots (what it was opened with).
     slots: u64,
+    /// How long an awaited call polls for its answer (see `answers`).
+    spin: Duration,
 }
 
 impl HostRing {
-    pub(crate) fn new(ring: LaunchRing, slots: u32) -> Self {
+    pub(crate) fn new(ring: LaunchRing, slots: u32, spin: Duration) -> Self {
         HostRing {
             ring: Mutex::new(ring),
             slots: u64::from(slots),
+            spin,
         }
     }
 }
@@ -110,18 +115,20 @@ impl HostRing {
                     return Ok(Answer::Earlier(earlier));
                 }
             }
-            // A ring full of deferred launches (or one an earlier, failed
-            // call left answers on): wait for room; an awaited call drops
-            // what is not its own, as `Ring.launch` does.
-            while ring.outstanding() > 0 && (!defer || ring.outstanding() >= self.slots) {
-                match ring.wait(timeout)? {
-                    Some(completion) if defer => earlier.extend(completion.outcome.err()),
-                    Some(_) => {}
-                    None => return Err(no_answer(timeout)),
+            if defer {
+                // A ring full of deferred launches: wait for room.
+                while ring.outstanding() >= self.slots {
+                    match ring.wait(timeout)? {
+                        Some(completion) => earlier.extend(completion.outcome.err()),
+                        None => return Err(no_answer(timeout)),
+                    }
                 }
-            }
-            if !earlier.is_empty() {
-                return Ok(Answer::Earlier(earlier));
+                if !earlier.is_empty() {
+                    return Ok(Answer::Earlier(earlier));
+                }
+            } else {
+                // What an earlier, failed call left is not this call's.
+                drop_leftovers(&mut ring, timeout)?;
             }
             let descriptor = ring
                 .indexed_descriptor(kernel, refs, output, n, &params)?
@@ -130,17 +137,13 @@ impl HostRing {
             if defer {
                 return Ok(Answer::Launched);
             }
-            loop {
-                match ring.wait(timeout)? {
-                    Some(completion) if completion.ticket == descriptor.ticket => {
-                        return Ok(match completion.outcome {
-                            Ok(()) => Answer::Launched,
-                            Err(refusal) => Answer::Refused(refusal),
-                        })
-                    }
-                    Some(_) => {}
-                    None => return Err(no_answer(timeout)),
-                }
+            // Sync or not, the one answer outstanding is this launch's.
+            match next_answer(&mut ring, self.spin, timeout)? {
+                Some(completion) => Ok(match completion.outcome {
+                    Ok(()) => Answer::Launched,
+                    Err(refusal) => Answer::Refused(refusal),
+                }),
+                None => Err(no_answer(timeout)),
             }
         });
         match answer {
@@ -218,7 +221,8 @@ impl HostRing {
                 ring.submit(&descriptor)?;
                 let submit = ns(submitting);
                 let waiting = std::time::Instant::now();
-                let answer = ring.wait(timeout)?.ok_or_else(|| no_answer(timeout))?;
+                let answer = next_answer(&mut ring, self.spin, timeout)?
+                    .ok_or_else(|| no_answer(timeout))?;
                 Ok::<_, Error>((submit, ns(waiting), answer))
             });
             let (submit, wait, answer) = timed.map_err(|e| to_pyerr(py, e))?;
@@ -233,7 +237,7 @@ impl HostRing {
         let names = [
             "GIL release and reacquire (an empty detach)",
             "descriptor build and submit",
-            "wait for ptxd's answer (LaunchRing::wait)",
+            "wait for ptxd's answer (polled for reply_spin, then LaunchRing::wait)",
             "whole call",
         ];
         for (name, values) in names.iter().zip(phases) {
@@ -241,10 +245,4 @@ impl HostRing {
         }
         Ok(dict)
     }
-}
-
-fn no_answer(timeout: std::time::Duration) -> Error {
-    Error::Protocol(format!(
-        "launch ring: no answer within {timeout:?} (the executor is stalled)"
-    ))
 }

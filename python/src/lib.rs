@@ -37,6 +37,7 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+mod answers;
 mod host_ring;
 mod operand_table;
 
@@ -309,6 +310,9 @@ fn info_dict<'py>(py: Python<'py>, info: &DaemonInfo) -> PyResult<Bound<'py, PyD
 #[pyclass(module = "ptxd._native", name = "Client", frozen)]
 struct NativeClient {
     inner: Client,
+    /// How long an awaited ring call polls for its answers before the
+    /// SDK's wait (`reply_spin`; see `answers`).
+    answer_spin: std::time::Duration,
 }
 
 #[pymethods]
@@ -340,7 +344,10 @@ impl NativeClient {
             Some(spin) => inner.with_reply_spin(spin),
             None => inner,
         };
-        Ok(NativeClient { inner })
+        Ok(NativeClient {
+            inner,
+            answer_spin: spin.unwrap_or(ptxd_client::DEFAULT_REPLY_SPIN),
+        })
     }
 
     /// The daemon's version, backend, devices, slot use and limits.
@@ -366,6 +373,7 @@ impl NativeClient {
         Ok(NativeSession {
             inner: Mutex::new(Some(Arc::new(session))),
             events: tokio::sync::Mutex::new(events),
+            answer_spin: self.answer_spin,
         })
     }
 }
@@ -376,6 +384,8 @@ struct NativeSession {
     inner: Mutex<Option<Arc<Session>>>,
     /// The session's lease events since it opened, for `next_event`.
     events: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<SessionEvent>>,
+    /// The client's answer spin, for the session's rings.
+    answer_spin: std::time::Duration,
 }
 
 /// A lease event as the Python half sees it: a dict with `kind` and the
@@ -764,7 +774,7 @@ impl NativeSession {
                 Err(_) => session.open_ring_fd(slots, device).await,
             }
         })?;
-        Ok(host_ring::HostRing::new(ring, slots))
+        Ok(host_ring::HostRing::new(ring, slots, self.answer_spin))
     }
 
     /// Opens a launch ring on `device`'s executor, ordered on this
@@ -854,6 +864,7 @@ impl NativeSession {
             device,
             _words: ring_words,
             words_handle: words_buffer.handle,
+            answer_spin: self.answer_spin,
         })
     }
 
@@ -1111,6 +1122,8 @@ pub(crate) struct NativeRing {
     /// The ordering words; ptxd maps them, the ring writes them.
     _words: RingWords,
     words_handle: String,
+    /// How long an awaited call polls for its answers (see `answers`).
+    answer_spin: std::time::Duration,
 }
 
 #[pymethods]
@@ -1428,27 +1441,37 @@ impl NativeRing {
             }
         };
         let defer = defer && !sync;
+        // An awaited async call submits as a deferred one does and then
+        // reads its own answers itself (`answers::await_answers`: polled
+        // for the client's reply spin before the SDK's wait sleeps); a
+        // sync call leaves the waiting to the SDK (its launches must run
+        // one after the other).
+        let own_wait = !sync && !defer;
         let options = RawStreamOptions {
             sync,
             timeout,
-            defer,
+            defer: defer || own_wait,
         };
+        let count = plans.len();
+        let spin = self.answer_spin;
         // One GIL release for the checks, the stream operations, the
-        // submission and (awaited) the wait; the SDK's wait polls the
-        // completion ring before it sleeps, so an answer that comes within
-        // its spin is read without a futex wake-up.
+        // submission and (awaited) the wait.
         let outcome = py.detach(|| {
             preserving_current_context(|| {
                 if !self.checks_hold(checks)? {
                     return Ok(None);
                 }
                 let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-                match (plans, single) {
+                if own_wait {
+                    // What an earlier, failed call left is not this call's
+                    // (the SDK's awaited call drops it the same way).
+                    answers::drop_leftovers(&mut ring, timeout)?;
+                }
+                let submitted = match (plans, single) {
                     ([plan], Some(kernel)) => {
                         let raw = [raw_launch(plan, kernel)];
                         // SAFETY: as in `launch`.
                         unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }
-                            .map(Some)
                     }
                     _ => {
                         let raw: Vec<RawStreamLaunch<'_>> = plans
@@ -1458,17 +1481,40 @@ impl NativeRing {
                             .collect();
                         // SAFETY: as in `launch`.
                         unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }
-                            .map(Some)
                     }
+                };
+                let mut outcome = submitted?;
+                if !own_wait {
+                    return Ok(Some((outcome, None)));
                 }
+                if !outcome.submitted && count > 0 {
+                    // Nothing was outstanding, so nothing earlier could
+                    // have stopped the submission.
+                    return Err(Error::Protocol(
+                        "launch ring: an awaited call was not submitted".into(),
+                    ));
+                }
+                let read = std::mem::take(&mut outcome.completions);
+                let refused = answers::await_refusals(&mut ring, read, count, spin, timeout)?;
+                Ok(Some((outcome, Some(refused))))
             })
         });
-        let outcome = match outcome {
+        let (outcome, awaited) = match outcome {
             Ok(Some(outcome)) => outcome,
             Ok(None) => return Ok(PlanOutcome::Stale),
             Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
             Err(e) => return Err(to_pyerr(py, e)),
         };
+        if let Some(refused) = awaited {
+            if refused.is_empty() {
+                return Ok(PlanOutcome::Accepted);
+            }
+            let list = PyList::new(py, (0..count).map(|_| py.None()))?;
+            for (index, refusal) in &refused {
+                list.set_item(*index, ring_refusal(py, refusal).value(py))?;
+            }
+            return Ok(PlanOutcome::Listed(list.unbind()));
+        }
         if defer {
             // A deferred call returns no completions of its own, but for a
             // batch longer than the ring's free slots it reads some while
