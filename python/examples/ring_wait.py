@@ -3,6 +3,7 @@ ring, on any backend (the host backend needs no GPU):
 
     ptxd serve --backend host --socket /tmp/ptxd.sock &
     python python/examples/ring_wait.py /tmp/ptxd.sock [--calls N] [--runs R] [--n ELEMENTS]
+        [--spins 0,default]
 
 It opens a plain launch ring (``HostRing``: no GPU ordering, the ring the
 host backend serves) and launches ``add_f32_scalar`` on three registered
@@ -10,7 +11,11 @@ shared-memory arrays, timing per call (p50 and p99, CALLS calls after a
 warm-up, R runs):
 
 - the awaited launch (``defer=False``): one native call that submits and
-  waits for ptxd's answer with the GIL released once;
+  waits for ptxd's answer with the GIL released once, polling for the
+  client's ``reply_spin`` before the SDK's wait (which polls 30 us more,
+  then sleeps on the futex word); each ``reply_spin`` of ``--spins`` is its
+  own client, the clients interleaved run by run (``0``: the SDK's wait
+  from the start, as before w32b);
 - the deferred launch (``defer=True``): submits and returns, the answers
   read by the next call; with a drain every 32 calls (not timed) so the
   ring never fills;
@@ -33,7 +38,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
@@ -66,96 +71,113 @@ def timed(calls: int, call: Callable[[], Any], every: int = 0,
     return quantiles(samples)
 
 
+class Rig:
+    """One client (with its ``reply_spin``), session, ring, kernel and three
+    registered shared-memory arrays."""
+
+    def __init__(self, socket: Any, reply_spin: Any, n: int) -> None:
+        self.client = ptxd.Client(socket, reply_spin=reply_spin)
+        self.session = self.client.session(f"ring-wait-{reply_spin}")
+        session = self.session
+        self.n = n
+        self.kernel = session.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(),
+                                       "add_f32_scalar")
+        self.x = session.shm_array(n, np.float32)
+        self.y = session.shm_array(n, np.float32)
+        self.out = session.shm_array(n, np.float32)
+        rng = np.random.default_rng()
+        self.x[:] = rng.standard_normal(n, dtype=np.float32)
+        self.y[:] = rng.standard_normal(n, dtype=np.float32)
+        self.expected = self.x + self.y
+        bx, by, bo = (session.register(a) for a in (self.x, self.y, self.out))
+        self.ops = [(b._registration.ring_index, b.offset) for b in (bx, by)]
+        self.target = (bo._registration.ring_index, bo.offset)
+        self.ring = session._native.open_ring(0, 256)
+        self.native = self.kernel._native
+
+    def awaited(self) -> None:
+        answer = self.ring.launch(self.native, self.ops, self.target, self.n, [], False, False,
+                                  TIMEOUT)
+        if answer is not True:
+            raise answer
+
+    def deferred(self) -> None:
+        answer = self.ring.launch(self.native, self.ops, self.target, self.n, [], False, True,
+                                  TIMEOUT)
+        if answer is not True:
+            raise answer[0]
+
+    def drain(self) -> None:
+        refused = self.ring.drain(TIMEOUT)
+        if refused:
+            raise refused[0]
+
+    def unary(self) -> None:
+        self.session.launch(self.kernel, [self.x, self.y], self.out)
+
+    def correct(self) -> bool:
+        self.drain()
+        good = bool(np.array_equal(self.out, self.expected))
+        self.out[:] = np.nan
+        return good
+
+    def close(self) -> None:
+        self.session.close()
+        self.client.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("socket", nargs="?", default=None)
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--n", type=int, default=256, help="elements per operand")
+    parser.add_argument("--spins", default="0,default",
+                        help="reply_spin values to compare, seconds or 'default' (200 us)")
     args = parser.parse_args()
-    n = args.n
+    spins = [None if s == "default" else float(s) for s in args.spins.split(",")]
+    rigs = [(f"reply_spin={'default' if s is None else s}", Rig(args.socket, s, args.n))
+            for s in spins]
+    backend = rigs[0][1].client.info().get("backend", "?")
+    print(f"ring_wait: backend {backend}, add_f32_scalar on {args.n} floats, {args.calls} calls "
+          f"per row, ptxd {ptxd.__version__}, {os.cpu_count()} CPUs; one column per run, the "
+          f"rigs interleaved")
+    table: Dict[str, List[Tuple[float, float]]] = {}
     failures = 0
-    with ptxd.Client(args.socket) as client, client.session("ring-wait") as session:
-        backend = client.info().get("backend", "?")
-        kernel = session.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(), "add_f32_scalar")
-        x = session.shm_array(n, np.float32)
-        y = session.shm_array(n, np.float32)
-        out = session.shm_array(n, np.float32)
-        rng = np.random.default_rng()
-        x[:] = rng.standard_normal(n, dtype=np.float32)
-        y[:] = rng.standard_normal(n, dtype=np.float32)
-        expected = x + y
-        bx, by, bo = (session.register(a) for a in (x, y, out))
-        ops = [(b._registration.ring_index, b.offset) for b in (bx, by)]
-        target = (bo._registration.ring_index, bo.offset)
-        ring = session._native.open_ring(0, 256)
-        native = kernel._native
 
-        def awaited() -> None:
-            answer = ring.launch(native, ops, target, n, [], False, False, TIMEOUT)
-            if answer is not True:
-                raise answer
+    def row(name: str, figures: Tuple[float, float]) -> None:
+        table.setdefault(name, []).append(figures)
 
-        def deferred() -> None:
-            answer = ring.launch(native, ops, target, n, [], False, True, TIMEOUT)
-            if answer is not True:
-                raise answer[0]
-
-        def drain() -> None:
-            refused = ring.drain(TIMEOUT)
-            if refused:
-                raise refused[0]
-
-        def check(what: str) -> None:
-            nonlocal failures
-            drain()
-            if not np.array_equal(out, expected):
-                print(f"ring_wait: WRONG RESULT after {what}", file=sys.stderr)
-                failures += 1
-            out[:] = np.nan
-
-        def unary() -> None:
-            session.launch(kernel, [x, y], out)
-
-        print(f"ring_wait: backend {backend}, add_f32_scalar on {n} floats, {args.calls} calls "
-              f"per row, ptxd {ptxd.__version__}, {os.cpu_count()} CPUs")
-        table: List[Tuple[str, List[Tuple[float, float]]]] = []
-
-        def row(name: str, figures: Tuple[float, float]) -> None:
-            for existing, values in table:
-                if existing == name:
-                    values.append(figures)
-                    return
-            table.append((name, [figures]))
-
-        for _ in range(args.runs):
-            out[:] = np.nan
-            row("HostRing.launch, answer awaited", timed(args.calls, awaited))
-            check("the awaited launches")
-            row("HostRing.launch, deferred (drain every 32, not timed)",
-                timed(args.calls, deferred, every=32, between=drain))
-            check("the deferred launches")
-            phases = {}
+    for _ in range(args.runs):
+        for label, rig in rigs:
+            rig.out[:] = np.nan
+            row(f"{label}: HostRing.launch, answer awaited", timed(args.calls, rig.awaited))
+            failures += not rig.correct()
+            row(f"{label}: HostRing.launch, deferred (drain every 32, not timed)",
+                timed(args.calls, rig.deferred, every=32, between=rig.drain))
+            failures += not rig.correct()
+            phases: Dict[str, List[int]] = {}
             for _ in range(max(1, args.calls // 1000)):
-                for name, values in ring.profile(native, ops, target, n, [], 1000,
-                                                 TIMEOUT).items():
+                for name, values in rig.ring.profile(rig.native, rig.ops, rig.target, rig.n, [],
+                                                     1000, TIMEOUT).items():
                     phases.setdefault(name, []).extend(values)
-            check("the profiled launches")
+            failures += not rig.correct()
             for name, values in phases.items():
-                row(f"  phase: {name}", quantiles([v * 1e-9 for v in values]))
-            row("Session.launch (unary, gRPC), for scale", timed(max(1, args.calls // 10), unary))
-            check("the unary launches")
-        print(f"  {'p50 / p99 in us, one column per run':60s}")
-        for name, values in table:
-            text = "   ".join(f"{p50:7.2f} /{p99:8.2f}" for p50, p99 in values)
-            print(f"  {name:60s} {text}")
-        awaited_p50 = [v[0] for n_, vs in table if n_.startswith("HostRing.launch, answer")
-                       for v in vs]
-        deferred_p50 = [v[0] for n_, vs in table if n_.startswith("HostRing.launch, deferred")
-                        for v in vs]
-        if awaited_p50 and deferred_p50:
-            diffs = ", ".join(f"{a - d:.2f}" for a, d in zip(awaited_p50, deferred_p50))
-            print(f"  {'awaited - deferred p50 (what waiting costs), per run':60s} {diffs}")
+                row(f"{label}:   phase: {name}", quantiles([v * 1e-9 for v in values]))
+    label, rig = rigs[0]
+    row("Session.launch (unary, gRPC), for scale", timed(max(1, args.calls // 10), rig.unary))
+    failures += not rig.correct()
+    print(f"  {'p50 / p99 in us':80s}")
+    for name, values in table.items():
+        text = "   ".join(f"{p50:7.2f} /{p99:8.2f}" for p50, p99 in values)
+        print(f"  {name:80s} {text}")
+    for label, _ in rigs:
+        awaited = table[f"{label}: HostRing.launch, answer awaited"]
+        deferred = table[f"{label}: HostRing.launch, deferred (drain every 32, not timed)"]
+        diffs = ", ".join(f"{a[0] - d[0]:.2f}" for a, d in zip(awaited, deferred))
+        print(f"  {label + ': awaited - deferred p50 (what waiting costs)':80s} {diffs}")
+    for _, rig in rigs:
+        rig.close()
     if failures:
         print(f"ring_wait: {failures} wrong result(s)")
         return 1
