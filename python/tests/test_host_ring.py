@@ -22,8 +22,18 @@ def filled(session, values: np.ndarray) -> np.ndarray:
     return array
 
 
+@pytest.fixture(params=[None, 0.0, 0.002], ids=["spin-default", "spin-0", "spin-2ms"])
+def spin_session(socket, request):
+    # The awaited answer is polled for the client's reply_spin before the
+    # SDK's wait: every spin must read the same (own) answer.
+    with ptxd.Client(socket, reply_spin=request.param) as client:
+        with client.session("host-ring") as session:
+            yield session
+
+
 @pytest.fixture
-def ring_setup(session):
+def ring_setup(spin_session):
+    session = spin_session
     count = int(RNG.integers(16, 4096))
     x = filled(session, RNG.uniform(-1000, 1000, count).astype(np.float32))
     y = filled(session, RNG.uniform(-1000, 1000, count).astype(np.float32))
@@ -72,6 +82,12 @@ def test_a_deferred_ring_refusal_comes_with_the_next_call_which_is_not_sent(ring
     assert ring.launch(kernel, inputs, output, count, [], False, True, TIMEOUT) is True
     assert ring.drain(TIMEOUT) == [] and ring.outstanding() == 0
     assert np.array_equal(out, x + y)
+    # An awaited call reads only its own answer: one left unread by a
+    # deferred call before it (here a refusal) is read and dropped first.
+    assert ring.launch(kernel, inputs, output, count * 8, [], False, True, TIMEOUT) is True
+    out[:] = np.nan
+    assert ring.launch(kernel, inputs, output, count, [], False, False, TIMEOUT) is True
+    assert ring.outstanding() == 0 and np.array_equal(out, x + y)
     # A sync launch is awaited, whatever defer says.
     out[:] = np.nan
     answer = ring.launch(kernel, inputs, output, count + 1, [], True, True, TIMEOUT)
