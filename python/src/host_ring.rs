@@ -6,11 +6,11 @@
 //! deferred one, without a GPU), and the tests run refusals through a real
 //! daemon with it.
 //!
-//! The awaited path is what `Ring.launch_plan` does for one launch: the GIL
-//! released once around the submission and the wait, the answer read by
-//! the SDK's `LaunchRing::wait` (which polls the completion ring for a
-//! while before it sleeps on the futex word), nothing allocated per launch
-//! but the descriptor's own work, and `True` for an accepted launch.
+//! The awaited path waits as `Ring.launch_plan` does (`answers`): the GIL
+//! released once around the submission and the wait, the answer polled
+//! for the client's `reply_spin` before the SDK's `LaunchRing::wait` (which
+//! polls 30 µs more, then sleeps on the futex word), nothing allocated per
+//! launch but the descriptor's own work, and `True` for an accepted launch.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
