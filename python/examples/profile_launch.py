@@ -23,7 +23,9 @@ through the session's launch ring, timed one stage at a time in a loop:
 - the whole ``Session.launch`` (current stream, and ``stream=``), with the
   GPU kept ahead (a host sync every 32 calls, not timed) and back to back,
   in a session that awaits ptxd's answers and in one with
-  ``defer_errors=True``, and ``launch_many`` per launch;
+  ``defer_errors=True``, and ``launch_many`` per launch; awaited answers
+  polled for the client's default ``reply_spin`` against a client with
+  ``reply_spin=0`` (the SDK's own wait only, as before w32b), alternated;
 
 and, side by side in the same process and run, the in-process references:
 ``torch.add(x, y, out=z)``, ``cuLaunchKernel`` of the same PTX through
@@ -414,6 +416,28 @@ def whole(calls: int, session: ptxd.Session, add: ptxd.Kernel, x: torch.Tensor, 
         if not torch.equal(out, x + y):
             print(f"profile_launch: WRONG RESULT after {name!r}", file=sys.stderr)
             failures += 1
+    # Awaited answers polled for the client's reply_spin (200 us by
+    # default) against reply_spin=0 (the SDK's own wait from the start, as
+    # before w32b), alternated twice so drift lands on both.
+    spin0 = getattr(session, "_spin0_twin", None)
+    if spin0 is not None:
+        session_0, add_0 = spin0
+        for round_ in range(2):
+            for name, call in [
+                (f"Session.launch, awaited, reply_spin default, GPU kept ahead (#{round_ + 1})",
+                 lambda: session.launch(add, [x, y], out)),
+                (f"Session.launch, awaited, reply_spin=0 (as before w32b), GPU kept ahead "
+                 f"(#{round_ + 1})", lambda: session_0.launch(add_0, [x, y], out)),
+            ]:
+                out.fill_(float("nan"))
+                torch.cuda.synchronize(device)
+                row(name, calls, call, sync_every=32, device=device)
+                torch.cuda.synchronize(device)
+                if not torch.equal(out, x + y):
+                    print(f"profile_launch: WRONG RESULT after {name!r}", file=sys.stderr)
+                    failures += 1
+    else:
+        note("Session.launch, awaited, reply_spin=0", "unavailable: no second client")
     deferred = getattr(session, "_deferred_twin", None)
     if deferred is not None:
         session_d, add_d = deferred
@@ -479,6 +503,15 @@ def main() -> int:
                                       device=device)
                 twin.launch(add_d, [x, y], out, sync=True)
                 session._deferred_twin = (twin, add_d)
+            try:
+                client_0 = ptxd.Client(socket, reply_spin=0)
+                session_0 = client_0.session("profile-launch-spin0", defer_errors=False)
+                add_0 = session_0.load_ptx((CORPUS / "add_f32_scalar.ptx").read_text(),
+                                           "add_f32_scalar", device=device)
+                session_0.launch(add_0, [x, y], out, sync=True)
+                session._spin0_twin = (session_0, add_0)
+            except Exception as error:  # noqa: BLE001 - its rows say why they are absent
+                print(f"profile_launch: no reply_spin=0 client: {error}", file=sys.stderr)
             torch.cuda.synchronize(device)
             if not torch.equal(out, x + y):
                 print("profile_launch: WRONG RESULT after the first launch", file=sys.stderr)
@@ -502,6 +535,9 @@ def main() -> int:
                 note("sum, answer awaited", f"{sum(parts[:4]):8.2f} us")
                 if parts[4] is not None:
                     note("sum, deferred answers", f"{sum(parts[:3]) + parts[4]:8.2f} us")
+            spin0 = getattr(session, "_spin0_twin", None)
+            if spin0 is not None:
+                spin0[0].close()
     except Exception:  # noqa: BLE001 - print what was measured before the failure
         traceback.print_exc()
         failures += 1

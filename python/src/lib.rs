@@ -37,6 +37,8 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+mod answers;
+mod host_ring;
 mod operand_table;
 
 use operand_table::Plan;
@@ -308,6 +310,9 @@ fn info_dict<'py>(py: Python<'py>, info: &DaemonInfo) -> PyResult<Bound<'py, PyD
 #[pyclass(module = "ptxd._native", name = "Client", frozen)]
 struct NativeClient {
     inner: Client,
+    /// How long an awaited ring call polls for its answers before the
+    /// SDK's wait (`reply_spin`; see `answers`).
+    answer_spin: std::time::Duration,
 }
 
 #[pymethods]
@@ -339,7 +344,10 @@ impl NativeClient {
             Some(spin) => inner.with_reply_spin(spin),
             None => inner,
         };
-        Ok(NativeClient { inner })
+        Ok(NativeClient {
+            inner,
+            answer_spin: spin.unwrap_or(ptxd_client::DEFAULT_REPLY_SPIN),
+        })
     }
 
     /// The daemon's version, backend, devices, slot use and limits.
@@ -365,6 +373,7 @@ impl NativeClient {
         Ok(NativeSession {
             inner: Mutex::new(Some(Arc::new(session))),
             events: tokio::sync::Mutex::new(events),
+            answer_spin: self.answer_spin,
         })
     }
 }
@@ -375,6 +384,8 @@ struct NativeSession {
     inner: Mutex<Option<Arc<Session>>>,
     /// The session's lease events since it opened, for `next_event`.
     events: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<SessionEvent>>,
+    /// The client's answer spin, for the session's rings.
+    answer_spin: std::time::Duration,
 }
 
 /// A lease event as the Python half sees it: a dict with `kind` and the
@@ -745,6 +756,27 @@ impl NativeSession {
         Ok(event.handle)
     }
 
+    /// Opens a plain launch ring on `device` (an ordinal or a UUID) with
+    /// `slots` slots (a power of two): launches on registered memory by
+    /// ring index, with no GPU ordering (`HostRing`; the host backend's
+    /// ring). By name, or by descriptor when the name does not open.
+    fn open_ring(
+        &self,
+        py: Python<'_>,
+        device: &Bound<'_, PyAny>,
+        slots: u32,
+    ) -> PyResult<host_ring::HostRing> {
+        let session = self.session(py)?;
+        let device = device_selector(device)?;
+        let ring = call(py, async move {
+            match session.open_ring(slots, device.clone()).await {
+                Ok(ring) => Ok(ring),
+                Err(_) => session.open_ring_fd(slots, device).await,
+            }
+        })?;
+        Ok(host_ring::HostRing::new(ring, slots, self.answer_spin))
+    }
+
     /// Opens a launch ring on `device`'s executor, ordered on this
     /// process's streams through two words of a fresh 16-byte allocation of
     /// `device` (see `Ring`): `cuMemAlloc` memory registered by CUDA IPC
@@ -832,6 +864,7 @@ impl NativeSession {
             device,
             _words: ring_words,
             words_handle: words_buffer.handle,
+            answer_spin: self.answer_spin,
         })
     }
 
@@ -1089,6 +1122,8 @@ pub(crate) struct NativeRing {
     /// The ordering words; ptxd maps them, the ring writes them.
     _words: RingWords,
     words_handle: String,
+    /// How long an awaited call polls for its answers (see `answers`).
+    answer_spin: std::time::Duration,
 }
 
 #[pymethods]
@@ -1220,7 +1255,16 @@ impl NativeRing {
             many = plan.extract()?;
             many.iter().map(|p| p.get()).collect()
         };
-        self.launch_plans(py, stream, &plans, sync, defer, timeout)
+        Ok(
+            match self.launch_plans(py, stream, &plans, sync, defer, timeout)? {
+                PlanOutcome::Stale => None,
+                PlanOutcome::Listed(list) => Some(list),
+                PlanOutcome::Accepted if defer && !sync => Some(PyList::empty(py).unbind()),
+                PlanOutcome::Accepted => {
+                    Some(PyList::new(py, plans.iter().map(|_| py.None()))?.unbind())
+                }
+            },
+        )
     }
 
     /// Waits for the completions of every launch still outstanding on the
@@ -1330,9 +1374,36 @@ impl NativeRing {
     }
 }
 
+/// A plan's launch as the SDK takes it.
+fn raw_launch<'a>(plan: &'a Plan, kernel: &'a Kernel) -> RawStreamLaunch<'a> {
+    RawStreamLaunch {
+        kernel,
+        inputs: &plan.inputs,
+        output: plan.output,
+        n: plan.n,
+        scalars: &plan.scalars,
+        args: &plan.typed,
+    }
+}
+
+/// What a ring call on plans did (`NativeRing::launch_plans`).
+pub(crate) enum PlanOutcome {
+    /// A check failed: the memory at a cached address was freed and
+    /// allocated again; nothing was launched.
+    Stale,
+    /// Launched, and nothing refused: awaited, every launch accepted;
+    /// deferred, no earlier refusal read. No Python object is built for it.
+    Accepted,
+    /// Awaited: one entry per launch, `None` or the exception it was
+    /// refused with. Deferred: the exceptions of earlier launches read by
+    /// this call (nothing of it sent).
+    Listed(Py<PyList>),
+}
+
 impl NativeRing {
     /// `launch_plan`'s body, for plans already borrowed (`OperandTable.
-    /// launch` calls it too).
+    /// launch` calls it too). One plan, the common case, allocates nothing
+    /// here: its checks are borrowed and its one launch lives on the stack.
     pub(crate) fn launch_plans(
         &self,
         py: Python<'_>,
@@ -1341,59 +1412,109 @@ impl NativeRing {
         sync: bool,
         defer: bool,
         timeout: std::time::Duration,
-    ) -> PyResult<Option<Py<PyList>>> {
-        let mut kernels = Vec::with_capacity(plans.len());
-        for plan in plans {
-            match plan.native.as_ref() {
-                Some(kernel) => kernels.push(kernel),
-                None => return Err(PyTypeError::new_err("a plan's kernel is not a ptxd kernel")),
-            }
-        }
-        let checks: Vec<(u64, u64)> = if plans.len() == 1 {
-            plans[0].checks.clone()
-        } else {
-            let mut checks: Vec<(u64, u64)> = Vec::new();
-            for &(ptr, id) in plans.iter().flat_map(|p| p.checks.iter()) {
-                if !checks.iter().any(|&(_, seen)| seen == id) {
-                    checks.push((ptr, id));
+    ) -> PyResult<PlanOutcome> {
+        // The plans' kernels (a test's fake plan has none); one plan's
+        // needs no Vec.
+        let not_native = || PyTypeError::new_err("a plan's kernel is not a ptxd kernel");
+        let mut kernels: Vec<&Kernel> = Vec::new();
+        let single = match plans {
+            [plan] => Some(plan.native.as_ref().ok_or_else(not_native)?),
+            _ => {
+                for plan in plans {
+                    kernels.push(plan.native.as_ref().ok_or_else(not_native)?);
                 }
+                None
             }
-            checks
+        };
+        let merged: Vec<(u64, u64)>;
+        let checks: &[(u64, u64)] = match plans {
+            [plan] => &plan.checks,
+            _ => {
+                let mut unique: Vec<(u64, u64)> = Vec::new();
+                for &(ptr, id) in plans.iter().flat_map(|p| p.checks.iter()) {
+                    if !unique.iter().any(|&(_, seen)| seen == id) {
+                        unique.push((ptr, id));
+                    }
+                }
+                merged = unique;
+                &merged
+            }
         };
         let defer = defer && !sync;
+        // An awaited async call submits as a deferred one does and then
+        // reads its own answers itself (`answers::await_answers`: polled
+        // for the client's reply spin before the SDK's wait sleeps); a
+        // sync call leaves the waiting to the SDK (its launches must run
+        // one after the other).
+        let own_wait = !sync && !defer;
         let options = RawStreamOptions {
             sync,
             timeout,
-            defer,
+            defer: defer || own_wait,
         };
+        let count = plans.len();
+        let spin = self.answer_spin;
+        // One GIL release for the checks, the stream operations, the
+        // submission and (awaited) the wait.
         let outcome = py.detach(|| {
             preserving_current_context(|| {
-                if !self.checks_hold(&checks)? {
+                if !self.checks_hold(checks)? {
                     return Ok(None);
                 }
-                let raw: Vec<RawStreamLaunch<'_>> = plans
-                    .iter()
-                    .zip(&kernels)
-                    .map(|(plan, kernel)| RawStreamLaunch {
-                        kernel,
-                        inputs: &plan.inputs,
-                        output: plan.output,
-                        n: plan.n,
-                        scalars: &plan.scalars,
-                        args: &plan.typed,
-                    })
-                    .collect();
                 let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-                // SAFETY: as in `launch`.
-                unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }.map(Some)
+                if own_wait {
+                    // What an earlier, failed call left is not this call's
+                    // (the SDK's awaited call drops it the same way).
+                    answers::drop_leftovers(&mut ring, timeout)?;
+                }
+                let submitted = match (plans, single) {
+                    ([plan], Some(kernel)) => {
+                        let raw = [raw_launch(plan, kernel)];
+                        // SAFETY: as in `launch`.
+                        unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }
+                    }
+                    _ => {
+                        let raw: Vec<RawStreamLaunch<'_>> = plans
+                            .iter()
+                            .zip(&kernels)
+                            .map(|(plan, kernel)| raw_launch(plan, kernel))
+                            .collect();
+                        // SAFETY: as in `launch`.
+                        unsafe { ring.launch_on_raw_stream_with(stream, &raw, options, None) }
+                    }
+                };
+                let mut outcome = submitted?;
+                if !own_wait {
+                    return Ok(Some((outcome, None)));
+                }
+                if !outcome.submitted && count > 0 {
+                    // Nothing was outstanding, so nothing earlier could
+                    // have stopped the submission.
+                    return Err(Error::Protocol(
+                        "launch ring: an awaited call was not submitted".into(),
+                    ));
+                }
+                let read = std::mem::take(&mut outcome.completions);
+                let refused = answers::await_refusals(&mut ring, read, count, spin, timeout)?;
+                Ok(Some((outcome, Some(refused))))
             })
         });
-        let outcome = match outcome {
+        let (outcome, awaited) = match outcome {
             Ok(Some(outcome)) => outcome,
-            Ok(None) => return Ok(None),
+            Ok(None) => return Ok(PlanOutcome::Stale),
             Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
             Err(e) => return Err(to_pyerr(py, e)),
         };
+        if let Some(refused) = awaited {
+            if refused.is_empty() {
+                return Ok(PlanOutcome::Accepted);
+            }
+            let list = PyList::new(py, (0..count).map(|_| py.None()))?;
+            for (index, refusal) in &refused {
+                list.set_item(*index, ring_refusal(py, refusal).value(py))?;
+            }
+            return Ok(PlanOutcome::Listed(list.unbind()));
+        }
         if defer {
             // A deferred call returns no completions of its own, but for a
             // batch longer than the ring's free slots it reads some while
@@ -1406,7 +1527,13 @@ impl NativeRing {
                     .into_iter()
                     .filter_map(|c| c.outcome.err()),
             );
-            return deferred_list(py, &refused).map(Some);
+            if refused.is_empty() {
+                return Ok(PlanOutcome::Accepted);
+            }
+            return deferred_list(py, &refused).map(PlanOutcome::Listed);
+        }
+        if outcome.completions.iter().all(|c| c.outcome.is_ok()) {
+            return Ok(PlanOutcome::Accepted);
         }
         let list = PyList::empty(py);
         for completion in outcome.completions {
@@ -1415,7 +1542,7 @@ impl NativeRing {
                 Err(refusal) => list.append(ring_refusal(py, &refusal).value(py))?,
             }
         }
-        Ok(Some(list.unbind()))
+        Ok(PlanOutcome::Listed(list.unbind()))
     }
 
     /// Whether the allocation at each checked address still has the id the
@@ -1689,6 +1816,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeCudaDevice>()?;
     m.add_class::<NativeIpcEvent>()?;
     m.add_class::<NativeRing>()?;
+    m.add_class::<host_ring::HostRing>()?;
     m.add_class::<operand_table::OperandTable>()?;
     m.add_class::<operand_table::Plan>()?;
     m.add_class::<operand_table::Released>()?;

@@ -20,7 +20,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
 
-use crate::{timeout_of, to_arg, NativeKernel, NativeRing};
+use crate::{timeout_of, to_arg, NativeKernel, NativeRing, PlanOutcome};
 
 /// (device ordinal, address, length in bytes, element size): the key the
 /// Python half's `_OperandCache` uses.
@@ -409,28 +409,34 @@ impl OperandTable {
         let Some(ring) = rings.get_item((ordinal, stream))? else {
             return Ok(py.None());
         };
-        let outcome = if let Ok(native) = ring.cast::<NativeRing>() {
-            native
+        if let Ok(native) = ring.cast::<NativeRing>() {
+            let outcome = native
                 .get()
-                .launch_plans(py, stream, &[&plan], sync, defer, duration)
-        } else if ring.is_truthy()? {
-            let plan_object = Bound::new(py, plan)?;
-            let outcome = ring
-                .call_method1(
-                    intern!(py, "launch_plan"),
-                    (stream, &plan_object, sync, defer, timeout),
-                )
-                .and_then(|o| o.extract::<Option<Py<PyList>>>().map_err(PyErr::from));
-            if let Ok(None) = outcome {
-                self.forget_plan(plan_object.get());
-                return Ok(py.None());
-            }
-            return finish(py, ordinal, stream, &ring, outcome);
-        } else {
+                .launch_plans(py, stream, &[&plan], sync, defer, duration);
+            return match outcome {
+                Ok(PlanOutcome::Accepted) => {
+                    Ok(PyBool::new(py, true).to_owned().into_any().unbind())
+                }
+                Ok(PlanOutcome::Stale) => {
+                    self.forget_plan(&plan);
+                    Ok(py.None())
+                }
+                Ok(PlanOutcome::Listed(list)) => finish(py, ordinal, stream, &ring, Ok(Some(list))),
+                Err(error) => finish(py, ordinal, stream, &ring, Err(error)),
+            };
+        }
+        if !ring.is_truthy()? {
             return Ok(py.None()); // False: this stream takes the unary path
-        };
+        }
+        let plan_object = Bound::new(py, plan)?;
+        let outcome = ring
+            .call_method1(
+                intern!(py, "launch_plan"),
+                (stream, &plan_object, sync, defer, timeout),
+            )
+            .and_then(|o| o.extract::<Option<Py<PyList>>>().map_err(PyErr::from));
         if let Ok(None) = outcome {
-            self.forget_plan(&plan);
+            self.forget_plan(plan_object.get());
             return Ok(py.None());
         }
         finish(py, ordinal, stream, &ring, outcome)

@@ -536,6 +536,51 @@ def test_a_refusal_on_the_lean_path_raises_its_class(fake, fake_torch):
         session.launch(kernel, tensors[:2], tensors[2])
 
 
+def test_an_awaited_launch_raises_its_own_refusal_on_that_call(fake, fake_torch):
+    # An awaited session (defer_errors=False): each lean-path launch reads
+    # its own answer; a refusal is raised, exactly typed, by the call that
+    # caused it (which was sent), never by a later one.
+    session, native, allocator = fake
+    assert not session.defer_errors
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    tensors = [FakeTensor(base + i * 4 * count, count) for i in range(3)]
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, tensors[:2], tensors[2])  # the general path fills the cache
+    ring = native.rings[0]
+    reasons = [("ABI_MISMATCH", ptxd.AbiMismatch, "INVALID_ARGUMENT", 3),
+               ("BUFFER_TOO_SMALL", ptxd.BufferTooSmall, "INVALID_ARGUMENT", 3),
+               ("STALE_BUFFER", ptxd.StaleBuffer, "FAILED_PRECONDITION", 9),
+               ("SCALAR_ARGS_MISMATCH", ptxd.ScalarArgsMismatch, "INVALID_ARGUMENT", 3)]
+    prepares = counting_prepare(session)
+    refused_rounds = 0
+    for round_ in range(32):
+        sent = len(ring.launches)
+        if RNG.random() < 0.5:
+            reason, cls, code, value = RNG.choice(reasons)
+            ticket = RNG.randrange(1, 1 << 20)
+            ring.outcomes = [_from_native("refused", reason,
+                                          f"ring launch {ticket} was refused: {reason}", code,
+                                          value, {"path": "ring", "ticket": str(ticket)})]
+            with pytest.raises(cls) as raised:
+                session.launch(kernel, tensors[:2], tensors[2])
+            assert type(raised.value) is cls, round_
+            assert (raised.value.reason, raised.value.code, raised.value.code_value) == (
+                reason, code, value)
+            assert raised.value.metadata == {"path": "ring", "ticket": str(ticket)}
+            refused_rounds += 1
+        else:
+            ring.outcomes = None
+            assert session.launch(kernel, tensors[:2], tensors[2]) == ptxd.Launched(0, False)
+        assert len(ring.launches) == sent + 1, "each call sent its own launch, once"
+        ring.outcomes = None
+    assert prepares == [], "every round took the lean path"
+    assert ring.plans == 32, "one resolved plan per lean call"
+    assert ring.awaited_calls == 32 + 1
+    assert native.unary == []
+    assert refused_rounds > 0
+
+
 class FakeTritonKernel(FakeKernel):
     # A kernel ptxd says no ring carries (ring_launchable false), whatever
     # its contract's text: the client launches it unary.

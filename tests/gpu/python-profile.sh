@@ -49,8 +49,11 @@ profile() {
   "$venv/bin/python" "$HERE/python/examples/profile_launch.py" "$sock" "$CALLS"
   rc=$?
   # The model step (issue 22's second goal) against the same daemon: eager,
-  # in-process PTX, through ptxd, through ptxd with defer_errors, and that
-  # with add and silu_mul as one launch_many.
+  # in-process PTX, through ptxd (answers awaited), with defer_errors, and
+  # that with add and silu_mul as one launch_many, interleaved rep by rep;
+  # per variant wall / CPU issue / GPU span / fed GPU time per step and what
+  # bounds it, each ratio as the median of per-rep ratios [min-max]. A wrong
+  # result exits 1.
   "$venv/bin/python" "$HERE/python/examples/model_step.py" "$sock" || rc=1
   kill -TERM "$pid"
   wait "$pid"

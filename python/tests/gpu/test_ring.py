@@ -270,3 +270,53 @@ def test_a_refusal_through_the_ring_raises_what_the_unary_path_raises(torch, gpu
         result = out.clone()
     stream.synchronize()
     assert not torch.isnan(result).any()
+
+
+def test_an_awaited_refusal_on_the_lean_path_is_raised_by_its_own_call(torch, gpu_session, device):
+    # Cached tensors take the lean path (one native call); with answers
+    # awaited (the default), a refused launch raises its exact class on that
+    # call, the launches around it are accepted, and the stream never waits
+    # on a refused launch. launch_many on the lean path reports the refused
+    # item's index.
+    assert not gpu_session.defer_errors
+    affine = gpu_session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar", device=device)
+    count = (1 << 14) + 5
+    a = torch.randn(count, device=device)
+    out = torch.full((count,), float("nan"), device=device)
+    stream = torch.cuda.Stream(device=device)
+    lean = gpu_session._operands.launch
+    calls = []
+    gpu_session._operands.launch = lambda *args: calls.append(1) or lean(*args)
+    results = []
+    with torch.cuda.stream(stream):
+        gpu_session.launch(affine, [a], out, params=(2.0, 0.5))  # fills the cache
+        calls.clear()
+        for round_ in range(16):
+            out.fill_(float("nan"))
+            if round_ % 3 == 1:
+                with pytest.raises(ptxd.AbiMismatch) as refused:
+                    gpu_session.launch(affine, [a], out, params=(1.0,))  # it takes two
+                assert type(refused.value) is ptxd.AbiMismatch
+                assert refused.value.metadata.get("path") == "ring"
+                assert "deferred" not in refused.value.metadata
+                results.append((None, out.clone()))
+            else:
+                scale = float(round_ + 1)
+                assert gpu_session.launch(affine, [a], out, params=(scale, 0.5)) == ptxd.Launched(
+                    0, False)
+                results.append((scale, out.clone()))
+        with pytest.raises(ptxd.AbiMismatch) as batch:
+            gpu_session.launch_many([(affine, [a], out, None, (3.0, 0.25)),
+                                     (affine, [a], out, None, (1.0,)),
+                                     (affine, [a], out, None, (4.0, 0.25))])
+        after_batch = out.clone()
+    stream.synchronize()
+    assert len(calls) == 16, "every single launch took the lean path"
+    for round_, (scale, got) in enumerate(results):
+        if scale is None:
+            assert torch.isnan(got).all(), f"round {round_}: the refused launch ran"
+        else:
+            expected = a * scale + 0.5
+            assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6), f"round {round_}"
+    assert batch.value.index == 1 and batch.value.results[0] == 0
+    assert torch.allclose(after_batch, a * 4.0 + 0.25, rtol=1e-6, atol=1e-6)
