@@ -39,7 +39,10 @@
 //!   a panic: the kernel is verified again.
 //! - Only the daemon's user can write the directory; an entry that passed
 //!   its checks is trusted as the verifier's own output, as the compiled
-//!   code next to it is trusted as the driver's.
+//!   code next to it is trusted as the driver's. An entry another user
+//!   could have written (owned by another user, or writable by group or
+//!   others: planted while the directory was writable by others, before
+//!   the cache made it 0700) is a miss and is deleted, never trusted.
 
 use std::path::Path;
 
@@ -89,6 +92,9 @@ const PRECONDITION_NAMES: &[&str] = &[
     ARG_NONNEGATIVE,
     STRIDED_INDEX_FITS_I64,
 ];
+
+/// [`VerdictCache::written_by_this_user`]'s answer when there is no entry.
+const NO_ENTRY: &str = "no entry";
 
 /// One daemon's view of a verdict cache directory (others may share it).
 #[derive(Debug)]
@@ -151,6 +157,13 @@ impl VerdictCache {
         declared: Option<DeclaredAbi>,
     ) -> Option<Accepted> {
         let key = self.key(text, symbol, declared);
+        if let Err(why) = self.written_by_this_user(&key) {
+            if why != NO_ENTRY {
+                tracing::warn!(%symbol, why, "a verdict cache entry this daemon's user did not write; discarded");
+                self.store.remove(&key);
+            }
+            return None;
+        }
         match self.store.get(&key) {
             Lookup::Hit(payload) => match decode(&payload).and_then(|a| consistent(a, symbol)) {
                 Ok(accepted) => Some(accepted),
@@ -162,6 +175,31 @@ impl VerdictCache {
             },
             Lookup::Miss | Lookup::Discarded(_) => None,
         }
+    }
+
+    /// Whether `key`'s entry is a plain file that only this daemon's user
+    /// could have written: owned by it and writable by no one else, as
+    /// [`KernelCache::put`] leaves every entry (0600). The directory is
+    /// made 0700 when the cache opens, but a directory that was writable by
+    /// others before (an operator's `mkdir -m 777`, a group-shared cache)
+    /// may hold entries another user planted then, under keys they can
+    /// compute (the identity and the key's inputs are no secret); those are
+    /// not the verifier's verdicts. `Err(NO_ENTRY)` when there is none.
+    fn written_by_this_user(&self, key: &CacheKey) -> Result<(), &'static str> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::symlink_metadata(self.store.entry_path(key)) else {
+            return Err(NO_ENTRY);
+        };
+        if !meta.file_type().is_file() {
+            return Err("not a plain file");
+        }
+        if meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err("owned by another user");
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err("writable by other users");
+        }
+        Ok(())
     }
 
     /// Keeps `accepted`, the verdict on these inputs.
