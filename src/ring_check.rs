@@ -593,8 +593,9 @@ pub(crate) mod tests {
         for (name, contract, signature) in &corpus {
             let block = match contract.geometry.block {
                 BlockRule::Required(x) => x,
-                rule => [rule.host_block(), 32, 96, 1024][rng.random_range(0..4)]
-                    .min(rule.host_block()),
+                rule => {
+                    [rule.host_block(), 32, 96, 1024][rng.random_range(0..4)].min(rule.host_block())
+                }
             };
             let Some(grant) = grant_terms(contract, signature, block) else {
                 // Not granted: every ring launch of it is refused.
@@ -744,7 +745,8 @@ pub(crate) mod tests {
                 // the ring's client sees only the reason).
                 if let (0 | 1, Err(r), Err(u)) = (path, &mut ring, &unary) {
                     if r.metadata.get("param").is_some_and(|p| p.starts_with('p')) {
-                        r.metadata.insert("param".into(), u.metadata["param"].clone());
+                        r.metadata
+                            .insert("param".into(), u.metadata["param"].clone());
                         r.message = u.message.clone();
                     }
                 }
