@@ -27,7 +27,9 @@
 //!   source file of `src/ptx/` (the verifier, the canonical printer and the
 //!   contract, a module that imports nothing else of the crate) and of
 //!   `Cargo.lock`, computed by `build.rs` at every build in which one of
-//!   them changed. A verifier that differs by one byte of source, or is
+//!   them changed, and a hash of this file (the encoding and the checks a
+//!   decoded verdict passes), so an encoding changed without a version
+//!   bump never decodes an old entry. A verifier that differs by one byte of source, or is
 //!   built against other dependencies, looks up other keys: an old entry is
 //!   never found, and ages out under the size bound.
 //! - A payload is decoded by an explicit, versioned format (below), with
@@ -76,6 +78,22 @@ pub const VERIFIER_IDENTITY: &str = concat!(
     env!("PTXD_VERIFIER_SOURCE_HASH")
 );
 
+/// This file: the verdict's encoding and decoding, and the checks a
+/// decoded verdict passes, are part of what a kept verdict means.
+const ENCODER: &str = include_str!("verdict_cache.rs");
+
+/// The identity a cache keys its entries by: the verifier's
+/// ([`VERIFIER_IDENTITY`], which hashes `src/ptx/` only) and a hash of the
+/// code that encodes and decodes verdicts (`encoder`, this file's source).
+/// An entry written by a build whose encoding differs (a tag renumbered,
+/// a field reordered, a check dropped) without [`ENCODING_VERSION`] being
+/// bumped would decode to another contract; with the encoder in the key
+/// it is never looked up.
+fn identity_with(encoder: &str) -> String {
+    let hash = blake3::hash(encoder.as_bytes()).to_hex();
+    format!("{VERIFIER_IDENTITY}+{}", &hash.as_str()[..32])
+}
+
 /// Expressions nested deeper than this are not decoded (the verifier's
 /// own are a few levels deep).
 const MAX_EXPR_DEPTH: u32 = 64;
@@ -107,7 +125,7 @@ impl VerdictCache {
     /// Opens (creating it, mode 0700) the verdict directory under the
     /// kernel cache directory `kernel_cache_dir`, bounded to `max_bytes`.
     pub fn open(kernel_cache_dir: &Path, max_bytes: u64) -> Result<VerdictCache, CacheError> {
-        VerdictCache::open_with_identity(kernel_cache_dir, max_bytes, VERIFIER_IDENTITY)
+        VerdictCache::open_with_identity(kernel_cache_dir, max_bytes, &identity_with(ENCODER))
     }
 
     /// [`VerdictCache::open`] as a verifier of another identity would (for
@@ -717,6 +735,19 @@ mod tests {
         assert!(tomorrow
             .get(text.as_bytes(), "add_f32_scalar", None)
             .is_none());
+        // The encoder is part of the identity: a build whose encoding
+        // differs by one byte (here a renumbered tag) misses today's
+        // entries, and the default identity is today's encoder's.
+        let renumbered = ENCODER.replacen("8 => {", "11 => {", 1);
+        assert_ne!(renumbered, ENCODER);
+        let edited =
+            VerdictCache::open_with_identity(dir.path(), 1 << 20, &identity_with(&renumbered))
+                .unwrap();
+        assert!(edited
+            .get(text.as_bytes(), "add_f32_scalar", None)
+            .is_none());
+        assert_eq!(today.identity, identity_with(ENCODER));
+        assert!(today.identity.starts_with(VERIFIER_IDENTITY));
         // The identity is the build's: the crate version and a 128-bit
         // source hash.
         let (version, hash) = VERIFIER_IDENTITY.split_once('+').unwrap();
