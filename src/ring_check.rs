@@ -14,7 +14,8 @@
 //!   ptxd defines is kept as `launch_precondition` (the condition itself is
 //!   still evaluated: only its refusal's name is generic).
 //! - Anything malformed (an expression that does not reduce to exactly one
-//!   value, a step without a kind, an arg the launch does not pass, a param
+//!   value, a step without a kind, an arg the launch does not pass or that
+//!   is no 64-bit integer (a `.f32`'s bits read as a count), a param
 //!   without a kind) is refused: the kernel is then not
 //!   granted to the ring, never checked against less.
 //! - Decoding is bounded: an expression has at most [`MAX_STEPS`] steps.
@@ -251,7 +252,7 @@ pub fn decode(wire: &exec::RingContract) -> Result<LaunchContract, String> {
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
-    Ok(LaunchContract {
+    let contract = LaunchContract {
         params,
         geometry: Geometry {
             // The block is the grant's; the rule does not enter the check.
@@ -260,7 +261,11 @@ pub fn decode(wire: &exec::RingContract) -> Result<LaunchContract, String> {
         },
         footprints,
         preconditions,
-    })
+    };
+    if !contract.reads_only_integer_args() {
+        return Err("an arg step naming a scalar that is no 64-bit integer".into());
+    }
+    Ok(contract)
 }
 
 /// Whether a ring can check launches of a kernel with this contract (then
@@ -623,7 +628,14 @@ pub(crate) mod tests {
                 })
                 .collect();
             for _ in 0..200 {
-                let n = hostile_count(&mut rng);
+                // A count limit's edge: the last count it passes and the
+                // first it refuses.
+                let n = match grant.max_count {
+                    Some(max) if rng.random_range(0..4) == 0 => {
+                        max.saturating_add(rng.random_range(0..2))
+                    }
+                    _ => hostile_count(&mut rng),
+                };
                 // Buffers: mostly exactly a footprint's size or one byte
                 // less (the edge), else anything.
                 let values = contract.values(n, block);

@@ -36,7 +36,8 @@
 //!   every length checked against the bytes left and every nesting bounded;
 //!   a decoded verdict is then checked for consistency (the text hashes to
 //!   the hash it carries, the signature and the contract agree on the
-//!   operands and scalars, the entry and every param are named in the
+//!   operands and scalars, every arg a footprint or precondition reads is
+//!   a 64-bit integer scalar, the entry and every param are named in the
 //!   text). Anything that fails is a miss (logged, the entry deleted), never
 //!   a panic: the kernel is verified again.
 //! - Only the daemon's user can write the directory; an entry that passed
@@ -642,6 +643,9 @@ fn consistent(accepted: Accepted, symbol: &str) -> Result<Accepted, String> {
         .any(|f| usize::from(f.param) >= c.contract.params.len())
     {
         return Err("a footprint names a param the contract does not have".into());
+    }
+    if !c.contract.reads_only_integer_args() {
+        return Err("the contract reads an arg that is no 64-bit integer scalar".into());
     }
     if !c.text.contains(&format!(".entry {symbol}(")) {
         return Err("the canonical text has no entry of the symbol".into());

@@ -338,3 +338,102 @@ fn concurrent_writers_of_a_key_never_serve_a_torn_verdict() {
         }
     });
 }
+
+/// The Strided kernels' contracts, as the verifier proves them.
+fn strided_contracts() -> Vec<(String, ptx::LaunchContract)> {
+    let mut out = Vec::new();
+    for entry in [
+        "add_f32_strided",
+        "bias_add_f32_strided",
+        "transpose_copy_f32_strided",
+    ] {
+        for build in ["O3", "G", "fast"] {
+            let file = format!("jit/nvrtc/{entry}_{build}.ptx");
+            let canonical = ptx::canonicalize(&corpus(&file), entry, None).unwrap();
+            assert!(canonical.contract.reads_args(), "{file}");
+            out.push((file, canonical.contract));
+        }
+    }
+    out
+}
+
+/// Class: args of the wrong kind. A footprint or precondition's arg is
+/// read as the kernel's signed 64-bit value; a contract that reads a
+/// `.f32` scalar (its bits would be a stride or a divisor: 0x3f800000 for
+/// 1.0) or a 32-bit one (its sign is not where a 64-bit read finds it)
+/// is no contract the verifier gives. Before, a ring grant carrying one
+/// decoded and its launches were checked with the float's bits as a
+/// count, and a kept verdict carrying one was served; now the grant is
+/// refused (the kernel is not granted to the ring) and the verdict is a
+/// miss. The verifier's own contracts all pass.
+#[test]
+fn an_arg_of_another_kind_in_a_contract_is_refused() {
+    use ptxd::ptx::contract::{ParamKind, ScalarType};
+    use ptxd_proto::executor::param_slot::Slot;
+    for (file, contract) in strided_contracts() {
+        assert!(contract.reads_only_integer_args(), "{file}");
+        let wire = ptxd::ring_check::encode(&contract);
+        assert!(ptxd::ring_check::decode(&wire).is_ok(), "{file}");
+        let scalars: Vec<usize> = wire
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| matches!(p.slot, Some(Slot::Scalar(_))))
+            .map(|(i, _)| i)
+            .collect();
+        let mut refused = 0;
+        for (k, ty) in (0..scalars.len())
+            .flat_map(|k| [ScalarType::F32, ScalarType::S32, ScalarType::U32].map(|t| (k, t)))
+        {
+            // The wire kind of `ty`, as the grant spells it.
+            let mut typed = contract.clone();
+            let at = contract
+                .params
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| matches!(p.kind, ParamKind::Scalar(_)))
+                .map(|(i, _)| i)
+                .nth(k)
+                .unwrap();
+            typed.params[at].kind = ParamKind::Scalar(ty);
+            let kind = ptxd::ring_check::encode(&typed).params[scalars[k]].clone();
+            let mut bad = wire.clone();
+            bad.params[scalars[k]] = kind;
+            // Refused exactly when a term reads arg k.
+            let read = contract
+                .to_string()
+                .split("); block")
+                .nth(1)
+                .is_some_and(|terms| terms.contains(&format!("{}", contract.arg_names()[k])));
+            match ptxd::ring_check::decode(&bad) {
+                Err(error) => {
+                    assert!(read, "{file} arg {k} {ty:?}: {error}");
+                    assert!(
+                        error.contains("no 64-bit integer"),
+                        "{file} {ty:?}: {error}"
+                    );
+                    assert!(!typed.reads_only_integer_args(), "{file} {ty:?}");
+                    refused += 1;
+                }
+                Ok(_) => assert!(!read, "{file}: arg {k} {ty:?} read as a count"),
+            }
+        }
+        assert!(refused >= 6, "{file}: {refused}");
+    }
+    // A kept verdict whose contract reads a `.f32` arg is a miss.
+    let (file, entry) = ("jit/nvrtc/add_f32_strided_O3.ptx", "add_f32_strided");
+    let text = corpus(file);
+    let mut canonical = ptx::canonicalize(&text, entry, None).unwrap();
+    let first = canonical
+        .contract
+        .params
+        .iter()
+        .position(|p| matches!(p.kind, ParamKind::Scalar(_)))
+        .unwrap();
+    canonical.contract.params[first].kind = ParamKind::Scalar(ScalarType::F32);
+    let hash = *blake3::hash(canonical.text.as_bytes()).as_bytes();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = VerdictCache::open(dir.path(), 1 << 20).unwrap();
+    cache.put(text.as_bytes(), entry, None, &Accepted { canonical, hash });
+    assert!(cache.get(text.as_bytes(), entry, None).is_none());
+}
