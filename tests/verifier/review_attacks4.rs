@@ -437,3 +437,135 @@ fn an_arg_of_another_kind_in_a_contract_is_refused() {
     cache.put(text.as_bytes(), entry, None, &Accepted { canonical, hash });
     assert!(cache.get(text.as_bytes(), entry, None).is_none());
 }
+
+/// The largest element index `f(i / d, i % d)` takes over `0 <= i < n`
+/// (`n >= 1`, `d >= 1`) for an `f` non-decreasing in both: at `i = n - 1`,
+/// or at the last element of the row before (`(q - 1, d - 1)`), in u128.
+fn largest_index(n: u128, d: u128, f: impl Fn(u128, u128) -> u128) -> u128 {
+    let q = (n - 1) / d;
+    let last = f(q, (n - 1) - q * d);
+    if q >= 1 {
+        last.max(f(q - 1, d - 1))
+    } else {
+        last
+    }
+}
+
+/// What held: the Strided contract's arithmetic at values no buffer can
+/// hold. For every corpus Strided kernel and random huge launches (counts
+/// to 2^63 - 1, strides and divisors of 0, 1, powers of two to 2^62,
+/// i64::MAX, u64::MAX, and the shape's own edges: d = n - 1, n, n + 1),
+/// whenever the contract passes the launch (every precondition holds),
+/// each input's footprint covers the largest element the kernel reads,
+/// computed exactly in u128 from the kernel's index formula, and that
+/// element's byte offset fits the kernel's signed 64-bit arithmetic (no
+/// product or sum wraps); the output's is `4n`. Launches past 2^63 bytes
+/// are refused by `strided_index_fits_i64`, a negative or huge divisor by
+/// `divisor_positive`.
+#[test]
+fn the_strided_contract_bounds_what_the_kernel_reads_at_huge_args() {
+    use ptxd::launch::{BoundContract, LaunchRefusal, LaunchTerms};
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let huge = |rng: &mut rand::rngs::StdRng, n: u64| -> u64 {
+        match rng.random_range(0..9) {
+            0 => 0,
+            1 => 1,
+            2 => 1 << rng.random_range(1..63),
+            3 => i64::MAX as u64,
+            4 => u64::MAX,
+            5 => n.saturating_sub(1),
+            6 => n.saturating_add(1),
+            7 => n,
+            _ => {
+                let top: u64 = 1 << rng.random_range(2..63);
+                rng.random_range(2..top)
+            }
+        }
+    };
+    let (mut passed, mut widest, mut refused) = (0usize, 0u128, Vec::new());
+    for (file, contract) in strided_contracts() {
+        let terms = BoundContract {
+            contract: &contract,
+            block: contract.geometry.block.host_block(),
+        };
+        for _ in 0..20_000 {
+            let n: u64 = match rng.random_range(0..4) {
+                0 => rng.random_range(1..5),
+                1 => 1 << rng.random_range(0..63),
+                _ => rng.random_range(1..=i64::MAX as u64),
+            };
+            let (s0, s1, d0, d1) = (
+                huge(&mut rng, n),
+                huge(&mut rng, n),
+                huge(&mut rng, n),
+                huge(&mut rng, n),
+            );
+            let transpose = file.contains("transpose");
+            let args: Vec<u64> = if transpose {
+                vec![s0, d0, d1]
+            } else {
+                vec![s0, s1, d0, d1]
+            };
+            let values = match terms.values(n, &args) {
+                Ok(v) => v,
+                Err(LaunchRefusal::PreconditionFailed { precondition, .. }) => {
+                    refused.push(precondition);
+                    continue;
+                }
+                Err(other) => panic!("{file}: {other}"),
+            };
+            let (n, s0, s1, d1) = (
+                u128::from(n),
+                u128::from(s0),
+                u128::from(s1),
+                u128::from(d1),
+            );
+            let reads: Vec<u128> = if transpose {
+                vec![largest_index(n, d1, |r, c| c * s0 + r)]
+            } else if file.contains("bias_add") {
+                vec![n - 1, largest_index(n, d1, |_, c| c * s1)]
+            } else {
+                vec![
+                    largest_index(n, d1, |r, c| r * s0 + c),
+                    largest_index(n, d1, |_, c| c * s1),
+                ]
+            };
+            for (k, largest) in reads.iter().enumerate() {
+                let bytes = contract.footprints[k]
+                    .bytes
+                    .eval_with(&values, &args)
+                    .unwrap_or_else(|| panic!("{file}: a passed launch without a footprint"));
+                assert!(
+                    bytes >= 4 * (largest + 1),
+                    "{file}: input {k} reads element {largest}, footprint {bytes} bytes: n {n}, args {args:?}"
+                );
+                assert!(
+                    4 * largest <= i64::MAX as u128,
+                    "{file}: input {k}'s byte offset {} wraps the kernel's i64: n {n}, args {args:?}",
+                    4 * largest
+                );
+                widest = widest.max(4 * largest);
+            }
+            let out = contract.footprints[reads.len()]
+                .bytes
+                .eval_with(&values, &args);
+            assert_eq!(out, Some(4 * n), "{file}");
+            passed += 1;
+        }
+    }
+    refused.sort_unstable();
+    refused.dedup();
+    eprintln!("{passed} passed, the widest read at byte {widest}; refused by {refused:?}");
+    assert!(passed > 1000, "{passed}");
+    assert!(widest > 1 << 60, "{widest}");
+    for name in [
+        "divisor_positive",
+        "arg_nonnegative",
+        "strided_index_fits_i64",
+    ] {
+        assert!(refused.contains(&name), "{name}: {refused:?}");
+    }
+}
