@@ -396,7 +396,7 @@ fn an_arg_of_another_kind_in_a_contract_is_refused() {
                 .nth(k)
                 .unwrap();
             typed.params[at].kind = ParamKind::Scalar(ty);
-            let kind = ptxd::ring_check::encode(&typed).params[scalars[k]].clone();
+            let kind = ptxd::ring_check::encode(&typed).params[scalars[k]];
             let mut bad = wire.clone();
             bad.params[scalars[k]] = kind;
             // Refused exactly when a term reads arg k.
@@ -404,7 +404,7 @@ fn an_arg_of_another_kind_in_a_contract_is_refused() {
                 .to_string()
                 .split("); block")
                 .nth(1)
-                .is_some_and(|terms| terms.contains(&format!("{}", contract.arg_names()[k])));
+                .is_some_and(|terms| terms.contains(contract.arg_names()[k]));
             match ptxd::ring_check::decode(&bad) {
                 Err(error) => {
                     assert!(read, "{file} arg {k} {ty:?}: {error}");
