@@ -140,7 +140,14 @@ async fn a_daemon_does_not_load_a_planted_verdict() {
         &forged,
     );
     let entry = the_entry(&verdicts);
-    plant(&entry, 0o644, is_root());
+    // As root, another owner with an ordinary umask's mode; otherwise a
+    // mode others can write (chown needs root).
+    let (mode, other_owner) = if is_root() {
+        (0o644, true)
+    } else {
+        (0o666, false)
+    };
+    plant(&entry, mode, other_owner);
     let daemon = Daemon::start_with(
         &["--kernel-cache-dir", dir.path().to_str().unwrap()],
         |command| {
