@@ -14,7 +14,8 @@
 //!   ptxd defines is kept as `launch_precondition` (the condition itself is
 //!   still evaluated: only its refusal's name is generic).
 //! - Anything malformed (an expression that does not reduce to exactly one
-//!   value, a step without a kind, an arg the launch does not pass, a param
+//!   value, a step without a kind, an arg the launch does not pass or that
+//!   is no 64-bit integer (a `.f32`'s bits read as a count), a param
 //!   without a kind) is refused: the kernel is then not
 //!   granted to the ring, never checked against less.
 //! - Decoding is bounded: an expression has at most [`MAX_STEPS`] steps.
@@ -251,7 +252,7 @@ pub fn decode(wire: &exec::RingContract) -> Result<LaunchContract, String> {
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
-    Ok(LaunchContract {
+    let contract = LaunchContract {
         params,
         geometry: Geometry {
             // The block is the grant's; the rule does not enter the check.
@@ -260,7 +261,11 @@ pub fn decode(wire: &exec::RingContract) -> Result<LaunchContract, String> {
         },
         footprints,
         preconditions,
-    })
+    };
+    if !contract.reads_only_integer_args() {
+        return Err("an arg step naming a scalar that is no 64-bit integer".into());
+    }
+    Ok(contract)
 }
 
 /// Whether a ring can check launches of a kernel with this contract (then
@@ -316,7 +321,7 @@ pub fn grant_terms(
 #[allow(clippy::unwrap_used)]
 pub(crate) mod tests {
     use super::*;
-    use crate::launch::{BoundContract, LaunchTerms};
+    use crate::launch::{BoundContract, LaunchTerms, ScalarArg};
     use rand::Rng;
 
     fn triton() -> LaunchContract {
@@ -465,6 +470,311 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// Every kernel of `tests/corpus` (every entry of every file) the
+    /// verifier accepts: (where, contract, signature).
+    pub(crate) fn accepted_corpus() -> Vec<(String, LaunchContract, crate::ptx::Signature)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+        let mut dirs = vec![root];
+        let mut files = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "ptx") {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        let mut out = Vec::new();
+        for path in files {
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let entries: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.split(".entry ").nth(1))
+                .filter_map(|rest| rest.split(['(', ' ']).next())
+                .map(str::to_owned)
+                .collect();
+            for symbol in entries {
+                if let Ok(c) = crate::ptx::canonicalize(&text, &symbol, None) {
+                    let name = path.file_name().unwrap().to_string_lossy();
+                    out.push((format!("{name}:{symbol}"), c.contract, c.signature));
+                }
+            }
+        }
+        out
+    }
+
+    /// A hostile typed arg for a param of type `ty`: mostly of its own
+    /// type (so the contract's terms are reached) with boundary bits (0,
+    /// 1, -1, 2^31, 2^32, 2^63, u64::MAX, NaN and infinity bits), now and
+    /// then of another type.
+    fn hostile_arg(rng: &mut impl rand::Rng, ty: crate::ptx::contract::ScalarType) -> ScalarArg {
+        use crate::ptx::contract::ScalarType as T;
+        let ty = if rng.random_range(0..12) == 0 {
+            [T::U32, T::S32, T::U64, T::S64, T::F32, T::F64][rng.random_range(0..6)]
+        } else {
+            ty
+        };
+        let bits: u64 = match rng.random_range(0..10) {
+            0 => 0,
+            1 => 1,
+            2 => u64::MAX,
+            3 => 1 << rng.random_range(0..64),
+            4 => (1 << rng.random_range(0..64)) - 1,
+            5 => (-rng.random_range(1i64..1000)) as u64,
+            6 => rng.random_range(0..=u64::MAX),
+            _ => rng.random_range(0..300),
+        };
+        match ty {
+            T::U32 => ScalarArg::U32(bits as u32),
+            T::S32 => ScalarArg::I32(bits as i32),
+            T::U64 => ScalarArg::U64(bits),
+            T::S64 => ScalarArg::I64(bits as i64),
+            T::F32 => ScalarArg::F32(f32::from_bits(bits as u32)),
+            T::F64 => ScalarArg::F64(f64::from_bits(bits)),
+        }
+    }
+
+    /// A hostile count: the boundaries of every precondition the families
+    /// carry (2^31, 2^32, 2^63, u64::MAX and their neighbours), 0, small
+    /// and random ones.
+    fn hostile_count(rng: &mut impl rand::Rng) -> u64 {
+        let edge = [
+            0u64,
+            1,
+            (1 << 31) - 1,
+            1 << 31,
+            (1 << 31) + 1,
+            u64::from(u32::MAX),
+            1 << 32,
+            i64::MAX as u64,
+            1 << 63,
+            u64::MAX,
+        ];
+        match rng.random_range(0..6) {
+            0 => edge[rng.random_range(0..edge.len())],
+            1 => edge[rng.random_range(0..edge.len())].wrapping_add(rng.random_range(0..3)),
+            2 => 1 << rng.random_range(0..64),
+            3 => rng.random_range(0..=u64::MAX),
+            _ => rng.random_range(0..5000),
+        }
+    }
+
+    /// The ring never passes what the unary path refuses, and refuses with
+    /// the unary path's words: for every kernel of the corpus the verifier
+    /// accepts (every family: the scalar ABI, 32-bit indices, Vectorized,
+    /// Strided, Triton, Inductor, NVRTC frames and calls), granted as the
+    /// front grants it ([`grant_terms`]) and checked as the ring's
+    /// executor checks it (the whole decoded contract, the signature and
+    /// its count limit, or the signature alone), against `check_with_args`
+    /// over the verified contract at hostile counts, typed args (wrong
+    /// types, wrong numbers, NaN bits read as a count, negative and huge
+    /// strides and divisors), f32 params, offsets near 2^64, misaligned,
+    /// and buffers of 0 to 2^64 - 1 bytes. Ring more permissive than unary
+    /// is a hole; any other difference is a wording mismatch.
+    #[test]
+    fn the_ring_refuses_what_the_unary_path_refuses_for_every_corpus_kernel() {
+        use crate::executor::ring::RingTable;
+        use crate::launch::{check_with_args, KernelCap, LaunchShape, Placement};
+        use ptxd_ipc::ring::OperandRef;
+        use rand::SeedableRng;
+        let seed: u64 = rand::random();
+        eprintln!("seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let corpus = accepted_corpus();
+        assert!(corpus.len() >= 200, "{}", corpus.len());
+        let here = Placement {
+            device_index: 0,
+            generation: crate::handles::DeviceGeneration(0),
+        };
+        let (mut ring_only, mut compared, mut passed) = (0usize, 0usize, 0usize);
+        let mut paths = [0usize; 3];
+        for (name, contract, signature) in &corpus {
+            let block = match contract.geometry.block {
+                BlockRule::Required(x) => x,
+                rule => {
+                    [rule.host_block(), 32, 96, 1024][rng.random_range(0..4)].min(rule.host_block())
+                }
+            };
+            let Some(grant) = grant_terms(contract, signature, block) else {
+                // Not granted: every ring launch of it is refused.
+                ring_only += 1;
+                continue;
+            };
+            let decoded = grant
+                .contract
+                .as_ref()
+                .filter(|_| grant.max_count.is_none())
+                .map(|wire| decode(wire).unwrap());
+            let ring_signature = crate::ptx::Signature {
+                reqntid: None,
+                maxntid: None,
+                ..signature.clone()
+            };
+            let unary_terms = BoundContract { contract, block };
+            let operands = contract.footprints.len();
+            let scalar_types: Vec<_> = contract
+                .params
+                .iter()
+                .filter_map(|p| match p.kind {
+                    ParamKind::Scalar(t) => Some(t),
+                    _ => None,
+                })
+                .collect();
+            for _ in 0..200 {
+                // A count limit's edge: the last count it passes and the
+                // first it refuses.
+                let n = match grant.max_count {
+                    Some(max) if rng.random_range(0..4) == 0 => {
+                        max.saturating_add(rng.random_range(0..2))
+                    }
+                    _ => hostile_count(&mut rng),
+                };
+                // Buffers: mostly exactly a footprint's size or one byte
+                // less (the edge), else anything.
+                let values = contract.values(n, block);
+                let mut args: Vec<ScalarArg> = scalar_types
+                    .iter()
+                    .map(|t| hostile_arg(&mut rng, *t))
+                    .collect();
+                match rng.random_range(0..30) {
+                    0 => {
+                        args.pop();
+                    }
+                    1 => args.push(ScalarArg::U64(rng.random())),
+                    _ => {}
+                }
+                let (scalars, args) = if rng.random_range(0..10) == 0 && !args.is_empty() {
+                    (args.len(), Vec::new())
+                } else {
+                    (0, args)
+                };
+                let bits: Vec<u64> = args.iter().map(|a| a.bits()).collect();
+                let mut grant_buffers = Vec::new();
+                let mut refs = Vec::new();
+                for k in 0..operands {
+                    let alignment = u64::from(contract.footprints[k].alignment.max(1));
+                    let footprint = contract.footprints[k]
+                        .bytes
+                        .eval_with(&values, &bits)
+                        .and_then(|f| u64::try_from(f).ok());
+                    let offset = match rng.random_range(0..8) {
+                        0 => u64::MAX - rng.random_range(0..64),
+                        1 => alignment * rng.random_range(0..64) + rng.random_range(0..alignment),
+                        2 => (u64::MAX / alignment) * alignment,
+                        _ => alignment * rng.random_range(0..4),
+                    };
+                    let size = match (rng.random_range(0..4), footprint) {
+                        (0, _) => rng.random_range(0..=u64::MAX),
+                        (1, _) => u64::MAX,
+                        (_, Some(f)) => f
+                            .saturating_add(offset)
+                            .saturating_sub(rng.random_range(0..2)),
+                        (_, None) => rng.random_range(0..1 << 20),
+                    };
+                    grant_buffers.push(ptxd_proto::executor::RingBuffer {
+                        ring_index: k as u32 + 1,
+                        buffer_id: 100 + k as u64,
+                        size,
+                    });
+                    refs.push(OperandRef {
+                        buffer: k as u32 + 1,
+                        offset,
+                    });
+                }
+                let mut table: RingTable<(), u64> = RingTable::default();
+                table.apply(
+                    &exec::RingGrant {
+                        buffers: grant_buffers,
+                        ..Default::default()
+                    },
+                    |_| Some(()),
+                    Some,
+                );
+                let shape = LaunchShape {
+                    inputs: &refs[..operands - 1],
+                    output: refs.last(),
+                    n,
+                    scalars,
+                    wait: None,
+                    signal: None,
+                };
+                let unary = check_with_args(
+                    &table,
+                    KernelCap {
+                        signature: &unary_terms,
+                        placement: here,
+                    },
+                    &shape,
+                    &args,
+                )
+                .map_err(|e: crate::error::Error| e.refusal());
+                let (path, ring) = match (grant.max_count, &decoded) {
+                    (Some(max), _) if n > max => {
+                        // Refused by the limit, before anything else.
+                        assert!(unary.is_err(), "{name} block {block}: n {n} past {max}");
+                        compared += 1;
+                        continue;
+                    }
+                    (limit, None) => (
+                        usize::from(limit.is_some()),
+                        check_with_args(
+                            &table,
+                            KernelCap {
+                                signature: &ring_signature,
+                                placement: here,
+                            },
+                            &shape,
+                            &args,
+                        ),
+                    ),
+                    (_, Some(decoded)) => (
+                        2,
+                        check_with_args(
+                            &table,
+                            KernelCap {
+                                signature: &BoundContract {
+                                    contract: decoded,
+                                    block: grant.block,
+                                },
+                                placement: here,
+                            },
+                            &shape,
+                            &args,
+                        ),
+                    ),
+                };
+                paths[path] += 1;
+                let mut ring = ring.map_err(|e: crate::error::Error| e.refusal());
+                // A signature carries no param names: the ring names a
+                // scalar `p<k>` where the contract names it (documented;
+                // the ring's client sees only the reason).
+                if let (0 | 1, Err(r), Err(u)) = (path, &mut ring, &unary) {
+                    if r.metadata.get("param").is_some_and(|p| p.starts_with('p')) {
+                        r.metadata
+                            .insert("param".into(), u.metadata["param"].clone());
+                        r.message = u.message.clone();
+                    }
+                }
+                assert_eq!(
+                    ring, unary,
+                    "{name} block {block}: n {n}, args {args:?}, scalars {scalars}, operands {refs:?}"
+                );
+                compared += 1;
+                passed += usize::from(ring.is_ok());
+            }
+        }
+        eprintln!(
+            "{} kernels ({ring_only} not granted), {compared} launches compared, {passed} passed, paths {paths:?}",
+            corpus.len()
+        );
+        assert!(passed > compared / 20, "{passed} of {compared}");
     }
 
     #[test]

@@ -27,19 +27,25 @@
 //!   source file of `src/ptx/` (the verifier, the canonical printer and the
 //!   contract, a module that imports nothing else of the crate) and of
 //!   `Cargo.lock`, computed by `build.rs` at every build in which one of
-//!   them changed. A verifier that differs by one byte of source, or is
+//!   them changed, and a hash of this file (the encoding and the checks a
+//!   decoded verdict passes), so an encoding changed without a version
+//!   bump never decodes an old entry. A verifier that differs by one byte of source, or is
 //!   built against other dependencies, looks up other keys: an old entry is
 //!   never found, and ages out under the size bound.
 //! - A payload is decoded by an explicit, versioned format (below), with
 //!   every length checked against the bytes left and every nesting bounded;
 //!   a decoded verdict is then checked for consistency (the text hashes to
 //!   the hash it carries, the signature and the contract agree on the
-//!   operands and scalars, the entry and every param are named in the
+//!   operands and scalars, every arg a footprint or precondition reads is
+//!   a 64-bit integer scalar, the entry and every param are named in the
 //!   text). Anything that fails is a miss (logged, the entry deleted), never
 //!   a panic: the kernel is verified again.
 //! - Only the daemon's user can write the directory; an entry that passed
 //!   its checks is trusted as the verifier's own output, as the compiled
-//!   code next to it is trusted as the driver's.
+//!   code next to it is trusted as the driver's. An entry another user
+//!   could have written (owned by another user, or writable by group or
+//!   others: planted while the directory was writable by others, before
+//!   the cache made it 0700) is a miss and is deleted, never trusted.
 
 use std::path::Path;
 
@@ -73,6 +79,22 @@ pub const VERIFIER_IDENTITY: &str = concat!(
     env!("PTXD_VERIFIER_SOURCE_HASH")
 );
 
+/// This file: the verdict's encoding and decoding, and the checks a
+/// decoded verdict passes, are part of what a kept verdict means.
+const ENCODER: &str = include_str!("verdict_cache.rs");
+
+/// The identity a cache keys its entries by: the verifier's
+/// ([`VERIFIER_IDENTITY`], which hashes `src/ptx/` only) and a hash of the
+/// code that encodes and decodes verdicts (`encoder`, this file's source).
+/// An entry written by a build whose encoding differs (a tag renumbered,
+/// a field reordered, a check dropped) without [`ENCODING_VERSION`] being
+/// bumped would decode to another contract; with the encoder in the key
+/// it is never looked up.
+fn identity_with(encoder: &str) -> String {
+    let hash = blake3::hash(encoder.as_bytes()).to_hex();
+    format!("{VERIFIER_IDENTITY}+{}", &hash.as_str()[..32])
+}
+
 /// Expressions nested deeper than this are not decoded (the verifier's
 /// own are a few levels deep).
 const MAX_EXPR_DEPTH: u32 = 64;
@@ -90,6 +112,9 @@ const PRECONDITION_NAMES: &[&str] = &[
     STRIDED_INDEX_FITS_I64,
 ];
 
+/// [`VerdictCache::written_by_this_user`]'s answer when there is no entry.
+const NO_ENTRY: &str = "no entry";
+
 /// One daemon's view of a verdict cache directory (others may share it).
 #[derive(Debug)]
 pub struct VerdictCache {
@@ -101,7 +126,7 @@ impl VerdictCache {
     /// Opens (creating it, mode 0700) the verdict directory under the
     /// kernel cache directory `kernel_cache_dir`, bounded to `max_bytes`.
     pub fn open(kernel_cache_dir: &Path, max_bytes: u64) -> Result<VerdictCache, CacheError> {
-        VerdictCache::open_with_identity(kernel_cache_dir, max_bytes, VERIFIER_IDENTITY)
+        VerdictCache::open_with_identity(kernel_cache_dir, max_bytes, &identity_with(ENCODER))
     }
 
     /// [`VerdictCache::open`] as a verifier of another identity would (for
@@ -151,6 +176,13 @@ impl VerdictCache {
         declared: Option<DeclaredAbi>,
     ) -> Option<Accepted> {
         let key = self.key(text, symbol, declared);
+        if let Err(why) = self.written_by_this_user(&key) {
+            if why != NO_ENTRY {
+                tracing::warn!(%symbol, why, "a verdict cache entry this daemon's user did not write; discarded");
+                self.store.remove(&key);
+            }
+            return None;
+        }
         match self.store.get(&key) {
             Lookup::Hit(payload) => match decode(&payload).and_then(|a| consistent(a, symbol)) {
                 Ok(accepted) => Some(accepted),
@@ -162,6 +194,31 @@ impl VerdictCache {
             },
             Lookup::Miss | Lookup::Discarded(_) => None,
         }
+    }
+
+    /// Whether `key`'s entry is a plain file that only this daemon's user
+    /// could have written: owned by it and writable by no one else, as
+    /// [`KernelCache::put`] leaves every entry (0600). The directory is
+    /// made 0700 when the cache opens, but a directory that was writable by
+    /// others before (an operator's `mkdir -m 777`, a group-shared cache)
+    /// may hold entries another user planted then, under keys they can
+    /// compute (the identity and the key's inputs are no secret); those are
+    /// not the verifier's verdicts. `Err(NO_ENTRY)` when there is none.
+    fn written_by_this_user(&self, key: &CacheKey) -> Result<(), &'static str> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::symlink_metadata(self.store.entry_path(key)) else {
+            return Err(NO_ENTRY);
+        };
+        if !meta.file_type().is_file() {
+            return Err("not a plain file");
+        }
+        if meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err("owned by another user");
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err("writable by other users");
+        }
+        Ok(())
     }
 
     /// Keeps `accepted`, the verdict on these inputs.
@@ -587,6 +644,9 @@ fn consistent(accepted: Accepted, symbol: &str) -> Result<Accepted, String> {
     {
         return Err("a footprint names a param the contract does not have".into());
     }
+    if !c.contract.reads_only_integer_args() {
+        return Err("the contract reads an arg that is no 64-bit integer scalar".into());
+    }
     if !c.text.contains(&format!(".entry {symbol}(")) {
         return Err("the canonical text has no entry of the symbol".into());
     }
@@ -679,6 +739,19 @@ mod tests {
         assert!(tomorrow
             .get(text.as_bytes(), "add_f32_scalar", None)
             .is_none());
+        // The encoder is part of the identity: a build whose encoding
+        // differs by one byte (here a renumbered tag) misses today's
+        // entries, and the default identity is today's encoder's.
+        let renumbered = ENCODER.replacen("8 => {", "11 => {", 1);
+        assert_ne!(renumbered, ENCODER);
+        let edited =
+            VerdictCache::open_with_identity(dir.path(), 1 << 20, &identity_with(&renumbered))
+                .unwrap();
+        assert!(edited
+            .get(text.as_bytes(), "add_f32_scalar", None)
+            .is_none());
+        assert_eq!(today.identity, identity_with(ENCODER));
+        assert!(today.identity.starts_with(VERIFIER_IDENTITY));
         // The identity is the build's: the crate version and a 128-bit
         // source hash.
         let (version, hash) = VERIFIER_IDENTITY.split_once('+').unwrap();

@@ -618,6 +618,39 @@ impl LaunchContract {
             || self.preconditions.iter().any(|p| p.expr().reads_args())
     }
 
+    /// Whether every argument a footprint or precondition reads is a
+    /// 64-bit integer scalar of this contract ([`Expr::Arg`] reads its bits
+    /// as the kernel's signed 64-bit value: a `.f32`'s bits are no count,
+    /// and a 32-bit integer's sign is not where a 64-bit read finds it).
+    /// The verifier's contracts keep it; a contract decoded from elsewhere
+    /// (a ring grant, a kept verdict) that does not is refused there.
+    pub fn reads_only_integer_args(&self) -> bool {
+        let scalars: Vec<ScalarType> = self
+            .params
+            .iter()
+            .filter_map(|p| match p.kind {
+                ParamKind::Scalar(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        let mut ok = true;
+        let mut check = |e: &Expr| {
+            if let Expr::Arg(k) = e {
+                ok &= matches!(
+                    scalars.get(usize::from(*k)),
+                    Some(ScalarType::U64 | ScalarType::S64)
+                );
+            }
+        };
+        for f in &self.footprints {
+            f.bytes.visit(&mut check);
+        }
+        for p in &self.preconditions {
+            p.expr().visit(&mut check);
+        }
+        ok
+    }
+
     /// The param an operand is passed as, by name.
     pub fn operand_name(&self, operand: usize) -> &str {
         self.footprints

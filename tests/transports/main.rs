@@ -14,4 +14,5 @@ mod refusals;
 mod ring;
 mod ring_contracts;
 mod ring_floor;
+mod ring_review;
 mod ring_strided;

@@ -21,6 +21,7 @@ mod red_team2;
 mod review_attacks;
 mod review_attacks2;
 mod review_attacks3;
+mod review_attacks4;
 mod strided;
 mod struct_returns;
 mod triton;
