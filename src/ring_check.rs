@@ -291,7 +291,10 @@ pub fn grant_terms(
     signature: &crate::ptx::Signature,
     block: u32,
 ) -> Option<exec::RingKernel> {
-    let limit = if contract.checked_by_signature(signature) {
+    // A contract the ring decodes travels whole and is checked in the
+    // unary path's order (arity and scalars before preconditions); the
+    // count limit is only for one it cannot decode.
+    let limit = if contract.checked_by_signature(signature) || launchable(contract) {
         None
     } else if contract.checked_by_signature_and_max_count(signature) {
         contract.max_count(block)

@@ -324,7 +324,14 @@ fn read_entry(
     max_bytes: u64,
     magic: &[u8; 8],
 ) -> Result<Vec<u8>, String> {
-    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    // Only this user could have written it (see the module docs): a file
+    // another user left while the directory was writable by others is not
+    // ours, whatever it holds.
+    if meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o022 != 0 {
+        return Err("not an entry this user wrote (its owner or mode)".into());
+    }
+    let len = meta.len();
     if len < HEADER_BYTES as u64 {
         return Err(format!("{len} bytes, shorter than the header"));
     }

@@ -1128,7 +1128,9 @@ mod tests {
             for block in [64, 256, 1024] {
                 let mut kernel = crate::ring_check::grant_terms(&contract, &signature, block)
                     .expect("a ring can check it");
-                let max = kernel.max_count.expect("held to a count limit");
+                // The whole contract travels: no separate limit.
+                assert!(kernel.max_count.is_none() && kernel.contract.is_some());
+                let max = contract.max_count(block).expect("a largest count").0;
                 kernel.ring_index = 3;
                 kernel.inputs = signature.inputs;
                 kernel.element_sizes = signature.element_sizes.clone();

@@ -220,16 +220,12 @@ async fn the_ring_refuses_what_the_unary_path_refuses_for_every_jit_kernel() {
             let what = format!(
                 "{file}: n {n}, args {args:?} (f32 params {f32_params}), offsets {offsets:?}"
             );
-            match limit {
-                // The open class (see `past_its_count_limit_a_ring_refusal_names_the_launchs_first_mistake`):
-                // a kernel the ring holds to a count limit, past it, with
-                // another mistake the unary path names first. Both refuse.
-                Some(max) if n > max && on_ring != on_unary => {
-                    assert_eq!(on_ring, "INVALID_ARGUMENT", "{what}");
-                    assert!(!on_unary.is_empty(), "{what}");
-                    limit_first += 1;
-                }
-                _ => assert_eq!(on_ring, on_unary, "{what}"),
+            // Past a count limit too: the ring checks the whole contract
+            // in the unary path's order (see
+            // `past_its_count_limit_a_ring_refusal_names_the_launchs_first_mistake`).
+            assert_eq!(on_ring, on_unary, "{what}");
+            if limit.is_some_and(|max| n > max) {
+                limit_first += 1;
             }
             launches += 1;
             ran += usize::from(on_ring.is_empty());
@@ -237,7 +233,7 @@ async fn the_ring_refuses_what_the_unary_path_refuses_for_every_jit_kernel() {
         }
     }
     eprintln!(
-        "{kernels} kernels, {launches} launches, {ran} ran, {limit_first} refused by the count limit first; {reasons:?}"
+        "{kernels} kernels, {launches} launches, {ran} ran, {limit_first} past a count limit; {reasons:?}"
     );
     assert!(kernels >= 150, "{kernels}");
     assert!(ran > launches / 20, "{ran} of {launches}");
@@ -251,19 +247,15 @@ async fn the_ring_refuses_what_the_unary_path_refuses_for_every_jit_kernel() {
     }
 }
 
-/// Open (a wording mismatch; the ring refuses, as it must): a kernel the
-/// ring holds to a count limit (a 32-bit index: `affine_f32_idx32`) is
-/// refused past the limit before its scalars and arity are checked, so a
-/// launch with two mistakes, a mistyped arg and a count past the limit, is
-/// refused `INVALID_ARGUMENT` (the precondition) on the ring and
-/// `SCALAR_ARGS_MISMATCH` on the unary path, which checks the scalars
-/// first. The fix is the front's grant (`ring_check::grant_terms`): send a
-/// contract the ring can decode whole, without `max_count`, so the ring
-/// checks it with `check_with_args` in the unary path's order; it needs
-/// `executor::ring::tests::a_ring_count_limit_refuses_with_the_unary_paths_words`
-/// (which asserts the limit) updated, a file outside this review's.
+/// A kernel the front could hold to a count limit (a 32-bit index:
+/// `affine_f32_idx32`) was refused past the limit before its scalars and
+/// arity were checked, so a launch with two mistakes, a mistyped arg and a
+/// count past the limit, was refused `INVALID_ARGUMENT` (the precondition)
+/// on the ring and `SCALAR_ARGS_MISMATCH` on the unary path, which checks
+/// the scalars first. The front's grant (`ring_check::grant_terms`) now
+/// sends a contract the ring can decode whole, without `max_count`, so the
+/// ring checks it with `check_with_args` in the unary path's order.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "open: the ring's count limit is checked before the launch's scalars (src/executor/ring.rs checked_launch)"]
 async fn past_its_count_limit_a_ring_refusal_names_the_launchs_first_mistake() {
     let daemon = Daemon::start(&[]);
     let client = Client::connect(&daemon.target()).await.unwrap();

@@ -189,11 +189,10 @@ async fn a_daemon_does_not_load_a_planted_verdict() {
 /// (`src/executor/kernel_cache.rs`, not this review's to change): an entry
 /// another user planted in a directory that was writable by others is
 /// served as the driver's code for a key anyone computes (the canonical
-/// text and the target). Ignored until `KernelCache::get` refuses an entry
-/// that is not the daemon user's own (owner and mode of the opened file,
-/// as `VerdictCache::get` now does); the lead un-ignores it with that fix.
+/// text and the target). `KernelCache::get` now refuses an entry that is
+/// not the daemon user's own (owner and mode of the opened file, as
+/// `VerdictCache::get` does).
 #[test]
-#[ignore = "open: the compiled-kernel cache serves entries another user planted (src/executor/kernel_cache.rs)"]
 fn a_compiled_kernel_another_user_could_have_written_is_a_miss() {
     use ptxd::executor::kernel_cache::{CacheKey, KernelCache, Lookup};
     let dir = tempfile::tempdir().unwrap();
