@@ -181,6 +181,46 @@ fn in_process_floors(
         ),
     });
 
+    // The same, with the watchdog's marker after every RING_GROUP launches
+    // (a 64-bit write to a word of pinned host memory, as a ring's group
+    // closes): what the markers cost the stream itself.
+    let word = ptxd_cuda::HostWord::new().unwrap();
+    let group = 16u32; // the watchdog's RING_GROUP (src/executor/cuda/watchdog.rs)
+    let t = Instant::now();
+    for i in 1..=total {
+        in_process_launch(f, stream, a, b, out, SMALL_N);
+        if i % group == 0 {
+            let marker = ptxd_cuda::MemOp::Write {
+                addr: word.device_ptr(),
+                value: u64::from(i / group),
+                wide: true,
+            };
+            // SAFETY: the word is pinned host memory mapped for the device,
+            // alive until after the synchronize below.
+            unsafe { ptxd_cuda::batch_mem_ops_raw(stream.raw_handle() as _, &[marker]) }.unwrap();
+        }
+    }
+    stream.synchronize().unwrap();
+    let took = t.elapsed();
+    let marked = took / total;
+    rows.push(Row {
+        name: "in-process cuLaunchKernel sustained, a marker every 16 (n=4096)".into(),
+        p50: marked,
+        p99: marked,
+        samples: total as usize,
+        ratio: Some(marked.as_secs_f64() / sustained.as_secs_f64()),
+        note: format!(
+            "{:.0} launches/s; a cuStreamWriteValue64 to pinned host memory after every {group} \
+             launches, as the watchdog's markers on a ring (ratio: against the row above)",
+            f64::from(total) / took.as_secs_f64()
+        ),
+    });
+    assert_eq!(
+        word.load(),
+        u64::from(total / group),
+        "the markers reached the word"
+    );
+
     // Two threads of this process: the client stores a request number in
     // one cache line and spins on another for the answer; the launcher (this
     // thread, the context current) spins on the request, launches, answers.

@@ -430,6 +430,19 @@ pub trait RingBackend: Send + 'static {
     /// sleeps (not after each launch: a ring launching back to back is
     /// not idle).
     fn idle(&mut self) {}
+    /// The backend's own checks of a launch that passed the ring's (on
+    /// CUDA: the grid limit), run before it is answered; a refusal here is
+    /// the launch's refusal.
+    fn admit(&self, _launch: &RingLaunch<Self::Kernel, Self::Buffer>) -> Result<(), Error> {
+        Ok(())
+    }
+    /// Whether an async launch that passed every check is answered `Ok`
+    /// before it is enqueued (see [`drain`]): true where an async launch's
+    /// answer means "in the stream, in order" (CUDA), false where it means
+    /// "ran" (the host engine runs it on the ring's thread).
+    fn answers_on_acceptance(&self) -> bool {
+        false
+    }
 }
 
 type Shared<K, B> = Arc<Mutex<RingTable<K, B>>>;
@@ -592,6 +605,8 @@ fn drain<R: RingBackend>(
     // an idle ring a spin every `POLL_SLICE` (30 µs in 20 ms: 0.15 % of a
     // core per idle ring).
     let mut asleep = false;
+    // A launch answered on acceptance whose enqueue then failed.
+    let mut broken: Option<Broken> = None;
     while !stop.load(Ordering::Acquire) {
         if shrunk() {
             tracing::warn!(
@@ -632,31 +647,67 @@ fn drain<R: RingBackend>(
             Err(e) => return dropped(&e),
         };
         asleep = false;
-        let status = match polled {
+        let (status, detail) = match polled {
             Polled::Launch(descriptor) => {
-                if descriptor.sync || descriptor.wait().is_some() {
-                    // It may wait on the stream or on the client: what is
-                    // answered already is published first.
-                    server.flush();
-                    oldest = None;
-                }
-                match launch(&table, &mut backend, &descriptor, stop, session) {
-                    Some(status) => status,
-                    // Stopping: left for the next server or the SDK.
-                    None => return,
+                if let Some(broken) = &broken {
+                    // An earlier launch failed after its answer: the
+                    // stream no longer holds what the client was told.
+                    release(&table, &mut backend, &descriptor);
+                    (
+                        CompletionStatus::Failed {
+                            reason: broken.reason,
+                        },
+                        broken.ticket,
+                    )
+                } else {
+                    if descriptor.sync || descriptor.wait().is_some() {
+                        // It may wait on the stream or on the client: what
+                        // is answered already is published first.
+                        server.flush();
+                        oldest = None;
+                    }
+                    match launch(&table, &mut backend, &descriptor, stop, session, server) {
+                        Ran::Answer(status) => (status, 0),
+                        Ran::Answered => {
+                            oldest = None;
+                            continue;
+                        }
+                        Ran::FailedAfterAnswer(reason) => {
+                            tracing::warn!(
+                                ticket = descriptor.ticket,
+                                reason,
+                                "a ring launch answered on acceptance failed to enqueue; \
+                                 every later launch of the ring fails"
+                            );
+                            broken = Some(Broken {
+                                reason,
+                                ticket: descriptor.ticket,
+                            });
+                            oldest = None;
+                            continue;
+                        }
+                        Ran::Stopping => return,
+                        Ran::Dropped => return,
+                    }
                 }
             }
             Polled::Orphan(descriptor) => {
                 release(&table, &mut backend, &descriptor);
-                CompletionStatus::Failed {
-                    reason: Reason::ExecutorUnavailable as u32,
-                }
+                (
+                    CompletionStatus::Failed {
+                        reason: Reason::ExecutorUnavailable as u32,
+                    },
+                    0,
+                )
             }
-            Polled::Malformed { .. } => CompletionStatus::Refused {
-                reason: Reason::InvalidArgument as u32,
-            },
+            Polled::Malformed { .. } => (
+                CompletionStatus::Refused {
+                    reason: Reason::InvalidArgument as u32,
+                },
+                0,
+            ),
         };
-        if let Err(e) = server.post(status, 0) {
+        if let Err(e) = server.post(status, detail) {
             tracing::warn!(error = %e, "cannot complete a ring submission; the ring is dropped");
             return;
         }
@@ -673,20 +724,55 @@ fn drain<R: RingBackend>(
 /// before it sleeps on its futex.
 pub const RING_SPIN: Duration = Duration::from_micros(30);
 
-/// Checks and runs one descriptor; the completion's status (none: the
-/// ring is stopping and the launch was abandoned unanswered).
+/// A launch answered on acceptance that then failed to enqueue: every
+/// later launch of the ring is answered `Failed` with its reason, the
+/// completion's detail naming its ticket.
+#[derive(Debug, Clone, Copy)]
+struct Broken {
+    reason: u32,
+    ticket: u64,
+}
+
+/// What became of one descriptor.
+enum Ran {
+    /// Its completion, to post.
+    Answer(CompletionStatus),
+    /// Answered `Ok` on acceptance (posted and published) and enqueued.
+    Answered,
+    /// Answered `Ok` on acceptance, then its enqueue failed (this reason).
+    FailedAfterAnswer(u32),
+    /// The ring is stopping: abandoned unanswered (for the next server or
+    /// the SDK).
+    Stopping,
+    /// The completion could not be written: the ring is dropped.
+    Dropped,
+}
+
+/// Checks and runs one descriptor.
+///
+/// An async launch that passed every check is answered `Ok` before it is
+/// enqueued when the backend says so ([`RingBackend::answers_on_acceptance`]):
+/// a refusal comes from the checks, so it is still the launch's own
+/// answer, and the client's next submission overlaps the driver's enqueue
+/// instead of waiting for it. An enqueue that then fails (a driver error
+/// the checks cannot foresee; a sticky one ends the executor, whose loss
+/// the SDK handles) breaks the ring: every later launch is answered
+/// `Failed` with that reason, naming the ticket in the completion's
+/// detail.
 fn launch<R: RingBackend>(
     table: &Shared<R::Kernel, R::Buffer>,
     backend: &mut R,
     descriptor: &Descriptor,
     stop: &AtomicBool,
     session: &RingSession,
-) -> Option<CompletionStatus> {
+    server: &mut Server,
+) -> Ran {
     let guard = lock(table);
     let checked = session
         .timeouts
         .check()
-        .and_then(|()| checked_launch(&guard, descriptor));
+        .and_then(|()| checked_launch(&guard, descriptor))
+        .and_then(|launch| backend.admit(&launch).map(|()| launch));
     let launch = match checked {
         Ok(launch) => launch,
         Err(e) => {
@@ -694,14 +780,23 @@ fn launch<R: RingBackend>(
             if let Ok(Some(signal)) = semaphore(&guard, descriptor.signal()) {
                 backend.release_signal(signal, TableHold(Some(guard)));
             }
-            return Some(CompletionStatus::Refused {
+            return Ran::Answer(CompletionStatus::Refused {
                 reason: reason_of(&e),
             });
         }
     };
-    Some(match backend.launch(launch, TableHold(Some(guard)), stop) {
-        Ok(()) => CompletionStatus::Ok,
-        Err(_) if stop.load(Ordering::Acquire) => return None,
+    let early = !descriptor.sync && backend.answers_on_acceptance();
+    if early {
+        if let Err(e) = server.post(CompletionStatus::Ok, 0) {
+            tracing::warn!(error = %e, "cannot complete a ring submission; the ring is dropped");
+            return Ran::Dropped;
+        }
+        server.flush();
+    }
+    match backend.launch(launch, TableHold(Some(guard)), stop) {
+        Ok(()) if early => Ran::Answered,
+        Ok(()) => Ran::Answer(CompletionStatus::Ok),
+        Err(_) if stop.load(Ordering::Acquire) && !early => Ran::Stopping,
         Err(e) => {
             let reason = reason_of(&e);
             if reason == Reason::KernelTimeout as u32 {
@@ -710,9 +805,13 @@ fn launch<R: RingBackend>(
                 session.channel.kernel_timeout(session.stream);
                 session.timeouts.record();
             }
-            CompletionStatus::Failed { reason }
+            if early {
+                Ran::FailedAfterAnswer(reason)
+            } else {
+                Ran::Answer(CompletionStatus::Failed { reason })
+            }
         }
-    })
+    }
 }
 
 /// Checks a semaphore word against the table: a granted buffer, the word
@@ -1267,6 +1366,159 @@ mod tests {
         );
     }
 
+    /// A backend that answers on acceptance: what the client can read
+    /// while each launch is being enqueued, which launches reached it, and
+    /// which signals it released.
+    struct Early {
+        client: Arc<Mutex<Submitter>>,
+        read: Arc<Mutex<Vec<(u64, CompletionStatus, u64)>>>,
+        /// (ticket, whether its own answer was readable during its launch)
+        launched: Arc<Mutex<Vec<(u64, bool)>>>,
+        released: Arc<Mutex<Vec<u64>>>,
+        stop: Arc<AtomicBool>,
+    }
+
+    /// A launch of n = 13 is refused by the backend's own check; one of
+    /// n = 11 passes every check and fails to enqueue.
+    const REFUSED_N: u64 = 13;
+    const FAILING_N: u64 = 11;
+
+    impl RingBackend for Early {
+        type Kernel = ();
+        type Buffer = u64;
+        fn launch(
+            &mut self,
+            launch: RingLaunch<(), u64>,
+            _: TableHold<'_, (), u64>,
+            _: &AtomicBool,
+        ) -> Result<(), Error> {
+            let ticket = launch.signal.as_ref().map_or(0, |s| s.op.value - 100);
+            let mut own = false;
+            while let Some(c) = self.client.lock().unwrap().poll_completion().unwrap() {
+                own |= c.ticket == ticket;
+                self.read
+                    .lock()
+                    .unwrap()
+                    .push((c.ticket, c.status, c.detail));
+            }
+            self.launched.lock().unwrap().push((ticket, own));
+            if launch.n == FAILING_N {
+                return Err(failure(FailureKind::Internal, "the driver said no"));
+            }
+            Ok(())
+        }
+        fn release_signal(&mut self, signal: CheckedSemaphore<u64>, _: TableHold<'_, (), u64>) {
+            self.released.lock().unwrap().push(signal.op.value);
+            if signal.op.value == 106 {
+                self.stop.store(true, Ordering::Release);
+            }
+        }
+        fn admit(&self, launch: &RingLaunch<(), u64>) -> Result<(), Error> {
+            if launch.n == REFUSED_N {
+                return Err(failure(FailureKind::OutOfBounds, "too many blocks"));
+            }
+            Ok(())
+        }
+        fn answers_on_acceptance(&self) -> bool {
+            true
+        }
+    }
+
+    /// An async launch that passed every check is answered `Ok` before the
+    /// backend enqueues it (the client can read the answer during the
+    /// enqueue); a sync one only after. A refusal of the backend's own
+    /// check is the launch's refusal and never reaches the enqueue. An
+    /// enqueue that fails after its answer breaks the ring: every later
+    /// launch is answered `Failed` with that reason, the detail naming
+    /// the failed ticket, and its signal is released, not launched.
+    #[test]
+    fn an_accepted_launch_is_answered_before_its_enqueue_and_a_later_failure_breaks_the_ring() {
+        let client = Submitter::create(64).unwrap();
+        let mut server = Server::open(client.name(), None).unwrap();
+        let client = Arc::new(Mutex::new(client));
+        // (n, sync) per ticket 0..7.
+        let plan = [
+            (1, false),
+            (2, true),
+            (REFUSED_N, false),
+            (3, false),
+            (FAILING_N, false),
+            (4, false),
+            (5, false),
+        ];
+        for (ticket, (n, sync)) in plan.iter().enumerate() {
+            let output = OperandRef {
+                buffer: 1,
+                offset: 0,
+            };
+            let signal = SemaphoreOp {
+                buffer: 1,
+                offset: 0,
+                value: 100 + ticket as u64,
+                width: SemaphoreWidth::Bits32,
+            };
+            let descriptor = Descriptor::new(ticket as u64, 7, &[], output, *n)
+                .unwrap()
+                .with_sync(*sync)
+                .with_signal(signal)
+                .unwrap();
+            client.lock().unwrap().try_submit(&descriptor).unwrap();
+        }
+        let table: Shared<(), u64> = Arc::default();
+        let grant = RingGrant {
+            stream: 1,
+            buffers: vec![ptxd_proto::executor::RingBuffer {
+                ring_index: 1,
+                buffer_id: 10,
+                size: 64,
+            }],
+            kernels: vec![ptxd_proto::executor::RingKernel {
+                ring_index: 7,
+                module_id: 1,
+                inputs: 0,
+                element_sizes: vec![4],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        lock(&table).apply(&grant, |_| Some(()), Some);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (read, launched, released) = (Arc::default(), Arc::default(), Arc::default());
+        let backend = Early {
+            client: Arc::clone(&client),
+            read: Arc::clone(&read),
+            launched: Arc::clone(&launched),
+            released: Arc::clone(&released),
+            stop: Arc::clone(&stop),
+        };
+        serve(&mut server, backend, table, &stop, || false, &session());
+        let mut read = read.lock().unwrap().clone();
+        while let Some(c) = client.lock().unwrap().poll_completion().unwrap() {
+            read.push((c.ticket, c.status, c.detail));
+        }
+        assert_eq!(
+            *launched.lock().unwrap(),
+            vec![(0, true), (1, false), (3, true), (4, true)],
+            "async launches answered before their enqueue, the sync one after, \
+             the refused and broken ones never enqueued"
+        );
+        let refused = reason_of(&failure(FailureKind::OutOfBounds, ""));
+        let failed = reason_of(&failure(FailureKind::Internal, ""));
+        assert_eq!(
+            read,
+            vec![
+                (0, CompletionStatus::Ok, 0),
+                (1, CompletionStatus::Ok, 0),
+                (2, CompletionStatus::Refused { reason: refused }, 0),
+                (3, CompletionStatus::Ok, 0),
+                (4, CompletionStatus::Ok, 0),
+                (5, CompletionStatus::Failed { reason: failed }, 4),
+                (6, CompletionStatus::Failed { reason: failed }, 4),
+            ]
+        );
+        assert_eq!(*released.lock().unwrap(), vec![102, 105, 106]);
+    }
+
     /// Not a test: the ring's own instructions per launch, on one thread
     /// (no cache line moves between cores), phase by phase, with a backend
     /// that enqueues nothing. `cargo test --release --lib
@@ -1338,7 +1590,11 @@ mod tests {
                 panic!("a launch");
             };
             let t2 = Instant::now();
-            let status = launch(&table, &mut backend, &polled, &stop, &session).unwrap();
+            let Ran::Answer(status) =
+                launch(&table, &mut backend, &polled, &stop, &session, &mut server)
+            else {
+                panic!("answered after the launch");
+            };
             assert_eq!(status, CompletionStatus::Ok);
             let t3 = Instant::now();
             server.post(status, 0).unwrap();

@@ -236,9 +236,59 @@ impl Drop for CudaRing {
     }
 }
 
+/// The grid of a launch: the contract's, where a Triton-family kernel
+/// covers several elements per thread; refused past the driver's limit.
+fn grid_of(launch: &RingLaunch<Arc<RingKernel>, u64>) -> Result<u64, crate::error::Error> {
+    let kernel = &launch.kernel.kernel;
+    let per_block = u64::from(kernel.block) * u64::from(kernel.elements_per_thread.max(1));
+    let grid = launch.n.div_ceil(per_block);
+    if grid > MAX_GRID_X {
+        return Err(ring::failure(
+            FailureKind::OutOfBounds,
+            format!(
+                "n = {} needs {grid} blocks; one launch covers at most {MAX_GRID_X}",
+                launch.n
+            ),
+        ));
+    }
+    Ok(grid)
+}
+
+impl CudaRing {
+    /// After a failed enqueue: the launch's signal is still written (a
+    /// best effort: a waiter on the client's stream must not wait forever
+    /// on a launch that will not run; after a sticky error the executor
+    /// ends and the SDK writes it). Returns `error`.
+    fn release_after_failure(
+        &self,
+        launch: &RingLaunch<Arc<RingKernel>, u64>,
+        error: crate::error::Error,
+    ) -> crate::error::Error {
+        if let Some(signal) = &launch.signal {
+            let mut release = MemOps::new();
+            release.push(semaphore_op(signal, false));
+            if let Err(e) = self.enqueue(&release, "a semaphore operation") {
+                tracing::warn!(error = %e, "cannot release a failed launch's semaphore");
+            }
+        }
+        error
+    }
+}
+
 impl RingBackend for CudaRing {
     type Kernel = Arc<RingKernel>;
     type Buffer = u64;
+
+    fn admit(&self, launch: &RingLaunch<Arc<RingKernel>, u64>) -> Result<(), crate::error::Error> {
+        grid_of(launch).map(|_| ())
+    }
+
+    /// An async launch's answer means "in the session's stream, in
+    /// order": it is given once the checks passed, before the driver's
+    /// enqueue (see `ring::launch`).
+    fn answers_on_acceptance(&self) -> bool {
+        true
+    }
 
     fn launch(
         &mut self,
@@ -255,25 +305,9 @@ impl RingBackend for CudaRing {
                 .map_err(|e| self.driver(e, "binding the device's context"))?;
             self.current = true;
         }
-        let kernel = &launch.kernel.kernel;
-        // The contract's grid: a Triton-family kernel covers several
-        // elements per thread.
-        let per_block = u64::from(kernel.block) * u64::from(kernel.elements_per_thread.max(1));
-        let grid = launch.n.div_ceil(per_block);
-        if grid > MAX_GRID_X {
-            if let Some(signal) = &launch.signal {
-                let mut release = MemOps::new();
-                release.push(semaphore_op(signal, false));
-                self.enqueue(&release, "a semaphore operation")?;
-            }
-            return Err(ring::failure(
-                FailureKind::OutOfBounds,
-                format!(
-                    "n = {} needs {grid} blocks; one launch covers at most {MAX_GRID_X}",
-                    launch.n
-                ),
-            ));
-        }
+        // Checked before the answer (`admit`); again here, as the launch's
+        // own precondition.
+        let grid = grid_of(&launch)?;
         // Watched like a gRPC launch, but a marker (a sequence number the
         // stream writes into the progress word) closes up to RING_GROUP
         // launches at once. A launch that waits on a semaphore gets a group
@@ -312,7 +346,9 @@ impl RingBackend for CudaRing {
                 started = Some(sequence);
             }
         }
-        self.enqueue(&before, "a semaphore wait")?;
+        if let Err(e) = self.enqueue(&before, "a semaphore wait") {
+            return Err(self.release_after_failure(&launch, e));
+        }
         if let (Some(sequence), Some(watch)) = (previous, self.watch.as_mut()) {
             watch.commit(sequence, None, None);
         }
@@ -347,7 +383,8 @@ impl RingBackend for CudaRing {
             self.addresses = addresses;
             self.scalar_bits = scalars;
             if let Err(e) = launched {
-                return Err(self.driver(e, "launching the kernel"));
+                let e = self.driver(e, "launching the kernel");
+                return Err(self.release_after_failure(&launch, e));
             }
         }
         let mut after = MemOps::new();
