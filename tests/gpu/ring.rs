@@ -819,3 +819,73 @@ async fn release_scenario() {
         "{refused:?}"
     );
 }
+
+/// An async ring launch is answered once it passed its checks, before the
+/// ring's thread enqueues it; a unary launch the client sends after that
+/// answer, on the same session, still runs after it (the executor's
+/// request loop takes the ring's table lock, which the ring's thread holds
+/// from before the answer until its enqueue): no semaphore, no sync launch
+/// on the ring, every element of the unary launch's output checked, many
+/// rounds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unary_launch_sent_after_a_ring_answer_runs_after_that_launch() {
+    let daemon = Daemon::start_backend("cuda", &[], |_| {});
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("gpu-ring-then-unary").await.unwrap();
+    let dev = device();
+    let add = session
+        .load_ptx(
+            0,
+            String::from_utf8(corpus("add_f32_scalar.ptx")).unwrap(),
+            "add_f32_scalar",
+            LoadOptions::default(),
+        )
+        .await
+        .unwrap();
+    let mut rng = rng();
+    let n = 1 << 20;
+    let nan = vec![f32::NAN; n];
+    let (a_mem, a_buf) = gpu_f32(&session, &dev, &nan).await;
+    let (b_mem, b_buf) = gpu_f32(&session, &dev, &nan).await;
+    let (mid_mem, mid_buf) = gpu_f32(&session, &dev, &nan).await;
+    let (out_mem, out_buf) = gpu_f32(&session, &dev, &nan).await;
+    let mut ring = session.open_ring(64, dev.uuid()).await.unwrap();
+    for round in 0..40 {
+        let a: Vec<f32> = (0..n).map(|_| rng.random_range(-10.0..10.0)).collect();
+        let b: Vec<f32> = (0..n).map(|_| rng.random_range(-10.0..10.0)).collect();
+        a_mem.upload(0, &a).unwrap();
+        b_mem.upload(0, &b).unwrap();
+        mid_mem.upload(0, &nan).unwrap();
+        out_mem.upload(0, &nan).unwrap();
+        ring.launch(
+            &add,
+            &[(&a_buf, 0), (&b_buf, 0)],
+            (&mid_buf, 0),
+            n as u64,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(next(&mut ring).outcome, Ok(()), "round {round}");
+        session
+            .launch(
+                &add,
+                &ptxd_client::Launch::new(
+                    [mid_buf.operand(), b_buf.operand()],
+                    out_buf.operand(),
+                    n as u64,
+                )
+                .sync(true),
+            )
+            .await
+            .unwrap();
+        let mut got = vec![0f32; n];
+        out_mem.download(0, &mut got).unwrap();
+        for i in 0..n {
+            assert_eq!(
+                got[i].to_bits(),
+                ((a[i] + b[i]) + b[i]).to_bits(),
+                "round {round} element {i}: the unary launch ran before the ring's"
+            );
+        }
+    }
+}

@@ -139,6 +139,11 @@ impl CudaBackend {
             Ok(s) => s,
             Err(e) => return fail_driver(reply, &e, "creating the session's stream"),
         };
+        // A ring of this stream answers an async launch once it passed its
+        // checks and enqueues it right after, holding its table's lock from
+        // before the answer until the enqueue: held here, a launch the
+        // client sends after a ring's answer is enqueued after that launch.
+        let ring_order = self.rings.get(&launch.stream).map(|ring| ring.table());
         if wait {
             if let Some(event) = self.events.get(&launch.wait_event) {
                 if let Err(e) = stream.wait(event) {
@@ -185,6 +190,7 @@ impl CudaBackend {
                 }
             }
         }
+        drop(ring_order);
         if !launch.sync {
             if let (Some(watchdog), Some((started, done))) = (&watchdog, watched) {
                 watchdog.push(Watched {
