@@ -175,6 +175,17 @@ impl Submitter {
         self.head.wrapping_sub(self.cq_tail)
     }
 
+    /// Whether the server has announced a sleep on its futex word (it is
+    /// asleep, or about to be, until a submission or its own timeout):
+    /// for tests and diagnostics. The word is shared, so this is only as
+    /// true as the last store the server made.
+    pub fn server_asleep(&self) -> bool {
+        self.region
+            .waiter(ControlWord::ServerWaiter)
+            .load(Ordering::Relaxed)
+            == futex::SLEEPING
+    }
+
     /// Futex sleeps and wakes this client has made so far.
     pub fn stats(&self) -> WaitStats {
         self.stats
