@@ -252,6 +252,36 @@ mod tests {
         wake(&word).unwrap();
     }
 
+    /// The lost-wake window of a kick, made deterministic: the consumer
+    /// announced its sleep and found nothing (`SLEEPING`), the kick lands
+    /// before its FUTEX_WAIT, and that wait must return at once, not at
+    /// its timeout. Also a kick to a consumer already in FUTEX_WAIT.
+    #[test]
+    fn a_kick_before_or_during_the_futex_wait_is_not_lost() {
+        let word = AtomicU32::new(AWAKE);
+        word.store(SLEEPING, Ordering::Relaxed);
+        kick(&word).unwrap();
+        let start = Instant::now();
+        wait(&word, SLEEPING, Duration::from_secs(10)).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let word = std::sync::Arc::new(AtomicU32::new(SLEEPING));
+        let sleeper = {
+            let word = std::sync::Arc::clone(&word);
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                while word.load(Ordering::Relaxed) == SLEEPING
+                    && start.elapsed() < Duration::from_secs(10)
+                {
+                    wait(&word, SLEEPING, Duration::from_secs(10)).unwrap();
+                }
+                start.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        kick(&word).unwrap();
+        assert!(sleeper.join().unwrap() < Duration::from_secs(5));
+    }
+
     /// A spin reads the clock every few polls, not every one, and still
     /// honours its length: a zero spin polls once, a spin returns at the
     /// poll that finds the ring ready (at a random poll, not only at a
