@@ -385,7 +385,13 @@ mod tests {
             assert_ne!(*a, 0, "{:?} shares the header's block", ControlWord::ALL[i]);
             for (j, b) in blocks.iter().enumerate() {
                 if i != j {
-                    assert_ne!(a, b, "{:?} and {:?}", ControlWord::ALL[i], ControlWord::ALL[j]);
+                    assert_ne!(
+                        a,
+                        b,
+                        "{:?} and {:?}",
+                        ControlWord::ALL[i],
+                        ControlWord::ALL[j]
+                    );
                 }
             }
         }

@@ -307,10 +307,7 @@ impl Region {
     /// The publication word of submission slot `position` (its counts and
     /// its sequence word, [`SUBMISSION_WORD`]).
     pub(crate) fn submission_word(&self, position: u64) -> &AtomicU64 {
-        self.word::<DESCRIPTOR_SIZE>(
-            self.layout.submission_slot(position),
-            SUBMISSION_WORD / 8,
-        )
+        self.word::<DESCRIPTOR_SIZE>(self.layout.submission_slot(position), SUBMISSION_WORD / 8)
     }
 
     /// Copies a published submission slot out: every word but the
@@ -372,10 +369,7 @@ impl Region {
 
     /// The sequence word of completion slot `position` ([`COMPLETION_WORD`]).
     pub(crate) fn completion_word(&self, position: u64) -> &AtomicU64 {
-        self.word::<COMPLETION_SIZE>(
-            self.layout.completion_slot(position),
-            COMPLETION_WORD / 8,
-        )
+        self.word::<COMPLETION_SIZE>(self.layout.completion_slot(position), COMPLETION_WORD / 8)
     }
 
     /// Copies a published completion slot out: every word but the

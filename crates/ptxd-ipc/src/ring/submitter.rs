@@ -114,10 +114,10 @@ impl Submitter {
         }
         for slot in 0..u64::from(slots) {
             let before = start.wrapping_add(slot).wrapping_sub(u64::from(slots));
-            submitter
-                .region
-                .submission_word(before)
-                .store(with_sequence(0, submission_sequence(before)), Ordering::Relaxed);
+            submitter.region.submission_word(before).store(
+                with_sequence(0, submission_sequence(before)),
+                Ordering::Relaxed,
+            );
             submitter
                 .region
                 .completion_word(before)
@@ -229,10 +229,7 @@ impl Submitter {
             .store_submission_changed(self.head, &self.scratch, slot);
         let mut counts = [0u8; 8];
         counts.copy_from_slice(&self.scratch[SUBMISSION_WORD..SUBMISSION_WORD + 8]);
-        let publication = with_sequence(
-            u64::from_ne_bytes(counts),
-            submission_sequence(self.head),
-        );
+        let publication = with_sequence(u64::from_ne_bytes(counts), submission_sequence(self.head));
         self.region
             .submission_word(self.head)
             .store(publication, Ordering::Release);

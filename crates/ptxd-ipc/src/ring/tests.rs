@@ -15,11 +15,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::descriptor::tests::random_descriptor;
-use super::region::Region;
 use super::layout::{
-    completion_sequence, sequence_of, submission_sequence, with_sequence, ControlWord, COMPLETION_WORD,
-    SUBMISSION_WORD,
+    completion_sequence, sequence_of, submission_sequence, with_sequence, ControlWord,
+    COMPLETION_WORD, SUBMISSION_WORD,
 };
+use super::region::Region;
 use super::*;
 
 /// A descriptor determined by its ticket: counts, operands, scalars and
@@ -301,9 +301,10 @@ fn a_malformed_submission_is_refused_under_its_ticket() {
     // Corrupt the published slot's input count behind the client's back
     // (the count shares the publication word with the sequence word).
     let slot = client.layout().submission_slot(0);
-    client
-        .region()
-        .scribble(slot + SUBMISSION_WORD, with_sequence(0xff, submission_sequence(0)));
+    client.region().scribble(
+        slot + SUBMISSION_WORD,
+        with_sequence(0xff, submission_sequence(0)),
+    );
     match server.poll().unwrap() {
         Some(Polled::Malformed { ticket, error }) => {
             assert_eq!(ticket, 1);
@@ -370,9 +371,10 @@ fn the_client_checks_the_server_counters_and_records() {
     let mut client = Submitter::create(4).unwrap();
     let layout = client.layout();
     client.region().scribble(layout.completion_slot(0) + 8, 7);
-    client
-        .region()
-        .scribble(layout.completion_slot(0) + COMPLETION_WORD, completion_sequence(0));
+    client.region().scribble(
+        layout.completion_slot(0) + COMPLETION_WORD,
+        completion_sequence(0),
+    );
     assert_eq!(
         client.poll_completion(),
         Err(RingError::MalformedCompletion(
@@ -489,7 +491,10 @@ fn opening_checks_the_object() {
         .counter(ControlWord::SubmissionClaimed)
         .store(5, Ordering::Release);
     assert_eq!(
-        Server::open(client.name(), None).map(|_| ()).unwrap_err().to_string(),
+        Server::open(client.name(), None)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string(),
         RingError::CounterOutOfRange {
             counter: Counter::SubmissionClaimed,
             value: 5,
@@ -1139,7 +1144,8 @@ fn a_slot_is_taken_only_after_its_sequence_word() {
             order.swap(i, rng.random_range(0..=i));
         }
         let pauses: Vec<bool> = order.iter().map(|_| rng.random_range(0..16) == 0).collect();
-        let word = |index: usize| u64::from_ne_bytes(bytes[8 * index..8 * index + 8].try_into().unwrap());
+        let word =
+            |index: usize| u64::from_ne_bytes(bytes[8 * index..8 * index + 8].try_into().unwrap());
         let got = thread::scope(|scope| {
             let writer = scope.spawn(|| {
                 let slot = layout.submission_slot(position);
@@ -1196,11 +1202,14 @@ fn a_sequence_word_stored_before_its_body_hands_over_one_copy() {
         let mut late = random_descriptor(&mut rng);
         late.ticket = rng.random();
         let bytes = late.encode();
-        let word = |index: usize| u64::from_ne_bytes(bytes[8 * index..8 * index + 8].try_into().unwrap());
+        let word =
+            |index: usize| u64::from_ne_bytes(bytes[8 * index..8 * index + 8].try_into().unwrap());
         // The publication word first: the counts of `late`, this lap's
         // sequence, over a zero body.
         let publication = with_sequence(word(SUBMISSION_WORD / 8), submission_sequence(1));
-        region.submission_word(1).store(publication, Ordering::Release);
+        region
+            .submission_word(1)
+            .store(publication, Ordering::Release);
         let mut torn = [0u8; DESCRIPTOR_SIZE];
         torn[SUBMISSION_WORD..SUBMISSION_WORD + 8]
             .copy_from_slice(&with_sequence(publication, 0).to_ne_bytes());
@@ -1213,7 +1222,9 @@ fn a_sequence_word_stored_before_its_body_hands_over_one_copy() {
         for index in (0..DESCRIPTOR_SIZE / 8).filter(|i| *i != SUBMISSION_WORD / 8) {
             region.scribble(layout.submission_slot(1) + 8 * index, word(index));
         }
-        region.submission_word(1).store(publication, Ordering::Release);
+        region
+            .submission_word(1)
+            .store(publication, Ordering::Release);
         assert_eq!(server.poll().unwrap(), None, "the slot was taken twice");
         assert_eq!(server.in_flight(), 1);
         server.complete(CompletionStatus::Ok, 0).unwrap();
@@ -1221,7 +1232,11 @@ fn a_sequence_word_stored_before_its_body_hands_over_one_copy() {
         let _ = client.poll_completion().unwrap();
         let _ = client.poll_completion().unwrap();
         client.try_submit(&payload(2)).unwrap();
-        assert_eq!(server.poll().unwrap(), None, "the client wrote position 1 again");
+        assert_eq!(
+            server.poll().unwrap(),
+            None,
+            "the client wrote position 1 again"
+        );
     }
 }
 
@@ -1261,7 +1276,9 @@ fn only_this_laps_sequence_word_publishes_a_slot() {
             // A whole new body under the word, now and then.
             let mut before = [0u8; DESCRIPTOR_SIZE];
             region.load_submission(position, &mut before);
-            let junk = rng.random::<bool>().then(|| random_descriptor(&mut rng).encode());
+            let junk = rng
+                .random::<bool>()
+                .then(|| random_descriptor(&mut rng).encode());
             let body = |bytes: &[u8; DESCRIPTOR_SIZE]| {
                 for index in (0..DESCRIPTOR_SIZE / 8).filter(|i| *i != SUBMISSION_WORD / 8) {
                     let value =
@@ -1388,12 +1405,19 @@ fn a_server_reattaching_mid_ring_takes_each_submission_exactly_once() {
                 },
                 12..=20 => match server.poll().unwrap() {
                     Some(Polled::Launch(descriptor)) => {
-                        assert!(taken.insert(descriptor.ticket), "ticket {} taken again", descriptor.ticket);
+                        assert!(
+                            taken.insert(descriptor.ticket),
+                            "ticket {} taken again",
+                            descriptor.ticket
+                        );
                         *launched.entry(descriptor.ticket).or_default() += 1;
                         in_flight.push_back((descriptor.ticket, CompletionStatus::Ok));
                     }
                     Some(Polled::Orphan(descriptor)) => {
-                        assert!(taken.contains(&descriptor.ticket), "an orphan no server took");
+                        assert!(
+                            taken.contains(&descriptor.ticket),
+                            "an orphan no server took"
+                        );
                         let failed = CompletionStatus::Failed { reason: 14 };
                         in_flight.push_back((descriptor.ticket, failed));
                     }
@@ -1448,7 +1472,11 @@ fn a_server_reattaching_mid_ring_takes_each_submission_exactly_once() {
         assert!(deaths > 20, "{deaths} deaths");
         assert!(launched.values().all(|count| *count == 1));
         let tickets: Vec<u64> = answers.iter().map(|c| c.ticket).collect();
-        assert_eq!(tickets, (0..next_ticket).collect::<Vec<_>>(), "one answer each, in order");
+        assert_eq!(
+            tickets,
+            (0..next_ticket).collect::<Vec<_>>(),
+            "one answer each, in order"
+        );
         let mut failed = 0;
         for completion in &answers {
             assert_eq!(completion.detail, completion.ticket);
@@ -1457,9 +1485,7 @@ fn a_server_reattaching_mid_ring_takes_each_submission_exactly_once() {
                 _ => failed += 1,
             }
         }
-        println!(
-            "{next_ticket} submissions, {deaths} server deaths, {failed} answered as orphans"
-        );
+        println!("{next_ticket} submissions, {deaths} server deaths, {failed} answered as orphans");
         assert!(failed > 0 && failed < next_ticket);
     }
 }
@@ -1488,7 +1514,10 @@ fn a_waker_ends_a_server_sleep_at_once() {
     waker.wake();
     let (mut server, woken, took) = sleeping.join().unwrap();
     assert!(woken);
-    assert!(took >= Duration::from_millis(90) && took < Duration::from_secs(5), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(90) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
     // A wake with no sleep in progress ends the next one at once, and
     // only that one.
     waker.wake();
