@@ -55,7 +55,8 @@
 //!   executor: the mapping is watched by the SIGBUS handler, which maps
 //!   zero pages over it, and the ring is dropped at its next step.
 //! - The thread never sleeps unbounded: it checks its stop flag at least
-//!   every [`POLL_SLICE`], and a host semaphore wait checks it between its
+//!   every [`POLL_SLICE`], and a stop wakes its futex sleep at once (the
+//!   server's [`Waker`]); a host semaphore wait checks it between its
 //!   naps; only a running kernel (bounded by the budget) or, on CUDA, a
 //!   sync launch's stream synchronize delays a stop.
 
@@ -68,7 +69,7 @@ use std::time::{Duration, Instant};
 pub use super::kernel_timeouts::TimeoutAllowance;
 
 use ptxd_ipc::ring::{
-    CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server, TypedArg,
+    CompletionStatus, Descriptor, OperandRef, Polled, SemaphoreOp, Server, TypedArg, Waker,
 };
 use ptxd_proto::executor::{FailureKind, RingGrant};
 use ptxd_proto::v1::Reason;
@@ -467,6 +468,9 @@ pub struct RingSession {
 pub struct RingHandle<K, B> {
     table: Shared<K, B>,
     stop: Arc<AtomicBool>,
+    /// Ends the thread's futex sleep when the ring stops, so a stop takes
+    /// effect at once rather than at the end of a [`POLL_SLICE`].
+    waker: Waker,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -497,6 +501,7 @@ impl<K: Send + 'static, B: Send + 'static> RingHandle<K, B> {
         let guard =
             super::sigbus::watch(&[server.mapping()], &control).map_err(std::io::Error::other)?;
         let previous = previous.and_then(RingHandle::stop);
+        let waker = server.waker();
         let table: Shared<K, B> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s) = (table.clone(), stop.clone());
@@ -521,6 +526,7 @@ impl<K: Send + 'static, B: Send + 'static> RingHandle<K, B> {
         Ok(RingHandle {
             table,
             stop,
+            waker,
             thread: Some(thread),
         })
     }
@@ -532,11 +538,19 @@ impl<K: Send + 'static, B: Send + 'static> RingHandle<K, B> {
 }
 
 impl<K, B> RingHandle<K, B> {
-    /// Tells the thread to stop; returns it, to be joined off the request
-    /// loop.
+    /// Tells the thread to stop, waking it if it sleeps; returns it, to be
+    /// joined off the request loop.
     fn stop(mut self) -> Option<JoinHandle<()>> {
-        self.stop.store(true, Ordering::Release);
+        self.signal_stop();
         self.thread.take()
+    }
+
+    /// Sets the stop flag, then wakes the thread's sleep (the flag first:
+    /// the woken thread checks it before it sleeps again). A wake does not
+    /// touch the ring's mapping once the thread's server is gone.
+    fn signal_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.waker.wake();
     }
 }
 
@@ -545,7 +559,7 @@ impl<K, B> Drop for RingHandle<K, B> {
         // Not joined: the request loop must never wait on a ring. The
         // thread holds what it uses (its server, the table's Arc, the
         // launch's clones) and drops it when it ends.
-        self.stop.store(true, Ordering::Release);
+        self.signal_stop();
     }
 }
 
@@ -1097,6 +1111,51 @@ mod tests {
             );
             assert_eq!(client.outstanding(), 40 - stop_at as u64);
         }
+    }
+
+    /// No launches: a ring that stays idle.
+    struct Idle;
+
+    impl RingBackend for Idle {
+        type Kernel = ();
+        type Buffer = u64;
+        fn launch(
+            &mut self,
+            _: RingLaunch<(), u64>,
+            _: TableHold<'_, (), u64>,
+            _: &AtomicBool,
+        ) -> Result<(), Error> {
+            panic!("nothing is submitted");
+        }
+        fn release_signal(&mut self, _: CheckedSemaphore<u64>, _: TableHold<'_, (), u64>) {}
+    }
+
+    /// A stop wakes the ring's thread from its futex sleep: the thread
+    /// ends well within the [`POLL_SLICE`] it would otherwise sleep out
+    /// (stopped just after it fell asleep, it would take most of a slice).
+    #[test]
+    fn a_stop_wakes_the_sleeping_ring_thread_at_once() {
+        let mut took = Vec::new();
+        for round in 0..7 {
+            let client = Submitter::create(8).unwrap();
+            let server = Server::open(client.name(), None).unwrap();
+            let handle: RingHandle<(), u64> =
+                RingHandle::spawn(server, Idle, format!("ring-stop-{round}"), session(), None)
+                    .unwrap();
+            // Asleep: past its spin, in a futex sleep of up to a slice.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !client.server_asleep() {
+                assert!(Instant::now() < deadline, "the idle ring never slept");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let start = Instant::now();
+            handle.stop().unwrap().join().unwrap();
+            took.push(start.elapsed());
+        }
+        took.sort();
+        println!("a stop ended the sleeping ring thread after {took:?}");
+        // The median: this machine's scheduler may delay any one wake-up.
+        assert!(took[took.len() / 2] < POLL_SLICE / 4, "{took:?}");
     }
 
     /// A Strided kernel granted to a ring is checked there with exactly

@@ -297,15 +297,13 @@ async fn a_client_that_shrinks_its_ring_loses_only_its_ring() {
     .unwrap();
     assert_eq!(next(&mut ring).outcome, Ok(()));
     // Two submissions went through: the next one's slot (index 2 of 8, at
-    // 0x200 + 2 * 2048) lies past the first page. Cut the object to its
-    // first page under the executor's mapping, then publish a third
-    // submission by writing the head counter (0x40) through the file: the
-    // executor's copy of that slot touches a page that no longer exists.
+    // 0x300 + 2 * 2048) lies past the first page. Cut the object to its
+    // first page under the executor's mapping: the executor's next poll
+    // loads that slot's sequence word (layout 2 publishes a slot by a word
+    // inside it), on a page that no longer exists.
     let path = format!("/dev/shm{}", ring.shm_name());
-    let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.set_len(4096).unwrap();
-    file.seek(SeekFrom::Start(0x40)).unwrap();
-    file.write_all(&3u64.to_le_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     // The executor is the same process, and serves this session over gRPC
     // and a new ring.

@@ -7,9 +7,14 @@
 //! | 08 | 4 | status: 0 ok, 1 refused, 2 failed |
 //! | 0C | 4 | reason (the daemon's `ErrorReason` number; 0 when ok) |
 //! | 10 | 8 | detail (e.g. an operand index or a u64 argument) |
-//! | 18 | 40 | reserved, zero |
+//! | 18 | 32 | reserved, zero |
+//! | 38 | 8 | reserved in a record: the ring's sequence word for the slot |
 //!
 //! Canonical like the descriptor: decode accepts exactly what encode writes.
+//! In a ring slot (layout 2) the last word is the slot's sequence word,
+//! which the server stores after the rest (`layout::COMPLETION_WORD`); the
+//! client's copy holds zero there, so a record's last word is zero and
+//! decoding still refuses anything else.
 
 /// Bytes of one completion slot.
 pub const COMPLETION_SIZE: usize = 64;

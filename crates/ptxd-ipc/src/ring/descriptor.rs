@@ -18,7 +18,8 @@
 //! | 018 | 1 | input count (0..=64) |
 //! | 019 | 1 | scalar count (0..=64) |
 //! | 01A | 1 | typed arg count (0..=64) |
-//! | 01B | 5 | reserved |
+//! | 01B | 1 | reserved |
+//! | 01C | 4 | reserved in a descriptor: the ring's sequence word for the slot (see below) |
 //! | 020 | 24 | wait: buffer index u32, reserved u32, byte offset u64, value u64 |
 //! | 038 | 24 | signal: same shape |
 //! | 050 | 16 | output: buffer index u32, reserved u32, byte offset u64 |
@@ -33,6 +34,13 @@
 //! descriptor that carries any (`ReservedNotZero`). A descriptor carries f32
 //! scalars or typed args; one with both decodes, and the launch check
 //! refuses it (`SCALAR_ARGS_MISMATCH`).
+//!
+//! In a ring slot (layout 2), bytes 0x1C..0x20 hold the slot's sequence
+//! word, and the u64 at 0x18 (the counts, the reserved byte and the
+//! sequence word) is the slot's publication word, which the ring stores
+//! last and loads first (`layout::SUBMISSION_WORD`). The ring zeroes the
+//! sequence bytes in its copy before decoding, so a descriptor holds zero
+//! there and decoding still refuses anything else (`ReservedNotZero`).
 //!
 //! Decoding reads only the caller's copy, never allocates, and never panics
 //! (every offset is a constant inside the 2048-byte array).

@@ -62,7 +62,9 @@ pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) -> Result
     }
 }
 
-/// Wakes one sleeper on `word`.
+/// Wakes every sleeper on `word`: one in the protocol, but a peer that
+/// parks threads of its own on the word cannot absorb the wake meant for
+/// the consumer.
 pub(crate) fn wake(word: &AtomicU32) -> Result<(), Errno> {
     // SAFETY: FUTEX_WAKE only uses the address as a key (the borrow keeps it
     // mapped); the remaining arguments are ignored by FUTEX_WAKE.
@@ -71,7 +73,7 @@ pub(crate) fn wake(word: &AtomicU32) -> Result<(), Errno> {
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE,
-            1u32,
+            libc::c_int::MAX,
             std::ptr::null::<libc::timespec>(),
             std::ptr::null::<u32>(),
             0u32,
@@ -116,21 +118,28 @@ pub struct WaitStats {
 
 /// The consumer's half of the sleep protocol over one futex word.
 ///
-/// The lost-wakeup argument (a Dekker pattern over two SeqCst fences):
+/// The lost-wakeup argument (a Dekker pattern over two SeqCst fences). The
+/// "publication" is the Release store of the next slot's sequence word (the
+/// slot the consumer polls), and the consumer's re-check is an Acquire load
+/// of that same word:
 ///
-/// - consumer: `word = SLEEPING`; fence(SeqCst); re-check the ring; only if
-///   still empty, `FUTEX_WAIT(word, SLEEPING)`.
-/// - producer: publish (`head.store(Release)`); fence(SeqCst); if
+/// - consumer: `word = SLEEPING`; fence(SeqCst); re-check (load the next
+///   slot's sequence word); only if it is not yet published,
+///   `FUTEX_WAIT(word, SLEEPING)`.
+/// - producer: publish (`sequence.store(Release)`); fence(SeqCst); if
 ///   `word == SLEEPING`, swap it to `AWAKE` and `FUTEX_WAKE`.
 ///
 /// The two fences are ordered one way or the other. If the consumer's comes
 /// first, the producer's load sees `SLEEPING` and wakes it; if the
-/// producer's comes first, the consumer's re-check sees the new head and it
-/// does not sleep. A wake that lands between the re-check and the
-/// FUTEX_WAIT finds the word already `AWAKE`, so the FUTEX_WAIT returns at
-/// once (EAGAIN). A peer that scribbles on the word can only cause a
-/// spurious wake or a missed one, and every sleep is bounded by
-/// `max_sleep` and the caller's deadline.
+/// producer's comes first, the consumer's re-check sees the new sequence
+/// word and it does not sleep. A wake that lands between the re-check and
+/// the FUTEX_WAIT finds the word already `AWAKE`, so the FUTEX_WAIT returns
+/// at once (EAGAIN). The same holds for any other condition `ready` checks
+/// with a store before a SeqCst fence on the other side ([`kick`]: a stop
+/// flag). A peer that scribbles on the futex word or on a sequence word can
+/// only cause a spurious wake or a missed one (a sequence word it publishes
+/// early or late moves only when its own work is seen), and every sleep is
+/// bounded by `max_sleep` and the caller's deadline.
 pub(crate) fn wait_until<E>(
     word: &AtomicU32,
     config: &WaitConfig,
@@ -212,6 +221,19 @@ pub(crate) fn wake_if_sleeping(word: &AtomicU32, stats: &mut WaitStats) -> Resul
     Ok(())
 }
 
+/// Wakes the consumer sleeping on `word` whatever the word says: for a
+/// condition outside the ring (a stop) that the consumer's `ready` checks
+/// and the caller set before this call. The fence orders that store before
+/// the swap, as [`wake_if_sleeping`] orders a publication; the swap to
+/// `AWAKE` makes a FUTEX_WAIT that has not started yet return at once, and
+/// the FUTEX_WAKE ends one that has. Unconditional, because the peer may
+/// have overwritten the word: a stop is rare, a syscall per stop is cheap.
+pub(crate) fn kick(word: &AtomicU32) -> Result<(), Errno> {
+    fence(Ordering::SeqCst);
+    word.swap(AWAKE, Ordering::Relaxed);
+    wake(word)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -228,6 +250,36 @@ mod tests {
         assert!(start.elapsed() >= Duration::from_millis(25));
         // Nobody sleeps: a wake is harmless.
         wake(&word).unwrap();
+    }
+
+    /// The lost-wake window of a kick, made deterministic: the consumer
+    /// announced its sleep and found nothing (`SLEEPING`), the kick lands
+    /// before its FUTEX_WAIT, and that wait must return at once, not at
+    /// its timeout. Also a kick to a consumer already in FUTEX_WAIT.
+    #[test]
+    fn a_kick_before_or_during_the_futex_wait_is_not_lost() {
+        let word = AtomicU32::new(AWAKE);
+        word.store(SLEEPING, Ordering::Relaxed);
+        kick(&word).unwrap();
+        let start = Instant::now();
+        wait(&word, SLEEPING, Duration::from_secs(10)).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let word = std::sync::Arc::new(AtomicU32::new(SLEEPING));
+        let sleeper = {
+            let word = std::sync::Arc::clone(&word);
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                while word.load(Ordering::Relaxed) == SLEEPING
+                    && start.elapsed() < Duration::from_secs(10)
+                {
+                    wait(&word, SLEEPING, Duration::from_secs(10)).unwrap();
+                }
+                start.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        kick(&word).unwrap();
+        assert!(sleeper.join().unwrap() < Duration::from_secs(5));
     }
 
     /// A spin reads the clock every few polls, not every one, and still

@@ -11,36 +11,96 @@ use super::descriptor::DESCRIPTOR_SIZE;
 
 /// `b"PTXDRING"`, read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PTXDRING");
-/// The layout this module reads and writes.
-pub const LAYOUT_VERSION: u32 = 1;
+/// The layout this module reads and writes. Version 2 publishes each slot
+/// by a sequence word inside it (version 1 had a head counter per ring) and
+/// puts each control word on its own 128-byte block; a version 1 object is
+/// refused ([`LayoutError::UnsupportedVersion`]).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Bytes of the header at offset 0.
 pub const HEADER_LEN: usize = 64;
 /// Bytes of the header plus the control words; the submission slots start
 /// here.
-pub const CONTROL_LEN: usize = 0x200;
+pub const CONTROL_LEN: usize = 0x300;
 /// The largest slot count a ring may declare (8.25 MiB of slots).
 pub const MAX_SLOTS: u32 = 4096;
 
-/// One control word of the ring. Each lies alone on its own 64-byte cache
-/// line, so the two sides never write the same line on the hot path; and
-/// each 128-byte pair of lines (which x86 cores prefetch together) holds
-/// words of one writer only (the header, written once, beside the
-/// client's submission head), so no cursor's line is dragged to the other
-/// core by a neighbour's write.
+/// The padding between two words that different sides write: x86 cores
+/// fetch 64-byte lines in pairs (the adjacent-line prefetcher), so two
+/// words 64 bytes apart still drag one line between cores when either is
+/// written. crossbeam's `CachePadded` and the Disruptor's padded
+/// `Sequence` pad to 128 bytes for the same reason.
+pub const CONTROL_BLOCK: usize = 128;
+
+/// Byte offset, inside a submission slot, of the slot's publication word:
+/// the u64 that holds the descriptor's three counts (0x18..0x1B), a
+/// reserved byte (0x1B), and the slot's sequence word (0x1C..0x20, a
+/// little-endian u32, [`submission_sequence`]). The client writes it last,
+/// with Release, as one store; the server polls it with Acquire.
+pub(crate) const SUBMISSION_WORD: usize = 0x18;
+/// Byte offset, inside a submission slot, of the sequence word's 4 bytes
+/// (the high half of the publication word).
+pub(crate) const SUBMISSION_SEQUENCE: usize = 0x1C;
+/// Byte offset, inside a completion slot, of its sequence word (a
+/// little-endian u64, [`completion_sequence`]): the server writes it last,
+/// with Release; the client polls it with Acquire.
+pub(crate) const COMPLETION_WORD: usize = 0x38;
+
+// The publication words are aligned words inside their slots.
+const _: () = assert!(SUBMISSION_WORD.is_multiple_of(8) && SUBMISSION_WORD + 8 <= DESCRIPTOR_SIZE);
+const _: () = assert!(SUBMISSION_SEQUENCE == SUBMISSION_WORD + 4);
+const _: () = assert!(COMPLETION_WORD.is_multiple_of(8) && COMPLETION_WORD + 8 <= COMPLETION_SIZE);
+
+/// The sequence word that publishes submission `position`: the low 32 bits
+/// of `position + 1`. A slot's previous occupant (`position - slots`, or a
+/// zero-filled slot in the first lap of a fresh ring, whose positions start
+/// at 0) holds another value, since `slots` is below 2^32: a slot left from
+/// the last lap never reads as published.
+pub(crate) const fn submission_sequence(position: u64) -> u32 {
+    position.wrapping_add(1) as u32
+}
+
+/// The sequence word that publishes completion `position`:
+/// `position + 1`, for the same reason.
+pub(crate) const fn completion_sequence(position: u64) -> u64 {
+    position.wrapping_add(1)
+}
+
+/// The sequence word in a submission slot's publication word (as loaded,
+/// native byte order).
+pub(crate) fn sequence_of(publication: u64) -> u32 {
+    let bytes = publication.to_ne_bytes();
+    let at = SUBMISSION_SEQUENCE - SUBMISSION_WORD;
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// `publication` with its sequence bytes set to `sequence` (zero: the
+/// bytes a descriptor holds there).
+pub(crate) fn with_sequence(publication: u64, sequence: u32) -> u64 {
+    let mut bytes = publication.to_ne_bytes();
+    let at = SUBMISSION_SEQUENCE - SUBMISSION_WORD;
+    bytes[at..at + 4].copy_from_slice(&sequence.to_le_bytes());
+    u64::from_ne_bytes(bytes)
+}
+
+/// One control word of the ring. Each lies alone on its own 128-byte
+/// block ([`CONTROL_BLOCK`]), so a word one side writes never shares a
+/// line, nor a prefetched pair of lines, with a word the other side
+/// writes or polls. None is touched per launch in the common case: the
+/// slots' sequence words publish the work, the tails are read only when
+/// a ring looks full, `claimed` only by a server that attaches after
+/// another one, and a waiter word is read once per publication (the
+/// futex protocol) and written only around a sleep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ControlWord {
-    /// u64, written by the client: submissions published.
-    SubmissionHead,
     /// u64, written by the server: submissions completed (their slots are
-    /// free again).
+    /// free again); also the count of completions published, since the
+    /// answer to submission `p` is completion `p`.
     SubmissionTail,
     /// u64, written by the server: submissions taken (copied out). Read only
     /// by a server that attaches after another one died.
     SubmissionClaimed,
     /// u32 futex word, on which the server sleeps.
     ServerWaiter,
-    /// u64, written by the server: completions published.
-    CompletionHead,
     /// u64, written by the client: completions consumed.
     CompletionTail,
     /// u32 futex word, on which the client sleeps.
@@ -48,16 +108,24 @@ pub(crate) enum ControlWord {
 }
 
 impl ControlWord {
-    /// Byte offset in the object: 64-byte aligned, below [`CONTROL_LEN`].
+    /// Every control word.
+    #[cfg(test)]
+    pub(crate) const ALL: [ControlWord; 5] = [
+        ControlWord::SubmissionTail,
+        ControlWord::SubmissionClaimed,
+        ControlWord::ServerWaiter,
+        ControlWord::CompletionTail,
+        ControlWord::ClientWaiter,
+    ];
+
+    /// Byte offset in the object: 128-byte aligned, below [`CONTROL_LEN`].
     pub(crate) const fn offset(self) -> usize {
         match self {
-            ControlWord::SubmissionHead => 0x040,
             ControlWord::SubmissionTail => 0x080,
-            ControlWord::SubmissionClaimed => 0x0C0,
-            ControlWord::ServerWaiter => 0x100,
-            ControlWord::CompletionHead => 0x140,
-            ControlWord::CompletionTail => 0x180,
-            ControlWord::ClientWaiter => 0x1C0,
+            ControlWord::SubmissionClaimed => 0x100,
+            ControlWord::ServerWaiter => 0x180,
+            ControlWord::CompletionTail => 0x200,
+            ControlWord::ClientWaiter => 0x280,
         }
     }
 }
@@ -113,20 +181,21 @@ pub enum LayoutError {
 /// | offset | size | field |
 /// | --- | --- | --- |
 /// | 0x000 | 8 | magic `PTXDRING` |
-/// | 0x008 | 4 | layout version (1) |
+/// | 0x008 | 4 | layout version (2) |
 /// | 0x00C | 4 | slot count (power of two, 1..=4096) |
 /// | 0x010 | 4 | descriptor size (2048) |
 /// | 0x014 | 4 | completion size (64) |
 /// | 0x018 | 40 | reserved, zero |
-/// | 0x040 | 8 | submission head (client) |
 /// | 0x080 | 8 | submission tail (server) |
-/// | 0x0C0 | 8 | submission claimed (server) |
-/// | 0x100 | 4 | server waiter (futex) |
-/// | 0x140 | 8 | completion head (server) |
-/// | 0x180 | 8 | completion tail (client) |
-/// | 0x1C0 | 4 | client waiter (futex) |
-/// | 0x200 | slots × 2048 | submission slots |
-/// | 0x200 + slots × 2048 | slots × 64 | completion slots |
+/// | 0x100 | 8 | submission claimed (server) |
+/// | 0x180 | 4 | server waiter (futex) |
+/// | 0x200 | 8 | completion tail (client) |
+/// | 0x280 | 4 | client waiter (futex) |
+/// | 0x300 | slots × 2048 | submission slots; each publishes itself by its sequence word at slot + 0x1C |
+/// | 0x300 + slots × 2048 | slots × 64 | completion slots; each publishes itself by its sequence word at slot + 0x38 |
+///
+/// Every other byte of the control area is reserved (zero in a fresh
+/// object; neither side reads it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingLayout {
     slots: u32,
@@ -208,7 +277,7 @@ impl RingLayout {
         CONTROL_LEN + self.slots as usize * DESCRIPTOR_SIZE
     }
 
-    /// Bytes of the whole object (at most 8.25 MiB + 512).
+    /// Bytes of the whole object (at most 8.25 MiB + 768).
     pub fn total_len(&self) -> usize {
         self.completion_offset() + self.slots as usize * COMPLETION_SIZE
     }
@@ -276,10 +345,13 @@ mod tests {
                 found: u64::from_le_bytes(*b"PTXDRINH")
             })
         );
-        assert_eq!(
-            with(8, &2u32.to_le_bytes()),
-            Err(LayoutError::UnsupportedVersion { found: 2 })
-        );
+        // Version 1 (a head counter per ring) is refused, not misread.
+        for version in [0u32, 1, 3, u32::MAX] {
+            assert_eq!(
+                with(8, &version.to_le_bytes()),
+                Err(LayoutError::UnsupportedVersion { found: version })
+            );
+        }
         assert_eq!(
             with(12, &48u32.to_le_bytes()),
             Err(LayoutError::SlotCount { slots: 48 })
@@ -300,58 +372,65 @@ mod tests {
         }
     }
 
-    /// Which side writes a control word on the hot path.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum Writer {
-        Client,
-        Server,
-    }
-
-    fn writer(word: ControlWord) -> Writer {
-        match word {
-            ControlWord::SubmissionHead
-            | ControlWord::CompletionTail
-            | ControlWord::ClientWaiter => Writer::Client,
-            ControlWord::SubmissionTail
-            | ControlWord::SubmissionClaimed
-            | ControlWord::ServerWaiter
-            | ControlWord::CompletionHead => Writer::Server,
-        }
-    }
-
-    /// The cursors are padded against false sharing at both granularities:
-    /// one word per 64-byte line, and one writer per 128-byte pair of
-    /// lines (the adjacent-line prefetch); the slots start on a fresh pair.
+    /// Every control word has a 128-byte block to itself (the adjacent-line
+    /// prefetch pairs 64-byte lines), the header's block holds none, and
+    /// the slots start on a fresh block.
     #[test]
-    fn each_cursor_pair_of_lines_has_one_writer() {
-        let words = [
-            ControlWord::SubmissionHead,
-            ControlWord::SubmissionTail,
-            ControlWord::SubmissionClaimed,
-            ControlWord::ServerWaiter,
-            ControlWord::CompletionHead,
-            ControlWord::CompletionTail,
-            ControlWord::ClientWaiter,
-        ];
-        for a in words {
-            for b in words {
-                if a != b {
+    fn each_control_word_has_its_own_128_byte_block() {
+        let blocks: Vec<usize> = ControlWord::ALL
+            .iter()
+            .map(|word| word.offset() / CONTROL_BLOCK)
+            .collect();
+        for (i, a) in blocks.iter().enumerate() {
+            assert_ne!(*a, 0, "{:?} shares the header's block", ControlWord::ALL[i]);
+            for (j, b) in blocks.iter().enumerate() {
+                if i != j {
                     assert_ne!(
-                        a.offset() / 64,
-                        b.offset() / 64,
-                        "{a:?} and {b:?} share a line"
+                        a,
+                        b,
+                        "{:?} and {:?}",
+                        ControlWord::ALL[i],
+                        ControlWord::ALL[j]
                     );
-                    if a.offset() / 128 == b.offset() / 128 {
-                        assert_eq!(writer(a), writer(b), "{a:?} and {b:?} share a pair");
-                    }
                 }
             }
         }
-        // The header's pair holds one cursor, the client's (the header is
-        // read once, at attach).
-        let in_header_pair: Vec<_> = words.iter().filter(|w| w.offset() < 128).collect();
-        assert_eq!(in_header_pair, [&ControlWord::SubmissionHead]);
-        assert_eq!(CONTROL_LEN % 128, 0);
+        for word in ControlWord::ALL {
+            assert_eq!(word.offset() % CONTROL_BLOCK, 0);
+        }
+        assert_eq!(CONTROL_LEN % CONTROL_BLOCK, 0);
+        assert_eq!(DESCRIPTOR_SIZE % CONTROL_BLOCK, 0);
+    }
+
+    /// A slot's sequence word tells its own lap from the one before, for
+    /// every slot count and across the u64 wrap, and the publication word
+    /// keeps the counts beside it intact.
+    #[test]
+    fn a_sequence_word_tells_a_lap_from_the_last() {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        for shift in 0..=12 {
+            let slots = 1u64 << shift;
+            for _ in 0..200 {
+                let position = match rng.random_range(0..3) {
+                    0 => rng.random::<u64>(),
+                    1 => u64::MAX - rng.random_range(0..2 * slots),
+                    _ => rng.random_range(0..2 * slots),
+                };
+                let previous = position.wrapping_sub(slots);
+                assert_ne!(submission_sequence(position), submission_sequence(previous));
+                assert_ne!(completion_sequence(position), completion_sequence(previous));
+                if position < slots {
+                    // A fresh ring's zero-filled slot is not published.
+                    assert_ne!(submission_sequence(position), 0);
+                    assert_ne!(completion_sequence(position), 0);
+                }
+                let counts: u64 = rng.random::<u64>() & 0xFF_FFFF;
+                let word = with_sequence(counts, submission_sequence(position));
+                assert_eq!(sequence_of(word), submission_sequence(position));
+                assert_eq!(with_sequence(word, 0), counts);
+            }
+        }
     }
 
     #[test]
@@ -363,15 +442,7 @@ mod tests {
             let cq = layout.completion_slot(position);
             assert!(cq >= layout.completion_offset() && cq + COMPLETION_SIZE <= layout.total_len());
         }
-        for word in [
-            ControlWord::SubmissionHead,
-            ControlWord::SubmissionTail,
-            ControlWord::SubmissionClaimed,
-            ControlWord::ServerWaiter,
-            ControlWord::CompletionHead,
-            ControlWord::CompletionTail,
-            ControlWord::ClientWaiter,
-        ] {
+        for word in ControlWord::ALL {
             assert_eq!(word.offset() % 64, 0);
             assert!(word.offset() >= HEADER_LEN && word.offset() + 8 <= CONTROL_LEN);
         }

@@ -7,39 +7,56 @@
 //! ([`Submitter::create`], in a [`HostShm`](crate::shm::HostShm)) and
 //! opened by the executor ([`Server::open`] by name, or [`Server::from_fd`]).
 //! The layout lives in this crate so that the SDK and the daemon share one
-//! definition ([`RingLayout`] has the byte table): a versioned header, seven
-//! control words each on its own cache line, `slots` submission slots of
-//! [`DESCRIPTOR_SIZE`] bytes, then `slots` completion slots of
+//! definition ([`RingLayout`] has the byte table): a versioned header, five
+//! control words each on its own 128-byte block, `slots` submission slots
+//! of [`DESCRIPTOR_SIZE`] bytes, then `slots` completion slots of
 //! [`COMPLETION_SIZE`] bytes.
 //!
-//! Two single-producer single-consumer rings:
+//! Two single-producer single-consumer rings, each slot published by a
+//! sequence word inside it (as the LMAX Disruptor's `availableBuffer` and
+//! iceoryx2 do), not by a separate head counter, so a hand-over moves the
+//! slot's own cache lines between the cores and no counter line:
 //!
-//! - **Submissions**, client → server. The client writes slot
-//!   `head & (slots-1)` then publishes `head + 1` with a Release store. The
-//!   server loads `head` with Acquire, copies the slot into a local buffer,
-//!   and decodes the copy; it never reads a slot twice. It also publishes
-//!   `claimed` (how many it has taken). A slot is handed back (`tail + 1`,
-//!   Release) only when its completion is posted, so the client has at most
-//!   `slots` launches outstanding and a server that attaches after another
-//!   one died finds the dead one's unanswered submissions still in place.
+//! - **Submissions**, client → server. The client writes slot `p & (slots-1)`
+//!   (the words that changed), then stores the slot's publication word (its
+//!   descriptor counts and the sequence word `p + 1`, low 32 bits) with a
+//!   Release store. The server polls the next slot's publication word with
+//!   Acquire; once it reads this lap's sequence, it copies the rest of the
+//!   slot into a local buffer and decodes the copy with the word it
+//!   already loaded: it reads each shared byte of a slot once. It also
+//!   publishes `claimed` (how many it has taken). A slot is handed back
+//!   (`tail`, Release) only when its completion is published, so the client
+//!   has at most `slots` launches outstanding and a server that attaches
+//!   after another one died finds the dead one's unanswered submissions
+//!   still in place. The client reads `tail` only when the ring looks full
+//!   (a cached gating sequence).
 //! - **Completions**, server → client, the same way round: the server writes
-//!   the slot then publishes `head` (Release); the client loads `head`
-//!   (Acquire), copies the slot out, then publishes `tail` (Release). The
-//!   server answers submissions in the order it took them
-//!   ([`Server::complete`] always answers the oldest one), may post several
-//!   answers and publish them with one store of each counter
-//!   ([`Server::post`], [`Server::flush`]), and takes a
-//!   submission only while `in flight + unread completions < slots`, so a
-//!   completion always has room: the server never buffers or blocks on a
-//!   client that stops reading completions; it stops taking its launches.
+//!   the slot's body, then its sequence word (`p + 1`, Release); the client
+//!   polls the sequence word of completion `tail` (Acquire), copies the
+//!   rest of the slot, then publishes its `tail` (Release). The answer to
+//!   submission `p` is completion `p`. The server answers submissions in
+//!   the order it took them ([`Server::complete`] always answers the oldest
+//!   one), may post several answers and publish them together ([`Server::post`]
+//!   writes bodies, [`Server::flush`] stores the sequence words, then the
+//!   submission tail, and wakes the client once), and takes a submission
+//!   only while `in flight + unread completions < slots`, so a completion
+//!   always has room: the server never buffers or blocks on a client that
+//!   stops reading completions; it stops taking its launches.
 //!
-//! Memory ordering: each slot is written before the Release store of the
-//! counter that publishes it and read after the Acquire load that observes
-//! that counter, so the reader sees the whole slot. Each slot is read (copied
-//! out) before the Release store that hands it back, and the writer reuses it
-//! only after an Acquire load of that store, so a writer never overwrites a
-//! slot its reader is still copying. Sleep and wake use a Dekker pattern
-//! over SeqCst fences (see `futex::wait_until`).
+//! A sequence word tells this lap from the last one: a slot that held
+//! position `p - slots` holds that position's word, which differs from
+//! `p`'s, and a fresh object's zero-filled slots are not published for
+//! the first lap's positions (`1..=slots`).
+//!
+//! Memory ordering: each slot's body is written before the Release store of
+//! its sequence word and read after the Acquire load that observes it, so
+//! the reader sees the whole slot. Each slot is read (copied out) before the
+//! Release store that hands it back (`tail`), and the writer reuses it only
+//! after an Acquire load of that store, so a writer never overwrites a slot
+//! its reader is still copying. Sleep and wake use a Dekker pattern over
+//! SeqCst fences, with the next slot's sequence word as the published
+//! condition (see `futex::wait_until`); a [`Waker`] ends a server's sleep
+//! from its own process (a stop).
 //!
 //! # Trust
 //!
@@ -54,12 +71,18 @@
 //!   the validated [`RingLayout`] only. Slot addresses are `counter & mask`,
 //!   inside the mapping whatever the counter.
 //! - Each side keeps its own counters locally and never reads them back
-//!   from the object (except once, when attaching). The peer's counter must
-//!   stay inside a window (`[last seen, own counter + slots]` for a head,
-//!   `[last seen, own head]` for a tail); one that moves backwards or too far
-//!   ahead is a [`RingError::CounterOutOfRange`], after which the side is
-//!   poisoned (every call returns the same error) and the executor drops the
-//!   ring.
+//!   from the object (except once, when attaching). A peer's tail must stay
+//!   inside a window (`[last seen, own head]`); one that moves backwards or
+//!   too far ahead is a [`RingError::CounterOutOfRange`], after which the
+//!   side is poisoned (every call returns the same error) and the executor
+//!   drops the ring.
+//! - A sequence word is compared with one value, this lap's, for the one
+//!   slot a side expects next: any other value (garbage, a past or future
+//!   lap, a word written before its body) is "not yet", so a peer that
+//!   writes sequence words can stall its own ring or hand over a slot it
+//!   had not finished (decoded and checked like any other bytes), never
+//!   make a side take a slot twice or read one it did not expect: each
+//!   side moves past a position once, and reads that position's slot once.
 //! - A malformed descriptor is not a ring error: [`Server::poll`] returns it
 //!   as [`Polled::Malformed`] with its raw ticket, and the server refuses it
 //!   through [`Server::complete`] like any other refusal.
@@ -79,7 +102,9 @@
 //! the word itself so that a producer issues `FUTEX_WAKE` only when somebody
 //! sleeps. The server sleeps until the client submits or frees completion
 //! room; the client sleeps until a completion arrives (which also frees a
-//! submission slot).
+//! submission slot). A thread of the server's process ends the server's
+//! sleep at once with a [`Waker`] (the daemon's ring stop), rather than
+//! leaving it to the end of the sleep's slice.
 //!
 //! # Not here
 //!
@@ -106,39 +131,35 @@ pub use descriptor::{
 };
 pub use futex::{WaitConfig, WaitStats};
 pub use layout::{
-    LayoutError, RingLayout, CONTROL_LEN, HEADER_LEN, LAYOUT_VERSION, MAGIC, MAX_SLOTS,
+    LayoutError, RingLayout, CONTROL_BLOCK, CONTROL_LEN, HEADER_LEN, LAYOUT_VERSION, MAGIC,
+    MAX_SLOTS,
 };
 pub use region::{CreateError, OpenError};
-pub use server::{CompleteError, Polled, Server};
+pub use server::{CompleteError, Polled, Server, Waker};
 pub use submitter::{SubmitError, Submitter};
 
-/// A counter the peer publishes.
+/// A counter the peer publishes. (Layout 2 has no head counters: each
+/// slot's sequence word publishes it.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Counter {
-    /// Submissions published; written by the client, checked by the server
-    /// against `[last seen, its own tail + slots]`.
-    SubmissionHead,
     /// Submissions answered (their slots free again); written by the server,
     /// checked by the client against `[last seen, its own head]`.
     SubmissionTail,
     /// Submissions taken by a server; written by the server, checked only by
-    /// a server that attaches after another one, against `[tail, head]`.
+    /// a server that attaches after another one, against `[tail, tail +
+    /// slots]`.
     SubmissionClaimed,
-    /// Completions published; written by the server, checked by the client
-    /// against `[last seen, its own tail + slots]`.
-    CompletionHead,
     /// Completions consumed (their slots free again); written by the client,
-    /// checked by the server against `[last seen, its own head]`.
+    /// checked by the server against `[last seen, the completions it
+    /// published]`.
     CompletionTail,
 }
 
 impl std::fmt::Display for Counter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Counter::SubmissionHead => "submission head",
             Counter::SubmissionTail => "submission tail",
             Counter::SubmissionClaimed => "submission claimed count",
-            Counter::CompletionHead => "completion head",
             Counter::CompletionTail => "completion tail",
         })
     }
@@ -149,8 +170,8 @@ impl std::fmt::Display for Counter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RingError {
-    /// The peer moved a counter backwards or more than the ring's slot
-    /// count ahead (bounds in wrapping u64 arithmetic).
+    /// The peer moved a counter backwards or past what this side allows
+    /// (bounds in wrapping u64 arithmetic).
     #[error("the peer set the {counter} to {value}, outside [{low}, {high}]")]
     CounterOutOfRange {
         /// Which counter the peer wrote.

@@ -13,10 +13,13 @@
 //! - `base` is page-aligned and maps at least `layout.total_len()` bytes,
 //!   readable and writable, from construction to `Drop`.
 //! - Offsets come only from [`ControlWord::offset`] and
-//!   [`RingLayout::submission_slot`]/[`RingLayout::completion_slot`], which
-//!   are 8-aligned and end inside `layout.total_len()` for every position,
-//!   so no counter value a peer writes can move an access outside the
-//!   mapping.
+//!   [`RingLayout::submission_slot`]/[`RingLayout::completion_slot`] (plus
+//!   a constant below the slot's size), which are 8-aligned and end inside
+//!   `layout.total_len()` for every position, so no counter value a peer
+//!   writes can move an access outside the mapping.
+//! - A slot's publication word (its sequence word) is accessed only as
+//!   that one `AtomicU64`, by the loads and stores named for it: the body
+//!   copies skip it, so no two accesses of different sizes overlap.
 
 use std::ffi::CString;
 use std::num::NonZeroUsize;
@@ -32,7 +35,10 @@ use nix::sys::uio::pread;
 
 use super::completion::COMPLETION_SIZE;
 use super::descriptor::DESCRIPTOR_SIZE;
-use super::layout::{ControlWord, LayoutError, RingLayout, HEADER_LEN};
+use super::layout::{
+    with_sequence, ControlWord, LayoutError, RingLayout, COMPLETION_WORD, HEADER_LEN,
+    SUBMISSION_WORD,
+};
 use crate::shm::{validate_shm_name, HostMemfd, HostShm, ShmError};
 
 /// Why a ring object could not be created.
@@ -278,7 +284,7 @@ impl Region {
 
     /// A u64 control word.
     pub(crate) fn counter(&self, word: ControlWord) -> &AtomicU64 {
-        // SAFETY: `word.offset()` is 64-byte aligned and below CONTROL_LEN,
+        // SAFETY: `word.offset()` is 128-byte aligned and below CONTROL_LEN,
         // inside the live mapping (module invariants); the page-aligned base
         // makes the address 8-aligned. The word is only ever accessed
         // atomically by this process, and the borrow of `self` keeps the
@@ -292,23 +298,55 @@ impl Region {
         unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(word.offset()).cast()) }
     }
 
-    /// Copies submission slot `position` out, word by word.
+    /// Copies submission slot `position` out, word by word (the
+    /// client's shadow of its own slots, and tests).
     pub(crate) fn load_submission(&self, position: u64, out: &mut [u8; DESCRIPTOR_SIZE]) {
         self.load_bytes(self.layout.submission_slot(position), out);
     }
 
-    /// Writes submission slot `position`, word by word.
+    /// The publication word of submission slot `position` (its counts and
+    /// its sequence word, [`SUBMISSION_WORD`]).
+    pub(crate) fn submission_word(&self, position: u64) -> &AtomicU64 {
+        self.word::<DESCRIPTOR_SIZE>(self.layout.submission_slot(position), SUBMISSION_WORD / 8)
+    }
+
+    /// Copies a published submission slot out: every word but the
+    /// publication word, which the caller already loaded (with Acquire,
+    /// finding the slot published) and passes as `publication`; it goes
+    /// into the copy with its sequence bytes zeroed, as a descriptor holds
+    /// them. Each shared byte of the slot is read once.
+    pub(crate) fn load_submission_published(
+        &self,
+        position: u64,
+        publication: u64,
+        out: &mut [u8; DESCRIPTOR_SIZE],
+    ) {
+        let offset = self.layout.submission_slot(position);
+        for index in 0..DESCRIPTOR_SIZE / 8 {
+            let value = if index == SUBMISSION_WORD / 8 {
+                with_sequence(publication, 0)
+            } else {
+                self.word::<DESCRIPTOR_SIZE>(offset, index)
+                    .load(Ordering::Relaxed)
+            };
+            out[8 * index..8 * index + 8].copy_from_slice(&value.to_ne_bytes());
+        }
+    }
+
+    /// Writes submission slot `position`, word by word, publication word
+    /// included (tests: a scribbling peer).
     #[cfg(test)]
     pub(crate) fn store_submission(&self, position: u64, bytes: &[u8; DESCRIPTOR_SIZE]) {
         self.store_bytes(self.layout.submission_slot(position), bytes);
     }
 
-    /// Writes submission slot `position`, only the words that differ from
-    /// `shadow` (what this side last wrote there), and brings `shadow` up
-    /// to date. A word left alone keeps its cache line shared with the
-    /// reader, which then reads it from its own cache: a launch that names
-    /// two inputs and one scalar moves two or three lines between the
-    /// cores, not the slot's 32.
+    /// Writes the body of submission slot `position` (every word but the
+    /// publication word, which the caller stores last, with Release), only
+    /// the words that differ from `shadow` (what this side last wrote
+    /// there), and brings `shadow` up to date. A word left alone keeps its
+    /// cache line shared with the reader, which then reads it from its own
+    /// cache: a launch that names two inputs and one scalar moves two or
+    /// three lines between the cores, not the slot's 32.
     pub(crate) fn store_submission_changed(
         &self,
         position: u64,
@@ -318,7 +356,7 @@ impl Region {
         let offset = self.layout.submission_slot(position);
         for index in 0..DESCRIPTOR_SIZE / 8 {
             let word = 8 * index..8 * index + 8;
-            if bytes[word.clone()] == shadow[word.clone()] {
+            if index == SUBMISSION_WORD / 8 || bytes[word.clone()] == shadow[word.clone()] {
                 continue;
             }
             let mut value = [0u8; 8];
@@ -329,14 +367,38 @@ impl Region {
         }
     }
 
-    /// Copies completion slot `position` out, word by word.
-    pub(crate) fn load_completion(&self, position: u64, out: &mut [u8; COMPLETION_SIZE]) {
-        self.load_bytes(self.layout.completion_slot(position), out);
+    /// The sequence word of completion slot `position` ([`COMPLETION_WORD`]).
+    pub(crate) fn completion_word(&self, position: u64) -> &AtomicU64 {
+        self.word::<COMPLETION_SIZE>(self.layout.completion_slot(position), COMPLETION_WORD / 8)
     }
 
-    /// Writes completion slot `position`, word by word.
+    /// Copies a published completion slot out: every word but the
+    /// sequence word (which the caller loaded, with Acquire, to find the
+    /// slot published), zero in the copy as in a record.
+    pub(crate) fn load_completion_published(&self, position: u64, out: &mut [u8; COMPLETION_SIZE]) {
+        let offset = self.layout.completion_slot(position);
+        for index in 0..COMPLETION_SIZE / 8 {
+            let value = if index == COMPLETION_WORD / 8 {
+                0
+            } else {
+                self.word::<COMPLETION_SIZE>(offset, index)
+                    .load(Ordering::Relaxed)
+            };
+            out[8 * index..8 * index + 8].copy_from_slice(&value.to_ne_bytes());
+        }
+    }
+
+    /// Writes the body of completion slot `position` (every word but the
+    /// sequence word, which [`completion_word`](Self::completion_word)
+    /// stores last, with Release), word by word.
     pub(crate) fn store_completion(&self, position: u64, bytes: &[u8; COMPLETION_SIZE]) {
-        self.store_bytes(self.layout.completion_slot(position), bytes);
+        let offset = self.layout.completion_slot(position);
+        for index in (0..COMPLETION_SIZE / 8).filter(|index| *index != COMPLETION_WORD / 8) {
+            let mut value = [0u8; 8];
+            value.copy_from_slice(&bytes[8 * index..8 * index + 8]);
+            self.word::<COMPLETION_SIZE>(offset, index)
+                .store(u64::from_ne_bytes(value), Ordering::Relaxed);
+        }
     }
 
     /// The word at byte `offset + 8 * index` of a slot or the header at

@@ -1,35 +1,46 @@
 //! The executor's side of a ring: takes submissions, posts completions.
 //!
-//! Invariants (all counters wrapping u64):
-//! - `released <= next <= head_seen <= released + slots`: submissions
+//! Invariants (all positions wrapping u64):
+//! - `released <= next`, `next - released <= slots`: submissions
 //!   `[released, next)` are in flight (taken, not answered), their tickets
-//!   in `tickets[position & mask]`; `head_seen` is the last submission head
-//!   validated in `[head_seen, released - (cq_head - cq_published) +
-//!   slots]` (the submission tail the client was shown, plus `slots`).
-//! - Credit: `(next - released) + (cq_head - cq_tail_seen) <= slots`. A
+//!   in `tickets[position & mask]`. The answer to submission `p` is
+//!   completion `p`, so `released` is also the completion head (answers
+//!   posted).
+//! - Slot `next` is read only when the credit rule below allows a take and
+//!   its sequence word (loaded with Acquire) is `submission_sequence(next)`;
+//!   that loaded publication word is kept in `pending` until the slot is
+//!   copied, so the word is read once. Every other word of the slot is
+//!   read once, by the copy; then `next` moves past it and the slot is not
+//!   read again this lap.
+//! - Credit: `(next - released) + (released - cq_tail_seen) <= slots`. A
 //!   submission is taken only while the sum is below `slots`, and
 //!   `cq_tail_seen` only moves forward (validated in `[cq_tail_seen,
-//!   cq_published]`), so answering an in-flight submission always finds a free
-//!   completion slot.
-//! - `cq_published <= cq_head`: answers `[cq_published, cq_head)` are
-//!   posted (slots written, `released` moved past them) but their counters
-//!   are not yet stored in the object; [`Server::flush`] publishes them.
-//!   The object's submission tail therefore lags `released` by the same
-//!   count, so the client never reuses a slot whose answer it cannot see.
+//!   cq_published]`), so answering an in-flight submission always finds a
+//!   free completion slot. It also keeps `next` below the submission tail
+//!   the client was shown plus `slots`: the server never reads a slot the
+//!   client may be rewriting.
+//! - `cq_published <= released`: answers `[cq_published, released)` are
+//!   posted (bodies written) but their sequence words are not yet stored;
+//!   [`Server::flush`] stores them in order, then the submission tail
+//!   (`tail_stored` is its last stored value), then wakes the client.
 //! - The first `orphans` submissions taken after attaching were taken by a
 //!   previous server (the object's `claimed` count) that never answered
 //!   them: they come out as [`Polled::Orphan`], and `claimed` is published
-//!   again only past them.
+//!   again only past them. Answers a previous server published (sequence
+//!   words stored) but whose tail store it did not reach are found at
+//!   attach by their sequence words and count as answered, not orphans.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::completion::{Completion, CompletionStatus};
 use super::descriptor::{Descriptor, DescriptorError, DESCRIPTOR_SIZE};
 use super::futex::{self, WaitConfig, WaitStats};
-use super::layout::{ControlWord, RingLayout};
+use super::layout::{
+    completion_sequence, sequence_of, submission_sequence, ControlWord, RingLayout,
+};
 use super::region::{OpenError, Region};
 use super::{check_counter, Counter, RingError};
 
@@ -74,6 +85,64 @@ pub enum CompleteError {
     Ring(#[from] RingError),
 }
 
+/// What a [`Waker`] shares with the servers of one ring (the one it came
+/// from and those that reattach in its place).
+#[derive(Debug, Default)]
+struct Kick {
+    /// Set by [`Waker::wake`], taken by the next [`Server::wait`] (or the
+    /// one in progress), which then returns at once.
+    kicked: AtomicBool,
+    /// Servers of the ring alive now. A waker touches the mapping only
+    /// while one is (under this lock, which a server's drop takes): a
+    /// process that guards the mapping against a shrinking client (the
+    /// daemon's SIGBUS watch) guards it exactly while its server lives.
+    servers: Mutex<usize>,
+}
+
+fn servers(kick: &Kick) -> std::sync::MutexGuard<'_, usize> {
+    kick.servers.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Wakes a [`Server`]'s sleep from another thread of the server's process:
+/// the sleep in progress (or the next one, if none is) returns at once
+/// instead of at the end of its slice. For a thread that sleeps in the
+/// server and must notice a condition outside the ring (a stop) without
+/// polling for it. Once every server of the ring is dropped, a wake does
+/// nothing.
+#[derive(Clone)]
+pub struct Waker {
+    region: Weak<Region>,
+    kick: Arc<Kick>,
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waker").finish_non_exhaustive()
+    }
+}
+
+impl Waker {
+    /// Ends the server's sleep now (see [`futex::kick`] for why no wake is
+    /// lost between the server's last check and its sleep).
+    pub fn wake(&self) {
+        self.kick.kicked.store(true, Ordering::Relaxed);
+        let alive = servers(&self.kick);
+        if *alive == 0 {
+            return;
+        }
+        // A live server holds the region, so this upgrade succeeds; it
+        // cannot be dropped while the lock is held.
+        let Some(region) = self.region.upgrade() else {
+            return;
+        };
+        if let Err(errno) = futex::kick(region.waiter(ControlWord::ServerWaiter)) {
+            // The sleep is bounded: it ends at its slice.
+            tracing::warn!(%errno, "waking the ring's server failed");
+        }
+        drop(alive);
+    }
+}
+
 /// The executor's end of a ring. Owns its own mapping of the client's
 /// object.
 pub struct Server {
@@ -82,17 +151,21 @@ pub struct Server {
     slots: u64,
     next: u64,
     released: u64,
-    head_seen: u64,
+    /// The publication word of slot `next`, loaded (Acquire) and found
+    /// published by [`ready`](Self::ready), not yet copied.
+    pending: Option<u64>,
     orphans: u64,
-    cq_head: u64,
-    /// The completion head last published (`cq_head` less the answers
-    /// posted since the last flush).
+    /// Answers whose sequence words are stored (`released` less the
+    /// answers posted since the last flush).
     cq_published: u64,
+    /// The submission tail last stored in the object.
+    tail_stored: u64,
     cq_tail_seen: u64,
     tickets: Box<[u64]>,
     scratch: Box<[u8; DESCRIPTOR_SIZE]>,
     config: WaitConfig,
     stats: WaitStats,
+    kick: Arc<Kick>,
     poisoned: Option<RingError>,
 }
 
@@ -103,9 +176,18 @@ impl std::fmt::Debug for Server {
             .field("next", &self.next)
             .field("released", &self.released)
             .field("orphans", &self.orphans)
-            .field("cq_head", &self.cq_head)
+            .field("cq_published", &self.cq_published)
             .field("poisoned", &self.poisoned)
             .finish()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Waits for a wake in progress: after this, no waker touches the
+        // mapping on this server's behalf.
+        let mut alive = servers(&self.kick);
+        *alive = alive.saturating_sub(1);
     }
 }
 
@@ -126,57 +208,75 @@ impl Server {
     /// ring whose previous server died resumes where it stopped, its taken
     /// but unanswered submissions coming out first as orphans.
     pub(crate) fn attach(region: Arc<Region>) -> Result<Self, OpenError> {
+        Self::attach_with(region, Arc::default())
+    }
+
+    fn attach_with(region: Arc<Region>, kick: Arc<Kick>) -> Result<Self, OpenError> {
         let layout = region.layout();
         let slots = u64::from(layout.slots());
         let load = |word| region.counter(word).load(Ordering::Acquire);
-        let released = load(ControlWord::SubmissionTail);
-        let head = check_counter(
-            Counter::SubmissionHead,
-            load(ControlWord::SubmissionHead),
-            released,
-            released.wrapping_add(slots),
-        )?;
+        let tail = load(ControlWord::SubmissionTail);
         let claimed = check_counter(
             Counter::SubmissionClaimed,
             load(ControlWord::SubmissionClaimed),
-            released,
-            head,
+            tail,
+            tail.wrapping_add(slots),
         )?;
-        let cq_head = load(ControlWord::CompletionHead);
+        // Answers a previous server published before it died, short of its
+        // tail store: answered, not orphans (at most `slots` words, each
+        // read once; a client that forges one only loses that answer).
+        let mut released = tail;
+        while released != claimed
+            && region.completion_word(released).load(Ordering::Acquire)
+                == completion_sequence(released)
+        {
+            released = released.wrapping_add(1);
+        }
         let cq_tail = check_counter(
             Counter::CompletionTail,
             load(ControlWord::CompletionTail),
-            cq_head.wrapping_sub(slots),
-            cq_head,
+            released.wrapping_sub(slots),
+            released,
         )?;
+        *servers(&kick) += 1;
         Ok(Server {
             region,
             layout,
             slots,
             next: released,
             released,
-            head_seen: head,
+            pending: None,
             orphans: claimed.wrapping_sub(released),
-            cq_head,
-            cq_published: cq_head,
+            cq_published: released,
+            tail_stored: tail,
             cq_tail_seen: cq_tail,
             // At most MAX_SLOTS entries: bounded by the validated layout.
             tickets: vec![0; layout.slots() as usize].into_boxed_slice(),
             scratch: Box::new([0; DESCRIPTOR_SIZE]),
             config: WaitConfig::default(),
             stats: WaitStats::default(),
+            kick,
             poisoned: None,
         })
     }
 
     /// The same object, its counters read again: for a server whose
     /// predecessor on the object may have answered submissions since this
-    /// one was opened (it waited for that one to stop first).
+    /// one was opened (it waited for that one to stop first). Its wait
+    /// configuration and its [`Waker`]s carry over.
     pub fn reattach(self) -> Result<Self, OpenError> {
-        Self::attach(self.region).map(|server| Server {
-            config: self.config,
-            ..server
-        })
+        let mut server = Self::attach_with(Arc::clone(&self.region), Arc::clone(&self.kick))?;
+        server.config = self.config;
+        Ok(server)
+    }
+
+    /// A handle that ends this server's sleeps from another thread (see
+    /// [`Waker`]).
+    pub fn waker(&self) -> Waker {
+        Waker {
+            region: Arc::downgrade(&self.region),
+            kick: Arc::clone(&self.kick),
+        }
     }
 
     /// Sets how [`wait`](Self::wait) spins and sleeps.
@@ -247,15 +347,21 @@ impl Server {
         Ok(())
     }
 
+    /// Answers posted (published or not) that the client has not been
+    /// seen to read: each holds a completion slot.
     fn unread_completions(&self) -> u64 {
-        self.cq_head.wrapping_sub(self.cq_tail_seen)
+        self.released.wrapping_sub(self.cq_tail_seen)
     }
 
-    /// Whether a submission can be taken now: one is published and the
-    /// credit rule allows it.
+    /// Whether a submission can be taken now: the credit rule allows it and
+    /// slot `next` is published (its sequence word, loaded with Acquire, is
+    /// this lap's). The loaded publication word is kept for the copy.
     fn ready(&mut self) -> Result<bool, RingError> {
         if let Some(error) = self.poisoned {
             return Err(error);
+        }
+        if self.pending.is_some() {
+            return Ok(true);
         }
         if self.in_flight() + self.unread_completions() >= self.slots {
             self.refresh_completion_tail()?;
@@ -263,25 +369,18 @@ impl Server {
                 return Ok(false);
             }
         }
-        if self.head_seen != self.next {
-            return Ok(true);
-        }
-        let head = self
+        let publication = self
             .region
-            .counter(ControlWord::SubmissionHead)
+            .submission_word(self.next)
             .load(Ordering::Acquire);
-        let head = check_counter(
-            Counter::SubmissionHead,
-            head,
-            self.head_seen,
-            // The slots the client may write: those of the submission tail
-            // it was shown, which lags `released` by the unpublished answers.
-            self.released
-                .wrapping_sub(self.unpublished())
-                .wrapping_add(self.slots),
-        );
-        self.head_seen = self.poison(head)?;
-        Ok(self.head_seen != self.next)
+        if sequence_of(publication) != submission_sequence(self.next) {
+            // Not yet published, or a word the client scribbled: either
+            // way nothing to take (a future or stale word is not this
+            // lap's).
+            return Ok(false);
+        }
+        self.pending = Some(publication);
+        Ok(true)
     }
 
     /// Takes the next submission: copies its slot out, then decodes the
@@ -291,8 +390,13 @@ impl Server {
         if !self.ready()? {
             return Ok(None);
         }
+        let Some(publication) = self.pending.take() else {
+            // `ready` returned true only with the word kept.
+            return Ok(None);
+        };
         let position = self.next;
-        self.region.load_submission(position, &mut self.scratch);
+        self.region
+            .load_submission_published(position, publication, &mut self.scratch);
         self.next = position.wrapping_add(1);
         let ticket = Descriptor::ticket_of(&self.scratch);
         self.tickets[self.layout.index(position)] = ticket;
@@ -326,14 +430,14 @@ impl Server {
     }
 
     /// Answers the oldest in-flight submission (under its ticket) without
-    /// publishing the answer: the completion slot is written and this
-    /// side's counters move, but the client sees nothing until the next
-    /// [`flush`](Self::flush). A server that drains several submissions
-    /// per wake-up posts each and flushes once, so the client's two
-    /// counter lines and its futex word are touched once per batch, not
-    /// once per launch. The credit rule holds over posted answers too (they
-    /// count as unread completions), so posting never overwrites a
-    /// completion the client has not read.
+    /// publishing the answer: the completion slot's body is written and
+    /// this side's counters move, but the client sees nothing until the
+    /// next [`flush`](Self::flush) stores the sequence words. A server that
+    /// drains several submissions per wake-up posts each and flushes once,
+    /// so the client's tail line and its futex word are touched once per
+    /// batch, not once per launch. The credit rule holds over posted
+    /// answers too (they count as unread completions), so posting never
+    /// overwrites a completion the client has not read.
     pub fn post(
         &mut self,
         status: CompletionStatus,
@@ -357,36 +461,54 @@ impl Server {
             detail,
         };
         self.region
-            .store_completion(self.cq_head, &completion.encode());
-        self.cq_head = self.cq_head.wrapping_add(1);
+            .store_completion(self.released, &completion.encode());
         self.released = self.released.wrapping_add(1);
         Ok(completion)
     }
 
     /// Answers posted and not yet published.
     pub fn unpublished(&self) -> u64 {
-        self.cq_head.wrapping_sub(self.cq_published)
+        self.released.wrapping_sub(self.cq_published)
     }
 
-    /// Publishes every posted answer: the completion head and the
-    /// submission tail (Release, after the slots were written), then wakes
-    /// the client if it sleeps. Nothing to publish: no store, no wake.
+    /// Publishes every posted answer: each one's sequence word in order
+    /// (Release, after its body), then the submission tail (Release), then
+    /// wakes the client if it sleeps. Nothing to publish: no store, no
+    /// wake.
     pub fn flush(&mut self) {
-        if self.cq_head == self.cq_published {
+        if self.cq_published == self.released && self.tail_stored == self.released {
             return;
         }
-        self.region
-            .counter(ControlWord::CompletionHead)
-            .store(self.cq_head, Ordering::Release);
+        while self.cq_published != self.released {
+            let position = self.cq_published;
+            self.region
+                .completion_word(position)
+                .store(completion_sequence(position), Ordering::Release);
+            self.cq_published = position.wrapping_add(1);
+        }
         self.region
             .counter(ControlWord::SubmissionTail)
             .store(self.released, Ordering::Release);
-        self.cq_published = self.cq_head;
+        self.tail_stored = self.released;
         let waiter = self.region.waiter(ControlWord::ClientWaiter);
         if let Err(errno) = futex::wake_if_sleeping(waiter, &mut self.stats) {
             // The client's sleep is bounded; it finds the completion on its
             // next slice.
             tracing::warn!(%errno, "waking the ring's client failed");
+        }
+    }
+
+    /// Dies in the middle of a flush: stores the sequence words of the
+    /// first `published` posted answers (at most those posted), not the
+    /// tail, and drops, as a server killed between the two would.
+    #[cfg(test)]
+    pub(crate) fn die_mid_flush(mut self, published: u64) {
+        for _ in 0..published.min(self.unpublished()) {
+            let position = self.cq_published;
+            self.region
+                .completion_word(position)
+                .store(completion_sequence(position), Ordering::Release);
+            self.cq_published = position.wrapping_add(1);
         }
     }
 
@@ -420,9 +542,12 @@ impl Server {
 
     /// Waits up to `timeout` until [`poll`](Self::poll) has something
     /// (spinning, then sleeping on the server's futex word). `Ok(false)`:
-    /// timed out.
+    /// timed out. `Ok(true)`: poll has something, or a [`Waker`] woke this
+    /// wait (or woke the server since its last wait): the caller checks
+    /// whatever it was woken for, and polls.
     pub fn wait(&mut self, timeout: Duration) -> Result<bool, RingError> {
         let region = Arc::clone(&self.region);
+        let kick = Arc::clone(&self.kick);
         let config = self.config;
         let mut stats = self.stats;
         let ready = futex::wait_until(
@@ -430,7 +555,14 @@ impl Server {
             &config,
             &mut stats,
             timeout,
-            || self.ready(),
+            // The wake's flag is checked like the ring, after the futex
+            // word is set SLEEPING and the fence (see `futex::kick`).
+            || {
+                if kick.kicked.swap(false, Ordering::Relaxed) {
+                    return Ok(true);
+                }
+                self.ready()
+            },
             RingError::Futex,
         );
         self.stats = stats;

@@ -1,12 +1,18 @@
 //! The client's side of a ring: publishes submissions, consumes completions.
 //!
-//! Invariants (all counters wrapping u64):
-//! - `head` is the submission head this side published; `head -
-//!   sq_tail_seen <= slots`, and a slot is written only when `head -
-//!   sq_tail_seen < slots` for a tail validated in `[sq_tail_seen, head]`.
-//! - `cq_tail` is the completion tail this side published; `cq_head_seen -
-//!   cq_tail <= slots` for a head validated in `[cq_head_seen, cq_tail +
-//!   slots]`, and slot `cq_tail` is read only when `cq_head_seen != cq_tail`.
+//! Invariants (all positions wrapping u64):
+//! - `head` is the next submission position; submissions `[0, head)` are
+//!   published, each by the Release store of its slot's publication word
+//!   (the counts and the sequence word `submission_sequence(p)`), after the
+//!   rest of the slot. `head - sq_tail_seen <= slots`, and a slot is
+//!   written only when `head - sq_tail_seen < slots` for a tail validated
+//!   in `[sq_tail_seen, head]`. `sq_tail_seen` is a cached gating sequence
+//!   (the Disruptor's): the server's tail line is read only when the ring
+//!   looks full.
+//! - `cq_tail` is the completion tail this side published; completion slot
+//!   `cq_tail` is copied only after its sequence word, loaded with Acquire,
+//!   read `completion_sequence(cq_tail)` (`cq_ready`), and each of its
+//!   other words is read once, by the copy.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,7 +21,10 @@ use std::time::Duration;
 use super::completion::{Completion, COMPLETION_SIZE};
 use super::descriptor::{Descriptor, DESCRIPTOR_SIZE};
 use super::futex::{self, WaitConfig, WaitStats};
-use super::layout::{ControlWord, RingLayout};
+use super::layout::{
+    completion_sequence, submission_sequence, with_sequence, ControlWord, RingLayout,
+    SUBMISSION_WORD,
+};
 use super::region::{CreateError, Region};
 use super::{check_counter, Counter, RingError};
 
@@ -41,7 +50,8 @@ pub struct Submitter {
     head: u64,
     sq_tail_seen: u64,
     cq_tail: u64,
-    cq_head_seen: u64,
+    /// Completion slot `cq_tail` was found published and not yet copied.
+    cq_ready: bool,
     scratch: Box<[u8; DESCRIPTOR_SIZE]>,
     /// What this side last wrote in each submission slot (the slots are
     /// this side's to write; the server only reads them): a submission
@@ -87,15 +97,14 @@ impl Submitter {
     }
 
     /// A fresh ring whose counters all start at `start` (to cross the u64
-    /// wrap in tests).
+    /// wrap in tests). Each slot holds the sequence word of the lap before
+    /// the first, as a ring that came this far would.
     #[cfg(test)]
     pub(crate) fn create_starting_at(slots: u32, start: u64) -> Result<Self, CreateError> {
         let mut submitter = Self::create(slots)?;
         for word in [
-            ControlWord::SubmissionHead,
             ControlWord::SubmissionTail,
             ControlWord::SubmissionClaimed,
-            ControlWord::CompletionHead,
             ControlWord::CompletionTail,
         ] {
             submitter
@@ -103,10 +112,20 @@ impl Submitter {
                 .counter(word)
                 .store(start, Ordering::Relaxed);
         }
+        for slot in 0..u64::from(slots) {
+            let before = start.wrapping_add(slot).wrapping_sub(u64::from(slots));
+            submitter.region.submission_word(before).store(
+                with_sequence(0, submission_sequence(before)),
+                Ordering::Relaxed,
+            );
+            submitter
+                .region
+                .completion_word(before)
+                .store(completion_sequence(before), Ordering::Relaxed);
+        }
         submitter.head = start;
         submitter.sq_tail_seen = start;
         submitter.cq_tail = start;
-        submitter.cq_head_seen = start;
         Ok(submitter)
     }
 
@@ -125,7 +144,7 @@ impl Submitter {
             head: 0,
             sq_tail_seen: 0,
             cq_tail: 0,
-            cq_head_seen: 0,
+            cq_ready: false,
             scratch: Box::new([0; DESCRIPTOR_SIZE]),
             config: WaitConfig::default(),
             stats: WaitStats::default(),
@@ -154,6 +173,17 @@ impl Submitter {
     /// consumed.
     pub fn outstanding(&self) -> u64 {
         self.head.wrapping_sub(self.cq_tail)
+    }
+
+    /// Whether the server has announced a sleep on its futex word (it is
+    /// asleep, or about to be, until a submission or its own timeout):
+    /// for tests and diagnostics. The word is shared, so this is only as
+    /// true as the last store the server made.
+    pub fn server_asleep(&self) -> bool {
+        self.region
+            .waiter(ControlWord::ServerWaiter)
+            .load(Ordering::Relaxed)
+            == futex::SLEEPING
     }
 
     /// Futex sleeps and wakes this client has made so far.
@@ -192,12 +222,18 @@ impl Submitter {
         }
         descriptor.encode_into(&mut self.scratch);
         let slot = &mut self.shadow[self.layout.index(self.head)];
+        // The body first (the words that changed), then the publication
+        // word, Release: a server that loads this lap's sequence word with
+        // Acquire sees the whole body.
         self.region
             .store_submission_changed(self.head, &self.scratch, slot);
-        self.head = self.head.wrapping_add(1);
+        let mut counts = [0u8; 8];
+        counts.copy_from_slice(&self.scratch[SUBMISSION_WORD..SUBMISSION_WORD + 8]);
+        let publication = with_sequence(u64::from_ne_bytes(counts), submission_sequence(self.head));
         self.region
-            .counter(ControlWord::SubmissionHead)
-            .store(self.head, Ordering::Release);
+            .submission_word(self.head)
+            .store(publication, Ordering::Release);
+        self.head = self.head.wrapping_add(1);
         self.wake_server();
         Ok(())
     }
@@ -220,7 +256,9 @@ impl Submitter {
             return Ok(None);
         }
         let mut bytes = [0u8; COMPLETION_SIZE];
-        self.region.load_completion(self.cq_tail, &mut bytes);
+        self.region
+            .load_completion_published(self.cq_tail, &mut bytes);
+        self.cq_ready = false;
         self.cq_tail = self.cq_tail.wrapping_add(1);
         self.region
             .counter(ControlWord::CompletionTail)
@@ -231,22 +269,19 @@ impl Submitter {
         self.poison(completion).map(Some)
     }
 
+    /// Whether completion slot `cq_tail` is published: its sequence word,
+    /// loaded with Acquire, is this lap's. Anything else (an older lap's
+    /// word, a word the server has not stored yet) is not.
     fn completion_ready(&mut self) -> Result<bool, RingError> {
-        if self.cq_head_seen != self.cq_tail {
+        if self.cq_ready {
             return Ok(true);
         }
-        let head = self
+        let sequence = self
             .region
-            .counter(ControlWord::CompletionHead)
+            .completion_word(self.cq_tail)
             .load(Ordering::Acquire);
-        let head = check_counter(
-            Counter::CompletionHead,
-            head,
-            self.cq_head_seen,
-            self.cq_tail.wrapping_add(self.slots),
-        );
-        self.cq_head_seen = self.poison(head)?;
-        Ok(self.cq_head_seen != self.cq_tail)
+        self.cq_ready = sequence == completion_sequence(self.cq_tail);
+        Ok(self.cq_ready)
     }
 
     /// The next completion, waiting up to `timeout` for one (spinning, then

@@ -15,7 +15,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::descriptor::tests::random_descriptor;
-use super::layout::ControlWord;
+use super::layout::{
+    completion_sequence, sequence_of, submission_sequence, with_sequence, ControlWord,
+    COMPLETION_WORD, SUBMISSION_WORD,
+};
+use super::region::Region;
 use super::*;
 
 /// A descriptor determined by its ticket: counts, operands, scalars and
@@ -294,9 +298,13 @@ fn a_malformed_submission_is_refused_under_its_ticket() {
     let mut client = Submitter::create(4).unwrap();
     let mut server = Server::open(client.name(), None).unwrap();
     client.try_submit(&payload(1)).unwrap();
-    // Corrupt the published slot's input count behind the client's back.
+    // Corrupt the published slot's input count behind the client's back
+    // (the count shares the publication word with the sequence word).
     let slot = client.layout().submission_slot(0);
-    client.region().scribble(slot + 0x18, 0xff);
+    client.region().scribble(
+        slot + SUBMISSION_WORD,
+        with_sequence(0xff, submission_sequence(0)),
+    );
     match server.poll().unwrap() {
         Some(Polled::Malformed { ticket, error }) => {
             assert_eq!(ticket, 1);
@@ -310,40 +318,6 @@ fn a_malformed_submission_is_refused_under_its_ticket() {
     let completion = client.poll_completion().unwrap().unwrap();
     assert_eq!(completion.ticket, 1);
     assert_eq!(completion.status, CompletionStatus::Refused { reason: 3 });
-}
-
-#[test]
-fn a_head_that_moves_backwards_or_too_far_poisons_the_server() {
-    for (bad_head, low, high) in [(1u64, 2, 6), (7, 2, 6), (u64::MAX, 2, 6)] {
-        let mut client = Submitter::create(4).unwrap();
-        let mut server = Server::open(client.name(), None).unwrap();
-        for ticket in 0..2 {
-            client.try_submit(&payload(ticket)).unwrap();
-        }
-        expect_launch(server.poll().unwrap());
-        server.complete(CompletionStatus::Ok, 0).unwrap();
-        expect_launch(server.poll().unwrap());
-        server.complete(CompletionStatus::Ok, 0).unwrap();
-        // released = 2: a head must lie in [2, 6].
-        client
-            .region()
-            .counter(ControlWord::SubmissionHead)
-            .store(bad_head, Ordering::Release);
-        let error = RingError::CounterOutOfRange {
-            counter: Counter::SubmissionHead,
-            value: bad_head,
-            low,
-            high,
-        };
-        assert_eq!(server.poll(), Err(error));
-        // Sticky, on every entry point.
-        assert_eq!(server.poll(), Err(error));
-        assert_eq!(server.wait(Duration::from_millis(1)), Err(error));
-        assert_eq!(
-            server.complete(CompletionStatus::Ok, 0),
-            Err(CompleteError::Ring(error))
-        );
-    }
 }
 
 #[test]
@@ -377,23 +351,6 @@ fn a_completion_tail_that_moves_is_checked() {
 #[test]
 fn the_client_checks_the_server_counters_and_records() {
     let mut client = Submitter::create(4).unwrap();
-    let region = Arc::clone(client.region());
-    region
-        .counter(ControlWord::CompletionHead)
-        .store(5, Ordering::Release);
-    let error = RingError::CounterOutOfRange {
-        counter: Counter::CompletionHead,
-        value: 5,
-        low: 0,
-        high: 4,
-    };
-    assert_eq!(client.poll_completion(), Err(error));
-    assert_eq!(
-        client.try_submit(&payload(0)),
-        Err(SubmitError::Ring(error))
-    );
-
-    let mut client = Submitter::create(4).unwrap();
     for ticket in 0..4 {
         client.try_submit(&payload(ticket)).unwrap();
     }
@@ -414,10 +371,10 @@ fn the_client_checks_the_server_counters_and_records() {
     let mut client = Submitter::create(4).unwrap();
     let layout = client.layout();
     client.region().scribble(layout.completion_slot(0) + 8, 7);
-    client
-        .region()
-        .counter(ControlWord::CompletionHead)
-        .store(1, Ordering::Release);
+    client.region().scribble(
+        layout.completion_slot(0) + COMPLETION_WORD,
+        completion_sequence(0),
+    );
     assert_eq!(
         client.poll_completion(),
         Err(RingError::MalformedCompletion(
@@ -527,19 +484,25 @@ fn opening_checks_the_object() {
         Err(OpenError::Layout(LayoutError::BadMagic { found: 0 }))
     ));
 
-    // Counters that cannot belong to one ring.
+    // Counters that cannot belong to one ring: more claimed than a ring
+    // of 4 slots can hold past its tail.
     client
         .region()
-        .counter(ControlWord::SubmissionHead)
+        .counter(ControlWord::SubmissionClaimed)
         .store(5, Ordering::Release);
-    assert!(matches!(
-        Server::open(client.name(), None),
-        Err(OpenError::Ring(RingError::CounterOutOfRange {
-            counter: Counter::SubmissionHead,
+    assert_eq!(
+        Server::open(client.name(), None)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string(),
+        RingError::CounterOutOfRange {
+            counter: Counter::SubmissionClaimed,
             value: 5,
-            ..
-        }))
-    ));
+            low: 0,
+            high: 4
+        }
+        .to_string()
+    );
 }
 
 /// The variant of an error, with the counter for a counter error.
@@ -580,14 +543,34 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
                 };
                 let offset = match rng.random_range(0..100) {
                     // Counters and waiter words, with plausible values too.
-                    0..=4 => 64 * rng.random_range(1..8),
+                    0..=4 => CONTROL_BLOCK * rng.random_range(1..6),
                     // The header, rarely: later attaches fail on the layout.
                     5 if rng.random_range(0..200) == 0 => 8 * rng.random_range(0..8),
                     // Slot bytes: mostly the descriptor's first words, where
                     // the counts, flags and semaphores are.
-                    6..=60 => {
+                    6..=50 => {
                         let slot = layout.submission_slot(rng.random());
                         slot + 8 * rng.random_range(0..12)
+                    }
+                    // Sequence words, with plausible sequences (the next
+                    // laps' and the last laps'), publishing torn or stale
+                    // slots and un-publishing live ones.
+                    51..=60 => {
+                        let position = rng.random_range(0..64u64);
+                        if rng.random() {
+                            let counts = rng.random_range(0..0x4141u64);
+                            attacker.scribble(
+                                layout.submission_slot(position) + SUBMISSION_WORD,
+                                with_sequence(counts, submission_sequence(position)),
+                            );
+                        } else {
+                            attacker.scribble(
+                                layout.completion_slot(position) + COMPLETION_WORD,
+                                completion_sequence(position),
+                            );
+                        }
+                        writes += 1;
+                        continue;
                     }
                     _ => 8 * rng.random_range(64..layout.total_len() / 8),
                 };
@@ -600,29 +583,39 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
             writes
         })
     };
+    // Repairs the object (header, counters, sequence words) as a client
+    // that starts over with a fresh ring would, so that the run goes on.
+    let fresh = |region: &Arc<Region>| {
+        for (index, chunk) in layout.header().chunks_exact(8).enumerate() {
+            region.scribble(8 * index, u64::from_ne_bytes(chunk.try_into().unwrap()));
+        }
+        for word in HEADER_LEN / 8..CONTROL_LEN / 8 {
+            region.scribble(8 * word, 0);
+        }
+        for position in 0..u64::from(layout.slots()) {
+            region.scribble(layout.submission_slot(position) + SUBMISSION_WORD, 0);
+            region.scribble(layout.completion_slot(position) + COMPLETION_WORD, 0);
+        }
+        Submitter::over(Arc::clone(region))
+    };
     let mut client = client;
     let mut server = Server::open(&name, None).ok();
     let (mut polled, mut ring_errors, mut open_errors, mut client_errors) = (0, 0, 0, 0);
     let mut kinds = std::collections::BTreeMap::<String, u64>::new();
     let deadline = Instant::now() + Duration::from_millis(1500);
     let mut ticket = 0;
+    // Client steps in a row with a full ring and no completion: a garbage
+    // sequence word un-published a submission (or a completion), and the
+    // ring is stalled for good, as its client deserves.
+    let mut stalled = 0;
     while Instant::now() < deadline {
         let Some(side) = server.as_mut() else {
             match Server::open(&name, None) {
-                Ok(fresh) => server = Some(fresh),
+                Ok(opened) => server = Some(opened),
                 Err(error) => {
                     open_errors += 1;
                     *kinds.entry(format!("open {}", kind(&error))).or_default() += 1;
-                    // Repair the object (header, counters) as a reset client
-                    // would, so that polling garbage slots goes on.
-                    let region = client.region();
-                    for (index, chunk) in layout.header().chunks_exact(8).enumerate() {
-                        region.scribble(8 * index, u64::from_ne_bytes(chunk.try_into().unwrap()));
-                    }
-                    for word in 1..8 {
-                        region.scribble(64 * word, 0);
-                    }
-                    client = Submitter::over(Arc::clone(client.region()));
+                    client = fresh(client.region());
                 }
             }
             continue;
@@ -654,12 +647,23 @@ fn a_hostile_peer_gets_typed_errors_never_a_panic() {
         if let Err(SubmitError::Ring(error)) = submitted {
             *kinds.entry(format!("client {}", kind(&error))).or_default() += 1;
         }
-        if let Err(error) = completed {
-            *kinds.entry(format!("client {}", kind(&error))).or_default() += 1;
+        if let Err(error) = &completed {
+            *kinds.entry(format!("client {}", kind(error))).or_default() += 1;
         }
-        if submitted.is_err_and(|e| e != SubmitError::Full) || completed.is_err() {
-            client_errors += 1;
-            client = Submitter::over(Arc::clone(client.region()));
+        stalled = match (&submitted, &completed) {
+            (Err(SubmitError::Full), Ok(None)) => stalled + 1,
+            _ => 0,
+        };
+        let broken = submitted.is_err_and(|e| e != SubmitError::Full) || completed.is_err();
+        if broken || stalled >= 100 {
+            if broken {
+                client_errors += 1;
+            } else {
+                *kinds.entry("stalled, started over".to_owned()).or_default() += 1;
+            }
+            stalled = 0;
+            client = fresh(client.region());
+            server = None;
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -1006,10 +1010,7 @@ fn a_completion_tail_past_the_published_head_is_refused() {
         .store(3, Ordering::Release);
     // The credit is spent (4 unread of 4 slots), so the next poll reads the
     // tail.
-    client
-        .region()
-        .counter(ControlWord::SubmissionHead)
-        .store(5, Ordering::Release);
+    client.try_submit(&payload(4)).unwrap();
     assert_eq!(
         server.poll(),
         Err(RingError::CounterOutOfRange {
@@ -1115,4 +1116,461 @@ fn measure_changed_word_stores_against_full_stores() {
         payload(10).scalar_bits().len(),
         full.as_secs_f64() / changed.as_secs_f64()
     );
+}
+
+/// A slot is taken only once its sequence word says so. A writer thread
+/// stores a fresh descriptor's words one at a time, in a random order with
+/// pauses, then the publication word (Release); a reader thread polls all
+/// along. It must find nothing until the publication (the writer's step,
+/// read after a poll that found the slot, is the publication's) and then
+/// exactly the descriptor, once.
+#[test]
+fn a_slot_is_taken_only_after_its_sequence_word() {
+    const PUBLISHED: u64 = u64::MAX;
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut client = Submitter::create(4).unwrap();
+    let region = Arc::clone(client.region());
+    let layout = client.layout();
+    let mut server = Server::attach(Arc::clone(&region)).unwrap();
+    let step = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for position in 0..40u64 {
+        let mut sent = random_descriptor(&mut rng);
+        sent.ticket = position;
+        let bytes = sent.encode();
+        let mut order: Vec<usize> = (0..DESCRIPTOR_SIZE / 8)
+            .filter(|index| *index != SUBMISSION_WORD / 8)
+            .collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+        let pauses: Vec<bool> = order.iter().map(|_| rng.random_range(0..16) == 0).collect();
+        let word =
+            |index: usize| u64::from_ne_bytes(bytes[8 * index..8 * index + 8].try_into().unwrap());
+        let got = thread::scope(|scope| {
+            let writer = scope.spawn(|| {
+                let slot = layout.submission_slot(position);
+                for (n, index) in order.iter().enumerate() {
+                    step.store(n as u64, Ordering::Release);
+                    region.scribble(slot + 8 * index, word(*index));
+                    if pauses[n] {
+                        thread::sleep(Duration::from_micros(50));
+                    }
+                }
+                step.store(PUBLISHED, Ordering::Release);
+                region.submission_word(position).store(
+                    with_sequence(word(SUBMISSION_WORD / 8), submission_sequence(position)),
+                    Ordering::Release,
+                );
+            });
+            let taken = loop {
+                if let Some(polled) = server.poll().unwrap() {
+                    assert_eq!(
+                        step.load(Ordering::Acquire),
+                        PUBLISHED,
+                        "position {position}: taken before its sequence word"
+                    );
+                    break polled;
+                }
+                std::hint::spin_loop();
+            };
+            writer.join().unwrap();
+            taken
+        });
+        assert_eq!(expect_launch(Some(got)), sent, "position {position}");
+        assert_eq!(server.poll().unwrap(), None, "taken twice");
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+        assert_eq!(client.poll_completion().unwrap().unwrap().ticket, position);
+    }
+}
+
+/// A client that publishes a slot before writing its body hands over the
+/// bytes that were there when the server copied it, once: the server
+/// decodes its one copy, and the body written afterwards (and the same
+/// sequence word stored again) is never taken, nor read into that copy.
+#[test]
+fn a_sequence_word_stored_before_its_body_hands_over_one_copy() {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for _ in 0..50 {
+        let mut client = Submitter::create(4).unwrap();
+        let region = Arc::clone(client.region());
+        let layout = client.layout();
+        let mut server = Server::open(client.name(), None).unwrap();
+        // One honest round first, so slot 1 is still zero-filled.
+        client.try_submit(&payload(1)).unwrap();
+        expect_launch(server.poll().unwrap());
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+        let mut late = random_descriptor(&mut rng);
+        late.ticket = rng.random();
+        let bytes = late.encode();
+        let word =
+            |index: usize| u64::from_ne_bytes(bytes[8 * index..8 * index + 8].try_into().unwrap());
+        // The publication word first: the counts of `late`, this lap's
+        // sequence, over a zero body.
+        let publication = with_sequence(word(SUBMISSION_WORD / 8), submission_sequence(1));
+        region
+            .submission_word(1)
+            .store(publication, Ordering::Release);
+        let mut torn = [0u8; DESCRIPTOR_SIZE];
+        torn[SUBMISSION_WORD..SUBMISSION_WORD + 8]
+            .copy_from_slice(&with_sequence(publication, 0).to_ne_bytes());
+        let expected = match Descriptor::decode(&torn) {
+            Ok(descriptor) => Polled::Launch(descriptor),
+            Err(error) => Polled::Malformed { ticket: 0, error },
+        };
+        assert_eq!(server.poll().unwrap(), Some(expected));
+        // The body arrives late, and the word is stored again.
+        for index in (0..DESCRIPTOR_SIZE / 8).filter(|i| *i != SUBMISSION_WORD / 8) {
+            region.scribble(layout.submission_slot(1) + 8 * index, word(index));
+        }
+        region
+            .submission_word(1)
+            .store(publication, Ordering::Release);
+        assert_eq!(server.poll().unwrap(), None, "the slot was taken twice");
+        assert_eq!(server.in_flight(), 1);
+        server.complete(CompletionStatus::Ok, 0).unwrap();
+        // The ring goes on from the next position.
+        let _ = client.poll_completion().unwrap();
+        let _ = client.poll_completion().unwrap();
+        client.try_submit(&payload(2)).unwrap();
+        assert_eq!(
+            server.poll().unwrap(),
+            None,
+            "the client wrote position 1 again"
+        );
+    }
+}
+
+/// Sequence words from anywhere but this lap publish nothing: a client that
+/// stores an old slot's word again (with a new body), the next lap's word,
+/// the last lap's, or garbage, in the slot the server polls next or in
+/// any other, gets nothing taken; the same on the client's side for
+/// completion words. An honest submission then goes through exactly once.
+#[test]
+fn only_this_laps_sequence_word_publishes_a_slot() {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut client = Submitter::create(4).unwrap();
+    let region = Arc::clone(client.region());
+    let layout = client.layout();
+    let mut server = Server::open(client.name(), None).unwrap();
+    let mut sent = 0u64;
+    for round in 0..200u64 {
+        let next = sent;
+        // Hostile words: every slot but with a sequence other than this
+        // lap's for the server's next position.
+        for _ in 0..8 {
+            let position = next.wrapping_add(rng.random_range(0..4u64));
+            let sequence = match rng.random_range(0..5) {
+                // A slot already taken, published again.
+                0 => submission_sequence(next.wrapping_sub(rng.random_range(1..=4u64))),
+                // A future lap.
+                1 => submission_sequence(next.wrapping_add(4 * rng.random_range(1..4u64))),
+                // The last lap's.
+                2 => submission_sequence(position.wrapping_sub(4)),
+                // Garbage, and zero.
+                3 => rng.random(),
+                _ => 0,
+            };
+            if sequence == submission_sequence(position) {
+                continue;
+            }
+            // A whole new body under the word, now and then.
+            let mut before = [0u8; DESCRIPTOR_SIZE];
+            region.load_submission(position, &mut before);
+            let junk = rng
+                .random::<bool>()
+                .then(|| random_descriptor(&mut rng).encode());
+            let body = |bytes: &[u8; DESCRIPTOR_SIZE]| {
+                for index in (0..DESCRIPTOR_SIZE / 8).filter(|i| *i != SUBMISSION_WORD / 8) {
+                    let value =
+                        u64::from_ne_bytes(bytes[8 * index..8 * index + 8].try_into().unwrap());
+                    region.scribble(layout.submission_slot(position) + 8 * index, value);
+                }
+            };
+            if let Some(junk) = &junk {
+                body(junk);
+            }
+            let counts = rng.random_range(0..0x4141u64);
+            region
+                .submission_word(position)
+                .store(with_sequence(counts, sequence), Ordering::Release);
+            assert_eq!(
+                server.poll().unwrap(),
+                None,
+                "round {round}: {sequence:#x} in {position}"
+            );
+            // Put the body back: the client writes only the words that
+            // changed since it last wrote the slot (so scribbled bodies
+            // would spoil its later descriptors, a documented cost to the
+            // scribbler); the sequence word it always writes.
+            if junk.is_some() {
+                body(&before);
+            }
+            // The client's side: completion words of other laps.
+            let cq = next;
+            let bad = match rng.random_range(0..3) {
+                0 => completion_sequence(cq.wrapping_sub(4)),
+                1 => completion_sequence(cq.wrapping_add(4)),
+                _ => rng.random(),
+            };
+            if bad != completion_sequence(cq) {
+                region.completion_word(cq).store(bad, Ordering::Release);
+                assert_eq!(client.poll_completion().unwrap(), None);
+            }
+        }
+        let mut descriptor = random_descriptor(&mut rng);
+        descriptor.ticket = round;
+        client.try_submit(&descriptor).unwrap();
+        sent += 1;
+        assert_eq!(expect_launch(server.poll().unwrap()), descriptor);
+        assert_eq!(server.poll().unwrap(), None, "round {round}: a second take");
+        server.complete(CompletionStatus::Ok, round).unwrap();
+        let completion = client.poll_completion().unwrap().unwrap();
+        assert_eq!((completion.ticket, completion.detail), (round, round));
+        assert_eq!(client.poll_completion().unwrap(), None);
+    }
+}
+
+/// A slot still holding the last lap's sequence word is not published:
+/// over many laps of 1, 2 and 8 slots, from counters at 0, near the u32
+/// wrap of the sequence word and near the u64 wrap, the server finds
+/// nothing before each submission (while the slot holds the word of
+/// `position - slots`) and the client finds no completion before each
+/// flush.
+#[test]
+fn the_last_laps_sequence_word_is_not_published() {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for slots in [1u32, 2, 8] {
+        for start in [0, (1u64 << 32) - 13, u64::MAX - 21] {
+            let mut client = Submitter::create_starting_at(slots, start).unwrap();
+            let region = Arc::clone(client.region());
+            let mut server = Server::open(client.name(), None).unwrap();
+            for step in 0..40u64 {
+                let position = start.wrapping_add(step);
+                let before = position.wrapping_sub(u64::from(slots));
+                let held = region.submission_word(position).load(Ordering::Relaxed);
+                if step >= u64::from(slots) || start != 0 {
+                    assert_eq!(sequence_of(held), submission_sequence(before));
+                }
+                assert_eq!(server.poll().unwrap(), None, "position {position:#x}");
+                let mut sent = random_descriptor(&mut rng);
+                sent.ticket = position;
+                client.try_submit(&sent).unwrap();
+                assert_eq!(expect_launch(server.poll().unwrap()), sent);
+                server.post(CompletionStatus::Ok, step).unwrap();
+                if step >= u64::from(slots) || start != 0 {
+                    assert_eq!(
+                        region.completion_word(position).load(Ordering::Relaxed),
+                        completion_sequence(before)
+                    );
+                }
+                assert_eq!(client.poll_completion().unwrap(), None);
+                server.flush();
+                let completion = client.poll_completion().unwrap().unwrap();
+                assert_eq!((completion.ticket, completion.detail), (position, step));
+            }
+        }
+    }
+}
+
+/// Servers die at random points (between a take and its answer, between a
+/// post and its flush, in the middle of a flush) and new ones attach to
+/// the ring mid-way: no submission is launched twice or taken as new after
+/// a server took it, and the client gets exactly one answer per
+/// submission, in order; an answer is `Ok` only from the server that
+/// launched it.
+#[test]
+fn a_server_reattaching_mid_ring_takes_each_submission_exactly_once() {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for start in [0, u64::MAX - 50] {
+        let mut client = Submitter::create_starting_at(8, start).unwrap();
+        let region = Arc::clone(client.region());
+        let mut server = Server::attach(Arc::clone(&region)).unwrap();
+        // Per ticket: launches seen, and whether any server took it.
+        let mut launched = std::collections::HashMap::<u64, u32>::new();
+        let mut taken = std::collections::HashSet::<u64>::new();
+        let mut in_flight = VecDeque::new();
+        let mut answers = Vec::new();
+        let (mut next_ticket, mut deaths) = (0u64, 0);
+        let drain = |client: &mut Submitter, answers: &mut Vec<Completion>| {
+            while let Some(completion) = client.poll_completion().unwrap() {
+                answers.push(completion);
+            }
+        };
+        for _ in 0..4000 {
+            match rng.random_range(0..40) {
+                0..=11 => match client.try_submit(&payload(next_ticket)) {
+                    Ok(()) => next_ticket += 1,
+                    Err(SubmitError::Full) => {}
+                    Err(e) => panic!("{e}"),
+                },
+                12..=20 => match server.poll().unwrap() {
+                    Some(Polled::Launch(descriptor)) => {
+                        assert!(
+                            taken.insert(descriptor.ticket),
+                            "ticket {} taken again",
+                            descriptor.ticket
+                        );
+                        *launched.entry(descriptor.ticket).or_default() += 1;
+                        in_flight.push_back((descriptor.ticket, CompletionStatus::Ok));
+                    }
+                    Some(Polled::Orphan(descriptor)) => {
+                        assert!(
+                            taken.contains(&descriptor.ticket),
+                            "an orphan no server took"
+                        );
+                        let failed = CompletionStatus::Failed { reason: 14 };
+                        in_flight.push_back((descriptor.ticket, failed));
+                    }
+                    Some(other) => panic!("{other:?}"),
+                    None => {}
+                },
+                21..=29 => {
+                    if let Some((ticket, status)) = in_flight.pop_front() {
+                        let posted = server.post(status, ticket).unwrap();
+                        assert_eq!(posted.ticket, ticket);
+                    }
+                }
+                30..=34 => server.flush(),
+                35..=37 => drain(&mut client, &mut answers),
+                _ => {
+                    // A death, then a new server on the same object.
+                    deaths += 1;
+                    let published = rng.random_range(0..=server.unpublished());
+                    match rng.random_range(0..3) {
+                        0 => drop(server),
+                        1 => server.die_mid_flush(published),
+                        _ => {
+                            server.flush();
+                            drop(server);
+                        }
+                    }
+                    in_flight.clear();
+                    server = Server::attach(Arc::clone(&region)).unwrap();
+                }
+            }
+        }
+        // The last server answers everything.
+        while answers.len() < next_ticket as usize {
+            while let Some(polled) = server.poll().unwrap() {
+                let (ticket, status) = match polled {
+                    Polled::Launch(d) => {
+                        assert!(taken.insert(d.ticket), "ticket {} taken again", d.ticket);
+                        *launched.entry(d.ticket).or_default() += 1;
+                        (d.ticket, CompletionStatus::Ok)
+                    }
+                    Polled::Orphan(d) => (d.ticket, CompletionStatus::Failed { reason: 14 }),
+                    other => panic!("{other:?}"),
+                };
+                in_flight.push_back((ticket, status));
+            }
+            while let Some((ticket, status)) = in_flight.pop_front() {
+                server.post(status, ticket).unwrap();
+            }
+            server.flush();
+            drain(&mut client, &mut answers);
+        }
+        assert!(deaths > 20, "{deaths} deaths");
+        assert!(launched.values().all(|count| *count == 1));
+        let tickets: Vec<u64> = answers.iter().map(|c| c.ticket).collect();
+        assert_eq!(
+            tickets,
+            (0..next_ticket).collect::<Vec<_>>(),
+            "one answer each, in order"
+        );
+        let mut failed = 0;
+        for completion in &answers {
+            assert_eq!(completion.detail, completion.ticket);
+            match completion.status {
+                CompletionStatus::Ok => assert_eq!(launched.get(&completion.ticket), Some(&1)),
+                _ => failed += 1,
+            }
+        }
+        println!("{next_ticket} submissions, {deaths} server deaths, {failed} answered as orphans");
+        assert!(failed > 0 && failed < next_ticket);
+    }
+}
+
+/// A [`Waker`] ends a server's sleep at once, wherever the wake lands
+/// around the sleep's last check (the lost-wake window), makes the next
+/// sleep return at once when none is in progress, carries over a
+/// reattach, and does nothing once the ring's servers are gone.
+#[test]
+fn a_waker_ends_a_server_sleep_at_once() {
+    let client = Submitter::create(4).unwrap();
+    let mut server = Server::open(client.name(), None)
+        .unwrap()
+        .with_wait_config(WaitConfig {
+            spin: Duration::ZERO,
+            max_sleep: Duration::from_secs(60),
+        });
+    let waker = server.waker();
+    // Woken in the middle of a long sleep.
+    let sleeping = thread::spawn(move || {
+        let start = Instant::now();
+        let woken = server.sleep(Duration::from_secs(30)).unwrap();
+        (server, woken, start.elapsed())
+    });
+    thread::sleep(Duration::from_millis(100));
+    waker.wake();
+    let (mut server, woken, took) = sleeping.join().unwrap();
+    assert!(woken);
+    assert!(
+        took >= Duration::from_millis(90) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    // A wake with no sleep in progress ends the next one at once, and
+    // only that one.
+    waker.wake();
+    let start = Instant::now();
+    assert!(server.sleep(Duration::from_secs(30)).unwrap());
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let start = Instant::now();
+    assert!(!server.sleep(Duration::from_millis(30)).unwrap());
+    assert!(start.elapsed() >= Duration::from_millis(25));
+    // Wakes that land anywhere around the sleep's start: none is lost (a
+    // lost one costs the whole 20 s sleep).
+    let mut slowest = Duration::ZERO;
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for _ in 0..300 {
+        let delay = Duration::from_nanos(rng.random_range(0..60_000));
+        let woke = thread::scope(|scope| {
+            let waking = scope.spawn(|| {
+                let until = Instant::now() + delay;
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                waker.wake();
+            });
+            let start = Instant::now();
+            let woken = server.sleep(Duration::from_secs(20)).unwrap();
+            waking.join().unwrap();
+            (woken, start.elapsed())
+        });
+        assert!(woke.0);
+        slowest = slowest.max(woke.1);
+        // A wake that landed after its sleep ended leaves the next one
+        // short: take it.
+        let _ = server.sleep(Duration::ZERO);
+    }
+    println!("300 wakes around a sleep's start: the slowest ended it after {slowest:?}");
+    assert!(slowest < Duration::from_secs(5), "{slowest:?}");
+    // A reattached server keeps its wakers.
+    let server = server.reattach().unwrap();
+    let sleeping = thread::spawn(move || {
+        let mut server = server;
+        let start = Instant::now();
+        assert!(server.sleep(Duration::from_secs(30)).unwrap());
+        (server, start.elapsed())
+    });
+    thread::sleep(Duration::from_millis(50));
+    waker.wake();
+    let (server, took) = sleeping.join().unwrap();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // Gone: a wake touches nothing (the object is unmapped) and is no
+    // error; one server left is enough to be woken.
+    let second = server.waker();
+    drop(server);
+    drop(client);
+    waker.wake();
+    second.wake();
 }
