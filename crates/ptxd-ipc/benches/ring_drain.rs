@@ -2,8 +2,9 @@
 //! keeps `DEPTH` launches outstanding, a server thread takes each and
 //! answers it, and the two ways of answering run side by side in one run:
 //!
-//! - `per-launch`: every answer published at once (`Server::complete`: both
-//!   counters stored and the client's futex word read per launch), as the
+//! - `per-launch`: every answer published at once (`Server::complete`: the
+//!   completion's sequence word and the submission tail stored and the
+//!   client's futex word read per launch), as the
 //!   executor's ring loop did before issue 22;
 //! - `drained`: answers posted and published together once the ring has
 //!   nothing more ready or every `FLUSH_EVERY` answers (`Server::post`,
