@@ -209,14 +209,14 @@ impl Submitter {
         if let Some(error) = self.poisoned {
             return Err(error.into());
         }
-        if self.head.wrapping_sub(self.sq_tail_seen) >= self.slots {
+        if self.head.wrapping_sub(self.free_from()) >= self.slots {
             let tail = self
                 .region
                 .counter(ControlWord::SubmissionTail)
                 .load(Ordering::Acquire);
             let tail = check_counter(Counter::SubmissionTail, tail, self.sq_tail_seen, self.head);
             self.sq_tail_seen = self.poison(tail)?;
-            if self.head.wrapping_sub(self.sq_tail_seen) >= self.slots {
+            if self.head.wrapping_sub(self.free_from()) >= self.slots {
                 return Err(SubmitError::Full);
             }
         }
@@ -236,6 +236,21 @@ impl Submitter {
         self.head = self.head.wrapping_add(1);
         self.wake_server();
         Ok(())
+    }
+
+    /// The oldest submission whose slot may still be in use: the server's
+    /// tail as last read, or past it the completions this side consumed.
+    /// An answer is posted only after its submission was copied out, and
+    /// the server publishes its answers before its tail (so that a server
+    /// attaching after a death finds them): a client that read answer `p`
+    /// may reuse slot `p` before the tail word says so.
+    fn free_from(&self) -> u64 {
+        let read = self.cq_tail.wrapping_sub(self.sq_tail_seen);
+        if read <= self.head.wrapping_sub(self.sq_tail_seen) {
+            self.cq_tail
+        } else {
+            self.sq_tail_seen
+        }
     }
 
     fn wake_server(&mut self) {

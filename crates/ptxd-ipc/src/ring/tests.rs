@@ -1574,3 +1574,44 @@ fn a_waker_ends_a_server_sleep_at_once() {
     waker.wake();
     second.wake();
 }
+
+/// A client that read answer `p` may reuse submission slot `p` at once: the
+/// server publishes its answers before its tail word (a server killed
+/// between the two leaves answers published and the tail behind), and an
+/// answer is posted only after its submission was copied out. Found on the
+/// H200: a Python client launching back to back read every answer of a
+/// full ring and was refused "the ring is full" because the tail word had
+/// not moved yet.
+#[test]
+fn a_slot_whose_answer_the_client_read_is_free_before_the_tail_moves() {
+    for slots in [1u32, 2, 4, 8] {
+        let mut client = Submitter::create(slots).unwrap();
+        let mut rng = StdRng::seed_from_u64(u64::from(slots));
+        let mut server = Server::open(client.name(), None).unwrap();
+        for _ in 0..slots {
+            client.try_submit(&random_descriptor(&mut rng)).unwrap();
+        }
+        assert!(matches!(
+            client.try_submit(&random_descriptor(&mut rng)),
+            Err(SubmitError::Full)
+        ));
+        for _ in 0..slots {
+            assert!(matches!(server.poll().unwrap(), Some(_)));
+            server.post(CompletionStatus::Ok, 0).unwrap();
+        }
+        // Every answer published, the tail word not stored.
+        server.die_mid_flush(u64::from(slots));
+        let mut read = 0;
+        while client.poll_completion().unwrap().is_some() {
+            read += 1;
+        }
+        assert_eq!(read, slots);
+        for _ in 0..slots {
+            client.try_submit(&random_descriptor(&mut rng)).unwrap();
+        }
+        assert!(matches!(
+            client.try_submit(&random_descriptor(&mut rng)),
+            Err(SubmitError::Full)
+        ));
+    }
+}
