@@ -438,7 +438,7 @@ pub trait RingBackend: Send + 'static {
         Ok(())
     }
     /// Whether an async launch that passed every check is answered `Ok`
-    /// before it is enqueued (see [`drain`]): true where an async launch's
+    /// before it is enqueued (see the ring loop, `drain`): true where an async launch's
     /// answer means "in the stream, in order" (CUDA), false where it means
     /// "ran" (the host engine runs it on the ring's thread).
     fn answers_on_acceptance(&self) -> bool {

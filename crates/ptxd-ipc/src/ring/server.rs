@@ -122,7 +122,7 @@ impl std::fmt::Debug for Waker {
 }
 
 impl Waker {
-    /// Ends the server's sleep now (see [`futex::kick`] for why no wake is
+    /// Ends the server's sleep now (see `futex::kick` for why no wake is
     /// lost between the server's last check and its sleep).
     pub fn wake(&self) {
         self.kick.kicked.store(true, Ordering::Relaxed);
