@@ -38,7 +38,8 @@
 //!
 //! A signal counts as written only once an `Ok` completion of a `sync`
 //! launch (this one or a later one) came back: an async launch completes
-//! once enqueued, and on CUDA its enqueued signal dies with the executor.
+//! once accepted (on CUDA before its enqueue, which follows at once), and
+//! on CUDA its enqueued signal dies with the executor.
 //! So the release may write a word the executor already wrote, with the
 //! same value. The launches themselves did not run, or their results are
 //! undefined (the session was dropped with launches in flight).

@@ -300,7 +300,8 @@ pub struct Descriptor {
     pub kernel: u32,
     /// Element count.
     pub n: u64,
-    /// Complete after the kernel finished (true) or once enqueued.
+    /// Complete after the kernel finished (true) or once accepted (on
+    /// CUDA: checked, then enqueued right after).
     pub sync: bool,
     /// The output operand.
     pub output: OperandRef,
@@ -494,7 +495,8 @@ impl Descriptor {
             .map(|(&ty, &bits)| TypedArg::decode(ty, bits).unwrap_or(TypedArg::U64(bits)))
     }
 
-    /// Completes after the kernel finished (true) or once enqueued (false).
+    /// Completes after the kernel finished (true) or once accepted (false;
+    /// on CUDA: checked, then enqueued right after).
     pub fn with_sync(mut self, sync: bool) -> Self {
         self.sync = sync;
         self
