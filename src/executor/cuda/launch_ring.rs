@@ -155,7 +155,7 @@ impl CudaRing {
     }
 
     /// Enqueues `ops` with one driver call (none when empty).
-    fn enqueue(&self, ops: &MemOps, doing: &str) -> Result<(), crate::error::Error> {
+    fn enqueue(&self, ops: &[MemOp], doing: &str) -> Result<(), crate::error::Error> {
         if ops.is_empty() {
             return Ok(());
         }
@@ -165,7 +165,7 @@ impl CudaRing {
         // allocation cannot shrink under the executor, so no host access
         // and no SIGBUS is involved. The progress word is the queue's pinned
         // word, kept until every group of it has retired.
-        let done = unsafe { self.stream.batch(ops.as_slice()) };
+        let done = unsafe { self.stream.batch(ops) };
         done.map_err(|e| self.driver(e, doing))
     }
 }
@@ -207,6 +207,7 @@ impl MemOps {
         }
     }
 
+    /// Adds `op` (the launch path pushes at most [`MemOps::MAX`]).
     fn push(&mut self, op: MemOp) {
         if let Some(slot) = self.ops.get_mut(self.len) {
             *slot = op;
@@ -214,12 +215,8 @@ impl MemOps {
         }
     }
 
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     fn as_slice(&self) -> &[MemOp] {
-        &self.ops[..self.len.min(MemOps::MAX)]
+        &self.ops[..self.len]
     }
 }
 
@@ -265,9 +262,7 @@ impl CudaRing {
         error: crate::error::Error,
     ) -> crate::error::Error {
         if let Some(signal) = &launch.signal {
-            let mut release = MemOps::new();
-            release.push(semaphore_op(signal, false));
-            if let Err(e) = self.enqueue(&release, "a semaphore operation") {
+            if let Err(e) = self.enqueue(&[semaphore_op(signal, false)], "a semaphore operation") {
                 tracing::warn!(error = %e, "cannot release a failed launch's semaphore");
             }
         }
@@ -315,11 +310,10 @@ impl RingBackend for CudaRing {
         // launch waiting for its client is not running): the group before
         // it is closed before the wait. The operations before the kernel
         // go in one driver call, those after it in another.
-        let watched = self.watch.is_some() && launch.n > 0;
         let progress = self
             .watch
             .as_ref()
-            .filter(|_| watched)
+            .filter(|_| launch.n > 0)
             .map(RingWatch::progress_address);
         let mut before = MemOps::new();
         let mut previous = None;
@@ -346,7 +340,7 @@ impl RingBackend for CudaRing {
                 started = Some(sequence);
             }
         }
-        if let Err(e) = self.enqueue(&before, "a semaphore wait") {
+        if let Err(e) = self.enqueue(before.as_slice(), "a semaphore wait") {
             return Err(self.release_after_failure(&launch, e));
         }
         if let (Some(sequence), Some(watch)) = (previous, self.watch.as_mut()) {
@@ -407,7 +401,9 @@ impl RingBackend for CudaRing {
         if let Some(signal) = &launch.signal {
             after.push(semaphore_op(signal, false));
         }
-        self.enqueue(&after, "marking the launch's end")?;
+        if let Err(e) = self.enqueue(after.as_slice(), "marking the launch's end") {
+            return Err(self.release_after_failure(&launch, e));
+        }
         if let (Some(sequence), Some(watch)) = (closing, self.watch.as_mut()) {
             watch.commit(sequence, started.map(Marker::Sequence), wait_deadline);
         }
@@ -437,9 +433,7 @@ impl RingBackend for CudaRing {
         _hold: TableHold<'_, Arc<RingKernel>, u64>,
     ) {
         // Enqueued under the table lock (see `launch`).
-        let mut release = MemOps::new();
-        release.push(semaphore_op(&signal, false));
-        if let Err(e) = self.enqueue(&release, "a semaphore operation") {
+        if let Err(e) = self.enqueue(&[semaphore_op(&signal, false)], "a semaphore operation") {
             tracing::warn!(error = %e, "cannot release a refused launch's semaphore");
         }
     }
