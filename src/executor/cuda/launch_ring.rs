@@ -155,7 +155,7 @@ impl CudaRing {
     }
 
     /// Enqueues `ops` with one driver call (none when empty).
-    fn enqueue(&self, ops: &[MemOp], doing: &str) -> Result<(), crate::error::Error> {
+    fn enqueue(&self, ops: &MemOps, doing: &str) -> Result<(), crate::error::Error> {
         if ops.is_empty() {
             return Ok(());
         }
@@ -165,7 +165,7 @@ impl CudaRing {
         // allocation cannot shrink under the executor, so no host access
         // and no SIGBUS is involved. The progress word is the queue's pinned
         // word, kept until every group of it has retired.
-        let done = unsafe { self.stream.batch(ops) };
+        let done = unsafe { self.stream.batch(ops.as_slice()) };
         done.map_err(|e| self.driver(e, doing))
     }
 }
@@ -207,7 +207,6 @@ impl MemOps {
         }
     }
 
-    /// Adds `op` (the launch path pushes at most [`MemOps::MAX`]).
     fn push(&mut self, op: MemOp) {
         if let Some(slot) = self.ops.get_mut(self.len) {
             *slot = op;
@@ -215,8 +214,12 @@ impl MemOps {
         }
     }
 
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     fn as_slice(&self) -> &[MemOp] {
-        &self.ops[..self.len]
+        &self.ops[..self.len.min(MemOps::MAX)]
     }
 }
 
@@ -262,7 +265,9 @@ impl CudaRing {
         error: crate::error::Error,
     ) -> crate::error::Error {
         if let Some(signal) = &launch.signal {
-            if let Err(e) = self.enqueue(&[semaphore_op(signal, false)], "a semaphore operation") {
+            let mut release = MemOps::new();
+            release.push(semaphore_op(signal, false));
+            if let Err(e) = self.enqueue(&release, "a semaphore operation") {
                 tracing::warn!(error = %e, "cannot release a failed launch's semaphore");
             }
         }
@@ -310,10 +315,11 @@ impl RingBackend for CudaRing {
         // launch waiting for its client is not running): the group before
         // it is closed before the wait. The operations before the kernel
         // go in one driver call, those after it in another.
+        let watched = self.watch.is_some() && launch.n > 0;
         let progress = self
             .watch
             .as_ref()
-            .filter(|_| launch.n > 0)
+            .filter(|_| watched)
             .map(RingWatch::progress_address);
         let mut before = MemOps::new();
         let mut previous = None;
@@ -340,7 +346,7 @@ impl RingBackend for CudaRing {
                 started = Some(sequence);
             }
         }
-        if let Err(e) = self.enqueue(before.as_slice(), "a semaphore wait") {
+        if let Err(e) = self.enqueue(&before, "a semaphore wait") {
             return Err(self.release_after_failure(&launch, e));
         }
         if let (Some(sequence), Some(watch)) = (previous, self.watch.as_mut()) {
@@ -401,9 +407,7 @@ impl RingBackend for CudaRing {
         if let Some(signal) = &launch.signal {
             after.push(semaphore_op(signal, false));
         }
-        if let Err(e) = self.enqueue(after.as_slice(), "marking the launch's end") {
-            return Err(self.release_after_failure(&launch, e));
-        }
+        self.enqueue(&after, "marking the launch's end")?;
         if let (Some(sequence), Some(watch)) = (closing, self.watch.as_mut()) {
             watch.commit(sequence, started.map(Marker::Sequence), wait_deadline);
         }
@@ -433,7 +437,9 @@ impl RingBackend for CudaRing {
         _hold: TableHold<'_, Arc<RingKernel>, u64>,
     ) {
         // Enqueued under the table lock (see `launch`).
-        if let Err(e) = self.enqueue(&[semaphore_op(&signal, false)], "a semaphore operation") {
+        let mut release = MemOps::new();
+        release.push(semaphore_op(&signal, false));
+        if let Err(e) = self.enqueue(&release, "a semaphore operation") {
             tracing::warn!(error = %e, "cannot release a refused launch's semaphore");
         }
     }
