@@ -1579,3 +1579,45 @@ fn a_chain_of_back_edges_is_refused_within_the_liveness_bound() {
         "{explanation}"
     );
 }
+
+/// FINDING (lead's review, class: a frame address moved across its
+/// windows by arithmetic): the windows were only told apart at `cvta`, so
+/// adding 2^40 to the local-window address (or taking it from the generic
+/// one) made an address the proof read as the other window's frame byte;
+/// on the GPU it reaches other memory. Any arithmetic that moves a frame
+/// address out of its window is refused.
+#[test]
+fn a_frame_address_moved_across_its_windows_by_arithmetic_is_refused() {
+    for (what, edit) in [
+        (
+            "the local-window address plus 2^40, loaded as generic",
+            "ld.u64 \t%rd19, [%SP+8];\n\tadd.u64 \t%rd26, %SPL, 1099511627776;\n\tld.u32 \t%r3, [%rd26];",
+        ),
+        (
+            "the generic address less 2^40, loaded as .local",
+            "ld.u64 \t%rd19, [%SP+8];\n\tsub.u64 \t%rd26, %SP, 1099511627776;\n\tld.local.u32 \t%r3, [%rd26];",
+        ),
+    ] {
+        let text = vec2_with(&[("ld.u64 \t%rd19, [%SP+8];", edit)]);
+        let (reason, explanation) = refusal(&text, "add_f16_vec2");
+        assert_eq!(reason, "local_memory", "{what}: {explanation}");
+        assert!(
+            explanation.contains("out of its window"),
+            "{what}: {explanation}"
+        );
+    }
+}
+
+/// FINDING (lead's review, class: a split narrowing a guarded
+/// instruction's source): a path split per value of a predicated `shr`'s
+/// result narrowed the shift's source as if the `shr` had run on every
+/// path; where the guard was false the source keeps its whole range. Here
+/// the frame index is the source less the split value's `<< 6` (0..=63
+/// where the shift ran, up to 255 where it did not) and the frame holds 64
+/// words: the read past it must be refused.
+#[test]
+fn a_guarded_shift_does_not_narrow_its_source_on_a_split_path() {
+    let prelude = "and.b32 \t%r10, %r4, 255;\n\tmov.u32 \t%r9, 0;\n\tsetp.eq.u32 \t%p4, %r4, 7;\n\t@%p4 shr.u32 \t%r9, %r10, 6;\n\tshl.b32 \t%r11, %r9, 6;\n\tsub.s32 \t%r7, %r10, %r11;";
+    let (reason, explanation) = refusal(&framed(256, prelude, "", "lt.u32"), "framed");
+    assert_eq!(reason, "local_memory", "{explanation}");
+}

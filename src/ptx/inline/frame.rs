@@ -407,18 +407,22 @@ fn clip(s: &Set, lo: i128, hi: i128) -> Set {
 /// is in `v << k ..= (v << k) + 2^k - 1` there, so a later compare of the
 /// source agrees with the split (double `sin` on sm_100 splits
 /// `e = x >> 6` and then compares `x < 128`). A source register holding
-/// values wider than the shift's type is left as it is.
+/// values wider than the shift's type is left as it is, and so is the
+/// source of a guarded `shr` (where its guard was false the destination
+/// kept its old value, so the split says nothing of the source).
 fn preimage(i: &Instr, v: i128, st: &mut State) {
-    let (Some(k), [Operand::Name(d), Operand::Name(a), b]) = (
-        match i.opcode.as_str() {
-            "shr.u32" | "shr.b32" | "shr.u64" | "shr.b64" => imm(&i.operands[2]),
-            _ => None,
-        },
-        &i.operands[..],
-    ) else {
+    if i.guard.is_some() {
+        return;
+    }
+    let ("shr.u32" | "shr.b32" | "shr.u64" | "shr.b64", [Operand::Name(d), Operand::Name(a), b]) =
+        (i.opcode.as_str(), &i.operands[..])
+    else {
         return;
     };
-    if a == d || imm(b) != Some(k) || !(0..64).contains(&k) {
+    let Some(k) = imm(b) else {
+        return;
+    };
+    if a == d || !(0..64).contains(&k) {
         return;
     }
     // Only when the register holds no more bits than the `shr` reads (a
@@ -1320,6 +1324,23 @@ impl<'b> Prover<'b> {
                         }
                         None => unbounded,
                     };
+                    // The windows are told apart only by their offsets:
+                    // arithmetic that moves a frame address from one to
+                    // the other (adding 2^40 to the local-window address)
+                    // would make the proof read another window's bytes.
+                    if r.is_none() {
+                        if let (Some(from), Some(to)) = (window(&f), window(&out)) {
+                            if from != to {
+                                return Err(self.err(
+                                    i.line,
+                                    format!(
+                                        "`{}` moves an address of the local frame `{}` out of its window",
+                                        i.opcode, self.frame
+                                    ),
+                                ));
+                            }
+                        }
+                    }
                     let v = make(r, out);
                     let d = match o.first() {
                         Some(Operand::Name(d)) => d.clone(),
