@@ -30,6 +30,11 @@
 //!   length and its blake3 hash, all checked on read. An entry that fails
 //!   any check (truncated, tampered, from another format) is deleted and
 //!   reported a miss; the caller compiles again.
+//! - Only an entry this daemon's user could have written is read: a plain
+//!   file (opened without following a link or blocking on a FIFO), owned
+//!   by the user and writable by no one else; anything else, such as a file
+//!   another user left while the directory was writable by others, is
+//!   deleted and reported a miss.
 //! - The directory stays under its size bound: after each write, the
 //!   entries least recently used (by modification time, which a hit
 //!   refreshes) are deleted until the total fits. Temporary files left by
@@ -208,9 +213,12 @@ impl KernelCache {
     /// Looks `key` up; an entry that fails its checks is deleted.
     pub fn get(&self, key: &CacheKey) -> Lookup {
         let path = self.entry_path(key);
+        // O_NONBLOCK: a FIFO or device node another user planted while the
+        // directory was open to them must not block the open (it is then
+        // refused as not a plain file).
         let mut file = match OpenOptions::new()
             .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
             .open(&path)
         {
             Ok(file) => file,
@@ -328,6 +336,9 @@ fn read_entry(
     // Only this user could have written it (see the module docs): a file
     // another user left while the directory was writable by others is not
     // ours, whatever it holds.
+    if !meta.file_type().is_file() {
+        return Err("not a plain file".into());
+    }
     if meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o022 != 0 {
         return Err("not an entry this user wrote (its owner or mode)".into());
     }
@@ -470,6 +481,28 @@ mod tests {
         cache.put(&a, b"code of a");
         fs::rename(cache.entry_path(&a), cache.entry_path(&b)).unwrap();
         assert!(matches!(cache.get(&b), Lookup::Discarded(why) if why.contains("another key")));
+    }
+
+    /// A FIFO planted under an entry's name (while the directory was open
+    /// to others) neither blocks the reader nor is read: it is discarded.
+    #[test]
+    fn a_fifo_under_an_entrys_name_is_discarded_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::open(dir.path(), 1 << 20).unwrap();
+        let k = key("fifo");
+        nix::unistd::mkfifo(&cache.entry_path(&k), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (done, got) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let lookup = cache.get(&k);
+            let gone = !cache.entry_path(&k).exists();
+            let _ = done.send((lookup, gone));
+        });
+        let (lookup, gone) = got
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the reader blocked on a FIFO");
+        reader.join().unwrap();
+        assert!(matches!(lookup, Lookup::Discarded(why) if why.contains("plain file")));
+        assert!(gone, "the FIFO is deleted");
     }
 
     #[test]
