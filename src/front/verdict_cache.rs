@@ -112,9 +112,6 @@ const PRECONDITION_NAMES: &[&str] = &[
     STRIDED_INDEX_FITS_I64,
 ];
 
-/// [`VerdictCache::written_by_this_user`]'s answer when there is no entry.
-const NO_ENTRY: &str = "no entry";
-
 /// One daemon's view of a verdict cache directory (others may share it).
 #[derive(Debug)]
 pub struct VerdictCache {
@@ -176,13 +173,10 @@ impl VerdictCache {
         declared: Option<DeclaredAbi>,
     ) -> Option<Accepted> {
         let key = self.key(text, symbol, declared);
-        if let Err(why) = self.written_by_this_user(&key) {
-            if why != NO_ENTRY {
-                tracing::warn!(%symbol, why, "a verdict cache entry this daemon's user did not write; discarded");
-                self.store.remove(&key);
-            }
-            return None;
-        }
+        // The store reads only an entry this daemon's user could have
+        // written (a plain file it owns, writable by no one else): one
+        // another user planted while the directory was open to them, under
+        // a key anyone computes, is discarded like a corrupt one.
         match self.store.get(&key) {
             Lookup::Hit(payload) => match decode(&payload).and_then(|a| consistent(a, symbol)) {
                 Ok(accepted) => Some(accepted),
@@ -192,33 +186,12 @@ impl VerdictCache {
                     None
                 }
             },
-            Lookup::Miss | Lookup::Discarded(_) => None,
+            Lookup::Discarded(why) => {
+                tracing::warn!(%symbol, why, "a verdict cache entry failed its checks; discarded");
+                None
+            }
+            Lookup::Miss => None,
         }
-    }
-
-    /// Whether `key`'s entry is a plain file that only this daemon's user
-    /// could have written: owned by it and writable by no one else, as
-    /// [`KernelCache::put`] leaves every entry (0600). The directory is
-    /// made 0700 when the cache opens, but a directory that was writable by
-    /// others before (an operator's `mkdir -m 777`, a group-shared cache)
-    /// may hold entries another user planted then, under keys they can
-    /// compute (the identity and the key's inputs are no secret); those are
-    /// not the verifier's verdicts. `Err(NO_ENTRY)` when there is none.
-    fn written_by_this_user(&self, key: &CacheKey) -> Result<(), &'static str> {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(meta) = std::fs::symlink_metadata(self.store.entry_path(key)) else {
-            return Err(NO_ENTRY);
-        };
-        if !meta.file_type().is_file() {
-            return Err("not a plain file");
-        }
-        if meta.uid() != nix::unistd::geteuid().as_raw() {
-            return Err("owned by another user");
-        }
-        if meta.mode() & 0o022 != 0 {
-            return Err("writable by other users");
-        }
-        Ok(())
     }
 
     /// Keeps `accepted`, the verdict on these inputs.
