@@ -11,8 +11,9 @@
 //! script again whenever any file under it changes (Cargo scans a directory
 //! recursively), so the constant cannot go stale.
 //!
-//! The hash is two SipHash-1-3 passes with fixed keys (std's
-//! `DefaultHasher::new()`), 128 bits: it detects edits, it is not a
+//! The hash is two passes of std's `DefaultHasher::new()` (fixed keys; its
+//! algorithm is std's to choose, and it only has to be stable within one
+//! build), 128 bits: it detects edits, it is not a
 //! defence against someone who writes the source (they own the verifier).
 //! No build dependency is needed for it.
 

@@ -420,7 +420,8 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
 
     /// Keep the machine code the CUDA driver's JIT compiles in this
-    /// directory (created mode 0700; refused if another user owns it), so
+    /// directory (created mode 0700; refused if another user owns it; the
+    /// verifier's verdicts go in its `verdicts` subdirectory), so
     /// that a restarted executor or daemon loads a known kernel without
     /// compiling it again. Entries are keyed by the kernel text's hash, the
     /// device's architecture and the driver's version, and checked on read.
@@ -428,8 +429,10 @@ pub struct ServeConfig {
     #[arg(long, env = "PTXD_KERNEL_CACHE_DIR")]
     pub kernel_cache_dir: Option<PathBuf>,
 
-    /// The kernel cache directory's size bound; the least recently used
-    /// entries are deleted beyond it.
+    /// The size bound of the compiled kernels in the kernel cache
+    /// directory; the least recently used entries are deleted beyond it
+    /// (the `verdicts` subdirectory has its own bound,
+    /// --verdict-cache-max-bytes).
     #[arg(long, env = "PTXD_KERNEL_CACHE_MAX_BYTES", default_value_t = 1 << 30)]
     pub kernel_cache_max_bytes: u64,
 

@@ -1,4 +1,4 @@
-//! A launch ring without GPU ordering (`Session.open_ring`): launches on
+//! A launch ring without GPU ordering (`Session._native.open_ring`): launches on
 //! registered memory by ring index, each answer awaited or deferred, on any
 //! backend. The host backend has no CUDA stream to order on, so this is
 //! the ring that runs there; `python/examples/ring_wait.py` times the
@@ -23,8 +23,9 @@ use pyo3::types::{PyBool, PyList};
 use crate::answers::{drop_leftovers, next_answer, no_answer};
 use crate::{deferred_list, ring_refusal, timeout_of, to_pyerr, NativeKernel};
 
-/// The most operands of one launch (the ring descriptor's own limit is
-/// lower; more is refused by the SDK before anything is sent).
+/// The most operands of one launch this measurement ring takes (the ring
+/// descriptor allows 64 inputs; this ring refuses more than 16 before
+/// anything is sent, to keep its operand list on the stack).
 const MAX_OPERANDS: usize = 16;
 
 /// A session's plain launch ring (see the module docs).
@@ -85,7 +86,7 @@ impl HostRing {
             return Err(to_pyerr(
                 py,
                 Error::InvalidInput(format!(
-                    "{} inputs; a ring launch takes at most {MAX_OPERANDS}",
+                    "{} inputs; this ring takes at most {MAX_OPERANDS} per launch",
                     inputs.len()
                 )),
             ));
@@ -209,7 +210,8 @@ impl HostRing {
         let ns = |since: std::time::Instant| {
             u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
         };
-        let mut phases: [Vec<u64>; 4] = std::array::from_fn(|_| Vec::with_capacity(calls));
+        let mut phases: [Vec<u64>; 4] =
+            std::array::from_fn(|_| Vec::with_capacity(calls.min(1 << 16)));
         for _ in 0..calls {
             let start = std::time::Instant::now();
             py.detach(|| {});

@@ -1307,7 +1307,7 @@ impl NativeRing {
             "wait for ptxd's completion",
             "total",
         ];
-        let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(calls); PHASES.len()];
+        let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(calls.min(1 << 16)); PHASES.len()];
         let options = RawStreamOptions {
             sync: false,
             timeout: std::time::Duration::from_secs(60),

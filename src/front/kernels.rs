@@ -844,8 +844,8 @@ impl VerificationGate {
 }
 
 /// The log target of the verdict cache's decisions (a hit, or a verifier
-/// run that stored its verdict): debug level, one event per load that
-/// missed the memo.
+/// run that stored its verdict): debug level, one event per verdict served
+/// from disk or verified and kept.
 pub const VERDICT_LOG: &str = "ptxd::verdicts";
 
 /// The verdict on a PTX load the memo did not have: the one kept on disk

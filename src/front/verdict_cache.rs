@@ -1,7 +1,7 @@
 //! The persistent verdict cache: what the verifier accepted, kept on disk so
 //! that a restarted daemon loads a kernel it verified before without
-//! verifying it again (re-verification was 35–40 ms of a 32-kernel working
-//! set's reload on the host backend).
+//! verifying it again (a 32-kernel working set reloaded in 18–21 ms with
+//! it, 41–46 ms without, on the host backend: BENCHMARKS.md).
 //!
 //! An entry is an accepted PTX kernel's verdict: its canonical text, the
 //! text's blake3 hash, its signature and its launch contract, exactly what
@@ -36,7 +36,7 @@
 //!   every length checked against the bytes left and every nesting bounded;
 //!   a decoded verdict is then checked for consistency (the text hashes to
 //!   the hash it carries, the signature and the contract agree on the
-//!   operands and scalars, every arg a footprint or precondition reads is
+//!   operand and scalar counts, every arg a footprint or precondition reads is
 //!   a 64-bit integer scalar, the entry and every param are named in the
 //!   text). Anything that fails is a miss (logged, the entry deleted), never
 //!   a panic: the kernel is verified again.
