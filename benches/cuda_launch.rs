@@ -129,6 +129,12 @@ struct Floors {
     /// shared cache line and answered the same way: the floor of any
     /// cross-core ring, with no process boundary and no checks.
     handoff: Duration,
+    /// [`Floors::paced`] through a one-node graph re-aimed per launch, as
+    /// the ring launches (`cuGraphExecKernelNodeSetParams` +
+    /// `cuGraphLaunch`).
+    graph_paced: Duration,
+    /// [`Floors::sustained`] through that graph.
+    graph_sustained: Duration,
 }
 
 /// The pace of [`Floors::paced`]: about a ring round trip.
@@ -270,11 +276,90 @@ fn in_process_floors(
         handoff(true),
         "as above, answered before the launch: the floor of an answer on acceptance".into(),
     ));
+    let (graph_paced, graph_sustained) = in_process_graph_floors([a, b, out], rows);
     Floors {
         paced: paced_p50,
         sustained,
         handoff: handoff_p50,
+        graph_paced,
+        graph_sustained,
     }
+}
+
+/// The paced and sustained floors again, each launch through a one-node
+/// graph whose node is re-aimed per launch (what the ring does since run
+/// AW): the in-process equivalent of ptxd's own launch, so that a ring row
+/// can be read against both `cuLaunchKernel` and the same technique in
+/// process. Returns (paced p50, sustained mean).
+fn in_process_graph_floors(
+    [a, b, out]: [&DeviceAllocation; 3],
+    rows: &mut Table,
+) -> (Duration, Duration) {
+    // The SDK's calls above left the device's context current on this
+    // thread: ptxd-cuda's objects are made and dropped in it.
+    let ptx = corpus("add_f32_scalar.ptx");
+    // SAFETY: a PTX image of the corpus, NUL-free text.
+    let module = unsafe { ptxd_cuda::Module::load(&ptx) }.unwrap();
+    let function = module.function(c"add_f32_scalar").unwrap();
+    let stream = ptxd_cuda::Stream::new().unwrap();
+    let (mut pa, mut pb, mut po, mut nn) =
+        (a.device_ptr(), b.device_ptr(), out.device_ptr(), SMALL_N as i64);
+    let mut params: [*mut c_void; 4] = [
+        (&mut pa as *mut u64).cast(),
+        (&mut pb as *mut u64).cast(),
+        (&mut po as *mut u64).cast(),
+        (&mut nn as *mut i64).cast(),
+    ];
+    let grid = SMALL_N.div_ceil(256) as u32;
+    // SAFETY: add_f32_scalar takes (ptr, ptr, ptr, long long); the values
+    // live across the calls; nothing is enqueued by `new`.
+    let mut graph =
+        unsafe { ptxd_cuda::KernelGraph::new(&function, grid, 256, &mut params, None) }.unwrap();
+    let mut launch = |graph: &mut ptxd_cuda::KernelGraph| {
+        // SAFETY: as above; every allocation holds at least n floats and
+        // outlives the stream's work.
+        unsafe { graph.launch(&stream, &function, grid, 256, &mut params, None) }.unwrap();
+    };
+    let mut paced = Vec::new();
+    for _ in 0..5000 {
+        let t = Instant::now();
+        launch(&mut graph);
+        paced.push(t.elapsed());
+        while t.elapsed() < PACE {
+            std::hint::spin_loop();
+        }
+    }
+    stream.synchronize().unwrap();
+    let paced = row(
+        "in-process graph launch paced, one every 8 µs (n=4096)",
+        paced,
+        "a one-node graph re-aimed per launch (cuGraphExecKernelNodeSetParams + cuGraphLaunch), \
+         as the ring launches"
+            .into(),
+    );
+    let paced_p50 = paced.p50;
+    rows.push(paced);
+    let total = 200_000u32;
+    let t = Instant::now();
+    for _ in 0..total {
+        launch(&mut graph);
+    }
+    stream.synchronize().unwrap();
+    let took = t.elapsed();
+    let sustained = took / total;
+    rows.push(Row {
+        name: "in-process graph launch sustained, one stream (n=4096)".into(),
+        p50: sustained,
+        p99: sustained,
+        samples: total as usize,
+        ratio: None,
+        note: format!(
+            "{:.0} launches/s (mean of 200,000 back to back, one sync at the end; not p50)",
+            f64::from(total) / took.as_secs_f64()
+        ),
+    });
+    drop(graph);
+    (paced_p50, sustained)
 }
 
 fn main() {
@@ -961,9 +1046,10 @@ async fn ring_rows(
     );
     let note = format!(
         "submit → completion; baseline: in-process cuLaunchKernel async; {:.2}× the paced \
-         launch, {:.2}× the in-process hand-off",
+         launch, {:.2}× the in-process hand-off, {:.2}× the paced in-process graph launch",
         round_trip.p50.as_secs_f64() / base.floors.paced.as_secs_f64(),
         round_trip.p50.as_secs_f64() / base.floors.handoff.as_secs_f64(),
+        round_trip.p50.as_secs_f64() / base.floors.graph_paced.as_secs_f64(),
     );
     rows.push(Row { note, ..round_trip }.against(base.launch_async));
 
@@ -1013,9 +1099,10 @@ async fn ring_rows(
         ratio: Some(per.as_secs_f64() / base.launch_async.as_secs_f64()),
         note: format!(
             "{:.0} launches/s (mean of 200,000, 256 in flight; not p50); {:.2}× the in-process \
-             sustained launch",
+             sustained launch, {:.2}× the in-process sustained graph launch",
             f64::from(total) / took.as_secs_f64(),
             per.as_secs_f64() / base.floors.sustained.as_secs_f64(),
+            per.as_secs_f64() / base.floors.graph_sustained.as_secs_f64(),
         ),
     });
 

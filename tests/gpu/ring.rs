@@ -259,6 +259,123 @@ async fn a_burst_of_two_kernels_patches_each_launchs_own_params() {
     }
 }
 
+/// Ring launches go through graphs re-aimed per launch: a chain in which
+/// each launch reads what the one before it wrote (two buffers in turn),
+/// over two kernels, random counts (so grids) and scalars, sent back to
+/// back with the ring full, the watchdog's markers in the kernels' own
+/// submissions. Every element of both buffers is compared with a host
+/// simulation of the chain, exact (integers in f32): a launch run out of
+/// order, with another launch's params, on a stale grid or not at all
+/// changes some element.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chain_of_ring_launches_runs_in_order_with_each_launchs_own_params() {
+    let daemon = Daemon::start_backend("cuda", &[], |_| {});
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("gpu-ring-chain").await.unwrap();
+    let dev = device();
+    let load = |file: &'static str, symbol: &'static str| {
+        let session = &session;
+        async move {
+            session
+                .load_ptx(
+                    0,
+                    String::from_utf8(corpus(file)).unwrap(),
+                    symbol,
+                    LoadOptions::default(),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let add = load("add_f32_scalar.ptx", "add_f32_scalar").await;
+    let affine = load("affine_f32_scalar.ptx", "affine_f32_scalar").await;
+    let mut rng = rng();
+    let (len, launches, depth) = (70_000usize, 3000usize, 64u64);
+    let mut host: [Vec<f32>; 2] = [
+        (0..len).map(|_| rng.random_range(-64i32..64) as f32).collect(),
+        vec![f32::NAN; len],
+    ];
+    let addend: Vec<f32> = (0..len).map(|_| rng.random_range(-8i32..=8) as f32).collect();
+    let (mem0, buf0) = gpu_f32(&session, &dev, &host[0]).await;
+    let (mem1, buf1) = gpu_f32(&session, &dev, &host[1]).await;
+    let (_addend_mem, addend_buf) = gpu_f32(&session, &dev, &addend).await;
+    let buffers = [&buf0, &buf1];
+    let mut ring = session.open_ring(depth as u32, dev.uuid()).await.unwrap();
+    let mut pending = std::collections::VecDeque::new();
+    for index in 0..launches {
+        while ring.outstanding() >= depth {
+            let done = next(&mut ring);
+            assert_eq!(Some(done.ticket), pending.pop_front(), "out of order");
+            assert_eq!(done.outcome, Ok(()), "launch {index}");
+        }
+        let (src, dst) = (index % 2, (index + 1) % 2);
+        // Mostly large counts, some tiny: grids from 1 block to 274.
+        let n = if rng.random_range(0..4) == 0 {
+            rng.random_range(1..=600usize)
+        } else {
+            rng.random_range(1..=len)
+        };
+        let [first, second] = &mut host;
+        let (from, to) = if src == 0 {
+            (&first[..n], &mut second[..n])
+        } else {
+            (&second[..n], &mut first[..n])
+        };
+        let ticket = if rng.random_range(0..2) == 0 {
+            let scale = if rng.random_range(0..2) == 0 { 1.0f32 } else { -1.0 };
+            let bias = rng.random_range(-8i32..=8) as f32;
+            for (to, from) in to.iter_mut().zip(from) {
+                *to = from * scale + bias;
+            }
+            ring.launch(
+                &affine,
+                &[(buffers[src], 0)],
+                (buffers[dst], 0),
+                n as u64,
+                &[scale, bias],
+            )
+        } else {
+            for ((to, from), addend) in to.iter_mut().zip(from).zip(&addend) {
+                *to = from + addend;
+            }
+            ring.launch(
+                &add,
+                &[(buffers[src], 0), (&addend_buf, 0)],
+                (buffers[dst], 0),
+                n as u64,
+                &[],
+            )
+        }
+        .unwrap();
+        pending.push_back(ticket);
+    }
+    while let Some(ticket) = pending.pop_front() {
+        let done = next(&mut ring);
+        assert_eq!(done.ticket, ticket, "out of order");
+        assert_eq!(done.outcome, Ok(()));
+    }
+    // A last sync launch (n = 0: no kernel) drains the stream.
+    let descriptor = ring
+        .descriptor(&add, &[(&addend_buf, 0), (&addend_buf, 0)], (&addend_buf, 0), 0, &[])
+        .unwrap()
+        .with_sync(true);
+    ring.submit(&descriptor).unwrap();
+    assert_eq!(next(&mut ring).outcome, Ok(()));
+    for (which, mem) in [&mem0, &mem1].into_iter().enumerate() {
+        let mut got = vec![0f32; len];
+        mem.download(0, &mut got).unwrap();
+        for i in 0..len {
+            assert_eq!(
+                got[i].to_bits(),
+                host[which][i].to_bits(),
+                "buffer {which}, element {i}: {} against {}",
+                got[i],
+                host[which][i]
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sessions_stream_and_ptxd_order_through_semaphores_without_replies() {
     let daemon = Daemon::start_backend("cuda", &[], |_| {});

@@ -14,7 +14,9 @@
 //! cudarc wrapper takes a single flag, and the virtual-memory-management
 //! calls: `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`,
 //! `cuMemSetAccess`, the shareable-handle export and import, and
-//! `cuMemRetainAllocationHandle`) are written here on `sys`, once each.
+//! `cuMemRetainAllocationHandle`) are written here on `sys`, once each,
+//! as are the graph calls of [`KernelGraph`] (a kernel launched through an
+//! instantiated graph, re-aimed per launch).
 //! Every failure becomes a [`DriverError`] naming the entry point and the
 //! driver's name for the result.
 //!
@@ -45,6 +47,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::result::{self, stream::StreamKind, DriverError as RawError};
 use cudarc::driver::sys;
+
+mod graph;
+pub use graph::{KernelGraph, WordWrite};
 
 /// A raw stream handle, for work on streams this layer did not create (a
 /// framework's, or the legacy default stream).

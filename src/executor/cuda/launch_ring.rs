@@ -22,11 +22,14 @@
 //!   `KERNEL_TIMEOUT` against the session and restarts.
 //! - A kernel is launched through the parameter block prepared when it was
 //!   granted ([`super::prepared`]): per launch only its operand, count and
-//!   scalar words are written.
+//!   scalar words are written; it is enqueued through the kernel's graph,
+//!   re-aimed per launch, and a watchdog marker due after it goes in the
+//!   same graph (its write node), unless a signal follows, which carries
+//!   the marker in its own batch.
 
 use std::sync::Arc;
 
-use ptxd_cuda::{DriverError, HostWord, MemOp, PrimaryContext, Stream};
+use ptxd_cuda::{DriverError, HostWord, MemOp, PrimaryContext, Stream, WordWrite};
 use ptxd_ipc::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
@@ -357,6 +360,20 @@ impl RingBackend for CudaRing {
         let wait_deadline = started
             .and(self.wait_limit)
             .map(|limit| std::time::Instant::now() + limit);
+        // The group closes with this kernel when it fills it, or when the
+        // launch waited or syncs. Its marker goes in the kernel's own
+        // submission (the graph's write node) unless a signal follows,
+        // which the batch after the kernel then carries with it.
+        let closing = match (&self.watch, progress) {
+            (Some(watch), Some(_)) => watch.closing_with_next(launch.sync || started.is_some()),
+            _ => None,
+        };
+        let marker_in_launch = match (closing, progress) {
+            (Some(value), Some(addr)) if launch.signal.is_none() => {
+                Some(WordWrite { addr, value })
+            }
+            _ => None,
+        };
         if launch.n > 0 {
             // Reused from launch to launch: no allocation of its own here.
             let mut addresses = std::mem::take(&mut self.addresses);
@@ -374,11 +391,18 @@ impl RingBackend for CudaRing {
             // SAFETY: every address lies in a granted buffer with room for
             // its operand's footprint at n (the launch checks, against the
             // kernel's contract or its signature), and a buffer is unmapped
-            // only after its revoke and a drain.
+            // only after its revoke and a drain; the marker's word is the
+            // queue's pinned progress word, kept until every group of it
+            // has retired.
             let launched = unsafe {
-                launch
-                    .kernel
-                    .enqueue(&self.stream, grid as u32, &addresses, launch.n, &scalars)
+                launch.kernel.enqueue(
+                    &self.stream,
+                    grid as u32,
+                    &addresses,
+                    launch.n,
+                    &scalars,
+                    marker_in_launch,
+                )
             };
             self.addresses = addresses;
             self.scalar_bits = scalars;
@@ -388,19 +412,15 @@ impl RingBackend for CudaRing {
             }
         }
         let mut after = MemOps::new();
-        let mut closing = None;
-        if let (Some(watch), Some(at)) = (self.watch.as_mut(), progress) {
+        if let Some(watch) = self.watch.as_mut().filter(|_| watched) {
             watch.count();
-            if watch.must_close(launch.sync || started.is_some()) {
-                closing = watch.closing();
-                if let Some(sequence) = closing {
-                    after.push(MemOp::Write {
-                        addr: at,
-                        value: sequence,
-                        wide: true,
-                    });
-                }
-            }
+        }
+        if let (Some(sequence), Some(at), None) = (closing, progress, marker_in_launch) {
+            after.push(MemOp::Write {
+                addr: at,
+                value: sequence,
+                wide: true,
+            });
         }
         // Written whatever the kernel does: a waiter on the client's stream
         // is released once the kernel has ended.

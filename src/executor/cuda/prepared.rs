@@ -17,11 +17,17 @@
 //!   enqueued.
 //! - The pointers handed to the driver point into the block's own heap
 //!   words, which never move or reallocate while the block lives.
+//! - A launch goes through the kernel's graph when one could be built (the
+//!   graph's node is re-aimed at each launch, and the driver copies the
+//!   params then): it enqueues the same kernel on the same grid with the
+//!   same bytes as `cuLaunchKernel` would, in one third of the time on an
+//!   H200. A graph the driver refuses to build or update is dropped for
+//!   good and that kind of launch goes through `cuLaunchKernel`.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ptxd_cuda::{DriverError, Stream};
+use ptxd_cuda::{DriverError, Stream, WordWrite};
 
 use super::LoadedKernel;
 use crate::executor::layout::Slot;
@@ -198,32 +204,73 @@ fn write(words: &mut [u64], offset: usize, size: usize, value: u64) {
     *word = u64::from_ne_bytes(bytes);
 }
 
-/// A kernel as a ring holds it: the loaded kernel and its parameter block,
-/// prepared when the kernel was granted. The ring's thread is the block's
-/// only user, so its lock is never contended.
+/// Whether a ring launches through graphs ([`ptxd_cuda::KernelGraph`]);
+/// `PTXD_RING_GRAPHS=0` in the executor's environment turns them off (every
+/// ring launch then goes through `cuLaunchKernel`), for comparing the two.
+pub(super) fn graphs_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var_os("PTXD_RING_GRAPHS").is_none_or(|v| v != "0"))
+}
+
+/// One of a ring kernel's graphs: built at the first launch that needs it;
+/// `Failed` once building or updating it failed, after which that kind of
+/// launch goes through `cuLaunchKernel` (and a separate word write).
+#[derive(Debug, Default)]
+enum GraphSlot {
+    #[default]
+    Unbuilt,
+    Built(ptxd_cuda::KernelGraph),
+    Failed,
+}
+
+/// A kernel's parameter block and its graphs: what one launch uses.
+#[derive(Debug)]
+struct Prepared {
+    params: PreparedParams,
+    /// The kernel alone.
+    plain: GraphSlot,
+    /// The kernel, then a word write (a watchdog marker).
+    marked: GraphSlot,
+}
+
+/// A kernel as a ring holds it: the loaded kernel, its parameter block and
+/// its graphs, prepared when the kernel was granted (the graphs at their
+/// first launch). The ring's thread is their only user, so the lock is
+/// never contended.
 #[derive(Debug)]
 pub struct RingKernel {
+    // Declared (so dropped) before `kernel`: a graph names the kernel's
+    // function, which lives as long as its module.
+    prepared: Mutex<Prepared>,
     pub(super) kernel: Arc<LoadedKernel>,
-    params: Mutex<PreparedParams>,
 }
 
 impl RingKernel {
     /// Prepares `kernel`'s block for a ring (once per grant).
     pub(super) fn prepare(kernel: Arc<LoadedKernel>) -> Arc<Self> {
-        let params = Mutex::new(PreparedParams::new(&kernel.layout));
-        Arc::new(RingKernel { kernel, params })
+        let prepared = Mutex::new(Prepared {
+            params: PreparedParams::new(&kernel.layout),
+            plain: GraphSlot::Unbuilt,
+            marked: GraphSlot::Unbuilt,
+        });
+        Arc::new(RingKernel { prepared, kernel })
     }
 
-    fn params(&self) -> MutexGuard<'_, PreparedParams> {
-        // A patch either wrote the whole launch or nothing it checked: a
-        // panic cannot leave a block a later patch would not overwrite.
-        self.params.lock().unwrap_or_else(|p| p.into_inner())
+    fn prepared(&self) -> MutexGuard<'_, Prepared> {
+        // A patch either wrote the whole launch or nothing it checked, and
+        // a graph slot is replaced whole: a panic cannot leave anything a
+        // later launch would misread.
+        self.prepared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// As [`LoadedKernel::enqueue`], through the prepared block.
+    /// As [`LoadedKernel::enqueue`], through the prepared block and, where
+    /// it can be built, the kernel's graph; with `marker`, the word write
+    /// after the kernel goes in the same submission (a graph's write node)
+    /// or, without a graph, right after it on the stream.
     ///
     /// # Safety
-    /// As [`LoadedKernel::enqueue`].
+    /// As [`LoadedKernel::enqueue`]; `marker`'s word stays valid until the
+    /// stream has run the launch.
     pub(super) unsafe fn enqueue(
         &self,
         stream: &Stream,
@@ -231,6 +278,7 @@ impl RingKernel {
         operands: &[u64],
         n: u64,
         scalars: &[u64],
+        marker: Option<WordWrite>,
     ) -> Result<(), DriverError> {
         let refused = || DriverError {
             call: "packing the kernel's parameters",
@@ -239,18 +287,76 @@ impl RingKernel {
         if operands.len() != self.kernel.inputs as usize + 1 {
             return Err(refused());
         }
-        let mut params = self.params();
+        let mut guard = self.prepared();
+        let Prepared {
+            params,
+            plain,
+            marked,
+        } = &mut *guard;
         params.patch(operands, n, scalars).map_err(|_| refused())?;
-        // SAFETY: the block holds one pointer per kernel parameter (the
-        // layout's, which the load checked against the kernel's declared
-        // sizes), each to a value of that size in the block's words, which
-        // stay put under the lock until the call returns (the driver copies
-        // them during it); every address among them is device memory with
-        // room for the launch until it has run (this function's contract).
+        let kernel = &self.kernel;
+        let slot = if marker.is_some() { marked } else { plain };
+        if graphs_enabled() && matches!(slot, GraphSlot::Unbuilt) {
+            // SAFETY: the block holds one pointer per kernel parameter, each
+            // to a value of its declared size (see below); nothing is
+            // enqueued.
+            let built = unsafe {
+                ptxd_cuda::KernelGraph::new(
+                    &kernel.function,
+                    grid,
+                    kernel.block,
+                    &mut params.pointers,
+                    marker,
+                )
+            };
+            *slot = match built {
+                Ok(graph) => GraphSlot::Built(graph),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot build a ring kernel's graph; it launches with cuLaunchKernel");
+                    GraphSlot::Failed
+                }
+            };
+        }
+        if let GraphSlot::Built(graph) = slot {
+            // SAFETY: the block holds one pointer per kernel parameter (the
+            // layout's, which the load checked against the kernel's declared
+            // sizes), each to a value of that size in the block's words,
+            // which stay put under the lock until the call returns (the
+            // driver copies them during it); every address among them is
+            // device memory with room for the launch until it has run, and
+            // the marker's word outlives it (this function's contract); the
+            // function is of the ring's context, where the graph was built.
+            let launched = unsafe {
+                graph.launch(
+                    stream,
+                    &kernel.function,
+                    grid,
+                    kernel.block,
+                    &mut params.pointers,
+                    marker,
+                )
+            };
+            match launched {
+                Err(e) if !e.is_sticky() && e.call != "cuGraphLaunch" => {
+                    // An update the driver refused (nothing was enqueued):
+                    // this kind of launch goes through cuLaunchKernel from
+                    // now on.
+                    tracing::warn!(error = %e, "cannot update a ring kernel's graph; it launches with cuLaunchKernel");
+                    *slot = GraphSlot::Failed;
+                }
+                launched => return launched,
+            }
+        }
+        // SAFETY: as above, for `cuLaunchKernel`.
         unsafe {
-            self.kernel
+            kernel
                 .function
-                .launch(grid, self.kernel.block, stream, &mut params.pointers)
+                .launch(grid, kernel.block, stream, &mut params.pointers)
+        }?;
+        match marker {
+            // SAFETY: the marker's word outlives the launch (the contract).
+            Some(marker) => unsafe { stream.write_value(marker.addr, marker.value, true) },
+            None => Ok(()),
         }
     }
 }

@@ -404,8 +404,22 @@ impl RingWatch {
         self.unwatched += 1;
     }
 
+    /// For a kernel about to be enqueued: the sequence number that closes
+    /// its group with it, when the group must close with it (it fills the
+    /// group, or `close_now`: it waited on a semaphore, or is a sync
+    /// launch). The caller writes it after the kernel (in the kernel's own
+    /// submission, where it can), then [`count`](Self::count)s the kernel
+    /// and [`commit`](Self::commit)s the number; a number taken for a
+    /// kernel that then failed to enqueue is a gap, as in
+    /// [`closing`](Self::closing).
+    pub fn closing_with_next(&self, close_now: bool) -> Option<u64> {
+        (close_now || self.unwatched.saturating_add(1) >= RING_GROUP)
+            .then(|| self.queue.next_sequence())
+    }
+
     /// Whether the group must close now: it is full, or `close_now` (the
     /// launch waited on a semaphore, or is a sync launch).
+    #[cfg(test)]
     pub fn must_close(&self, close_now: bool) -> bool {
         self.unwatched > 0 && (close_now || self.unwatched >= RING_GROUP)
     }
