@@ -302,8 +302,12 @@ fn in_process_graph_floors(
     let module = unsafe { ptxd_cuda::Module::load(&ptx) }.unwrap();
     let function = module.function(c"add_f32_scalar").unwrap();
     let stream = ptxd_cuda::Stream::new().unwrap();
-    let (mut pa, mut pb, mut po, mut nn) =
-        (a.device_ptr(), b.device_ptr(), out.device_ptr(), SMALL_N as i64);
+    let (mut pa, mut pb, mut po, mut nn) = (
+        a.device_ptr(),
+        b.device_ptr(),
+        out.device_ptr(),
+        SMALL_N as i64,
+    );
     let mut params: [*mut c_void; 4] = [
         (&mut pa as *mut u64).cast(),
         (&mut pb as *mut u64).cast(),

@@ -111,10 +111,14 @@ impl KernelGraph {
     ) -> Result<Self, DriverError> {
         let mut context: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: `context` is a valid out-pointer.
-        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut context) })?;
+        check("cuCtxGetCurrent", unsafe {
+            sys::cuCtxGetCurrent(&mut context)
+        })?;
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: `graph` is a valid out-pointer; flags must be 0.
-        check("cuGraphCreate", unsafe { sys::cuGraphCreate(&mut graph, 0) })?;
+        check("cuGraphCreate", unsafe {
+            sys::cuGraphCreate(&mut graph, 0)
+        })?;
         // From here on, a failure destroys what was made (Drop).
         let mut built = KernelGraph {
             graph,
@@ -202,7 +206,9 @@ impl KernelGraph {
             _ => return Err(invalid()),
         }
         // SAFETY: the executable graph and the stream are live.
-        check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(self.exec, stream.raw) })
+        check("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(self.exec, stream.raw)
+        })
     }
 }
 
@@ -220,6 +226,9 @@ impl Drop for KernelGraph {
         // SAFETY: `graph` came from cuGraphCreate and is destroyed once
         // (its nodes with it).
         let destroyed = unsafe { sys::cuGraphDestroy(self.graph) };
-        log_release(check("cuGraphDestroy", destroyed), "destroying a kernel graph");
+        log_release(
+            check("cuGraphDestroy", destroyed),
+            "destroying a kernel graph",
+        );
     }
 }

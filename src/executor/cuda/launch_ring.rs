@@ -158,7 +158,7 @@ impl CudaRing {
     }
 
     /// Enqueues `ops` with one driver call (none when empty).
-    fn enqueue(&self, ops: &MemOps, doing: &str) -> Result<(), crate::error::Error> {
+    fn enqueue(&self, ops: &[MemOp], doing: &str) -> Result<(), crate::error::Error> {
         if ops.is_empty() {
             return Ok(());
         }
@@ -168,7 +168,7 @@ impl CudaRing {
         // allocation cannot shrink under the executor, so no host access
         // and no SIGBUS is involved. The progress word is the queue's pinned
         // word, kept until every group of it has retired.
-        let done = unsafe { self.stream.batch(ops.as_slice()) };
+        let done = unsafe { self.stream.batch(ops) };
         done.map_err(|e| self.driver(e, doing))
     }
 }
@@ -210,6 +210,7 @@ impl MemOps {
         }
     }
 
+    /// Adds `op` (the launch path pushes at most [`MemOps::MAX`]).
     fn push(&mut self, op: MemOp) {
         if let Some(slot) = self.ops.get_mut(self.len) {
             *slot = op;
@@ -217,12 +218,8 @@ impl MemOps {
         }
     }
 
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     fn as_slice(&self) -> &[MemOp] {
-        &self.ops[..self.len.min(MemOps::MAX)]
+        &self.ops[..self.len]
     }
 }
 
@@ -268,9 +265,7 @@ impl CudaRing {
         error: crate::error::Error,
     ) -> crate::error::Error {
         if let Some(signal) = &launch.signal {
-            let mut release = MemOps::new();
-            release.push(semaphore_op(signal, false));
-            if let Err(e) = self.enqueue(&release, "a semaphore operation") {
+            if let Err(e) = self.enqueue(&[semaphore_op(signal, false)], "a semaphore operation") {
                 tracing::warn!(error = %e, "cannot release a failed launch's semaphore");
             }
         }
@@ -349,7 +344,7 @@ impl RingBackend for CudaRing {
                 started = Some(sequence);
             }
         }
-        if let Err(e) = self.enqueue(&before, "a semaphore wait") {
+        if let Err(e) = self.enqueue(before.as_slice(), "a semaphore wait") {
             return Err(self.release_after_failure(&launch, e));
         }
         if let (Some(sequence), Some(watch)) = (previous, self.watch.as_mut()) {
@@ -369,9 +364,7 @@ impl RingBackend for CudaRing {
             _ => None,
         };
         let marker_in_launch = match (closing, progress) {
-            (Some(value), Some(addr)) if launch.signal.is_none() => {
-                Some(WordWrite { addr, value })
-            }
+            (Some(value), Some(addr)) if launch.signal.is_none() => Some(WordWrite { addr, value }),
             _ => None,
         };
         if launch.n > 0 {
@@ -427,7 +420,10 @@ impl RingBackend for CudaRing {
         if let Some(signal) = &launch.signal {
             after.push(semaphore_op(signal, false));
         }
-        self.enqueue(&after, "marking the launch's end")?;
+        if let Err(e) = self.enqueue(after.as_slice(), "marking the launch's end") {
+            // The batch carried the signal: it is written on its own.
+            return Err(self.release_after_failure(&launch, e));
+        }
         if let (Some(sequence), Some(watch)) = (closing, self.watch.as_mut()) {
             watch.commit(sequence, started.map(Marker::Sequence), wait_deadline);
         }
@@ -457,9 +453,7 @@ impl RingBackend for CudaRing {
         _hold: TableHold<'_, Arc<RingKernel>, u64>,
     ) {
         // Enqueued under the table lock (see `launch`).
-        let mut release = MemOps::new();
-        release.push(semaphore_op(&signal, false));
-        if let Err(e) = self.enqueue(&release, "a semaphore operation") {
+        if let Err(e) = self.enqueue(&[semaphore_op(&signal, false)], "a semaphore operation") {
             tracing::warn!(error = %e, "cannot release a refused launch's semaphore");
         }
     }
