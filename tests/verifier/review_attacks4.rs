@@ -575,3 +575,66 @@ fn the_strided_contract_bounds_what_the_kernel_reads_at_huge_args() {
         assert!(refused.contains(&name), "{name}: {refused:?}");
     }
 }
+
+// The verdict cache's review leftovers (w33v).
+
+/// Class: an optional cache that stops the daemon. A `verdicts` path the
+/// daemon cannot use (a file, a symbolic link, another user's directory)
+/// made `Front::start` fail, so a daemon whose kernel cache directory was
+/// fine refused to start because of the verdict cache beside it. Now the
+/// daemon starts without the verdict cache (a warning in its log), loads
+/// and verifies kernels as without one, and leaves the foreign path alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_verdict_directory_does_not_stop_the_daemon() {
+    let mut cases: Vec<&str> = vec!["a file", "a symbolic link"];
+    if is_root() {
+        cases.push("another user's directory");
+    }
+    for case in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let verdicts = dir.path().join(SUBDIRECTORY);
+        match case {
+            "a file" => std::fs::write(&verdicts, b"not a directory").unwrap(),
+            "a symbolic link" => std::os::unix::fs::symlink(elsewhere.path(), &verdicts).unwrap(),
+            _ => {
+                std::fs::create_dir(&verdicts).unwrap();
+                std::os::unix::fs::chown(&verdicts, Some(65534), Some(65534)).unwrap();
+            }
+        }
+        let daemon = Daemon::start_with(
+            &["--kernel-cache-dir", dir.path().to_str().unwrap()],
+            |command| {
+                command.env("RUST_LOG", "warn,ptxd::verdicts=debug");
+            },
+        );
+        let client = ptxd_client::Client::connect(&daemon.target())
+            .await
+            .unwrap();
+        let session = client.open_session("foreign-verdicts").await.unwrap();
+        crate::support::load(&session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+        let log = daemon.stderr();
+        assert!(
+            log.contains("the verdict cache is not used"),
+            "{case}: {log}"
+        );
+        assert!(
+            std::fs::read_dir(elsewhere.path()).unwrap().next().is_none(),
+            "{case}: a verdict was written through the link"
+        );
+        match case {
+            "a file" => assert_eq!(std::fs::read(&verdicts).unwrap(), b"not a directory"),
+            "a symbolic link" => {
+                assert!(std::fs::symlink_metadata(&verdicts)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink())
+            }
+            _ => {
+                let meta = std::fs::metadata(&verdicts).unwrap();
+                assert_eq!(meta.uid(), 65534, "{case}");
+                assert!(std::fs::read_dir(&verdicts).unwrap().next().is_none());
+            }
+        }
+    }
+}
