@@ -617,6 +617,31 @@ fn consistent(accepted: Accepted, symbol: &str) -> Result<Accepted, String> {
     {
         return Err("a footprint names a param the contract does not have".into());
     }
+    // The layout the front sends the executor must be one the executor
+    // accepts (every operand passed exactly once, at most one count, the
+    // signature's scalars: `layout::decode`), and operand k's footprint
+    // must describe the param that passes operand k: a verdict whose
+    // layout the executor would refuse, or whose footprints bound other
+    // params than the ones passed, is not one the verifier gives.
+    let load = ptxd_proto::executor::LoadModule {
+        inputs: s.inputs,
+        scalar_params: s.scalar_params,
+        params: crate::executor::layout::slots_of(&c.contract),
+        ..Default::default()
+    };
+    crate::executor::layout::decode(&load).map_err(|why| format!("the layout: {why}"))?;
+    for (k, f) in c.contract.footprints.iter().enumerate() {
+        match c.contract.params.get(usize::from(f.param)).map(|p| &p.kind) {
+            Some(&ParamKind::Pointer {
+                operand: Some(o), ..
+            }) if o as usize == k => {}
+            _ => {
+                return Err(format!(
+                    "operand {k}'s footprint is not the param that passes it"
+                ))
+            }
+        }
+    }
     if !c.contract.reads_only_integer_args() {
         return Err("the contract reads an arg that is no 64-bit integer scalar".into());
     }
@@ -899,5 +924,75 @@ mod tests {
         let other_key = cache.key(text.as_bytes(), "add_f32_other", None);
         cache.store.put(&other_key, &encode(&accepted));
         assert!(cache.get(text.as_bytes(), "add_f32_other", None).is_none());
+    }
+
+    /// The verdicts a writer of the daemon's user could keep whose counts
+    /// agree with the signature but whose layout does not: the executor
+    /// would refuse the module (an operand passed twice and another never,
+    /// a count of a float type), or a footprint bounds another param than
+    /// the one passing its operand. Each decodes, and each is a miss and
+    /// deleted (before, each was served).
+    #[test]
+    fn a_verdict_whose_layout_does_not_hold_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cache, text, accepted) = one_verdict(dir.path());
+        let symbol = "add_f32_scalar";
+        let key = cache.key(text.as_bytes(), symbol, None);
+        let pointers: Vec<usize> = accepted
+            .canonical
+            .contract
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| matches!(p.kind, ParamKind::Pointer { .. }))
+            .map(|(i, _)| i)
+            .collect();
+        assert!(pointers.len() >= 2, "{:?}", accepted.canonical.contract);
+        let count = accepted
+            .canonical
+            .contract
+            .params
+            .iter()
+            .position(|p| matches!(p.kind, ParamKind::Count(_)))
+            .unwrap();
+        let altered = |change: &dyn Fn(&mut LaunchContract)| {
+            let mut bad = Accepted {
+                canonical: accepted.canonical.clone(),
+                hash: accepted.hash,
+            };
+            change(&mut bad.canonical.contract);
+            bad
+        };
+        let twice = altered(&|c| {
+            c.params[pointers[1]].kind = c.params[pointers[0]].kind.clone();
+        });
+        let float_count = altered(&|c| c.params[count].kind = ParamKind::Count(ScalarType::F32));
+        let crossed = altered(&|c| {
+            let (a, b) = (c.footprints[0].param, c.footprints[1].param);
+            c.footprints[0].param = b;
+            c.footprints[1].param = a;
+        });
+        for (how, bad, why) in [
+            ("an operand passed twice", twice, "is passed twice"),
+            ("a float count", float_count, "a count of a float type"),
+            ("crossed footprints", crossed, "footprint is not the param"),
+        ] {
+            assert!(
+                decode(&encode(&bad))
+                    .and_then(|a| consistent(a, symbol))
+                    .is_err_and(|e| e.contains(why)),
+                "{how}"
+            );
+            cache.store.put(&key, &encode(&bad));
+            assert!(decode(&encode(&bad)).is_ok(), "{how}: it decodes");
+            assert!(cache.get(text.as_bytes(), symbol, None).is_none(), "{how}");
+            assert!(
+                !cache.entry_path(text.as_bytes(), symbol, None).exists(),
+                "{how}: the entry is deleted"
+            );
+        }
+        // The verifier's own verdict is still served.
+        cache.put(text.as_bytes(), symbol, None, &accepted);
+        assert_eq!(cache.get(text.as_bytes(), symbol, None), Some(accepted));
     }
 }
