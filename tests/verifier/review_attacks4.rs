@@ -619,7 +619,10 @@ async fn a_foreign_verdict_directory_does_not_stop_the_daemon() {
             "{case}: {log}"
         );
         assert!(
-            std::fs::read_dir(elsewhere.path()).unwrap().next().is_none(),
+            std::fs::read_dir(elsewhere.path())
+                .unwrap()
+                .next()
+                .is_none(),
             "{case}: a verdict was written through the link"
         );
         match case {
