@@ -387,7 +387,13 @@ impl VerdictCache {
         };
         let mut account = self.lock();
         account.forget(&key);
-        while let Some(variant) = account.surplus_variant(&accepted.hash) {
+        // Each eviction takes one key out of the kernel's variants (which
+        // only ever hold keys of the account); the bound on the loop is
+        // the variants' own.
+        for _ in 0..VARIANTS_PER_KERNEL {
+            let Some(variant) = account.surplus_variant(&accepted.hash) else {
+                break;
+            };
             self.evict(&mut account, variant);
         }
         account.insert(key, bytes, Some(accepted.hash));
