@@ -18,6 +18,19 @@
 //!   rename (two daemons may share the directory), its header's magic, key
 //!   and payload hash are checked on read, a bad entry is deleted and is a
 //!   miss, and the directory stays under `--verdict-cache-max-bytes`.
+//! - The cache is optional: a `verdicts` path it cannot open (a file, a
+//!   link, another user's directory) leaves the daemon running without it
+//!   (`Front::start` logs why), never stopped.
+//! - The bound is kept by an account in memory, under one lock: the
+//!   entries' sizes and use order, built by one listing of the directory at
+//!   open. A put is one write and the account's evictions; the directory is
+//!   listed again only when the account is found wrong (an entry it holds
+//!   already gone, a hit on one it does not hold: another daemon shares the
+//!   directory) and after each bound's worth of bytes written.
+//! - One kernel (one canonical text, whatever the bytes the client sent)
+//!   has at most [`VARIANTS_PER_KERNEL`] entries among those this daemon
+//!   wrote or read: another variant replaces the kernel's least recently
+//!   used one, so copies of one kernel never evict other kernels' verdicts.
 //! - The key is a blake3 hash of everything the verdict depends on: the
 //!   client's exact bytes, the entry's name, the declared ABI (the inputs of
 //!   `canonicalize_bytes`), the encoding's version, and the verifier's
@@ -36,7 +49,9 @@
 //!   every length checked against the bytes left and every nesting bounded;
 //!   a decoded verdict is then checked for consistency (the text hashes to
 //!   the hash it carries, the signature and the contract agree on the
-//!   operand and scalar counts, every arg a footprint or precondition reads is
+//!   operand and scalar counts, the param layout is one the executor's
+//!   `layout::decode` accepts and operand k's footprint is the param that
+//!   passes operand k, every arg a footprint or precondition reads is
 //!   a 64-bit integer scalar, the entry and every param are named in the
 //!   text). Anything that fails is a miss (logged, the entry deleted), never
 //!   a panic: the kernel is verified again.
