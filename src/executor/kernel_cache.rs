@@ -618,6 +618,33 @@ mod tests {
         assert!(total <= entry * 3, "{total}");
     }
 
+    /// `write` stores without evicting (the caller keeps the bound),
+    /// `list` names exactly the complete entries by key and size (not a
+    /// temporary file, not a file of another name), and `remove` says
+    /// whether there was an entry.
+    #[test]
+    fn write_list_and_remove_keep_to_the_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = HEADER_BYTES as u64 + 1000;
+        let cache = KernelCache::open(dir.path(), entry * 2).unwrap();
+        let keys: Vec<CacheKey> = (0..3).map(|i| key(&format!("w{i}"))).collect();
+        for k in &keys {
+            assert_eq!(cache.write(k, &random_bytes(1000)), Some(entry));
+        }
+        assert_eq!(cache.write(&key("huge"), &random_bytes(3000)), None);
+        fs::write(dir.path().join(format!("x{TEMP_SUFFIX}")), b"half").unwrap();
+        fs::write(dir.path().join(format!("not-a-key{ENTRY_SUFFIX}")), b"x").unwrap();
+        let mut listed = cache.list();
+        listed.sort_by_key(|l| l.key.0);
+        let mut expected = keys.clone();
+        expected.sort_by_key(|k| k.0);
+        assert_eq!(listed.iter().map(|l| l.key).collect::<Vec<_>>(), expected);
+        assert!(listed.iter().all(|l| l.bytes == entry));
+        assert!(cache.remove(&keys[0]));
+        assert!(!cache.remove(&keys[0]));
+        assert_eq!(cache.list().len(), 2);
+    }
+
     #[test]
     fn a_dead_writers_temporary_file_is_cleared_once_old() {
         let dir = tempfile::tempdir().unwrap();
