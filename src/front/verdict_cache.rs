@@ -402,9 +402,10 @@ impl VerdictCache {
         };
         let mut account = self.lock();
         account.forget(&key);
-        // Each eviction takes one key out of the kernel's variants (which
-        // only ever hold keys of the account); the bound on the loop is
-        // the variants' own.
+        // Each eviction takes one key out of the kernel's variants (they
+        // only ever hold keys of the account), so the loop ends early; a
+        // kernel over its share (old entries it learned of by hits) comes
+        // down by up to the share per put.
         for _ in 0..VARIANTS_PER_KERNEL {
             let Some(variant) = account.surplus_variant(&accepted.hash) else {
                 break;
