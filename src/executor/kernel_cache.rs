@@ -35,9 +35,11 @@
 //!   by the user and writable by no one else; anything else, such as a file
 //!   another user left while the directory was writable by others, is
 //!   deleted and reported a miss.
-//! - The directory stays under its size bound: after each write, the
+//! - The directory stays under its size bound: after each `put`, the
 //!   entries least recently used (by modification time, which a hit
-//!   refreshes) are deleted until the total fits. Temporary files left by
+//!   refreshes) are deleted until the total fits. A caller that keeps its
+//!   own account of the entries (the verdict cache) writes with `write`,
+//!   which does not list the directory, and evicts by that account. Temporary files left by
 //!   a writer that died are deleted once they are an hour old.
 //! - No path here panics: every file-system failure is a miss or a skipped
 //!   write (the cache only ever saves time) or, at open, a typed error.
@@ -91,6 +93,19 @@ impl CacheKey {
         CacheKey(*hasher.finalize().as_bytes())
     }
 
+    /// The key an entry's file name names, if it is one.
+    fn from_file_name(name: &str) -> Option<CacheKey> {
+        let hex = name.strip_suffix(ENTRY_SUFFIX)?;
+        if hex.len() != 64 || !hex.is_ascii() {
+            return None;
+        }
+        let mut key = [0u8; 32];
+        for (byte, pair) in key.iter_mut().zip(hex.as_bytes().chunks(2)) {
+            *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+        }
+        Some(CacheKey(key))
+    }
+
     fn file_name(&self) -> String {
         let mut name = String::with_capacity(64 + ENTRY_SUFFIX.len());
         for byte in self.0 {
@@ -118,6 +133,16 @@ pub enum CacheError {
         path: PathBuf,
         why: String,
     },
+}
+
+/// A complete entry as the directory lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub key: CacheKey,
+    /// The entry's bytes on disk (header and payload).
+    pub bytes: u64,
+    /// When it was written or last hit.
+    pub modified: SystemTime,
 }
 
 /// What a lookup found.
@@ -205,9 +230,10 @@ impl KernelCache {
 
     /// Deletes `key`'s entry, if there is one: a caller that found its
     /// payload unusable (one that decodes to nothing valid) drops it as
-    /// [`KernelCache::get`] drops an entry that fails its checks.
-    pub fn remove(&self, key: &CacheKey) {
-        let _ = fs::remove_file(self.entry_path(key));
+    /// [`KernelCache::get`] drops an entry that fails its checks. Whether
+    /// there was one to delete.
+    pub fn remove(&self, key: &CacheKey) -> bool {
+        fs::remove_file(self.entry_path(key)).is_ok()
     }
 
     /// Looks `key` up; an entry that fails its checks is deleted.
@@ -242,17 +268,30 @@ impl KernelCache {
     /// then evicts down to the bound. A failure is logged and dropped: the
     /// cache only saves time.
     pub fn put(&self, key: &CacheKey, payload: &[u8]) {
-        if let Err(e) = self.write_entry(key, payload) {
-            tracing::warn!(cache = self.format.name, dir = %self.dir.display(), error = %e, "cannot write a cache entry");
-            return;
+        if self.write(key, payload).is_some() {
+            self.evict();
         }
-        self.evict();
+    }
+
+    /// Stores `payload` under `key` (atomically) without evicting, for a
+    /// caller that keeps its own account of the directory (the verdict
+    /// cache): the entry's bytes on disk, or `None` when nothing was
+    /// written (larger than the whole bound, or a failure, logged).
+    pub fn write(&self, key: &CacheKey, payload: &[u8]) -> Option<u64> {
+        let bytes = (HEADER_BYTES + payload.len()) as u64;
+        if bytes > self.max_bytes {
+            return None;
+        }
+        match self.write_entry(key, payload) {
+            Ok(()) => Some(bytes),
+            Err(e) => {
+                tracing::warn!(cache = self.format.name, dir = %self.dir.display(), error = %e, "cannot write a cache entry");
+                None
+            }
+        }
     }
 
     fn write_entry(&self, key: &CacheKey, payload: &[u8]) -> std::io::Result<()> {
-        if (HEADER_BYTES + payload.len()) as u64 > self.max_bytes {
-            return Ok(());
-        }
         let temp = self.dir.join(format!(
             "{}.{}.{:016x}{TEMP_SUFFIX}",
             key.file_name(),
@@ -284,12 +323,47 @@ impl KernelCache {
     /// Deletes the least recently used entries until the rest fit the
     /// bound, and temporary files of writers that died.
     pub fn evict(&self) {
-        let Ok(listing) = fs::read_dir(&self.dir) else {
+        let mut entries = self.scan();
+        let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
+        if total <= self.max_bytes {
             return;
+        }
+        entries.sort();
+        for (_, len, path) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            // Another daemon may have deleted it first: it is gone either way.
+            let _ = fs::remove_file(&path);
+            total = total.saturating_sub(len);
+        }
+    }
+
+    /// The complete entries, by key (a name that is no key's is left out),
+    /// listed once without evicting anything; temporary files of writers
+    /// that died are deleted on the way.
+    pub fn list(&self) -> Vec<Listed> {
+        self.scan()
+            .into_iter()
+            .filter_map(|(modified, bytes, path)| {
+                let key = CacheKey::from_file_name(path.file_name()?.to_str()?)?;
+                Some(Listed {
+                    key,
+                    bytes,
+                    modified,
+                })
+            })
+            .collect()
+    }
+
+    /// One pass over the directory: each complete entry's modification
+    /// time, length and path; stale temporary files are deleted.
+    fn scan(&self) -> Vec<(SystemTime, u64, PathBuf)> {
+        let Ok(listing) = fs::read_dir(&self.dir) else {
+            return Vec::new();
         };
         let now = SystemTime::now();
         let mut entries = Vec::new();
-        let mut total = 0u64;
         for item in listing.flatten() {
             let name = item.file_name();
             let name = name.to_string_lossy();
@@ -306,22 +380,10 @@ impl KernelCache {
                     let _ = fs::remove_file(item.path());
                 }
             } else if name.ends_with(ENTRY_SUFFIX) {
-                total += meta.len();
                 entries.push((modified, meta.len(), item.path()));
             }
         }
-        if total <= self.max_bytes {
-            return;
-        }
-        entries.sort();
-        for (_, len, path) in entries {
-            if total <= self.max_bytes {
-                break;
-            }
-            // Another daemon may have deleted it first: it is gone either way.
-            let _ = fs::remove_file(&path);
-            total = total.saturating_sub(len);
-        }
+        entries
     }
 }
 
@@ -554,6 +616,33 @@ mod tests {
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
         assert!(total <= entry * 3, "{total}");
+    }
+
+    /// `write` stores without evicting (the caller keeps the bound),
+    /// `list` names exactly the complete entries by key and size (not a
+    /// temporary file, not a file of another name), and `remove` says
+    /// whether there was an entry.
+    #[test]
+    fn write_list_and_remove_keep_to_the_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = HEADER_BYTES as u64 + 1000;
+        let cache = KernelCache::open(dir.path(), entry * 2).unwrap();
+        let keys: Vec<CacheKey> = (0..3).map(|i| key(&format!("w{i}"))).collect();
+        for k in &keys {
+            assert_eq!(cache.write(k, &random_bytes(1000)), Some(entry));
+        }
+        assert_eq!(cache.write(&key("huge"), &random_bytes(3000)), None);
+        fs::write(dir.path().join(format!("x{TEMP_SUFFIX}")), b"half").unwrap();
+        fs::write(dir.path().join(format!("not-a-key{ENTRY_SUFFIX}")), b"x").unwrap();
+        let mut listed = cache.list();
+        listed.sort_by_key(|l| l.key.0);
+        let mut expected = keys.clone();
+        expected.sort_by_key(|k| k.0);
+        assert_eq!(listed.iter().map(|l| l.key).collect::<Vec<_>>(), expected);
+        assert!(listed.iter().all(|l| l.bytes == entry));
+        assert!(cache.remove(&keys[0]));
+        assert!(!cache.remove(&keys[0]));
+        assert_eq!(cache.list().len(), 2);
     }
 
     #[test]

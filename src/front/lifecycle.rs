@@ -94,11 +94,20 @@ impl Front {
         if let Some(dir) = &config.kernel_cache_dir {
             crate::executor::kernel_cache::KernelCache::open(dir, config.kernel_cache_max_bytes)?;
         }
+        // The verdict cache only saves verification time: a `verdicts`
+        // path it cannot use (another user's, a link, a file) leaves the
+        // daemon verifying every kernel after a restart, never stopped.
         let verdicts = match &config.kernel_cache_dir {
-            Some(dir) => Some(Arc::new(super::verdict_cache::VerdictCache::open(
-                dir,
-                config.verdict_cache_max_bytes,
-            )?)),
+            Some(dir) => {
+                match super::verdict_cache::VerdictCache::open(dir, config.verdict_cache_max_bytes)
+                {
+                    Ok(cache) => Some(Arc::new(cache)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the verdict cache is not used");
+                        None
+                    }
+                }
+            }
             None => None,
         };
         let boot = BootId::random();

@@ -272,23 +272,32 @@ impl CanonicalMemo {
         let result = std::str::from_utf8(text)
             .map_err(not_utf8)
             .and_then(|text| canonicalize(text, symbol, declared));
-        let mut inner = self.lock();
-        let tick = inner.tick();
         match result {
-            Ok(canonical) => {
-                let accepted = Arc::new(Accepted::new(canonical));
-                let bytes = text.len() + accepted.canonical.text.len();
-                inner.accepted.insert(k, accepted.clone(), bytes, tick);
-                Ok((accepted, Served::Verified))
-            }
+            Ok(canonical) => Ok((
+                self.keep_accepted(k, text, Accepted::new(canonical)),
+                Served::Verified,
+            )),
             Err(refusal) => {
                 let bytes = refusal_bytes(&refusal);
+                let mut inner = self.lock();
+                let tick = inner.tick();
                 inner
                     .refused
                     .insert(k, Arc::new(refusal.clone()), bytes, tick);
                 Err(refusal)
             }
         }
+    }
+
+    /// Enters `accepted`, the verdict on the inputs keyed `k` whose bytes
+    /// are `text`, as the most recently used; returns the memo's copy.
+    fn keep_accepted(&self, k: Key, text: &[u8], accepted: Accepted) -> Arc<Accepted> {
+        let accepted = Arc::new(accepted);
+        let bytes = text.len() + accepted.canonical.text.len();
+        let mut inner = self.lock();
+        let tick = inner.tick();
+        inner.accepted.insert(k, accepted.clone(), bytes, tick);
+        accepted
     }
 
     /// Remembers a verdict reached for these exact inputs by this build's
@@ -304,13 +313,7 @@ impl CanonicalMemo {
         declared: Option<DeclaredAbi>,
         accepted: Accepted,
     ) -> Arc<Accepted> {
-        let k = key(text, symbol, declared);
-        let accepted = Arc::new(accepted);
-        let bytes = text.len() + accepted.canonical.text.len();
-        let mut inner = self.lock();
-        let tick = inner.tick();
-        inner.accepted.insert(k, accepted.clone(), bytes, tick);
-        accepted
+        self.keep_accepted(key(text, symbol, declared), text, accepted)
     }
 
     /// [`CanonicalMemo::canonicalize_bytes`] of a text; the flag says

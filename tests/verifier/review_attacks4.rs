@@ -575,3 +575,155 @@ fn the_strided_contract_bounds_what_the_kernel_reads_at_huge_args() {
         assert!(refused.contains(&name), "{name}: {refused:?}");
     }
 }
+
+// The verdict cache's review leftovers (w33v).
+
+/// Class: an optional cache that stops the daemon. A `verdicts` path the
+/// daemon cannot use (a file, a symbolic link, another user's directory)
+/// made `Front::start` fail, so a daemon whose kernel cache directory was
+/// fine refused to start because of the verdict cache beside it. Now the
+/// daemon starts without the verdict cache (a warning in its log), loads
+/// and verifies kernels as without one, and leaves the foreign path alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_verdict_directory_does_not_stop_the_daemon() {
+    let mut cases: Vec<&str> = vec!["a file", "a symbolic link"];
+    if is_root() {
+        cases.push("another user's directory");
+    }
+    for case in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let verdicts = dir.path().join(SUBDIRECTORY);
+        match case {
+            "a file" => std::fs::write(&verdicts, b"not a directory").unwrap(),
+            "a symbolic link" => std::os::unix::fs::symlink(elsewhere.path(), &verdicts).unwrap(),
+            _ => {
+                std::fs::create_dir(&verdicts).unwrap();
+                std::os::unix::fs::chown(&verdicts, Some(65534), Some(65534)).unwrap();
+            }
+        }
+        let daemon = Daemon::start_with(
+            &["--kernel-cache-dir", dir.path().to_str().unwrap()],
+            |command| {
+                command.env("RUST_LOG", "warn,ptxd::verdicts=debug");
+            },
+        );
+        let client = ptxd_client::Client::connect(&daemon.target())
+            .await
+            .unwrap();
+        let session = client.open_session("foreign-verdicts").await.unwrap();
+        crate::support::load(&session, "add_f32_scalar.ptx", "add_f32_scalar").await;
+        let log = daemon.stderr();
+        assert!(
+            log.contains("the verdict cache is not used"),
+            "{case}: {log}"
+        );
+        assert!(
+            std::fs::read_dir(elsewhere.path())
+                .unwrap()
+                .next()
+                .is_none(),
+            "{case}: a verdict was written through the link"
+        );
+        match case {
+            "a file" => assert_eq!(std::fs::read(&verdicts).unwrap(), b"not a directory"),
+            "a symbolic link" => {
+                assert!(std::fs::symlink_metadata(&verdicts)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink())
+            }
+            _ => {
+                let meta = std::fs::metadata(&verdicts).unwrap();
+                assert_eq!(meta.uid(), 65534, "{case}");
+                assert!(std::fs::read_dir(&verdicts).unwrap().next().is_none());
+            }
+        }
+    }
+}
+
+/// Class: one tenant's copies of one kernel in the shared store. Every
+/// byte-different copy of a kernel (here a comment of its own) was a new
+/// entry, and the least recently used went first, so a tenant's flood of
+/// copies evicted every other tenant's verdicts. Now one kernel (one
+/// canonical text) keeps at most `VARIANTS_PER_KERNEL` entries: the
+/// other kernel's verdict, older than every copy, is still served, and the
+/// store holds the other kernel and the newest copies only.
+#[test]
+fn one_tenants_copies_of_a_kernel_do_not_evict_other_verdicts() {
+    use ptxd::front::verdict_cache::VARIANTS_PER_KERNEL;
+    let verdict = |text: &str, symbol: &str| {
+        let canonical = ptx::canonicalize(text, symbol, None).unwrap();
+        let hash = *blake3::hash(canonical.text.as_bytes()).as_bytes();
+        Accepted { canonical, hash }
+    };
+    let victim = corpus("affine_f32_scalar.ptx");
+    let flooded = corpus("add_f32_scalar.ptx");
+    let dir = tempfile::tempdir().unwrap();
+    // Room for about 16 entries of these kernels.
+    let cache = VerdictCache::open(dir.path(), 16 * 2048).unwrap();
+    cache.put(
+        victim.as_bytes(),
+        "affine_f32_scalar",
+        None,
+        &verdict(&victim, "affine_f32_scalar"),
+    );
+    let copies = 64;
+    for i in 0..copies {
+        let copy = format!("{flooded}\n// copy {i} {}\n", rand::random::<u64>());
+        let accepted = verdict(&copy, "add_f32_scalar");
+        cache.put(copy.as_bytes(), "add_f32_scalar", None, &accepted);
+    }
+    assert_eq!(
+        cache.get(victim.as_bytes(), "affine_f32_scalar", None),
+        Some(verdict(&victim, "affine_f32_scalar")),
+        "the flood evicted another kernel's verdict"
+    );
+    let entries = std::fs::read_dir(dir.path().join(SUBDIRECTORY))
+        .unwrap()
+        .count();
+    assert_eq!(entries, VARIANTS_PER_KERNEL + 1);
+}
+
+/// Class: a kept verdict whose counts agree but whose layout does not.
+/// `consistent` compared the contract's operand and scalar counts with the
+/// signature's, not the layout the executor checks at load: a verdict
+/// passing one operand twice (and another never) was served, and the
+/// executor then refused every load of the kernel. Now it is a miss, the
+/// entry deleted, and the kernel verified again.
+#[test]
+fn a_kept_verdict_whose_layout_the_executor_refuses_is_a_miss() {
+    let text = corpus("add_f32_scalar.ptx");
+    let canonical = ptx::canonicalize(&text, "add_f32_scalar", None).unwrap();
+    let hash = *blake3::hash(canonical.text.as_bytes()).as_bytes();
+    let mut bad = Accepted {
+        canonical: canonical.clone(),
+        hash,
+    };
+    let pointers: Vec<usize> = (0..bad.canonical.contract.params.len())
+        .filter(|&i| {
+            matches!(
+                bad.canonical.contract.params[i].kind,
+                ptx::contract::ParamKind::Pointer {
+                    operand: Some(_),
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert!(pointers.len() >= 2);
+    bad.canonical.contract.params[pointers[1]].kind =
+        bad.canonical.contract.params[pointers[0]].kind.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = VerdictCache::open(dir.path(), 1 << 20).unwrap();
+    cache.put(text.as_bytes(), "add_f32_scalar", None, &bad);
+    let entry = the_entry(&dir.path().join(SUBDIRECTORY));
+    assert!(cache.get(text.as_bytes(), "add_f32_scalar", None).is_none());
+    assert!(!entry.exists(), "the entry is deleted");
+    let good = Accepted { canonical, hash };
+    cache.put(text.as_bytes(), "add_f32_scalar", None, &good);
+    assert_eq!(
+        cache.get(text.as_bytes(), "add_f32_scalar", None),
+        Some(good)
+    );
+}
