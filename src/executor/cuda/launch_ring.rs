@@ -33,7 +33,7 @@ use ptxd_cuda::{DriverError, HostWord, MemOp, PrimaryContext, Stream, WordWrite}
 use ptxd_ipc::ring::SemaphoreWidth;
 use ptxd_proto::executor::FailureKind;
 
-use super::prepared::RingKernel;
+use super::prepared::{RingKernel, Submit};
 use super::watchdog::{Marker, Progress, RingWatch};
 use super::{fail_driver, CudaBackend, MAX_GRID_X};
 use crate::executor::child::{Channel, Replier};
@@ -77,6 +77,7 @@ impl CudaBackend {
             wait_limit: self.budget,
             addresses: Vec::with_capacity(crate::ptx::MAX_INPUTS + 1),
             scalar_bits: Vec::with_capacity(crate::ptx::MAX_SCALAR_PARAMS),
+            busy: false,
         };
         let session = RingSession {
             stream: open.stream,
@@ -125,6 +126,38 @@ struct CudaRing {
     /// The scalars' bits of the launch being enqueued, kept for the next
     /// one (at most `MAX_SCALAR_PARAMS`).
     scalar_bits: Vec<u64>,
+    /// Whether this ring counts in [`BUSY_RINGS`]: from its first launch
+    /// after it was idle until its spin finds nothing more.
+    busy: bool,
+}
+
+/// The executor's rings that are launching (not idle) now. A kernel goes
+/// through its graph only while its ring is the one launching: a graph
+/// launch costs a third of a `cuLaunchKernel` on one thread (2.2 against
+/// 4.3 µs on the H200), but nearly all of it is serialized inside the
+/// driver, so 16 rings launching at once through graphs enqueued 400k–452k
+/// launches a second against 593k–630k through `cuLaunchKernel` (runs AW,
+/// AX in docs/benchmarks-history.md).
+static BUSY_RINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl CudaRing {
+    /// Counts this ring as launching (once per busy spell); whether it is
+    /// the only one, so its kernels go through their graphs.
+    fn launching_alone(&mut self) -> bool {
+        use std::sync::atomic::Ordering;
+        if !self.busy {
+            self.busy = true;
+            BUSY_RINGS.fetch_add(1, Ordering::Relaxed);
+        }
+        BUSY_RINGS.load(Ordering::Relaxed) <= 1
+    }
+
+    /// Counts this ring as idle again.
+    fn rest(&mut self) {
+        if std::mem::take(&mut self.busy) {
+            BUSY_RINGS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl CudaRing {
@@ -225,6 +258,7 @@ impl MemOps {
 
 impl Drop for CudaRing {
     fn drop(&mut self) {
+        self.rest();
         // The ring's thread may drop the session stream's last handle (the
         // request loop no longer waits for the thread): destroy it with the
         // device's context current, as every other thread does.
@@ -367,6 +401,7 @@ impl RingBackend for CudaRing {
             (Some(value), Some(addr)) if launch.signal.is_none() => Some(WordWrite { addr, value }),
             _ => None,
         };
+        let graph = self.launching_alone();
         if launch.n > 0 {
             // Reused from launch to launch: no allocation of its own here.
             let mut addresses = std::mem::take(&mut self.addresses);
@@ -394,7 +429,10 @@ impl RingBackend for CudaRing {
                     &addresses,
                     launch.n,
                     &scalars,
-                    marker_in_launch,
+                    Submit {
+                        marker: marker_in_launch,
+                        graph,
+                    },
                 )
             };
             self.addresses = addresses;
@@ -439,6 +477,7 @@ impl RingBackend for CudaRing {
     }
 
     fn idle(&mut self) {
+        self.rest();
         // The last launches get their marker once the ring's spin found
         // nothing more to enqueue (tens of microseconds, against a budget
         // of seconds), so a kernel that never ends is always watched.

@@ -233,6 +233,18 @@ struct Prepared {
     marked: GraphSlot,
 }
 
+/// How a ring kernel is submitted.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Submit {
+    /// A word write after the kernel (a watchdog marker): in the same
+    /// submission (the graph's write node) or, without a graph, right
+    /// after it on the stream.
+    pub marker: Option<WordWrite>,
+    /// Through the kernel's graph, where it can be built; else
+    /// `cuLaunchKernel`.
+    pub graph: bool,
+}
+
 /// A kernel as a ring holds it: the loaded kernel, its parameter block and
 /// its graphs, prepared when the kernel was granted (the graphs at their
 /// first launch). The ring's thread is their only user, so the lock is
@@ -263,10 +275,9 @@ impl RingKernel {
         self.prepared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// As [`LoadedKernel::enqueue`], through the prepared block and, where
-    /// it can be built, the kernel's graph; with `marker`, the word write
-    /// after the kernel goes in the same submission (a graph's write node)
-    /// or, without a graph, right after it on the stream.
+    /// As [`LoadedKernel::enqueue`], through the prepared block and, with
+    /// `graph` and where it can be built, the kernel's graph (see
+    /// [`Submit`]).
     ///
     /// # Safety
     /// As [`LoadedKernel::enqueue`]; `marker`'s word stays valid until the
@@ -278,7 +289,7 @@ impl RingKernel {
         operands: &[u64],
         n: u64,
         scalars: &[u64],
-        marker: Option<WordWrite>,
+        Submit { marker, graph }: Submit,
     ) -> Result<(), DriverError> {
         let refused = || DriverError {
             call: "packing the kernel's parameters",
@@ -296,7 +307,8 @@ impl RingKernel {
         params.patch(operands, n, scalars).map_err(|_| refused())?;
         let kernel = &self.kernel;
         let slot = if marker.is_some() { marked } else { plain };
-        if graphs_enabled() && matches!(slot, GraphSlot::Unbuilt) {
+        let graph = graph && graphs_enabled();
+        if graph && matches!(slot, GraphSlot::Unbuilt) {
             // SAFETY: the block holds one pointer per kernel parameter, each
             // to a value of its declared size (see below); nothing is
             // enqueued.
@@ -317,7 +329,7 @@ impl RingKernel {
                 }
             };
         }
-        if let GraphSlot::Built(graph) = slot {
+        if let (true, GraphSlot::Built(graph)) = (graph, &mut *slot) {
             // SAFETY: the block holds one pointer per kernel parameter (the
             // layout's, which the load checked against the kernel's declared
             // sizes), each to a value of that size in the block's words,
