@@ -5,9 +5,12 @@
 //! node is updated per launch costs 1.5 µs at p50 (2.5 µs p99), against 3.5
 //! µs (7.3 µs p99) for `cuLaunchKernel` of the same kernel, and sustains
 //! 566k launches a second on one stream from one thread, against 200k–244k
-//! (`graphexp`, run AW in docs/benchmarks-history.md). A graph may end with
-//! a 64-bit write to a word (a batch memory operation node), so a kernel
-//! and the write that marks its end go in one submission.
+//! (`docs/experiments/graphexp`, runs AV–AW in docs/benchmarks-history.md).
+//! Nearly all of a graph launch is serialized inside the driver, though:
+//! several threads launching graphs at once get less done than with
+//! `cuLaunchKernel` (the caller decides when to use one). A graph may end
+//! with a 64-bit write to a word (a batch memory operation node), so a
+//! kernel and the write that marks its end go in one submission.
 //!
 //! Invariants:
 //! - Built and used on one thread at a time with its context current (the

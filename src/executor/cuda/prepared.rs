@@ -17,12 +17,14 @@
 //!   enqueued.
 //! - The pointers handed to the driver point into the block's own heap
 //!   words, which never move or reallocate while the block lives.
-//! - A launch goes through the kernel's graph when one could be built (the
-//!   graph's node is re-aimed at each launch, and the driver copies the
-//!   params then): it enqueues the same kernel on the same grid with the
-//!   same bytes as `cuLaunchKernel` would, in one third of the time on an
-//!   H200. A graph the driver refuses to build or update is dropped for
-//!   good and that kind of launch goes through `cuLaunchKernel`.
+//! - A launch the ring sends through the kernel's graph (see
+//!   `launch_ring`: while the ring is the executor's one launching ring)
+//!   goes through it when one could be built (the graph's node is re-aimed
+//!   at each launch, and the driver copies the params then): it enqueues
+//!   the same kernel on the same grid with the same bytes as
+//!   `cuLaunchKernel` would, in about half the time on an H200. A graph the
+//!   driver refuses to build or update is dropped for good and that kind of
+//!   launch goes through `cuLaunchKernel`.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
