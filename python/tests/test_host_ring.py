@@ -60,6 +60,8 @@ def test_an_awaited_ring_launch_raises_its_own_refusal_on_that_call(ring_setup):
             assert isinstance(answer, ptxd.BufferTooSmall), (round_, answer)
             assert type(answer) is ptxd.BufferTooSmall
             assert answer.reason == "BUFFER_TOO_SMALL"
+            # The unary path's code for the reason (test_host.py).
+            assert (answer.code, answer.code_value) == ("OUT_OF_RANGE", 11)
             assert answer.metadata.get("path") == "ring"
             assert "deferred" not in answer.metadata
             assert np.isnan(out).all(), "a refused launch does not run"
@@ -82,10 +84,19 @@ def test_a_deferred_ring_refusal_comes_with_the_next_call_which_is_not_sent(ring
     assert ring.launch(kernel, inputs, output, count, [], False, True, TIMEOUT) is True
     assert ring.drain(TIMEOUT) == [] and ring.outstanding() == 0
     assert np.array_equal(out, x + y)
-    # An awaited call reads only its own answer: one left unread by a
-    # deferred call before it (here a refusal) is read and dropped first.
-    assert ring.launch(kernel, inputs, output, count * 8, [], False, True, TIMEOUT) is True
+    # An awaited call reads the answers deferred calls before it left
+    # first: an accepted one is passed over; a refusal comes back as the
+    # deferred call's would (the awaited launch is not sent), never dropped.
     out[:] = np.nan
+    assert ring.launch(kernel, inputs, output, count, [], False, True, TIMEOUT) is True
+    assert ring.launch(kernel, inputs, output, count, [], False, False, TIMEOUT) is True
+    assert ring.outstanding() == 0 and np.array_equal(out, x + y)
+    out[:] = np.nan
+    assert ring.launch(kernel, inputs, output, count * 8, [], False, True, TIMEOUT) is True
+    refused = ring.launch(kernel, inputs, output, count, [], False, False, TIMEOUT)
+    assert [type(e) for e in refused] == [ptxd.BufferTooSmall]
+    assert refused[0].metadata.get("deferred") == "true"
+    assert ring.outstanding() == 0 and np.isnan(out).all(), "the awaited launch was not sent"
     assert ring.launch(kernel, inputs, output, count, [], False, False, TIMEOUT) is True
     assert ring.outstanding() == 0 and np.array_equal(out, x + y)
     # A sync launch is awaited, whatever defer says.
