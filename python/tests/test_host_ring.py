@@ -105,30 +105,23 @@ def test_a_deferred_ring_refusal_comes_with_the_next_call_which_is_not_sent(ring
     assert type(answer) is ptxd.BufferTooSmall and ring.outstanding() == 0
 
 
-def test_a_ring_refusal_raises_what_the_unary_path_raises(spin_session):
+def test_a_ring_refusal_raises_what_the_unary_path_raises(spin_session, ring_setup):
     # The ring's refusal (its code from the Python module's own table) and
     # the unary launch's (the daemon's): the same class, reason and gRPC
     # code, for each refusal a plain ring launch can meet.
     session = spin_session
-    count = int(RNG.integers(16, 4096))
-    x = filled(session, RNG.uniform(-1, 1, count).astype(np.float32))
-    y = filled(session, RNG.uniform(-1, 1, count).astype(np.float32))
-    out = filled(session, np.full(count, np.nan, dtype=np.float32))
+    ring, _, inputs, output, x, y, out, count = ring_setup
     add = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
     affine = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
-
-    def where(array):
-        buffer = session.register(array)
-        return (buffer._registration.ring_index, buffer.offset)
-
-    ring = session._native.open_ring(0, 16)
-    cases = [(add, [x, y], count + int(RNG.integers(1, 1 << 20)), [], ptxd.BufferTooSmall),
-             (affine, [x], count, [float(RNG.uniform(-2, 2))], ptxd.AbiMismatch)]  # takes two
-    for kernel, inputs, n, params, cls in cases:
-        answer = ring.launch(kernel._native, [where(a) for a in inputs], where(out), n, params,
-                             False, False, TIMEOUT)
+    out[:] = np.nan
+    cases = [(add, inputs, [x, y], count + int(RNG.integers(1, 1 << 20)), [],
+              ptxd.BufferTooSmall),
+             (affine, inputs[:1], [x], count, [float(RNG.uniform(-2, 2))],  # it takes two
+              ptxd.AbiMismatch)]
+    for kernel, where, arrays, n, params, cls in cases:
+        answer = ring.launch(kernel._native, where, output, n, params, False, False, TIMEOUT)
         with pytest.raises(ptxd.Refused) as unary:
-            session.launch(kernel, inputs, out, n=n, params=params)
+            session.launch(kernel, arrays, out, n=n, params=params)
         assert type(answer) is cls and type(unary.value) is cls, (answer, unary.value)
         assert (answer.reason, answer.code, answer.code_value) == (
             unary.value.reason, unary.value.code, unary.value.code_value)
