@@ -1037,16 +1037,17 @@ class Session:
         if ring is None:
             return None
         wire = []
-        # One address per registration (see _launch_cached_tensors).
-        checks: Dict[int, Tuple[int, int]] = {}
+        # Every operand's check: the ring asks about one address per
+        # allocation id.
+        checks: List[Tuple[int, int]] = []
         keys = []
         for kernel, p, typed in launches:
             assert p.ring is not None
             wire.append((kernel._native, p.ring[0], p.ring[1], p.n, p.params,
                          [(a.type, a.value) for a in typed]))
-            checks.update((buffer_id, (ptr, buffer_id)) for ptr, buffer_id in p.checks)
+            checks.extend(p.checks)
             keys.extend(p.keys)
-        return self._ring_call(ring, ordinal, raw_stream, wire, list(checks.values()), keys, sync)
+        return self._ring_call(ring, ordinal, raw_stream, wire, checks, keys, sync)
 
     def _ring_call(self, ring: Any, ordinal: int, raw_stream: int, wire: Optional[List[Any]],
                    checks: Optional[List[Tuple[int, int]]],
@@ -1404,7 +1405,7 @@ def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], 
     if isinstance(item, dict):
         params = item.get("params", ())
         args = item.get("args", ())
-        if args and params:
+        if args and len(params):
             raise TypeError("a launch passes params or args, not both")
         kernel = item["kernel"]
         if not isinstance(kernel, Kernel):
@@ -1430,7 +1431,7 @@ def _typed_args(kernel: Kernel, params: Sequence[float], args: Sequence[Any]
         return params, []
     scalars = kernel._scalar_params()
     typed = _args.resolve(args, scalars)
-    if (not params and len(typed) == len(scalars)
+    if (len(params) == 0 and len(typed) == len(scalars)
             and all(a.type == "f32" == kind for a, (_, kind) in zip(typed, scalars))):
         return [a.value for a in typed], []
     return params, typed

@@ -23,34 +23,59 @@ const CLOCK_EVERY: u32 = 16;
 /// with no spin at all). A multiple of `CLOCK_EVERY`.
 const YIELD_EVERY: u32 = 128;
 
+/// The next answer on `ring` if one comes within `spin` of polling
+/// (`None` at once for a spin of 0); the caller then waits with the SDK.
+fn polled_answer(ring: &mut LaunchRing, spin: Duration) -> Result<Option<RingCompletion>, Error> {
+    if spin.is_zero() {
+        return Ok(None);
+    }
+    let start = Instant::now();
+    let mut polls: u32 = 0;
+    loop {
+        if let Some(completion) = ring.poll()? {
+            return Ok(Some(completion));
+        }
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(CLOCK_EVERY) && start.elapsed() >= spin {
+            return Ok(None);
+        }
+        if polls.is_multiple_of(YIELD_EVERY) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 /// The next answer on `ring`: polled for up to `spin`, then waited for by
 /// the SDK for up to `timeout`. `None`: none came in time. On an orphaned
 /// ring the SDK's wait fails with `RING_ORPHANED` once the answers posted
 /// before the loss are read.
-pub(crate) fn next_answer(
+fn next_answer(
     ring: &mut LaunchRing,
     spin: Duration,
     timeout: Duration,
 ) -> Result<Option<RingCompletion>, Error> {
-    if !spin.is_zero() {
-        let start = Instant::now();
-        let mut polls: u32 = 0;
-        loop {
-            if let Some(completion) = ring.poll()? {
-                return Ok(Some(completion));
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(CLOCK_EVERY) && start.elapsed() >= spin {
-                break;
-            }
-            if polls.is_multiple_of(YIELD_EVERY) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
+    match polled_answer(ring, spin)? {
+        Some(completion) => Ok(Some(completion)),
+        None => ring.wait(timeout),
     }
-    ring.wait(timeout)
+}
+
+/// The answer of the one launch outstanding on `ring` (an awaited call's
+/// own: it drained the ring before it submitted): `Some` refusal when it
+/// was refused or failed. Polled for up to `spin`, then waited for by the
+/// SDK's `LaunchRing::drain`, whose error says that none came within
+/// `timeout`.
+pub(crate) fn own_answer(
+    ring: &mut LaunchRing,
+    spin: Duration,
+    timeout: Duration,
+) -> Result<Option<RingRefusal>, Error> {
+    match polled_answer(ring, spin)? {
+        Some(completion) => Ok(completion.outcome.err()),
+        None => Ok(ring.drain(timeout)?.pop()),
+    }
 }
 
 /// Reads the answers of the `count` launches an awaited call submitted
@@ -85,18 +110,12 @@ pub(crate) fn await_refusals(
     Ok(refused)
 }
 
-/// Reads and drops the answers an earlier call left unread (it failed
-/// before it read them): an awaited call reads only its own.
-pub(crate) fn drop_leftovers(ring: &mut LaunchRing, timeout: Duration) -> Result<(), Error> {
-    while ring.outstanding() > 0 {
-        if ring.wait(timeout)?.is_none() {
-            return Err(no_answer(timeout));
-        }
-    }
-    Ok(())
-}
-
-/// The error of an answer that did not come in time.
+/// The error of an answer that did not come in time: the SDK's own words
+/// (its `completion_timeout` is private). Only where the SDK's
+/// `LaunchRing::drain` cannot serve: `await_refusals` needs each answer's
+/// index in its call (a drain returns refusals by ticket, and this side
+/// does not learn the call's tickets), and `HostRing`'s deferred call
+/// waits for one free slot, not for every launch outstanding.
 pub(crate) fn no_answer(timeout: Duration) -> Error {
     Error::Protocol(format!(
         "launch ring: no completion within {timeout:?} (the executor is stalled, or a sync launch is still running)"

@@ -20,8 +20,8 @@ use ptxd_client::{Error, LaunchRing, RingRefusal};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
-use crate::answers::{drop_leftovers, next_answer, no_answer};
-use crate::{deferred_list, ring_refusal, timeout_of, to_pyerr, NativeKernel};
+use crate::answers::{no_answer, own_answer};
+use crate::{drain_list, ring_refusal, ring_refusal_as, timeout_of, to_pyerr, NativeKernel};
 
 /// The most operands of one launch this measurement ring takes (the ring
 /// descriptor allows 64 inputs; this ring refuses more than 16 before
@@ -61,12 +61,14 @@ enum Answer {
 #[pymethods]
 impl HostRing {
     /// Launches `kernel` over `n` elements on operands given as `(ring
-    /// index, byte offset)` (a `Buffer`'s `ring_index`). Awaited (`defer`
-    /// false): returns `True` once ptxd accepted it (ran it, with `sync`),
-    /// or the exception it was refused with. Deferred: reads the answers
-    /// of earlier launches first; returns `True` when it was sent, or the
-    /// list of their refusals (then nothing was sent). Raises when the
-    /// ring fails (`RING_ORPHANED`, a timeout).
+    /// index, byte offset)` (a `Buffer`'s `ring_index`). First it reads the
+    /// answers of earlier (deferred) launches: the awaited call all of
+    /// them, the deferred one those already there (and as many as it needs
+    /// a free slot); when any was refused it returns the list of their
+    /// exceptions and sends nothing. Then, awaited (`defer` false): returns
+    /// `True` once ptxd accepted it (ran it, with `sync`), or the
+    /// exception it was refused with; deferred: `True` once sent. Raises
+    /// when the ring fails (`RING_ORPHANED`, a timeout).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (kernel, inputs, output, n, params, sync, defer, timeout))]
     fn launch(
@@ -107,29 +109,28 @@ impl HostRing {
         let defer = defer && !sync;
         let answer = py.detach(|| {
             let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            // The answers earlier launches left: a deferred call reads
+            // those already there and waits for a free slot; an awaited
+            // one reads them all (its own answer is then the only one
+            // outstanding). Their refusals are reported here and this
+            // launch is not sent, as the ring path does (the SDK's
+            // deferred call: `RawStreamOutcome::deferred`).
             let mut earlier = Vec::new();
             if defer {
                 while let Some(completion) = ring.poll()? {
                     earlier.extend(completion.outcome.err());
                 }
-                if !earlier.is_empty() {
-                    return Ok(Answer::Earlier(earlier));
-                }
-            }
-            if defer {
-                // A ring full of deferred launches: wait for room.
-                while ring.outstanding() >= self.slots {
+                while earlier.is_empty() && ring.outstanding() >= self.slots {
                     match ring.wait(timeout)? {
                         Some(completion) => earlier.extend(completion.outcome.err()),
                         None => return Err(no_answer(timeout)),
                     }
                 }
-                if !earlier.is_empty() {
-                    return Ok(Answer::Earlier(earlier));
-                }
             } else {
-                // What an earlier, failed call left is not this call's.
-                drop_leftovers(&mut ring, timeout)?;
+                earlier = ring.drain(timeout)?;
+            }
+            if !earlier.is_empty() {
+                return Ok(Answer::Earlier(earlier));
             }
             let descriptor = ring
                 .indexed_descriptor(kernel, refs, output, n, &params)?
@@ -139,20 +140,17 @@ impl HostRing {
                 return Ok(Answer::Launched);
             }
             // Sync or not, the one answer outstanding is this launch's.
-            match next_answer(&mut ring, self.spin, timeout)? {
-                Some(completion) => Ok(match completion.outcome {
-                    Ok(()) => Answer::Launched,
-                    Err(refusal) => Answer::Refused(refusal),
-                }),
-                None => Err(no_answer(timeout)),
-            }
+            Ok(match own_answer(&mut ring, self.spin, timeout)? {
+                None => Answer::Launched,
+                Some(refusal) => Answer::Refused(refusal),
+            })
         });
         match answer {
             Ok(Answer::Launched) => Ok(PyBool::new(py, true).to_owned().into_any().unbind()),
             Ok(Answer::Refused(refusal)) => {
                 Ok(ring_refusal(py, &refusal).into_value(py).into_any())
             }
-            Ok(Answer::Earlier(refused)) => Ok(deferred_list(py, &refused)?.into_any()),
+            Ok(Answer::Earlier(refused)) => Ok(crate::deferred_list(py, &refused)?.into_any()),
             Err(e) => Err(to_pyerr(py, e)),
         }
     }
@@ -160,15 +158,7 @@ impl HostRing {
     /// Waits for the answers of every launch still outstanding; returns the
     /// exceptions of those refused or failed, in order.
     fn drain(&self, py: Python<'_>, timeout: f64) -> PyResult<Py<PyList>> {
-        let timeout = timeout_of(timeout)?;
-        let refused = py.detach(|| {
-            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-            ring.drain(timeout)
-        });
-        match refused {
-            Ok(refused) => deferred_list(py, &refused),
-            Err(e) => Err(to_pyerr(py, e)),
-        }
+        drain_list(py, &self.ring, timeout)
     }
 
     /// Launches not answered yet.
@@ -210,6 +200,15 @@ impl HostRing {
         let ns = |since: std::time::Instant| {
             u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
         };
+        // Each call below reads one answer, its own: what earlier launches
+        // left is read first, and a refusal among it raises.
+        let earlier = py.detach(|| {
+            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            ring.drain(timeout)
+        });
+        if let Some(refusal) = earlier.map_err(|e| to_pyerr(py, e))?.first() {
+            return Err(ring_refusal_as(py, refusal, true));
+        }
         let mut phases: [Vec<u64>; 4] =
             std::array::from_fn(|_| Vec::with_capacity(calls.min(1 << 16)));
         for _ in 0..calls {
@@ -223,12 +222,11 @@ impl HostRing {
                 ring.submit(&descriptor)?;
                 let submit = ns(submitting);
                 let waiting = std::time::Instant::now();
-                let answer = next_answer(&mut ring, self.spin, timeout)?
-                    .ok_or_else(|| no_answer(timeout))?;
+                let answer = own_answer(&mut ring, self.spin, timeout)?;
                 Ok::<_, Error>((submit, ns(waiting), answer))
             });
             let (submit, wait, answer) = timed.map_err(|e| to_pyerr(py, e))?;
-            if let Err(refusal) = answer.outcome {
+            if let Some(refusal) = answer {
                 return Err(ring_refusal(py, &refusal));
             }
             phases[1].push(submit);

@@ -138,8 +138,13 @@ fn make_error(
     build().unwrap_or_else(|e| e)
 }
 
-/// The one mapping from an SDK error to a Python exception.
+/// The one mapping from an SDK error to a Python exception (a driver
+/// error of this process's own CUDA calls as `cuda_err` maps it).
 fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
+    let error = match error {
+        Error::Cuda(e) => return cuda_err(py, e),
+        other => other,
+    };
     let none = BTreeMap::new();
     match &error {
         Error::Refused(refusal) => make_error(
@@ -446,6 +451,20 @@ impl NativeSession {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| to_pyerr(py, Error::SessionClosed))
+    }
+}
+
+/// Opens a launch ring of `slots` slots on `device`, its shared memory by
+/// name, or by descriptor when the name does not open (no common
+/// `/dev/shm` with ptxd).
+async fn open_ring(
+    session: &Session,
+    slots: u32,
+    device: DeviceSelector,
+) -> Result<LaunchRing, Error> {
+    match session.open_ring(slots, device.clone()).await {
+        Ok(ring) => Ok(ring),
+        Err(_) => session.open_ring_fd(slots, device).await,
     }
 }
 
@@ -768,12 +787,7 @@ impl NativeSession {
     ) -> PyResult<host_ring::HostRing> {
         let session = self.session(py)?;
         let device = device_selector(device)?;
-        let ring = call(py, async move {
-            match session.open_ring(slots, device.clone()).await {
-                Ok(ring) => Ok(ring),
-                Err(_) => session.open_ring_fd(slots, device).await,
-            }
-        })?;
+        let ring = call(py, async move { open_ring(&session, slots, device).await })?;
         Ok(host_ring::HostRing::new(ring, slots, self.answer_spin))
     }
 
@@ -843,15 +857,11 @@ impl NativeSession {
                 (RingWords::Fd(memory), buffer)
             }
         };
-        let mut ring = call(py, {
-            let uuid = uuid.clone();
-            async move {
-                match session.open_ring(slots, uuid.as_str()).await {
-                    Ok(ring) => Ok(ring),
-                    Err(_) => session.open_ring_fd(slots, uuid.as_str()).await,
-                }
-            }
-        })?;
+        let device_uuid = DeviceSelector::Uuid(uuid.clone());
+        let mut ring = call(
+            py,
+            async move { open_ring(&session, slots, device_uuid).await },
+        )?;
         let ordered = py.detach(|| {
             preserving_current_context(|| match &ring_words {
                 RingWords::Ipc(words) => ring.order_with(&words_buffer, words.clone()),
@@ -997,15 +1007,21 @@ type RingLaunchArgs = (
 fn ring_code(reason: &str) -> (&'static str, i32) {
     match reason {
         "BUFFER_TOO_SMALL" => ("OUT_OF_RANGE", 11),
-        "ABI_MISMATCH" | "INVALID_ARGUMENT" | "INVALID_HANDLE" | "NON_SCALAR_ABI" => {
-            ("INVALID_ARGUMENT", 3)
-        }
+        "ABI_MISMATCH"
+        | "INVALID_ARGUMENT"
+        | "INVALID_ARTIFACT"
+        | "INVALID_HANDLE"
+        | "NON_SCALAR_ABI"
+        | "SCALAR_ARGS_MISMATCH"
+        | "UNSUPPORTED_ARTIFACT" => ("INVALID_ARGUMENT", 3),
         "KERNEL_FAULT" => ("ABORTED", 10),
         "KERNEL_TIMEOUT" => ("DEADLINE_EXCEEDED", 4),
         "LIMIT_EXCEEDED" | "SLOT_BANK_FULL" => ("RESOURCE_EXHAUSTED", 8),
         "EXECUTOR_UNAVAILABLE" | "DRAINING" => ("UNAVAILABLE", 14),
         "INTERNAL" => ("INTERNAL", 13),
-        "UNKNOWN_SESSION" => ("NOT_FOUND", 5),
+        "UNKNOWN_SESSION" | "UNKNOWN_DEVICE" | "SYMBOL_NOT_FOUND" => ("NOT_FOUND", 5),
+        "NOT_OWNER" | "UNVERIFIED_ARTIFACT" => ("PERMISSION_DENIED", 7),
+        "IDENTITY_REQUIRED" => ("UNAUTHENTICATED", 16),
         _ => ("FAILED_PRECONDITION", 9),
     }
 }
@@ -1018,7 +1034,7 @@ fn ring_refusal(py: Python<'_>, refusal: &RingRefusal) -> PyErr {
 
 /// As `ring_refusal`; a `deferred` one (a launch that returned before ptxd
 /// answered) says so in its message and metadata (`deferred: "true"`).
-fn ring_refusal_as(py: Python<'_>, refusal: &RingRefusal, deferred: bool) -> PyErr {
+pub(crate) fn ring_refusal_as(py: Python<'_>, refusal: &RingRefusal, deferred: bool) -> PyErr {
     let mut metadata = BTreeMap::from([
         ("path".to_owned(), "ring".to_owned()),
         ("ticket".to_owned(), refusal.ticket.to_string()),
@@ -1105,6 +1121,26 @@ fn deferred_list(py: Python<'_>, refused: &[RingRefusal]) -> PyResult<Py<PyList>
     Ok(list.unbind())
 }
 
+/// Waits for the answers of every launch still outstanding on `ring`
+/// (`Ring.drain`, `HostRing.drain`): the exceptions of those refused or
+/// failed, in order.
+pub(crate) fn drain_list(
+    py: Python<'_>,
+    ring: &Mutex<LaunchRing>,
+    timeout: f64,
+) -> PyResult<Py<PyList>> {
+    let timeout = timeout_of(timeout)?;
+    let refused = py.detach(|| {
+        ring.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(timeout)
+    });
+    match refused {
+        Ok(refused) => deferred_list(py, &refused),
+        Err(e) => Err(to_pyerr(py, e)),
+    }
+}
+
 /// A ring's ordering words: memory registered by CUDA IPC handle, or by
 /// file descriptor.
 enum RingWords {
@@ -1173,7 +1209,6 @@ impl NativeRing {
         let completions = match outcome {
             Ok(Some(completions)) => completions,
             Ok(None) => return Ok(None),
-            Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
             Err(e) => return Err(to_pyerr(py, e)),
         };
         let list = PyList::empty(py);
@@ -1223,7 +1258,6 @@ impl NativeRing {
         match outcome {
             Ok(Some(outcome)) => deferred_list(py, &outcome.deferred).map(Some),
             Ok(None) => Ok(None),
-            Err(Error::Cuda(e)) => Err(cuda_err(py, e)),
             Err(e) => Err(to_pyerr(py, e)),
         }
     }
@@ -1271,15 +1305,7 @@ impl NativeRing {
     /// ring (deferred ones included); returns the exceptions of those ptxd
     /// refused or that failed, in order.
     fn drain(&self, py: Python<'_>, timeout: f64) -> PyResult<Py<PyList>> {
-        let timeout = timeout_of(timeout)?;
-        let refused = py.detach(|| {
-            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-            ring.drain(timeout)
-        });
-        match refused {
-            Ok(refused) => deferred_list(py, &refused),
-            Err(e) => Err(to_pyerr(py, e)),
-        }
+        drain_list(py, &self.ring, timeout)
     }
 
     /// Launches `launches` `calls` times as `launch` (or `launch_deferred`
@@ -1426,20 +1452,6 @@ impl NativeRing {
                 None
             }
         };
-        let merged: Vec<(u64, u64)>;
-        let checks: &[(u64, u64)] = match plans {
-            [plan] => &plan.checks,
-            _ => {
-                let mut unique: Vec<(u64, u64)> = Vec::new();
-                for &(ptr, id) in plans.iter().flat_map(|p| p.checks.iter()) {
-                    if !unique.iter().any(|&(_, seen)| seen == id) {
-                        unique.push((ptr, id));
-                    }
-                }
-                merged = unique;
-                &merged
-            }
-        };
         let defer = defer && !sync;
         // An awaited async call submits as a deferred one does and then
         // reads its own answers itself (`answers::await_answers`: polled
@@ -1458,14 +1470,16 @@ impl NativeRing {
         // submission and (awaited) the wait.
         let outcome = py.detach(|| {
             preserving_current_context(|| {
-                if !self.checks_hold(checks)? {
+                if !self.checks_hold(plans.iter().flat_map(|plan| &plan.checks))? {
                     return Ok(None);
                 }
                 let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
                 if own_wait {
                     // What an earlier, failed call left is not this call's
-                    // (the SDK's awaited call drops it the same way).
-                    answers::drop_leftovers(&mut ring, timeout)?;
+                    // (the SDK's awaited call drops it the same way): read
+                    // and dropped, so that every answer outstanding after
+                    // the submission is this call's.
+                    ring.drain(timeout)?;
                 }
                 let submitted = match (plans, single) {
                     ([plan], Some(kernel)) => {
@@ -1487,13 +1501,11 @@ impl NativeRing {
                 if !own_wait {
                     return Ok(Some((outcome, None)));
                 }
-                if !outcome.submitted && count > 0 {
-                    // Nothing was outstanding, so nothing earlier could
-                    // have stopped the submission.
-                    return Err(Error::Protocol(
-                        "launch ring: an awaited call was not submitted".into(),
-                    ));
-                }
+                // Submitted (when there was anything to submit): the
+                // drain above left nothing outstanding, so the deferred
+                // call's read of earlier answers found none, and it needed
+                // no free slot it did not have; nothing else stops it but
+                // an error, returned above.
                 let read = std::mem::take(&mut outcome.completions);
                 let refused = answers::await_refusals(&mut ring, read, count, spin, timeout)?;
                 Ok(Some((outcome, Some(refused))))
@@ -1502,7 +1514,6 @@ impl NativeRing {
         let (outcome, awaited) = match outcome {
             Ok(Some(outcome)) => outcome,
             Ok(None) => return Ok(PlanOutcome::Stale),
-            Err(Error::Cuda(e)) => return Err(cuda_err(py, e)),
             Err(e) => return Err(to_pyerr(py, e)),
         };
         if let Some(refused) = awaited {
@@ -1546,10 +1557,20 @@ impl NativeRing {
     }
 
     /// Whether the allocation at each checked address still has the id the
-    /// Python half's cache resolved it with.
-    fn checks_hold(&self, checks: &[(u64, u64)]) -> Result<bool, Error> {
-        for (ptr, id) in checks {
-            if self.device.allocation_id(*ptr)? != *id {
+    /// Python half's cache resolved it with. One address per allocation id
+    /// is asked about (the first given): while the allocation a
+    /// registration was made of lives (same id at one of its addresses),
+    /// every address cached in it is still inside it. This is the one
+    /// place checks are deduplicated; callers pass every operand's.
+    fn checks_hold<'a, I>(&self, checks: I) -> Result<bool, Error>
+    where
+        I: IntoIterator<Item = &'a (u64, u64)>,
+        I::IntoIter: Clone,
+    {
+        let checks = checks.into_iter();
+        for (index, &(ptr, id)) in checks.clone().enumerate() {
+            let asked = checks.clone().take(index).any(|&(_, seen)| seen == id);
+            if !asked && self.device.allocation_id(ptr)? != id {
                 return Ok(false);
             }
         }
@@ -1791,6 +1812,13 @@ impl NativeIpcEvent {
     }
 }
 
+/// The gRPC code `(name, value)` a ring launch refused for `reason`
+/// raises with (`ring_code`), for the tests' fakes to agree with.
+#[pyfunction(name = "ring_code")]
+fn ring_code_of(reason: &str) -> (&'static str, i32) {
+    ring_code(reason)
+}
+
 /// Whether libcuda can be loaded in this process.
 #[pyfunction]
 fn cuda_available() -> bool {
@@ -1821,6 +1849,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<operand_table::Plan>()?;
     m.add_class::<operand_table::Released>()?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(ring_code_of, m)?)?;
     m.add("REASONS", reasons())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add("RING_WORDS_LABEL", RING_WORDS_LABEL)?;

@@ -136,6 +136,29 @@ fn seen(obj: &Bound<'_, PyAny>, tensor: &Bound<'_, PyAny>) -> PyResult<Option<Se
     }))
 }
 
+/// A launch's f32 params as the lean path takes them: any sized sequence
+/// of numbers (a tuple, a list, a numpy array: what the general path's
+/// `[float(p) for p in params]` takes), read without its truth value (a
+/// numpy array of two or more has none). `None` for anything else, a
+/// one-shot iterator included (the general path must still find it
+/// whole), and for an item that is not a number: the general path then
+/// decides, and raises what it raises.
+fn f32_params(params: &Bound<'_, PyAny>) -> Option<Vec<f32>> {
+    if params.is_none() {
+        return Some(Vec::new());
+    }
+    let len = params.len().ok()?;
+    let items = params.try_iter().ok()?;
+    let mut scalars = Vec::with_capacity(len);
+    for item in items {
+        match item.and_then(|item| item.extract::<f64>()) {
+            Ok(value) => scalars.push(value as f32),
+            Err(_) => return None,
+        }
+    }
+    Some(scalars)
+}
+
 #[pymethods]
 impl OperandTable {
     #[new]
@@ -266,13 +289,8 @@ impl OperandTable {
                 Err(_) => return Ok(None),
             }
         };
-        let scalars = if params.is_truthy()? {
-            match params.extract::<Vec<f64>>() {
-                Ok(values) => values.into_iter().map(|p| p as f32).collect(),
-                Err(_) => return Ok(None),
-            }
-        } else {
-            Vec::new()
+        let Some(scalars) = f32_params(params) else {
+            return Ok(None);
         };
         let args: Vec<(String, Py<PyAny>)> = if args.is_truthy()? {
             args.extract()?
@@ -291,10 +309,9 @@ impl OperandTable {
 
         let mut table = self.lock();
         let mut refs: Vec<OperandRef> = Vec::with_capacity(seen_all.len());
-        // (address, allocation id) of one operand per registration: while
-        // the allocation a registration was made of lives (same id at one
-        // of its addresses), every address cached in it is still inside it.
-        let mut checks: Vec<(u64, u64)> = Vec::with_capacity(2);
+        // (address, allocation id) of each operand; the ring asks about
+        // one address per id (`NativeRing::checks_hold`).
+        let mut checks: Vec<(u64, u64)> = Vec::with_capacity(seen_all.len());
         let mut count: Option<u64> = requested.map(|c| u64::try_from(c).ok()).unwrap_or(None);
         if requested.is_some() && count.is_none() {
             return Ok(None); // a negative n: the general path refuses it
@@ -314,9 +331,7 @@ impl OperandTable {
             let Some(buffer_id) = entry.buffer_id else {
                 return Ok(None);
             };
-            if !checks.iter().any(|&(_, id)| id == buffer_id) {
-                checks.push((s.ptr, buffer_id));
-            }
+            checks.push((s.ptr, buffer_id));
             refs.push(OperandRef {
                 buffer: entry.ring_index,
                 offset: entry.offset,

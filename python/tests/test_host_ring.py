@@ -60,6 +60,8 @@ def test_an_awaited_ring_launch_raises_its_own_refusal_on_that_call(ring_setup):
             assert isinstance(answer, ptxd.BufferTooSmall), (round_, answer)
             assert type(answer) is ptxd.BufferTooSmall
             assert answer.reason == "BUFFER_TOO_SMALL"
+            # The unary path's code for the reason (test_host.py).
+            assert (answer.code, answer.code_value) == ("OUT_OF_RANGE", 11)
             assert answer.metadata.get("path") == "ring"
             assert "deferred" not in answer.metadata
             assert np.isnan(out).all(), "a refused launch does not run"
@@ -82,16 +84,49 @@ def test_a_deferred_ring_refusal_comes_with_the_next_call_which_is_not_sent(ring
     assert ring.launch(kernel, inputs, output, count, [], False, True, TIMEOUT) is True
     assert ring.drain(TIMEOUT) == [] and ring.outstanding() == 0
     assert np.array_equal(out, x + y)
-    # An awaited call reads only its own answer: one left unread by a
-    # deferred call before it (here a refusal) is read and dropped first.
-    assert ring.launch(kernel, inputs, output, count * 8, [], False, True, TIMEOUT) is True
+    # An awaited call reads the answers deferred calls before it left
+    # first: an accepted one is passed over; a refusal comes back as the
+    # deferred call's would (the awaited launch is not sent), never dropped.
     out[:] = np.nan
+    assert ring.launch(kernel, inputs, output, count, [], False, True, TIMEOUT) is True
+    assert ring.launch(kernel, inputs, output, count, [], False, False, TIMEOUT) is True
+    assert ring.outstanding() == 0 and np.array_equal(out, x + y)
+    out[:] = np.nan
+    assert ring.launch(kernel, inputs, output, count * 8, [], False, True, TIMEOUT) is True
+    refused = ring.launch(kernel, inputs, output, count, [], False, False, TIMEOUT)
+    assert [type(e) for e in refused] == [ptxd.BufferTooSmall]
+    assert refused[0].metadata.get("deferred") == "true"
+    assert ring.outstanding() == 0 and np.isnan(out).all(), "the awaited launch was not sent"
     assert ring.launch(kernel, inputs, output, count, [], False, False, TIMEOUT) is True
     assert ring.outstanding() == 0 and np.array_equal(out, x + y)
     # A sync launch is awaited, whatever defer says.
     out[:] = np.nan
     answer = ring.launch(kernel, inputs, output, count + 1, [], True, True, TIMEOUT)
     assert type(answer) is ptxd.BufferTooSmall and ring.outstanding() == 0
+
+
+def test_a_ring_refusal_raises_what_the_unary_path_raises(spin_session, ring_setup):
+    # The ring's refusal (its code from the Python module's own table) and
+    # the unary launch's (the daemon's): the same class, reason and gRPC
+    # code, for each refusal a plain ring launch can meet.
+    session = spin_session
+    ring, _, inputs, output, x, y, out, count = ring_setup
+    add = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
+    affine = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
+    out[:] = np.nan
+    cases = [(add, inputs, [x, y], count + int(RNG.integers(1, 1 << 20)), [],
+              ptxd.BufferTooSmall),
+             (affine, inputs[:1], [x], count, [float(RNG.uniform(-2, 2))],  # it takes two
+              ptxd.AbiMismatch)]
+    for kernel, where, arrays, n, params, cls in cases:
+        answer = ring.launch(kernel._native, where, output, n, params, False, False, TIMEOUT)
+        with pytest.raises(ptxd.Refused) as unary:
+            session.launch(kernel, arrays, out, n=n, params=params)
+        assert type(answer) is cls and type(unary.value) is cls, (answer, unary.value)
+        assert (answer.reason, answer.code, answer.code_value) == (
+            unary.value.reason, unary.value.code, unary.value.code_value)
+        assert answer.metadata.get("path") == "ring" and "path" not in unary.value.metadata
+    assert ring.outstanding() == 0 and np.isnan(out).all(), "no refused launch ran"
 
 
 def test_ring_wait_example_runs_and_checks_its_results(socket, corpus):

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 import ptxd
-from ptxd import _client
+from ptxd import _client, _native
 from ptxd._errors import _from_native
 
 RNG = random.Random()
@@ -503,6 +503,31 @@ def test_cached_torch_tensors_take_the_lean_path(fake, fake_torch):
     assert prepares == [1, 1]
 
 
+def test_numpy_params_take_the_lean_path_as_a_sequence_does(fake, fake_torch):
+    # params as a numpy array (two or more values: an array with no truth
+    # value) are read as the sequence of numbers they are, on the lean path
+    # of launch and of launch_many alike.
+    np = pytest.importorskip("numpy")
+    session, native, allocator = fake
+    base = segment(allocator)
+    count = RNG.randrange(16, 4096)
+    a, b, out = (FakeTensor(base + i * 4 * count, count) for i in range(3))
+    kernel = _client.Kernel(FakeKernel())
+    session.launch(kernel, [a, b], out)  # the general path fills the cache
+    prepares = counting_prepare(session)
+    ring = native.rings[0]
+    for dtype in (np.float32, np.float64):
+        values = np.array([RNG.uniform(-8, 8) for _ in range(RNG.randrange(2, 6))], dtype=dtype)
+        assert session.launch(kernel, [a, b], out, params=values) == ptxd.Launched(0, False)
+        assert ring.launches[-1][1][4] == [pytest.approx(float(v), rel=1e-6) for v in values]
+        batch = [(kernel, [a, b], out, None, values), (kernel, [a, b], out, None, values[::-1])]
+        assert session.launch_many(batch) == [0, 0]
+        assert [item[4] for _, item in ring.launches[-2:]] == [
+            [pytest.approx(float(v), rel=1e-6) for v in p] for p in (values, values[::-1])]
+    assert prepares == [], "every launch took the lean path"
+    assert ring.plans == 6 and native.unary == []
+
+
 def test_the_lean_path_never_launches_on_a_reused_segment(fake, fake_torch):
     session, native, allocator = fake
     base = segment(allocator)
@@ -548,10 +573,15 @@ def test_an_awaited_launch_raises_its_own_refusal_on_that_call(fake, fake_torch)
     kernel = _client.Kernel(FakeKernel())
     session.launch(kernel, tensors[:2], tensors[2])  # the general path fills the cache
     ring = native.rings[0]
+    # Each reason with the gRPC code the native ring raises it with
+    # (ring_code), the unary path's own (BUFFER_TOO_SMALL is OUT_OF_RANGE
+    # there: test_host.py).
     reasons = [("ABI_MISMATCH", ptxd.AbiMismatch, "INVALID_ARGUMENT", 3),
-               ("BUFFER_TOO_SMALL", ptxd.BufferTooSmall, "INVALID_ARGUMENT", 3),
+               ("BUFFER_TOO_SMALL", ptxd.BufferTooSmall, "OUT_OF_RANGE", 11),
                ("STALE_BUFFER", ptxd.StaleBuffer, "FAILED_PRECONDITION", 9),
                ("SCALAR_ARGS_MISMATCH", ptxd.ScalarArgsMismatch, "INVALID_ARGUMENT", 3)]
+    for reason, _, code, value in reasons:
+        assert _native.ring_code(reason) == (code, value), reason
     prepares = counting_prepare(session)
     refused_rounds = 0
     for round_ in range(32):
@@ -671,8 +701,9 @@ def deferred_session(fake):
 
 
 def ring_refusal(reason: str, ticket: int) -> Any:
+    # With the gRPC code the native ring gives the reason.
     return _from_native("refused", reason, f"an earlier deferred launch: ring launch {ticket} "
-                        f"was refused: {reason}", "INVALID_ARGUMENT", 3,
+                        f"was refused: {reason}", *_native.ring_code(reason),
                         {"path": "ring", "ticket": str(ticket), "deferred": "true"})
 
 
@@ -822,13 +853,14 @@ def test_the_lean_path_is_one_native_resolution_and_one_plan_launch(fake, fake_t
         assert inputs == [(index, slots[0] * 4 * count), (index, slots[1] * 4 * count)]
         assert output == (index, slots[2] * 4 * count) and n == count and args == []
         assert params == [pytest.approx(scale, rel=1e-6)]
-    # The plan's checks: one (address, allocation id) per registration.
+    # The plan's checks: one (address, allocation id) per operand (the ring
+    # asks the driver about one address per id).
     resolved = session._operands.resolve(kernel._native, kernel._element_sizes(), [a, b], out,
                                          None, (), (), fake_torch.Tensor)
     assert resolved is not None
     ordinal, plan = resolved
     assert ordinal == 0
-    assert plan.checks() == [(a.data_ptr(), allocator.find(base)[2])]
+    assert plan.checks() == [(t.data_ptr(), allocator.find(base)[2]) for t in (a, b, out)]
     assert plan.keys() == [(0, t.data_ptr(), 4 * count, 4) for t in (a, b, out)]
     assert len(ring.launches) == 6 and native.unary == []
 

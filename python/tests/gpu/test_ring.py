@@ -284,13 +284,20 @@ def test_an_awaited_refusal_on_the_lean_path_is_raised_by_its_own_call(torch, gp
     a = torch.randn(count, device=device)
     out = torch.full((count,), float("nan"), device=device)
     stream = torch.cuda.Stream(device=device)
+    # What each lean-path call returned (None: it handed the launch to the
+    # general path), and every general-path resolution: the lean path ran a
+    # launch only where it answered and nothing was resolved again.
     lean = gpu_session._operands.launch
-    calls = []
-    gpu_session._operands.launch = lambda *args: calls.append(1) or lean(*args)
+    answers = []
+    gpu_session._operands.launch = lambda *args: answers.append(lean(*args)) or answers[-1]
+    general = gpu_session._prepare
+    prepares = []
+    gpu_session._prepare = lambda *args, **kwargs: prepares.append(1) or general(*args, **kwargs)
     results = []
     with torch.cuda.stream(stream):
         gpu_session.launch(affine, [a], out, params=(2.0, 0.5))  # fills the cache
-        calls.clear()
+        answers.clear()
+        prepares.clear()
         for round_ in range(16):
             out.fill_(float("nan"))
             if round_ % 3 == 1:
@@ -305,13 +312,16 @@ def test_an_awaited_refusal_on_the_lean_path_is_raised_by_its_own_call(torch, gp
                 assert gpu_session.launch(affine, [a], out, params=(scale, 0.5)) == ptxd.Launched(
                     0, False)
                 results.append((scale, out.clone()))
+        single_prepares = list(prepares)
         with pytest.raises(ptxd.AbiMismatch) as batch:
             gpu_session.launch_many([(affine, [a], out, None, (3.0, 0.25)),
                                      (affine, [a], out, None, (1.0,)),
                                      (affine, [a], out, None, (4.0, 0.25))])
         after_batch = out.clone()
     stream.synchronize()
-    assert len(calls) == 16, "every single launch took the lean path"
+    assert len(answers) == 16 and all(answer is not None for answer in answers), (
+        "every single launch took the lean path", answers)
+    assert single_prepares == [], "no single launch fell back to the general path"
     for round_, (scale, got) in enumerate(results):
         if scale is None:
             assert torch.isnan(got).all(), f"round {round_}: the refused launch ran"
