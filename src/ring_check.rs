@@ -638,14 +638,7 @@ pub(crate) mod tests {
             };
             let unary_terms = BoundContract { contract, block };
             let operands = contract.footprints.len();
-            let scalar_types: Vec<_> = contract
-                .params
-                .iter()
-                .filter_map(|p| match p.kind {
-                    ParamKind::Scalar(t) => Some(t),
-                    _ => None,
-                })
-                .collect();
+            let scalar_types = contract.scalar_types();
             for _ in 0..200 {
                 // A count limit's edge: the last count it passes and the
                 // first it refuses.

@@ -574,6 +574,18 @@ impl LaunchContract {
             .count()
     }
 
+    /// The types of the by-value scalar arguments, in the launch's order
+    /// (the order [`Expr::Arg`] indexes).
+    pub fn scalar_types(&self) -> Vec<ScalarType> {
+        self.params
+            .iter()
+            .filter_map(|p| match p.kind {
+                ParamKind::Scalar(t) => Some(t),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The launch values for `count` elements with blocks of `block`
     /// threads: the grid is `ceil(count / (block × elements per thread))`.
     pub fn values(&self, count: u64, block: u32) -> LaunchValues {
@@ -639,14 +651,7 @@ impl LaunchContract {
     /// The verifier's contracts keep it; a contract decoded from elsewhere
     /// (a ring grant, a kept verdict) that does not is refused there.
     pub fn reads_only_integer_args(&self) -> bool {
-        let scalars: Vec<ScalarType> = self
-            .params
-            .iter()
-            .filter_map(|p| match p.kind {
-                ParamKind::Scalar(t) => Some(t),
-                _ => None,
-            })
-            .collect();
+        let scalars = self.scalar_types();
         let mut ok = true;
         let mut check = |e: &Expr| {
             if let Expr::Arg(k) = e {
