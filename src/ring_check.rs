@@ -495,21 +495,8 @@ pub(crate) mod tests {
     /// verifier accepts: (where, contract, signature).
     pub(crate) fn accepted_corpus() -> Vec<(String, LaunchContract, crate::ptx::Signature)> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
-        let mut dirs = vec![root];
-        let mut files = Vec::new();
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "ptx") {
-                    files.push(path);
-                }
-            }
-        }
-        files.sort();
         let mut out = Vec::new();
-        for path in files {
+        for path in crate::ptx::files_under(&root, "ptx") {
             let Ok(text) = std::fs::read_to_string(&path) else {
                 continue;
             };

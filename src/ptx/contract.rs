@@ -757,44 +757,31 @@ mod tests {
         let distinct: std::collections::BTreeSet<&str> =
             PRECONDITION_NAMES.iter().copied().collect();
         assert_eq!(distinct.len(), PRECONDITION_NAMES.len());
-        let mut dirs = vec![std::path::PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/ptx"
-        ))];
         let mut built = 0;
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ptx");
+        for path in crate::ptx::files_under(&root, "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for after in code.split("Precondition {").skip(1) {
+                // A struct literal's first field; a type's `impl` or
+                // a pattern has none.
+                let Some(name) = after
+                    .trim_start()
+                    .strip_prefix("name:")
+                    .and_then(|n| n.split(',').next())
+                    .map(str::trim)
+                else {
                     continue;
-                }
-                if path.extension().is_none_or(|e| e != "rs") {
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).unwrap();
-                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-                for after in code.split("Precondition {").skip(1) {
-                    // A struct literal's first field; a type's `impl` or
-                    // a pattern has none.
-                    let Some(name) = after
-                        .trim_start()
-                        .strip_prefix("name:")
-                        .and_then(|n| n.split(',').next())
-                        .map(str::trim)
-                    else {
-                        continue;
-                    };
-                    assert!(
-                        listed.contains(&name),
-                        "{}: a precondition named `{name}` is not in PRECONDITION_NAMES",
-                        path.display()
-                    );
-                    built += 1;
-                }
+                };
+                assert!(
+                    listed.contains(&name),
+                    "{}: a precondition named `{name}` is not in PRECONDITION_NAMES",
+                    path.display()
+                );
+                built += 1;
             }
         }
-        // The four families' preconditions and the scalar contract's.
+        // The decision, Triton and Strided families' and the scalar contract's.
         assert!(built >= 9, "only {built} preconditions found");
     }
 
