@@ -24,23 +24,27 @@ use ptxd_proto::executor as exec;
 
 use crate::ptx::contract::{
     BlockRule, Condition, ContractParam, Expr, Footprint, Geometry, LaunchContract, ParamKind,
-    PointerAccess, Precondition, ARG_NONNEGATIVE, COUNT_FITS_I32, COUNT_FITS_I64, DIVISOR_POSITIVE,
-    INDEX_FITS_I32, STRIDED_INDEX_FITS_I64,
+    PointerAccess, Precondition, PRECONDITION_NAMES,
 };
 
 /// The most steps one encoded expression may have.
 pub const MAX_STEPS: usize = 256;
 
-/// Precondition names a decoded contract keeps as they are.
-const KNOWN: [&str; 7] = [
-    COUNT_FITS_I32,
-    COUNT_FITS_I64,
-    INDEX_FITS_I32,
-    "count_fits_u32",
-    DIVISOR_POSITIVE,
-    ARG_NONNEGATIVE,
-    STRIDED_INDEX_FITS_I64,
-];
+/// The launch path's own precondition on a `.u32` count
+/// (`crate::launch`), which the verifier never emits: a decoded contract
+/// keeps it as it keeps the verifier's [`PRECONDITION_NAMES`].
+const COUNT_FITS_U32: &str = "count_fits_u32";
+
+/// The name a decoded contract gives precondition `stated`: its own when
+/// ptxd defines it, else `launch_precondition`.
+fn known_name(stated: &str) -> &'static str {
+    PRECONDITION_NAMES
+        .iter()
+        .chain([&COUNT_FITS_U32])
+        .find(|k| **k == stated)
+        .copied()
+        .unwrap_or("launch_precondition")
+}
 
 /// The contract as a ring grant carries it.
 pub fn encode(contract: &LaunchContract) -> exec::RingContract {
@@ -233,11 +237,7 @@ pub fn decode(wire: &exec::RingContract) -> Result<LaunchContract, String> {
         .preconditions
         .iter()
         .map(|p| {
-            let name = KNOWN
-                .iter()
-                .find(|k| **k == p.name)
-                .copied()
-                .unwrap_or("launch_precondition");
+            let name = known_name(&p.name);
             let (e, bound) = (
                 expr(&p.expr, scalar_params)?,
                 u128::from(p.bound_low) | (u128::from(p.bound_high) << 64),
@@ -325,7 +325,23 @@ pub fn grant_terms(
 pub(crate) mod tests {
     use super::*;
     use crate::launch::{BoundContract, LaunchTerms, ScalarArg};
+    use crate::ptx::contract::INDEX_FITS_I32;
     use rand::Rng;
+
+    /// A decoded precondition keeps every name ptxd defines (the
+    /// verifier's list and the launch path's `count_fits_u32`, which
+    /// `crate::launch` states for a `.u32` count) and is called
+    /// `launch_precondition` otherwise.
+    #[test]
+    fn a_decoded_precondition_keeps_the_names_ptxd_defines() {
+        for name in PRECONDITION_NAMES {
+            assert_eq!(known_name(name), *name);
+        }
+        assert_eq!(known_name("count_fits_u32"), "count_fits_u32");
+        for other in ["", "count_fits_u16", "COUNT_FITS_I32", "count_fits_i32 "] {
+            assert_eq!(known_name(other), "launch_precondition", "{other:?}");
+        }
+    }
 
     fn triton() -> LaunchContract {
         let mut c = crate::executor::layout::tests_support::triton_like();
@@ -479,21 +495,8 @@ pub(crate) mod tests {
     /// verifier accepts: (where, contract, signature).
     pub(crate) fn accepted_corpus() -> Vec<(String, LaunchContract, crate::ptx::Signature)> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
-        let mut dirs = vec![root];
-        let mut files = Vec::new();
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "ptx") {
-                    files.push(path);
-                }
-            }
-        }
-        files.sort();
         let mut out = Vec::new();
-        for path in files {
+        for path in crate::ptx::files_under(&root, "ptx") {
             let Ok(text) = std::fs::read_to_string(&path) else {
                 continue;
             };
@@ -622,14 +625,7 @@ pub(crate) mod tests {
             };
             let unary_terms = BoundContract { contract, block };
             let operands = contract.footprints.len();
-            let scalar_types: Vec<_> = contract
-                .params
-                .iter()
-                .filter_map(|p| match p.kind {
-                    ParamKind::Scalar(t) => Some(t),
-                    _ => None,
-                })
-                .collect();
+            let scalar_types = contract.scalar_types();
             for _ in 0..200 {
                 // A count limit's edge: the last count it passes and the
                 // first it refuses.

@@ -69,8 +69,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::executor::kernel_cache::{CacheError, CacheKey, EntryFormat, KernelCache, Lookup};
 use crate::ptx::contract::{
     BlockRule, Condition, ContractParam, Expr, Footprint, Geometry, ParamKind, PointerAccess,
-    Precondition, ScalarType, ARG_NONNEGATIVE, COUNT_FITS_I32, COUNT_FITS_I64, DIVISOR_POSITIVE,
-    INDEX_FITS_I32, STRIDED_INDEX_FITS_I64,
+    Precondition, ScalarType, PRECONDITION_NAMES,
 };
 use crate::ptx::memo::Accepted;
 use crate::ptx::{Canonical, DeclaredAbi, LaunchContract, Signature};
@@ -115,19 +114,6 @@ fn identity_with(encoder: &str) -> String {
 /// Expressions nested deeper than this are not decoded (the verifier's
 /// own are a few levels deep).
 const MAX_EXPR_DEPTH: u32 = 64;
-
-/// The precondition names a verdict may carry: [`Precondition::name`] is a
-/// `&'static str`, so a decoded name must be one of these. A name missing
-/// here makes the verdicts that carry it misses (re-verified), never wrong;
-/// `every_corpus_verdict_survives_the_round_trip` finds one.
-const PRECONDITION_NAMES: &[&str] = &[
-    COUNT_FITS_I64,
-    COUNT_FITS_I32,
-    INDEX_FITS_I32,
-    DIVISOR_POSITIVE,
-    ARG_NONNEGATIVE,
-    STRIDED_INDEX_FITS_I64,
-];
 
 /// At most this many entries of one kernel (one canonical text) are kept:
 /// texts that differ only in what the verifier canonicalises away are one

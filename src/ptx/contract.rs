@@ -324,6 +324,20 @@ pub const ARG_NONNEGATIVE: &str = "arg_nonnegative";
 /// the kernel's signed 64-bit arithmetic, so no product or sum wraps.
 pub const STRIDED_INDEX_FITS_I64: &str = "strided_index_fits_i64";
 
+/// Every precondition name the verifier emits. [`Precondition::name`] is a
+/// `&'static str`, so a contract decoded from elsewhere (a kept verdict, a
+/// ring grant) takes its names from this list; a name the verifier
+/// emits that is missing here makes such a decode lose it
+/// (`every_name_the_verifier_emits_is_listed` finds one).
+pub const PRECONDITION_NAMES: &[&str] = &[
+    COUNT_FITS_I64,
+    COUNT_FITS_I32,
+    INDEX_FITS_I32,
+    DIVISOR_POSITIVE,
+    ARG_NONNEGATIVE,
+    STRIDED_INDEX_FITS_I64,
+];
+
 impl Precondition {
     /// Whether it holds at `v`; an overflow is "does not hold".
     pub fn holds(&self, v: &LaunchValues) -> bool {
@@ -560,6 +574,18 @@ impl LaunchContract {
             .count()
     }
 
+    /// The types of the by-value scalar arguments, in the launch's order
+    /// (the order [`Expr::Arg`] indexes).
+    pub fn scalar_types(&self) -> Vec<ScalarType> {
+        self.params
+            .iter()
+            .filter_map(|p| match p.kind {
+                ParamKind::Scalar(t) => Some(t),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The launch values for `count` elements with blocks of `block`
     /// threads: the grid is `ceil(count / (block × elements per thread))`.
     pub fn values(&self, count: u64, block: u32) -> LaunchValues {
@@ -625,14 +651,7 @@ impl LaunchContract {
     /// The verifier's contracts keep it; a contract decoded from elsewhere
     /// (a ring grant, a kept verdict) that does not is refused there.
     pub fn reads_only_integer_args(&self) -> bool {
-        let scalars: Vec<ScalarType> = self
-            .params
-            .iter()
-            .filter_map(|p| match p.kind {
-                ParamKind::Scalar(t) => Some(t),
-                _ => None,
-            })
-            .collect();
+        let scalars = self.scalar_types();
         let mut ok = true;
         let mut check = |e: &Expr| {
             if let Expr::Arg(k) = e {
@@ -717,6 +736,54 @@ impl fmt::Display for LaunchContract {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Every `Precondition { .. }` the verifier builds (outside tests)
+    /// names a constant [`PRECONDITION_NAMES`] holds, so a new name (a
+    /// literal, or a constant left out of the list) fails here.
+    #[test]
+    fn every_name_the_verifier_emits_is_listed() {
+        let own = include_str!("contract.rs");
+        let listed = own
+            .split("pub const PRECONDITION_NAMES: &[&str] = &[")
+            .nth(1)
+            .and_then(|rest| rest.split("];").next())
+            .unwrap();
+        let listed: Vec<&str> = listed
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        assert_eq!(listed.len(), PRECONDITION_NAMES.len(), "{listed:?}");
+        let distinct: std::collections::BTreeSet<&str> =
+            PRECONDITION_NAMES.iter().copied().collect();
+        assert_eq!(distinct.len(), PRECONDITION_NAMES.len());
+        let mut built = 0;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ptx");
+        for path in crate::ptx::files_under(&root, "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for after in code.split("Precondition {").skip(1) {
+                // A struct literal's first field; a type's `impl` or
+                // a pattern has none.
+                let Some(name) = after
+                    .trim_start()
+                    .strip_prefix("name:")
+                    .and_then(|n| n.split(',').next())
+                    .map(str::trim)
+                else {
+                    continue;
+                };
+                assert!(
+                    listed.contains(&name),
+                    "{}: a precondition named `{name}` is not in PRECONDITION_NAMES",
+                    path.display()
+                );
+                built += 1;
+            }
+        }
+        // The decision, Triton and Strided families' and the scalar contract's.
+        assert!(built >= 9, "only {built} preconditions found");
+    }
 
     fn sig(element_sizes: Vec<u32>, scalar_params: u32, reqntid: Option<u32>) -> Signature {
         Signature {

@@ -375,7 +375,14 @@ fn field_move(
             format!("`{}` at byte {off} is no field of its struct", i.opcode),
         ));
     };
-    let reg = Operand::Name(reg.clone());
+    Ok(move_with(i, store, ty, reg))
+}
+
+/// The `mov.{ty}` that does what the param access `i` (a load, or a store
+/// when `store`) does, with register `reg` in place of the param's bytes;
+/// under `i`'s guard, at `i`'s place.
+fn move_with(i: &Instr, store: bool, ty: &str, reg: &str) -> Instr {
+    let reg = Operand::Name(reg.to_string());
     let value = if store {
         i.operands.get(1)
     } else {
@@ -384,7 +391,7 @@ fn field_move(
     let value = value
         .cloned()
         .unwrap_or(Operand::Imm(super::parse::Imm::Int(0)));
-    Ok(Instr {
+    Instr {
         guard: i.guard.clone(),
         opcode: format!("mov.{ty}"),
         operands: if store {
@@ -394,7 +401,7 @@ fn field_move(
         },
         line: i.line,
         col: i.col,
-    })
+    }
 }
 
 /// Every name an operand mentions.
@@ -412,6 +419,31 @@ fn operand_names<'o>(o: &'o Operand, out: &mut Vec<&'o str>) {
         Operand::List(l) => l.iter().for_each(|o| operand_names(o, out)),
         Operand::Imm(_) | Operand::Addr { .. } => {}
     }
+}
+
+/// The statements control may reach next from `body[pc]` (`labels`: each
+/// label's statement): a branch's target when its label is known, and the
+/// next statement when it is predicated; nothing after an unpredicated
+/// `ret`/`exit`, nor after a `brx` (which neither user lets through: the
+/// frame proof refuses reaching one, the verifier's table refuses it);
+/// else the next statement. No index past the body's end.
+fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, pc: usize) -> Vec<usize> {
+    let next = Some(pc + 1).filter(|n| *n < body.len());
+    let Some(Stmt::Instr(i)) = body.get(pc) else {
+        return next.into_iter().collect();
+    };
+    let mut out: Vec<usize> = match i.opcode.split('.').next().unwrap_or_default() {
+        "bra" => match i.operands.first() {
+            Some(Operand::Name(l)) => labels.get(l.as_str()).copied().into_iter().collect(),
+            _ => Vec::new(),
+        },
+        "brx" | "ret" | "exit" => Vec::new(),
+        _ => return next.into_iter().collect(),
+    };
+    if i.guard.is_some() {
+        out.extend(next);
+    }
+    out
 }
 
 fn instr_names(i: &Instr) -> Vec<&str> {
@@ -444,23 +476,6 @@ fn param_move(
             ),
         ));
     }
-    let operands = if store {
-        vec![
-            Operand::Name(reg.to_string()),
-            i.operands
-                .get(1)
-                .cloned()
-                .unwrap_or(Operand::Imm(super::parse::Imm::Int(0))),
-        ]
-    } else {
-        vec![
-            i.operands
-                .first()
-                .cloned()
-                .unwrap_or(Operand::Imm(super::parse::Imm::Int(0))),
-            Operand::Name(reg.to_string()),
-        ]
-    };
     if i.operands.len() != 2 {
         return Err(refuse(
             SubReason::CallArguments,
@@ -468,13 +483,7 @@ fn param_move(
             format!("`{}` has {} operands", i.opcode, i.operands.len()),
         ));
     }
-    Ok(Instr {
-        guard: i.guard.clone(),
-        opcode: format!("mov.{ty}"),
-        operands,
-        line: i.line,
-        col: i.col,
-    })
+    Ok(move_with(i, store, ty, reg))
 }
 
 impl<'m> Inliner<'m> {

@@ -335,3 +335,24 @@ pub(crate) fn verify_kernel(
 }
 
 pub use host::api::{HostFault, HostKernel, HostLaunch, HostSpan};
+
+/// Every file below `root` whose name ends `.{extension}`, sorted: the
+/// corpus and source walks of the crate's unit tests.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn files_under(root: &std::path::Path, extension: &str) -> Vec<std::path::PathBuf> {
+    let mut dirs = vec![root.to_path_buf()];
+    let mut files = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == extension) {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}

@@ -97,13 +97,13 @@ fn expand(i: &Instr) -> Option<Vec<Instr>> {
             )
         }
     };
-    let (d, sum_of, first) = match (base, &o[..]) {
+    let (d, first) = match (base, &o[..]) {
         ("add" | "sub", [d, a, b]) => {
             out.push(mk(
                 format!("{base}.{u}"),
                 vec![t.clone(), a.clone(), b.clone()],
             ));
-            (d, t.clone(), a.clone())
+            (d, a.clone())
         }
         ("mad", [d, a, b, addend]) => {
             let half = half.unwrap_or("lo");
@@ -115,11 +115,11 @@ fn expand(i: &Instr) -> Option<Vec<Instr>> {
                 format!("add.{u}"),
                 vec![t.clone(), m.clone(), addend.clone()],
             ));
-            (d, t.clone(), m.clone())
+            (d, m.clone())
         }
         _ => return None,
     };
-    if matches!(d, Operand::Imm(_)) || matches!(sum_of, Operand::Imm(_)) {
+    if matches!(d, Operand::Imm(_)) {
         return None;
     }
     let b = o.get(2).cloned().unwrap_or(Operand::Imm(Imm::Int(0)));
@@ -161,32 +161,6 @@ fn expand(i: &Instr) -> Option<Vec<Instr>> {
     };
     out.push(mk(format!("mov.{u}"), vec![d.clone(), result]));
     Some(out)
-}
-
-/// The statements control may reach next from `body[k]`: a branch's
-/// target (and the next statement when it is predicated), nothing after
-/// an unpredicated `ret`/`exit`/`brx`.
-fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, k: usize) -> Vec<usize> {
-    let Some(Stmt::Instr(i)) = body.get(k) else {
-        return vec![k + 1];
-    };
-    let op = i.opcode.split('.').next().unwrap_or_default();
-    let mut out = Vec::new();
-    match op {
-        "bra" => {
-            if let Some(Operand::Name(l)) = i.operands.first() {
-                out.extend(labels.get(l.as_str()));
-            }
-        }
-        // `brx.idx` (which the verifier's table refuses anyway) and
-        // `ret`/`exit` end the path here.
-        "brx" | "ret" | "exit" => {}
-        _ => return vec![k + 1],
-    }
-    if i.guard.is_some() {
-        out.push(k + 1);
-    }
-    out
 }
 
 /// Refuses a carry read in the body of `function` (before inlining) where,
@@ -235,7 +209,7 @@ pub fn check_not_across_calls(body: &[Stmt], function: &str) -> Result<(), PtxEr
             Some(_) => here,
             None => continue,
         };
-        for next in successors(body, &labels, k) {
+        for next in super::successors(body, &labels, k) {
             let Some(slot) = written.get_mut(next) else {
                 continue;
             };

@@ -353,33 +353,6 @@ fn count(s: &Set) -> i128 {
         .fold(0i128, i128::saturating_add)
 }
 
-/// The statements control may reach after statement `pc`.
-fn successors(body: &[Stmt], labels: &HashMap<&str, usize>, pc: usize) -> Vec<usize> {
-    let next = if pc + 1 < body.len() {
-        vec![pc + 1]
-    } else {
-        Vec::new()
-    };
-    let Some(Stmt::Instr(i)) = body.get(pc) else {
-        return next;
-    };
-    match i.opcode.split('.').next().unwrap_or("") {
-        "bra" => {
-            let target = match i.operands.first() {
-                Some(Operand::Name(l)) => labels.get(l.as_str()).copied(),
-                _ => None,
-            };
-            let mut out: Vec<usize> = target.into_iter().collect();
-            if i.guard.is_some() {
-                out.extend(next);
-            }
-            out
-        }
-        "ret" | "exit" if i.guard.is_none() => Vec::new(),
-        _ => next,
-    }
-}
-
 /// The values of `s` within `lo..=hi`.
 fn clip(s: &Set, lo: i128, hi: i128) -> Set {
     let mut kept = Vec::new();
@@ -481,6 +454,54 @@ impl Regs {
     }
 }
 
+/// The body's branches as both backward analyses read them, built once:
+/// per statement, (what it writes, what it reads), its successors and its
+/// predecessors.
+struct Flow {
+    rw: Vec<(Bits, Bits)>,
+    succ: Vec<Vec<usize>>,
+    pred: Vec<Vec<usize>>,
+}
+
+impl Flow {
+    fn new(body: &[Stmt], labels: &HashMap<&str, usize>, regs: &mut Regs) -> Flow {
+        let n = body.len();
+        let mut rw: Vec<(Bits, Bits)> = Vec::with_capacity(n);
+        for s in body {
+            let (mut w, mut r) = (Bits::default(), Bits::default());
+            if let Stmt::Instr(i) = s {
+                let dests = Prover::dests(i);
+                for d in &dests {
+                    w.insert(regs.id(d));
+                }
+                let mut names = Vec::new();
+                for o in i.operands.iter().skip(usize::from(!dests.is_empty())) {
+                    super::operand_names(o, &mut names);
+                }
+                if let Some((_, g)) = &i.guard {
+                    names.push(g);
+                }
+                for x in names {
+                    r.insert(regs.id(x));
+                }
+            }
+            rw.push((w, r));
+        }
+        let succ: Vec<Vec<usize>> = (0..n)
+            .map(|pc| super::successors(body, labels, pc))
+            .collect();
+        let mut pred: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (pc, ss) in succ.iter().enumerate() {
+            for &s in ss {
+                if let Some(p) = pred.get_mut(s) {
+                    p.push(pc);
+                }
+            }
+        }
+        Flow { rw, succ, pred }
+    }
+}
+
 /// A backward analysis over the body's branches: per statement, the
 /// registers wanted before it, given those wanted after it. `uses(i,
 /// wanted after)` says whether `i`'s sources are wanted (an unguarded `i`
@@ -488,42 +509,12 @@ impl Regs {
 /// statement.
 fn backward(
     body: &[Stmt],
-    labels: &HashMap<&str, usize>,
-    regs: &mut Regs,
+    flow: &Flow,
+    regs: &Regs,
     uses: impl Fn(&Instr, &Bits, &Bits) -> bool,
 ) -> Result<(Vec<Bits>, Vec<Bits>), PtxError> {
     let n = body.len();
-    // Per statement: (what it writes, what it reads).
-    let mut rw: Vec<(Bits, Bits)> = Vec::with_capacity(n);
-    for s in body {
-        let (mut w, mut r) = (Bits::default(), Bits::default());
-        if let Stmt::Instr(i) = s {
-            let dests = Prover::dests(i);
-            for d in &dests {
-                w.insert(regs.id(d));
-            }
-            let mut names = Vec::new();
-            for o in i.operands.iter().skip(usize::from(!dests.is_empty())) {
-                super::operand_names(o, &mut names);
-            }
-            if let Some((_, g)) = &i.guard {
-                names.push(g);
-            }
-            for x in names {
-                r.insert(regs.id(x));
-            }
-        }
-        rw.push((w, r));
-    }
-    let succ: Vec<Vec<usize>> = (0..n).map(|pc| successors(body, labels, pc)).collect();
-    let mut pred: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (pc, ss) in succ.iter().enumerate() {
-        for &s in ss {
-            if let Some(p) = pred.get_mut(s) {
-                p.push(pc);
-            }
-        }
-    }
+    let Flow { rw, succ, pred } = flow;
     let mut live_in: Vec<Bits> = vec![Bits::default(); n];
     let mut live_out: Vec<Bits> = vec![Bits::default(); n];
     // A worklist, last statement first: a statement is visited again only
@@ -587,12 +578,8 @@ fn backward(
 /// loop bounded by another register (the Payne-Hanek loop of double `sin`:
 /// `i` from `15 - e` while `i < 19 - e`) becomes a loop with constant
 /// bounds on each path.
-fn split_registers(
-    body: &[Stmt],
-    labels: &HashMap<&str, usize>,
-    regs: &mut Regs,
-) -> Result<Vec<Bits>, PtxError> {
-    backward(body, labels, regs, |i, w, out| {
+fn split_registers(body: &[Stmt], flow: &Flow, regs: &Regs) -> Result<Vec<Bits>, PtxError> {
+    backward(body, flow, regs, |i, w, out| {
         let parts: Vec<&str> = i.opcode.split('.').collect();
         let compare = parts.first() == Some(&"setp")
             && !parts.last().is_some_and(|t| t.starts_with('f'))
@@ -609,12 +596,8 @@ fn split_registers(
 /// it before being written: what a state at a label keeps (a value no
 /// path reads again cannot change what the proof concludes, and states
 /// that differ only there are one).
-fn live_registers(
-    body: &[Stmt],
-    labels: &HashMap<&str, usize>,
-    regs: &mut Regs,
-) -> Result<Vec<Bits>, PtxError> {
-    backward(body, labels, regs, |_, _, _| true).map(|b| b.0)
+fn live_registers(body: &[Stmt], flow: &Flow, regs: &Regs) -> Result<Vec<Bits>, PtxError> {
+    backward(body, flow, regs, |_, _, _| true).map(|b| b.0)
 }
 
 fn type_bits(ty: &str) -> Option<u32> {
@@ -2062,8 +2045,9 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
     }
     let regs = register_widths(body);
     let mut numbers = Regs::default();
-    let split = split_registers(body, &labels, &mut numbers)?;
-    let live = live_registers(body, &labels, &mut numbers)?;
+    let flow = Flow::new(body, &labels, &mut numbers);
+    let split = split_registers(body, &flow, &numbers)?;
+    let live = live_registers(body, &flow, &numbers)?;
     let mut prover = Prover {
         body,
         frame: &frame,
@@ -2345,7 +2329,6 @@ pub fn lower_indexed(module: &mut Module, symbol: &str) -> Result<(), PtxError> 
     out.append(&mut decls);
     for (at, s) in body.drain(..).enumerate() {
         if Some(at) == frame_at {
-            out.append(&mut decls);
             for k in 0..slots {
                 out.push(reg(&format!("b{bits}"), format!("%__fs{k}")));
             }
