@@ -972,47 +972,36 @@ mod tests {
     fn every_corpus_verdict_survives_the_round_trip() {
         let mut seen = 0;
         let mut names = std::collections::BTreeSet::new();
-        let root = format!("{}/tests/corpus", env!("CARGO_MANIFEST_DIR"));
-        let mut dirs = vec![std::path::PathBuf::from(root)];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
-                    continue;
-                }
-                if path.extension().is_none_or(|e| e != "ptx") {
-                    continue;
-                }
-                let Ok(text) = std::fs::read_to_string(&path) else {
+        let root = std::path::PathBuf::from(format!("{}/tests/corpus", env!("CARGO_MANIFEST_DIR")));
+        for path in crate::ptx::files_under(&root, "ptx") {
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let entries = text
+                .lines()
+                .filter_map(|l| l.split(".entry ").nth(1))
+                .filter_map(|rest| rest.split(['(', ' ']).next())
+                .map(str::to_owned)
+                .collect::<Vec<_>>();
+            for symbol in entries {
+                let Ok(canonical) = crate::ptx::canonicalize(&text, &symbol, None) else {
                     continue;
                 };
-                let entries = text
-                    .lines()
-                    .filter_map(|l| l.split(".entry ").nth(1))
-                    .filter_map(|rest| rest.split(['(', ' ']).next())
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>();
-                for symbol in entries {
-                    let Ok(canonical) = crate::ptx::canonicalize(&text, &symbol, None) else {
-                        continue;
-                    };
-                    let hash = *blake3::hash(canonical.text.as_bytes()).as_bytes();
-                    let accepted = Accepted { canonical, hash };
-                    names.extend(
-                        accepted
-                            .canonical
-                            .contract
-                            .preconditions
-                            .iter()
-                            .map(|p| p.name),
-                    );
-                    let decoded = decode(&encode(&accepted))
-                        .and_then(|a| consistent(a, &symbol))
-                        .unwrap_or_else(|why| panic!("{}: {symbol}: {why}", path.display()));
-                    assert_eq!(decoded, accepted, "{}: {symbol}", path.display());
-                    seen += 1;
-                }
+                let hash = *blake3::hash(canonical.text.as_bytes()).as_bytes();
+                let accepted = Accepted { canonical, hash };
+                names.extend(
+                    accepted
+                        .canonical
+                        .contract
+                        .preconditions
+                        .iter()
+                        .map(|p| p.name),
+                );
+                let decoded = decode(&encode(&accepted))
+                    .and_then(|a| consistent(a, &symbol))
+                    .unwrap_or_else(|why| panic!("{}: {symbol}: {why}", path.display()));
+                assert_eq!(decoded, accepted, "{}: {symbol}", path.display());
+                seen += 1;
             }
         }
         assert!(seen >= 50, "only {seen} accepted kernels in the corpus");

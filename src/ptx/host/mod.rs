@@ -68,14 +68,7 @@ fn scalar_values(
     contract: &LaunchContract,
     launch: &HostLaunch<'_>,
 ) -> Result<Vec<u64>, HostFault> {
-    let types: Vec<ScalarType> = contract
-        .params
-        .iter()
-        .filter_map(|p| match p.kind {
-            ParamKind::Scalar(t) => Some(t),
-            _ => None,
-        })
-        .collect();
+    let types = contract.scalar_types();
     if launch.args.is_empty() && types.iter().all(|t| *t == ScalarType::F32) {
         if launch.params.len() != types.len() {
             return Err(launch_fault(format!(
