@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ptxd_client::cuda::{ClientStream, CudaDevice, DeviceAllocation};
 use ptxd_client::ring::{SemaphoreOp, SemaphoreWidth};
 use ptxd_client::{
-    Buffer, Client, Error, FdBufferSpec, Kernel, LoadOptions, OrphanCause, Session, ORDERING_BYTES,
+    Buffer, Client, Error, FdBufferSpec, LoadOptions, OrphanCause, Session, ORDERING_BYTES,
 };
 use rand::Rng;
 
@@ -32,24 +32,6 @@ async fn gpu_f32(
         .await
         .unwrap();
     (mem, buffer)
-}
-
-/// A CUDA daemon, a session of it labelled `label`, and the corpus's
-/// `add_f32_scalar` and `affine_f32_scalar` loaded in that session.
-async fn add_and_affine(label: &str) -> (Daemon, Client, Session, [Kernel; 2]) {
-    let daemon = Daemon::start_backend("cuda", &[], |_| {});
-    let client = Client::connect(&daemon.target()).await.unwrap();
-    let session = client.open_session(label).await.unwrap();
-    let mut kernels = Vec::new();
-    for symbol in ["add_f32_scalar", "affine_f32_scalar"] {
-        let text = String::from_utf8(corpus(&format!("{symbol}.ptx"))).unwrap();
-        let kernel = session
-            .load_ptx(0, text, symbol, LoadOptions::default())
-            .await;
-        kernels.push(kernel.unwrap());
-    }
-    let kernels: [Kernel; 2] = kernels.try_into().unwrap();
-    (daemon, client, session, kernels)
 }
 
 fn word(mem: &DeviceAllocation, index: usize) -> u32 {
@@ -172,8 +154,26 @@ async fn ring_launches_on_ipc_memory_match_the_reference() {
 /// answers come back in order, each once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_burst_of_two_kernels_patches_each_launchs_own_params() {
-    let (_daemon, _client, session, [add, affine]) = add_and_affine("gpu-ring-burst").await;
+    let daemon = Daemon::start_backend("cuda", &[], |_| {});
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("gpu-ring-burst").await.unwrap();
     let dev = device();
+    let load = |file: &'static str, symbol: &'static str| {
+        let session = &session;
+        async move {
+            session
+                .load_ptx(
+                    0,
+                    String::from_utf8(corpus(file)).unwrap(),
+                    symbol,
+                    LoadOptions::default(),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let add = load("add_f32_scalar.ptx", "add_f32_scalar").await;
+    let affine = load("affine_f32_scalar.ptx", "affine_f32_scalar").await;
     let mut rng = rng();
     let (chunk, launches, depth) = (4099usize, 400usize, 32u64);
     let a: Vec<f32> = (0..chunk * launches + 64)
@@ -269,8 +269,26 @@ async fn a_burst_of_two_kernels_patches_each_launchs_own_params() {
 /// changes some element.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chain_of_ring_launches_runs_in_order_with_each_launchs_own_params() {
-    let (_daemon, _client, session, [add, affine]) = add_and_affine("gpu-ring-chain").await;
+    let daemon = Daemon::start_backend("cuda", &[], |_| {});
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("gpu-ring-chain").await.unwrap();
     let dev = device();
+    let load = |file: &'static str, symbol: &'static str| {
+        let session = &session;
+        async move {
+            session
+                .load_ptx(
+                    0,
+                    String::from_utf8(corpus(file)).unwrap(),
+                    symbol,
+                    LoadOptions::default(),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let add = load("add_f32_scalar.ptx", "add_f32_scalar").await;
+    let affine = load("affine_f32_scalar.ptx", "affine_f32_scalar").await;
     let mut rng = rng();
     let (len, launches, depth) = (70_000usize, 3000usize, 64u64);
     // Integers both (a NaN's payload is not the same on the GPU and here):
