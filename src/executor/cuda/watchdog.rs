@@ -819,6 +819,64 @@ mod tests {
         assert!(matches!(state.launches[0].done, Marker::Sequence(3)));
     }
 
+    /// The ring decides a group's marker before its kernel is enqueued
+    /// (`closing_with_next`, so the marker can ride in the kernel's graph);
+    /// over random runs of plain, waiting and sync launches it closes
+    /// exactly the groups the decision after the kernel (`count`, then
+    /// `must_close`) closes: the same launches in each, the same sequence
+    /// numbers, never more than RING_GROUP kernels under one marker.
+    #[test]
+    fn deciding_the_marker_before_the_kernel_groups_as_deciding_after() {
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _run in 0..200 {
+            let launches: Vec<bool> = (0..1 + next() % 100).map(|_| next() % 7 == 0).collect();
+            // After: count the kernel, then close if it must.
+            let after_queue = Arc::new(StreamQueue::default());
+            let word: Arc<dyn Progress> = Arc::new(FakeWord::default());
+            let mut after =
+                RingWatch::attach(after_queue.clone(), Weak::new(), || Ok(word.clone())).unwrap();
+            // Before: the number taken first, the kernel counted, then the
+            // number committed.
+            let before_queue = Arc::new(StreamQueue::default());
+            let word: Arc<dyn Progress> = Arc::new(FakeWord::default());
+            let mut before =
+                RingWatch::attach(before_queue.clone(), Weak::new(), || Ok(word.clone())).unwrap();
+            for &close_now in &launches {
+                after.count();
+                if after.must_close(close_now) {
+                    let sequence = after.closing().unwrap();
+                    after.commit(sequence, None, None);
+                }
+                let closing = before.closing_with_next(close_now);
+                before.count();
+                if let Some(sequence) = closing {
+                    before.commit(sequence, None, None);
+                }
+            }
+            let groups = |queue: &StreamQueue| {
+                queue
+                    .lock()
+                    .launches
+                    .iter()
+                    .map(|w| match w.done {
+                        Marker::Sequence(s) => (s, w.launches),
+                        Marker::Event(_) => (0, 0),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let (want, got) = (groups(&after_queue), groups(&before_queue));
+            assert_eq!(got, want, "launches {launches:?}");
+            assert!(got.iter().all(|&(_, n)| (1..=RING_GROUP).contains(&n)));
+            assert_eq!(after.unwatched, before.unwatched);
+        }
+    }
+
     /// A ring launch that waits on a semaphore is watched from the start
     /// marker its stream writes after the wait: while the word is below
     /// it, the launch is waiting for its client (blamed only once the wait
