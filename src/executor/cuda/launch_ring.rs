@@ -133,7 +133,7 @@ struct CudaRing {
 
 /// The executor's rings that are launching (not idle) now. A kernel goes
 /// through its graph only while its ring is the one launching: a graph
-/// launch costs a third of a `cuLaunchKernel` on one thread (2.2 against
+/// launch costs about half a `cuLaunchKernel` on one thread (2.2 against
 /// 4.3 µs on the H200), but nearly all of it is serialized inside the
 /// driver, so 16 rings launching at once through graphs enqueued 400k–452k
 /// launches a second against 593k–630k through `cuLaunchKernel` (runs AW,
