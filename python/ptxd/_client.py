@@ -1405,7 +1405,7 @@ def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], 
     if isinstance(item, dict):
         params = item.get("params", ())
         args = item.get("args", ())
-        if args and len(params):
+        if args and params is not None and len(params):
             raise TypeError("a launch passes params or args, not both")
         kernel = item["kernel"]
         if not isinstance(kernel, Kernel):
@@ -1431,7 +1431,7 @@ def _typed_args(kernel: Kernel, params: Sequence[float], args: Sequence[Any]
         return params, []
     scalars = kernel._scalar_params()
     typed = _args.resolve(args, scalars)
-    if (len(params) == 0 and len(typed) == len(scalars)
+    if ((params is None or len(params) == 0) and len(typed) == len(scalars)
             and all(a.type == "f32" == kind for a, (_, kind) in zip(typed, scalars))):
         return [a.value for a in typed], []
     return params, typed

@@ -41,10 +41,17 @@ def test_f32_args_write_exactly_what_params_write(session):
     a, b = float(RNG.uniform(-2, 2)), float(RNG.uniform(-1, 1))
     want = affine_reference(np.asarray(x), a, b)
     outputs = []
-    for how in ("params", "typed", "plain", "mixed"):
+    for how in ("params", "typed", "plain", "mixed", "none-params", "none-params-batch"):
         y = poisoned(session, n)
         if how == "params":
             session.launch(kernel, [x], y, params=[a, b], sync=True)
+        elif how == "none-params":
+            # params=None beside args is no params (as before len() replaced
+            # the truth test).
+            session.launch(kernel, [x], y, params=None, args=[a, b], sync=True)
+        elif how == "none-params-batch":
+            session.launch_many([{"kernel": kernel, "inputs": [x], "output": y,
+                                  "params": None, "args": [a, b]}], sync=True)
         elif how == "typed":
             session.launch(kernel, [x], y, args=[ptxd.f32(a), ptxd.f32(b)], sync=True)
         elif how == "plain":

@@ -64,7 +64,7 @@ pub const COMPILED_KERNELS: EntryFormat = EntryFormat {
     name: "kernel cache",
 };
 /// Magic, key, payload length, payload hash.
-const HEADER_BYTES: usize = 8 + 32 + 8 + 32;
+pub(crate) const HEADER_BYTES: usize = 8 + 32 + 8 + 32;
 /// The suffix of complete entries; temporary files end in `.tmp`.
 const ENTRY_SUFFIX: &str = ".kc";
 const TEMP_SUFFIX: &str = ".tmp";

@@ -17,16 +17,19 @@
 //!   symbolic link, not another user's), an entry is written whole by
 //!   rename (two daemons may share the directory), its header's magic, key
 //!   and payload hash are checked on read, a bad entry is deleted and is a
-//!   miss, and the directory stays under `--verdict-cache-max-bytes`.
+//!   miss, and what one daemon knows of the directory stays under
+//!   `--verdict-cache-max-bytes` (several daemons sharing it each keep
+//!   their own account: together up to that many times the bound between
+//!   their listings).
 //! - The cache is optional: a `verdicts` path it cannot open (a file, a
 //!   link, another user's directory) leaves the daemon running without it
 //!   (`Front::start` logs why), never stopped.
 //! - The bound is kept by an account in memory, under one lock: the
 //!   entries' sizes and use order, built by one listing of the directory at
 //!   open. A put is one write and the account's evictions; the directory is
-//!   listed again only when the account is found wrong (an entry it holds
-//!   already gone, a hit on one it does not hold: another daemon shares the
-//!   directory) and after each bound's worth of bytes written.
+//!   listed again only after each bound's worth of bytes written. An entry
+//!   another daemon deleted is forgotten when found gone, and one it wrote
+//!   is entered at its size when hit, neither with a listing.
 //! - One kernel (one canonical text, whatever the bytes the client sent)
 //!   has at most [`VARIANTS_PER_KERNEL`] entries among those this daemon
 //!   wrote or read: another variant replaces the kernel's least recently
@@ -143,11 +146,11 @@ struct Kept {
 
 /// What the directory holds, as far as this daemon knows: built by one
 /// listing at open and kept by every put, hit and deletion, so that a put
-/// lists nothing. The directory is listed again only when the account is
-/// found wrong (an entry it holds was already gone when evicted, or a hit
-/// on an entry it does not hold: another daemon shares the directory) and
-/// after each bound's worth of bytes written (what other daemons wrote
-/// counts then): one listing of n entries per n entries' worth of puts.
+/// lists nothing. The directory is listed again only after each bound's
+/// worth of bytes written (what other daemons wrote counts then): one
+/// listing of n entries per n entries' worth of puts. Another daemon's
+/// deletions and writes reach it without a listing: an entry found gone
+/// when evicted is forgotten, one hit that it did not hold is entered.
 #[derive(Debug, Default)]
 struct Account {
     entries: HashMap<CacheKey, Kept>,
@@ -159,8 +162,6 @@ struct Account {
     clock: u64,
     /// Bytes written since the directory was listed.
     written: u64,
-    /// The directory was found to differ from the account.
-    wrong: bool,
     /// Listings of the directory, the one at open included.
     listings: u64,
 }
@@ -286,13 +287,14 @@ impl VerdictCache {
         self.evict_to_bound(account);
     }
 
-    /// Deletes `key`'s entry; one already gone means another daemon (or a
-    /// person) changed the directory: the account is wrong.
+    /// Deletes `key`'s entry. One already gone was deleted by another
+    /// daemon sharing the directory (or a person): forgetting it is all
+    /// the account needs, with no listing (two daemons evicting the same
+    /// oldest entries would otherwise list the directory on nearly every
+    /// put).
     fn evict(&self, account: &mut Account, key: CacheKey) {
         account.forget(&key);
-        if !self.store.remove(&key) {
-            account.wrong = true;
-        }
+        self.store.remove(&key);
     }
 
     fn evict_to_bound(&self, account: &mut Account) {
@@ -343,9 +345,12 @@ impl VerdictCache {
                 Ok(accepted) => {
                     let mut account = self.lock();
                     if !account.touch(&key, accepted.hash) {
-                        // Written by another daemon sharing the directory.
-                        self.relist(&mut account);
-                        account.touch(&key, accepted.hash);
+                        // Written by another daemon sharing the directory:
+                        // entered at its size, without a listing.
+                        let bytes =
+                            (crate::executor::kernel_cache::HEADER_BYTES + payload.len()) as u64;
+                        account.insert(key, bytes, Some(accepted.hash));
+                        self.evict_to_bound(&mut account);
                     }
                     Some(accepted)
                 }
@@ -373,8 +378,8 @@ impl VerdictCache {
     /// evictions by the account (the least recently used variant of the
     /// same kernel when it has [`VARIANTS_PER_KERNEL`], then the least
     /// recently used entries until the store fits its bound); no listing
-    /// of the directory unless the account was found wrong or a bound's
-    /// worth of bytes was written since the last one.
+    /// of the directory unless a bound's worth of bytes was written since
+    /// the last one.
     pub fn put(
         &self,
         text: &[u8],
@@ -389,10 +394,11 @@ impl VerdictCache {
         let mut account = self.lock();
         account.forget(&key);
         // Each eviction takes one key out of the kernel's variants (they
-        // only ever hold keys of the account), so the loop ends early; a
-        // kernel over its share (old entries it learned of by hits) comes
-        // down by up to the share per put.
-        for _ in 0..VARIANTS_PER_KERNEL {
+        // only ever hold keys of the account), so the loop ends, at most
+        // after as many rounds as the kernel has variants; a kernel over
+        // its share (old entries it learned of by hits) comes down to it.
+        let rounds = account.variants.get(&accepted.hash).map_or(0, Vec::len);
+        for _ in 0..rounds {
             let Some(variant) = account.surplus_variant(&accepted.hash) else {
                 break;
             };
@@ -401,7 +407,7 @@ impl VerdictCache {
         account.insert(key, bytes, Some(accepted.hash));
         account.written = account.written.saturating_add(bytes);
         self.evict_to_bound(&mut account);
-        if account.wrong || account.written > self.max_bytes {
+        if account.written > self.max_bytes {
             self.relist(&mut account);
         }
     }
@@ -1226,6 +1232,47 @@ mod tests {
     /// most [`VARIANTS_PER_KERNEL`] entries: the kernel's own oldest
     /// variant goes, and another kernel's verdict, older than every
     /// copy, is still served.
+    /// A kernel that a daemon learnt more than its share of variants of
+    /// (by hits on entries from before it started) comes down to the share
+    /// at its next put, not by a share per put.
+    #[test]
+    fn a_kernel_over_its_share_comes_down_to_it_at_the_next_put() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = corpus("add_f32_scalar");
+        let accepted = verified(&text, "add_f32_scalar");
+        let many = 3 * VARIANTS_PER_KERNEL;
+        // Each written by a daemon of its own: none knows the others', so
+        // none evicts a variant.
+        for i in 0..many {
+            let writer = VerdictCache::open(dir.path(), 1 << 24).unwrap();
+            writer.put(
+                variant(&text, i).as_bytes(),
+                "add_f32_scalar",
+                None,
+                &accepted,
+            );
+        }
+        assert_eq!(directory_bytes(dir.path()).0, many);
+        let cache = VerdictCache::open(dir.path(), 1 << 24).unwrap();
+        for i in 0..many {
+            assert!(cache
+                .get(variant(&text, i).as_bytes(), "add_f32_scalar", None)
+                .is_some());
+        }
+        assert_eq!(cache.lock().variants[&accepted.hash].len(), many);
+        cache.put(
+            variant(&text, many).as_bytes(),
+            "add_f32_scalar",
+            None,
+            &accepted,
+        );
+        assert_eq!(
+            cache.lock().variants[&accepted.hash].len(),
+            VARIANTS_PER_KERNEL
+        );
+        assert_eq!(directory_bytes(dir.path()).0, VARIANTS_PER_KERNEL);
+    }
+
     #[test]
     fn one_kernels_variants_cannot_fill_the_store() {
         let dir = tempfile::tempdir().unwrap();
@@ -1365,9 +1412,11 @@ mod tests {
             .is_some());
         assert_eq!(
             a.listings(),
-            before + 1,
-            "a hit on an entry it did not know"
+            before,
+            "a hit on an entry it did not know is entered without a listing"
         );
+        let entered = a.key(variant(&text, 0).as_bytes(), "add_f32_scalar", None);
+        assert!(a.lock().entries.contains_key(&entered));
         let mut rng = rand::rng();
         for i in 1..400 {
             let writer = if rng.random_bool(0.5) { &a } else { &b };
