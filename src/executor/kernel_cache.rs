@@ -95,13 +95,21 @@ impl CacheKey {
 
     /// The key an entry's file name names, if it is one.
     fn from_file_name(name: &str) -> Option<CacheKey> {
-        let hex = name.strip_suffix(ENTRY_SUFFIX)?;
-        if hex.len() != 64 || !hex.is_ascii() {
+        // Only the names `file_name` writes: 64 lowercase hex digits. A
+        // parser's leniency (`+`, upper case) would let two names alias
+        // one key.
+        let hex = name.strip_suffix(ENTRY_SUFFIX)?.as_bytes();
+        if hex.len() != 64 {
             return None;
         }
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
         let mut key = [0u8; 32];
-        for (byte, pair) in key.iter_mut().zip(hex.as_bytes().chunks(2)) {
-            *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+        for (byte, pair) in key.iter_mut().zip(hex.chunks_exact(2)) {
+            *byte = (digit(pair[0])? << 4) | digit(pair[1])?;
         }
         Some(CacheKey(key))
     }
@@ -323,7 +331,7 @@ impl KernelCache {
     /// Deletes the least recently used entries until the rest fit the
     /// bound, and temporary files of writers that died.
     pub fn evict(&self) {
-        let mut entries = self.scan();
+        let mut entries = self.scan().unwrap_or_default();
         let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
         if total <= self.max_bytes {
             return;
@@ -339,29 +347,34 @@ impl KernelCache {
         }
     }
 
-    /// The complete entries, by key (a name that is no key's is left out),
-    /// listed once without evicting anything; temporary files of writers
-    /// that died are deleted on the way.
-    pub fn list(&self) -> Vec<Listed> {
-        self.scan()
-            .into_iter()
-            .filter_map(|(modified, bytes, path)| {
-                let key = CacheKey::from_file_name(path.file_name()?.to_str()?)?;
-                Some(Listed {
-                    key,
-                    bytes,
-                    modified,
+    /// The complete entries, by key, listed once without evicting
+    /// anything; `None` when the directory cannot be read (so a caller
+    /// keeps what it knew rather than taking it for empty). Files of
+    /// writers that died, and `.kc` names that are no key's, are deleted
+    /// on the way.
+    pub fn list(&self) -> Option<Vec<Listed>> {
+        Some(
+            self.scan()?
+                .into_iter()
+                .filter_map(|(modified, bytes, path)| {
+                    let key = CacheKey::from_file_name(path.file_name()?.to_str()?)?;
+                    Some(Listed {
+                        key,
+                        bytes,
+                        modified,
+                    })
                 })
-            })
-            .collect()
+                .collect(),
+        )
     }
 
     /// One pass over the directory: each complete entry's modification
-    /// time, length and path; stale temporary files are deleted.
-    fn scan(&self) -> Vec<(SystemTime, u64, PathBuf)> {
-        let Ok(listing) = fs::read_dir(&self.dir) else {
-            return Vec::new();
-        };
+    /// time, length and path. Stale temporary files are deleted, and so
+    /// are files with the entry suffix whose name is no key's: no lookup
+    /// can reach them, so nothing else would ever delete them, and the
+    /// bound would not count them.
+    fn scan(&self) -> Option<Vec<(SystemTime, u64, PathBuf)>> {
+        let listing = fs::read_dir(&self.dir).ok()?;
         let now = SystemTime::now();
         let mut entries = Vec::new();
         for item in listing.flatten() {
@@ -379,11 +392,13 @@ impl KernelCache {
                 {
                     let _ = fs::remove_file(item.path());
                 }
-            } else if name.ends_with(ENTRY_SUFFIX) {
+            } else if CacheKey::from_file_name(&name).is_some() {
                 entries.push((modified, meta.len(), item.path()));
+            } else if name.ends_with(ENTRY_SUFFIX) {
+                let _ = fs::remove_file(item.path());
             }
         }
-        entries
+        Some(entries)
     }
 }
 
@@ -634,15 +649,53 @@ mod tests {
         assert_eq!(cache.write(&key("huge"), &random_bytes(3000)), None);
         fs::write(dir.path().join(format!("x{TEMP_SUFFIX}")), b"half").unwrap();
         fs::write(dir.path().join(format!("not-a-key{ENTRY_SUFFIX}")), b"x").unwrap();
-        let mut listed = cache.list();
+        // Names a lenient parser would read as a key's: upper case, and a
+        // `+` sign in a digit pair.
+        let upper = keys[1]
+            .file_name()
+            .to_ascii_uppercase()
+            .replace(".KC", ENTRY_SUFFIX);
+        let plus = format!("+{}", &keys[2].file_name()[1..]);
+        fs::write(dir.path().join(&upper), b"alias").unwrap();
+        fs::write(dir.path().join(&plus), b"alias").unwrap();
+        let mut listed = cache.list().unwrap();
         listed.sort_by_key(|l| l.key.0);
         let mut expected = keys.clone();
         expected.sort_by_key(|k| k.0);
         assert_eq!(listed.iter().map(|l| l.key).collect::<Vec<_>>(), expected);
         assert!(listed.iter().all(|l| l.bytes == entry));
+        // No lookup reaches a name that is no key's, so the listing
+        // deletes it rather than leave it outside every bound.
+        for name in [format!("not-a-key{ENTRY_SUFFIX}"), upper, plus] {
+            assert!(!dir.path().join(&name).exists(), "{name} left behind");
+        }
+        assert!(dir.path().join(format!("x{TEMP_SUFFIX}")).exists());
         assert!(cache.remove(&keys[0]));
         assert!(!cache.remove(&keys[0]));
-        assert_eq!(cache.list().len(), 2);
+        assert_eq!(cache.list().unwrap().len(), 2);
+    }
+
+    /// A directory that cannot be read lists as `None`, not as empty.
+    #[test]
+    fn an_unreadable_directory_lists_as_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::open(dir.path(), 1 << 20).unwrap();
+        assert!(cache.write(&key("a"), &random_bytes(10)).is_some());
+        assert_eq!(cache.list().map(|l| l.len()), Some(1));
+        fs::remove_dir_all(dir.path()).unwrap();
+        assert!(cache.list().is_none());
+    }
+
+    /// Only the names `file_name` writes are keys' names.
+    #[test]
+    fn a_file_name_is_read_back_only_as_written() {
+        let k = key("n");
+        let name = k.file_name();
+        assert_eq!(CacheKey::from_file_name(&name), Some(k));
+        assert_eq!(CacheKey::from_file_name(&name.to_ascii_uppercase()), None);
+        assert_eq!(CacheKey::from_file_name(&format!("+{}", &name[1..])), None);
+        assert_eq!(CacheKey::from_file_name(&name[1..]), None);
+        assert_eq!(CacheKey::from_file_name(&format!("é{}", &name[2..])), None);
     }
 
     #[test]

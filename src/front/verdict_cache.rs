@@ -269,7 +269,13 @@ impl VerdictCache {
     /// first, by modification time, which a hit refreshes), keeping the
     /// kernels it knew, then evicts down to the bound.
     fn relist(&self, account: &mut Account) {
-        let mut listed = self.store.list();
+        // A directory that cannot be read just now (a person's chmod, a
+        // full inode table) is not an empty one: the account stays as it
+        // was, so the bound still holds over what it knew.
+        let Some(mut listed) = self.store.list() else {
+            account.listings += 1;
+            return;
+        };
         listed.sort_by_key(|l| l.modified);
         let kernels: HashMap<CacheKey, [u8; 32]> = account
             .entries
@@ -1385,9 +1391,41 @@ mod tests {
         }
     }
 
+    /// A listing that cannot read the directory (here: moved away for a
+    /// moment) keeps the account as it was; before, it rebuilt it empty,
+    /// and the entries it had counted were outside every bound.
+    #[test]
+    fn a_listing_of_an_unreadable_directory_keeps_the_account() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = corpus("add_f32_scalar");
+        let accepted = verified(&text, "add_f32_scalar");
+        let cache = VerdictCache::open(dir.path(), 1 << 20).unwrap();
+        for i in 0..5 {
+            cache.put(
+                variant(&text, i).as_bytes(),
+                "add_f32_scalar",
+                None,
+                &another_kernel(&accepted, i),
+            );
+        }
+        let (entries, total) = {
+            let account = cache.lock();
+            (account.entries.len(), account.total)
+        };
+        assert_eq!(entries, 5);
+        let sub = dir.path().join(SUBDIRECTORY);
+        let away = dir.path().join("away");
+        std::fs::rename(&sub, &away).unwrap();
+        let listings = cache.listings();
+        cache.relist(&mut cache.lock());
+        std::fs::rename(&away, &sub).unwrap();
+        assert_eq!(cache.listings(), listings + 1);
+        let account = cache.lock();
+        assert_eq!((account.entries.len(), account.total), (entries, total));
+    }
+
     /// Two daemons on one directory: what one writes, the other finds on
-    /// a hit (its account was wrong: it lists the directory again) and
-    /// counts; what one deletes, the other's account drops; the directory
+    /// a hit and enters at its size, without a listing; what one deletes, the other's account drops; the directory
     /// stays under the bound both keep.
     #[test]
     fn two_daemons_sharing_the_directory_keep_its_bound() {
