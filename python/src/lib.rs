@@ -1562,15 +1562,37 @@ impl NativeRing {
     /// registration was made of lives (same id at one of its addresses),
     /// every address cached in it is still inside it. This is the one
     /// place checks are deduplicated; callers pass every operand's.
+    ///
+    /// The ids already asked about are kept in a set once there are more
+    /// than a handful (a `launch_many` of thousands of launches over as
+    /// many tensors stays linear).
     fn checks_hold<'a, I>(&self, checks: I) -> Result<bool, Error>
     where
         I: IntoIterator<Item = &'a (u64, u64)>,
-        I::IntoIter: Clone,
     {
-        let checks = checks.into_iter();
-        for (index, &(ptr, id)) in checks.clone().enumerate() {
-            let asked = checks.clone().take(index).any(|&(_, seen)| seen == id);
-            if !asked && self.device.allocation_id(ptr)? != id {
+        const FEW: usize = 16;
+        // On the stack: the hot path (a launch's few operands) allocates
+        // nothing.
+        let mut few = [0u64; FEW];
+        let mut len = 0;
+        let mut many: Option<std::collections::HashSet<u64>> = None;
+        for &(ptr, id) in checks {
+            let first = match &mut many {
+                Some(set) => set.insert(id),
+                None if few[..len].contains(&id) => false,
+                None if len < FEW => {
+                    few[len] = id;
+                    len += 1;
+                    true
+                }
+                None => {
+                    let mut set: std::collections::HashSet<u64> = few.into_iter().collect();
+                    set.insert(id);
+                    many = Some(set);
+                    true
+                }
+            };
+            if first && self.device.allocation_id(ptr)? != id {
                 return Ok(false);
             }
         }
