@@ -397,7 +397,7 @@ impl RingBackend for CudaRing {
             (Some(watch), Some(_)) => watch.closing_with_next(launch.sync || started.is_some()),
             _ => None,
         };
-        let marker_in_launch = match (closing, progress) {
+        let mut marker_in_launch = match (closing, progress) {
             (Some(value), Some(addr)) if launch.signal.is_none() => Some(WordWrite { addr, value }),
             _ => None,
         };
@@ -437,9 +437,15 @@ impl RingBackend for CudaRing {
             };
             self.addresses = addresses;
             self.scalar_bits = scalars;
-            if let Err(e) = launched {
-                let e = self.driver(e, "launching the kernel");
-                return Err(self.release_after_failure(&launch, e));
+            match launched {
+                Ok(true) => {}
+                // The kernel is enqueued but its marker is not: the batch
+                // after it writes the marker instead.
+                Ok(false) => marker_in_launch = None,
+                Err(e) => {
+                    let e = self.driver(e, "launching the kernel");
+                    return Err(self.release_after_failure(&launch, e));
+                }
             }
         }
         let mut after = MemOps::new();

@@ -284,6 +284,11 @@ impl RingKernel {
     /// # Safety
     /// As [`LoadedKernel::enqueue`]; `marker`'s word stays valid until the
     /// stream has run the launch.
+    ///
+    /// `Ok(true)`: the kernel and its marker (if any) are enqueued;
+    /// `Ok(false)`: the kernel is, but its marker's separate write (after
+    /// `cuLaunchKernel`) was refused without harm to the context, so the
+    /// caller writes the marker itself; `Err`: nothing usable is enqueued.
     pub(super) unsafe fn enqueue(
         &self,
         stream: &Stream,
@@ -292,7 +297,7 @@ impl RingKernel {
         n: u64,
         scalars: &[u64],
         Submit { marker, graph }: Submit,
-    ) -> Result<(), DriverError> {
+    ) -> Result<bool, DriverError> {
         let refused = || DriverError {
             call: "packing the kernel's parameters",
             name: "CUDA_ERROR_INVALID_VALUE".into(),
@@ -358,7 +363,7 @@ impl RingKernel {
                     tracing::warn!(error = %e, "cannot update a ring kernel's graph; it launches with cuLaunchKernel");
                     *slot = GraphSlot::Failed;
                 }
-                launched => return launched,
+                launched => return launched.map(|()| true),
             }
         }
         // SAFETY: as above, for `cuLaunchKernel`.
@@ -367,10 +372,19 @@ impl RingKernel {
                 .function
                 .launch(grid, kernel.block, stream, &mut params.pointers)
         }?;
-        match marker {
-            // SAFETY: the marker's word outlives the launch (the contract).
-            Some(marker) => unsafe { stream.write_value(marker.addr, marker.value, true) },
-            None => Ok(()),
+        let Some(marker) = marker else {
+            return Ok(true);
+        };
+        // SAFETY: the marker's word outlives the launch (the contract).
+        match unsafe { stream.write_value(marker.addr, marker.value, true) } {
+            Ok(()) => Ok(true),
+            // The kernel is enqueued whatever happened to the write: the
+            // caller must count it and close its group another way.
+            Err(e) if !e.is_sticky() => {
+                tracing::warn!(error = %e, "a ring kernel's marker was refused after the kernel; it goes in the batch after it");
+                Ok(false)
+            }
+            Err(e) => Err(e),
         }
     }
 }
