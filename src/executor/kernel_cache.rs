@@ -39,8 +39,11 @@
 //!   entries least recently used (by modification time, which a hit
 //!   refreshes) are deleted until the total fits. A caller that keeps its
 //!   own account of the entries (the verdict cache) writes with `write`,
-//!   which does not list the directory, and evicts by that account. Temporary files left by
-//!   a writer that died are deleted once they are an hour old.
+//!   which does not list the directory, and evicts by that account.
+//!   Temporary files left by a writer that died are deleted once they are
+//!   an hour old, and a file with the entry suffix whose name is not one
+//!   `CacheKey::file_name` writes (no lookup can reach it) at the next
+//!   listing.
 //! - No path here panics: every file-system failure is a miss or a skipped
 //!   write (the cache only ever saves time) or, at open, a typed error.
 
