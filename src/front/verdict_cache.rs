@@ -274,6 +274,7 @@ impl VerdictCache {
         // was, so the bound still holds over what it knew.
         let Some(mut listed) = self.store.list() else {
             account.listings += 1;
+            account.written = 0;
             return;
         };
         listed.sort_by_key(|l| l.modified);
