@@ -471,7 +471,15 @@ fn parse_mode(text: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
-/// Parses `50us`, `250ms`, `5s`, `2m` or a bare number of seconds.
+/// The longest duration a flag takes: `u32::MAX` seconds (about 136
+/// years), far past any timeout, TTL or spin, and short enough that every
+/// `Instant::now() + duration` the daemon computes from one (a token's
+/// deadline, a spin's end) stays inside `Instant`'s range: a longer one
+/// would panic there, at a request, long after the daemon started.
+pub const MAX_DURATION: Duration = Duration::from_secs(u32::MAX as u64);
+
+/// Parses `50us`, `250ms`, `5s`, `2m` or a bare number of seconds, at most
+/// [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit() && c != '.') {
@@ -492,7 +500,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             ))
         }
     };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("bad duration {text:?}: {e}"))
+    let duration =
+        Duration::try_from_secs_f64(seconds).map_err(|e| format!("bad duration {text:?}: {e}"))?;
+    if duration > MAX_DURATION {
+        return Err(format!(
+            "duration {text:?} is longer than the longest a flag takes, {} s",
+            MAX_DURATION.as_secs()
+        ));
+    }
+    Ok(duration)
 }
 
 /// The configured limits.
@@ -590,8 +606,43 @@ mod tests {
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert!(parse_duration("5h").is_err());
         assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_duration(&u32::MAX.to_string()).unwrap(), MAX_DURATION);
         assert_eq!(parse_mode("660").unwrap(), 0o660);
         assert!(parse_mode("999").is_err());
+    }
+
+    /// A duration `Instant::now() + d` cannot hold (a token TTL, a spin)
+    /// is refused when the flag is parsed, not met by a panic at the first
+    /// request that adds it to the clock; every accepted one adds.
+    #[test]
+    fn a_duration_past_what_the_clock_can_add_is_refused() {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        let longest = u64::from(u32::MAX);
+        for _ in 0..100 {
+            let seconds = rng.random_range(longest + 1..=u64::MAX / 2);
+            for text in [
+                format!("{seconds}"),
+                format!("{seconds}s"),
+                format!("{}m", seconds / 60 + 1),
+            ] {
+                let refused = parse_duration(&text).unwrap_err();
+                assert!(
+                    refused.contains("longer than the longest a flag takes"),
+                    "{refused}"
+                );
+            }
+            let accepted = parse_duration(&rng.random_range(0..=longest).to_string()).unwrap();
+            assert!(std::time::Instant::now().checked_add(accepted).is_some());
+        }
+        // 1e19 s: a Duration, and one `Instant + Duration` panics on.
+        let far = "10000000000000000000";
+        assert!(std::time::Instant::now()
+            .checked_add(Duration::from_secs(10_000_000_000_000_000_000))
+            .is_none());
+        assert!(parse_duration(far)
+            .unwrap_err()
+            .contains("longer than the longest a flag takes"));
     }
 
     #[test]

@@ -88,6 +88,20 @@ fn malformed(kind: &'static str, text: &str) -> MalformedHandle {
     MalformedHandle { kind, text }
 }
 
+/// Whether `part` is a field as ptxd prints it: lower-case hex digits
+/// only (`from_str_radix` also takes a `+` and upper case), the token (the
+/// first field) as its 16 digits, any other without leading zeros. So a
+/// handle has one spelling: no alias of it names the same object.
+fn canonical_hex(part: &str, token: bool) -> bool {
+    let digits = part.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let width = if token {
+        part.len() == 16
+    } else {
+        !part.is_empty() && (part == "0" || !part.starts_with('0'))
+    };
+    digits && width
+}
+
 fn fields<const N: usize>(
     text: &str,
     prefix: &str,
@@ -98,8 +112,11 @@ fn fields<const N: usize>(
         .ok_or_else(|| malformed(kind, text))?;
     let mut out = [0u64; N];
     let mut parts = rest.split('-');
-    for slot in out.iter_mut() {
+    for (index, slot) in out.iter_mut().enumerate() {
         let part = parts.next().ok_or_else(|| malformed(kind, text))?;
+        if !canonical_hex(part, index == 0) {
+            return Err(malformed(kind, text));
+        }
         *slot = u64::from_str_radix(part, 16).map_err(|_| malformed(kind, text))?;
     }
     if parts.next().is_some() {
@@ -383,6 +400,65 @@ mod tests {
         assert!(SessionId::parse("ses-XYZ").is_err());
         let long = "x".repeat(10_000);
         assert!(KernelRef::parse(&long).unwrap_err().text.len() <= 96);
+    }
+
+    /// A handle has one spelling: a `+` sign, upper case, a token not
+    /// padded to 16 digits or another field padded with zeros parses to the
+    /// same object as the printed text under `u64::from_str_radix`, and is
+    /// refused instead, while the printed text itself parses.
+    #[test]
+    fn a_handle_is_read_only_as_printed() {
+        for _ in 0..200 {
+            // Hex letters in every field (so upper case differs), leading
+            // zeros in the buffer's token (so its unpadded text differs).
+            let k = KernelRef {
+                token: HandleToken(rand::random::<u64>() | 0xf),
+                generation: DeviceGeneration(rand::random::<u64>() >> 8 | 0xa0),
+                boot: BootId(rand::random::<u64>() | 0xb1),
+            };
+            let b = BufferHandle {
+                token: HandleToken(rand::random::<u64>() >> 12 | 0xc0),
+                boot: BootId(rand::random::<u64>() | 0xd1),
+            };
+            assert_eq!(KernelRef::parse(&k.to_string()).unwrap(), k);
+            assert_eq!(BufferHandle::parse(&b.to_string()).unwrap(), b);
+            let (token, generation, boot) = (
+                format!("{:016x}", k.token.0),
+                format!("{:x}", k.generation.0),
+                format!("{:x}", k.boot.0),
+            );
+            // What the lenient parser made of them: the same object.
+            let upper = u64::from_str_radix(&generation.to_uppercase(), 16);
+            assert_eq!(upper, Ok(k.generation.0));
+            for alias in [
+                format!("krn-+{token}-{generation}-{boot}"),
+                format!("krn-{}-{generation}-{boot}", token.to_uppercase()),
+                format!("krn-{token}-0{generation}-{boot}"),
+                format!("krn-{token}-+{generation}-{boot}"),
+                format!("krn-{token}-{}-{boot}", generation.to_uppercase()),
+                format!("krn-{token}-{generation}-00{boot}"),
+            ] {
+                let refused = KernelRef::parse(&alias).unwrap_err();
+                assert_eq!(
+                    (refused.kind, refused.text.as_str()),
+                    ("kernel", alias.as_str())
+                );
+            }
+            let (token, boot) = (format!("{:016x}", b.token.0), format!("{:x}", b.boot.0));
+            for alias in [
+                format!("buf-{}-{boot}", token.trim_start_matches('0')),
+                format!("buf-0{token}-{boot}"),
+                format!("buf-{}-{boot}", token.to_uppercase()),
+                format!("buf-{token}-0{boot}"),
+                format!("buf-{token}-{}", boot.to_uppercase()),
+            ] {
+                let refused = BufferHandle::parse(&alias).unwrap_err();
+                assert_eq!(
+                    (refused.kind, refused.text.as_str()),
+                    ("buffer", alias.as_str())
+                );
+            }
+        }
     }
 
     #[test]

@@ -103,7 +103,9 @@ pub enum SessionError {
 
 /// Ring indices: how a session's ring descriptors name its kernels and
 /// buffers. Per session, never reused within it, so a descriptor written
-/// for a released object cannot reach a later one.
+/// for a released object cannot reach a later one: a session mints at most
+/// `u32::MAX` of them (1 to `u32::MAX`; 0 names nothing), and then none,
+/// rather than wrapping onto indices its ring may still name.
 #[derive(Debug, Default)]
 pub struct RingIndices {
     next: u32,
@@ -111,20 +113,28 @@ pub struct RingIndices {
 }
 
 impl RingIndices {
-    /// A fresh index (for a buffer).
-    pub fn fresh(&mut self) -> u32 {
-        self.next = self.next.wrapping_add(1);
-        self.next
+    /// A fresh index (for a buffer); `None` once every one was minted.
+    pub fn fresh(&mut self) -> Option<u32> {
+        self.next = self.next.checked_add(1)?;
+        Some(self.next)
     }
 
-    /// The index of `kernel`, minted the first time the session holds it.
-    pub fn kernel(&mut self, kernel: KernelHandle) -> u32 {
+    /// Whether [`kernel`](Self::kernel) has an index for `kernel` (`None`:
+    /// a kernel the session does not hold yet): it holds one already, or
+    /// one is left to mint.
+    pub fn has_room_for(&self, kernel: Option<&KernelHandle>) -> bool {
+        kernel.is_some_and(|k| self.kernels.contains_key(k)) || self.next < u32::MAX
+    }
+
+    /// The index of `kernel`, minted the first time the session holds it;
+    /// `None` when it has none and every one was minted.
+    pub fn kernel(&mut self, kernel: KernelHandle) -> Option<u32> {
         if let Some(index) = self.kernels.get(&kernel) {
-            return *index;
+            return Some(*index);
         }
-        let index = self.fresh();
+        let index = self.fresh()?;
         self.kernels.insert(kernel, index);
-        index
+        Some(index)
     }
 
     /// Forgets `kernel` (released); returns its index.
@@ -264,5 +274,50 @@ mod tests {
         assert!(self::session(unknown).authorize(unknown).is_err());
         assert_eq!(remote(1).tenant(), Tenant::Anonymous);
         assert_eq!(local(7, 1).tenant(), Tenant::Uid(7));
+    }
+
+    /// A session's ring indices run out rather than wrap: near the end of
+    /// the range every index minted is fresh and non-zero, a kernel that
+    /// has one keeps it, and then none is minted (the front refuses the
+    /// registration or load), where a wrapped counter handed out 0 and
+    /// then 1, the index of a buffer the ring may still name.
+    #[test]
+    fn ring_indices_run_out_instead_of_wrapping_onto_live_ones() {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        let mut kernel = |slot: u32| KernelHandle {
+            slot,
+            epoch: rng.random(),
+            generation: crate::handles::DeviceGeneration(1),
+            boot: crate::handles::BootId(1),
+        };
+        let (early, late, fresh) = (kernel(1), kernel(2), kernel(3));
+        let mut indices = RingIndices::default();
+        let first = indices.kernel(early);
+        assert_eq!(first, Some(1));
+        let left = rng.random_range(1..64u32);
+        indices.next = u32::MAX - left;
+        let mut minted = std::collections::BTreeSet::from([1]);
+        for k in 0..left {
+            assert!(indices.has_room_for(None));
+            let index = if k == 0 {
+                indices.kernel(late)
+            } else {
+                indices.fresh()
+            };
+            assert!(
+                index.is_some_and(|i| i != 0 && minted.insert(i)),
+                "{index:?}: none left, 0, or minted twice"
+            );
+        }
+        assert_eq!(indices.next, u32::MAX);
+        assert_eq!(indices.fresh(), None);
+        assert!(!indices.has_room_for(None) && !indices.has_room_for(Some(&fresh)));
+        assert_eq!(indices.kernel(fresh), None);
+        // Kernels that hold an index keep it.
+        assert!(indices.has_room_for(Some(&early)) && indices.has_room_for(Some(&late)));
+        assert_eq!(indices.kernel(early), first);
+        assert_eq!(indices.kernel(late), Some(u32::MAX - left + 1));
+        assert_eq!(indices.fresh(), None, "still none: no wrap to 0 or 1");
     }
 }

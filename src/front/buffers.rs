@@ -362,8 +362,8 @@ impl Front {
             entry.ring_index = state
                 .sessions
                 .get_mut(&session_id)
-                .map(|s| s.ring_indices.fresh())
-                .unwrap_or(0);
+                .and_then(|s| s.ring_indices.fresh())
+                .ok_or_else(super::ring_indices_spent)?;
             let ring = exec::RingBuffer {
                 ring_index: entry.ring_index,
                 buffer_id: entry.id.0,

@@ -542,7 +542,9 @@ impl Front {
             };
             let mut state = self.lock();
             state.recheck(session_id, load.device_index, generation, &device_uuid)?;
-            // Quotas again: another load may have taken the room.
+            // Quotas again: another load may have taken the room (or the
+            // session's last ring index).
+            check_ring_room(&state, session_id, None)?;
             self.make_room(&mut state, session_id, tenant, None, bytes, &mut evicted)?;
             let State { slots, devices, .. } = &mut *state;
             let (handle, kernel) = slots.insert(kernel, session_id, State::is_live(devices))?;
@@ -590,6 +592,7 @@ impl Front {
         let bytes = load.artifact.bytes().len() as u64;
         let cached = state.slots.cached(&key, State::is_live(&state.devices));
         if let Some(handle) = cached {
+            check_ring_room(state, session_id, Some(&handle))?;
             // Loading a kernel the session already holds is idempotent.
             let already = state
                 .sessions
@@ -607,6 +610,7 @@ impl Front {
                 return Ok(LoadCheck::Cached(Box::new(issued)));
             }
         }
+        check_ring_room(state, session_id, None)?;
         self.make_room(state, session_id, tenant, None, bytes, evicted)?;
         Ok(LoadCheck::Compile { link, generation })
     }
@@ -919,6 +923,22 @@ pub(super) fn stale_kernel(text: &str, boot: BootId, handle: &KernelRef) -> Erro
     .into()
 }
 
+/// Refuses a load that would need a ring index its session has none of
+/// left (`held`: the cached kernel it would hold, which may have one
+/// already), before anything is held or evicted for it.
+fn check_ring_room(
+    state: &State,
+    session_id: &SessionId,
+    held: Option<&KernelHandle>,
+) -> Result<(), Error> {
+    match state.sessions.get(session_id) {
+        Some(session) if !session.ring_indices.has_room_for(held) => {
+            Err(super::ring_indices_spent())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Gives the session its handle to a kernel it now holds in a slot (a
 /// cache hit or a fresh load): its token, its ring index, the answer, and
 /// the grant that tells its ring.
@@ -937,8 +957,13 @@ fn issue_to_session(
         .ok_or_else(|| Error::Internal {
             message: "session vanished under the lock".into(),
         })?;
+    // Room for the index was checked before the slot was held (under this
+    // lock): this refusal is not reached.
+    let ring_index = session
+        .ring_indices
+        .kernel(handle)
+        .ok_or_else(super::ring_indices_spent)?;
     let token = session.kernels.issue(handle);
-    let ring_index = session.ring_indices.kernel(handle);
     let info = loaded_info(
         (token, ring_index),
         &handle,

@@ -417,6 +417,16 @@ impl Front {
     }
 }
 
+/// The refusal of a registration or a kernel load once its session has
+/// minted every ring index ([`crate::sessions::RingIndices`]): another
+/// would name an object the session's ring may still name.
+fn ring_indices_spent() -> Error {
+    Error::LimitExceeded {
+        limit: "ring_indices_per_session",
+        value: u64::from(u32::MAX),
+    }
+}
+
 fn parse_session(text: &str) -> Result<SessionId, Error> {
     if text.is_empty() {
         return Err(Error::InvalidArgument {

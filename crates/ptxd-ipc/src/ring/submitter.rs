@@ -286,10 +286,17 @@ impl Submitter {
 
     /// Whether completion slot `cq_tail` is published: its sequence word,
     /// loaded with Acquire, is this lap's. Anything else (an older lap's
-    /// word, a word the server has not stored yet) is not.
+    /// word, a word the server has not stored yet) is not, and nor is any
+    /// word while no launch is outstanding: completion `p` answers
+    /// submission `p`, so one for a launch this side never submitted is
+    /// forged (taking it would move `cq_tail` past `head`, and the
+    /// outstanding count would wrap to 2^64 - 1).
     fn completion_ready(&mut self) -> Result<bool, RingError> {
         if self.cq_ready {
             return Ok(true);
+        }
+        if self.cq_tail == self.head {
+            return Ok(false);
         }
         let sequence = self
             .region

@@ -368,7 +368,9 @@ fn the_client_checks_the_server_counters_and_records() {
         }))
     );
 
+    // A record the server wrote for the client's one launch.
     let mut client = Submitter::create(4).unwrap();
+    client.try_submit(&payload(0)).unwrap();
     let layout = client.layout();
     client.region().scribble(layout.completion_slot(0) + 8, 7);
     client.region().scribble(
@@ -1128,7 +1130,7 @@ fn measure_changed_word_stores_against_full_stores() {
 fn a_slot_is_taken_only_after_its_sequence_word() {
     const PUBLISHED: u64 = u64::MAX;
     let mut rng = StdRng::seed_from_u64(rand::random());
-    let mut client = Submitter::create(4).unwrap();
+    let client = Submitter::create(4).unwrap();
     let region = Arc::clone(client.region());
     let layout = client.layout();
     let mut server = Server::attach(Arc::clone(&region)).unwrap();
@@ -1179,7 +1181,19 @@ fn a_slot_is_taken_only_after_its_sequence_word() {
         assert_eq!(expect_launch(Some(got)), sent, "position {position}");
         assert_eq!(server.poll().unwrap(), None, "taken twice");
         server.complete(CompletionStatus::Ok, 0).unwrap();
-        assert_eq!(client.poll_completion().unwrap().unwrap().ticket, position);
+        // The submission was written by hand, not by `client` (which takes
+        // no answer to a launch it did not submit): the answer is read from
+        // its slot, and the slot handed back, as a client does.
+        assert_eq!(
+            region.completion_word(position).load(Ordering::Acquire),
+            completion_sequence(position)
+        );
+        let mut answer = [0u8; COMPLETION_SIZE];
+        region.load_completion_published(position, &mut answer);
+        assert_eq!(Completion::decode(&answer).unwrap().ticket, position);
+        region
+            .counter(ControlWord::CompletionTail)
+            .store(position + 1, Ordering::Release);
     }
 }
 
@@ -1327,6 +1341,49 @@ fn only_this_laps_sequence_word_publishes_a_slot() {
         let completion = client.poll_completion().unwrap().unwrap();
         assert_eq!((completion.ticket, completion.detail), (round, round));
         assert_eq!(client.poll_completion().unwrap(), None);
+    }
+}
+
+/// A completion published for a launch the client never submitted (this
+/// lap's sequence word and a well-formed body in the slot the next
+/// submission's answer will use) is not taken: the client has nothing
+/// outstanding, and its count does not wrap. Once it submits, the server's
+/// own answer comes through.
+#[test]
+fn a_completion_for_a_launch_never_submitted_is_not_taken() {
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let slots = 1u32 << rng.random_range(0..4);
+    let mut client = Submitter::create(slots).unwrap();
+    let region = Arc::clone(client.region());
+    let mut server = Server::open(client.name(), None).unwrap();
+    for round in 0..3 * u64::from(slots) {
+        let cq = round;
+        let forged = Completion {
+            ticket: rng.random(),
+            status: CompletionStatus::Ok,
+            detail: rng.random(),
+        };
+        region.store_completion(cq, &forged.encode());
+        let before = region.completion_word(cq).load(Ordering::Relaxed);
+        region
+            .completion_word(cq)
+            .store(completion_sequence(cq), Ordering::Release);
+        assert_eq!(client.poll_completion().unwrap(), None, "round {round}");
+        assert_eq!(
+            client.wait_completion(Duration::from_millis(1)).unwrap(),
+            None
+        );
+        assert_eq!(client.outstanding(), 0, "round {round}");
+        // The word as it was, then one real round trip.
+        region.completion_word(cq).store(before, Ordering::Release);
+        let mut descriptor = random_descriptor(&mut rng);
+        descriptor.ticket = round;
+        client.try_submit(&descriptor).unwrap();
+        assert_eq!(expect_launch(server.poll().unwrap()), descriptor);
+        server.complete(CompletionStatus::Ok, round).unwrap();
+        let completion = client.poll_completion().unwrap().unwrap();
+        assert_eq!((completion.ticket, completion.detail), (round, round));
+        assert_eq!(client.outstanding(), 0);
     }
 }
 
