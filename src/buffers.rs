@@ -428,7 +428,8 @@ impl Registry {
     /// Records an opened buffer and issues its session's handle.
     pub fn register_buffer(&mut self, entry: BufferEntry) -> BufferHandle {
         self.changes += 1;
-        *self.bytes.entry(entry.session.clone()).or_default() += entry.size;
+        let session_bytes = self.bytes.entry(entry.session.clone()).or_default();
+        *session_bytes = session_bytes.saturating_add(entry.size);
         self.total_bytes = self.total_bytes.saturating_add(entry.size);
         if entry.source.holds_descriptor() {
             *self.descriptors.entry(entry.session.clone()).or_default() += 1;
