@@ -1,6 +1,8 @@
-//! Random mutants of accepted kernels and the memory-safety oracle they
-//! must pass: whatever the verifier accepts must, run on the host engine in
-//! checked mode over operands of exactly `n` elements, touch nothing else.
+//! Random mutants of accepted kernels and the oracles they must pass:
+//! whatever the verifier accepts must, run on the host engine in checked
+//! mode over operands of exactly `n` elements, touch nothing else, and
+//! write an output that does not depend on what its registers held before
+//! the kernel wrote them.
 //! Shared by `tests/verifier/mutants.rs` (bounded, in CI) and the fuzz target
 //! `fuzz/fuzz_targets/verify_oracle.rs` (long runs).
 //!
@@ -382,16 +384,16 @@ pub fn mutate_triton(text: &str, r: &mut impl Rng) -> String {
     }
 }
 
-fn aligned(bytes: usize, r: &mut impl Rng, poison: bool) -> Vec<u64> {
-    (0..bytes.div_ceil(8))
-        .map(|_| if poison { u64::MAX } else { r.random() })
-        .collect()
+fn aligned(bytes: usize, r: &mut impl Rng) -> Vec<u64> {
+    (0..bytes.div_ceil(8)).map(|_| r.random()).collect()
 }
 
 /// Canonicalizes `text`; if accepted, runs it in checked mode over operands
-/// of exactly `n × element size` bytes. `Ok(true)`: accepted and ran
-/// clean; `Ok(false)`: refused (or not runnable on the CPU engine); `Err`:
-/// an accepted kernel faulted.
+/// of exactly `n × element size` bytes, twice, its registers starting at
+/// two different fills. `Ok(true)`: accepted, ran clean and wrote the same
+/// output both times; `Ok(false)`: refused (or not runnable on the CPU
+/// engine); `Err`: an accepted kernel faulted, or its output depended on
+/// a register it never wrote.
 pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String> {
     let Ok(canonical) = ptx::canonicalize(text, symbol, None) else {
         return Ok(false);
@@ -407,10 +409,9 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
     let sizes = &sig.element_sizes;
     let mut inputs: Vec<Vec<u64>> = sizes[..sizes.len() - 1]
         .iter()
-        .map(|s| aligned(n as usize * *s as usize, r, false))
+        .map(|s| aligned(n as usize * *s as usize, r))
         .collect();
     let out_size = n as usize * sizes[sizes.len() - 1] as usize;
-    let mut out = aligned(out_size, r, true);
     let spans: Vec<HostSpan> = inputs
         .iter_mut()
         .zip(sizes)
@@ -422,23 +423,40 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
     let params: Vec<f32> = (0..sig.scalar_params)
         .map(|_| r.random_range(-4.0..4.0))
         .collect();
-    let launch = HostLaunch {
-        inputs: &spans,
-        args: &[],
-        output: HostSpan {
-            ptr: out.as_mut_ptr().cast(),
-            len: out_size,
-        },
-        n,
-        params: &params,
-        threads: 1,
-        checked: true,
-        control: None,
+    // Run twice, the registers starting at two fills: an output that
+    // depends on the fill read a register the kernel never wrote (on a GPU,
+    // what the previous kernel left there).
+    let run = |fill: u64| -> Result<Vec<u64>, String> {
+        let mut out = vec![u64::MAX; out_size.div_ceil(8)];
+        let launch = HostLaunch {
+            inputs: &spans,
+            args: &[],
+            output: HostSpan {
+                ptr: out.as_mut_ptr().cast(),
+                len: out_size,
+            },
+            n,
+            params: &params,
+            threads: 1,
+            checked: true,
+            control: None,
+        };
+        // SAFETY: every span points into a live Vec of at least `len`
+        // bytes (the inputs outlive `spans`, `out` outlives `launch`).
+        unsafe { kernel.launch_filled(&launch, fill) }
+            .map_err(|f| format!("accepted kernel faulted with n = {n}, fill {fill:#x}: {f}"))?;
+        Ok(out)
     };
-    // SAFETY: every span points into a live Vec of at least `len` bytes.
-    unsafe { kernel.launch(&launch) }
-        .map(|()| true)
-        .map_err(|f| format!("accepted kernel faulted with n = {n}: {f}"))
+    let fill: u64 = r.random();
+    let (a, b) = (run(fill)?, run(!fill)?);
+    match a.iter().zip(&b).position(|(x, y)| x != y) {
+        None => Ok(true),
+        Some(w) => Err(format!(
+            "accepted kernel's output depends on registers it never wrote (n = {n}, \
+             fills {fill:#x} and {:#x}: word {w} is {:#x} and {:#x})",
+            !fill, a[w], b[w]
+        )),
+    }
 }
 
 /// The Triton family's oracle: canonicalizes `text` with every family; if
@@ -446,11 +464,14 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
 /// canonical program's integer arithmetic for every thread of a few blocks
 /// of a launch whose preconditions hold, and checks every global access
 /// that runs (or whose predicate is unknown) against its operand's
-/// contract footprint, a scratch pointer (null) being no operand at all.
-/// `Ok(true)`: accepted and every access in bounds; `Ok(false)`: refused,
-/// not the Triton family, or not judgeable (an address computed from
-/// data); `Err`: an accepted kernel touched a byte its contract does not
-/// grant.
+/// contract footprint, a scratch pointer (null) being no operand at all,
+/// and every register read (a guard even when false) against the thread's
+/// writes so far (a guarded write counting only when its guard is known
+/// true). `Ok(true)`: accepted, every access in bounds and every read
+/// written; `Ok(false)`: refused, not the Triton family, or not judgeable
+/// (an address computed from data); `Err`: an accepted kernel touched a
+/// byte its contract does not grant or read a register it may not have
+/// written.
 pub fn triton_oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String> {
     triton_oracle_granting_less(text, symbol, r, 0)
 }
@@ -565,7 +586,8 @@ struct Grant {
 }
 
 /// One thread's run of a branch-free kernel's integer arithmetic:
-/// `Ok(Some(why))` for an access outside its grant, `Err` when a value the
+/// `Ok(Some(why))` for an access outside its grant or a read of a register
+/// the thread may not have written, `Err` when a value the
 /// check needs was computed from data (the mutant cannot be judged: the
 /// caller counts it as refused).
 fn interpret(
@@ -578,6 +600,10 @@ fn interpret(
     use ptx::ir::{Base, Opnd, Sreg, Ty};
     use ptx::parse::Imm;
     let mut regs: Vec<Option<u64>> = vec![None; k.reg_types.len()];
+    // Whether this thread has written each register: a read of one it
+    // never wrote (or wrote only under a guard that may not have held)
+    // returns what the previous kernel left there.
+    let mut written = vec![Written::No; k.reg_types.len()];
     let mask = |bits: u32, v: u64| {
         if bits >= 64 {
             v
@@ -611,8 +637,27 @@ fn interpret(
                 .flatten()
                 .map(|v| (v != 0) != neg),
         };
+        // The guard is read whether or not the instruction runs.
+        if let Some((_, p)) = inst.guard {
+            if let Some(why) = unwritten(&written, p, inst) {
+                return Ok(Some(why));
+            }
+        }
         if runs == Some(false) {
             continue;
+        }
+        for r in sources(inst) {
+            if let Some(why) = unwritten(&written, r, inst) {
+                return Ok(Some(why));
+            }
+        }
+        for r in destinations_of(inst) {
+            if let Some(w) = written.get_mut(r) {
+                *w = match (runs, *w) {
+                    (Some(true), _) | (None, Written::Yes) => Written::Yes,
+                    _ => Written::Maybe,
+                };
+            }
         }
         let tys = inst.types();
         let ty = tys.last().copied().unwrap_or(Ty::Other);
@@ -794,6 +839,73 @@ fn interpret(
         }
     }
     Ok(None)
+}
+
+/// Whether one thread has written a register so far.
+#[derive(Clone, Copy, PartialEq)]
+enum Written {
+    No,
+    /// Only under a guard whose value came from data.
+    Maybe,
+    Yes,
+}
+
+/// Why reading `r` at `inst` reads a register not surely written.
+fn unwritten(written: &[Written], r: u32, inst: &ptx::ir::Inst) -> Option<String> {
+    match written.get(r as usize) {
+        Some(Written::Yes) => None,
+        w => Some(format!(
+            "line {}: `{}` reads register {r}, {} written before",
+            inst.line,
+            inst.opcode,
+            if w == Some(&Written::Maybe) {
+                "perhaps not"
+            } else {
+                "never"
+            }
+        )),
+    }
+}
+
+/// Whether `inst` writes its first operand: everything but stores and
+/// control flow.
+fn has_destination(inst: &ptx::ir::Inst) -> bool {
+    !matches!(
+        inst.base.as_str(),
+        "st" | "bra" | "ret" | "exit" | "prefetch" | "prefetchu" | "red" | "bar" | "trap"
+    )
+}
+
+/// The registers `inst` writes (none for a store or control flow).
+fn destinations_of(inst: &ptx::ir::Inst) -> Vec<usize> {
+    if has_destination(inst) {
+        destinations(inst)
+    } else {
+        Vec::new()
+    }
+}
+
+/// The registers `inst` reads as sources or address bases (its guard
+/// apart): every register of every operand but the destination.
+fn sources(inst: &ptx::ir::Inst) -> Vec<u32> {
+    use ptx::ir::{Base, Opnd};
+    fn of(o: &Opnd, into: &mut Vec<u32>) {
+        match o {
+            Opnd::Reg(r) | Opnd::Not(r) => into.push(*r),
+            Opnd::Pair(a, b) => into.extend([*a, *b]),
+            Opnd::Addr {
+                base: Base::Reg(r), ..
+            } => into.push(*r),
+            Opnd::List(items) => items.iter().for_each(|o| of(o, into)),
+            _ => {}
+        }
+    }
+    let skip = usize::from(has_destination(inst));
+    let mut out = Vec::new();
+    for o in inst.ops.iter().skip(skip) {
+        of(o, &mut out);
+    }
+    out
 }
 
 fn destinations(inst: &ptx::ir::Inst) -> Vec<usize> {
