@@ -26,6 +26,17 @@ fn registers(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Declared params of a canonical text, in order: their names.
+fn params(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_prefix(".param .")?;
+            let (_, name) = l.split_once(' ')?;
+            Some(name.trim_end_matches(',').to_string())
+        })
+        .collect()
+}
+
 fn is_instruction(line: &str) -> bool {
     let t = line.trim();
     line.starts_with('\t')
@@ -66,10 +77,28 @@ const OPCODE_SWAPS: &[(&str, &str)] = &[
     (".nc", ""),
     ("cvta.to.global", "cvta.to.local"),
     ("ld.", "st."),
+    // Address spaces: a generic address made, another space named.
+    ("cvta.to.global", "cvta.global"),
+    ("cvta.to.global", "cvta.to.shared"),
+    (".global", ".shared"),
+    (".global", ".const"),
+    // Widths: a 64-bit value read or computed at 32 bits, or widened.
+    ("ld.param.u64", "ld.param.u32"),
+    ("ld.param.u64", "ld.param.b8"),
+    (".u64.u32", ".u32.u64"),
+    (".u64.u32", ".s64.s32"),
+    ("mul.wide.u32", "mul.lo.u32"),
+    ("mul.wide.u32", "mul.wide.s32"),
+    (".s64", ".s32"),
+    (".b64", ".b32"),
 ];
 
-/// One random instruction over the kernel's registers.
-fn random_instruction(regs: &[(String, String)], r: &mut impl Rng) -> Option<String> {
+/// One random instruction over the kernel's registers and params.
+fn random_instruction(
+    regs: &[(String, String)],
+    params: &[String],
+    r: &mut impl Rng,
+) -> Option<String> {
     let r64 = |r: &mut _| reg_of(regs, r, &["b64", "u64", "s64"]).map(str::to_string);
     let r32 = |r: &mut _| reg_of(regs, r, &["b32", "u32", "s32"]).map(str::to_string);
     let f32r = |r: &mut _| reg_of(regs, r, &["f32"]).map(str::to_string);
@@ -86,7 +115,90 @@ fn random_instruction(regs: &[(String, String)], r: &mut impl Rng) -> Option<Str
         "%dynamic_smem_size",
     ]
     .choose(r)?;
-    Some(match r.random_range(0..17) {
+    let param = |r: &mut _| params.choose(r).cloned();
+    Some(match r.random_range(0..25) {
+        // A param read past its own bytes, at another width, or as a
+        // vector spanning the next param.
+        17 => {
+            let (ty, dest) = match r.random_range(0..4) {
+                0 => ("u64", r64(r)?),
+                1 => ("u32", r32(r)?),
+                2 => ("u16", r32(r)?),
+                _ => ("b8", r32(r)?),
+            };
+            let off = *[0i64, 4, 8, -8, 16, 7].choose(r)?;
+            format!("ld.param.{ty} {dest}, [{}+{off}];", param(r)?).replace("+-", "-")
+        }
+        18 => match r.random_range(0..2) {
+            0 => format!(
+                "ld.param.v2.u64 {{{}, {}}}, [{}];",
+                r64(r)?,
+                r64(r)?,
+                param(r)?
+            ),
+            _ => format!(
+                "ld.param.v2.u32 {{{}, {}}}, [{}+4];",
+                r32(r)?,
+                r32(r)?,
+                param(r)?
+            ),
+        },
+        // A 64-bit value in 32-bit halves: unpacked (a pointer's bits as
+        // data), packed from halves (one perhaps never written), narrowed.
+        19 => format!("mov.b64 {{{}, {}}}, {};", r32(r)?, r32(r)?, r64(r)?),
+        20 => format!("mov.b64 {}, {{{}, {}}};", r64(r)?, r32(r)?, r32(r)?),
+        21 => format!(
+            "{} {}, {};",
+            ["cvt.u32.u64", "cvt.s32.s64"].choose(r)?,
+            r32(r)?,
+            r64(r)?
+        ),
+        // Address-space conversions other than into the global space.
+        22 => format!(
+            "{} {}, {};",
+            [
+                "cvta.global.u64",
+                "cvta.to.global.u64",
+                "cvta.to.shared.u64",
+                "cvta.local.u64",
+            ]
+            .choose(r)?,
+            r64(r)?,
+            r64(r)?
+        ),
+        // Vector accesses: a lane perhaps never written, stored.
+        23 => match r.random_range(0..3) {
+            0 => format!(
+                "ld.global.v2.f32 {{{}, {}}}, [{}];",
+                f32r(r)?,
+                f32r(r)?,
+                r64(r)?
+            ),
+            1 => format!(
+                "st.global.v2.f32 [{}], {{{}, {}}};",
+                r64(r)?,
+                f32r(r)?,
+                f32r(r)?
+            ),
+            _ => format!(
+                "st.global.v4.f32 [{}], {{{}, {}, {}, {}}};",
+                r64(r)?,
+                f32r(r)?,
+                f32r(r)?,
+                f32r(r)?,
+                f32r(r)?
+            ),
+        },
+        // A register defined only under complementary guards: defined on
+        // every run, but by no unguarded write.
+        24 => {
+            let (p, d) = (pred(r)?, r64(r)?);
+            format!(
+                "@{p} mov.b64 {d}, {};\n\t@!{p} mov.b64 {d}, {};",
+                r64(r)?,
+                r64(r)?
+            )
+        }
         // A 32-bit literal widened: the hardware widens its bits at 32,
         // never the literal as written (w30r's escape: -8 read as -8).
         14 => format!(
@@ -124,6 +236,7 @@ fn random_instruction(regs: &[(String, String)], r: &mut impl Rng) -> Option<Str
 /// Applies 1–3 random mutations to canonical `text`.
 pub fn mutate(text: &str, r: &mut impl Rng) -> String {
     let regs = registers(text);
+    let params = params(text);
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     for _ in 0..r.random_range(1..=3) {
         let inst: Vec<usize> = (0..lines.len())
@@ -132,9 +245,58 @@ pub fn mutate(text: &str, r: &mut impl Rng) -> String {
         let Some(&at) = inst.choose(r) else {
             break;
         };
-        match r.random_range(0..14) {
+        match r.random_range(0..16) {
             0 => {
                 lines.remove(at);
+            }
+            14 => {
+                // A scalar global access made a vector one, its other lanes
+                // any register of the type (perhaps never written).
+                let line = lines[at].clone();
+                let t = line.trim();
+                let vector = ["ld.global.", "st.global."].iter().find_map(|op| {
+                    let rest = t.strip_prefix(op)?;
+                    let (ty, ops) = rest.split_once(' ')?;
+                    if ty.starts_with('v') || ty.contains('.') {
+                        return None;
+                    }
+                    let ops = ops.strip_suffix(';')?;
+                    let (a, b) = ops.split_once(", ")?;
+                    let lanes = *[2usize, 4].choose(r)?;
+                    let data = if op.starts_with("ld") { a } else { b };
+                    let mut list = vec![data.to_string()];
+                    // An integer element may sit in a `.b` register.
+                    let bits = format!("b{}", ty.get(1..).unwrap_or(""));
+                    for _ in 1..lanes {
+                        list.push(reg_of(&regs, r, &[ty, bits.as_str()])?.to_string());
+                    }
+                    let list = format!("{{{}}}", list.join(", "));
+                    Some(if op.starts_with("ld") {
+                        format!("\t{op}v{lanes}.{ty} {list}, {b};")
+                    } else {
+                        format!("\t{op}v{lanes}.{ty} {a}, {list};")
+                    })
+                });
+                if let Some(v) = vector {
+                    lines[at] = v;
+                }
+            }
+            15 => {
+                // A definition put under a guard, with a copy of another
+                // register under the complementary one: the register holds
+                // one or the other on every run, by no unguarded write.
+                let line = lines[at].clone();
+                let t = line.trim();
+                let dest = t
+                    .split_once(' ')
+                    .filter(|(op, _)| !op.starts_with("st.") && !op.starts_with('@'))
+                    .and_then(|(_, ops)| ops.split([',', ';']).next())
+                    .map(str::trim)
+                    .and_then(|d| regs.iter().find(|(n, _)| n == d));
+                if let (Some((d, ty)), Some(p)) = (dest, reg_of(&regs, r, &["pred"])) {
+                    let other = reg_of(&regs, r, &[ty.as_str()]).unwrap_or(d);
+                    lines[at] = format!("\t@{p} {t}\n\t@!{p} mov.{ty} {d}, {other};");
+                }
             }
             10 => {
                 // Declare (or change) `.reqntid`: the block size the index
@@ -230,7 +392,7 @@ pub fn mutate(text: &str, r: &mut impl Rng) -> String {
                 }
             }
             6 => {
-                if let Some(new) = random_instruction(&regs, r) {
+                if let Some(new) = random_instruction(&regs, &params, r) {
                     lines.insert(at, format!("\t{new}"));
                 }
             }
