@@ -15,15 +15,37 @@ use ptxd::ptx::{self, HostKernel, HostLaunch, HostSpan};
 use rand::seq::IndexedRandom;
 use rand::Rng;
 
-/// Declared registers of a canonical text: (name, type).
+/// Declared registers of a text: (name, type). Canonical text declares
+/// one a line; a compiler's text also declares ranges (`%r<4>`: `%r0` to
+/// `%r3`) and lists.
 fn registers(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .filter_map(|l| {
-            let l = l.trim().strip_prefix(".reg .")?.strip_suffix(';')?;
-            let (ty, name) = l.split_once(' ')?;
-            Some((name.to_string(), ty.to_string()))
-        })
-        .collect()
+    let mut out = Vec::new();
+    for l in text.lines() {
+        let Some(l) = l
+            .trim()
+            .strip_prefix(".reg .")
+            .and_then(|l| l.strip_suffix(';'))
+        else {
+            continue;
+        };
+        let Some((ty, names)) = l.split_once([' ', '\t']) else {
+            continue;
+        };
+        for name in names.split(',').map(str::trim) {
+            match name
+                .strip_suffix('>')
+                .and_then(|n| n.split_once('<'))
+                .and_then(|(stem, count)| Some((stem, count.parse::<u32>().ok()?)))
+            {
+                // A range of thousands would only dilute the picks.
+                Some((stem, count)) => {
+                    out.extend((0..count.min(64)).map(|k| (format!("{stem}{k}"), ty.to_string())))
+                }
+                None => out.push((name.to_string(), ty.to_string())),
+            }
+        }
+    }
+    out
 }
 
 /// Declared params of a canonical text, in order: their names.
@@ -32,7 +54,7 @@ fn params(text: &str) -> Vec<String> {
         .filter_map(|l| {
             let l = l.trim().strip_prefix(".param .")?;
             let (_, name) = l.split_once(' ')?;
-            Some(name.trim_end_matches(',').to_string())
+            Some(name.trim_end_matches([',', ';']).to_string())
         })
         .collect()
 }
