@@ -1,6 +1,8 @@
-//! Random mutants of accepted kernels and the memory-safety oracle they
-//! must pass: whatever the verifier accepts must, run on the host engine in
-//! checked mode over operands of exactly `n` elements, touch nothing else.
+//! Random mutants of accepted kernels and the oracles they must pass:
+//! whatever the verifier accepts must, run on the host engine in checked
+//! mode over operands of exactly `n` elements, touch nothing else, and
+//! write an output that does not depend on what its registers held before
+//! the kernel wrote them.
 //! Shared by `tests/verifier/mutants.rs` (bounded, in CI) and the fuzz target
 //! `fuzz/fuzz_targets/verify_oracle.rs` (long runs).
 //!
@@ -13,13 +15,46 @@ use ptxd::ptx::{self, HostKernel, HostLaunch, HostSpan};
 use rand::seq::IndexedRandom;
 use rand::Rng;
 
-/// Declared registers of a canonical text: (name, type).
+/// Declared registers of a text: (name, type). Canonical text declares
+/// one a line; a compiler's text also declares ranges (`%r<4>`: `%r0` to
+/// `%r3`) and lists.
 fn registers(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for l in text.lines() {
+        let Some(l) = l
+            .trim()
+            .strip_prefix(".reg .")
+            .and_then(|l| l.strip_suffix(';'))
+        else {
+            continue;
+        };
+        let Some((ty, names)) = l.split_once([' ', '\t']) else {
+            continue;
+        };
+        for name in names.split(',').map(str::trim) {
+            match name
+                .strip_suffix('>')
+                .and_then(|n| n.split_once('<'))
+                .and_then(|(stem, count)| Some((stem, count.parse::<u32>().ok()?)))
+            {
+                // A range of thousands would only dilute the picks.
+                Some((stem, count)) => {
+                    out.extend((0..count.min(64)).map(|k| (format!("{stem}{k}"), ty.to_string())))
+                }
+                None => out.push((name.to_string(), ty.to_string())),
+            }
+        }
+    }
+    out
+}
+
+/// Declared params of a canonical text, in order: their names.
+fn params(text: &str) -> Vec<String> {
     text.lines()
         .filter_map(|l| {
-            let l = l.trim().strip_prefix(".reg .")?.strip_suffix(';')?;
-            let (ty, name) = l.split_once(' ')?;
-            Some((name.to_string(), ty.to_string()))
+            let l = l.trim().strip_prefix(".param .")?;
+            let (_, name) = l.split_once(' ')?;
+            Some(name.trim_end_matches([',', ';']).to_string())
         })
         .collect()
 }
@@ -64,10 +99,28 @@ const OPCODE_SWAPS: &[(&str, &str)] = &[
     (".nc", ""),
     ("cvta.to.global", "cvta.to.local"),
     ("ld.", "st."),
+    // Address spaces: a generic address made, another space named.
+    ("cvta.to.global", "cvta.global"),
+    ("cvta.to.global", "cvta.to.shared"),
+    (".global", ".shared"),
+    (".global", ".const"),
+    // Widths: a 64-bit value read or computed at 32 bits, or widened.
+    ("ld.param.u64", "ld.param.u32"),
+    ("ld.param.u64", "ld.param.b8"),
+    (".u64.u32", ".u32.u64"),
+    (".u64.u32", ".s64.s32"),
+    ("mul.wide.u32", "mul.lo.u32"),
+    ("mul.wide.u32", "mul.wide.s32"),
+    (".s64", ".s32"),
+    (".b64", ".b32"),
 ];
 
-/// One random instruction over the kernel's registers.
-fn random_instruction(regs: &[(String, String)], r: &mut impl Rng) -> Option<String> {
+/// One random instruction over the kernel's registers and params.
+fn random_instruction(
+    regs: &[(String, String)],
+    params: &[String],
+    r: &mut impl Rng,
+) -> Option<String> {
     let r64 = |r: &mut _| reg_of(regs, r, &["b64", "u64", "s64"]).map(str::to_string);
     let r32 = |r: &mut _| reg_of(regs, r, &["b32", "u32", "s32"]).map(str::to_string);
     let f32r = |r: &mut _| reg_of(regs, r, &["f32"]).map(str::to_string);
@@ -84,7 +137,90 @@ fn random_instruction(regs: &[(String, String)], r: &mut impl Rng) -> Option<Str
         "%dynamic_smem_size",
     ]
     .choose(r)?;
-    Some(match r.random_range(0..17) {
+    let param = |r: &mut _| params.choose(r).cloned();
+    Some(match r.random_range(0..25) {
+        // A param read past its own bytes, at another width, or as a
+        // vector spanning the next param.
+        17 => {
+            let (ty, dest) = match r.random_range(0..4) {
+                0 => ("u64", r64(r)?),
+                1 => ("u32", r32(r)?),
+                2 => ("u16", r32(r)?),
+                _ => ("b8", r32(r)?),
+            };
+            let off = *[0i64, 4, 8, -8, 16, 7].choose(r)?;
+            format!("ld.param.{ty} {dest}, [{}+{off}];", param(r)?).replace("+-", "-")
+        }
+        18 => match r.random_range(0..2) {
+            0 => format!(
+                "ld.param.v2.u64 {{{}, {}}}, [{}];",
+                r64(r)?,
+                r64(r)?,
+                param(r)?
+            ),
+            _ => format!(
+                "ld.param.v2.u32 {{{}, {}}}, [{}+4];",
+                r32(r)?,
+                r32(r)?,
+                param(r)?
+            ),
+        },
+        // A 64-bit value in 32-bit halves: unpacked (a pointer's bits as
+        // data), packed from halves (one perhaps never written), narrowed.
+        19 => format!("mov.b64 {{{}, {}}}, {};", r32(r)?, r32(r)?, r64(r)?),
+        20 => format!("mov.b64 {}, {{{}, {}}};", r64(r)?, r32(r)?, r32(r)?),
+        21 => format!(
+            "{} {}, {};",
+            ["cvt.u32.u64", "cvt.s32.s64"].choose(r)?,
+            r32(r)?,
+            r64(r)?
+        ),
+        // Address-space conversions other than into the global space.
+        22 => format!(
+            "{} {}, {};",
+            [
+                "cvta.global.u64",
+                "cvta.to.global.u64",
+                "cvta.to.shared.u64",
+                "cvta.local.u64",
+            ]
+            .choose(r)?,
+            r64(r)?,
+            r64(r)?
+        ),
+        // Vector accesses: a lane perhaps never written, stored.
+        23 => match r.random_range(0..3) {
+            0 => format!(
+                "ld.global.v2.f32 {{{}, {}}}, [{}];",
+                f32r(r)?,
+                f32r(r)?,
+                r64(r)?
+            ),
+            1 => format!(
+                "st.global.v2.f32 [{}], {{{}, {}}};",
+                r64(r)?,
+                f32r(r)?,
+                f32r(r)?
+            ),
+            _ => format!(
+                "st.global.v4.f32 [{}], {{{}, {}, {}, {}}};",
+                r64(r)?,
+                f32r(r)?,
+                f32r(r)?,
+                f32r(r)?,
+                f32r(r)?
+            ),
+        },
+        // A register defined only under complementary guards: defined on
+        // every run, but by no unguarded write.
+        24 => {
+            let (p, d) = (pred(r)?, r64(r)?);
+            format!(
+                "@{p} mov.b64 {d}, {};\n\t@!{p} mov.b64 {d}, {};",
+                r64(r)?,
+                r64(r)?
+            )
+        }
         // A 32-bit literal widened: the hardware widens its bits at 32,
         // never the literal as written (w30r's escape: -8 read as -8).
         14 => format!(
@@ -122,6 +258,7 @@ fn random_instruction(regs: &[(String, String)], r: &mut impl Rng) -> Option<Str
 /// Applies 1–3 random mutations to canonical `text`.
 pub fn mutate(text: &str, r: &mut impl Rng) -> String {
     let regs = registers(text);
+    let params = params(text);
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     for _ in 0..r.random_range(1..=3) {
         let inst: Vec<usize> = (0..lines.len())
@@ -130,9 +267,58 @@ pub fn mutate(text: &str, r: &mut impl Rng) -> String {
         let Some(&at) = inst.choose(r) else {
             break;
         };
-        match r.random_range(0..14) {
+        match r.random_range(0..16) {
             0 => {
                 lines.remove(at);
+            }
+            14 => {
+                // A scalar global access made a vector one, its other lanes
+                // any register of the type (perhaps never written).
+                let line = lines[at].clone();
+                let t = line.trim();
+                let vector = ["ld.global.", "st.global."].iter().find_map(|op| {
+                    let rest = t.strip_prefix(op)?;
+                    let (ty, ops) = rest.split_once(' ')?;
+                    if ty.starts_with('v') || ty.contains('.') {
+                        return None;
+                    }
+                    let ops = ops.strip_suffix(';')?;
+                    let (a, b) = ops.split_once(", ")?;
+                    let lanes = *[2usize, 4].choose(r)?;
+                    let data = if op.starts_with("ld") { a } else { b };
+                    let mut list = vec![data.to_string()];
+                    // An integer element may sit in a `.b` register.
+                    let bits = format!("b{}", ty.get(1..).unwrap_or(""));
+                    for _ in 1..lanes {
+                        list.push(reg_of(&regs, r, &[ty, bits.as_str()])?.to_string());
+                    }
+                    let list = format!("{{{}}}", list.join(", "));
+                    Some(if op.starts_with("ld") {
+                        format!("\t{op}v{lanes}.{ty} {list}, {b};")
+                    } else {
+                        format!("\t{op}v{lanes}.{ty} {a}, {list};")
+                    })
+                });
+                if let Some(v) = vector {
+                    lines[at] = v;
+                }
+            }
+            15 => {
+                // A definition put under a guard, with a copy of another
+                // register under the complementary one: the register holds
+                // one or the other on every run, by no unguarded write.
+                let line = lines[at].clone();
+                let t = line.trim();
+                let dest = t
+                    .split_once(' ')
+                    .filter(|(op, _)| !op.starts_with("st.") && !op.starts_with('@'))
+                    .and_then(|(_, ops)| ops.split([',', ';']).next())
+                    .map(str::trim)
+                    .and_then(|d| regs.iter().find(|(n, _)| n == d));
+                if let (Some((d, ty)), Some(p)) = (dest, reg_of(&regs, r, &["pred"])) {
+                    let other = reg_of(&regs, r, &[ty.as_str()]).unwrap_or(d);
+                    lines[at] = format!("\t@{p} {t}\n\t@!{p} mov.{ty} {d}, {other};");
+                }
             }
             10 => {
                 // Declare (or change) `.reqntid`: the block size the index
@@ -228,7 +414,7 @@ pub fn mutate(text: &str, r: &mut impl Rng) -> String {
                 }
             }
             6 => {
-                if let Some(new) = random_instruction(&regs, r) {
+                if let Some(new) = random_instruction(&regs, &params, r) {
                     lines.insert(at, format!("\t{new}"));
                 }
             }
@@ -382,16 +568,16 @@ pub fn mutate_triton(text: &str, r: &mut impl Rng) -> String {
     }
 }
 
-fn aligned(bytes: usize, r: &mut impl Rng, poison: bool) -> Vec<u64> {
-    (0..bytes.div_ceil(8))
-        .map(|_| if poison { u64::MAX } else { r.random() })
-        .collect()
+fn aligned(bytes: usize, r: &mut impl Rng) -> Vec<u64> {
+    (0..bytes.div_ceil(8)).map(|_| r.random()).collect()
 }
 
 /// Canonicalizes `text`; if accepted, runs it in checked mode over operands
-/// of exactly `n × element size` bytes. `Ok(true)`: accepted and ran
-/// clean; `Ok(false)`: refused (or not runnable on the CPU engine); `Err`:
-/// an accepted kernel faulted.
+/// of exactly `n × element size` bytes, twice, its registers starting at
+/// two different fills. `Ok(true)`: accepted, ran clean and wrote the same
+/// output both times; `Ok(false)`: refused (or not runnable on the CPU
+/// engine); `Err`: an accepted kernel faulted, or its output depended on
+/// a register it never wrote.
 pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String> {
     let Ok(canonical) = ptx::canonicalize(text, symbol, None) else {
         return Ok(false);
@@ -407,10 +593,9 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
     let sizes = &sig.element_sizes;
     let mut inputs: Vec<Vec<u64>> = sizes[..sizes.len() - 1]
         .iter()
-        .map(|s| aligned(n as usize * *s as usize, r, false))
+        .map(|s| aligned(n as usize * *s as usize, r))
         .collect();
     let out_size = n as usize * sizes[sizes.len() - 1] as usize;
-    let mut out = aligned(out_size, r, true);
     let spans: Vec<HostSpan> = inputs
         .iter_mut()
         .zip(sizes)
@@ -422,23 +607,40 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
     let params: Vec<f32> = (0..sig.scalar_params)
         .map(|_| r.random_range(-4.0..4.0))
         .collect();
-    let launch = HostLaunch {
-        inputs: &spans,
-        args: &[],
-        output: HostSpan {
-            ptr: out.as_mut_ptr().cast(),
-            len: out_size,
-        },
-        n,
-        params: &params,
-        threads: 1,
-        checked: true,
-        control: None,
+    // Run twice, the registers starting at two fills: an output that
+    // depends on the fill read a register the kernel never wrote (on a GPU,
+    // what the previous kernel left there).
+    let run = |fill: u64| -> Result<Vec<u64>, String> {
+        let mut out = vec![u64::MAX; out_size.div_ceil(8)];
+        let launch = HostLaunch {
+            inputs: &spans,
+            args: &[],
+            output: HostSpan {
+                ptr: out.as_mut_ptr().cast(),
+                len: out_size,
+            },
+            n,
+            params: &params,
+            threads: 1,
+            checked: true,
+            control: None,
+        };
+        // SAFETY: every span points into a live Vec of at least `len`
+        // bytes (the inputs outlive `spans`, `out` outlives `launch`).
+        unsafe { kernel.launch_filled(&launch, fill) }
+            .map_err(|f| format!("accepted kernel faulted with n = {n}, fill {fill:#x}: {f}"))?;
+        Ok(out)
     };
-    // SAFETY: every span points into a live Vec of at least `len` bytes.
-    unsafe { kernel.launch(&launch) }
-        .map(|()| true)
-        .map_err(|f| format!("accepted kernel faulted with n = {n}: {f}"))
+    let fill: u64 = r.random();
+    let (a, b) = (run(fill)?, run(!fill)?);
+    match a.iter().zip(&b).position(|(x, y)| x != y) {
+        None => Ok(true),
+        Some(w) => Err(format!(
+            "accepted kernel's output depends on registers it never wrote (n = {n}, \
+             fills {fill:#x} and {:#x}: word {w} is {:#x} and {:#x})",
+            !fill, a[w], b[w]
+        )),
+    }
 }
 
 /// The Triton family's oracle: canonicalizes `text` with every family; if
@@ -446,11 +648,14 @@ pub fn oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String
 /// canonical program's integer arithmetic for every thread of a few blocks
 /// of a launch whose preconditions hold, and checks every global access
 /// that runs (or whose predicate is unknown) against its operand's
-/// contract footprint, a scratch pointer (null) being no operand at all.
-/// `Ok(true)`: accepted and every access in bounds; `Ok(false)`: refused,
-/// not the Triton family, or not judgeable (an address computed from
-/// data); `Err`: an accepted kernel touched a byte its contract does not
-/// grant.
+/// contract footprint, a scratch pointer (null) being no operand at all,
+/// and every register read (a guard even when false) against the thread's
+/// writes so far (a guarded write counting only when its guard is known
+/// true). `Ok(true)`: accepted, every access in bounds and every read
+/// written; `Ok(false)`: refused, not the Triton family, or not judgeable
+/// (an address computed from data); `Err`: an accepted kernel touched a
+/// byte its contract does not grant or read a register it may not have
+/// written.
 pub fn triton_oracle(text: &str, symbol: &str, r: &mut impl Rng) -> Result<bool, String> {
     triton_oracle_granting_less(text, symbol, r, 0)
 }
@@ -565,7 +770,8 @@ struct Grant {
 }
 
 /// One thread's run of a branch-free kernel's integer arithmetic:
-/// `Ok(Some(why))` for an access outside its grant, `Err` when a value the
+/// `Ok(Some(why))` for an access outside its grant or a read of a register
+/// the thread may not have written, `Err` when a value the
 /// check needs was computed from data (the mutant cannot be judged: the
 /// caller counts it as refused).
 fn interpret(
@@ -578,6 +784,10 @@ fn interpret(
     use ptx::ir::{Base, Opnd, Sreg, Ty};
     use ptx::parse::Imm;
     let mut regs: Vec<Option<u64>> = vec![None; k.reg_types.len()];
+    // Whether this thread has written each register: a read of one it
+    // never wrote (or wrote only under a guard that may not have held)
+    // returns what the previous kernel left there.
+    let mut written = vec![Written::No; k.reg_types.len()];
     let mask = |bits: u32, v: u64| {
         if bits >= 64 {
             v
@@ -611,8 +821,27 @@ fn interpret(
                 .flatten()
                 .map(|v| (v != 0) != neg),
         };
+        // The guard is read whether or not the instruction runs.
+        if let Some((_, p)) = inst.guard {
+            if let Some(why) = unwritten(&written, p, inst) {
+                return Ok(Some(why));
+            }
+        }
         if runs == Some(false) {
             continue;
+        }
+        for r in sources(inst) {
+            if let Some(why) = unwritten(&written, r, inst) {
+                return Ok(Some(why));
+            }
+        }
+        for r in destinations_of(inst) {
+            if let Some(w) = written.get_mut(r) {
+                *w = match (runs, *w) {
+                    (Some(true), _) | (None, Written::Yes) => Written::Yes,
+                    _ => Written::Maybe,
+                };
+            }
         }
         let tys = inst.types();
         let ty = tys.last().copied().unwrap_or(Ty::Other);
@@ -794,6 +1023,73 @@ fn interpret(
         }
     }
     Ok(None)
+}
+
+/// Whether one thread has written a register so far.
+#[derive(Clone, Copy, PartialEq)]
+enum Written {
+    No,
+    /// Only under a guard whose value came from data.
+    Maybe,
+    Yes,
+}
+
+/// Why reading `r` at `inst` reads a register not surely written.
+fn unwritten(written: &[Written], r: u32, inst: &ptx::ir::Inst) -> Option<String> {
+    match written.get(r as usize) {
+        Some(Written::Yes) => None,
+        w => Some(format!(
+            "line {}: `{}` reads register {r}, {} written before",
+            inst.line,
+            inst.opcode,
+            if w == Some(&Written::Maybe) {
+                "perhaps not"
+            } else {
+                "never"
+            }
+        )),
+    }
+}
+
+/// Whether `inst` writes its first operand: everything but stores and
+/// control flow.
+fn has_destination(inst: &ptx::ir::Inst) -> bool {
+    !matches!(
+        inst.base.as_str(),
+        "st" | "bra" | "ret" | "exit" | "prefetch" | "prefetchu" | "red" | "bar" | "trap"
+    )
+}
+
+/// The registers `inst` writes (none for a store or control flow).
+fn destinations_of(inst: &ptx::ir::Inst) -> Vec<usize> {
+    if has_destination(inst) {
+        destinations(inst)
+    } else {
+        Vec::new()
+    }
+}
+
+/// The registers `inst` reads as sources or address bases (its guard
+/// apart): every register of every operand but the destination.
+fn sources(inst: &ptx::ir::Inst) -> Vec<u32> {
+    use ptx::ir::{Base, Opnd};
+    fn of(o: &Opnd, into: &mut Vec<u32>) {
+        match o {
+            Opnd::Reg(r) | Opnd::Not(r) => into.push(*r),
+            Opnd::Pair(a, b) => into.extend([*a, *b]),
+            Opnd::Addr {
+                base: Base::Reg(r), ..
+            } => into.push(*r),
+            Opnd::List(items) => items.iter().for_each(|o| of(o, into)),
+            _ => {}
+        }
+    }
+    let skip = usize::from(has_destination(inst));
+    let mut out = Vec::new();
+    for o in inst.ops.iter().skip(skip) {
+        of(o, &mut out);
+    }
+    out
 }
 
 fn destinations(inst: &ptx::ir::Inst) -> Vec<usize> {

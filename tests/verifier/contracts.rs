@@ -945,7 +945,8 @@ fn the_jit_vectorized_and_index32_kernels_run_on_the_host_against_a_reference() 
 /// 32-bit-index kernels (the shared mutator of `tests/support/mutants.rs`);
 /// whatever the verifier still accepts with the families must, on the host
 /// engine in checked mode, touch nothing outside operands of exactly its
-/// contract's footprints (random `n`, every precondition holding).
+/// contract's footprints (random `n`, every precondition holding), and
+/// write the same output whatever its registers held before it wrote them.
 #[test]
 fn accepted_mutants_of_the_families_stay_inside_their_contract() {
     let seed: u64 = std::env::var("PTXD_MUTANT_SEED")
@@ -1019,7 +1020,6 @@ fn accepted_mutants_of_the_families_stay_inside_their_contract() {
             .iter()
             .map(|&len| (0..len).map(|_| r.random()).collect())
             .collect();
-        let mut out = vec![0xA5u8; *out_len];
         let spans: Vec<HostSpan> = inputs
             .iter()
             .map(|b| HostSpan {
@@ -1030,27 +1030,39 @@ fn accepted_mutants_of_the_families_stay_inside_their_contract() {
         let params: Vec<f32> = (0..c.contract.scalar_params())
             .map(|_| r.random_range(-4.0..4.0))
             .collect();
-        let launch = HostLaunch {
-            inputs: &spans,
-            args: &[],
-            output: HostSpan {
-                ptr: out.as_mut_ptr(),
-                len: out.len(),
-            },
-            n,
-            params: &params,
-            threads: 1,
-            checked: true,
-            control: None,
+        // Twice, the registers starting at two fills: the output may not
+        // depend on a register the kernel never wrote.
+        let run = |fill: u64| {
+            let mut out = vec![0xA5u8; *out_len];
+            let launch = HostLaunch {
+                inputs: &spans,
+                args: &[],
+                output: HostSpan {
+                    ptr: out.as_mut_ptr(),
+                    len: out.len(),
+                },
+                n,
+                params: &params,
+                threads: 1,
+                checked: true,
+                control: None,
+            };
+            // SAFETY: every span is a live Vec of exactly `len` bytes; inputs
+            // are only read (checked mode faults on any other access).
+            if let Err(f) = unsafe { kernel.launch_filled(&launch, fill) } {
+                panic!(
+                    "an accepted mutant left its contract ({}) with n = {n}: {f}\n{mutant}",
+                    c.contract
+                );
+            }
+            out
         };
-        // SAFETY: every span is a live Vec of exactly `len` bytes; inputs
-        // are only read (checked mode faults on any other access).
-        if let Err(f) = unsafe { kernel.launch(&launch) } {
-            panic!(
-                "an accepted mutant left its contract ({}) with n = {n}: {f}\n{mutant}",
-                c.contract
-            );
-        }
+        let fill: u64 = r.random();
+        assert!(
+            run(fill) == run(!fill),
+            "an accepted mutant's output depends on registers it never wrote \
+             (n = {n}, fill {fill:#x})\n{mutant}"
+        );
         accepted += 1;
     }
     eprintln!("{accepted} mutants accepted and ran inside their contract, {refused} refused");

@@ -448,7 +448,13 @@ fn a_pointer_stored_as_data_is_pointer_escape() {
 /// only through the written pointer, nothing through a scratch pointer).
 #[test]
 fn accepted_triton_mutants_stay_inside_their_contract() {
-    let mut r = rand::rng();
+    use rand::SeedableRng;
+    let seed: u64 = std::env::var("PTXD_TRITON_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("triton mutant seed {seed} (PTXD_TRITON_SEED to repeat)");
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     let seeds: Vec<(String, String)> = corpus("triton")
         .into_iter()
         .chain(corpus("inductor"))
@@ -468,7 +474,8 @@ fn accepted_triton_mutants_stay_inside_their_contract() {
     // math branches are not).
     assert!(originals >= 100, "{originals}");
     let (mut accepted, mut tried) = (0, 0);
-    // PTXD_TRITON_MUTANTS=N for a longer run.
+    // PTXD_TRITON_MUTANTS=N for a longer run, PTXD_TRITON_SEED=S to
+    // repeat one.
     let rounds: usize = std::env::var("PTXD_TRITON_MUTANTS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -87,6 +87,24 @@ impl HostKernel {
     /// Each span must be valid for reads (inputs) or writes (output) of
     /// `len` bytes for the duration of the call.
     pub unsafe fn launch(&self, launch: &HostLaunch<'_>) -> Result<(), HostFault> {
+        // SAFETY: the caller upholds the span validity `launch_filled` needs.
+        unsafe { self.launch_filled(launch, 0) }
+    }
+
+    /// [`HostKernel::launch`] with every register starting at `fill`
+    /// instead of 0: the check that a verified kernel reads no register it
+    /// never wrote (on a GPU such a register holds what the previous
+    /// kernel left there), since its output cannot then depend on `fill`.
+    /// The mutant oracles (`tests/support/mutants.rs`) run each accepted
+    /// mutant under two fills and compare.
+    ///
+    /// # Safety
+    /// As [`HostKernel::launch`].
+    pub unsafe fn launch_filled(
+        &self,
+        launch: &HostLaunch<'_>,
+        fill: u64,
+    ) -> Result<(), HostFault> {
         // The contract's preconditions hold here too, whoever launches: the
         // proof of a 32-bit index assumed them.
         let values = self.contract.values(launch.n, self.block_size());
@@ -107,7 +125,7 @@ impl HostKernel {
             });
         }
         // SAFETY: the caller upholds the span validity `run` needs.
-        unsafe { run(&self.program, &self.contract, launch) }
+        unsafe { run(&self.program, &self.contract, launch, fill) }
     }
 
     /// The block size launches use: the contract's block rule on the host.

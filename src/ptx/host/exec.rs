@@ -155,6 +155,12 @@ impl Frame {
         }
     }
 
+    /// Every row, scratch included, set to `v`.
+    pub fn fill_all(&mut self, v: u64) {
+        self.r.regs.fill(v);
+        self.r.tmp.fill(v);
+    }
+
     pub fn fill(&mut self, row: Row, v: u64) {
         let r = row as usize * LANES;
         self.r.regs[r..r + LANES].fill(v);

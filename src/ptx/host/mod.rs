@@ -111,7 +111,9 @@ fn scalar_values(
     Ok(launch.args.to_vec())
 }
 
-/// Runs `prog` for `launch`, every launch value from `contract`.
+/// Runs `prog` for `launch`, every launch value from `contract`, each
+/// worker's register file starting with every row at `fill` (what a
+/// register never written holds until its first write).
 ///
 /// # Safety
 /// Each span of `launch` must be valid for reads (inputs) or writes
@@ -120,6 +122,7 @@ pub unsafe fn run(
     prog: &Program,
     contract: &LaunchContract,
     launch: &HostLaunch<'_>,
+    fill: u64,
 ) -> Result<(), HostFault> {
     if launch.inputs.len() != contract.inputs() {
         return Err(launch_fault(format!(
@@ -202,6 +205,7 @@ pub unsafe fn run(
     let per = batches.div_ceil(workers);
     let work = |first: u64, last: u64| -> Result<(), HostFault> {
         let mut f = Frame::new(prog.rows);
+        f.fill_all(fill);
         for (r, v) in &values {
             f.fill(*r, *v);
         }

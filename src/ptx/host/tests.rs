@@ -1401,3 +1401,67 @@ fn approximate_corpus_ops_meet_the_documented_bound() {
         }
     }
 }
+
+/// A register never written holds the launch's fill (the mutant oracles'
+/// check that an accepted kernel reads none): a kernel the verifier
+/// refuses for reading one, decoded unverified with its sibling's contract,
+/// stores what the fill was, and a kernel that writes every register it
+/// reads stores the same whatever the fill.
+#[test]
+fn a_never_written_register_holds_the_launch_fill() {
+    let mut rng = rand::rng();
+    let read = kernel("b32", "b32", "b32", "b32", "\tadd.s32 \t%d, %a, %u5;");
+    let refused = crate::ptx::canonicalize(&read, "k", None);
+    assert!(
+        matches!(
+            &refused,
+            Err(crate::ptx::PtxError::NonScalarAbi {
+                sub_reason: "undefined_register",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    let written = kernel("b32", "b32", "b32", "b32", "\tadd.s32 \t%d, %a, %b;");
+    let verified = HostKernel::compile(&written, "k").unwrap();
+    let unverified =
+        HostKernel::unverified_for_tests(&read, "k", verified.contract().clone()).unwrap();
+    let n = rng.random_range(1..300usize);
+    let a: Vec<u32> = (0..n).map(|_| rng.random()).collect();
+    let b: Vec<u32> = (0..n).map(|_| rng.random()).collect();
+    let fill: u64 = rng.random();
+    let launch = |k: &HostKernel, fill: u64| -> Vec<u32> {
+        let (mut ia, mut ib) = (a.clone(), b.clone());
+        let mut out = vec![0xA5A5_A5A5u32; n];
+        let inputs = [
+            HostSpan {
+                ptr: ia.as_mut_ptr().cast(),
+                len: n * 4,
+            },
+            HostSpan {
+                ptr: ib.as_mut_ptr().cast(),
+                len: n * 4,
+            },
+        ];
+        let launch = HostLaunch {
+            inputs: &inputs,
+            args: &[],
+            output: HostSpan {
+                ptr: out.as_mut_ptr().cast(),
+                len: n * 4,
+            },
+            n: n as u64,
+            params: &[],
+            threads: 1,
+            checked: true,
+            control: None,
+        };
+        // SAFETY: the spans are live Vecs of exactly `len` bytes.
+        unsafe { k.launch_filled(&launch, fill) }.unwrap();
+        out
+    };
+    let want: Vec<u32> = a.iter().map(|x| x.wrapping_add(fill as u32)).collect();
+    assert_eq!(launch(&unverified, fill), want);
+    assert_ne!(launch(&unverified, fill), launch(&unverified, !fill));
+    assert_eq!(launch(&verified, fill), launch(&verified, !fill));
+}
