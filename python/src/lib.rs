@@ -311,6 +311,11 @@ fn info_dict<'py>(py: Python<'py>, info: &DaemonInfo) -> PyResult<Bound<'py, PyD
     Ok(dict)
 }
 
+/// The longest duration a Python argument may give, in whole seconds (as
+/// the daemon's duration flags: 2^32 - 1 s, about 136 years). The SDK adds
+/// a reply spin to the clock, which panics past about 2^63 s.
+const MAX_DURATION_SECS: u64 = u32::MAX as u64;
+
 /// A connection to ptxd (`ptxd.Client` wraps it).
 #[pyclass(module = "ptxd._native", name = "Client", frozen)]
 struct NativeClient {
@@ -331,13 +336,17 @@ impl NativeClient {
     fn new(py: Python<'_>, socket: Option<String>, reply_spin: Option<f64>) -> PyResult<Self> {
         let spin = match reply_spin {
             None => None,
-            Some(seconds) => Some(std::time::Duration::try_from_secs_f64(seconds).map_err(
-                |_| {
-                    PyValueError::new_err(format!(
-                        "reply_spin must be a number of seconds, 0 or more; got {seconds}"
-                    ))
-                },
-            )?),
+            Some(seconds) => Some(
+                std::time::Duration::try_from_secs_f64(seconds)
+                    .ok()
+                    .filter(|spin| spin.as_secs() <= MAX_DURATION_SECS)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "reply_spin must be a number of seconds from 0 to \
+                             {MAX_DURATION_SECS}; got {seconds}"
+                        ))
+                    })?,
+            ),
         };
         let inner = call(py, async move {
             match socket {
