@@ -33,7 +33,7 @@ use ptxd_client::{
     KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RawStreamOptions,
     RawStreamPhases, RingRefusal, Session, SessionEvent, SessionOptions, ORDERING_BYTES,
 };
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -520,7 +520,14 @@ fn to_arg(ty: &str, value: &Bound<'_, PyAny>) -> PyResult<Arg> {
         "u32" => Arg::U32(value.extract()?),
         "i64" => Arg::I64(value.extract()?),
         "u64" => Arg::U64(value.extract()?),
-        "f32" => Arg::F32(value.extract::<f64>()? as f32),
+        "f32" => {
+            let wide: f64 = value.extract()?;
+            Arg::F32(f32_of(wide).ok_or_else(|| {
+                PyOverflowError::new_err(format!(
+                    "an f32 arg: {wide} is finite but does not fit an f32"
+                ))
+            })?)
+        }
         "f64" => Arg::F64(value.extract()?),
         other => {
             return Err(PyValueError::new_err(format!(
@@ -528,6 +535,14 @@ fn to_arg(ty: &str, value: &Bound<'_, PyAny>) -> PyResult<Arg> {
             )))
         }
     })
+}
+
+/// `value` rounded to the nearest f32, or `None` when it is finite and
+/// rounds past the f32 range (an infinity it was not: `ptxd._args.f32_value`
+/// refuses the same values first). Infinities and NaN are f32 values.
+pub(crate) fn f32_of(value: f64) -> Option<f32> {
+    let rounded = value as f32;
+    (rounded.is_finite() || !value.is_finite()).then_some(rounded)
 }
 
 fn to_launch(args: &LaunchArgs) -> (Kernel, Launch) {

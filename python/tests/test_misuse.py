@@ -80,3 +80,167 @@ def test_a_reply_spin_past_the_longest_duration_is_refused_not_a_panic(socket):
     with ptxd.Client(socket, reply_spin=float(2**32 - 1)) as client, client.session("spin") as s:
         kernel = s.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
         assert kernel.symbol == "add_f32_scalar"
+
+
+def test_a_launch_of_something_else_than_a_kernel_is_a_type_error(session):
+    values = random_f32(64)
+    a, b = filled(session, values), filled(session, values)
+    out = filled(session, np.full(64, np.nan, np.float32))
+    for args in ((), (ptxd.f32(1.0),), (1.0,)):
+        with pytest.raises(TypeError, match="expected a ptxd.Kernel, got str"):
+            session.launch("add_f32_scalar", [a, b], out, args=args)
+    assert np.isnan(out).all(), "nothing ran"
+
+
+def test_n_is_an_int_in_the_u64_range_or_a_type_or_value_error(session):
+    kernel = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
+    count = int(RNG.integers(2, 4096))
+    values_a, values_b = random_f32(count), random_f32(count)
+    a, b = filled(session, values_a), filled(session, values_b)
+    out = filled(session, np.full(count, np.nan, np.float32))
+    # A float was truncated (2.5 -> 2) and a string parsed; both ran.
+    for n, kind, text in [
+        (count - 0.5, TypeError, "n must be an int, not float"),
+        (str(count), TypeError, "n must be an int, not str"),
+        (True, TypeError, "n must be an int, not bool"),
+        (-1, ValueError, "n must not be negative, got -1"),
+        (-int(RNG.integers(2, 2**62)), ValueError, "n must not be negative"),
+        (2**64, ValueError, r"n must be below 2\^64, got 18446744073709551616"),
+        (2**64 + int(RNG.integers(1, 2**62)), ValueError, r"n must be below 2\^64"),
+    ]:
+        with pytest.raises(kind, match=text):
+            session.launch(kernel, [a, b], out, n=n)
+        with pytest.raises(kind, match=text):
+            session.launch_many([(kernel, [a, b], out, n)])
+    assert np.isnan(out).all(), "nothing ran"
+    # numpy's integers are ints (they have __index__).
+    session.launch(kernel, [a, b], out, n=np.int64(count))
+    np.testing.assert_array_equal(out, values_a + values_b)
+    # A count inside the u64 range is ptxd's to refuse: past the arrays,
+    # or past what a launch's count can be.
+    with pytest.raises(ptxd.BufferTooSmall):
+        session.launch(kernel, [a, b], out, n=count + 1)
+    with pytest.raises(ptxd.InvalidArgument) as refused:
+        session.launch(kernel, [a, b], out, n=2**64 - 1)
+    assert refused.value.metadata == {"field": "n"}
+
+
+def test_f32_values_past_the_f32_range_overflow_instead_of_becoming_infinities(session):
+    kernel = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
+    count = int(RNG.integers(1, 2048))
+    x = filled(session, random_f32(count))
+    out = filled(session, np.full(count, np.nan, np.float32))
+    big = float(RNG.uniform(3.5e38, 1e300)) * float(RNG.choice([-1.0, 1.0]))
+    for value in (big, 3.4028236e38, -1e39):
+        with pytest.raises(OverflowError, match="does not fit an f32"):
+            ptxd.f32(value)
+        with pytest.raises(OverflowError, match="param 0: .* does not fit an f32"):
+            session.launch(kernel, [x], out, params=(value, 1.0))
+        with pytest.raises(OverflowError, match="does not fit an f32"):
+            session.launch(kernel, [x], out, args=[value, 1.0])
+        with pytest.raises(OverflowError, match="param 1: .* does not fit an f32"):
+            session.launch_many([(kernel, [x], out, None, (1.0, value))])
+    assert np.isnan(out).all(), "nothing was sent"
+    # The largest f32, infinities and NaN are f32 values.
+    assert ptxd.f32(3.4028235e38).value == 3.4028235e38
+    session.launch(kernel, [x], out, params=(0.0, float("inf")))
+    assert np.isposinf(out).all()
+    session.launch(kernel, [x], out, args=[ptxd.f32(0.0), ptxd.f32(float("-inf"))])
+    assert np.isneginf(out).all()
+    # params=None is no params, as () is.
+    add = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
+    session.launch(add, [x, x], out, params=None)
+    np.testing.assert_array_equal(out, x + x)
+
+
+def test_a_device_ordinal_out_of_range_is_a_value_error(session):
+    ptx = read_ptx("add_f32_scalar")
+    for device in (-1, -int(RNG.integers(2, 2**40)), 2**32, int(RNG.integers(2**32, 2**62))):
+        with pytest.raises(ValueError, match=r"a device ordinal is in 0..2\^32-1"):
+            session.load_ptx(ptx, "add_f32_scalar", device=device)
+    # In range but absent: ptxd's refusal.
+    with pytest.raises(ptxd.UnknownDevice) as refused:
+        session.load_ptx(ptx, "add_f32_scalar", device=2**32 - 1)
+    assert refused.value.reason == "UNKNOWN_DEVICE"
+
+
+def test_launch_many_items_say_what_is_missing_or_misspelt(session):
+    kernel = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
+    x = filled(session, random_f32(32))
+    out = filled(session, np.full(32, np.nan, np.float32))
+    with pytest.raises(TypeError, match="missing output"):
+        session.launch_many([{"kernel": kernel, "inputs": [x]}])
+    with pytest.raises(TypeError, match="missing kernel, inputs, output"):
+        session.launch_many([{}])
+    # A misspelt key was ignored: the launch went without its params.
+    with pytest.raises(TypeError, match="unknown param"):
+        session.launch_many([{"kernel": kernel, "inputs": [x], "output": out, "param": (2.0, 1.0)}])
+    with pytest.raises(TypeError, match=r"a launch is \(kernel, inputs, output\[, n\[, params\]\]\) or a dict, not int"):
+        session.launch_many([5])
+    assert np.isnan(out).all(), "nothing ran"
+
+
+def test_register_fd_sizes_and_offsets_are_checked_before_anything_is_sent(session):
+    fd = os.memfd_create("ptxd-misuse", os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, 4096)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        huge = 2**64 + int(RNG.integers(0, 2**32))
+        for size, offset, kind, text in [
+            (-1, 0, ValueError, "size must not be negative, got -1"),
+            (huge, 0, ValueError, rf"size must be below 2\^64, got {huge}"),
+            (4096, -4096, ValueError, "offset must not be negative, got -4096"),
+            (4096.0, 0, TypeError, "size must be an int, not float"),
+            (4096, "0", TypeError, "offset must be an int, not str"),
+        ]:
+            with pytest.raises(kind, match=text):
+                session.register_fd(fd, size, offset=offset)
+        with pytest.raises(ValueError, match="has no element size"):
+            session.register_fd(fd, 4096, dtype="S")
+        buffer = session.register_fd(fd, np.int64(4096), dtype=np.float32)
+        assert buffer.numel == 1024
+    finally:
+        os.close(fd)
+    assert [b["handle"] for b in session.buffers()] == [buffer.handle]
+
+
+def test_host_array_shapes_are_ints_and_fit_a_file(session):
+    extent = int(RNG.integers(1, 512))
+    assert session.shm_array(np.int64(extent), np.float32).shape == (extent,)
+    assert session.memfd_array((np.uint16(2), extent), np.float32).shape == (2, extent)
+    with pytest.raises(TypeError, match="shape extent must be an int, not float"):
+        session.shm_array((extent + 0.5,), np.float32)
+    with pytest.raises(TypeError, match="shape must be an int, not float"):
+        session.memfd_array(float(extent), np.float32)
+    with pytest.raises(ValueError, match="at most 9223372036854775807 bytes"):
+        session.shm_array(2**70, np.uint8)
+    with pytest.raises(ValueError, match="at most 9223372036854775807 bytes"):
+        session.memfd_array((2**31, 2**31), np.float64)
+    with pytest.raises(ValueError, match="negative extent"):
+        session.shm_array((extent, -1), np.float32)
+    assert len(session.buffers()) == 2
+
+
+def test_load_triton_names_the_metadata_it_misses(session):
+    from types import SimpleNamespace
+
+    ptx = read_ptx("affine_f32_scalar")
+    with pytest.raises(TypeError, match=r"asm\['ptx'\]"):
+        session.load_triton(SimpleNamespace(asm={}))
+    # No metadata at all, or a field missing: an AttributeError or a
+    # KeyError before.
+    with pytest.raises(TypeError, match="its metadata has no 'name'"):
+        session.load_triton(SimpleNamespace(asm={"ptx": ptx}))
+    for missing in ("name", "num_warps", "shared"):
+        metadata = {"name": "affine_f32_scalar", "num_warps": 4, "shared": 0}
+        del metadata[missing]
+        with pytest.raises(TypeError, match=f"its metadata has no '{missing}'"):
+            session.load_triton(SimpleNamespace(asm={"ptx": ptx}, metadata=metadata))
+        with pytest.raises(TypeError, match=f"its metadata has no '{missing}'"):
+            session.load_triton(SimpleNamespace(asm={"ptx": ptx}, metadata=SimpleNamespace(**metadata)))
+    with pytest.raises(TypeError, match="num_warps must be an int, not str"):
+        session.load_triton(SimpleNamespace(
+            asm={"ptx": ptx}, metadata={"name": "affine_f32_scalar", "num_warps": "4", "shared": 0}))
+    kernel = session.load_triton(SimpleNamespace(
+        asm={"ptx": ptx}, metadata={"name": "affine_f32_scalar", "num_warps": np.int64(4), "shared": 0}))
+    assert kernel.symbol == "affine_f32_scalar"
