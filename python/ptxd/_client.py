@@ -42,7 +42,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 from . import _native
 from . import _operands as ops
 from . import _args
-from ._errors import CudaError, DtypeMismatch, Error, NotExportable, refused
+from ._errors import CudaError, DtypeMismatch, Error, NotExportable, SessionClosed, refused
 
 __all__ = ["Client", "Session", "Kernel", "Buffer", "Signature", "Launched", "cuda_available"]
 
@@ -441,15 +441,33 @@ class Session:
 
     def close(self) -> Optional[Dict[str, int]]:
         """Ends the session. Returns what ptxd released (``None`` when it was
-        already closed)."""
+        already closed). Whatever the native call does (it raises when the
+        daemon cannot be reached), the session lets go of what it held here:
+        its rings, event pairs, operand cache and registrations, which are
+        marked released (the lease's end released them in ptxd); host
+        arrays stay mapped while the caller holds them."""
         with self._lock:
             self._rings.clear()
-        report = self._native.close()
-        with self._lock:
-            self._cuda.clear()
-            self._events.clear()
-            self._operands.clear()
+        try:
+            report = self._native.close()
+        finally:
+            with self._lock:
+                held = list(self._cuda.values()) + self._host
+                self._cuda.clear()
+                self._host = []
+                self._events.clear()
+                self._operands.clear()
+            for registration in held:
+                registration.released = True
         return report
+
+    def _closed_error(self) -> Optional[SessionClosed]:
+        """The error a call on this session raises once its lease ended, or
+        ``None`` while it is open (as the native calls raise it)."""
+        if self._native.is_open():
+            return None
+        return SessionClosed("the session is closed", reason="SESSION_CLOSED",
+                             code="FAILED_PRECONDITION", code_value=9)
 
     @property
     def is_open(self) -> bool:
@@ -634,6 +652,9 @@ class Session:
             return self._register_cuda(obj, view)
         if ops.numpy_array(obj):
             return self._register_host(obj)
+        closed = self._closed_error()
+        if closed is not None:
+            raise closed
         raise TypeError(
             f"cannot register a {type(obj).__name__}: pass a CUDA torch.Tensor, an object with "
             "__cuda_array_interface__, or an array from session.shm_array() or memfd_array()"
@@ -650,7 +671,7 @@ class Session:
                 for key, old in list(self._cuda.items()):
                     if key[0] == view.ordinal and old.base < base + size and base < old.base + old.size:
                         del self._cuda[key]
-                        self._release(old)
+                        self._release_freed(old)
                 if capable:
                     handle = device.export((base, size, buffer_id, capable))
                     reply = self._native.register_cuda_ipc(handle, device.uuid, size)
@@ -688,6 +709,10 @@ class Session:
                         break
                     offset = view.ptr - registration.base
                     return Buffer(registration, offset, view.nbytes, view.itemsize, view.numel, array)
+        # A closed session holds no host buffers: every array misses.
+        closed = self._closed_error()
+        if closed is not None:
+            raise closed
         raise TypeError(
             "this numpy array is not in a host buffer of this session: ptxd reads host memory "
             "only through session.shm_array() and session.memfd_array() arrays"
@@ -695,17 +720,34 @@ class Session:
 
     def release(self, buffer: Buffer) -> None:
         """Releases the registration ``buffer`` belongs to (every Buffer of
-        the same allocation, host array or descriptor with it)."""
+        the same allocation, host array or descriptor with it). Releasing it
+        again does nothing; a Buffer of another session is refused by ptxd
+        (``ptxd.StaleBuffer``) and stays registered in its own."""
+        if not isinstance(buffer, Buffer):
+            raise TypeError(f"expected a ptxd.Buffer, got {type(buffer).__name__}")
         registration = buffer._registration
+        self._release(registration)
         with self._lock:
             for key, cached in list(self._cuda.items()):
                 if cached is registration:
                     del self._cuda[key]
             if registration in self._host:
                 self._host.remove(registration)
-        self._release(registration)
 
     def _release(self, registration: _Registration) -> None:
+        # Marked released only once ptxd released it: a refused release (a
+        # Buffer of another session) must not mark the other session's
+        # registration, whose own release would then do nothing. The lock
+        # keeps two threads from both sending it.
+        with self._lock:
+            if not registration.released:
+                self._native.release_buffer(registration.handle)
+                registration.released = True
+
+    def _release_freed(self, registration: _Registration) -> None:
+        # The allocation was freed: the registration is of no use whatever
+        # ptxd answers, so it is marked released first (the operand cache's
+        # entries of it miss from now on).
         if not registration.released:
             registration.released = True
             self._native.release_buffer(registration.handle)

@@ -221,6 +221,130 @@ def test_host_array_shapes_are_ints_and_fit_a_file(session):
     assert len(session.buffers()) == 2
 
 
+def test_a_host_array_ptxd_refuses_leaves_nothing_registered_or_held(session, client):
+    limit = client.info()["limits"]["max_buffer_bytes_per_session"]
+    warm_up(client)
+    before = session.buffers()
+    fds, names = open_fds(), client_shm_names()
+    for make in (session.shm_array, session.memfd_array):
+        # A sparse object of the limit and a byte or more: made here,
+        # refused by ptxd, and let go of.
+        with pytest.raises(ptxd.LimitExceeded) as refused:
+            make(limit + int(RNG.integers(1, 4096)), np.uint8)
+        assert refused.value.metadata["limit"] == "max_buffer_bytes_per_session"
+    gc.collect()
+    assert session.buffers() == before
+    assert settled(lambda: open_fds() == fds), (fds, open_fds())
+    assert client_shm_names() == names
+
+
+def test_releasing_another_sessions_buffer_is_refused_and_leaves_it_registered(client, session):
+    with client.session("owner") as owner:
+        buffer = owner.register(owner.shm_array(int(RNG.integers(1, 4096)), np.float32))
+        with pytest.raises(ptxd.StaleBuffer) as refused:
+            session.release(buffer)
+        assert refused.value.reason == "STALE_BUFFER"
+        # The refusal did not mark it released: its own session still
+        # releases it (that release was a no-op).
+        assert [b["handle"] for b in owner.buffers()] == [buffer.handle]
+        owner.release(buffer)
+        assert owner.buffers() == []
+        owner.release(buffer)  # again: nothing to do
+        with pytest.raises(TypeError, match="expected a ptxd.Buffer, got str"):
+            owner.release(buffer.handle)
+
+
+def test_a_closed_session_lets_go_of_its_host_memory_and_refuses_typed(client):
+    kernel_ptx = read_ptx("add_f32_scalar")
+    warm_up(client)
+    fds = open_fds()
+    names = client_shm_names()
+    session = client.session("closing")
+    kernel = session.load_ptx(kernel_ptx, "add_f32_scalar")
+    count = int(RNG.integers(1, 4096))
+    a, b = session.memfd_array(count, np.float32), session.shm_array(count, np.float32)
+    out = session.memfd_array(count, np.float32)
+    session.launch(kernel, [a, b], out)
+    buffer = session.register(out)
+    assert session.close() == {"buffers_released": 3, "kernels_released": 1, "events_released": 0}
+    assert session.close() is None
+    # Every call raises SessionClosed; an array of the closed session is
+    # not "not in a host buffer of this session" (TypeError) nor launched.
+    for call in (
+        lambda: session.launch(kernel, [a, b], out),
+        lambda: session.register(a),
+        lambda: session.launch_many([(kernel, [a, b], out)]),
+        lambda: session.shm_array(count, np.float32),
+        lambda: session.memfd_array(count, np.float32),
+        lambda: session.load_ptx(kernel_ptx, "add_f32_scalar"),
+        lambda: session.buffers(),
+    ):
+        with pytest.raises(ptxd.SessionClosed) as closed:
+            call()
+        assert closed.value.reason == "SESSION_CLOSED"
+    session.release(buffer)  # released with the lease: nothing to do
+    # The session object lives on, but holds no mapping or descriptor of
+    # the arrays once the caller lets go of them.
+    del a, b, out, buffer
+    gc.collect()
+    assert settled(lambda: open_fds() == fds), (fds, open_fds())
+    assert client_shm_names() == names
+    del session
+
+
+def test_no_descriptor_or_lease_outlives_many_open_close_cycles(socket):
+    def cycle(index: int) -> None:
+        with ptxd.Client(socket) as client:
+            session = client.session(f"cycle-{index}")
+            kernel = session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar")
+            count = int(RNG.integers(1, 1024))
+            a, b = session.memfd_array(count, np.float32), session.shm_array(count, np.float32)
+            out = session.memfd_array(count, np.float32)
+            a[:], b[:] = random_f32(count), random_f32(count)
+            session.launch(kernel, [a, b], out)
+            np.testing.assert_array_equal(out, a + b)
+            if index % 3 == 0:
+                session.close()
+            elif index % 3 == 1:
+                # The client's exit closes it, an exception on the way out
+                # included.
+                with pytest.raises(RuntimeError, match="on the way out"):
+                    with session:
+                        raise RuntimeError("on the way out")
+            # else: left to the client's close
+
+    with ptxd.Client(socket) as watcher:
+        cycle(0)  # the runtime's own descriptors, made once per process
+        gc.collect()
+        fds, names = open_fds(), client_shm_names()
+        sessions = sessions_of(watcher)
+        for index in range(1, 31):
+            cycle(index)
+        gc.collect()
+        assert wait_for_sessions(watcher, sessions) == sessions
+        assert settled(lambda: open_fds() == fds), (fds, open_fds())
+        assert client_shm_names() == names
+
+
+def test_context_managers_end_the_leases_on_exceptions(socket, client):
+    before = sessions_of(client)
+    with pytest.raises(KeyError):
+        with ptxd.Client(socket) as other:
+            held = other.session("held")
+            held.shm_array(16, np.float32)
+            assert sessions_of(client) == before + 1
+            raise KeyError("boom")
+    assert not held.is_open
+    assert wait_for_sessions(client, before) == before
+    with pytest.raises(ptxd.Error) as closed:
+        other.info()
+    assert closed.value.reason == "CLIENT_CLOSED"
+    with pytest.raises(ptxd.Error) as closed:
+        other.session("late")
+    assert closed.value.reason == "CLIENT_CLOSED"
+    other.close()  # again: nothing to do
+
+
 def test_load_triton_names_the_metadata_it_misses(session):
     from types import SimpleNamespace
 
