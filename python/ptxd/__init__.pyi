@@ -33,7 +33,8 @@ def i64(value: int) -> Arg:
 def u64(value: int) -> Arg:
     """An argument for a .u64 or .b64 param."""
 def f32(value: float) -> Arg:
-    """An argument for an .f32 param (rounded to the nearest f32)."""
+    """An argument for an .f32 param (rounded to the nearest f32; OverflowError for a finite
+    value past the f32 range)."""
 def f64(value: float) -> Arg:
     """An argument for an .f64 param."""
 
@@ -93,7 +94,9 @@ class Session:
     defer_errors: bool
     def __enter__(self) -> "Session": ...
     def __exit__(self, *exc: Any) -> None: ...
-    def close(self) -> Optional[Dict[str, int]]: ...
+    def close(self) -> Optional[Dict[str, int]]:
+        """Ends the lease and lets go of what the session held; None when already closed.
+        Later calls raise SessionClosed."""
     def next_event(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]: ...
     @property
     def is_open(self) -> bool: ...
@@ -121,7 +124,9 @@ class Session:
         """Registers size bytes from offset of the memory behind fd (host: a memfd sealed
         with F_SEAL_SHRINK); fd is used only during the call."""
     def register(self, obj: Operand) -> Buffer: ...
-    def release(self, buffer: Buffer) -> None: ...
+    def release(self, buffer: Buffer) -> None:
+        """Releases buffer's registration; again, nothing; another session's Buffer raises
+        StaleBuffer and stays registered there."""
     def buffers(self) -> List[Dict[str, Any]]: ...
     def launch(
         self,
@@ -129,11 +134,13 @@ class Session:
         inputs: Sequence[Operand],
         output: Operand,
         n: Optional[int] = None,
-        params: Sequence[float] = (),
+        params: Optional[Sequence[float]] = (),
         stream: Optional[Stream] = None,
         sync: bool = False,
         args: Sequence[Union[Arg, int, float]] = (),
-    ) -> Launched: ...
+    ) -> Launched:
+        """n: an int (or __index__) in 0..2^64-1 (TypeError, ValueError); params: f32 values
+        (OverflowError for a finite one past the f32 range)."""
     def launch_many(
         self,
         launches: Iterable[Union[Tuple[Any, ...], Dict[str, Any]]],
@@ -148,7 +155,8 @@ class Client:
     def __init__(self, socket: Optional[str] = None, *, reply_spin: Optional[float] = None) -> None: ...
     def __enter__(self) -> "Client": ...
     def __exit__(self, *exc: Any) -> None: ...
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Closes the client's sessions; later calls raise Error with reason CLIENT_CLOSED."""
     def info(self) -> Dict[str, Any]: ...
     def session(self, label: str, auto_reload: bool = False, defer_errors: bool = False
                 ) -> Session: ...

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import struct
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 __all__ = ["Arg", "i32", "u32", "i64", "u64", "f32", "f64"]
@@ -50,7 +51,22 @@ def _int(kind: str, value: Any) -> Arg:
 def _float(kind: str, value: Any) -> Arg:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"a {kind} arg takes a float, not {type(value).__name__}")
-    return Arg(kind, float(value))
+    value = float(value)
+    if kind == "f32":
+        f32_value(value, f"a {kind} arg")
+    return Arg(kind, value)
+
+
+def f32_value(value: float, what: str) -> float:
+    """``value`` (a Python float) as the f32 the wire carries, checked: a
+    finite value whose magnitude rounds past the largest f32 (3.4e38) raises
+    ``OverflowError`` rather than becoming an infinity; infinities and NaN
+    are f32 values and pass as they are."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        raise OverflowError(f"{what}: {value!r} is finite but does not fit an f32 "
+                            "(|x| <= 3.4028235e38)") from None
 
 
 def i32(value: int) -> Arg:
@@ -74,7 +90,8 @@ def u64(value: int) -> Arg:
 
 
 def f32(value: float) -> Arg:
-    """An argument for an ``.f32`` param (rounded to the nearest f32)."""
+    """An argument for an ``.f32`` param (rounded to the nearest f32; a
+    finite value beyond the f32 range raises ``OverflowError``)."""
     return _float("f32", value)
 
 

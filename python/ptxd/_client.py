@@ -31,6 +31,7 @@ state the SDK has no notion of:
 
 from __future__ import annotations
 
+import operator
 import re
 import os
 import sys
@@ -41,7 +42,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 from . import _native
 from . import _operands as ops
 from . import _args
-from ._errors import CudaError, DtypeMismatch, Error, NotExportable, refused
+from ._errors import CudaError, DtypeMismatch, Error, NotExportable, SessionClosed, refused
 
 __all__ = ["Client", "Session", "Kernel", "Buffer", "Signature", "Launched", "cuda_available"]
 
@@ -440,15 +441,33 @@ class Session:
 
     def close(self) -> Optional[Dict[str, int]]:
         """Ends the session. Returns what ptxd released (``None`` when it was
-        already closed)."""
+        already closed). Whatever the native call does (it raises when the
+        daemon cannot be reached), the session lets go of what it held here:
+        its rings, event pairs, operand cache and registrations, which are
+        marked released (the lease's end released them in ptxd); host
+        arrays stay mapped while the caller holds them."""
         with self._lock:
             self._rings.clear()
-        report = self._native.close()
-        with self._lock:
-            self._cuda.clear()
-            self._events.clear()
-            self._operands.clear()
+        try:
+            report = self._native.close()
+        finally:
+            with self._lock:
+                held = list(self._cuda.values()) + self._host
+                self._cuda.clear()
+                self._host = []
+                self._events.clear()
+                self._operands.clear()
+            for registration in held:
+                registration.released = True
         return report
+
+    def _closed_error(self) -> Optional[SessionClosed]:
+        """The error a call on this session raises once its lease ended, or
+        ``None`` while it is open (as the native calls raise it)."""
+        if self._native.is_open():
+            return None
+        return SessionClosed("the session is closed", reason="SESSION_CLOSED",
+                             code="FAILED_PRECONDITION", code_value=9)
 
     @property
     def is_open(self) -> bool:
@@ -506,10 +525,19 @@ class Session:
         ptx = asm["ptx"]
         if isinstance(ptx, (bytes, bytearray)):
             ptx = bytes(ptx).decode()
-        metadata = compiled.metadata
-        field = (lambda key: metadata[key]) if isinstance(metadata, dict) else (
-            lambda key: getattr(metadata, key))
-        name, num_warps, shared = field("name"), int(field("num_warps")), int(field("shared"))
+        metadata = getattr(compiled, "metadata", None)
+
+        def field(key: str) -> Any:
+            try:
+                return metadata[key] if isinstance(metadata, dict) else getattr(metadata, key)
+            except (KeyError, AttributeError):
+                raise TypeError(
+                    f"load_triton takes a Triton CompiledKernel: its metadata has no {key!r} "
+                    "(name, num_warps and shared are read)"
+                ) from None
+
+        name = field("name")
+        num_warps, shared = _index(field("num_warps"), "num_warps"), _index(field("shared"), "shared")
         if shared > 0:
             raise ValueError(
                 f"{name} needs {shared} bytes of dynamic shared memory; ptxd launches "
@@ -547,7 +575,10 @@ class Session:
                     create: Any, kind: str) -> Any:
         numpy = _numpy(f"session.{what}()")
         dtype = numpy.dtype(dtype)
-        shape = (int(shape),) if isinstance(shape, int) else tuple(int(e) for e in shape)
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+            shape = (_index(shape, f"{what}'s shape"),)
+        else:
+            shape = tuple(_index(e, f"{what}'s shape extent") for e in shape)
         nbytes = dtype.itemsize
         for extent in shape:
             if extent < 0:
@@ -555,6 +586,9 @@ class Session:
             nbytes *= extent
         if nbytes == 0:
             raise ValueError(f"{what} needs at least one byte")
+        if nbytes > _MAX_HOST_BYTES:
+            raise ValueError(f"{what} of {nbytes} bytes: a host buffer holds at most "
+                             f"{_MAX_HOST_BYTES} bytes (2^63 - 1, the largest file size)")
         mapping, reply = create(nbytes)
         registration = _Registration(reply, kind, mapping.address, None, mapping=mapping)
         with self._lock:
@@ -584,10 +618,12 @@ class Session:
         """
         if isinstance(fd, bool) or not isinstance(fd, int):
             raise TypeError(f"fd must be an int file descriptor, got {type(fd).__name__}")
-        size, offset = int(size), int(offset)
+        size, offset = _u64(size, "size"), _u64(offset, "offset")
         itemsize = 0
         if dtype is not None:
             itemsize = _numpy("register_fd's dtype=").dtype(dtype).itemsize
+            if itemsize == 0:
+                raise ValueError(f"dtype {dtype!r} has no element size")
             if size % itemsize:
                 raise ValueError(f"size {size} is not a multiple of the {itemsize}-byte dtype")
         reply = self._native.register_fd(fd, size, device_uuid, offset, label)
@@ -616,6 +652,9 @@ class Session:
             return self._register_cuda(obj, view)
         if ops.numpy_array(obj):
             return self._register_host(obj)
+        closed = self._closed_error()
+        if closed is not None:
+            raise closed
         raise TypeError(
             f"cannot register a {type(obj).__name__}: pass a CUDA torch.Tensor, an object with "
             "__cuda_array_interface__, or an array from session.shm_array() or memfd_array()"
@@ -632,7 +671,7 @@ class Session:
                 for key, old in list(self._cuda.items()):
                     if key[0] == view.ordinal and old.base < base + size and base < old.base + old.size:
                         del self._cuda[key]
-                        self._release(old)
+                        self._release_freed(old)
                 if capable:
                     handle = device.export((base, size, buffer_id, capable))
                     reply = self._native.register_cuda_ipc(handle, device.uuid, size)
@@ -670,6 +709,10 @@ class Session:
                         break
                     offset = view.ptr - registration.base
                     return Buffer(registration, offset, view.nbytes, view.itemsize, view.numel, array)
+        # A closed session holds no host buffers: every array misses.
+        closed = self._closed_error()
+        if closed is not None:
+            raise closed
         raise TypeError(
             "this numpy array is not in a host buffer of this session: ptxd reads host memory "
             "only through session.shm_array() and session.memfd_array() arrays"
@@ -677,17 +720,34 @@ class Session:
 
     def release(self, buffer: Buffer) -> None:
         """Releases the registration ``buffer`` belongs to (every Buffer of
-        the same allocation, host array or descriptor with it)."""
+        the same allocation, host array or descriptor with it). Releasing it
+        again does nothing; a Buffer of another session is refused by ptxd
+        (``ptxd.StaleBuffer``) and stays registered in its own."""
+        if not isinstance(buffer, Buffer):
+            raise TypeError(f"expected a ptxd.Buffer, got {type(buffer).__name__}")
         registration = buffer._registration
+        self._release(registration)
         with self._lock:
             for key, cached in list(self._cuda.items()):
                 if cached is registration:
                     del self._cuda[key]
             if registration in self._host:
                 self._host.remove(registration)
-        self._release(registration)
 
     def _release(self, registration: _Registration) -> None:
+        # Marked released only once ptxd released it: a refused release (a
+        # Buffer of another session) must not mark the other session's
+        # registration, whose own release would then do nothing. The lock
+        # keeps two threads from both sending it.
+        with self._lock:
+            if not registration.released:
+                self._native.release_buffer(registration.handle)
+                registration.released = True
+
+    def _release_freed(self, registration: _Registration) -> None:
+        # The allocation was freed: the registration is of no use whatever
+        # ptxd answers, so it is marked released first (the operand cache's
+        # entries of it miss from now on).
         if not registration.released:
             registration.released = True
             self._native.release_buffer(registration.handle)
@@ -741,6 +801,10 @@ class Session:
         complete before this returns, since the caller reads them from the
         CPU next.
         """
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"expected a ptxd.Kernel, got {type(kernel).__name__}")
+        if params is None:
+            params = ()
         typed: List[_args.Arg] = []
         if args:
             params, typed = _typed_args(kernel, params, args)
@@ -1220,9 +1284,7 @@ class Session:
         if n is None and sizes and sizes[-1] and _vector_of(sizes[-1], out.itemsize):
             count = out.nbytes // sizes[-1]
         else:
-            count = out.numel if n is None else int(n)
-        if count < 0:
-            raise ValueError(f"n must not be negative, got {count}")
+            count = out.numel if n is None else _element_count(n)
         last = len(buffers) - 1
         for index, (buffer, element_size) in enumerate(zip(buffers, sizes)):
             name = "output" if index == last else f"input {index}"
@@ -1262,7 +1324,7 @@ class Session:
             inputs=[(b.handle, b.offset) for b in buffers[:-1]],
             output=(out.handle, out.offset),
             n=count,
-            params=[float(p) for p in params],
+            params=_f32_params(params),
             ordinal=ordinal,
             default_stream=default_stream,
             ring=ring,
@@ -1388,10 +1450,65 @@ def _numpy(what: str) -> Any:
     return numpy
 
 
+#: The most bytes a host buffer (``shm_array``, ``memfd_array``) holds:
+#: its size is a file's, an ``off_t``.
+_MAX_HOST_BYTES = (1 << 63) - 1
+
+#: One past the largest value of a u64 (an element count, a byte size or
+#: offset on the wire).
+_U64_END = 1 << 64
+
+
+def _index(value: Any, what: str) -> int:
+    """``value`` as a Python int, for an integer argument: an ``int`` or
+    anything with ``__index__`` (numpy's integers); a bool, a float or a
+    string raises ``TypeError`` (nothing is truncated or parsed)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
+
+
+def _u64(value: Any, what: str) -> int:
+    """An integer argument the wire carries as a u64: 0 <= value < 2^64
+    (``ValueError`` otherwise, rather than the conversion's
+    ``OverflowError``)."""
+    value = _index(value, what)
+    if value < 0:
+        raise ValueError(f"{what} must not be negative, got {value}")
+    if value >= _U64_END:
+        raise ValueError(f"{what} must be below 2^64, got {value}")
+    return value
+
+
+def _element_count(n: Any) -> int:
+    """A launch's ``n`` (elements, or vectors for a vector kernel)."""
+    return _u64(n, "n")
+
+
+def _f32_params(params: Any) -> List[float]:
+    """A launch's f32 ``params``, each checked to fit an f32 (a finite value
+    beyond the f32 range raises ``OverflowError``, not an infinity)."""
+    if params is None:
+        return []
+    if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+        raise TypeError(f"params must be a sequence of numbers, not {type(params).__name__}")
+    out = []
+    for index, value in enumerate(params):
+        out.append(_args.f32_value(float(value), f"param {index}"))
+    return out
+
+
 def _device_selector(device: Any) -> Union[int, str]:
     if isinstance(device, bool):
         raise TypeError("device must be an ordinal, a UUID or a torch.device")
-    if isinstance(device, (int, str)):
+    if isinstance(device, int):
+        if not 0 <= device < 1 << 32:
+            raise ValueError(f"a device ordinal is in 0..2^32-1, got {device}")
+        return device
+    if isinstance(device, str):
         return device
     index = getattr(device, "index", None)
     if getattr(device, "type", None) == "cuda":
@@ -1399,10 +1516,23 @@ def _device_selector(device: Any) -> Union[int, str]:
     raise TypeError(f"device must be an ordinal, a UUID or a torch.device, got {device!r}")
 
 
+#: The keys of a ``launch_many`` dict item.
+_LAUNCH_KEYS = frozenset({"kernel", "inputs", "output", "n", "params", "args"})
+
+
 def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], Sequence[float],
                                      List["_args.Arg"]]:
     """A batch item as ``(kernel, inputs, output, n, params, typed args)``."""
     if isinstance(item, dict):
+        missing = [key for key in ("kernel", "inputs", "output") if key not in item]
+        unknown = sorted(str(key) for key in item if key not in _LAUNCH_KEYS)
+        if missing or unknown:
+            raise TypeError(
+                "a launch dict takes kernel, inputs and output, and optionally n and params "
+                f"or args; {'missing ' + ', '.join(missing) if missing else ''}"
+                f"{'; ' if missing and unknown else ''}"
+                f"{'unknown ' + ', '.join(unknown) if unknown else ''}"
+            )
         params = item.get("params", ())
         args = item.get("args", ())
         if args and params is not None and len(params):
@@ -1412,6 +1542,11 @@ def _launch_item(item: Any) -> Tuple[Kernel, Sequence[Any], Any, Optional[int], 
             raise TypeError(f"expected a ptxd.Kernel, got {type(kernel).__name__}")
         params, typed = _typed_args(kernel, params, args)
         return (kernel, item["inputs"], item["output"], item.get("n"), params, typed)
+    if isinstance(item, (str, bytes)) or not hasattr(item, "__iter__"):
+        raise TypeError(
+            f"a launch is (kernel, inputs, output[, n[, params]]) or a dict, not "
+            f"{type(item).__name__}"
+        )
     item = tuple(item)
     if not 3 <= len(item) <= 5:
         raise TypeError("a launch is (kernel, inputs, output[, n[, params]]) or a dict")

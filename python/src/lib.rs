@@ -33,7 +33,7 @@ use ptxd_client::{
     KernelSignature, Launch, LaunchRing, Operand, RawStreamLaunch, RawStreamOptions,
     RawStreamPhases, RingRefusal, Session, SessionEvent, SessionOptions, ORDERING_BYTES,
 };
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -311,6 +311,11 @@ fn info_dict<'py>(py: Python<'py>, info: &DaemonInfo) -> PyResult<Bound<'py, PyD
     Ok(dict)
 }
 
+/// The longest duration a Python argument may give, in whole seconds (as
+/// the daemon's duration flags: 2^32 - 1 s, about 136 years). The SDK adds
+/// a reply spin to the clock, which panics past about 2^63 s.
+const MAX_DURATION_SECS: u64 = u32::MAX as u64;
+
 /// A connection to ptxd (`ptxd.Client` wraps it).
 #[pyclass(module = "ptxd._native", name = "Client", frozen)]
 struct NativeClient {
@@ -331,13 +336,17 @@ impl NativeClient {
     fn new(py: Python<'_>, socket: Option<String>, reply_spin: Option<f64>) -> PyResult<Self> {
         let spin = match reply_spin {
             None => None,
-            Some(seconds) => Some(std::time::Duration::try_from_secs_f64(seconds).map_err(
-                |_| {
-                    PyValueError::new_err(format!(
-                        "reply_spin must be a number of seconds, 0 or more; got {seconds}"
-                    ))
-                },
-            )?),
+            Some(seconds) => Some(
+                std::time::Duration::try_from_secs_f64(seconds)
+                    .ok()
+                    .filter(|spin| spin.as_secs() <= MAX_DURATION_SECS)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "reply_spin must be a number of seconds from 0 to \
+                             {MAX_DURATION_SECS}; got {seconds}"
+                        ))
+                    })?,
+            ),
         };
         let inner = call(py, async move {
             match socket {
@@ -511,7 +520,14 @@ fn to_arg(ty: &str, value: &Bound<'_, PyAny>) -> PyResult<Arg> {
         "u32" => Arg::U32(value.extract()?),
         "i64" => Arg::I64(value.extract()?),
         "u64" => Arg::U64(value.extract()?),
-        "f32" => Arg::F32(value.extract::<f64>()? as f32),
+        "f32" => {
+            let wide: f64 = value.extract()?;
+            Arg::F32(f32_of(wide).ok_or_else(|| {
+                PyOverflowError::new_err(format!(
+                    "an f32 arg: {wide} is finite but does not fit an f32"
+                ))
+            })?)
+        }
         "f64" => Arg::F64(value.extract()?),
         other => {
             return Err(PyValueError::new_err(format!(
@@ -519,6 +535,14 @@ fn to_arg(ty: &str, value: &Bound<'_, PyAny>) -> PyResult<Arg> {
             )))
         }
     })
+}
+
+/// `value` rounded to the nearest f32, or `None` when it is finite and
+/// rounds past the f32 range (an infinity it was not: `ptxd._args.f32_value`
+/// refuses the same values first). Infinities and NaN are f32 values.
+pub(crate) fn f32_of(value: f64) -> Option<f32> {
+    let rounded = value as f32;
+    (rounded.is_finite() || !value.is_finite()).then_some(rounded)
 }
 
 fn to_launch(args: &LaunchArgs) -> (Kernel, Launch) {

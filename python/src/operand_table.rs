@@ -141,8 +141,8 @@ fn seen(obj: &Bound<'_, PyAny>, tensor: &Bound<'_, PyAny>) -> PyResult<Option<Se
 /// `[float(p) for p in params]` takes), read without its truth value (a
 /// numpy array of two or more has none). `None` for anything else, a
 /// one-shot iterator included (the general path must still find it
-/// whole), and for an item that is not a number: the general path then
-/// decides, and raises what it raises.
+/// whole), for an item that is not a number, and for one past the f32
+/// range: the general path then decides, and raises what it raises.
 fn f32_params(params: &Bound<'_, PyAny>) -> Option<Vec<f32>> {
     if params.is_none() {
         return Some(Vec::new());
@@ -151,9 +151,14 @@ fn f32_params(params: &Bound<'_, PyAny>) -> Option<Vec<f32>> {
     let items = params.try_iter().ok()?;
     let mut scalars = Vec::with_capacity(len);
     for item in items {
-        match item.and_then(|item| item.extract::<f64>()) {
-            Ok(value) => scalars.push(value as f32),
-            Err(_) => return None,
+        // A finite value past the f32 range is the general path's to
+        // refuse (OverflowError), not an infinity here.
+        match item
+            .and_then(|item| item.extract::<f64>())
+            .map(crate::f32_of)
+        {
+            Ok(Some(value)) => scalars.push(value),
+            _ => return None,
         }
     }
     Some(scalars)
@@ -283,6 +288,8 @@ impl OperandTable {
         };
         let requested = if n.is_none() {
             None
+        } else if n.is_instance_of::<PyBool>() {
+            return Ok(None); // a bool is no count: the general path refuses it
         } else {
             match n.extract::<i64>() {
                 Ok(count) => Some(count),

@@ -890,6 +890,17 @@ def test_the_native_resolution_leaves_every_refusal_to_the_general_path(fake, fa
         session.launch(kernel, [a, b], out, n=count + 1)
     with pytest.raises(ValueError, match="must not be negative"):
         session.launch(kernel, [a, b], out, n=-1)
+    # Neither is an int n the lean path took as one (a bool read as 1), nor
+    # a float, nor a param past the f32 range (read as an infinity).
+    for n in (True, count - 0.5):
+        assert not resolves(a, b, out, n=n)
+        with pytest.raises(TypeError, match="n must be an int"):
+            session.launch(kernel, [a, b], out, n=n)
+    huge = RNG.uniform(3.5e38, 1e300)
+    assert resolve(kernel._native, kernel._element_sizes(), [a, b], out, None, (huge,), (),
+                   fake_torch.Tensor) is None
+    with pytest.raises(OverflowError, match="param 0: .* does not fit an f32"):
+        session.launch(kernel, [a, b], out, params=(huge,))
     strided = FakeStridedTensor(base, 4)
     assert not resolves(a, strided, out)
     with pytest.raises(ptxd.NotContiguous):
