@@ -545,6 +545,23 @@ pub(crate) fn f32_of(value: f64) -> Option<f32> {
     (rounded.is_finite() || !value.is_finite()).then_some(rounded)
 }
 
+/// A launch's f32 params as Python passes them (floats), each rounded to
+/// an f32; one finite but past the f32 range raises `OverflowError`
+/// rather than becoming an infinity.
+pub(crate) fn f32_params_of(values: &[f64]) -> PyResult<Vec<f32>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(index, &wide)| {
+            f32_of(wide).ok_or_else(|| {
+                PyOverflowError::new_err(format!(
+                    "param {index}: {wide} is finite but does not fit an f32"
+                ))
+            })
+        })
+        .collect()
+}
+
 fn to_launch(args: &LaunchArgs) -> (Kernel, Launch) {
     let (kernel, inputs, output, n, params, sync, wait, signal) = args;
     let operand = |(buffer, offset): &(String, u64)| Operand {

@@ -368,3 +368,23 @@ def test_load_triton_names_the_metadata_it_misses(session):
     kernel = session.load_triton(SimpleNamespace(
         asm={"ptx": ptx}, metadata={"name": "affine_f32_scalar", "num_warps": np.int64(4), "shared": 0}))
     assert kernel.symbol == "affine_f32_scalar"
+
+
+def test_the_host_ring_refuses_f32_params_past_the_f32_range(session):
+    kernel = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
+    count = int(RNG.integers(1, 1024))
+    x = filled(session, random_f32(count))
+    out = filled(session, np.full(count, np.nan, np.float32))
+    index = [session.register(a)._registration.ring_index for a in (x, out)]
+    ring = session._native.open_ring(0, 8)
+    operands = [(index[0], 0)], (index[1], 0)
+    huge = float(RNG.uniform(3.5e38, 1e300))
+    for defer in (False, True):
+        with pytest.raises(OverflowError, match=r"param 1: .* does not fit an f32"):
+            ring.launch(kernel._native, *operands, count, [1.0, huge], False, defer, 10.0)
+    with pytest.raises(OverflowError, match=r"param 0: .* does not fit an f32"):
+        ring.profile(kernel._native, *operands, count, [-huge, 0.0], 1, 10.0)
+    assert ring.outstanding() == 0, "nothing was sent"
+    assert ring.launch(kernel._native, *operands, count, [0.0, float("inf")], False, False,
+                       10.0) is True
+    assert np.isposinf(out).all()
