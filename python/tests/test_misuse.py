@@ -370,6 +370,28 @@ def test_load_triton_names_the_metadata_it_misses(session):
     assert kernel.symbol == "affine_f32_scalar"
 
 
+def test_a_reply_spin_is_a_number_of_seconds(socket):
+    # A string was parsed ("0.001") and True was a spin of one second.
+    for spin, name in (("0.001", "str"), (True, "bool"), (b"1", "bytes")):
+        with pytest.raises(TypeError, match=f"reply_spin is a number of seconds, not {name}"):
+            ptxd.Client(socket, reply_spin=spin)
+    with ptxd.Client(socket, reply_spin=np.float32(RNG.uniform(0, 1e-3))) as client:
+        assert client.info()["backend"] == "host"
+
+
+def test_a_host_array_of_python_objects_is_refused_before_anything_is_made(session):
+    # numpy read the zero-filled shared bytes as object pointers (an array
+    # of None), and a kernel's output as pointers to dereference.
+    before, names, fds = session.buffers(), client_shm_names(), open_fds()
+    extent = int(RNG.integers(1, 64))
+    for dtype in (object, np.dtype([("x", np.float32), ("o", object)])):
+        for make in (session.shm_array, session.memfd_array):
+            with pytest.raises(TypeError, match="holds plain data, not Python objects"):
+                make(extent, dtype)
+    assert session.buffers() == before
+    assert client_shm_names() == names and open_fds() == fds
+
+
 def test_the_host_ring_refuses_f32_params_past_the_f32_range(session):
     kernel = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
     count = int(RNG.integers(1, 1024))
