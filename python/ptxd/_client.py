@@ -594,10 +594,15 @@ class Session:
         if nbytes > _MAX_HOST_BYTES:
             raise ValueError(f"{what} of {nbytes} bytes: a host buffer holds at most "
                              f"{_MAX_HOST_BYTES} bytes (2^63 - 1, the largest file size)")
+        if dtype.subdtype is not None:
+            # A subarray dtype ((float32, 4)) is numpy's way of asking for
+            # trailing extents, as numpy.zeros(shape, dtype) reads it.
+            dtype, extents = dtype.subdtype
+            shape = shape + extents
         mapping, reply = create(nbytes)
         registration = _Registration(reply, kind, mapping.address, None, mapping=mapping)
         try:
-            array = numpy.asarray(_MappingHolder(mapping, shape, dtype.str))
+            array = numpy.asarray(_MappingHolder(mapping, shape, dtype))
         except BaseException:
             # Nothing stays registered for an array the caller never got.
             try:
@@ -1449,14 +1454,17 @@ class _MappingHolder:
     """Exposes a host mapping (a native Shm or Memfd) to numpy; the array
     keeps it (and so the mapping) alive."""
 
-    def __init__(self, mapping: Any, shape: Tuple[int, ...], typestr: str) -> None:
+    def __init__(self, mapping: Any, shape: Tuple[int, ...], dtype: Any) -> None:
         self._mapping = mapping
         self.__array_interface__ = {
             "version": 3,
             "shape": shape,
-            "typestr": typestr,
+            "typestr": dtype.str,
             "data": (mapping.address, False),
         }
+        if dtype.fields is not None:
+            # A structured dtype's fields (its typestr alone is raw bytes).
+            self.__array_interface__["descr"] = dtype.descr
 
 
 def _numpy(what: str) -> Any:

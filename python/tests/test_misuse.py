@@ -410,3 +410,19 @@ def test_the_host_ring_refuses_f32_params_past_the_f32_range(session):
     assert ring.launch(kernel._native, *operands, count, [0.0, float("inf")], False, False,
                        10.0) is True
     assert np.isposinf(out).all()
+
+
+def test_host_arrays_have_the_dtype_asked_for(session):
+    # A structured dtype came back as raw bytes (|V8), a subarray dtype as
+    # |V16 elements instead of trailing extents (as numpy.zeros gives).
+    extent = int(RNG.integers(1, 256))
+    pair = np.dtype([("x", "<f4"), ("n", "<i4")])
+    for make in (session.shm_array, session.memfd_array):
+        structured = make(extent, pair)
+        assert structured.dtype == pair and structured.shape == (extent,)
+        structured["x"], structured["n"] = 1.5, -3
+        assert structured.tobytes() == np.array([(1.5, -3)] * extent, pair).tobytes()
+        lanes = make((extent, 2), (np.float32, 4))
+        assert lanes.dtype == np.float32 and lanes.shape == (extent, 2, 4)
+        assert lanes.shape == np.zeros((extent, 2), (np.float32, 4)).shape
+        assert session.register(lanes).itemsize == 4
