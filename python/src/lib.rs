@@ -588,13 +588,20 @@ impl NativeSession {
         py: Python<'py>,
         timeout: Option<f64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        // `Duration::from_secs_f64` panics past 2^64 s: the bound is the
+        // reply spin's (the daemon's longest duration).
         let limit = match timeout {
-            Some(t) if !(t >= 0.0 && t.is_finite()) => {
-                return Err(PyValueError::new_err(format!(
-                    "timeout must be a finite number of seconds >= 0, not {t}"
-                )))
-            }
-            Some(t) => Some(std::time::Duration::from_secs_f64(t)),
+            Some(t) => Some(
+                std::time::Duration::try_from_secs_f64(t)
+                    .ok()
+                    .filter(|limit| limit.as_secs() <= MAX_DURATION_SECS)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "timeout must be a number of seconds from 0 to \
+                             {MAX_DURATION_SECS} (None: no limit), not {t}"
+                        ))
+                    })?,
+            ),
             None => None,
         };
         let events = &self.events;

@@ -426,3 +426,14 @@ def test_host_arrays_have_the_dtype_asked_for(session):
         assert lanes.dtype == np.float32 and lanes.shape == (extent, 2, 4)
         assert lanes.shape == np.zeros((extent, 2), (np.float32, 4)).shape
         assert session.register(lanes).itemsize == 4
+
+
+def test_a_next_event_timeout_past_the_longest_duration_is_refused_not_a_panic(session):
+    # Duration::from_secs_f64 panicked past 2^64 s (a PanicException); the
+    # bound is reply_spin's, 2^32 - 1 s.
+    # (Without the bound 2^32 s was taken, and waited for: it comes last.)
+    past = [1e300, float(RNG.uniform(2.0**64, 1e300)), 2.0**32]
+    for timeout in [-1.0, float("nan"), float("inf")] + past:
+        with pytest.raises(ValueError, match="timeout must be a number of seconds from 0 to 4294967295"):
+            session.next_event(timeout)
+    assert session.next_event(float(RNG.uniform(0, 0.01))) is None
