@@ -31,6 +31,7 @@ state the SDK has no notion of:
 
 from __future__ import annotations
 
+import numbers
 import operator
 import re
 import os
@@ -575,6 +576,10 @@ class Session:
                     create: Any, kind: str) -> Any:
         numpy = _numpy(f"session.{what}()")
         dtype = numpy.dtype(dtype)
+        if dtype.hasobject:
+            # numpy would read the shared bytes (zeros, or whatever a kernel
+            # wrote) as object pointers: None at first, a crash later.
+            raise TypeError(f"{what} holds plain data, not Python objects (dtype {dtype})")
         if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
             shape = (_index(shape, f"{what}'s shape"),)
         else:
@@ -589,11 +594,25 @@ class Session:
         if nbytes > _MAX_HOST_BYTES:
             raise ValueError(f"{what} of {nbytes} bytes: a host buffer holds at most "
                              f"{_MAX_HOST_BYTES} bytes (2^63 - 1, the largest file size)")
+        if dtype.subdtype is not None:
+            # A subarray dtype ((float32, 4)) is numpy's way of asking for
+            # trailing extents, as numpy.zeros(shape, dtype) reads it.
+            dtype, extents = dtype.subdtype
+            shape = shape + extents
         mapping, reply = create(nbytes)
         registration = _Registration(reply, kind, mapping.address, None, mapping=mapping)
+        try:
+            array = numpy.asarray(_MappingHolder(mapping, shape, dtype))
+        except BaseException:
+            # Nothing stays registered for an array the caller never got.
+            try:
+                self._release(registration)
+            except Error:
+                pass
+            raise
         with self._lock:
             self._host.append(registration)
-        return numpy.asarray(_MappingHolder(mapping, shape, dtype.str))
+        return array
 
     def register_fd(self, fd: int, size: int, device_uuid: Optional[str] = None,
                     offset: int = 0, label: str = "", dtype: Any = None) -> Buffer:
@@ -1369,6 +1388,9 @@ class Client:
 
     def __init__(self, socket: Optional[str] = None, *, reply_spin: Optional[float] = None) -> None:
         self.socket = socket
+        if reply_spin is not None and (isinstance(reply_spin, bool)
+                                       or not isinstance(reply_spin, numbers.Real)):
+            raise TypeError(f"reply_spin is a number of seconds, not {type(reply_spin).__name__}")
         self._native: Any = _native.Client(
             None if socket is None else str(socket),
             None if reply_spin is None else float(reply_spin),
@@ -1432,14 +1454,17 @@ class _MappingHolder:
     """Exposes a host mapping (a native Shm or Memfd) to numpy; the array
     keeps it (and so the mapping) alive."""
 
-    def __init__(self, mapping: Any, shape: Tuple[int, ...], typestr: str) -> None:
+    def __init__(self, mapping: Any, shape: Tuple[int, ...], dtype: Any) -> None:
         self._mapping = mapping
         self.__array_interface__ = {
             "version": 3,
             "shape": shape,
-            "typestr": typestr,
+            "typestr": dtype.str,
             "data": (mapping.address, False),
         }
+        if dtype.fields is not None:
+            # A structured dtype's fields (its typestr alone is raw bytes).
+            self.__array_interface__["descr"] = dtype.descr
 
 
 def _numpy(what: str) -> Any:

@@ -21,7 +21,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList};
 
 use crate::answers::{no_answer, own_answer};
-use crate::{drain_list, ring_refusal, ring_refusal_as, timeout_of, to_pyerr, NativeKernel};
+use crate::{
+    drain_list, f32_params_of, ring_refusal, ring_refusal_as, timeout_of, to_pyerr, NativeKernel,
+};
 
 /// The most operands of one launch this measurement ring takes (the ring
 /// descriptor allows 64 inputs; this ring refuses more than 16 before
@@ -78,12 +80,13 @@ impl HostRing {
         inputs: Vec<(u32, u64)>,
         output: (u32, u64),
         n: u64,
-        params: Vec<f32>,
+        params: Vec<f64>,
         sync: bool,
         defer: bool,
         timeout: f64,
     ) -> PyResult<Py<PyAny>> {
         let timeout = timeout_of(timeout)?;
+        let params = f32_params_of(&params)?;
         if inputs.len() > MAX_OPERANDS {
             return Err(to_pyerr(
                 py,
@@ -183,11 +186,12 @@ impl HostRing {
         inputs: Vec<(u32, u64)>,
         output: (u32, u64),
         n: u64,
-        params: Vec<f32>,
+        params: Vec<f64>,
         calls: usize,
         timeout: f64,
     ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let timeout = timeout_of(timeout)?;
+        let params = f32_params_of(&params)?;
         let refs: Vec<OperandRef> = inputs
             .iter()
             .map(|&(buffer, offset)| OperandRef { buffer, offset })

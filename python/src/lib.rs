@@ -545,6 +545,23 @@ pub(crate) fn f32_of(value: f64) -> Option<f32> {
     (rounded.is_finite() || !value.is_finite()).then_some(rounded)
 }
 
+/// A launch's f32 params as Python passes them (floats), each rounded to
+/// an f32; one finite but past the f32 range raises `OverflowError`
+/// rather than becoming an infinity.
+pub(crate) fn f32_params_of(values: &[f64]) -> PyResult<Vec<f32>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(index, &wide)| {
+            f32_of(wide).ok_or_else(|| {
+                PyOverflowError::new_err(format!(
+                    "param {index}: {wide} is finite but does not fit an f32"
+                ))
+            })
+        })
+        .collect()
+}
+
 fn to_launch(args: &LaunchArgs) -> (Kernel, Launch) {
     let (kernel, inputs, output, n, params, sync, wait, signal) = args;
     let operand = |(buffer, offset): &(String, u64)| Operand {
@@ -571,13 +588,20 @@ impl NativeSession {
         py: Python<'py>,
         timeout: Option<f64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        // `Duration::from_secs_f64` panics past 2^64 s: the bound is the
+        // reply spin's (the daemon's longest duration).
         let limit = match timeout {
-            Some(t) if !(t >= 0.0 && t.is_finite()) => {
-                return Err(PyValueError::new_err(format!(
-                    "timeout must be a finite number of seconds >= 0, not {t}"
-                )))
-            }
-            Some(t) => Some(std::time::Duration::from_secs_f64(t)),
+            Some(t) => Some(
+                std::time::Duration::try_from_secs_f64(t)
+                    .ok()
+                    .filter(|limit| limit.as_secs() <= MAX_DURATION_SECS)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "timeout must be a number of seconds from 0 to \
+                             {MAX_DURATION_SECS} (None: no limit), not {t}"
+                        ))
+                    })?,
+            ),
             None => None,
         };
         let events = &self.events;

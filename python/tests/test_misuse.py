@@ -368,3 +368,72 @@ def test_load_triton_names_the_metadata_it_misses(session):
     kernel = session.load_triton(SimpleNamespace(
         asm={"ptx": ptx}, metadata={"name": "affine_f32_scalar", "num_warps": np.int64(4), "shared": 0}))
     assert kernel.symbol == "affine_f32_scalar"
+
+
+def test_a_reply_spin_is_a_number_of_seconds(socket):
+    # A string was parsed ("0.001") and True was a spin of one second.
+    for spin, name in (("0.001", "str"), (True, "bool"), (b"1", "bytes")):
+        with pytest.raises(TypeError, match=f"reply_spin is a number of seconds, not {name}"):
+            ptxd.Client(socket, reply_spin=spin)
+    with ptxd.Client(socket, reply_spin=np.float32(RNG.uniform(0, 1e-3))) as client:
+        assert client.info()["backend"] == "host"
+
+
+def test_a_host_array_of_python_objects_is_refused_before_anything_is_made(session):
+    # numpy read the zero-filled shared bytes as object pointers (an array
+    # of None), and a kernel's output as pointers to dereference.
+    before, names, fds = session.buffers(), client_shm_names(), open_fds()
+    extent = int(RNG.integers(1, 64))
+    for dtype in (object, np.dtype([("x", np.float32), ("o", object)])):
+        for make in (session.shm_array, session.memfd_array):
+            with pytest.raises(TypeError, match="holds plain data, not Python objects"):
+                make(extent, dtype)
+    assert session.buffers() == before
+    assert client_shm_names() == names and open_fds() == fds
+
+
+def test_the_host_ring_refuses_f32_params_past_the_f32_range(session):
+    kernel = session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar")
+    count = int(RNG.integers(1, 1024))
+    x = filled(session, random_f32(count))
+    out = filled(session, np.full(count, np.nan, np.float32))
+    index = [session.register(a)._registration.ring_index for a in (x, out)]
+    ring = session._native.open_ring(0, 8)
+    operands = [(index[0], 0)], (index[1], 0)
+    huge = float(RNG.uniform(3.5e38, 1e300))
+    for defer in (False, True):
+        with pytest.raises(OverflowError, match=r"param 1: .* does not fit an f32"):
+            ring.launch(kernel._native, *operands, count, [1.0, huge], False, defer, 10.0)
+    with pytest.raises(OverflowError, match=r"param 0: .* does not fit an f32"):
+        ring.profile(kernel._native, *operands, count, [-huge, 0.0], 1, 10.0)
+    assert ring.outstanding() == 0, "nothing was sent"
+    assert ring.launch(kernel._native, *operands, count, [0.0, float("inf")], False, False,
+                       10.0) is True
+    assert np.isposinf(out).all()
+
+
+def test_host_arrays_have_the_dtype_asked_for(session):
+    # A structured dtype came back as raw bytes (|V8), a subarray dtype as
+    # |V16 elements instead of trailing extents (as numpy.zeros gives).
+    extent = int(RNG.integers(1, 256))
+    pair = np.dtype([("x", "<f4"), ("n", "<i4")])
+    for make in (session.shm_array, session.memfd_array):
+        structured = make(extent, pair)
+        assert structured.dtype == pair and structured.shape == (extent,)
+        structured["x"], structured["n"] = 1.5, -3
+        assert structured.tobytes() == np.array([(1.5, -3)] * extent, pair).tobytes()
+        lanes = make((extent, 2), (np.float32, 4))
+        assert lanes.dtype == np.float32 and lanes.shape == (extent, 2, 4)
+        assert lanes.shape == np.zeros((extent, 2), (np.float32, 4)).shape
+        assert session.register(lanes).itemsize == 4
+
+
+def test_a_next_event_timeout_past_the_longest_duration_is_refused_not_a_panic(session):
+    # Duration::from_secs_f64 panicked past 2^64 s (a PanicException); the
+    # bound is reply_spin's, 2^32 - 1 s.
+    # (Without the bound 2^32 s was taken, and waited for: it comes last.)
+    past = [1e300, float(RNG.uniform(2.0**64, 1e300)), 2.0**32]
+    for timeout in [-1.0, float("nan"), float("inf")] + past:
+        with pytest.raises(ValueError, match="timeout must be a number of seconds from 0 to 4294967295"):
+            session.next_event(timeout)
+    assert session.next_event(float(RNG.uniform(0, 0.01))) is None
