@@ -171,3 +171,57 @@ fn a_vector_lane_never_written_is_undefined() {
     assert_eq!(reason, "undefined_register");
     assert!(why.contains("`%r16`"), "{why}");
 }
+
+/// Triton's relu (8 elements a thread, each store under its own mask)
+/// with element 513's mask remade as `!(element 0's mask)`, the store of
+/// element 1 moved past a `ret` placed after element 0's store, and
+/// `ret` as given: the stores after it are dead (the mutant the Triton
+/// oracle flagged on seed 30: its interpreter ran past `ret`).
+fn relu_with_ret(ret: &str) -> String {
+    let c = ptx::canonicalize_with(
+        &jit("triton/relu_f32_b1024_w4_nodiv.ptx"),
+        "relu_kernel",
+        None,
+        Families::ALL,
+    )
+    .unwrap();
+    let t = edit(
+        &c.text,
+        "\tadd.s64 %r45, %r41, 2048;\n",
+        "\tnot.pred %r21, %r16;\n\tadd.s64 %r45, %r41, 2048;\n",
+    );
+    let t = edit(
+        &t,
+        "\t@%r17 st.global.b32 [%r42], %r50;\n",
+        &format!("{ret}\n"),
+    );
+    edit(
+        &t,
+        "\tret;\n}",
+        "\tret;\n\t@%r17 st.global.b32 [%r42], %r50;\n}",
+    )
+}
+
+/// Code after a `ret` that surely runs is dead in the Triton proof, and
+/// the Triton oracle's interpreter now stops there too (it ran on, and
+/// flagged the dead store of a mask that is no mask); after a guarded
+/// `ret` or `exit` (either polarity) the same store is reachable and
+/// refused.
+#[test]
+fn a_store_after_ret_is_dead_and_after_a_guarded_ret_is_checked() {
+    let mut r = rng("store after ret");
+    let dead = relu_with_ret("\tret;");
+    assert!(ptx::canonicalize_with(&dead, "relu_kernel", None, Families::ALL).is_ok());
+    // Never an escape, and judged in bounds for some launch (a random
+    // count whose preconditions fail is not judged).
+    let mut judged = false;
+    for _ in 0..16 {
+        judged |= crate::support::mutants::triton_oracle(&dead, "relu_kernel", &mut r)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert!(judged);
+    for ret in ["\t@%r16 ret;", "\t@!%r16 ret;", "\t@%r16 exit;"] {
+        let (reason, why) = refusal(&relu_with_ret(ret), "relu_kernel");
+        assert_eq!(reason, "unguarded_access", "{ret}: {why}");
+    }
+}
