@@ -830,6 +830,15 @@ fn interpret(
         if runs == Some(false) {
             continue;
         }
+        // A `ret` or `exit` that surely runs ends the thread: what follows
+        // never runs (one under a guard from data may not: the thread goes
+        // on, a superset of what it does).
+        if matches!(inst.base.as_str(), "ret" | "exit") {
+            if runs == Some(true) {
+                return Ok(None);
+            }
+            continue;
+        }
         for r in sources(inst) {
             if let Some(why) = unwritten(&written, r, inst) {
                 return Ok(Some(why));

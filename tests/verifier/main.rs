@@ -22,6 +22,7 @@ mod review_attacks;
 mod review_attacks2;
 mod review_attacks3;
 mod review_attacks4;
+mod review_attacks5;
 mod strided;
 mod struct_returns;
 mod triton;

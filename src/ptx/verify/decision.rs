@@ -46,7 +46,8 @@ pub(super) fn decide(
         Some((_, c)) => c,
         None => {
             // A guard that is no guard (computed from a 32-bit index, as a
-            // float, under a predicate, ..) is reported as what it is.
+            // float, under a predicate, against a count read past its
+            // param, ..) is reported as what it is.
             if let Some((
                 pc,
                 Event::Bad {
@@ -61,7 +62,8 @@ pub(super) fn decide(
                         sub_reason: SubReason::IndexNot64bit
                             | SubReason::PredicatedDefinition
                             | SubReason::NonIntegerArithmetic
-                            | SubReason::DuplicateDestination,
+                            | SubReason::DuplicateDestination
+                            | SubReason::ParamOutOfRange,
                         ..
                     }
                 )
