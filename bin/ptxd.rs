@@ -107,14 +107,17 @@ fn verify_file(file: &std::path::Path, symbol: &str, print: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match ptxd::ptx::canonicalize(&text, symbol, None) {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let code = match ptxd::ptx::canonicalize(&text, symbol, None) {
         Ok(canonical) if print => {
-            print!("{}", canonical.text);
+            out = canonical.text;
             ExitCode::SUCCESS
         }
         Ok(canonical) => {
             let s = canonical.signature;
-            println!(
+            let _ = writeln!(
+                out,
                 "accepted: {symbol}: {} inputs, element sizes {:?}, {}{}{}",
                 s.inputs,
                 s.element_sizes,
@@ -126,16 +129,30 @@ fn verify_file(file: &std::path::Path, symbol: &str, print: bool) -> ExitCode {
                     .map(|m| format!(", .maxntid {m}"))
                     .unwrap_or_default(),
             );
-            println!("contract: {}", canonical.contract);
+            let _ = writeln!(out, "contract: {}", canonical.contract);
             ExitCode::SUCCESS
         }
         Err(e) => {
-            println!("refused: {e}");
+            let _ = writeln!(out, "refused: {e}");
             for (k, v) in e.metadata() {
-                println!("  {k}: {v}");
+                let _ = writeln!(out, "  {k}: {v}");
             }
             ExitCode::FAILURE
         }
+    };
+    // A reader that stopped early (`| head -1`) is no failure of the
+    // verdict: `print!` would panic on the closed pipe.
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("ptxd verify: writing the verdict: {e}");
+            ExitCode::from(2)
+        }
+        _ => code,
     }
 }
 

@@ -146,6 +146,40 @@ fn ptxd_verify_prints_the_verdict_and_the_canonical_text() {
     assert_eq!(text, canonical.text);
 }
 
+/// A reader that stops early (`ptxd verify ... | head -1`) gets the
+/// verdict's exit code, not a panic on the closed pipe: here the pipe's
+/// read end is closed before the verifier has answered.
+#[test]
+fn ptxd_verify_into_a_closed_pipe_exits_with_the_verdict() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    for (file, symbol, print, code) in [
+        ("add_f32_scalar.ptx", "add_f32_scalar", true, 0),
+        ("add_f32_scalar.ptx", "add_f32_scalar", false, 0),
+        (
+            "jit/inductor/bias_gelu_2d_f32_static_0.ptx",
+            "triton_poi_fused_add_gelu_0",
+            false,
+            1,
+        ),
+    ] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ptxd"));
+        cmd.arg("verify")
+            .arg(corpus.join(file))
+            .args(["--symbol", symbol])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if print {
+            cmd.arg("--print");
+        }
+        let mut child = cmd.spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{file}: {stderr}");
+        assert_eq!(out.status.code(), Some(code), "{file}: {stderr}");
+    }
+}
+
 #[test]
 fn a_module_without_version_or_target_round_trips_and_is_refused() {
     // Found by the ptx_parse_verify fuzz target: the printer used to invent
