@@ -255,6 +255,25 @@ fn random_instruction(
     })
 }
 
+/// A generator seeded from the environment variable `var` when it holds a
+/// number, else from fresh randomness; the seed is printed, so that a
+/// failing run can be repeated (`var=seed`).
+pub fn seeded_rng(var: &str) -> rand::rngs::StdRng {
+    use rand::SeedableRng;
+    let seed: u64 = std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("mutant seed {seed} ({var}={seed} repeats this run)");
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+/// How many mutants a run tries: the environment variable `var` when it
+/// holds a number.
+pub fn count_from(var: &str) -> Option<usize> {
+    std::env::var(var).ok().and_then(|s| s.parse().ok())
+}
+
 /// Applies 1–3 random mutations to canonical `text`.
 pub fn mutate(text: &str, r: &mut impl Rng) -> String {
     let regs = registers(text);

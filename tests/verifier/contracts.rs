@@ -14,7 +14,7 @@ use ptxd::launch::{
     LaunchRefusal, LaunchShape, Placement,
 };
 use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan, LaunchContract, PtxError};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use crate::support::mutants;
 
@@ -949,12 +949,7 @@ fn the_jit_vectorized_and_index32_kernels_run_on_the_host_against_a_reference() 
 /// write the same output whatever its registers held before it wrote them.
 #[test]
 fn accepted_mutants_of_the_families_stay_inside_their_contract() {
-    let seed: u64 = std::env::var("PTXD_MUTANT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    eprintln!("mutant seed {seed} (PTXD_MUTANT_SEED to repeat)");
-    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut r = mutants::seeded_rng("PTXD_MUTANT_SEED");
     let mut seeds: Vec<(String, String)> = vec![
         (corpus("add_f32_vec4"), "add_f32_vec4".into()),
         (ADD_F32_VEC2.into(), "add_f32_vec2".into()),
@@ -985,10 +980,7 @@ fn accepted_mutants_of_the_families_stay_inside_their_contract() {
             (c.text, symbol)
         })
         .collect();
-    let rounds: usize = std::env::var("PTXD_MUTANTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1500);
+    let rounds: usize = mutants::count_from("PTXD_MUTANTS").unwrap_or(1500);
     let (mut accepted, mut refused) = (0, 0);
     for _ in 0..rounds {
         let (text, symbol) = &seeds[r.random_range(0..seeds.len())];

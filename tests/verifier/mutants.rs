@@ -9,7 +9,7 @@
 
 use crate::support::mutants;
 
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 /// Accepted kernels of both corpora, canonical, with their entry names.
 fn seeds() -> Vec<(String, String)> {
@@ -36,18 +36,10 @@ fn seeds() -> Vec<(String, String)> {
 
 #[test]
 fn accepted_mutants_stay_inside_their_operands() {
-    let seed: u64 = std::env::var("PTXD_MUTANT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    eprintln!("mutant seed {seed} (PTXD_MUTANT_SEED to repeat)");
-    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut r = mutants::seeded_rng("PTXD_MUTANT_SEED");
     let seeds = seeds();
     assert!(seeds.len() > 50, "{} seeds", seeds.len());
-    let rounds: usize = std::env::var("PTXD_MUTANTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1500);
+    let rounds: usize = mutants::count_from("PTXD_MUTANTS").unwrap_or(1500);
     let (mut accepted, mut refused) = (0, 0);
     for _ in 0..rounds {
         let (text, symbol) = &seeds[r.random_range(0..seeds.len())];
@@ -118,17 +110,10 @@ fn only_entry(text: &str, entry: &str) -> String {
 /// in frame accesses, before the inliner and the frame proof see them.
 #[test]
 fn accepted_mutants_of_client_text_stay_inside_their_operands() {
-    let seed: u64 = std::env::var("PTXD_MUTANT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    eprintln!("mutant seed {seed} (PTXD_MUTANT_SEED to repeat)");
-    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut r = mutants::seeded_rng("PTXD_MUTANT_SEED");
     let seeds = client_seeds();
     assert!(seeds.len() >= 10, "{} seeds", seeds.len());
-    let rounds: usize = std::env::var("PTXD_MUTANTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
+    let rounds: usize = mutants::count_from("PTXD_MUTANTS")
         // A fifth of PTXD_MUTANTS: each costs about five canonical ones.
         .map_or(200, |n: usize| n / 5);
     let (mut accepted, mut refused) = (0, 0);

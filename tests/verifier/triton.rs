@@ -448,13 +448,7 @@ fn a_pointer_stored_as_data_is_pointer_escape() {
 /// only through the written pointer, nothing through a scratch pointer).
 #[test]
 fn accepted_triton_mutants_stay_inside_their_contract() {
-    use rand::SeedableRng;
-    let seed: u64 = std::env::var("PTXD_TRITON_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    eprintln!("triton mutant seed {seed} (PTXD_TRITON_SEED to repeat)");
-    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut r = super::support::mutants::seeded_rng("PTXD_TRITON_SEED");
     let seeds: Vec<(String, String)> = corpus("triton")
         .into_iter()
         .chain(corpus("inductor"))
@@ -476,10 +470,7 @@ fn accepted_triton_mutants_stay_inside_their_contract() {
     let (mut accepted, mut tried) = (0, 0);
     // PTXD_TRITON_MUTANTS=N for a longer run, PTXD_TRITON_SEED=S to
     // repeat one.
-    let rounds: usize = std::env::var("PTXD_TRITON_MUTANTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let rounds = super::support::mutants::count_from("PTXD_TRITON_MUTANTS").unwrap_or(1000);
     for _ in 0..rounds {
         let (text, entry) = seeds.choose(&mut r).unwrap();
         let mutant = super::support::mutants::mutate_triton(text, &mut r);
