@@ -6,24 +6,13 @@
 //! the frame proof is refused with its exact sub_reason.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+use crate::refusal;
 use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan, PtxError};
 use rand::{Rng, SeedableRng};
 
 fn jit(file: &str) -> String {
     let path = format!("{}/tests/corpus/jit/{file}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(path).unwrap()
-}
-
-/// The refusal's (sub_reason, explanation).
-fn refusal(text: &str, entry: &str) -> (&'static str, String) {
-    match ptx::canonicalize_with(text, entry, None, Families::ALL) {
-        Err(PtxError::NonScalarAbi {
-            sub_reason,
-            explanation,
-            ..
-        }) => (sub_reason, explanation),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
 }
 
 /// Runs `entry` of `text` on the host engine over `x` (4-byte elements),

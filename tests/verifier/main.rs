@@ -28,3 +28,25 @@ mod struct_returns;
 mod triton;
 mod triton_attacks;
 mod verification;
+
+/// A fresh seed, printed so a failure can be replayed.
+fn rng(what: &str) -> rand::rngs::StdRng {
+    use rand::SeedableRng;
+    let seed: u64 = rand::random();
+    eprintln!("{what}: seed {seed}");
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+/// The refusal's (sub_reason, explanation) of `entry` of `text`, with every
+/// family: panics when it is accepted.
+#[allow(clippy::panic)]
+fn refusal(text: &str, entry: &str) -> (&'static str, String) {
+    match ptxd::ptx::canonicalize_with(text, entry, None, ptxd::ptx::Families::ALL) {
+        Err(ptxd::ptx::PtxError::NonScalarAbi {
+            sub_reason,
+            explanation,
+            ..
+        }) => (sub_reason, explanation),
+        other => panic!("expected a refusal, got {other:?}\n{text}"),
+    }
+}

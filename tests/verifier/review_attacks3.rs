@@ -8,27 +8,9 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::type_complexity)]
 
 use crate::support::mutants::oracle;
-use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan, PtxError};
-use rand::{Rng, SeedableRng};
-
-/// A fresh seed, printed so a failure can be replayed.
-fn rng(what: &str) -> rand::rngs::StdRng {
-    let seed: u64 = rand::random();
-    eprintln!("{what}: seed {seed}");
-    rand::rngs::StdRng::seed_from_u64(seed)
-}
-
-/// The refusal's (sub_reason, explanation).
-fn refusal(text: &str, entry: &str) -> (&'static str, String) {
-    match ptx::canonicalize_with(text, entry, None, Families::ALL) {
-        Err(PtxError::NonScalarAbi {
-            sub_reason,
-            explanation,
-            ..
-        }) => (sub_reason, explanation),
-        other => panic!("expected a refusal, got {other:?}\n{text}"),
-    }
-}
+use crate::{refusal, rng};
+use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan};
+use rand::Rng;
 
 /// A scalar-ABI kernel `out[i] = f(a[i], b[i])` over u64 elements, with
 /// `funcs` before it: `body` reads `%rd10` (a), `%rd11` (b), their halves

@@ -5,30 +5,12 @@
 //! written. Each class is asserted with its exact refusal.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use ptxd::ptx::{self, Families, PtxError};
+use ptxd::ptx::{self, Families};
 use rand::seq::IndexedRandom;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use crate::support::corpus;
-
-/// A fresh seed, printed so a failure can be replayed.
-fn rng(what: &str) -> rand::rngs::StdRng {
-    let seed: u64 = rand::random();
-    eprintln!("{what}: seed {seed}");
-    rand::rngs::StdRng::seed_from_u64(seed)
-}
-
-/// The refusal's (sub_reason, explanation).
-fn refusal(text: &str, entry: &str) -> (&'static str, String) {
-    match ptx::canonicalize_with(text, entry, None, Families::ALL) {
-        Err(PtxError::NonScalarAbi {
-            sub_reason,
-            explanation,
-            ..
-        }) => (sub_reason, explanation),
-        other => panic!("expected a refusal, got {other:?}\n{text}"),
-    }
-}
+use crate::{refusal, rng};
 
 /// `text` with the first `from` replaced by `to` (which must be there).
 fn edit(text: &str, from: &str, to: &str) -> String {

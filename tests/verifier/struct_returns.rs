@@ -9,31 +9,13 @@
 //! against a reference, and each attack is refused with its exact reason.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+use crate::{refusal, rng};
 use ptxd::ptx::{self, Families, HostKernel, HostLaunch, HostSpan, PtxError};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 fn jit(file: &str) -> String {
     let path = format!("{}/tests/corpus/jit/{file}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(path).unwrap()
-}
-
-/// A fresh seed, printed so a failure can be replayed.
-fn rng(what: &str) -> rand::rngs::StdRng {
-    let seed: u64 = rand::random();
-    eprintln!("{what}: seed {seed}");
-    rand::rngs::StdRng::seed_from_u64(seed)
-}
-
-/// The refusal's (sub_reason, explanation).
-fn refusal(text: &str, entry: &str) -> (&'static str, String) {
-    match ptx::canonicalize_with(text, entry, None, Families::ALL) {
-        Err(PtxError::NonScalarAbi {
-            sub_reason,
-            explanation,
-            ..
-        }) => (sub_reason, explanation),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
 }
 
 /// Runs `entry(x, out, n)` of `text` on the host engine over the 8-byte
