@@ -316,6 +316,21 @@ fn info_dict<'py>(py: Python<'py>, info: &DaemonInfo) -> PyResult<Bound<'py, PyD
 /// a reply spin to the clock, which panics past about 2^63 s.
 const MAX_DURATION_SECS: u64 = u32::MAX as u64;
 
+/// The duration a Python argument `what` gives in seconds, from 0 to
+/// [`MAX_DURATION_SECS`]; anything else (negative, NaN, too long) raises
+/// `ValueError` naming it (`note` adds what else it may be).
+fn seconds_arg(what: &str, seconds: f64, note: &str) -> PyResult<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(seconds)
+        .ok()
+        .filter(|d| d.as_secs() <= MAX_DURATION_SECS)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{what} must be a number of seconds from 0 to {MAX_DURATION_SECS}{note}; \
+                 got {seconds}"
+            ))
+        })
+}
+
 /// A connection to ptxd (`ptxd.Client` wraps it).
 #[pyclass(module = "ptxd._native", name = "Client", frozen)]
 struct NativeClient {
@@ -336,17 +351,7 @@ impl NativeClient {
     fn new(py: Python<'_>, socket: Option<String>, reply_spin: Option<f64>) -> PyResult<Self> {
         let spin = match reply_spin {
             None => None,
-            Some(seconds) => Some(
-                std::time::Duration::try_from_secs_f64(seconds)
-                    .ok()
-                    .filter(|spin| spin.as_secs() <= MAX_DURATION_SECS)
-                    .ok_or_else(|| {
-                        PyValueError::new_err(format!(
-                            "reply_spin must be a number of seconds from 0 to \
-                             {MAX_DURATION_SECS}; got {seconds}"
-                        ))
-                    })?,
-            ),
+            Some(seconds) => Some(seconds_arg("reply_spin", seconds, "")?),
         };
         let inner = call(py, async move {
             match socket {
@@ -591,17 +596,7 @@ impl NativeSession {
         // `Duration::from_secs_f64` panics past 2^64 s: the bound is the
         // reply spin's (the daemon's longest duration).
         let limit = match timeout {
-            Some(t) => Some(
-                std::time::Duration::try_from_secs_f64(t)
-                    .ok()
-                    .filter(|limit| limit.as_secs() <= MAX_DURATION_SECS)
-                    .ok_or_else(|| {
-                        PyValueError::new_err(format!(
-                            "timeout must be a number of seconds from 0 to \
-                             {MAX_DURATION_SECS} (None: no limit), not {t}"
-                        ))
-                    })?,
-            ),
+            Some(t) => Some(seconds_arg("timeout", t, " (None: no limit)")?),
             None => None,
         };
         let events = &self.events;
