@@ -146,8 +146,6 @@ fn in_process_floors(
     [a, b, out]: [&DeviceAllocation; 3],
     rows: &mut Table,
 ) -> Floors {
-    use std::sync::atomic::{AtomicU64, Ordering};
-
     let mut paced = Vec::new();
     for _ in 0..5000 {
         let t = Instant::now();
@@ -227,41 +225,12 @@ fn in_process_floors(
         "the markers reached the word"
     );
 
-    // Two threads of this process: the client stores a request number in
-    // one cache line and spins on another for the answer; the launcher (this
-    // thread, the context current) spins on the request, launches, answers.
     let handoff = |answer_first: bool| {
-        let request = AtomicU64::new(0);
-        let answer = AtomicU64::new(0);
-        let rounds = 20_000u64;
-        std::thread::scope(|scope| {
-            let client = scope.spawn(|| {
-                let mut samples = Vec::with_capacity(rounds as usize);
-                for i in 1..=rounds {
-                    let t = Instant::now();
-                    request.store(i, Ordering::Release);
-                    while answer.load(Ordering::Acquire) != i {
-                        std::hint::spin_loop();
-                    }
-                    samples.push(t.elapsed());
-                }
-                samples
-            });
-            for i in 1..=rounds {
-                while request.load(Ordering::Acquire) != i {
-                    std::hint::spin_loop();
-                }
-                if answer_first {
-                    answer.store(i, Ordering::Release);
-                }
-                in_process_launch(f, stream, a, b, out, SMALL_N);
-                if !answer_first {
-                    answer.store(i, Ordering::Release);
-                }
-            }
-            stream.synchronize().unwrap();
-            client.join().unwrap()
-        })
+        let samples = hand_off_round_trips(answer_first, || {
+            in_process_launch(f, stream, a, b, out, SMALL_N)
+        });
+        stream.synchronize().unwrap();
+        samples
     };
     let after = row(
         "in-process hand-off round trip, launch then answer (n=4096)",
@@ -284,6 +253,47 @@ fn in_process_floors(
         graph_paced,
         graph_sustained,
     }
+}
+
+/// Round trips between two threads of this process, the ring's shape with
+/// no process boundary and no checks: a client thread stores a request
+/// number in one cache line and spins on another for the answer; this
+/// thread (the context current) spins on the request, calls `launch` and
+/// answers, after the launch or (`answer_first`, as a ring answers on
+/// acceptance) before it. Returns the client's round trips; the caller
+/// synchronizes the stream.
+fn hand_off_round_trips(answer_first: bool, mut launch: impl FnMut()) -> Vec<Duration> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let request = AtomicU64::new(0);
+    let answer = AtomicU64::new(0);
+    let rounds = 20_000u64;
+    std::thread::scope(|scope| {
+        let client = scope.spawn(|| {
+            let mut samples = Vec::with_capacity(rounds as usize);
+            for i in 1..=rounds {
+                let t = Instant::now();
+                request.store(i, Ordering::Release);
+                while answer.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+                samples.push(t.elapsed());
+            }
+            samples
+        });
+        for i in 1..=rounds {
+            while request.load(Ordering::Acquire) != i {
+                std::hint::spin_loop();
+            }
+            if answer_first {
+                answer.store(i, Ordering::Release);
+            }
+            launch();
+            if !answer_first {
+                answer.store(i, Ordering::Release);
+            }
+        }
+        client.join().unwrap()
+    })
 }
 
 /// The paced and sustained floors again, each launch through a one-node
@@ -343,6 +353,33 @@ fn in_process_graph_floors(
     );
     let paced_p50 = paced.p50;
     rows.push(paced);
+    // Back to back, each launch timed: the driver's own tail when the GPU
+    // is kept busy, as a ring round trip keeps it (the paced row leaves the
+    // GPU idle at each launch).
+    let mut back_to_back = Vec::with_capacity(20_000);
+    for _ in 0..20_000 {
+        let t = Instant::now();
+        launch(&mut graph);
+        back_to_back.push(t.elapsed());
+    }
+    stream.synchronize().unwrap();
+    rows.push(row(
+        "in-process graph launch back to back, each timed (n=4096)",
+        back_to_back,
+        "the graph launch's p99 with the GPU kept busy, as in a ring round trip".into(),
+    ));
+    // The ring's shape with no process boundary and no checks, the launch
+    // through the graph: the floor of the ring round trip's p50 and p99 on
+    // this machine.
+    let handoff = hand_off_round_trips(true, || launch(&mut graph));
+    stream.synchronize().unwrap();
+    rows.push(row(
+        "in-process graph hand-off round trip, answer then launch (n=4096)",
+        handoff,
+        "two threads, one cache line each way, the launch through the re-aimed graph: the \
+         floor of the ring round trip (p50 and p99)"
+            .into(),
+    ));
     let total = 200_000u32;
     let t = Instant::now();
     for _ in 0..total {
@@ -1056,6 +1093,37 @@ async fn ring_rows(
         round_trip.p50.as_secs_f64() / base.floors.graph_paced.as_secs_f64(),
     );
     rows.push(Row { note, ..round_trip }.against(base.launch_async));
+
+    // The same round trip paced like the in-process paced floors (one
+    // every PACE, the GPU idle at each): whether the tail above comes from
+    // the GPU kept busy back to back or from the ring itself.
+    let mut samples = Vec::new();
+    for _ in 0..5000 {
+        let t = Instant::now();
+        ring.launch(
+            &kernel,
+            &[(&buffers[0], 0), (&buffers[1], 0)],
+            (&buffers[2], 0),
+            SMALL_N as u64,
+            &[],
+        )
+        .unwrap();
+        let done = ring
+            .wait(Duration::from_secs(5))
+            .unwrap()
+            .expect("a completion");
+        samples.push(t.elapsed());
+        done.outcome.unwrap();
+        while t.elapsed() < PACE {
+            std::hint::spin_loop();
+        }
+    }
+    let paced = row(
+        "daemon ring round trip async, paced one every 8 µs (n=4096)",
+        samples,
+        "as above, paced like the in-process paced floors".into(),
+    );
+    rows.push(paced.against(base.launch_async));
 
     // Throughput, one client: keep the ring full.
     let pipelined = |ring: &mut ptxd_client::LaunchRing,
