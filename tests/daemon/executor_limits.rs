@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::{f32_buffer, load, meta, random_f32, Daemon};
+use crate::support::processes::cpu_time;
+use crate::support::{f32_buffer, load, meta, random_f32, wait_until_running, Daemon};
 use ptxd_client::{Client, HostShm, Kernel, Launch, Session};
 
 async fn connect(daemon: &Daemon) -> Client {
@@ -73,6 +74,7 @@ async fn a_spinning_kernel_is_stopped_at_its_budget_while_other_sessions_run() {
     let spin = load(&culprit, "spin_f32.ptx", "spin_f32").await;
     let (_x, x) = f32_buffer(&culprit, Some(&[0.0; 512]), 512).await;
     let (_y, y) = f32_buffer(&culprit, None, 512).await;
+    let cpu = cpu_time(before.1);
     let spinning = {
         let culprit = culprit.clone();
         tokio::spawn(async move {
@@ -83,25 +85,34 @@ async fn a_spinning_kernel_is_stopped_at_its_budget_while_other_sessions_run() {
                     &Launch::new([x.operand()], y.operand(), 512).sync(false),
                 )
                 .await;
-            (result, started.elapsed())
+            (result, started.elapsed(), Instant::now())
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until_running(before.1, cpu, Duration::from_millis(50)).await;
 
     // Another session's launches complete promptly and correctly while the
     // spin kernel runs.
     let bystander = client.open_session("bystander").await.unwrap();
     let affine = load(&bystander, "affine_f32_scalar.ptx", "affine_f32_scalar").await;
+    let mut answered = Vec::new();
     for _ in 0..3 {
         let took = bystander_affine(&bystander, &affine, 4099).await;
         assert!(
             took < Duration::from_millis(1500),
             "a bystander's launch waited {took:?} behind the spin kernel"
         );
+        answered.push(Instant::now());
     }
-    assert!(!spinning.is_finished(), "the spin kernel is still running");
 
-    let (result, took) = spinning.await.unwrap();
+    let (result, took, ended) = spinning.await.unwrap();
+    // The first bystander launch was answered while the spin kernel ran
+    // (compared by when each ended, not by whether the spin is still
+    // running after all three: on a loaded machine the three may outlast
+    // its budget).
+    assert!(
+        answered[0] < ended,
+        "no bystander launch was answered before the spin kernel ended"
+    );
     let err = result.unwrap_err();
     assert_eq!(err.reason_name(), "KERNEL_TIMEOUT", "{err}");
     assert_eq!(err.refusal().unwrap().code(), tonic::Code::DeadlineExceeded);
@@ -297,6 +308,7 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
     let (_x, x) = f32_buffer(&session, Some(&[0.0; 64]), 64).await;
     let (_y, y) = f32_buffer(&session, None, 64).await;
     let (_, executor) = device_state(&client).await;
+    let cpu = cpu_time(executor);
     let in_flight = {
         let session = session.clone();
         tokio::spawn(async move {
@@ -308,7 +320,9 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The spin kernel is running (not merely sent) when the signal comes:
+    // a launch the daemon had not read yet would be refused DRAINING.
+    wait_until_running(executor, cpu, Duration::from_millis(50)).await;
     let group = nix::unistd::Pid::from_raw(-daemon.pid());
     nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM).unwrap();
 
@@ -331,19 +345,6 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
         !crate::support::process_alive(executor as i32),
         "the executor stopped"
     );
-}
-
-/// CPU time (user + system) a process has used so far.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // utime and stime are fields 14 and 15: the 12th and 13th after the
-    // command's closing parenthesis and the state.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis(ticks * 1000 / hz.max(1))
 }
 
 /// How long process `pid`'s live threads have been runnable so far: on a

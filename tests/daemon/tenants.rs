@@ -1078,6 +1078,8 @@ async fn launches_queued_at_the_drain_deadline_are_answered_draining() {
     let (_x, x) = f32_buffer(&session, &[1.0; 64]).await;
     let (_y, y) = f32_buffer(&session, &[0.0; 64]).await;
     let (out_shm, out) = f32_buffer(&session, &vec![f32::NAN; QUEUED as usize + 1]).await;
+    let executor = crate::support::executor_pid(&client, 0).await;
+    let cpu = crate::support::processes::cpu_time(executor);
     // The long launch first, then the queue behind it on the same stream.
     let running = {
         let session = session.clone();
@@ -1090,7 +1092,9 @@ async fn launches_queued_at_the_drain_deadline_are_answered_draining() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Running, not merely sent, before the queue and the drain: a launch
+    // the daemon had not read at the drain would be refused DRAINING.
+    crate::support::wait_until_running(executor, cpu, Duration::from_millis(50)).await;
     let (_one, one) = f32_buffer(&session, &[1.0]).await;
     let mut queued = Vec::new();
     for tag in 1..=QUEUED {
