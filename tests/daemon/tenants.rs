@@ -689,6 +689,15 @@ async fn racing_registrations_at_the_limit_leave_nothing_open_in_the_executor() 
 
 // ----- item 13: drain answers what it read ----------------------------------
 
+/// A stream client's tasks: the sender (how many it sent), the receiver
+/// (every answer in order, and how the stream ended), and how many launches
+/// were answered done so far.
+type StreamClient = (
+    tokio::task::JoinHandle<u64>,
+    tokio::task::JoinHandle<(Vec<(u64, Result<(), String>)>, String)>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+);
+
 /// One pipelined LaunchStream client: at most `WINDOW` launches
 /// unanswered; it stops sending at its first DRAINING answer but keeps its
 /// stream open, as a long-lived client waiting for more work does. Launch
@@ -699,10 +708,7 @@ async fn pipelined_client(
     x: &Buffer,
     out: &Buffer,
     cap: u64,
-) -> (
-    tokio::task::JoinHandle<u64>,
-    tokio::task::JoinHandle<(Vec<(u64, Result<(), String>)>, String)>,
-) {
+) -> StreamClient {
     stream_client(session, affine, x, out, cap, false).await
 }
 
@@ -715,10 +721,7 @@ async fn stream_client(
     out: &Buffer,
     cap: u64,
     keep_sending: bool,
-) -> (
-    tokio::task::JoinHandle<u64>,
-    tokio::task::JoinHandle<(Vec<(u64, Result<(), String>)>, String)>,
-) {
+) -> StreamClient {
     const WINDOW: usize = 32;
     let (mut sender, mut receiver) = session.launch_stream().await.unwrap().split();
     let window = std::sync::Arc::new(tokio::sync::Semaphore::new(WINDOW));
@@ -753,6 +756,8 @@ async fn stream_client(
         drop(sender);
         sent
     });
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = ran.clone();
     let receive = tokio::spawn(async move {
         let mut answers = Vec::new();
         let end = loop {
@@ -764,6 +769,8 @@ async fn stream_client(
                         .map_err(|e| reason(&e).to_string());
                     if outcome.is_err() {
                         stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                    } else {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                     answers.push((reply.tag, outcome));
                     window.add_permits(1);
@@ -778,7 +785,7 @@ async fn stream_client(
         let _ = done_tx.send(());
         (answers, end)
     });
-    (send, receive)
+    (send, receive, ran)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -806,7 +813,18 @@ async fn a_drain_answers_every_launch_stream_request_and_ends_the_streams_with_a
         outputs.push(shm);
         tasks.push(pipelined_client(&session, &affine, &x, &out, CAP as u64).await);
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Every stream has had launches run before the drain (a fixed pause
+    // guessed it; a loaded machine may not have answered one yet).
+    crate::support::wait_until_async(
+        "a launch of every stream to run",
+        Duration::from_secs(30),
+        || {
+            tasks
+                .iter()
+                .all(|(_, _, ran)| ran.load(std::sync::atomic::Ordering::SeqCst) > 0)
+        },
+    )
+    .await;
     let started = std::time::Instant::now();
     let status = tokio::task::spawn_blocking(move || daemon.terminate())
         .await
@@ -817,7 +835,7 @@ async fn a_drain_answers_every_launch_stream_request_and_ends_the_streams_with_a
         took < drain_timeout,
         "the streams were cut off at the drain timeout ({took:?})"
     );
-    for (index, (send, receive)) in tasks.into_iter().enumerate() {
+    for (index, (send, receive, _)) in tasks.into_iter().enumerate() {
         let (answers, end) = receive.await.unwrap();
         let sent = send.await.unwrap();
         let out = outputs[index].read_f32(0, CAP).unwrap();
@@ -896,7 +914,7 @@ async fn launch_streams_that_keep_sending_through_a_drain_end_with_a_status() {
     .await
     .unwrap();
     assert!(status.success(), "{status}\n{}", daemon.stderr());
-    for (index, (send, receive)) in tasks.into_iter().enumerate() {
+    for (index, (send, receive, _)) in tasks.into_iter().enumerate() {
         let (answers, end) = receive.await.unwrap();
         let sent = send.await.unwrap();
         let ran = answers.iter().filter(|(_, r)| r.is_ok()).count();
