@@ -707,9 +707,13 @@ fn an_idle_server_sleeps_and_a_submission_wakes_it() {
             assert!(!server.wait(Duration::from_millis(300)).unwrap());
             let idle = (start.elapsed(), thread_cpu() - cpu);
             let sleeps = server.stats().sleeps;
-            barrier.wait();
+            // Timed from before the barrier: the submission comes 300 ms
+            // after it, so the wait cannot end sooner than that after this
+            // (timed after the barrier, a waiter scheduled 50 ms late saw
+            // it end early).
             let cpu = thread_cpu();
             let start = Instant::now();
+            barrier.wait();
             assert!(server.wait(Duration::from_secs(10)).unwrap());
             let woken = (start.elapsed(), thread_cpu() - cpu);
             assert_eq!(expect_launch(server.poll().unwrap()).ticket, 7);
@@ -749,9 +753,11 @@ fn a_waiting_client_sleeps_and_a_completion_wakes_it() {
     let mut server = Server::open(client.name(), None).unwrap();
     client.try_submit(&payload(11)).unwrap();
     expect_launch(server.poll().unwrap());
+    // Timed from before the spawn: the completion comes 300 ms after it,
+    // however late the waiter starts.
+    let start = Instant::now();
     let waiting = thread::spawn(move || {
         let cpu = thread_cpu();
-        let start = Instant::now();
         let completion = client.wait_completion(Duration::from_secs(10)).unwrap();
         (
             completion,
@@ -1561,9 +1567,10 @@ fn a_waker_ends_a_server_sleep_at_once() {
             max_sleep: Duration::from_secs(60),
         });
     let waker = server.waker();
-    // Woken in the middle of a long sleep.
+    // Woken in the middle of a long sleep. Timed from before the spawn:
+    // the wake comes 100 ms after it, however late the sleeper starts.
+    let start = Instant::now();
     let sleeping = thread::spawn(move || {
-        let start = Instant::now();
         let woken = server.sleep(Duration::from_secs(30)).unwrap();
         (server, woken, start.elapsed())
     });
