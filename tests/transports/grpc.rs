@@ -150,7 +150,8 @@ async fn connections_per_uid_are_capped_and_the_refusal_names_the_limit() {
     drop(held.pop());
     drop(held.pop());
     let mut served = false;
-    for _ in 0..50 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
         if let Ok(client) = Client::connect(&daemon.target()).await {
             if client.info().await.is_ok() {
                 served = true;
@@ -263,7 +264,8 @@ async fn idle_connections_cannot_use_up_the_descriptors_an_executor_respawn_need
     )
     .unwrap();
     let mut respawned = None;
-    for _ in 0..500 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
         let device = client.info().await.unwrap().devices[0].clone();
         if device.available && device.generation != before.generation {
             respawned = Some(device);
@@ -272,7 +274,7 @@ async fn idle_connections_cannot_use_up_the_descriptors_an_executor_respawn_need
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let device = respawned
-        .expect("the executor was not respawned within 10 s while clients held connections");
+        .expect("the executor was not respawned within 30 s while clients held connections");
     assert!(device.restarts >= 1);
 
     // The new executor works.
