@@ -151,12 +151,15 @@ mod tests {
         let mut input = SpinInput::new(executor, spinners(Duration::from_micros(100)));
         let message = bytes(64);
         let sent = message.clone();
+        // Timed from before the writer starts: the bytes cannot come sooner
+        // than 30 ms after this, however late either thread is scheduled
+        // (timed after the spawn, a reader preempted for 5 ms read early).
+        let start = Instant::now();
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
             front.write_all(&sent).unwrap();
             front
         });
-        let start = Instant::now();
         let mut got = vec![0u8; message.len()];
         input.read_exact(&mut got).unwrap();
         assert!(start.elapsed() >= Duration::from_millis(25));

@@ -16,17 +16,23 @@ async fn connect(daemon: &Daemon) -> Client {
     Client::connect(&daemon.target()).await.unwrap()
 }
 
-/// Waits (up to 5 s) until device 0 is available in a generation other than
-/// `old`, and returns it.
+/// How long a test waits for something the daemon does by itself (an
+/// executor respawned, a dead client's session closed): far longer than it
+/// takes, since a debug daemon on a loaded machine can take seconds.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Waits (up to [`SETTLE`]) until device 0 is available in a generation
+/// other than `old`, and returns it.
 async fn new_generation(client: &Client, old: u64) -> ptxd_client::DeviceInfo {
-    for _ in 0..500 {
+    let deadline = std::time::Instant::now() + SETTLE;
+    while std::time::Instant::now() < deadline {
         let device = client.info().await.unwrap().devices[0].clone();
         if device.available && device.generation != old {
             return device;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("device 0 did not come back in a new generation within 5 s");
+    panic!("device 0 did not come back in a new generation within {SETTLE:?}");
 }
 
 #[tokio::test]
@@ -545,7 +551,7 @@ async fn an_executor_killed_is_restarted_with_a_new_generation_and_old_kernels_a
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let restarted = tokio::time::timeout(Duration::from_secs(10), async {
+    let restarted = tokio::time::timeout(SETTLE, async {
         loop {
             if let Ok(SessionEvent::ExecutorRestarted {
                 old_generation,
@@ -751,10 +757,7 @@ async fn a_killed_client_leaves_nothing_behind() {
         {
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "resources still held: {info:?}"
-        );
+        assert!(started.elapsed() < SETTLE, "resources still held: {info:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -816,10 +819,7 @@ async fn many_concurrent_sessions_share_one_compile_and_get_their_own_results() 
         if info.sessions == 0 && info.slots_used == 0 {
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "sessions still open: {info:?}"
-        );
+        assert!(started.elapsed() < SETTLE, "sessions still open: {info:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

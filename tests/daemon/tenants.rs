@@ -330,30 +330,35 @@ use std::os::unix::process::CommandExt;
 
 #[tokio::test]
 async fn a_uid_at_its_share_loses_its_own_idle_kernels_first() {
+    // The idle time bounds the checks that nothing is idle yet: each runs
+    // within it of the kernels' last use, a few calls that a loaded 2-core
+    // machine (a debug daemon, verifying each load) has taken more than
+    // 400 ms for. The test sleeps past it once.
+    let idle_after = Duration::from_secs(2);
     let addr = free_tcp_addr();
-    let daemon = Daemon::start(&[
-        "--tcp",
-        &addr,
-        "--slots",
-        "8",
-        "--idle-reclaim-after",
-        "400ms",
-    ]);
+    let daemon = Daemon::start(&["--tcp", &addr, "--slots", "8", "--idle-reclaim-after", "2s"]);
     let local = unix(&daemon).await;
     let session = local.open_session("busy").await.unwrap();
     let remote = tcp(&addr).await;
     let bystander = remote.open_session("bystander").await.unwrap();
     let theirs = load_add(&bystander, 9).await.unwrap();
 
+    let loaded = std::time::Instant::now();
     let idle = load_add(&session, 1).await.unwrap();
     let busy = load_add(&session, 2).await.unwrap();
     let err = load_add(&session, 3).await.unwrap_err();
-    assert_eq!(meta(&err, "limit"), "max_slots_per_uid", "nothing idle yet");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first_window = loaded.elapsed();
+    assert_eq!(
+        meta(&err, "limit"),
+        "max_slots_per_uid",
+        "nothing idle yet ({first_window:?} after the first load)"
+    );
+    tokio::time::sleep(idle_after + Duration::from_millis(200)).await;
     add_runs(&session, &busy).await.unwrap();
     // Both are past the idle time of their load, but `busy` just ran: the
     // least recently used one goes.
     let third = load_add(&session, 3).await.unwrap();
+    let used = std::time::Instant::now();
     add_runs(&session, &third).await.unwrap();
     add_runs(&session, &busy).await.unwrap();
     let err = add_runs(&session, &idle).await.unwrap_err();
@@ -363,7 +368,16 @@ async fn a_uid_at_its_share_loses_its_own_idle_kernels_first() {
     assert_eq!(kept.len(), 1);
     assert!(kept[0].live && kept[0].handle == theirs.handle());
     let err = load_add(&session, 4).await.unwrap_err();
-    assert_eq!(meta(&err, "limit"), "max_slots_per_uid");
+    let second_window = used.elapsed();
+    eprintln!(
+        "checks that nothing was idle ran {first_window:?} and {second_window:?} \
+         after the kernels' use (idle after {idle_after:?})"
+    );
+    assert_eq!(
+        meta(&err, "limit"),
+        "max_slots_per_uid",
+        "nothing idle again ({second_window:?} after the last uses)"
+    );
     assert_eq!(local.info().await.unwrap().slots_used, 3);
 }
 
@@ -675,6 +689,15 @@ async fn racing_registrations_at_the_limit_leave_nothing_open_in_the_executor() 
 
 // ----- item 13: drain answers what it read ----------------------------------
 
+/// A stream client's tasks: the sender (how many it sent), the receiver
+/// (every answer in order, and how the stream ended), and how many launches
+/// were answered done so far.
+type StreamClient = (
+    tokio::task::JoinHandle<u64>,
+    tokio::task::JoinHandle<(Vec<(u64, Result<(), String>)>, String)>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+);
+
 /// One pipelined LaunchStream client: at most `WINDOW` launches
 /// unanswered; it stops sending at its first DRAINING answer but keeps its
 /// stream open, as a long-lived client waiting for more work does. Launch
@@ -685,10 +708,7 @@ async fn pipelined_client(
     x: &Buffer,
     out: &Buffer,
     cap: u64,
-) -> (
-    tokio::task::JoinHandle<u64>,
-    tokio::task::JoinHandle<(Vec<(u64, Result<(), String>)>, String)>,
-) {
+) -> StreamClient {
     stream_client(session, affine, x, out, cap, false).await
 }
 
@@ -701,10 +721,7 @@ async fn stream_client(
     out: &Buffer,
     cap: u64,
     keep_sending: bool,
-) -> (
-    tokio::task::JoinHandle<u64>,
-    tokio::task::JoinHandle<(Vec<(u64, Result<(), String>)>, String)>,
-) {
+) -> StreamClient {
     const WINDOW: usize = 32;
     let (mut sender, mut receiver) = session.launch_stream().await.unwrap().split();
     let window = std::sync::Arc::new(tokio::sync::Semaphore::new(WINDOW));
@@ -739,6 +756,8 @@ async fn stream_client(
         drop(sender);
         sent
     });
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = ran.clone();
     let receive = tokio::spawn(async move {
         let mut answers = Vec::new();
         let end = loop {
@@ -750,6 +769,8 @@ async fn stream_client(
                         .map_err(|e| reason(&e).to_string());
                     if outcome.is_err() {
                         stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                    } else {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                     answers.push((reply.tag, outcome));
                     window.add_permits(1);
@@ -764,7 +785,7 @@ async fn stream_client(
         let _ = done_tx.send(());
         (answers, end)
     });
-    (send, receive)
+    (send, receive, ran)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -792,7 +813,18 @@ async fn a_drain_answers_every_launch_stream_request_and_ends_the_streams_with_a
         outputs.push(shm);
         tasks.push(pipelined_client(&session, &affine, &x, &out, CAP as u64).await);
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Every stream has had launches run before the drain (a fixed pause
+    // guessed it; a loaded machine may not have answered one yet).
+    crate::support::wait_until_async(
+        "a launch of every stream to run",
+        Duration::from_secs(30),
+        || {
+            tasks
+                .iter()
+                .all(|(_, _, ran)| ran.load(std::sync::atomic::Ordering::SeqCst) > 0)
+        },
+    )
+    .await;
     let started = std::time::Instant::now();
     let status = tokio::task::spawn_blocking(move || daemon.terminate())
         .await
@@ -803,7 +835,7 @@ async fn a_drain_answers_every_launch_stream_request_and_ends_the_streams_with_a
         took < drain_timeout,
         "the streams were cut off at the drain timeout ({took:?})"
     );
-    for (index, (send, receive)) in tasks.into_iter().enumerate() {
+    for (index, (send, receive, _)) in tasks.into_iter().enumerate() {
         let (answers, end) = receive.await.unwrap();
         let sent = send.await.unwrap();
         let out = outputs[index].read_f32(0, CAP).unwrap();
@@ -882,7 +914,7 @@ async fn launch_streams_that_keep_sending_through_a_drain_end_with_a_status() {
     .await
     .unwrap();
     assert!(status.success(), "{status}\n{}", daemon.stderr());
-    for (index, (send, receive)) in tasks.into_iter().enumerate() {
+    for (index, (send, receive, _)) in tasks.into_iter().enumerate() {
         let (answers, end) = receive.await.unwrap();
         let sent = send.await.unwrap();
         let ran = answers.iter().filter(|(_, r)| r.is_ok()).count();
@@ -1078,6 +1110,8 @@ async fn launches_queued_at_the_drain_deadline_are_answered_draining() {
     let (_x, x) = f32_buffer(&session, &[1.0; 64]).await;
     let (_y, y) = f32_buffer(&session, &[0.0; 64]).await;
     let (out_shm, out) = f32_buffer(&session, &vec![f32::NAN; QUEUED as usize + 1]).await;
+    let executor = crate::support::executor_pid(&client, 0).await;
+    let cpu = crate::support::processes::cpu_time(executor);
     // The long launch first, then the queue behind it on the same stream.
     let running = {
         let session = session.clone();
@@ -1090,7 +1124,9 @@ async fn launches_queued_at_the_drain_deadline_are_answered_draining() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Running, not merely sent, before the queue and the drain: a launch
+    // the daemon had not read at the drain would be refused DRAINING.
+    crate::support::wait_until_running(executor, cpu, Duration::from_millis(50)).await;
     let (_one, one) = f32_buffer(&session, &[1.0]).await;
     let mut queued = Vec::new();
     for tag in 1..=QUEUED {

@@ -61,6 +61,33 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
+/// [`wait_until`] for a test whose own tasks must go on while it waits (a
+/// launch spawned on a current-thread runtime is sent only while the test
+/// yields): looks every 20 ms, yielding to the runtime in between.
+pub async fn wait_until_async(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// Waits (up to 30 s) until process `pid` has used `amount` of CPU more
+/// than `before` (a [`processes::cpu_time`] taken before a long kernel was
+/// launched): that kernel is running there. A fixed sleep only guesses it;
+/// on a loaded machine the launch may not even have been sent yet.
+pub async fn wait_until_running(pid: u32, before: Duration, amount: Duration) {
+    wait_until_async(
+        &format!("process {pid} to run a kernel ({amount:?} of CPU)"),
+        Duration::from_secs(30),
+        || processes::cpu_time(pid) >= before + amount,
+    )
+    .await;
+}
+
 /// The harness name of test `name` in the module whose `module_path!()` is
 /// `module` (the crate's own name dropped), for a test that re-runs its own
 /// binary with `--exact` to get a child process.

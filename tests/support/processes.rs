@@ -2,6 +2,8 @@
 //! (on both backends: `tests/daemon/recovery.rs`, `tests/gpu/fault_memory.rs`).
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::time::Duration;
+
 /// The live child processes of `pid` (its executors, serving and spare):
 /// a zombie not yet reaped is not counted.
 pub fn children(pid: i32) -> Vec<u32> {
@@ -33,4 +35,18 @@ pub fn open_fds(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .count()
+}
+
+/// CPU time (user + system) process `pid` has used so far, its exited
+/// threads' included (`/proc/<pid>/stat`, in clock ticks: 10 ms steps).
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // utime and stime are fields 14 and 15: the 12th and 13th after the
+    // command's closing parenthesis and the state.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz.max(1))
 }

@@ -150,7 +150,8 @@ async fn connections_per_uid_are_capped_and_the_refusal_names_the_limit() {
     drop(held.pop());
     drop(held.pop());
     let mut served = false;
-    for _ in 0..50 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
         if let Ok(client) = Client::connect(&daemon.target()).await {
             if client.info().await.is_ok() {
                 served = true;
@@ -233,12 +234,25 @@ async fn idle_connections_cannot_use_up_the_descriptors_an_executor_respawn_need
         let _ = raw.write_all(PREFACE);
         idle.push(raw);
     }
-    // The ones over the cap are closed at once.
-    std::thread::sleep(Duration::from_millis(500));
-    let closed = idle
-        .iter_mut()
-        .filter_map(|raw| closed_within(raw, Duration::from_millis(5)))
-        .count();
+    // The ones over the cap are closed at once: looked at until at least
+    // 250 are (a loaded machine may take more than a fixed pause to
+    // accept and refuse 400); one closed only at the handshake timeout
+    // (60 s) still fails.
+    let opened = Instant::now();
+    let mut closed = vec![false; idle.len()];
+    let deadline = opened + Duration::from_secs(20);
+    while closed.iter().filter(|c| **c).count() < 400 - 150 && Instant::now() < deadline {
+        for (raw, closed) in idle.iter_mut().zip(closed.iter_mut()) {
+            if !*closed {
+                *closed = closed_within(raw, Duration::from_millis(1)).is_some();
+            }
+        }
+    }
+    let closed = closed.iter().filter(|c| **c).count();
+    eprintln!(
+        "{closed} of 400 idle connections closed {:?} after the last was opened",
+        opened.elapsed()
+    );
     assert!(
         closed >= 400 - 150,
         "only {closed} of 400 connections were refused"
@@ -250,7 +264,8 @@ async fn idle_connections_cannot_use_up_the_descriptors_an_executor_respawn_need
     )
     .unwrap();
     let mut respawned = None;
-    for _ in 0..500 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
         let device = client.info().await.unwrap().devices[0].clone();
         if device.available && device.generation != before.generation {
             respawned = Some(device);
@@ -259,7 +274,7 @@ async fn idle_connections_cannot_use_up_the_descriptors_an_executor_respawn_need
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let device = respawned
-        .expect("the executor was not respawned within 10 s while clients held connections");
+        .expect("the executor was not respawned within 30 s while clients held connections");
     assert!(device.restarts >= 1);
 
     // The new executor works.

@@ -728,7 +728,11 @@ mod tests {
             len: v.len() * 4,
         };
         let inputs = [span(&mut x)];
-        let control = LaunchControl::new(Some(Instant::now() + Duration::from_millis(200)));
+        // Timed from before the deadline is set: the launch cannot stop
+        // sooner than 200 ms after this (timed after it, a test preempted
+        // between the two lines saw the stop early).
+        let started = Instant::now();
+        let control = LaunchControl::new(Some(started + Duration::from_millis(200)));
         let launch = HostLaunch {
             inputs: &inputs,
             args: &[],
@@ -739,7 +743,6 @@ mod tests {
             checked: true,
             control: Some(&control),
         };
-        let started = Instant::now();
         // SAFETY: the spans cover the two vectors, alive for the call.
         let result = unsafe { kernel.launch(&launch) };
         assert!(result.is_err());
