@@ -176,6 +176,9 @@ _CTYPE = {".f32": ctypes.c_float, ".f64": ctypes.c_double, ".u32": ctypes.c_uint
           ".b32": ctypes.c_uint32, ".b64": ctypes.c_uint64}
 
 
+_INTEGER = {".u32", ".s32", ".u64", ".s64", ".b32", ".b64"}
+
+
 def contract_params(contract: str):
     """(name, kind) for every param, in kernel order."""
     inside = contract.split("params(", 1)[1].split(");", 1)[0]
@@ -221,8 +224,14 @@ def test_every_accepted_triton_and_inductor_kernel_matches_its_own_text_bit_for_
         out_ptxd = torch.full((n + pad,), float("nan"), device="cuda").to(getattr(torch, dtype))
         out_here = out_ptxd.clone()
         scalars = [kind for _, kind in params if kind.startswith(".")]
-        values = [round(float(torch.rand(1, generator=torch.Generator().manual_seed(len(accepted) + i)))
-                        * 2 - 1, 3) for i in range(len(scalars))]
+        # A float param gets a random value; an integer one is a size symbol
+        # of a dynamic build (Inductor's `ks0`: the row length a 2-D
+        # broadcast's bias is indexed by, `x mod ks0`), the first input's
+        # last dimension (1 where the manifest gives no shape).
+        size = entry["shape"][0][-1] if "shape" in entry else 1
+        values = [size if kind in _INTEGER else
+                  round(float(torch.rand(1, generator=torch.Generator().manual_seed(len(accepted) + i)))
+                        * 2 - 1, 3) for i, kind in enumerate(scalars)]
         # Through ptxd: operands registered whole, n explicit, typed args.
         buffers = [gpu_session.register(t) for t in reads]
         gpu_session.launch(kernel, buffers, gpu_session.register(out_ptxd), n,
