@@ -653,3 +653,53 @@ fn accepted_broadcast_mutants_stay_inside_their_contract() {
     eprintln!("{accepted} of {tried} broadcast mutants accepted and in bounds");
     assert!(accepted > 0);
 }
+
+/// A `createpolicy` nothing or only a cache hint reads is dropped with the
+/// hint, and a branch to one then lands on the instruction after it (every
+/// target moved past the dropped ones); one whose result
+/// is also read elsewhere stays (the attacks above: then the kernel is
+/// `unsupported_instruction`).
+#[test]
+fn a_policy_only_a_cache_hint_reads_is_dropped_and_branches_follow() {
+    let text = "\
+.version 8.4
+.target sm_90a
+.address_size 64
+
+.visible .entry k(
+\t.param .u64 k_p0
+)
+{
+\t.reg .pred \t%p<2>;
+\t.reg .b32 \t%r<4>;
+\t.reg .b64 \t%rd<4>;
+\tld.param.b64 \t%rd1, [k_p0];
+\tcreatepolicy.fractional.L2::evict_first.b64 %rd3, 1.0;
+\tmov.u32 \t%r1, %tid.x;
+\tsetp.eq.s32 \t%p1, %r1, 0;
+\t@%p1 bra \t$L_pol;
+\tmov.u32 \t%r2, 1;
+$L_pol:
+\tcreatepolicy.fractional.L2::evict_last.b64 %rd2, 1.0;
+\tld.global.L2::cache_hint.b32 \t%r3, [%rd1], %rd2;
+\tret;
+}
+";
+    let k = ptx::lower(text, "k").unwrap();
+    let bases: Vec<&str> = k.insts.iter().map(|i| i.base.as_str()).collect();
+    assert_eq!(bases, ["ld", "mov", "setp", "bra", "mov", "ld", "ret"]);
+    let target = k.insts[3]
+        .ops
+        .iter()
+        .find_map(|o| match o {
+            ptx::ir::Opnd::Label(pc) => Some(*pc as usize),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(target, 5);
+    assert!(k.insts[5].ops.len() == 2 && !k.insts[5].opcode.contains("cache_hint"));
+    // Read also as an address: kept.
+    let read = edit(text, "\tret;", "\tst.global.b32 \t[%rd2], %r3;\n\tret;");
+    let k = ptx::lower(&read, "k").unwrap();
+    assert!(k.insts.iter().any(|i| i.base == "createpolicy"));
+}
