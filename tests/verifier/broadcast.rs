@@ -379,6 +379,26 @@ fn attacks_on_the_idiom_are_refused_with_their_reason() {
             "unbounded_access",
         ),
         (
+            "an unmasked store one block on (past its block's elements)",
+            edit(
+                &st,
+                "add.s64 \t%rd8, %rd2, %rd9;",
+                "add.s64 \t%rd8, %rd2, %rd9;\n\tadd.s64 \t%rd8, %rd8, 2048;",
+            ),
+            "unbounded_access",
+        ),
+        (
+            // A count the body reads may feed a mask the pass cannot
+            // model: no access is then bounded by the grid alone.
+            "an unmasked kernel that reads its count",
+            edit(
+                &st,
+                "ld.param.b64 \t%rd7, [triton_poi_fused_add_gelu_0_param_1];",
+                "ld.param.b64 \t%rd7, [triton_poi_fused_add_gelu_0_param_1];\n\tld.param.b32 \t%r0, [triton_poi_fused_add_gelu_0_param_3];",
+            ),
+            "unguarded_access",
+        ),
+        (
             "a mask that is no power of two (-1000)",
             edit(&st, "and.b32 \t%r30, %r29, -1024;", "and.b32 \t%r30, %r29, -1000;"),
             "unbounded_access",
