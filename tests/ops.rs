@@ -263,17 +263,17 @@ async fn a_scrape_of_the_working_daemon_passes_promtool_and_counts_the_work() {
             .entry(error.refusal().expect("a refusal").wire_name())
             .or_default() += 1;
     }
-    let triton = session
+    let refused = session
         .load_ptx(
             0u32,
-            corpus("jit/inductor/bias_gelu_2d_f32_static_0.ptx"),
-            "triton_poi_fused_add_gelu_0",
+            corpus("nvcc/refused-ptx/grid_stride.sm_90.ptx"),
+            "grid_stride_scale_f32",
             LoadOptions::default(),
         )
         .await
         .unwrap_err();
     *refusals
-        .entry(triton.refusal().expect("a refusal").wire_name())
+        .entry(refused.refusal().expect("a refusal").wire_name())
         .or_default() += 1;
     assert_eq!(
         refusals.get("BUFFER_TOO_SMALL"),

@@ -84,11 +84,11 @@ def read_ptx(name: str) -> str:
 
 
 #: A real compiler's kernel ptxd refuses (`NON_SCALAR_ABI`, sub_reason
-#: `unsupported_instruction`: `createpolicy` in Inductor's 2-D broadcast
-#: kernel), as (text, entry): the tests' example of a refused load.
-REFUSED_ENTRY = "triton_poi_fused_add_gelu_0"
+#: `param_misuse`: nvcc's grid-stride loop, which computes with its count
+#: param), as (text, entry): the tests' example of a refused load.
+REFUSED_ENTRY = "grid_stride_scale_f32"
 
 
 def read_refused_ptx() -> tuple[str, str]:
-    jit = Path(os.environ.get("PTXD_JIT_CORPUS", REPO / "tests" / "corpus" / "jit"))
-    return (jit / "inductor" / "bias_gelu_2d_f32_static_0.ptx").read_text(), REFUSED_ENTRY
+    nvcc = Path(os.environ.get("PTXD_NVCC_CORPUS", REPO / "tests" / "corpus" / "nvcc"))
+    return (nvcc / "refused-ptx" / "grid_stride.sm_90.ptx").read_text(), REFUSED_ENTRY

@@ -215,7 +215,7 @@ def test_each_refusal_is_its_own_class(session):
     with pytest.raises(ptxd.NonScalarAbi) as refused:
         session.load_ptx(*read_refused_ptx())
     assert isinstance(refused.value, ptxd.Refused)
-    assert refused.value.metadata["sub_reason"] == "unsupported_instruction"
+    assert refused.value.metadata["sub_reason"] == "param_misuse"
     with pytest.raises(ptxd.UnknownDevice):
         session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar", device=99)
 

@@ -10,7 +10,9 @@
 //! - An `ld`/`ldu`/`st` operand is never a one-element list: `{ %r }` there
 //!   is `%r`.
 //! - No instruction carries `.L2::cache_hint` with its policy operand: both
-//!   are dropped here, so no client value can reach ptxas as a policy.
+//!   are dropped here, so no client value can reach ptxas as a policy. A
+//!   `createpolicy` whose result nothing else reads is dropped too; one
+//!   whose result is read stays (and the verifier refuses it).
 //! - `{ }` scopes are honoured: a register declared in a scope shadows an
 //!   outer one of the same name and is gone after the scope's `}`.
 
@@ -546,6 +548,25 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
             line: f.line,
         });
     }
+    if drop_unread_policies(&mut insts, &mut nounroll) {
+        let ret = Inst {
+            opcode: "ret".into(),
+            base: "ret".into(),
+            mods: Vec::new(),
+            guard: None,
+            ops: Vec::new(),
+            line: f.line,
+        };
+        // A branch to a dropped last instruction: it now names the end.
+        let end = u32::try_from(insts.len()).unwrap_or(u32::MAX);
+        if insts
+            .iter()
+            .flat_map(|i| &i.ops)
+            .any(|o| *o == Opnd::Label(end))
+        {
+            insts.push(ret);
+        }
+    }
     Ok(Kernel {
         version: module.version.clone(),
         target: module.target.clone(),
@@ -565,6 +586,104 @@ pub fn lower(module: &parse::Module, symbol: &str) -> Result<Kernel, PtxError> {
         unkept,
         nounroll,
     })
+}
+
+/// Opcodes whose first operand, a register, is read, not written.
+const FIRST_OPERAND_READ: &[&str] = &[
+    "st",
+    "red",
+    "bra",
+    "brx",
+    "bar",
+    "barrier",
+    "nanosleep",
+    "stackrestore",
+    "prefetch",
+    "prefetchu",
+    "pmevent",
+];
+
+/// Every register `inst` may read: each one it names but a destination
+/// (the first operand of an opcode that writes it), and its guard. A
+/// register counted here that is written is only a missed drop, never a
+/// wrong one.
+fn read_registers(inst: &Inst, out: &mut Vec<u32>) {
+    fn regs(o: &Opnd, out: &mut Vec<u32>) {
+        match o {
+            Opnd::Reg(r) | Opnd::Not(r) => out.push(*r),
+            Opnd::Pair(a, b) => out.extend([*a, *b]),
+            Opnd::Addr {
+                base: Base::Reg(r), ..
+            } => out.push(*r),
+            Opnd::List(items) => items.iter().for_each(|i| regs(i, out)),
+            _ => {}
+        }
+    }
+    if let Some((_, g)) = inst.guard {
+        out.push(g);
+    }
+    let writes_first = !FIRST_OPERAND_READ.contains(&inst.base.as_str())
+        && matches!(
+            inst.ops.first(),
+            Some(Opnd::Reg(_) | Opnd::Pair(..) | Opnd::List(_))
+        );
+    let sources = if writes_first {
+        inst.ops.get(1..).unwrap_or(&[])
+    } else {
+        &inst.ops[..]
+    };
+    sources.iter().for_each(|o| regs(o, out));
+}
+
+/// Drops each `createpolicy` whose result no instruction reads. Its only
+/// reader was a `.L2::cache_hint` operand, which `lower` drops (see
+/// there), so the policy computes nothing the kernel uses; one whose
+/// result is read anywhere else (an address, a stored value, a compare)
+/// stays, and the verifier refuses it (`unsupported_instruction`).
+/// Branch targets and `nounroll` marks move to the same instruction as
+/// before (a label on a dropped instruction to the next one kept).
+/// Whether the kernel had any `createpolicy` (then the caller makes sure a
+/// branch to the end finds an instruction).
+fn drop_unread_policies(insts: &mut Vec<Inst>, nounroll: &mut [usize]) -> bool {
+    if !insts.iter().any(|i| i.base == "createpolicy") {
+        return false;
+    }
+    let mut read = std::collections::HashSet::new();
+    let mut buf = Vec::new();
+    for i in insts.iter() {
+        buf.clear();
+        read_registers(i, &mut buf);
+        read.extend(buf.iter().copied());
+    }
+    let keep: Vec<bool> = insts
+        .iter()
+        .map(|i| {
+            i.base != "createpolicy"
+                || !matches!(i.ops.first(), Some(Opnd::Reg(r)) if !read.contains(r))
+        })
+        .collect();
+    // The new index of each old one (and of one past the end).
+    let mut moved = Vec::with_capacity(insts.len() + 1);
+    let mut kept = 0u32;
+    for k in &keep {
+        moved.push(kept);
+        kept += u32::from(*k);
+    }
+    moved.push(kept);
+    let at = |pc: u32| moved.get(pc as usize).copied().unwrap_or(kept);
+    let mut k = keep.iter();
+    insts.retain(|_| k.next().copied().unwrap_or(true));
+    for i in insts.iter_mut() {
+        for o in &mut i.ops {
+            if let Opnd::Label(pc) = o {
+                *pc = at(*pc);
+            }
+        }
+    }
+    for pc in nounroll.iter_mut() {
+        *pc = at(u32::try_from(*pc).unwrap_or(u32::MAX)) as usize;
+    }
+    true
 }
 
 /// Names the canonical printer makes up (`$ptxd_L<pc>`) may not be used.

@@ -402,9 +402,9 @@ mod tests {
             Err(PtxError::AbiMismatch { .. })
         ));
         // A refusal goes to the refused table, not the accepted one.
-        let broadcast2d = corpus("jit/inductor/bias_gelu_2d_f32_static_0");
+        let refused = corpus("nvcc/refused-ptx/grid_stride.sm_90");
         assert!(memo
-            .canonicalize(&broadcast2d, "triton_poi_fused_add_gelu_0", None)
+            .canonicalize(&refused, "grid_stride_scale_f32", None)
             .is_err());
         let stats = memo.stats();
         assert_eq!(stats.accepted_entries, 1);
@@ -435,16 +435,16 @@ mod tests {
         let memo = memo(8, 1 << 20);
         for (text, symbol) in [
             (
-                corpus("jit/inductor/bias_gelu_2d_f32_static_0").into_bytes(),
-                "triton_poi_fused_add_gelu_0",
+                corpus("nvcc/refused-ptx/grid_stride.sm_90").into_bytes(),
+                "grid_stride_scale_f32",
             ),
             (
                 format!(
                     "{}\n// another text\n",
-                    corpus("jit/inductor/bias_gelu_2d_f32_static_0")
+                    corpus("nvcc/refused-ptx/grid_stride.sm_90")
                 )
                 .into_bytes(),
-                "triton_poi_fused_add_gelu_0",
+                "grid_stride_scale_f32",
             ),
             (corpus("add_f32_scalar").into_bytes(), "no_such_entry"),
             (b"\xff\xfe not utf-8".to_vec(), "k"),
@@ -473,34 +473,31 @@ mod tests {
             assert_eq!(after.refused_hits, after_first.refused_hits + 2);
         }
         let sub_reason = |e: &PtxError| e.metadata().get("sub_reason").cloned();
-        let broadcast2d = corpus("jit/inductor/bias_gelu_2d_f32_static_0");
+        let refused = corpus("nvcc/refused-ptx/grid_stride.sm_90");
         let served = memo
-            .lookup(broadcast2d.as_bytes(), "triton_poi_fused_add_gelu_0", None)
+            .lookup(refused.as_bytes(), "grid_stride_scale_f32", None)
             .unwrap()
             .unwrap_err();
         assert!(matches!(served, PtxError::NonScalarAbi { .. }), "{served}");
         assert_eq!(
             sub_reason(&served),
-            sub_reason(
-                &canonicalize(&broadcast2d, "triton_poi_fused_add_gelu_0", None).unwrap_err()
-            )
+            sub_reason(&canonicalize(&refused, "grid_stride_scale_f32", None).unwrap_err())
         );
     }
 
     #[test]
     fn a_flood_of_refusals_never_evicts_an_accepted_kernel() {
         let accepted = corpus("add_f32_scalar");
-        let refused = corpus("jit/inductor/bias_gelu_2d_f32_static_0");
-        let one_refusal = refusal_bytes(
-            &canonicalize(&refused, "triton_poi_fused_add_gelu_0", None).unwrap_err(),
-        );
+        let refused = corpus("nvcc/refused-ptx/grid_stride.sm_90");
+        let one_refusal =
+            refusal_bytes(&canonicalize(&refused, "grid_stride_scale_f32", None).unwrap_err());
         let memo = CanonicalMemo::new(bounds(4, 1 << 20), bounds(3, 3 * one_refusal + 64));
         memo.canonicalize(&accepted, "add_f32_scalar", None)
             .unwrap();
         for k in 0..50 {
             let variant = format!("{refused}\n// {k:04}\n");
             assert!(memo
-                .canonicalize(&variant, "triton_poi_fused_add_gelu_0", None)
+                .canonicalize(&variant, "grid_stride_scale_f32", None)
                 .is_err());
         }
         let stats = memo.stats();
@@ -516,11 +513,11 @@ mod tests {
         let variant = |k: usize| format!("{refused}\n// {k:04}\n");
         let verified = memo.stats().verifications;
         assert!(memo
-            .canonicalize(&variant(49), "triton_poi_fused_add_gelu_0", None)
+            .canonicalize(&variant(49), "grid_stride_scale_f32", None)
             .is_err());
         assert_eq!(memo.stats().verifications, verified);
         assert!(memo
-            .canonicalize(&variant(0), "triton_poi_fused_add_gelu_0", None)
+            .canonicalize(&variant(0), "grid_stride_scale_f32", None)
             .is_err());
         assert_eq!(memo.stats().verifications, verified + 1);
     }
@@ -564,8 +561,8 @@ mod tests {
         assert!(!tiny.canonicalize(&text, "add_f32_scalar", None).unwrap().1);
         assert!(tiny
             .canonicalize(
-                &corpus("jit/inductor/bias_gelu_2d_f32_static_0"),
-                "triton_poi_fused_add_gelu_0",
+                &corpus("nvcc/refused-ptx/grid_stride.sm_90"),
+                "grid_stride_scale_f32",
                 None
             )
             .is_err());

@@ -264,8 +264,8 @@ async fn load_refusals_carry_their_exact_reasons() {
         assert!(contract.contains(term), "{term} in {contract}");
     }
     for (file, symbol) in [(
-        "jit/inductor/bias_gelu_2d_f32_static_0.ptx",
-        "triton_poi_fused_add_gelu_0",
+        "nvcc/refused-ptx/grid_stride.sm_90.ptx",
+        "grid_stride_scale_f32",
     )] {
         let err = session
             .load_ptx(0, corpus(file), symbol, opts())

@@ -6,6 +6,7 @@
 mod support;
 
 mod bench;
+mod broadcast;
 mod executor_limits;
 mod grpcurl;
 mod lifecycle;

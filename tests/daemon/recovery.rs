@@ -848,7 +848,7 @@ async fn a_restarted_daemon_loads_a_kept_verdict_without_verifying_and_a_damaged
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kernel_refused_before_a_restart_is_refused_again_with_the_same_reason() {
     let cache = tempfile::tempdir().unwrap();
-    let refused = corpus("jit/inductor/bias_gelu_2d_f32_static_0.ptx");
+    let refused = corpus("nvcc/refused-ptx/grid_stride.sm_90.ptx");
     let mut refusals = Vec::new();
     for _ in 0..2 {
         let daemon = verdict_daemon(cache.path());
@@ -858,7 +858,7 @@ async fn a_kernel_refused_before_a_restart_is_refused_again_with_the_same_reason
             .load_ptx(
                 0,
                 refused.clone(),
-                "triton_poi_fused_add_gelu_0",
+                "grid_stride_scale_f32",
                 LoadOptions::default(),
             )
             .await

@@ -716,16 +716,36 @@ pub fn triton_oracle_granting_less(
         _ => r.random_range(0..70_000),
     };
     let values = c.values(n, block);
-    if !c.preconditions.iter().all(|p| p.holds(&values)) {
+    // A 64-bit integer scalar (a broadcast's divisor) a small value, mostly
+    // at least 1; any other scalar random bits.
+    let args: Vec<u64> = c
+        .scalar_types()
+        .iter()
+        .map(|t| match t {
+            ptxd::ptx::contract::ScalarType::U64 | ptxd::ptx::contract::ScalarType::S64 => {
+                match r.random_range(0..8) {
+                    0 => *[0u64, 1, u64::MAX].choose(r).unwrap_or(&1),
+                    _ => r.random_range(1..5000),
+                }
+            }
+            _ => r.next_u64(),
+        })
+        .collect();
+    if !c.preconditions.iter().all(|p| p.holds_with(&values, &args)) {
         return Ok(false);
     }
     // Each pointer param's base and the bytes it grants.
     let region = |k: usize| ((k as u64) + 1) << 44;
     let mut granted: Vec<Option<Grant>> = vec![None; c.params.len()];
     for f in &c.footprints {
-        let Some(bytes) = f.bytes.eval(&values) else {
+        let Some(bytes) = f.bytes.eval_with(&values, &args) else {
             return Ok(false);
         };
+        // Regions lie 2^44 bytes apart: a larger grant (no buffer is that
+        // large) could not be told from the next param's.
+        if bytes >= 1 << 44 {
+            return Ok(false);
+        }
         let written = matches!(
             c.params.get(usize::from(f.param)).map(|p| &p.kind),
             Some(ParamKind::Pointer {
@@ -739,17 +759,20 @@ pub fn triton_oracle_granting_less(
             written,
         });
     }
-    let param_value = |k: usize, r: &mut dyn rand::RngCore| -> u64 {
-        match c.params.get(k).map(|p| &p.kind) {
-            Some(ParamKind::Pointer {
+    let mut next_arg = args.iter().copied();
+    let params: Vec<u64> = c
+        .params
+        .iter()
+        .enumerate()
+        .map(|(k, p)| match p.kind {
+            ParamKind::Pointer {
                 operand: Some(_), ..
-            }) => region(k),
-            Some(ParamKind::Pointer { operand: None, .. }) => 0,
-            Some(ParamKind::Count(_)) => n,
-            _ => r.next_u64(),
-        }
-    };
-    let params: Vec<u64> = (0..c.params.len()).map(|k| param_value(k, r)).collect();
+            } => region(k),
+            ParamKind::Pointer { operand: None, .. } => 0,
+            ParamKind::Count(_) => n,
+            ParamKind::Scalar(_) => next_arg.next().unwrap_or(0),
+        })
+        .collect();
     // The first and last blocks, a random one, and those holding each
     // footprint's last element and the one past it (a static shape's
     // bound lies anywhere in the grid).
@@ -757,7 +780,7 @@ pub fn triton_oracle_granting_less(
     blocks.push(r.random_range(0..values.grid.max(1)));
     let per_block = u128::from(block) * u128::from(c.geometry.elements_per_thread);
     for (f, size) in c.footprints.iter().zip(&canonical.signature.element_sizes) {
-        if let Some(bytes) = f.bytes.eval(&values) {
+        if let Some(bytes) = f.bytes.eval_with(&values, &args) {
             let last = (bytes / u128::from((*size).max(1))).saturating_sub(1) / per_block.max(1);
             let last = u64::try_from(last).unwrap_or(u64::MAX);
             blocks.extend([last, last.saturating_add(1)]);
@@ -935,6 +958,64 @@ fn interpret(
             "shl" => match (src(1, &regs), src(2, &regs)) {
                 (Some(a), Some(s)) if s < u64::from(bits) => Some(mask(bits, a << s)),
                 (Some(_), Some(_)) => Some(0),
+                _ => None,
+            },
+            "shr" if ty.is_int() => match (src(1, &regs), src(2, &regs)) {
+                (Some(a), Some(s)) => {
+                    let s = s.min(u64::from(bits)) as u32;
+                    Some(if ty.is_signed() {
+                        let a = sext(bits, a) as i64;
+                        mask(bits, (a >> s.min(63)) as u64)
+                    } else {
+                        mask(bits, mask(bits, a).checked_shr(s).unwrap_or(0))
+                    })
+                }
+                _ => None,
+            },
+            // `bfe d, a, pos, len`: bits `[pos, pos + len)` of `a`, sign
+            // extended from the last one taken for `.s32`/`.s64`.
+            "bfe" if ty.is_int() => match (src(1, &regs), src(2, &regs), src(3, &regs)) {
+                (Some(a), Some(pos), Some(len)) => {
+                    let (pos, len) = ((pos & 0xff) as u32, (len & 0xff) as u32);
+                    let a = mask(bits, a);
+                    if len == 0 {
+                        Some(0)
+                    } else {
+                        let top = (pos + len).min(bits);
+                        let field = if pos >= bits {
+                            0
+                        } else {
+                            mask(top - pos, a >> pos)
+                        };
+                        let msb = if pos + len > bits {
+                            (a >> (bits - 1)) & 1
+                        } else {
+                            (a >> (pos + len - 1)) & 1
+                        };
+                        Some(if ty.is_signed() && msb == 1 {
+                            mask(bits, field | !mask(top.saturating_sub(pos), u64::MAX))
+                        } else {
+                            field
+                        })
+                    }
+                }
+                _ => None,
+            },
+            // A remainder by zero has no specified value: an accepted
+            // kernel whose preconditions hold never computes one.
+            "rem" if ty.is_int() => match (src(1, &regs), src(2, &regs)) {
+                (Some(_), Some(b)) if mask(bits, b) == 0 => {
+                    return Ok(Some(format!(
+                        "line {}: `{}` divides by zero",
+                        inst.line, inst.opcode
+                    )));
+                }
+                (Some(a), Some(b)) => Some(if ty.is_signed() {
+                    let (a, b) = (sext(bits, a) as i64, sext(bits, b) as i64);
+                    mask(bits, a.wrapping_rem(b) as u64)
+                } else {
+                    mask(bits, mask(bits, a) % mask(bits, b))
+                }),
                 _ => None,
             },
             "and" | "or" | "xor" | "add" | "sub" if ty.is_int() && bits >= 32 => {

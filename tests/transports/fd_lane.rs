@@ -365,8 +365,8 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     let refused_fd = second
         .load_ptx(
             0,
-            corpus("jit/inductor/bias_gelu_2d_f32_static_0.ptx"),
-            "triton_poi_fused_add_gelu_0",
+            corpus("nvcc/refused-ptx/grid_stride.sm_90.ptx"),
+            "grid_stride_scale_f32",
             LoadOptions::default(),
         )
         .await
@@ -375,8 +375,8 @@ async fn kernel_loads_go_over_the_fd_socket_with_grpcs_answers_and_refusals() {
     let refused_grpc = over_http2
         .load_ptx(
             0,
-            corpus("jit/inductor/bias_gelu_2d_f32_static_0.ptx"),
-            "triton_poi_fused_add_gelu_0",
+            corpus("nvcc/refused-ptx/grid_stride.sm_90.ptx"),
+            "grid_stride_scale_f32",
             LoadOptions::default(),
         )
         .await

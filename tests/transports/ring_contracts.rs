@@ -236,3 +236,75 @@ async fn the_ring_refuses_what_the_contract_refuses() {
         assert_eq!(out[i].to_bits(), x[i].mul_add(2.0, 0.5).to_bits());
     }
 }
+
+/// Inductor's dynamic 2-D broadcast (`gelu(x + bias[i mod ks0])`, `ks0` a
+/// `.u64` arg) through the ring: every element against a reference (to the
+/// erf approximation's error), nothing past n written; `ks0 = 0` and a bias
+/// one element short of `ks0` refused with the unary path's reasons.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broadcast_kernel_runs_through_the_ring_with_its_divisor_arg() {
+    let daemon = Daemon::start(&[]);
+    let client = Client::connect(&daemon.target()).await.unwrap();
+    let session = client.open_session("ring-broadcast").await.unwrap();
+    let kernel = load(
+        &session,
+        "jit/inductor/bias_gelu_2d_f32_dyn_0.ptx",
+        "triton_poi_fused_add_gelu_0",
+    )
+    .await;
+    assert!(
+        kernel.signature().ring_launchable,
+        "{}",
+        kernel.signature().contract
+    );
+    let cap = 6000;
+    let x = random_f32(cap);
+    let (_x_shm, x_buf) = f32_buffer(&session, Some(&x), cap).await;
+    let (mut out_shm, out_buf) = f32_buffer(&session, None, cap + 16).await;
+    let mut ring = session.open_ring(64, 0).await.unwrap();
+    let mut rng = rand::rng();
+    for _ in 0..6 {
+        let ks0 = rng.random_range(1..1500usize);
+        let n = rng.random_range(0..=cap);
+        let bias = random_f32(ks0);
+        let (_b_shm, b_buf) = f32_buffer(&session, Some(&bias), ks0).await;
+        out_shm.write_f32(0, &vec![f32::NAN; cap + 16]).unwrap();
+        ring.launch_args(
+            &kernel,
+            &[(&x_buf, 0), (&b_buf, 0)],
+            (&out_buf, 0),
+            n as u64,
+            &[Arg::U64(ks0 as u64)],
+        )
+        .unwrap();
+        assert_eq!(next(&mut ring).outcome, Ok(()), "ks0 {ks0} n {n}");
+        let out = out_shm.read_f32(0, cap + 16).unwrap();
+        for i in 0..n {
+            let y = f64::from(x[i] + bias[i % ks0]);
+            let want = 0.5 * y * (1.0 + libm::erf(y / std::f64::consts::SQRT_2));
+            assert!(
+                (f64::from(out[i]) - want).abs() <= 1e-5 * (1.0 + y.abs()),
+                "ks0 {ks0} n {n}: element {i}"
+            );
+        }
+        assert!(out[n..].iter().all(|v| v.is_nan()), "written past n");
+    }
+    let (ks0, n) = (64u64, 512u64);
+    let (_b_shm, short) = f32_buffer(&session, Some(&random_f32(63)), 63).await;
+    let (_f_shm, full) = f32_buffer(&session, Some(&random_f32(64)), 64).await;
+    for (bias, arg) in [(&full, 0u64), (&short, ks0)] {
+        let launch = Launch::new([x_buf.operand(), bias.operand()], out_buf.operand(), n)
+            .args([Arg::U64(arg)]);
+        let want = unary(&session, &kernel, launch).await;
+        assert!(!want.is_empty(), "ks0 {arg}: the unary path ran it");
+        ring.launch_args(
+            &kernel,
+            &[(&x_buf, 0), (bias, 0)],
+            (&out_buf, 0),
+            n,
+            &[Arg::U64(arg)],
+        )
+        .unwrap();
+        assert_eq!(refusal(&next(&mut ring)), want, "ks0 {arg}");
+    }
+}

@@ -127,14 +127,12 @@ fn ptxd_verify_prints_the_verdict_and_the_canonical_text() {
     let shown = String::from_utf8_lossy(&vec4.stdout).into_owned();
     assert!(shown.contains("[n × 16] align 16"), "{shown}");
     let refused = run(
-        "jit/inductor/bias_gelu_2d_f32_static_0.ptx",
-        "triton_poi_fused_add_gelu_0",
+        "nvcc/refused-ptx/grid_stride.sm_90.ptx",
+        "grid_stride_scale_f32",
         false,
     );
     assert_eq!(refused.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&refused.stdout).contains("sub_reason: unsupported_instruction")
-    );
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("sub_reason: param_misuse"));
     let printed = run("add_f32_scalar.ptx", "add_f32_scalar", true);
     let text = String::from_utf8(printed.stdout).unwrap();
     let canonical = ptx::canonicalize(
@@ -156,8 +154,8 @@ fn ptxd_verify_into_a_closed_pipe_exits_with_the_verdict() {
         ("add_f32_scalar.ptx", "add_f32_scalar", true, 0),
         ("add_f32_scalar.ptx", "add_f32_scalar", false, 0),
         (
-            "jit/inductor/bias_gelu_2d_f32_static_0.ptx",
-            "triton_poi_fused_add_gelu_0",
+            "nvcc/refused-ptx/grid_stride.sm_90.ptx",
+            "grid_stride_scale_f32",
             false,
             1,
         ),

@@ -7,6 +7,7 @@
 mod support;
 
 mod attacks;
+mod broadcast;
 mod calls;
 mod canonical;
 mod canonical_daemon;

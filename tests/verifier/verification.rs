@@ -34,8 +34,8 @@ async fn a_second_identical_refused_load_is_answered_from_the_memo() {
     let (_client, session) = session(&daemon).await;
     for (text, symbol) in [
         (
-            corpus("jit/inductor/bias_gelu_2d_f32_static_0.ptx"),
-            "triton_poi_fused_add_gelu_0",
+            corpus("nvcc/refused-ptx/grid_stride.sm_90.ptx"),
+            "grid_stride_scale_f32",
         ),
         (big_kernels::refused(64 << 10), "big_hostile"),
     ] {

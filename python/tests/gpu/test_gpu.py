@@ -180,7 +180,7 @@ def test_a_refusal_of_each_class(torch, gpu_client, gpu_session, device):
         gpu_session.load_ptx(".version 8.0\n.target sm_90\nnot ptx", "x", device=device)
     with pytest.raises(ptxd.NonScalarAbi) as refused:
         gpu_session.load_ptx(*read_refused_ptx(), device=device)
-    assert refused.value.metadata["sub_reason"] == "unsupported_instruction"
+    assert refused.value.metadata["sub_reason"] == "param_misuse"
     with pytest.raises(ptxd.UnknownDevice):
         gpu_session.load_ptx(read_ptx("add_f32_scalar"), "add_f32_scalar", device=99)
     affine = gpu_session.load_ptx(read_ptx("affine_f32_scalar"), "affine_f32_scalar", device=device)
