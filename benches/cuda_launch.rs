@@ -1061,25 +1061,33 @@ async fn ring_rows(
     };
     let (session, kernel, buffers, mut ring) = open("bench-ring").await;
 
-    // Round trip: submit, then wait for the completion (async: enqueued).
-    let mut samples = Vec::new();
-    for _ in 0..20_000 {
-        let t = Instant::now();
-        ring.launch(
-            &kernel,
-            &[(&buffers[0], 0), (&buffers[1], 0)],
-            (&buffers[2], 0),
-            SMALL_N as u64,
-            &[],
-        )
-        .unwrap();
-        let done = ring
-            .wait(Duration::from_secs(5))
-            .unwrap()
-            .expect("a completion");
-        samples.push(t.elapsed());
-        done.outcome.unwrap();
-    }
+    // Round trip: submit, then wait for the completion (async: enqueued);
+    // `count` of them, back to back or one every `pace`.
+    let mut round_trips = |count: usize, pace: Duration| {
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let t = Instant::now();
+            ring.launch(
+                &kernel,
+                &[(&buffers[0], 0), (&buffers[1], 0)],
+                (&buffers[2], 0),
+                SMALL_N as u64,
+                &[],
+            )
+            .unwrap();
+            let done = ring
+                .wait(Duration::from_secs(5))
+                .unwrap()
+                .expect("a completion");
+            samples.push(t.elapsed());
+            done.outcome.unwrap();
+            while t.elapsed() < pace {
+                std::hint::spin_loop();
+            }
+        }
+        samples
+    };
+    let samples = round_trips(20_000, Duration::ZERO);
     let round_trip = row(
         "daemon ring round trip async (n=4096)",
         samples,
@@ -1097,27 +1105,7 @@ async fn ring_rows(
     // The same round trip paced like the in-process paced floors (one
     // every PACE, the GPU idle at each): whether the tail above comes from
     // the GPU kept busy back to back or from the ring itself.
-    let mut samples = Vec::new();
-    for _ in 0..5000 {
-        let t = Instant::now();
-        ring.launch(
-            &kernel,
-            &[(&buffers[0], 0), (&buffers[1], 0)],
-            (&buffers[2], 0),
-            SMALL_N as u64,
-            &[],
-        )
-        .unwrap();
-        let done = ring
-            .wait(Duration::from_secs(5))
-            .unwrap()
-            .expect("a completion");
-        samples.push(t.elapsed());
-        done.outcome.unwrap();
-        while t.elapsed() < PACE {
-            std::hint::spin_loop();
-        }
-    }
+    let samples = round_trips(5000, PACE);
     let paced = row(
         "daemon ring round trip async, paced one every 8 µs (n=4096)",
         samples,

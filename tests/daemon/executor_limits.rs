@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::processes::cpu_time;
+use crate::support::processes::{cpu_time, runnable_time};
 use crate::support::{f32_buffer, load, meta, random_f32, wait_until_running, Daemon};
 use ptxd_client::{Client, HostShm, Kernel, Launch, Session};
 
@@ -345,24 +345,6 @@ async fn sigterm_to_the_process_group_drains_without_restarting_the_executor() {
         !crate::support::process_alive(executor as i32),
         "the executor stopped"
     );
-}
-
-/// How long process `pid`'s live threads have been runnable so far: on a
-/// CPU or waiting in a run queue for one (`/proc/<pid>/task/*/schedstat`'s
-/// first two fields). A spinning thread is runnable all along however
-/// little CPU a loaded machine gives it; a sleeping one is not.
-fn runnable_time(pid: u32) -> Duration {
-    let mut ns = 0u64;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let stat =
-            std::fs::read_to_string(task.unwrap().path().join("schedstat")).unwrap_or_default();
-        ns += stat
-            .split_whitespace()
-            .take(2)
-            .filter_map(|f| f.parse::<u64>().ok())
-            .sum::<u64>();
-    }
-    Duration::from_nanos(ns)
 }
 
 /// Pings an executor every 50 ms for `over`; the executor's CPU time and

@@ -7,6 +7,7 @@
 //! the exact values the lost launches would have written.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use crate::support::processes::cpu_time;
 use crate::support::ring_completions;
 
 use std::io::{Seek, SeekFrom, Write};
@@ -846,19 +847,6 @@ impl SemRing {
             .set_len(len)
             .unwrap();
     }
-}
-
-/// CPU time (user + system) a process has used so far.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command's closing parenthesis: state is field 3, so
-    // utime (14) and stime (15) are the 12th and 13th after it.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis(ticks * 1000 / hz.max(1))
 }
 
 #[tokio::test(flavor = "multi_thread")]

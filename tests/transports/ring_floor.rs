@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::support::processes::on_cpu_time;
 use crate::support::ring_completions::{next, refusal};
 use crate::support::{f32_buffer, load, random_f32, Daemon};
 use ptxd_client::Client;
@@ -139,23 +140,6 @@ async fn a_full_ring_burst_is_answered_in_order_exactly_once() {
     }
 }
 
-/// CPU time process `pid`'s live threads have run so far, in
-/// nanoseconds (the scheduler's own count, `/proc/<pid>/task/*/schedstat`:
-/// `/proc/<pid>/stat`'s ticks are 10 ms, too coarse for an idle process).
-fn cpu_time(pid: u32) -> Duration {
-    let mut ns = 0u64;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let stat =
-            std::fs::read_to_string(task.unwrap().path().join("schedstat")).unwrap_or_default();
-        ns += stat
-            .split_whitespace()
-            .next()
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    Duration::from_nanos(ns)
-}
-
 /// An idle daemon with open rings (issue 22's goal: under 1 % of a
 /// core). Four sessions hold kernels and buffers; the daemon and its
 /// executor are measured idle without rings, then with each session's ring
@@ -187,7 +171,7 @@ async fn idle_rings_sleep_instead_of_spinning() {
     }
     let executor = crate::support::executor_pid(&client, 0).await;
     let daemon_pid = u32::try_from(daemon.pid()).unwrap();
-    let used = || cpu_time(daemon_pid) + cpu_time(executor);
+    let used = || on_cpu_time(daemon_pid) + on_cpu_time(executor);
     // The share of a core the daemon and its executor use over 3 s.
     let idle_share = || {
         std::thread::sleep(Duration::from_millis(300));
