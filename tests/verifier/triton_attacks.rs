@@ -799,3 +799,36 @@ fn a_selp_of_indices_is_no_index() {
     );
     assert_eq!(verdict(&t).err(), Some("unbounded_access"));
 }
+
+/// A literal shifted right *signed* copies its sign bit: `shr.s32` of
+/// `0x80000000` by 28 is `-8`, not `8`. Read as a logical shift (the
+/// broadcast proof's literal folding did), the kernel below adds what the
+/// proof takes for `+8` and is in fact `-8`: thread 0 of block 0 then
+/// loads and stores 16 bytes before each operand. The block's span is
+/// doubled (`shl 11`) so that `+8` would stay inside it, exact. Refused
+/// now: the shifted literal with its sign bit set is data, and the address
+/// no index form. A logical shift of the same literal (`8` indeed, in
+/// the unused half of the block) keeps the contract.
+#[test]
+fn a_signed_shift_of_a_literal_keeps_its_sign() {
+    let widened = base_edit("shl.b32 \t%r14, %r13, 10;", "shl.b32 \t%r14, %r13, 11;");
+    let shifted = |op: &str| {
+        edit(
+            &widened,
+            "or.b32 \t%r19, %r18, %r14;",
+            &format!(
+                "or.b32 \t%r19, %r18, %r14;\n\tmov.b32 \t%r0, 0x80000000;\n\t\
+                 {op} \t%r0, %r0, 28;\n\tadd.s32 \t%r19, %r19, %r0;"
+            ),
+        )
+    };
+    assert_eq!(
+        verdict(&shifted("shr.s32")).map(|_| ()),
+        Err("unbounded_access")
+    );
+    // Index 2048·ctaid + 8·tid + 8 under the mask `index < n`: every
+    // access lies below n, and the footprint covers n bf16 elements.
+    let logical = verdict(&shifted("shr.u32")).expect("a logical shift is +8");
+    let n = 4096;
+    assert_eq!(footprint(&logical, 0, n), 2 * u128::from(n));
+}

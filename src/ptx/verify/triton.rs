@@ -818,13 +818,24 @@ impl Pass<'_> {
                 };
                 Ok(Pass::one(inst, v))
             }
-            // A literal shifted; the sign of an exact index (0).
+            // A literal shifted (a signed shift copies the literal's sign
+            // bit at its width); the sign of an exact index (0).
             "shr" if int_ty => {
                 self.no_pointer(pc, inst, st)?;
                 let bits = if wide { 64 } else { 32 };
+                let signed = matches!(ty, Ty::S32 | Ty::S64);
                 let v = match (int(src(1), wide), imm(2)) {
                     (Some(a), Some(k)) if a.lin.is_constant() && k < bits => {
-                        Int::constant((a.lin.c >> k) as i64, wide).map_or(Val::Data, Val::Int)
+                        let c = a.lin.c;
+                        let shifted = match (signed, wide) {
+                            (false, _) => c >> k,
+                            (true, false) => u64::from(((c as u32 as i32) >> k) as u32),
+                            (true, true) => ((c as i64) >> k) as u64,
+                        };
+                        i64::try_from(shifted)
+                            .ok()
+                            .and_then(|v| Int::constant(v, wide))
+                            .map_or(Val::Data, Val::Int)
                     }
                     (Some(a), Some(k)) if !wide && ty == Ty::S32 && k == 31 => {
                         self.exact(pc, a);
