@@ -24,6 +24,7 @@ mod review_attacks2;
 mod review_attacks3;
 mod review_attacks4;
 mod review_attacks5;
+mod review_attacks6;
 mod strided;
 mod struct_returns;
 mod triton;

@@ -818,24 +818,21 @@ impl Pass<'_> {
                 };
                 Ok(Pass::one(inst, v))
             }
-            // A literal shifted (a signed shift copies the literal's sign
-            // bit at its width); the sign of an exact index (0).
+            // A literal shifted; the sign of an exact index (0).
             "shr" if int_ty => {
                 self.no_pointer(pc, inst, st)?;
                 let bits = if wide { 64 } else { 32 };
-                let signed = matches!(ty, Ty::S32 | Ty::S64);
                 let v = match (int(src(1), wide), imm(2)) {
+                    // A signed shift fills with the sign bit: a literal
+                    // with it set (`0x80000000`, `1 << 31`) shifts to a
+                    // negative value, which is no form.
                     (Some(a), Some(k)) if a.lin.is_constant() && k < bits => {
-                        let c = a.lin.c;
-                        let shifted = match (signed, wide) {
-                            (false, _) => c >> k,
-                            (true, false) => u64::from(((c as u32 as i32) >> k) as u32),
-                            (true, true) => ((c as i64) >> k) as u64,
-                        };
-                        i64::try_from(shifted)
-                            .ok()
-                            .and_then(|v| Int::constant(v, wide))
-                            .map_or(Val::Data, Val::Int)
+                        let sign = a.lin.c >> (bits - 1) & 1 == 1;
+                        if sign && matches!(ty, Ty::S32 | Ty::S64) {
+                            Val::Data
+                        } else {
+                            Int::constant((a.lin.c >> k) as i64, wide).map_or(Val::Data, Val::Int)
+                        }
                     }
                     (Some(a), Some(k)) if !wide && ty == Ty::S32 && k == 31 => {
                         self.exact(pc, a);
@@ -890,6 +887,18 @@ impl Pass<'_> {
             "mul" | "mad" if ty.is_int() && (inst.has("lo") || inst.has("wide")) => {
                 let widening = inst.has("wide");
                 let source_wide = wide && !widening;
+                // The literal multiplier as the instruction reads it: at a
+                // 32-bit type its low 32 bits, signed for `.s32` (a
+                // `mad.wide.s32` by `0xFFFFFFFC` multiplies by -4). One
+                // that reads otherwise than as the value it is makes no
+                // product.
+                let imm = |i: usize| {
+                    imm(i).filter(|&k| match ty {
+                        Ty::S32 => k <= i32::MAX as u64,
+                        Ty::U32 | Ty::B32 => k <= u64::from(u32::MAX),
+                        _ => true,
+                    })
+                };
                 if let (Val::Rem(r), Some(k)) = (src(1), imm(2)) {
                     let scaled = match (r.wide == source_wide, widening) {
                         (true, true) if ty.bits() == 32 && r.exact_narrow(ty == Ty::U32) => {
