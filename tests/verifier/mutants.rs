@@ -40,22 +40,7 @@ fn accepted_mutants_stay_inside_their_operands() {
     let seeds = seeds();
     assert!(seeds.len() > 50, "{} seeds", seeds.len());
     let rounds: usize = mutants::count_from("PTXD_MUTANTS").unwrap_or(1500);
-    let (mut accepted, mut refused) = (0, 0);
-    for _ in 0..rounds {
-        let (text, symbol) = &seeds[r.random_range(0..seeds.len())];
-        let mutant = mutants::mutate(text, &mut r);
-        match mutants::oracle(&mutant, symbol, &mut r) {
-            Ok(true) => accepted += 1,
-            Ok(false) => refused += 1,
-            Err(e) => panic!("{e}\n--- mutant of {symbol} ---\n{mutant}"),
-        }
-    }
-    eprintln!("{accepted} mutants accepted and ran in bounds, {refused} refused");
-    // The sample must exercise both sides of the verifier.
-    assert!(
-        accepted > rounds / 20 && refused > rounds / 20,
-        "{accepted} / {refused}"
-    );
+    run_oracle(&seeds, rounds, &mut r, "");
 }
 
 /// Accepted kernels as their compiler wrote them, before inlining, with
@@ -116,17 +101,24 @@ fn accepted_mutants_of_client_text_stay_inside_their_operands() {
     let rounds: usize = mutants::count_from("PTXD_MUTANTS")
         // A fifth of PTXD_MUTANTS: each costs about five canonical ones.
         .map_or(200, |n: usize| n / 5);
+    run_oracle(&seeds, rounds, &mut r, "client-text ");
+}
+
+/// `rounds` mutants of random `seeds` through the oracle (each accepted
+/// one run in bounds, or a panic naming it); the sample must exercise both
+/// sides of the verifier. `what` names the mutants in the printed line.
+fn run_oracle(seeds: &[(String, String)], rounds: usize, r: &mut impl Rng, what: &str) {
     let (mut accepted, mut refused) = (0, 0);
     for _ in 0..rounds {
         let (text, symbol) = &seeds[r.random_range(0..seeds.len())];
-        let mutant = mutants::mutate(text, &mut r);
-        match mutants::oracle(&mutant, symbol, &mut r) {
+        let mutant = mutants::mutate(text, r);
+        match mutants::oracle(&mutant, symbol, r) {
             Ok(true) => accepted += 1,
             Ok(false) => refused += 1,
             Err(e) => panic!("{e}\n--- mutant of {symbol} ---\n{mutant}"),
         }
     }
-    eprintln!("{accepted} client-text mutants accepted and ran in bounds, {refused} refused");
+    eprintln!("{accepted} {what}mutants accepted and ran in bounds, {refused} refused");
     assert!(
         accepted > rounds / 20 && refused > rounds / 20,
         "{accepted} / {refused}"

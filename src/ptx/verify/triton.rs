@@ -1121,34 +1121,23 @@ impl Pass<'_> {
         };
         let ty = inst.types().last().copied().unwrap_or(Ty::Other);
         let width = lanes * ty.bytes();
+        let unbounded = |param: u16| {
+            refuse(
+                SubReason::UnboundedAccess,
+                self.name(param),
+                self.line(pc),
+                format!("`{}` at a negative or unbounded offset", inst.opcode),
+            )
+        };
+        let offset = u64::try_from(*offset).ok();
         let (param, off, rem) = match st.get(*r as usize).copied() {
-            Some(Val::PtrRem { param, rem }) => match u64::try_from(*offset)
-                .ok()
-                .and_then(|o| rem.plus(o))
-            {
+            Some(Val::PtrRem { param, rem }) => match offset.and_then(|o| rem.plus(o)) {
                 Some(rem) => (param, Lin::constant(0), Some(rem)),
-                None => {
-                    return Err(refuse(
-                        SubReason::UnboundedAccess,
-                        self.name(param),
-                        self.line(pc),
-                        format!("`{}` at a negative or unbounded offset", inst.opcode),
-                    ))
-                }
+                None => return Err(unbounded(param)),
             },
-            Some(Val::Ptr { param, off }) => match u64::try_from(*offset)
-                .ok()
-                .and_then(|o| off.add(Lin::constant(o)))
-            {
+            Some(Val::Ptr { param, off }) => match offset.and_then(|o| off.add(Lin::constant(o))) {
                 Some(off) => (param, off, None),
-                None => {
-                    return Err(refuse(
-                        SubReason::UnboundedAccess,
-                        self.name(param),
-                        self.line(pc),
-                        format!("`{}` at a negative or unbounded offset", inst.opcode),
-                    ))
-                }
+                None => return Err(unbounded(param)),
             },
             other => {
                 return Err(refuse(
