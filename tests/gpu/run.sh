@@ -11,6 +11,8 @@
 #   bash run.sh mps             the cuda_launch benchmark under MPS
 #   bash run.sh python-bench    the Python client's launch costs (bench_launch.py)
 #   bash run.sh python-bench-mps  the same under MPS
+#   bash run.sh handover        the GPU cost of a stream hand-over by mechanism, without
+#                               and with MPS (python/examples/handover.py)
 #   bash run.sh mps-fault       a kernel fault in ptxd beside a torch process, without
 #                               and with MPS (tests/gpu/mps.rs)
 #   bash run.sh profile-ring    perf profiles of the ring's executor thread and client
@@ -121,6 +123,21 @@ if [ "${1:-}" = python-bench ]; then
 fi
 if [ "${1:-}" = python-bench-mps ]; then
   under_mps python_bench 2>&1 | tee "$LOGS/python-bench-mps.log"
+  exit "${PIPESTATUS[0]}"
+fi
+
+# What a hand-over between two streams costs the GPU, by mechanism
+# (python/examples/handover.py): without MPS, then under MPS.
+if [ "${1:-}" = handover ]; then
+  {
+    echo "-- handover, without MPS"
+    PYTHONUNBUFFERED=1 python3 "$HERE/python/examples/handover.py"
+    without=$?
+    echo "-- handover, under MPS"
+    under_mps env PYTHONUNBUFFERED=1 python3 "$HERE/python/examples/handover.py"
+    with=$?
+    echo "handover: without MPS exit $without, under MPS exit $with"
+  } 2>&1 | tee "$LOGS/handover.log"
   exit "${PIPESTATUS[0]}"
 fi
 
